@@ -1,0 +1,515 @@
+//! The pool core: every scheduling decision of the invoker, as a pure function of events.
+//!
+//! `PoolCore::handle(event, now)` returns the effects the caller must carry out. It reads no
+//! clock and does no I/O, so the actor, the simulator and the property tests drive the same
+//! code. Per activation the work is O(log n): warm containers sit in per-key ordered sets
+//! (LIFO for idle ones, most-loaded-first for concurrent ones), idle containers in one global
+//! LRU, deadlines in one ordered set. Only cold-start placement looks at the nodes.
+
+mod nodes;
+#[cfg(test)]
+mod proptests;
+#[cfg(test)]
+mod tests;
+mod types;
+
+pub use nodes::NodeView;
+pub use types::*;
+
+use nodes::{Nodes, Placement};
+use smallvec::SmallVec;
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    Starting,
+    Ready,
+    Removing,
+}
+
+#[derive(Debug)]
+struct Container {
+    key: KeyId,
+    node: NodeId,
+    memory_mb: u32,
+    concurrency: u32,
+    phase: Phase,
+    running: SmallVec<[JobId; 1]>,
+    /// Position in the idle sets while idle (a sequence number, monotonic in time).
+    idle_seq: Option<u64>,
+    idle_since: Time,
+    /// Must not take new work: it failed, or the pool is draining.
+    retiring: bool,
+}
+
+#[derive(Debug, Default)]
+struct KeyState {
+    /// Idle ready containers by idle sequence; the last is the most recently used (LIFO).
+    idle: BTreeMap<u64, ContainerId>,
+    /// Ready containers running some jobs but below their concurrency, by load.
+    partial: BTreeSet<(usize, ContainerId)>,
+    starting: u32,
+    /// Waiting jobs in arrival order; may hold ids already expired (skipped when popped).
+    waiting: VecDeque<JobId>,
+    waiting_live: usize,
+    containers: u32,
+    concurrency: u32,
+    memory_mb: u32,
+    /// Queued in `PoolCore::blocked`, waiting for resources or a start slot on a node.
+    blocked: bool,
+}
+
+impl KeyState {
+    fn is_empty(&self) -> bool {
+        self.containers == 0 && self.waiting_live == 0 && !self.blocked
+    }
+}
+
+#[derive(Debug)]
+struct Waiting {
+    key: KeyId,
+    deadline: Time,
+}
+
+/// Counts of what the pool holds, for health, metrics and tests.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PoolCounts {
+    pub starting: usize,
+    pub idle: usize,
+    pub busy: usize,
+    pub removing: usize,
+    pub waiting: usize,
+    pub blocked_keys: usize,
+}
+
+#[derive(Debug)]
+pub struct PoolCore {
+    config: CoreConfig,
+    containers: HashMap<ContainerId, Container>,
+    keys: HashMap<KeyId, KeyState>,
+    waiting: HashMap<JobId, Waiting>,
+    deadlines: BTreeSet<(Time, JobId)>,
+    /// Every idle container, oldest first: the eviction and idle-timeout order.
+    lru: BTreeMap<u64, ContainerId>,
+    blocked: VecDeque<KeyId>,
+    nodes: Nodes,
+    next_container: u64,
+    next_idle_seq: u64,
+    draining: bool,
+}
+
+impl PoolCore {
+    pub fn new(config: CoreConfig) -> Self {
+        PoolCore {
+            nodes: Nodes::new(config.buffer_mb, config.stats_ttl, config.max_starts_per_node),
+            config,
+            containers: HashMap::new(),
+            keys: HashMap::new(),
+            waiting: HashMap::new(),
+            deadlines: BTreeSet::new(),
+            lru: BTreeMap::new(),
+            blocked: VecDeque::new(),
+            next_container: 1,
+            next_idle_seq: 0,
+            draining: false,
+        }
+    }
+
+    pub fn config(&self) -> &CoreConfig {
+        &self.config
+    }
+
+    pub fn handle(&mut self, event: Event, now: Time) -> Effects {
+        let mut fx = Effects::new();
+        match event {
+            Event::Arrived(job) => self.on_arrived(job, now, &mut fx),
+            Event::Started { container, ok } => self.on_started(container, ok, now, &mut fx),
+            Event::Finished { container, job, reusable } => self.on_finished(container, job, reusable, now, &mut fx),
+            Event::Removed(container) => self.on_removed(container, now, &mut fx),
+            Event::NodeStats(update) => {
+                self.nodes.update(update, now);
+                self.retry_blocked(now, &mut fx);
+            }
+            Event::Tick => self.on_tick(now, &mut fx),
+            Event::Drain => self.on_drain(&mut fx),
+        }
+        fx
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining
+    }
+
+    /// True when nothing is running, starting, waiting or being removed.
+    pub fn is_quiet(&self) -> bool {
+        self.waiting.is_empty() && self.containers.values().all(|c| c.phase == Phase::Ready && c.running.is_empty())
+    }
+
+    pub fn counts(&self) -> PoolCounts {
+        let mut counts =
+            PoolCounts { waiting: self.waiting.len(), blocked_keys: self.blocked.len(), ..PoolCounts::default() };
+        for c in self.containers.values() {
+            match c.phase {
+                Phase::Starting => counts.starting += 1,
+                Phase::Removing => counts.removing += 1,
+                Phase::Ready if c.running.is_empty() => counts.idle += 1,
+                Phase::Ready => counts.busy += 1,
+            }
+        }
+        counts
+    }
+
+    pub fn nodes(&self, now: Time) -> Vec<NodeView> {
+        self.nodes.views(now)
+    }
+
+    /// Jobs waiting and containers starting for one key (for tests and the pool view).
+    pub fn key_load(&self, key: KeyId) -> (usize, u32) {
+        self.keys.get(&key).map_or((0, 0), |k| (k.waiting_live, k.starting))
+    }
+
+    /// True when a job of `key` could be dispatched right now without waiting.
+    pub fn has_free_container(&self, key: KeyId) -> bool {
+        self.keys.get(&key).is_some_and(|k| !k.idle.is_empty() || !k.partial.is_empty())
+    }
+
+    fn on_arrived(&mut self, job: Job, now: Time, fx: &mut Effects) {
+        if self.draining {
+            fx.push(Effect::Reject { job: job.id, reason: RejectReason::Draining });
+            return;
+        }
+        if let Some(largest) = self.nodes.largest_capacity_mb() {
+            if u64::from(job.memory_mb) + self.config.buffer_mb > largest {
+                let reason = RejectReason::NeverFits { memory_mb: job.memory_mb, largest_node_mb: largest };
+                fx.push(Effect::Reject { job: job.id, reason });
+                return;
+            }
+        }
+        let key = self.keys.entry(job.key).or_default();
+        key.memory_mb = job.memory_mb;
+        key.concurrency = job.concurrency.max(1);
+        let free = key.partial.last().map(|&(_, c)| c).or_else(|| key.idle.last_key_value().map(|(_, &c)| c));
+        if let Some(container) = free {
+            self.dispatch(container, job.id, fx);
+            self.settle(container, now);
+            return;
+        }
+        if self.waiting.len() >= self.config.max_waiting {
+            fx.push(Effect::Reject { job: job.id, reason: RejectReason::QueueFull });
+            return;
+        }
+        key.waiting.push_back(job.id);
+        key.waiting_live += 1;
+        self.waiting.insert(job.id, Waiting { key: job.key, deadline: job.deadline });
+        self.deadlines.insert((job.deadline, job.id));
+        self.maybe_start(job.key, now, fx);
+    }
+
+    fn on_started(&mut self, id: ContainerId, ok: bool, now: Time, fx: &mut Effects) {
+        let Some(c) = self.containers.get_mut(&id) else { return };
+        if c.phase != Phase::Starting {
+            return;
+        }
+        let (key_id, node, memory_mb) = (c.key, c.node.clone(), c.memory_mb);
+        self.nodes.start_finished(&node);
+        let key = self.keys.get_mut(&key_id).expect("a container's key exists");
+        key.starting -= 1;
+        if ok {
+            c.phase = Phase::Ready;
+            self.nodes.confirm_started(&node, id, now);
+            if self.draining {
+                c.retiring = true;
+            }
+            self.fill(id, fx);
+            self.settle_or_retire(id, now, fx);
+        } else {
+            self.containers.remove(&id);
+            key.containers -= 1;
+            self.nodes.release(&node, id, memory_mb, false);
+            // The job that asked for this container gets a clear answer now, not at its deadline.
+            let concurrency = key.concurrency as usize;
+            let still_coming = key.starting as usize * concurrency;
+            let excess = key.waiting_live.saturating_sub(still_coming).min(concurrency);
+            for _ in 0..excess {
+                if let Some(job) = self.pop_waiting(key_id) {
+                    fx.push(Effect::Reject { job, reason: RejectReason::CreateFailed });
+                }
+            }
+            self.maybe_start(key_id, now, fx);
+            self.gc_key(key_id);
+        }
+        self.retry_blocked(now, fx);
+    }
+
+    fn on_finished(&mut self, id: ContainerId, job: JobId, reusable: bool, now: Time, fx: &mut Effects) {
+        let Some(c) = self.containers.get_mut(&id) else { return };
+        let Some(pos) = c.running.iter().position(|&j| j == job) else { return };
+        self.unsettle(id);
+        let c = self.containers.get_mut(&id).expect("checked above");
+        c.running.swap_remove(pos);
+        if !reusable {
+            c.retiring = true;
+        }
+        self.fill(id, fx);
+        self.settle_or_retire(id, now, fx);
+    }
+
+    fn on_removed(&mut self, id: ContainerId, now: Time, fx: &mut Effects) {
+        self.unsettle(id);
+        let Some(c) = self.containers.remove(&id) else { return };
+        for job in c.running {
+            fx.push(Effect::Reject { job, reason: RejectReason::ContainerLost });
+        }
+        let key = self.keys.get_mut(&c.key).expect("a container's key exists");
+        key.containers -= 1;
+        if c.phase == Phase::Starting {
+            key.starting -= 1;
+            self.nodes.start_finished(&c.node);
+        }
+        self.nodes.release(&c.node, id, c.memory_mb, c.phase == Phase::Removing);
+        self.maybe_start(c.key, now, fx);
+        self.gc_key(c.key);
+        self.retry_blocked(now, fx);
+    }
+
+    fn on_tick(&mut self, now: Time, fx: &mut Effects) {
+        while let Some(&(deadline, job)) = self.deadlines.first() {
+            if deadline > now {
+                break;
+            }
+            self.deadlines.pop_first();
+            if let Some(w) = self.waiting.remove(&job) {
+                let key = self.keys.get_mut(&w.key).expect("a waiting job's key exists");
+                key.waiting_live -= 1;
+                if key.waiting.len() > 2 * key.waiting_live + 32 {
+                    let live = &self.waiting;
+                    key.waiting.retain(|j| live.contains_key(j));
+                }
+                fx.push(Effect::Reject { job, reason: RejectReason::DeadlineExceeded });
+                self.gc_key(w.key);
+            }
+        }
+        while let Some((_, &id)) = self.lru.first_key_value() {
+            let c = &self.containers[&id];
+            if c.idle_since + self.config.idle_timeout > now {
+                break;
+            }
+            self.retire(id, fx);
+        }
+    }
+
+    fn on_drain(&mut self, fx: &mut Effects) {
+        self.draining = true;
+        let mut jobs: Vec<(Time, JobId)> = std::mem::take(&mut self.deadlines).into_iter().collect();
+        jobs.sort();
+        for (_, job) in jobs {
+            if let Some(w) = self.waiting.remove(&job) {
+                if let Some(key) = self.keys.get_mut(&w.key) {
+                    key.waiting_live -= 1;
+                    key.waiting.clear();
+                }
+                fx.push(Effect::Reject { job, reason: RejectReason::Draining });
+            }
+        }
+        let idle: Vec<ContainerId> = self.lru.values().copied().collect();
+        for id in idle {
+            self.retire(id, fx);
+        }
+        for c in self.containers.values_mut() {
+            c.retiring = true;
+        }
+    }
+
+    /// Starts containers for `key` while its waiting jobs outnumber what is already starting,
+    /// within the start caps, making room by eviction if that alone makes it fit.
+    fn maybe_start(&mut self, key_id: KeyId, now: Time, fx: &mut Effects) {
+        loop {
+            let Some(key) = self.keys.get(&key_id) else { return };
+            if key.blocked || key.waiting_live <= key.starting as usize * key.concurrency as usize {
+                return;
+            }
+            if key.starting >= self.config.max_starts_per_action {
+                return; // retried when one of its starts finishes
+            }
+            let memory_mb = key.memory_mb;
+            match self.nodes.place(memory_mb, now) {
+                Placement::On(node) => self.create(key_id, node, fx),
+                Placement::StartsCapped => return self.block(key_id),
+                Placement::NoRoom => {
+                    // Whether or not eviction makes room, the key waits for an event: the
+                    // removals it asked for, or a stats update showing room from elsewhere.
+                    self.make_room(key_id, memory_mb, now, fx);
+                    return self.block(key_id);
+                }
+            }
+        }
+    }
+
+    fn create(&mut self, key_id: KeyId, node: NodeId, fx: &mut Effects) {
+        let id = ContainerId(self.next_container);
+        self.next_container += 1;
+        let key = self.keys.get_mut(&key_id).expect("key exists");
+        key.starting += 1;
+        key.containers += 1;
+        let (memory_mb, concurrency) = (key.memory_mb, key.concurrency);
+        self.nodes.reserve(&node, id, memory_mb);
+        self.containers.insert(
+            id,
+            Container {
+                key: key_id,
+                node: node.clone(),
+                memory_mb,
+                concurrency,
+                phase: Phase::Starting,
+                running: SmallVec::new(),
+                idle_seq: None,
+                idle_since: Time::ZERO,
+                retiring: false,
+            },
+        );
+        fx.push(Effect::Create { container: id, key: key_id, memory_mb, node });
+    }
+
+    /// Evicts least recently used idle containers of other keys, but only if what they free
+    /// covers the shortfall on one node, and only if removals already under way do not.
+    fn make_room(&mut self, key_id: KeyId, memory_mb: u32, now: Time, fx: &mut Effects) {
+        if self.nodes.room_coming(memory_mb, now) {
+            return;
+        }
+        let mut freed: HashMap<NodeId, (u64, Vec<ContainerId>)> = HashMap::new();
+        let mut chosen = None;
+        for &id in self.lru.values() {
+            let c = &self.containers[&id];
+            if c.key == key_id {
+                continue;
+            }
+            let entry = freed.entry(c.node.clone()).or_default();
+            entry.0 += u64::from(c.memory_mb);
+            entry.1.push(id);
+            if self.nodes.fits_after_freeing(&c.node, memory_mb, entry.0, now) {
+                chosen = Some(c.node.clone());
+                break;
+            }
+        }
+        let Some(node) = chosen else { return };
+        let (_, victims) = freed.remove(&node).expect("chosen node has victims");
+        for id in victims {
+            self.retire(id, fx);
+        }
+    }
+
+    fn block(&mut self, key_id: KeyId) {
+        if let Some(key) = self.keys.get_mut(&key_id) {
+            if !key.blocked {
+                key.blocked = true;
+                self.blocked.push_back(key_id);
+            }
+        }
+    }
+
+    fn retry_blocked(&mut self, now: Time, fx: &mut Effects) {
+        if self.blocked.is_empty() {
+            return;
+        }
+        let blocked = std::mem::take(&mut self.blocked);
+        for key_id in blocked {
+            if let Some(key) = self.keys.get_mut(&key_id) {
+                key.blocked = false;
+                self.maybe_start(key_id, now, fx);
+                self.gc_key(key_id);
+            }
+        }
+    }
+
+    /// Gives waiting jobs of the container's key to it, up to its concurrency.
+    fn fill(&mut self, id: ContainerId, fx: &mut Effects) {
+        let c = &self.containers[&id];
+        if c.retiring || c.phase != Phase::Ready {
+            return;
+        }
+        let (key_id, concurrency) = (c.key, c.concurrency as usize);
+        while self.containers[&id].running.len() < concurrency {
+            let Some(job) = self.pop_waiting(key_id) else { break };
+            self.dispatch(id, job, fx);
+        }
+    }
+
+    fn pop_waiting(&mut self, key_id: KeyId) -> Option<JobId> {
+        let key = self.keys.get_mut(&key_id)?;
+        while let Some(job) = key.waiting.pop_front() {
+            if let Some(w) = self.waiting.remove(&job) {
+                self.deadlines.remove(&(w.deadline, job));
+                key.waiting_live -= 1;
+                return Some(job);
+            }
+        }
+        None
+    }
+
+    fn dispatch(&mut self, id: ContainerId, job: JobId, fx: &mut Effects) {
+        self.unsettle(id);
+        let c = self.containers.get_mut(&id).expect("dispatch to a known container");
+        c.running.push(job);
+        fx.push(Effect::Dispatch { job, container: id });
+    }
+
+    /// Removes a ready container from the idle and partial indexes (before its load changes).
+    fn unsettle(&mut self, id: ContainerId) {
+        let Some(c) = self.containers.get_mut(&id) else { return };
+        let Some(key) = self.keys.get_mut(&c.key) else { return };
+        if let Some(seq) = c.idle_seq.take() {
+            key.idle.remove(&seq);
+            self.lru.remove(&seq);
+        }
+        key.partial.remove(&(c.running.len(), id));
+    }
+
+    /// Puts a ready container back into the index that matches its load.
+    fn settle(&mut self, id: ContainerId, now: Time) {
+        let c = self.containers.get_mut(&id).expect("settle a known container");
+        if c.phase != Phase::Ready || c.retiring {
+            return;
+        }
+        let key = self.keys.get_mut(&c.key).expect("a container's key exists");
+        if c.running.is_empty() {
+            let seq = self.next_idle_seq;
+            self.next_idle_seq += 1;
+            c.idle_seq = Some(seq);
+            c.idle_since = now;
+            key.idle.insert(seq, id);
+            self.lru.insert(seq, id);
+        } else if c.running.len() < c.concurrency as usize {
+            key.partial.insert((c.running.len(), id));
+        }
+    }
+
+    fn settle_or_retire(&mut self, id: ContainerId, now: Time, fx: &mut Effects) {
+        let c = &self.containers[&id];
+        if c.retiring {
+            if c.running.is_empty() {
+                self.retire(id, fx);
+            }
+        } else {
+            self.settle(id, now);
+        }
+    }
+
+    fn retire(&mut self, id: ContainerId, fx: &mut Effects) {
+        self.unsettle(id);
+        let c = self.containers.get_mut(&id).expect("retire a known container");
+        if c.phase == Phase::Removing {
+            return;
+        }
+        c.phase = Phase::Removing;
+        c.retiring = true;
+        self.nodes.removing(&c.node, c.memory_mb);
+        fx.push(Effect::Remove { container: id });
+    }
+
+    /// Forgets a key that holds nothing, so that the map stays as large as the live keys.
+    fn gc_key(&mut self, key_id: KeyId) {
+        if self.keys.get(&key_id).is_some_and(KeyState::is_empty) {
+            self.keys.remove(&key_id);
+        }
+    }
+}

@@ -1,0 +1,207 @@
+//! The node ledger: what each node has free, by the cluster's stats and by our own accounts.
+//!
+//! Two views bound what may be placed on a node, and a container goes only where both agree:
+//! - by capacity: the node's capacity minus the memory of every container we hold there
+//!   (committed from the decision to create until the removal is confirmed);
+//! - by stats: the free memory the cluster last reported minus our reservations, the
+//!   containers the report cannot show yet (created, but not started before it was observed).
+//!
+//! Stats older than the TTL count as nothing free. The launchability buffer is kept free in both.
+
+use super::types::{ContainerId, NodeId, NodeStatsUpdate, Time};
+use std::collections::HashMap;
+use std::time::Duration;
+
+#[derive(Debug)]
+struct NodeState {
+    capacity_mb: u64,
+    free_mb: u64,
+    observed_at: Time,
+    committed_mb: u64,
+    reserved_mb: u64,
+    removing_mb: u64,
+    starts: u32,
+    /// Our containers the stats may not show yet, with the time they were seen started.
+    unconfirmed: HashMap<ContainerId, (u32, Option<Time>)>,
+}
+
+/// One node as the pool sees it, for health and the pool view.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct NodeView {
+    pub node: String,
+    pub capacity_mb: u64,
+    pub free_mb: u64,
+    pub committed_mb: u64,
+    pub reserved_mb: u64,
+    pub removing_mb: u64,
+    pub starts_in_flight: u32,
+    pub stale: bool,
+    /// What a new container could still take on this node now.
+    pub launchable_mb: u64,
+}
+
+pub(super) enum Placement {
+    On(NodeId),
+    /// Some node has room but already as many starts in flight as allowed.
+    StartsCapped,
+    NoRoom,
+}
+
+#[derive(Debug)]
+pub(super) struct Nodes {
+    nodes: HashMap<NodeId, NodeState>,
+    largest_capacity_mb: Option<u64>,
+    buffer_mb: u64,
+    ttl: Duration,
+    max_starts: u32,
+}
+
+impl Nodes {
+    pub(super) fn new(buffer_mb: u64, ttl: Duration, max_starts: u32) -> Self {
+        Nodes { nodes: HashMap::new(), largest_capacity_mb: None, buffer_mb, ttl, max_starts }
+    }
+
+    pub(super) fn update(&mut self, update: NodeStatsUpdate, now: Time) {
+        let observed_at = update.observed_at.min(now);
+        let n = self.nodes.entry(update.node).or_insert_with(|| NodeState {
+            capacity_mb: 0,
+            free_mb: 0,
+            observed_at: Time::ZERO,
+            committed_mb: 0,
+            reserved_mb: 0,
+            removing_mb: 0,
+            starts: 0,
+            unconfirmed: HashMap::new(),
+        });
+        if observed_at < n.observed_at {
+            return; // an older snapshot overtaken by a newer one
+        }
+        n.capacity_mb = update.capacity_mb;
+        n.free_mb = update.free_mb;
+        n.observed_at = observed_at;
+        let mut confirmed = 0;
+        n.unconfirmed.retain(|_, &mut (mem, started)| {
+            let seen = started.is_some_and(|t| t <= observed_at);
+            if seen {
+                confirmed += u64::from(mem);
+            }
+            !seen
+        });
+        n.reserved_mb -= confirmed;
+        self.largest_capacity_mb = self.nodes.values().map(|n| n.capacity_mb).max();
+    }
+
+    pub(super) fn largest_capacity_mb(&self) -> Option<u64> {
+        self.largest_capacity_mb
+    }
+
+    /// Best fit: the fresh node with the least room that still fits, so large holes stay free.
+    pub(super) fn place(&self, memory_mb: u32, now: Time) -> Placement {
+        let need = i64::from(memory_mb);
+        let mut best: Option<(i64, &NodeId)> = None;
+        let mut capped = false;
+        for (id, n) in &self.nodes {
+            let room = self.headroom(n, now);
+            if room < need {
+                continue;
+            }
+            if n.starts >= self.max_starts {
+                capped = true;
+                continue;
+            }
+            if best.is_none_or(|(r, b)| room < r || (room == r && id < b)) {
+                best = Some((room, id));
+            }
+        }
+        match best {
+            Some((_, id)) => Placement::On(id.clone()),
+            None if capped => Placement::StartsCapped,
+            None => Placement::NoRoom,
+        }
+    }
+
+    /// True when removals already under way will leave room for `memory_mb` on some node.
+    pub(super) fn room_coming(&self, memory_mb: u32, now: Time) -> bool {
+        self.nodes.values().any(|n| {
+            n.removing_mb > 0
+                && self.is_fresh(n, now)
+                && self.headroom(n, now) + n.removing_mb as i64 >= i64::from(memory_mb)
+        })
+    }
+
+    pub(super) fn fits_after_freeing(&self, node: &NodeId, memory_mb: u32, freed_mb: u64, now: Time) -> bool {
+        self.nodes.get(node).is_some_and(|n| {
+            self.is_fresh(n, now) && self.headroom(n, now) + (n.removing_mb + freed_mb) as i64 >= i64::from(memory_mb)
+        })
+    }
+
+    pub(super) fn reserve(&mut self, node: &NodeId, id: ContainerId, memory_mb: u32) {
+        let n = self.nodes.get_mut(node).expect("placed on a known node");
+        n.committed_mb += u64::from(memory_mb);
+        n.reserved_mb += u64::from(memory_mb);
+        n.starts += 1;
+        n.unconfirmed.insert(id, (memory_mb, None));
+    }
+
+    pub(super) fn start_finished(&mut self, node: &NodeId) {
+        if let Some(n) = self.nodes.get_mut(node) {
+            n.starts -= 1;
+        }
+    }
+
+    pub(super) fn confirm_started(&mut self, node: &NodeId, id: ContainerId, now: Time) {
+        if let Some((_, started)) = self.nodes.get_mut(node).and_then(|n| n.unconfirmed.get_mut(&id)) {
+            *started = Some(now);
+        }
+    }
+
+    pub(super) fn removing(&mut self, node: &NodeId, memory_mb: u32) {
+        if let Some(n) = self.nodes.get_mut(node) {
+            n.removing_mb += u64::from(memory_mb);
+        }
+    }
+
+    pub(super) fn release(&mut self, node: &NodeId, id: ContainerId, memory_mb: u32, was_removing: bool) {
+        let Some(n) = self.nodes.get_mut(node) else { return };
+        n.committed_mb -= u64::from(memory_mb);
+        if n.unconfirmed.remove(&id).is_some() {
+            n.reserved_mb -= u64::from(memory_mb);
+        }
+        if was_removing {
+            n.removing_mb -= u64::from(memory_mb);
+        }
+    }
+
+    pub(super) fn views(&self, now: Time) -> Vec<NodeView> {
+        let mut views: Vec<NodeView> = self
+            .nodes
+            .iter()
+            .map(|(id, n)| NodeView {
+                node: id.to_string(),
+                capacity_mb: n.capacity_mb,
+                free_mb: n.free_mb,
+                committed_mb: n.committed_mb,
+                reserved_mb: n.reserved_mb,
+                removing_mb: n.removing_mb,
+                starts_in_flight: n.starts,
+                stale: !self.is_fresh(n, now),
+                launchable_mb: self.headroom(n, now).max(0) as u64,
+            })
+            .collect();
+        views.sort_by(|a, b| a.node.cmp(&b.node));
+        views
+    }
+
+    fn is_fresh(&self, n: &NodeState, now: Time) -> bool {
+        n.observed_at + self.ttl >= now
+    }
+
+    fn headroom(&self, n: &NodeState, now: Time) -> i64 {
+        if !self.is_fresh(n, now) {
+            return i64::MIN / 2;
+        }
+        let by_capacity = n.capacity_mb as i64 - self.buffer_mb as i64 - n.committed_mb as i64;
+        let by_stats = n.free_mb as i64 - n.reserved_mb as i64 - self.buffer_mb as i64;
+        by_capacity.min(by_stats)
+    }
+}

@@ -1,0 +1,248 @@
+//! Property tests: random interleavings of arrivals, starts, failures, completions, crashes,
+//! lagging stats and drains against a model cluster that knows the truth.
+//!
+//! Invariants: no job is lost or answered twice; a job runs only on a started, live container;
+//! the memory of live containers never exceeds a node's capacity minus the buffer; no job waits
+//! while a warm container of its action is free; no action has more starts in flight than its
+//! waiting jobs need.
+
+use super::*;
+use proptest::prelude::*;
+use std::collections::HashSet;
+use std::time::Duration;
+
+const NODES: [(&str, u64); 2] = [("a", 1024), ("b", 640)];
+const BUFFER_MB: u64 = 64;
+
+#[derive(Clone, Debug)]
+enum Op {
+    Arrive { key: u32, deadline_ms: u64 },
+    FinishCreate { pick: usize, ok: bool },
+    FinishRun { pick: usize, reusable: bool },
+    FinishRemove { pick: usize },
+    Crash { pick: usize },
+    ObserveStats { node: usize },
+    DeliverStats { pick: usize },
+    Advance { ms: u64 },
+    Drain,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (0u32..6, 200u64..5_000).prop_map(|(key, deadline_ms)| Op::Arrive { key, deadline_ms }),
+        4 => (any::<usize>(), prop::bool::weighted(0.85)).prop_map(|(pick, ok)| Op::FinishCreate { pick, ok }),
+        5 => (any::<usize>(), prop::bool::weighted(0.9)).prop_map(|(pick, reusable)| Op::FinishRun { pick, reusable }),
+        3 => any::<usize>().prop_map(|pick| Op::FinishRemove { pick }),
+        1 => any::<usize>().prop_map(|pick| Op::Crash { pick }),
+        2 => (0usize..NODES.len()).prop_map(|node| Op::ObserveStats { node }),
+        2 => any::<usize>().prop_map(|pick| Op::DeliverStats { pick }),
+        3 => (1u64..2_000).prop_map(|ms| Op::Advance { ms }),
+        1 => Just(Op::Drain),
+    ]
+}
+
+fn key_shape(key: u32) -> (u32, u32) {
+    ([128, 256, 512][key as usize % 3], 1 + key / 3)
+}
+
+#[derive(Default)]
+struct World {
+    now: Time,
+    next_job: u64,
+    /// Containers from `Create` until their `Removed` is delivered: the cluster's truth.
+    alive: HashMap<ContainerId, (NodeId, u32, KeyId)>,
+    creating: Vec<ContainerId>,
+    ready: HashSet<ContainerId>,
+    running: Vec<(ContainerId, JobId)>,
+    removing: Vec<ContainerId>,
+    stats_in_flight: Vec<NodeStatsUpdate>,
+    arrived: HashSet<JobId>,
+    dispatched: HashSet<JobId>,
+    finished: HashSet<JobId>,
+    rejected: HashSet<JobId>,
+}
+
+impl World {
+    fn apply(&mut self, core: &mut PoolCore, event: Event) -> Result<(), TestCaseError> {
+        let fx = core.handle(event, self.now);
+        let mut created_keys = Vec::new();
+        for effect in fx {
+            match effect {
+                Effect::Create { container, key, memory_mb, node } => {
+                    prop_assert!(self.alive.insert(container, (node, memory_mb, key)).is_none());
+                    self.creating.push(container);
+                    created_keys.push(key);
+                }
+                Effect::Dispatch { job, container } => {
+                    prop_assert!(self.arrived.contains(&job), "dispatch of an unknown job");
+                    prop_assert!(self.ready.contains(&container), "dispatch to a container not ready");
+                    prop_assert!(!self.rejected.contains(&job), "dispatch of a rejected job");
+                    prop_assert!(self.dispatched.insert(job), "job dispatched twice");
+                    self.running.push((container, job));
+                }
+                Effect::Remove { container } => {
+                    prop_assert!(self.alive.contains_key(&container), "remove of a dead container");
+                    prop_assert!(!self.removing.contains(&container), "removed twice");
+                    prop_assert!(!self.running.iter().any(|&(c, _)| c == container), "removing a busy container");
+                    self.ready.remove(&container);
+                    self.removing.push(container);
+                }
+                Effect::Reject { job, reason } => {
+                    prop_assert!(reason != RejectReason::ContainerLost, "a job was lost with its container");
+                    prop_assert!(!self.dispatched.contains(&job), "rejected after dispatch");
+                    prop_assert!(self.rejected.insert(job), "job rejected twice");
+                }
+            }
+        }
+        for (name, capacity) in NODES {
+            let used: u64 = self.alive.values().filter(|(n, ..)| &*n.0 == name).map(|(_, m, _)| u64::from(*m)).sum();
+            prop_assert!(used <= capacity - BUFFER_MB, "node {name} over-provisioned: {used} MB");
+        }
+        for key in created_keys {
+            let (waiting, starting) = core.key_load(key);
+            let concurrency = key_shape(key.0).1 as usize;
+            prop_assert!(starting as usize <= waiting.div_ceil(concurrency), "more starts than waiting jobs need");
+        }
+        for k in 0..6 {
+            let (waiting, _) = core.key_load(KeyId(k));
+            prop_assert!(waiting == 0 || !core.has_free_container(KeyId(k)), "a job waits beside a free container");
+        }
+        Ok(())
+    }
+
+    fn observe(&self, node: usize) -> NodeStatsUpdate {
+        let (name, capacity) = NODES[node];
+        let used: u64 = self.alive.values().filter(|(n, ..)| &*n.0 == name).map(|(_, m, _)| u64::from(*m)).sum();
+        NodeStatsUpdate {
+            node: NodeId::new(name),
+            capacity_mb: capacity,
+            free_mb: capacity - used,
+            observed_at: self.now,
+        }
+    }
+
+    fn step(&mut self, core: &mut PoolCore, op: Op) -> Result<(), TestCaseError> {
+        match op {
+            Op::Arrive { key, deadline_ms } => {
+                let (memory_mb, concurrency) = key_shape(key);
+                let id = JobId(self.next_job);
+                self.next_job += 1;
+                self.arrived.insert(id);
+                let deadline = self.now + Duration::from_millis(deadline_ms);
+                let job = Job { id, key: KeyId(key), memory_mb, concurrency, deadline };
+                self.apply(core, Event::Arrived(job))?;
+            }
+            Op::FinishCreate { pick, ok } if !self.creating.is_empty() => {
+                let container = self.creating.swap_remove(pick % self.creating.len());
+                if ok {
+                    self.ready.insert(container);
+                } else {
+                    self.alive.remove(&container);
+                }
+                self.apply(core, Event::Started { container, ok })?;
+            }
+            Op::FinishRun { pick, reusable } if !self.running.is_empty() => {
+                let (container, job) = self.running.swap_remove(pick % self.running.len());
+                self.finished.insert(job);
+                self.apply(core, Event::Finished { container, job, reusable })?;
+            }
+            Op::FinishRemove { pick } if !self.removing.is_empty() => {
+                let container = self.removing.swap_remove(pick % self.removing.len());
+                self.alive.remove(&container);
+                self.apply(core, Event::Removed(container))?;
+            }
+            Op::Crash { pick } if !self.ready.is_empty() => {
+                let mut ready: Vec<_> = self.ready.iter().copied().collect();
+                ready.sort();
+                let container = ready[pick % ready.len()];
+                let jobs: Vec<JobId> = self.running.iter().filter(|&&(c, _)| c == container).map(|&(_, j)| j).collect();
+                self.running.retain(|&(c, _)| c != container);
+                for job in jobs {
+                    self.finished.insert(job);
+                    self.apply(core, Event::Finished { container, job, reusable: false })?;
+                }
+                self.ready.remove(&container);
+                self.removing.retain(|&c| c != container);
+                self.alive.remove(&container);
+                self.apply(core, Event::Removed(container))?;
+            }
+            Op::ObserveStats { node } => self.stats_in_flight.push(self.observe(node)),
+            Op::DeliverStats { pick } if !self.stats_in_flight.is_empty() => {
+                let update = self.stats_in_flight.remove(pick % self.stats_in_flight.len());
+                self.apply(core, Event::NodeStats(update))?;
+            }
+            Op::Advance { ms } => {
+                self.now += Duration::from_millis(ms);
+                self.apply(core, Event::Tick)?;
+            }
+            Op::Drain => self.apply(core, Event::Drain)?,
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Lets everything in flight finish, with fresh stats, until the pool is quiet.
+    fn settle(&mut self, core: &mut PoolCore) -> Result<(), TestCaseError> {
+        for _ in 0..1_000 {
+            if self.creating.is_empty() && self.running.is_empty() && self.removing.is_empty() && core.is_quiet() {
+                return Ok(());
+            }
+            self.now += Duration::from_millis(500);
+            for node in 0..NODES.len() {
+                let update = self.observe(node);
+                self.apply(core, Event::NodeStats(update))?;
+            }
+            self.apply(core, Event::Tick)?;
+            while let Some(c) = self.creating.pop() {
+                self.ready.insert(c);
+                self.apply(core, Event::Started { container: c, ok: true })?;
+            }
+            while let Some((container, job)) = self.running.pop() {
+                self.finished.insert(job);
+                self.apply(core, Event::Finished { container, job, reusable: true })?;
+            }
+            while let Some(c) = self.removing.pop() {
+                self.alive.remove(&c);
+                self.apply(core, Event::Removed(c))?;
+            }
+        }
+        prop_assert!(false, "the pool never became quiet");
+        Ok(())
+    }
+}
+
+fn new_core() -> (PoolCore, World) {
+    let config = CoreConfig {
+        max_starts_per_action: 3,
+        max_starts_per_node: 4,
+        max_waiting: 40,
+        idle_timeout: Duration::from_secs(5),
+        stats_ttl: Duration::from_secs(4),
+        buffer_mb: BUFFER_MB,
+    };
+    let mut core = PoolCore::new(config);
+    let mut world = World::default();
+    for node in 0..NODES.len() {
+        let update = world.observe(node);
+        world.apply(&mut core, Event::NodeStats(update)).expect("initial stats");
+    }
+    (core, world)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn no_job_lost_or_answered_twice_and_never_over_provisioned(ops in prop::collection::vec(op(), 1..300)) {
+        let (mut core, mut world) = new_core();
+        for op in ops {
+            world.step(&mut core, op)?;
+        }
+        world.settle(&mut core)?;
+        for job in &world.arrived {
+            let answered = world.finished.contains(job) as u8 + world.rejected.contains(job) as u8;
+            prop_assert_eq!(answered, 1, "job {:?} answered {} times", job, answered);
+        }
+        prop_assert_eq!(&world.dispatched, &world.finished);
+    }
+}

@@ -1,0 +1,176 @@
+use super::*;
+use std::time::Duration;
+
+fn ms(n: u64) -> Time {
+    Duration::from_millis(n)
+}
+
+fn job(id: u64, key: u32, memory_mb: u32) -> Job {
+    Job { id: JobId(id), key: KeyId(key), memory_mb, concurrency: 1, deadline: ms(10_000) }
+}
+
+fn stats(node: &str, capacity_mb: u64, free_mb: u64, at: u64) -> Event {
+    Event::NodeStats(NodeStatsUpdate { node: NodeId::new(node), capacity_mb, free_mb, observed_at: ms(at) })
+}
+
+fn core_with(capacity_mb: u64) -> PoolCore {
+    let mut core = PoolCore::new(CoreConfig::default());
+    core.handle(stats("n1", capacity_mb, capacity_mb, 0), ms(0));
+    core
+}
+
+fn created(fx: &Effects) -> Vec<ContainerId> {
+    fx.iter().filter_map(|e| if let Effect::Create { container, .. } = e { Some(*container) } else { None }).collect()
+}
+
+#[test]
+fn a_cold_job_creates_one_container_then_runs_on_it() {
+    let mut core = core_with(1024);
+    let fx = core.handle(Event::Arrived(job(1, 1, 256)), ms(1));
+    let c = created(&fx);
+    assert_eq!(c.len(), 1);
+    let fx = core.handle(Event::Started { container: c[0], ok: true }, ms(2));
+    assert_eq!(fx.as_slice(), &[Effect::Dispatch { job: JobId(1), container: c[0] }]);
+}
+
+#[test]
+fn a_warm_container_is_reused_and_the_most_recent_first() {
+    let mut core = core_with(1024);
+    let a = created(&core.handle(Event::Arrived(job(1, 1, 256)), ms(1)))[0];
+    let b = created(&core.handle(Event::Arrived(job(2, 1, 256)), ms(1)))[0];
+    core.handle(Event::Started { container: a, ok: true }, ms(2));
+    core.handle(Event::Started { container: b, ok: true }, ms(2));
+    core.handle(Event::Finished { container: a, job: JobId(1), reusable: true }, ms(3));
+    core.handle(Event::Finished { container: b, job: JobId(2), reusable: true }, ms(4));
+    let fx = core.handle(Event::Arrived(job(3, 1, 256)), ms(5));
+    assert_eq!(fx.as_slice(), &[Effect::Dispatch { job: JobId(3), container: b }]);
+}
+
+#[test]
+fn waiting_jobs_do_not_start_more_containers_than_they_need() {
+    let mut core = core_with(4096);
+    let mut creates = 0;
+    for i in 0..3 {
+        let mut j = job(i, 1, 128);
+        j.concurrency = 2;
+        creates += created(&core.handle(Event::Arrived(j), ms(1))).len();
+    }
+    assert_eq!(creates, 2, "three jobs at concurrency 2 need two containers");
+}
+
+#[test]
+fn starts_in_flight_per_action_are_capped() {
+    let mut core = core_with(100_000);
+    let creates: usize = (0..50).map(|i| created(&core.handle(Event::Arrived(job(i, 1, 128)), ms(1))).len()).sum();
+    assert_eq!(creates, 4);
+}
+
+#[test]
+fn a_job_too_large_for_any_node_is_refused_at_once() {
+    let mut core = core_with(512);
+    let fx = core.handle(Event::Arrived(job(1, 1, 1024)), ms(1));
+    assert!(matches!(fx[0], Effect::Reject { reason: RejectReason::NeverFits { memory_mb: 1024, .. }, .. }));
+}
+
+#[test]
+fn an_idle_container_of_another_action_is_evicted_to_make_room() {
+    let mut core = core_with(512);
+    let a = created(&core.handle(Event::Arrived(job(1, 1, 512)), ms(1)))[0];
+    core.handle(Event::Started { container: a, ok: true }, ms(2));
+    core.handle(Event::Finished { container: a, job: JobId(1), reusable: true }, ms(3));
+    let fx = core.handle(Event::Arrived(job(2, 2, 256)), ms(4));
+    assert_eq!(fx.as_slice(), &[Effect::Remove { container: a }]);
+    let fx = core.handle(Event::Removed(a), ms(5));
+    assert_eq!(created(&fx).len(), 1);
+}
+
+#[test]
+fn a_busy_container_is_never_evicted_and_the_job_waits_until_its_deadline() {
+    let mut core = core_with(512);
+    let a = created(&core.handle(Event::Arrived(job(1, 1, 512)), ms(1)))[0];
+    core.handle(Event::Started { container: a, ok: true }, ms(2));
+    let fx = core.handle(Event::Arrived(job(2, 2, 256)), ms(3));
+    assert!(fx.is_empty());
+    let fx = core.handle(Event::Tick, ms(10_000));
+    assert_eq!(fx.as_slice(), &[Effect::Reject { job: JobId(2), reason: RejectReason::DeadlineExceeded }]);
+}
+
+#[test]
+fn a_failed_create_answers_its_job_at_once() {
+    let mut core = core_with(1024);
+    let a = created(&core.handle(Event::Arrived(job(1, 1, 256)), ms(1)))[0];
+    let fx = core.handle(Event::Started { container: a, ok: false }, ms(2));
+    assert_eq!(fx.as_slice(), &[Effect::Reject { job: JobId(1), reason: RejectReason::CreateFailed }]);
+}
+
+#[test]
+fn a_container_that_failed_is_removed_not_reused() {
+    let mut core = core_with(1024);
+    let a = created(&core.handle(Event::Arrived(job(1, 1, 256)), ms(1)))[0];
+    core.handle(Event::Started { container: a, ok: true }, ms(2));
+    let fx = core.handle(Event::Finished { container: a, job: JobId(1), reusable: false }, ms(3));
+    assert_eq!(fx.as_slice(), &[Effect::Remove { container: a }]);
+    let fx = core.handle(Event::Arrived(job(2, 1, 256)), ms(4));
+    assert_eq!(created(&fx).len(), 1);
+}
+
+#[test]
+fn idle_containers_are_removed_after_the_idle_timeout() {
+    let mut core = core_with(1024);
+    let a = created(&core.handle(Event::Arrived(job(1, 1, 256)), ms(1)))[0];
+    core.handle(Event::Started { container: a, ok: true }, ms(2));
+    core.handle(Event::Finished { container: a, job: JobId(1), reusable: true }, ms(3));
+    assert!(core.handle(Event::Tick, ms(3) + Duration::from_secs(599)).is_empty());
+    let fx = core.handle(Event::Tick, ms(3) + Duration::from_secs(600));
+    assert_eq!(fx.as_slice(), &[Effect::Remove { container: a }]);
+}
+
+#[test]
+fn stale_stats_count_as_nothing_free() {
+    let mut core = core_with(1024);
+    let fx = core.handle(Event::Arrived(job(1, 1, 256)), Duration::from_secs(61));
+    assert!(fx.is_empty());
+    let fx = core.handle(stats("n1", 1024, 1024, 61_000), Duration::from_secs(61));
+    assert_eq!(created(&fx).len(), 1);
+}
+
+#[test]
+fn reservations_hold_until_stats_observed_after_the_start() {
+    let mut core = core_with(1024);
+    let a = created(&core.handle(Event::Arrived(job(1, 1, 512)), ms(1)))[0];
+    core.handle(Event::Started { container: a, ok: true }, ms(10));
+    // The cluster still reports everything free (observed before the start): the reservation holds.
+    core.handle(stats("n1", 1024, 1024, 5), ms(11));
+    let _ = core.handle(Event::Arrived(job(2, 2, 512)), ms(12));
+    let view = &core.nodes(ms(12))[0];
+    assert_eq!(view.reserved_mb, 1024);
+    assert_eq!(view.launchable_mb, 0);
+}
+
+#[test]
+fn concurrent_jobs_pack_onto_the_busiest_container() {
+    let mut core = core_with(4096);
+    let j = |id| Job { concurrency: 3, ..job(id, 1, 256) };
+    let a = created(&core.handle(Event::Arrived(j(1)), ms(1)))[0];
+    core.handle(Event::Started { container: a, ok: true }, ms(2));
+    let fx = core.handle(Event::Arrived(j(2)), ms(3));
+    assert_eq!(fx.as_slice(), &[Effect::Dispatch { job: JobId(2), container: a }]);
+    let fx = core.handle(Event::Arrived(j(3)), ms(3));
+    assert_eq!(fx.as_slice(), &[Effect::Dispatch { job: JobId(3), container: a }]);
+    let fx = core.handle(Event::Arrived(j(4)), ms(3));
+    assert_eq!(created(&fx).len(), 1);
+}
+
+#[test]
+fn drain_rejects_waiting_jobs_and_removes_idle_containers() {
+    let mut core = core_with(256);
+    let a = created(&core.handle(Event::Arrived(job(1, 1, 256)), ms(1)))[0];
+    core.handle(Event::Arrived(job(2, 2, 256)), ms(1));
+    core.handle(Event::Started { container: a, ok: true }, ms(2));
+    let fx = core.handle(Event::Drain, ms(3));
+    assert_eq!(fx.as_slice(), &[Effect::Reject { job: JobId(2), reason: RejectReason::Draining }]);
+    let fx = core.handle(Event::Finished { container: a, job: JobId(1), reusable: true }, ms(4));
+    assert_eq!(fx.as_slice(), &[Effect::Remove { container: a }]);
+    let fx = core.handle(Event::Arrived(job(3, 1, 256)), ms(5));
+    assert_eq!(fx.as_slice(), &[Effect::Reject { job: JobId(3), reason: RejectReason::Draining }]);
+}

@@ -1,0 +1,149 @@
+//! The vocabulary of the pool core: what goes in (events) and what comes out (effects).
+//!
+//! Nothing here knows about HTTP, actors or clocks. Time is a [`Time`] since an epoch that
+//! the caller chooses (the actor's start, or the simulator's zero), so the same core runs in
+//! real and in virtual time.
+
+use smallvec::SmallVec;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Time since the pool's epoch. Monotonic: the caller never passes a smaller `now`.
+pub type Time = Duration;
+
+/// One activation waiting to run, as the pool sees it (the payload stays with the caller).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct JobId(pub u64);
+
+/// A container the pool decided to create. Assigned by the core, never reused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ContainerId(pub u64);
+
+/// An interned action key: containers of one key are interchangeable for its jobs
+/// (same namespace, action, revision, kind, memory, concurrency). The caller interns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct KeyId(pub u32);
+
+/// A node of the cluster, as the factory names it (a host, a Mesos agent, a k8s node).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NodeId(pub Arc<str>);
+
+impl NodeId {
+    pub fn new(name: &str) -> Self {
+        NodeId(Arc::from(name))
+    }
+}
+
+impl std::fmt::Display for NodeId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Job {
+    pub id: JobId,
+    pub key: KeyId,
+    /// The action's declared memory limit: what a container of this key occupies on a node.
+    pub memory_mb: u32,
+    /// How many jobs one container of this key may run at once (the action's concurrency limit).
+    pub concurrency: u32,
+    /// After this the job is answered 503 if it has not been dispatched.
+    pub deadline: Time,
+}
+
+/// A full snapshot of one node, as the cluster manager last reported it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeStatsUpdate {
+    pub node: NodeId,
+    /// Memory the node offers to action containers in total.
+    pub capacity_mb: u64,
+    /// Memory free for new containers at `observed_at`.
+    pub free_mb: u64,
+    /// When the cluster manager observed it (not when it reached us: stats lag).
+    pub observed_at: Time,
+}
+
+/// What the caller reports to the core.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    Arrived(Job),
+    /// The factory finished creating `container`: ready for work, or failed.
+    Started {
+        container: ContainerId,
+        ok: bool,
+    },
+    /// A dispatched job ended. `reusable` is false when the container must not run anything
+    /// again (timeout, crash, out of memory, bad response).
+    Finished {
+        container: ContainerId,
+        job: JobId,
+        reusable: bool,
+    },
+    /// The container is gone: destroyed after `Remove`, or died on its own. Its in-flight jobs
+    /// must have been reported `Finished` before; any that were not are rejected as lost.
+    Removed(ContainerId),
+    NodeStats(NodeStatsUpdate),
+    /// Time passed: expire deadlines and idle containers.
+    Tick,
+    /// Stop taking work: reject what waits, remove idle containers, retire the rest when done.
+    Drain,
+}
+
+/// Why a job was answered without running. Every one of these means nothing ran.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RejectReason {
+    /// The action's memory is larger than any node could ever hold.
+    NeverFits { memory_mb: u32, largest_node_mb: u64 },
+    /// The job waited until its deadline without a container.
+    DeadlineExceeded,
+    /// The waiting buffer is full.
+    QueueFull,
+    /// The container created for it failed to start.
+    CreateFailed,
+    /// The invoker is shutting down.
+    Draining,
+    /// The container it was running on vanished without reporting the job finished.
+    ContainerLost,
+}
+
+/// What the core asks the caller to do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Effect {
+    Create { container: ContainerId, key: KeyId, memory_mb: u32, node: NodeId },
+    Dispatch { job: JobId, container: ContainerId },
+    Remove { container: ContainerId },
+    Reject { job: JobId, reason: RejectReason },
+}
+
+pub type Effects = SmallVec<[Effect; 4]>;
+
+/// Tunables of the core. Durations are in the core's time base.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CoreConfig {
+    /// Container starts in flight for one action key at most.
+    pub max_starts_per_action: u32,
+    /// Container starts in flight on one node at most.
+    pub max_starts_per_node: u32,
+    /// Jobs waiting for a container, over all keys, at most.
+    pub max_waiting: usize,
+    /// An idle container is removed after this long unused.
+    pub idle_timeout: Duration,
+    /// Node stats older than this count as nothing free.
+    pub stats_ttl: Duration,
+    /// Memory kept free on every node (the launchability buffer).
+    pub buffer_mb: u64,
+}
+
+impl Default for CoreConfig {
+    fn default() -> Self {
+        CoreConfig {
+            max_starts_per_action: 4,
+            max_starts_per_node: 8,
+            max_waiting: 10_000,
+            idle_timeout: Duration::from_secs(600),
+            stats_ttl: Duration::from_secs(60),
+            buffer_mb: 0,
+        }
+    }
+}

@@ -1,0 +1,3 @@
+//! The ContainerPool: a pure scheduling core and the actor that carries out its effects.
+
+pub mod core;
