@@ -6,4 +6,6 @@
 //! and the [`store`] keeps actions and activation records.
 #![forbid(unsafe_code)]
 
+pub mod model;
 pub mod pool;
+pub mod store;

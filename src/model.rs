@@ -1,0 +1,262 @@
+//! Actions and activation records, in the JSON shapes OpenWhisk clients read and write.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+/// `{"key": ..., "value": ...}`: OpenWhisk's parameter and annotation entry.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct KeyValue {
+    pub key: String,
+    pub value: Value,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Exec {
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub main: Option<String>,
+    #[serde(default)]
+    pub binary: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+}
+
+/// An action's limits. On the wire: `timeout` in ms, `memory` and `logs` in MB.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    pub timeout: u64,
+    pub memory: u32,
+    pub logs: u32,
+    pub concurrency: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Action {
+    pub namespace: String,
+    pub name: String,
+    pub version: String,
+    pub exec: Exec,
+    pub limits: Limits,
+    #[serde(default)]
+    pub parameters: Vec<KeyValue>,
+    #[serde(default)]
+    pub annotations: Vec<KeyValue>,
+    #[serde(default)]
+    pub publish: bool,
+    /// Epoch ms of the last change.
+    pub updated: u64,
+    /// Bumped on every update, so that containers of an older revision are never reused.
+    #[serde(default)]
+    pub revision: u64,
+}
+
+impl Action {
+    pub fn path(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+
+    /// The default parameters merged under the invocation's (the invocation wins).
+    pub fn merged_params(&self, mut params: serde_json::Map<String, Value>) -> serde_json::Map<String, Value> {
+        for p in &self.parameters {
+            params.entry(p.key.clone()).or_insert_with(|| p.value.clone());
+        }
+        params
+    }
+}
+
+/// OpenWhisk's four activation outcomes and their status codes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Outcome {
+    Success,
+    ApplicationError,
+    DeveloperError,
+    WhiskError,
+}
+
+impl Outcome {
+    pub fn status_code(self) -> u8 {
+        self as u8
+    }
+
+    pub fn status(self) -> &'static str {
+        match self {
+            Outcome::Success => "success",
+            Outcome::ApplicationError => "application error",
+            Outcome::DeveloperError => "action developer error",
+            Outcome::WhiskError => "whisk internal error",
+        }
+    }
+
+    pub fn from_status_code(code: u64) -> Option<Outcome> {
+        [Outcome::Success, Outcome::ApplicationError, Outcome::DeveloperError, Outcome::WhiskError]
+            .get(code as usize)
+            .copied()
+    }
+}
+
+/// How the container that ran an activation came to be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StartKind {
+    Cold,
+    Warm,
+    Prewarm,
+}
+
+/// The activation record. Serialized exactly as OpenWhisk's `WhiskActivation`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ActivationRecord {
+    pub namespace: String,
+    pub name: String,
+    pub version: String,
+    pub subject: String,
+    pub activation_id: String,
+    pub start: u64,
+    pub end: u64,
+    pub duration: u64,
+    pub status_code: u8,
+    pub response: ActivationResponse,
+    pub logs: Vec<String>,
+    pub annotations: Vec<KeyValue>,
+    pub publish: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ActivationResponse {
+    pub status: String,
+    pub status_code: u8,
+    pub success: bool,
+    pub result: Value,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<u64>,
+}
+
+impl ActivationResponse {
+    pub fn new(outcome: Outcome, result: Value) -> Self {
+        let size = Some(result.to_string().len() as u64);
+        ActivationResponse {
+            status: outcome.status().to_string(),
+            status_code: outcome.status_code(),
+            success: outcome == Outcome::Success,
+            result,
+            size,
+        }
+    }
+
+    pub fn outcome(&self) -> Outcome {
+        Outcome::from_status_code(u64::from(self.status_code)).unwrap_or(Outcome::WhiskError)
+    }
+}
+
+impl ActivationRecord {
+    pub fn outcome(&self) -> Outcome {
+        self.response.outcome()
+    }
+
+    pub fn annotation(&self, key: &str) -> Option<&Value> {
+        self.annotations.iter().find(|a| a.key == key).map(|a| &a.value)
+    }
+
+    /// A record for an activation that never ran: the caller may retry it safely.
+    pub fn whisk_error(job: &ActivationMeta, message: &str, now_ms: u64) -> Self {
+        let response = ActivationResponse::new(Outcome::WhiskError, json!({ "error": message }));
+        ActivationRecord {
+            namespace: job.namespace.clone(),
+            name: job.name.clone(),
+            version: job.version.clone(),
+            subject: job.subject.clone(),
+            activation_id: job.activation_id.clone(),
+            start: job.accepted_at,
+            end: now_ms,
+            duration: now_ms.saturating_sub(job.accepted_at),
+            status_code: Outcome::WhiskError.status_code(),
+            response,
+            logs: Vec::new(),
+            annotations: job.base_annotations(),
+            publish: false,
+        }
+    }
+}
+
+/// What identifies an accepted activation before it ran: written to the store at acceptance,
+/// so that an activation interrupted by a crash still ends with a record.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ActivationMeta {
+    pub activation_id: String,
+    pub namespace: String,
+    pub name: String,
+    pub version: String,
+    pub subject: String,
+    pub kind: String,
+    pub limits: Limits,
+    pub accepted_at: u64,
+}
+
+impl ActivationMeta {
+    pub fn base_annotations(&self) -> Vec<KeyValue> {
+        vec![
+            KeyValue { key: "path".into(), value: json!(format!("{}/{}", self.namespace, self.name)) },
+            KeyValue { key: "kind".into(), value: json!(self.kind) },
+            KeyValue { key: "limits".into(), value: serde_json::to_value(self.limits).unwrap_or(Value::Null) },
+        ]
+    }
+}
+
+/// A fresh activation id: 32 lowercase hex digits, as OpenWhisk's.
+pub fn new_activation_id() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}
+
+pub fn is_activation_id(s: &str) -> bool {
+    s.len() == 32 && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn epoch_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// OpenWhisk's entity name rule: word characters, then word characters, `@`, `.`, `-` or
+/// spaces, not ending in a space; at most 256 characters.
+pub fn validate_entity_name(field: &str, name: &str) -> Result<(), String> {
+    let word = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let ok = !name.is_empty()
+        && name.len() <= 256
+        && name.chars().next().is_some_and(word)
+        && name.chars().all(|c| word(c) || matches!(c, '@' | '.' | '-' | ' '))
+        && !name.ends_with(' ');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{field}: '{}' is not a valid name (letters, digits, _ first; then also @ . - or space; at most 256)",
+            name.chars().take(64).collect::<String>()
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entity_names_follow_openwhisk() {
+        for good in ["hello", "a", "my_action-1.2", "x@y", "with space"] {
+            assert!(validate_entity_name("name", good).is_ok(), "{good}");
+        }
+        for bad in ["", "-x", "a/b", "trailing ", ".hidden", "é"] {
+            assert!(validate_entity_name("name", bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn activation_ids_are_32_hex() {
+        let id = new_activation_id();
+        assert!(is_activation_id(&id));
+        assert!(!is_activation_id("xyz"));
+    }
+}

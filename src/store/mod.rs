@@ -1,0 +1,66 @@
+//! Actions and activation records, behind a trait; embedded by default (one redb file).
+//!
+//! The contract that keeps activations from being lost: `accept` writes a pending entry before
+//! the activation is acknowledged, `finish` replaces it with the record, and at start-up
+//! `recover_unfinished` turns whatever an earlier run left pending into whisk-error records.
+
+mod redb_store;
+
+pub use redb_store::RedbStore;
+
+use crate::model::{Action, ActivationMeta, ActivationRecord};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("store: {0}")]
+    Db(#[from] redb::Error),
+    #[error("store: corrupt entry {key}: {reason}")]
+    Corrupt { key: String, reason: String },
+    #[error("store: schema version {found} in {path}, this invoker reads version {expected}")]
+    Schema { path: String, found: u64, expected: u64 },
+    #[error("action {0} exists")]
+    ActionExists(String),
+}
+
+/// What `accept` found: a new activation, or one seen before (Kafka delivers at least once).
+#[derive(Debug, PartialEq)]
+pub enum Accepted {
+    New,
+    /// Accepted earlier and not finished yet.
+    Pending,
+    Finished(Box<ActivationRecord>),
+}
+
+pub trait Store: Send + Sync + 'static {
+    /// Creates or (with `overwrite`) replaces an action, bumping its version and revision.
+    fn put_action(&self, action: Action, overwrite: bool) -> Result<Action, StoreError>;
+    fn get_action(&self, namespace: &str, name: &str) -> Result<Option<Action>, StoreError>;
+    fn list_actions(&self, namespace: &str, skip: usize, limit: usize) -> Result<Vec<Action>, StoreError>;
+    fn delete_action(&self, namespace: &str, name: &str) -> Result<Option<Action>, StoreError>;
+
+    /// Records an activation as accepted, unless its id was seen before.
+    fn accept(&self, meta: &ActivationMeta) -> Result<Accepted, StoreError>;
+    /// Stores the final record and clears the pending entry.
+    fn finish(&self, record: &ActivationRecord) -> Result<(), StoreError>;
+    fn get_activation(&self, id: &str) -> Result<Option<ActivationRecord>, StoreError>;
+    /// Newest first.
+    fn list_activations(
+        &self,
+        namespace: &str,
+        name: Option<&str>,
+        skip: usize,
+        limit: usize,
+    ) -> Result<Vec<ActivationRecord>, StoreError>;
+    /// Gives every activation an earlier run left unfinished a whisk-error record.
+    fn recover_unfinished(&self, now_ms: u64) -> Result<usize, StoreError>;
+    /// Deletes records that ended before `before_ms`.
+    fn expire(&self, before_ms: u64) -> Result<usize, StoreError>;
+}
+
+/// Bumps the last component of a semantic version, as OpenWhisk does on update.
+pub(crate) fn next_version(old: &str) -> String {
+    let mut parts: Vec<u64> = old.split('.').map(|p| p.parse().unwrap_or(0)).collect();
+    parts.resize(3, 0);
+    parts[2] += 1;
+    format!("{}.{}.{}", parts[0], parts[1], parts[2])
+}

@@ -1,0 +1,354 @@
+use super::{next_version, Accepted, Store, StoreError};
+use crate::model::{Action, ActivationMeta, ActivationRecord};
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use serde::de::DeserializeOwned;
+use std::path::Path;
+
+const SCHEMA_VERSION: u64 = 1;
+
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+/// `namespace \0 name` → action JSON.
+const ACTIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("actions");
+/// activation id → record JSON.
+const ACTIVATIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("activations");
+/// activation id → accepted-activation JSON, until its record is written.
+const PENDING: TableDefinition<&str, &[u8]> = TableDefinition::new("pending");
+/// `namespace \0 start(20 digits) \0 id` → action name: listing newest first.
+const BY_NAMESPACE: TableDefinition<&str, &str> = TableDefinition::new("activations_by_namespace");
+/// `end(20 digits) \0 id` → the by-namespace key: retention.
+const BY_END: TableDefinition<&str, &str> = TableDefinition::new("activations_by_end");
+
+pub struct RedbStore {
+    db: Database,
+}
+
+fn db_err(e: impl Into<redb::Error>) -> StoreError {
+    StoreError::Db(e.into())
+}
+
+fn decode<T: DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<T, StoreError> {
+    serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt { key: key.to_string(), reason: e.to_string() })
+}
+
+fn encode<T: serde::Serialize>(value: &T) -> Vec<u8> {
+    serde_json::to_vec(value).expect("model types always serialize")
+}
+
+fn action_key(namespace: &str, name: &str) -> String {
+    format!("{namespace}\0{name}")
+}
+
+impl RedbStore {
+    /// Opens (or creates) the store file and checks its schema version.
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        let db = Database::create(path).map_err(db_err)?;
+        let txn = db.begin_write().map_err(db_err)?;
+        {
+            let mut meta = txn.open_table(META).map_err(db_err)?;
+            let found = meta.get("schema_version").map_err(db_err)?.map(|v| v.value());
+            match found {
+                None => {
+                    meta.insert("schema_version", SCHEMA_VERSION).map_err(db_err)?;
+                }
+                Some(v) if v == SCHEMA_VERSION => {}
+                Some(found) => {
+                    let path = path.display().to_string();
+                    return Err(StoreError::Schema { path, found, expected: SCHEMA_VERSION });
+                }
+            }
+            txn.open_table(ACTIONS).map_err(db_err)?;
+            txn.open_table(ACTIVATIONS).map_err(db_err)?;
+            txn.open_table(PENDING).map_err(db_err)?;
+            txn.open_table(BY_NAMESPACE).map_err(db_err)?;
+            txn.open_table(BY_END).map_err(db_err)?;
+        }
+        txn.commit().map_err(db_err)?;
+        Ok(RedbStore { db })
+    }
+
+    fn write_record(txn: &redb::WriteTransaction, record: &ActivationRecord) -> Result<(), StoreError> {
+        let id = record.activation_id.as_str();
+        let ns_key = format!("{}\0{:020}\0{id}", record.namespace, record.start);
+        txn.open_table(ACTIVATIONS).map_err(db_err)?.insert(id, encode(record).as_slice()).map_err(db_err)?;
+        txn.open_table(PENDING).map_err(db_err)?.remove(id).map_err(db_err)?;
+        txn.open_table(BY_NAMESPACE).map_err(db_err)?.insert(ns_key.as_str(), record.name.as_str()).map_err(db_err)?;
+        let end_key = format!("{:020}\0{id}", record.end);
+        txn.open_table(BY_END).map_err(db_err)?.insert(end_key.as_str(), ns_key.as_str()).map_err(db_err)?;
+        Ok(())
+    }
+}
+
+impl Store for RedbStore {
+    fn put_action(&self, mut action: Action, overwrite: bool) -> Result<Action, StoreError> {
+        let key = action_key(&action.namespace, &action.name);
+        let txn = self.db.begin_write().map_err(db_err)?;
+        {
+            let mut table = txn.open_table(ACTIONS).map_err(db_err)?;
+            let old: Option<Action> = match table.get(key.as_str()).map_err(db_err)? {
+                Some(v) => Some(decode(&key, v.value())?),
+                None => None,
+            };
+            match old {
+                Some(_) if !overwrite => return Err(StoreError::ActionExists(action.path())),
+                Some(old) => {
+                    action.version = next_version(&old.version);
+                    action.revision = old.revision + 1;
+                }
+                None => {
+                    action.version = "0.0.1".into();
+                    action.revision = 1;
+                }
+            }
+            table.insert(key.as_str(), encode(&action).as_slice()).map_err(db_err)?;
+        }
+        txn.commit().map_err(db_err)?;
+        Ok(action)
+    }
+
+    fn get_action(&self, namespace: &str, name: &str) -> Result<Option<Action>, StoreError> {
+        let key = action_key(namespace, name);
+        let txn = self.db.begin_read().map_err(db_err)?;
+        let table = txn.open_table(ACTIONS).map_err(db_err)?;
+        let value = table.get(key.as_str()).map_err(db_err)?;
+        value.map(|v| decode(&key, v.value())).transpose()
+    }
+
+    fn list_actions(&self, namespace: &str, skip: usize, limit: usize) -> Result<Vec<Action>, StoreError> {
+        let (from, to) = (format!("{namespace}\0"), format!("{namespace}\u{1}"));
+        let txn = self.db.begin_read().map_err(db_err)?;
+        let table = txn.open_table(ACTIONS).map_err(db_err)?;
+        let mut actions = Vec::new();
+        for entry in table.range(from.as_str()..to.as_str()).map_err(db_err)?.skip(skip).take(limit) {
+            let (k, v) = entry.map_err(db_err)?;
+            actions.push(decode(k.value(), v.value())?);
+        }
+        Ok(actions)
+    }
+
+    fn delete_action(&self, namespace: &str, name: &str) -> Result<Option<Action>, StoreError> {
+        let key = action_key(namespace, name);
+        let txn = self.db.begin_write().map_err(db_err)?;
+        let old = {
+            let mut table = txn.open_table(ACTIONS).map_err(db_err)?;
+            let removed = table.remove(key.as_str()).map_err(db_err)?;
+            removed.map(|v| decode(&key, v.value())).transpose()?
+        };
+        txn.commit().map_err(db_err)?;
+        Ok(old)
+    }
+
+    fn accept(&self, meta: &ActivationMeta) -> Result<Accepted, StoreError> {
+        let id = meta.activation_id.as_str();
+        let txn = self.db.begin_write().map_err(db_err)?;
+        let seen = {
+            if let Some(v) = txn.open_table(ACTIVATIONS).map_err(db_err)?.get(id).map_err(db_err)? {
+                Some(Accepted::Finished(Box::new(decode(id, v.value())?)))
+            } else if txn.open_table(PENDING).map_err(db_err)?.get(id).map_err(db_err)?.is_some() {
+                Some(Accepted::Pending)
+            } else {
+                None
+            }
+        };
+        if let Some(seen) = seen {
+            txn.abort().map_err(db_err)?;
+            return Ok(seen);
+        }
+        txn.open_table(PENDING).map_err(db_err)?.insert(id, encode(meta).as_slice()).map_err(db_err)?;
+        txn.commit().map_err(db_err)?;
+        Ok(Accepted::New)
+    }
+
+    fn finish(&self, record: &ActivationRecord) -> Result<(), StoreError> {
+        let txn = self.db.begin_write().map_err(db_err)?;
+        Self::write_record(&txn, record)?;
+        txn.commit().map_err(db_err)?;
+        Ok(())
+    }
+
+    fn get_activation(&self, id: &str) -> Result<Option<ActivationRecord>, StoreError> {
+        let txn = self.db.begin_read().map_err(db_err)?;
+        let table = txn.open_table(ACTIVATIONS).map_err(db_err)?;
+        let value = table.get(id).map_err(db_err)?;
+        value.map(|v| decode(id, v.value())).transpose()
+    }
+
+    fn list_activations(
+        &self,
+        namespace: &str,
+        name: Option<&str>,
+        skip: usize,
+        limit: usize,
+    ) -> Result<Vec<ActivationRecord>, StoreError> {
+        let (from, to) = (format!("{namespace}\0"), format!("{namespace}\u{1}"));
+        let txn = self.db.begin_read().map_err(db_err)?;
+        let index = txn.open_table(BY_NAMESPACE).map_err(db_err)?;
+        let records = txn.open_table(ACTIVATIONS).map_err(db_err)?;
+        let mut out = Vec::new();
+        let mut skipped = 0;
+        for entry in index.range(from.as_str()..to.as_str()).map_err(db_err)?.rev() {
+            let (k, v) = entry.map_err(db_err)?;
+            if name.is_some_and(|n| n != v.value()) {
+                continue;
+            }
+            if skipped < skip {
+                skipped += 1;
+                continue;
+            }
+            let id = k.value().rsplit('\0').next().unwrap_or_default().to_string();
+            if let Some(r) = records.get(id.as_str()).map_err(db_err)? {
+                out.push(decode(&id, r.value())?);
+            }
+            if out.len() >= limit {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    fn recover_unfinished(&self, now_ms: u64) -> Result<usize, StoreError> {
+        let pending: Vec<ActivationMeta> = {
+            let txn = self.db.begin_read().map_err(db_err)?;
+            let table = txn.open_table(PENDING).map_err(db_err)?;
+            let mut out = Vec::new();
+            for entry in table.iter().map_err(db_err)? {
+                let (k, v) = entry.map_err(db_err)?;
+                out.push(decode(k.value(), v.value())?);
+            }
+            out
+        };
+        if pending.is_empty() {
+            return Ok(0);
+        }
+        let txn = self.db.begin_write().map_err(db_err)?;
+        for meta in &pending {
+            let record =
+                ActivationRecord::whisk_error(meta, "the invoker stopped before this activation finished", now_ms);
+            Self::write_record(&txn, &record)?;
+        }
+        txn.commit().map_err(db_err)?;
+        Ok(pending.len())
+    }
+
+    fn expire(&self, before_ms: u64) -> Result<usize, StoreError> {
+        let to = format!("{before_ms:020}");
+        let txn = self.db.begin_write().map_err(db_err)?;
+        let mut removed = 0;
+        {
+            let mut by_end = txn.open_table(BY_END).map_err(db_err)?;
+            let mut by_ns = txn.open_table(BY_NAMESPACE).map_err(db_err)?;
+            let mut records = txn.open_table(ACTIVATIONS).map_err(db_err)?;
+            let old: Vec<(String, String)> = by_end
+                .range(..to.as_str())
+                .map_err(db_err)?
+                .map(|e| e.map(|(k, v)| (k.value().to_string(), v.value().to_string())))
+                .collect::<Result<_, _>>()
+                .map_err(db_err)?;
+            for (end_key, ns_key) in old {
+                let id = end_key.rsplit('\0').next().unwrap_or_default();
+                records.remove(id).map_err(db_err)?;
+                by_ns.remove(ns_key.as_str()).map_err(db_err)?;
+                by_end.remove(end_key.as_str()).map_err(db_err)?;
+                removed += 1;
+            }
+        }
+        txn.commit().map_err(db_err)?;
+        Ok(removed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{ActivationMeta, Exec, Limits};
+
+    fn store() -> (tempfile::TempDir, RedbStore) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RedbStore::open(&dir.path().join("invoker.redb")).unwrap();
+        (dir, store)
+    }
+
+    fn action(name: &str) -> Action {
+        Action {
+            namespace: "guest".into(),
+            name: name.into(),
+            version: String::new(),
+            exec: Exec { kind: "python:3".into(), code: Some("x".into()), main: None, binary: false, image: None },
+            limits: Limits { timeout: 1000, memory: 256, logs: 10, concurrency: 1 },
+            parameters: vec![],
+            annotations: vec![],
+            publish: false,
+            updated: 0,
+            revision: 0,
+        }
+    }
+
+    fn meta(id: &str) -> ActivationMeta {
+        let a = action("hello");
+        ActivationMeta {
+            activation_id: id.into(),
+            namespace: a.namespace,
+            name: a.name,
+            version: "0.0.1".into(),
+            subject: "guest".into(),
+            kind: a.exec.kind,
+            limits: a.limits,
+            accepted_at: 10,
+        }
+    }
+
+    #[test]
+    fn actions_are_versioned_and_not_overwritten_unless_asked() {
+        let (_d, s) = store();
+        assert_eq!(s.put_action(action("a"), false).unwrap().version, "0.0.1");
+        assert!(matches!(s.put_action(action("a"), false), Err(StoreError::ActionExists(_))));
+        let updated = s.put_action(action("a"), true).unwrap();
+        assert_eq!((updated.version.as_str(), updated.revision), ("0.0.2", 2));
+        s.put_action(action("b"), false).unwrap();
+        let names: Vec<_> = s.list_actions("guest", 0, 10).unwrap().into_iter().map(|a| a.name).collect();
+        assert_eq!(names, ["a", "b"]);
+        assert!(s.delete_action("guest", "a").unwrap().is_some());
+        assert!(s.get_action("guest", "a").unwrap().is_none());
+    }
+
+    #[test]
+    fn an_activation_id_is_accepted_once() {
+        let (_d, s) = store();
+        assert_eq!(s.accept(&meta("a1")).unwrap(), Accepted::New);
+        assert_eq!(s.accept(&meta("a1")).unwrap(), Accepted::Pending);
+        let record = ActivationRecord::whisk_error(&meta("a1"), "x", 20);
+        s.finish(&record).unwrap();
+        assert_eq!(s.accept(&meta("a1")).unwrap(), Accepted::Finished(Box::new(record)));
+    }
+
+    #[test]
+    fn unfinished_activations_get_a_record_after_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("invoker.redb");
+        {
+            let s = RedbStore::open(&path).unwrap();
+            s.accept(&meta("p1")).unwrap();
+        }
+        let s = RedbStore::open(&path).unwrap();
+        assert_eq!(s.recover_unfinished(99).unwrap(), 1);
+        let record = s.get_activation("p1").unwrap().unwrap();
+        assert_eq!(record.response.status_code, 3);
+        assert_eq!(s.list_activations("guest", Some("hello"), 0, 10).unwrap().len(), 1);
+        assert_eq!(s.recover_unfinished(100).unwrap(), 0);
+    }
+
+    #[test]
+    fn records_list_newest_first_and_expire() {
+        let (_d, s) = store();
+        for (i, id) in ["r1", "r2", "r3"].iter().enumerate() {
+            let mut m = meta(id);
+            m.accepted_at = 100 * (i as u64 + 1);
+            s.finish(&ActivationRecord::whisk_error(&m, "x", m.accepted_at + 1)).unwrap();
+        }
+        let ids: Vec<_> =
+            s.list_activations("guest", None, 0, 10).unwrap().into_iter().map(|r| r.activation_id).collect();
+        assert_eq!(ids, ["r3", "r2", "r1"]);
+        assert_eq!(s.list_activations("guest", None, 1, 1).unwrap()[0].activation_id, "r2");
+        assert_eq!(s.expire(250).unwrap(), 2);
+        assert_eq!(s.list_activations("guest", None, 0, 10).unwrap().len(), 1);
+    }
+}
