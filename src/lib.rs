@@ -6,6 +6,11 @@
 //! and the [`store`] keeps actions and activation records.
 #![forbid(unsafe_code)]
 
+pub mod activation;
+pub mod config;
+pub mod factory;
+pub mod metrics;
 pub mod model;
 pub mod pool;
+pub mod proxy;
 pub mod store;

@@ -82,6 +82,17 @@ pub struct PoolCounts {
     pub blocked_keys: usize,
 }
 
+/// One container as the pool view shows it.
+#[derive(Clone, Debug)]
+pub struct ContainerView {
+    pub id: ContainerId,
+    pub key: KeyId,
+    pub node: NodeId,
+    pub memory_mb: u32,
+    pub state: &'static str,
+    pub running: usize,
+}
+
 #[derive(Debug)]
 pub struct PoolCore {
     config: CoreConfig,
@@ -123,7 +134,7 @@ impl PoolCore {
         let mut fx = Effects::new();
         match event {
             Event::Arrived(job) => self.on_arrived(job, now, &mut fx),
-            Event::Started { container, ok } => self.on_started(container, ok, now, &mut fx),
+            Event::Started { container, ok, at } => self.on_started(container, ok, at.min(now), now, &mut fx),
             Event::Finished { container, job, reusable } => self.on_finished(container, job, reusable, now, &mut fx),
             Event::Removed(container) => self.on_removed(container, now, &mut fx),
             Event::NodeStats(update) => {
@@ -134,6 +145,10 @@ impl PoolCore {
             Event::Drain => self.on_drain(&mut fx),
         }
         fx
+    }
+
+    pub fn container_count(&self) -> usize {
+        self.containers.len()
     }
 
     pub fn is_draining(&self) -> bool {
@@ -157,6 +172,29 @@ impl PoolCore {
             }
         }
         counts
+    }
+
+    /// Every container with its key, node, phase and load (for the pool view; O(n)).
+    pub fn containers(&self) -> Vec<ContainerView> {
+        let mut views: Vec<ContainerView> = self
+            .containers
+            .iter()
+            .map(|(&id, c)| ContainerView {
+                id,
+                key: c.key,
+                node: c.node.clone(),
+                memory_mb: c.memory_mb,
+                state: match c.phase {
+                    Phase::Starting => "starting",
+                    Phase::Removing => "removing",
+                    Phase::Ready if c.running.is_empty() => "idle",
+                    Phase::Ready => "busy",
+                },
+                running: c.running.len(),
+            })
+            .collect();
+        views.sort_by_key(|v| v.id);
+        views
     }
 
     pub fn nodes(&self, now: Time) -> Vec<NodeView> {
@@ -205,7 +243,7 @@ impl PoolCore {
         self.maybe_start(job.key, now, fx);
     }
 
-    fn on_started(&mut self, id: ContainerId, ok: bool, now: Time, fx: &mut Effects) {
+    fn on_started(&mut self, id: ContainerId, ok: bool, at: Time, now: Time, fx: &mut Effects) {
         let Some(c) = self.containers.get_mut(&id) else { return };
         if c.phase != Phase::Starting {
             return;
@@ -216,7 +254,7 @@ impl PoolCore {
         key.starting -= 1;
         if ok {
             c.phase = Phase::Ready;
-            self.nodes.confirm_started(&node, id, now);
+            self.nodes.confirm_started(&node, id, at);
             if self.draining {
                 c.retiring = true;
             }
@@ -252,6 +290,10 @@ impl PoolCore {
         }
         self.fill(id, fx);
         self.settle_or_retire(id, now, fx);
+        // An idle container is something a blocked key may evict to make room.
+        if self.containers[&id].idle_seq.is_some() {
+            self.retry_blocked(now, fx);
+        }
     }
 
     fn on_removed(&mut self, id: ContainerId, now: Time, fx: &mut Effects) {

@@ -29,7 +29,7 @@ fn a_cold_job_creates_one_container_then_runs_on_it() {
     let fx = core.handle(Event::Arrived(job(1, 1, 256)), ms(1));
     let c = created(&fx);
     assert_eq!(c.len(), 1);
-    let fx = core.handle(Event::Started { container: c[0], ok: true }, ms(2));
+    let fx = core.handle(Event::Started { container: c[0], ok: true, at: Time::ZERO }, ms(2));
     assert_eq!(fx.as_slice(), &[Effect::Dispatch { job: JobId(1), container: c[0] }]);
 }
 
@@ -38,8 +38,8 @@ fn a_warm_container_is_reused_and_the_most_recent_first() {
     let mut core = core_with(1024);
     let a = created(&core.handle(Event::Arrived(job(1, 1, 256)), ms(1)))[0];
     let b = created(&core.handle(Event::Arrived(job(2, 1, 256)), ms(1)))[0];
-    core.handle(Event::Started { container: a, ok: true }, ms(2));
-    core.handle(Event::Started { container: b, ok: true }, ms(2));
+    core.handle(Event::Started { container: a, ok: true, at: Time::ZERO }, ms(2));
+    core.handle(Event::Started { container: b, ok: true, at: Time::ZERO }, ms(2));
     core.handle(Event::Finished { container: a, job: JobId(1), reusable: true }, ms(3));
     core.handle(Event::Finished { container: b, job: JobId(2), reusable: true }, ms(4));
     let fx = core.handle(Event::Arrived(job(3, 1, 256)), ms(5));
@@ -76,7 +76,7 @@ fn a_job_too_large_for_any_node_is_refused_at_once() {
 fn an_idle_container_of_another_action_is_evicted_to_make_room() {
     let mut core = core_with(512);
     let a = created(&core.handle(Event::Arrived(job(1, 1, 512)), ms(1)))[0];
-    core.handle(Event::Started { container: a, ok: true }, ms(2));
+    core.handle(Event::Started { container: a, ok: true, at: Time::ZERO }, ms(2));
     core.handle(Event::Finished { container: a, job: JobId(1), reusable: true }, ms(3));
     let fx = core.handle(Event::Arrived(job(2, 2, 256)), ms(4));
     assert_eq!(fx.as_slice(), &[Effect::Remove { container: a }]);
@@ -88,7 +88,7 @@ fn an_idle_container_of_another_action_is_evicted_to_make_room() {
 fn a_busy_container_is_never_evicted_and_the_job_waits_until_its_deadline() {
     let mut core = core_with(512);
     let a = created(&core.handle(Event::Arrived(job(1, 1, 512)), ms(1)))[0];
-    core.handle(Event::Started { container: a, ok: true }, ms(2));
+    core.handle(Event::Started { container: a, ok: true, at: Time::ZERO }, ms(2));
     let fx = core.handle(Event::Arrived(job(2, 2, 256)), ms(3));
     assert!(fx.is_empty());
     let fx = core.handle(Event::Tick, ms(10_000));
@@ -99,7 +99,7 @@ fn a_busy_container_is_never_evicted_and_the_job_waits_until_its_deadline() {
 fn a_failed_create_answers_its_job_at_once() {
     let mut core = core_with(1024);
     let a = created(&core.handle(Event::Arrived(job(1, 1, 256)), ms(1)))[0];
-    let fx = core.handle(Event::Started { container: a, ok: false }, ms(2));
+    let fx = core.handle(Event::Started { container: a, ok: false, at: Time::ZERO }, ms(2));
     assert_eq!(fx.as_slice(), &[Effect::Reject { job: JobId(1), reason: RejectReason::CreateFailed }]);
 }
 
@@ -107,7 +107,7 @@ fn a_failed_create_answers_its_job_at_once() {
 fn a_container_that_failed_is_removed_not_reused() {
     let mut core = core_with(1024);
     let a = created(&core.handle(Event::Arrived(job(1, 1, 256)), ms(1)))[0];
-    core.handle(Event::Started { container: a, ok: true }, ms(2));
+    core.handle(Event::Started { container: a, ok: true, at: Time::ZERO }, ms(2));
     let fx = core.handle(Event::Finished { container: a, job: JobId(1), reusable: false }, ms(3));
     assert_eq!(fx.as_slice(), &[Effect::Remove { container: a }]);
     let fx = core.handle(Event::Arrived(job(2, 1, 256)), ms(4));
@@ -118,7 +118,7 @@ fn a_container_that_failed_is_removed_not_reused() {
 fn idle_containers_are_removed_after_the_idle_timeout() {
     let mut core = core_with(1024);
     let a = created(&core.handle(Event::Arrived(job(1, 1, 256)), ms(1)))[0];
-    core.handle(Event::Started { container: a, ok: true }, ms(2));
+    core.handle(Event::Started { container: a, ok: true, at: Time::ZERO }, ms(2));
     core.handle(Event::Finished { container: a, job: JobId(1), reusable: true }, ms(3));
     assert!(core.handle(Event::Tick, ms(3) + Duration::from_secs(599)).is_empty());
     let fx = core.handle(Event::Tick, ms(3) + Duration::from_secs(600));
@@ -138,7 +138,7 @@ fn stale_stats_count_as_nothing_free() {
 fn reservations_hold_until_stats_observed_after_the_start() {
     let mut core = core_with(1024);
     let a = created(&core.handle(Event::Arrived(job(1, 1, 512)), ms(1)))[0];
-    core.handle(Event::Started { container: a, ok: true }, ms(10));
+    core.handle(Event::Started { container: a, ok: true, at: ms(10) }, ms(10));
     // The cluster still reports everything free (observed before the start): the reservation holds.
     core.handle(stats("n1", 1024, 1024, 5), ms(11));
     let _ = core.handle(Event::Arrived(job(2, 2, 512)), ms(12));
@@ -152,7 +152,7 @@ fn concurrent_jobs_pack_onto_the_busiest_container() {
     let mut core = core_with(4096);
     let j = |id| Job { concurrency: 3, ..job(id, 1, 256) };
     let a = created(&core.handle(Event::Arrived(j(1)), ms(1)))[0];
-    core.handle(Event::Started { container: a, ok: true }, ms(2));
+    core.handle(Event::Started { container: a, ok: true, at: Time::ZERO }, ms(2));
     let fx = core.handle(Event::Arrived(j(2)), ms(3));
     assert_eq!(fx.as_slice(), &[Effect::Dispatch { job: JobId(2), container: a }]);
     let fx = core.handle(Event::Arrived(j(3)), ms(3));
@@ -166,11 +166,23 @@ fn drain_rejects_waiting_jobs_and_removes_idle_containers() {
     let mut core = core_with(256);
     let a = created(&core.handle(Event::Arrived(job(1, 1, 256)), ms(1)))[0];
     core.handle(Event::Arrived(job(2, 2, 256)), ms(1));
-    core.handle(Event::Started { container: a, ok: true }, ms(2));
+    core.handle(Event::Started { container: a, ok: true, at: Time::ZERO }, ms(2));
     let fx = core.handle(Event::Drain, ms(3));
     assert_eq!(fx.as_slice(), &[Effect::Reject { job: JobId(2), reason: RejectReason::Draining }]);
     let fx = core.handle(Event::Finished { container: a, job: JobId(1), reusable: true }, ms(4));
     assert_eq!(fx.as_slice(), &[Effect::Remove { container: a }]);
     let fx = core.handle(Event::Arrived(job(3, 1, 256)), ms(5));
     assert_eq!(fx.as_slice(), &[Effect::Reject { job: JobId(3), reason: RejectReason::Draining }]);
+}
+
+#[test]
+fn a_blocked_job_evicts_a_container_as_soon_as_it_goes_idle() {
+    let mut core = core_with(512);
+    let a = created(&core.handle(Event::Arrived(job(1, 1, 512)), ms(1)))[0];
+    core.handle(Event::Started { container: a, ok: true, at: Time::ZERO }, ms(2));
+    assert!(core.handle(Event::Arrived(job(2, 2, 512)), ms(3)).is_empty());
+    let fx = core.handle(Event::Finished { container: a, job: JobId(1), reusable: true }, ms(4));
+    assert_eq!(fx.as_slice(), &[Effect::Remove { container: a }]);
+    let fx = core.handle(Event::Removed(a), ms(5));
+    assert_eq!(created(&fx).len(), 1);
 }

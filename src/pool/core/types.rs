@@ -68,10 +68,12 @@ pub struct NodeStatsUpdate {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
     Arrived(Job),
-    /// The factory finished creating `container`: ready for work, or failed.
+    /// The factory finished creating `container`: ready for work (since `at`, stamped by the
+    /// factory in the time base of its node stats), or failed.
     Started {
         container: ContainerId,
         ok: bool,
+        at: Time,
     },
     /// A dispatched job ended. `reusable` is false when the container must not run anything
     /// again (timeout, crash, out of memory, bad response).

@@ -1,0 +1,178 @@
+//! The intake shared by both front doors (REST invoke and the `ActivationMessage` shim):
+//! namespace limits, acceptance in the store before anything is acknowledged, hand-over to
+//! the pool, and the blocking wait.
+
+use crate::metrics::Metrics;
+use crate::model::{epoch_ms, Action, ActivationMeta, ActivationRecord};
+use crate::pool::actor::PoolHandle;
+use crate::pool::job::{Completion, RunJob};
+use crate::store::{Accepted, Store, StoreError};
+use parking_lot::Mutex;
+use serde_json::{Map, Value};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
+
+/// One in-flight activation of a namespace; released on drop.
+pub struct NamespaceSlot {
+    counts: Arc<Mutex<HashMap<String, u32>>>,
+    namespace: String,
+}
+
+impl Drop for NamespaceSlot {
+    fn drop(&mut self) {
+        let mut counts = self.counts.lock();
+        if let Some(n) = counts.get_mut(&self.namespace) {
+            *n -= 1;
+            if *n == 0 {
+                counts.remove(&self.namespace);
+            }
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum IntakeError {
+    #[error("namespace {namespace} has {limit} activations in flight, its limit")]
+    NamespaceLimit { namespace: String, limit: u32 },
+    #[error("the invoker is shutting down")]
+    Draining,
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// How an invoke ended, from the caller's side.
+#[derive(Debug)]
+pub enum Invoked {
+    /// Finished within the blocking wait.
+    Done(Box<ActivationRecord>),
+    /// Accepted; the record will be there later (non-blocking, or the blocking wait passed).
+    Accepted(String),
+}
+
+pub struct InvokeRequest {
+    pub action: Arc<Action>,
+    pub params: Map<String, Value>,
+    pub subject: String,
+    pub api_key: Option<String>,
+    /// Given by the caller (the shim), or new.
+    pub activation_id: String,
+    pub transaction_id: String,
+    /// `None`: answer as soon as it is accepted.
+    pub wait: Option<Duration>,
+}
+
+#[derive(Clone)]
+pub struct ActivationService {
+    store: Arc<dyn Store>,
+    pool: PoolHandle,
+    metrics: Arc<Metrics>,
+    in_flight: Arc<Mutex<HashMap<String, u32>>>,
+    namespace_limit: u32,
+    draining: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl ActivationService {
+    pub fn new(store: Arc<dyn Store>, pool: PoolHandle, metrics: Arc<Metrics>, namespace_limit: u32) -> Self {
+        ActivationService { store, pool, metrics, in_flight: Arc::default(), namespace_limit, draining: Arc::default() }
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    pub fn pool(&self) -> &PoolHandle {
+        &self.pool
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    pub fn set_draining(&self) {
+        self.draining.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn take_slot(&self, namespace: &str) -> Result<NamespaceSlot, IntakeError> {
+        let mut counts = self.in_flight.lock();
+        let n = counts.entry(namespace.to_string()).or_insert(0);
+        if *n >= self.namespace_limit {
+            return Err(IntakeError::NamespaceLimit { namespace: namespace.into(), limit: self.namespace_limit });
+        }
+        *n += 1;
+        Ok(NamespaceSlot { counts: self.in_flight.clone(), namespace: namespace.to_string() })
+    }
+
+    /// Accepts, hands over and (for a blocking call) waits. A repeated activation id is
+    /// answered from the first, never run again.
+    pub async fn invoke(&self, req: InvokeRequest) -> Result<Invoked, IntakeError> {
+        if self.is_draining() {
+            return Err(IntakeError::Draining);
+        }
+        let accepted = Instant::now();
+        let action = req.action;
+        let meta = ActivationMeta {
+            activation_id: req.activation_id.clone(),
+            namespace: action.namespace.clone(),
+            name: action.name.clone(),
+            version: action.version.clone(),
+            subject: req.subject,
+            kind: action.exec.kind.clone(),
+            limits: action.limits,
+            accepted_at: epoch_ms(),
+        };
+        let slot = self.take_slot(&action.namespace)?;
+        let store = self.store.clone();
+        let m = meta.clone();
+        let seen = tokio::task::spawn_blocking(move || store.accept(&m))
+            .await
+            .map_err(|e| StoreError::Corrupt { key: "accept".into(), reason: e.to_string() })??;
+        match seen {
+            Accepted::New => {}
+            Accepted::Finished(record) => return Ok(Invoked::Done(record)),
+            Accepted::Pending => return Ok(self.await_existing(req.activation_id, req.wait).await),
+        }
+        let (tx, rx) = oneshot::channel();
+        let completion = Completion::new(self.store.clone(), self.metrics.clone(), meta.clone(), Some(tx), Some(slot));
+        let params = action.merged_params(req.params);
+        let run = RunJob {
+            meta,
+            action,
+            params,
+            api_key: req.api_key,
+            transaction_id: req.transaction_id,
+            accepted,
+            completion,
+        };
+        // If the pool is gone, the job's completion was dropped with the message and wrote
+        // a whisk-error record; the waiter below sees it.
+        let _ = self.pool.submit(run).await;
+        let Some(wait) = req.wait else { return Ok(Invoked::Accepted(req.activation_id)) };
+        match tokio::time::timeout(wait, rx).await {
+            Ok(Ok(record)) => Ok(Invoked::Done(Box::new(record))),
+            Ok(Err(_)) => Ok(self.await_existing(req.activation_id, Some(Duration::from_secs(1))).await),
+            Err(_) => Ok(Invoked::Accepted(req.activation_id)),
+        }
+    }
+
+    /// For a duplicate still running: polls the store for its record within the wait.
+    async fn await_existing(&self, id: String, wait: Option<Duration>) -> Invoked {
+        let deadline = Instant::now() + wait.unwrap_or_default();
+        loop {
+            let store = self.store.clone();
+            let lookup = id.clone();
+            if let Ok(Ok(Some(record))) = tokio::task::spawn_blocking(move || store.get_activation(&lookup)).await {
+                return Invoked::Done(Box::new(record));
+            }
+            if Instant::now() >= deadline {
+                return Invoked::Accepted(id);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}

@@ -1,0 +1,348 @@
+//! Configuration: one TOML file per deployment shape (`config/default.toml` for the embedded
+//! default), flags and a few environment variables on top. Every key is validated at start-up;
+//! an error names the key and the reason.
+
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// OpenWhisk's well-known key for the local `guest` namespace, so its tools work unchanged.
+pub const GUEST_KEY: &str =
+    "23bc46b1-71f6-4ed5-8c54-816aa4f8c502:123zO3xZCLrMN6v2BKK1dXYFpXlPkccOFqm12CdAsMgRU4VrNZ9lyGVCGuMDGIwP";
+
+#[derive(Debug, thiserror::Error)]
+#[error("config {key}: {reason}")]
+pub struct ConfigError {
+    pub key: String,
+    pub reason: String,
+}
+
+fn bad(key: &str, reason: impl Into<String>) -> ConfigError {
+    ConfigError { key: key.to_string(), reason: reason.into() }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Labels every container and process this invoker creates; scopes clean-up after a crash.
+    pub invoker_id: String,
+    pub listen: SocketAddr,
+    pub data_dir: PathBuf,
+    /// Namespace → API key (`uuid:secret`), checked with basic auth.
+    pub namespaces: BTreeMap<String, String>,
+    pub limits: LimitsConfig,
+    pub pool: PoolConfig,
+    pub proxy: ProxyConfig,
+    pub factory: FactoryConfig,
+    /// Action kind → the runtime command that serves it.
+    pub kinds: BTreeMap<String, KindConfig>,
+    #[serde(with = "humantime_serde")]
+    pub shutdown_grace: Duration,
+    #[serde(with = "humantime_serde")]
+    pub record_retention: Duration,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    pub memory_min_mb: u32,
+    pub memory_max_mb: u32,
+    pub memory_default_mb: u32,
+    pub timeout_min_ms: u64,
+    pub timeout_max_ms: u64,
+    pub timeout_default_ms: u64,
+    pub logs_max_mb: u32,
+    pub logs_default_mb: u32,
+    pub concurrency_max: u32,
+    pub concurrency_default: u32,
+    /// Largest request body (parameters, action code) accepted.
+    pub payload_max_bytes: usize,
+    pub code_max_bytes: usize,
+    /// Activations one namespace may have in flight; more get 429.
+    pub namespace_concurrent: u32,
+    /// How long a blocking invoke waits before answering 202 (OpenWhisk: 60 s).
+    #[serde(with = "humantime_serde")]
+    pub blocking_wait: Duration,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PoolConfig {
+    pub max_starts_per_action: u32,
+    pub max_starts_per_node: u32,
+    pub max_waiting: usize,
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    /// How long a job may wait for a container before it gets 503.
+    #[serde(with = "humantime_serde")]
+    pub wait_deadline: Duration,
+    #[serde(with = "humantime_serde")]
+    pub stats_ttl: Duration,
+    pub buffer_mb: u64,
+    #[serde(with = "humantime_serde")]
+    pub tick: Duration,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProxyConfig {
+    /// Bound on `/init` (code download, compilation, imports).
+    #[serde(with = "humantime_serde")]
+    pub init_timeout: Duration,
+    /// Bound on waiting for the log sentinels after a run.
+    #[serde(with = "humantime_serde")]
+    pub log_sentinel_wait: Duration,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FactoryKind {
+    Process,
+    Mock,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FactoryConfig {
+    pub kind: FactoryKind,
+    pub process: ProcessFactoryConfig,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProcessFactoryConfig {
+    /// Memory the node offers to action containers (the sum of their declared limits).
+    pub user_memory_mb: u64,
+    /// Bound on a runtime process answering on its address after it was spawned.
+    #[serde(with = "humantime_serde")]
+    pub ready_timeout: Duration,
+    /// Where the cgroup memory controller is mounted; found automatically when unset.
+    pub cgroup_root: Option<PathBuf>,
+    /// Refuse to start when no memory limit can be enforced.
+    pub require_memory_limit: bool,
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct KindConfig {
+    /// The runtime's command line. `{invoker}` is this executable, `{listen}` the address the
+    /// runtime must serve the OpenWhisk runtime protocol on.
+    pub command: Vec<String>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            invoker_id: "invoker0".into(),
+            listen: SocketAddr::from(([127, 0, 0, 1], 3233)),
+            data_dir: PathBuf::from("data"),
+            namespaces: BTreeMap::from([("guest".to_string(), GUEST_KEY.to_string())]),
+            limits: LimitsConfig::default(),
+            pool: PoolConfig::default(),
+            proxy: ProxyConfig::default(),
+            factory: FactoryConfig::default(),
+            kinds: default_kinds(),
+            shutdown_grace: Duration::from_secs(30),
+            record_retention: Duration::from_secs(7 * 24 * 3600),
+        }
+    }
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            memory_min_mb: 128,
+            memory_max_mb: 512,
+            memory_default_mb: 256,
+            timeout_min_ms: 100,
+            timeout_max_ms: 300_000,
+            timeout_default_ms: 60_000,
+            logs_max_mb: 10,
+            logs_default_mb: 10,
+            concurrency_max: 100,
+            concurrency_default: 1,
+            payload_max_bytes: 1024 * 1024,
+            code_max_bytes: 48 * 1024 * 1024,
+            namespace_concurrent: 100,
+            blocking_wait: Duration::from_secs(60),
+        }
+    }
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig {
+            max_starts_per_action: 4,
+            max_starts_per_node: 8,
+            max_waiting: 10_000,
+            idle_timeout: Duration::from_secs(600),
+            wait_deadline: Duration::from_secs(60),
+            stats_ttl: Duration::from_secs(60),
+            buffer_mb: 0,
+            tick: Duration::from_millis(100),
+        }
+    }
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        ProxyConfig { init_timeout: Duration::from_secs(60), log_sentinel_wait: Duration::from_secs(2) }
+    }
+}
+
+impl Default for FactoryConfig {
+    fn default() -> Self {
+        FactoryConfig { kind: FactoryKind::Process, process: ProcessFactoryConfig::default() }
+    }
+}
+
+impl Default for ProcessFactoryConfig {
+    fn default() -> Self {
+        ProcessFactoryConfig {
+            user_memory_mb: 2048,
+            ready_timeout: Duration::from_secs(10),
+            cgroup_root: None,
+            require_memory_limit: false,
+        }
+    }
+}
+
+fn builtin_runtime(launcher: &str) -> KindConfig {
+    let command = ["{invoker}", "action-runtime", "--listen", "{listen}", "--launcher", launcher];
+    KindConfig { command: command.iter().map(|s| s.to_string()).collect() }
+}
+
+/// The project's own runtime serves every built-in kind; the launcher picks the language.
+pub fn default_kinds() -> BTreeMap<String, KindConfig> {
+    BTreeMap::from([
+        ("python:3".to_string(), builtin_runtime("python")),
+        ("nodejs:20".to_string(), builtin_runtime("nodejs")),
+        ("native".to_string(), builtin_runtime("native")),
+    ])
+}
+
+impl Config {
+    /// Reads a TOML file; keys it does not set keep their defaults.
+    pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| bad(&path.display().to_string(), e.to_string()))?;
+        Self::from_toml(&text)
+    }
+
+    pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
+        let mut config: Config = toml::from_str(text).map_err(|e| {
+            let key = e.span().map_or_else(|| "file".to_string(), |s| locate_key(text, s.start));
+            bad(&key, e.message().to_string())
+        })?;
+        // Kinds the file names replace the defaults; the others stay.
+        for (kind, cfg) in default_kinds() {
+            config.kinds.entry(kind).or_insert(cfg);
+        }
+        Ok(config)
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let id_ok = !self.invoker_id.is_empty()
+            && self.invoker_id.len() <= 32
+            && self.invoker_id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        if !id_ok {
+            return Err(bad("invoker_id", "must be 1 to 32 letters, digits, '-' or '_'"));
+        }
+        for (ns, key) in &self.namespaces {
+            crate::model::validate_entity_name("namespaces", ns).map_err(|r| bad(&format!("namespaces.{ns}"), r))?;
+            match key.split_once(':') {
+                Some((uuid, secret)) if !uuid.is_empty() && !secret.is_empty() => {}
+                _ => return Err(bad(&format!("namespaces.{ns}"), "an API key is 'uuid:secret'")),
+            }
+        }
+        let l = &self.limits;
+        if !(l.memory_min_mb <= l.memory_default_mb && l.memory_default_mb <= l.memory_max_mb) || l.memory_min_mb == 0 {
+            return Err(bad("limits.memory_*", "need 0 < memory_min_mb <= memory_default_mb <= memory_max_mb"));
+        }
+        if !(l.timeout_min_ms <= l.timeout_default_ms && l.timeout_default_ms <= l.timeout_max_ms)
+            || l.timeout_min_ms == 0
+        {
+            return Err(bad("limits.timeout_*", "need 0 < timeout_min_ms <= timeout_default_ms <= timeout_max_ms"));
+        }
+        if l.logs_default_mb > l.logs_max_mb {
+            return Err(bad("limits.logs_default_mb", "must not exceed logs_max_mb"));
+        }
+        if l.concurrency_default == 0 || l.concurrency_default > l.concurrency_max {
+            return Err(bad("limits.concurrency_default", "must be between 1 and concurrency_max"));
+        }
+        if l.namespace_concurrent == 0 {
+            return Err(bad("limits.namespace_concurrent", "must be at least 1"));
+        }
+        if l.blocking_wait.is_zero() {
+            return Err(bad("limits.blocking_wait", "must be positive"));
+        }
+        let p = &self.pool;
+        if p.max_starts_per_action == 0 || p.max_starts_per_node == 0 {
+            return Err(bad("pool.max_starts_per_*", "must be at least 1"));
+        }
+        for (key, d) in
+            [("pool.idle_timeout", p.idle_timeout), ("pool.wait_deadline", p.wait_deadline)].into_iter().chain([
+                ("pool.stats_ttl", p.stats_ttl),
+                ("pool.tick", p.tick),
+                ("proxy.init_timeout", self.proxy.init_timeout),
+            ])
+        {
+            if d.is_zero() {
+                return Err(bad(key, "must be positive"));
+            }
+        }
+        if self.factory.process.user_memory_mb < u64::from(l.memory_min_mb) {
+            return Err(bad(
+                "factory.process.user_memory_mb",
+                "is smaller than the smallest action (limits.memory_min_mb)",
+            ));
+        }
+        for (kind, k) in &self.kinds {
+            if k.command.is_empty() || !k.command.iter().any(|a| a.contains("{listen}")) {
+                return Err(bad(&format!("kinds.\"{kind}\".command"), "must be non-empty and pass '{listen}'"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The dotted key around a byte offset of the TOML text, for error messages.
+fn locate_key(text: &str, offset: usize) -> String {
+    let before = &text[..offset.min(text.len())];
+    let table =
+        before.lines().rev().find(|l| l.trim_start().starts_with('[')).map(|l| l.trim().trim_matches(['[', ']']));
+    let line = before.rsplit('\n').next().unwrap_or("");
+    let key = line.split('=').next().unwrap_or("").trim();
+    match (table, key.is_empty()) {
+        (Some(t), false) => format!("{t}.{key}"),
+        (Some(t), true) => t.to_string(),
+        (None, false) => key.to_string(),
+        (None, true) => "file".to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_config_file_is_valid() {
+        let config = Config::from_file(Path::new("config/default.toml")).unwrap();
+        config.validate().unwrap();
+        assert_eq!(config.namespaces["guest"], GUEST_KEY);
+        assert!(config.kinds.contains_key("python:3"));
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let err = Config::from_toml("[pool]\nidle_timeout = \"soon\"\n").unwrap_err();
+        assert_eq!(err.key, "pool.idle_timeout");
+        let err = Config::from_toml("[pool]\nno_such_key = 1\n").unwrap_err();
+        assert!(err.to_string().contains("no_such_key"), "{err}");
+        let err = Config::from_toml("[limits]\nmemory_min_mb = 600\n").unwrap().validate().unwrap_err();
+        assert_eq!(err.key, "limits.memory_*");
+        let err = Config::from_toml("invoker_id = \"a b\"\n").unwrap().validate().unwrap_err();
+        assert_eq!(err.key, "invoker_id");
+    }
+}

@@ -1,0 +1,281 @@
+//! The mock factory: programmable nodes, start latency, failures, and a log of every call.
+//!
+//! Each mock container is a real HTTP server on 127.0.0.1 that speaks the runtime protocol, so
+//! the proxies run unchanged. The action's parameters steer a run: `sleep_ms` delays it,
+//! `error` makes it an application error, `crash` kills the container mid-run.
+
+use super::logs::{LogBuffer, Stream, SENTINEL};
+use super::{ContainerHandle, ContainerSpec, Epoch, FactoryError, StatsReceiver, Transport};
+use crate::pool::core::{ContainerId, NodeId, NodeStatsUpdate};
+use actix_web::{dev::ServerHandle, web, App, HttpResponse, HttpServer};
+use parking_lot::Mutex;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+
+#[derive(Clone, Debug)]
+pub struct MockConfig {
+    /// Node name and memory capacity (MB).
+    pub nodes: Vec<(String, u64)>,
+    pub start_latency: Duration,
+    /// Run time of an activation that does not say `sleep_ms`.
+    pub run_latency: Duration,
+    /// Every create fails.
+    pub fail_creates: bool,
+}
+
+impl Default for MockConfig {
+    fn default() -> Self {
+        MockConfig {
+            nodes: vec![("mock0".into(), 2048)],
+            start_latency: Duration::ZERO,
+            run_latency: Duration::ZERO,
+            fail_creates: false,
+        }
+    }
+}
+
+/// One entry of the call log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MockCall {
+    Create(ContainerId),
+    Created(ContainerId),
+    CreateFailed(ContainerId),
+    Refused(ContainerId),
+    Crashed(ContainerId),
+    Destroy(ContainerId),
+    Destroyed(ContainerId),
+}
+
+#[derive(Clone)]
+pub struct MockFactory {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: Mutex<MockConfig>,
+    epoch: Epoch,
+    stats: watch::Sender<Vec<NodeStatsUpdate>>,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Alive from `create` called until `destroy` completed: what occupies the cluster.
+    alive: HashMap<ContainerId, (NodeId, u32, Option<ServerHandle>)>,
+    max_alive: usize,
+    calls: Vec<MockCall>,
+}
+
+struct RuntimeState {
+    id: ContainerId,
+    factory: MockFactory,
+    logs: Arc<LogBuffer>,
+    server: Mutex<Option<ServerHandle>>,
+    run_latency: Duration,
+}
+
+impl MockFactory {
+    pub fn new(config: MockConfig, epoch: Epoch) -> Self {
+        let (stats, _) = watch::channel(Vec::new());
+        let factory = MockFactory {
+            inner: Arc::new(Inner { config: Mutex::new(config), epoch, stats, state: Mutex::default() }),
+        };
+        factory.publish();
+        factory
+    }
+
+    /// Changes the programmable behaviour for what comes next.
+    pub fn configure(&self, f: impl FnOnce(&mut MockConfig)) {
+        f(&mut self.inner.config.lock());
+        self.publish();
+    }
+
+    pub fn calls(&self) -> Vec<MockCall> {
+        self.inner.state.lock().calls.clone()
+    }
+
+    pub fn alive(&self) -> usize {
+        self.inner.state.lock().alive.len()
+    }
+
+    /// The most containers alive at any one moment so far.
+    pub fn max_alive(&self) -> usize {
+        self.inner.state.lock().max_alive
+    }
+
+    pub fn count(&self, pred: impl Fn(&MockCall) -> bool) -> usize {
+        self.inner.state.lock().calls.iter().filter(|c| pred(c)).count()
+    }
+
+    pub fn stats(&self) -> StatsReceiver {
+        self.inner.stats.subscribe()
+    }
+
+    pub fn observe(&self) {
+        self.publish();
+    }
+
+    fn publish(&self) {
+        let nodes = self.inner.config.lock().nodes.clone();
+        let now = self.inner.epoch.now();
+        let state = self.inner.state.lock();
+        let snapshot = nodes
+            .iter()
+            .map(|(name, capacity_mb)| {
+                let used: u64 =
+                    state.alive.values().filter(|(n, ..)| &*n.0 == name).map(|(_, m, _)| u64::from(*m)).sum();
+                NodeStatsUpdate {
+                    node: NodeId::new(name),
+                    capacity_mb: *capacity_mb,
+                    free_mb: capacity_mb.saturating_sub(used),
+                    observed_at: now,
+                }
+            })
+            .collect();
+        drop(state);
+        self.inner.stats.send_replace(snapshot);
+    }
+
+    fn log(&self, call: MockCall) {
+        self.inner.state.lock().calls.push(call);
+    }
+
+    pub async fn create(&self, spec: &ContainerSpec, node: &NodeId) -> Result<ContainerHandle, FactoryError> {
+        let config = self.inner.config.lock().clone();
+        let capacity = config.nodes.iter().find(|(n, _)| *n == *node.0).map(|(_, c)| *c).unwrap_or(0);
+        {
+            let mut state = self.inner.state.lock();
+            state.calls.push(MockCall::Create(spec.id));
+            let used: u64 = state.alive.values().filter(|(n, ..)| n == node).map(|(_, m, _)| u64::from(*m)).sum();
+            if used + u64::from(spec.memory_mb) > capacity {
+                state.calls.push(MockCall::Refused(spec.id));
+                return Err(FactoryError::Refused(format!("{} MB do not fit on {node}", spec.memory_mb)));
+            }
+            state.alive.insert(spec.id, (node.clone(), spec.memory_mb, None));
+            state.max_alive = state.max_alive.max(state.alive.len());
+        }
+        self.publish();
+        tokio::time::sleep(config.start_latency).await;
+        let started = if config.fail_creates {
+            Err(FactoryError::Create("the mock factory is set to fail every create".into()))
+        } else {
+            self.start_runtime(spec.id, config.run_latency)
+        };
+        match started {
+            Ok((addr, logs, server)) => {
+                let mut state = self.inner.state.lock();
+                if let Some(entry) = state.alive.get_mut(&spec.id) {
+                    entry.2 = Some(server);
+                }
+                state.calls.push(MockCall::Created(spec.id));
+                drop(state);
+                let ready_at = self.inner.epoch.now();
+                self.publish();
+                Ok(ContainerHandle { id: spec.id, node: node.clone(), transport: Transport::Tcp(addr), logs, ready_at })
+            }
+            Err(e) => {
+                {
+                    let mut state = self.inner.state.lock();
+                    state.alive.remove(&spec.id);
+                    state.calls.push(MockCall::CreateFailed(spec.id));
+                }
+                self.publish();
+                Err(e)
+            }
+        }
+    }
+
+    fn start_runtime(
+        &self,
+        id: ContainerId,
+        run_latency: Duration,
+    ) -> Result<(std::net::SocketAddr, Arc<LogBuffer>, ServerHandle), FactoryError> {
+        let logs = Arc::new(LogBuffer::default());
+        let state = web::Data::new(RuntimeState {
+            id,
+            factory: self.clone(),
+            logs: logs.clone(),
+            server: Mutex::new(None),
+            run_latency,
+        });
+        let data = state.clone();
+        let server = HttpServer::new(move || {
+            App::new()
+                .app_data(data.clone())
+                .route("/init", web::post().to(mock_init))
+                .route("/run", web::post().to(mock_run))
+        })
+        .workers(1)
+        .disable_signals()
+        .shutdown_timeout(0)
+        .bind(("127.0.0.1", 0))
+        .map_err(|e| FactoryError::Create(e.to_string()))?;
+        let addr = server.addrs()[0];
+        let server = server.run();
+        let handle = server.handle();
+        *state.server.lock() = Some(handle.clone());
+        actix_rt::spawn(server);
+        Ok((addr, logs, handle))
+    }
+
+    pub async fn destroy(&self, c: &ContainerHandle) -> Result<(), FactoryError> {
+        self.log(MockCall::Destroy(c.id));
+        let server = self.inner.state.lock().alive.get_mut(&c.id).and_then(|e| e.2.take());
+        if let Some(server) = server {
+            server.stop(false).await;
+        }
+        c.logs.close();
+        {
+            let mut state = self.inner.state.lock();
+            state.alive.remove(&c.id);
+            state.calls.push(MockCall::Destroyed(c.id));
+        }
+        self.publish();
+        Ok(())
+    }
+
+    pub async fn destroy_all(&self) {
+        let servers: Vec<(ContainerId, Option<ServerHandle>)> =
+            self.inner.state.lock().alive.iter_mut().map(|(id, e)| (*id, e.2.take())).collect();
+        for (id, server) in servers {
+            if let Some(server) = server {
+                server.stop(false).await;
+            }
+            let mut state = self.inner.state.lock();
+            state.alive.remove(&id);
+            state.calls.push(MockCall::Destroyed(id));
+        }
+        self.publish();
+    }
+}
+
+async fn mock_init(body: web::Json<Value>) -> HttpResponse {
+    if body.pointer("/value/code").and_then(Value::as_str).is_some_and(|c| c.contains("fail_init")) {
+        return HttpResponse::BadGateway().json(json!({ "error": "the action failed to initialise" }));
+    }
+    HttpResponse::Ok().json(json!({ "ok": true }))
+}
+
+async fn mock_run(state: web::Data<RuntimeState>, body: web::Json<Value>) -> HttpResponse {
+    let params = body.get("value").cloned().unwrap_or(Value::Null);
+    let sleep = params.get("sleep_ms").and_then(Value::as_u64).map_or(state.run_latency, Duration::from_millis);
+    tokio::time::sleep(sleep).await;
+    state.logs.push(Stream::Stdout, format!("mock run in container {}", state.id.0));
+    if params.get("crash").and_then(Value::as_bool) == Some(true) {
+        state.factory.log(MockCall::Crashed(state.id));
+        state.logs.close();
+        if let Some(server) = state.server.lock().take() {
+            actix_rt::spawn(async move { server.stop(false).await });
+        }
+        std::future::pending::<()>().await;
+    }
+    state.logs.push(Stream::Stdout, SENTINEL.into());
+    state.logs.push(Stream::Stderr, SENTINEL.into());
+    if let Some(error) = params.get("error") {
+        return HttpResponse::Ok().json(json!({ "error": error }));
+    }
+    HttpResponse::Ok().json(json!({ "echo": params, "container": state.id.0 }))
+}

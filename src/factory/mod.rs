@@ -1,0 +1,145 @@
+//! ContainerFactory: creates, pauses, resumes and destroys action containers, and reports what
+//! each node of its cluster has free. One module per backend, selected by config through the
+//! [`Factory`] enum; nothing outside this module knows which backend runs.
+
+mod cgroup;
+pub mod logs;
+pub mod mock;
+pub mod process;
+
+use crate::pool::core::{ContainerId, NodeId, NodeStatsUpdate, Time};
+use logs::LogBuffer;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::watch;
+
+/// What a container is created for: one action key, with its kind and memory.
+#[derive(Clone, Debug)]
+pub struct ContainerSpec {
+    pub id: ContainerId,
+    pub kind: String,
+    pub memory_mb: u32,
+    /// `namespace/name`, for labels and process names.
+    pub action_path: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Transport {
+    Tcp(SocketAddr),
+    Unix(PathBuf),
+}
+
+/// A created container: where its runtime listens and where its logs arrive.
+#[derive(Clone, Debug)]
+pub struct ContainerHandle {
+    pub id: ContainerId,
+    pub node: NodeId,
+    pub transport: Transport,
+    pub logs: Arc<LogBuffer>,
+    /// When it became ready; stats the factory observes from then on include it.
+    pub ready_at: Time,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum FactoryError {
+    #[error("no runtime is configured for kind '{0}'")]
+    UnknownKind(String),
+    #[error("the container could not be created: {0}")]
+    Create(String),
+    #[error("the container did not become ready within {0:?}")]
+    NotReady(std::time::Duration),
+    #[error("the cluster refused the container: {0}")]
+    Refused(String),
+    #[error("{op} failed: {reason}")]
+    Operation { op: &'static str, reason: String },
+}
+
+/// The time base shared by the pool and the factories: node stats are stamped in it.
+#[derive(Clone, Copy, Debug)]
+pub struct Epoch(pub Instant);
+
+impl Epoch {
+    pub fn now(&self) -> Time {
+        self.0.elapsed()
+    }
+}
+
+/// The latest snapshot of every node, pushed by the factory; the pool caches it.
+pub type StatsReceiver = watch::Receiver<Vec<NodeStatsUpdate>>;
+
+#[derive(Clone)]
+pub enum Factory {
+    Process(process::ProcessFactory),
+    Mock(mock::MockFactory),
+}
+
+impl Factory {
+    pub async fn create(&self, spec: &ContainerSpec, node: &NodeId) -> Result<ContainerHandle, FactoryError> {
+        match self {
+            Factory::Process(f) => f.create(spec, node).await,
+            Factory::Mock(f) => f.create(spec, node).await,
+        }
+    }
+
+    pub async fn pause(&self, c: &ContainerHandle) -> Result<(), FactoryError> {
+        match self {
+            Factory::Process(f) => f.pause(c).await,
+            Factory::Mock(_) => Ok(()),
+        }
+    }
+
+    pub async fn resume(&self, c: &ContainerHandle) -> Result<(), FactoryError> {
+        match self {
+            Factory::Process(f) => f.resume(c).await,
+            Factory::Mock(_) => Ok(()),
+        }
+    }
+
+    pub async fn destroy(&self, c: &ContainerHandle) -> Result<(), FactoryError> {
+        match self {
+            Factory::Process(f) => f.destroy(c).await,
+            Factory::Mock(f) => f.destroy(c).await,
+        }
+    }
+
+    pub fn stats(&self) -> StatsReceiver {
+        match self {
+            Factory::Process(f) => f.stats(),
+            Factory::Mock(f) => f.stats(),
+        }
+    }
+
+    /// Re-observes the cluster and publishes fresh stats (called periodically, never per activation).
+    pub fn observe(&self) {
+        match self {
+            Factory::Process(f) => f.observe(),
+            Factory::Mock(f) => f.observe(),
+        }
+    }
+
+    /// True when the container's last process was killed for exceeding its memory limit.
+    pub fn was_oom_killed(&self, c: &ContainerHandle) -> bool {
+        match self {
+            Factory::Process(f) => f.was_oom_killed(c.id),
+            Factory::Mock(_) => false,
+        }
+    }
+
+    /// Destroys everything still alive (shutdown), bounded by the caller.
+    pub async fn destroy_all(&self) {
+        match self {
+            Factory::Process(f) => f.destroy_all().await,
+            Factory::Mock(f) => f.destroy_all().await,
+        }
+    }
+
+    /// What the factory enforces, for the start-up log and `/health`.
+    pub fn describe(&self) -> String {
+        match self {
+            Factory::Process(f) => f.describe(),
+            Factory::Mock(_) => "mock factory (in-process runtimes, nothing enforced)".into(),
+        }
+    }
+}

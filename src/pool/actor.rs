@@ -1,0 +1,357 @@
+//! The ContainerPool actor: a thin shell that feeds events to the pure core and carries out
+//! the effects it returns: starting proxies, handing them jobs, answering rejected jobs.
+
+use super::core::{
+    ContainerId, CoreConfig, Effect, Event, Job, JobId, KeyId, NodeStatsUpdate, NodeView, PoolCore, PoolCounts,
+    RejectReason,
+};
+use super::job::RunJob;
+use crate::config::{PoolConfig, ProxyConfig};
+use crate::factory::{ContainerSpec, Epoch, Factory};
+use crate::metrics::Metrics;
+use crate::model::{epoch_ms, Action, ActivationRecord, KeyValue};
+use crate::proxy::{ContainerProxy, ProxyContext, ProxyReport, Remove, Run};
+use actix::prelude::*;
+use serde_json::json;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::oneshot;
+
+/// Hand a job to the pool. Sent with `send().await`, so a full mailbox pushes back on HTTP.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Submit(pub RunJob);
+
+#[derive(Message)]
+#[rtype(result = "()")]
+struct StatsChanged(Vec<NodeStatsUpdate>);
+
+/// Stop taking work; answers when every container is gone.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Drain(pub oneshot::Sender<()>);
+
+#[derive(Message)]
+#[rtype(result = "PoolSnapshot")]
+pub struct Snapshot;
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ContainerSummary {
+    pub id: u64,
+    pub action: String,
+    pub node: String,
+    pub memory_mb: u32,
+    pub state: &'static str,
+    pub running: usize,
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct PoolSnapshot {
+    pub draining: bool,
+    pub starting: usize,
+    pub idle: usize,
+    pub busy: usize,
+    pub removing: usize,
+    pub waiting: usize,
+    pub nodes: Vec<NodeView>,
+    pub containers: Vec<ContainerSummary>,
+}
+
+/// Why a job was answered without running, as its record says (the API maps it to a status).
+pub const REJECTED: &str = "rejected";
+
+pub struct ContainerPool {
+    core: PoolCore,
+    epoch: Epoch,
+    factory: Factory,
+    config: PoolConfig,
+    proxy_config: ProxyConfig,
+    api_host: String,
+    max_result_bytes: usize,
+    metrics: Arc<Metrics>,
+    proxies: HashMap<ContainerId, Addr<ContainerProxy>>,
+    jobs: HashMap<JobId, RunJob>,
+    keys: HashMap<String, KeyId>,
+    key_actions: HashMap<KeyId, Arc<Action>>,
+    next_job: u64,
+    drained: Vec<oneshot::Sender<()>>,
+}
+
+impl ContainerPool {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        factory: Factory,
+        epoch: Epoch,
+        config: PoolConfig,
+        proxy_config: ProxyConfig,
+        api_host: String,
+        max_result_bytes: usize,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        let core = PoolCore::new(CoreConfig {
+            max_starts_per_action: config.max_starts_per_action,
+            max_starts_per_node: config.max_starts_per_node,
+            max_waiting: config.max_waiting,
+            idle_timeout: config.idle_timeout,
+            stats_ttl: config.stats_ttl,
+            buffer_mb: config.buffer_mb,
+        });
+        ContainerPool {
+            core,
+            epoch,
+            factory,
+            config,
+            proxy_config,
+            api_host,
+            max_result_bytes,
+            metrics,
+            proxies: HashMap::new(),
+            jobs: HashMap::new(),
+            keys: HashMap::new(),
+            key_actions: HashMap::new(),
+            next_job: 1,
+            drained: Vec::new(),
+        }
+    }
+
+    /// Containers of one key are interchangeable: same action revision, kind, memory, concurrency.
+    fn intern(&mut self, action: &Arc<Action>) -> KeyId {
+        let spec = format!(
+            "{}\0{}\0{}\0{}\0{}\0{}",
+            action.namespace,
+            action.name,
+            action.revision,
+            action.exec.kind,
+            action.limits.memory,
+            action.limits.concurrency
+        );
+        let next = KeyId(self.keys.len() as u32);
+        let id = *self.keys.entry(spec).or_insert(next);
+        self.key_actions.entry(id).or_insert_with(|| action.clone());
+        id
+    }
+
+    fn apply(&mut self, event: Event, ctx: &mut Context<Self>) {
+        let effects = self.core.handle(event, self.epoch.now());
+        for effect in effects {
+            match effect {
+                Effect::Create { container, key, memory_mb, node } => {
+                    let action = &self.key_actions[&key];
+                    let spec = ContainerSpec {
+                        id: container,
+                        kind: action.exec.kind.clone(),
+                        memory_mb,
+                        action_path: action.path(),
+                    };
+                    let proxy_ctx = ProxyContext {
+                        factory: self.factory.clone(),
+                        config: self.proxy_config.clone(),
+                        pool: ctx.address().recipient(),
+                        api_host: self.api_host.clone(),
+                        max_result_bytes: self.max_result_bytes,
+                    };
+                    let proxy = ContainerProxy::new(spec, node, proxy_ctx).start();
+                    self.proxies.insert(container, proxy);
+                }
+                Effect::Dispatch { job, container } => {
+                    if let (Some(run), Some(proxy)) = (self.jobs.remove(&job), self.proxies.get(&container)) {
+                        proxy.do_send(Run { job, run });
+                    }
+                }
+                Effect::Remove { container } => {
+                    if let Some(proxy) = self.proxies.get(&container) {
+                        proxy.do_send(Remove);
+                    }
+                }
+                Effect::Reject { job, reason } => {
+                    if let Some(run) = self.jobs.remove(&job) {
+                        reject(run, reason);
+                    }
+                }
+            }
+        }
+        if self.core.is_draining() && self.proxies.is_empty() {
+            for waiter in self.drained.drain(..) {
+                let _ = waiter.send(());
+            }
+        }
+    }
+
+    fn snapshot(&self) -> PoolSnapshot {
+        let PoolCounts { starting, idle, busy, removing, waiting, .. } = self.core.counts();
+        let containers = self
+            .core
+            .containers()
+            .into_iter()
+            .map(|c| ContainerSummary {
+                id: c.id.0,
+                action: self.key_actions.get(&c.key).map(|a| a.path()).unwrap_or_default(),
+                node: c.node.to_string(),
+                memory_mb: c.memory_mb,
+                state: c.state,
+                running: c.running,
+            })
+            .collect();
+        PoolSnapshot {
+            draining: self.core.is_draining(),
+            starting,
+            idle,
+            busy,
+            removing,
+            waiting,
+            nodes: self.core.nodes(self.epoch.now()),
+            containers,
+        }
+    }
+}
+
+fn reject(run: RunJob, reason: RejectReason) {
+    let (code, message) = match reason {
+        RejectReason::NeverFits { memory_mb, largest_node_mb } => (
+            "never_fits",
+            format!("limits.memory: {memory_mb} MB can never fit: the largest node offers {largest_node_mb} MB"),
+        ),
+        RejectReason::DeadlineExceeded => {
+            ("deadline", "no container could be had before the activation's wait deadline; nothing ran".into())
+        }
+        RejectReason::QueueFull => ("queue_full", "the invoker's waiting buffer is full; nothing ran".into()),
+        RejectReason::CreateFailed => {
+            ("create_failed", "the action's container could not be created; nothing ran".into())
+        }
+        RejectReason::Draining => ("draining", "the invoker is shutting down; nothing ran".into()),
+        RejectReason::ContainerLost => ("container_lost", "the container running the activation vanished".into()),
+    };
+    let mut record = ActivationRecord::whisk_error(&run.meta, &message, epoch_ms());
+    record.annotations.push(KeyValue { key: REJECTED.into(), value: json!(code) });
+    record.annotations.push(KeyValue {
+        key: "waitTime".into(),
+        value: json!(Instant::now().duration_since(run.accepted).as_millis() as u64),
+    });
+    run.completion.finish(record);
+}
+
+impl Actor for ContainerPool {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        ctx.set_mailbox_capacity(1024);
+        let mut stats = self.factory.stats();
+        let me = ctx.address();
+        ctx.spawn(
+            async move {
+                loop {
+                    let snapshot = stats.borrow_and_update().clone();
+                    if me.send(StatsChanged(snapshot)).await.is_err() || stats.changed().await.is_err() {
+                        break;
+                    }
+                }
+            }
+            .into_actor(self),
+        );
+        ctx.run_interval(self.config.tick, |act, ctx| act.apply(Event::Tick, ctx));
+        let factory = self.factory.clone();
+        ctx.run_interval(self.config.stats_ttl / 4, move |_, _| factory.observe());
+    }
+}
+
+impl Handler<Submit> for ContainerPool {
+    type Result = ();
+
+    fn handle(&mut self, Submit(run): Submit, ctx: &mut Context<Self>) {
+        let key = self.intern(&run.action);
+        let id = JobId(self.next_job);
+        self.next_job += 1;
+        let job = Job {
+            id,
+            key,
+            memory_mb: run.action.limits.memory,
+            concurrency: run.action.limits.concurrency,
+            deadline: self.epoch.now() + self.config.wait_deadline,
+        };
+        self.jobs.insert(id, run);
+        self.apply(Event::Arrived(job), ctx);
+        self.metrics.waiting.set(self.jobs.len() as i64);
+    }
+}
+
+impl Handler<ProxyReport> for ContainerPool {
+    type Result = ();
+
+    fn handle(&mut self, report: ProxyReport, ctx: &mut Context<Self>) {
+        let event = match report {
+            ProxyReport::Started { container, ok, at } => Event::Started { container, ok, at },
+            ProxyReport::Finished { container, job, reusable } => Event::Finished { container, job, reusable },
+            ProxyReport::Removed { container } => {
+                self.proxies.remove(&container);
+                Event::Removed(container)
+            }
+        };
+        self.apply(event, ctx);
+        self.metrics.waiting.set(self.jobs.len() as i64);
+    }
+}
+
+impl Handler<StatsChanged> for ContainerPool {
+    type Result = ();
+
+    fn handle(&mut self, StatsChanged(snapshot): StatsChanged, ctx: &mut Context<Self>) {
+        for update in snapshot {
+            self.apply(Event::NodeStats(update), ctx);
+        }
+    }
+}
+
+impl Handler<Drain> for ContainerPool {
+    type Result = ();
+
+    fn handle(&mut self, Drain(done): Drain, ctx: &mut Context<Self>) {
+        self.drained.push(done);
+        self.apply(Event::Drain, ctx);
+    }
+}
+
+impl Handler<Snapshot> for ContainerPool {
+    type Result = MessageResult<Snapshot>;
+
+    fn handle(&mut self, _: Snapshot, _: &mut Context<Self>) -> Self::Result {
+        let snapshot = self.snapshot();
+        for (state, n) in [
+            ("starting", snapshot.starting),
+            ("idle", snapshot.idle),
+            ("busy", snapshot.busy),
+            ("removing", snapshot.removing),
+        ] {
+            self.metrics.containers.get_or_create(&crate::metrics::StateLabel { state: state.into() }).set(n as i64);
+        }
+        MessageResult(snapshot)
+    }
+}
+
+/// A cloneable handle on the pool actor, so callers do not depend on actix types.
+#[derive(Clone)]
+pub struct PoolHandle {
+    addr: Addr<ContainerPool>,
+}
+
+impl PoolHandle {
+    pub fn start(pool: ContainerPool) -> Self {
+        PoolHandle { addr: pool.start() }
+    }
+
+    /// Hands a job over; fails only when the pool is gone (the job is then answered here).
+    pub async fn submit(&self, run: RunJob) -> Result<(), ()> {
+        self.addr.send(Submit(run)).await.map_err(|_| ())
+    }
+
+    pub async fn snapshot(&self) -> Option<PoolSnapshot> {
+        self.addr.send(Snapshot).await.ok()
+    }
+
+    pub async fn drain(&self) {
+        let (tx, rx) = oneshot::channel();
+        if self.addr.send(Drain(tx)).await.is_ok() {
+            let _ = rx.await;
+        }
+    }
+}

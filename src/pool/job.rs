@@ -1,0 +1,92 @@
+//! An accepted activation on its way through the pool, and the one place it ends.
+
+use crate::metrics::Metrics;
+use crate::model::{Action, ActivationMeta, ActivationRecord};
+use crate::store::Store;
+use serde_json::{Map, Value};
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::oneshot;
+
+/// What a proxy needs to run one activation.
+pub struct RunJob {
+    pub meta: ActivationMeta,
+    pub action: Arc<Action>,
+    pub params: Map<String, Value>,
+    pub api_key: Option<String>,
+    pub transaction_id: String,
+    /// When the invoker accepted it (for `waitTime`).
+    pub accepted: Instant,
+    pub completion: Completion,
+}
+
+/// The end of an activation: the record is stored, then whoever waits is answered. Every
+/// accepted activation passes here exactly once, whatever failed on the way (`finish` takes
+/// `self`); dropping one unfinished writes a whisk-error record rather than losing it.
+pub struct Completion {
+    inner: Option<CompletionInner>,
+}
+
+struct CompletionInner {
+    store: Arc<dyn Store>,
+    metrics: Arc<Metrics>,
+    reply: Option<oneshot::Sender<ActivationRecord>>,
+    meta: ActivationMeta,
+    /// Released when the activation ends: the namespace's in-flight count.
+    _slot: Option<crate::activation::NamespaceSlot>,
+}
+
+impl Completion {
+    pub fn new(
+        store: Arc<dyn Store>,
+        metrics: Arc<Metrics>,
+        meta: ActivationMeta,
+        reply: Option<oneshot::Sender<ActivationRecord>>,
+        slot: Option<crate::activation::NamespaceSlot>,
+    ) -> Self {
+        Completion { inner: Some(CompletionInner { store, metrics, reply, meta, _slot: slot }) }
+    }
+
+    pub fn finish(mut self, record: ActivationRecord) {
+        if let Some(inner) = self.inner.take() {
+            inner.finish(record);
+        }
+    }
+}
+
+impl CompletionInner {
+    fn finish(self, record: ActivationRecord) {
+        self.metrics.activation_finished(&record);
+        let CompletionInner { store, reply, _slot, .. } = self;
+        let write = async move {
+            let stored = record.clone();
+            let result = tokio::task::spawn_blocking(move || store.finish(&stored)).await;
+            match result {
+                Ok(Err(e)) => tracing::error!(activation = %record.activation_id, "record not stored: {e}"),
+                Err(e) => tracing::error!(activation = %record.activation_id, "record not stored: {e}"),
+                Ok(Ok(())) => {}
+            }
+            if let Some(reply) = reply {
+                let _ = reply.send(record);
+            }
+            drop(_slot);
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn(write);
+            }
+            Err(_) => tracing::error!("no runtime to store an activation record on"),
+        }
+    }
+}
+
+impl Drop for Completion {
+    fn drop(&mut self) {
+        if let Some(inner) = self.inner.take() {
+            let now = crate::model::epoch_ms();
+            let record = ActivationRecord::whisk_error(&inner.meta, "the activation was dropped by the invoker", now);
+            tracing::error!(activation = %record.activation_id, "an activation was dropped unfinished");
+            inner.finish(record);
+        }
+    }
+}

@@ -1,0 +1,365 @@
+//! ContainerProxy: one actor per container. It creates the container through the factory,
+//! initialises it once, runs the activations the pool dispatches to it, builds their records,
+//! and removes the container when told. It tells the pool what happened and decides nothing.
+//!
+//! Network I/O never runs inside `ctx.wait`: every call is spawned with `ctx.spawn`, and its
+//! result comes back to the actor, so a long `/run` never blocks `Remove` or other runs.
+
+pub mod client;
+pub mod outcome;
+
+use crate::config::ProxyConfig;
+use crate::factory::{ContainerHandle, ContainerSpec, Factory};
+use crate::model::{epoch_ms, ActivationRecord, ActivationResponse, KeyValue, Outcome, StartKind};
+use crate::pool::core::{ContainerId, JobId, NodeId};
+use crate::pool::job::RunJob;
+use actix::prelude::*;
+use client::{RuntimeClient, RuntimeError, RuntimeResponse};
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What a proxy reports to the pool.
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub enum ProxyReport {
+    Started { container: ContainerId, ok: bool, at: crate::pool::core::Time },
+    Finished { container: ContainerId, job: JobId, reusable: bool },
+    Removed { container: ContainerId },
+}
+
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Run {
+    pub job: JobId,
+    pub run: RunJob,
+}
+
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Remove;
+
+/// The OpenWhisk ContainerProxy states.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProxyState {
+    Uninitialized,
+    Starting,
+    Started,
+    Running,
+    Ready,
+    Pausing,
+    Paused,
+    Removing,
+}
+
+/// Settings every proxy shares.
+#[derive(Clone)]
+pub struct ProxyContext {
+    pub factory: Factory,
+    pub config: ProxyConfig,
+    pub pool: Recipient<ProxyReport>,
+    pub api_host: String,
+    pub max_result_bytes: usize,
+}
+
+enum Init {
+    NotYet,
+    InProgress,
+    Done,
+}
+
+pub struct ContainerProxy {
+    spec: ContainerSpec,
+    node: NodeId,
+    ctx: ProxyContext,
+    state: ProxyState,
+    handle: Option<ContainerHandle>,
+    client: Option<Arc<RuntimeClient>>,
+    init: Init,
+    /// Runs that arrived while `/init` was under way.
+    queued: Vec<(JobId, RunJob, Instant)>,
+    running: usize,
+    create_ms: u64,
+    init_ms: Option<u64>,
+    /// Whether the next run is the first on this container (a cold start).
+    cold: bool,
+}
+
+impl ContainerProxy {
+    pub fn new(spec: ContainerSpec, node: NodeId, ctx: ProxyContext) -> Self {
+        ContainerProxy {
+            spec,
+            node,
+            ctx,
+            state: ProxyState::Uninitialized,
+            handle: None,
+            client: None,
+            init: Init::NotYet,
+            queued: Vec::new(),
+            running: 0,
+            create_ms: 0,
+            init_ms: None,
+            cold: true,
+        }
+    }
+
+    pub fn state(&self) -> ProxyState {
+        self.state
+    }
+
+    fn report(&self, report: ProxyReport) {
+        self.ctx.pool.do_send(report);
+    }
+
+    fn start_init(&mut self, first: &RunJob, ctx: &mut Context<Self>) {
+        self.init = Init::InProgress;
+        let action = &first.action;
+        let body = json!({ "value": {
+            "name": action.name,
+            "main": action.exec.main.clone().unwrap_or_else(|| "main".into()),
+            "code": action.exec.code.clone().unwrap_or_default(),
+            "binary": action.exec.binary,
+            "env": {
+                "__OW_NAMESPACE": action.namespace,
+                "__OW_ACTION_NAME": format!("/{}/{}", action.namespace, action.name),
+                "__OW_ACTION_VERSION": action.version,
+                "__OW_API_HOST": self.ctx.api_host,
+            },
+        }});
+        let client = self.client.clone().expect("started before init");
+        let timeout = self.ctx.config.init_timeout;
+        let began = Instant::now();
+        let fut = async move { client.init(&body, timeout).await };
+        ctx.spawn(fut.into_actor(self).map(move |answer, act, ctx| {
+            act.init_ms = Some(began.elapsed().as_millis() as u64);
+            match answer {
+                Ok(RuntimeResponse { status: 200, .. }) => {
+                    act.init = Init::Done;
+                    for (job, run, began) in std::mem::take(&mut act.queued) {
+                        act.start_run(job, run, began, ctx);
+                    }
+                }
+                failed => act.fail_init(failed, ctx),
+            }
+        }));
+    }
+
+    /// A failed `/init` fails every run waiting for it, as developer errors; the container
+    /// is not reused.
+    fn fail_init(&mut self, answer: Result<RuntimeResponse, RuntimeError>, ctx: &mut Context<Self>) {
+        let timeout_ms = self.ctx.config.init_timeout.as_millis() as u64;
+        let oom = self.handle.as_ref().is_some_and(|h| self.ctx.factory.was_oom_killed(h));
+        let mut interpreted = outcome::interpret(answer, timeout_ms, oom, self.ctx.max_result_bytes);
+        if interpreted.outcome != Outcome::DeveloperError {
+            interpreted = outcome::Interpreted {
+                outcome: Outcome::DeveloperError,
+                reusable: false,
+                timed_out: false,
+                result: json!({ "error": "The action failed to initialise." }),
+            };
+        }
+        let logs_wait = self.ctx.config.log_sentinel_wait;
+        for (job, run, began) in std::mem::take(&mut self.queued) {
+            let logs = self.handle.clone();
+            let result = interpreted.result.clone();
+            let record_fields = self.record_fields(&run, began);
+            let container = self.spec.id;
+            let fut = async move {
+                let limit = run.meta.limits.logs as usize * 1024 * 1024;
+                let lines = match logs {
+                    Some(h) => h.logs.collect(logs_wait.min(Duration::from_millis(200)), limit).await,
+                    None => Vec::new(),
+                };
+                (run, lines)
+            };
+            ctx.spawn(fut.into_actor(self).map(move |(run, lines), act, _| {
+                act.running -= 1;
+                let record = build_record(&run, record_fields, Outcome::DeveloperError, result, lines, false);
+                run.completion.finish(record);
+                act.report(ProxyReport::Finished { container, job, reusable: false });
+            }));
+        }
+        self.init = Init::NotYet;
+    }
+
+    fn record_fields(&self, run: &RunJob, began: Instant) -> RecordFields {
+        RecordFields {
+            container: self.spec.id,
+            start_kind: if self.cold { StartKind::Cold } else { StartKind::Warm },
+            create_ms: self.cold.then_some(self.create_ms),
+            init_ms: if self.cold { self.init_ms } else { None },
+            wait_ms: began.duration_since(run.accepted).as_millis() as u64,
+            start: epoch_ms() - began.elapsed().as_millis() as u64,
+        }
+    }
+
+    fn start_run(&mut self, job: JobId, run: RunJob, began: Instant, ctx: &mut Context<Self>) {
+        let fields = self.record_fields(&run, began);
+        self.cold = false;
+        let timeout_ms = run.meta.limits.timeout;
+        let deadline = epoch_ms() + timeout_ms;
+        let mut body = json!({
+            "value": Value::Object(run.params.clone()),
+            "namespace": run.meta.namespace,
+            "action_name": format!("/{}/{}", run.meta.namespace, run.meta.name),
+            "action_version": run.meta.version,
+            "activation_id": run.meta.activation_id,
+            "transaction_id": run.transaction_id,
+            "deadline": deadline.to_string(),
+        });
+        if let Some(key) = &run.api_key {
+            body["api_key"] = json!(key);
+        }
+        let client = self.client.clone().expect("started before run");
+        let handle = self.handle.clone().expect("started before run");
+        let factory = self.ctx.factory.clone();
+        let (log_wait, max_result) = (self.ctx.config.log_sentinel_wait, self.ctx.max_result_bytes);
+        let container = self.spec.id;
+        let fut = async move {
+            let answer = client.run(&body, Duration::from_millis(timeout_ms)).await;
+            let failed = !matches!(answer, Ok(RuntimeResponse { status: 200, .. }));
+            let oom = failed && factory.was_oom_killed(&handle);
+            let interpreted = outcome::interpret(answer, timeout_ms, oom, max_result);
+            // A failed container may never write its sentinels: do not wait long for them.
+            let wait = if interpreted.reusable { log_wait } else { log_wait.min(Duration::from_millis(200)) };
+            let lines = handle.logs.collect(wait, run.meta.limits.logs as usize * 1024 * 1024).await;
+            (run, interpreted, lines)
+        };
+        ctx.spawn(fut.into_actor(self).map(move |(run, interpreted, lines), act, _| {
+            act.running -= 1;
+            if act.running == 0 && act.state == ProxyState::Running {
+                act.state = ProxyState::Ready;
+            }
+            let reusable = interpreted.reusable;
+            let record =
+                build_record(&run, fields, interpreted.outcome, interpreted.result, lines, interpreted.timed_out);
+            run.completion.finish(record);
+            act.report(ProxyReport::Finished { container, job, reusable });
+        }));
+    }
+}
+
+struct RecordFields {
+    container: ContainerId,
+    start_kind: StartKind,
+    create_ms: Option<u64>,
+    init_ms: Option<u64>,
+    wait_ms: u64,
+    start: u64,
+}
+
+fn build_record(
+    run: &RunJob,
+    f: RecordFields,
+    outcome: Outcome,
+    result: Value,
+    logs: Vec<String>,
+    timed_out: bool,
+) -> ActivationRecord {
+    let end = epoch_ms();
+    let mut annotations = run.meta.base_annotations();
+    annotations.push(KeyValue { key: "timeout".into(), value: json!(timed_out) });
+    annotations.push(KeyValue { key: "waitTime".into(), value: json!(f.wait_ms) });
+    if let Some(init) = f.init_ms {
+        annotations.push(KeyValue { key: "initTime".into(), value: json!(init) });
+    }
+    annotations.push(KeyValue { key: "containerId".into(), value: json!(f.container.0) });
+    annotations.push(KeyValue { key: "startKind".into(), value: json!(f.start_kind) });
+    if let Some(create) = f.create_ms {
+        annotations.push(KeyValue { key: "createTime".into(), value: json!(create) });
+    }
+    ActivationRecord {
+        namespace: run.meta.namespace.clone(),
+        name: run.meta.name.clone(),
+        version: run.meta.version.clone(),
+        subject: run.meta.subject.clone(),
+        activation_id: run.meta.activation_id.clone(),
+        start: f.start,
+        end,
+        duration: end.saturating_sub(f.start),
+        status_code: outcome.status_code(),
+        response: ActivationResponse::new(outcome, result),
+        logs,
+        annotations,
+        publish: false,
+    }
+}
+
+impl Actor for ContainerProxy {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        self.state = ProxyState::Starting;
+        let factory = self.ctx.factory.clone();
+        let (spec, node) = (self.spec.clone(), self.node.clone());
+        let began = Instant::now();
+        let fut = async move { factory.create(&spec, &node).await };
+        ctx.spawn(fut.into_actor(self).map(move |created, act, ctx| {
+            act.create_ms = began.elapsed().as_millis() as u64;
+            let client = created.as_ref().map_err(|e| e.to_string()).and_then(|h| RuntimeClient::new(&h.transport));
+            match (created, client) {
+                (Ok(handle), Ok(client)) => {
+                    let at = handle.ready_at;
+                    act.handle = Some(handle);
+                    act.client = Some(Arc::new(client));
+                    act.state = ProxyState::Started;
+                    act.report(ProxyReport::Started { container: act.spec.id, ok: true, at });
+                }
+                (created, client) => {
+                    let reason = created.as_ref().err().map(|e| e.to_string()).or(client.err()).unwrap_or_default();
+                    tracing::warn!(container = act.spec.id.0, action = %act.spec.action_path, "create failed: {reason}");
+                    if let Ok(handle) = created {
+                        let factory = act.ctx.factory.clone();
+                        actix::spawn(async move {
+                            let _ = factory.destroy(&handle).await;
+                        });
+                    }
+                    act.report(ProxyReport::Started { container: act.spec.id, ok: false, at: Default::default() });
+                    ctx.stop();
+                }
+            }
+        }));
+    }
+}
+
+impl Handler<Run> for ContainerProxy {
+    type Result = ();
+
+    fn handle(&mut self, msg: Run, ctx: &mut Context<Self>) {
+        let began = Instant::now();
+        self.running += 1;
+        self.state = ProxyState::Running;
+        match self.init {
+            Init::Done => self.start_run(msg.job, msg.run, began, ctx),
+            Init::InProgress => self.queued.push((msg.job, msg.run, began)),
+            Init::NotYet => {
+                self.start_init(&msg.run, ctx);
+                self.queued.push((msg.job, msg.run, began));
+            }
+        }
+    }
+}
+
+impl Handler<Remove> for ContainerProxy {
+    type Result = ();
+
+    fn handle(&mut self, _: Remove, ctx: &mut Context<Self>) {
+        if self.state == ProxyState::Removing {
+            return;
+        }
+        self.state = ProxyState::Removing;
+        let factory = self.ctx.factory.clone();
+        let handle = self.handle.take();
+        let fut = async move {
+            if let Some(handle) = handle {
+                if let Err(e) = factory.destroy(&handle).await {
+                    tracing::warn!(container = handle.id.0, "destroy failed: {e}");
+                }
+            }
+        };
+        ctx.spawn(fut.into_actor(self).map(|(), act, ctx| {
+            act.report(ProxyReport::Removed { container: act.spec.id });
+            ctx.stop();
+        }));
+    }
+}

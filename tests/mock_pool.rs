@@ -1,0 +1,187 @@
+//! The pool, proxies and store end to end against the mock factory: real HTTP to in-process
+//! runtimes, real store; counts asserted, never wall-clock times.
+
+use invoker::activation::{ActivationService, InvokeRequest, Invoked};
+use invoker::config::{PoolConfig, ProxyConfig};
+use invoker::factory::mock::{MockCall, MockConfig, MockFactory};
+use invoker::factory::{Epoch, Factory};
+use invoker::metrics::Metrics;
+use invoker::model::{new_activation_id, Action, ActivationRecord, Exec, Limits, Outcome};
+use invoker::pool::actor::{ContainerPool, PoolHandle};
+use invoker::store::{RedbStore, Store};
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+struct Harness {
+    service: ActivationService,
+    mock: MockFactory,
+    _dir: tempfile::TempDir,
+}
+
+fn setup(mock: MockConfig, pool: PoolConfig) -> Harness {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn Store> = Arc::new(RedbStore::open(&dir.path().join("s.redb")).unwrap());
+    let epoch = Epoch(Instant::now());
+    let factory = MockFactory::new(mock, epoch);
+    let metrics = Arc::new(Metrics::default());
+    let pool = ContainerPool::new(
+        Factory::Mock(factory.clone()),
+        epoch,
+        pool,
+        ProxyConfig::default(),
+        "http://127.0.0.1:3233".into(),
+        1024 * 1024,
+        metrics.clone(),
+    );
+    let service = ActivationService::new(store, PoolHandle::start(pool), metrics, 10_000);
+    Harness { service, mock: factory, _dir: dir }
+}
+
+fn action(name: &str, memory: u32) -> Arc<Action> {
+    Arc::new(Action {
+        namespace: "guest".into(),
+        name: name.into(),
+        version: "0.0.1".into(),
+        exec: Exec { kind: "mock".into(), code: Some("noop".into()), main: None, binary: false, image: None },
+        limits: Limits { timeout: 10_000, memory, logs: 10, concurrency: 1 },
+        parameters: vec![],
+        annotations: vec![],
+        publish: false,
+        updated: 0,
+        revision: 1,
+    })
+}
+
+async fn invoke_with_id(h: &Harness, action: &Arc<Action>, params: Value, id: String) -> ActivationRecord {
+    let Value::Object(params) = params else { panic!("params must be an object") };
+    let req = InvokeRequest {
+        action: action.clone(),
+        params,
+        subject: "guest".into(),
+        api_key: None,
+        activation_id: id,
+        transaction_id: "tid".into(),
+        wait: Some(Duration::from_secs(60)),
+    };
+    match h.service.invoke(req).await.unwrap() {
+        Invoked::Done(record) => *record,
+        Invoked::Accepted(id) => panic!("activation {id} did not finish within the blocking wait"),
+    }
+}
+
+async fn invoke(h: &Harness, action: &Arc<Action>, params: Value) -> ActivationRecord {
+    invoke_with_id(h, action, params, new_activation_id()).await
+}
+
+fn creates(h: &Harness) -> usize {
+    h.mock.count(|c| matches!(c, MockCall::Create(_)))
+}
+
+#[actix_rt::test]
+async fn sequential_activations_of_one_action_use_one_container() {
+    let h = setup(MockConfig::default(), PoolConfig::default());
+    let a = action("seq", 256);
+    for i in 0..100 {
+        let record = invoke(&h, &a, json!({ "i": i })).await;
+        assert_eq!(record.outcome(), Outcome::Success, "{record:?}");
+        assert_eq!(record.response.result["echo"]["i"], json!(i));
+    }
+    assert_eq!(creates(&h), 1);
+}
+
+#[actix_rt::test]
+async fn a_herd_of_cold_activations_starts_fewer_containers_than_requests() {
+    let mock = MockConfig {
+        nodes: vec![("n".into(), 100_000)],
+        start_latency: Duration::from_millis(200),
+        run_latency: Duration::from_millis(50),
+        ..MockConfig::default()
+    };
+    let pool = PoolConfig { max_starts_per_action: 4, ..PoolConfig::default() };
+    let h = setup(mock, pool);
+    let a = action("herd", 256);
+    let calls = (0..50).map(|_| invoke(&h, &a, json!({})));
+    let records = futures_util::future::join_all(calls).await;
+    assert!(records.iter().all(|r| r.outcome() == Outcome::Success));
+    let started = creates(&h);
+    assert!(started < 50, "{started} containers for 50 requests");
+    assert!(h.mock.max_alive() <= 50);
+}
+
+#[actix_rt::test]
+async fn ten_actions_share_memory_for_four_containers_and_all_complete() {
+    let mock = MockConfig {
+        nodes: vec![("n".into(), 4 * 256)],
+        start_latency: Duration::from_millis(100),
+        run_latency: Duration::from_millis(50),
+        ..MockConfig::default()
+    };
+    // Deadline well above 3 x (start + run).
+    let pool = PoolConfig { wait_deadline: Duration::from_secs(20), ..PoolConfig::default() };
+    let h = setup(mock, pool);
+    let actions: Vec<_> = (0..10).map(|i| action(&format!("a{i}"), 256)).collect();
+    let calls = actions.iter().flat_map(|a| (0..3).map(move |_| a)).map(|a| invoke(&h, a, json!({})));
+    let records = futures_util::future::join_all(calls).await;
+    assert_eq!(records.len(), 30);
+    assert!(records.iter().all(|r| r.outcome() == Outcome::Success), "{records:?}");
+    assert!(h.mock.max_alive() <= 4, "{} containers alive at once", h.mock.max_alive());
+    assert_eq!(h.mock.count(|c| matches!(c, MockCall::Refused(_))), 0);
+}
+
+#[actix_rt::test]
+async fn a_factory_that_fails_every_create_gives_status_3_records_without_hanging() {
+    let mock = MockConfig { fail_creates: true, ..MockConfig::default() };
+    let h = setup(mock, PoolConfig::default());
+    let a = action("broken", 256);
+    let calls = (0..10).map(|_| invoke(&h, &a, json!({})));
+    let records = futures_util::future::join_all(calls).await;
+    for r in &records {
+        assert_eq!(r.response.status_code, 3, "{r:?}");
+        assert_eq!(r.annotation("rejected"), Some(&json!("create_failed")));
+        let stored = h.service.store().get_activation(&r.activation_id).unwrap().unwrap();
+        assert_eq!(stored.response.status_code, 3);
+    }
+}
+
+#[actix_rt::test]
+async fn a_repeated_activation_id_runs_once() {
+    let h = setup(MockConfig::default(), PoolConfig::default());
+    let a = action("once", 256);
+    let id = new_activation_id();
+    let first = invoke_with_id(&h, &a, json!({ "n": 1 }), id.clone()).await;
+    let second = invoke_with_id(&h, &a, json!({ "n": 2 }), id.clone()).await;
+    assert_eq!(first, second);
+    let runs = h.service.metrics().render();
+    assert!(runs.contains("invoker_activations_total{status=\"success\"} 1"), "{runs}");
+}
+
+#[actix_rt::test]
+async fn application_errors_keep_the_container_and_crashes_replace_it() {
+    let h = setup(MockConfig::default(), PoolConfig::default());
+    let a = action("errs", 256);
+    let r = invoke(&h, &a, json!({ "error": "bad input" })).await;
+    assert_eq!(r.outcome(), Outcome::ApplicationError);
+    let r = invoke(&h, &a, json!({})).await;
+    assert_eq!(r.outcome(), Outcome::Success);
+    assert_eq!(creates(&h), 1);
+    let r = invoke(&h, &a, json!({ "crash": true })).await;
+    assert_eq!(r.outcome(), Outcome::DeveloperError, "{r:?}");
+    let r = invoke(&h, &a, json!({})).await;
+    assert_eq!(r.outcome(), Outcome::Success);
+    assert_eq!(creates(&h), 2, "a crashed container is replaced, never reused");
+}
+
+#[actix_rt::test]
+async fn a_run_past_its_timeout_is_a_developer_error_and_the_container_is_replaced() {
+    let h = setup(MockConfig::default(), PoolConfig::default());
+    let mut a = (*action("slow", 256)).clone();
+    a.limits.timeout = 200;
+    let a = Arc::new(a);
+    let r = invoke(&h, &a, json!({ "sleep_ms": 2_000 })).await;
+    assert_eq!(r.outcome(), Outcome::DeveloperError);
+    assert_eq!(r.annotation("timeout"), Some(&json!(true)));
+    let r = invoke(&h, &a, json!({})).await;
+    assert_eq!(r.outcome(), Outcome::Success);
+    assert_eq!(creates(&h), 2);
+}
