@@ -7,6 +7,7 @@
 #![forbid(unsafe_code)]
 
 pub mod activation;
+pub mod api;
 pub mod config;
 pub mod factory;
 pub mod metrics;

@@ -1,1 +1,127 @@
-fn main() {}
+//! `invoker`: runs the invoker on its embedded default (`config/default.toml`).
+
+use anyhow::Context as _;
+use clap::Parser;
+use invoker::activation::ActivationService;
+use invoker::api::{routes, AppState};
+use invoker::config::{Config, FactoryKind};
+use invoker::factory::mock::{MockConfig, MockFactory};
+use invoker::factory::process::ProcessFactory;
+use invoker::factory::{Epoch, Factory};
+use invoker::metrics::Metrics;
+use invoker::pool::actor::{ContainerPool, PoolHandle};
+use invoker::store::{RedbStore, Store};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+#[derive(Parser)]
+#[command(version, about = "A serverless invoker speaking OpenWhisk's protocols")]
+struct Cli {
+    /// The configuration file.
+    #[arg(long, env = "INVOKER_CONFIG", default_value = "config/default.toml")]
+    config: PathBuf,
+    /// Address to listen on (overrides the file); port 0 picks a free one.
+    #[arg(long, env = "INVOKER_LISTEN")]
+    listen: Option<SocketAddr>,
+    /// Directory for the store and process records (overrides the file).
+    #[arg(long, env = "INVOKER_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let mut config = Config::from_file(&cli.config)?;
+    if let Some(listen) = cli.listen {
+        config.listen = listen;
+    }
+    if let Some(dir) = cli.data_dir {
+        config.data_dir = dir;
+    }
+    if let Ok(key) = std::env::var("INVOKER_GUEST_KEY") {
+        config.namespaces.insert("guest".into(), key);
+    }
+    config.validate()?;
+    actix_web::rt::System::new().block_on(serve(config))
+}
+
+async fn serve(config: Config) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&config.data_dir).with_context(|| format!("data_dir {}", config.data_dir.display()))?;
+    let store = RedbStore::open(&config.data_dir.join("invoker.redb"))?;
+    let recovered = store.recover_unfinished(invoker::model::epoch_ms())?;
+    if recovered > 0 {
+        tracing::warn!(recovered, "activations left unfinished by an earlier run got whisk-error records");
+    }
+    let store: Arc<dyn Store> = Arc::new(store);
+    let epoch = Epoch(Instant::now());
+    let factory = match config.factory.kind {
+        FactoryKind::Process => Factory::Process(ProcessFactory::new(&config, epoch)?),
+        FactoryKind::Mock => Factory::Mock(MockFactory::new(MockConfig::default(), epoch)),
+    };
+    tracing::info!("{}", factory.describe());
+    let metrics = Arc::new(Metrics::default());
+    let listener = std::net::TcpListener::bind(config.listen).with_context(|| format!("listen {}", config.listen))?;
+    let addr = listener.local_addr()?;
+    let pool = PoolHandle::start(ContainerPool::new(
+        factory.clone(),
+        epoch,
+        config.pool.clone(),
+        config.proxy.clone(),
+        format!("http://{addr}"),
+        config.limits.payload_max_bytes,
+        metrics.clone(),
+    ));
+    let service = ActivationService::new(store.clone(), pool.clone(), metrics, config.limits.namespace_concurrent);
+    let config = Arc::new(config);
+    let state = actix_web::web::Data::new(AppState::new(service.clone(), config.clone()));
+    let body_limit = config.limits.code_max_bytes.max(config.limits.payload_max_bytes);
+    let server = actix_web::HttpServer::new(move || {
+        actix_web::App::new()
+            .app_data(state.clone())
+            .app_data(actix_web::web::PayloadConfig::new(body_limit))
+            .configure(routes)
+    })
+    .disable_signals()
+    .listen(listener)?
+    .run();
+    let handle = server.handle();
+    if let Some(key) = config.namespaces.get("guest") {
+        println!("guest auth: {key}");
+    }
+    println!("listening on {addr}");
+    let retention = config.record_retention;
+    let expiry_store = store.clone();
+    actix_web::rt::spawn(async move {
+        loop {
+            let cutoff = invoker::model::epoch_ms().saturating_sub(retention.as_millis() as u64);
+            let s = expiry_store.clone();
+            let _ = tokio::task::spawn_blocking(move || s.expire(cutoff)).await;
+            tokio::time::sleep(std::time::Duration::from_secs(3600)).await;
+        }
+    });
+    let server_task = actix_web::rt::spawn(server);
+
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = term.recv() => {},
+        _ = tokio::signal::ctrl_c() => {},
+    }
+    tracing::info!("draining: new work gets 503, running work has {:?} to finish", config.shutdown_grace);
+    service.set_draining();
+    if tokio::time::timeout(config.shutdown_grace, pool.drain()).await.is_err() {
+        tracing::warn!("the grace period passed with work still running");
+    }
+    factory.destroy_all().await;
+    handle.stop(true).await;
+    let _ = server_task.await;
+    let unfinished = store.recover_unfinished(invoker::model::epoch_ms())?;
+    if unfinished > 0 {
+        tracing::warn!(unfinished, "activations that could not finish got whisk-error records");
+    }
+    Ok(())
+}

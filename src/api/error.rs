@@ -1,0 +1,75 @@
+//! The one place errors become HTTP statuses. Bodies are OpenWhisk's `{"error", "code"}`.
+
+use crate::activation::IntakeError;
+use crate::store::StoreError;
+use actix_web::http::StatusCode;
+use actix_web::{HttpResponse, ResponseError};
+use serde_json::json;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("the request is not authorized")]
+    Unauthorized,
+    #[error("the supplied authentication is not authorized to access '{0}'")]
+    Forbidden(String),
+    #[error("the requested resource does not exist")]
+    NotFound,
+    #[error("{0}")]
+    Conflict(String),
+    #[error("the request content exceeds {0} bytes")]
+    TooLarge(usize),
+    #[error("{0}")]
+    TooMany(String),
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::ActionExists(path) => ApiError::Conflict(format!("resource {path} already exists")),
+            other => ApiError::Internal(other.to_string()),
+        }
+    }
+}
+
+impl From<IntakeError> for ApiError {
+    fn from(e: IntakeError) -> Self {
+        match e {
+            IntakeError::NamespaceLimit { .. } => ApiError::TooMany(e.to_string()),
+            IntakeError::Draining => ApiError::Unavailable(e.to_string()),
+            IntakeError::Store(s) => s.into(),
+        }
+    }
+}
+
+impl ResponseError for ApiError {
+    fn status_code(&self) -> StatusCode {
+        match self {
+            ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
+            ApiError::NotFound => StatusCode::NOT_FOUND,
+            ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::TooMany(_) => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        let mut response = HttpResponse::build(self.status_code());
+        if matches!(self, ApiError::Unavailable(_) | ApiError::TooMany(_)) {
+            response.insert_header(("Retry-After", "1"));
+        }
+        if matches!(self, ApiError::Unauthorized) {
+            response.insert_header(("WWW-Authenticate", "Basic realm=\"invoker\""));
+        }
+        response.json(json!({ "error": self.to_string(), "code": crate::model::new_activation_id() }))
+    }
+}
