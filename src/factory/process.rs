@@ -20,7 +20,7 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt as _, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::watch;
 
@@ -274,4 +274,3 @@ fn spawn_reader(stream: Option<impl AsyncRead + Unpin + Send + 'static>, which: 
     });
 }
 
-use tokio::io::AsyncReadExt as _;
