@@ -273,4 +273,3 @@ fn spawn_reader(stream: Option<impl AsyncRead + Unpin + Send + 'static>, which: 
         }
     });
 }
-
