@@ -14,4 +14,5 @@ pub mod metrics;
 pub mod model;
 pub mod pool;
 pub mod proxy;
+pub mod runtime;
 pub mod store;

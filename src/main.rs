@@ -1,4 +1,5 @@
-//! `invoker`: runs the invoker on its embedded default (`config/default.toml`).
+//! `invoker`: runs the invoker on its embedded default (`config/default.toml`);
+//! `invoker action-runtime` is the action runtime the process factory starts per container.
 
 use anyhow::Context as _;
 use clap::Parser;
@@ -10,6 +11,7 @@ use invoker::factory::process::ProcessFactory;
 use invoker::factory::{Epoch, Factory};
 use invoker::metrics::Metrics;
 use invoker::pool::actor::{ContainerPool, PoolHandle};
+use invoker::runtime::{Launcher, Listen, RuntimeOptions};
 use invoker::store::{RedbStore, Store};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -17,8 +19,14 @@ use std::sync::Arc;
 use std::time::Instant;
 
 #[derive(Parser)]
-#[command(version, about = "A serverless invoker speaking OpenWhisk's protocols")]
+#[command(
+    version,
+    about = "A serverless invoker speaking OpenWhisk's protocols",
+    args_conflicts_with_subcommands = true
+)]
 struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
     /// The configuration file.
     #[arg(long, env = "INVOKER_CONFIG", default_value = "config/default.toml")]
     config: PathBuf,
@@ -30,12 +38,35 @@ struct Cli {
     data_dir: Option<PathBuf>,
 }
 
+#[derive(clap::Subcommand)]
+enum Command {
+    /// Serve the OpenWhisk action runtime protocol (/init, /run) for one container.
+    ActionRuntime {
+        /// ADDR:PORT or unix:PATH.
+        #[arg(long)]
+        listen: Listen,
+        #[arg(long, value_enum)]
+        launcher: Launcher,
+        /// Where the action's code goes (a temporary directory when not given).
+        #[arg(long, env = "INVOKER_WORK_DIR")]
+        work_dir: Option<PathBuf>,
+        /// Exit when this process (the invoker) dies.
+        #[arg(long, env = "INVOKER_PARENT_PID")]
+        parent_pid: Option<i32>,
+    },
+}
+
 fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    if let Some(Command::ActionRuntime { listen, launcher, work_dir, parent_pid }) = cli.command {
+        // No tracing here: the runtime's stdout and stderr are the action's logs.
+        invoker::runtime::run(RuntimeOptions { listen, launcher, work_dir, parent_pid })?;
+        return Ok(());
+    }
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
     let mut config = Config::from_file(&cli.config)?;
     if let Some(listen) = cli.listen {
         config.listen = listen;

@@ -124,6 +124,7 @@ impl ProcessFactory {
             .env("INVOKER_ID", &self.inner.invoker_id)
             .env("INVOKER_CONTAINER", spec.id.0.to_string())
             .env("INVOKER_PARENT_PID", std::process::id().to_string())
+            .env("INVOKER_WORK_DIR", self.work_dir(spec.id))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -201,7 +202,13 @@ impl ProcessFactory {
             cg.remove(id).await;
         }
         let _ = std::fs::remove_file(self.pid_file(id));
+        let _ = tokio::fs::remove_dir_all(self.work_dir(id)).await;
         self.observe();
+    }
+
+    /// Where the container's runtime writes the action's code.
+    fn work_dir(&self, id: ContainerId) -> PathBuf {
+        self.inner.pid_dir.join(format!("{}.work", id.0))
     }
 
     fn pid_file(&self, id: ContainerId) -> PathBuf {
@@ -216,6 +223,10 @@ impl ProcessFactory {
         let mut killed = 0;
         for entry in entries.flatten() {
             let path = entry.path();
+            if path.is_dir() {
+                let _ = std::fs::remove_dir_all(&path);
+                continue;
+            }
             let pid = std::fs::read_to_string(&path).ok().and_then(|s| s.trim().parse::<i32>().ok());
             if let Some(pid) = pid {
                 let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();

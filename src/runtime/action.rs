@@ -1,0 +1,197 @@
+//! The action process behind a runtime: one long-lived child per container, spoken to with the
+//! actionloop protocol (one JSON line in on stdin, one result line out on fd 3), so that a warm
+//! `/run` starts no process.
+
+use super::Launcher;
+use command_fds::{CommandFdExt, FdMapping};
+use serde::de::IgnoredAny;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, ChildStdin, Command};
+
+/// Longest result line read from fd 3; a longer one is refused rather than buffered.
+const MAX_RESULT_BYTES: u64 = 64 * 1024 * 1024;
+
+/// How long a launcher may take to load the action and acknowledge it.
+const ACK_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// How long a native executable must survive to count as started (as OpenWhisk's Go proxy).
+const NATIVE_SURVIVAL: Duration = Duration::from_millis(5);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ActionError {
+    #[error("{0}")]
+    Init(String),
+    #[error("the action process exited unexpectedly{0}")]
+    Exited(String),
+    #[error("The action did not return a dictionary or array.")]
+    NotAnObject,
+    #[error("the action's result is larger than {MAX_RESULT_BYTES} bytes")]
+    TooLarge,
+    #[error("talking to the action process failed: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// What `/init` gave: the code and how to start it.
+#[derive(Debug)]
+pub struct InitSpec {
+    pub main: String,
+    pub code: Vec<u8>,
+    pub binary: bool,
+    pub env: BTreeMap<String, String>,
+}
+
+pub struct ActionProcess {
+    child: Child,
+    stdin: ChildStdin,
+    results: BufReader<tokio::net::unix::pipe::Receiver>,
+}
+
+impl ActionProcess {
+    /// Writes the action into `work`, starts its launcher and waits for it to load the action.
+    pub async fn start(launcher: Launcher, work: &Path, spec: InitSpec) -> Result<Self, ActionError> {
+        let program = write_action(launcher, work, &spec)?;
+        let (writer, results) = tokio::net::unix::pipe::pipe()?;
+        let mut cmd = Command::new(&program[0]);
+        cmd.args(&program[1..])
+            .current_dir(work)
+            .envs(&spec.env)
+            .env("__OW_EXECUTION_ENV", launcher.name())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::inherit())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true);
+        cmd.fd_mappings(vec![FdMapping { parent_fd: writer.into_blocking_fd()?, child_fd: 3 }])
+            .map_err(|e| ActionError::Init(format!("fd 3: {e}")))?;
+        let mut child = cmd.spawn().map_err(|e| ActionError::Init(format!("could not start {}: {e}", program[0])))?;
+        // The parent's copy of the write end must close, or EOF never comes when the child dies.
+        drop(cmd);
+        let stdin = child.stdin.take().ok_or_else(|| ActionError::Init("no stdin".into()))?;
+        let mut process = ActionProcess { child, stdin, results: BufReader::new(results) };
+        if launcher == Launcher::Native {
+            tokio::time::sleep(NATIVE_SURVIVAL).await;
+            if let Some(status) = process.child.try_wait()? {
+                return Err(ActionError::Init(format!("the executable exited at once ({status})")));
+            }
+            return Ok(process);
+        }
+        let ack = tokio::time::timeout(ACK_TIMEOUT, process.read_line()).await;
+        let ack = ack.map_err(|_| ActionError::Init(format!("the action did not load within {ACK_TIMEOUT:?}")))?;
+        match ack {
+            Ok(line) => match serde_json::from_slice::<serde_json::Value>(&line) {
+                Ok(v) if v.get("ok") == Some(&serde_json::Value::Bool(true)) => Ok(process),
+                Ok(v) => Err(ActionError::Init(
+                    v.get("error").and_then(|e| e.as_str()).map(str::to_owned).unwrap_or_else(|| v.to_string()),
+                )),
+                Err(_) => Err(ActionError::Init("the launcher's acknowledgement is not JSON".into())),
+            },
+            Err(ActionError::Exited(status)) => {
+                Err(ActionError::Init(format!("the action exited while loading{status}")))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Sends one `/run` body (already one line of JSON) and returns the result line, checked to
+    /// be a JSON object or array but otherwise passed through untouched.
+    pub async fn run(&mut self, line: &[u8]) -> Result<Vec<u8>, ActionError> {
+        if let Err(e) = self.send(line).await {
+            return Err(self.exited().await.unwrap_or(ActionError::Io(e)));
+        }
+        let result = self.read_line().await?;
+        let first = result.iter().find(|b| !b.is_ascii_whitespace());
+        if !matches!(first, Some(b'{' | b'[')) || serde_json::from_slice::<IgnoredAny>(&result).is_err() {
+            return Err(ActionError::NotAnObject);
+        }
+        Ok(result)
+    }
+
+    async fn send(&mut self, line: &[u8]) -> std::io::Result<()> {
+        self.stdin.write_all(line).await?;
+        self.stdin.write_all(b"\n").await?;
+        self.stdin.flush().await
+    }
+
+    async fn read_line(&mut self) -> Result<Vec<u8>, ActionError> {
+        let mut line = Vec::new();
+        let n = (&mut self.results).take(MAX_RESULT_BYTES + 1).read_until(b'\n', &mut line).await?;
+        if n == 0 {
+            return Err(self.exited().await.unwrap_or(ActionError::Exited(String::new())));
+        }
+        if line.last() != Some(&b'\n') && n as u64 > MAX_RESULT_BYTES {
+            return Err(ActionError::TooLarge);
+        }
+        while matches!(line.last(), Some(b'\n' | b'\r')) {
+            line.pop();
+        }
+        Ok(line)
+    }
+
+    async fn exited(&mut self) -> Option<ActionError> {
+        let status = tokio::time::timeout(Duration::from_millis(500), self.child.wait()).await.ok()?.ok()?;
+        Some(ActionError::Exited(format!(" ({status})")))
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.start_kill();
+    }
+}
+
+/// Writes the code where the launcher expects it and returns the command that runs it.
+fn write_action(launcher: Launcher, work: &Path, spec: &InitSpec) -> Result<Vec<String>, ActionError> {
+    let io = |what: &str, e: std::io::Error| ActionError::Init(format!("{what}: {e}"));
+    std::fs::create_dir_all(work).map_err(|e| io("work directory", e))?;
+    let path = |name: &str| -> PathBuf { work.join(name) };
+    let text = || String::from_utf8(spec.code.clone()).map_err(|_| ActionError::Init("code is not UTF-8".into()));
+    match launcher {
+        Launcher::Python => {
+            if spec.binary {
+                extract_zip(&spec.code, work)?;
+                if !path("__main__.py").exists() {
+                    return Err(ActionError::Init("the zip file has no __main__.py".into()));
+                }
+            } else {
+                std::fs::write(path("__main__.py"), text()?).map_err(|e| io("__main__.py", e))?;
+            }
+            std::fs::write(path(".launcher.py"), super::launchers::PYTHON).map_err(|e| io("launcher", e))?;
+            Ok(vec!["python3".into(), "-u".into(), ".launcher.py".into(), spec.main.clone()])
+        }
+        Launcher::Nodejs => {
+            if spec.binary {
+                return Err(ActionError::Init(
+                    "binary (zip) actions are not supported for nodejs; send the code as text".into(),
+                ));
+            }
+            std::fs::write(path("index.js"), text()?).map_err(|e| io("index.js", e))?;
+            std::fs::write(path(".launcher.js"), super::launchers::NODEJS).map_err(|e| io("launcher", e))?;
+            Ok(vec!["node".into(), ".launcher.js".into(), spec.main.clone()])
+        }
+        Launcher::Native => {
+            let exec = path("exec");
+            std::fs::write(&exec, &spec.code).map_err(|e| io("exec", e))?;
+            use std::os::unix::fs::PermissionsExt as _;
+            std::fs::set_permissions(&exec, std::fs::Permissions::from_mode(0o755)).map_err(|e| io("exec", e))?;
+            Ok(vec![exec.to_string_lossy().into_owned()])
+        }
+    }
+}
+
+/// Extracts a python zip action with python's own zipfile (no zip crate for one rare path).
+fn extract_zip(bytes: &[u8], work: &Path) -> Result<(), ActionError> {
+    let zip = work.join(".action.zip");
+    std::fs::write(&zip, bytes).map_err(|e| ActionError::Init(format!("action.zip: {e}")))?;
+    let status = std::process::Command::new("python3")
+        .args(["-c", "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])"])
+        .arg(&zip)
+        .arg(work)
+        .stdout(Stdio::null())
+        .status()
+        .map_err(|e| ActionError::Init(format!("python3: {e}")))?;
+    if !status.success() {
+        return Err(ActionError::Init("the code is not a valid zip file".into()));
+    }
+    Ok(())
+}

@@ -1,0 +1,62 @@
+// The nodejs launcher of the invoker's action runtime (actionloop protocol).
+// argv: [node, launcher.js, main]. The action is index.js in the working directory: a plain
+// `function main(params)` or `exports.main`/`module.exports`. Writes {"ok":true} on fd 3 once
+// loaded, then one result line per stdin line; a returned Promise is awaited. Writes to pipes
+// are synchronous on Linux, so the action's output precedes the runtime's sentinels.
+'use strict';
+const fs = require('fs');
+const path = require('path');
+const readline = require('readline');
+
+function reply(obj) {
+  fs.writeSync(3, JSON.stringify(obj) + '\n');
+}
+
+function load(entry) {
+  const file = path.resolve('index.js');
+  const source = fs.readFileSync(file, 'utf8');
+  const module = { exports: {} };
+  const wrapped = new Function('exports', 'require', 'module', '__filename', '__dirname',
+    source + '\n;return typeof ' + entry + " === 'function' ? " + entry + ' : undefined;');
+  const local = wrapped(module.exports, require, module, file, path.dirname(file));
+  const fn = local || module.exports[entry] || (typeof module.exports === 'function' ? module.exports : undefined);
+  if (typeof fn !== 'function') throw new Error("the action has no function named '" + entry + "'");
+  return fn;
+}
+
+let main;
+try {
+  main = load(process.argv[2] || 'main');
+} catch (err) {
+  console.error(err && err.stack ? err.stack : String(err));
+  reply({ error: 'Initialization failed: ' + String(err) });
+  process.exit(1);
+}
+reply({ ok: true });
+
+const input = readline.createInterface({ input: process.stdin, terminal: false });
+let queue = Promise.resolve();
+input.on('line', (line) => {
+  queue = queue.then(async () => {
+    let result;
+    try {
+      const message = JSON.parse(line);
+      for (const [key, value] of Object.entries(message)) {
+        if (key !== 'value' && typeof value === 'string') process.env['__OW_' + key.toUpperCase()] = value;
+      }
+      result = await main(message.value || {});
+      if (result === null || typeof result !== 'object') {
+        result = { error: 'The action did not return a dictionary or array.' };
+      }
+    } catch (err) {
+      console.error(err && err.stack ? err.stack : String(err));
+      result = { error: String(err && err.message ? err.message : err) };
+    }
+    try {
+      reply(result);
+    } catch (err) {
+      reply({ error: "The action's result is not JSON: " + String(err) });
+    }
+  });
+});
+input.on('close', () => queue.then(() => process.exit(0)));

@@ -1,0 +1,327 @@
+//! The project's own action runtime, `invoker action-runtime`: speaks the OpenWhisk runtime
+//! protocol (`POST /init` once, then `POST /run`) on the address or unix socket it is given,
+//! and runs the action as one long-lived child through the actionloop protocol.
+//!
+//! It writes nothing of its own to stdout or stderr but the sentinels (and an init failure):
+//! both streams are the action's logs.
+
+mod action;
+
+use action::{ActionError, ActionProcess, InitSpec};
+use actix_web::{web, HttpResponse};
+use base64::Engine as _;
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+use std::collections::BTreeMap;
+use std::io::Write as _;
+#[cfg(test)]
+use std::path::Path;
+use std::path::PathBuf;
+use std::time::Duration;
+use tokio::sync::Mutex;
+
+pub use crate::factory::logs::SENTINEL;
+
+/// The largest `/init` or `/run` body accepted (code up to OpenWhisk's 48 MB, base64-encoded).
+const MAX_BODY: usize = 72 * 1024 * 1024;
+
+/// How often the runtime checks that the invoker that started it is still alive.
+const PARENT_CHECK: Duration = Duration::from_millis(200);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Launcher {
+    Python,
+    Nodejs,
+    Native,
+}
+
+impl Launcher {
+    fn name(self) -> &'static str {
+        match self {
+            Launcher::Python => "python",
+            Launcher::Nodejs => "nodejs",
+            Launcher::Native => "native",
+        }
+    }
+}
+
+mod launchers {
+    pub const PYTHON: &str = include_str!("launchers/python.py");
+    pub const NODEJS: &str = include_str!("launchers/nodejs.js");
+}
+
+/// Where the runtime listens: `127.0.0.1:PORT`, or `unix:/path/to.sock`.
+#[derive(Clone, Debug)]
+pub enum Listen {
+    Tcp(std::net::SocketAddr),
+    Unix(PathBuf),
+}
+
+impl std::str::FromStr for Listen {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.strip_prefix("unix:") {
+            Some(path) if !path.is_empty() => Ok(Listen::Unix(path.into())),
+            Some(_) => Err("unix: needs a socket path".into()),
+            None => s.parse().map(Listen::Tcp).map_err(|e| format!("'{s}' is not ADDR:PORT or unix:PATH: {e}")),
+        }
+    }
+}
+
+impl std::fmt::Display for Listen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Listen::Tcp(addr) => write!(f, "{addr}"),
+            Listen::Unix(path) => write!(f, "unix:{}", path.display()),
+        }
+    }
+}
+
+pub struct RuntimeOptions {
+    pub listen: Listen,
+    pub launcher: Launcher,
+    /// Where the action's code is written; a fresh temporary directory when not given.
+    pub work_dir: Option<PathBuf>,
+    /// The invoker's pid: when it dies, the runtime and its action exit too.
+    pub parent_pid: Option<i32>,
+}
+
+struct Runtime {
+    launcher: Launcher,
+    work: PathBuf,
+    /// The action process; runs are serialised through it, as in OpenWhisk's actionloop.
+    action: Mutex<Slot>,
+}
+
+enum Slot {
+    Empty,
+    Ready(Box<ActionProcess>),
+    /// The action process exited; every later run fails the same way.
+    Dead(String),
+}
+
+/// Runs the runtime until it is killed or its invoker dies.
+pub fn run(options: RuntimeOptions) -> std::io::Result<()> {
+    let (work, _temp) = match &options.work_dir {
+        Some(dir) => (dir.clone(), None),
+        None => {
+            let temp = tempfile::Builder::new().prefix("invoker-action-").tempdir()?;
+            (temp.path().to_path_buf(), Some(temp))
+        }
+    };
+    let runtime =
+        web::Data::new(Runtime { launcher: options.launcher, work: work.clone(), action: Mutex::new(Slot::Empty) });
+    let system = actix_web::rt::System::new();
+    let result = system.block_on(async {
+        if let Some(pid) = options.parent_pid {
+            actix_web::rt::spawn(exit_with_parent(pid, runtime.clone()));
+        }
+        let data = runtime.clone();
+        let server = actix_web::HttpServer::new(move || {
+            actix_web::App::new()
+                .app_data(data.clone())
+                .app_data(web::PayloadConfig::new(MAX_BODY))
+                .route("/init", web::post().to(init))
+                .route("/run", web::post().to(run_action))
+        })
+        .workers(1)
+        .disable_signals();
+        let server = match &options.listen {
+            Listen::Tcp(addr) => server.bind(addr)?,
+            Listen::Unix(path) => {
+                let _ = std::fs::remove_file(path);
+                server.bind_uds(path)?
+            }
+        };
+        server.run().await
+    });
+    if let Ok(mut slot) = runtime.action.try_lock() {
+        if let Slot::Ready(process) = &mut *slot {
+            process.kill();
+        }
+    }
+    if options.work_dir.is_some() {
+        let _ = std::fs::remove_dir_all(&work);
+    }
+    result
+}
+
+/// Polls for the invoker: a runtime outliving it (SIGKILL) would be an orphan.
+async fn exit_with_parent(pid: i32, runtime: web::Data<Runtime>) {
+    let parent = nix::unistd::Pid::from_raw(pid);
+    let first_ppid = nix::unistd::getppid();
+    loop {
+        tokio::time::sleep(PARENT_CHECK).await;
+        let gone = nix::sys::signal::kill(parent, None) == Err(nix::errno::Errno::ESRCH);
+        if gone || nix::unistd::getppid() != first_ppid {
+            if let Ok(mut slot) = runtime.action.try_lock() {
+                if let Slot::Ready(process) = &mut *slot {
+                    process.kill();
+                }
+            }
+            let _ = std::fs::remove_dir_all(&runtime.work);
+            std::process::exit(0);
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct InitBody {
+    value: InitValue,
+}
+
+#[derive(Deserialize)]
+struct InitValue {
+    #[serde(default)]
+    main: Option<String>,
+    #[serde(default)]
+    code: Option<String>,
+    #[serde(default)]
+    binary: bool,
+    #[serde(default)]
+    env: Map<String, Value>,
+}
+
+fn error(status: actix_web::http::StatusCode, message: impl std::fmt::Display) -> HttpResponse {
+    HttpResponse::build(status).json(json!({ "error": message.to_string() }))
+}
+
+async fn init(runtime: web::Data<Runtime>, body: web::Bytes) -> HttpResponse {
+    use actix_web::http::StatusCode;
+    let mut slot = runtime.action.lock().await;
+    if !matches!(*slot, Slot::Empty) {
+        return error(StatusCode::FORBIDDEN, "Cannot initialize the action more than once.");
+    }
+    let body: InitBody = match serde_json::from_slice(&body) {
+        Ok(b) => b,
+        Err(e) => return error(StatusCode::BAD_REQUEST, format!("the /init body is not valid: {e}")),
+    };
+    let spec = match init_spec(body.value) {
+        Ok(spec) => spec,
+        Err(message) => return error(StatusCode::FORBIDDEN, message),
+    };
+    match ActionProcess::start(runtime.launcher, &runtime.work, spec).await {
+        Ok(process) => {
+            *slot = Slot::Ready(Box::new(process));
+            HttpResponse::Ok().json(json!({ "ok": true }))
+        }
+        Err(e) => {
+            // As OpenWhisk's OW_LOG_INIT_ERROR: the reason goes to the logs, then the sentinels.
+            eprintln!("{e}");
+            write_sentinels();
+            error(StatusCode::BAD_GATEWAY, e)
+        }
+    }
+}
+
+fn init_spec(value: InitValue) -> Result<InitSpec, String> {
+    let code = value.code.unwrap_or_default();
+    if code.is_empty() {
+        return Err("Missing main/no code to execute.".into());
+    }
+    let main = value.main.filter(|m| !m.is_empty()).unwrap_or_else(|| "main".into());
+    let identifier = main
+        .chars()
+        .enumerate()
+        .all(|(i, c)| c == '_' || c == '$' || c.is_ascii_alphabetic() || (i > 0 && c.is_ascii_digit()));
+    if !identifier {
+        return Err(format!("main '{main}' is not a function name"));
+    }
+    let code = if value.binary {
+        base64::engine::general_purpose::STANDARD
+            .decode(code.trim())
+            .map_err(|e| format!("binary code is not base64: {e}"))?
+    } else {
+        code.into_bytes()
+    };
+    let env: BTreeMap<String, String> = value
+        .env
+        .into_iter()
+        .map(|(k, v)| {
+            let v = match v {
+                Value::String(s) => s,
+                other => other.to_string(),
+            };
+            (k, v)
+        })
+        .collect();
+    Ok(InitSpec { main, code, binary: value.binary, env })
+}
+
+async fn run_action(runtime: web::Data<Runtime>, body: web::Bytes) -> HttpResponse {
+    use actix_web::http::StatusCode;
+    let body: Value = match serde_json::from_slice(&body) {
+        Ok(v @ Value::Object(_)) => v,
+        Ok(_) => return error(StatusCode::BAD_REQUEST, "the /run body must be a JSON object"),
+        Err(e) => return error(StatusCode::BAD_REQUEST, format!("the /run body is not JSON: {e}")),
+    };
+    // Compact serialisation escapes every newline inside strings: the body is one line.
+    let line = serde_json::to_vec(&body).unwrap_or_default();
+    let mut slot = runtime.action.lock().await;
+    let answer = match &mut *slot {
+        Slot::Empty => return error(StatusCode::INTERNAL_SERVER_ERROR, "no action defined yet"),
+        Slot::Dead(reason) => Err(reason.clone()),
+        Slot::Ready(process) => match process.run(&line).await {
+            Ok(result) => Ok(result),
+            Err(e @ ActionError::NotAnObject) => Err(e.to_string()),
+            Err(e) => {
+                let reason = e.to_string();
+                *slot = Slot::Dead(reason.clone());
+                Err(reason)
+            }
+        },
+    };
+    write_sentinels();
+    drop(slot);
+    match answer {
+        Ok(result) => HttpResponse::Ok().content_type("application/json").body(result),
+        Err(reason) => error(StatusCode::BAD_GATEWAY, reason),
+    }
+}
+
+fn write_sentinels() {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{SENTINEL}");
+    let _ = out.flush();
+    let mut err = std::io::stderr().lock();
+    let _ = writeln!(err, "{SENTINEL}");
+    let _ = err.flush();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn value(v: Value) -> InitValue {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn init_needs_code_and_a_function_name() {
+        assert!(init_spec(value(json!({}))).unwrap_err().contains("no code"));
+        assert!(init_spec(value(json!({"code": "x", "main": "a;b"}))).unwrap_err().contains("not a function name"));
+        assert!(init_spec(value(json!({"code": "x", "main": "9a"}))).is_err());
+        assert_eq!(init_spec(value(json!({"code": "x", "main": ""}))).unwrap().main, "main");
+        assert_eq!(init_spec(value(json!({"code": "x", "main": "$handle_1"}))).unwrap().main, "$handle_1");
+    }
+
+    #[test]
+    fn binary_code_is_base64_and_env_values_are_strings() {
+        let spec =
+            init_spec(value(json!({"code": "aGk=", "binary": true, "env": {"A": "s", "B": 3, "C": {"x": true}}})))
+                .unwrap();
+        assert_eq!(spec.code, b"hi");
+        assert_eq!(spec.env["A"], "s");
+        assert_eq!(spec.env["B"], "3");
+        assert_eq!(spec.env["C"], r#"{"x":true}"#);
+        assert!(init_spec(value(json!({"code": "not base64!", "binary": true}))).unwrap_err().contains("base64"));
+    }
+
+    #[test]
+    fn listen_is_an_address_or_a_unix_socket() {
+        assert!(matches!("127.0.0.1:8080".parse::<Listen>(), Ok(Listen::Tcp(_))));
+        assert!(matches!("unix:/tmp/a.sock".parse::<Listen>(), Ok(Listen::Unix(p)) if p == Path::new("/tmp/a.sock")));
+        assert!("unix:".parse::<Listen>().is_err());
+        assert!("localhost".parse::<Listen>().is_err());
+    }
+}
