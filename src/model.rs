@@ -53,6 +53,12 @@ pub struct Action {
 }
 
 impl Action {
+    /// OpenWhisk passes the caller's key to the action only when the `provide-api-key`
+    /// annotation is true (new actions default to false).
+    pub fn provides_api_key(&self) -> bool {
+        self.annotations.iter().any(|a| a.key == "provide-api-key" && a.value == Value::Bool(true))
+    }
+
     pub fn path(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
     }

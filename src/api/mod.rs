@@ -332,13 +332,14 @@ async fn invoke(
         }
     };
     let action = Arc::new(load_action(&state, &ns, &path.1).await?);
+    let api_key = action.provides_api_key().then_some(key);
     let invoked = state
         .service
         .invoke(InvokeRequest {
             action,
             params,
             subject: ns.clone(),
-            api_key: Some(key),
+            api_key,
             activation_id: new_activation_id(),
             transaction_id: new_activation_id(),
             wait: blocking.then_some(wait),
