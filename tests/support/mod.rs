@@ -1,0 +1,160 @@
+//! Runs the real `invoker` binary for end-to-end tests: its own data directory, invoker id and
+//! loopback port, and an HTTP client with the guest key.
+#![allow(dead_code)]
+
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const GUEST: &str =
+    "23bc46b1-71f6-4ed5-8c54-816aa4f8c502:123zO3xZCLrMN6v2BKK1dXYFpXlPkccOFqm12CdAsMgRU4VrNZ9lyGVCGuMDGIwP";
+
+pub struct Invoker {
+    pub child: Child,
+    pub base: String,
+    pub dir: PathBuf,
+    pub invoker_id: String,
+    http: reqwest::Client,
+}
+
+impl Invoker {
+    /// Starts the invoker with `extra` TOML appended to a config naming `invoker_id`.
+    pub fn start(dir: &Path, invoker_id: &str, extra: &str) -> Invoker {
+        let config = dir.join("invoker.toml");
+        std::fs::write(&config, format!("invoker_id = \"{invoker_id}\"\n{extra}")).unwrap();
+        let stderr = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("stderr.log")).unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_invoker"))
+            .arg("--config")
+            .arg(&config)
+            .args(["--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(dir.join("data"))
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut addr = None;
+        for line in lines.by_ref() {
+            let line = line.unwrap();
+            if let Some(a) = line.strip_prefix("listening on ") {
+                addr = Some(a.to_string());
+                break;
+            }
+        }
+        let addr = addr.unwrap_or_else(|| panic!("the invoker did not start: {}", Self::stderr_of(dir)));
+        // Keep draining stdout so the invoker never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        Invoker {
+            child,
+            base: format!("http://{addr}"),
+            dir: dir.to_path_buf(),
+            invoker_id: invoker_id.into(),
+            http: reqwest::Client::new(),
+        }
+    }
+
+    pub fn stderr_of(dir: &Path) -> String {
+        std::fs::read_to_string(dir.join("stderr.log")).unwrap_or_default()
+    }
+
+    pub fn stderr(&self) -> String {
+        Self::stderr_of(&self.dir)
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}/api/v1/namespaces/_/{path}", self.base)
+    }
+
+    pub async fn put_action(&self, name: &str, body: Value) {
+        let r = self.http.put(self.url(&format!("actions/{name}"))).basic_auth_key().json(&body).send().await.unwrap();
+        assert_eq!(r.status(), 200, "create {name}: {}", r.text().await.unwrap());
+    }
+
+    /// Invokes `name` and returns the status and the JSON body.
+    pub async fn invoke(&self, name: &str, query: &str, params: Value) -> (u16, Value) {
+        let url = self.url(&format!("actions/{name}?{query}"));
+        let r = self.http.post(url).basic_auth_key().json(&params).send().await.unwrap();
+        let status = r.status().as_u16();
+        assert!(r.headers().contains_key("x-openwhisk-activation-id"));
+        (status, r.json().await.unwrap())
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, Value) {
+        let r = self.http.get(self.url(path)).basic_auth_key().send().await.unwrap();
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(Value::Null))
+    }
+
+    /// Polls for a record until it exists (bounded).
+    pub async fn record(&self, id: &str) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let (status, body) = self.get(&format!("activations/{id}")).await;
+            if status == 200 {
+                return body;
+            }
+            assert!(Instant::now() < deadline, "no record for {id}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), signal).unwrap();
+    }
+
+    /// Waits (bounded) for the invoker to exit.
+    pub fn wait_exit(&mut self, bound: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + bound;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "the invoker did not exit within {bound:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Invoker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+trait GuestAuth {
+    fn basic_auth_key(self) -> Self;
+}
+
+impl GuestAuth for reqwest::RequestBuilder {
+    fn basic_auth_key(self) -> Self {
+        let (user, pass) = GUEST.split_once(':').unwrap();
+        self.basic_auth(user, Some(pass))
+    }
+}
+
+/// True while `pid` is a live process (a zombie has already stopped running).
+pub fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !matches!(stat.rsplit(')').next().and_then(|s| s.split_whitespace().next()), Some("Z" | "X")),
+        Err(_) => false,
+    }
+}
+
+/// Waits (bounded) until none of `pids` is alive; returns those still alive.
+pub fn wait_gone(pids: &[u32], bound: Duration) -> Vec<u32> {
+    let deadline = Instant::now() + bound;
+    loop {
+        let left: Vec<u32> = pids.iter().copied().filter(|&p| alive(p)).collect();
+        if left.is_empty() || Instant::now() >= deadline {
+            return left;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+pub fn python(code: &str) -> Value {
+    json!({ "exec": { "kind": "python:3", "code": code } })
+}
