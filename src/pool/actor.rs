@@ -237,12 +237,18 @@ impl Actor for ContainerPool {
     fn started(&mut self, ctx: &mut Context<Self>) {
         ctx.set_mailbox_capacity(1024);
         let mut stats = self.factory.stats();
+        // The first snapshot is applied before any message, so the pool never answers as if
+        // it had no nodes.
+        let first = stats.borrow_and_update().clone();
+        for update in first {
+            self.apply(Event::NodeStats(update), ctx);
+        }
         let me = ctx.address();
         ctx.spawn(
             async move {
-                loop {
+                while stats.changed().await.is_ok() {
                     let snapshot = stats.borrow_and_update().clone();
-                    if me.send(StatsChanged(snapshot)).await.is_err() || stats.changed().await.is_err() {
+                    if me.send(StatsChanged(snapshot)).await.is_err() {
                         break;
                     }
                 }
