@@ -4,7 +4,7 @@
 use anyhow::Context as _;
 use clap::Parser;
 use invoker::activation::ActivationService;
-use invoker::api::{routes, AppState};
+use invoker::api::{configure, AppState};
 use invoker::config::{Config, FactoryKind};
 use invoker::factory::mock::{MockConfig, MockFactory};
 use invoker::factory::process::ProcessFactory;
@@ -109,17 +109,11 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     ));
     let service = ActivationService::new(store.clone(), pool.clone(), metrics, config.limits.namespace_concurrent);
     let config = Arc::new(config);
-    let state = actix_web::web::Data::new(AppState::new(service.clone(), config.clone()));
-    let body_limit = config.limits.code_max_bytes.max(config.limits.payload_max_bytes);
-    let server = actix_web::HttpServer::new(move || {
-        actix_web::App::new()
-            .app_data(state.clone())
-            .app_data(actix_web::web::PayloadConfig::new(body_limit))
-            .configure(routes)
-    })
-    .disable_signals()
-    .listen(listener)?
-    .run();
+    let api = configure(actix_web::web::Data::new(AppState::new(service.clone(), config.clone())));
+    let server = actix_web::HttpServer::new(move || actix_web::App::new().configure(api.clone()))
+        .disable_signals()
+        .listen(listener)?
+        .run();
     let handle = server.handle();
     if let Some(key) = config.namespaces.get("guest") {
         println!("guest auth: {key}");

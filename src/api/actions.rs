@@ -1,0 +1,255 @@
+//! Actions: create or update, read, list, delete, and invoke.
+
+use super::error::ApiError;
+use super::{blocking, flag, load_action, page, AppState, PageQuery};
+use crate::activation::{InvokeRequest, Invoked};
+use crate::config::Config;
+use crate::model::{
+    epoch_ms, new_activation_id, validate_entity_name, Action, ActivationRecord, Exec, KeyValue, Limits, Outcome,
+};
+use crate::pool::actor::REJECTED;
+use actix_web::{web, HttpRequest, HttpResponse, HttpResponseBuilder};
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+use std::sync::Arc;
+use std::time::Duration;
+
+pub(super) async fn list(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<String>,
+    q: web::Query<PageQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let (ns, _) = state.namespace(&req, &path)?;
+    let (skip, limit) = page(&q)?;
+    let store = state.service.store().clone();
+    let actions = blocking(move || store.list_actions(&ns, skip, limit)).await??;
+    Ok(HttpResponse::Ok().json(actions.iter().map(action_json).collect::<Vec<_>>()))
+}
+
+fn action_json(a: &Action) -> Value {
+    json!({
+        "namespace": a.namespace, "name": a.name, "version": a.version, "exec": a.exec,
+        "limits": a.limits, "parameters": a.parameters, "annotations": a.annotations,
+        "publish": a.publish, "updated": a.updated,
+    })
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ActionPut {
+    exec: Option<Exec>,
+    limits: Option<LimitsPut>,
+    #[serde(default)]
+    parameters: Vec<KeyValue>,
+    #[serde(default)]
+    annotations: Vec<KeyValue>,
+    #[serde(default)]
+    publish: bool,
+    #[serde(default)]
+    #[allow(dead_code)]
+    namespace: Option<String>,
+    #[serde(default)]
+    #[allow(dead_code)]
+    name: Option<String>,
+    #[serde(default)]
+    #[allow(dead_code)]
+    version: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LimitsPut {
+    timeout: Option<u64>,
+    memory: Option<u32>,
+    logs: Option<u32>,
+    concurrency: Option<u32>,
+}
+
+fn validate_action(config: &Config, put: ActionPut, ns: &str, name: &str) -> Result<Action, ApiError> {
+    let bad = |m: String| ApiError::BadRequest(m);
+    let exec = put.exec.ok_or_else(|| bad("exec: is required".into()))?;
+    if !config.kinds.contains_key(&exec.kind) {
+        let known: Vec<_> = config.kinds.keys().cloned().collect();
+        return Err(bad(format!("exec.kind: '{}' is not a supported kind ({})", exec.kind, known.join(", "))));
+    }
+    if exec.code.as_deref().is_none_or(str::is_empty) {
+        return Err(bad("exec.code: is required and must not be empty".into()));
+    }
+    let l = &config.limits;
+    let given = put.limits.unwrap_or(LimitsPut { timeout: None, memory: None, logs: None, concurrency: None });
+    let limits = Limits {
+        timeout: given.timeout.unwrap_or(l.timeout_default_ms),
+        memory: given.memory.unwrap_or(l.memory_default_mb),
+        logs: given.logs.unwrap_or(l.logs_default_mb),
+        concurrency: given.concurrency.unwrap_or(l.concurrency_default),
+    };
+    let range = |field: &str, v: u64, lo: u64, hi: u64, unit: &str| {
+        if v < lo || v > hi {
+            Err(bad(format!("limits.{field}: {v} {unit} is outside the allowed range {lo}..={hi} {unit}")))
+        } else {
+            Ok(())
+        }
+    };
+    range("timeout", limits.timeout, l.timeout_min_ms, l.timeout_max_ms, "ms")?;
+    range("memory", limits.memory.into(), l.memory_min_mb.into(), l.memory_max_mb.into(), "MB")?;
+    range("logs", limits.logs.into(), 0, l.logs_max_mb.into(), "MB")?;
+    range("concurrency", limits.concurrency.into(), 1, l.concurrency_max.into(), "")?;
+    for (i, p) in put.parameters.iter().enumerate() {
+        if p.key.is_empty() {
+            return Err(bad(format!("parameters[{i}].key: must not be empty")));
+        }
+    }
+    Ok(Action {
+        namespace: ns.into(),
+        name: name.into(),
+        version: String::new(),
+        exec,
+        limits,
+        parameters: put.parameters,
+        annotations: put.annotations,
+        publish: put.publish,
+        updated: epoch_ms(),
+        revision: 0,
+    })
+}
+
+#[derive(Deserialize)]
+pub(super) struct PutQuery {
+    overwrite: Option<String>,
+}
+
+pub(super) async fn put(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<(String, String)>,
+    q: web::Query<PutQuery>,
+    body: web::Bytes,
+) -> Result<HttpResponse, ApiError> {
+    let (ns, _) = state.namespace(&req, &path.0)?;
+    validate_entity_name("name", &path.1).map_err(ApiError::BadRequest)?;
+    let overwrite = match q.overwrite.as_deref() {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(other) => return Err(ApiError::BadRequest(format!("overwrite: '{other}' is not true or false"))),
+    };
+    let put: ActionPut = super::parse_body(&body)?;
+    let action = validate_action(&state.config, put, &ns, &path.1)?;
+    let store = state.service.store().clone();
+    let saved = blocking(move || store.put_action(action, overwrite)).await??;
+    Ok(HttpResponse::Ok().json(action_json(&saved)))
+}
+
+pub(super) async fn get(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<(String, String)>,
+) -> Result<HttpResponse, ApiError> {
+    let (ns, _) = state.namespace(&req, &path.0)?;
+    Ok(HttpResponse::Ok().json(action_json(&load_action(&state, &ns, &path.1).await?)))
+}
+
+pub(super) async fn delete(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<(String, String)>,
+) -> Result<HttpResponse, ApiError> {
+    let (ns, _) = state.namespace(&req, &path.0)?;
+    validate_entity_name("name", &path.1).map_err(ApiError::BadRequest)?;
+    let store = state.service.store().clone();
+    let name = path.1.clone();
+    let deleted = blocking(move || store.delete_action(&ns, &name)).await??.ok_or(ApiError::NotFound)?;
+    Ok(HttpResponse::Ok().json(action_json(&deleted)))
+}
+
+#[derive(Deserialize)]
+pub(super) struct InvokeQuery {
+    blocking: Option<String>,
+    result: Option<String>,
+    timeout: Option<String>,
+}
+
+pub(super) async fn invoke(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<(String, String)>,
+    q: web::Query<InvokeQuery>,
+    body: web::Bytes,
+) -> Result<HttpResponse, ApiError> {
+    let (ns, key) = state.namespace(&req, &path.0)?;
+    let limits = &state.config.limits;
+    if body.len() > limits.payload_max_bytes {
+        return Err(ApiError::TooLarge(limits.payload_max_bytes));
+    }
+    let (blocking, result_only) = (flag("blocking", &q.blocking)?, flag("result", &q.result)?);
+    let max_wait = limits.blocking_wait;
+    let wait = match q.timeout.as_deref() {
+        None => max_wait,
+        Some(t) => match t.parse::<u64>() {
+            Ok(ms) if ms > 0 && Duration::from_millis(ms) <= max_wait => Duration::from_millis(ms),
+            _ => {
+                let max = max_wait.as_millis();
+                return Err(ApiError::BadRequest(format!("timeout: '{t}' must be an integer from 1 to {max} (ms)")));
+            }
+        },
+    };
+    let params: Map<String, Value> = if body.iter().all(u8::is_ascii_whitespace) {
+        Map::new()
+    } else {
+        match serde_json::from_slice(&body) {
+            Ok(Value::Object(m)) => m,
+            Ok(_) => return Err(ApiError::BadRequest("request body: the parameters must be a JSON object".into())),
+            Err(e) => return Err(ApiError::BadRequest(format!("request body: {e}"))),
+        }
+    };
+    let action = Arc::new(load_action(&state, &ns, &path.1).await?);
+    let api_key = action.provides_api_key().then_some(key);
+    let invoked = state
+        .service
+        .invoke(InvokeRequest {
+            action,
+            params,
+            subject: ns.clone(),
+            api_key,
+            activation_id: new_activation_id(),
+            transaction_id: new_activation_id(),
+            wait: blocking.then_some(wait),
+        })
+        .await?;
+    Ok(invoke_response(invoked, result_only))
+}
+
+/// 200 done, 202 accepted, 502 the action failed, 503 nothing ran, 400 can never fit.
+pub fn invoke_response(invoked: Invoked, result_only: bool) -> HttpResponse {
+    let record = match invoked {
+        Invoked::Accepted(id) => return accepted(&id),
+        Invoked::Done(record) => record,
+    };
+    let mut response = record_status(&record, HttpResponse::BadGateway);
+    if result_only {
+        response.json(&record.response.result)
+    } else {
+        response.json(&*record)
+    }
+}
+
+pub(super) fn accepted(id: &str) -> HttpResponse {
+    HttpResponse::Accepted().insert_header(("x-openwhisk-activation-id", id)).json(json!({ "activationId": id }))
+}
+
+/// The status for a finished activation: `failed` when the action ran and failed; 503 with
+/// Retry-After when nothing ran, 400 when it can never fit.
+pub(super) fn record_status(record: &ActivationRecord, failed: fn() -> HttpResponseBuilder) -> HttpResponseBuilder {
+    let mut response = match record.outcome() {
+        Outcome::Success => HttpResponse::Ok(),
+        Outcome::ApplicationError | Outcome::DeveloperError => failed(),
+        Outcome::WhiskError if record.annotation(REJECTED) == Some(&json!("never_fits")) => HttpResponse::BadRequest(),
+        Outcome::WhiskError => {
+            let mut r = HttpResponse::ServiceUnavailable();
+            r.insert_header(("Retry-After", "1"));
+            r
+        }
+    };
+    response.insert_header(("x-openwhisk-activation-id", record.activation_id.clone()));
+    response
+}

@@ -1,0 +1,156 @@
+//! The Kafka-less activation shim: `POST /v1/activations` takes the `ActivationMessage` an
+//! OpenWhisk controller puts on an invoker's topic and answers with the message the invoker
+//! would put on `completed<N>`: a `CombinedCompletionAndResultMessage`. Kafka delivers at
+//! least once, so a repeated `activationId` is answered from the first and never run twice.
+
+use super::actions::{accepted, record_status};
+use super::error::ApiError;
+use super::{load_action, AppState};
+use crate::activation::{InvokeRequest, Invoked};
+use crate::model::{is_activation_id, validate_entity_name, ActivationRecord, Outcome};
+use actix_web::{web, HttpRequest, HttpResponse};
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+use std::sync::Arc;
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ActivationMessage {
+    transid: Value,
+    action: ActionName,
+    #[serde(default)]
+    #[allow(dead_code)]
+    revision: Option<String>,
+    user: Identity,
+    activation_id: String,
+    #[serde(default)]
+    blocking: bool,
+    #[serde(default)]
+    content: Option<Value>,
+}
+
+#[derive(Deserialize)]
+struct ActionName {
+    path: String,
+    name: String,
+    #[serde(default)]
+    version: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Identity {
+    subject: String,
+    namespace: IdentityNamespace,
+    #[serde(default)]
+    authkey: Option<AuthKey>,
+}
+
+#[derive(Deserialize)]
+struct IdentityNamespace {
+    name: String,
+}
+
+#[derive(Deserialize)]
+struct AuthKey {
+    api_key: String,
+}
+
+pub(super) async fn activation_message(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    body: web::Bytes,
+) -> Result<HttpResponse, ApiError> {
+    let (caller, _) = state.authenticate(&req)?;
+    let limit = state.config.limits.payload_max_bytes + 64 * 1024;
+    if body.len() > limit {
+        return Err(ApiError::TooLarge(limit));
+    }
+    let msg: ActivationMessage = super::parse_body(&body)?;
+    let transaction_id = validate(&msg)?;
+    // Packages are not supported: the path is the namespace itself.
+    if msg.action.path != caller || msg.user.namespace.name != caller {
+        return Err(ApiError::Forbidden(msg.action.path.chars().take(256).collect()));
+    }
+    let action = Arc::new(load_action(&state, &msg.action.path, &msg.action.name).await?);
+    let params = match msg.content {
+        None | Some(Value::Null) => Map::new(),
+        Some(Value::Object(m)) => m,
+        Some(_) => return Err(ApiError::BadRequest("content: must be a JSON object".into())),
+    };
+    let api_key = msg.user.authkey.filter(|_| action.provides_api_key()).map(|k| k.api_key);
+    let invoked = state
+        .service
+        .invoke(InvokeRequest {
+            action,
+            params,
+            subject: msg.user.subject,
+            api_key,
+            activation_id: msg.activation_id,
+            transaction_id,
+            wait: msg.blocking.then_some(state.config.limits.blocking_wait),
+        })
+        .await?;
+    match invoked {
+        Invoked::Accepted(id) => Ok(accepted(&id)),
+        Invoked::Done(record) => {
+            let snapshot = state.service.pool().snapshot().await;
+            let user_memory_mb = snapshot.map_or(0, |s| s.nodes.iter().map(|n| n.capacity_mb).sum());
+            let ack = completion_message(&state.config.invoker_id, user_memory_mb, msg.transid, &record);
+            Ok(record_status(&record, HttpResponse::Ok).json(ack))
+        }
+    }
+}
+
+/// Checks what serde cannot; returns the transaction id (`transid` is `[id, startMillis, ...]`).
+fn validate(msg: &ActivationMessage) -> Result<String, ApiError> {
+    let bad = |m: &str| ApiError::BadRequest(m.into());
+    let tid = match &msg.transid {
+        Value::Array(parts) => match parts.first() {
+            Some(Value::String(id)) if !id.is_empty() && id.len() <= 64 => id.clone(),
+            _ => {
+                return Err(bad(
+                    "transid: the first element must be the transaction id, a string of 1 to 64 characters",
+                ))
+            }
+        },
+        _ => return Err(bad("transid: must be an array [id, startMillis]")),
+    };
+    if !is_activation_id(&msg.activation_id) {
+        return Err(bad("activationId: must be 32 hexadecimal digits"));
+    }
+    if msg.action.path.contains('/') {
+        return Err(bad("action.path: packages are not supported; the path must be the namespace"));
+    }
+    validate_entity_name("action.path", &msg.action.path).map_err(ApiError::BadRequest)?;
+    validate_entity_name("action.name", &msg.action.name).map_err(ApiError::BadRequest)?;
+    validate_entity_name("user.namespace.name", &msg.user.namespace.name).map_err(ApiError::BadRequest)?;
+    if msg.user.subject.is_empty() || msg.user.subject.len() > 256 {
+        return Err(bad("user.subject: must be 1 to 256 characters"));
+    }
+    if let Some(v) = &msg.action.version {
+        if v.len() > 32 {
+            return Err(bad("action.version: at most 32 characters"));
+        }
+    }
+    Ok(tid)
+}
+
+/// OpenWhisk's `CombinedCompletionAndResultMessage`, with this invoker as `instance`.
+fn completion_message(id: &str, user_memory_mb: u64, transid: Value, record: &ActivationRecord) -> Value {
+    let digits = id.trim_start_matches(|c: char| !c.is_ascii_digit());
+    let instance: u64 = digits.parse().unwrap_or(0);
+    json!({
+        "transid": transid,
+        "response": record,
+        "isSystemError": record.outcome() == Outcome::WhiskError,
+        "instance": {
+            "instance": instance,
+            "uniqueName": id,
+            "displayedName": id,
+            "userMemory": format!("{user_memory_mb} MB"),
+            "instanceType": "invoker",
+            "tags": [],
+            "dedicatedNamespaces": [],
+        },
+    })
+}

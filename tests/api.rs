@@ -1,0 +1,429 @@
+//! The HTTP surface against the mock factory: OpenWhisk's REST subset, the activation shim,
+//! status codes with one meaning each, and a property test that no request gets a 500.
+
+use actix_web::body::MessageBody;
+use actix_web::dev::{Service, ServiceResponse};
+use actix_web::http::header::HeaderValue;
+use actix_web::{test, web, App};
+use base64::Engine as _;
+use invoker::activation::ActivationService;
+use invoker::api::{configure, AppState};
+use invoker::config::Config;
+use invoker::factory::mock::{MockConfig, MockFactory};
+use invoker::factory::{Epoch, Factory};
+use invoker::metrics::Metrics;
+use invoker::model::new_activation_id;
+use invoker::pool::actor::{ContainerPool, PoolHandle};
+use invoker::store::{RedbStore, Store};
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::Instant;
+
+const GUEST: &str =
+    "23bc46b1-71f6-4ed5-8c54-816aa4f8c502:123zO3xZCLrMN6v2BKK1dXYFpXlPkccOFqm12CdAsMgRU4VrNZ9lyGVCGuMDGIwP";
+const OTHER: &str = "11111111-2222-3333-4444-555555555555:other-key";
+
+struct Harness {
+    service: ActivationService,
+    _dir: tempfile::TempDir,
+}
+
+fn harness(tweak: impl FnOnce(&mut Config), mock: MockConfig) -> (Harness, web::Data<AppState>) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = Config::default();
+    config.namespaces.insert("other".into(), OTHER.into());
+    config.limits.payload_max_bytes = 64 * 1024;
+    config.limits.code_max_bytes = 256 * 1024;
+    tweak(&mut config);
+    config.validate().unwrap();
+    let store: Arc<dyn Store> = Arc::new(RedbStore::open(&dir.path().join("s.redb")).unwrap());
+    let epoch = Epoch(Instant::now());
+    let metrics = Arc::new(Metrics::default());
+    let pool = ContainerPool::new(
+        Factory::Mock(MockFactory::new(mock, epoch)),
+        epoch,
+        config.pool.clone(),
+        config.proxy.clone(),
+        "http://127.0.0.1:3233".into(),
+        config.limits.payload_max_bytes,
+        metrics.clone(),
+    );
+    let service = ActivationService::new(store, PoolHandle::start(pool), metrics, config.limits.namespace_concurrent);
+    let state = web::Data::new(AppState::new(service.clone(), Arc::new(config)));
+    (Harness { service, _dir: dir }, state)
+}
+
+fn auth(key: &str) -> (&'static str, String) {
+    ("authorization", format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(key)))
+}
+
+async fn send<S, B>(app: &S, req: test::TestRequest) -> (u16, Value, Option<String>)
+where
+    S: Service<actix_http::Request, Response = ServiceResponse<B>, Error = actix_web::Error>,
+    B: MessageBody,
+{
+    let response = test::call_service(app, req.to_request()).await;
+    let status = response.status().as_u16();
+    let id = response.headers().get("x-openwhisk-activation-id").map(|v| v.to_str().unwrap().to_string());
+    let body = test::read_body(response).await;
+    (status, serde_json::from_slice(&body).unwrap_or(Value::Null), id)
+}
+
+fn put(path: &str, body: Value) -> test::TestRequest {
+    test::TestRequest::put().uri(path).insert_header(auth(GUEST)).set_json(body)
+}
+
+fn post(path: &str, body: Value) -> test::TestRequest {
+    test::TestRequest::post().uri(path).insert_header(auth(GUEST)).set_json(body)
+}
+
+fn get(path: &str) -> test::TestRequest {
+    test::TestRequest::get().uri(path).insert_header(auth(GUEST))
+}
+
+fn echo_action() -> Value {
+    json!({"exec": {"kind": "python:3", "code": "def main(a): return a"}, "limits": {"memory": 256}})
+}
+
+#[actix_rt::test]
+async fn actions_are_created_read_listed_and_deleted() {
+    let (_h, state) = harness(|_| {}, MockConfig::default());
+    let app = test::init_service(App::new().configure(configure(state))).await;
+    let (s, body, _) = send(&app, put("/api/v1/namespaces/_/actions/echo", echo_action())).await;
+    assert_eq!(s, 200, "{body}");
+    assert_eq!((body["namespace"].as_str(), body["version"].as_str()), (Some("guest"), Some("0.0.1")));
+    let (s, body, _) = send(&app, put("/api/v1/namespaces/guest/actions/echo", echo_action())).await;
+    assert_eq!(s, 409, "{body}");
+    let (s, body, _) = send(&app, put("/api/v1/namespaces/_/actions/echo?overwrite=true", echo_action())).await;
+    assert_eq!((s, body["version"].as_str()), (200, Some("0.0.2")));
+    let (s, body, _) = send(&app, get("/api/v1/namespaces/_/actions/echo")).await;
+    assert_eq!((s, body["name"].as_str()), (200, Some("echo")));
+    let (s, body, _) = send(&app, get("/api/v1/namespaces/_/actions")).await;
+    assert_eq!((s, body.as_array().map(Vec::len)), (200, Some(1)));
+    let delete = test::TestRequest::delete().uri("/api/v1/namespaces/_/actions/echo").insert_header(auth(GUEST));
+    assert_eq!(send(&app, delete).await.0, 200);
+    assert_eq!(send(&app, get("/api/v1/namespaces/_/actions/echo")).await.0, 404);
+}
+
+#[actix_rt::test]
+async fn auth_and_namespaces() {
+    let (_h, state) = harness(|_| {}, MockConfig::default());
+    let app = test::init_service(App::new().configure(configure(state))).await;
+    let no_auth = test::TestRequest::get().uri("/api/v1/namespaces/_/actions");
+    assert_eq!(send(&app, no_auth).await.0, 401);
+    let wrong = test::TestRequest::get().uri("/api/v1/namespaces/_/actions").insert_header(auth("a:b"));
+    assert_eq!(send(&app, wrong).await.0, 401);
+    let garbage = test::TestRequest::get()
+        .uri("/api/v1/namespaces/_/actions")
+        .insert_header(("authorization", HeaderValue::from_static("Basic !!!")));
+    assert_eq!(send(&app, garbage).await.0, 401);
+    let (s, body, _) = send(&app, get("/api/v1/namespaces/other/actions")).await;
+    assert_eq!(s, 403, "{body}");
+    assert_eq!(send(&app, test::TestRequest::get().uri("/ping")).await.0, 200);
+    assert_eq!(send(&app, test::TestRequest::get().uri("/health")).await.0, 401);
+    let (s, body, _) = send(&app, get("/health")).await;
+    assert_eq!((s, body["status"].as_str(), body["can_launch"].as_bool()), (200, Some("healthy"), Some(true)));
+    let (s, _, _) = send(&app, get("/v1/pool")).await;
+    assert_eq!(s, 200);
+}
+
+#[actix_rt::test]
+async fn bad_input_gets_a_4xx_naming_the_field() {
+    let (_h, state) = harness(|_| {}, MockConfig::default());
+    let app = test::init_service(App::new().configure(configure(state))).await;
+    let url = "/api/v1/namespaces/_/actions/a";
+    let cases = [
+        (json!({"exec": {"kind": "cobol", "code": "x"}}), "exec.kind"),
+        (json!({"exec": {"kind": "python:3", "code": ""}}), "exec.code"),
+        (json!({"exec": {"kind": "python:3", "code": "x"}, "limits": {"memory": 1}}), "limits.memory"),
+        (json!({"exec": {"kind": "python:3", "code": "x"}, "limits": {"timeout": 0}}), "limits.timeout"),
+        (json!({"exec": {"kind": "python:3", "code": "x"}, "limits": {"memory": "big"}}), "memory"),
+        (json!({"exec": {"kind": "python:3", "code": "x"}, "bogus": 1}), "bogus"),
+        (json!({}), "exec"),
+    ];
+    for (body, field) in cases {
+        let (s, answer, _) = send(&app, put(url, body.clone())).await;
+        let message = answer["error"].as_str().unwrap_or_default();
+        assert_eq!(s, 400, "{body} -> {answer}");
+        assert!(message.contains(field), "{body}: '{message}' does not name {field}");
+    }
+    let (s, answer, _) = send(&app, put("/api/v1/namespaces/_/actions/-bad", echo_action())).await;
+    assert_eq!(s, 400, "{answer}");
+    let malformed = test::TestRequest::put().uri(url).insert_header(auth(GUEST)).set_payload("{\"exec\":");
+    let (s, answer, _) = send(&app, malformed).await;
+    assert_eq!(s, 400);
+    assert!(answer["error"].as_str().unwrap().contains("request body"), "{answer}");
+    let huge = "x".repeat(300 * 1024);
+    let (s, _, _) = send(&app, put(url, json!({"exec": {"kind": "python:3", "code": huge}}))).await;
+    assert_eq!(s, 413);
+    send(&app, put(url, echo_action())).await;
+    let (s, answer, _) = send(&app, post(&format!("{url}?blocking=maybe"), json!({}))).await;
+    assert!(s == 400 && answer["error"].as_str().unwrap().contains("blocking"), "{answer}");
+    let (s, answer, _) = send(&app, post(url, json!([1, 2]))).await;
+    assert!(s == 400 && answer["error"].as_str().unwrap().contains("request body"), "{answer}");
+    let (s, _, _) = send(&app, post(url, json!({"big": "y".repeat(70 * 1024)}))).await;
+    assert_eq!(s, 413);
+    let (s, _, _) = send(&app, get("/api/v1/namespaces/_/activations/nothex")).await;
+    assert_eq!(s, 400);
+    let (s, _, _) = send(&app, get("/api/v1/namespaces/_/activations?limit=-1")).await;
+    assert_eq!(s, 400);
+}
+
+#[actix_rt::test]
+async fn invoke_blocking_non_blocking_and_read_the_records() {
+    let (_h, state) = harness(|_| {}, MockConfig::default());
+    let app = test::init_service(App::new().configure(configure(state))).await;
+    send(&app, put("/api/v1/namespaces/_/actions/echo", echo_action())).await;
+    let (s, body, id) = send(&app, post("/api/v1/namespaces/_/actions/echo?blocking=true", json!({"x": 1}))).await;
+    assert_eq!(s, 200, "{body}");
+    assert_eq!(id.as_deref(), body["activationId"].as_str());
+    assert_eq!(body["response"]["result"]["echo"]["x"], 1);
+    let (s, body, _) =
+        send(&app, post("/api/v1/namespaces/_/actions/echo?blocking=true&result=true", json!({"x": 2}))).await;
+    assert_eq!((s, &body["echo"]["x"]), (200, &json!(2)));
+    let (s, body, id) = send(&app, post("/api/v1/namespaces/_/actions/echo", json!({"x": 3}))).await;
+    assert_eq!(s, 202);
+    let id = id.unwrap();
+    assert_eq!(body["activationId"].as_str(), Some(id.as_str()));
+    let mut record = Value::Null;
+    for _ in 0..500 {
+        let (s, body, _) = send(&app, get(&format!("/api/v1/namespaces/_/activations/{id}"))).await;
+        if s == 200 {
+            record = body;
+            break;
+        }
+        actix_rt::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(record["response"]["result"]["echo"]["x"], 3, "{record}");
+    let (s, logs, _) = send(&app, get(&format!("/api/v1/namespaces/_/activations/{id}/logs"))).await;
+    assert!(s == 200 && logs["logs"].as_array().is_some_and(|l| !l.is_empty()), "{logs}");
+    let (s, result, _) = send(&app, get(&format!("/api/v1/namespaces/_/activations/{id}/result"))).await;
+    assert_eq!((s, &result["result"]["echo"]["x"]), (200, &json!(3)));
+    let (s, list, _) = send(&app, get("/api/v1/namespaces/_/activations?name=echo&limit=2")).await;
+    assert_eq!((s, list.as_array().map(Vec::len)), (200, Some(2)));
+    let (s, _, _) = send(&app, get(&format!("/api/v1/namespaces/_/activations/{}", new_activation_id()))).await;
+    assert_eq!(s, 404);
+    let (s, body, id) =
+        send(&app, post("/api/v1/namespaces/_/actions/echo?blocking=true", json!({"error": "nope"}))).await;
+    assert_eq!((s, &body["response"]["statusCode"]), (502, &json!(1)));
+    assert!(id.is_some());
+    let (s, _, _) = send(&app, post("/api/v1/namespaces/_/actions/missing?blocking=true", json!({}))).await;
+    assert_eq!(s, 404);
+}
+
+#[actix_rt::test]
+async fn never_fits_is_400_and_a_namespace_over_its_limit_is_429() {
+    let (_h, state) = harness(
+        |c| {
+            c.limits.memory_max_mb = 4096;
+            c.limits.namespace_concurrent = 1;
+        },
+        MockConfig { nodes: vec![("n".into(), 1024)], ..MockConfig::default() },
+    );
+    let app = test::init_service(App::new().configure(configure(state))).await;
+    let mut huge = echo_action();
+    huge["limits"]["memory"] = json!(2048);
+    send(&app, put("/api/v1/namespaces/_/actions/huge", huge)).await;
+    let (s, body, id) = send(&app, post("/api/v1/namespaces/_/actions/huge?blocking=true", json!({}))).await;
+    assert_eq!(s, 400, "{body}");
+    assert!(id.is_some());
+    assert!(body["response"]["result"]["error"].as_str().unwrap().contains("limits.memory"), "{body}");
+    send(&app, put("/api/v1/namespaces/_/actions/echo", echo_action())).await;
+    let (s, _, _) = send(&app, post("/api/v1/namespaces/_/actions/echo", json!({"sleep_ms": 2000}))).await;
+    assert_eq!(s, 202);
+    let (s, body, _) = send(&app, post("/api/v1/namespaces/_/actions/echo?blocking=true", json!({}))).await;
+    assert_eq!(s, 429, "{body}");
+}
+
+#[actix_rt::test]
+async fn nothing_ran_is_503_with_retry_after_and_a_status_3_record() {
+    let (_h, state) = harness(|_| {}, MockConfig { fail_creates: true, ..MockConfig::default() });
+    let app = test::init_service(App::new().configure(configure(state))).await;
+    send(&app, put("/api/v1/namespaces/_/actions/echo", echo_action())).await;
+    let response =
+        test::call_service(&app, post("/api/v1/namespaces/_/actions/echo?blocking=true", json!({})).to_request()).await;
+    assert_eq!(response.status(), 503);
+    assert!(response.headers().contains_key("retry-after"));
+    let body: Value = test::read_body_json(response).await;
+    assert_eq!(body["response"]["statusCode"], 3);
+    assert_eq!(body["response"]["status"], "whisk internal error");
+}
+
+fn activation_message(id: &str, blocking: bool) -> Value {
+    json!({
+        "transid": ["tid-1", 1712345678901u64],
+        "action": {"path": "guest", "name": "echo", "version": "0.0.1"},
+        "revision": "1-abc",
+        "user": {"subject": "guest", "namespace": {"name": "guest", "uuid": "u"},
+                 "authkey": {"api_key": GUEST}, "rights": ["READ", "PUT", "DELETE", "ACTIVATE"], "limits": {}},
+        "activationId": id,
+        "rootControllerIndex": {"asString": "0", "instanceType": "controller"},
+        "blocking": blocking,
+        "content": {"x": 7},
+        "initArgs": [],
+        "lockedArgs": {},
+    })
+}
+
+#[actix_rt::test]
+async fn the_activation_shim_answers_with_the_combined_message_and_never_runs_twice() {
+    let (h, state) = harness(|c| c.invoker_id = "invoker3".into(), MockConfig::default());
+    let app = test::init_service(App::new().configure(configure(state))).await;
+    send(&app, put("/api/v1/namespaces/_/actions/echo", echo_action())).await;
+    let id = new_activation_id();
+    let (s, ack, _) = send(&app, post("/v1/activations", activation_message(&id, true))).await;
+    assert_eq!(s, 200, "{ack}");
+    assert_eq!(ack["transid"], json!(["tid-1", 1712345678901u64]));
+    assert_eq!(ack["isSystemError"], false);
+    assert_eq!(ack["instance"]["instance"], 3);
+    assert_eq!(ack["instance"]["uniqueName"], "invoker3");
+    assert_eq!(ack["instance"]["instanceType"], "invoker");
+    assert_eq!(ack["response"]["activationId"].as_str(), Some(id.as_str()));
+    assert_eq!(ack["response"]["response"]["result"]["echo"]["x"], 7);
+    let (s, again, _) = send(&app, post("/v1/activations", activation_message(&id, true))).await;
+    assert_eq!(s, 200);
+    assert_eq!(again["response"], ack["response"], "the repeat is answered from the first");
+    let metrics = h.service.metrics().render();
+    assert!(metrics.contains("invoker_activations_total{status=\"success\"} 1"), "{metrics}");
+
+    let (s, body, _) = send(&app, post("/v1/activations", activation_message(&new_activation_id(), false))).await;
+    assert_eq!(s, 202, "{body}");
+    let mut missing = activation_message(&new_activation_id(), true);
+    missing["action"]["name"] = json!("nope");
+    assert_eq!(send(&app, post("/v1/activations", missing)).await.0, 404);
+    let mut foreign = activation_message(&new_activation_id(), true);
+    foreign["action"]["path"] = json!("other");
+    assert_eq!(send(&app, post("/v1/activations", foreign)).await.0, 403);
+    for (field, value, named) in [
+        ("activationId", json!("xyz"), "activationId"),
+        ("blocking", json!("yes"), "blocking"),
+        ("transid", json!("tid"), "transid"),
+        ("content", json!([1]), "content"),
+        ("action", json!({"path": "guest"}), "action"),
+    ] {
+        let mut msg = activation_message(&new_activation_id(), true);
+        msg[field] = value;
+        let (s, body, _) = send(&app, post("/v1/activations", msg)).await;
+        assert_eq!(s, 400, "{field}: {body}");
+        assert!(body["error"].as_str().unwrap().contains(named), "{field}: {body}");
+    }
+    let mut no_id = activation_message(&new_activation_id(), true);
+    no_id.as_object_mut().unwrap().remove("activationId");
+    let (s, body, _) = send(&app, post("/v1/activations", no_id)).await;
+    assert!(s == 400 && body["error"].as_str().unwrap().contains("activationId"), "{body}");
+}
+
+#[actix_rt::test]
+async fn draining_refuses_new_work_with_503() {
+    let (h, state) = harness(|_| {}, MockConfig::default());
+    let app = test::init_service(App::new().configure(configure(state))).await;
+    send(&app, put("/api/v1/namespaces/_/actions/echo", echo_action())).await;
+    h.service.set_draining();
+    let response =
+        test::call_service(&app, post("/api/v1/namespaces/_/actions/echo?blocking=true", json!({})).to_request()).await;
+    assert_eq!(response.status(), 503);
+    assert!(response.headers().contains_key("retry-after"));
+    let (s, body, _) = send(&app, get("/health")).await;
+    assert_eq!((s, body["status"].as_str()), (200, Some("draining")));
+}
+
+mod router_fuzz {
+    use super::*;
+    use proptest::prelude::*;
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::TestRunner;
+
+    #[derive(Debug, Clone)]
+    struct Case {
+        method: &'static str,
+        path: String,
+        query: String,
+        headers: Vec<(String, String)>,
+        body: Vec<u8>,
+    }
+
+    fn segment() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just("_".to_string()),
+            Just("guest".to_string()),
+            Just("echo".to_string()),
+            Just("actions".to_string()),
+            Just("activations".to_string()),
+            Just("logs".to_string()),
+            "[0-9a-f]{32}",
+            "[a-zA-Z0-9_.%-]{0,12}",
+            ".{0,8}".prop_map(|s| s.chars().filter(|c| c.is_ascii_graphic() && *c != '?' && *c != '#').collect()),
+        ]
+    }
+
+    fn path() -> impl Strategy<Value = String> {
+        let ns = prop_oneof![3 => Just("_".to_string()), 1 => segment()];
+        prop_oneof![
+            (ns.clone()).prop_map(|ns| format!("/api/v1/namespaces/{ns}/actions")),
+            (ns.clone(), segment()).prop_map(|(ns, n)| format!("/api/v1/namespaces/{ns}/actions/{n}")),
+            (ns.clone()).prop_map(|ns| format!("/api/v1/namespaces/{ns}/activations")),
+            (ns.clone(), segment()).prop_map(|(ns, id)| format!("/api/v1/namespaces/{ns}/activations/{id}")),
+            (ns, segment(), segment()).prop_map(|(ns, id, p)| format!("/api/v1/namespaces/{ns}/activations/{id}/{p}")),
+            prop_oneof![Just("/v1/activations"), Just("/health"), Just("/metrics"), Just("/v1/pool"), Just("/ping")]
+                .prop_map(str::to_string),
+            proptest::collection::vec(segment(), 0..5).prop_map(|s| format!("/{}", s.join("/"))),
+        ]
+    }
+
+    fn case() -> impl Strategy<Value = Case> {
+        let body = prop_oneof![
+            proptest::collection::vec(any::<u8>(), 0..64),
+            Just(br#"{"exec":{"kind":"python:3","code":"x"}}"#.to_vec()),
+            Just(br#"{"transid":["t",1],"action":{"path":"guest","name":"echo"},"user":{"subject":"guest","namespace":{"name":"guest"}},"activationId":"0123456789abcdef0123456789abcdef","blocking":true}"#.to_vec()),
+            any::<String>().prop_map(|s| serde_json::to_vec(&json!({ "exec": s, "limits": {"memory": s.len()} })).unwrap()),
+            (any::<String>(), any::<i64>()).prop_map(|(s, n)| serde_json::to_vec(&json!({ "exec": {"kind": s, "code": s}, "limits": {"memory": n, "timeout": n}, "parameters": [{"key": s, "value": n}] })).unwrap()),
+            Just(b"[1,2,3]".to_vec()),
+            Just(b"null".to_vec()),
+        ];
+        let valid = format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(GUEST));
+        let header = prop_oneof![
+            6 => Just(("authorization".to_string(), valid)),
+            1 => Just(("authorization".to_string(), "Basic".to_string())),
+            1 => "[ -~]{0,40}".prop_map(|v| ("authorization".to_string(), v)),
+            1 => "[ -~]{0,20}".prop_map(|v| ("content-type".to_string(), v)),
+            1 => ("[a-z-]{1,12}", "[ -~]{0,20}"),
+        ];
+        (
+            prop_oneof![Just("GET"), Just("PUT"), Just("POST"), Just("DELETE"), Just("PATCH")],
+            path(),
+            "[a-z=&0-9%]{0,24}",
+            proptest::collection::vec(header, 0..3),
+            body,
+        )
+            .prop_map(|(method, path, query, headers, body)| Case { method, path, query, headers, body })
+    }
+
+    #[actix_rt::test]
+    async fn no_request_gets_a_500_or_a_panic() {
+        let (_h, state) = harness(|_| {}, MockConfig::default());
+        let app = test::init_service(App::new().configure(configure(state))).await;
+        send(&app, put("/api/v1/namespaces/_/actions/echo", echo_action())).await;
+        let mut runner = TestRunner::deterministic();
+        let strategy = case();
+        for _ in 0..1000 {
+            let case = strategy.new_tree(&mut runner).unwrap().current();
+            let uri = if case.query.is_empty() { case.path.clone() } else { format!("{}?{}", case.path, case.query) };
+            let Ok(uri) = uri.parse::<actix_web::http::Uri>() else { continue };
+            let mut req = test::TestRequest::default()
+                .method(actix_web::http::Method::from_bytes(case.method.as_bytes()).unwrap())
+                .uri(&uri.to_string())
+                .set_payload(case.body.clone());
+            for (k, v) in &case.headers {
+                if let Ok(v) = HeaderValue::from_str(v) {
+                    req = req.insert_header((k.as_str(), v));
+                }
+            }
+            let response = app.call(req.to_request()).await;
+            let status = match response {
+                Ok(r) => r.status(),
+                Err(e) => e.as_response_error().status_code(),
+            };
+            assert!(status.as_u16() < 500 || status.as_u16() == 503, "{case:?} -> {status}");
+        }
+    }
+}
