@@ -94,6 +94,10 @@ pub struct ProxyConfig {
     /// Bound on waiting for the log sentinels after a run.
     #[serde(with = "humantime_serde")]
     pub log_sentinel_wait: Duration,
+    /// An idle container is paused (frozen) after this long without a run, and resumed on the
+    /// next; "0s" never pauses.
+    #[serde(with = "humantime_serde")]
+    pub pause_grace: Duration,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
@@ -188,7 +192,11 @@ impl Default for PoolConfig {
 
 impl Default for ProxyConfig {
     fn default() -> Self {
-        ProxyConfig { init_timeout: Duration::from_secs(60), log_sentinel_wait: Duration::from_secs(2) }
+        ProxyConfig {
+            init_timeout: Duration::from_secs(60),
+            log_sentinel_wait: Duration::from_secs(2),
+            pause_grace: Duration::from_secs(1),
+        }
     }
 }
 

@@ -20,6 +20,10 @@ struct Harness {
 }
 
 fn setup(mock: MockConfig, pool: PoolConfig) -> Harness {
+    setup_with(mock, pool, ProxyConfig::default())
+}
+
+fn setup_with(mock: MockConfig, pool: PoolConfig, proxy: ProxyConfig) -> Harness {
     let dir = tempfile::tempdir().unwrap();
     let store: Arc<dyn Store> = Arc::new(RedbStore::open(&dir.path().join("s.redb")).unwrap());
     let epoch = Epoch(Instant::now());
@@ -29,7 +33,7 @@ fn setup(mock: MockConfig, pool: PoolConfig) -> Harness {
         Factory::Mock(factory.clone()),
         epoch,
         pool,
-        ProxyConfig::default(),
+        proxy,
         "http://127.0.0.1:3233".into(),
         1024 * 1024,
         metrics.clone(),
@@ -184,4 +188,23 @@ async fn a_run_past_its_timeout_is_a_developer_error_and_the_container_is_replac
     let r = invoke(&h, &a, json!({})).await;
     assert_eq!(r.outcome(), Outcome::Success);
     assert_eq!(creates(&h), 2);
+}
+
+#[actix_rt::test]
+async fn an_idle_container_is_paused_and_resumed_for_the_next_run() {
+    let proxy = ProxyConfig { pause_grace: Duration::from_millis(20), ..ProxyConfig::default() };
+    let h = setup_with(MockConfig::default(), PoolConfig::default(), proxy);
+    let a = action("pausing", 256);
+    assert_eq!(invoke(&h, &a, json!({})).await.outcome(), Outcome::Success);
+    let paused = |h: &Harness| h.mock.count(|c| matches!(c, MockCall::Paused(_)));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while paused(&h) == 0 {
+        assert!(Instant::now() < deadline, "the idle container was never paused");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The mock's paused runtime answers 503 to a run, so success proves the resume came first.
+    let record = invoke(&h, &a, json!({ "after": "pause" })).await;
+    assert_eq!(record.outcome(), Outcome::Success, "{record:?}");
+    assert_eq!(h.mock.count(|c| matches!(c, MockCall::Resumed(_))), 1);
+    assert_eq!(creates(&h), 1, "the paused container was reused, not replaced");
 }

@@ -75,6 +75,29 @@ async fn warm_calls_reuse_one_process() {
     assert!(pids.iter().all(|&p| p == pids[0]), "{pids:?}");
 }
 
+/// The process state letter from /proc (R, S, T for stopped, ...).
+fn process_state(pid: u32) -> String {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat.rsplit(')').next().and_then(|s| s.split_whitespace().next()).unwrap_or("").to_string()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_idle_runtime_is_frozen_and_thawed_for_the_next_call() {
+    let dir = tempdir();
+    let inv = Invoker::start(dir.path(), &id("pause"), "[proxy]\npause_grace = \"50ms\"\n");
+    inv.put_action("pid", python(PID_ACTION)).await;
+    let (_, first) = inv.invoke("pid", "blocking=true&result=true", json!({})).await;
+    let pid = first["pid"].as_u64().unwrap() as u32;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while process_state(pid) != "T" {
+        assert!(std::time::Instant::now() < deadline, "the idle runtime was never stopped: {}", process_state(pid));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (status, second) = inv.invoke("pid", "blocking=true&result=true", json!({})).await;
+    assert_eq!(status, 200, "{second}");
+    assert_eq!(second["pid"], first["pid"], "the same process ran the warm call after a pause");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn timeout_and_crash_are_developer_errors_and_the_container_is_replaced() {
     let dir = tempdir();

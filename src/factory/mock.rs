@@ -45,6 +45,8 @@ pub enum MockCall {
     CreateFailed(ContainerId),
     Refused(ContainerId),
     Crashed(ContainerId),
+    Paused(ContainerId),
+    Resumed(ContainerId),
     Destroy(ContainerId),
     Destroyed(ContainerId),
 }
@@ -67,6 +69,8 @@ struct State {
     alive: HashMap<ContainerId, (NodeId, u32, Option<ServerHandle>)>,
     max_alive: usize,
     calls: Vec<MockCall>,
+    /// A paused container's runtime answers no run (503), as a frozen process would not.
+    paused: std::collections::HashSet<ContainerId>,
 }
 
 struct RuntimeState {
@@ -221,8 +225,32 @@ impl MockFactory {
         Ok((addr, logs, handle))
     }
 
+    pub async fn pause(&self, c: &ContainerHandle) -> Result<(), FactoryError> {
+        let mut state = self.inner.state.lock();
+        if !state.alive.contains_key(&c.id) {
+            return Err(FactoryError::Operation { op: "pause", reason: "no such container".into() });
+        }
+        state.paused.insert(c.id);
+        state.calls.push(MockCall::Paused(c.id));
+        Ok(())
+    }
+
+    pub async fn resume(&self, c: &ContainerHandle) -> Result<(), FactoryError> {
+        let mut state = self.inner.state.lock();
+        if !state.paused.remove(&c.id) {
+            return Err(FactoryError::Operation { op: "resume", reason: "the container is not paused".into() });
+        }
+        state.calls.push(MockCall::Resumed(c.id));
+        Ok(())
+    }
+
+    fn is_paused(&self, id: ContainerId) -> bool {
+        self.inner.state.lock().paused.contains(&id)
+    }
+
     pub async fn destroy(&self, c: &ContainerHandle) -> Result<(), FactoryError> {
         self.log(MockCall::Destroy(c.id));
+        self.inner.state.lock().paused.remove(&c.id);
         let server = self.inner.state.lock().alive.get_mut(&c.id).and_then(|e| e.2.take());
         if let Some(server) = server {
             server.stop(false).await;
@@ -260,6 +288,9 @@ async fn mock_init(body: web::Json<Value>) -> HttpResponse {
 }
 
 async fn mock_run(state: web::Data<RuntimeState>, body: web::Json<Value>) -> HttpResponse {
+    if state.factory.is_paused(state.id) {
+        return HttpResponse::ServiceUnavailable().json(json!({ "error": "the container is paused" }));
+    }
     let params = body.get("value").cloned().unwrap_or(Value::Null);
     let sleep = params.get("sleep_ms").and_then(Value::as_u64).map_or(state.run_latency, Duration::from_millis);
     tokio::time::sleep(sleep).await;

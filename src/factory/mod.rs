@@ -86,14 +86,14 @@ impl Factory {
     pub async fn pause(&self, c: &ContainerHandle) -> Result<(), FactoryError> {
         match self {
             Factory::Process(f) => f.pause(c).await,
-            Factory::Mock(_) => Ok(()),
+            Factory::Mock(f) => f.pause(c).await,
         }
     }
 
     pub async fn resume(&self, c: &ContainerHandle) -> Result<(), FactoryError> {
         match self {
             Factory::Process(f) => f.resume(c).await,
-            Factory::Mock(_) => Ok(()),
+            Factory::Mock(f) => f.resume(c).await,
         }
     }
 

@@ -83,6 +83,10 @@ pub struct ContainerProxy {
     init_ms: Option<u64>,
     /// Whether the next run is the first on this container (a cold start).
     cold: bool,
+    /// Bumped by every run, so that a pause scheduled before it no longer applies.
+    pause_generation: u64,
+    /// Runs that arrived while the container was pausing or paused; they go once it resumes.
+    parked: Vec<(JobId, RunJob, Instant)>,
 }
 
 impl ContainerProxy {
@@ -100,6 +104,8 @@ impl ContainerProxy {
             create_ms: 0,
             init_ms: None,
             cold: true,
+            pause_generation: 0,
+            parked: Vec::new(),
         }
     }
 
@@ -225,12 +231,15 @@ impl ContainerProxy {
             let lines = handle.logs.collect(wait, run.meta.limits.logs as usize * 1024 * 1024).await;
             (run, interpreted, lines)
         };
-        ctx.spawn(fut.into_actor(self).map(move |(run, interpreted, lines), act, _| {
+        ctx.spawn(fut.into_actor(self).map(move |(run, interpreted, lines), act, ctx| {
             act.running -= 1;
+            let reusable = interpreted.reusable;
             if act.running == 0 && act.state == ProxyState::Running {
                 act.state = ProxyState::Ready;
+                if reusable {
+                    act.schedule_pause(ctx);
+                }
             }
-            let reusable = interpreted.reusable;
             let record =
                 build_record(&run, fields, interpreted.outcome, interpreted.result, lines, interpreted.timed_out);
             run.completion.finish(record);
@@ -328,14 +337,102 @@ impl Handler<Run> for ContainerProxy {
     fn handle(&mut self, msg: Run, ctx: &mut Context<Self>) {
         let began = Instant::now();
         self.running += 1;
-        self.state = ProxyState::Running;
-        match self.init {
-            Init::Done => self.start_run(msg.job, msg.run, began, ctx),
-            Init::InProgress => self.queued.push((msg.job, msg.run, began)),
-            Init::NotYet => {
-                self.start_init(&msg.run, ctx);
-                self.queued.push((msg.job, msg.run, began));
+        self.pause_generation += 1;
+        match self.state {
+            ProxyState::Pausing => self.parked.push((msg.job, msg.run, began)),
+            ProxyState::Paused => {
+                self.parked.push((msg.job, msg.run, began));
+                self.resume(ctx);
             }
+            _ => {
+                self.state = ProxyState::Running;
+                self.dispatch(msg.job, msg.run, began, ctx);
+            }
+        }
+    }
+}
+
+/// Pausing an idle container (OpenWhisk's Ready → Pausing → Paused) and resuming it on the
+/// next run. A paused container uses no CPU; resuming costs one factory call.
+impl ContainerProxy {
+    fn dispatch(&mut self, job: JobId, run: RunJob, began: Instant, ctx: &mut Context<Self>) {
+        match self.init {
+            Init::Done => self.start_run(job, run, began, ctx),
+            Init::InProgress => self.queued.push((job, run, began)),
+            Init::NotYet => {
+                self.start_init(&run, ctx);
+                self.queued.push((job, run, began));
+            }
+        }
+    }
+
+    fn schedule_pause(&mut self, ctx: &mut Context<Self>) {
+        let grace = self.ctx.config.pause_grace;
+        if grace.is_zero() {
+            return;
+        }
+        let generation = self.pause_generation;
+        ctx.run_later(grace, move |act, ctx| {
+            if act.pause_generation == generation && act.state == ProxyState::Ready && act.running == 0 {
+                act.pause(ctx);
+            }
+        });
+    }
+
+    fn pause(&mut self, ctx: &mut Context<Self>) {
+        let Some(handle) = self.handle.clone() else { return };
+        self.state = ProxyState::Pausing;
+        let factory = self.ctx.factory.clone();
+        let fut = async move { factory.pause(&handle).await };
+        ctx.spawn(fut.into_actor(self).map(|paused, act, ctx| {
+            if act.state != ProxyState::Pausing {
+                return;
+            }
+            match paused {
+                Ok(()) => {
+                    act.state = ProxyState::Paused;
+                    if !act.parked.is_empty() {
+                        act.resume(ctx);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(container = act.spec.id.0, "pause failed, the container stays unpaused: {e}");
+                    act.release_parked(ctx);
+                }
+            }
+        }));
+    }
+
+    fn resume(&mut self, ctx: &mut Context<Self>) {
+        let Some(handle) = self.handle.clone() else { return };
+        self.state = ProxyState::Running;
+        let factory = self.ctx.factory.clone();
+        let fut = async move { factory.resume(&handle).await };
+        ctx.spawn(fut.into_actor(self).map(|resumed, act, ctx| match resumed {
+            Ok(()) => act.release_parked(ctx),
+            Err(e) => act.fail_parked(&e.to_string()),
+        }));
+    }
+
+    fn release_parked(&mut self, ctx: &mut Context<Self>) {
+        self.state = if self.running > 0 { ProxyState::Running } else { ProxyState::Ready };
+        for (job, run, began) in std::mem::take(&mut self.parked) {
+            self.dispatch(job, run, began, ctx);
+        }
+    }
+
+    /// A container that cannot be resumed ran nothing: its parked runs get whisk-error
+    /// records (safe to retry) and the container is given up.
+    fn fail_parked(&mut self, reason: &str) {
+        tracing::warn!(container = self.spec.id.0, "resume failed: {reason}");
+        let container = self.spec.id;
+        for (job, run, began) in std::mem::take(&mut self.parked) {
+            self.running -= 1;
+            let fields = self.record_fields(&run, began);
+            let result = json!({ "error": format!("the container could not be resumed: {reason}") });
+            let record = build_record(&run, fields, Outcome::WhiskError, result, Vec::new(), false);
+            run.completion.finish(record);
+            self.report(ProxyReport::Finished { container, job, reusable: false });
         }
     }
 }
