@@ -126,6 +126,16 @@ pub struct ProcessFactoryConfig {
     pub cgroup_root: Option<PathBuf>,
     /// Refuse to start when no memory limit can be enforced.
     pub require_memory_limit: bool,
+    /// How the invoker reaches each runtime: a unix socket beside its process record (no port
+    /// to race for, nothing on the network), or a free 127.0.0.1 port.
+    pub transport: TransportKind,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TransportKind {
+    Unix,
+    Tcp,
 }
 
 #[derive(Clone, Debug, Deserialize, PartialEq)]
@@ -213,6 +223,7 @@ impl Default for ProcessFactoryConfig {
             ready_timeout: Duration::from_secs(10),
             cgroup_root: None,
             require_memory_limit: false,
+            transport: TransportKind::Unix,
         }
     }
 }

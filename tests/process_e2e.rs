@@ -62,17 +62,20 @@ async fn application_error_is_502_with_the_error() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn warm_calls_reuse_one_process() {
-    let dir = tempdir();
-    let inv = Invoker::start(dir.path(), &id("warm"), "");
-    inv.put_action("pid", python(PID_ACTION)).await;
-    let mut pids = Vec::new();
-    for _ in 0..10 {
-        let (status, body) = inv.invoke("pid", "blocking=true&result=true", json!({})).await;
-        assert_eq!(status, 200, "{body}");
-        pids.push(body["pid"].as_u64().unwrap());
+async fn warm_calls_reuse_one_process_over_either_transport() {
+    for transport in ["unix", "tcp"] {
+        let dir = tempdir();
+        let config = format!("[factory.process]\ntransport = \"{transport}\"\n");
+        let inv = Invoker::start(dir.path(), &id(&format!("warm-{transport}")), &config);
+        inv.put_action("pid", python(PID_ACTION)).await;
+        let mut pids = Vec::new();
+        for _ in 0..10 {
+            let (status, body) = inv.invoke("pid", "blocking=true&result=true", json!({})).await;
+            assert_eq!(status, 200, "{transport}: {body}");
+            pids.push(body["pid"].as_u64().unwrap());
+        }
+        assert!(pids.iter().all(|&p| p == pids[0]), "{transport}: {pids:?}");
     }
-    assert!(pids.iter().all(|&p| p == pids[0]), "{pids:?}");
 }
 
 /// The process state letter from /proc (R, S, T for stopped, ...).

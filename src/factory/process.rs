@@ -9,7 +9,7 @@
 use super::cgroup::MemoryCgroups;
 use super::logs::{LogBuffer, Stream};
 use super::{ContainerHandle, ContainerSpec, Epoch, FactoryError, StatsReceiver, Transport};
-use crate::config::{Config, KindConfig};
+use crate::config::{Config, KindConfig, TransportKind};
 use crate::pool::core::{ContainerId, NodeId, NodeStatsUpdate};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
@@ -37,6 +37,7 @@ struct Inner {
     node: NodeId,
     user_memory_mb: u64,
     ready_timeout: Duration,
+    transport: TransportKind,
     kinds: BTreeMap<String, KindConfig>,
     executable: PathBuf,
     pid_dir: PathBuf,
@@ -57,6 +58,15 @@ impl ProcessFactory {
     pub fn new(config: &Config, epoch: Epoch) -> Result<Self, FactoryError> {
         let setup = |reason: String| FactoryError::Operation { op: "process factory setup", reason };
         let pid_dir = config.data_dir.join("processes").join(&config.invoker_id);
+        let pid_dir = std::path::absolute(&pid_dir).map_err(|e| setup(format!("{}: {e}", pid_dir.display())))?;
+        // A socket path must fit in sun_path (108 bytes) with the container id appended.
+        if config.factory.process.transport == TransportKind::Unix && pid_dir.as_os_str().len() > 80 {
+            return Err(setup(format!(
+                "factory.process.transport = \"unix\" needs data_dir shorter than 80 bytes with the \
+                 process directory ({} is too long); use a shorter data_dir or transport = \"tcp\"",
+                pid_dir.display()
+            )));
+        }
         std::fs::create_dir_all(&pid_dir).map_err(|e| setup(format!("{}: {e}", pid_dir.display())))?;
         let executable = std::env::current_exe().map_err(|e| setup(e.to_string()))?;
         let cgroups = MemoryCgroups::detect(config.factory.process.cgroup_root.as_deref(), &config.invoker_id);
@@ -72,6 +82,7 @@ impl ProcessFactory {
                 node: NodeId::new("local"),
                 user_memory_mb: config.factory.process.user_memory_mb,
                 ready_timeout: config.factory.process.ready_timeout,
+                transport: config.factory.process.transport,
                 kinds: config.kinds.clone(),
                 executable,
                 pid_dir,
@@ -111,13 +122,22 @@ impl ProcessFactory {
 
     pub async fn create(&self, spec: &ContainerSpec, node: &NodeId) -> Result<ContainerHandle, FactoryError> {
         let kind = self.inner.kinds.get(&spec.kind).ok_or_else(|| FactoryError::UnknownKind(spec.kind.clone()))?;
-        let addr = free_port()?;
+        let (transport, listen) = match self.inner.transport {
+            TransportKind::Tcp => {
+                let addr = free_port()?;
+                (Transport::Tcp(addr), addr.to_string())
+            }
+            TransportKind::Unix => {
+                let path = self.socket(spec.id);
+                let _ = std::fs::remove_file(&path);
+                let listen = format!("unix:{}", path.display());
+                (Transport::Unix(path), listen)
+            }
+        };
         let args: Vec<String> = kind
             .command
             .iter()
-            .map(|a| {
-                a.replace("{invoker}", &self.inner.executable.to_string_lossy()).replace("{listen}", &addr.to_string())
-            })
+            .map(|a| a.replace("{invoker}", &self.inner.executable.to_string_lossy()).replace("{listen}", &listen))
             .collect();
         let mut cmd = Command::new(&args[0]);
         cmd.args(&args[1..])
@@ -146,7 +166,7 @@ impl ProcessFactory {
                 return Err(FactoryError::Create(format!("memory limit: {e}")));
             }
         }
-        if let Err(e) = wait_ready(&mut child, addr, self.inner.ready_timeout).await {
+        if let Err(e) = wait_ready(&mut child, &transport, self.inner.ready_timeout).await {
             self.kill(spec.id, Some(child)).await;
             return Err(e);
         }
@@ -155,7 +175,7 @@ impl ProcessFactory {
         }
         let ready_at = self.inner.epoch.now();
         self.observe();
-        Ok(ContainerHandle { id: spec.id, node: node.clone(), transport: Transport::Tcp(addr), logs, ready_at })
+        Ok(ContainerHandle { id: spec.id, node: node.clone(), transport, logs, ready_at })
     }
 
     pub async fn pause(&self, c: &ContainerHandle) -> Result<(), FactoryError> {
@@ -202,6 +222,7 @@ impl ProcessFactory {
             cg.remove(id).await;
         }
         let _ = std::fs::remove_file(self.pid_file(id));
+        let _ = std::fs::remove_file(self.socket(id));
         let _ = tokio::fs::remove_dir_all(self.work_dir(id)).await;
         self.observe();
     }
@@ -209,6 +230,10 @@ impl ProcessFactory {
     /// Where the container's runtime writes the action's code.
     fn work_dir(&self, id: ContainerId) -> PathBuf {
         self.inner.pid_dir.join(format!("{}.work", id.0))
+    }
+
+    fn socket(&self, id: ContainerId) -> PathBuf {
+        self.inner.pid_dir.join(format!("{}.sock", id.0))
     }
 
     fn pid_file(&self, id: ContainerId) -> PathBuf {
@@ -251,10 +276,14 @@ fn free_port() -> Result<SocketAddr, FactoryError> {
     listener.local_addr().map_err(|e| FactoryError::Create(e.to_string()))
 }
 
-async fn wait_ready(child: &mut Child, addr: SocketAddr, bound: Duration) -> Result<(), FactoryError> {
+async fn wait_ready(child: &mut Child, transport: &Transport, bound: Duration) -> Result<(), FactoryError> {
     let deadline = tokio::time::Instant::now() + bound;
     loop {
-        if tokio::net::TcpStream::connect(addr).await.is_ok() {
+        let ready = match transport {
+            Transport::Tcp(addr) => tokio::net::TcpStream::connect(addr).await.is_ok(),
+            Transport::Unix(path) => tokio::net::UnixStream::connect(path).await.is_ok(),
+        };
+        if ready {
             return Ok(());
         }
         if let Ok(Some(status)) = child.try_wait() {

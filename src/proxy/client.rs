@@ -27,17 +27,12 @@ pub struct RuntimeClient {
 
 impl RuntimeClient {
     pub fn new(transport: &Transport) -> Result<Self, String> {
-        let base = match transport {
-            Transport::Tcp(addr) => format!("http://{addr}"),
-            Transport::Unix(path) => {
-                return Err(format!("unix socket transport ({}) is not supported yet", path.display()))
-            }
+        let builder = reqwest::Client::builder().pool_max_idle_per_host(64);
+        let (builder, base) = match transport {
+            Transport::Tcp(addr) => (builder.tcp_nodelay(true), format!("http://{addr}")),
+            Transport::Unix(path) => (builder.unix_socket(path.as_path()), "http://localhost".to_string()),
         };
-        let http = reqwest::Client::builder()
-            .pool_max_idle_per_host(64)
-            .tcp_nodelay(true)
-            .build()
-            .map_err(|e| e.to_string())?;
+        let http = builder.build().map_err(|e| e.to_string())?;
         Ok(RuntimeClient { http, base })
     }
 
