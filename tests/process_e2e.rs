@@ -78,6 +78,26 @@ async fn warm_calls_reuse_one_process_over_either_transport() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrent_runs_in_one_container_get_their_own_action_processes() {
+    let dir = tempdir();
+    let inv = Invoker::start(dir.path(), &id("conc"), "");
+    let mut action = python(PID_ACTION);
+    action["limits"] = json!({"concurrency": 4});
+    inv.put_action("pid", action).await;
+    let calls = (0..4).map(|_| inv.invoke("pid", "blocking=true&result=true", json!({"sleep": 1})));
+    let answers = futures_util::future::join_all(calls).await;
+    let mut runtimes = std::collections::BTreeSet::new();
+    let mut pids = std::collections::BTreeSet::new();
+    for (status, body) in answers {
+        assert_eq!(status, 200, "{body}");
+        runtimes.insert(body["runtime"].as_u64().unwrap());
+        pids.insert(body["pid"].as_u64().unwrap());
+    }
+    assert_eq!(runtimes.len(), 1, "one container took all four runs");
+    assert!(pids.len() >= 2, "overlapping runs ran in parallel processes: {pids:?}");
+}
+
 /// The process state letter from /proc (R, S, T for stopped, ...).
 fn process_state(pid: u32) -> String {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();

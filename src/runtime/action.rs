@@ -50,15 +50,32 @@ pub struct ActionProcess {
     results: BufReader<tokio::net::unix::pipe::Receiver>,
 }
 
-impl ActionProcess {
-    /// Writes the action into `work`, starts its launcher and waits for it to load the action.
-    pub async fn start(launcher: Launcher, work: &Path, spec: InitSpec) -> Result<Self, ActionError> {
+/// The action written into its work directory, ready to start as many processes as runs
+/// overlap (an action with a concurrency limit above 1 gets one process per concurrent run).
+#[derive(Debug)]
+pub struct PreparedAction {
+    launcher: Launcher,
+    work: PathBuf,
+    program: Vec<String>,
+    env: BTreeMap<String, String>,
+}
+
+impl PreparedAction {
+    pub fn prepare(launcher: Launcher, work: &Path, spec: InitSpec) -> Result<Self, ActionError> {
         let program = write_action(launcher, work, &spec)?;
+        Ok(PreparedAction { launcher, work: work.to_path_buf(), program, env: spec.env })
+    }
+}
+
+impl ActionProcess {
+    /// Starts a process of the action and waits for it to load the action.
+    pub async fn start(action: &PreparedAction) -> Result<Self, ActionError> {
+        let (launcher, work, program) = (action.launcher, &action.work, &action.program);
         let (writer, results) = tokio::net::unix::pipe::pipe()?;
         let mut cmd = Command::new(&program[0]);
         cmd.args(&program[1..])
             .current_dir(work)
-            .envs(&spec.env)
+            .envs(&action.env)
             .env("__OW_EXECUTION_ENV", launcher.name())
             .stdin(Stdio::piped())
             .stdout(Stdio::inherit())

@@ -7,7 +7,7 @@
 
 mod action;
 
-use action::{ActionError, ActionProcess, InitSpec};
+use action::{ActionError, ActionProcess, InitSpec, PreparedAction};
 use actix_web::{web, HttpResponse};
 use base64::Engine as _;
 use serde::Deserialize;
@@ -17,8 +17,8 @@ use std::io::Write as _;
 #[cfg(test)]
 use std::path::Path;
 use std::path::PathBuf;
+use std::sync::OnceLock;
 use std::time::Duration;
-use tokio::sync::Mutex;
 
 pub use crate::factory::logs::SENTINEL;
 
@@ -89,15 +89,20 @@ pub struct RuntimeOptions {
 struct Runtime {
     launcher: Launcher,
     work: PathBuf,
-    /// The action process; runs are serialised through it, as in OpenWhisk's actionloop.
-    action: Mutex<Slot>,
+    /// Held while `/init` runs, so that two cannot overlap.
+    initializing: tokio::sync::Mutex<()>,
+    action: OnceLock<PreparedAction>,
+    /// Started action processes not running anything. A run takes one (or starts one when all
+    /// are busy, which only concurrent runs do) and gives it back unless it failed.
+    idle: parking_lot::Mutex<Vec<ActionProcess>>,
 }
 
-enum Slot {
-    Empty,
-    Ready(Box<ActionProcess>),
-    /// The action process exited; every later run fails the same way.
-    Dead(String),
+impl Runtime {
+    fn kill_all(&self) {
+        for mut process in self.idle.lock().drain(..) {
+            process.kill();
+        }
+    }
 }
 
 /// Runs the runtime until it is killed or its invoker dies.
@@ -109,8 +114,13 @@ pub fn run(options: RuntimeOptions) -> std::io::Result<()> {
             (temp.path().to_path_buf(), Some(temp))
         }
     };
-    let runtime =
-        web::Data::new(Runtime { launcher: options.launcher, work: work.clone(), action: Mutex::new(Slot::Empty) });
+    let runtime = web::Data::new(Runtime {
+        launcher: options.launcher,
+        work: work.clone(),
+        initializing: tokio::sync::Mutex::new(()),
+        action: OnceLock::new(),
+        idle: parking_lot::Mutex::new(Vec::new()),
+    });
     let system = actix_web::rt::System::new();
     let result = system.block_on(async {
         if let Some(pid) = options.parent_pid {
@@ -135,11 +145,7 @@ pub fn run(options: RuntimeOptions) -> std::io::Result<()> {
         };
         server.run().await
     });
-    if let Ok(mut slot) = runtime.action.try_lock() {
-        if let Slot::Ready(process) = &mut *slot {
-            process.kill();
-        }
-    }
+    runtime.kill_all();
     if options.work_dir.is_some() {
         let _ = std::fs::remove_dir_all(&work);
     }
@@ -154,12 +160,13 @@ async fn exit_with_parent(pid: i32, runtime: web::Data<Runtime>) {
         tokio::time::sleep(PARENT_CHECK).await;
         let gone = nix::sys::signal::kill(parent, None) == Err(nix::errno::Errno::ESRCH);
         if gone || nix::unistd::getppid() != first_ppid {
-            if let Ok(mut slot) = runtime.action.try_lock() {
-                if let Slot::Ready(process) = &mut *slot {
-                    process.kill();
-                }
-            }
+            runtime.kill_all();
             let _ = std::fs::remove_dir_all(&runtime.work);
+            // Busy action processes too: when the runtime leads its own process group (as the
+            // process factory starts it), the whole group goes, this process with it.
+            if nix::unistd::getpgrp() == nix::unistd::getpid() {
+                let _ = nix::sys::signal::killpg(nix::unistd::getpgrp(), nix::sys::signal::Signal::SIGKILL);
+            }
             std::process::exit(0);
         }
     }
@@ -188,8 +195,8 @@ fn error(status: actix_web::http::StatusCode, message: impl std::fmt::Display) -
 
 async fn init(runtime: web::Data<Runtime>, body: web::Bytes) -> HttpResponse {
     use actix_web::http::StatusCode;
-    let mut slot = runtime.action.lock().await;
-    if !matches!(*slot, Slot::Empty) {
+    let _exclusive = runtime.initializing.lock().await;
+    if runtime.action.get().is_some() {
         return error(StatusCode::FORBIDDEN, "Cannot initialize the action more than once.");
     }
     let body: InitBody = match serde_json::from_slice(&body) {
@@ -200,9 +207,14 @@ async fn init(runtime: web::Data<Runtime>, body: web::Bytes) -> HttpResponse {
         Ok(spec) => spec,
         Err(message) => return error(StatusCode::FORBIDDEN, message),
     };
-    match ActionProcess::start(runtime.launcher, &runtime.work, spec).await {
-        Ok(process) => {
-            *slot = Slot::Ready(Box::new(process));
+    let started = match PreparedAction::prepare(runtime.launcher, &runtime.work, spec) {
+        Ok(action) => ActionProcess::start(&action).await.map(|process| (action, process)),
+        Err(e) => Err(e),
+    };
+    match started {
+        Ok((action, process)) => {
+            runtime.idle.lock().push(process);
+            let _ = runtime.action.set(action);
             HttpResponse::Ok().json(json!({ "ok": true }))
         }
         Err(e) => {
@@ -255,24 +267,32 @@ async fn run_action(runtime: web::Data<Runtime>, body: web::Bytes) -> HttpRespon
         Ok(_) => return error(StatusCode::BAD_REQUEST, "the /run body must be a JSON object"),
         Err(e) => return error(StatusCode::BAD_REQUEST, format!("the /run body is not JSON: {e}")),
     };
+    let Some(action) = runtime.action.get() else {
+        return error(StatusCode::INTERNAL_SERVER_ERROR, "no action defined yet");
+    };
     // Compact serialisation escapes every newline inside strings: the body is one line.
     let line = serde_json::to_vec(&body).unwrap_or_default();
-    let mut slot = runtime.action.lock().await;
-    let answer = match &mut *slot {
-        Slot::Empty => return error(StatusCode::INTERNAL_SERVER_ERROR, "no action defined yet"),
-        Slot::Dead(reason) => Err(reason.clone()),
-        Slot::Ready(process) => match process.run(&line).await {
-            Ok(result) => Ok(result),
-            Err(e @ ActionError::NotAnObject) => Err(e.to_string()),
-            Err(e) => {
-                let reason = e.to_string();
-                *slot = Slot::Dead(reason.clone());
-                Err(reason)
+    let idle = runtime.idle.lock().pop();
+    let process = match idle {
+        Some(process) => Ok(process),
+        None => ActionProcess::start(action).await,
+    };
+    let answer = match process {
+        Err(e) => Err(e.to_string()),
+        Ok(mut process) => match process.run(&line).await {
+            Ok(result) => {
+                runtime.idle.lock().push(process);
+                Ok(result)
             }
+            Err(e @ ActionError::NotAnObject) => {
+                runtime.idle.lock().push(process);
+                Err(e.to_string())
+            }
+            // A process that failed is dropped (and killed); the next run starts another.
+            Err(e) => Err(e.to_string()),
         },
     };
     write_sentinels();
-    drop(slot);
     match answer {
         Ok(result) => HttpResponse::Ok().content_type("application/json").body(result),
         Err(reason) => error(StatusCode::BAD_GATEWAY, reason),
