@@ -222,3 +222,33 @@ async fn sigkill_and_restart_leave_no_process_of_this_invoker_only() {
     let (status, _) = restarted.invoke("pid", "blocking=true&result=true", json!({})).await;
     assert_eq!(status, 200, "the restarted invoker runs actions");
 }
+
+/// Spawns `sleep` in its own process group with `INVOKER_ID` set, as a runtime would be.
+fn stray(invoker_id: &str) -> std::process::Child {
+    use std::os::unix::process::CommandExt as _;
+    std::process::Command::new("sleep").arg("120").env("INVOKER_ID", invoker_id).process_group(0).spawn().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restart_kills_the_recorded_processes_of_its_own_invoker_id_only() {
+    // Runtimes exit on their own when their invoker dies; this covers the ones that could not
+    // (ignoring signals, or wedged): the restart kills what the records of this id name.
+    let dir = tempdir();
+    let id = id("records");
+    let records = dir.path().join("data/processes").join(&id);
+    std::fs::create_dir_all(&records).unwrap();
+    let mut ours = stray(&id);
+    let mut foreign = stray("someone-else");
+    std::fs::write(records.join("1.pid"), format!("{}\n", ours.id())).unwrap();
+    std::fs::write(records.join("2.pid"), format!("{}\n", foreign.id())).unwrap();
+    let _inv = Invoker::start(dir.path(), &id, "");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while ours.try_wait().unwrap().is_none() {
+        assert!(std::time::Instant::now() < deadline, "the earlier run's process was not killed");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(foreign.try_wait().unwrap().is_none(), "a process that is not this invoker's was spared");
+    foreign.kill().unwrap();
+    foreign.wait().unwrap();
+    assert!(!records.join("1.pid").exists() && !records.join("2.pid").exists(), "the records were cleared");
+}
