@@ -9,6 +9,7 @@
 mod nodes;
 #[cfg(test)]
 mod proptests;
+mod slab;
 #[cfg(test)]
 mod tests;
 mod types;
@@ -17,8 +18,10 @@ pub use nodes::NodeView;
 pub use types::*;
 
 use nodes::{Nodes, Placement};
+use rustc_hash::FxHashMap;
+use slab::Slab;
 use smallvec::SmallVec;
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, VecDeque};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
@@ -45,7 +48,10 @@ struct Container {
 #[derive(Debug, Default)]
 struct KeyState {
     /// Idle ready containers by idle sequence; the last is the most recently used (LIFO).
-    idle: BTreeMap<u64, ContainerId>,
+    /// Deleted lazily, as `PoolCore::lru`: an entry is live while its container's `idle_seq`
+    /// matches; `idle_live` counts the live ones.
+    idle: Vec<(u64, ContainerId)>,
+    idle_live: usize,
     /// Ready containers running some jobs but below their concurrency, by load.
     partial: BTreeSet<(usize, ContainerId)>,
     starting: u32,
@@ -96,15 +102,17 @@ pub struct ContainerView {
 #[derive(Debug)]
 pub struct PoolCore {
     config: CoreConfig,
-    containers: HashMap<ContainerId, Container>,
-    keys: HashMap<KeyId, KeyState>,
-    waiting: HashMap<JobId, Waiting>,
+    containers: Slab<Container>,
+    keys: FxHashMap<KeyId, KeyState>,
+    waiting: FxHashMap<JobId, Waiting>,
     deadlines: BTreeSet<(Time, JobId)>,
-    /// Every idle container, oldest first: the eviction and idle-timeout order.
-    lru: BTreeMap<u64, ContainerId>,
+    /// Every idle container, oldest first: the eviction and idle-timeout order. Entries are
+    /// deleted lazily (an entry is live while its container's `idle_seq` still matches), so a
+    /// warm activation never searches it; it is compacted when stale entries dominate.
+    lru: VecDeque<(u64, ContainerId)>,
+    idle_total: usize,
     blocked: VecDeque<KeyId>,
     nodes: Nodes,
-    next_container: u64,
     next_idle_seq: u64,
     draining: bool,
 }
@@ -114,13 +122,13 @@ impl PoolCore {
         PoolCore {
             nodes: Nodes::new(config.buffer_mb, config.stats_ttl, config.max_starts_per_node),
             config,
-            containers: HashMap::new(),
-            keys: HashMap::new(),
-            waiting: HashMap::new(),
+            containers: Slab::default(),
+            keys: FxHashMap::default(),
+            waiting: FxHashMap::default(),
             deadlines: BTreeSet::new(),
-            lru: BTreeMap::new(),
+            lru: VecDeque::new(),
+            idle_total: 0,
             blocked: VecDeque::new(),
-            next_container: 1,
             next_idle_seq: 0,
             draining: false,
         }
@@ -179,7 +187,7 @@ impl PoolCore {
         let mut views: Vec<ContainerView> = self
             .containers
             .iter()
-            .map(|(&id, c)| ContainerView {
+            .map(|(id, c)| ContainerView {
                 id,
                 key: c.key,
                 node: c.node.clone(),
@@ -208,7 +216,7 @@ impl PoolCore {
 
     /// True when a job of `key` could be dispatched right now without waiting.
     pub fn has_free_container(&self, key: KeyId) -> bool {
-        self.keys.get(&key).is_some_and(|k| !k.idle.is_empty() || !k.partial.is_empty())
+        self.keys.get(&key).is_some_and(|k| k.idle_live > 0 || !k.partial.is_empty())
     }
 
     fn on_arrived(&mut self, job: Job, now: Time, fx: &mut Effects) {
@@ -226,7 +234,13 @@ impl PoolCore {
         let key = self.keys.entry(job.key).or_default();
         key.memory_mb = job.memory_mb;
         key.concurrency = job.concurrency.max(1);
-        let free = key.partial.last().map(|&(_, c)| c).or_else(|| key.idle.last_key_value().map(|(_, &c)| c));
+        let mut free = key.partial.last().map(|&(_, c)| c);
+        while free.is_none() {
+            let Some((seq, id)) = key.idle.pop() else { break };
+            if self.containers.get(&id).is_some_and(|c| c.idle_seq == Some(seq)) {
+                free = Some(id);
+            }
+        }
         if let Some(container) = free {
             self.dispatch(container, job.id, fx);
             self.settle(container, now);
@@ -331,8 +345,11 @@ impl PoolCore {
                 self.gc_key(w.key);
             }
         }
-        while let Some((_, &id)) = self.lru.first_key_value() {
-            let c = &self.containers[&id];
+        while let Some(&(seq, id)) = self.lru.front() {
+            let Some(c) = self.containers.get(&id).filter(|c| c.idle_seq == Some(seq)) else {
+                self.lru.pop_front();
+                continue;
+            };
             if c.idle_since + self.config.idle_timeout > now {
                 break;
             }
@@ -353,7 +370,7 @@ impl PoolCore {
                 fx.push(Effect::Reject { job, reason: RejectReason::Draining });
             }
         }
-        let idle: Vec<ContainerId> = self.lru.values().copied().collect();
+        let idle: Vec<ContainerId> = self.idle_oldest_first().collect();
         for id in idle {
             self.retire(id, fx);
         }
@@ -388,27 +405,22 @@ impl PoolCore {
     }
 
     fn create(&mut self, key_id: KeyId, node: NodeId, fx: &mut Effects) {
-        let id = ContainerId(self.next_container);
-        self.next_container += 1;
         let key = self.keys.get_mut(&key_id).expect("key exists");
         key.starting += 1;
         key.containers += 1;
         let (memory_mb, concurrency) = (key.memory_mb, key.concurrency);
+        let id = self.containers.insert(Container {
+            key: key_id,
+            node: node.clone(),
+            memory_mb,
+            concurrency,
+            phase: Phase::Starting,
+            running: SmallVec::new(),
+            idle_seq: None,
+            idle_since: Time::ZERO,
+            retiring: false,
+        });
         self.nodes.reserve(&node, id, memory_mb);
-        self.containers.insert(
-            id,
-            Container {
-                key: key_id,
-                node: node.clone(),
-                memory_mb,
-                concurrency,
-                phase: Phase::Starting,
-                running: SmallVec::new(),
-                idle_seq: None,
-                idle_since: Time::ZERO,
-                retiring: false,
-            },
-        );
         fx.push(Effect::Create { container: id, key: key_id, memory_mb, node });
     }
 
@@ -418,9 +430,9 @@ impl PoolCore {
         if self.nodes.room_coming(memory_mb, now) {
             return;
         }
-        let mut freed: HashMap<NodeId, (u64, Vec<ContainerId>)> = HashMap::new();
+        let mut freed: FxHashMap<NodeId, (u64, Vec<ContainerId>)> = FxHashMap::default();
         let mut chosen = None;
-        for &id in self.lru.values() {
+        for id in self.idle_oldest_first() {
             let c = &self.containers[&id];
             if c.key == key_id {
                 continue;
@@ -495,13 +507,21 @@ impl PoolCore {
         fx.push(Effect::Dispatch { job, container: id });
     }
 
+    /// Idle containers, least recently used first (the live entries of `lru`).
+    fn idle_oldest_first(&self) -> impl Iterator<Item = ContainerId> + '_ {
+        self.lru
+            .iter()
+            .filter(|(seq, id)| self.containers.get(id).is_some_and(|c| c.idle_seq == Some(*seq)))
+            .map(|&(_, id)| id)
+    }
+
     /// Removes a ready container from the idle and partial indexes (before its load changes).
     fn unsettle(&mut self, id: ContainerId) {
         let Some(c) = self.containers.get_mut(&id) else { return };
         let Some(key) = self.keys.get_mut(&c.key) else { return };
-        if let Some(seq) = c.idle_seq.take() {
-            key.idle.remove(&seq);
-            self.lru.remove(&seq);
+        if c.idle_seq.take().is_some() {
+            key.idle_live -= 1;
+            self.idle_total -= 1;
         }
         key.partial.remove(&(c.running.len(), id));
     }
@@ -518,8 +538,18 @@ impl PoolCore {
             self.next_idle_seq += 1;
             c.idle_seq = Some(seq);
             c.idle_since = now;
-            key.idle.insert(seq, id);
-            self.lru.insert(seq, id);
+            key.idle.push((seq, id));
+            key.idle_live += 1;
+            if key.idle.len() > 2 * key.idle_live + 8 {
+                let containers = &self.containers;
+                key.idle.retain(|(seq, id)| containers.get(id).is_some_and(|c| c.idle_seq == Some(*seq)));
+            }
+            self.idle_total += 1;
+            self.lru.push_back((seq, id));
+            if self.lru.len() > 4 * self.idle_total + 64 {
+                let containers = &self.containers;
+                self.lru.retain(|(seq, id)| containers.get(id).is_some_and(|c| c.idle_seq == Some(*seq)));
+            }
         } else if c.running.len() < c.concurrency as usize {
             key.partial.insert((c.running.len(), id));
         }

@@ -9,7 +9,7 @@
 //! Stats older than the TTL count as nothing free. The launchability buffer is kept free in both.
 
 use super::types::{ContainerId, NodeId, NodeStatsUpdate, Time};
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::time::Duration;
 
 #[derive(Debug)]
@@ -22,7 +22,7 @@ struct NodeState {
     removing_mb: u64,
     starts: u32,
     /// Our containers the stats may not show yet, with the time they were seen started.
-    unconfirmed: HashMap<ContainerId, (u32, Option<Time>)>,
+    unconfirmed: FxHashMap<ContainerId, (u32, Option<Time>)>,
 }
 
 /// One node as the pool sees it, for health and the pool view.
@@ -49,7 +49,7 @@ pub(super) enum Placement {
 
 #[derive(Debug)]
 pub(super) struct Nodes {
-    nodes: HashMap<NodeId, NodeState>,
+    nodes: FxHashMap<NodeId, NodeState>,
     largest_capacity_mb: Option<u64>,
     buffer_mb: u64,
     ttl: Duration,
@@ -58,7 +58,7 @@ pub(super) struct Nodes {
 
 impl Nodes {
     pub(super) fn new(buffer_mb: u64, ttl: Duration, max_starts: u32) -> Self {
-        Nodes { nodes: HashMap::new(), largest_capacity_mb: None, buffer_mb, ttl, max_starts }
+        Nodes { nodes: FxHashMap::default(), largest_capacity_mb: None, buffer_mb, ttl, max_starts }
     }
 
     pub(super) fn update(&mut self, update: NodeStatsUpdate, now: Time) {
@@ -71,7 +71,7 @@ impl Nodes {
             reserved_mb: 0,
             removing_mb: 0,
             starts: 0,
-            unconfirmed: HashMap::new(),
+            unconfirmed: FxHashMap::default(),
         });
         if observed_at < n.observed_at {
             return; // an older snapshot overtaken by a newer one

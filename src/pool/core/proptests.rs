@@ -8,7 +8,7 @@
 
 use super::*;
 use proptest::prelude::*;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 const NODES: [(&str, u64); 2] = [("a", 1024), ("b", 640)];
