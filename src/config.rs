@@ -112,6 +112,21 @@ pub enum FactoryKind {
 pub struct FactoryConfig {
     pub kind: FactoryKind,
     pub process: ProcessFactoryConfig,
+    pub mock: MockFactoryConfig,
+}
+
+/// The mock factory (for tests and benchmarks): in-process HTTP runtimes on simulated nodes.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MockFactoryConfig {
+    pub nodes: u32,
+    pub node_memory_mb: u64,
+}
+
+impl Default for MockFactoryConfig {
+    fn default() -> Self {
+        MockFactoryConfig { nodes: 1, node_memory_mb: 2048 }
+    }
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -212,7 +227,11 @@ impl Default for ProxyConfig {
 
 impl Default for FactoryConfig {
     fn default() -> Self {
-        FactoryConfig { kind: FactoryKind::Process, process: ProcessFactoryConfig::default() }
+        FactoryConfig {
+            kind: FactoryKind::Process,
+            process: ProcessFactoryConfig::default(),
+            mock: MockFactoryConfig::default(),
+        }
     }
 }
 
@@ -267,6 +286,9 @@ impl Config {
             && self.invoker_id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
         if !id_ok {
             return Err(bad("invoker_id", "must be 1 to 32 letters, digits, '-' or '_'"));
+        }
+        if self.factory.mock.nodes == 0 || self.factory.mock.nodes > 10_000 {
+            return Err(bad("factory.mock.nodes", "must be 1 to 10000"));
         }
         for (ns, key) in &self.namespaces {
             crate::model::validate_entity_name("namespaces", ns).map_err(|r| bad(&format!("namespaces.{ns}"), r))?;

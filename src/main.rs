@@ -92,7 +92,11 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let epoch = Epoch(Instant::now());
     let factory = match config.factory.kind {
         FactoryKind::Process => Factory::Process(ProcessFactory::new(&config, epoch)?),
-        FactoryKind::Mock => Factory::Mock(MockFactory::new(MockConfig::default(), epoch)),
+        FactoryKind::Mock => {
+            let m = &config.factory.mock;
+            let nodes = (0..m.nodes).map(|i| (format!("mock{i}"), m.node_memory_mb)).collect();
+            Factory::Mock(MockFactory::new(MockConfig { nodes, ..MockConfig::default() }, epoch))
+        }
     };
     tracing::info!("{}", factory.describe());
     let metrics = Arc::new(Metrics::default());

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The warm path measured side by side with the runtime called directly, in one run, A/B
+# alternating; a cold start each way; the invoker's resident memory. The last line printed is
+# one JSON object (see BENCHMARKS.md).
+#
+#   scripts/bench.sh            # full: 5 s slices, 3 rounds per mode and concurrency, memory
+#   scripts/bench.sh --quick    # within 60 s once built: 2 s slices, 2 rounds
+#   K=8 scripts/bench.sh        # the concurrency K (and the number of warm containers)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+quick=false
+for arg in "$@"; do
+    case "$arg" in
+        --quick) quick=true ;;
+        *) echo "usage: scripts/bench.sh [--quick]" >&2; exit 2 ;;
+    esac
+done
+
+if ! command -v python3 >/dev/null; then
+    echo "installing python3 (the benchmark's no-op action is python)" >&2
+    apt-get install -y python3-minimal >&2
+fi
+
+cargo build --release --bins >&2
+k="${K:-8}"
+if $quick; then
+    exec target/release/invoker-bench --k "$k" --slice 2 --rounds 2 --cold 3
+else
+    exec target/release/invoker-bench --k "$k" --slice 5 --rounds 3 --cold 5 --memory
+fi
