@@ -12,7 +12,7 @@ use invoker::factory::{Epoch, Factory};
 use invoker::metrics::Metrics;
 use invoker::pool::actor::{ContainerPool, PoolHandle};
 use invoker::runtime::{Launcher, Listen, RuntimeOptions};
-use invoker::store::{RedbStore, Store};
+use invoker::store::{JournaledStore, Store};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -83,7 +83,7 @@ fn main() -> anyhow::Result<()> {
 
 async fn serve(config: Config) -> anyhow::Result<()> {
     std::fs::create_dir_all(&config.data_dir).with_context(|| format!("data_dir {}", config.data_dir.display()))?;
-    let store = RedbStore::open(&config.data_dir.join("invoker.redb"))?;
+    let store = JournaledStore::open(&config.data_dir.join("invoker.redb"), &config.data_dir.join("journal"))?;
     let recovered = store.recover_unfinished(invoker::model::epoch_ms())?;
     if recovered > 0 {
         tracing::warn!(recovered, "activations left unfinished by an earlier run got whisk-error records");

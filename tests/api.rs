@@ -14,7 +14,7 @@ use invoker::factory::{Epoch, Factory};
 use invoker::metrics::Metrics;
 use invoker::model::new_activation_id;
 use invoker::pool::actor::{ContainerPool, PoolHandle};
-use invoker::store::{RedbStore, Store};
+use invoker::store::{JournaledStore, Store};
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Instant;
@@ -36,7 +36,8 @@ fn harness(tweak: impl FnOnce(&mut Config), mock: MockConfig) -> (Harness, web::
     config.limits.code_max_bytes = 256 * 1024;
     tweak(&mut config);
     config.validate().unwrap();
-    let store: Arc<dyn Store> = Arc::new(RedbStore::open(&dir.path().join("s.redb")).unwrap());
+    let store: Arc<dyn Store> =
+        Arc::new(JournaledStore::open(&dir.path().join("s.redb"), &dir.path().join("journal")).unwrap());
     let epoch = Epoch(Instant::now());
     let metrics = Arc::new(Metrics::default());
     let pool = ContainerPool::new(

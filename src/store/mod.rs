@@ -4,8 +4,10 @@
 //! the activation is acknowledged, `finish` replaces it with the record, and at start-up
 //! `recover_unfinished` turns whatever an earlier run left pending into whisk-error records.
 
+mod journal;
 mod redb_store;
 
+pub use journal::JournaledStore;
 pub use redb_store::RedbStore;
 
 use crate::model::{Action, ActivationMeta, ActivationRecord};

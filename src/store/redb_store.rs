@@ -66,6 +66,42 @@ impl RedbStore {
         Ok(RedbStore { db })
     }
 
+    /// Whether an activation id was seen before (finished or pending), without writing.
+    pub fn seen(&self, id: &str) -> Result<Accepted, StoreError> {
+        let txn = self.db.begin_read().map_err(db_err)?;
+        if let Some(v) = txn.open_table(ACTIVATIONS).map_err(db_err)?.get(id).map_err(db_err)? {
+            return Ok(Accepted::Finished(Box::new(decode(id, v.value())?)));
+        }
+        if txn.open_table(PENDING).map_err(db_err)?.get(id).map_err(db_err)?.is_some() {
+            return Ok(Accepted::Pending);
+        }
+        Ok(Accepted::New)
+    }
+
+    /// Writes a batch in one durable transaction: pending entries, then records (which clear
+    /// their pending entries). Applying a batch twice changes nothing.
+    pub fn apply(&self, accepted: &[ActivationMeta], finished: &[ActivationRecord]) -> Result<(), StoreError> {
+        if accepted.is_empty() && finished.is_empty() {
+            return Ok(());
+        }
+        let txn = self.db.begin_write().map_err(db_err)?;
+        {
+            let records = txn.open_table(ACTIVATIONS).map_err(db_err)?;
+            let mut pending = txn.open_table(PENDING).map_err(db_err)?;
+            for meta in accepted {
+                let id = meta.activation_id.as_str();
+                if records.get(id).map_err(db_err)?.is_none() {
+                    pending.insert(id, encode(meta).as_slice()).map_err(db_err)?;
+                }
+            }
+        }
+        for record in finished {
+            Self::write_record(&txn, record)?;
+        }
+        txn.commit().map_err(db_err)?;
+        Ok(())
+    }
+
     fn write_record(txn: &redb::WriteTransaction, record: &ActivationRecord) -> Result<(), StoreError> {
         let id = record.activation_id.as_str();
         let ns_key = format!("{}\0{:020}\0{id}", record.namespace, record.start);

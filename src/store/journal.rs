@@ -1,0 +1,356 @@
+//! The activation hot path without an fsync: `accept` and `finish` append one line each to a
+//! journal file (a `write(2)`, in the page cache, so it survives a SIGKILL of the invoker) and
+//! keep the entry in memory; a background thread moves what the journal holds into redb in one
+//! transaction every `FLUSH_EVERY` (group commit), then deletes the journal segment it covered.
+//! At open, segments an earlier run left are replayed into redb first. Reads see the memory
+//! first, then redb, so a record is visible the moment it is finished.
+//!
+//! Power loss may lose the last `FLUSH_EVERY` of journal lines (they are not fsynced); a
+//! SIGKILL loses nothing.
+
+use super::{Accepted, RedbStore, Store, StoreError};
+use crate::model::{Action, ActivationMeta, ActivationRecord};
+use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
+use std::fs::File;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+const FLUSH_EVERY: Duration = Duration::from_millis(50);
+
+pub struct JournaledStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    db: RedbStore,
+    dir: PathBuf,
+    state: Mutex<State>,
+    /// Serialises flushes (the thread's and an explicit one).
+    flushing: Mutex<()>,
+}
+
+struct State {
+    file: File,
+    segment: u64,
+    /// Accepted and not finished; `true` once redb's pending table has it.
+    pending: FxHashMap<String, (ActivationMeta, bool)>,
+    /// Finished, not yet in redb.
+    finished: FxHashMap<String, ActivationRecord>,
+    /// Being written to redb by a flush right now (still visible to reads).
+    in_flight: FxHashMap<String, ActivationRecord>,
+}
+
+fn io_err(what: &str, e: std::io::Error) -> StoreError {
+    StoreError::Corrupt { key: what.to_string(), reason: e.to_string() }
+}
+
+fn segment_path(dir: &Path, n: u64) -> PathBuf {
+    dir.join(format!("journal.{n:020}"))
+}
+
+fn segments(dir: &Path) -> Result<Vec<(u64, PathBuf)>, StoreError> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(|e| io_err("journal directory", e))? {
+        let path = entry.map_err(|e| io_err("journal directory", e))?.path();
+        let n = path.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_prefix("journal.")?.parse().ok());
+        if let Some(n) = n {
+            found.push((n, path));
+        }
+    }
+    found.sort();
+    Ok(found)
+}
+
+fn open_segment(dir: &Path, n: u64) -> Result<File, StoreError> {
+    File::options().create(true).append(true).open(segment_path(dir, n)).map_err(|e| io_err("journal segment", e))
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+enum Line {
+    A(ActivationMeta),
+    F(Box<ActivationRecord>),
+}
+
+impl JournaledStore {
+    /// Opens redb at `db_path`, replays the journal segments in `dir` into it, and starts the
+    /// flusher thread.
+    pub fn open(db_path: &Path, dir: &Path) -> Result<Self, StoreError> {
+        let db = RedbStore::open(db_path)?;
+        std::fs::create_dir_all(dir).map_err(|e| io_err("journal directory", e))?;
+        let found = segments(dir)?;
+        for (_, path) in &found {
+            replay(&db, path)?;
+        }
+        for (_, path) in &found {
+            let _ = std::fs::remove_file(path);
+        }
+        let segment = found.last().map_or(0, |(n, _)| n + 1);
+        let state = State {
+            file: open_segment(dir, segment)?,
+            segment,
+            pending: FxHashMap::default(),
+            finished: FxHashMap::default(),
+            in_flight: FxHashMap::default(),
+        };
+        let inner = Arc::new(Inner { db, dir: dir.to_path_buf(), state: Mutex::new(state), flushing: Mutex::new(()) });
+        let weak = Arc::downgrade(&inner);
+        std::thread::Builder::new()
+            .name("store-flush".into())
+            .spawn(move || flush_loop(weak))
+            .map_err(|e| io_err("flusher thread", e))?;
+        Ok(JournaledStore { inner })
+    }
+
+    /// Moves everything journaled so far into redb (also done every `FLUSH_EVERY`).
+    pub fn flush(&self) -> Result<(), StoreError> {
+        self.inner.flush()
+    }
+}
+
+/// Applies one segment to redb; a torn last line (the invoker died mid-write) is skipped.
+fn replay(db: &RedbStore, path: &Path) -> Result<(), StoreError> {
+    let file = File::open(path).map_err(|e| io_err("journal segment", e))?;
+    let (mut accepted, mut finished) = (Vec::new(), Vec::new());
+    for line in BufReader::new(file).split(b'\n') {
+        let line = line.map_err(|e| io_err("journal segment", e))?;
+        match serde_json::from_slice::<Line>(&line) {
+            Ok(Line::A(meta)) => accepted.push(meta),
+            Ok(Line::F(record)) => finished.push(*record),
+            Err(_) => tracing::warn!(path = %path.display(), "skipped a torn journal line"),
+        }
+    }
+    db.apply(&accepted, &finished)
+}
+
+fn flush_loop(inner: Weak<Inner>) {
+    loop {
+        std::thread::sleep(FLUSH_EVERY);
+        let Some(inner) = inner.upgrade() else { return };
+        if let Err(e) = inner.flush() {
+            tracing::error!("moving the journal into the store failed (will retry): {e}");
+        }
+    }
+}
+
+impl Inner {
+    fn append(state: &mut State, line: &Line) -> Result<(), StoreError> {
+        let mut bytes = serde_json::to_vec(line).map_err(|e| io_err("journal line", e.into()))?;
+        bytes.push(b'\n');
+        state.file.write_all(&bytes).map_err(|e| io_err("journal append", e))
+    }
+
+    fn flush(&self) -> Result<(), StoreError> {
+        let _one_at_a_time = self.flushing.lock();
+        let (old_segment, accepted, finished) = {
+            let mut state = self.state.lock();
+            let unsaved: Vec<ActivationMeta> = state
+                .pending
+                .values_mut()
+                .filter(|(_, saved)| !*saved)
+                .map(|(meta, saved)| {
+                    *saved = true;
+                    meta.clone()
+                })
+                .collect();
+            if unsaved.is_empty() && state.finished.is_empty() {
+                return Ok(());
+            }
+            let old = state.segment;
+            state.file = open_segment(&self.dir, old + 1)?;
+            state.segment = old + 1;
+            state.in_flight = std::mem::take(&mut state.finished);
+            (old, unsaved, state.in_flight.values().cloned().collect::<Vec<_>>())
+        };
+        let applied = self.db.apply(&accepted, &finished);
+        let mut state = self.state.lock();
+        match applied {
+            Ok(()) => {
+                state.in_flight.clear();
+                drop(state);
+                for (n, path) in segments(&self.dir)? {
+                    if n <= old_segment {
+                        let _ = std::fs::remove_file(path);
+                    }
+                }
+                Ok(())
+            }
+            Err(e) => {
+                // Keep everything for the next attempt; the segments stay on disk too.
+                let in_flight = std::mem::take(&mut state.in_flight);
+                state.finished.extend(in_flight);
+                for meta in &accepted {
+                    if let Some(entry) = state.pending.get_mut(&meta.activation_id) {
+                        entry.1 = false;
+                    }
+                }
+                Err(e)
+            }
+        }
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Err(e) = self.flush() {
+            tracing::error!("the last journal flush failed; the journal is replayed at the next start: {e}");
+        }
+    }
+}
+
+impl Store for JournaledStore {
+    fn put_action(&self, action: Action, overwrite: bool) -> Result<Action, StoreError> {
+        self.inner.db.put_action(action, overwrite)
+    }
+
+    fn get_action(&self, namespace: &str, name: &str) -> Result<Option<Action>, StoreError> {
+        self.inner.db.get_action(namespace, name)
+    }
+
+    fn list_actions(&self, namespace: &str, skip: usize, limit: usize) -> Result<Vec<Action>, StoreError> {
+        self.inner.db.list_actions(namespace, skip, limit)
+    }
+
+    fn delete_action(&self, namespace: &str, name: &str) -> Result<Option<Action>, StoreError> {
+        self.inner.db.delete_action(namespace, name)
+    }
+
+    fn accept(&self, meta: &ActivationMeta) -> Result<Accepted, StoreError> {
+        let id = meta.activation_id.as_str();
+        let mut state = self.inner.state.lock();
+        if state.pending.contains_key(id) {
+            return Ok(Accepted::Pending);
+        }
+        if let Some(record) = state.finished.get(id).or_else(|| state.in_flight.get(id)) {
+            return Ok(Accepted::Finished(Box::new(record.clone())));
+        }
+        // Under the lock, so that two deliveries of one id cannot both be new.
+        match self.inner.db.seen(id)? {
+            Accepted::New => {}
+            seen => return Ok(seen),
+        }
+        Inner::append(&mut state, &Line::A(meta.clone()))?;
+        state.pending.insert(id.to_string(), (meta.clone(), false));
+        Ok(Accepted::New)
+    }
+
+    fn finish(&self, record: &ActivationRecord) -> Result<(), StoreError> {
+        let line = Line::F(Box::new(record.clone()));
+        let mut state = self.inner.state.lock();
+        Inner::append(&mut state, &line)?;
+        state.pending.remove(&record.activation_id);
+        let Line::F(record) = line else { unreachable!("built above") };
+        state.finished.insert(record.activation_id.clone(), *record);
+        Ok(())
+    }
+
+    fn get_activation(&self, id: &str) -> Result<Option<ActivationRecord>, StoreError> {
+        {
+            let state = self.inner.state.lock();
+            if let Some(record) = state.finished.get(id).or_else(|| state.in_flight.get(id)) {
+                return Ok(Some(record.clone()));
+            }
+        }
+        self.inner.db.get_activation(id)
+    }
+
+    fn list_activations(
+        &self,
+        namespace: &str,
+        name: Option<&str>,
+        skip: usize,
+        limit: usize,
+    ) -> Result<Vec<ActivationRecord>, StoreError> {
+        let mut records: Vec<ActivationRecord> = {
+            let state = self.inner.state.lock();
+            state
+                .finished
+                .values()
+                .chain(state.in_flight.values())
+                .filter(|r| r.namespace == namespace && name.is_none_or(|n| n == r.name))
+                .cloned()
+                .collect()
+        };
+        records.extend(self.inner.db.list_activations(namespace, name, 0, skip.saturating_add(limit))?);
+        records.sort_by(|a, b| (b.start, &b.activation_id).cmp(&(a.start, &a.activation_id)));
+        records.dedup_by(|a, b| a.activation_id == b.activation_id);
+        Ok(records.into_iter().skip(skip).take(limit).collect())
+    }
+
+    fn recover_unfinished(&self, now_ms: u64) -> Result<usize, StoreError> {
+        self.inner.flush()?;
+        self.inner.db.recover_unfinished(now_ms)
+    }
+
+    fn expire(&self, before_ms: u64) -> Result<usize, StoreError> {
+        self.inner.db.expire(before_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Limits, Outcome};
+
+    fn meta(id: &str) -> ActivationMeta {
+        ActivationMeta {
+            activation_id: id.into(),
+            namespace: "guest".into(),
+            name: "a".into(),
+            version: "0.0.1".into(),
+            subject: "guest".into(),
+            kind: "python:3".into(),
+            limits: Limits { timeout: 1000, memory: 256, logs: 10, concurrency: 1 },
+            accepted_at: 1,
+        }
+    }
+
+    fn open(dir: &Path) -> JournaledStore {
+        JournaledStore::open(&dir.join("s.redb"), &dir.join("journal")).unwrap()
+    }
+
+    fn record(id: &str) -> ActivationRecord {
+        let mut r = ActivationRecord::whisk_error(&meta(id), "x", 5);
+        r.response = crate::model::ActivationResponse::new(Outcome::Success, serde_json::json!({"ok": true}));
+        r.status_code = 0;
+        r
+    }
+
+    #[test]
+    fn records_are_visible_at_once_and_survive_a_flush() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        assert_eq!(store.accept(&meta("a1")).unwrap(), Accepted::New);
+        assert_eq!(store.accept(&meta("a1")).unwrap(), Accepted::Pending);
+        store.finish(&record("a1")).unwrap();
+        assert_eq!(store.get_activation("a1").unwrap().unwrap().activation_id, "a1");
+        store.flush().unwrap();
+        assert_eq!(store.get_activation("a1").unwrap().unwrap().activation_id, "a1");
+        assert!(matches!(store.accept(&meta("a1")).unwrap(), Accepted::Finished(_)));
+        assert_eq!(store.list_activations("guest", None, 0, 10).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_killed_run_is_replayed_from_the_journal() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        store.accept(&meta("done")).unwrap();
+        store.finish(&record("done")).unwrap();
+        store.accept(&meta("open")).unwrap();
+        // A SIGKILL: no flush, no drop; only the journal on disk remains.
+        std::mem::forget(store);
+        let journal = dir.path().join("journal");
+        let copy = tempfile::tempdir().unwrap();
+        for (_, path) in segments(&journal).unwrap() {
+            std::fs::copy(&path, copy.path().join(path.file_name().unwrap())).unwrap();
+        }
+        let mut torn = File::options().append(true).open(segments(copy.path()).unwrap()[0].1.clone()).unwrap();
+        torn.write_all(b"{\"A\":{\"activation_id\":").unwrap();
+        let store = JournaledStore::open(&dir.path().join("s2.redb"), copy.path()).unwrap();
+        assert_eq!(store.get_activation("done").unwrap().unwrap().response.status_code, 0);
+        assert_eq!(store.recover_unfinished(9).unwrap(), 1, "the open one gets its whisk-error record");
+        assert_eq!(store.get_activation("open").unwrap().unwrap().response.status_code, 3);
+    }
+}
