@@ -127,11 +127,8 @@ impl ActivationService {
             accepted_at: epoch_ms(),
         };
         let slot = self.take_slot(&action.namespace)?;
-        let store = self.store.clone();
-        let m = meta.clone();
-        let seen = tokio::task::spawn_blocking(move || store.accept(&m))
-            .await
-            .map_err(|e| StoreError::Corrupt { key: "accept".into(), reason: e.to_string() })??;
+        // A journal append (and an index lookup for duplicates): quick enough to call inline.
+        let seen = self.store.accept(&meta)?;
         match seen {
             Accepted::New => {}
             Accepted::Finished(record) => return Ok(Invoked::Done(record)),

@@ -55,27 +55,15 @@ impl Completion {
 }
 
 impl CompletionInner {
+    /// Stores the record first, then answers: whoever is answered can read it back at once.
+    /// The store's `finish` is a journal append, quick enough to call on any thread.
     fn finish(self, record: ActivationRecord) {
         self.metrics.activation_finished(&record);
-        let CompletionInner { store, reply, _slot, .. } = self;
-        let write = async move {
-            let stored = record.clone();
-            let result = tokio::task::spawn_blocking(move || store.finish(&stored)).await;
-            match result {
-                Ok(Err(e)) => tracing::error!(activation = %record.activation_id, "record not stored: {e}"),
-                Err(e) => tracing::error!(activation = %record.activation_id, "record not stored: {e}"),
-                Ok(Ok(())) => {}
-            }
-            if let Some(reply) = reply {
-                let _ = reply.send(record);
-            }
-            drop(_slot);
-        };
-        match tokio::runtime::Handle::try_current() {
-            Ok(rt) => {
-                rt.spawn(write);
-            }
-            Err(_) => tracing::error!("no runtime to store an activation record on"),
+        if let Err(e) = self.store.finish(&record) {
+            tracing::error!(activation = %record.activation_id, "record not stored: {e}");
+        }
+        if let Some(reply) = self.reply {
+            let _ = reply.send(record);
         }
     }
 }

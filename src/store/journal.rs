@@ -68,10 +68,17 @@ fn open_segment(dir: &Path, n: u64) -> Result<File, StoreError> {
     File::options().create(true).append(true).open(segment_path(dir, n)).map_err(|e| io_err("journal segment", e))
 }
 
-#[derive(serde::Serialize, serde::Deserialize)]
+#[derive(serde::Deserialize)]
 enum Line {
     A(ActivationMeta),
     F(Box<ActivationRecord>),
+}
+
+/// What `Line` reads, written without a copy.
+#[derive(serde::Serialize)]
+enum LineRef<'a> {
+    A(&'a ActivationMeta),
+    F(&'a ActivationRecord),
 }
 
 impl JournaledStore {
@@ -136,7 +143,7 @@ fn flush_loop(inner: Weak<Inner>) {
 }
 
 impl Inner {
-    fn append(state: &mut State, line: &Line) -> Result<(), StoreError> {
+    fn append(state: &mut State, line: &LineRef<'_>) -> Result<(), StoreError> {
         let mut bytes = serde_json::to_vec(line).map_err(|e| io_err("journal line", e.into()))?;
         bytes.push(b'\n');
         state.file.write_all(&bytes).map_err(|e| io_err("journal append", e))
@@ -231,18 +238,16 @@ impl Store for JournaledStore {
             Accepted::New => {}
             seen => return Ok(seen),
         }
-        Inner::append(&mut state, &Line::A(meta.clone()))?;
+        Inner::append(&mut state, &LineRef::A(meta))?;
         state.pending.insert(id.to_string(), (meta.clone(), false));
         Ok(Accepted::New)
     }
 
     fn finish(&self, record: &ActivationRecord) -> Result<(), StoreError> {
-        let line = Line::F(Box::new(record.clone()));
         let mut state = self.inner.state.lock();
-        Inner::append(&mut state, &line)?;
+        Inner::append(&mut state, &LineRef::F(record))?;
         state.pending.remove(&record.activation_id);
-        let Line::F(record) = line else { unreachable!("built above") };
-        state.finished.insert(record.activation_id.clone(), *record);
+        state.finished.insert(record.activation_id.clone(), record.clone());
         Ok(())
     }
 

@@ -33,6 +33,8 @@ pub enum Accepted {
     Finished(Box<ActivationRecord>),
 }
 
+/// Activation calls (`accept`, `finish`, `get_activation`) are made on async threads: an
+/// implementation must answer them quickly (the journaled store appends one line).
 pub trait Store: Send + Sync + 'static {
     /// Creates or (with `overwrite`) replaces an action, bumping its version and revision.
     fn put_action(&self, action: Action, overwrite: bool) -> Result<Action, StoreError>;
