@@ -148,7 +148,7 @@ impl ActivationService {
         };
         // If the pool is gone, the job's completion was dropped with the message and wrote
         // a whisk-error record; the waiter below sees it.
-        let _ = self.pool.submit(run).await;
+        self.pool.submit(run);
         let Some(wait) = req.wait else { return Ok(Invoked::Accepted(req.activation_id)) };
         match tokio::time::timeout(wait, rx).await {
             Ok(Ok(record)) => Ok(Invoked::Done(Box::new(record))),

@@ -346,8 +346,11 @@ impl PoolHandle {
     }
 
     /// Hands a job over; fails only when the pool is gone (the job is then answered here).
-    pub async fn submit(&self, run: RunJob) -> Result<(), ()> {
-        self.addr.send(Submit(run)).await.map_err(|_| ())
+    /// Hands a job over without waiting for the pool to take it (one thread hop, not two).
+    /// If the pool is gone, the job's completion is dropped with the message and writes a
+    /// whisk-error record, so nothing is lost.
+    pub fn submit(&self, run: RunJob) {
+        self.addr.do_send(Submit(run));
     }
 
     pub async fn snapshot(&self) -> Option<PoolSnapshot> {
