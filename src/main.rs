@@ -16,7 +16,8 @@ use invoker::store::{JournaledStore, Store};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Instant;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 #[derive(Parser)]
 #[command(
@@ -102,22 +103,33 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::default());
     let listener = std::net::TcpListener::bind(config.listen).with_context(|| format!("listen {}", config.listen))?;
     let addr = listener.local_addr()?;
-    let pool = PoolHandle::start(ContainerPool::new(
-        factory.clone(),
-        epoch,
-        config.pool.clone(),
-        config.proxy.clone(),
-        format!("http://{addr}"),
-        config.limits.payload_max_bytes,
-        metrics.clone(),
-    ));
-    let service = ActivationService::new(store.clone(), pool.clone(), metrics, config.limits.namespace_concurrent);
+    // The HTTP front door, the pool and the proxies share one thread (the server's single
+    // worker): a warm activation crosses no thread boundary inside the invoker. The runtimes
+    // and the actions run on the other cores.
     let config = Arc::new(config);
-    let api = configure(actix_web::web::Data::new(AppState::new(service.clone(), config.clone())));
-    let server = actix_web::HttpServer::new(move || actix_web::App::new().configure(api.clone()))
-        .disable_signals()
-        .listen(listener)?
-        .run();
+    let service_cell: Arc<OnceLock<ActivationService>> = Arc::default();
+    let (cell, cfg, store_for_workers, factory_for_workers) =
+        (service_cell.clone(), config.clone(), store.clone(), factory.clone());
+    let server = actix_web::HttpServer::new(move || {
+        let service = cell.get_or_init(|| {
+            let pool = PoolHandle::start(ContainerPool::new(
+                factory_for_workers.clone(),
+                epoch,
+                cfg.pool.clone(),
+                cfg.proxy.clone(),
+                format!("http://{addr}"),
+                cfg.limits.payload_max_bytes,
+                metrics.clone(),
+            ));
+            ActivationService::new(store_for_workers.clone(), pool, metrics.clone(), cfg.limits.namespace_concurrent)
+        });
+        let api = configure(actix_web::web::Data::new(AppState::new(service.clone(), cfg.clone())));
+        actix_web::App::new().configure(api)
+    })
+    .workers(1)
+    .disable_signals()
+    .listen(listener)?
+    .run();
     let handle = server.handle();
     if let Some(key) = config.namespaces.get("guest") {
         println!("guest auth: {key}");
@@ -134,6 +146,8 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         }
     });
     let server_task = actix_web::rt::spawn(server);
+    let service = wait_for_service(&service_cell).await?;
+    let pool = service.pool().clone();
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
@@ -153,4 +167,18 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         tracing::warn!(unfinished, "activations that could not finish got whisk-error records");
     }
     Ok(())
+}
+
+/// The server's worker builds the service as it starts; shutdown needs it too.
+async fn wait_for_service(cell: &OnceLock<ActivationService>) -> anyhow::Result<ActivationService> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(service) = cell.get() {
+            return Ok(service.clone());
+        }
+        if Instant::now() > deadline {
+            anyhow::bail!("the HTTP worker did not start within 10 s");
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
