@@ -56,8 +56,8 @@ pub struct InvokeRequest {
     pub params: Map<String, Value>,
     pub subject: String,
     pub api_key: Option<String>,
-    /// Given by the caller (the shim), or new.
-    pub activation_id: String,
+    /// Given by the caller (the shim: checked for an earlier delivery), or `None` for a new one.
+    pub activation_id: Option<String>,
     pub transaction_id: String,
     /// `None`: answer as soon as it is accepted.
     pub wait: Option<Duration>,
@@ -116,8 +116,10 @@ impl ActivationService {
         }
         let accepted = Instant::now();
         let action = req.action;
+        let given = req.activation_id.is_some();
+        let activation_id = req.activation_id.unwrap_or_else(crate::model::new_activation_id);
         let meta = ActivationMeta {
-            activation_id: req.activation_id.clone(),
+            activation_id: activation_id.clone(),
             namespace: action.namespace.clone(),
             name: action.name.clone(),
             version: action.version.clone(),
@@ -127,12 +129,16 @@ impl ActivationService {
             accepted_at: epoch_ms(),
         };
         let slot = self.take_slot(&action.namespace)?;
-        // A journal append (and an index lookup for duplicates): quick enough to call inline.
-        let seen = self.store.accept(&meta)?;
-        match seen {
-            Accepted::New => {}
-            Accepted::Finished(record) => return Ok(Invoked::Done(record)),
-            Accepted::Pending => return Ok(self.await_existing(req.activation_id, req.wait).await),
+        // A journal append (and, for a caller's id, an index lookup for an earlier delivery):
+        // quick enough to call inline.
+        if given {
+            match self.store.accept(&meta)? {
+                Accepted::New => {}
+                Accepted::Finished(record) => return Ok(Invoked::Done(record)),
+                Accepted::Pending => return Ok(self.await_existing(activation_id, req.wait).await),
+            }
+        } else {
+            self.store.accept_new(&meta)?;
         }
         let (tx, rx) = oneshot::channel();
         let completion = Completion::new(self.store.clone(), self.metrics.clone(), meta.clone(), Some(tx), Some(slot));
@@ -149,11 +155,11 @@ impl ActivationService {
         // If the pool is gone, the job's completion was dropped with the message and wrote
         // a whisk-error record; the waiter below sees it.
         self.pool.submit(run);
-        let Some(wait) = req.wait else { return Ok(Invoked::Accepted(req.activation_id)) };
+        let Some(wait) = req.wait else { return Ok(Invoked::Accepted(activation_id)) };
         match tokio::time::timeout(wait, rx).await {
             Ok(Ok(record)) => Ok(Invoked::Done(Box::new(record))),
-            Ok(Err(_)) => Ok(self.await_existing(req.activation_id, Some(Duration::from_secs(1))).await),
-            Err(_) => Ok(Invoked::Accepted(req.activation_id)),
+            Ok(Err(_)) => Ok(self.await_existing(activation_id, Some(Duration::from_secs(1))).await),
+            Err(_) => Ok(Invoked::Accepted(activation_id)),
         }
     }
 

@@ -64,7 +64,7 @@ async fn invoke_with_id(h: &Harness, action: &Arc<Action>, params: Value, id: St
         params,
         subject: "guest".into(),
         api_key: None,
-        activation_id: id,
+        activation_id: Some(id),
         transaction_id: "tid".into(),
         wait: Some(Duration::from_secs(60)),
     };

@@ -11,7 +11,6 @@ use crate::pool::actor::REJECTED;
 use actix_web::{web, HttpRequest, HttpResponse, HttpResponseBuilder};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
-use std::sync::Arc;
 use std::time::Duration;
 
 pub(super) async fn list(
@@ -146,7 +145,8 @@ pub(super) async fn get(
     path: web::Path<(String, String)>,
 ) -> Result<HttpResponse, ApiError> {
     let (ns, _) = state.namespace(&req, &path.0)?;
-    Ok(HttpResponse::Ok().json(action_json(&load_action(&state, &ns, &path.1).await?)))
+    let action = load_action(&state, &ns, &path.1).await?;
+    Ok(HttpResponse::Ok().json(action_json(&action)))
 }
 
 pub(super) async fn delete(
@@ -202,7 +202,7 @@ pub(super) async fn invoke(
             Err(e) => return Err(ApiError::BadRequest(format!("request body: {e}"))),
         }
     };
-    let action = Arc::new(load_action(&state, &ns, &path.1).await?);
+    let action = load_action(&state, &ns, &path.1).await?;
     let api_key = action.provides_api_key().then_some(key);
     let invoked = state
         .service
@@ -211,7 +211,7 @@ pub(super) async fn invoke(
             params,
             subject: ns.clone(),
             api_key,
-            activation_id: new_activation_id(),
+            activation_id: None,
             transaction_id: new_activation_id(),
             wait: blocking.then_some(wait),
         })

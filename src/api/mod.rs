@@ -122,7 +122,7 @@ pub(crate) fn flag(field: &str, v: &Option<String>) -> Result<bool, ApiError> {
     }
 }
 
-pub(crate) async fn load_action(state: &AppState, ns: &str, name: &str) -> Result<Action, ApiError> {
+pub(crate) async fn load_action(state: &AppState, ns: &str, name: &str) -> Result<Arc<Action>, ApiError> {
     validate_entity_name("name", name).map_err(ApiError::BadRequest)?;
     // A read transaction on a page the cache holds: quick enough to run inline.
     state.service.store().get_action(ns, name)?.ok_or(ApiError::NotFound)

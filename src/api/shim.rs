@@ -11,7 +11,6 @@ use crate::model::{is_activation_id, validate_entity_name, ActivationRecord, Out
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
-use std::sync::Arc;
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -71,7 +70,7 @@ pub(super) async fn activation_message(
     if msg.action.path != caller || msg.user.namespace.name != caller {
         return Err(ApiError::Forbidden(msg.action.path.chars().take(256).collect()));
     }
-    let action = Arc::new(load_action(&state, &msg.action.path, &msg.action.name).await?);
+    let action = load_action(&state, &msg.action.path, &msg.action.name).await?;
     let params = match msg.content {
         None | Some(Value::Null) => Map::new(),
         Some(Value::Object(m)) => m,
@@ -85,7 +84,7 @@ pub(super) async fn activation_message(
             params,
             subject: msg.user.subject,
             api_key,
-            activation_id: msg.activation_id,
+            activation_id: Some(msg.activation_id),
             transaction_id,
             wait: msg.blocking.then_some(state.config.limits.blocking_wait),
         })

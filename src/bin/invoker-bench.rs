@@ -224,6 +224,17 @@ async fn put_action(client: &reqwest::Client, base: &str, name: &str) -> anyhow:
     Ok(())
 }
 
+/// Containers started so far, from the invoker's own metrics.
+async fn cold_starts(client: &reqwest::Client, base: &str) -> anyhow::Result<u64> {
+    let (user, pass) = GUEST.split_once(':').unwrap_or_default();
+    let text = client.get(format!("{base}/metrics")).basic_auth(user, Some(pass)).send().await?.text().await?;
+    Ok(text
+        .lines()
+        .find(|l| l.starts_with("invoker_container_starts_total{start=\"cold\"}"))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0))
+}
+
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
     v.get(v.len() / 2).copied().unwrap_or_default()
@@ -309,6 +320,8 @@ async fn main() -> anyhow::Result<()> {
         runs.push(run_json(c, &mut direct, &mut invoker));
     }
     let busy_rss_kb = inv.rss_kb();
+    let cold_starts = cold_starts(&http, &inv.base).await?;
+    eprintln!("cold starts during the warm-up and the load: {cold_starts} (the warm-up alone needs {k})");
 
     // Cold starts: a fresh action through the invoker against a fresh runtime alone.
     let (mut cold_invoker, mut cold_direct) = (Vec::new(), Vec::new());
@@ -345,6 +358,7 @@ async fn main() -> anyhow::Result<()> {
     last["cold_invoker_ms"] = json!((ci.as_secs_f64() * 10_000.0).round() / 10.0);
     last["cold_direct_ms"] = json!((cd.as_secs_f64() * 10_000.0).round() / 10.0);
     last["memory"] = memory;
+    last["cold_starts_in_warm_runs"] = json!(cold_starts.saturating_sub(k as u64));
     last["runs"] = Value::Array(runs);
     println!("{last}");
     Ok(())

@@ -26,6 +26,8 @@ pub struct JournaledStore {
 
 struct Inner {
     db: RedbStore,
+    /// Actions read on every invoke, kept whole in memory; a write replaces or drops the entry.
+    actions: Mutex<FxHashMap<(String, String), Arc<Action>>>,
     dir: PathBuf,
     state: Mutex<State>,
     /// Serialises flushes (the thread's and an explicit one).
@@ -102,7 +104,13 @@ impl JournaledStore {
             finished: FxHashMap::default(),
             in_flight: FxHashMap::default(),
         };
-        let inner = Arc::new(Inner { db, dir: dir.to_path_buf(), state: Mutex::new(state), flushing: Mutex::new(()) });
+        let inner = Arc::new(Inner {
+            db,
+            actions: Mutex::default(),
+            dir: dir.to_path_buf(),
+            state: Mutex::new(state),
+            flushing: Mutex::new(()),
+        });
         let weak = Arc::downgrade(&inner);
         std::thread::Builder::new()
             .name("store-flush".into())
@@ -209,11 +217,22 @@ impl Drop for Inner {
 
 impl Store for JournaledStore {
     fn put_action(&self, action: Action, overwrite: bool) -> Result<Action, StoreError> {
-        self.inner.db.put_action(action, overwrite)
+        let key = (action.namespace.clone(), action.name.clone());
+        let saved = self.inner.db.put_action(action, overwrite)?;
+        self.inner.actions.lock().insert(key, Arc::new(saved.clone()));
+        Ok(saved)
     }
 
-    fn get_action(&self, namespace: &str, name: &str) -> Result<Option<Action>, StoreError> {
-        self.inner.db.get_action(namespace, name)
+    fn get_action(&self, namespace: &str, name: &str) -> Result<Option<Arc<Action>>, StoreError> {
+        let key = (namespace.to_string(), name.to_string());
+        if let Some(action) = self.inner.actions.lock().get(&key) {
+            return Ok(Some(action.clone()));
+        }
+        let found = self.inner.db.get_action(namespace, name)?;
+        if let Some(action) = &found {
+            self.inner.actions.lock().insert(key, action.clone());
+        }
+        Ok(found)
     }
 
     fn list_actions(&self, namespace: &str, skip: usize, limit: usize) -> Result<Vec<Action>, StoreError> {
@@ -221,7 +240,9 @@ impl Store for JournaledStore {
     }
 
     fn delete_action(&self, namespace: &str, name: &str) -> Result<Option<Action>, StoreError> {
-        self.inner.db.delete_action(namespace, name)
+        let deleted = self.inner.db.delete_action(namespace, name)?;
+        self.inner.actions.lock().remove(&(namespace.to_string(), name.to_string()));
+        Ok(deleted)
     }
 
     fn accept(&self, meta: &ActivationMeta) -> Result<Accepted, StoreError> {
@@ -241,6 +262,13 @@ impl Store for JournaledStore {
         Inner::append(&mut state, &LineRef::A(meta))?;
         state.pending.insert(id.to_string(), (meta.clone(), false));
         Ok(Accepted::New)
+    }
+
+    fn accept_new(&self, meta: &ActivationMeta) -> Result<(), StoreError> {
+        let mut state = self.inner.state.lock();
+        Inner::append(&mut state, &LineRef::A(meta))?;
+        state.pending.insert(meta.activation_id.clone(), (meta.clone(), false));
+        Ok(())
     }
 
     fn finish(&self, record: &ActivationRecord) -> Result<(), StoreError> {
@@ -335,6 +363,37 @@ mod tests {
         assert_eq!(store.get_activation("a1").unwrap().unwrap().activation_id, "a1");
         assert!(matches!(store.accept(&meta("a1")).unwrap(), Accepted::Finished(_)));
         assert_eq!(store.list_activations("guest", None, 0, 10).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn the_action_cache_follows_every_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        let action = |code: &str| Action {
+            namespace: "guest".into(),
+            name: "a".into(),
+            version: String::new(),
+            exec: crate::model::Exec {
+                kind: "python:3".into(),
+                code: Some(code.into()),
+                main: None,
+                binary: false,
+                image: None,
+            },
+            limits: Limits { timeout: 1000, memory: 256, logs: 10, concurrency: 1 },
+            parameters: vec![],
+            annotations: vec![],
+            publish: false,
+            updated: 0,
+            revision: 0,
+        };
+        store.put_action(action("one"), false).unwrap();
+        assert_eq!(store.get_action("guest", "a").unwrap().unwrap().exec.code.as_deref(), Some("one"));
+        store.put_action(action("two"), true).unwrap();
+        let cached = store.get_action("guest", "a").unwrap().unwrap();
+        assert_eq!((cached.exec.code.as_deref(), cached.version.as_str()), (Some("two"), "0.0.2"));
+        store.delete_action("guest", "a").unwrap();
+        assert!(store.get_action("guest", "a").unwrap().is_none());
     }
 
     #[test]

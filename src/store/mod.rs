@@ -11,6 +11,7 @@ pub use journal::JournaledStore;
 pub use redb_store::RedbStore;
 
 use crate::model::{Action, ActivationMeta, ActivationRecord};
+use std::sync::Arc;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -38,12 +39,16 @@ pub enum Accepted {
 pub trait Store: Send + Sync + 'static {
     /// Creates or (with `overwrite`) replaces an action, bumping its version and revision.
     fn put_action(&self, action: Action, overwrite: bool) -> Result<Action, StoreError>;
-    fn get_action(&self, namespace: &str, name: &str) -> Result<Option<Action>, StoreError>;
+    fn get_action(&self, namespace: &str, name: &str) -> Result<Option<Arc<Action>>, StoreError>;
     fn list_actions(&self, namespace: &str, skip: usize, limit: usize) -> Result<Vec<Action>, StoreError>;
     fn delete_action(&self, namespace: &str, name: &str) -> Result<Option<Action>, StoreError>;
 
     /// Records an activation as accepted, unless its id was seen before.
     fn accept(&self, meta: &ActivationMeta) -> Result<Accepted, StoreError>;
+    /// Records an activation whose id the invoker just made (no earlier delivery can exist).
+    fn accept_new(&self, meta: &ActivationMeta) -> Result<(), StoreError> {
+        self.accept(meta).map(|_| ())
+    }
     /// Stores the final record and clears the pending entry.
     fn finish(&self, record: &ActivationRecord) -> Result<(), StoreError>;
     fn get_activation(&self, id: &str) -> Result<Option<ActivationRecord>, StoreError>;

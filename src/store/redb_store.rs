@@ -3,6 +3,7 @@ use crate::model::{Action, ActivationMeta, ActivationRecord};
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::de::DeserializeOwned;
 use std::path::Path;
+use std::sync::Arc;
 
 const SCHEMA_VERSION: u64 = 1;
 
@@ -141,12 +142,12 @@ impl Store for RedbStore {
         Ok(action)
     }
 
-    fn get_action(&self, namespace: &str, name: &str) -> Result<Option<Action>, StoreError> {
+    fn get_action(&self, namespace: &str, name: &str) -> Result<Option<Arc<Action>>, StoreError> {
         let key = action_key(namespace, name);
         let txn = self.db.begin_read().map_err(db_err)?;
         let table = txn.open_table(ACTIONS).map_err(db_err)?;
         let value = table.get(key.as_str()).map_err(db_err)?;
-        value.map(|v| decode(&key, v.value())).transpose()
+        value.map(|v| decode(&key, v.value()).map(Arc::new)).transpose()
     }
 
     fn list_actions(&self, namespace: &str, skip: usize, limit: usize) -> Result<Vec<Action>, StoreError> {
