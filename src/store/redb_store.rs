@@ -23,6 +23,9 @@ pub struct RedbStore {
     db: Database,
 }
 
+/// The page cache: actions (read through the journaled store's own cache) and recent records.
+const CACHE_BYTES: usize = 32 * 1024 * 1024;
+
 fn db_err(e: impl Into<redb::Error>) -> StoreError {
     StoreError::Db(e.into())
 }
@@ -42,7 +45,8 @@ fn action_key(namespace: &str, name: &str) -> String {
 impl RedbStore {
     /// Opens (or creates) the store file and checks its schema version.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
-        let db = Database::create(path).map_err(db_err)?;
+        // redb caches up to 1 GiB by default; records are written once and read rarely.
+        let db = redb::Builder::new().set_cache_size(CACHE_BYTES).create(path).map_err(db_err)?;
         let txn = db.begin_write().map_err(db_err)?;
         {
             let mut meta = txn.open_table(META).map_err(db_err)?;

@@ -38,8 +38,6 @@ struct Container {
     concurrency: u32,
     phase: Phase,
     running: SmallVec<[JobId; 1]>,
-    /// Position in the idle sets while idle (a sequence number, monotonic in time).
-    idle_seq: Option<u64>,
     idle_since: Time,
     /// Must not take new work: it failed, or the pool is draining.
     retiring: bool,
@@ -48,7 +46,7 @@ struct Container {
 #[derive(Debug, Default)]
 struct KeyState {
     /// Idle ready containers by idle sequence; the last is the most recently used (LIFO).
-    /// Deleted lazily, as `PoolCore::lru`: an entry is live while its container's `idle_seq`
+    /// Deleted lazily, as `PoolCore::lru`: an entry is live while its container's slab mark
     /// matches; `idle_live` counts the live ones.
     idle: Vec<(u64, ContainerId)>,
     idle_live: usize,
@@ -107,7 +105,7 @@ pub struct PoolCore {
     waiting: FxHashMap<JobId, Waiting>,
     deadlines: BTreeSet<(Time, JobId)>,
     /// Every idle container, oldest first: the eviction and idle-timeout order. Entries are
-    /// deleted lazily (an entry is live while its container's `idle_seq` still matches), so a
+    /// deleted lazily (an entry is live while its container's slab mark still matches), so a
     /// warm activation never searches it; it is compacted when stale entries dominate.
     lru: VecDeque<(u64, ContainerId)>,
     idle_total: usize,
@@ -237,7 +235,7 @@ impl PoolCore {
         let mut free = key.partial.last().map(|&(_, c)| c);
         while free.is_none() {
             let Some((seq, id)) = key.idle.pop() else { break };
-            if self.containers.get(&id).is_some_and(|c| c.idle_seq == Some(seq)) {
+            if self.containers.has_mark(&id, seq) {
                 free = Some(id);
             }
         }
@@ -305,7 +303,7 @@ impl PoolCore {
         self.fill(id, fx);
         self.settle_or_retire(id, now, fx);
         // An idle container is something a blocked key may evict to make room.
-        if self.containers[&id].idle_seq.is_some() {
+        if self.containers.is_marked(&id) {
             self.retry_blocked(now, fx);
         }
     }
@@ -346,10 +344,11 @@ impl PoolCore {
             }
         }
         while let Some(&(seq, id)) = self.lru.front() {
-            let Some(c) = self.containers.get(&id).filter(|c| c.idle_seq == Some(seq)) else {
+            if !self.containers.has_mark(&id, seq) {
                 self.lru.pop_front();
                 continue;
-            };
+            }
+            let c = &self.containers[&id];
             if c.idle_since + self.config.idle_timeout > now {
                 break;
             }
@@ -416,7 +415,6 @@ impl PoolCore {
             concurrency,
             phase: Phase::Starting,
             running: SmallVec::new(),
-            idle_seq: None,
             idle_since: Time::ZERO,
             retiring: false,
         });
@@ -509,21 +507,19 @@ impl PoolCore {
 
     /// Idle containers, least recently used first (the live entries of `lru`).
     fn idle_oldest_first(&self) -> impl Iterator<Item = ContainerId> + '_ {
-        self.lru
-            .iter()
-            .filter(|(seq, id)| self.containers.get(id).is_some_and(|c| c.idle_seq == Some(*seq)))
-            .map(|&(_, id)| id)
+        self.lru.iter().filter(|(seq, id)| self.containers.has_mark(id, *seq)).map(|&(_, id)| id)
     }
 
     /// Removes a ready container from the idle and partial indexes (before its load changes).
     fn unsettle(&mut self, id: ContainerId) {
-        let Some(c) = self.containers.get_mut(&id) else { return };
-        let Some(key) = self.keys.get_mut(&c.key) else { return };
-        if c.idle_seq.take().is_some() {
+        let Some(c) = self.containers.get(&id) else { return };
+        let (key_id, running) = (c.key, c.running.len());
+        let Some(key) = self.keys.get_mut(&key_id) else { return };
+        if self.containers.take_mark(&id) {
             key.idle_live -= 1;
             self.idle_total -= 1;
         }
-        key.partial.remove(&(c.running.len(), id));
+        key.partial.remove(&(running, id));
     }
 
     /// Puts a ready container back into the index that matches its load.
@@ -532,26 +528,29 @@ impl PoolCore {
         if c.phase != Phase::Ready || c.retiring {
             return;
         }
-        let key = self.keys.get_mut(&c.key).expect("a container's key exists");
-        if c.running.is_empty() {
+        let (key_id, running, concurrency) = (c.key, c.running.len(), c.concurrency as usize);
+        if running == 0 {
+            c.idle_since = now;
+        }
+        let key = self.keys.get_mut(&key_id).expect("a container's key exists");
+        if running == 0 {
             let seq = self.next_idle_seq;
             self.next_idle_seq += 1;
-            c.idle_seq = Some(seq);
-            c.idle_since = now;
+            self.containers.set_mark(&id, seq);
             key.idle.push((seq, id));
             key.idle_live += 1;
             if key.idle.len() > 2 * key.idle_live + 8 {
                 let containers = &self.containers;
-                key.idle.retain(|(seq, id)| containers.get(id).is_some_and(|c| c.idle_seq == Some(*seq)));
+                key.idle.retain(|(seq, id)| containers.has_mark(id, *seq));
             }
             self.idle_total += 1;
             self.lru.push_back((seq, id));
-            if self.lru.len() > 4 * self.idle_total + 64 {
+            if self.lru.len() > 2 * self.idle_total + 64 {
                 let containers = &self.containers;
-                self.lru.retain(|(seq, id)| containers.get(id).is_some_and(|c| c.idle_seq == Some(*seq)));
+                self.lru.retain(|(seq, id)| containers.has_mark(id, *seq));
             }
-        } else if c.running.len() < c.concurrency as usize {
-            key.partial.insert((c.running.len(), id));
+        } else if running < concurrency {
+            key.partial.insert((running, id));
         }
     }
 

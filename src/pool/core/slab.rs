@@ -13,13 +13,19 @@ struct Slot<T> {
 #[derive(Debug)]
 pub(super) struct Slab<T> {
     slots: Vec<Slot<T>>,
+    /// One number per slot, dense beside the slots: the pool's idle sequence of the container
+    /// in the slot, or `NO_MARK`. Lazily deleted index entries are checked against it without
+    /// touching the (large, cold) containers themselves.
+    marks: Vec<u64>,
     free: Vec<u32>,
     len: usize,
 }
 
+const NO_MARK: u64 = u64::MAX;
+
 impl<T> Default for Slab<T> {
     fn default() -> Self {
-        Slab { slots: Vec::new(), free: Vec::new(), len: 0 }
+        Slab { slots: Vec::new(), marks: Vec::new(), free: Vec::new(), len: 0 }
     }
 }
 
@@ -40,9 +46,11 @@ impl<T> Slab<T> {
             Some(i) => i,
             None => {
                 self.slots.push(Slot { generation: 0, value: None });
+                self.marks.push(NO_MARK);
                 (self.slots.len() - 1) as u32
             }
         };
+        self.marks[index as usize] = NO_MARK;
         let slot = &mut self.slots[index as usize];
         slot.value = Some(value);
         join(index as usize, slot.generation)
@@ -63,9 +71,35 @@ impl<T> Slab<T> {
         let slot = self.slots.get_mut(index).filter(|s| s.generation == generation)?;
         let value = slot.value.take()?;
         slot.generation = slot.generation.wrapping_add(1);
+        self.marks[index] = NO_MARK;
         self.free.push(index as u32);
         self.len -= 1;
         Some(value)
+    }
+
+    /// Whether the container `id` carries `mark`. Marks are unique over time (the pool's idle
+    /// sequence), so a slot's later occupant never matches an entry made for an earlier one.
+    pub fn has_mark(&self, id: &ContainerId, mark: u64) -> bool {
+        mark != NO_MARK && self.marks.get(split(*id).0) == Some(&mark)
+    }
+
+    pub fn set_mark(&mut self, id: &ContainerId, mark: u64) {
+        if self.get(id).is_some() {
+            self.marks[split(*id).0] = mark;
+        }
+    }
+
+    /// Clears the mark of `id`; returns whether it had one.
+    pub fn take_mark(&mut self, id: &ContainerId) -> bool {
+        if self.get(id).is_none() {
+            return false;
+        }
+        let mark = &mut self.marks[split(*id).0];
+        std::mem::replace(mark, NO_MARK) != NO_MARK
+    }
+
+    pub fn is_marked(&self, id: &ContainerId) -> bool {
+        self.get(id).is_some() && self.marks[split(*id).0] != NO_MARK
     }
 
     pub fn len(&self) -> usize {
@@ -111,5 +145,20 @@ mod tests {
         assert_eq!(slab.remove(&a), None);
         assert_eq!(slab.len(), 1);
         assert_eq!(slab.iter().map(|(id, v)| (id, *v)).collect::<Vec<_>>(), vec![(b, "b")]);
+    }
+
+    #[test]
+    fn marks_belong_to_one_occupant() {
+        let mut slab = Slab::default();
+        let a = slab.insert("a");
+        slab.set_mark(&a, 7);
+        assert!(slab.has_mark(&a, 7) && slab.is_marked(&a));
+        slab.remove(&a);
+        let b = slab.insert("b");
+        assert!(!slab.has_mark(&b, 7), "the next occupant starts unmarked");
+        slab.set_mark(&b, 8);
+        assert!(slab.take_mark(&b));
+        assert!(!slab.take_mark(&b));
+        assert!(!slab.is_marked(&b));
     }
 }
