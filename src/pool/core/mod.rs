@@ -272,6 +272,9 @@ impl PoolCore {
             }
             self.fill(id, fx);
             self.settle_or_retire(id, now, fx);
+            // A start slot is free again: jobs still waiting beyond what is starting may need
+            // another container.
+            self.maybe_start(key_id, now, fx);
         } else {
             self.containers.remove(&id);
             key.containers -= 1;
