@@ -200,6 +200,20 @@ impl Default for LimitsConfig {
     }
 }
 
+impl PoolConfig {
+    /// The pure core's part of these settings.
+    pub fn core_config(&self) -> crate::pool::core::CoreConfig {
+        crate::pool::core::CoreConfig {
+            max_starts_per_action: self.max_starts_per_action,
+            max_starts_per_node: self.max_starts_per_node,
+            max_waiting: self.max_waiting,
+            idle_timeout: self.idle_timeout,
+            stats_ttl: self.stats_ttl,
+            buffer_mb: self.buffer_mb,
+        }
+    }
+}
+
 impl Default for PoolConfig {
     fn default() -> Self {
         PoolConfig {

@@ -15,4 +15,5 @@ pub mod model;
 pub mod pool;
 pub mod proxy;
 pub mod runtime;
+pub mod sim;
 pub mod store;

@@ -55,14 +55,27 @@ enum Command {
         #[arg(long, env = "INVOKER_PARENT_PID")]
         parent_pid: Option<i32>,
     },
+    /// Run the pool core in virtual time against a simulated cluster; prints a JSON summary.
+    Simulate {
+        #[arg(long)]
+        scenario: PathBuf,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    if let Some(Command::ActionRuntime { listen, launcher, work_dir, parent_pid }) = cli.command {
-        // No tracing here: the runtime's stdout and stderr are the action's logs.
-        invoker::runtime::run(RuntimeOptions { listen, launcher, work_dir, parent_pid })?;
-        return Ok(());
+    match cli.command {
+        Some(Command::ActionRuntime { listen, launcher, work_dir, parent_pid }) => {
+            // No tracing here: the runtime's stdout and stderr are the action's logs.
+            invoker::runtime::run(RuntimeOptions { listen, launcher, work_dir, parent_pid })?;
+            return Ok(());
+        }
+        Some(Command::Simulate { scenario }) => {
+            let scenario = invoker::sim::scenario::Scenario::load(&scenario)?;
+            println!("{}", invoker::sim::run(&scenario)?);
+            return Ok(());
+        }
+        None => {}
     }
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))

@@ -2,8 +2,7 @@
 //! the effects it returns: starting proxies, handing them jobs, answering rejected jobs.
 
 use super::core::{
-    ContainerId, CoreConfig, Effect, Event, Job, JobId, KeyId, NodeStatsUpdate, NodeView, PoolCore, PoolCounts,
-    RejectReason,
+    ContainerId, Effect, Event, Job, JobId, KeyId, NodeStatsUpdate, NodeView, PoolCore, PoolCounts, RejectReason,
 };
 use super::job::RunJob;
 use crate::config::{PoolConfig, ProxyConfig};
@@ -89,14 +88,7 @@ impl ContainerPool {
         max_result_bytes: usize,
         metrics: Arc<Metrics>,
     ) -> Self {
-        let core = PoolCore::new(CoreConfig {
-            max_starts_per_action: config.max_starts_per_action,
-            max_starts_per_node: config.max_starts_per_node,
-            max_waiting: config.max_waiting,
-            idle_timeout: config.idle_timeout,
-            stats_ttl: config.stats_ttl,
-            buffer_mb: config.buffer_mb,
-        });
+        let core = PoolCore::new(config.core_config());
         ContainerPool {
             core,
             epoch,

@@ -1,0 +1,362 @@
+//! The simulator: the same pure pool core the invoker runs, driven in virtual time against a
+//! simulated cluster (nodes that refuse what does not fit, start latencies that grow with
+//! parallel starts, node stats that lag behind reality), fed by a scenario's calls. It prints
+//! what happened: nothing may be lost, and nothing may be placed beyond what a node holds.
+//!
+//! `invoker simulate --scenario scenarios/<name>.toml`
+
+pub mod scenario;
+pub mod workload;
+
+use crate::pool::core::{
+    ContainerId, Effect, Event, Job, JobId, KeyId, NodeId, NodeStatsUpdate, PoolCore, RejectReason,
+};
+use scenario::{Scenario, ScenarioError};
+use serde_json::{json, Value};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::time::{Duration, Instant};
+use workload::Call;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Ev {
+    Arrive(usize),
+    Ready(ContainerId, bool),
+    Done(ContainerId, JobId),
+    Removed(ContainerId),
+    Stats,
+    Tick,
+}
+
+struct SimNode {
+    id: NodeId,
+    capacity_mb: u64,
+    used_mb: u64,
+    max_used_mb: u64,
+    starts_in_flight: u64,
+}
+
+struct SimContainer {
+    node: usize,
+    memory_mb: u64,
+    ran: bool,
+    idle_since: Option<Duration>,
+}
+
+struct SimJob {
+    call: usize,
+    arrived: Duration,
+}
+
+#[derive(Default)]
+struct Counts {
+    completed: u64,
+    rejected_503: u64,
+    failed: u64,
+    cold: u64,
+    warm: u64,
+    started: u64,
+    refused: u64,
+    waits_us: Vec<u64>,
+    idle_mb_us: u128,
+    /// Per action: (cold starts, dispatches).
+    per_action: Vec<(u64, u64)>,
+}
+
+struct Sim<'a> {
+    scenario: &'a Scenario,
+    calls: Vec<Call>,
+    core: PoolCore,
+    now: Duration,
+    seq: u64,
+    queue: BinaryHeap<Reverse<(Duration, u64, Ev)>>,
+    nodes: Vec<SimNode>,
+    node_index: HashMap<NodeId, usize>,
+    containers: HashMap<ContainerId, SimContainer>,
+    jobs: HashMap<JobId, SimJob>,
+    /// Node usage as it was at each stats tick, for stats that lag.
+    history: VecDeque<(Duration, Vec<u64>)>,
+    arrived: usize,
+    /// Idle memory is counted up to here (the end of the workload).
+    horizon: Duration,
+    counts: Counts,
+}
+
+/// Runs a scenario to the end and returns its JSON summary.
+pub fn run(scenario: &Scenario) -> Result<Value, ScenarioError> {
+    let began = Instant::now();
+    let (calls, actions) = workload::calls(&scenario.workload, scenario.seed)?;
+    let core = PoolCore::new(scenario.pool.core_config());
+    let nodes: Vec<SimNode> = (0..scenario.cluster.nodes)
+        .map(|i| SimNode {
+            id: NodeId::new(&format!("node{i}")),
+            capacity_mb: scenario.cluster.node_memory_mb,
+            used_mb: 0,
+            max_used_mb: 0,
+            starts_in_flight: 0,
+        })
+        .collect();
+    let node_index = nodes.iter().enumerate().map(|(i, n)| (n.id.clone(), i)).collect();
+    let horizon = calls.last().map_or(Duration::ZERO, |c| c.at);
+    let mut sim = Sim {
+        scenario,
+        calls,
+        core,
+        now: Duration::ZERO,
+        seq: 0,
+        queue: BinaryHeap::new(),
+        nodes,
+        node_index,
+        containers: HashMap::new(),
+        jobs: HashMap::new(),
+        history: VecDeque::new(),
+        arrived: 0,
+        horizon,
+        counts: Counts { per_action: vec![(0, 0); actions as usize], ..Counts::default() },
+    };
+    sim.run();
+    Ok(sim.summary(began.elapsed()))
+}
+
+impl Sim<'_> {
+    fn at(&mut self, when: Duration, ev: Ev) {
+        self.seq += 1;
+        self.queue.push(Reverse((when, self.seq, ev)));
+    }
+
+    fn run(&mut self) {
+        self.publish_stats();
+        self.at(Duration::ZERO, Ev::Stats);
+        self.at(Duration::ZERO, Ev::Tick);
+        for (i, call) in self.calls.iter().enumerate().map(|(i, c)| (i, c.at)).collect::<Vec<_>>() {
+            self.at(call, Ev::Arrive(i));
+        }
+        while let Some(Reverse((when, _, ev))) = self.queue.pop() {
+            self.now = when;
+            match ev {
+                Ev::Arrive(i) => self.arrive(i),
+                Ev::Ready(c, ok) => self.ready(c, ok),
+                Ev::Done(c, job) => self.done(c, job),
+                Ev::Removed(c) => self.removed(c),
+                Ev::Stats => {
+                    self.publish_stats();
+                    if !self.finished() {
+                        self.at(self.now + self.scenario.cluster.stats_every, Ev::Stats);
+                    }
+                }
+                Ev::Tick => {
+                    self.apply(Event::Tick);
+                    if !self.finished() {
+                        self.at(self.now + self.scenario.pool.tick, Ev::Tick);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Every call arrived and was answered: only the periodic events would go on.
+    fn finished(&self) -> bool {
+        self.arrived == self.calls.len() && self.jobs.is_empty()
+    }
+
+    fn apply(&mut self, event: Event) {
+        let effects = self.core.handle(event, self.now);
+        for effect in effects {
+            match effect {
+                Effect::Create { container, memory_mb, node, .. } => self.create(container, memory_mb, &node),
+                Effect::Dispatch { job, container } => self.dispatch(job, container),
+                Effect::Remove { container } => {
+                    if let Some(c) = self.containers.get_mut(&container) {
+                        if let Some(since) = c.idle_since.take() {
+                            self.counts.idle_mb_us += idle(c.memory_mb, since, self.now, self.horizon);
+                        }
+                    }
+                    self.at(self.now + self.scenario.cluster.remove_latency, Ev::Removed(container));
+                }
+                Effect::Reject { job, reason } => {
+                    self.jobs.remove(&job);
+                    match reason {
+                        RejectReason::NeverFits { .. } => self.counts.failed += 1,
+                        _ => self.counts.rejected_503 += 1,
+                    }
+                }
+            }
+        }
+    }
+
+    fn arrive(&mut self, i: usize) {
+        self.arrived += 1;
+        let call = self.calls[i];
+        let id = JobId(i as u64);
+        self.jobs.insert(id, SimJob { call: i, arrived: self.now });
+        let job = Job {
+            id,
+            key: KeyId(call.action),
+            memory_mb: call.memory_mb,
+            concurrency: 1,
+            deadline: self.now + self.scenario.pool.wait_deadline,
+        };
+        self.apply(Event::Arrived(job));
+    }
+
+    /// The cluster's side of a create: it refuses what does not fit on the node now.
+    fn create(&mut self, container: ContainerId, memory_mb: u32, node: &NodeId) {
+        let Some(&n) = self.node_index.get(node) else {
+            self.counts.refused += 1;
+            self.at(self.now, Ev::Ready(container, false));
+            return;
+        };
+        let memory_mb = u64::from(memory_mb);
+        let sim_node = &mut self.nodes[n];
+        if sim_node.used_mb + memory_mb > sim_node.capacity_mb {
+            self.counts.refused += 1;
+            self.at(self.now, Ev::Ready(container, false));
+            return;
+        }
+        sim_node.used_mb += memory_mb;
+        sim_node.max_used_mb = sim_node.max_used_mb.max(sim_node.used_mb);
+        let cluster = &self.scenario.cluster;
+        let latency =
+            cluster.start_latency + Duration::from_millis(cluster.start_per_inflight_ms * sim_node.starts_in_flight);
+        sim_node.starts_in_flight += 1;
+        self.containers.insert(container, SimContainer { node: n, memory_mb, ran: false, idle_since: None });
+        self.at(self.now + latency, Ev::Ready(container, true));
+    }
+
+    fn ready(&mut self, container: ContainerId, ok: bool) {
+        if ok {
+            if let Some(c) = self.containers.get(&container) {
+                self.nodes[c.node].starts_in_flight -= 1;
+            }
+            self.counts.started += 1;
+            if let Some(c) = self.containers.get_mut(&container) {
+                c.idle_since = Some(self.now);
+            }
+        }
+        self.apply(Event::Started { container, ok, at: self.now });
+    }
+
+    fn dispatch(&mut self, job: JobId, container: ContainerId) {
+        let Some(j) = self.jobs.get(&job) else { return };
+        let call = self.calls[j.call];
+        self.counts.waits_us.push((self.now - j.arrived).as_micros() as u64);
+        let c = self.containers.get_mut(&container).expect("dispatch to a created container");
+        if let Some(since) = c.idle_since.take() {
+            self.counts.idle_mb_us += idle(c.memory_mb, since, self.now, self.horizon);
+        }
+        let per_action = &mut self.counts.per_action[call.action as usize];
+        per_action.1 += 1;
+        if c.ran {
+            self.counts.warm += 1;
+        } else {
+            self.counts.cold += 1;
+            per_action.0 += 1;
+            c.ran = true;
+        }
+        self.at(self.now + call.run, Ev::Done(container, job));
+    }
+
+    fn done(&mut self, container: ContainerId, job: JobId) {
+        self.jobs.remove(&job);
+        self.counts.completed += 1;
+        if let Some(c) = self.containers.get_mut(&container) {
+            c.idle_since = Some(self.now);
+        }
+        self.apply(Event::Finished { container, job, reusable: true });
+    }
+
+    fn removed(&mut self, container: ContainerId) {
+        if let Some(c) = self.containers.remove(&container) {
+            self.nodes[c.node].used_mb -= c.memory_mb;
+        }
+        self.apply(Event::Removed(container));
+    }
+
+    /// Records the cluster as it is now and tells the pool how it was `stats_lag` ago.
+    fn publish_stats(&mut self) {
+        let lag = self.scenario.cluster.stats_lag;
+        self.history.push_back((self.now, self.nodes.iter().map(|n| n.used_mb).collect()));
+        while self.history.len() > 1 && self.history[1].0 + lag <= self.now {
+            self.history.pop_front();
+        }
+        let Some((observed_at, used)) = self.history.front().cloned() else { return };
+        if observed_at + lag > self.now {
+            return;
+        }
+        for (i, used_mb) in used.into_iter().enumerate() {
+            let node = &self.nodes[i];
+            let update = NodeStatsUpdate {
+                node: node.id.clone(),
+                capacity_mb: node.capacity_mb,
+                free_mb: node.capacity_mb.saturating_sub(used_mb),
+                observed_at,
+            };
+            self.apply(Event::NodeStats(update));
+        }
+    }
+
+    fn summary(&mut self, wall: Duration) -> Value {
+        for container in self.containers.values_mut() {
+            if let Some(since) = container.idle_since.take() {
+                self.counts.idle_mb_us += idle(container.memory_mb, since, self.horizon, self.horizon);
+            }
+        }
+        let c = &mut self.counts;
+        c.waits_us.sort_unstable();
+        let pct = |v: &[u64], p: f64| -> f64 {
+            if v.is_empty() {
+                return 0.0;
+            }
+            let i = ((v.len() as f64 * p).ceil() as usize).clamp(1, v.len()) - 1;
+            (v[i] as f64 / 100.0).round() / 10.0
+        };
+        let activations = self.calls.len() as u64;
+        let lost = activations - c.completed - c.rejected_503 - c.failed;
+        let buffer = self.scenario.pool.buffer_mb;
+        let nodes: Vec<Value> = self
+            .nodes
+            .iter()
+            .map(|n| json!({"node": n.id.to_string(), "capacity_mb": n.capacity_mb, "max_committed_mb": n.max_used_mb}))
+            .collect();
+        let within = self.nodes.iter().all(|n| n.max_used_mb + buffer <= n.capacity_mb);
+        let mut per_function: Vec<f64> =
+            c.per_action.iter().filter(|(_, n)| *n > 0).map(|(cold, n)| *cold as f64 / *n as f64 * 100.0).collect();
+        per_function.sort_by(|a, b| a.total_cmp(b));
+        let p75_function = per_function
+            .get(((per_function.len() as f64 * 0.75).ceil() as usize).saturating_sub(1))
+            .copied()
+            .unwrap_or(0.0);
+        let dispatched = (c.cold + c.warm).max(1) as f64;
+        json!({
+            "scenario": self.scenario.name,
+            "activations": activations,
+            "completed": c.completed,
+            "rejected_503": c.rejected_503,
+            "failed": c.failed,
+            "lost": lost,
+            "cold_starts": c.cold,
+            "warm_starts": c.warm,
+            "prewarm_starts": 0,
+            "containers_started": c.started,
+            "launches_refused_by_cluster": c.refused,
+            "nodes": nodes,
+            "max_committed_within_capacity_minus_buffer": within,
+            "wait_p50_ms": pct(&c.waits_us, 0.5),
+            "wait_p99_ms": pct(&c.waits_us, 0.99),
+            "cold_start_pct": (c.cold as f64 / dispatched * 1000.0).round() / 10.0,
+            "cold_start_pct_p75_function": (p75_function * 10.0).round() / 10.0,
+            "idle_memory_gb_s": (c.idle_mb_us as f64 / 1024.0 / 1e6 * 10.0).round() / 10.0,
+            "virtual_seconds": self.now.as_secs(),
+            "wall_ms": wall.as_millis() as u64,
+        })
+    }
+}
+
+/// MB·µs of idle memory between `since` and `until`, counted within the workload's horizon.
+fn idle(memory_mb: u64, since: Duration, until: Duration, horizon: Duration) -> u128 {
+    let until = until.min(horizon);
+    if until <= since {
+        return 0;
+    }
+    u128::from(memory_mb) * (until - since).as_micros()
+}

@@ -1,0 +1,117 @@
+//! Scenario files (`scenarios/*.toml`): the simulated cluster, the pool's settings and the
+//! workload. Unknown keys are refused, as in the invoker's own config.
+
+use crate::config::PoolConfig;
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    pub name: String,
+    #[serde(default = "default_seed")]
+    pub seed: u64,
+    /// The `[pool]` section of the invoker's own config, with the same defaults.
+    #[serde(default)]
+    pub pool: PoolConfig,
+    pub cluster: Cluster,
+    pub workload: Workload,
+}
+
+fn default_seed() -> u64 {
+    7
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cluster {
+    pub nodes: u32,
+    pub node_memory_mb: u64,
+    /// A container start takes this long, plus `start_per_inflight_ms` for every other start
+    /// in flight on its node when it begins (engines slow down under parallel starts).
+    #[serde(with = "humantime_serde")]
+    pub start_latency: Duration,
+    #[serde(default)]
+    pub start_per_inflight_ms: u64,
+    #[serde(default = "default_remove", with = "humantime_serde")]
+    pub remove_latency: Duration,
+    /// The cluster publishes node stats this often...
+    #[serde(default = "default_stats_every", with = "humantime_serde")]
+    pub stats_every: Duration,
+    /// ...describing the cluster as it was this long ago.
+    #[serde(default, with = "humantime_serde")]
+    pub stats_lag: Duration,
+}
+
+fn default_remove() -> Duration {
+    Duration::from_millis(10)
+}
+
+fn default_stats_every() -> Duration {
+    Duration::from_millis(100)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, tag = "kind", rename_all = "lowercase")]
+pub enum Workload {
+    /// `actions` actions of `memory_mb` (min..=max), called in `bursts` bursts of `burst_size`
+    /// calls spread over `burst_spread`, one burst every `burst_every`.
+    Bursts {
+        actions: u32,
+        memory_mb: [u32; 2],
+        run_ms: [u64; 2],
+        bursts: u32,
+        burst_size: u32,
+        #[serde(with = "humantime_serde")]
+        burst_every: Duration,
+        #[serde(with = "humantime_serde")]
+        burst_spread: Duration,
+    },
+    /// `calls` simultaneous first calls to one action.
+    Herd { calls: u32, memory_mb: u32, run_ms: u64 },
+    /// An Azure Functions 2019 sample (`N_inv.csv`, `N_run.csv`, `N_mem.csv` in `dir`).
+    Trace {
+        dir: PathBuf,
+        functions: u32,
+        /// Replay only the first minutes (all 1,440 when not given).
+        #[serde(default)]
+        minutes: Option<u32>,
+        #[serde(default = "default_timeout")]
+        timeout_ms: u64,
+    },
+}
+
+fn default_timeout() -> u64 {
+    600_000
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ScenarioError {
+    #[error("scenario {path}: {reason}")]
+    Read { path: String, reason: String },
+    #[error("scenario {path}: {0}", path = .1)]
+    Parse(String, String),
+    #[error("trace {path}: {reason}")]
+    Trace { path: String, reason: String },
+}
+
+impl Scenario {
+    /// Reads a scenario; a trace directory is resolved against the scenario's own folder.
+    pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ScenarioError::Read { path: path.display().to_string(), reason: e.to_string() })?;
+        let mut scenario: Scenario =
+            toml::from_str(&text).map_err(|e| ScenarioError::Parse(e.to_string(), path.display().to_string()))?;
+        if let Workload::Trace { dir, .. } = &mut scenario.workload {
+            if dir.is_relative() {
+                *dir = path.parent().unwrap_or(Path::new(".")).join(&*dir);
+            }
+        }
+        if scenario.cluster.nodes == 0 || scenario.cluster.node_memory_mb == 0 {
+            let reason = "cluster.nodes and cluster.node_memory_mb must be above 0".into();
+            return Err(ScenarioError::Read { path: path.display().to_string(), reason });
+        }
+        Ok(scenario)
+    }
+}

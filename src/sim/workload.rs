@@ -1,0 +1,151 @@
+//! The calls a scenario makes, in virtual time, from a seeded generator or a trace.
+
+use super::scenario::{ScenarioError, Workload};
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Duration;
+
+/// One call: when, to which action (with its memory), and how long it runs once dispatched.
+#[derive(Clone, Copy, Debug)]
+pub struct Call {
+    pub at: Duration,
+    pub action: u32,
+    pub memory_mb: u32,
+    pub run: Duration,
+}
+
+/// A small seeded generator (xorshift64*), so that every run of a scenario is the same.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// Uniform in `lo..=hi`.
+    pub fn between(&mut self, lo: u64, hi: u64) -> u64 {
+        if hi <= lo {
+            return lo;
+        }
+        lo + self.next_u64() % (hi - lo + 1)
+    }
+}
+
+/// The calls, sorted by time, and the number of distinct actions.
+pub fn calls(workload: &Workload, seed: u64) -> Result<(Vec<Call>, u32), ScenarioError> {
+    let mut rng = Rng::new(seed);
+    let mut calls = Vec::new();
+    let actions = match workload {
+        Workload::Bursts { actions, memory_mb, run_ms, bursts, burst_size, burst_every, burst_spread } => {
+            let memory: Vec<u32> =
+                (0..*actions).map(|_| rng.between(memory_mb[0].into(), memory_mb[1].into()) as u32).collect();
+            let run: Vec<u64> = (0..*actions).map(|_| rng.between(run_ms[0], run_ms[1])).collect();
+            for b in 0..*bursts {
+                let start = *burst_every * b;
+                for _ in 0..*burst_size {
+                    let action = rng.between(0, u64::from(*actions) - 1) as u32;
+                    let offset = rng.between(0, burst_spread.as_micros() as u64);
+                    calls.push(Call {
+                        at: start + Duration::from_micros(offset),
+                        action,
+                        memory_mb: memory[action as usize],
+                        run: Duration::from_millis(run[action as usize]),
+                    });
+                }
+            }
+            *actions
+        }
+        Workload::Herd { calls: n, memory_mb, run_ms } => {
+            for _ in 0..*n {
+                calls.push(Call {
+                    at: Duration::ZERO,
+                    action: 0,
+                    memory_mb: *memory_mb,
+                    run: Duration::from_millis(*run_ms),
+                });
+            }
+            1
+        }
+        Workload::Trace { dir, functions, minutes, timeout_ms } => {
+            trace_calls(dir, *functions, *minutes, *timeout_ms, &mut rng, &mut calls)?
+        }
+    };
+    calls.sort_by_key(|c| c.at);
+    Ok((calls, actions))
+}
+
+fn read(path: &Path) -> Result<String, ScenarioError> {
+    std::fs::read_to_string(path)
+        .map_err(|e| ScenarioError::Trace { path: path.display().to_string(), reason: e.to_string() })
+}
+
+/// Rows of a CSV file with a header, by column name.
+fn rows(path: &Path) -> Result<(Vec<String>, Vec<Vec<String>>), ScenarioError> {
+    let text = read(path)?;
+    let mut lines = text.lines();
+    let header: Vec<String> = lines.next().unwrap_or_default().split(',').map(str::to_string).collect();
+    let rows = lines.filter(|l| !l.is_empty()).map(|l| l.split(',').map(str::to_string).collect()).collect();
+    Ok((header, rows))
+}
+
+fn column(header: &[String], name: &str, path: &Path) -> Result<usize, ScenarioError> {
+    header
+        .iter()
+        .position(|h| h == name)
+        .ok_or_else(|| ScenarioError::Trace { path: path.display().to_string(), reason: format!("no column {name}") })
+}
+
+/// The Azure 2019 sample: each minute's invocations spread uniformly over the minute; the
+/// function's `Average` duration (capped at the timeout) and its app's `AverageAllocatedMb`.
+fn trace_calls(
+    dir: &Path,
+    functions: u32,
+    minutes: Option<u32>,
+    timeout_ms: u64,
+    rng: &mut Rng,
+    calls: &mut Vec<Call>,
+) -> Result<u32, ScenarioError> {
+    let bad = |path: &Path, reason: String| ScenarioError::Trace { path: path.display().to_string(), reason };
+    let (inv_path, run_path, mem_path) = (
+        dir.join(format!("{functions}_inv.csv")),
+        dir.join(format!("{functions}_run.csv")),
+        dir.join(format!("{functions}_mem.csv")),
+    );
+    let (h, run_rows) = rows(&run_path)?;
+    let (f, avg) = (column(&h, "HashFunction", &run_path)?, column(&h, "Average", &run_path)?);
+    let mut run: HashMap<String, u64> = HashMap::new();
+    for r in &run_rows {
+        let ms: f64 = r.get(avg).and_then(|v| v.parse().ok()).ok_or_else(|| bad(&run_path, "bad Average".into()))?;
+        run.insert(r[f].clone(), (ms.max(1.0) as u64).min(timeout_ms));
+    }
+    let (h, mem_rows) = rows(&mem_path)?;
+    let (a, mb) = (column(&h, "HashApp", &mem_path)?, column(&h, "AverageAllocatedMb", &mem_path)?);
+    let mut memory: HashMap<String, u32> = HashMap::new();
+    for r in &mem_rows {
+        let v: f64 = r.get(mb).and_then(|v| v.parse().ok()).ok_or_else(|| bad(&mem_path, "bad memory".into()))?;
+        memory.insert(r[a].clone(), v.max(1.0) as u32);
+    }
+    let (h, inv_rows) = rows(&inv_path)?;
+    let (f, a) = (column(&h, "HashFunction", &inv_path)?, column(&h, "HashApp", &inv_path)?);
+    let first_minute = column(&h, "minute_1", &inv_path)?;
+    let last = minutes.map_or(h.len(), |m| (first_minute + m as usize).min(h.len()));
+    for (action, r) in inv_rows.iter().enumerate() {
+        let run_ms = *run.get(&r[f]).ok_or_else(|| bad(&run_path, format!("no durations for {}", r[f])))?;
+        let memory_mb = *memory.get(&r[a]).ok_or_else(|| bad(&mem_path, format!("no memory for {}", r[a])))?;
+        for (minute, cell) in r[first_minute..last].iter().enumerate() {
+            let n: u64 = cell.parse().map_err(|_| bad(&inv_path, format!("bad count '{cell}'")))?;
+            for _ in 0..n {
+                let at = Duration::from_secs(minute as u64 * 60) + Duration::from_micros(rng.between(0, 59_999_999));
+                calls.push(Call { at, action: action as u32, memory_mb, run: Duration::from_millis(run_ms) });
+            }
+        }
+    }
+    Ok(inv_rows.len() as u32)
+}

@@ -1,0 +1,45 @@
+//! The shipped scenarios, run through the simulator (the pool core in virtual time): counts
+//! only, never wall-clock times.
+
+use invoker::sim::scenario::Scenario;
+use serde_json::Value;
+use std::path::Path;
+
+fn run(name: &str) -> Value {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios").join(format!("{name}.toml"));
+    invoker::sim::run(&Scenario::load(&path).unwrap()).unwrap()
+}
+
+fn count(summary: &Value, key: &str) -> u64 {
+    summary[key].as_u64().unwrap_or_else(|| panic!("{key} missing in {summary}"))
+}
+
+#[test]
+fn overprovision_never_places_beyond_the_cluster_and_loses_nothing() {
+    let s = run("overprovision");
+    assert_eq!(count(&s, "launches_refused_by_cluster"), 0, "{s}");
+    assert_eq!(count(&s, "lost"), 0, "{s}");
+    assert_eq!(s["max_committed_within_capacity_minus_buffer"], true, "{s}");
+    assert_eq!(count(&s, "completed") + count(&s, "rejected_503"), count(&s, "activations"), "{s}");
+    assert!(count(&s, "rejected_503") > 0, "the bursts want more than the cluster holds: {s}");
+}
+
+#[test]
+fn a_herd_starts_far_fewer_containers_than_callers() {
+    let s = run("herd");
+    assert_eq!(count(&s, "completed"), 1000, "{s}");
+    assert_eq!(count(&s, "lost"), 0);
+    let started = count(&s, "containers_started");
+    assert!(started <= 250, "at most a quarter of one container per caller: {started}");
+    assert!(started > 4, "more containers once the first starts are done: {started}");
+}
+
+#[test]
+fn the_azure_sample_replays_a_day_with_nothing_lost() {
+    let s = run("azure-200");
+    assert_eq!(count(&s, "activations"), 155_469, "{s}");
+    assert_eq!(count(&s, "lost"), 0, "{s}");
+    assert_eq!(count(&s, "launches_refused_by_cluster"), 0, "{s}");
+    assert_eq!(s["max_committed_within_capacity_minus_buffer"], true, "{s}");
+    assert!(count(&s, "cold_starts") > 0 && count(&s, "warm_starts") > count(&s, "cold_starts"), "{s}");
+}
