@@ -22,6 +22,7 @@ fn warm_core(containers: usize, keys: u32) -> PoolCore {
         idle_timeout: Duration::from_secs(3600 * 24),
         stats_ttl: Duration::from_secs(3600 * 24),
         buffer_mb: 0,
+        start_rule: StartRule::Capped,
     };
     let mut core = PoolCore::new(config);
     let per_node = (containers / NODES + 1) as u64 * u64::from(MEMORY_MB);

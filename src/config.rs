@@ -83,6 +83,9 @@ pub struct PoolConfig {
     pub buffer_mb: u64,
     #[serde(with = "humantime_serde")]
     pub tick: Duration,
+    /// `capped` (ours); `one_each` and `first_up` are the rules of OpenWhisk and Fn, for
+    /// comparisons in the simulator.
+    pub start_rule: crate::pool::core::StartRule,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -210,6 +213,7 @@ impl PoolConfig {
             idle_timeout: self.idle_timeout,
             stats_ttl: self.stats_ttl,
             buffer_mb: self.buffer_mb,
+            start_rule: self.start_rule,
         }
     }
 }
@@ -225,6 +229,7 @@ impl Default for PoolConfig {
             stats_ttl: Duration::from_secs(60),
             buffer_mb: 0,
             tick: Duration::from_millis(100),
+            start_rule: crate::pool::core::StartRule::Capped,
         }
     }
 }

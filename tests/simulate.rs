@@ -25,13 +25,18 @@ fn overprovision_never_places_beyond_the_cluster_and_loses_nothing() {
 }
 
 #[test]
-fn a_herd_starts_far_fewer_containers_than_callers() {
+fn a_herd_starts_far_fewer_containers_under_our_rule_than_one_per_caller() {
     let s = run("herd");
-    assert_eq!(count(&s, "completed"), 1000, "{s}");
-    assert_eq!(count(&s, "lost"), 0);
-    let started = count(&s, "containers_started");
-    assert!(started <= 250, "at most a quarter of one container per caller: {started}");
-    assert!(started > 4, "more containers once the first starts are done: {started}");
+    let rules = &s["rules"];
+    for rule in ["one_each", "first_up", "capped"] {
+        assert_eq!(count(&rules[rule], "completed"), 1000, "{rule}: {s}");
+        assert_eq!(count(&rules[rule], "lost"), 0, "{rule}");
+    }
+    let (ours, one_each) =
+        (count(&rules["capped"], "containers_started"), count(&rules["one_each"], "containers_started"));
+    assert_eq!(one_each, 1000, "one container per caller");
+    assert!(ours * 4 <= one_each, "at most a quarter of one-per-caller's containers: {ours}");
+    assert!(ours > 4, "more containers once the first starts are done: {ours}");
 }
 
 #[test]

@@ -8,6 +8,8 @@
 pub mod scenario;
 pub mod workload;
 
+use crate::config::PoolConfig;
+use crate::pool::core::StartRule;
 use crate::pool::core::{
     ContainerId, Effect, Event, Job, JobId, KeyId, NodeId, NodeStatsUpdate, PoolCore, RejectReason,
 };
@@ -65,6 +67,7 @@ struct Counts {
 
 struct Sim<'a> {
     scenario: &'a Scenario,
+    pool: PoolConfig,
     calls: Vec<Call>,
     core: PoolCore,
     now: Duration,
@@ -82,11 +85,28 @@ struct Sim<'a> {
     counts: Counts,
 }
 
-/// Runs a scenario to the end and returns its JSON summary.
+/// Runs a scenario to the end and returns its JSON summary; with `compare_start_rules`, one
+/// summary per rule under `rules`.
 pub fn run(scenario: &Scenario) -> Result<Value, ScenarioError> {
+    let Some(rules) = &scenario.compare_start_rules else { return run_with(scenario, scenario.pool.clone()) };
+    let mut out = serde_json::Map::new();
+    for &rule in rules {
+        let mut pool = scenario.pool.clone();
+        pool.start_rule = rule;
+        if rule != StartRule::Capped {
+            // The systems these rules come from do not cap starts per node either.
+            pool.max_starts_per_node = u32::MAX;
+        }
+        let name = serde_json::to_value(rule).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
+        out.insert(name, run_with(scenario, pool)?);
+    }
+    Ok(json!({ "scenario": scenario.name, "rules": out }))
+}
+
+fn run_with(scenario: &Scenario, pool: PoolConfig) -> Result<Value, ScenarioError> {
     let began = Instant::now();
     let (calls, actions) = workload::calls(&scenario.workload, scenario.seed)?;
-    let core = PoolCore::new(scenario.pool.core_config());
+    let core = PoolCore::new(pool.core_config());
     let nodes: Vec<SimNode> = (0..scenario.cluster.nodes)
         .map(|i| SimNode {
             id: NodeId::new(&format!("node{i}")),
@@ -100,6 +120,7 @@ pub fn run(scenario: &Scenario) -> Result<Value, ScenarioError> {
     let horizon = calls.last().map_or(Duration::ZERO, |c| c.at);
     let mut sim = Sim {
         scenario,
+        pool,
         calls,
         core,
         now: Duration::ZERO,
@@ -147,7 +168,7 @@ impl Sim<'_> {
                 Ev::Tick => {
                     self.apply(Event::Tick);
                     if !self.finished() {
-                        self.at(self.now + self.scenario.pool.tick, Ev::Tick);
+                        self.at(self.now + self.pool.tick, Ev::Tick);
                     }
                 }
             }
@@ -194,7 +215,7 @@ impl Sim<'_> {
             key: KeyId(call.action),
             memory_mb: call.memory_mb,
             concurrency: 1,
-            deadline: self.now + self.scenario.pool.wait_deadline,
+            deadline: self.now + self.pool.wait_deadline,
         };
         self.apply(Event::Arrived(job));
     }
@@ -312,7 +333,7 @@ impl Sim<'_> {
         };
         let activations = self.calls.len() as u64;
         let lost = activations - c.completed - c.rejected_503 - c.failed;
-        let buffer = self.scenario.pool.buffer_mb;
+        let buffer = self.pool.buffer_mb;
         let nodes: Vec<Value> = self
             .nodes
             .iter()

@@ -15,6 +15,9 @@ pub struct Scenario {
     /// The `[pool]` section of the invoker's own config, with the same defaults.
     #[serde(default)]
     pub pool: PoolConfig,
+    /// Run the scenario once per start rule and report each (the herd comparison).
+    #[serde(default)]
+    pub compare_start_rules: Option<Vec<crate::pool::core::StartRule>>,
     pub cluster: Cluster,
     pub workload: Workload,
 }

@@ -389,7 +389,13 @@ impl PoolCore {
             if key.blocked || key.waiting_live <= key.starting as usize * key.concurrency as usize {
                 return;
             }
-            if key.starting >= self.config.max_starts_per_action {
+            let up = key.containers - key.starting;
+            let held_back = match self.config.start_rule {
+                StartRule::Capped => key.starting >= self.config.max_starts_per_action,
+                StartRule::OneEach => false,
+                StartRule::FirstUp => up == 0 && key.starting > 0,
+            };
+            if held_back {
                 return; // retried when one of its starts finishes
             }
             let memory_mb = key.memory_mb;

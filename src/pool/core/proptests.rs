@@ -219,6 +219,7 @@ fn new_core() -> (PoolCore, World) {
         idle_timeout: Duration::from_secs(5),
         stats_ttl: Duration::from_secs(4),
         buffer_mb: BUFFER_MB,
+        start_rule: StartRule::Capped,
     };
     let mut core = PoolCore::new(config);
     let mut world = World::default();

@@ -135,6 +135,26 @@ pub struct CoreConfig {
     pub stats_ttl: Duration,
     /// Memory kept free on every node (the launchability buffer).
     pub buffer_mb: u64,
+    /// When jobs that wait for an action start new containers.
+    pub start_rule: StartRule,
+}
+
+/// When waiting jobs start containers. Only `Capped` is meant for production; the others are
+/// the rules of the systems we compare against, kept so the simulator can run them side by
+/// side on the same core.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StartRule {
+    /// Ours: while waiting jobs outnumber what the starting containers will take, with at most
+    /// `max_starts_per_action` starts in flight per action.
+    #[default]
+    Capped,
+    /// One container for every job that cannot run at once, without a cap (OpenWhisk's
+    /// default invoker).
+    OneEach,
+    /// Fn's herd guard: while an action has no container up, its first start must finish before
+    /// another begins; then one per waiting job beyond those starting.
+    FirstUp,
 }
 
 impl Default for CoreConfig {
@@ -146,6 +166,7 @@ impl Default for CoreConfig {
             idle_timeout: Duration::from_secs(600),
             stats_ttl: Duration::from_secs(60),
             buffer_mb: 0,
+            start_rule: StartRule::Capped,
         }
     }
 }
