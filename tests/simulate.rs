@@ -37,6 +37,8 @@ fn a_herd_starts_far_fewer_containers_under_our_rule_than_one_per_caller() {
     assert_eq!(one_each, 1000, "one container per caller");
     assert!(ours * 4 <= one_each, "at most a quarter of one-per-caller's containers: {ours}");
     assert!(ours > 4, "more containers once the first starts are done: {ours}");
+    let p99 = |rule: &str| rules[rule]["wait_p99_ms"].as_f64().unwrap();
+    assert!(p99("capped") <= p99("one_each").min(p99("first_up")), "ours waits no longer at p99: {s}");
 }
 
 #[test]

@@ -23,7 +23,9 @@ use workload::Call;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Ev {
     Arrive(usize),
-    Ready(ContainerId, bool),
+    /// A start finishing; the number is the start's version (a later start on the node slows
+    /// it down and reschedules it, and the stale event is ignored).
+    Ready(ContainerId, bool, u32),
     Done(ContainerId, JobId),
     Removed(ContainerId),
     Stats,
@@ -35,12 +37,15 @@ struct SimNode {
     capacity_mb: u64,
     used_mb: u64,
     max_used_mb: u64,
-    starts_in_flight: u64,
+    /// Starts in flight on the node: each slows the others by `start_per_inflight_ms`.
+    starting: Vec<ContainerId>,
 }
 
 struct SimContainer {
     node: usize,
     memory_mb: u64,
+    ready_at: Duration,
+    version: u32,
     ran: bool,
     idle_since: Option<Duration>,
 }
@@ -113,7 +118,7 @@ fn run_with(scenario: &Scenario, pool: PoolConfig) -> Result<Value, ScenarioErro
             capacity_mb: scenario.cluster.node_memory_mb,
             used_mb: 0,
             max_used_mb: 0,
-            starts_in_flight: 0,
+            starting: Vec::new(),
         })
         .collect();
     let node_index = nodes.iter().enumerate().map(|(i, n)| (n.id.clone(), i)).collect();
@@ -156,7 +161,12 @@ impl Sim<'_> {
             self.now = when;
             match ev {
                 Ev::Arrive(i) => self.arrive(i),
-                Ev::Ready(c, ok) => self.ready(c, ok),
+                Ev::Ready(c, ok, version) => {
+                    let current = self.containers.get(&c).map(|c| c.version);
+                    if !ok || current == Some(version) {
+                        self.ready(c, ok);
+                    }
+                }
                 Ev::Done(c, job) => self.done(c, job),
                 Ev::Removed(c) => self.removed(c),
                 Ev::Stats => {
@@ -224,30 +234,42 @@ impl Sim<'_> {
     fn create(&mut self, container: ContainerId, memory_mb: u32, node: &NodeId) {
         let Some(&n) = self.node_index.get(node) else {
             self.counts.refused += 1;
-            self.at(self.now, Ev::Ready(container, false));
+            self.at(self.now, Ev::Ready(container, false, 0));
             return;
         };
         let memory_mb = u64::from(memory_mb);
         let sim_node = &mut self.nodes[n];
         if sim_node.used_mb + memory_mb > sim_node.capacity_mb {
             self.counts.refused += 1;
-            self.at(self.now, Ev::Ready(container, false));
+            self.at(self.now, Ev::Ready(container, false, 0));
             return;
         }
         sim_node.used_mb += memory_mb;
         sim_node.max_used_mb = sim_node.max_used_mb.max(sim_node.used_mb);
-        let cluster = &self.scenario.cluster;
-        let latency =
-            cluster.start_latency + Duration::from_millis(cluster.start_per_inflight_ms * sim_node.starts_in_flight);
-        sim_node.starts_in_flight += 1;
-        self.containers.insert(container, SimContainer { node: n, memory_mb, ran: false, idle_since: None });
-        self.at(self.now + latency, Ev::Ready(container, true));
+        // Every start overlapping this one takes longer, and this one takes longer for each.
+        let slowdown = Duration::from_millis(self.scenario.cluster.start_per_inflight_ms);
+        let in_flight = std::mem::take(&mut sim_node.starting);
+        let ready_at = self.now + self.scenario.cluster.start_latency + slowdown * in_flight.len() as u32;
+        for &other in &in_flight {
+            if let Some(c) = self.containers.get_mut(&other) {
+                c.ready_at += slowdown;
+                c.version += 1;
+                let (at, version) = (c.ready_at, c.version);
+                self.at(at, Ev::Ready(other, true, version));
+            }
+        }
+        let sim_node = &mut self.nodes[n];
+        sim_node.starting = in_flight;
+        sim_node.starting.push(container);
+        self.containers
+            .insert(container, SimContainer { node: n, memory_mb, ready_at, version: 0, ran: false, idle_since: None });
+        self.at(ready_at, Ev::Ready(container, true, 0));
     }
 
     fn ready(&mut self, container: ContainerId, ok: bool) {
         if ok {
             if let Some(c) = self.containers.get(&container) {
-                self.nodes[c.node].starts_in_flight -= 1;
+                self.nodes[c.node].starting.retain(|&s| s != container);
             }
             self.counts.started += 1;
             if let Some(c) = self.containers.get_mut(&container) {
