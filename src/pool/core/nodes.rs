@@ -10,6 +10,7 @@
 
 use super::types::{ContainerId, NodeId, NodeStatsUpdate, Time};
 use rustc_hash::FxHashMap;
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 #[derive(Debug)]
@@ -54,40 +55,70 @@ pub(super) struct Nodes {
     buffer_mb: u64,
     ttl: Duration,
     max_starts: u32,
+    /// Every node by its headroom (ignoring staleness, which is checked when a node is picked),
+    /// so that placement is a range query, O(log nodes), not a scan.
+    by_headroom: BTreeSet<(i64, NodeId)>,
 }
 
 impl Nodes {
     pub(super) fn new(buffer_mb: u64, ttl: Duration, max_starts: u32) -> Self {
-        Nodes { nodes: FxHashMap::default(), largest_capacity_mb: None, buffer_mb, ttl, max_starts }
+        Nodes {
+            nodes: FxHashMap::default(),
+            largest_capacity_mb: None,
+            buffer_mb,
+            ttl,
+            max_starts,
+            by_headroom: BTreeSet::new(),
+        }
+    }
+
+    /// Changes one node and keeps the headroom index in step.
+    fn change<R>(&mut self, node: &NodeId, f: impl FnOnce(&mut NodeState) -> R) -> Option<R> {
+        let buffer = self.buffer_mb;
+        let n = self.nodes.get_mut(node)?;
+        let before = raw_headroom(n, buffer);
+        let result = f(n);
+        let after = raw_headroom(n, buffer);
+        if before != after {
+            self.by_headroom.remove(&(before, node.clone()));
+            self.by_headroom.insert((after, node.clone()));
+        }
+        Some(result)
     }
 
     pub(super) fn update(&mut self, update: NodeStatsUpdate, now: Time) {
         let observed_at = update.observed_at.min(now);
-        let n = self.nodes.entry(update.node).or_insert_with(|| NodeState {
-            capacity_mb: 0,
-            free_mb: 0,
-            observed_at: Time::ZERO,
-            committed_mb: 0,
-            reserved_mb: 0,
-            removing_mb: 0,
-            starts: 0,
-            unconfirmed: FxHashMap::default(),
-        });
-        if observed_at < n.observed_at {
-            return; // an older snapshot overtaken by a newer one
+        if !self.nodes.contains_key(&update.node) {
+            let n = NodeState {
+                capacity_mb: 0,
+                free_mb: 0,
+                observed_at: Time::ZERO,
+                committed_mb: 0,
+                reserved_mb: 0,
+                removing_mb: 0,
+                starts: 0,
+                unconfirmed: FxHashMap::default(),
+            };
+            self.by_headroom.insert((raw_headroom(&n, self.buffer_mb), update.node.clone()));
+            self.nodes.insert(update.node.clone(), n);
         }
-        n.capacity_mb = update.capacity_mb;
-        n.free_mb = update.free_mb;
-        n.observed_at = observed_at;
-        let mut confirmed = 0;
-        n.unconfirmed.retain(|_, &mut (mem, started)| {
-            let seen = started.is_some_and(|t| t <= observed_at);
-            if seen {
-                confirmed += u64::from(mem);
+        self.change(&update.node, |n| {
+            if observed_at < n.observed_at {
+                return; // an older snapshot overtaken by a newer one
             }
-            !seen
+            n.capacity_mb = update.capacity_mb;
+            n.free_mb = update.free_mb;
+            n.observed_at = observed_at;
+            let mut confirmed = 0;
+            n.unconfirmed.retain(|_, &mut (mem, started)| {
+                let seen = started.is_some_and(|t| t <= observed_at);
+                if seen {
+                    confirmed += u64::from(mem);
+                }
+                !seen
+            });
+            n.reserved_mb -= confirmed;
         });
-        n.reserved_mb -= confirmed;
         self.largest_capacity_mb = self.nodes.values().map(|n| n.capacity_mb).max();
     }
 
@@ -97,26 +128,22 @@ impl Nodes {
 
     /// Best fit: the fresh node with the least room that still fits, so large holes stay free.
     pub(super) fn place(&self, memory_mb: u32, now: Time) -> Placement {
-        let need = i64::from(memory_mb);
-        let mut best: Option<(i64, &NodeId)> = None;
         let mut capped = false;
-        for (id, n) in &self.nodes {
-            let room = self.headroom(n, now);
-            if room < need {
+        for (_, id) in self.by_headroom.range((i64::from(memory_mb), NodeId::new(""))..) {
+            let n = &self.nodes[id];
+            if !self.is_fresh(n, now) {
                 continue;
             }
             if n.starts >= self.max_starts {
                 capped = true;
                 continue;
             }
-            if best.is_none_or(|(r, b)| room < r || (room == r && id < b)) {
-                best = Some((room, id));
-            }
+            return Placement::On(id.clone());
         }
-        match best {
-            Some((_, id)) => Placement::On(id.clone()),
-            None if capped => Placement::StartsCapped,
-            None => Placement::NoRoom,
+        if capped {
+            Placement::StartsCapped
+        } else {
+            Placement::NoRoom
         }
     }
 
@@ -136,11 +163,13 @@ impl Nodes {
     }
 
     pub(super) fn reserve(&mut self, node: &NodeId, id: ContainerId, memory_mb: u32) {
-        let n = self.nodes.get_mut(node).expect("placed on a known node");
-        n.committed_mb += u64::from(memory_mb);
-        n.reserved_mb += u64::from(memory_mb);
-        n.starts += 1;
-        n.unconfirmed.insert(id, (memory_mb, None));
+        let placed = self.change(node, |n| {
+            n.committed_mb += u64::from(memory_mb);
+            n.reserved_mb += u64::from(memory_mb);
+            n.starts += 1;
+            n.unconfirmed.insert(id, (memory_mb, None));
+        });
+        placed.expect("placed on a known node");
     }
 
     pub(super) fn start_finished(&mut self, node: &NodeId) {
@@ -162,14 +191,15 @@ impl Nodes {
     }
 
     pub(super) fn release(&mut self, node: &NodeId, id: ContainerId, memory_mb: u32, was_removing: bool) {
-        let Some(n) = self.nodes.get_mut(node) else { return };
-        n.committed_mb -= u64::from(memory_mb);
-        if n.unconfirmed.remove(&id).is_some() {
-            n.reserved_mb -= u64::from(memory_mb);
-        }
-        if was_removing {
-            n.removing_mb -= u64::from(memory_mb);
-        }
+        self.change(node, |n| {
+            n.committed_mb -= u64::from(memory_mb);
+            if n.unconfirmed.remove(&id).is_some() {
+                n.reserved_mb -= u64::from(memory_mb);
+            }
+            if was_removing {
+                n.removing_mb -= u64::from(memory_mb);
+            }
+        });
     }
 
     pub(super) fn views(&self, now: Time) -> Vec<NodeView> {
@@ -192,6 +222,16 @@ impl Nodes {
         views
     }
 
+    /// The headroom index holds exactly one entry per node, with its current headroom.
+    #[cfg(test)]
+    pub(super) fn index_matches(&self) -> bool {
+        self.by_headroom.len() == self.nodes.len()
+            && self
+                .nodes
+                .iter()
+                .all(|(id, n)| self.by_headroom.contains(&(raw_headroom(n, self.buffer_mb), id.clone())))
+    }
+
     fn is_fresh(&self, n: &NodeState, now: Time) -> bool {
         n.observed_at + self.ttl >= now
     }
@@ -200,8 +240,14 @@ impl Nodes {
         if !self.is_fresh(n, now) {
             return i64::MIN / 2;
         }
-        let by_capacity = n.capacity_mb as i64 - self.buffer_mb as i64 - n.committed_mb as i64;
-        let by_stats = n.free_mb as i64 - n.reserved_mb as i64 - self.buffer_mb as i64;
-        by_capacity.min(by_stats)
+        raw_headroom(n, self.buffer_mb)
     }
+}
+
+/// What a new container could take on a node whose stats are fresh: the least of what our own
+/// accounts and the cluster's stats (minus what they cannot show yet) leave, minus the buffer.
+fn raw_headroom(n: &NodeState, buffer_mb: u64) -> i64 {
+    let by_capacity = n.capacity_mb as i64 - buffer_mb as i64 - n.committed_mb as i64;
+    let by_stats = n.free_mb as i64 - n.reserved_mb as i64 - buffer_mb as i64;
+    by_capacity.min(by_stats)
 }

@@ -65,6 +65,7 @@ struct World {
 impl World {
     fn apply(&mut self, core: &mut PoolCore, event: Event) -> Result<(), TestCaseError> {
         let fx = core.handle(event, self.now);
+        prop_assert!(core.nodes.index_matches(), "the headroom index drifted from the nodes");
         let mut created_keys = Vec::new();
         for effect in fx {
             match effect {
