@@ -148,7 +148,7 @@ impl PoolCore {
                 self.retry_blocked(now, &mut fx);
             }
             Event::Tick => self.on_tick(now, &mut fx),
-            Event::Drain => self.on_drain(&mut fx),
+            Event::Drain => self.on_drain(now, &mut fx),
         }
         fx
     }
@@ -355,11 +355,11 @@ impl PoolCore {
             if c.idle_since + self.config.idle_timeout > now {
                 break;
             }
-            self.retire(id, fx);
+            self.retire(id, now, fx);
         }
     }
 
-    fn on_drain(&mut self, fx: &mut Effects) {
+    fn on_drain(&mut self, now: Time, fx: &mut Effects) {
         self.draining = true;
         let mut jobs: Vec<(Time, JobId)> = std::mem::take(&mut self.deadlines).into_iter().collect();
         jobs.sort();
@@ -374,7 +374,7 @@ impl PoolCore {
         }
         let idle: Vec<ContainerId> = self.idle_oldest_first().collect();
         for id in idle {
-            self.retire(id, fx);
+            self.retire(id, now, fx);
         }
         for c in self.containers.values_mut() {
             c.retiring = true;
@@ -455,7 +455,7 @@ impl PoolCore {
         let Some(node) = chosen else { return };
         let (_, victims) = freed.remove(&node).expect("chosen node has victims");
         for id in victims {
-            self.retire(id, fx);
+            self.retire(id, now, fx);
         }
     }
 
@@ -567,14 +567,14 @@ impl PoolCore {
         let c = &self.containers[&id];
         if c.retiring {
             if c.running.is_empty() {
-                self.retire(id, fx);
+                self.retire(id, now, fx);
             }
         } else {
             self.settle(id, now);
         }
     }
 
-    fn retire(&mut self, id: ContainerId, fx: &mut Effects) {
+    fn retire(&mut self, id: ContainerId, now: Time, fx: &mut Effects) {
         self.unsettle(id);
         let c = self.containers.get_mut(&id).expect("retire a known container");
         if c.phase == Phase::Removing {
@@ -582,7 +582,7 @@ impl PoolCore {
         }
         c.phase = Phase::Removing;
         c.retiring = true;
-        self.nodes.removing(&c.node, c.memory_mb);
+        self.nodes.removing(&c.node, id, c.memory_mb, now);
         fx.push(Effect::Remove { container: id });
     }
 

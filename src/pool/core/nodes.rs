@@ -4,7 +4,8 @@
 //! - by capacity: the node's capacity minus the memory of every container we hold there
 //!   (committed from the decision to create until the removal is confirmed);
 //! - by stats: the free memory the cluster last reported minus our reservations, the
-//!   containers the report cannot show yet (created, but not started before it was observed).
+//!   containers the report cannot show yet (created, but not started before it was observed),
+//!   plus the memory of our removals that completed after it was observed.
 //!
 //! Stats older than the TTL count as nothing free. The launchability buffer is kept free in both.
 
@@ -24,6 +25,12 @@ struct NodeState {
     starts: u32,
     /// Our containers the stats may not show yet, with the time they were seen started.
     unconfirmed: FxHashMap<ContainerId, (u32, Option<Time>)>,
+    /// Removals under way, with the time each was decided.
+    removal_decided: FxHashMap<ContainerId, Time>,
+    /// Memory of removals that completed but that the stats may not show free yet: stats
+    /// observed before the removal was decided cannot include it; later ones are taken to.
+    freed_unseen: Vec<(Time, u64)>,
+    freed_unseen_mb: u64,
 }
 
 /// One node as the pool sees it, for health and the pool view.
@@ -98,6 +105,9 @@ impl Nodes {
                 removing_mb: 0,
                 starts: 0,
                 unconfirmed: FxHashMap::default(),
+                removal_decided: FxHashMap::default(),
+                freed_unseen: Vec::new(),
+                freed_unseen_mb: 0,
             };
             self.by_headroom.insert((raw_headroom(&n, self.buffer_mb), update.node.clone()));
             self.nodes.insert(update.node.clone(), n);
@@ -118,6 +128,15 @@ impl Nodes {
                 !seen
             });
             n.reserved_mb -= confirmed;
+            let mut shown = 0;
+            n.freed_unseen.retain(|&(decided, mb)| {
+                let seen = decided <= observed_at;
+                if seen {
+                    shown += mb;
+                }
+                !seen
+            });
+            n.freed_unseen_mb -= shown;
         });
         self.largest_capacity_mb = self.nodes.values().map(|n| n.capacity_mb).max();
     }
@@ -184,9 +203,10 @@ impl Nodes {
         }
     }
 
-    pub(super) fn removing(&mut self, node: &NodeId, memory_mb: u32) {
+    pub(super) fn removing(&mut self, node: &NodeId, id: ContainerId, memory_mb: u32, now: Time) {
         if let Some(n) = self.nodes.get_mut(node) {
             n.removing_mb += u64::from(memory_mb);
+            n.removal_decided.insert(id, now);
         }
     }
 
@@ -198,6 +218,10 @@ impl Nodes {
             }
             if was_removing {
                 n.removing_mb -= u64::from(memory_mb);
+            }
+            if let Some(decided) = n.removal_decided.remove(&id) {
+                n.freed_unseen.push((decided, u64::from(memory_mb)));
+                n.freed_unseen_mb += u64::from(memory_mb);
             }
         });
     }
@@ -248,6 +272,6 @@ impl Nodes {
 /// accounts and the cluster's stats (minus what they cannot show yet) leave, minus the buffer.
 fn raw_headroom(n: &NodeState, buffer_mb: u64) -> i64 {
     let by_capacity = n.capacity_mb as i64 - buffer_mb as i64 - n.committed_mb as i64;
-    let by_stats = n.free_mb as i64 - n.reserved_mb as i64 - buffer_mb as i64;
+    let by_stats = (n.free_mb + n.freed_unseen_mb) as i64 - n.reserved_mb as i64 - buffer_mb as i64;
     by_capacity.min(by_stats)
 }
