@@ -208,3 +208,68 @@ async fn an_idle_container_is_paused_and_resumed_for_the_next_run() {
     assert_eq!(h.mock.count(|c| matches!(c, MockCall::Resumed(_))), 1);
     assert_eq!(creates(&h), 1, "the paused container was reused, not replaced");
 }
+
+#[actix_rt::test]
+async fn lagging_stats_never_over_provision_two_nodes() {
+    let mock = MockConfig {
+        nodes: vec![("n1".into(), 1024), ("n2".into(), 1024)],
+        start_latency: Duration::from_millis(50),
+        run_latency: Duration::from_millis(30),
+        stats_lag: Duration::from_millis(300),
+        ..MockConfig::default()
+    };
+    let pool = PoolConfig { wait_deadline: Duration::from_secs(30), ..PoolConfig::default() };
+    let h = setup(mock, pool);
+    let actions: Vec<_> = (0..16).map(|i| action(&format!("lag{i}"), 256)).collect();
+    let calls = actions.iter().flat_map(|a| (0..2).map(move |_| a)).map(|a| invoke(&h, a, json!({})));
+    let records = futures_util::future::join_all(calls).await;
+    assert!(records.iter().all(|r| r.outcome() == Outcome::Success), "{records:?}");
+    assert_eq!(h.mock.count(|c| matches!(c, MockCall::Refused(_))), 0, "the cluster refused a launch");
+    assert!(h.mock.max_alive() <= 8, "{} containers of 256 MB on 2 GB", h.mock.max_alive());
+}
+
+#[actix_rt::test]
+async fn an_idle_container_of_another_action_is_evicted_to_make_room() {
+    let mock = MockConfig { nodes: vec![("n".into(), 512)], ..MockConfig::default() };
+    let h = setup(mock, PoolConfig::default());
+    let (a, b, c) = (action("ea", 256), action("eb", 256), action("ec", 256));
+    for x in [&a, &b] {
+        assert_eq!(invoke(&h, x, json!({})).await.outcome(), Outcome::Success);
+    }
+    assert_eq!(invoke(&h, &c, json!({})).await.outcome(), Outcome::Success);
+    assert_eq!(
+        h.mock.count(|c| matches!(c, MockCall::Destroy(_))),
+        1,
+        "one idle container made room: {:?}",
+        h.mock.calls()
+    );
+    assert!(h.mock.max_alive() <= 2);
+    assert_eq!(invoke(&h, &b, json!({})).await.outcome(), Outcome::Success);
+    assert_eq!(creates(&h), 3, "the most recently used (b) stayed warm; the least (a) went");
+}
+
+#[actix_rt::test]
+async fn a_job_that_cannot_get_a_container_by_its_deadline_gets_a_status_3_record() {
+    let mock = MockConfig { nodes: vec![("n".into(), 256)], ..MockConfig::default() };
+    let pool = PoolConfig { wait_deadline: Duration::from_millis(300), ..PoolConfig::default() };
+    let h = setup(mock, pool);
+    let (busy, waiting) = (action("busy", 256), action("waits", 256));
+    let long = invoke(&h, &busy, json!({ "sleep_ms": 2000 }));
+    let late = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        invoke(&h, &waiting, json!({})).await
+    };
+    let (long, late) = tokio::join!(long, late);
+    assert_eq!(long.outcome(), Outcome::Success);
+    assert_eq!(late.response.status_code, 3, "{late:?}");
+    assert_eq!(late.annotation("rejected"), Some(&json!("deadline")));
+}
+
+#[actix_rt::test]
+async fn an_action_larger_than_every_node_fails_at_once() {
+    let h = setup(MockConfig { nodes: vec![("n".into(), 1024)], ..MockConfig::default() }, PoolConfig::default());
+    let record = invoke(&h, &action("huge", 2048), json!({})).await;
+    assert_eq!(record.response.status_code, 3);
+    assert_eq!(record.annotation("rejected"), Some(&json!("never_fits")));
+    assert_eq!(creates(&h), 0);
+}

@@ -24,6 +24,9 @@ pub struct MockConfig {
     pub run_latency: Duration,
     /// Every create fails.
     pub fail_creates: bool,
+    /// Published stats describe the cluster as it was this long ago (a cluster manager's
+    /// view lags behind reality); zero publishes the present.
+    pub stats_lag: Duration,
 }
 
 impl Default for MockConfig {
@@ -33,6 +36,7 @@ impl Default for MockConfig {
             start_latency: Duration::ZERO,
             run_latency: Duration::ZERO,
             fail_creates: false,
+            stats_lag: Duration::ZERO,
         }
     }
 }
@@ -69,6 +73,8 @@ struct State {
     alive: HashMap<ContainerId, (NodeId, u32, Option<ServerHandle>)>,
     max_alive: usize,
     calls: Vec<MockCall>,
+    /// Past snapshots, for stats that lag: (time, the update published for it).
+    history: std::collections::VecDeque<(crate::pool::core::Time, Vec<NodeStatsUpdate>)>,
     /// A paused container's runtime answers no run (503), as a frozen process would not.
     paused: std::collections::HashSet<ContainerId>,
 }
@@ -88,6 +94,7 @@ impl MockFactory {
             inner: Arc::new(Inner { config: Mutex::new(config), epoch, stats, state: Mutex::default() }),
         };
         factory.publish();
+        factory.start_lag_ticker();
         factory
     }
 
@@ -123,10 +130,13 @@ impl MockFactory {
     }
 
     fn publish(&self) {
-        let nodes = self.inner.config.lock().nodes.clone();
+        let (nodes, lag) = {
+            let config = self.inner.config.lock();
+            (config.nodes.clone(), config.stats_lag)
+        };
         let now = self.inner.epoch.now();
-        let state = self.inner.state.lock();
-        let snapshot = nodes
+        let mut state = self.inner.state.lock();
+        let snapshot: Vec<NodeStatsUpdate> = nodes
             .iter()
             .map(|(name, capacity_mb)| {
                 let used: u64 =
@@ -139,8 +149,33 @@ impl MockFactory {
                 }
             })
             .collect();
+        state.history.push_back((now, snapshot));
+        // Keep the newest snapshot that is at least `lag` old, and everything after it.
+        while state.history.len() > 1 && state.history[1].0 + lag <= now {
+            state.history.pop_front();
+        }
+        let due = state.history.front().filter(|(t, _)| *t + lag <= now).map(|(_, s)| s.clone());
         drop(state);
-        self.inner.stats.send_replace(snapshot);
+        if let Some(snapshot) = due {
+            self.inner.stats.send_replace(snapshot);
+        }
+    }
+
+    /// With lagging stats, publishes on a timer too, so that the past catches up with the pool.
+    fn start_lag_ticker(&self) {
+        let lag = self.inner.config.lock().stats_lag;
+        if lag.is_zero() || tokio::runtime::Handle::try_current().is_err() {
+            return;
+        }
+        let weak = Arc::downgrade(&self.inner);
+        let every = (lag / 4).max(Duration::from_millis(5));
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(inner) = weak.upgrade() else { return };
+                MockFactory { inner }.publish();
+            }
+        });
     }
 
     fn log(&self, call: MockCall) {
