@@ -248,6 +248,12 @@ async fn nothing_ran_is_503_with_retry_after_and_a_status_3_record() {
     let body: Value = test::read_body_json(response).await;
     assert_eq!(body["response"]["statusCode"], 3);
     assert_eq!(body["response"]["status"], "whisk internal error");
+    for _ in 0..2 {
+        send(&app, post("/api/v1/namespaces/_/actions/echo?blocking=true", json!({}))).await;
+    }
+    let (s, health, _) = send(&app, get("/health")).await;
+    assert_eq!((s, health["status"].as_str()), (200, Some("unhealthy")), "{health}");
+    assert!(health["nodes"][0]["reserved_mb"].is_u64() && health["nodes"][0]["used_mb"].is_u64(), "{health}");
 }
 
 fn activation_message(id: &str, blocking: bool) -> Value {

@@ -9,24 +9,43 @@ pub(super) async fn ping() -> HttpResponse {
     HttpResponse::Ok().json(json!({ "ping": "pong" }))
 }
 
+/// Creations failing in a row before the invoker calls itself unhealthy.
+const UNHEALTHY_AFTER_FAILURES: u32 = 3;
+
 pub(super) async fn health(state: web::Data<AppState>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
     state.authenticate(&req)?;
     let snapshot = state.service.pool().snapshot().await.ok_or(ApiError::Unavailable("the pool is gone".into()))?;
     let launchable = snapshot.nodes.iter().map(|n| n.launchable_mb).max().unwrap_or(0);
+    let min_mb = u64::from(state.config.limits.memory_min_mb);
     let status = if state.service.is_draining() {
         "draining"
-    } else if snapshot.waiting > 0 && launchable < u64::from(state.config.limits.memory_min_mb) {
+    } else if snapshot.create_failures_in_a_row >= UNHEALTHY_AFTER_FAILURES {
+        "unhealthy"
+    } else if snapshot.waiting > 0 && launchable < min_mb {
         "overloaded"
     } else {
         "healthy"
     };
+    let nodes: Vec<_> = snapshot
+        .nodes
+        .iter()
+        .map(|n| {
+            json!({
+                "node": n.node, "stale": n.stale, "capacity_mb": n.capacity_mb,
+                "free_mb": n.free_mb, "reserved_mb": n.reserved_mb,
+                "used_mb": n.committed_mb, "removing_mb": n.removing_mb,
+                "launchable_mb": n.launchable_mb, "starts_in_flight": n.starts_in_flight,
+            })
+        })
+        .collect();
     Ok(HttpResponse::Ok().json(json!({
         "status": status,
-        "can_launch": launchable >= u64::from(state.config.limits.memory_min_mb) && !state.service.is_draining(),
+        "can_launch": launchable >= min_mb && !state.service.is_draining(),
         "launchable_mb": launchable,
-        "nodes": snapshot.nodes,
+        "nodes": nodes,
         "containers": { "starting": snapshot.starting, "idle": snapshot.idle, "busy": snapshot.busy, "removing": snapshot.removing },
         "waiting": snapshot.waiting,
+        "create_failures_in_a_row": snapshot.create_failures_in_a_row,
     })))
 }
 

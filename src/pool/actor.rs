@@ -55,6 +55,8 @@ pub struct PoolSnapshot {
     pub waiting: usize,
     pub nodes: Vec<NodeView>,
     pub containers: Vec<ContainerSummary>,
+    /// Container creations that failed in a row (reset by one that succeeds).
+    pub create_failures_in_a_row: u32,
 }
 
 /// Why a job was answered without running, as its record says (the API maps it to a status).
@@ -70,6 +72,7 @@ pub struct ContainerPool {
     max_result_bytes: usize,
     metrics: Arc<Metrics>,
     proxies: HashMap<ContainerId, Addr<ContainerProxy>>,
+    create_failures_in_a_row: u32,
     jobs: HashMap<JobId, RunJob>,
     keys: HashMap<String, KeyId>,
     key_actions: HashMap<KeyId, Arc<Action>>,
@@ -99,6 +102,7 @@ impl ContainerPool {
             max_result_bytes,
             metrics,
             proxies: HashMap::new(),
+            create_failures_in_a_row: 0,
             jobs: HashMap::new(),
             keys: HashMap::new(),
             key_actions: HashMap::new(),
@@ -194,6 +198,7 @@ impl ContainerPool {
             waiting,
             nodes: self.core.nodes(self.epoch.now()),
             containers,
+            create_failures_in_a_row: self.create_failures_in_a_row,
         }
     }
 }
@@ -278,7 +283,10 @@ impl Handler<ProxyReport> for ContainerPool {
 
     fn handle(&mut self, report: ProxyReport, ctx: &mut Context<Self>) {
         let event = match report {
-            ProxyReport::Started { container, ok, at } => Event::Started { container, ok, at },
+            ProxyReport::Started { container, ok, at } => {
+                self.create_failures_in_a_row = if ok { 0 } else { self.create_failures_in_a_row.saturating_add(1) };
+                Event::Started { container, ok, at }
+            }
             ProxyReport::Finished { container, job, reusable } => Event::Finished { container, job, reusable },
             ProxyReport::Removed { container } => {
                 self.proxies.remove(&container);
