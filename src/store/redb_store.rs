@@ -91,30 +91,53 @@ impl RedbStore {
         }
         let txn = self.db.begin_write().map_err(db_err)?;
         {
-            let records = txn.open_table(ACTIVATIONS).map_err(db_err)?;
-            let mut pending = txn.open_table(PENDING).map_err(db_err)?;
+            let mut tables = RecordTables::open(&txn)?;
             for meta in accepted {
                 let id = meta.activation_id.as_str();
-                if records.get(id).map_err(db_err)?.is_none() {
-                    pending.insert(id, encode(meta).as_slice()).map_err(db_err)?;
+                if tables.records.get(id).map_err(db_err)?.is_none() {
+                    tables.pending.insert(id, encode(meta).as_slice()).map_err(db_err)?;
                 }
             }
-        }
-        for record in finished {
-            Self::write_record(&txn, record)?;
+            for record in finished {
+                tables.write(record)?;
+            }
         }
         txn.commit().map_err(db_err)?;
         Ok(())
     }
 
     fn write_record(txn: &redb::WriteTransaction, record: &ActivationRecord) -> Result<(), StoreError> {
+        RecordTables::open(txn)?.write(record)
+    }
+}
+
+/// The tables a record touches, opened once for a whole batch.
+struct RecordTables<'txn> {
+    records: redb::Table<'txn, &'static str, &'static [u8]>,
+    pending: redb::Table<'txn, &'static str, &'static [u8]>,
+    by_namespace: redb::Table<'txn, &'static str, &'static str>,
+    by_end: redb::Table<'txn, &'static str, &'static str>,
+}
+
+impl<'txn> RecordTables<'txn> {
+    fn open(txn: &'txn redb::WriteTransaction) -> Result<Self, StoreError> {
+        Ok(RecordTables {
+            records: txn.open_table(ACTIVATIONS).map_err(db_err)?,
+            pending: txn.open_table(PENDING).map_err(db_err)?,
+            by_namespace: txn.open_table(BY_NAMESPACE).map_err(db_err)?,
+            by_end: txn.open_table(BY_END).map_err(db_err)?,
+        })
+    }
+
+    /// The record, its two index entries, and no pending entry any more.
+    fn write(&mut self, record: &ActivationRecord) -> Result<(), StoreError> {
         let id = record.activation_id.as_str();
         let ns_key = format!("{}\0{:020}\0{id}", record.namespace, record.start);
-        txn.open_table(ACTIVATIONS).map_err(db_err)?.insert(id, encode(record).as_slice()).map_err(db_err)?;
-        txn.open_table(PENDING).map_err(db_err)?.remove(id).map_err(db_err)?;
-        txn.open_table(BY_NAMESPACE).map_err(db_err)?.insert(ns_key.as_str(), record.name.as_str()).map_err(db_err)?;
+        self.records.insert(id, encode(record).as_slice()).map_err(db_err)?;
+        self.pending.remove(id).map_err(db_err)?;
+        self.by_namespace.insert(ns_key.as_str(), record.name.as_str()).map_err(db_err)?;
         let end_key = format!("{:020}\0{id}", record.end);
-        txn.open_table(BY_END).map_err(db_err)?.insert(end_key.as_str(), ns_key.as_str()).map_err(db_err)?;
+        self.by_end.insert(end_key.as_str(), ns_key.as_str()).map_err(db_err)?;
         Ok(())
     }
 }
@@ -261,10 +284,13 @@ impl Store for RedbStore {
             return Ok(0);
         }
         let txn = self.db.begin_write().map_err(db_err)?;
-        for meta in &pending {
-            let record =
-                ActivationRecord::whisk_error(meta, "the invoker stopped before this activation finished", now_ms);
-            Self::write_record(&txn, &record)?;
+        {
+            let mut tables = RecordTables::open(&txn)?;
+            for meta in &pending {
+                let record =
+                    ActivationRecord::whisk_error(meta, "the invoker stopped before this activation finished", now_ms);
+                tables.write(&record)?;
+            }
         }
         txn.commit().map_err(db_err)?;
         Ok(pending.len())
