@@ -23,9 +23,10 @@ if ! command -v python3 >/dev/null; then
 fi
 
 cargo build --release --bins >&2
+bin="${CARGO_TARGET_DIR:-target}/release"
 k="${K:-8}"
 if $quick; then
-    exec target/release/invoker-bench --k "$k" --slice 2 --rounds 2 --cold 3
+    exec "$bin/invoker-bench" --k "$k" --slice 2 --rounds 2 --cold 3
 else
-    exec target/release/invoker-bench --k "$k" --slice 5 --rounds 3 --cold 5 --memory
+    exec "$bin/invoker-bench" --k "$k" --slice 5 --rounds 3 --cold 5 --memory
 fi
