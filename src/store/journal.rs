@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-const FLUSH_EVERY: Duration = Duration::from_millis(50);
+const FLUSH_EVERY: Duration = Duration::from_millis(200);
 
 pub struct JournaledStore {
     inner: Arc<Inner>,
