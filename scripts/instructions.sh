@@ -16,7 +16,7 @@ done
 cargo build --release --bins >&2
 bin="${CARGO_TARGET_DIR:-target}/release/invoker"
 work="$(mktemp -d /tmp/invoker-callgrind-XXXXXX)"
-trap 'kill "$pid" 2>/dev/null || true; rm -rf "$work"' EXIT
+trap 'kill "$pid" 2>/dev/null || true; [ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
 valgrind --tool=callgrind --callgrind-out-file="$work/cg.out" "$bin" --data-dir "$work/data" \
     --listen 127.0.0.1:0 > "$work/stdout" 2> "$work/stderr" &
 pid=$!
