@@ -40,9 +40,16 @@ struct State {
     /// Accepted and not finished; `true` once redb's pending table has it.
     pending: FxHashMap<String, (ActivationMeta, bool)>,
     /// Finished, not yet in redb.
-    finished: FxHashMap<String, ActivationRecord>,
+    finished: FxHashMap<String, Finished>,
     /// Being written to redb by a flush right now (still visible to reads).
-    in_flight: FxHashMap<String, ActivationRecord>,
+    in_flight: Arc<FxHashMap<String, Finished>>,
+}
+
+/// A finished record with its JSON as the journal wrote it (the store reuses the bytes).
+#[derive(Clone)]
+struct Finished {
+    record: ActivationRecord,
+    json: Box<[u8]>,
 }
 
 fn io_err(what: &str, e: std::io::Error) -> StoreError {
@@ -102,7 +109,7 @@ impl JournaledStore {
             segment,
             pending: FxHashMap::default(),
             finished: FxHashMap::default(),
-            in_flight: FxHashMap::default(),
+            in_flight: Arc::default(),
         };
         let inner = Arc::new(Inner {
             db,
@@ -128,7 +135,7 @@ impl JournaledStore {
 /// Applies one segment to redb; a torn last line (the invoker died mid-write) is skipped.
 fn replay(db: &RedbStore, path: &Path) -> Result<(), StoreError> {
     let file = File::open(path).map_err(|e| io_err("journal segment", e))?;
-    let (mut accepted, mut finished) = (Vec::new(), Vec::new());
+    let (mut accepted, mut finished): (Vec<ActivationMeta>, Vec<ActivationRecord>) = (Vec::new(), Vec::new());
     for line in BufReader::new(file).split(b'\n') {
         let line = line.map_err(|e| io_err("journal segment", e))?;
         match serde_json::from_slice::<Line>(&line) {
@@ -137,7 +144,10 @@ fn replay(db: &RedbStore, path: &Path) -> Result<(), StoreError> {
             Err(_) => tracing::warn!(path = %path.display(), "skipped a torn journal line"),
         }
     }
-    db.apply(&accepted, &finished)
+    let encoded: Vec<Vec<u8>> = finished.iter().map(|r| serde_json::to_vec(r).unwrap_or_default()).collect();
+    let batch: Vec<(&ActivationRecord, &[u8])> =
+        finished.iter().zip(&encoded).map(|(r, j)| (r, j.as_slice())).collect();
+    db.apply(&accepted, &batch)
 }
 
 fn flush_loop(inner: Weak<Inner>) {
@@ -151,10 +161,13 @@ fn flush_loop(inner: Weak<Inner>) {
 }
 
 impl Inner {
-    fn append(state: &mut State, line: &LineRef<'_>) -> Result<(), StoreError> {
+    /// Writes one line and returns it (without the newline).
+    fn append(state: &mut State, line: &LineRef<'_>) -> Result<Vec<u8>, StoreError> {
         let mut bytes = serde_json::to_vec(line).map_err(|e| io_err("journal line", e.into()))?;
         bytes.push(b'\n');
-        state.file.write_all(&bytes).map_err(|e| io_err("journal append", e))
+        state.file.write_all(&bytes).map_err(|e| io_err("journal append", e))?;
+        bytes.pop();
+        Ok(bytes)
     }
 
     fn flush(&self) -> Result<(), StoreError> {
@@ -176,14 +189,15 @@ impl Inner {
             let old = state.segment;
             state.file = open_segment(&self.dir, old + 1)?;
             state.segment = old + 1;
-            state.in_flight = std::mem::take(&mut state.finished);
-            (old, unsaved, state.in_flight.values().cloned().collect::<Vec<_>>())
+            state.in_flight = Arc::new(std::mem::take(&mut state.finished));
+            (old, unsaved, state.in_flight.clone())
         };
-        let applied = self.db.apply(&accepted, &finished);
+        let batch: Vec<(&ActivationRecord, &[u8])> = finished.values().map(|f| (&f.record, &*f.json)).collect();
+        let applied = self.db.apply(&accepted, &batch);
         let mut state = self.state.lock();
         match applied {
             Ok(()) => {
-                state.in_flight.clear();
+                state.in_flight = Arc::default();
                 drop(state);
                 for (n, path) in segments(&self.dir)? {
                     if n <= old_segment {
@@ -195,7 +209,7 @@ impl Inner {
             Err(e) => {
                 // Keep everything for the next attempt; the segments stay on disk too.
                 let in_flight = std::mem::take(&mut state.in_flight);
-                state.finished.extend(in_flight);
+                state.finished.extend(in_flight.iter().map(|(id, f)| (id.clone(), f.clone())));
                 for meta in &accepted {
                     if let Some(entry) = state.pending.get_mut(&meta.activation_id) {
                         entry.1 = false;
@@ -251,8 +265,8 @@ impl Store for JournaledStore {
         if state.pending.contains_key(id) {
             return Ok(Accepted::Pending);
         }
-        if let Some(record) = state.finished.get(id).or_else(|| state.in_flight.get(id)) {
-            return Ok(Accepted::Finished(Box::new(record.clone())));
+        if let Some(f) = state.finished.get(id).or_else(|| state.in_flight.get(id)) {
+            return Ok(Accepted::Finished(Box::new(f.record.clone())));
         }
         // Under the lock, so that two deliveries of one id cannot both be new.
         match self.inner.db.seen(id)? {
@@ -273,17 +287,19 @@ impl Store for JournaledStore {
 
     fn finish(&self, record: &ActivationRecord) -> Result<(), StoreError> {
         let mut state = self.inner.state.lock();
-        Inner::append(&mut state, &LineRef::F(record))?;
+        let line = Inner::append(&mut state, &LineRef::F(record))?;
+        // The line is `{"F":<record>}`: the record's own JSON is inside.
+        let json = line.get(5..line.len().saturating_sub(1)).unwrap_or_default().into();
         state.pending.remove(&record.activation_id);
-        state.finished.insert(record.activation_id.clone(), record.clone());
+        state.finished.insert(record.activation_id.clone(), Finished { record: record.clone(), json });
         Ok(())
     }
 
     fn get_activation(&self, id: &str) -> Result<Option<ActivationRecord>, StoreError> {
         {
             let state = self.inner.state.lock();
-            if let Some(record) = state.finished.get(id).or_else(|| state.in_flight.get(id)) {
-                return Ok(Some(record.clone()));
+            if let Some(f) = state.finished.get(id).or_else(|| state.in_flight.get(id)) {
+                return Ok(Some(f.record.clone()));
             }
         }
         self.inner.db.get_activation(id)
@@ -302,6 +318,7 @@ impl Store for JournaledStore {
                 .finished
                 .values()
                 .chain(state.in_flight.values())
+                .map(|f| &f.record)
                 .filter(|r| r.namespace == namespace && name.is_none_or(|n| n == r.name))
                 .cloned()
                 .collect()
@@ -360,7 +377,7 @@ mod tests {
         store.finish(&record("a1")).unwrap();
         assert_eq!(store.get_activation("a1").unwrap().unwrap().activation_id, "a1");
         store.flush().unwrap();
-        assert_eq!(store.get_activation("a1").unwrap().unwrap().activation_id, "a1");
+        assert_eq!(store.get_activation("a1").unwrap().unwrap(), record("a1"), "the journal's bytes, stored whole");
         assert!(matches!(store.accept(&meta("a1")).unwrap(), Accepted::Finished(_)));
         assert_eq!(store.list_activations("guest", None, 0, 10).unwrap().len(), 1);
     }

@@ -85,7 +85,12 @@ impl RedbStore {
 
     /// Writes a batch in one durable transaction: pending entries, then records (which clear
     /// their pending entries). Applying a batch twice changes nothing.
-    pub fn apply(&self, accepted: &[ActivationMeta], finished: &[ActivationRecord]) -> Result<(), StoreError> {
+    /// Each finished record comes with its JSON, as the journal already encoded it.
+    pub fn apply(
+        &self,
+        accepted: &[ActivationMeta],
+        finished: &[(&ActivationRecord, &[u8])],
+    ) -> Result<(), StoreError> {
         if accepted.is_empty() && finished.is_empty() {
             return Ok(());
         }
@@ -98,8 +103,8 @@ impl RedbStore {
                     tables.pending.insert(id, encode(meta).as_slice()).map_err(db_err)?;
                 }
             }
-            for record in finished {
-                tables.write(record)?;
+            for &(record, json) in finished {
+                tables.write_encoded(record, json)?;
             }
         }
         txn.commit().map_err(db_err)?;
@@ -129,11 +134,15 @@ impl<'txn> RecordTables<'txn> {
         })
     }
 
-    /// The record, its two index entries, and no pending entry any more.
     fn write(&mut self, record: &ActivationRecord) -> Result<(), StoreError> {
+        self.write_encoded(record, &encode(record))
+    }
+
+    /// The record, its two index entries, and no pending entry any more.
+    fn write_encoded(&mut self, record: &ActivationRecord, json: &[u8]) -> Result<(), StoreError> {
         let id = record.activation_id.as_str();
         let ns_key = format!("{}\0{:020}\0{id}", record.namespace, record.start);
-        self.records.insert(id, encode(record).as_slice()).map_err(db_err)?;
+        self.records.insert(id, json).map_err(db_err)?;
         self.pending.remove(id).map_err(db_err)?;
         self.by_namespace.insert(ns_key.as_str(), record.name.as_str()).map_err(db_err)?;
         let end_key = format!("{:020}\0{id}", record.end);
