@@ -127,11 +127,7 @@ pub(super) async fn put(
 ) -> Result<HttpResponse, ApiError> {
     let (ns, _) = state.namespace(&req, &path.0)?;
     validate_entity_name("name", &path.1).map_err(ApiError::BadRequest)?;
-    let overwrite = match q.overwrite.as_deref() {
-        None | Some("false") => false,
-        Some("true") => true,
-        Some(other) => return Err(ApiError::BadRequest(format!("overwrite: '{other}' is not true or false"))),
-    };
+    let overwrite = flag("overwrite", &q.overwrite)?;
     let put: ActionPut = super::parse_body(&body)?;
     let action = validate_action(&state.config, put, &ns, &path.1)?;
     let store = state.service.store().clone();
