@@ -125,12 +125,12 @@ impl ProcessFactory {
         let (transport, listen) = match self.inner.transport {
             TransportKind::Tcp => {
                 let addr = free_port()?;
-                (Transport::Tcp(addr), addr.to_string())
+                (Transport::Tcp(addr), crate::runtime::Listen::Tcp(addr).to_string())
             }
             TransportKind::Unix => {
                 let path = self.socket(spec.id);
                 let _ = std::fs::remove_file(&path);
-                let listen = format!("unix:{}", path.display());
+                let listen = crate::runtime::Listen::Unix(path.clone()).to_string();
                 (Transport::Unix(path), listen)
             }
         };
