@@ -5,9 +5,7 @@ use anyhow::Context as _;
 use clap::Parser;
 use invoker::activation::ActivationService;
 use invoker::api::{configure, AppState};
-use invoker::config::{Config, FactoryKind};
-use invoker::factory::mock::{MockConfig, MockFactory};
-use invoker::factory::process::ProcessFactory;
+use invoker::config::Config;
 use invoker::factory::{Epoch, Factory};
 use invoker::metrics::Metrics;
 use invoker::pool::actor::{ContainerPool, PoolHandle};
@@ -104,14 +102,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     }
     let store: Arc<dyn Store> = Arc::new(store);
     let epoch = Epoch(Instant::now());
-    let factory = match config.factory.kind {
-        FactoryKind::Process => Factory::Process(ProcessFactory::new(&config, epoch)?),
-        FactoryKind::Mock => {
-            let m = &config.factory.mock;
-            let nodes = (0..m.nodes).map(|i| (format!("mock{i}"), m.node_memory_mb)).collect();
-            Factory::Mock(MockFactory::new(MockConfig { nodes, ..MockConfig::default() }, epoch))
-        }
-    };
+    let factory = Factory::from_config(&config, epoch)?;
     tracing::info!("{}", factory.describe());
     let metrics = Arc::new(Metrics::default());
     let listener = std::net::TcpListener::bind(config.listen).with_context(|| format!("listen {}", config.listen))?;

@@ -76,6 +76,19 @@ pub enum Factory {
 }
 
 impl Factory {
+    /// The backend `factory.kind` names, set up from its section of the config.
+    pub fn from_config(config: &crate::config::Config, epoch: Epoch) -> Result<Self, FactoryError> {
+        use crate::config::FactoryKind;
+        Ok(match config.factory.kind {
+            FactoryKind::Process => Factory::Process(process::ProcessFactory::new(config, epoch)?),
+            FactoryKind::Mock => {
+                let m = &config.factory.mock;
+                let nodes = (0..m.nodes).map(|i| (format!("mock{i}"), m.node_memory_mb)).collect();
+                Factory::Mock(mock::MockFactory::new(mock::MockConfig { nodes, ..mock::MockConfig::default() }, epoch))
+            }
+        })
+    }
+
     pub async fn create(&self, spec: &ContainerSpec, node: &NodeId) -> Result<ContainerHandle, FactoryError> {
         match self {
             Factory::Process(f) => f.create(spec, node).await,
