@@ -268,12 +268,10 @@ impl Sim<'_> {
 
     fn ready(&mut self, container: ContainerId, ok: bool) {
         if ok {
-            if let Some(c) = self.containers.get(&container) {
-                self.nodes[c.node].starting.retain(|&s| s != container);
-            }
             self.counts.started += 1;
             if let Some(c) = self.containers.get_mut(&container) {
                 c.idle_since = Some(self.now);
+                self.nodes[c.node].starting.retain(|&s| s != container);
             }
         }
         self.apply(Event::Started { container, ok, at: self.now });
