@@ -23,6 +23,7 @@ fn warm_core(containers: usize, keys: u32) -> PoolCore {
         stats_ttl: Duration::from_secs(3600 * 24),
         buffer_mb: 0,
         start_rule: StartRule::Capped,
+        prewarm: Vec::new(),
     };
     let mut core = PoolCore::new(config);
     let per_node = (containers / NODES + 1) as u64 * u64::from(MEMORY_MB);
@@ -37,8 +38,14 @@ fn warm_core(containers: usize, keys: u32) -> PoolCore {
     let deadline = Duration::from_secs(3600 * 24);
     let mut created = Vec::with_capacity(containers);
     for i in 0..containers {
-        let job =
-            Job { id: JobId(i as u64), key: KeyId(i as u32 % keys), memory_mb: MEMORY_MB, concurrency: 1, deadline };
+        let job = Job {
+            id: JobId(i as u64),
+            key: KeyId(i as u32 % keys),
+            memory_mb: MEMORY_MB,
+            concurrency: 1,
+            deadline,
+            stem: None,
+        };
         for effect in core.handle(Event::Arrived(job), t0) {
             if let Effect::Create { container, .. } = effect {
                 created.push(container);
@@ -84,7 +91,14 @@ fn decision(c: &mut Criterion) {
         group.bench_function(BenchmarkId::new("containers", containers), |b| {
             b.iter(|| {
                 next_job += 1;
-                let job = Job { id: JobId(next_job), key: keys.next(), memory_mb: MEMORY_MB, concurrency: 1, deadline };
+                let job = Job {
+                    id: JobId(next_job),
+                    key: keys.next(),
+                    memory_mb: MEMORY_MB,
+                    concurrency: 1,
+                    deadline,
+                    stem: None,
+                };
                 let effects = core.handle(Event::Arrived(job), now);
                 let Some(Effect::Dispatch { job, container }) = effects.first().cloned() else {
                     panic!("a warm container was free: {effects:?}");

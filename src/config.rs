@@ -86,6 +86,43 @@ pub struct PoolConfig {
     /// `capped` (ours); `one_each` and `first_up` are the rules of OpenWhisk and Fn, for
     /// comparisons in the simulator.
     pub start_rule: crate::pool::core::StartRule,
+    /// Stem containers kept started per (kind, memory), adopted by actions that would start cold.
+    pub prewarm: Vec<PrewarmConfig>,
+}
+
+/// `[[pool.prewarm]]`: keep `count` containers of `kind` with `memory_mb` started and
+/// uninitialised; with `reactive`, the count follows recent cold starts within min..=max.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct PrewarmConfig {
+    pub kind: String,
+    pub memory_mb: u32,
+    #[serde(default)]
+    pub count: u32,
+    #[serde(default)]
+    pub reactive: Option<ReactivePrewarmConfig>,
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ReactivePrewarmConfig {
+    pub min: u32,
+    pub max: u32,
+    /// Cold starts in one window that add `increment` containers.
+    #[serde(default = "one")]
+    pub threshold: u32,
+    #[serde(default = "one")]
+    pub increment: u32,
+    #[serde(with = "humantime_serde", default = "one_minute")]
+    pub window: Duration,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn one_minute() -> Duration {
+    Duration::from_secs(60)
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -214,7 +251,28 @@ impl PoolConfig {
             stats_ttl: self.stats_ttl,
             buffer_mb: self.buffer_mb,
             start_rule: self.start_rule,
+            prewarm: self
+                .prewarm
+                .iter()
+                .map(|p| crate::pool::core::PrewarmSpec {
+                    memory_mb: p.memory_mb,
+                    count: p.count,
+                    reactive: p.reactive.as_ref().map(|r| crate::pool::core::ReactivePrewarm {
+                        min: r.min,
+                        max: r.max,
+                        threshold: r.threshold,
+                        increment: r.increment,
+                        window: r.window,
+                    }),
+                })
+                .collect(),
         }
+    }
+
+    /// The prewarm class a job of this kind and memory may adopt.
+    pub fn stem_for(&self, kind: &str, memory_mb: u32) -> Option<crate::pool::core::StemId> {
+        let index = self.prewarm.iter().position(|p| p.kind == kind && p.memory_mb == memory_mb)?;
+        Some(crate::pool::core::StemId(index as u32))
     }
 }
 
@@ -230,6 +288,7 @@ impl Default for PoolConfig {
             buffer_mb: 0,
             tick: Duration::from_millis(100),
             start_rule: crate::pool::core::StartRule::Capped,
+            prewarm: Vec::new(),
         }
     }
 }
@@ -299,6 +358,33 @@ impl Config {
         Ok(config)
     }
 
+    fn validate_prewarm(&self) -> Result<(), ConfigError> {
+        let l = &self.limits;
+        for (i, p) in self.pool.prewarm.iter().enumerate() {
+            let at = |field: &str| format!("pool.prewarm[{i}].{field}");
+            if !self.kinds.contains_key(&p.kind) {
+                return Err(bad(&at("kind"), format!("'{}' is not a configured kind", p.kind)));
+            }
+            if p.memory_mb < l.memory_min_mb || p.memory_mb > l.memory_max_mb {
+                return Err(bad(&at("memory_mb"), "must be within limits.memory_min_mb..=memory_max_mb"));
+            }
+            if self.pool.prewarm[..i].iter().any(|q| q.kind == p.kind && q.memory_mb == p.memory_mb) {
+                return Err(bad(&at("kind"), "this kind and memory_mb already have a prewarm entry"));
+            }
+            if let Some(r) = &p.reactive {
+                if r.min > r.max || r.max > 1000 {
+                    return Err(bad(&at("reactive"), "need min <= max <= 1000"));
+                }
+                if r.threshold == 0 || r.window.is_zero() {
+                    return Err(bad(&at("reactive"), "threshold and window must be positive"));
+                }
+            } else if p.count > 1000 {
+                return Err(bad(&at("count"), "must be at most 1000"));
+            }
+        }
+        Ok(())
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
         let id_ok = !self.invoker_id.is_empty()
             && self.invoker_id.len() <= 32
@@ -352,6 +438,7 @@ impl Config {
                 return Err(bad(key, "must be positive"));
             }
         }
+        self.validate_prewarm()?;
         if self.factory.process.user_memory_mb < u64::from(l.memory_min_mb) {
             return Err(bad(
                 "factory.process.user_memory_mb",
@@ -404,5 +491,21 @@ mod tests {
         assert_eq!(err.key, "limits.memory_*");
         let err = Config::from_toml("invoker_id = \"a b\"\n").unwrap().validate().unwrap_err();
         assert_eq!(err.key, "invoker_id");
+    }
+
+    #[test]
+    fn prewarm_entries_are_checked_and_matched_by_kind_and_memory() {
+        let entry = |body: &str| format!("[[pool.prewarm]]\nkind = \"python:3\"\nmemory_mb = 256\n{body}");
+        let ok = Config::from_toml(&entry("count = 2\nreactive = { min = 1, max = 3 }\n")).unwrap();
+        ok.validate().unwrap();
+        assert_eq!(ok.pool.stem_for("python:3", 256), Some(crate::pool::core::StemId(0)));
+        assert_eq!(ok.pool.stem_for("python:3", 512), None);
+        assert_eq!(ok.pool.core_config().prewarm[0].reactive.as_ref().unwrap().window, Duration::from_secs(60));
+        let bad_kind = "[[pool.prewarm]]\nkind = \"cobol\"\nmemory_mb = 256\n";
+        assert_eq!(Config::from_toml(bad_kind).unwrap().validate().unwrap_err().key, "pool.prewarm[0].kind");
+        let bad_range = entry("reactive = { min = 4, max = 3 }\n");
+        assert_eq!(Config::from_toml(&bad_range).unwrap().validate().unwrap_err().key, "pool.prewarm[0].reactive");
+        let twice = format!("{}{}", entry(""), entry(""));
+        assert_eq!(Config::from_toml(&twice).unwrap().validate().unwrap_err().key, "pool.prewarm[1].kind");
     }
 }

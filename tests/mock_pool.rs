@@ -273,3 +273,35 @@ async fn an_action_larger_than_every_node_fails_at_once() {
     assert_eq!(record.annotation("rejected"), Some(&json!("never_fits")));
     assert_eq!(creates(&h), 0);
 }
+
+async fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[actix_rt::test]
+async fn a_prewarmed_container_is_adopted_without_a_create_and_replaced() {
+    let prewarm =
+        vec![invoker::config::PrewarmConfig { kind: "mock".into(), memory_mb: 256, count: 1, reactive: None }];
+    let pool = PoolConfig { prewarm, ..PoolConfig::default() };
+    let h = setup(MockConfig::default(), pool);
+    let started = |h: &Harness| h.mock.count(|c| matches!(c, MockCall::Created(_)));
+    wait_for("the prewarm container", || started(&h) == 1).await;
+    let record = invoke(&h, &action("pw", 256), json!({ "x": 1 })).await;
+    assert_eq!(record.outcome(), Outcome::Success, "{record:?}");
+    assert_eq!(record.annotation("startKind"), Some(&json!("prewarm")));
+    assert!(record.annotation("initTime").is_some(), "the prewarm container was initialised for the action");
+    // The taken container is replaced, so the next action of that kind and memory is not cold.
+    wait_for("the replacement prewarm container", || started(&h) == 2).await;
+    let other = invoke(&h, &action("pw2", 256), json!({})).await;
+    assert_eq!(other.annotation("startKind"), Some(&json!("prewarm")));
+    // An action of another memory size starts cold.
+    let cold = invoke(&h, &action("big", 512), json!({})).await;
+    assert_eq!(cold.annotation("startKind"), Some(&json!("cold")));
+    assert_eq!(h.mock.count(|c| matches!(c, MockCall::Refused(_))), 0);
+    let snapshot = h.service.pool().snapshot().await.unwrap();
+    assert_eq!(snapshot.prewarm, 1, "{snapshot:?}");
+}

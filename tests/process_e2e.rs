@@ -252,3 +252,31 @@ async fn a_restart_kills_the_recorded_processes_of_its_own_invoker_id_only() {
     foreign.wait().unwrap();
     assert!(!records.join("1.pid").exists() && !records.join("2.pid").exists(), "the records were cleared");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_prewarmed_python_process_is_initialised_for_the_first_action_that_needs_it() {
+    let dir = tempdir();
+    let config = "[[pool.prewarm]]\nkind = \"python:3\"\nmemory_mb = 256\ncount = 1\n";
+    let inv = Invoker::start(dir.path(), &id("prewarm"), config);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let prewarm_pid = loop {
+        let (_, pool) = inv.get_url("/v1/pool").await;
+        let ready = pool["containers"]
+            .as_array()
+            .and_then(|cs| cs.iter().find(|c| c["state"] == "prewarm").map(|c| c["id"].as_u64().unwrap()));
+        if let Some(id) = ready {
+            break id;
+        }
+        assert!(std::time::Instant::now() < deadline, "no prewarm container: {pool}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    inv.put_action("pid", python(PID_ACTION)).await;
+    let (status, record) = inv.invoke("pid", "blocking=true", json!({})).await;
+    assert_eq!(status, 200, "{record}");
+    let annotations = record["annotations"].as_array().unwrap();
+    let start_kind = annotations.iter().find(|a| a["key"] == "startKind").map(|a| a["value"].clone());
+    assert_eq!(start_kind, Some(json!("prewarm")), "{record}");
+    let (_, pool) = inv.get_url("/v1/pool").await;
+    let adopted = pool["containers"].as_array().unwrap().iter().find(|c| c["id"] == prewarm_pid).cloned();
+    assert_eq!(adopted.map(|c| c["action"].clone()), Some(json!("guest/pid")), "{pool}");
+}

@@ -43,7 +43,7 @@ pub(super) async fn health(state: web::Data<AppState>, req: HttpRequest) -> Resu
         "can_launch": launchable >= min_mb && !state.service.is_draining(),
         "launchable_mb": launchable,
         "nodes": nodes,
-        "containers": { "starting": snapshot.starting, "idle": snapshot.idle, "busy": snapshot.busy, "removing": snapshot.removing },
+        "containers": { "starting": snapshot.starting, "idle": snapshot.idle, "prewarm": snapshot.prewarm, "busy": snapshot.busy, "removing": snapshot.removing },
         "waiting": snapshot.waiting,
         "create_failures_in_a_row": snapshot.create_failures_in_a_row,
     })))

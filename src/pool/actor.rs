@@ -2,7 +2,7 @@
 //! the effects it returns: starting proxies, handing them jobs, answering rejected jobs.
 
 use super::core::{
-    ContainerId, Effect, Event, Job, JobId, KeyId, NodeStatsUpdate, NodeView, PoolCore, PoolCounts, RejectReason,
+    ContainerId, Effect, Event, Job, JobId, KeyId, NodeStatsUpdate, NodeView, Owner, PoolCore, PoolCounts, RejectReason,
 };
 use super::job::RunJob;
 use crate::config::{PoolConfig, ProxyConfig};
@@ -50,6 +50,8 @@ pub struct PoolSnapshot {
     pub draining: bool,
     pub starting: usize,
     pub idle: usize,
+    /// Prewarm (stem) containers not yet adopted, starting or ready.
+    pub prewarm: usize,
     pub busy: usize,
     pub removing: usize,
     pub waiting: usize,
@@ -132,14 +134,18 @@ impl ContainerPool {
         let effects = self.core.handle(event, self.epoch.now());
         for effect in effects {
             match effect {
-                Effect::Create { container, key, memory_mb, node } => {
-                    let action = &self.key_actions[&key];
-                    let spec = ContainerSpec {
-                        id: container,
-                        kind: action.exec.kind.clone(),
-                        memory_mb,
-                        action_path: action.path(),
+                Effect::Create { container, owner, memory_mb, node } => {
+                    let (kind, action_path) = match owner {
+                        Owner::Key(key) => {
+                            let action = &self.key_actions[&key];
+                            (action.exec.kind.clone(), action.path())
+                        }
+                        Owner::Stem(stem) => {
+                            let kind = self.config.prewarm[stem.0 as usize].kind.clone();
+                            (kind.clone(), format!("prewarm/{kind}"))
+                        }
                     };
+                    let spec = ContainerSpec { id: container, kind, memory_mb, action_path };
                     let proxy_ctx = ProxyContext {
                         factory: self.factory.clone(),
                         config: self.proxy_config.clone(),
@@ -147,7 +153,8 @@ impl ContainerPool {
                         api_host: self.api_host.clone(),
                         max_result_bytes: self.max_result_bytes,
                     };
-                    let proxy = ContainerProxy::new(spec, node, proxy_ctx).start();
+                    let prewarmed = matches!(owner, Owner::Stem(_));
+                    let proxy = ContainerProxy::new(spec, node, proxy_ctx, prewarmed).start();
                     self.proxies.insert(container, proxy);
                 }
                 Effect::Dispatch { job, container } => {
@@ -175,14 +182,17 @@ impl ContainerPool {
     }
 
     fn snapshot(&self) -> PoolSnapshot {
-        let PoolCounts { starting, idle, busy, removing, waiting, .. } = self.core.counts();
+        let PoolCounts { starting, idle, busy, removing, waiting, prewarm, .. } = self.core.counts();
         let containers = self
             .core
             .containers()
             .into_iter()
             .map(|c| ContainerSummary {
                 id: c.id.0,
-                action: self.key_actions.get(&c.key).map(|a| a.path()).unwrap_or_default(),
+                action: match c.owner {
+                    Owner::Key(key) => self.key_actions.get(&key).map(|a| a.path()).unwrap_or_default(),
+                    Owner::Stem(stem) => format!("prewarm/{}", self.config.prewarm[stem.0 as usize].kind),
+                },
                 node: c.node.to_string(),
                 memory_mb: c.memory_mb,
                 state: c.state,
@@ -193,6 +203,7 @@ impl ContainerPool {
             draining: self.core.is_draining(),
             starting,
             idle,
+            prewarm,
             busy,
             removing,
             waiting,
@@ -271,6 +282,7 @@ impl Handler<Submit> for ContainerPool {
             memory_mb: run.action.limits.memory,
             concurrency: run.action.limits.concurrency,
             deadline: self.epoch.now() + self.config.wait_deadline,
+            stem: self.config.stem_for(&run.action.exec.kind, run.action.limits.memory),
         };
         self.jobs.insert(id, run);
         self.apply(Event::Arrived(job), ctx);

@@ -83,6 +83,9 @@ pub struct ContainerProxy {
     init_ms: Option<u64>,
     /// Whether the next run is the first on this container (a cold start).
     cold: bool,
+    /// Started as a prewarm (stem) container: its first run is a prewarm start, whose path
+    /// held no container creation.
+    prewarmed: bool,
     /// Bumped by every run, so that a pause scheduled before it no longer applies.
     pause_generation: u64,
     /// Runs that arrived while the container was pausing or paused; they go once it resumes.
@@ -90,7 +93,7 @@ pub struct ContainerProxy {
 }
 
 impl ContainerProxy {
-    pub fn new(spec: ContainerSpec, node: NodeId, ctx: ProxyContext) -> Self {
+    pub fn new(spec: ContainerSpec, node: NodeId, ctx: ProxyContext, prewarmed: bool) -> Self {
         ContainerProxy {
             spec,
             node,
@@ -104,6 +107,7 @@ impl ContainerProxy {
             create_ms: 0,
             init_ms: None,
             cold: true,
+            prewarmed,
             pause_generation: 0,
             parked: Vec::new(),
         }
@@ -191,8 +195,12 @@ impl ContainerProxy {
     fn record_fields(&self, run: &RunJob, began: Instant) -> RecordFields {
         RecordFields {
             container: self.spec.id,
-            start_kind: if self.cold { StartKind::Cold } else { StartKind::Warm },
-            create_ms: self.cold.then_some(self.create_ms),
+            start_kind: match (self.cold, self.prewarmed) {
+                (false, _) => StartKind::Warm,
+                (true, false) => StartKind::Cold,
+                (true, true) => StartKind::Prewarm,
+            },
+            create_ms: (self.cold && !self.prewarmed).then_some(self.create_ms),
             init_ms: if self.cold { self.init_ms } else { None },
             wait_ms: began.duration_since(run.accepted).as_millis() as u64,
             start: epoch_ms() - began.elapsed().as_millis() as u64,

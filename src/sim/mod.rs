@@ -11,7 +11,7 @@ pub mod workload;
 use crate::config::PoolConfig;
 use crate::pool::core::StartRule;
 use crate::pool::core::{
-    ContainerId, Effect, Event, Job, JobId, KeyId, NodeId, NodeStatsUpdate, PoolCore, RejectReason,
+    ContainerId, Effect, Event, Job, JobId, KeyId, NodeId, NodeStatsUpdate, Owner, PoolCore, RejectReason,
 };
 use scenario::{Scenario, ScenarioError};
 use serde_json::{json, Value};
@@ -19,6 +19,9 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 use workload::Call;
+
+/// Every simulated action is of this kind, so a scenario's `[[pool.prewarm]]` entries name it.
+pub const SIM_KIND: &str = "native";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Ev {
@@ -47,6 +50,8 @@ struct SimContainer {
     ready_at: Duration,
     version: u32,
     ran: bool,
+    /// Created as a prewarm (stem) container: its first run is a prewarm start.
+    stem: bool,
     idle_since: Option<Duration>,
 }
 
@@ -62,6 +67,7 @@ struct Counts {
     failed: u64,
     cold: u64,
     warm: u64,
+    prewarm: u64,
     started: u64,
     refused: u64,
     waits_us: Vec<u64>,
@@ -194,7 +200,9 @@ impl Sim<'_> {
         let effects = self.core.handle(event, self.now);
         for effect in effects {
             match effect {
-                Effect::Create { container, memory_mb, node, .. } => self.create(container, memory_mb, &node),
+                Effect::Create { container, owner, memory_mb, node } => {
+                    self.create(container, memory_mb, &node, matches!(owner, Owner::Stem(_)))
+                }
                 Effect::Dispatch { job, container } => self.dispatch(job, container),
                 Effect::Remove { container } => {
                     if let Some(c) = self.containers.get_mut(&container) {
@@ -226,12 +234,13 @@ impl Sim<'_> {
             memory_mb: call.memory_mb,
             concurrency: 1,
             deadline: self.now + self.pool.wait_deadline,
+            stem: self.pool.stem_for(SIM_KIND, call.memory_mb),
         };
         self.apply(Event::Arrived(job));
     }
 
     /// The cluster's side of a create: it refuses what does not fit on the node now.
-    fn create(&mut self, container: ContainerId, memory_mb: u32, node: &NodeId) {
+    fn create(&mut self, container: ContainerId, memory_mb: u32, node: &NodeId, stem: bool) {
         let Some(&n) = self.node_index.get(node) else {
             self.counts.refused += 1;
             self.at(self.now, Ev::Ready(container, false, 0));
@@ -261,8 +270,10 @@ impl Sim<'_> {
         let sim_node = &mut self.nodes[n];
         sim_node.starting = in_flight;
         sim_node.starting.push(container);
-        self.containers
-            .insert(container, SimContainer { node: n, memory_mb, ready_at, version: 0, ran: false, idle_since: None });
+        self.containers.insert(
+            container,
+            SimContainer { node: n, memory_mb, ready_at, version: 0, ran: false, stem, idle_since: None },
+        );
         self.at(ready_at, Ev::Ready(container, true, 0));
     }
 
@@ -289,6 +300,9 @@ impl Sim<'_> {
         per_action.1 += 1;
         if c.ran {
             self.counts.warm += 1;
+        } else if c.stem {
+            self.counts.prewarm += 1;
+            c.ran = true;
         } else {
             self.counts.cold += 1;
             per_action.0 += 1;
@@ -367,7 +381,7 @@ impl Sim<'_> {
             .get(((per_function.len() as f64 * 0.75).ceil() as usize).saturating_sub(1))
             .copied()
             .unwrap_or(0.0);
-        let dispatched = (c.cold + c.warm).max(1) as f64;
+        let dispatched = (c.cold + c.warm + c.prewarm).max(1) as f64;
         json!({
             "scenario": self.scenario.name,
             "activations": activations,
@@ -377,7 +391,7 @@ impl Sim<'_> {
             "lost": lost,
             "cold_starts": c.cold,
             "warm_starts": c.warm,
-            "prewarm_starts": 0,
+            "prewarm_starts": c.prewarm,
             "containers_started": c.started,
             "launches_refused_by_cluster": c.refused,
             "nodes": nodes,

@@ -87,6 +87,13 @@ impl Invoker {
         (status, r.json().await.unwrap_or(Value::Null))
     }
 
+    /// GET of a path outside the namespace API (`/v1/pool`, `/health`).
+    pub async fn get_url(&self, path: &str) -> (u16, Value) {
+        let r = self.http.get(format!("{}{path}", self.base)).basic_auth_key().send().await.unwrap();
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(Value::Null))
+    }
+
     /// Polls for a record until it exists (bounded).
     pub async fn record(&self, id: &str) -> Value {
         let deadline = Instant::now() + Duration::from_secs(30);

@@ -10,6 +10,7 @@ mod nodes;
 #[cfg(test)]
 mod proptests;
 mod slab;
+mod stems;
 #[cfg(test)]
 mod tests;
 mod types;
@@ -22,6 +23,7 @@ use rustc_hash::FxHashMap;
 use slab::Slab;
 use smallvec::SmallVec;
 use std::collections::{BTreeSet, VecDeque};
+use stems::Stems;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
@@ -32,7 +34,7 @@ enum Phase {
 
 #[derive(Debug)]
 struct Container {
-    key: KeyId,
+    owner: Owner,
     node: NodeId,
     memory_mb: u32,
     concurrency: u32,
@@ -61,6 +63,8 @@ struct KeyState {
     memory_mb: u32,
     /// Queued in `PoolCore::blocked`, waiting for resources or a start slot on a node.
     blocked: bool,
+    /// The prewarm class whose stem containers this key may adopt.
+    stem: Option<StemId>,
 }
 
 impl KeyState {
@@ -84,13 +88,15 @@ pub struct PoolCounts {
     pub removing: usize,
     pub waiting: usize,
     pub blocked_keys: usize,
+    /// Stem containers not yet adopted (also in `starting` while they start, never in `idle`).
+    pub prewarm: usize,
 }
 
 /// One container as the pool view shows it.
 #[derive(Clone, Debug)]
 pub struct ContainerView {
     pub id: ContainerId,
-    pub key: KeyId,
+    pub owner: Owner,
     pub node: NodeId,
     pub memory_mb: u32,
     pub state: &'static str,
@@ -111,6 +117,7 @@ pub struct PoolCore {
     idle_total: usize,
     blocked: VecDeque<KeyId>,
     nodes: Nodes,
+    stems: Stems,
     next_idle_seq: u64,
     draining: bool,
 }
@@ -119,6 +126,7 @@ impl PoolCore {
     pub fn new(config: CoreConfig) -> Self {
         PoolCore {
             nodes: Nodes::new(config.buffer_mb, config.stats_ttl, config.max_starts_per_node),
+            stems: Stems::new(&config.prewarm),
             config,
             containers: Slab::default(),
             keys: FxHashMap::default(),
@@ -146,6 +154,7 @@ impl PoolCore {
             Event::NodeStats(update) => {
                 self.nodes.update(update, now);
                 self.retry_blocked(now, &mut fx);
+                self.replenish_stems(now, &mut fx);
             }
             Event::Tick => self.on_tick(now, &mut fx),
             Event::Drain => self.on_drain(now, &mut fx),
@@ -170,6 +179,12 @@ impl PoolCore {
         let mut counts =
             PoolCounts { waiting: self.waiting.len(), blocked_keys: self.blocked.len(), ..PoolCounts::default() };
         for c in self.containers.values() {
+            if matches!(c.owner, Owner::Stem(_)) && c.phase != Phase::Removing {
+                counts.prewarm += 1;
+                if c.phase == Phase::Ready {
+                    continue;
+                }
+            }
             match c.phase {
                 Phase::Starting => counts.starting += 1,
                 Phase::Removing => counts.removing += 1,
@@ -187,12 +202,13 @@ impl PoolCore {
             .iter()
             .map(|(id, c)| ContainerView {
                 id,
-                key: c.key,
+                owner: c.owner,
                 node: c.node.clone(),
                 memory_mb: c.memory_mb,
                 state: match c.phase {
                     Phase::Starting => "starting",
                     Phase::Removing => "removing",
+                    Phase::Ready if matches!(c.owner, Owner::Stem(_)) => "prewarm",
                     Phase::Ready if c.running.is_empty() => "idle",
                     Phase::Ready => "busy",
                 },
@@ -232,6 +248,7 @@ impl PoolCore {
         let key = self.keys.entry(job.key).or_default();
         key.memory_mb = job.memory_mb;
         key.concurrency = job.concurrency.max(1);
+        key.stem = job.stem;
         let mut free = key.partial.last().map(|&(_, c)| c);
         while free.is_none() {
             let Some((seq, id)) = key.idle.pop() else { break };
@@ -260,7 +277,11 @@ impl PoolCore {
         if c.phase != Phase::Starting {
             return;
         }
-        let (key_id, node, memory_mb) = (c.key, c.node.clone(), c.memory_mb);
+        let key_id = match c.owner {
+            Owner::Key(key_id) => key_id,
+            Owner::Stem(stem) => return self.on_stem_started(id, stem, ok, at, now, fx),
+        };
+        let (node, memory_mb) = (c.node.clone(), c.memory_mb);
         self.nodes.start_finished(&node);
         let key = self.keys.get_mut(&key_id).expect("a container's key exists");
         key.starting -= 1;
@@ -317,15 +338,22 @@ impl PoolCore {
         for job in c.running {
             fx.push(Effect::Reject { job, reason: RejectReason::ContainerLost });
         }
-        let key = self.keys.get_mut(&c.key).expect("a container's key exists");
-        key.containers -= 1;
         if c.phase == Phase::Starting {
-            key.starting -= 1;
             self.nodes.start_finished(&c.node);
         }
         self.nodes.release(&c.node, id, c.memory_mb, c.phase == Phase::Removing);
-        self.maybe_start(c.key, now, fx);
-        self.gc_key(c.key);
+        match c.owner {
+            Owner::Key(key_id) => {
+                let key = self.keys.get_mut(&key_id).expect("a container's key exists");
+                key.containers -= 1;
+                if c.phase == Phase::Starting {
+                    key.starting -= 1;
+                }
+                self.maybe_start(key_id, now, fx);
+                self.gc_key(key_id);
+            }
+            Owner::Stem(stem) => self.stems.forget(stem, id, c.phase == Phase::Starting),
+        }
         self.retry_blocked(now, fx);
     }
 
@@ -357,6 +385,8 @@ impl PoolCore {
             }
             self.retire(id, now, fx);
         }
+        self.resize_stems(now, fx);
+        self.replenish_stems(now, fx);
     }
 
     fn on_drain(&mut self, now: Time, fx: &mut Effects) {
@@ -372,7 +402,8 @@ impl PoolCore {
                 fx.push(Effect::Reject { job, reason: RejectReason::Draining });
             }
         }
-        let idle: Vec<ContainerId> = self.idle_oldest_first().collect();
+        let mut idle: Vec<ContainerId> = self.idle_oldest_first().collect();
+        idle.extend(self.stems.take_all_ready());
         for id in idle {
             self.retire(id, now, fx);
         }
@@ -389,6 +420,12 @@ impl PoolCore {
             if key.blocked || key.waiting_live <= key.starting as usize * key.concurrency as usize {
                 return;
             }
+            if let Some(stem) = key.stem.filter(|&s| self.stems.ready_count(s) > 0) {
+                if self.adopt_stem(key_id, stem, now, fx) {
+                    continue;
+                }
+            }
+            let key = &self.keys[&key_id];
             let up = key.containers - key.starting;
             let held_back = match self.config.start_rule {
                 StartRule::Capped => key.starting >= self.config.max_starts_per_action,
@@ -400,7 +437,12 @@ impl PoolCore {
             }
             let memory_mb = key.memory_mb;
             match self.nodes.place(memory_mb, now) {
-                Placement::On(node) => self.create(key_id, node, fx),
+                Placement::On(node) => {
+                    if let Some(stem) = self.keys[&key_id].stem {
+                        self.stems.missed(stem);
+                    }
+                    self.create_for_key(key_id, node, fx);
+                }
                 Placement::StartsCapped => return self.block(key_id),
                 Placement::NoRoom => {
                     // Whether or not eviction makes room, the key waits for an event: the
@@ -412,13 +454,24 @@ impl PoolCore {
         }
     }
 
-    fn create(&mut self, key_id: KeyId, node: NodeId, fx: &mut Effects) {
+    fn create_for_key(&mut self, key_id: KeyId, node: NodeId, fx: &mut Effects) {
         let key = self.keys.get_mut(&key_id).expect("key exists");
         key.starting += 1;
         key.containers += 1;
         let (memory_mb, concurrency) = (key.memory_mb, key.concurrency);
+        self.create(Owner::Key(key_id), memory_mb, concurrency, node, fx);
+    }
+
+    fn create(
+        &mut self,
+        owner: Owner,
+        memory_mb: u32,
+        concurrency: u32,
+        node: NodeId,
+        fx: &mut Effects,
+    ) -> ContainerId {
         let id = self.containers.insert(Container {
-            key: key_id,
+            owner,
             node: node.clone(),
             memory_mb,
             concurrency,
@@ -428,7 +481,8 @@ impl PoolCore {
             retiring: false,
         });
         self.nodes.reserve(&node, id, memory_mb);
-        fx.push(Effect::Create { container: id, key: key_id, memory_mb, node });
+        fx.push(Effect::Create { container: id, owner, memory_mb, node });
+        id
     }
 
     /// Evicts least recently used idle containers of other keys, but only if what they free
@@ -439,9 +493,11 @@ impl PoolCore {
         }
         let mut freed: FxHashMap<NodeId, (u64, Vec<ContainerId>)> = FxHashMap::default();
         let mut chosen = None;
-        for id in self.idle_oldest_first() {
+        // Idle containers of other keys first, least recently used first; unadopted stem
+        // containers last, since they hold memory for work that may never come.
+        for id in self.idle_oldest_first().chain(self.stems.ready()) {
             let c = &self.containers[&id];
-            if c.key == key_id {
+            if c.owner == Owner::Key(key_id) {
                 continue;
             }
             let entry = freed.entry(c.node.clone()).or_default();
@@ -455,6 +511,9 @@ impl PoolCore {
         let Some(node) = chosen else { return };
         let (_, victims) = freed.remove(&node).expect("chosen node has victims");
         for id in victims {
+            if let Owner::Stem(stem) = self.containers[&id].owner {
+                self.stems.unready(stem, id);
+            }
             self.retire(id, now, fx);
         }
     }
@@ -485,10 +544,11 @@ impl PoolCore {
     /// Gives waiting jobs of the container's key to it, up to its concurrency.
     fn fill(&mut self, id: ContainerId, fx: &mut Effects) {
         let c = &self.containers[&id];
+        let Owner::Key(key_id) = c.owner else { return };
         if c.retiring || c.phase != Phase::Ready {
             return;
         }
-        let (key_id, concurrency) = (c.key, c.concurrency as usize);
+        let concurrency = c.concurrency as usize;
         while self.containers[&id].running.len() < concurrency {
             let Some(job) = self.pop_waiting(key_id) else { break };
             self.dispatch(id, job, fx);
@@ -522,7 +582,8 @@ impl PoolCore {
     /// Removes a ready container from the idle and partial indexes (before its load changes).
     fn unsettle(&mut self, id: ContainerId) {
         let Some(c) = self.containers.get(&id) else { return };
-        let (key_id, running) = (c.key, c.running.len());
+        let Owner::Key(key_id) = c.owner else { return };
+        let running = c.running.len();
         let Some(key) = self.keys.get_mut(&key_id) else { return };
         if self.containers.take_mark(&id) {
             key.idle_live -= 1;
@@ -534,10 +595,11 @@ impl PoolCore {
     /// Puts a ready container back into the index that matches its load.
     fn settle(&mut self, id: ContainerId, now: Time) {
         let c = self.containers.get_mut(&id).expect("settle a known container");
+        let Owner::Key(key_id) = c.owner else { return };
         if c.phase != Phase::Ready || c.retiring {
             return;
         }
-        let (key_id, running, concurrency) = (c.key, c.running.len(), c.concurrency as usize);
+        let (running, concurrency) = (c.running.len(), c.concurrency as usize);
         if running == 0 {
             c.idle_since = now;
         }

@@ -13,6 +13,8 @@ use std::time::Duration;
 
 const NODES: [(&str, u64); 2] = [("a", 1024), ("b", 640)];
 const BUFFER_MB: u64 = 64;
+/// Actions of this memory may adopt the one prewarm class.
+const STEM_MB: u32 = 256;
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -50,7 +52,7 @@ struct World {
     now: Time,
     next_job: u64,
     /// Containers from `Create` until their `Removed` is delivered: the cluster's truth.
-    alive: HashMap<ContainerId, (NodeId, u32, KeyId)>,
+    alive: HashMap<ContainerId, (NodeId, u32, Owner)>,
     creating: Vec<ContainerId>,
     ready: HashSet<ContainerId>,
     running: Vec<(ContainerId, JobId)>,
@@ -69,10 +71,12 @@ impl World {
         let mut created_keys = Vec::new();
         for effect in fx {
             match effect {
-                Effect::Create { container, key, memory_mb, node } => {
-                    prop_assert!(self.alive.insert(container, (node, memory_mb, key)).is_none());
+                Effect::Create { container, owner, memory_mb, node } => {
+                    prop_assert!(self.alive.insert(container, (node, memory_mb, owner)).is_none());
                     self.creating.push(container);
-                    created_keys.push(key);
+                    if let Owner::Key(key) = owner {
+                        created_keys.push(key);
+                    }
                 }
                 Effect::Dispatch { job, container } => {
                     prop_assert!(self.arrived.contains(&job), "dispatch of an unknown job");
@@ -130,7 +134,8 @@ impl World {
                 self.next_job += 1;
                 self.arrived.insert(id);
                 let deadline = self.now + Duration::from_millis(deadline_ms);
-                let job = Job { id, key: KeyId(key), memory_mb, concurrency, deadline };
+                let stem = (memory_mb == STEM_MB).then_some(StemId(0));
+                let job = Job { id, key: KeyId(key), memory_mb, concurrency, deadline, stem };
                 self.apply(core, Event::Arrived(job))?;
             }
             Op::FinishCreate { pick, ok } if !self.creating.is_empty() => {
@@ -221,6 +226,7 @@ fn new_core() -> (PoolCore, World) {
         stats_ttl: Duration::from_secs(4),
         buffer_mb: BUFFER_MB,
         start_rule: StartRule::Capped,
+        prewarm: vec![PrewarmSpec { memory_mb: STEM_MB, count: 2, reactive: None }],
     };
     let mut core = PoolCore::new(config);
     let mut world = World::default();

@@ -6,7 +6,7 @@ fn ms(n: u64) -> Time {
 }
 
 fn job(id: u64, key: u32, memory_mb: u32) -> Job {
-    Job { id: JobId(id), key: KeyId(key), memory_mb, concurrency: 1, deadline: ms(10_000) }
+    Job { id: JobId(id), key: KeyId(key), memory_mb, concurrency: 1, deadline: ms(10_000), stem: None }
 }
 
 fn stats(node: &str, capacity_mb: u64, free_mb: u64, at: u64) -> Event {
@@ -185,4 +185,95 @@ fn a_blocked_job_evicts_a_container_as_soon_as_it_goes_idle() {
     assert_eq!(fx.as_slice(), &[Effect::Remove { container: a }]);
     let fx = core.handle(Event::Removed(a), ms(5));
     assert_eq!(created(&fx).len(), 1);
+}
+
+fn prewarm_core(count: u32, reactive: Option<ReactivePrewarm>) -> (PoolCore, Vec<ContainerId>) {
+    let prewarm = vec![PrewarmSpec { memory_mb: 256, count, reactive }];
+    let mut core = PoolCore::new(CoreConfig { prewarm, ..CoreConfig::default() });
+    let fx = core.handle(stats("n1", 8192, 8192, 0), ms(0));
+    let stems = created(&fx);
+    for &c in &stems {
+        core.handle(Event::Started { container: c, ok: true, at: ms(1) }, ms(1));
+    }
+    (core, stems)
+}
+
+fn stem_job(id: u64, key: u32) -> Job {
+    Job { stem: Some(StemId(0)), ..job(id, key, 256) }
+}
+
+#[test]
+fn prewarms_start_when_nodes_are_known_and_are_adopted_then_replaced() {
+    let (mut core, stems) = prewarm_core(2, None);
+    assert_eq!(stems.len(), 2);
+    assert_eq!(core.counts().prewarm, 2);
+    let fx = core.handle(Event::Arrived(stem_job(1, 7)), ms(5));
+    let dispatched: Vec<_> = fx
+        .iter()
+        .filter_map(|e| if let Effect::Dispatch { container, .. } = e { Some(*container) } else { None })
+        .collect();
+    assert_eq!(dispatched.len(), 1);
+    assert!(stems.contains(&dispatched[0]), "the job took a stem container");
+    let replacement = created(&fx);
+    assert_eq!(replacement.len(), 1, "the taken stem container is replaced at once");
+    assert!(matches!(
+        fx.iter().find(|e| matches!(e, Effect::Create { .. })),
+        Some(Effect::Create { owner: Owner::Stem(StemId(0)), .. })
+    ));
+    // A job of another memory size does not take a stem container.
+    let fx = core.handle(Event::Arrived(job(2, 8, 512)), ms(6));
+    assert_eq!(created(&fx).len(), 1);
+    assert!(!fx.iter().any(|e| matches!(e, Effect::Dispatch { .. })));
+}
+
+#[test]
+fn prewarms_never_take_room_a_blocked_job_waits_for() {
+    let prewarm = vec![PrewarmSpec { memory_mb: 256, count: 2, reactive: None }];
+    let mut core = PoolCore::new(CoreConfig { prewarm, ..CoreConfig::default() });
+    let stems = created(&core.handle(stats("n1", 512, 512, 0), ms(0)));
+    for &c in &stems {
+        core.handle(Event::Started { container: c, ok: true, at: ms(1) }, ms(1));
+    }
+    let fx = core.handle(Event::Arrived(job(1, 1, 512)), ms(2));
+    assert!(created(&fx).is_empty(), "the stem containers hold the node");
+    // The 512 MB job evicts both stem containers to make room...
+    let counts = core.counts();
+    assert_eq!((counts.removing, counts.waiting), (2, 1));
+    // ...and gets the room once they are gone: no stem container is started before it.
+    core.handle(Event::Removed(stems[0]), ms(3));
+    let fx = core.handle(Event::Removed(stems[1]), ms(3));
+    let c = created(&fx);
+    assert_eq!(c.len(), 1);
+    assert!(matches!(fx[0], Effect::Create { owner: Owner::Key(KeyId(1)), .. }));
+    assert!(created(&core.handle(Event::Tick, ms(4))).is_empty(), "no room left for stem containers");
+}
+
+#[test]
+fn reactive_prewarms_follow_cold_starts_within_bounds() {
+    let reactive = ReactivePrewarm { min: 0, max: 3, threshold: 2, increment: 1, window: ms(1_000) };
+    let (mut core, stems) = prewarm_core(1, Some(reactive));
+    assert_eq!(stems.len(), 1);
+    // Seven jobs of one class arrive together: one adopts the stem container, six start cold.
+    let mut starts = Vec::new();
+    for id in 1..=7 {
+        starts.extend(created(&core.handle(Event::Arrived(stem_job(id, id as u32)), ms(10))));
+    }
+    assert_eq!(starts.len(), 7, "six cold starts and one replacement stem container");
+    for c in starts {
+        core.handle(Event::Started { container: c, ok: true, at: ms(20) }, ms(20));
+    }
+    let fx = core.handle(Event::Tick, ms(1_001));
+    // 6 misses / threshold 2 = 3 increments, capped at max 3; the replacement is ready, so
+    // two more start.
+    let more = created(&fx);
+    assert_eq!(more.len(), 2);
+    assert_eq!(core.counts().prewarm, 3);
+    for c in more {
+        core.handle(Event::Started { container: c, ok: true, at: ms(1_010) }, ms(1_010));
+    }
+    // A window without cold starts brings the class back to its minimum.
+    let fx = core.handle(Event::Tick, ms(2_002));
+    assert!(created(&fx).is_empty());
+    assert_eq!(fx.iter().filter(|e| matches!(e, Effect::Remove { .. })).count(), 3);
+    assert_eq!(core.counts().prewarm, 0);
 }

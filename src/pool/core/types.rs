@@ -24,6 +24,19 @@ pub struct ContainerId(pub u64);
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct KeyId(pub u32);
 
+/// A configured class of prewarmed containers ("stem cells"): an index into
+/// [`CoreConfig::prewarm`]. A stem container is started for a kind and memory, not an action,
+/// and is adopted by the first action of that kind and memory that would otherwise start cold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StemId(pub u32);
+
+/// Whom a container belongs to: an action key, or (until a job adopts it) a prewarm class.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Owner {
+    Key(KeyId),
+    Stem(StemId),
+}
+
 /// A node of the cluster, as the factory names it (a host, a Mesos agent, a k8s node).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct NodeId(pub Arc<str>);
@@ -50,6 +63,8 @@ pub struct Job {
     pub concurrency: u32,
     /// After this the job is answered 503 if it has not been dispatched.
     pub deadline: Time,
+    /// The prewarm class whose containers this job's action may adopt (same kind and memory).
+    pub stem: Option<StemId>,
 }
 
 /// A full snapshot of one node, as the cluster manager last reported it.
@@ -112,7 +127,7 @@ pub enum RejectReason {
 /// What the core asks the caller to do.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Effect {
-    Create { container: ContainerId, key: KeyId, memory_mb: u32, node: NodeId },
+    Create { container: ContainerId, owner: Owner, memory_mb: u32, node: NodeId },
     Dispatch { job: JobId, container: ContainerId },
     Remove { container: ContainerId },
     Reject { job: JobId, reason: RejectReason },
@@ -137,6 +152,28 @@ pub struct CoreConfig {
     pub buffer_mb: u64,
     /// When jobs that wait for an action start new containers.
     pub start_rule: StartRule,
+    /// Prewarm classes; a job's `stem` indexes this list.
+    pub prewarm: Vec<PrewarmSpec>,
+}
+
+/// How many stem containers of one class to keep ready.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PrewarmSpec {
+    pub memory_mb: u32,
+    /// Kept ready when the class is not reactive; the starting count when it is.
+    pub count: u32,
+    pub reactive: Option<ReactivePrewarm>,
+}
+
+/// OpenWhisk's reactive prewarm: every `window`, the count becomes
+/// `min + (cold starts of the class in the window / threshold) * increment`, within `max`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReactivePrewarm {
+    pub min: u32,
+    pub max: u32,
+    pub threshold: u32,
+    pub increment: u32,
+    pub window: Duration,
 }
 
 /// When waiting jobs start containers. Only `Capped` is meant for production; the others are
@@ -167,6 +204,7 @@ impl Default for CoreConfig {
             stats_ttl: Duration::from_secs(60),
             buffer_mb: 0,
             start_rule: StartRule::Capped,
+            prewarm: Vec::new(),
         }
     }
 }
