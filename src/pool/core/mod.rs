@@ -6,6 +6,7 @@
 //! (LIFO for idle ones, most-loaded-first for concurrent ones), idle containers in one global
 //! LRU, deadlines in one ordered set. Only cold-start placement looks at the nodes.
 
+mod keep_alive;
 mod nodes;
 #[cfg(test)]
 mod proptests;
@@ -15,6 +16,7 @@ mod stems;
 mod tests;
 mod types;
 
+pub use keep_alive::{FixedKeepAlive, IdleSpell, KeepAlivePolicy, Live};
 pub use nodes::NodeView;
 pub use types::*;
 
@@ -48,7 +50,7 @@ struct Container {
 #[derive(Debug, Default)]
 struct KeyState {
     /// Idle ready containers by idle sequence; the last is the most recently used (LIFO).
-    /// Deleted lazily, as `PoolCore::lru`: an entry is live while its container's slab mark
+    /// Deleted lazily, as the keep-alive policy's spells: an entry is live while its container's slab mark
     /// matches; `idle_live` counts the live ones.
     idle: Vec<(u64, ContainerId)>,
     idle_live: usize,
@@ -110,10 +112,10 @@ pub struct PoolCore {
     keys: FxHashMap<KeyId, KeyState>,
     waiting: FxHashMap<JobId, Waiting>,
     deadlines: BTreeSet<(Time, JobId)>,
-    /// Every idle container, oldest first: the eviction and idle-timeout order. Entries are
-    /// deleted lazily (an entry is live while its container's slab mark still matches), so a
-    /// warm activation never searches it; it is compacted when stale entries dominate.
-    lru: VecDeque<(u64, ContainerId)>,
+    /// Decides when idle containers go and which go first to make room. It learns of every
+    /// idle spell and checks spells against the slab marks lazily, so a warm activation never
+    /// searches it.
+    keep_alive: Box<dyn KeepAlivePolicy>,
     idle_total: usize,
     blocked: VecDeque<KeyId>,
     nodes: Nodes,
@@ -124,6 +126,12 @@ pub struct PoolCore {
 
 impl PoolCore {
     pub fn new(config: CoreConfig) -> Self {
+        let keep_alive = Box::new(FixedKeepAlive::new(config.idle_timeout));
+        Self::with_keep_alive(config, keep_alive)
+    }
+
+    /// A core with another keep-alive policy than the fixed idle timeout.
+    pub fn with_keep_alive(config: CoreConfig, keep_alive: Box<dyn KeepAlivePolicy>) -> Self {
         PoolCore {
             nodes: Nodes::new(config.buffer_mb, config.stats_ttl, config.max_starts_per_node),
             stems: Stems::new(&config.prewarm),
@@ -132,7 +140,7 @@ impl PoolCore {
             keys: FxHashMap::default(),
             waiting: FxHashMap::default(),
             deadlines: BTreeSet::new(),
-            lru: VecDeque::new(),
+            keep_alive,
             idle_total: 0,
             blocked: VecDeque::new(),
             next_idle_seq: 0,
@@ -374,16 +382,11 @@ impl PoolCore {
                 self.gc_key(w.key);
             }
         }
-        while let Some(&(seq, id)) = self.lru.front() {
-            if !self.containers.has_mark(&id, seq) {
-                self.lru.pop_front();
-                continue;
-            }
-            let c = &self.containers[&id];
-            if c.idle_since + self.config.idle_timeout > now {
-                break;
-            }
-            self.retire(id, now, fx);
+        loop {
+            let containers = &self.containers;
+            let live = |s: &IdleSpell| containers.has_mark(&s.container, s.seq);
+            let Some(spell) = self.keep_alive.expired(now, &live) else { break };
+            self.retire(spell.container, now, fx);
         }
         self.resize_stems(now, fx);
         self.replenish_stems(now, fx);
@@ -402,7 +405,7 @@ impl PoolCore {
                 fx.push(Effect::Reject { job, reason: RejectReason::Draining });
             }
         }
-        let mut idle: Vec<ContainerId> = self.idle_oldest_first().collect();
+        let mut idle: Vec<ContainerId> = self.idle_by_eviction_order().collect();
         idle.extend(self.stems.take_all_ready());
         for id in idle {
             self.retire(id, now, fx);
@@ -495,7 +498,7 @@ impl PoolCore {
         let mut chosen = None;
         // Idle containers of other keys first, least recently used first; unadopted stem
         // containers last, since they hold memory for work that may never come.
-        for id in self.idle_oldest_first().chain(self.stems.ready()) {
+        for id in self.idle_by_eviction_order().chain(self.stems.ready()) {
             let c = &self.containers[&id];
             if c.owner == Owner::Key(key_id) {
                 continue;
@@ -574,9 +577,10 @@ impl PoolCore {
         fx.push(Effect::Dispatch { job, container: id });
     }
 
-    /// Idle containers, least recently used first (the live entries of `lru`).
-    fn idle_oldest_first(&self) -> impl Iterator<Item = ContainerId> + '_ {
-        self.lru.iter().filter(|(seq, id)| self.containers.has_mark(id, *seq)).map(|&(_, id)| id)
+    /// Idle containers in the keep-alive policy's eviction order.
+    fn idle_by_eviction_order(&self) -> impl Iterator<Item = ContainerId> + '_ {
+        let containers = &self.containers;
+        self.keep_alive.eviction_order().filter(|s| containers.has_mark(&s.container, s.seq)).map(|s| s.container)
     }
 
     /// Removes a ready container from the idle and partial indexes (before its load changes).
@@ -599,7 +603,7 @@ impl PoolCore {
         if c.phase != Phase::Ready || c.retiring {
             return;
         }
-        let (running, concurrency) = (c.running.len(), c.concurrency as usize);
+        let (running, concurrency, memory_mb) = (c.running.len(), c.concurrency as usize, c.memory_mb);
         if running == 0 {
             c.idle_since = now;
         }
@@ -615,11 +619,9 @@ impl PoolCore {
                 key.idle.retain(|(seq, id)| containers.has_mark(id, *seq));
             }
             self.idle_total += 1;
-            self.lru.push_back((seq, id));
-            if self.lru.len() > 2 * self.idle_total + 64 {
-                let containers = &self.containers;
-                self.lru.retain(|(seq, id)| containers.has_mark(id, *seq));
-            }
+            self.keep_alive.idle(IdleSpell { seq, container: id, key: key_id, memory_mb, since: now });
+            let containers = &self.containers;
+            self.keep_alive.compact(self.idle_total, &|s: &IdleSpell| containers.has_mark(&s.container, s.seq));
         } else if running < concurrency {
             key.partial.insert((running, id));
         }
