@@ -24,6 +24,7 @@ fn warm_core(containers: usize, keys: u32) -> PoolCore {
         buffer_mb: 0,
         start_rule: StartRule::Capped,
         prewarm: Vec::new(),
+        claim_after: Duration::from_secs(1),
     };
     let mut core = PoolCore::new(config);
     let per_node = (containers / NODES + 1) as u64 * u64::from(MEMORY_MB);

@@ -88,6 +88,9 @@ pub struct PoolConfig {
     pub start_rule: crate::pool::core::StartRule,
     /// Stem containers kept started per (kind, memory), adopted by actions that would start cold.
     pub prewarm: Vec<PrewarmConfig>,
+    /// An action that waited this long for room claims a node (others make way for it).
+    #[serde(with = "humantime_serde")]
+    pub claim_after: Duration,
 }
 
 /// `[[pool.prewarm]]`: keep `count` containers of `kind` with `memory_mb` started and
@@ -266,6 +269,7 @@ impl PoolConfig {
                     }),
                 })
                 .collect(),
+            claim_after: self.claim_after,
         }
     }
 
@@ -289,6 +293,7 @@ impl Default for PoolConfig {
             tick: Duration::from_millis(100),
             start_rule: crate::pool::core::StartRule::Capped,
             prewarm: Vec::new(),
+            claim_after: Duration::from_secs(1),
         }
     }
 }
@@ -431,6 +436,7 @@ impl Config {
             [("pool.idle_timeout", p.idle_timeout), ("pool.wait_deadline", p.wait_deadline)].into_iter().chain([
                 ("pool.stats_ttl", p.stats_ttl),
                 ("pool.tick", p.tick),
+                ("pool.claim_after", p.claim_after),
                 ("proxy.init_timeout", self.proxy.init_timeout),
             ])
         {

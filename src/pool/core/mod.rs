@@ -67,12 +67,21 @@ struct KeyState {
     blocked: bool,
     /// The prewarm class whose stem containers this key may adopt.
     stem: Option<StemId>,
+    /// Since when its jobs have waited for room on some node (cleared when it gets a start).
+    room_wait_since: Option<Time>,
 }
 
 impl KeyState {
     fn is_empty(&self) -> bool {
         self.containers == 0 && self.waiting_live == 0 && !self.blocked
     }
+}
+
+/// A node kept for a key that waited too long for room (see `CoreConfig::claim_after`).
+#[derive(Debug)]
+struct Claim {
+    key: KeyId,
+    node: NodeId,
 }
 
 #[derive(Debug)]
@@ -120,6 +129,7 @@ pub struct PoolCore {
     blocked: VecDeque<KeyId>,
     nodes: Nodes,
     stems: Stems,
+    claim: Option<Claim>,
     next_idle_seq: u64,
     draining: bool,
 }
@@ -135,6 +145,7 @@ impl PoolCore {
         PoolCore {
             nodes: Nodes::new(config.buffer_mb, config.stats_ttl, config.max_starts_per_node),
             stems: Stems::new(&config.prewarm),
+            claim: None,
             config,
             containers: Slab::default(),
             keys: FxHashMap::default(),
@@ -332,8 +343,24 @@ impl PoolCore {
         if !reusable {
             c.retiring = true;
         }
+        let make_way = self.claim.as_ref().is_some_and(|claim| {
+            claim.node == c.node
+                && c.owner != Owner::Key(claim.key)
+                && !c.retiring
+                && self.keys.get(&claim.key).is_some_and(|k| {
+                    k.waiting_live > 0 && !self.nodes.fits_after_freeing(&claim.node, k.memory_mb, 0, now)
+                })
+        });
+        if make_way {
+            // Its key's waiting jobs get a container elsewhere; the node is kept for the claim.
+            c.retiring = true;
+        }
+        let owner = c.owner;
         self.fill(id, fx);
         self.settle_or_retire(id, now, fx);
+        if let (true, Owner::Key(key)) = (make_way, owner) {
+            self.maybe_start(key, now, fx);
+        }
         // An idle container is something a blocked key may evict to make room.
         if self.containers.is_marked(&id) {
             self.retry_blocked(now, fx);
@@ -388,8 +415,37 @@ impl PoolCore {
             let Some(spell) = self.keep_alive.expired(now, &live) else { break };
             self.retire(spell.container, now, fx);
         }
+        self.update_claim(now);
         self.resize_stems(now, fx);
         self.replenish_stems(now, fx);
+    }
+
+    /// Drops a claim whose key no longer waits for room, and lets the key that has waited
+    /// longest for room, beyond `claim_after`, claim a node.
+    fn update_claim(&mut self, now: Time) {
+        if let Some(claim) = &self.claim {
+            if self.keys.get(&claim.key).is_some_and(|k| k.blocked && k.waiting_live > 0) {
+                return;
+            }
+            self.claim = None;
+        }
+        let oldest = self
+            .blocked
+            .iter()
+            .filter_map(|&key_id| {
+                let key = self.keys.get(&key_id)?;
+                let since = key.room_wait_since.filter(|&t| t + self.config.claim_after <= now)?;
+                (key.waiting_live > 0).then_some((since, key_id, key.memory_mb))
+            })
+            .min();
+        if let Some((_, key, memory_mb)) = oldest {
+            self.claim = self.nodes.claim_target(memory_mb, now).map(|node| Claim { key, node });
+        }
+    }
+
+    /// The node other keys than `key_id` must leave alone, if a key has claimed one.
+    fn claimed_against(&self, key_id: Option<KeyId>) -> Option<&NodeId> {
+        self.claim.as_ref().filter(|c| Some(c.key) != key_id).map(|c| &c.node)
     }
 
     fn on_drain(&mut self, now: Time, fx: &mut Effects) {
@@ -439,10 +495,15 @@ impl PoolCore {
                 return; // retried when one of its starts finishes
             }
             let memory_mb = key.memory_mb;
-            match self.nodes.place(memory_mb, now) {
+            match self.nodes.place(memory_mb, now, self.claimed_against(Some(key_id))) {
                 Placement::On(node) => {
-                    if let Some(stem) = self.keys[&key_id].stem {
+                    let key = self.keys.get_mut(&key_id).expect("checked above");
+                    key.room_wait_since = None;
+                    if let Some(stem) = key.stem {
                         self.stems.missed(stem);
+                    }
+                    if self.claim.as_ref().is_some_and(|c| c.key == key_id) {
+                        self.claim = None;
                     }
                     self.create_for_key(key_id, node, fx);
                 }
@@ -450,6 +511,8 @@ impl PoolCore {
                 Placement::NoRoom => {
                     // Whether or not eviction makes room, the key waits for an event: the
                     // removals it asked for, or a stats update showing room from elsewhere.
+                    let key = self.keys.get_mut(&key_id).expect("checked above");
+                    key.room_wait_since.get_or_insert(now);
                     self.make_room(key_id, memory_mb, now, fx);
                     return self.block(key_id);
                 }
@@ -496,11 +559,12 @@ impl PoolCore {
         }
         let mut freed: FxHashMap<NodeId, (u64, Vec<ContainerId>)> = FxHashMap::default();
         let mut chosen = None;
+        let claimed = self.claimed_against(Some(key_id));
         // Idle containers of other keys first, least recently used first; unadopted stem
         // containers last, since they hold memory for work that may never come.
         for id in self.idle_by_eviction_order().chain(self.stems.ready()) {
             let c = &self.containers[&id];
-            if c.owner == Owner::Key(key_id) {
+            if c.owner == Owner::Key(key_id) || claimed == Some(&c.node) {
                 continue;
             }
             let entry = freed.entry(c.node.clone()).or_default();

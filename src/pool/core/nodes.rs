@@ -146,11 +146,12 @@ impl Nodes {
     }
 
     /// Best fit: the fresh node with the least room that still fits, so large holes stay free.
-    pub(super) fn place(&self, memory_mb: u32, now: Time) -> Placement {
+    /// `claimed` is a node kept for a starving action: skipped.
+    pub(super) fn place(&self, memory_mb: u32, now: Time, claimed: Option<&NodeId>) -> Placement {
         let mut capped = false;
         for (_, id) in self.by_headroom.range((i64::from(memory_mb), NodeId::new(""))..) {
             let n = &self.nodes[id];
-            if !self.is_fresh(n, now) {
+            if !self.is_fresh(n, now) || claimed == Some(id) {
                 continue;
             }
             if n.starts >= self.max_starts {
@@ -164,6 +165,17 @@ impl Nodes {
         } else {
             Placement::NoRoom
         }
+    }
+
+    /// The node to keep for an action that has waited too long for room: of the fresh nodes
+    /// that could ever hold it, the one with the most headroom. Rare, so a scan is fine.
+    pub(super) fn claim_target(&self, memory_mb: u32, now: Time) -> Option<NodeId> {
+        self.by_headroom
+            .iter()
+            .rev()
+            .map(|(_, id)| (id, &self.nodes[id]))
+            .find(|(_, n)| self.is_fresh(n, now) && n.capacity_mb >= u64::from(memory_mb) + self.buffer_mb)
+            .map(|(id, _)| id.clone())
     }
 
     /// True when removals already under way will leave room for `memory_mb` on some node.

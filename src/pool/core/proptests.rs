@@ -227,6 +227,7 @@ fn new_core() -> (PoolCore, World) {
         buffer_mb: BUFFER_MB,
         start_rule: StartRule::Capped,
         prewarm: vec![PrewarmSpec { memory_mb: STEM_MB, count: 2, reactive: None }],
+        claim_after: Duration::from_secs(1),
     };
     let mut core = PoolCore::new(config);
     let mut world = World::default();
@@ -238,7 +239,8 @@ fn new_core() -> (PoolCore, World) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    // 256 cases by default; PROPTEST_CASES=N runs more.
+    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
 
     #[test]
     fn no_job_lost_or_answered_twice_and_never_over_provisioned(ops in prop::collection::vec(op(), 1..300)) {
@@ -253,4 +255,8 @@ proptest! {
         }
         prop_assert_eq!(&world.dispatched, &world.finished);
     }
+}
+
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(256)
 }

@@ -173,7 +173,7 @@ impl PoolCore {
                     break;
                 }
                 let memory_mb = class.spec.memory_mb;
-                let Placement::On(node) = self.nodes.place(memory_mb, now) else { return };
+                let Placement::On(node) = self.nodes.place(memory_mb, now, self.claimed_against(None)) else { return };
                 self.stems.classes[index].starting += 1;
                 let stem = StemId(index as u32);
                 self.create(Owner::Stem(stem), memory_mb, 1, node, fx);

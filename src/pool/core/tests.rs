@@ -277,3 +277,81 @@ fn reactive_prewarms_follow_cold_starts_within_bounds() {
     assert_eq!(fx.iter().filter(|e| matches!(e, Effect::Remove { .. })).count(), 3);
     assert_eq!(core.counts().prewarm, 0);
 }
+
+/// Four small actions keep a 1 GiB node busy, each job followed at once by the next; a 1 GiB
+/// action arrives. Returns when (in ms) the large action got a container, if it did within 5 s.
+fn large_action_behind_small_ones(claim_after: Duration) -> Option<u64> {
+    let mut core = PoolCore::new(CoreConfig { claim_after, ..CoreConfig::default() });
+    core.handle(stats("n1", 1024, 1024, 0), ms(0));
+    let mut next_job = 1;
+    let mut running: Vec<(ContainerId, JobId)> = Vec::new();
+    let mut starting: Vec<ContainerId> = Vec::new();
+    let mut removing: Vec<ContainerId> = Vec::new();
+    let mut large = None;
+    let mut key_of = std::collections::HashMap::new();
+    let mut apply = |fx: Effects,
+                     running: &mut Vec<(ContainerId, JobId)>,
+                     starting: &mut Vec<ContainerId>,
+                     removing: &mut Vec<ContainerId>| {
+        for e in fx {
+            match e {
+                Effect::Create { container, owner: Owner::Key(KeyId(9)), .. } => return Some(container),
+                Effect::Create { container, .. } => starting.push(container),
+                Effect::Dispatch { job, container } => running.push((container, job)),
+                Effect::Remove { container } => removing.push(container),
+                Effect::Reject { .. } => {}
+            }
+        }
+        None
+    };
+    for key in 1..=4 {
+        key_of.insert(JobId(next_job), key);
+        let fx = core.handle(Event::Arrived(job(next_job, key, 256)), ms(0));
+        next_job += 1;
+        apply(fx, &mut running, &mut starting, &mut removing);
+    }
+    for c in std::mem::take(&mut starting) {
+        let fx = core.handle(Event::Started { container: c, ok: true, at: ms(1) }, ms(1));
+        apply(fx, &mut running, &mut starting, &mut removing);
+    }
+    let big = Job { deadline: ms(60_000), ..job(1000, 9, 1024) };
+    assert!(created(&core.handle(Event::Arrived(big), ms(2))).is_empty());
+    for step in 1..=50u64 {
+        let now = ms(step * 100);
+        for (container, job) in std::mem::take(&mut running) {
+            let key = key_of[&job];
+            let fx = core.handle(Event::Finished { container, job, reusable: true }, now);
+            large = large.or(apply(fx, &mut running, &mut starting, &mut removing));
+            key_of.insert(JobId(next_job), key);
+            let fx = core.handle(Event::Arrived(job_at(next_job, key, now)), now);
+            next_job += 1;
+            large = large.or(apply(fx, &mut running, &mut starting, &mut removing));
+        }
+        for c in std::mem::take(&mut removing).into_iter().chain(std::mem::take(&mut starting)) {
+            let event = if core.containers().iter().any(|v| v.id == c && v.state == "starting") {
+                Event::Started { container: c, ok: true, at: now }
+            } else {
+                Event::Removed(c)
+            };
+            let fx = core.handle(event, now);
+            large = large.or(apply(fx, &mut running, &mut starting, &mut removing));
+        }
+        let fx = core.handle(Event::Tick, now);
+        large = large.or(apply(fx, &mut running, &mut starting, &mut removing));
+        if large.is_some() {
+            return Some(step * 100);
+        }
+    }
+    None
+}
+
+fn job_at(id: u64, key: u32, now: Time) -> Job {
+    Job { deadline: now + ms(60_000), ..job(id, key, 256) }
+}
+
+#[test]
+fn a_large_action_is_not_overtaken_forever_by_small_ones() {
+    assert_eq!(large_action_behind_small_ones(Duration::from_secs(3600)), None, "without a claim it starves");
+    let started = large_action_behind_small_ones(Duration::from_secs(1));
+    assert!(started.is_some_and(|at| at <= 1_500), "with a claim after 1 s it starts soon after: {started:?}");
+}

@@ -154,6 +154,10 @@ pub struct CoreConfig {
     pub start_rule: StartRule,
     /// Prewarm classes; a job's `stem` indexes this list.
     pub prewarm: Vec<PrewarmSpec>,
+    /// An action blocked for room this long claims a node: other actions start nothing there,
+    /// and their containers there retire when their runs end, until it has started. This is
+    /// what keeps a large action from being overtaken forever by small ones.
+    pub claim_after: Duration,
 }
 
 /// How many stem containers of one class to keep ready.
@@ -205,6 +209,7 @@ impl Default for CoreConfig {
             buffer_mb: 0,
             start_rule: StartRule::Capped,
             prewarm: Vec::new(),
+            claim_after: Duration::from_secs(1),
         }
     }
 }
