@@ -289,10 +289,10 @@ fn large_action_behind_small_ones(claim_after: Duration) -> Option<u64> {
     let mut removing: Vec<ContainerId> = Vec::new();
     let mut large = None;
     let mut key_of = std::collections::HashMap::new();
-    let mut apply = |fx: Effects,
-                     running: &mut Vec<(ContainerId, JobId)>,
-                     starting: &mut Vec<ContainerId>,
-                     removing: &mut Vec<ContainerId>| {
+    let apply = |fx: Effects,
+                 running: &mut Vec<(ContainerId, JobId)>,
+                 starting: &mut Vec<ContainerId>,
+                 removing: &mut Vec<ContainerId>| {
         for e in fx {
             match e {
                 Effect::Create { container, owner: Owner::Key(KeyId(9)), .. } => return Some(container),
