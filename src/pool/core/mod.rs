@@ -6,6 +6,7 @@
 //! (LIFO for idle ones, most-loaded-first for concurrent ones), idle containers in one global
 //! LRU, deadlines in one ordered set. Only cold-start placement looks at the nodes.
 
+mod estimates;
 mod keep_alive;
 mod nodes;
 #[cfg(test)]
@@ -20,6 +21,7 @@ pub use keep_alive::{FixedKeepAlive, IdleSpell, KeepAlivePolicy, Live};
 pub use nodes::NodeView;
 pub use types::*;
 
+use estimates::{served_before_a_start, Ewma};
 use nodes::{Nodes, Placement};
 use rustc_hash::FxHashMap;
 use slab::Slab;
@@ -41,7 +43,9 @@ struct Container {
     memory_mb: u32,
     concurrency: u32,
     phase: Phase,
-    running: SmallVec<[JobId; 1]>,
+    /// Jobs running, with when each was dispatched.
+    running: SmallVec<[(JobId, Time); 1]>,
+    created_at: Time,
     idle_since: Time,
     /// Must not take new work: it failed, or the pool is draining.
     retiring: bool,
@@ -69,6 +73,10 @@ struct KeyState {
     stem: Option<StemId>,
     /// Since when its jobs have waited for room on some node (cleared when it gets a start).
     room_wait_since: Option<Time>,
+    run_time: Ewma,
+    start_time: Ewma,
+    /// When `rechecks` holds this key: the time its waiting jobs stop trusting busy containers.
+    recheck_at: Option<Time>,
 }
 
 impl KeyState {
@@ -88,6 +96,7 @@ struct Claim {
 struct Waiting {
     key: KeyId,
     deadline: Time,
+    since: Time,
 }
 
 /// Counts of what the pool holds, for health, metrics and tests.
@@ -130,6 +139,10 @@ pub struct PoolCore {
     nodes: Nodes,
     stems: Stems,
     claim: Option<Claim>,
+    /// Start times over all keys, for keys that have not started a container yet.
+    start_time: Ewma,
+    /// Keys whose waiting jobs rely on busy containers, by when that reliance is overdue.
+    rechecks: BTreeSet<(Time, KeyId)>,
     next_idle_seq: u64,
     draining: bool,
 }
@@ -146,6 +159,8 @@ impl PoolCore {
             nodes: Nodes::new(config.buffer_mb, config.stats_ttl, config.max_starts_per_node),
             stems: Stems::new(&config.prewarm),
             claim: None,
+            start_time: Ewma::default(),
+            rechecks: BTreeSet::new(),
             config,
             containers: Slab::default(),
             keys: FxHashMap::default(),
@@ -276,7 +291,7 @@ impl PoolCore {
             }
         }
         if let Some(container) = free {
-            self.dispatch(container, job.id, fx);
+            self.dispatch(container, job.id, now, fx);
             self.settle(container, now);
             return;
         }
@@ -286,7 +301,7 @@ impl PoolCore {
         }
         key.waiting.push_back(job.id);
         key.waiting_live += 1;
-        self.waiting.insert(job.id, Waiting { key: job.key, deadline: job.deadline });
+        self.waiting.insert(job.id, Waiting { key: job.key, deadline: job.deadline, since: now });
         self.deadlines.insert((job.deadline, job.id));
         self.maybe_start(job.key, now, fx);
     }
@@ -305,12 +320,15 @@ impl PoolCore {
         let key = self.keys.get_mut(&key_id).expect("a container's key exists");
         key.starting -= 1;
         if ok {
+            let took = at.saturating_sub(c.created_at);
+            key.start_time.add(took);
+            self.start_time.add(took);
             c.phase = Phase::Ready;
             self.nodes.confirm_started(&node, id, at);
             if self.draining {
                 c.retiring = true;
             }
-            self.fill(id, fx);
+            self.fill(id, now, fx);
             self.settle_or_retire(id, now, fx);
             // A start slot is free again: jobs still waiting beyond what is starting may need
             // another container.
@@ -336,10 +354,15 @@ impl PoolCore {
 
     fn on_finished(&mut self, id: ContainerId, job: JobId, reusable: bool, now: Time, fx: &mut Effects) {
         let Some(c) = self.containers.get_mut(&id) else { return };
-        let Some(pos) = c.running.iter().position(|&j| j == job) else { return };
+        let Some(pos) = c.running.iter().position(|&(j, _)| j == job) else { return };
         self.unsettle(id);
         let c = self.containers.get_mut(&id).expect("checked above");
-        c.running.swap_remove(pos);
+        let (_, dispatched) = c.running.swap_remove(pos);
+        if let Owner::Key(key) = c.owner {
+            if let Some(key) = self.keys.get_mut(&key) {
+                key.run_time.add(now.saturating_sub(dispatched));
+            }
+        }
         if !reusable {
             c.retiring = true;
         }
@@ -356,7 +379,7 @@ impl PoolCore {
             c.retiring = true;
         }
         let owner = c.owner;
-        self.fill(id, fx);
+        self.fill(id, now, fx);
         self.settle_or_retire(id, now, fx);
         if let (true, Owner::Key(key)) = (make_way, owner) {
             self.maybe_start(key, now, fx);
@@ -370,7 +393,7 @@ impl PoolCore {
     fn on_removed(&mut self, id: ContainerId, now: Time, fx: &mut Effects) {
         self.unsettle(id);
         let Some(c) = self.containers.remove(&id) else { return };
-        for job in c.running {
+        for (job, _) in c.running {
             fx.push(Effect::Reject { job, reason: RejectReason::ContainerLost });
         }
         if c.phase == Phase::Starting {
@@ -414,6 +437,16 @@ impl PoolCore {
             let live = |s: &IdleSpell| containers.has_mark(&s.container, s.seq);
             let Some(spell) = self.keep_alive.expired(now, &live) else { break };
             self.retire(spell.container, now, fx);
+        }
+        while let Some(&(at, key_id)) = self.rechecks.first() {
+            if at > now {
+                break;
+            }
+            self.rechecks.pop_first();
+            if let Some(key) = self.keys.get_mut(&key_id) {
+                key.recheck_at = None;
+                self.maybe_start(key_id, now, fx);
+            }
         }
         self.update_claim(now);
         self.resize_stems(now, fx);
@@ -479,6 +512,10 @@ impl PoolCore {
             if key.blocked || key.waiting_live <= key.starting as usize * key.concurrency as usize {
                 return;
             }
+            if let Some(overdue_at) = self.busy_containers_will_serve(key_id, now) {
+                return self.recheck_at(key_id, overdue_at);
+            }
+            let key = &self.keys[&key_id];
             if let Some(stem) = key.stem.filter(|&s| self.stems.ready_count(s) > 0) {
                 if self.adopt_stem(key_id, stem, now, fx) {
                     continue;
@@ -505,7 +542,7 @@ impl PoolCore {
                     if self.claim.as_ref().is_some_and(|c| c.key == key_id) {
                         self.claim = None;
                     }
-                    self.create_for_key(key_id, node, fx);
+                    self.create_for_key(key_id, node, now, fx);
                 }
                 Placement::StartsCapped => return self.block(key_id),
                 Placement::NoRoom => {
@@ -520,12 +557,40 @@ impl PoolCore {
         }
     }
 
-    fn create_for_key(&mut self, key_id: KeyId, node: NodeId, fx: &mut Effects) {
+    /// Under our start rule: when the key's busy containers are expected to take every waiting
+    /// job the starting ones will not, before a new container would be ready, the time at
+    /// which that expectation is overdue (the oldest waiting job has waited a start's time).
+    fn busy_containers_will_serve(&self, key_id: KeyId, now: Time) -> Option<Time> {
+        if self.config.start_rule != StartRule::Capped {
+            return None;
+        }
+        let key = &self.keys[&key_id];
+        let run = key.run_time.get()?;
+        let start = key.start_time.get().or(self.start_time.get())?;
+        let busy = (key.containers - key.starting) as usize;
+        let concurrency = key.concurrency as usize;
+        let covered = key.starting as usize * concurrency + served_before_a_start(busy, concurrency, run, start);
+        if busy == 0 || key.waiting_live > covered {
+            return None;
+        }
+        let oldest = key.waiting.iter().find_map(|job| self.waiting.get(job))?.since;
+        Some(oldest + start).filter(|&overdue_at| overdue_at > now)
+    }
+
+    fn recheck_at(&mut self, key_id: KeyId, at: Time) {
+        let key = self.keys.get_mut(&key_id).expect("checked by the caller");
+        if key.recheck_at.is_none() {
+            key.recheck_at = Some(at);
+            self.rechecks.insert((at, key_id));
+        }
+    }
+
+    fn create_for_key(&mut self, key_id: KeyId, node: NodeId, now: Time, fx: &mut Effects) {
         let key = self.keys.get_mut(&key_id).expect("key exists");
         key.starting += 1;
         key.containers += 1;
         let (memory_mb, concurrency) = (key.memory_mb, key.concurrency);
-        self.create(Owner::Key(key_id), memory_mb, concurrency, node, fx);
+        self.create(Owner::Key(key_id), memory_mb, concurrency, node, now, fx);
     }
 
     fn create(
@@ -534,6 +599,7 @@ impl PoolCore {
         memory_mb: u32,
         concurrency: u32,
         node: NodeId,
+        now: Time,
         fx: &mut Effects,
     ) -> ContainerId {
         let id = self.containers.insert(Container {
@@ -543,6 +609,7 @@ impl PoolCore {
             concurrency,
             phase: Phase::Starting,
             running: SmallVec::new(),
+            created_at: now,
             idle_since: Time::ZERO,
             retiring: false,
         });
@@ -609,7 +676,7 @@ impl PoolCore {
     }
 
     /// Gives waiting jobs of the container's key to it, up to its concurrency.
-    fn fill(&mut self, id: ContainerId, fx: &mut Effects) {
+    fn fill(&mut self, id: ContainerId, now: Time, fx: &mut Effects) {
         let c = &self.containers[&id];
         let Owner::Key(key_id) = c.owner else { return };
         if c.retiring || c.phase != Phase::Ready {
@@ -618,7 +685,7 @@ impl PoolCore {
         let concurrency = c.concurrency as usize;
         while self.containers[&id].running.len() < concurrency {
             let Some(job) = self.pop_waiting(key_id) else { break };
-            self.dispatch(id, job, fx);
+            self.dispatch(id, job, now, fx);
         }
     }
 
@@ -634,10 +701,10 @@ impl PoolCore {
         None
     }
 
-    fn dispatch(&mut self, id: ContainerId, job: JobId, fx: &mut Effects) {
+    fn dispatch(&mut self, id: ContainerId, job: JobId, now: Time, fx: &mut Effects) {
         self.unsettle(id);
         let c = self.containers.get_mut(&id).expect("dispatch to a known container");
-        c.running.push(job);
+        c.running.push((job, now));
         fx.push(Effect::Dispatch { job, container: id });
     }
 

@@ -99,7 +99,7 @@ impl PoolCore {
         let c: &mut Container = self.containers.get_mut(&id).expect("a ready stem container exists");
         c.owner = Owner::Key(key_id);
         c.concurrency = concurrency;
-        self.fill(id, fx);
+        self.fill(id, now, fx);
         self.settle(id, now);
         self.replenish_stems(now, fx);
         true
@@ -176,7 +176,7 @@ impl PoolCore {
                 let Placement::On(node) = self.nodes.place(memory_mb, now, self.claimed_against(None)) else { return };
                 self.stems.classes[index].starting += 1;
                 let stem = StemId(index as u32);
-                self.create(Owner::Stem(stem), memory_mb, 1, node, fx);
+                self.create(Owner::Stem(stem), memory_mb, 1, node, now, fx);
             }
         }
     }

@@ -355,3 +355,30 @@ fn a_large_action_is_not_overtaken_forever_by_small_ones() {
     let started = large_action_behind_small_ones(Duration::from_secs(1));
     assert!(started.is_some_and(|at| at <= 1_500), "with a claim after 1 s it starts soon after: {started:?}");
 }
+
+#[test]
+fn a_job_waits_for_a_busy_container_that_frees_sooner_than_a_start_unless_it_is_overdue() {
+    let mut core = core_with(4096);
+    // Learn: a start takes 500 ms, a run 10 ms.
+    let c = created(&core.handle(Event::Arrived(job(1, 1, 256)), ms(0)))[0];
+    core.handle(Event::Started { container: c, ok: true, at: ms(500) }, ms(500));
+    core.handle(Event::Finished { container: c, job: JobId(1), reusable: true }, ms(510));
+    core.handle(Event::Arrived(job(2, 1, 256)), ms(600));
+    // The container is busy; a second job would wait 10 ms for it, not 500 ms for a new one.
+    let fx = core.handle(Event::Arrived(job(3, 1, 256)), ms(601));
+    assert!(created(&fx).is_empty(), "{fx:?}");
+    // The run hangs: once the waiting job has waited a start's time, a container starts.
+    assert!(created(&core.handle(Event::Tick, ms(1_000))).is_empty());
+    let fx = core.handle(Event::Tick, ms(1_101));
+    assert_eq!(created(&fx).len(), 1, "{fx:?}");
+}
+
+#[test]
+fn a_job_does_not_wait_for_a_busy_container_whose_runs_outlast_a_start() {
+    let mut core = core_with(4096);
+    let c = created(&core.handle(Event::Arrived(job(1, 1, 256)), ms(0)))[0];
+    core.handle(Event::Started { container: c, ok: true, at: ms(100) }, ms(100));
+    core.handle(Event::Finished { container: c, job: JobId(1), reusable: true }, ms(2_100));
+    core.handle(Event::Arrived(job(2, 1, 256)), ms(2_200));
+    assert_eq!(created(&core.handle(Event::Arrived(job(3, 1, 256)), ms(2_201))).len(), 1);
+}
