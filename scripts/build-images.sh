@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Builds the action runtime images locally (no registry is reachable here), for the Docker
+# factory. Each image holds the project's own runtime (`invoker action-runtime`) at /invoker:
+#   invoker-native:latest  FROM scratch: the binary, the shared libraries ldd lists, and
+#                          busybox-static as /bin/sh (native actions are executables or scripts)
+#   invoker-python:latest  a Debian minbase root with python3-minimal (debootstrap, built once
+#                          and cached in INVOKER_IMAGE_CACHE), plus the binary
+# An image is rebuilt only when the binary it holds changed (its sha256 is a label).
+#   scripts/build-images.sh [path/to/invoker]   (default: a debug build, built if missing)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+sock=${INVOKER_DOCKER_SOCKET:-/run/invoker-docker/docker.sock}
+cache=${INVOKER_IMAGE_CACHE:-/var/cache/invoker-images}
+export DOCKER_HOST="unix://$sock"
+
+binary=${1:-${CARGO_TARGET_DIR:-target}/debug/invoker}
+if [ $# -eq 0 ]; then
+  cargo build --quiet --bin invoker
+fi
+[ -x "$binary" ] || { echo "build-images.sh: no invoker binary at $binary" >&2; exit 1; }
+
+need=()
+command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
+[ -x /bin/busybox ] && /bin/busybox --help 2>&1 | grep -q static || dpkg -s busybox-static >/dev/null 2>&1 || need+=(busybox-static)
+if [ ${#need[@]} -gt 0 ]; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+sum=$(sha256sum "$binary" | cut -c1-16)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+# docker build TAG DOCKERFILE CONTEXT, quiet unless it fails (the legacy builder needs no network).
+build() {
+  docker build -q -t "$1" -f "$2" "$3" >"$work/build.log" 2>&1 || { cat "$work/build.log" >&2; exit 1; }
+}
+
+current() { docker image inspect -f '{{ index .Config.Labels "invoker.binary" }}' "$1" 2>/dev/null || true; }
+
+# The root filesystem of the native image: the binary with its libraries, and busybox.
+if [ "$(current invoker-native:latest)" != "$sum" ]; then
+  root="$work/native"
+  mkdir -p "$root/bin" "$root/tmp"
+  strip -o "$root/invoker" "$binary" 2>/dev/null || cp "$binary" "$root/invoker"
+  for lib in $(ldd "$binary" | grep -o '/[^ ]*'); do
+    mkdir -p "$root$(dirname "$lib")"
+    cp -L "$lib" "$root$lib"
+  done
+  cp /bin/busybox "$root/bin/busybox"
+  for tool in sh cat echo env ls sleep wget nc head; do ln -sf busybox "$root/bin/$tool"; done
+  printf 'FROM scratch\nCOPY . /\nLABEL invoker.binary=%s\n' "$sum" >"$work/native.Dockerfile"
+  build invoker-native:latest "$work/native.Dockerfile" "$root"
+  echo "built invoker-native:latest ($sum)"
+fi
+
+# The python image: a cached Debian root with python3, then the binary on top.
+if [ "$(current invoker-python:latest)" != "$sum" ]; then
+  if ! docker image inspect invoker-python-base:bookworm >/dev/null 2>&1; then
+    mkdir -p "$cache"
+    if [ ! -s "$cache/python-rootfs.tar" ]; then
+      echo "build-images.sh: debootstrap of a python3 root (once; cached in $cache)" >&2
+      debootstrap --variant=minbase --include=python3-minimal bookworm "$work/rootfs" \
+        http://deb.debian.org/debian >"$work/debootstrap.log" 2>&1 \
+        || { tail -20 "$work/debootstrap.log" >&2; exit 1; }
+      rm -rf "$work/rootfs/var/cache/apt/archives/"*.deb
+      tar -C "$work/rootfs" -cf "$cache/python-rootfs.tar.part" .
+      mv "$cache/python-rootfs.tar.part" "$cache/python-rootfs.tar"
+      rm -rf "$work/rootfs"
+    fi
+    docker import "$cache/python-rootfs.tar" invoker-python-base:bookworm >/dev/null
+  fi
+  mkdir -p "$work/python"
+  strip -o "$work/python/invoker" "$binary" 2>/dev/null || cp "$binary" "$work/python/invoker"
+  printf 'FROM invoker-python-base:bookworm\nCOPY invoker /invoker\nLABEL invoker.binary=%s\n' "$sum" \
+    >"$work/python.Dockerfile"
+  build invoker-python:latest "$work/python.Dockerfile" "$work/python"
+  echo "built invoker-python:latest ($sum)"
+fi
+docker image ls --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep '^invoker-' | sort

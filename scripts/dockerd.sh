@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Makes a Docker Engine available for the Docker factory and its tests: installs docker.io from
+# Debian if it is missing, starts dockerd unless one already answers on the socket, waits until
+# it answers, and prints the socket's path as its last line. Safe to run twice.
+#
+# The engine gets no bridge and no iptables rules: action containers run without a network
+# (the factory's default) or on the host's, and nothing is routed anywhere.
+#   INVOKER_DOCKER_SOCKET  the socket (default /run/invoker-docker/docker.sock)
+#   INVOKER_DOCKER_ROOT    the engine's data root (default /var/lib/invoker-docker)
+set -euo pipefail
+
+sock=${INVOKER_DOCKER_SOCKET:-/run/invoker-docker/docker.sock}
+root=${INVOKER_DOCKER_ROOT:-/var/lib/invoker-docker}
+run_dir=$(dirname "$sock")
+
+answers() { curl -sf --max-time 2 --unix-socket "$sock" http://docker/_ping >/dev/null 2>&1; }
+
+if ! command -v dockerd >/dev/null 2>&1 || ! command -v curl >/dev/null 2>&1; then
+  echo "dockerd.sh: installing docker.io from Debian" >&2
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io curl >/dev/null
+fi
+
+if ! answers; then
+  if [ "$(id -u)" != 0 ]; then
+    echo "dockerd.sh: no engine answers on $sock, and starting one needs root" >&2
+    exit 1
+  fi
+  mkdir -p "$run_dir" "$root"
+  echo "dockerd.sh: starting dockerd on $sock (log: $run_dir/dockerd.log)" >&2
+  # setsid: the engine outlives this script and the shell that ran it.
+  setsid dockerd \
+    --host "unix://$sock" \
+    --data-root "$root" \
+    --exec-root "$run_dir/exec" \
+    --pidfile "$run_dir/dockerd.pid" \
+    --bridge=none --iptables=false --ip-masq=false \
+    >"$run_dir/dockerd.log" 2>&1 </dev/null &
+  for _ in $(seq 1 120); do
+    answers && break
+    sleep 0.5
+  done
+  if ! answers; then
+    echo "dockerd.sh: dockerd did not answer within 60 s; its log:" >&2
+    tail -20 "$run_dir/dockerd.log" >&2
+    exit 1
+  fi
+fi
+echo "$sock"
