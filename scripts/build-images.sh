@@ -3,7 +3,7 @@
 # factory. Each image holds the project's own runtime (`invoker action-runtime`) at /invoker:
 #   invoker-native:latest  FROM scratch: the binary, the shared libraries ldd lists, and
 #                          busybox-static as /bin/sh (native actions are executables or scripts)
-#   invoker-python:latest  a Debian minbase root with python3-minimal (debootstrap, built once
+#   invoker-python:latest  a Debian minbase root with python3 and its standard library (debootstrap, built once
 #                          and cached in INVOKER_IMAGE_CACHE), plus the binary
 # An image is rebuilt only when the binary it holds changed (its sha256 is a label).
 #   scripts/build-images.sh [path/to/invoker]   (default: a debug build, built if missing)
@@ -42,7 +42,7 @@ current() { docker image inspect -f '{{ index .Config.Labels "invoker.binary" }}
 # The root filesystem of the native image: the binary with its libraries, and busybox.
 if [ "$(current invoker-native:latest)" != "$sum" ]; then
   root="$work/native"
-  mkdir -p "$root/bin" "$root/tmp"
+  mkdir -p "$root/bin" "$root/tmp" && chmod 1777 "$root/tmp"
   strip -o "$root/invoker" "$binary" 2>/dev/null || cp "$binary" "$root/invoker"
   for lib in $(ldd "$binary" | grep -o '/[^ ]*'); do
     mkdir -p "$root$(dirname "$lib")"
@@ -59,17 +59,17 @@ fi
 if [ "$(current invoker-python:latest)" != "$sum" ]; then
   if ! docker image inspect invoker-python-base:bookworm >/dev/null 2>&1; then
     mkdir -p "$cache"
-    if [ ! -s "$cache/python-rootfs.tar" ]; then
+    if [ ! -s "$cache/python3-rootfs.tar" ]; then
       echo "build-images.sh: debootstrap of a python3 root (once; cached in $cache)" >&2
-      debootstrap --variant=minbase --include=python3-minimal bookworm "$work/rootfs" \
+      debootstrap --variant=minbase --include=python3 bookworm "$work/rootfs" \
         http://deb.debian.org/debian >"$work/debootstrap.log" 2>&1 \
         || { tail -20 "$work/debootstrap.log" >&2; exit 1; }
       rm -rf "$work/rootfs/var/cache/apt/archives/"*.deb
-      tar -C "$work/rootfs" -cf "$cache/python-rootfs.tar.part" .
-      mv "$cache/python-rootfs.tar.part" "$cache/python-rootfs.tar"
+      tar -C "$work/rootfs" -cf "$cache/python3-rootfs.tar.part" .
+      mv "$cache/python3-rootfs.tar.part" "$cache/python3-rootfs.tar"
       rm -rf "$work/rootfs"
     fi
-    docker import "$cache/python-rootfs.tar" invoker-python-base:bookworm >/dev/null
+    docker import "$cache/python3-rootfs.tar" invoker-python-base:bookworm >/dev/null
   fi
   mkdir -p "$work/python"
   strip -o "$work/python/invoker" "$binary" 2>/dev/null || cp "$binary" "$work/python/invoker"
