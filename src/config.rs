@@ -148,6 +148,7 @@ pub struct ProxyConfig {
 pub enum FactoryKind {
     Process,
     Mock,
+    Docker,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -156,6 +157,76 @@ pub struct FactoryConfig {
     pub kind: FactoryKind,
     pub process: ProcessFactoryConfig,
     pub mock: MockFactoryConfig,
+    pub docker: DockerFactoryConfig,
+}
+
+/// The Docker factory: one container per action container, on one Docker Engine.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DockerFactoryConfig {
+    /// The engine's unix socket (what `scripts/dockerd.sh` prints).
+    pub socket: PathBuf,
+    /// `none`: no network; the runtime listens on a unix socket in a directory bind-mounted
+    /// from `data_dir` (Fn's design). `host`: the host's network; the runtime listens on a free
+    /// 127.0.0.1 port.
+    pub network: DockerNetwork,
+    /// Memory of the host kept for everything but action containers.
+    pub reserve_mb: u64,
+    /// The user action containers run as (never root).
+    pub user: String,
+    pub pids_limit: i64,
+    /// Size of the writable tmpfs at /tmp (the root filesystem is read-only).
+    pub tmpfs_mb: u32,
+    /// Container creations in flight on the engine at most (engines fall over under many).
+    pub max_concurrent_creates: usize,
+    /// Bound on a created container's runtime answering.
+    #[serde(with = "humantime_serde")]
+    pub ready_timeout: Duration,
+    /// Action kind → the image and command that serve it.
+    pub kinds: BTreeMap<String, DockerKindConfig>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DockerNetwork {
+    None,
+    Host,
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct DockerKindConfig {
+    pub image: String,
+    /// The runtime's command inside the image, `{listen}` substituted (`unix:PATH` or
+    /// `ADDR:PORT`); empty runs the image's own entry point.
+    #[serde(default)]
+    pub command: Vec<String>,
+}
+
+impl Default for DockerFactoryConfig {
+    fn default() -> Self {
+        let kind = |image: &str, launcher: &str| DockerKindConfig {
+            image: image.into(),
+            command: ["/invoker", "action-runtime", "--listen", "{listen}", "--launcher", launcher]
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+        };
+        DockerFactoryConfig {
+            socket: PathBuf::from("/run/invoker-docker/docker.sock"),
+            network: DockerNetwork::None,
+            reserve_mb: 1024,
+            user: "65534:65534".into(),
+            pids_limit: 256,
+            tmpfs_mb: 64,
+            max_concurrent_creates: 4,
+            ready_timeout: Duration::from_secs(30),
+            kinds: BTreeMap::from([
+                ("python:3".to_string(), kind("invoker-python:latest", "python")),
+                ("native".to_string(), kind("invoker-native:latest", "native")),
+            ]),
+        }
+    }
 }
 
 /// The mock factory (for tests and benchmarks): in-process HTTP runtimes on simulated nodes.
@@ -314,6 +385,7 @@ impl Default for FactoryConfig {
             kind: FactoryKind::Process,
             process: ProcessFactoryConfig::default(),
             mock: MockFactoryConfig::default(),
+            docker: DockerFactoryConfig::default(),
         }
     }
 }
@@ -445,6 +517,17 @@ impl Config {
             }
         }
         self.validate_prewarm()?;
+        let d = &self.factory.docker;
+        if d.max_concurrent_creates == 0 || d.tmpfs_mb == 0 || d.pids_limit <= 0 {
+            return Err(bad("factory.docker", "max_concurrent_creates, tmpfs_mb and pids_limit must be positive"));
+        }
+        if self.factory.kind == FactoryKind::Docker {
+            for (i, p) in self.pool.prewarm.iter().enumerate() {
+                if !d.kinds.contains_key(&p.kind) {
+                    return Err(bad(&format!("pool.prewarm[{i}].kind"), "has no image in factory.docker.kinds"));
+                }
+            }
+        }
         if self.factory.process.user_memory_mb < u64::from(l.memory_min_mb) {
             return Err(bad(
                 "factory.process.user_memory_mb",
@@ -478,6 +561,14 @@ fn locate_key(text: &str, offset: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_docker_config_file_is_valid() {
+        let config = Config::from_file(Path::new("config/docker.toml")).unwrap();
+        config.validate().unwrap();
+        assert_eq!(config.factory.kind, FactoryKind::Docker);
+        assert_eq!(config.factory.docker.kinds["python:3"].image, "invoker-python:latest");
+    }
 
     #[test]
     fn the_default_config_file_is_valid() {

@@ -3,6 +3,7 @@
 //! [`Factory`] enum; nothing outside this module knows which backend runs.
 
 mod cgroup;
+pub mod docker;
 pub mod logs;
 pub mod mock;
 pub mod process;
@@ -72,15 +73,17 @@ pub type StatsReceiver = watch::Receiver<Vec<NodeStatsUpdate>>;
 #[derive(Clone)]
 pub enum Factory {
     Process(process::ProcessFactory),
+    Docker(docker::DockerFactory),
     Mock(mock::MockFactory),
 }
 
 impl Factory {
     /// The backend `factory.kind` names, set up from its section of the config.
-    pub fn from_config(config: &crate::config::Config, epoch: Epoch) -> Result<Self, FactoryError> {
+    pub async fn from_config(config: &crate::config::Config, epoch: Epoch) -> Result<Self, FactoryError> {
         use crate::config::FactoryKind;
         Ok(match config.factory.kind {
             FactoryKind::Process => Factory::Process(process::ProcessFactory::new(config, epoch)?),
+            FactoryKind::Docker => Factory::Docker(docker::DockerFactory::new(config, epoch).await?),
             FactoryKind::Mock => {
                 let m = &config.factory.mock;
                 let nodes = (0..m.nodes).map(|i| (format!("mock{i}"), m.node_memory_mb)).collect();
@@ -92,6 +95,7 @@ impl Factory {
     pub async fn create(&self, spec: &ContainerSpec, node: &NodeId) -> Result<ContainerHandle, FactoryError> {
         match self {
             Factory::Process(f) => f.create(spec, node).await,
+            Factory::Docker(f) => f.create(spec, node).await,
             Factory::Mock(f) => f.create(spec, node).await,
         }
     }
@@ -99,6 +103,7 @@ impl Factory {
     pub async fn pause(&self, c: &ContainerHandle) -> Result<(), FactoryError> {
         match self {
             Factory::Process(f) => f.pause(c).await,
+            Factory::Docker(f) => f.pause(c).await,
             Factory::Mock(f) => f.pause(c).await,
         }
     }
@@ -106,6 +111,7 @@ impl Factory {
     pub async fn resume(&self, c: &ContainerHandle) -> Result<(), FactoryError> {
         match self {
             Factory::Process(f) => f.resume(c).await,
+            Factory::Docker(f) => f.resume(c).await,
             Factory::Mock(f) => f.resume(c).await,
         }
     }
@@ -113,6 +119,7 @@ impl Factory {
     pub async fn destroy(&self, c: &ContainerHandle) -> Result<(), FactoryError> {
         match self {
             Factory::Process(f) => f.destroy(c).await,
+            Factory::Docker(f) => f.destroy(c).await,
             Factory::Mock(f) => f.destroy(c).await,
         }
     }
@@ -120,6 +127,7 @@ impl Factory {
     pub fn stats(&self) -> StatsReceiver {
         match self {
             Factory::Process(f) => f.stats(),
+            Factory::Docker(f) => f.stats(),
             Factory::Mock(f) => f.stats(),
         }
     }
@@ -128,6 +136,7 @@ impl Factory {
     pub fn observe(&self) {
         match self {
             Factory::Process(f) => f.observe(),
+            Factory::Docker(f) => f.observe(),
             Factory::Mock(f) => f.observe(),
         }
     }
@@ -136,6 +145,7 @@ impl Factory {
     pub fn was_oom_killed(&self, c: &ContainerHandle) -> bool {
         match self {
             Factory::Process(f) => f.was_oom_killed(c.id),
+            Factory::Docker(f) => f.was_oom_killed(c.id),
             Factory::Mock(_) => false,
         }
     }
@@ -144,6 +154,7 @@ impl Factory {
     pub async fn destroy_all(&self) {
         match self {
             Factory::Process(f) => f.destroy_all().await,
+            Factory::Docker(f) => f.destroy_all().await,
             Factory::Mock(f) => f.destroy_all().await,
         }
     }
@@ -152,6 +163,7 @@ impl Factory {
     pub fn describe(&self) -> String {
         match self {
             Factory::Process(f) => f.describe(),
+            Factory::Docker(f) => f.describe(),
             Factory::Mock(_) => "mock factory (in-process runtimes, nothing enforced)".into(),
         }
     }

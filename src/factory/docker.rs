@@ -1,0 +1,427 @@
+//! The Docker factory: each action container is a Docker container on one engine, reached over
+//! a unix socket in a per-container directory bind-mounted from `data_dir` (no network at all,
+//! Fn's design), or on a 127.0.0.1 port with the host's network.
+//!
+//! Limits: memory = memory+swap = the action's memory, CPU shares in proportion to it, a pids
+//! limit, a read-only root with a small tmpfs, no new privileges, every capability dropped,
+//! a non-root user. Every container carries the `invoker_id` label; at start the factory removes
+//! what an earlier run of the same invoker left, and nothing else.
+
+use super::logs::{LogBuffer, Stream};
+use super::{ContainerHandle, ContainerSpec, Epoch, FactoryError, StatsReceiver, Transport};
+use crate::config::{Config, DockerFactoryConfig, DockerNetwork};
+use crate::pool::core::{ContainerId, NodeId, NodeStatsUpdate};
+use bollard::models::{ContainerCreateBody, HostConfig};
+use bollard::query_parameters::{CreateContainerOptions, ListContainersOptions, LogsOptions, RemoveContainerOptions};
+use bollard::Docker;
+use futures_util::StreamExt;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{watch, Semaphore};
+
+/// Where the per-container directory appears inside the container.
+const SOCKET_DIR: &str = "/run/action";
+const LABEL_INVOKER: &str = "invoker_id";
+const LABEL_CONTAINER: &str = "invoker_container";
+const LABEL_ACTION: &str = "invoker_action";
+/// Longest log line kept whole; longer ones are cut.
+const MAX_LINE: usize = 64 * 1024;
+
+#[derive(Clone)]
+pub struct DockerFactory {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    docker: Docker,
+    config: DockerFactoryConfig,
+    invoker_id: String,
+    node: NodeId,
+    capacity_mb: u64,
+    dir: PathBuf,
+    owner: (u32, u32),
+    creates: Semaphore,
+    epoch: Epoch,
+    stats: watch::Sender<Vec<NodeStatsUpdate>>,
+    live: Mutex<HashMap<ContainerId, Live>>,
+}
+
+struct Live {
+    docker_id: String,
+    memory_mb: u32,
+}
+
+fn setup(reason: impl std::fmt::Display) -> FactoryError {
+    FactoryError::Operation { op: "docker factory setup", reason: reason.to_string() }
+}
+
+fn op(op: &'static str) -> impl Fn(bollard::errors::Error) -> FactoryError {
+    move |e| FactoryError::Operation { op, reason: e.to_string() }
+}
+
+impl DockerFactory {
+    /// Connects to the engine (negotiating its API version: Debian's engine speaks an older one
+    /// than bollard's default), reads the host's memory, and removes what an earlier run of this
+    /// invoker left.
+    pub async fn new(config: &Config, epoch: Epoch) -> Result<Self, FactoryError> {
+        let dc = config.factory.docker.clone();
+        let socket = dc.socket.to_string_lossy().to_string();
+        let docker = Docker::connect_with_unix(&socket, 120, bollard::API_DEFAULT_VERSION)
+            .map_err(|e| setup(format!("factory.docker.socket {socket}: {e}")))?;
+        let docker = docker
+            .negotiate_version()
+            .await
+            .map_err(|e| setup(format!("no Docker Engine answers on {socket} (scripts/dockerd.sh starts one): {e}")))?;
+        let info = docker.info().await.map_err(op("docker info"))?;
+        let total_mb = info.mem_total.unwrap_or(0).max(0) as u64 / (1024 * 1024);
+        let capacity_mb = total_mb.saturating_sub(dc.reserve_mb);
+        if capacity_mb == 0 {
+            return Err(setup(format!("the host has {total_mb} MB, no more than factory.docker.reserve_mb")));
+        }
+        let dir = std::path::absolute(config.data_dir.join("docker").join(&config.invoker_id))
+            .map_err(|e| setup(format!("data_dir: {e}")))?;
+        if dc.network == DockerNetwork::None && dir.as_os_str().len() > 80 {
+            return Err(setup(format!(
+                "factory.docker.network = \"none\" puts a unix socket under {} (too long for a socket \
+                 path); use a shorter data_dir",
+                dir.display()
+            )));
+        }
+        let owner = parse_user(&dc.user).ok_or_else(|| setup("factory.docker.user must be 'uid:gid' (numbers)"))?;
+        if owner.0 == 0 {
+            return Err(setup("factory.docker.user must not be root"));
+        }
+        let (stats, _) = watch::channel(Vec::new());
+        let node = NodeId::new(info.name.as_deref().unwrap_or("docker"));
+        let factory = DockerFactory {
+            inner: Arc::new(Inner {
+                docker,
+                creates: Semaphore::new(dc.max_concurrent_creates.max(1)),
+                config: dc,
+                invoker_id: config.invoker_id.clone(),
+                node,
+                capacity_mb,
+                dir,
+                owner,
+                epoch,
+                stats,
+                live: Mutex::new(HashMap::new()),
+            }),
+        };
+        factory.clean_up_earlier_run().await?;
+        std::fs::create_dir_all(&factory.inner.dir)
+            .map_err(|e| setup(format!("{}: {e}", factory.inner.dir.display())))?;
+        factory.observe();
+        Ok(factory)
+    }
+
+    pub fn describe(&self) -> String {
+        format!(
+            "docker factory: node {} offers {} MB; containers {} network, memory and pids limits, read-only root, \
+             user {}",
+            self.inner.node,
+            self.inner.capacity_mb,
+            match self.inner.config.network {
+                DockerNetwork::None => "without",
+                DockerNetwork::Host => "on the host's",
+            },
+            self.inner.config.user
+        )
+    }
+
+    pub fn stats(&self) -> StatsReceiver {
+        self.inner.stats.subscribe()
+    }
+
+    /// Publishes the host's memory for actions minus the limits of the containers it runs.
+    pub fn observe(&self) {
+        let used: u64 = self.inner.live.lock().values().map(|l| u64::from(l.memory_mb)).sum();
+        self.inner.stats.send_replace(vec![NodeStatsUpdate {
+            node: self.inner.node.clone(),
+            capacity_mb: self.inner.capacity_mb,
+            free_mb: self.inner.capacity_mb.saturating_sub(used),
+            observed_at: self.inner.epoch.now(),
+        }]);
+    }
+
+    pub async fn create(&self, spec: &ContainerSpec, node: &NodeId) -> Result<ContainerHandle, FactoryError> {
+        let inner = &self.inner;
+        let kind = inner.config.kinds.get(&spec.kind).ok_or_else(|| FactoryError::UnknownKind(spec.kind.clone()))?;
+        let _slot = inner.creates.acquire().await.map_err(|e| FactoryError::Create(e.to_string()))?;
+        let dir = self.container_dir(spec.id);
+        let (transport, listen) = match inner.config.network {
+            DockerNetwork::None => {
+                prepare_dir(&dir, inner.owner).map_err(|e| FactoryError::Create(format!("{}: {e}", dir.display())))?;
+                let listen = format!("unix:{SOCKET_DIR}/runtime.sock");
+                (Transport::Unix(dir.join("runtime.sock")), listen)
+            }
+            DockerNetwork::Host => {
+                let listener =
+                    std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| FactoryError::Create(e.to_string()))?;
+                let addr = listener.local_addr().map_err(|e| FactoryError::Create(e.to_string()))?;
+                (Transport::Tcp(addr), addr.to_string())
+            }
+        };
+        let body = self.container_body(spec, &kind.image, &kind.command, &listen, &dir);
+        let name = format!("invoker-{}-{}", inner.invoker_id, spec.id.0);
+        let options = CreateContainerOptions { name: Some(name), ..Default::default() };
+        inner.live.lock().insert(spec.id, Live { docker_id: String::new(), memory_mb: spec.memory_mb });
+        self.observe();
+        let created = inner.docker.create_container(Some(options), body).await;
+        let docker_id = match created {
+            Ok(c) => c.id,
+            Err(e) => {
+                self.forget(spec.id).await;
+                return Err(FactoryError::Create(format!("image {}: {e}", kind.image)));
+            }
+        };
+        if let Some(live) = inner.live.lock().get_mut(&spec.id) {
+            live.docker_id = docker_id.clone();
+        }
+        if let Err(e) = inner.docker.start_container(&docker_id, None).await {
+            self.remove(spec.id).await;
+            return Err(FactoryError::Create(e.to_string()));
+        }
+        let logs = Arc::new(LogBuffer::default());
+        self.follow_logs(&docker_id, logs.clone());
+        if let Err(e) = self.wait_ready(&docker_id, &transport).await {
+            self.remove(spec.id).await;
+            return Err(e);
+        }
+        Ok(ContainerHandle { id: spec.id, node: node.clone(), transport, logs, ready_at: inner.epoch.now() })
+    }
+
+    fn container_body(
+        &self,
+        spec: &ContainerSpec,
+        image: &str,
+        command: &[String],
+        listen: &str,
+        dir: &Path,
+    ) -> ContainerCreateBody {
+        let c = &self.inner.config;
+        let memory = i64::from(spec.memory_mb) * 1024 * 1024;
+        let mut host = HostConfig {
+            memory: Some(memory),
+            memory_swap: Some(memory),
+            // Docker's default weight (1024) for a 256 MB action, in proportion for the others.
+            cpu_shares: Some((i64::from(spec.memory_mb) * 4).max(2)),
+            pids_limit: Some(c.pids_limit),
+            readonly_rootfs: Some(true),
+            // The one writable place; `exec`, since a native action is an uploaded executable.
+            tmpfs: Some(HashMap::from([(
+                "/tmp".into(),
+                format!("rw,exec,nosuid,nodev,mode=1777,size={}m", c.tmpfs_mb),
+            )])),
+            security_opt: Some(vec!["no-new-privileges".into()]),
+            cap_drop: Some(vec!["ALL".into()]),
+            network_mode: Some(match c.network {
+                DockerNetwork::None => "none".into(),
+                DockerNetwork::Host => "host".into(),
+            }),
+            ..Default::default()
+        };
+        if c.network == DockerNetwork::None {
+            host.binds = Some(vec![format!("{}:{SOCKET_DIR}", dir.display())]);
+        }
+        let labels = HashMap::from([
+            (LABEL_INVOKER.to_string(), self.inner.invoker_id.clone()),
+            (LABEL_CONTAINER.to_string(), spec.id.0.to_string()),
+            (LABEL_ACTION.to_string(), spec.action_path.clone()),
+        ]);
+        let cmd = (!command.is_empty()).then(|| command.iter().map(|a| a.replace("{listen}", listen)).collect());
+        ContainerCreateBody {
+            image: Some(image.into()),
+            cmd,
+            user: Some(c.user.clone()),
+            labels: Some(labels),
+            env: Some(vec![format!("INVOKER_ID={}", self.inner.invoker_id), "TMPDIR=/tmp".into()]),
+            network_disabled: Some(c.network == DockerNetwork::None),
+            host_config: Some(host),
+            ..Default::default()
+        }
+    }
+
+    /// Waits until the runtime accepts a connection, or the container stops, or the bound passes.
+    async fn wait_ready(&self, docker_id: &str, transport: &Transport) -> Result<(), FactoryError> {
+        let bound = self.inner.config.ready_timeout;
+        let deadline = tokio::time::Instant::now() + bound;
+        for attempt in 0u32.. {
+            let ready = match transport {
+                Transport::Tcp(addr) => tokio::net::TcpStream::connect(addr).await.is_ok(),
+                Transport::Unix(path) => tokio::net::UnixStream::connect(path).await.is_ok(),
+            };
+            if ready {
+                return Ok(());
+            }
+            if attempt % 20 == 19 {
+                let state = self.inner.docker.inspect_container(docker_id, None).await.ok().and_then(|c| c.state);
+                if state.as_ref().is_some_and(|s| s.running == Some(false)) {
+                    let code = state.and_then(|s| s.exit_code).unwrap_or(-1);
+                    return Err(FactoryError::Create(format!("the runtime exited before it was ready (code {code})")));
+                }
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(FactoryError::NotReady(bound));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        unreachable!("the loop returns")
+    }
+
+    /// Streams the container's stdout and stderr into its log buffer, line by line.
+    fn follow_logs(&self, docker_id: &str, logs: Arc<LogBuffer>) {
+        let options = LogsOptions { follow: true, stdout: true, stderr: true, ..Default::default() };
+        let mut stream = self.inner.docker.logs(docker_id, Some(options));
+        tokio::spawn(async move {
+            let mut partial: [Vec<u8>; 2] = [Vec::new(), Vec::new()];
+            while let Some(Ok(chunk)) = stream.next().await {
+                let (which, bytes) = match &chunk {
+                    bollard::container::LogOutput::StdOut { message } => (Stream::Stdout, message),
+                    bollard::container::LogOutput::StdErr { message } => (Stream::Stderr, message),
+                    _ => continue,
+                };
+                let buf = &mut partial[which as usize];
+                buf.extend_from_slice(bytes);
+                while let Some(end) = buf.iter().position(|&b| b == b'\n') {
+                    let line: Vec<u8> = buf.drain(..=end).collect();
+                    push_line(&logs, which, &line);
+                }
+                if buf.len() > MAX_LINE {
+                    let line = std::mem::take(buf);
+                    push_line(&logs, which, &line);
+                }
+            }
+            logs.close();
+        });
+    }
+
+    pub async fn pause(&self, c: &ContainerHandle) -> Result<(), FactoryError> {
+        let id =
+            self.docker_id(c.id).ok_or(FactoryError::Operation { op: "pause", reason: "no such container".into() })?;
+        self.inner.docker.pause_container(&id).await.map_err(op("docker pause"))
+    }
+
+    pub async fn resume(&self, c: &ContainerHandle) -> Result<(), FactoryError> {
+        let id =
+            self.docker_id(c.id).ok_or(FactoryError::Operation { op: "resume", reason: "no such container".into() })?;
+        self.inner.docker.unpause_container(&id).await.map_err(op("docker unpause"))
+    }
+
+    pub async fn destroy(&self, c: &ContainerHandle) -> Result<(), FactoryError> {
+        self.remove(c.id).await;
+        c.logs.close();
+        Ok(())
+    }
+
+    pub async fn destroy_all(&self) {
+        let ids: Vec<ContainerId> = self.inner.live.lock().keys().copied().collect();
+        for id in ids {
+            self.remove(id).await;
+        }
+    }
+
+    /// True when the kernel's OOM killer struck inside the container's memory cgroup (the
+    /// runtime itself may survive: the killer takes the largest process, the action's).
+    pub fn was_oom_killed(&self, id: ContainerId) -> bool {
+        self.docker_id(id).is_some_and(|docker_id| oom_kills(&docker_id) > 0)
+    }
+
+    fn docker_id(&self, id: ContainerId) -> Option<String> {
+        self.inner.live.lock().get(&id).map(|l| l.docker_id.clone()).filter(|d| !d.is_empty())
+    }
+
+    async fn remove(&self, id: ContainerId) {
+        if let Some(docker_id) = self.docker_id(id) {
+            let options = RemoveContainerOptions { force: true, ..Default::default() };
+            if let Err(e) = self.inner.docker.remove_container(&docker_id, Some(options)).await {
+                tracing::warn!(container = id.0, "docker rm failed: {e}");
+            }
+        }
+        self.forget(id).await;
+    }
+
+    async fn forget(&self, id: ContainerId) {
+        self.inner.live.lock().remove(&id);
+        let _ = tokio::fs::remove_dir_all(self.container_dir(id)).await;
+        self.observe();
+    }
+
+    fn container_dir(&self, id: ContainerId) -> PathBuf {
+        self.inner.dir.join(id.0.to_string())
+    }
+
+    /// Removes every container labelled with this invoker's id (and only those), and the
+    /// directories of its earlier run.
+    async fn clean_up_earlier_run(&self) -> Result<(), FactoryError> {
+        let filters =
+            HashMap::from([("label".to_string(), vec![format!("{LABEL_INVOKER}={}", self.inner.invoker_id)])]);
+        let options = ListContainersOptions { all: true, filters: Some(filters), ..Default::default() };
+        let left = self.inner.docker.list_containers(Some(options)).await.map_err(op("docker ps"))?;
+        let mut removed = 0;
+        for c in left {
+            let Some(id) = c.id else { continue };
+            let options = RemoveContainerOptions { force: true, ..Default::default() };
+            if self.inner.docker.remove_container(&id, Some(options)).await.is_ok() {
+                removed += 1;
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.inner.dir);
+        if removed > 0 {
+            tracing::info!(removed, "removed containers left by an earlier run of this invoker");
+        }
+        Ok(())
+    }
+}
+
+fn push_line(logs: &LogBuffer, which: Stream, line: &[u8]) {
+    let text = String::from_utf8_lossy(line);
+    logs.push(which, text.trim_end_matches(['\n', '\r']).to_string());
+}
+
+fn parse_user(user: &str) -> Option<(u32, u32)> {
+    let (uid, gid) = user.split_once(':')?;
+    Some((uid.parse().ok()?, gid.parse().ok()?))
+}
+
+/// The per-container directory: owned by the container's user, so its runtime can make its
+/// socket there, and by nobody else.
+fn prepare_dir(dir: &Path, (uid, gid): (u32, u32)) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir)?;
+    std::os::unix::fs::chown(dir, Some(uid), Some(gid))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+}
+
+/// OOM kills counted by the container's memory cgroup, wherever the engine put it (cgroup v1
+/// or v2, cgroupfs or systemd driver); 0 when none can be read.
+fn oom_kills(docker_id: &str) -> u64 {
+    let candidates = [
+        format!("/sys/fs/cgroup/memory/docker/{docker_id}/memory.oom_control"),
+        format!("/sys/fs/cgroup/docker/{docker_id}/memory.events"),
+        format!("/sys/fs/cgroup/system.slice/docker-{docker_id}.scope/memory.events"),
+        format!("/sys/fs/cgroup/memory/system.slice/docker-{docker_id}.scope/memory.oom_control"),
+    ];
+    candidates
+        .iter()
+        .filter_map(|path| std::fs::read_to_string(path).ok())
+        .find_map(|text| {
+            text.lines().find_map(|l| l.strip_prefix("oom_kill ").and_then(|n| n.trim().parse::<u64>().ok()))
+        })
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn users_are_numeric_pairs() {
+        assert_eq!(parse_user("65534:65534"), Some((65534, 65534)));
+        assert_eq!(parse_user("nobody"), None);
+        assert_eq!(parse_user("1:x"), None);
+    }
+}
