@@ -1,0 +1,181 @@
+//! End to end with the Docker factory against a real Docker Engine: the real `invoker` binary,
+//! the images `scripts/build-images.sh` builds, and the engine `scripts/dockerd.sh` starts.
+//!
+//! Ignored in a plain `cargo test` (no engine on most machines); `.ci/run` starts the engine,
+//! builds the images and runs them with `--ignored`, where a missing engine fails them.
+
+mod support;
+
+use bollard::query_parameters::{InspectContainerOptions, ListContainersOptions};
+use bollard::Docker;
+use nix::sys::signal::Signal;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::time::Duration;
+use support::{python, Invoker};
+
+const MB: u64 = 1024 * 1024;
+
+fn socket() -> String {
+    std::env::var("INVOKER_DOCKER_SOCKET").unwrap_or_else(|_| "/run/invoker-docker/docker.sock".into())
+}
+
+async fn engine() -> Docker {
+    let docker = Docker::connect_with_unix(&socket(), 60, bollard::API_DEFAULT_VERSION).expect("docker socket");
+    docker.negotiate_version().await.expect("a Docker Engine answers (scripts/dockerd.sh)")
+}
+
+fn tempdir() -> tempfile::TempDir {
+    tempfile::Builder::new().prefix("invoker-docker-").tempdir().unwrap()
+}
+
+fn id(prefix: &str) -> String {
+    format!("{prefix}-{}", std::process::id())
+}
+
+/// The invoker on Docker, offering `action_mb` MB to actions (the rest of the host reserved).
+async fn start(dir: &std::path::Path, invoker_id: &str, action_mb: Option<u64>, extra: &str) -> Invoker {
+    let reserve = match action_mb {
+        Some(mb) => {
+            let total = engine().await.info().await.unwrap().mem_total.unwrap() as u64 / MB;
+            total - mb
+        }
+        None => 512,
+    };
+    let config = format!(
+        "[factory]\nkind = \"docker\"\n[factory.docker]\nsocket = \"{}\"\nreserve_mb = {reserve}\n{extra}",
+        socket()
+    );
+    Invoker::start(dir, invoker_id, &config)
+}
+
+/// The containers the engine holds with this invoker's label.
+async fn containers_of(docker: &Docker, invoker_id: &str) -> Vec<String> {
+    let filters = HashMap::from([("label".to_string(), vec![format!("invoker_id={invoker_id}")])]);
+    let options = ListContainersOptions { all: true, filters: Some(filters), ..Default::default() };
+    docker.list_containers(Some(options)).await.unwrap().into_iter().filter_map(|c| c.id).collect()
+}
+
+fn annotation(record: &Value, key: &str) -> Value {
+    record["annotations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["key"] == key)
+        .map_or(Value::Null, |a| a["value"].clone())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs a Docker Engine and the runtime images: run by .ci/run"]
+async fn python_and_native_actions_run_in_isolated_containers_and_are_reused_warm() {
+    let dir = tempdir();
+    let invoker_id = id("dk-basic");
+    let inv = start(dir.path(), &invoker_id, None, "").await;
+    inv.put_action("py", python("import os\ndef main(a):\n    print('uid', os.getuid())\n    return {'hello': a['name'], 'uid': os.getuid()}\n")).await;
+    let script = "#!/bin/sh\nwhile read line; do echo \"native saw $line\"; echo '{\"native\":true}' >&3; done\n";
+    inv.put_action("sh", json!({"exec": {"kind": "native", "code": script}})).await;
+
+    let (status, first) = inv.invoke("py", "blocking=true", json!({"name": "docker"})).await;
+    assert_eq!(status, 200, "{first}");
+    assert_eq!(first["response"]["result"], json!({"hello": "docker", "uid": 65534}), "runs as a non-root user");
+    assert!(first["logs"].to_string().contains("uid 65534"), "{first}");
+    let (_, second) = inv.invoke("py", "blocking=true", json!({"name": "again"})).await;
+    assert_eq!(annotation(&second, "startKind"), json!("warm"));
+    assert_eq!(annotation(&first, "containerId"), annotation(&second, "containerId"), "the same container, warm");
+
+    let (status, native) = inv.invoke("sh", "blocking=true&result=true", json!({"x": 1})).await;
+    assert_eq!((status, &native), (200, &json!({"native": true})), "{native}");
+
+    let docker = engine().await;
+    let ids = containers_of(&docker, &invoker_id).await;
+    assert_eq!(ids.len(), 2, "one container per action: {ids:?}");
+    for id in &ids {
+        let c = docker.inspect_container(id, None::<InspectContainerOptions>).await.unwrap();
+        let host = c.host_config.unwrap();
+        assert_eq!(host.network_mode.as_deref(), Some("none"));
+        assert_eq!(host.memory, Some(256 * MB as i64));
+        assert_eq!(host.memory_swap, host.memory, "no swap beyond the memory limit");
+        assert_eq!(host.readonly_rootfs, Some(true));
+        assert_eq!(host.cap_drop, Some(vec!["ALL".to_string()]));
+        assert!(host.pids_limit.is_some_and(|p| p > 0));
+        assert_eq!(c.config.unwrap().user.as_deref(), Some("65534:65534"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs a Docker Engine and the runtime images: run by .ci/run"]
+async fn an_action_cannot_reach_any_network() {
+    let dir = tempdir();
+    let inv = start(dir.path(), &id("dk-net"), None, "").await;
+    // The invoker itself listens on the host's loopback: from inside, that port is not there.
+    let port: u16 = inv.base.rsplit(':').next().unwrap().parse().unwrap();
+    let code = "import socket\ndef main(a):\n    try:\n        socket.create_connection(('127.0.0.1', a['port']), timeout=2)\n        return {'reached': True}\n    except OSError as e:\n        return {'reached': False, 'why': str(e)}\n";
+    inv.put_action("net", python(code)).await;
+    let (status, result) = inv.invoke("net", "blocking=true&result=true", json!({"port": port})).await;
+    assert_eq!(status, 200, "{result}");
+    assert_eq!(result["reached"], json!(false), "{result}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs a Docker Engine and the runtime images: run by .ci/run"]
+async fn a_restarted_invoker_removes_its_earlier_containers_and_nothing_else() {
+    let dir = tempdir();
+    let invoker_id = id("dk-restart");
+    let other_id = id("dk-other");
+    let docker = engine().await;
+    let other_dir = tempdir();
+    let other = start(other_dir.path(), &other_id, None, "").await;
+    other.put_action("keep", python("def main(a):\n    return {}\n")).await;
+    assert_eq!(other.invoke("keep", "blocking=true", json!({})).await.0, 200);
+
+    let mut inv = start(dir.path(), &invoker_id, None, "").await;
+    inv.put_action("py", python("def main(a):\n    return {'ok': True}\n")).await;
+    assert_eq!(inv.invoke("py", "blocking=true", json!({})).await.0, 200);
+    assert_eq!(containers_of(&docker, &invoker_id).await.len(), 1);
+    inv.signal(Signal::SIGKILL);
+    inv.wait_exit(Duration::from_secs(10));
+    assert_eq!(containers_of(&docker, &invoker_id).await.len(), 1, "a SIGKILL leaves the container behind");
+
+    let _again = start(dir.path(), &invoker_id, None, "").await;
+    assert!(containers_of(&docker, &invoker_id).await.is_empty(), "the restart removed what the first run left");
+    assert_eq!(containers_of(&docker, &other_id).await.len(), 1, "another invoker's container is left alone");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs a Docker Engine and the runtime images: run by .ci/run"]
+async fn fifty_activations_over_five_actions_never_hold_more_containers_than_memory_for_six() {
+    let dir = tempdir();
+    let invoker_id = id("dk-burst");
+    let inv = start(dir.path(), &invoker_id, Some(6 * 256), "[pool]\nwait_deadline = \"60s\"\n").await;
+    for i in 0..5 {
+        inv.put_action(
+            &format!("a{i}"),
+            python("import time\ndef main(a):\n    time.sleep(0.2)\n    return {'i': a['i']}\n"),
+        )
+        .await;
+    }
+    let docker = engine().await;
+    let watching = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let watcher = {
+        let (docker, invoker_id, watching) = (docker.clone(), invoker_id.clone(), watching.clone());
+        tokio::spawn(async move {
+            let mut most = 0;
+            while watching.load(std::sync::atomic::Ordering::Relaxed) {
+                most = most.max(containers_of(&docker, &invoker_id).await.len());
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            most
+        })
+    };
+    let names: Vec<String> = (0..50).map(|i| format!("a{}", i % 5)).collect();
+    let calls = names.iter().enumerate().map(|(i, name)| inv.invoke(name, "blocking=true", json!({"i": i})));
+    let answers = futures_util::future::join_all(calls).await;
+    watching.store(false, std::sync::atomic::Ordering::Relaxed);
+    let most = watcher.await.unwrap();
+    assert!(most <= 6, "{most} containers at once with memory for 6");
+    for (status, record) in &answers {
+        assert!(*status == 200 || *status == 503, "{status}: {record}");
+    }
+    let done = answers.iter().filter(|(s, _)| *s == 200).count();
+    assert!(done > 0, "some completed");
+}
