@@ -6,7 +6,7 @@
 
 mod support;
 
-use bollard::query_parameters::{InspectContainerOptions, ListContainersOptions};
+use bollard::query_parameters::{InspectContainerOptions, ListContainersOptions, RemoveContainerOptions};
 use bollard::Docker;
 use nix::sys::signal::Signal;
 use serde_json::{json, Value};
@@ -22,7 +22,31 @@ fn socket() -> String {
 
 async fn engine() -> Docker {
     let docker = Docker::connect_with_unix(&socket(), 60, bollard::API_DEFAULT_VERSION).expect("docker socket");
-    docker.negotiate_version().await.expect("a Docker Engine answers (scripts/dockerd.sh)")
+    let docker = docker.negotiate_version().await.expect("a Docker Engine answers (scripts/dockerd.sh)");
+    sweep_earlier_test_runs(&docker).await;
+    docker
+}
+
+/// Removes containers that test invokers of earlier runs left (a failed test kills its invoker
+/// without letting it clean up); this run's are left alone.
+async fn sweep_earlier_test_runs(docker: &Docker) {
+    let filters = HashMap::from([("label".to_string(), vec!["invoker_id".to_string()])]);
+    let options = ListContainersOptions { all: true, filters: Some(filters), ..Default::default() };
+    let this_run = format!("-{}", std::process::id());
+    for c in docker.list_containers(Some(options)).await.unwrap_or_default() {
+        let owner = c.labels.as_ref().and_then(|l| l.get("invoker_id")).cloned().unwrap_or_default();
+        if owner.starts_with("dk-") && !owner.ends_with(&this_run) {
+            let options = RemoveContainerOptions { force: true, ..Default::default() };
+            let _ = docker.remove_container(c.id.as_deref().unwrap_or_default(), Some(options)).await;
+        }
+    }
+}
+
+/// Stops the invoker as an operator would (SIGTERM): it removes its containers on the way out.
+async fn stop(mut inv: Invoker, docker: &Docker, invoker_id: &str) {
+    inv.signal(Signal::SIGTERM);
+    inv.wait_exit(Duration::from_secs(60));
+    assert!(containers_of(docker, invoker_id).await.is_empty(), "{invoker_id} left containers behind");
 }
 
 fn tempdir() -> tempfile::TempDir {
@@ -100,13 +124,16 @@ async fn python_and_native_actions_run_in_isolated_containers_and_are_reused_war
         assert!(host.pids_limit.is_some_and(|p| p > 0));
         assert_eq!(c.config.unwrap().user.as_deref(), Some("65534:65534"));
     }
+    stop(inv, &docker, &invoker_id).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs a Docker Engine and the runtime images: run by .ci/run"]
 async fn an_action_cannot_reach_any_network() {
     let dir = tempdir();
-    let inv = start(dir.path(), &id("dk-net"), None, "").await;
+    let invoker_id = id("dk-net");
+    let docker = engine().await;
+    let inv = start(dir.path(), &invoker_id, None, "").await;
     // The invoker itself listens on the host's loopback: from inside, that port is not there.
     let port: u16 = inv.base.rsplit(':').next().unwrap().parse().unwrap();
     let code = "import socket\ndef main(a):\n    try:\n        socket.create_connection(('127.0.0.1', a['port']), timeout=2)\n        return {'reached': True}\n    except OSError as e:\n        return {'reached': False, 'why': str(e)}\n";
@@ -114,6 +141,7 @@ async fn an_action_cannot_reach_any_network() {
     let (status, result) = inv.invoke("net", "blocking=true&result=true", json!({"port": port})).await;
     assert_eq!(status, 200, "{result}");
     assert_eq!(result["reached"], json!(false), "{result}");
+    stop(inv, &docker, &invoker_id).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -136,9 +164,11 @@ async fn a_restarted_invoker_removes_its_earlier_containers_and_nothing_else() {
     inv.wait_exit(Duration::from_secs(10));
     assert_eq!(containers_of(&docker, &invoker_id).await.len(), 1, "a SIGKILL leaves the container behind");
 
-    let _again = start(dir.path(), &invoker_id, None, "").await;
+    let again = start(dir.path(), &invoker_id, None, "").await;
     assert!(containers_of(&docker, &invoker_id).await.is_empty(), "the restart removed what the first run left");
     assert_eq!(containers_of(&docker, &other_id).await.len(), 1, "another invoker's container is left alone");
+    stop(again, &docker, &invoker_id).await;
+    stop(other, &docker, &other_id).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -178,4 +208,5 @@ async fn fifty_activations_over_five_actions_never_hold_more_containers_than_mem
     }
     let done = answers.iter().filter(|(s, _)| *s == 200).count();
     assert!(done > 0, "some completed");
+    stop(inv, &docker, &invoker_id).await;
 }
