@@ -249,15 +249,13 @@ impl DockerFactory {
     async fn wait_ready(&self, docker_id: &str, transport: &Transport) -> Result<(), FactoryError> {
         let bound = self.inner.config.ready_timeout;
         let deadline = tokio::time::Instant::now() + bound;
-        for attempt in 0u32.. {
-            let ready = match transport {
-                Transport::Tcp(addr) => tokio::net::TcpStream::connect(addr).await.is_ok(),
-                Transport::Unix(path) => tokio::net::UnixStream::connect(path).await.is_ok(),
-            };
-            if ready {
+        let mut attempt = 0u32;
+        loop {
+            if transport.accepts().await {
                 return Ok(());
             }
-            if attempt % 20 == 19 {
+            attempt += 1;
+            if attempt.is_multiple_of(20) {
                 let state = self.inner.docker.inspect_container(docker_id, None).await.ok().and_then(|c| c.state);
                 if state.as_ref().is_some_and(|s| s.running == Some(false)) {
                     let code = state.and_then(|s| s.exit_code).unwrap_or(-1);
@@ -269,7 +267,6 @@ impl DockerFactory {
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        unreachable!("the loop returns")
     }
 
     /// Streams the container's stdout and stderr into its log buffer, line by line.

@@ -32,6 +32,16 @@ pub enum Transport {
     Unix(PathBuf),
 }
 
+impl Transport {
+    /// True when a runtime accepts a connection here (how a factory knows it is ready).
+    pub async fn accepts(&self) -> bool {
+        match self {
+            Transport::Tcp(addr) => tokio::net::TcpStream::connect(addr).await.is_ok(),
+            Transport::Unix(path) => tokio::net::UnixStream::connect(path).await.is_ok(),
+        }
+    }
+}
+
 /// A created container: where its runtime listens and where its logs arrive.
 #[derive(Clone, Debug)]
 pub struct ContainerHandle {

@@ -279,11 +279,7 @@ fn free_port() -> Result<SocketAddr, FactoryError> {
 async fn wait_ready(child: &mut Child, transport: &Transport, bound: Duration) -> Result<(), FactoryError> {
     let deadline = tokio::time::Instant::now() + bound;
     loop {
-        let ready = match transport {
-            Transport::Tcp(addr) => tokio::net::TcpStream::connect(addr).await.is_ok(),
-            Transport::Unix(path) => tokio::net::UnixStream::connect(path).await.is_ok(),
-        };
-        if ready {
+        if transport.accepts().await {
             return Ok(());
         }
         if let Ok(Some(status)) = child.try_wait() {
