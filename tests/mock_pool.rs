@@ -196,12 +196,7 @@ async fn an_idle_container_is_paused_and_resumed_for_the_next_run() {
     let h = setup_with(MockConfig::default(), PoolConfig::default(), proxy);
     let a = action("pausing", 256);
     assert_eq!(invoke(&h, &a, json!({})).await.outcome(), Outcome::Success);
-    let paused = |h: &Harness| h.mock.count(|c| matches!(c, MockCall::Paused(_)));
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while paused(&h) == 0 {
-        assert!(Instant::now() < deadline, "the idle container was never paused");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_for("the idle container to be paused", || h.mock.count(|c| matches!(c, MockCall::Paused(_))) > 0).await;
     // The mock's paused runtime answers 503 to a run, so success proves the resume came first.
     let record = invoke(&h, &a, json!({ "after": "pause" })).await;
     assert_eq!(record.outcome(), Outcome::Success, "{record:?}");

@@ -2,7 +2,8 @@
 //! the effects it returns: starting proxies, handing them jobs, answering rejected jobs.
 
 use super::core::{
-    ContainerId, Effect, Event, Job, JobId, KeyId, NodeStatsUpdate, NodeView, Owner, PoolCore, PoolCounts, RejectReason,
+    ContainerId, Effect, Event, Job, JobId, KeyId, NodeStatsUpdate, NodeView, Owner, PoolCore, PoolCounts,
+    RejectReason, StemId,
 };
 use super::job::RunJob;
 use crate::config::{PoolConfig, ProxyConfig};
@@ -140,10 +141,7 @@ impl ContainerPool {
                             let action = &self.key_actions[&key];
                             (action.exec.kind.clone(), action.path())
                         }
-                        Owner::Stem(stem) => {
-                            let kind = self.config.prewarm[stem.0 as usize].kind.clone();
-                            (kind.clone(), format!("prewarm/{kind}"))
-                        }
+                        Owner::Stem(stem) => (self.config.prewarm[stem.0 as usize].kind.clone(), self.stem_label(stem)),
                     };
                     let spec = ContainerSpec { id: container, kind, memory_mb, action_path };
                     let proxy_ctx = ProxyContext {
@@ -181,6 +179,11 @@ impl ContainerPool {
         }
     }
 
+    /// What a prewarm container is called until an action adopts it (labels, the pool view).
+    fn stem_label(&self, stem: StemId) -> String {
+        format!("prewarm/{}", self.config.prewarm[stem.0 as usize].kind)
+    }
+
     fn snapshot(&self) -> PoolSnapshot {
         let PoolCounts { starting, idle, busy, removing, waiting, prewarm, .. } = self.core.counts();
         let containers = self
@@ -191,7 +194,7 @@ impl ContainerPool {
                 id: c.id.0,
                 action: match c.owner {
                     Owner::Key(key) => self.key_actions.get(&key).map(|a| a.path()).unwrap_or_default(),
-                    Owner::Stem(stem) => format!("prewarm/{}", self.config.prewarm[stem.0 as usize].kind),
+                    Owner::Stem(stem) => self.stem_label(stem),
                 },
                 node: c.node.to_string(),
                 memory_mb: c.memory_mb,

@@ -516,7 +516,7 @@ impl PoolCore {
                 return self.recheck_at(key_id, overdue_at);
             }
             let key = &self.keys[&key_id];
-            if let Some(stem) = key.stem.filter(|&s| self.stems.ready_count(s) > 0) {
+            if let Some(stem) = key.stem {
                 if self.adopt_stem(key_id, stem, now, fx) {
                     continue;
                 }

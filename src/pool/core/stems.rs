@@ -78,10 +78,6 @@ impl Stems {
             class.ready.retain(|&c| c != id);
         }
     }
-
-    pub(super) fn ready_count(&self, stem: StemId) -> usize {
-        self.classes.get(stem.0 as usize).map_or(0, |c| c.ready.len())
-    }
 }
 
 impl PoolCore {
