@@ -9,21 +9,31 @@
 
 use std::time::Duration;
 
-/// Exponentially weighted moving average, weight 1/4 on the newest sample.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(super) struct Ewma(Option<Duration>);
+/// Exponentially weighted moving average, weight 1/4 on the newest sample, in whole
+/// microseconds (8 bytes: every action key holds two).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Ewma(u64);
+
+const NO_SAMPLE: u64 = u64::MAX;
+
+impl Default for Ewma {
+    fn default() -> Self {
+        Ewma(NO_SAMPLE)
+    }
+}
 
 impl Ewma {
     pub(super) fn add(&mut self, sample: Duration) {
-        self.0 = Some(match self.0 {
-            None => sample,
-            Some(mean) if sample >= mean => mean + (sample - mean) / 4,
-            Some(mean) => mean - (mean - sample) / 4,
-        });
+        let sample = u64::try_from(sample.as_micros()).unwrap_or(NO_SAMPLE - 1).min(NO_SAMPLE - 1);
+        self.0 = match self.0 {
+            NO_SAMPLE => sample,
+            mean if sample >= mean => mean + (sample - mean) / 4,
+            mean => mean - (mean - sample) / 4,
+        };
     }
 
     pub(super) fn get(self) -> Option<Duration> {
-        self.0
+        (self.0 != NO_SAMPLE).then(|| Duration::from_micros(self.0))
     }
 }
 

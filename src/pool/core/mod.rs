@@ -7,6 +7,7 @@
 //! LRU, deadlines in one ordered set. Only cold-start placement looks at the nodes.
 
 mod estimates;
+mod idle_stack;
 mod keep_alive;
 mod nodes;
 #[cfg(test)]
@@ -22,6 +23,7 @@ pub use nodes::NodeView;
 pub use types::*;
 
 use estimates::{served_before_a_start, Ewma};
+use idle_stack::IdleStack;
 use nodes::{Nodes, Placement};
 use rustc_hash::FxHashMap;
 use slab::Slab;
@@ -36,28 +38,34 @@ enum Phase {
     Removing,
 }
 
+/// Kept to one cache line (the slab aligns each to 64 bytes), since a warm activation at a
+/// hundred thousand containers is bound by the memory it touches: times are whole
+/// microseconds, and what is the same for all of a key's containers (their concurrency) is
+/// read from the key.
 #[derive(Debug)]
 struct Container {
     owner: Owner,
     node: NodeId,
     memory_mb: u32,
-    concurrency: u32,
     phase: Phase,
-    /// Jobs running, with when each was dispatched.
-    running: SmallVec<[(JobId, Time); 1]>,
-    created_at: Time,
-    idle_since: Time,
     /// Must not take new work: it failed, or the pool is draining.
     retiring: bool,
+    /// Jobs running, with when each was dispatched (microseconds since the epoch).
+    running: SmallVec<[(JobId, u64); 1]>,
+    /// Microseconds since the epoch.
+    created_at: u64,
+}
+
+const _: () = assert!(std::mem::size_of::<Option<Container>>() <= 64, "a container is one cache line");
+
+/// A [`Time`] as whole microseconds, the resolution the core keeps per container.
+fn micros(t: Time) -> u64 {
+    u64::try_from(t.as_micros()).unwrap_or(u64::MAX)
 }
 
 #[derive(Debug, Default)]
 struct KeyState {
-    /// Idle ready containers by idle sequence; the last is the most recently used (LIFO).
-    /// Deleted lazily, as the keep-alive policy's spells: an entry is live while its container's slab mark
-    /// matches; `idle_live` counts the live ones.
-    idle: Vec<(u64, ContainerId)>,
-    idle_live: usize,
+    idle: IdleStack,
     /// Ready containers running some jobs but below their concurrency, by load.
     partial: BTreeSet<(usize, ContainerId)>,
     starting: u32,
@@ -75,8 +83,8 @@ struct KeyState {
     room_wait_since: Option<Time>,
     run_time: Ewma,
     start_time: Ewma,
-    /// When `rechecks` holds this key: the time its waiting jobs stop trusting busy containers.
-    recheck_at: Option<Time>,
+    /// Whether `rechecks` holds this key (its waiting jobs rely on busy containers until then).
+    recheck_pending: bool,
 }
 
 impl KeyState {
@@ -264,7 +272,7 @@ impl PoolCore {
 
     /// True when a job of `key` could be dispatched right now without waiting.
     pub fn has_free_container(&self, key: KeyId) -> bool {
-        self.keys.get(&key).is_some_and(|k| k.idle_live > 0 || !k.partial.is_empty())
+        self.keys.get(&key).is_some_and(|k| k.idle.live() > 0 || !k.partial.is_empty())
     }
 
     fn on_arrived(&mut self, job: Job, now: Time, fx: &mut Effects) {
@@ -283,13 +291,9 @@ impl PoolCore {
         key.memory_mb = job.memory_mb;
         key.concurrency = job.concurrency.max(1);
         key.stem = job.stem;
-        let mut free = key.partial.last().map(|&(_, c)| c);
-        while free.is_none() {
-            let Some((seq, id)) = key.idle.pop() else { break };
-            if self.containers.has_mark(&id, seq) {
-                free = Some(id);
-            }
-        }
+        let containers = &self.containers;
+        let free =
+            key.partial.last().map(|&(_, c)| c).or_else(|| key.idle.pop(|id, seq| containers.has_mark(&id, seq)));
         if let Some(container) = free {
             self.dispatch(container, job.id, now, fx);
             self.settle(container, now);
@@ -320,7 +324,7 @@ impl PoolCore {
         let key = self.keys.get_mut(&key_id).expect("a container's key exists");
         key.starting -= 1;
         if ok {
-            let took = at.saturating_sub(c.created_at);
+            let took = at.saturating_sub(Time::from_micros(c.created_at));
             key.start_time.add(took);
             self.start_time.add(took);
             c.phase = Phase::Ready;
@@ -360,7 +364,7 @@ impl PoolCore {
         let (_, dispatched) = c.running.swap_remove(pos);
         if let Owner::Key(key) = c.owner {
             if let Some(key) = self.keys.get_mut(&key) {
-                key.run_time.add(now.saturating_sub(dispatched));
+                key.run_time.add(now.saturating_sub(Time::from_micros(dispatched)));
             }
         }
         if !reusable {
@@ -444,7 +448,7 @@ impl PoolCore {
             }
             self.rechecks.pop_first();
             if let Some(key) = self.keys.get_mut(&key_id) {
-                key.recheck_at = None;
+                key.recheck_pending = false;
                 self.maybe_start(key_id, now, fx);
             }
         }
@@ -579,8 +583,8 @@ impl PoolCore {
 
     fn recheck_at(&mut self, key_id: KeyId, at: Time) {
         let key = self.keys.get_mut(&key_id).expect("checked by the caller");
-        if key.recheck_at.is_none() {
-            key.recheck_at = Some(at);
+        if !key.recheck_pending {
+            key.recheck_pending = true;
             self.rechecks.insert((at, key_id));
         }
     }
@@ -589,29 +593,19 @@ impl PoolCore {
         let key = self.keys.get_mut(&key_id).expect("key exists");
         key.starting += 1;
         key.containers += 1;
-        let (memory_mb, concurrency) = (key.memory_mb, key.concurrency);
-        self.create(Owner::Key(key_id), memory_mb, concurrency, node, now, fx);
+        let memory_mb = key.memory_mb;
+        self.create(Owner::Key(key_id), memory_mb, node, now, fx);
     }
 
-    fn create(
-        &mut self,
-        owner: Owner,
-        memory_mb: u32,
-        concurrency: u32,
-        node: NodeId,
-        now: Time,
-        fx: &mut Effects,
-    ) -> ContainerId {
+    fn create(&mut self, owner: Owner, memory_mb: u32, node: NodeId, now: Time, fx: &mut Effects) -> ContainerId {
         let id = self.containers.insert(Container {
             owner,
             node: node.clone(),
             memory_mb,
-            concurrency,
             phase: Phase::Starting,
-            running: SmallVec::new(),
-            created_at: now,
-            idle_since: Time::ZERO,
             retiring: false,
+            running: SmallVec::new(),
+            created_at: micros(now),
         });
         self.nodes.reserve(&node, id, memory_mb);
         fx.push(Effect::Create { container: id, owner, memory_mb, node });
@@ -682,7 +676,7 @@ impl PoolCore {
         if c.retiring || c.phase != Phase::Ready {
             return;
         }
-        let concurrency = c.concurrency as usize;
+        let concurrency = self.keys[&key_id].concurrency as usize;
         while self.containers[&id].running.len() < concurrency {
             let Some(job) = self.pop_waiting(key_id) else { break };
             self.dispatch(id, job, now, fx);
@@ -704,7 +698,7 @@ impl PoolCore {
     fn dispatch(&mut self, id: ContainerId, job: JobId, now: Time, fx: &mut Effects) {
         self.unsettle(id);
         let c = self.containers.get_mut(&id).expect("dispatch to a known container");
-        c.running.push((job, now));
+        c.running.push((job, micros(now)));
         fx.push(Effect::Dispatch { job, container: id });
     }
 
@@ -721,7 +715,7 @@ impl PoolCore {
         let running = c.running.len();
         let Some(key) = self.keys.get_mut(&key_id) else { return };
         if self.containers.take_mark(&id) {
-            key.idle_live -= 1;
+            key.idle.ended();
             self.idle_total -= 1;
         }
         key.partial.remove(&(running, id));
@@ -734,21 +728,15 @@ impl PoolCore {
         if c.phase != Phase::Ready || c.retiring {
             return;
         }
-        let (running, concurrency, memory_mb) = (c.running.len(), c.concurrency as usize, c.memory_mb);
-        if running == 0 {
-            c.idle_since = now;
-        }
+        let (running, memory_mb) = (c.running.len(), c.memory_mb);
         let key = self.keys.get_mut(&key_id).expect("a container's key exists");
+        let concurrency = key.concurrency as usize;
         if running == 0 {
             let seq = self.next_idle_seq;
             self.next_idle_seq += 1;
             self.containers.set_mark(&id, seq);
-            key.idle.push((seq, id));
-            key.idle_live += 1;
-            if key.idle.len() > 2 * key.idle_live + 8 {
-                let containers = &self.containers;
-                key.idle.retain(|(seq, id)| containers.has_mark(id, *seq));
-            }
+            let containers = &self.containers;
+            key.idle.push(seq, id, |id, seq| containers.has_mark(&id, seq));
             self.idle_total += 1;
             self.keep_alive.idle(IdleSpell { seq, container: id, key: key_id, memory_mb, since: now });
             let containers = &self.containers;

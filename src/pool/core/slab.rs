@@ -1,22 +1,29 @@
 //! The pool's containers, indexed by id without hashing: an id is a slot index with a
 //! generation in its high bits, so a warm dispatch reaches its container in one memory access
 //! and a stale id (a removed container's) never finds the slot's new occupant.
+//!
+//! Each value sits on its own cache line(s); what identifies the occupant (its generation and
+//! its mark) sits in a dense array beside them, so that lazily deleted index entries are
+//! checked without touching the values.
 
 use super::types::ContainerId;
 
+/// One slot's value, aligned so that a value of up to 64 bytes is one cache line.
 #[derive(Debug)]
-struct Slot<T> {
+#[repr(align(64))]
+struct Line<T>(Option<T>);
+
+#[derive(Clone, Copy, Debug)]
+struct Meta {
     generation: u32,
-    value: Option<T>,
+    /// The pool's idle sequence of the occupant, or `NO_MARK`.
+    mark: u64,
 }
 
 #[derive(Debug)]
 pub(super) struct Slab<T> {
-    slots: Vec<Slot<T>>,
-    /// One number per slot, dense beside the slots: the pool's idle sequence of the container
-    /// in the slot, or `NO_MARK`. Lazily deleted index entries are checked against it without
-    /// touching the (large, cold) containers themselves.
-    marks: Vec<u64>,
+    lines: Vec<Line<T>>,
+    meta: Vec<Meta>,
     free: Vec<u32>,
     len: usize,
 }
@@ -25,7 +32,7 @@ const NO_MARK: u64 = u64::MAX;
 
 impl<T> Default for Slab<T> {
     fn default() -> Self {
-        Slab { slots: Vec::new(), marks: Vec::new(), free: Vec::new(), len: 0 }
+        Slab { lines: Vec::new(), meta: Vec::new(), free: Vec::new(), len: 0 }
     }
 }
 
@@ -43,35 +50,41 @@ impl<T> Slab<T> {
     pub fn insert(&mut self, value: T) -> ContainerId {
         self.len += 1;
         let index = match self.free.pop() {
-            Some(i) => i,
+            Some(i) => i as usize,
             None => {
-                self.slots.push(Slot { generation: 0, value: None });
-                self.marks.push(NO_MARK);
-                (self.slots.len() - 1) as u32
+                self.lines.push(Line(None));
+                self.meta.push(Meta { generation: 0, mark: NO_MARK });
+                self.lines.len() - 1
             }
         };
-        self.marks[index as usize] = NO_MARK;
-        let slot = &mut self.slots[index as usize];
-        slot.value = Some(value);
-        join(index as usize, slot.generation)
+        self.meta[index].mark = NO_MARK;
+        self.lines[index].0 = Some(value);
+        join(index, self.meta[index].generation)
+    }
+
+    /// The slot of `id` if its occupant is the one `id` names.
+    fn index(&self, id: &ContainerId) -> Option<usize> {
+        let (index, generation) = split(*id);
+        let meta = self.meta.get(index)?;
+        (meta.generation == generation && self.lines[index].0.is_some()).then_some(index)
     }
 
     pub fn get(&self, id: &ContainerId) -> Option<&T> {
-        let (index, generation) = split(*id);
-        self.slots.get(index).filter(|s| s.generation == generation).and_then(|s| s.value.as_ref())
+        let index = self.index(id)?;
+        self.lines[index].0.as_ref()
     }
 
     pub fn get_mut(&mut self, id: &ContainerId) -> Option<&mut T> {
-        let (index, generation) = split(*id);
-        self.slots.get_mut(index).filter(|s| s.generation == generation).and_then(|s| s.value.as_mut())
+        let index = self.index(id)?;
+        self.lines[index].0.as_mut()
     }
 
     pub fn remove(&mut self, id: &ContainerId) -> Option<T> {
-        let (index, generation) = split(*id);
-        let slot = self.slots.get_mut(index).filter(|s| s.generation == generation)?;
-        let value = slot.value.take()?;
-        slot.generation = slot.generation.wrapping_add(1);
-        self.marks[index] = NO_MARK;
+        let index = self.index(id)?;
+        let value = self.lines[index].0.take()?;
+        let meta = &mut self.meta[index];
+        meta.generation = meta.generation.wrapping_add(1);
+        meta.mark = NO_MARK;
         self.free.push(index as u32);
         self.len -= 1;
         Some(value)
@@ -80,26 +93,23 @@ impl<T> Slab<T> {
     /// Whether the container `id` carries `mark`. Marks are unique over time (the pool's idle
     /// sequence), so a slot's later occupant never matches an entry made for an earlier one.
     pub fn has_mark(&self, id: &ContainerId, mark: u64) -> bool {
-        mark != NO_MARK && self.marks.get(split(*id).0) == Some(&mark)
+        mark != NO_MARK && self.meta.get(split(*id).0).is_some_and(|m| m.mark == mark)
     }
 
     pub fn set_mark(&mut self, id: &ContainerId, mark: u64) {
-        if self.get(id).is_some() {
-            self.marks[split(*id).0] = mark;
+        if let Some(index) = self.index(id) {
+            self.meta[index].mark = mark;
         }
     }
 
     /// Clears the mark of `id`; returns whether it had one.
     pub fn take_mark(&mut self, id: &ContainerId) -> bool {
-        if self.get(id).is_none() {
-            return false;
-        }
-        let mark = &mut self.marks[split(*id).0];
-        std::mem::replace(mark, NO_MARK) != NO_MARK
+        let Some(index) = self.index(id) else { return false };
+        std::mem::replace(&mut self.meta[index].mark, NO_MARK) != NO_MARK
     }
 
     pub fn is_marked(&self, id: &ContainerId) -> bool {
-        self.get(id).is_some() && self.marks[split(*id).0] != NO_MARK
+        self.index(id).is_some_and(|index| self.meta[index].mark != NO_MARK)
     }
 
     pub fn len(&self) -> usize {
@@ -107,15 +117,19 @@ impl<T> Slab<T> {
     }
 
     pub fn values(&self) -> impl Iterator<Item = &T> {
-        self.slots.iter().filter_map(|s| s.value.as_ref())
+        self.lines.iter().filter_map(|line| line.0.as_ref())
     }
 
     pub fn values_mut(&mut self) -> impl Iterator<Item = &mut T> {
-        self.slots.iter_mut().filter_map(|s| s.value.as_mut())
+        self.lines.iter_mut().filter_map(|line| line.0.as_mut())
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (ContainerId, &T)> {
-        self.slots.iter().enumerate().filter_map(|(i, s)| s.value.as_ref().map(|v| (join(i, s.generation), v)))
+        self.lines
+            .iter()
+            .zip(&self.meta)
+            .enumerate()
+            .filter_map(|(i, (line, meta))| line.0.as_ref().map(|v| (join(i, meta.generation), v)))
     }
 }
 

@@ -91,10 +91,8 @@ impl PoolCore {
         }
         let Some(id) = class.ready.pop() else { return false };
         key.containers += 1;
-        let concurrency = key.concurrency;
         let c: &mut Container = self.containers.get_mut(&id).expect("a ready stem container exists");
         c.owner = Owner::Key(key_id);
-        c.concurrency = concurrency;
         self.fill(id, now, fx);
         self.settle(id, now);
         self.replenish_stems(now, fx);
@@ -116,7 +114,6 @@ impl PoolCore {
         self.stems.classes[stem.0 as usize].starting -= 1;
         if ok {
             c.phase = Phase::Ready;
-            c.idle_since = now;
             self.nodes.confirm_started(&node, id, at);
             if self.draining {
                 self.retire(id, now, fx);
@@ -172,7 +169,7 @@ impl PoolCore {
                 let Placement::On(node) = self.nodes.place(memory_mb, now, self.claimed_against(None)) else { return };
                 self.stems.classes[index].starting += 1;
                 let stem = StemId(index as u32);
-                self.create(Owner::Stem(stem), memory_mb, 1, node, now, fx);
+                self.create(Owner::Stem(stem), memory_mb, node, now, fx);
             }
         }
     }
