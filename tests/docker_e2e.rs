@@ -210,3 +210,102 @@ async fn fifty_activations_over_five_actions_never_hold_more_containers_than_mem
     assert!(done > 0, "some completed");
     stop(inv, &docker, &invoker_id).await;
 }
+
+fn container_id(record: &Value) -> u64 {
+    annotation(record, "containerId").as_u64().unwrap_or_else(|| panic!("no containerId: {record}"))
+}
+
+/// The engine's view of the one container this invoker holds: (docker id, paused).
+async fn the_container(docker: &Docker, invoker_id: &str) -> (String, bool) {
+    let ids = containers_of(docker, invoker_id).await;
+    assert_eq!(ids.len(), 1, "one container: {ids:?}");
+    let c = docker.inspect_container(&ids[0], None::<InspectContainerOptions>).await.unwrap();
+    (ids[0].clone(), c.state.and_then(|s| s.paused).unwrap_or(false))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs a Docker Engine and the runtime images: run by .ci/run"]
+async fn an_idle_container_is_paused_after_the_grace_and_resumed_for_the_next_call() {
+    let dir = tempdir();
+    let invoker_id = id("dk-pause");
+    let docker = engine().await;
+    let inv = start(dir.path(), &invoker_id, None, "[proxy]\npause_grace = \"100ms\"\n").await;
+    inv.put_action("py", python("def main(a):\n    return {'n': a['n']}\n")).await;
+    let (status, first) = inv.invoke("py", "blocking=true", json!({"n": 1})).await;
+    assert_eq!(status, 200, "{first}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let (docker_id, _) = loop {
+        let (docker_id, paused) = the_container(&docker, &invoker_id).await;
+        if paused {
+            break (docker_id, paused);
+        }
+        assert!(std::time::Instant::now() < deadline, "the idle container was never paused");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let (status, second) = inv.invoke("py", "blocking=true", json!({"n": 2})).await;
+    assert_eq!(status, 200, "{second}");
+    assert_eq!(second["response"]["result"], json!({"n": 2}));
+    assert_eq!(annotation(&second, "startKind"), json!("warm"), "a resumed container is warm");
+    assert_eq!(container_id(&first), container_id(&second), "the same container ran both calls");
+    let (after, _) = the_container(&docker, &invoker_id).await;
+    assert_eq!(after, docker_id, "the engine holds the same container");
+    stop(inv, &docker, &invoker_id).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs a Docker Engine and the runtime images: run by .ci/run"]
+async fn a_timed_out_container_is_removed_and_replaced() {
+    let dir = tempdir();
+    let invoker_id = id("dk-timeout");
+    let docker = engine().await;
+    let inv = start(dir.path(), &invoker_id, None, "").await;
+    let mut action = python(
+        "import time\ndef main(a):\n    time.sleep(a.get('sleep', 0))\n    return {'slept': a.get('sleep', 0)}\n",
+    );
+    action["limits"] = json!({"timeout": 1000});
+    inv.put_action("slow", action).await;
+    let (status, first) = inv.invoke("slow", "blocking=true", json!({})).await;
+    assert_eq!(status, 200, "{first}");
+    let (timed_out_docker_id, _) = the_container(&docker, &invoker_id).await;
+
+    let (status, body) = inv.invoke("slow", "blocking=true", json!({"sleep": 5})).await;
+    assert_eq!(status, 502, "{body}");
+    assert_eq!(body["response"]["statusCode"], 2, "a developer error: {body}");
+    assert_eq!(annotation(&body, "timeout"), json!(true), "{body}");
+
+    let (status, next) = inv.invoke("slow", "blocking=true", json!({})).await;
+    assert_eq!(status, 200, "{next}");
+    assert_ne!(container_id(&next), container_id(&first), "a timed-out container is never reused");
+    let inspect = docker.inspect_container(&timed_out_docker_id, None::<InspectContainerOptions>).await;
+    assert!(inspect.is_err(), "the engine no longer holds the timed-out container");
+    stop(inv, &docker, &invoker_id).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs a Docker Engine and the runtime images: run by .ci/run"]
+async fn allocating_past_the_memory_limit_is_a_developer_error_and_the_container_is_replaced() {
+    let dir = tempdir();
+    let invoker_id = id("dk-oom");
+    let docker = engine().await;
+    let inv = start(dir.path(), &invoker_id, None, "").await;
+    let hog = "def main(a):\n    if a.get('hog'):\n        blocks = [bytearray(64 * 1024 * 1024) for _ in range(16)]\n        return {'held_mb': 64 * len(blocks)}\n    return {'ok': True}\n";
+    let mut action = python(hog);
+    action["limits"] = json!({"memory": 128});
+    inv.put_action("hog", action).await;
+    let (status, first) = inv.invoke("hog", "blocking=true", json!({})).await;
+    assert_eq!(status, 200, "{first}");
+    let (docker_id, _) = the_container(&docker, &invoker_id).await;
+    let c = docker.inspect_container(&docker_id, None::<InspectContainerOptions>).await.unwrap();
+    assert_eq!(c.host_config.unwrap().memory, Some(128 * MB as i64), "the action's limit is the container's");
+
+    let (status, body) = inv.invoke("hog", "blocking=true", json!({"hog": true})).await;
+    assert_eq!(status, 502, "{body}");
+    assert_eq!(body["response"]["statusCode"], 2, "a developer error: {body}");
+    let error = body["response"]["result"]["error"].as_str().unwrap_or_default();
+    assert!(error.contains("memory"), "the error names the memory limit: {body}");
+
+    let (status, next) = inv.invoke("hog", "blocking=true", json!({})).await;
+    assert_eq!(status, 200, "{next}");
+    assert_ne!(container_id(&next), container_id(&first), "the killed container was replaced");
+    stop(inv, &docker, &invoker_id).await;
+}
