@@ -6,14 +6,18 @@
 #   scripts/bench.sh            # full: 5 s slices, 3 rounds per mode and concurrency, memory
 #   scripts/bench.sh --quick    # within 60 s once built: 2 s slices, 2 rounds
 #   K=8 scripts/bench.sh        # the concurrency K (and the number of warm containers)
+#   scripts/bench.sh --docker   # also an invoker on Docker, in the same run (starts the engine
+#                               # with scripts/dockerd.sh and builds the images; needs root)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 quick=false
+docker=()
 for arg in "$@"; do
     case "$arg" in
         --quick) quick=true ;;
-        *) echo "usage: scripts/bench.sh [--quick]" >&2; exit 2 ;;
+        --docker) docker=(--docker-socket) ;;
+        *) echo "usage: scripts/bench.sh [--quick] [--docker]" >&2; exit 2 ;;
     esac
 done
 
@@ -25,8 +29,14 @@ fi
 cargo build --release --bins >&2
 bin="${CARGO_TARGET_DIR:-target}/release"
 k="${K:-8}"
+if [ ${#docker[@]} -gt 0 ]; then
+    socket=$(scripts/dockerd.sh | tail -1)
+    # The images then hold the release binary the invoker runs, as in production.
+    INVOKER_DOCKER_SOCKET="$socket" scripts/build-images.sh "$bin/invoker" >&2
+    docker+=("$socket")
+fi
 if $quick; then
-    exec "$bin/invoker-bench" --k "$k" --slice 2 --rounds 2 --cold 3
+    exec "$bin/invoker-bench" --k "$k" --slice 2 --rounds 2 --cold 3 "${docker[@]}"
 else
-    exec "$bin/invoker-bench" --k "$k" --slice 5 --rounds 3 --cold 5 --memory
+    exec "$bin/invoker-bench" --k "$k" --slice 5 --rounds 3 --cold 5 --memory "${docker[@]}"
 fi
