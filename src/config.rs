@@ -428,9 +428,12 @@ impl Config {
             let key = e.span().map_or_else(|| "file".to_string(), |s| locate_key(text, s.start));
             bad(&key, e.message().to_string())
         })?;
-        // Kinds the file names replace the defaults; the others stay.
+        // Kinds the file names replace the defaults; the others stay (in both maps).
         for (kind, cfg) in default_kinds() {
             config.kinds.entry(kind).or_insert(cfg);
+        }
+        for (kind, cfg) in DockerFactoryConfig::default().kinds {
+            config.factory.docker.kinds.entry(kind).or_insert(cfg);
         }
         Ok(config)
     }
@@ -568,6 +571,17 @@ mod tests {
         config.validate().unwrap();
         assert_eq!(config.factory.kind, FactoryKind::Docker);
         assert_eq!(config.factory.docker.kinds["python:3"].image, "invoker-python:latest");
+    }
+
+    #[test]
+    fn a_docker_kind_in_a_file_adds_to_the_defaults_or_replaces_one() {
+        let text = "[factory.docker.kinds.\"nodejs:20\"]\nimage = \"openwhisk/action-nodejs-v20\"\n\
+                    [factory.docker.kinds.native]\nimage = \"my-native:1\"\n";
+        let kinds = Config::from_toml(text).unwrap().factory.docker.kinds;
+        assert_eq!(kinds["nodejs:20"].image, "openwhisk/action-nodejs-v20");
+        assert!(kinds["nodejs:20"].command.is_empty(), "the image's own entry point");
+        assert_eq!(kinds["native"].image, "my-native:1");
+        assert_eq!(kinds["python:3"].image, "invoker-python:latest", "a default the file does not name stays");
     }
 
     #[test]
