@@ -149,6 +149,7 @@ pub enum FactoryKind {
     Process,
     Mock,
     Docker,
+    Mesos,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -158,6 +159,75 @@ pub struct FactoryConfig {
     pub process: ProcessFactoryConfig,
     pub mock: MockFactoryConfig,
     pub docker: DockerFactoryConfig,
+    pub mesos: MesosFactoryConfig,
+}
+
+/// The Mesos factory: action containers as tasks of a framework, through the v1 scheduler
+/// HTTP API; resource offers are the node stats.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MesosFactoryConfig {
+    /// A master's address, `http://host:port`; a master that is not the leader redirects.
+    pub master: String,
+    pub framework_name: String,
+    /// The user tasks run as on the agents.
+    pub user: String,
+    /// How long the master keeps the framework's tasks after the invoker disconnects; a
+    /// restarted invoker re-subscribes as the same framework within it.
+    #[serde(with = "humantime_serde")]
+    pub failover_timeout: Duration,
+    /// Declined resources are not offered to the framework again for this long.
+    #[serde(with = "humantime_serde")]
+    pub refuse: Duration,
+    /// An unused offer is held (as free memory of its agent) this long, then declined.
+    #[serde(with = "humantime_serde")]
+    pub offer_hold: Duration,
+    /// With nothing to launch and no work waiting for this long, the framework suppresses offers.
+    #[serde(with = "humantime_serde")]
+    pub suppress_after: Duration,
+    /// A task must be running within this (waiting for an offer included).
+    #[serde(with = "humantime_serde")]
+    pub launch_timeout: Duration,
+    /// A killed task counts as gone after this even without TASK_KILLED.
+    #[serde(with = "humantime_serde")]
+    pub kill_timeout: Duration,
+    /// Bound on one call to the master (the event stream has none).
+    #[serde(with = "humantime_serde")]
+    pub call_timeout: Duration,
+    /// Heartbeats missed before the invoker subscribes again.
+    pub heartbeat_misses: u32,
+    /// CPUs a task gets per GB of its memory.
+    pub cpus_per_gb: f64,
+    /// The address the runtime of a task listens on, on its agent (with the port the offer gave).
+    pub listen_host: String,
+    /// The invoker binary on the agents, for the runtime command of `[kinds]`; by default the
+    /// path of this binary.
+    pub agent_invoker: Option<PathBuf>,
+    /// Kinds run through the Docker containerizer, with their image (the others run the
+    /// `[kinds]` command with the Mesos containerizer).
+    pub images: BTreeMap<String, String>,
+}
+
+impl Default for MesosFactoryConfig {
+    fn default() -> Self {
+        MesosFactoryConfig {
+            master: "http://127.0.0.1:5050".into(),
+            framework_name: "invoker".into(),
+            user: "nobody".into(),
+            failover_timeout: Duration::from_secs(7 * 24 * 3600),
+            refuse: Duration::from_secs(5),
+            offer_hold: Duration::from_secs(10),
+            suppress_after: Duration::from_secs(60),
+            launch_timeout: Duration::from_secs(60),
+            kill_timeout: Duration::from_secs(30),
+            call_timeout: Duration::from_secs(10),
+            heartbeat_misses: 5,
+            cpus_per_gb: 1.0,
+            listen_host: "0.0.0.0".into(),
+            agent_invoker: None,
+            images: BTreeMap::new(),
+        }
+    }
 }
 
 /// The Docker factory: one container per action container, on one Docker Engine.
@@ -386,6 +456,7 @@ impl Default for FactoryConfig {
             process: ProcessFactoryConfig::default(),
             mock: MockFactoryConfig::default(),
             docker: DockerFactoryConfig::default(),
+            mesos: MesosFactoryConfig::default(),
         }
     }
 }
@@ -438,6 +509,34 @@ impl Config {
         Ok(config)
     }
 
+    fn validate_mesos(&self) -> Result<(), ConfigError> {
+        let m = &self.factory.mesos;
+        let authority = m.master.strip_prefix("http://").unwrap_or_default();
+        if authority.is_empty() || authority.contains(['/', ' ']) {
+            return Err(bad("factory.mesos.master", "must be http://host:port"));
+        }
+        if !(m.cpus_per_gb > 0.0 && m.cpus_per_gb <= 64.0) {
+            return Err(bad("factory.mesos.cpus_per_gb", "must be above 0 and at most 64"));
+        }
+        if m.heartbeat_misses == 0 {
+            return Err(bad("factory.mesos.heartbeat_misses", "must be at least 1"));
+        }
+        for (key, d) in [
+            ("factory.mesos.offer_hold", m.offer_hold),
+            ("factory.mesos.launch_timeout", m.launch_timeout),
+            ("factory.mesos.kill_timeout", m.kill_timeout),
+            ("factory.mesos.call_timeout", m.call_timeout),
+        ] {
+            if d.is_zero() {
+                return Err(bad(key, "must be positive"));
+            }
+        }
+        if m.framework_name.is_empty() || m.user.is_empty() || m.listen_host.is_empty() {
+            return Err(bad("factory.mesos", "framework_name, user and listen_host must be set"));
+        }
+        Ok(())
+    }
+
     fn validate_prewarm(&self) -> Result<(), ConfigError> {
         let l = &self.limits;
         for (i, p) in self.pool.prewarm.iter().enumerate() {
@@ -472,6 +571,7 @@ impl Config {
         if !id_ok {
             return Err(bad("invoker_id", "must be 1 to 32 letters, digits, '-' or '_'"));
         }
+        self.validate_mesos()?;
         if self.factory.mock.nodes == 0 || self.factory.mock.nodes > 10_000 {
             return Err(bad("factory.mock.nodes", "must be 1 to 10000"));
         }

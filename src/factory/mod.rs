@@ -85,6 +85,7 @@ pub type StatsReceiver = watch::Receiver<Vec<NodeStatsUpdate>>;
 pub enum Factory {
     Process(process::ProcessFactory),
     Docker(docker::DockerFactory),
+    Mesos(mesos::MesosFactory),
     Mock(mock::MockFactory),
 }
 
@@ -95,6 +96,7 @@ impl Factory {
         Ok(match config.factory.kind {
             FactoryKind::Process => Factory::Process(process::ProcessFactory::new(config, epoch)?),
             FactoryKind::Docker => Factory::Docker(docker::DockerFactory::new(config, epoch).await?),
+            FactoryKind::Mesos => Factory::Mesos(mesos::MesosFactory::new(config, epoch).await?),
             FactoryKind::Mock => {
                 let m = &config.factory.mock;
                 let nodes = (0..m.nodes).map(|i| (format!("mock{i}"), m.node_memory_mb)).collect();
@@ -107,6 +109,7 @@ impl Factory {
         match self {
             Factory::Process(f) => f.create(spec, node).await,
             Factory::Docker(f) => f.create(spec, node).await,
+            Factory::Mesos(f) => f.create(spec, node).await,
             Factory::Mock(f) => f.create(spec, node).await,
         }
     }
@@ -115,6 +118,7 @@ impl Factory {
         match self {
             Factory::Process(f) => f.pause(c).await,
             Factory::Docker(f) => f.pause(c).await,
+            Factory::Mesos(f) => f.pause(c).await,
             Factory::Mock(f) => f.pause(c).await,
         }
     }
@@ -123,6 +127,7 @@ impl Factory {
         match self {
             Factory::Process(f) => f.resume(c).await,
             Factory::Docker(f) => f.resume(c).await,
+            Factory::Mesos(f) => f.resume(c).await,
             Factory::Mock(f) => f.resume(c).await,
         }
     }
@@ -131,6 +136,7 @@ impl Factory {
         match self {
             Factory::Process(f) => f.destroy(c).await,
             Factory::Docker(f) => f.destroy(c).await,
+            Factory::Mesos(f) => f.destroy(c).await,
             Factory::Mock(f) => f.destroy(c).await,
         }
     }
@@ -139,6 +145,7 @@ impl Factory {
         match self {
             Factory::Process(f) => f.stats(),
             Factory::Docker(f) => f.stats(),
+            Factory::Mesos(f) => f.stats(),
             Factory::Mock(f) => f.stats(),
         }
     }
@@ -148,6 +155,7 @@ impl Factory {
         match self {
             Factory::Process(f) => f.observe(),
             Factory::Docker(f) => f.observe(),
+            Factory::Mesos(f) => f.observe(),
             Factory::Mock(f) => f.observe(),
         }
     }
@@ -157,7 +165,16 @@ impl Factory {
         match self {
             Factory::Process(f) => f.was_oom_killed(c.id),
             Factory::Docker(f) => f.was_oom_killed(c.id),
+            Factory::Mesos(_) => false,
             Factory::Mock(_) => false,
+        }
+    }
+
+    /// Tells the factory whether jobs wait for room (a Mesos framework then asks for offers).
+    pub fn demand(&self, waiting: bool) {
+        match self {
+            Factory::Mesos(f) => f.demand(waiting),
+            Factory::Process(_) | Factory::Docker(_) | Factory::Mock(_) => {}
         }
     }
 
@@ -166,6 +183,7 @@ impl Factory {
         match self {
             Factory::Process(f) => f.destroy_all().await,
             Factory::Docker(f) => f.destroy_all().await,
+            Factory::Mesos(f) => f.destroy_all().await,
             Factory::Mock(f) => f.destroy_all().await,
         }
     }
@@ -175,6 +193,7 @@ impl Factory {
         match self {
             Factory::Process(f) => f.describe(),
             Factory::Docker(f) => f.describe(),
+            Factory::Mesos(f) => f.describe(),
             Factory::Mock(_) => "mock factory (in-process runtimes, nothing enforced)".into(),
         }
     }

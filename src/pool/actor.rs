@@ -266,7 +266,10 @@ impl Actor for ContainerPool {
             }
             .into_actor(self),
         );
-        ctx.run_interval(self.config.tick, |act, ctx| act.apply(Event::Tick, ctx));
+        ctx.run_interval(self.config.tick, |act, ctx| {
+            act.apply(Event::Tick, ctx);
+            act.factory.demand(act.core.waiting_for_room());
+        });
         let factory = self.factory.clone();
         ctx.run_interval(self.config.stats_ttl / 4, move |_, _| factory.observe());
     }

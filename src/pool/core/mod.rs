@@ -270,6 +270,12 @@ impl PoolCore {
         self.keys.get(&key).map_or((0, 0), |k| (k.waiting_live, k.starting))
     }
 
+    /// True when some action's jobs wait for room (or a start slot) on the nodes: O(1), for a
+    /// factory that asks its cluster for resources only on demand.
+    pub fn waiting_for_room(&self) -> bool {
+        !self.blocked.is_empty()
+    }
+
     /// True when a job of `key` could be dispatched right now without waiting.
     pub fn has_free_container(&self, key: KeyId) -> bool {
         self.keys.get(&key).is_some_and(|k| k.idle.live() > 0 || !k.partial.is_empty())
