@@ -120,3 +120,107 @@ async fn a_master_failover_and_a_dropped_stream_lose_no_activation() {
     assert_eq!((status, &body), (200, &json!({"fresh": true})), "a new task after the stream came back");
     assert_eq!(master.counts().refused, 0);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rescinded_offer_is_never_used() {
+    let base = ports(2);
+    let master = FakeMaster::start(vec![agent("agent-a", 1024.0, base)], Duration::from_millis(200)).await;
+    let dir = tempdir();
+    let inv = Invoker::start(dir.path(), &id("ms-rescind"), &mesos_config(&master, ""));
+    inv.put_action("echo", python("def main(a):\n    return {'n': a['n']}\n")).await;
+    wait_for("an offer", Duration::from_secs(20), || master.counts().offers_sent > 0).await;
+    master.pause_offers(true);
+    assert!(master.rescind_all() > 0, "the offer the invoker holds");
+    let call = inv.invoke("echo", "blocking=true&result=true", json!({"n": 1}));
+    let resume = async {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        master.pause_offers(false);
+    };
+    let ((status, body), ()) = tokio::join!(call, resume);
+    assert_eq!((status, &body), (200, &json!({"n": 1})), "{}", inv.stderr());
+    let counts = master.counts();
+    assert_eq!(counts.refused, 0, "the rescinded offer was not accepted: {counts:?}");
+    assert!(counts.offers_sent >= 2, "the task went out with a later offer");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lost_agents_activation_gets_a_clear_record_and_its_container_is_replaced() {
+    let base = ports(3);
+    let master = FakeMaster::start(
+        vec![agent("agent-a", 512.0, base), agent("agent-b", 512.0, base + 20)],
+        Duration::from_millis(200),
+    )
+    .await;
+    let dir = tempdir();
+    let inv = Invoker::start(dir.path(), &id("ms-lost"), &mesos_config(&master, ""));
+    inv.put_action(
+        "slow",
+        python("import time\ndef main(a):\n    time.sleep(a.get('sleep', 0))\n    return {'ok': True}\n"),
+    )
+    .await;
+    assert_eq!(inv.invoke("slow", "blocking=true", json!({})).await.0, 200, "{}", inv.stderr());
+    let running = master.running();
+    assert_eq!(running.values().sum::<usize>(), 1, "{running:?}");
+    let lost = running.keys().next().unwrap().clone();
+
+    let in_flight = inv.invoke("slow", "blocking=true", json!({"sleep": 5}));
+    let lose = async {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        master.lose_agent(&lost);
+    };
+    let ((status, record), ()) = tokio::join!(in_flight, lose);
+    assert_eq!(status, 502, "the activation on the lost agent fails clearly: {record}");
+    assert_eq!(record["response"]["statusCode"], 2, "{record}");
+    assert!(record["activationId"].is_string(), "it has a record: {record}");
+
+    let (status, body) = inv.invoke("slow", "blocking=true", json!({})).await;
+    assert_eq!(status, 200, "a new container on the other agent: {body}");
+    let running = master.running();
+    assert!(!running.contains_key(&lost) && running.values().sum::<usize>() == 1, "{running:?}");
+    assert_eq!(master.counts().refused, 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_task_that_fails_to_start_releases_its_memory() {
+    let base = ports(4);
+    let master = FakeMaster::start(vec![agent("agent-a", 300.0, base)], Duration::from_millis(200)).await;
+    let dir = tempdir();
+    let broken = "[kinds.\"broken\"]\ncommand = [\"/nonexistent/runtime\", \"{listen}\"]\n";
+    let inv = Invoker::start(dir.path(), &id("ms-fail"), &mesos_config(&master, broken));
+    inv.put_action("bad", json!({"exec": {"kind": "broken", "code": "x"}, "limits": {"memory": 256}})).await;
+    let mut good = python("def main(a):\n    return {'ok': True}\n");
+    good["limits"] = json!({"memory": 256});
+    inv.put_action("good", good).await;
+
+    let (status, record) = inv.invoke("bad", "blocking=true", json!({})).await;
+    assert!(status >= 500, "{status}: {record}");
+    // Room for one 256 MB task on the agent: only if the failed launch gave its memory back.
+    let (status, body) = inv.invoke("good", "blocking=true&result=true", json!({})).await;
+    assert_eq!((status, &body), (200, &json!({"ok": true})), "{}", inv.stderr());
+    assert_eq!(master.counts().refused, 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restarted_invoker_subscribes_as_the_same_framework_and_kills_its_earlier_tasks() {
+    let base = ports(5);
+    let master = FakeMaster::start(vec![agent("agent-a", 1024.0, base)], Duration::from_millis(200)).await;
+    let dir = tempdir();
+    let invoker_id = id("ms-restart");
+    let mut inv = Invoker::start(dir.path(), &invoker_id, &mesos_config(&master, ""));
+    inv.put_action("echo", python("def main(a):\n    return {}\n")).await;
+    assert_eq!(inv.invoke("echo", "blocking=true", json!({})).await.0, 200, "{}", inv.stderr());
+    let earlier = master.task_ids();
+    assert_eq!(master.running().values().sum::<usize>(), 1);
+    inv.signal(nix::sys::signal::Signal::SIGKILL);
+    inv.wait_exit(Duration::from_secs(10));
+    assert_eq!(master.running().values().sum::<usize>(), 1, "a SIGKILL leaves the task running");
+
+    let again = Invoker::start(dir.path(), &invoker_id, &mesos_config(&master, ""));
+    wait_for("the earlier task killed", Duration::from_secs(20), || master.running().is_empty()).await;
+    let counts = master.counts();
+    assert_eq!(counts.subscribes, 2);
+    assert!(counts.reconciles >= 2 && counts.kills >= 1, "{counts:?}");
+    assert_eq!(master.frameworks(), 1, "the same framework id both times");
+    assert_eq!(again.invoke("echo", "blocking=true", json!({})).await.0, 200);
+    assert!(master.task_ids().len() > earlier.len(), "a new task for the new run");
+}

@@ -193,6 +193,10 @@ impl FakeMaster {
         state.agents.values().all(|a| a.used_mem <= a.mem_mb + 1e-9 && a.used_cpus <= a.cpus + 1e-9)
     }
 
+    pub fn frameworks(&self) -> usize {
+        self.state.lock().frameworks.len()
+    }
+
     pub fn task_ids(&self) -> Vec<String> {
         self.state.lock().tasks.keys().cloned().collect()
     }
