@@ -685,6 +685,18 @@ mod tests {
     }
 
     #[test]
+    fn the_mesos_config_file_is_valid_and_a_bad_master_is_named() {
+        let config = Config::from_file(Path::new("config/mesos.toml")).unwrap();
+        config.validate().unwrap();
+        assert_eq!(config.factory.kind, FactoryKind::Mesos);
+        assert_eq!(config.factory.mesos.failover_timeout, Duration::from_secs(7 * 24 * 3600));
+        let err = Config::from_toml("[factory.mesos]\nmaster = \"mesos:5050\"\n").unwrap().validate().unwrap_err();
+        assert_eq!(err.key, "factory.mesos.master");
+        let err = Config::from_toml("[factory.mesos]\ncpus_per_gb = 0.0\n").unwrap().validate().unwrap_err();
+        assert_eq!(err.key, "factory.mesos.cpus_per_gb");
+    }
+
+    #[test]
     fn the_default_config_file_is_valid() {
         let config = Config::from_file(Path::new("config/default.toml")).unwrap();
         config.validate().unwrap();
