@@ -131,6 +131,18 @@ async fn a_rescinded_offer_is_never_used() {
     wait_for("an offer", Duration::from_secs(20), || master.counts().offers_sent > 0).await;
     master.pause_offers(true);
     assert!(master.rescind_all() > 0, "the offer the invoker holds");
+    // The rescind reaches the invoker on its event stream: wait until its pool sees no room.
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, pool) = inv.get_url("/v1/pool").await;
+        let free: Vec<u64> =
+            pool["nodes"].as_array().into_iter().flatten().filter_map(|n| n["free_mb"].as_u64()).collect();
+        if !free.is_empty() && free.iter().all(|&f| f == 0) {
+            break;
+        }
+        assert!(Instant::now() < until, "the invoker still counts the rescinded offer: {pool}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let call = inv.invoke("echo", "blocking=true&result=true", json!({"n": 1}));
     let resume = async {
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -223,4 +235,32 @@ async fn a_restarted_invoker_subscribes_as_the_same_framework_and_kills_its_earl
     assert_eq!(master.frameworks(), 1, "the same framework id both times");
     assert_eq!(again.invoke("echo", "blocking=true", json!({})).await.0, 200);
     assert!(master.task_ids().len() > earlier.len(), "a new task for the new run");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_idle_container_on_a_lost_agent_is_removed_before_work_reaches_it() {
+    let base = ports(6);
+    let master = FakeMaster::start(
+        vec![agent("agent-a", 512.0, base), agent("agent-b", 512.0, base + 20)],
+        Duration::from_millis(200),
+    )
+    .await;
+    let dir = tempdir();
+    let inv = Invoker::start(dir.path(), &id("ms-idle-lost"), &mesos_config(&master, ""));
+    inv.put_action("echo", python("def main(a):\n    return {'n': a['n']}\n")).await;
+    assert_eq!(inv.invoke("echo", "blocking=true", json!({"n": 0})).await.0, 200, "{}", inv.stderr());
+    let lost = master.running().keys().next().unwrap().clone();
+    master.lose_agent(&lost);
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, pool) = inv.get_url("/v1/pool").await;
+        if pool["containers"].as_array().is_some_and(|cs| cs.is_empty()) {
+            break;
+        }
+        assert!(Instant::now() < until, "the lost container is still in the pool: {pool}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (status, body) = inv.invoke("echo", "blocking=true&result=true", json!({"n": 1})).await;
+    assert_eq!((status, &body), (200, &json!({"n": 1})), "a new container elsewhere, no failed activation");
+    assert!(!master.running().contains_key(&lost));
 }

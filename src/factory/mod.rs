@@ -170,6 +170,15 @@ impl Factory {
         }
     }
 
+    /// Containers that end on their own (a lost node, a failed task), for the pool to replace;
+    /// `Some` once, for the backends that learn of such ends (Mesos).
+    pub fn take_gone(&self) -> Option<tokio::sync::mpsc::Receiver<ContainerId>> {
+        match self {
+            Factory::Mesos(f) => f.take_gone(),
+            Factory::Process(_) | Factory::Docker(_) | Factory::Mock(_) => None,
+        }
+    }
+
     /// Tells the factory whether jobs wait for room (a Mesos framework then asks for offers).
     pub fn demand(&self, waiting: bool) {
         match self {

@@ -10,7 +10,7 @@ use crate::config::{PoolConfig, ProxyConfig};
 use crate::factory::{ContainerSpec, Epoch, Factory};
 use crate::metrics::Metrics;
 use crate::model::{epoch_ms, Action, ActivationRecord, KeyValue};
-use crate::proxy::{ContainerProxy, ProxyContext, ProxyReport, Remove, Run};
+use crate::proxy::{ContainerProxy, Gone, ProxyContext, ProxyReport, Remove, Run};
 use actix::prelude::*;
 use serde_json::json;
 use std::collections::HashMap;
@@ -26,6 +26,11 @@ pub struct Submit(pub RunJob);
 #[derive(Message)]
 #[rtype(result = "()")]
 struct StatsChanged(Vec<NodeStatsUpdate>);
+
+/// The factory saw a container end on its own (its cluster node was lost, its task failed).
+#[derive(Message)]
+#[rtype(result = "()")]
+struct ContainerGone(ContainerId);
 
 /// Stop taking work; answers when every container is gone.
 #[derive(Message)]
@@ -266,6 +271,19 @@ impl Actor for ContainerPool {
             }
             .into_actor(self),
         );
+        if let Some(mut gone) = self.factory.take_gone() {
+            let me = ctx.address();
+            ctx.spawn(
+                async move {
+                    while let Some(container) = gone.recv().await {
+                        if me.send(ContainerGone(container)).await.is_err() {
+                            break;
+                        }
+                    }
+                }
+                .into_actor(self),
+            );
+        }
         ctx.run_interval(self.config.tick, |act, ctx| {
             act.apply(Event::Tick, ctx);
             act.factory.demand(act.core.waiting_for_room());
@@ -313,6 +331,18 @@ impl Handler<ProxyReport> for ContainerPool {
         };
         self.apply(event, ctx);
         self.metrics.waiting.set(self.jobs.len() as i64);
+    }
+}
+
+impl Handler<ContainerGone> for ContainerPool {
+    type Result = ();
+
+    /// An idle container's proxy removes it and reports it removed, so no job is sent to it;
+    /// a busy one's runs fail on their own, with records, and retire it.
+    fn handle(&mut self, ContainerGone(container): ContainerGone, _: &mut Context<Self>) {
+        if let Some(proxy) = self.proxies.get(&container) {
+            proxy.do_send(Gone);
+        }
     }
 }
 

@@ -39,6 +39,12 @@ pub struct Run {
 #[rtype(result = "()")]
 pub struct Remove;
 
+/// The factory saw the container end on its own. An idle proxy removes it at once; a busy one
+/// lets its runs fail (each gets its record and retires the container).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Gone;
+
 /// The OpenWhisk ContainerProxy states.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ProxyState {
@@ -441,6 +447,16 @@ impl ContainerProxy {
             let record = build_record(&run, fields, Outcome::WhiskError, result, Vec::new(), false);
             run.completion.finish(record);
             self.report(ProxyReport::Finished { container, job, reusable: false });
+        }
+    }
+}
+
+impl Handler<Gone> for ContainerProxy {
+    type Result = ();
+
+    fn handle(&mut self, _: Gone, ctx: &mut Context<Self>) {
+        if self.running == 0 && self.queued.is_empty() {
+            ctx.notify(Remove);
         }
     }
 }

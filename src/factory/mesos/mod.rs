@@ -55,6 +55,9 @@ struct Inner {
     templates: BTreeMap<String, TaskTemplate>,
     framework_file: PathBuf,
     ready_timeout: Duration,
+    /// Containers whose task ended on its own, for the pool; the receiver is taken once.
+    gone: mpsc::Sender<ContainerId>,
+    gone_rx: Mutex<Option<mpsc::Receiver<ContainerId>>>,
 }
 
 /// Where a launched task's runtime listens (agent host and port), or why it did not start.
@@ -104,6 +107,7 @@ impl MesosFactory {
         let run = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis();
         let prefix = format!("{}.{run}", config.invoker_id);
         let (outbox, calls) = mpsc::channel(OUTBOX);
+        let (gone, gone_rx) = mpsc::channel(OUTBOX);
         let factory = MesosFactory {
             inner: Arc::new(Inner {
                 config: m,
@@ -122,6 +126,8 @@ impl MesosFactory {
                 templates,
                 framework_file: dir.join("framework_id"),
                 ready_timeout: config.proxy.init_timeout.max(Duration::from_secs(10)),
+                gone,
+                gone_rx: Mutex::new(Some(gone_rx)),
             }),
         };
         tokio::spawn(subscription(factory.inner.clone()));
@@ -139,6 +145,10 @@ impl MesosFactory {
             self.inner.client.leader(),
             c.user
         )
+    }
+
+    pub fn take_gone(&self) -> Option<mpsc::Receiver<ContainerId>> {
+        self.inner.gone_rx.lock().take()
     }
 
     pub fn stats(&self) -> StatsReceiver {
@@ -275,6 +285,9 @@ impl Inner {
                     tracing::warn!(container = container.0, %reason, "mesos: a task ended on its own");
                     if let Some(logs) = state.live.remove(&container) {
                         logs.close();
+                    }
+                    if self.gone.try_send(container).is_err() {
+                        tracing::warn!(container = container.0, "mesos: the pool was not told of a gone container");
                     }
                 }
                 Outcome::Killed { container } => {

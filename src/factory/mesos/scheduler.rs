@@ -86,6 +86,9 @@ struct Task {
     port: u16,
     mem_mb: f64,
     phase: TaskPhase,
+    /// While launching: the request and when it was queued, to queue it again if the master
+    /// drops the task because its offer was rescinded as we accepted it.
+    launch: Option<(LaunchRequest, Time)>,
 }
 
 #[derive(Debug)]
@@ -158,7 +161,7 @@ impl Scheduler {
             let seen = self.book.agent(&offer.agent_id.value).map_or(0.0, |a| a.mem_mb());
             self.note_capacity(&offer.agent_id.value, seen);
         }
-        self.match_pending(now, step);
+        self.match_pending(step);
     }
 
     pub fn rescind(&mut self, offer_id: &str) {
@@ -170,7 +173,7 @@ impl Scheduler {
         self.last_busy = now;
         self.pending.push_back((request, now));
         self.revive_if_suppressed(step);
-        self.match_pending(now, step);
+        self.match_pending(step);
     }
 
     pub fn kill(&mut self, container: ContainerId, now: Time, step: &mut Step) {
@@ -241,10 +244,19 @@ impl Scheduler {
         match (&task.phase, state) {
             (TaskPhase::Launching { .. }, TaskState::TaskRunning) if status.healthy != Some(false) => {
                 task.phase = TaskPhase::Running;
+                task.launch = None;
                 let (host, port) = (task.host.clone(), task.port);
                 step.outcomes.push(Outcome::Started { container, host, port });
             }
             (_, s) if !is_terminal(s) => {}
+            (TaskPhase::Launching { .. }, TaskState::TaskDropped) => {
+                // The offer was rescinded as we accepted it: the launch waits for the next one.
+                let task = self.tasks.remove(task_id).expect("matched above");
+                if let Some(launch) = task.launch {
+                    self.pending.push_front(launch);
+                    self.match_pending(step);
+                }
+            }
             (TaskPhase::Launching { .. }, _) => {
                 self.tasks.remove(task_id);
                 step.outcomes.push(Outcome::LaunchFailed { container, reason: why() });
@@ -336,7 +348,7 @@ impl Scheduler {
 
     /// Packs pending launches into the offers of their agents, first come first served; one
     /// ACCEPT per agent with launches, using every offer of that agent.
-    fn match_pending(&mut self, now: Time, step: &mut Step) {
+    fn match_pending(&mut self, step: &mut Step) {
         if self.pending.is_empty() {
             return;
         }
@@ -346,13 +358,13 @@ impl Scheduler {
             let mut left = Remaining::of(offers);
             let host = offers.hostname.clone();
             let mut launches = Vec::new();
-            self.pending.retain(|(request, _)| {
+            self.pending.retain(|(request, queued_at)| {
                 if request.agent != agent {
                     return true;
                 }
                 match left.take(&request.need) {
                     Some(port) => {
-                        launches.push((request.clone(), port));
+                        launches.push((request.clone(), *queued_at, port));
                         false
                     }
                     None => true,
@@ -363,7 +375,7 @@ impl Scheduler {
             }
             let offers = self.book.take_agent(&agent).expect("listed above");
             let mut task_infos = Vec::new();
-            for (request, port) in launches {
+            for (request, queued_at, port) in launches {
                 let task_id = self.task_id(request.container);
                 task_infos.push(task_info(&task_id, &agent, &request, port));
                 let task = Task {
@@ -372,7 +384,8 @@ impl Scheduler {
                     host: host.clone(),
                     port: port as u16,
                     mem_mb: request.need.mem_mb,
-                    phase: TaskPhase::Launching { deadline: now + self.config.launch_timeout },
+                    phase: TaskPhase::Launching { deadline: queued_at + self.config.launch_timeout },
+                    launch: Some((request, queued_at)),
                 };
                 self.tasks.insert(task_id, task);
             }
@@ -596,6 +609,23 @@ mod tests {
         s.update(&status("inv.1.1", "a", TaskState::TaskLost, None), S(3), &mut step);
         assert!(step.calls.is_empty(), "no uuid, no acknowledgement");
         assert!(matches!(&step.outcomes[0], Outcome::Gone { container: ContainerId(1), .. }));
+    }
+
+    #[test]
+    fn a_task_dropped_for_an_offer_rescinded_as_it_was_accepted_goes_out_with_the_next() {
+        let mut s = scheduler();
+        let mut step = Step::default();
+        s.launch(launch(1, "a", 128.0), S(1), &mut step);
+        s.offers(&[offer("o1", "a", 1.0, 512.0, (31000, 31010))], S(1), &mut step);
+        let mut step = Step::default();
+        s.update(&status("inv.1.1", "a", TaskState::TaskDropped, Some(1)), S(2), &mut step);
+        assert!(step.outcomes.is_empty(), "not a failure: the launch waits again");
+        s.offers(&[offer("o2", "a", 1.0, 512.0, (31000, 31010))], S(3), &mut step);
+        let accept = of_type(&step, call::Type::Accept);
+        assert_eq!(accept[0].accept.as_ref().unwrap().offer_ids, vec![OfferId { value: "o2".into() }]);
+        let mut step = Step::default();
+        s.tick(S(21), &mut step);
+        assert!(matches!(&step.outcomes[0], Outcome::LaunchFailed { .. }), "still within the first deadline");
     }
 
     #[test]
