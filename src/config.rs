@@ -198,6 +198,11 @@ pub struct MesosFactoryConfig {
     pub heartbeat_misses: u32,
     /// CPUs a task gets per GB of its memory.
     pub cpus_per_gb: f64,
+    /// The memory each agent has for actions, where offers do not show it whole (an agent's
+    /// resources split over several offers, or other frameworks holding part). Without it an
+    /// agent's capacity is the most it was seen to offer plus the invoker's own tasks there, and
+    /// an action larger than that is rejected as never fitting.
+    pub agent_capacity_mb: Option<u64>,
     /// The address the runtime of a task listens on, on its agent (with the port the offer gave).
     pub listen_host: String,
     /// The invoker binary on the agents, for the runtime command of `[kinds]`; by default the
@@ -223,6 +228,7 @@ impl Default for MesosFactoryConfig {
             call_timeout: Duration::from_secs(10),
             heartbeat_misses: 5,
             cpus_per_gb: 1.0,
+            agent_capacity_mb: None,
             listen_host: "0.0.0.0".into(),
             agent_invoker: None,
             images: BTreeMap::new(),

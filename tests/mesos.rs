@@ -264,3 +264,60 @@ async fn an_idle_container_on_a_lost_agent_is_removed_before_work_reaches_it() {
     assert_eq!((status, &body), (200, &json!({"n": 1})), "a new container elsewhere, no failed activation");
     assert!(!master.running().contains_key(&lost));
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn partial_offers_of_one_agent_are_combined_for_a_task_that_needs_more_than_one() {
+    let base = ports(7);
+    let master = FakeMaster::start(vec![agent("agent-a", 1024.0, base)], Duration::from_millis(200)).await;
+    master.cap_offers(300.0);
+    let dir = tempdir();
+    // Offers never show the agent whole: its capacity comes from the configuration.
+    let inv = Invoker::start(dir.path(), &id("ms-partial"), &mesos_config(&master, "agent_capacity_mb = 1024\n"));
+    let mut big = python("def main(a):\n    return {'big': True}\n");
+    big["limits"] = json!({"memory": 512});
+    inv.put_action("big", big).await;
+    let (status, body) = inv.invoke("big", "blocking=true&result=true", json!({})).await;
+    assert_eq!((status, &body), (200, &json!({"big": true})), "{}", inv.stderr());
+    let counts = master.counts();
+    assert_eq!(counts.refused, 0, "{counts:?}");
+    assert!(counts.offers_sent >= 2, "512 MB came from two offers of at most 300: {counts:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_task_that_fails_while_idle_is_replaced_and_a_failover_does_not_break_a_running_activation() {
+    let base = ports(8);
+    let master = FakeMaster::start(vec![agent("agent-a", 1024.0, base)], Duration::from_millis(200)).await;
+    let dir = tempdir();
+    let inv = Invoker::start(dir.path(), &id("ms-task-fail"), &mesos_config(&master, ""));
+    inv.put_action(
+        "slow",
+        python("import time\ndef main(a):\n    time.sleep(a.get('sleep', 0))\n    return {'n': a['n']}\n"),
+    )
+    .await;
+    assert_eq!(inv.invoke("slow", "blocking=true", json!({"n": 0})).await.0, 200, "{}", inv.stderr());
+    let first = master.task_ids();
+    master.fail_task(&first[0]);
+    wait_for("the failed task out of the pool", Duration::from_secs(20), || master.running().is_empty()).await;
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, pool) = inv.get_url("/v1/pool").await;
+        if pool["containers"].as_array().is_some_and(|cs| cs.is_empty()) {
+            break;
+        }
+        assert!(Instant::now() < until, "the failed task's container is still in the pool: {pool}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (status, body) = inv.invoke("slow", "blocking=true&result=true", json!({"n": 1})).await;
+    assert_eq!((status, &body), (200, &json!({"n": 1})), "a new task took over");
+
+    // An activation runs on its task while the master fails over: it is not disturbed.
+    let running = inv.invoke("slow", "blocking=true&result=true", json!({"n": 2, "sleep": 2}));
+    let fail_over = async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        master.fail_over();
+    };
+    let ((status, body), ()) = tokio::join!(running, fail_over);
+    assert_eq!((status, &body), (200, &json!({"n": 2})), "{}", inv.stderr());
+    wait_for("a subscription on the new leader", Duration::from_secs(20), || master.counts().subscribes >= 2).await;
+    assert_eq!(master.counts().refused, 0);
+}

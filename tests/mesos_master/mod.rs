@@ -90,6 +90,8 @@ struct State {
     counts: Counts,
     next: u64,
     heartbeat_seconds: f64,
+    /// Offers carry at most this much memory each (partial offers), if set.
+    offer_cap_mb: Option<f64>,
 }
 
 #[derive(Clone)]
@@ -134,6 +136,7 @@ impl FakeMaster {
                 counts: Counts::default(),
                 next: 0,
                 heartbeat_seconds: 1.0,
+                offer_cap_mb: None,
             })),
         };
         for (i, listener) in listeners.into_iter().enumerate() {
@@ -213,7 +216,13 @@ impl FakeMaster {
         ids.len()
     }
 
-    /// Stops offering until `resume_offers` (so that a rescinded offer is not replaced at once).
+    /// Each offer then carries at most `mb` of memory: an agent's resources come in pieces, one
+    /// more with each round of offers.
+    pub fn cap_offers(&self, mb: f64) {
+        self.state.lock().offer_cap_mb = Some(mb);
+    }
+
+    /// Stops (or resumes) offering, so that a rescinded offer is not replaced at once.
     pub fn pause_offers(&self, paused: bool) {
         self.state.lock().suppressed = paused;
     }
@@ -293,7 +302,7 @@ impl FakeMaster {
         self.send(e);
     }
 
-    /// One offer per agent with free resources and none outstanding.
+    /// A new offer per agent of what is free and not offered yet (capped by `cap_offers`).
     fn send_offers(&self) {
         let mut offers = Vec::new();
         {
@@ -302,16 +311,30 @@ impl FakeMaster {
                 return;
             }
             let framework = state.frameworks.iter().next_back().cloned().unwrap_or_default();
-            let outstanding: BTreeSet<String> = state.offers.values().map(|o| o.agent.clone()).collect();
+            let cap = state.offer_cap_mb;
             let mut made = Vec::new();
             for (id, a) in &state.agents {
-                if a.lost || outstanding.contains(id) {
+                if a.lost {
                     continue;
                 }
-                let (cpus, mem) = (a.cpus - a.used_cpus, a.mem_mb - a.used_mem);
-                let ports: Vec<u64> = (a.ports.0..=a.ports.1).filter(|p| !a.used_ports.contains(p)).collect();
+                // What is neither used by tasks nor already in an outstanding offer.
+                let offered = state.offers.values().filter(|o| &o.agent == id);
+                let (mut cpus, mut mem) = (a.cpus - a.used_cpus, a.mem_mb - a.used_mem);
+                let mut taken: BTreeSet<u64> = a.used_ports.clone();
+                for o in offered {
+                    cpus -= o.cpus;
+                    mem -= o.mem_mb;
+                    taken.extend(o.ports.iter().copied());
+                }
+                let mut ports: Vec<u64> = (a.ports.0..=a.ports.1).filter(|p| !taken.contains(p)).collect();
                 if mem < 1.0 || cpus < 0.01 || ports.is_empty() {
                     continue;
+                }
+                if let Some(cap) = cap.filter(|&cap| cap < mem) {
+                    // A partial offer: a slice of what is free, the rest in later offers.
+                    cpus *= cap / mem;
+                    mem = cap;
+                    ports.truncate(5);
                 }
                 made.push((id.clone(), cpus, mem, ports));
             }

@@ -102,6 +102,7 @@ impl MesosFactory {
             suppress_after: m.suppress_after,
             launch_timeout: m.launch_timeout,
             kill_timeout: m.kill_timeout,
+            agent_capacity_mb: m.agent_capacity_mb.map(|mb| mb as f64),
         };
         // Task ids of this run: the invoker id and the run's start time, unique over restarts.
         let run = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis();

@@ -23,6 +23,8 @@ pub struct SchedulerConfig {
     pub launch_timeout: Duration,
     /// A killed task counts as gone after this even if TASK_KILLED never comes.
     pub kill_timeout: Duration,
+    /// Every agent's capacity, when known better than from its offers.
+    pub agent_capacity_mb: Option<f64>,
 }
 
 /// How to run the action runtime as a task; `{port}` in `command` becomes the task's port.
@@ -416,7 +418,7 @@ impl Scheduler {
                 let free = self.book.agent(agent).map_or(0.0, |a| a.mem_mb());
                 NodeStatsUpdate {
                     node: NodeId::new(agent),
-                    capacity_mb: capacity as u64,
+                    capacity_mb: capacity.max(self.config.agent_capacity_mb.unwrap_or(0.0)) as u64,
                     free_mb: free as u64,
                     observed_at: now,
                 }
@@ -487,6 +489,7 @@ mod tests {
             suppress_after: S(30),
             launch_timeout: S(20),
             kill_timeout: S(10),
+            agent_capacity_mb: None,
         };
         let mut s = Scheduler::new(config, "inv.1".into());
         let mut step = Step::default();
@@ -732,5 +735,7 @@ mod tests {
         s.offers(&[offer("o2", "a", 1.0, 768.0, (31000, 31010))], S(2), &mut step);
         let stats = s.stats(S(2));
         assert_eq!((stats[0].capacity_mb, stats[0].free_mb), (1024, 768), "768 offered + 256 ours");
+        s.config.agent_capacity_mb = Some(4096.0);
+        assert_eq!(s.stats(S(2))[0].capacity_mb, 4096, "configured, where offers show less");
     }
 }
