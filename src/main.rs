@@ -102,7 +102,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     }
     let store: Arc<dyn Store> = Arc::new(store);
     let epoch = Epoch(Instant::now());
-    let factory = Factory::from_config(&config, epoch).await?;
+    let factory = Factory::from_config(&config, epoch, store.clone()).await?;
     tracing::info!("{}", factory.describe());
     let metrics = Arc::new(Metrics::default());
     let listener = std::net::TcpListener::bind(config.listen).with_context(|| format!("listen {}", config.listen))?;

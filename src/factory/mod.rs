@@ -91,12 +91,17 @@ pub enum Factory {
 
 impl Factory {
     /// The backend `factory.kind` names, set up from its section of the config.
-    pub async fn from_config(config: &crate::config::Config, epoch: Epoch) -> Result<Self, FactoryError> {
+    /// `store` keeps what a backend must remember across restarts (a Mesos framework id).
+    pub async fn from_config(
+        config: &crate::config::Config,
+        epoch: Epoch,
+        store: Arc<dyn crate::store::Store>,
+    ) -> Result<Self, FactoryError> {
         use crate::config::FactoryKind;
         Ok(match config.factory.kind {
             FactoryKind::Process => Factory::Process(process::ProcessFactory::new(config, epoch)?),
             FactoryKind::Docker => Factory::Docker(docker::DockerFactory::new(config, epoch).await?),
-            FactoryKind::Mesos => Factory::Mesos(mesos::MesosFactory::new(config, epoch).await?),
+            FactoryKind::Mesos => Factory::Mesos(mesos::MesosFactory::new(config, epoch, store).await?),
             FactoryKind::Mock => {
                 let m = &config.factory.mock;
                 let nodes = (0..m.nodes).map(|i| (format!("mock{i}"), m.node_memory_mb)).collect();

@@ -337,6 +337,14 @@ impl Store for JournaledStore {
     fn expire(&self, before_ms: u64) -> Result<usize, StoreError> {
         self.inner.db.expire(before_ms)
     }
+
+    fn get_setting(&self, key: &str) -> Result<Option<String>, StoreError> {
+        self.inner.db.get_setting(key)
+    }
+
+    fn put_setting(&self, key: &str, value: &str) -> Result<(), StoreError> {
+        self.inner.db.put_setting(key, value)
+    }
 }
 
 #[cfg(test)]

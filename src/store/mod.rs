@@ -64,6 +64,10 @@ pub trait Store: Send + Sync + 'static {
     fn recover_unfinished(&self, now_ms: u64) -> Result<usize, StoreError>;
     /// Deletes records that ended before `before_ms`.
     fn expire(&self, before_ms: u64) -> Result<usize, StoreError>;
+
+    /// A small value the invoker keeps across restarts (a Mesos framework id), durably.
+    fn get_setting(&self, key: &str) -> Result<Option<String>, StoreError>;
+    fn put_setting(&self, key: &str, value: &str) -> Result<(), StoreError>;
 }
 
 /// Bumps the last component of a semantic version, as OpenWhisk does on update.

@@ -18,6 +18,8 @@ const PENDING: TableDefinition<&str, &[u8]> = TableDefinition::new("pending");
 const BY_NAMESPACE: TableDefinition<&str, &str> = TableDefinition::new("activations_by_namespace");
 /// `end(20 digits) \0 id` → the by-namespace key: retention.
 const BY_END: TableDefinition<&str, &str> = TableDefinition::new("activations_by_end");
+/// Small values kept across restarts (a Mesos framework id).
+const SETTINGS: TableDefinition<&str, &str> = TableDefinition::new("settings");
 
 pub struct RedbStore {
     db: Database,
@@ -66,6 +68,7 @@ impl RedbStore {
             txn.open_table(PENDING).map_err(db_err)?;
             txn.open_table(BY_NAMESPACE).map_err(db_err)?;
             txn.open_table(BY_END).map_err(db_err)?;
+            txn.open_table(SETTINGS).map_err(db_err)?;
         }
         txn.commit().map_err(db_err)?;
         Ok(RedbStore { db })
@@ -305,6 +308,18 @@ impl Store for RedbStore {
         Ok(pending.len())
     }
 
+    fn get_setting(&self, key: &str) -> Result<Option<String>, StoreError> {
+        let txn = self.db.begin_read().map_err(db_err)?;
+        let table = txn.open_table(SETTINGS).map_err(db_err)?;
+        Ok(table.get(key).map_err(db_err)?.map(|v| v.value().to_string()))
+    }
+
+    fn put_setting(&self, key: &str, value: &str) -> Result<(), StoreError> {
+        let txn = self.db.begin_write().map_err(db_err)?;
+        txn.open_table(SETTINGS).map_err(db_err)?.insert(key, value).map_err(db_err)?;
+        txn.commit().map_err(db_err)
+    }
+
     fn expire(&self, before_ms: u64) -> Result<usize, StoreError> {
         let to = format!("{before_ms:020}");
         let txn = self.db.begin_write().map_err(db_err)?;
@@ -341,6 +356,17 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = RedbStore::open(&dir.path().join("invoker.redb")).unwrap();
         (dir, store)
+    }
+
+    #[test]
+    fn settings_survive_a_reopen() {
+        let (dir, store) = store();
+        assert_eq!(store.get_setting("mesos.framework_id").unwrap(), None);
+        store.put_setting("mesos.framework_id", "fw-1").unwrap();
+        store.put_setting("mesos.framework_id", "fw-2").unwrap();
+        drop(store);
+        let again = RedbStore::open(&dir.path().join("invoker.redb")).unwrap();
+        assert_eq!(again.get_setting("mesos.framework_id").unwrap().as_deref(), Some("fw-2"));
     }
 
     fn action(name: &str) -> Action {

@@ -3,9 +3,9 @@
 //!
 //! [`scheduler::Scheduler`] makes every decision; this module carries them out. One task holds
 //! the subscription (and subscribes again, with backoff, when the stream ends or heartbeats
-//! stop), one sends calls in order, one ticks. The framework id is kept in
-//! `data_dir/mesos/<invoker_id>/framework_id`, so a restarted invoker subscribes as the same
-//! framework, and its reconciliation finds the tasks the earlier run left, which it kills.
+//! stop), one sends calls in order, one ticks. The framework id is kept in the store, so a
+//! restarted invoker subscribes as the same framework, and its reconciliation finds the tasks
+//! the earlier run left, which it kills.
 
 pub mod client;
 pub mod offers;
@@ -17,6 +17,7 @@ use super::logs::LogBuffer;
 use super::{ContainerHandle, ContainerSpec, Epoch, FactoryError, StatsReceiver, Transport};
 use crate::config::{Config, MesosFactoryConfig};
 use crate::pool::core::{ContainerId, NodeId, NodeStatsUpdate};
+use crate::store::Store;
 use client::{MasterClient, MesosError};
 use futures_util::StreamExt;
 use offers::Need;
@@ -25,7 +26,6 @@ use proto::v1::scheduler::{call, event, Call, Event};
 use proto::v1::{FrameworkId, FrameworkInfo};
 use scheduler::{LaunchRequest, Outcome, Scheduler, SchedulerConfig, Step, TaskTemplate};
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -37,6 +37,8 @@ const TICK: Duration = Duration::from_millis(250);
 /// Heartbeat interval assumed until the master says (upstream sends one every 15 s).
 const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(15);
 const MAX_BACKOFF: Duration = Duration::from_secs(15);
+/// The store key of the framework id.
+const FRAMEWORK_ID: &str = "mesos.framework_id";
 
 #[derive(Clone)]
 pub struct MesosFactory {
@@ -53,7 +55,7 @@ struct Inner {
     stats: watch::Sender<Vec<NodeStatsUpdate>>,
     /// Kind → the task template (the `[kinds]` command, with the agents' binary and address).
     templates: BTreeMap<String, TaskTemplate>,
-    framework_file: PathBuf,
+    store: Arc<dyn Store>,
     ready_timeout: Duration,
     /// Containers whose task ended on its own, for the pool; the receiver is taken once.
     gone: mpsc::Sender<ContainerId>,
@@ -73,7 +75,7 @@ struct Driver {
 }
 
 impl MesosFactory {
-    pub async fn new(config: &Config, epoch: Epoch) -> Result<Self, FactoryError> {
+    pub async fn new(config: &Config, epoch: Epoch, store: Arc<dyn Store>) -> Result<Self, FactoryError> {
         let m = config.factory.mesos.clone();
         let setup = |reason: String| FactoryError::Operation { op: "mesos setup", reason };
         let client = MasterClient::new(&m.master, m.call_timeout).map_err(|e| setup(e.to_string()))?;
@@ -94,8 +96,6 @@ impl MesosFactory {
                 (kind.clone(), TaskTemplate { command, image: m.images.get(kind).cloned() })
             })
             .collect();
-        let dir = config.data_dir.join("mesos").join(&config.invoker_id);
-        std::fs::create_dir_all(&dir).map_err(|e| setup(format!("{}: {e}", dir.display())))?;
         let scheduler_config = SchedulerConfig {
             refuse_seconds: m.refuse.as_secs_f64(),
             offer_hold: m.offer_hold,
@@ -125,7 +125,7 @@ impl MesosFactory {
                 outbox,
                 stats: watch::channel(Vec::new()).0,
                 templates,
-                framework_file: dir.join("framework_id"),
+                store,
                 ready_timeout: config.proxy.init_timeout.max(Duration::from_secs(10)),
                 gone,
                 gone_rx: Mutex::new(Some(gone_rx)),
@@ -306,7 +306,13 @@ impl Inner {
     }
 
     fn subscribe_call(&self) -> Call {
-        let id = std::fs::read_to_string(&self.framework_file).ok().map(|s| s.trim().to_string());
+        let id = match self.store.get_setting(FRAMEWORK_ID) {
+            Ok(id) => id,
+            Err(e) => {
+                tracing::warn!("mesos: the framework id could not be read ({e}); subscribing as a new framework");
+                None
+            }
+        };
         let c = &self.config;
         Call {
             framework_id: id.clone().filter(|s| !s.is_empty()).map(|value| FrameworkId { value }),
@@ -338,7 +344,7 @@ impl Inner {
             Some(event::Type::Subscribed) => {
                 if let Some(sub) = event.subscribed {
                     let id = sub.framework_id.value;
-                    if let Err(e) = persist(&self.framework_file, &id) {
+                    if let Err(e) = self.store.put_setting(FRAMEWORK_ID, &id) {
                         tracing::warn!("mesos: the framework id could not be kept: {e}");
                     }
                     tracing::info!(framework_id = %id, master = %self.client.leader(), "mesos: subscribed");
@@ -375,12 +381,6 @@ impl Inner {
         self.carry_out(&mut state, step);
         heartbeat
     }
-}
-
-fn persist(path: &std::path::Path, id: &str) -> std::io::Result<()> {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, id)?;
-    std::fs::rename(tmp, path)
 }
 
 /// Holds the subscription: subscribes, reads events until the stream ends or heartbeats stop,
