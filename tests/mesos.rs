@@ -321,3 +321,19 @@ async fn a_task_that_fails_while_idle_is_replaced_and_a_failover_does_not_break_
     wait_for("a subscription on the new leader", Duration::from_secs(20), || master.counts().subscribes >= 2).await;
     assert_eq!(master.counts().refused, 0);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn missed_heartbeats_make_the_invoker_subscribe_again() {
+    let base = ports(9);
+    let master = FakeMaster::start(vec![agent("agent-a", 1024.0, base)], Duration::from_millis(200)).await;
+    let dir = tempdir();
+    // The fake master beats every second: two missed, and the invoker subscribes again.
+    let inv = Invoker::start(dir.path(), &id("ms-heartbeat"), &mesos_config(&master, "heartbeat_misses = 2\n"));
+    wait_for("a subscription", Duration::from_secs(20), || master.counts().subscribes == 1).await;
+    master.go_silent();
+    wait_for("a second subscription", Duration::from_secs(20), || master.counts().subscribes >= 2).await;
+    inv.put_action("echo", python("def main(a):\n    return {'n': a['n']}\n")).await;
+    let (status, body) = inv.invoke("echo", "blocking=true&result=true", json!({"n": 1})).await;
+    assert_eq!((status, &body), (200, &json!({"n": 1})), "{}", inv.stderr());
+    assert!(inv.stderr().contains("subscribing again"), "{}", inv.stderr());
+}

@@ -92,6 +92,8 @@ struct State {
     heartbeat_seconds: f64,
     /// Offers carry at most this much memory each (partial offers), if set.
     offer_cap_mb: Option<f64>,
+    /// The stream stays open but carries nothing, heartbeats included, until a new subscription.
+    silent: bool,
 }
 
 #[derive(Clone)]
@@ -137,6 +139,7 @@ impl FakeMaster {
                 next: 0,
                 heartbeat_seconds: 1.0,
                 offer_cap_mb: None,
+                silent: false,
             })),
         };
         for (i, listener) in listeners.into_iter().enumerate() {
@@ -270,13 +273,20 @@ impl FakeMaster {
         state.stream = None;
     }
 
+    /// Keeps the event stream open but sends nothing on it, heartbeats included.
+    pub fn go_silent(&self) {
+        self.state.lock().silent = true;
+    }
+
     /// Ends the event stream without a leader change.
     pub fn drop_stream(&self) {
         self.state.lock().stream = None;
     }
 
     fn send(&self, e: Event) {
-        let sender = self.state.lock().stream.as_ref().map(|(_, tx)| tx.clone());
+        let state = self.state.lock();
+        let sender = state.stream.as_ref().filter(|_| !state.silent).map(|(_, tx)| tx.clone());
+        drop(state);
         if let Some(tx) = sender {
             let _ = tx.try_send(Bytes::from(frame(&e.encode_to_vec())));
         }
@@ -461,6 +471,7 @@ impl FakeMaster {
             state.stream = Some((stream_id.clone(), tx.clone()));
             state.offers.clear();
             state.suppressed = false;
+            state.silent = false;
             (stream_id, framework_id, state.heartbeat_seconds)
         };
         let mut e = event(event::Type::Subscribed);
