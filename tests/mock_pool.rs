@@ -300,3 +300,30 @@ async fn a_prewarmed_container_is_adopted_without_a_create_and_replaced() {
     let snapshot = h.service.pool().snapshot().await.unwrap();
     assert_eq!(snapshot.prewarm, 1, "{snapshot:?}");
 }
+
+#[actix_rt::test]
+async fn the_pool_forgets_actions_it_no_longer_holds() {
+    let mock = MockConfig { nodes: vec![("n0".into(), 1_000_000)], ..MockConfig::default() };
+    let pool = PoolConfig { idle_timeout: Duration::from_millis(200), ..PoolConfig::default() };
+    let h = setup(mock, pool);
+    let actions: Vec<_> = (0..80).map(|i| action(&format!("a{i}"), 128)).collect();
+    for a in &actions {
+        assert_eq!(invoke(&h, a, json!({})).await.response.status_code, 0);
+    }
+    // Every container idles out; then the pool keeps no trace of the 80 actions.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let snapshot = h.service.pool().snapshot().await.unwrap();
+        if snapshot.containers.is_empty() && snapshot.action_keys == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{} containers, {} keys", snapshot.containers.len(), snapshot.action_keys);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // An action answered at once (larger than any node) leaves nothing behind either.
+    let huge = action("huge", 2_000_000);
+    assert_ne!(invoke(&h, &huge, json!({})).await.response.status_code, 0);
+    assert_eq!(h.service.pool().snapshot().await.unwrap().action_keys, 0);
+    // An action seen again is tracked again, under a new key, and runs.
+    assert_eq!(invoke(&h, &actions[0], json!({})).await.response.status_code, 0);
+}

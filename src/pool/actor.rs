@@ -65,6 +65,8 @@ pub struct PoolSnapshot {
     pub containers: Vec<ContainerSummary>,
     /// Container creations that failed in a row (reset by one that succeeds).
     pub create_failures_in_a_row: u32,
+    /// Action keys (action revision, kind, memory, concurrency) the pool tracks now.
+    pub action_keys: usize,
 }
 
 /// Why a job was answered without running, as its record says (the API maps it to a status).
@@ -83,7 +85,10 @@ pub struct ContainerPool {
     create_failures_in_a_row: u32,
     jobs: HashMap<JobId, RunJob>,
     keys: HashMap<String, KeyId>,
-    key_actions: HashMap<KeyId, Arc<Action>>,
+    /// Each key's action, and its entry in `keys`.
+    key_actions: HashMap<KeyId, (Arc<Action>, String)>,
+    /// Never reused: a key the core forgot may be interned again, as a new id.
+    next_key: u32,
     next_job: u64,
     drained: Vec<oneshot::Sender<()>>,
 }
@@ -114,6 +119,7 @@ impl ContainerPool {
             jobs: HashMap::new(),
             keys: HashMap::new(),
             key_actions: HashMap::new(),
+            next_key: 0,
             next_job: 1,
             drained: Vec::new(),
         }
@@ -130,10 +136,24 @@ impl ContainerPool {
             action.limits.memory,
             action.limits.concurrency
         );
-        let next = KeyId(self.keys.len() as u32);
-        let id = *self.keys.entry(spec).or_insert(next);
-        self.key_actions.entry(id).or_insert_with(|| action.clone());
+        let next = KeyId(self.next_key);
+        let id = *self.keys.entry(spec.clone()).or_insert(next);
+        if id == next {
+            self.next_key = self.next_key.wrapping_add(1);
+        }
+        self.key_actions.entry(id).or_insert_with(|| (action.clone(), spec));
         id
+    }
+
+    /// Forgets what it keeps of the keys the core no longer holds (no container, no waiting
+    /// job): without this an invoker that sees many actions and revisions would keep every
+    /// one, with its code.
+    fn forget_keys(&mut self, keys: impl IntoIterator<Item = KeyId>) {
+        for key in keys {
+            if let Some((_, spec)) = self.key_actions.remove(&key) {
+                self.keys.remove(&spec);
+            }
+        }
     }
 
     fn apply(&mut self, event: Event, ctx: &mut Context<Self>) {
@@ -143,7 +163,7 @@ impl ContainerPool {
                 Effect::Create { container, owner, memory_mb, node } => {
                     let (kind, action_path) = match owner {
                         Owner::Key(key) => {
-                            let action = &self.key_actions[&key];
+                            let (action, _) = &self.key_actions[&key];
                             (action.exec.kind.clone(), action.path())
                         }
                         Owner::Stem(stem) => (self.config.prewarm[stem.0 as usize].kind.clone(), self.stem_label(stem)),
@@ -177,6 +197,8 @@ impl ContainerPool {
                 }
             }
         }
+        let forgotten = self.core.take_forgotten_keys();
+        self.forget_keys(forgotten);
         if self.core.is_draining() && self.proxies.is_empty() {
             for waiter in self.drained.drain(..) {
                 let _ = waiter.send(());
@@ -198,7 +220,7 @@ impl ContainerPool {
             .map(|c| ContainerSummary {
                 id: c.id.0,
                 action: match c.owner {
-                    Owner::Key(key) => self.key_actions.get(&key).map(|a| a.path()).unwrap_or_default(),
+                    Owner::Key(key) => self.key_actions.get(&key).map(|(a, _)| a.path()).unwrap_or_default(),
                     Owner::Stem(stem) => self.stem_label(stem),
                 },
                 node: c.node.to_string(),
@@ -218,6 +240,7 @@ impl ContainerPool {
             nodes: self.core.nodes(self.epoch.now()),
             containers,
             create_failures_in_a_row: self.create_failures_in_a_row,
+            action_keys: self.key_actions.len(),
         }
     }
 }
@@ -310,6 +333,9 @@ impl Handler<Submit> for ContainerPool {
         };
         self.jobs.insert(id, run);
         self.apply(Event::Arrived(job), ctx);
+        if !self.core.has_key(key) {
+            self.forget_keys([key]); // answered at once, nothing of it kept
+        }
         self.metrics.waiting.set(self.jobs.len() as i64);
     }
 }

@@ -151,6 +151,8 @@ pub struct PoolCore {
     start_time: Ewma,
     /// Keys whose waiting jobs rely on busy containers, by when that reliance is overdue.
     rechecks: BTreeSet<(Time, KeyId)>,
+    /// Keys forgotten since the caller last asked (see [`PoolCore::take_forgotten_keys`]).
+    forgotten: Vec<KeyId>,
     next_idle_seq: u64,
     draining: bool,
 }
@@ -169,6 +171,7 @@ impl PoolCore {
             claim: None,
             start_time: Ewma::default(),
             rechecks: BTreeSet::new(),
+            forgotten: Vec::new(),
             config,
             containers: Slab::default(),
             keys: FxHashMap::default(),
@@ -268,6 +271,17 @@ impl PoolCore {
     /// Jobs waiting and containers starting for one key (for tests and the pool view).
     pub fn key_load(&self, key: KeyId) -> (usize, u32) {
         self.keys.get(&key).map_or((0, 0), |k| (k.waiting_live, k.starting))
+    }
+
+    /// Whether the core holds anything of `key` (containers, waiting jobs, a blocked start).
+    pub fn has_key(&self, key: KeyId) -> bool {
+        self.keys.contains_key(&key)
+    }
+
+    /// The keys the core forgot (nothing of theirs is left) since the last call, so that the
+    /// caller can forget what it keeps per key too.
+    pub fn take_forgotten_keys(&mut self) -> Vec<KeyId> {
+        std::mem::take(&mut self.forgotten)
     }
 
     /// True when some action's jobs wait for room (or a start slot) on the nodes: O(1), for a
@@ -779,6 +793,7 @@ impl PoolCore {
     fn gc_key(&mut self, key_id: KeyId) {
         if self.keys.get(&key_id).is_some_and(KeyState::is_empty) {
             self.keys.remove(&key_id);
+            self.forgotten.push(key_id);
         }
     }
 }
