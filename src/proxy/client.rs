@@ -1,7 +1,16 @@
 //! The OpenWhisk action runtime protocol, client side: `POST /init` once, `POST /run` per
-//! activation, over one kept-alive connection pool per container.
+//! activation, over kept-alive HTTP/1.1 connections to one container.
+//!
+//! Straight on hyper's connection API rather than a general-purpose client: the address never
+//! changes, so there is no URL to parse, no pool keyed by host and no connector stack per
+//! request; idle connections wait in a small stack, one per run in flight at most.
 
 use crate::factory::Transport;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+use parking_lot::Mutex;
 use serde_json::Value;
 use std::time::Duration;
 
@@ -20,20 +29,17 @@ pub struct RuntimeResponse {
     pub body: Result<Value, String>,
 }
 
+/// Idle connections kept per container at most (more only while more runs are in flight).
+const MAX_IDLE: usize = 64;
+
 pub struct RuntimeClient {
-    http: reqwest::Client,
-    base: String,
+    transport: Transport,
+    idle: Mutex<Vec<SendRequest<Full<Bytes>>>>,
 }
 
 impl RuntimeClient {
     pub fn new(transport: &Transport) -> Result<Self, String> {
-        let builder = reqwest::Client::builder().pool_max_idle_per_host(64);
-        let (builder, base) = match transport {
-            Transport::Tcp(addr) => (builder.tcp_nodelay(true), format!("http://{addr}")),
-            Transport::Unix(path) => (builder.unix_socket(path.as_path()), "http://localhost".to_string()),
-        };
-        let http = builder.build().map_err(|e| e.to_string())?;
-        Ok(RuntimeClient { http, base })
+        Ok(RuntimeClient { transport: transport.clone(), idle: Mutex::new(Vec::new()) })
     }
 
     pub async fn init(&self, body: &Value, timeout: Duration) -> Result<RuntimeResponse, RuntimeError> {
@@ -44,18 +50,63 @@ impl RuntimeClient {
         self.post("/run", body, timeout).await
     }
 
-    async fn post(&self, path: &str, body: &Value, timeout: Duration) -> Result<RuntimeResponse, RuntimeError> {
-        let request = self.http.post(format!("{}{path}", self.base)).json(body).send();
-        let response = match tokio::time::timeout(timeout, request).await {
-            Err(_) => return Err(RuntimeError::Timeout),
-            Ok(Err(e)) => return Err(RuntimeError::Connection(e.to_string())),
-            Ok(Ok(r)) => r,
+    async fn connect(&self) -> Result<SendRequest<Full<Bytes>>, String> {
+        let (sender, connection) = match &self.transport {
+            Transport::Tcp(addr) => {
+                let stream = tokio::net::TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+                let _ = stream.set_nodelay(true);
+                let (sender, connection) =
+                    hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| e.to_string())?;
+                (sender, tokio::spawn(async move { connection.await.map_err(|e| e.to_string()) }))
+            }
+            Transport::Unix(path) => {
+                let stream = tokio::net::UnixStream::connect(path).await.map_err(|e| e.to_string())?;
+                let (sender, connection) =
+                    hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| e.to_string())?;
+                (sender, tokio::spawn(async move { connection.await.map_err(|e| e.to_string()) }))
+            }
         };
-        let status = response.status().as_u16();
-        let bytes = match tokio::time::timeout(timeout, response.bytes()).await {
+        drop(connection); // the task drives the connection until either side closes it
+        Ok(sender)
+    }
+
+    /// A kept-alive connection ready for a request, or a new one.
+    async fn sender(&self) -> Result<SendRequest<Full<Bytes>>, String> {
+        loop {
+            let idle = self.idle.lock().pop();
+            match idle {
+                Some(mut sender) => {
+                    if sender.ready().await.is_ok() {
+                        return Ok(sender);
+                    }
+                }
+                None => return self.connect().await,
+            }
+        }
+    }
+
+    async fn post(&self, path: &str, body: &Value, timeout: Duration) -> Result<RuntimeResponse, RuntimeError> {
+        let body = Bytes::from(serde_json::to_vec(body).unwrap_or_default());
+        let exchange = async {
+            let mut sender = self.sender().await?;
+            let request = hyper::Request::post(path)
+                .header(hyper::header::HOST, "localhost")
+                .header(hyper::header::CONTENT_TYPE, "application/json")
+                .body(Full::new(body))
+                .map_err(|e| e.to_string())?;
+            let response = sender.send_request(request).await.map_err(|e| e.to_string())?;
+            let status = response.status().as_u16();
+            let bytes = response.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
+            let mut idle = self.idle.lock();
+            if idle.len() < MAX_IDLE {
+                idle.push(sender);
+            }
+            Ok::<_, String>((status, bytes))
+        };
+        let (status, bytes) = match tokio::time::timeout(timeout, exchange).await {
             Err(_) => return Err(RuntimeError::Timeout),
-            Ok(Err(e)) => return Err(RuntimeError::Connection(e.to_string())),
-            Ok(Ok(b)) => b,
+            Ok(Err(e)) => return Err(RuntimeError::Connection(e)),
+            Ok(Ok(answer)) => answer,
         };
         let body =
             serde_json::from_slice(&bytes).map_err(|_| String::from_utf8_lossy(&bytes).chars().take(200).collect());
