@@ -92,8 +92,12 @@ pub struct ContainerProxy {
     /// Started as a prewarm (stem) container: its first run is a prewarm start, whose path
     /// held no container creation.
     prewarmed: bool,
-    /// Bumped by every run, so that a pause scheduled before it no longer applies.
-    pause_generation: u64,
+    /// When the container pauses if it stays idle; cleared by every run.
+    pause_at: Option<Instant>,
+    /// Whether the one pause timer is pending. One timer per proxy, re-armed for the rest of
+    /// the grace when it fires early: actix polls every pending timer of an actor whenever the
+    /// actor wakes, so a timer per run would cost a busy container O(runs in the grace) per run.
+    pause_timer: bool,
     /// Runs that arrived while the container was pausing or paused; they go once it resumes.
     parked: Vec<(JobId, RunJob, Instant)>,
 }
@@ -114,7 +118,8 @@ impl ContainerProxy {
             init_ms: None,
             cold: true,
             prewarmed,
-            pause_generation: 0,
+            pause_at: None,
+            pause_timer: false,
             parked: Vec::new(),
         }
     }
@@ -351,7 +356,7 @@ impl Handler<Run> for ContainerProxy {
     fn handle(&mut self, msg: Run, ctx: &mut Context<Self>) {
         let began = Instant::now();
         self.running += 1;
-        self.pause_generation += 1;
+        self.pause_at = None;
         match self.state {
             ProxyState::Pausing => self.parked.push((msg.job, msg.run, began)),
             ProxyState::Paused => {
@@ -385,9 +390,22 @@ impl ContainerProxy {
         if grace.is_zero() {
             return;
         }
-        let generation = self.pause_generation;
-        ctx.run_later(grace, move |act, ctx| {
-            if act.pause_generation == generation && act.state == ProxyState::Ready && act.running == 0 {
+        self.pause_at = Some(Instant::now() + grace);
+        if !self.pause_timer {
+            self.arm_pause(grace, ctx);
+        }
+    }
+
+    fn arm_pause(&mut self, after: Duration, ctx: &mut Context<Self>) {
+        self.pause_timer = true;
+        ctx.run_later(after, |act, ctx| {
+            act.pause_timer = false;
+            let Some(at) = act.pause_at else { return };
+            let now = Instant::now();
+            if at > now {
+                act.arm_pause(at - now, ctx);
+            } else if act.state == ProxyState::Ready && act.running == 0 {
+                act.pause_at = None;
                 act.pause(ctx);
             }
         });
