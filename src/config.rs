@@ -351,6 +351,14 @@ pub struct KindConfig {
     pub command: Vec<String>,
 }
 
+impl KindConfig {
+    /// The command line with `{invoker}` and `{listen}` filled in.
+    pub fn command_for(&self, invoker: &Path, listen: &str) -> Vec<String> {
+        let invoker = invoker.to_string_lossy();
+        self.command.iter().map(|a| a.replace("{invoker}", &invoker).replace("{listen}", listen)).collect()
+    }
+}
+
 impl Default for Config {
     fn default() -> Self {
         Config {

@@ -134,11 +134,7 @@ impl ProcessFactory {
                 (Transport::Unix(path), listen)
             }
         };
-        let args: Vec<String> = kind
-            .command
-            .iter()
-            .map(|a| a.replace("{invoker}", &self.inner.executable.to_string_lossy()).replace("{listen}", &listen))
-            .collect();
+        let args = kind.command_for(&self.inner.executable, &listen);
         let mut cmd = Command::new(&args[0]);
         cmd.args(&args[1..])
             .env("INVOKER_ID", &self.inner.invoker_id)

@@ -88,11 +88,7 @@ impl MesosFactory {
             .kinds
             .iter()
             .map(|(kind, k)| {
-                let command = k
-                    .command
-                    .iter()
-                    .map(|a| a.replace("{invoker}", &agent_invoker.to_string_lossy()).replace("{listen}", &listen))
-                    .collect();
+                let command = k.command_for(&agent_invoker, &listen);
                 (kind.clone(), TaskTemplate { command, image: m.images.get(kind).cloned() })
             })
             .collect();
