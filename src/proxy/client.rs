@@ -51,23 +51,16 @@ impl RuntimeClient {
     }
 
     async fn connect(&self) -> Result<SendRequest<Full<Bytes>>, String> {
-        let (sender, connection) = match &self.transport {
+        match &self.transport {
             Transport::Tcp(addr) => {
                 let stream = tokio::net::TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
                 let _ = stream.set_nodelay(true);
-                let (sender, connection) =
-                    hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| e.to_string())?;
-                (sender, tokio::spawn(async move { connection.await.map_err(|e| e.to_string()) }))
+                handshake(stream).await
             }
             Transport::Unix(path) => {
-                let stream = tokio::net::UnixStream::connect(path).await.map_err(|e| e.to_string())?;
-                let (sender, connection) =
-                    hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| e.to_string())?;
-                (sender, tokio::spawn(async move { connection.await.map_err(|e| e.to_string()) }))
+                handshake(tokio::net::UnixStream::connect(path).await.map_err(|e| e.to_string())?).await
             }
-        };
-        drop(connection); // the task drives the connection until either side closes it
-        Ok(sender)
+        }
     }
 
     /// A kept-alive connection ready for a request, or a new one.
@@ -112,4 +105,15 @@ impl RuntimeClient {
             serde_json::from_slice(&bytes).map_err(|_| String::from_utf8_lossy(&bytes).chars().take(200).collect());
         Ok(RuntimeResponse { status, body })
     }
+}
+
+/// HTTP/1.1 on a connected stream; a task drives the connection until either side closes it.
+async fn handshake<S>(stream: S) -> Result<SendRequest<Full<Bytes>>, String>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (sender, connection) =
+        hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| e.to_string())?;
+    tokio::spawn(connection);
+    Ok(sender)
 }
