@@ -3,7 +3,7 @@
 //!
 //! [`scheduler::Scheduler`] makes every decision; this module carries them out. One task holds
 //! the subscription (and subscribes again, with backoff, when the stream ends or heartbeats
-//! stop), one sends calls in order, one ticks. The framework id is kept in the store, so a
+//! stop), one sends calls in order, one ticks; the first two live as long as the process. The framework id is kept in the store, so a
 //! restarted invoker subscribes as the same framework, and its reconciliation finds the tasks
 //! the earlier run left, which it kills.
 
@@ -418,9 +418,6 @@ async fn subscription(inner: Arc<Inner>) {
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(MAX_BACKOFF);
             }
-        }
-        if Arc::strong_count(&inner) == 1 {
-            return; // the factory is gone
         }
     }
 }
