@@ -45,6 +45,23 @@ async fn wait_for(what: &str, deadline: Duration, mut check: impl FnMut() -> boo
     }
 }
 
+/// Polls the invoker's `/v1/pool` until `check` holds for it (20 s at most).
+async fn wait_for_pool(inv: &Invoker, what: &str, check: impl Fn(&Value) -> bool) {
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, pool) = inv.get_url("/v1/pool").await;
+        if check(&pool) {
+            return;
+        }
+        assert!(Instant::now() < until, "timed out waiting for {what}: {pool}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn no_containers(pool: &Value) -> bool {
+    pool["containers"].as_array().is_some_and(|cs| cs.is_empty())
+}
+
 fn statuses(answers: &[(u16, Value)]) -> (usize, usize) {
     for (status, record) in answers {
         assert!(*status == 200 || *status == 503, "{status}: {record}");
@@ -132,17 +149,12 @@ async fn a_rescinded_offer_is_never_used() {
     master.pause_offers(true);
     assert!(master.rescind_all() > 0, "the offer the invoker holds");
     // The rescind reaches the invoker on its event stream: wait until its pool sees no room.
-    let until = Instant::now() + Duration::from_secs(20);
-    loop {
-        let (_, pool) = inv.get_url("/v1/pool").await;
+    wait_for_pool(&inv, "the invoker to stop counting the rescinded offer", |pool| {
         let free: Vec<u64> =
             pool["nodes"].as_array().into_iter().flatten().filter_map(|n| n["free_mb"].as_u64()).collect();
-        if !free.is_empty() && free.iter().all(|&f| f == 0) {
-            break;
-        }
-        assert!(Instant::now() < until, "the invoker still counts the rescinded offer: {pool}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        !free.is_empty() && free.iter().all(|&f| f == 0)
+    })
+    .await;
     let call = inv.invoke("echo", "blocking=true&result=true", json!({"n": 1}));
     let resume = async {
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -251,15 +263,7 @@ async fn an_idle_container_on_a_lost_agent_is_removed_before_work_reaches_it() {
     assert_eq!(inv.invoke("echo", "blocking=true", json!({"n": 0})).await.0, 200, "{}", inv.stderr());
     let lost = master.running().keys().next().unwrap().clone();
     master.lose_agent(&lost);
-    let until = Instant::now() + Duration::from_secs(20);
-    loop {
-        let (_, pool) = inv.get_url("/v1/pool").await;
-        if pool["containers"].as_array().is_some_and(|cs| cs.is_empty()) {
-            break;
-        }
-        assert!(Instant::now() < until, "the lost container is still in the pool: {pool}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for_pool(&inv, "the lost container to leave the pool", no_containers).await;
     let (status, body) = inv.invoke("echo", "blocking=true&result=true", json!({"n": 1})).await;
     assert_eq!((status, &body), (200, &json!({"n": 1})), "a new container elsewhere, no failed activation");
     assert!(!master.running().contains_key(&lost));
@@ -298,15 +302,7 @@ async fn a_task_that_fails_while_idle_is_replaced_and_a_failover_does_not_break_
     let first = master.task_ids();
     master.fail_task(&first[0]);
     wait_for("the failed task out of the pool", Duration::from_secs(20), || master.running().is_empty()).await;
-    let until = Instant::now() + Duration::from_secs(20);
-    loop {
-        let (_, pool) = inv.get_url("/v1/pool").await;
-        if pool["containers"].as_array().is_some_and(|cs| cs.is_empty()) {
-            break;
-        }
-        assert!(Instant::now() < until, "the failed task's container is still in the pool: {pool}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for_pool(&inv, "the failed task's container to leave the pool", no_containers).await;
     let (status, body) = inv.invoke("slow", "blocking=true&result=true", json!({"n": 1})).await;
     assert_eq!((status, &body), (200, &json!({"n": 1})), "a new task took over");
 

@@ -209,14 +209,19 @@ impl FakeMaster {
 
     /// Rescinds every outstanding offer; returns how many.
     pub fn rescind_all(&self) -> usize {
-        let ids: Vec<String> = self.state.lock().offers.keys().cloned().collect();
-        for id in &ids {
-            self.state.lock().offers.remove(id);
+        let ids: Vec<String> = std::mem::take(&mut self.state.lock().offers).into_keys().collect();
+        let n = ids.len();
+        self.rescind(ids);
+        n
+    }
+
+    /// Tells the framework that offers it may hold are void (they are out of the state already).
+    fn rescind(&self, ids: Vec<String>) {
+        for id in ids {
             let mut e = event(event::Type::Rescind);
-            e.rescind = Some(event::Rescind { offer_id: OfferId { value: id.clone() } });
+            e.rescind = Some(event::Rescind { offer_id: OfferId { value: id } });
             self.send(e);
         }
-        ids.len()
     }
 
     /// Each offer then carries at most `mb` of memory: an agent's resources come in pieces, one
@@ -245,11 +250,7 @@ impl FakeMaster {
                 stops.extend(t.stop.take().map(|s| (s, TaskState::TaskLost)));
             }
         }
-        for id in offers {
-            let mut e = event(event::Type::Rescind);
-            e.rescind = Some(event::Rescind { offer_id: OfferId { value: id } });
-            self.send(e);
-        }
+        self.rescind(offers);
         let mut e = event(event::Type::Failure);
         e.failure = Some(event::Failure { agent_id: Some(AgentId { value: agent.into() }), ..Default::default() });
         self.send(e);
