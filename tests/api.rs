@@ -104,6 +104,10 @@ async fn actions_are_created_read_listed_and_deleted() {
     let delete = test::TestRequest::delete().uri("/api/v1/namespaces/_/actions/echo").insert_header(auth(GUEST));
     assert_eq!(send(&app, delete).await.0, 200);
     assert_eq!(send(&app, get("/api/v1/namespaces/_/actions/echo")).await.0, 404);
+    let patch = test::TestRequest::patch().uri("/api/v1/namespaces/_/actions/echo").insert_header(auth(GUEST));
+    let (s, body, _) = send(&app, patch).await;
+    assert_eq!(s, 405, "{body}");
+    assert!(body["error"].as_str().unwrap().contains("PATCH"), "{body}");
 }
 
 #[actix_rt::test]

@@ -16,6 +16,8 @@ pub enum ApiError {
     Forbidden(String),
     #[error("the requested resource does not exist")]
     NotFound,
+    #[error("method {method} is not allowed here; allowed: {allowed}")]
+    MethodNotAllowed { method: String, allowed: &'static str },
     #[error("{0}")]
     Conflict(String),
     #[error("the request content exceeds {0} bytes")]
@@ -54,6 +56,7 @@ impl ResponseError for ApiError {
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::TooMany(_) => StatusCode::TOO_MANY_REQUESTS,
@@ -66,6 +69,9 @@ impl ResponseError for ApiError {
         let mut response = HttpResponse::build(self.status_code());
         if matches!(self, ApiError::Unavailable(_) | ApiError::TooMany(_)) {
             response.insert_header(("Retry-After", "1"));
+        }
+        if let ApiError::MethodNotAllowed { allowed, .. } = self {
+            response.insert_header(("Allow", *allowed));
         }
         if matches!(self, ApiError::Unauthorized) {
             response.insert_header(("WWW-Authenticate", "Basic realm=\"invoker\""));

@@ -10,7 +10,7 @@ mod shim;
 use crate::activation::ActivationService;
 use crate::config::Config;
 use crate::model::{validate_entity_name, Action};
-use actix_web::{web, HttpRequest};
+use actix_web::{web, HttpRequest, HttpResponse};
 use base64::Engine as _;
 use error::ApiError;
 use serde::Deserialize;
@@ -64,20 +64,32 @@ pub fn configure(state: web::Data<AppState>) -> impl Fn(&mut web::ServiceConfig)
     }
 }
 
+/// One resource per path, with its methods as routes: the router tries each resource's pattern
+/// (a regex where the path has parameters) in turn, so the invoke path comes first and is tried
+/// once, not once per method. A known path with another method gets 405.
 fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.route("/ping", web::get().to(admin::ping))
-        .route("/health", web::get().to(admin::health))
-        .route("/metrics", web::get().to(admin::metrics))
-        .route("/v1/pool", web::get().to(admin::pool))
-        .route("/v1/activations", web::post().to(shim::activation_message))
-        .route("/api/v1/namespaces/{ns}/actions", web::get().to(actions::list))
-        .route("/api/v1/namespaces/{ns}/actions/{name}", web::put().to(actions::put))
-        .route("/api/v1/namespaces/{ns}/actions/{name}", web::get().to(actions::get))
-        .route("/api/v1/namespaces/{ns}/actions/{name}", web::delete().to(actions::delete))
-        .route("/api/v1/namespaces/{ns}/actions/{name}", web::post().to(actions::invoke))
-        .route("/api/v1/namespaces/{ns}/activations", web::get().to(activations::list))
-        .route("/api/v1/namespaces/{ns}/activations/{id}", web::get().to(activations::get))
-        .route("/api/v1/namespaces/{ns}/activations/{id}/{part}", web::get().to(activations::get_part));
+    cfg.service(
+        web::resource("/api/v1/namespaces/{ns}/actions/{name}")
+            .route(web::post().to(actions::invoke))
+            .route(web::get().to(actions::get))
+            .route(web::put().to(actions::put))
+            .route(web::delete().to(actions::delete))
+            .default_service(web::to(|req: HttpRequest| async move {
+                Err::<HttpResponse, _>(ApiError::MethodNotAllowed {
+                    method: req.method().to_string(),
+                    allowed: "POST, GET, PUT, DELETE",
+                })
+            })),
+    )
+    .route("/ping", web::get().to(admin::ping))
+    .route("/health", web::get().to(admin::health))
+    .route("/metrics", web::get().to(admin::metrics))
+    .route("/v1/pool", web::get().to(admin::pool))
+    .route("/v1/activations", web::post().to(shim::activation_message))
+    .route("/api/v1/namespaces/{ns}/actions", web::get().to(actions::list))
+    .route("/api/v1/namespaces/{ns}/activations", web::get().to(activations::list))
+    .route("/api/v1/namespaces/{ns}/activations/{id}", web::get().to(activations::get))
+    .route("/api/v1/namespaces/{ns}/activations/{id}/{part}", web::get().to(activations::get_part));
 }
 
 #[derive(Deserialize)]
