@@ -22,8 +22,8 @@ fn id(prefix: &str) -> String {
 async fn three_kinds_blocking_non_blocking_and_logs() {
     let dir = tempdir();
     let inv = Invoker::start(dir.path(), &id("kinds"), "");
-    inv.put_action("py", python("def main(a):\n    print('py says', a['name'])\n    return {'hello': a['name']}\n"))
-        .await;
+    let py = "import sys\ndef main(a):\n    print('py says', a['name'])\n    print('py complains', file=sys.stderr)\n    return {'hello': a['name']}\n";
+    inv.put_action("py", python(py)).await;
     inv.put_action(
         "js",
         json!({"exec": {"kind": "nodejs:20", "code": "async function main(a) { console.log('js says', a.name); return {hello: a.name}; }"}}),
@@ -45,8 +45,12 @@ async fn three_kinds_blocking_non_blocking_and_logs() {
         let (status, logs) = inv.get(&format!("activations/{id}/logs")).await;
         assert_eq!(status, 200);
         let logs = logs["logs"].as_array().unwrap();
-        assert!(logs.iter().any(|l| l.as_str().unwrap().contains(&format!("{name} says"))), "{name}: {logs:?}");
+        let says = logs.iter().filter(|l| l.as_str().unwrap().contains(&format!("stdout: {name} says"))).count();
+        assert_eq!(says, 1, "this activation's line, not the one before: {name}: {logs:?}");
         assert!(!logs.iter().any(|l| l.as_str().unwrap().contains("XXX_THE_END")), "sentinels are not logs");
+        if name == "py" {
+            assert!(logs.iter().any(|l| l.as_str().unwrap().ends_with("stderr: py complains")), "{logs:?}");
+        }
     }
 }
 
