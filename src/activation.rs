@@ -46,7 +46,7 @@ pub enum IntakeError {
 #[derive(Debug)]
 pub enum Invoked {
     /// Finished within the blocking wait.
-    Done(Box<ActivationRecord>),
+    Done(Arc<ActivationRecord>),
     /// Accepted; the record will be there later (non-blocking, or the blocking wait passed).
     Accepted(String),
 }
@@ -134,13 +134,14 @@ impl ActivationService {
         if given {
             match self.store.accept(&meta)? {
                 Accepted::New => {}
-                Accepted::Finished(record) => return Ok(Invoked::Done(record)),
+                Accepted::Finished(record) => return Ok(Invoked::Done(Arc::from(record))),
                 Accepted::Pending => return Ok(self.await_existing(activation_id, req.wait).await),
             }
         } else {
             self.store.accept_new(&meta)?;
         }
         let (tx, rx) = oneshot::channel();
+        let meta = Arc::new(meta);
         let completion = Completion::new(self.store.clone(), self.metrics.clone(), meta.clone(), Some(tx), Some(slot));
         let params = action.merged_params(req.params);
         let run = RunJob {
@@ -157,7 +158,7 @@ impl ActivationService {
         self.pool.submit(run);
         let Some(wait) = req.wait else { return Ok(Invoked::Accepted(activation_id)) };
         match tokio::time::timeout(wait, rx).await {
-            Ok(Ok(record)) => Ok(Invoked::Done(Box::new(record))),
+            Ok(Ok(record)) => Ok(Invoked::Done(record)),
             Ok(Err(_)) => Ok(self.await_existing(activation_id, Some(Duration::from_secs(1))).await),
             Err(_) => Ok(Invoked::Accepted(activation_id)),
         }
@@ -170,7 +171,7 @@ impl ActivationService {
             let store = self.store.clone();
             let lookup = id.clone();
             if let Ok(Ok(Some(record))) = tokio::task::spawn_blocking(move || store.get_activation(&lookup)).await {
-                return Invoked::Done(Box::new(record));
+                return Invoked::Done(Arc::new(record));
             }
             if Instant::now() >= deadline {
                 return Invoked::Accepted(id);

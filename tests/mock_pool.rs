@@ -69,7 +69,7 @@ async fn invoke_with_id(h: &Harness, action: &Arc<Action>, params: Value, id: St
         wait: Some(Duration::from_secs(60)),
     };
     match h.service.invoke(req).await.unwrap() {
-        Invoked::Done(record) => *record,
+        Invoked::Done(record) => Arc::unwrap_or_clone(record),
         Invoked::Accepted(id) => panic!("activation {id} did not finish within the blocking wait"),
     }
 }

@@ -10,7 +10,8 @@ use tokio::sync::oneshot;
 
 /// What a proxy needs to run one activation.
 pub struct RunJob {
-    pub meta: ActivationMeta,
+    /// Shared with the job's completion, which needs it only if the job is dropped unfinished.
+    pub meta: Arc<ActivationMeta>,
     pub action: Arc<Action>,
     pub params: Map<String, Value>,
     pub api_key: Option<String>,
@@ -30,8 +31,8 @@ pub struct Completion {
 struct CompletionInner {
     store: Arc<dyn Store>,
     metrics: Arc<Metrics>,
-    reply: Option<oneshot::Sender<ActivationRecord>>,
-    meta: ActivationMeta,
+    reply: Option<oneshot::Sender<Arc<ActivationRecord>>>,
+    meta: Arc<ActivationMeta>,
     /// Released when the activation ends: the namespace's in-flight count.
     _slot: Option<crate::activation::NamespaceSlot>,
 }
@@ -40,8 +41,8 @@ impl Completion {
     pub fn new(
         store: Arc<dyn Store>,
         metrics: Arc<Metrics>,
-        meta: ActivationMeta,
-        reply: Option<oneshot::Sender<ActivationRecord>>,
+        meta: Arc<ActivationMeta>,
+        reply: Option<oneshot::Sender<Arc<ActivationRecord>>>,
         slot: Option<crate::activation::NamespaceSlot>,
     ) -> Self {
         Completion { inner: Some(CompletionInner { store, metrics, reply, meta, _slot: slot }) }
@@ -56,9 +57,11 @@ impl Completion {
 
 impl CompletionInner {
     /// Stores the record first, then answers: whoever is answered can read it back at once.
-    /// The store's `finish` is a journal append, quick enough to call on any thread.
+    /// The store's `finish` is a journal append, quick enough to call on any thread. The
+    /// store and the waiter share the record.
     fn finish(self, record: ActivationRecord) {
         self.metrics.activation_finished(&record);
+        let record = Arc::new(record);
         if let Err(e) = self.store.finish(&record) {
             tracing::error!(activation = %record.activation_id, "record not stored: {e}");
         }

@@ -48,7 +48,7 @@ struct State {
 /// A finished record with its JSON as the journal wrote it (the store reuses the bytes).
 #[derive(Clone)]
 struct Finished {
-    record: ActivationRecord,
+    record: Arc<ActivationRecord>,
     json: Box<[u8]>,
 }
 
@@ -192,7 +192,7 @@ impl Inner {
             state.in_flight = Arc::new(std::mem::take(&mut state.finished));
             (old, unsaved, state.in_flight.clone())
         };
-        let batch: Vec<(&ActivationRecord, &[u8])> = finished.values().map(|f| (&f.record, &*f.json)).collect();
+        let batch: Vec<(&ActivationRecord, &[u8])> = finished.values().map(|f| (&*f.record, &*f.json)).collect();
         let applied = self.db.apply(&accepted, &batch);
         let mut state = self.state.lock();
         match applied {
@@ -266,7 +266,7 @@ impl Store for JournaledStore {
             return Ok(Accepted::Pending);
         }
         if let Some(f) = state.finished.get(id).or_else(|| state.in_flight.get(id)) {
-            return Ok(Accepted::Finished(Box::new(f.record.clone())));
+            return Ok(Accepted::Finished(Box::new((*f.record).clone())));
         }
         // Under the lock, so that two deliveries of one id cannot both be new.
         match self.inner.db.seen(id)? {
@@ -285,13 +285,13 @@ impl Store for JournaledStore {
         Ok(())
     }
 
-    fn finish(&self, record: &ActivationRecord) -> Result<(), StoreError> {
+    fn finish(&self, record: &Arc<ActivationRecord>) -> Result<(), StoreError> {
         let mut state = self.inner.state.lock();
         let line = Inner::append(&mut state, &LineRef::F(record))?;
         // The line is `{"F":<record>}`: the record's own JSON is inside.
         let json = line.get(5..line.len().saturating_sub(1)).unwrap_or_default().into();
         state.pending.remove(&record.activation_id);
-        state.finished.insert(record.activation_id.clone(), Finished { record: record.clone(), json });
+        state.finished.insert(record.activation_id.clone(), Finished { record: Arc::clone(record), json });
         Ok(())
     }
 
@@ -299,7 +299,7 @@ impl Store for JournaledStore {
         {
             let state = self.inner.state.lock();
             if let Some(f) = state.finished.get(id).or_else(|| state.in_flight.get(id)) {
-                return Ok(Some(f.record.clone()));
+                return Ok(Some((*f.record).clone()));
             }
         }
         self.inner.db.get_activation(id)
@@ -318,7 +318,7 @@ impl Store for JournaledStore {
                 .finished
                 .values()
                 .chain(state.in_flight.values())
-                .map(|f| &f.record)
+                .map(|f| &*f.record)
                 .filter(|r| r.namespace == namespace && name.is_none_or(|n| n == r.name))
                 .cloned()
                 .collect()
@@ -382,7 +382,7 @@ mod tests {
         let store = open(dir.path());
         assert_eq!(store.accept(&meta("a1")).unwrap(), Accepted::New);
         assert_eq!(store.accept(&meta("a1")).unwrap(), Accepted::Pending);
-        store.finish(&record("a1")).unwrap();
+        store.finish(&Arc::new(record("a1"))).unwrap();
         assert_eq!(store.get_activation("a1").unwrap().unwrap().activation_id, "a1");
         store.flush().unwrap();
         assert_eq!(store.get_activation("a1").unwrap().unwrap(), record("a1"), "the journal's bytes, stored whole");
@@ -426,7 +426,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = open(dir.path());
         store.accept(&meta("done")).unwrap();
-        store.finish(&record("done")).unwrap();
+        store.finish(&Arc::new(record("done"))).unwrap();
         store.accept(&meta("open")).unwrap();
         // A SIGKILL: no flush, no drop; only the journal on disk remains.
         std::mem::forget(store);

@@ -50,7 +50,7 @@ pub trait Store: Send + Sync + 'static {
         self.accept(meta).map(|_| ())
     }
     /// Stores the final record and clears the pending entry.
-    fn finish(&self, record: &ActivationRecord) -> Result<(), StoreError>;
+    fn finish(&self, record: &Arc<ActivationRecord>) -> Result<(), StoreError>;
     fn get_activation(&self, id: &str) -> Result<Option<ActivationRecord>, StoreError>;
     /// Newest first.
     fn list_activations(

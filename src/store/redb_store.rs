@@ -234,7 +234,7 @@ impl Store for RedbStore {
         Ok(Accepted::New)
     }
 
-    fn finish(&self, record: &ActivationRecord) -> Result<(), StoreError> {
+    fn finish(&self, record: &Arc<ActivationRecord>) -> Result<(), StoreError> {
         let txn = self.db.begin_write().map_err(db_err)?;
         Self::write_record(&txn, record)?;
         txn.commit().map_err(db_err)?;
@@ -418,7 +418,7 @@ mod tests {
         assert_eq!(s.accept(&meta("a1")).unwrap(), Accepted::New);
         assert_eq!(s.accept(&meta("a1")).unwrap(), Accepted::Pending);
         let record = ActivationRecord::whisk_error(&meta("a1"), "x", 20);
-        s.finish(&record).unwrap();
+        s.finish(&Arc::new(record.clone())).unwrap();
         assert_eq!(s.accept(&meta("a1")).unwrap(), Accepted::Finished(Box::new(record)));
     }
 
@@ -444,7 +444,7 @@ mod tests {
         for (i, id) in ["r1", "r2", "r3"].iter().enumerate() {
             let mut m = meta(id);
             m.accepted_at = 100 * (i as u64 + 1);
-            s.finish(&ActivationRecord::whisk_error(&m, "x", m.accepted_at + 1)).unwrap();
+            s.finish(&Arc::new(ActivationRecord::whisk_error(&m, "x", m.accepted_at + 1))).unwrap();
         }
         let ids: Vec<_> =
             s.list_activations("guest", None, 0, 10).unwrap().into_iter().map(|r| r.activation_id).collect();
