@@ -284,3 +284,27 @@ async fn a_prewarmed_python_process_is_initialised_for_the_first_action_that_nee
     let adopted = pool["containers"].as_array().unwrap().iter().find(|c| c["id"] == prewarm_pid).cloned();
     assert_eq!(adopted.map(|c| c["action"].clone()), Some(json!("guest/pid")), "{pool}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_action_sees_the_run_context_of_the_runtime_protocol() {
+    let dir = tempdir();
+    let inv = Invoker::start(dir.path(), &id("context"), "");
+    let code = "import os\ndef main(a):\n    return {k: os.environ.get('__OW_' + k.upper()) for k in \
+                ['namespace', 'action_name', 'action_version', 'activation_id', 'transaction_id', 'deadline', 'api_key']} | {'a': a}\n";
+    let mut action = python(code);
+    action["annotations"] = json!([{"key": "provide-api-key", "value": true}]);
+    inv.put_action("ctx", action).await;
+    let (status, record) = inv.invoke("ctx", "blocking=true", json!({"x": [1, {"y": "z"}]})).await;
+    assert_eq!(status, 200, "{record}");
+    let seen = &record["response"]["result"];
+    assert_eq!(seen["a"], json!({"x": [1, {"y": "z"}]}), "the parameters, whole");
+    assert_eq!(seen["namespace"], "guest");
+    assert_eq!(seen["action_name"], "/guest/ctx");
+    assert_eq!(seen["action_version"], "0.0.1");
+    assert_eq!(seen["activation_id"], record["activationId"]);
+    assert!(seen["transaction_id"].as_str().is_some_and(|t| !t.is_empty()), "{seen}");
+    let deadline: u64 = seen["deadline"].as_str().unwrap().parse().unwrap();
+    let start = record["start"].as_u64().unwrap();
+    assert!(deadline >= start + 59_000 && deadline <= start + 61_000, "the default 60 s timeout: {seen}");
+    assert!(seen["api_key"].as_str().unwrap().starts_with("23bc46b1-"), "provide-api-key: {seen}");
+}

@@ -43,10 +43,11 @@ impl RuntimeClient {
     }
 
     pub async fn init(&self, body: &Value, timeout: Duration) -> Result<RuntimeResponse, RuntimeError> {
-        self.post("/init", body, timeout).await
+        self.post("/init", Bytes::from(serde_json::to_vec(body).unwrap_or_default()), timeout).await
     }
 
-    pub async fn run(&self, body: &Value, timeout: Duration) -> Result<RuntimeResponse, RuntimeError> {
+    /// `body` is the `/run` body already encoded (the proxy writes it straight from the job).
+    pub async fn run(&self, body: Bytes, timeout: Duration) -> Result<RuntimeResponse, RuntimeError> {
         self.post("/run", body, timeout).await
     }
 
@@ -78,8 +79,7 @@ impl RuntimeClient {
         }
     }
 
-    async fn post(&self, path: &str, body: &Value, timeout: Duration) -> Result<RuntimeResponse, RuntimeError> {
-        let body = Bytes::from(serde_json::to_vec(body).unwrap_or_default());
+    async fn post(&self, path: &str, body: Bytes, timeout: Duration) -> Result<RuntimeResponse, RuntimeError> {
         let exchange = async {
             let mut sender = self.sender().await?;
             let request = hyper::Request::post(path)

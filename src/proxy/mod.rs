@@ -222,26 +222,24 @@ impl ContainerProxy {
         let fields = self.record_fields(&run, began);
         self.cold = false;
         let timeout_ms = run.meta.limits.timeout;
-        let deadline = epoch_ms() + timeout_ms;
-        let mut body = json!({
-            "value": Value::Object(run.params.clone()),
-            "namespace": run.meta.namespace,
-            "action_name": format!("/{}/{}", run.meta.namespace, run.meta.name),
-            "action_version": run.meta.version,
-            "activation_id": run.meta.activation_id,
-            "transaction_id": run.transaction_id,
-            "deadline": deadline.to_string(),
-        });
-        if let Some(key) = &run.api_key {
-            body["api_key"] = json!(key);
-        }
+        let body = RunBody {
+            value: &run.params,
+            namespace: &run.meta.namespace,
+            action_name: format!("/{}/{}", run.meta.namespace, run.meta.name),
+            action_version: &run.meta.version,
+            activation_id: &run.meta.activation_id,
+            transaction_id: &run.transaction_id,
+            deadline: (epoch_ms() + timeout_ms).to_string(),
+            api_key: run.api_key.as_deref(),
+        };
+        let body = bytes::Bytes::from(serde_json::to_vec(&body).unwrap_or_default());
         let client = self.client.clone().expect("started before run");
         let handle = self.handle.clone().expect("started before run");
         let factory = self.ctx.factory.clone();
         let (log_wait, max_result) = (self.ctx.config.log_sentinel_wait, self.ctx.max_result_bytes);
         let container = self.spec.id;
         let fut = async move {
-            let answer = client.run(&body, Duration::from_millis(timeout_ms)).await;
+            let answer = client.run(body, Duration::from_millis(timeout_ms)).await;
             let failed = !matches!(answer, Ok(RuntimeResponse { status: 200, .. }));
             let oom = failed && factory.was_oom_killed(&handle);
             let interpreted = outcome::interpret(answer, timeout_ms, oom, max_result);
@@ -265,6 +263,22 @@ impl ContainerProxy {
             act.report(ProxyReport::Finished { container, job, reusable });
         }));
     }
+}
+
+/// The `/run` body of OpenWhisk's runtime protocol, written straight from the job (no copy of
+/// the parameters, no JSON tree in between).
+#[derive(serde::Serialize)]
+struct RunBody<'a> {
+    value: &'a serde_json::Map<String, Value>,
+    namespace: &'a str,
+    action_name: String,
+    action_version: &'a str,
+    activation_id: &'a str,
+    transaction_id: &'a str,
+    /// Milliseconds since the epoch, as a string.
+    deadline: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    api_key: Option<&'a str>,
 }
 
 struct RecordFields {
