@@ -18,7 +18,8 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// A warm activation allocates about 180 times (HTTP, JSON, the record): mimalloc's per-thread
-/// free lists cost a fraction of glibc malloc's bins on that path (see BENCHMARKS.md).
+/// free lists cost a fraction of glibc malloc's bins on that path (see BENCHMARKS.md). Without
+/// transparent huge pages (`no_thp`): with them, each thread's heap took a 2 MiB page.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
