@@ -8,6 +8,40 @@ pub struct Samples {
     micros: Vec<u32>,
     elapsed: Duration,
     pub errors: usize,
+    cpu: CpuTicks,
+}
+
+/// Clock ticks (`/proc`, 100 per second) spent while a slice ran: by this benchmark process
+/// (the load generator), by every CPU busy, and idle. On a machine whose cores are all busy, the
+/// ratio of two paths' throughput is the inverse ratio of their CPU per request.
+#[derive(Default, Clone, Copy)]
+struct CpuTicks {
+    load_generator: u64,
+    busy: u64,
+    idle: u64,
+}
+
+impl CpuTicks {
+    fn now() -> CpuTicks {
+        let numbers = |text: &str, skip: usize| -> Vec<u64> {
+            text.split_whitespace().skip(skip).map_while(|n| n.parse().ok()).collect()
+        };
+        let own = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+        // After the command name, which may hold spaces: utime and stime are fields 14 and 15.
+        let own = own.rsplit_once(')').map_or(Vec::new(), |(_, rest)| numbers(rest, 11));
+        let all = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+        let all = numbers(all.lines().next().unwrap_or_default(), 1);
+        let idle = all.get(3).copied().unwrap_or(0) + all.get(4).copied().unwrap_or(0);
+        CpuTicks { load_generator: own.iter().take(2).sum(), busy: all.iter().sum::<u64>().saturating_sub(idle), idle }
+    }
+
+    fn since(self, before: CpuTicks) -> CpuTicks {
+        CpuTicks {
+            load_generator: self.load_generator.saturating_sub(before.load_generator),
+            busy: self.busy.saturating_sub(before.busy),
+            idle: self.idle.saturating_sub(before.idle),
+        }
+    }
 }
 
 impl Samples {
@@ -15,6 +49,15 @@ impl Samples {
         self.micros.extend(other.micros);
         self.elapsed += other.elapsed;
         self.errors += other.errors;
+        self.cpu.load_generator += other.cpu.load_generator;
+        self.cpu.busy += other.cpu.busy;
+        self.cpu.idle += other.cpu.idle;
+    }
+
+    /// CPU per request in µs: the load generator's, all cores busy, all cores idle.
+    fn cpu_per_request(&self) -> (u64, u64, u64) {
+        let per = |ticks: u64| (ticks as f64 * 10_000.0 / self.micros.len().max(1) as f64).round() as u64;
+        (per(self.cpu.load_generator), per(self.cpu.busy), per(self.cpu.idle))
     }
 
     pub fn summary(&mut self) -> (f64, u64, u64, u64) {
@@ -37,6 +80,7 @@ where
     F: Fn(usize) -> Fut + Clone + Send + 'static,
     Fut: std::future::Future<Output = anyhow::Result<()>> + Send,
 {
+    let cpu_before = CpuTicks::now();
     let began = Instant::now();
     let end = began + slice;
     let mut tasks = Vec::new();
@@ -59,6 +103,7 @@ where
         all.add(t.await.unwrap_or_default());
     }
     all.elapsed = began.elapsed();
+    all.cpu = CpuTicks::now().since(cpu_before);
     all
 }
 
@@ -78,6 +123,11 @@ pub fn run_json(concurrency: usize, direct: &mut Samples, invoker: &mut Samples)
         "c={concurrency:<3} invoker {i_rps:>8.0} req/s  p50 {i50:>6} us  p90 {i90:>6} us  p99 {i99:>6} us  errors {}",
         invoker.errors
     );
+    let ((d_gen, d_busy, d_idle), (i_gen, i_busy, i_idle)) = (direct.cpu_per_request(), invoker.cpu_per_request());
+    eprintln!(
+        "c={concurrency:<3} CPU per request: direct {d_busy} us busy ({d_gen} us the load generator), {d_idle} us idle; \
+         invoker {i_busy} us busy ({i_gen} us the load generator), {i_idle} us idle"
+    );
     json!({
         "concurrency": concurrency,
         "direct_rps": d_rps.round(), "invoker_rps": i_rps.round(),
@@ -85,6 +135,8 @@ pub fn run_json(concurrency: usize, direct: &mut Samples, invoker: &mut Samples)
         "direct_p50_us": d50, "invoker_p50_us": i50, "direct_p90_us": d90, "invoker_p90_us": i90,
         "direct_p99_us": d99, "invoker_p99_us": i99,
         "added_p50_us": i50 as i64 - d50 as i64, "added_p99_us": i99 as i64 - d99 as i64,
+        "direct_cpu_us": d_busy, "invoker_cpu_us": i_busy, "direct_idle_us": d_idle, "invoker_idle_us": i_idle,
+        "direct_load_generator_cpu_us": d_gen, "invoker_load_generator_cpu_us": i_gen,
         "errors": direct.errors + invoker.errors,
     })
 }
