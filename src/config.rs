@@ -40,6 +40,7 @@ pub struct Config {
     pub kinds: BTreeMap<String, KindConfig>,
     #[serde(with = "humantime_serde")]
     pub shutdown_grace: Duration,
+    /// Activation records are removed once they started this long ago (checked hourly).
     #[serde(with = "humantime_serde")]
     pub record_retention: Duration,
 }

@@ -14,10 +14,13 @@ const ACTIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("actions");
 const ACTIVATIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("activations");
 /// activation id → accepted-activation JSON, until its record is written.
 const PENDING: TableDefinition<&str, &[u8]> = TableDefinition::new("pending");
-/// `namespace \0 start(20 digits) \0 id` → action name: listing newest first.
+/// `namespace \0 start(20 digits) \0 id` → action name: listing newest first, and retention
+/// (namespace by namespace, oldest first).
 const BY_NAMESPACE: TableDefinition<&str, &str> = TableDefinition::new("activations_by_namespace");
-/// `end(20 digits) \0 id` → the by-namespace key: retention.
+/// An index by end time that earlier versions kept for retention; dropped at open.
 const BY_END: TableDefinition<&str, &str> = TableDefinition::new("activations_by_end");
+/// Records removed per retention transaction at most.
+const EXPIRE_BATCH: usize = 10_000;
 /// Small values kept across restarts (a Mesos framework id).
 const SETTINGS: TableDefinition<&str, &str> = TableDefinition::new("settings");
 
@@ -67,7 +70,7 @@ impl RedbStore {
             txn.open_table(ACTIVATIONS).map_err(db_err)?;
             txn.open_table(PENDING).map_err(db_err)?;
             txn.open_table(BY_NAMESPACE).map_err(db_err)?;
-            txn.open_table(BY_END).map_err(db_err)?;
+            txn.delete_table(BY_END).map_err(db_err)?;
             txn.open_table(SETTINGS).map_err(db_err)?;
         }
         txn.commit().map_err(db_err)?;
@@ -124,7 +127,6 @@ struct RecordTables<'txn> {
     records: redb::Table<'txn, &'static str, &'static [u8]>,
     pending: redb::Table<'txn, &'static str, &'static [u8]>,
     by_namespace: redb::Table<'txn, &'static str, &'static str>,
-    by_end: redb::Table<'txn, &'static str, &'static str>,
 }
 
 impl<'txn> RecordTables<'txn> {
@@ -133,7 +135,6 @@ impl<'txn> RecordTables<'txn> {
             records: txn.open_table(ACTIVATIONS).map_err(db_err)?,
             pending: txn.open_table(PENDING).map_err(db_err)?,
             by_namespace: txn.open_table(BY_NAMESPACE).map_err(db_err)?,
-            by_end: txn.open_table(BY_END).map_err(db_err)?,
         })
     }
 
@@ -141,15 +142,13 @@ impl<'txn> RecordTables<'txn> {
         self.write_encoded(record, &encode(record))
     }
 
-    /// The record, its two index entries, and no pending entry any more.
+    /// The record, its index entry, and no pending entry any more.
     fn write_encoded(&mut self, record: &ActivationRecord, json: &[u8]) -> Result<(), StoreError> {
         let id = record.activation_id.as_str();
         let ns_key = format!("{}\0{:020}\0{id}", record.namespace, record.start);
         self.records.insert(id, json).map_err(db_err)?;
         self.pending.remove(id).map_err(db_err)?;
         self.by_namespace.insert(ns_key.as_str(), record.name.as_str()).map_err(db_err)?;
-        let end_key = format!("{:020}\0{id}", record.end);
-        self.by_end.insert(end_key.as_str(), ns_key.as_str()).map_err(db_err)?;
         Ok(())
     }
 }
@@ -321,28 +320,49 @@ impl Store for RedbStore {
     }
 
     fn expire(&self, before_ms: u64) -> Result<usize, StoreError> {
-        let to = format!("{before_ms:020}");
-        let txn = self.db.begin_write().map_err(db_err)?;
+        self.expire_in_batches(before_ms, EXPIRE_BATCH)
+    }
+}
+
+impl RedbStore {
+    /// Removes the records that started before `before_ms`: namespace by namespace through the
+    /// by-namespace index (oldest first within each), at most `batch` per transaction.
+    fn expire_in_batches(&self, before_ms: u64, batch: usize) -> Result<usize, StoreError> {
         let mut removed = 0;
-        {
-            let mut by_end = txn.open_table(BY_END).map_err(db_err)?;
-            let mut by_ns = txn.open_table(BY_NAMESPACE).map_err(db_err)?;
-            let mut records = txn.open_table(ACTIVATIONS).map_err(db_err)?;
-            let old: Vec<(String, String)> = by_end
-                .range(..to.as_str())
-                .map_err(db_err)?
-                .map(|e| e.map(|(k, v)| (k.value().to_string(), v.value().to_string())))
-                .collect::<Result<_, _>>()
-                .map_err(db_err)?;
-            for (end_key, ns_key) in old {
-                let id = end_key.rsplit('\0').next().unwrap_or_default();
-                records.remove(id).map_err(db_err)?;
-                by_ns.remove(ns_key.as_str()).map_err(db_err)?;
-                by_end.remove(end_key.as_str()).map_err(db_err)?;
-                removed += 1;
+        // Every key at or after this one is still to be looked at.
+        let mut cursor = String::new();
+        loop {
+            let txn = self.db.begin_write().map_err(db_err)?;
+            let (old, next) = {
+                let by_ns = txn.open_table(BY_NAMESPACE).map_err(db_err)?;
+                let first = by_ns.range(cursor.as_str()..).map_err(db_err)?.next().transpose().map_err(db_err)?;
+                let Some((first, _)) = first else { break };
+                let namespace = first.value().split('\0').next().unwrap_or_default().to_string();
+                let (from, to) = (format!("{namespace}\0"), format!("{namespace}\0{before_ms:020}"));
+                let old: Vec<String> = by_ns
+                    .range(from.as_str()..to.as_str())
+                    .map_err(db_err)?
+                    .take(batch)
+                    .map(|e| e.map(|(k, _)| k.value().to_string()))
+                    .collect::<Result<_, _>>()
+                    .map_err(db_err)?;
+                // A full batch may leave more of this namespace; otherwise on to the next one.
+                let next = if old.len() == batch { cursor.clone() } else { format!("{namespace}\u{1}") };
+                (old, next)
+            };
+            {
+                let mut by_ns = txn.open_table(BY_NAMESPACE).map_err(db_err)?;
+                let mut records = txn.open_table(ACTIVATIONS).map_err(db_err)?;
+                for ns_key in &old {
+                    let id = ns_key.rsplit('\0').next().unwrap_or_default();
+                    records.remove(id).map_err(db_err)?;
+                    by_ns.remove(ns_key.as_str()).map_err(db_err)?;
+                }
             }
+            txn.commit().map_err(db_err)?;
+            removed += old.len();
+            cursor = next;
         }
-        txn.commit().map_err(db_err)?;
         Ok(removed)
     }
 }
@@ -452,5 +472,28 @@ mod tests {
         assert_eq!(s.list_activations("guest", None, 1, 1).unwrap()[0].activation_id, "r2");
         assert_eq!(s.expire(250).unwrap(), 2);
         assert_eq!(s.list_activations("guest", None, 0, 10).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn retention_goes_namespace_by_namespace_in_bounded_batches() {
+        let (_d, s) = store();
+        let namespaces = ["a", "guest", "guest2", "zz"];
+        for ns in namespaces {
+            for i in 0..5u64 {
+                let mut m = meta(&format!("{ns}-{i}"));
+                m.namespace = ns.into();
+                m.accepted_at = 100 * (i + 1);
+                s.finish(&Arc::new(ActivationRecord::whisk_error(&m, "x", m.accepted_at + 1))).unwrap();
+            }
+        }
+        // 3 of 5 per namespace started before 350; batches of 2 split every namespace.
+        assert_eq!(s.expire_in_batches(350, 2).unwrap(), 12);
+        for ns in namespaces {
+            let ids: Vec<_> =
+                s.list_activations(ns, None, 0, 10).unwrap().into_iter().map(|r| r.activation_id).collect();
+            assert_eq!(ids, [format!("{ns}-4"), format!("{ns}-3")], "{ns}");
+            assert!(s.get_activation(&format!("{ns}-0")).unwrap().is_none(), "the record goes with its index entry");
+        }
+        assert_eq!(s.expire_in_batches(350, 2).unwrap(), 0);
     }
 }
