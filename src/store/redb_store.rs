@@ -333,11 +333,14 @@ impl RedbStore {
         let mut cursor = String::new();
         loop {
             let txn = self.db.begin_write().map_err(db_err)?;
-            let (old, next) = {
-                let by_ns = txn.open_table(BY_NAMESPACE).map_err(db_err)?;
+            let (removed_now, next) = {
+                let mut by_ns = txn.open_table(BY_NAMESPACE).map_err(db_err)?;
+                let mut records = txn.open_table(ACTIVATIONS).map_err(db_err)?;
                 let first = by_ns.range(cursor.as_str()..).map_err(db_err)?.next().transpose().map_err(db_err)?;
-                let Some((first, _)) = first else { break };
-                let namespace = first.value().split('\0').next().unwrap_or_default().to_string();
+                let Some(namespace) = first.map(|(k, _)| k.value().split('\0').next().unwrap_or_default().to_string())
+                else {
+                    break;
+                };
                 let (from, to) = (format!("{namespace}\0"), format!("{namespace}\0{before_ms:020}"));
                 let old: Vec<String> = by_ns
                     .range(from.as_str()..to.as_str())
@@ -346,21 +349,20 @@ impl RedbStore {
                     .map(|e| e.map(|(k, _)| k.value().to_string()))
                     .collect::<Result<_, _>>()
                     .map_err(db_err)?;
-                // A full batch may leave more of this namespace; otherwise on to the next one.
-                let next = if old.len() == batch { cursor.clone() } else { format!("{namespace}\u{1}") };
-                (old, next)
-            };
-            {
-                let mut by_ns = txn.open_table(BY_NAMESPACE).map_err(db_err)?;
-                let mut records = txn.open_table(ACTIVATIONS).map_err(db_err)?;
                 for ns_key in &old {
-                    let id = ns_key.rsplit('\0').next().unwrap_or_default();
-                    records.remove(id).map_err(db_err)?;
+                    records.remove(ns_key.rsplit('\0').next().unwrap_or_default()).map_err(db_err)?;
                     by_ns.remove(ns_key.as_str()).map_err(db_err)?;
                 }
+                // A full batch may leave more of this namespace; otherwise on to the next one.
+                let next = if old.len() == batch { cursor.clone() } else { format!("{namespace}\u{1}") };
+                (old.len(), next)
+            };
+            if removed_now > 0 {
+                txn.commit().map_err(db_err)?;
+                removed += removed_now;
+            } else {
+                txn.abort().map_err(db_err)?;
             }
-            txn.commit().map_err(db_err)?;
-            removed += old.len();
             cursor = next;
         }
         Ok(removed)
