@@ -8,7 +8,7 @@
 //! what an earlier run of the same invoker left, and nothing else.
 
 use super::logs::{LogBuffer, Stream};
-use super::{ContainerHandle, ContainerSpec, Epoch, FactoryError, StatsReceiver, Transport};
+use super::{one_host_stats, ContainerHandle, ContainerSpec, Epoch, FactoryError, StatsReceiver, Transport};
 use crate::config::{Config, DockerFactoryConfig, DockerNetwork};
 use crate::pool::core::{ContainerId, NodeId, NodeStatsUpdate};
 use bollard::models::{ContainerCreateBody, HostConfig};
@@ -138,13 +138,10 @@ impl DockerFactory {
 
     /// Publishes the host's memory for actions minus the limits of the containers it runs.
     pub fn observe(&self) {
-        let used: u64 = self.inner.live.lock().values().map(|l| u64::from(l.memory_mb)).sum();
-        self.inner.stats.send_replace(vec![NodeStatsUpdate {
-            node: self.inner.node.clone(),
-            capacity_mb: self.inner.capacity_mb,
-            free_mb: self.inner.capacity_mb.saturating_sub(used),
-            observed_at: self.inner.epoch.now(),
-        }]);
+        let inner = &self.inner;
+        let live = inner.live.lock();
+        let limits = live.values().map(|l| l.memory_mb);
+        inner.stats.send_replace(one_host_stats(&inner.node, inner.capacity_mb, limits, inner.epoch.now()));
     }
 
     pub async fn create(&self, spec: &ContainerSpec, node: &NodeId) -> Result<ContainerHandle, FactoryError> {

@@ -81,6 +81,23 @@ impl Epoch {
 /// The latest snapshot of every node, pushed by the factory; the pool caches it.
 pub type StatsReceiver = watch::Receiver<Vec<NodeStatsUpdate>>;
 
+/// The snapshot of a factory that runs on one host and sees no other use of its memory (process,
+/// Docker): free is the capacity minus the declared limits of the live containers.
+fn one_host_stats(
+    node: &NodeId,
+    capacity_mb: u64,
+    limits_mb: impl Iterator<Item = u32>,
+    at: Time,
+) -> Vec<NodeStatsUpdate> {
+    let used: u64 = limits_mb.map(u64::from).sum();
+    vec![NodeStatsUpdate {
+        node: node.clone(),
+        capacity_mb,
+        free_mb: capacity_mb.saturating_sub(used),
+        observed_at: at,
+    }]
+}
+
 #[derive(Clone)]
 pub enum Factory {
     Process(process::ProcessFactory),

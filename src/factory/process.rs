@@ -8,7 +8,7 @@
 
 use super::cgroup::MemoryCgroups;
 use super::logs::{LogBuffer, Stream};
-use super::{ContainerHandle, ContainerSpec, Epoch, FactoryError, StatsReceiver, Transport};
+use super::{one_host_stats, ContainerHandle, ContainerSpec, Epoch, FactoryError, StatsReceiver, Transport};
 use crate::config::{Config, KindConfig, TransportKind};
 use crate::pool::core::{ContainerId, NodeId, NodeStatsUpdate};
 use nix::sys::signal::{killpg, Signal};
@@ -110,14 +110,10 @@ impl ProcessFactory {
 
     /// Publishes a fresh snapshot: user memory minus the declared limits of live containers.
     pub fn observe(&self) {
-        let used: u64 = self.inner.live.lock().values().map(|l| u64::from(l.memory_mb)).sum();
-        let capacity_mb = self.inner.user_memory_mb;
-        self.inner.stats.send_replace(vec![NodeStatsUpdate {
-            node: self.inner.node.clone(),
-            capacity_mb,
-            free_mb: capacity_mb.saturating_sub(used),
-            observed_at: self.inner.epoch.now(),
-        }]);
+        let inner = &self.inner;
+        let live = inner.live.lock();
+        let limits = live.values().map(|l| l.memory_mb);
+        inner.stats.send_replace(one_host_stats(&inner.node, inner.user_memory_mb, limits, inner.epoch.now()));
     }
 
     pub async fn create(&self, spec: &ContainerSpec, node: &NodeId) -> Result<ContainerHandle, FactoryError> {
