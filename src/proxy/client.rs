@@ -5,6 +5,7 @@
 //! changes, so there is no URL to parse, no pool keyed by host and no connector stack per
 //! request; idle connections wait in a small stack, one per run in flight at most.
 
+use super::stream::RuntimeStream;
 use crate::factory::Transport;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -56,11 +57,9 @@ impl RuntimeClient {
             Transport::Tcp(addr) => {
                 let stream = tokio::net::TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
                 let _ = stream.set_nodelay(true);
-                handshake(stream).await
+                handshake(TokioIo::new(stream)).await
             }
-            Transport::Unix(path) => {
-                handshake(tokio::net::UnixStream::connect(path).await.map_err(|e| e.to_string())?).await
-            }
+            Transport::Unix(path) => handshake(RuntimeStream::connect(path).await.map_err(|e| e.to_string())?).await,
         }
     }
 
@@ -110,10 +109,9 @@ impl RuntimeClient {
 /// HTTP/1.1 on a connected stream; a task drives the connection until either side closes it.
 async fn handshake<S>(stream: S) -> Result<SendRequest<Full<Bytes>>, String>
 where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    S: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
-    let (sender, connection) =
-        hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| e.to_string())?;
+    let (sender, connection) = hyper::client::conn::http1::handshake(stream).await.map_err(|e| e.to_string())?;
     tokio::spawn(connection);
     Ok(sender)
 }

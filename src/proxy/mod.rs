@@ -7,6 +7,7 @@
 
 pub mod client;
 pub mod outcome;
+mod stream;
 
 use crate::config::ProxyConfig;
 use crate::factory::{ContainerHandle, ContainerSpec, Factory};
