@@ -6,7 +6,9 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 /// The line every OpenWhisk runtime writes on stdout and stderr after each activation.
-pub const SENTINEL: &str = "XXX_THE_END_OF_A_WHISK_ACTIVATION_XXX";
+pub const SENTINEL: &str = SENTINEL_LINE.trim_ascii_end();
+/// The sentinel as a runtime writes it, newline included, in one `write(2)`.
+pub const SENTINEL_LINE: &str = "XXX_THE_END_OF_A_WHISK_ACTIVATION_XXX\n";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Stream {

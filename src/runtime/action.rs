@@ -112,10 +112,12 @@ impl ActionProcess {
         }
     }
 
-    /// Sends one `/run` body (already one line of JSON) and returns the result line, checked to
-    /// be a JSON object or array but otherwise passed through untouched.
-    pub async fn run(&mut self, line: &[u8]) -> Result<Vec<u8>, ActionError> {
-        if let Err(e) = self.send(line).await {
+    /// Sends one `/run` body (already one line of JSON, without its newline) and returns the
+    /// result line, checked to be a JSON object or array but otherwise passed through untouched.
+    pub async fn run(&mut self, mut line: Vec<u8>) -> Result<Vec<u8>, ActionError> {
+        // One write: a line in two would wake the action's reader twice.
+        line.push(b'\n');
+        if let Err(e) = self.send(&line).await {
             return Err(self.exited().await.unwrap_or(ActionError::Io(e)));
         }
         let result = self.read_line().await?;
@@ -128,7 +130,6 @@ impl ActionProcess {
 
     async fn send(&mut self, line: &[u8]) -> std::io::Result<()> {
         self.stdin.write_all(line).await?;
-        self.stdin.write_all(b"\n").await?;
         self.stdin.flush().await
     }
 

@@ -21,6 +21,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 pub use crate::factory::logs::SENTINEL;
+use crate::factory::logs::SENTINEL_LINE;
 
 /// The largest `/init` or `/run` body accepted (code up to OpenWhisk's 48 MB, base64-encoded).
 const MAX_BODY: usize = 72 * 1024 * 1024;
@@ -279,7 +280,7 @@ async fn run_action(runtime: web::Data<Runtime>, body: web::Bytes) -> HttpRespon
     };
     let answer = match process {
         Err(e) => Err(e.to_string()),
-        Ok(mut process) => match process.run(&line).await {
+        Ok(mut process) => match process.run(line).await {
             Ok(result) => {
                 runtime.idle.lock().push(process);
                 Ok(result)
@@ -292,20 +293,21 @@ async fn run_action(runtime: web::Data<Runtime>, body: web::Bytes) -> HttpRespon
             Err(e) => Err(e.to_string()),
         },
     };
-    write_sentinels();
+    // The sentinels follow the response rather than precede it: the invoker, woken by the
+    // response, finds them already there while it handles it, instead of being woken twice.
+    actix_web::rt::spawn(async { write_sentinels() });
     match answer {
         Ok(result) => HttpResponse::Ok().content_type("application/json").body(result),
         Err(reason) => error(StatusCode::BAD_GATEWAY, reason),
     }
 }
 
+/// One `write(2)` per stream: `writeln!` on the unbuffered stderr would make two.
 fn write_sentinels() {
     let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{SENTINEL}");
+    let _ = out.write_all(SENTINEL_LINE.as_bytes());
     let _ = out.flush();
-    let mut err = std::io::stderr().lock();
-    let _ = writeln!(err, "{SENTINEL}");
-    let _ = err.flush();
+    let _ = std::io::stderr().lock().write_all(SENTINEL_LINE.as_bytes());
 }
 
 #[cfg(test)]
