@@ -4,7 +4,7 @@
 use anyhow::Context as _;
 use clap::Parser;
 use invoker::activation::ActivationService;
-use invoker::api::{configure, AppState};
+use invoker::api::AppState;
 use invoker::config::Config;
 use invoker::factory::{Epoch, Factory};
 use invoker::metrics::Metrics;
@@ -14,8 +14,7 @@ use invoker::store::{JournaledStore, Store};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// A warm activation allocates about 180 times (HTTP, JSON, the record): mimalloc's per-thread
 /// free lists cost a fraction of glibc malloc's bins on that path (see BENCHMARKS.md). Without
@@ -96,7 +95,7 @@ fn main() -> anyhow::Result<()> {
         config.namespaces.insert("guest".into(), key);
     }
     config.validate()?;
-    actix_web::rt::System::new().block_on(serve(config))
+    actix_rt::System::new().block_on(serve(config))
 }
 
 async fn serve(config: Config) -> anyhow::Result<()> {
@@ -112,42 +111,33 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     tracing::info!("{}", factory.describe());
     let metrics = Arc::new(Metrics::default());
     let listener = std::net::TcpListener::bind(config.listen).with_context(|| format!("listen {}", config.listen))?;
+    listener.set_nonblocking(true)?;
     let addr = listener.local_addr()?;
-    // The HTTP front door, the pool and the proxies share one thread (the server's single
-    // worker): a warm activation crosses no thread boundary inside the invoker. The runtimes
-    // and the actions run on the other cores.
+    let listener = tokio::net::TcpListener::from_std(listener)?;
+    // The HTTP front door, the pool and the proxies share this one thread: a warm activation
+    // crosses no thread boundary inside the invoker. The runtimes and the actions run on the
+    // other cores.
     let config = Arc::new(config);
-    let service_cell: Arc<OnceLock<ActivationService>> = Arc::default();
-    let (cell, cfg, store_for_workers, factory_for_workers) =
-        (service_cell.clone(), config.clone(), store.clone(), factory.clone());
-    let server = actix_web::HttpServer::new(move || {
-        let service = cell.get_or_init(|| {
-            let pool = PoolHandle::start(ContainerPool::new(
-                factory_for_workers.clone(),
-                epoch,
-                cfg.pool.clone(),
-                cfg.proxy.clone(),
-                format!("http://{addr}"),
-                cfg.limits.payload_max_bytes,
-                metrics.clone(),
-            ));
-            ActivationService::new(store_for_workers.clone(), pool, metrics.clone(), cfg.limits.namespace_concurrent)
-        });
-        let api = configure(actix_web::web::Data::new(AppState::new(service.clone(), cfg.clone())));
-        actix_web::App::new().configure(api)
-    })
-    .workers(1)
-    .disable_signals()
-    .listen(listener)?
-    .run();
-    let handle = server.handle();
+    let pool = PoolHandle::start(ContainerPool::new(
+        factory.clone(),
+        epoch,
+        config.pool.clone(),
+        config.proxy.clone(),
+        format!("http://{addr}"),
+        config.limits.payload_max_bytes,
+        metrics.clone(),
+    ));
+    let service = ActivationService::new(store.clone(), pool.clone(), metrics, config.limits.namespace_concurrent);
+    let state = Arc::new(AppState::new(service.clone(), config.clone()));
+    let stop = tokio_util::sync::CancellationToken::new();
+    let server_task = actix_rt::spawn(invoker::api::server::serve(listener, state, stop.clone()));
     if let Some(key) = config.namespaces.get("guest") {
         println!("guest auth: {key}");
     }
     println!("listening on {addr}");
     let retention = config.record_retention;
     let expiry_store = store.clone();
-    actix_web::rt::spawn(async move {
+    actix_rt::spawn(async move {
         loop {
             let cutoff = invoker::model::epoch_ms().saturating_sub(retention.as_millis() as u64);
             let s = expiry_store.clone();
@@ -155,9 +145,6 @@ async fn serve(config: Config) -> anyhow::Result<()> {
             tokio::time::sleep(std::time::Duration::from_secs(3600)).await;
         }
     });
-    let server_task = actix_web::rt::spawn(server);
-    let service = wait_for_service(&service_cell).await?;
-    let pool = service.pool().clone();
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
@@ -170,25 +157,11 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         tracing::warn!("the grace period passed with work still running");
     }
     factory.destroy_all().await;
-    handle.stop(true).await;
+    stop.cancel();
     let _ = server_task.await;
     let unfinished = store.recover_unfinished(invoker::model::epoch_ms())?;
     if unfinished > 0 {
         tracing::warn!(unfinished, "activations that could not finish got whisk-error records");
     }
     Ok(())
-}
-
-/// The server's worker builds the service as it starts; shutdown needs it too.
-async fn wait_for_service(cell: &OnceLock<ActivationService>) -> anyhow::Result<ActivationService> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Some(service) = cell.get() {
-            return Ok(service.clone());
-        }
-        if Instant::now() > deadline {
-            anyhow::bail!("the HTTP worker did not start within 10 s");
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }

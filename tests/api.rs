@@ -1,13 +1,12 @@
 //! The HTTP surface against the mock factory: OpenWhisk's REST subset, the activation shim,
 //! status codes with one meaning each, and a property test that no request gets a 500.
 
-use actix_web::body::MessageBody;
-use actix_web::dev::{Service, ServiceResponse};
-use actix_web::http::header::HeaderValue;
-use actix_web::{test, web, App};
 use base64::Engine as _;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::header::HeaderValue;
 use invoker::activation::ActivationService;
-use invoker::api::{configure, AppState};
+use invoker::api::{AppState, Response};
 use invoker::config::Config;
 use invoker::factory::mock::{MockConfig, MockFactory};
 use invoker::factory::{Epoch, Factory};
@@ -28,7 +27,7 @@ struct Harness {
     _dir: tempfile::TempDir,
 }
 
-fn harness(tweak: impl FnOnce(&mut Config), mock: MockConfig) -> (Harness, web::Data<AppState>) {
+fn harness(tweak: impl FnOnce(&mut Config), mock: MockConfig) -> (Harness, Arc<AppState>) {
     let dir = tempfile::tempdir().unwrap();
     let mut config = Config::default();
     config.namespaces.insert("other".into(), OTHER.into());
@@ -50,7 +49,7 @@ fn harness(tweak: impl FnOnce(&mut Config), mock: MockConfig) -> (Harness, web::
         metrics.clone(),
     );
     let service = ActivationService::new(store, PoolHandle::start(pool), metrics, config.limits.namespace_concurrent);
-    let state = web::Data::new(AppState::new(service.clone(), Arc::new(config)));
+    let state = Arc::new(AppState::new(service.clone(), Arc::new(config)));
     (Harness { service, _dir: dir }, state)
 }
 
@@ -58,28 +57,85 @@ fn auth(key: &str) -> (&'static str, String) {
     ("authorization", format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(key)))
 }
 
-async fn send<S, B>(app: &S, req: test::TestRequest) -> (u16, Value, Option<String>)
-where
-    S: Service<actix_http::Request, Response = ServiceResponse<B>, Error = actix_web::Error>,
-    B: MessageBody,
-{
-    let response = test::call_service(app, req.to_request()).await;
+/// A request built as a client would send it, handed to the API in-process.
+#[derive(Default)]
+struct Req {
+    method: &'static str,
+    uri: String,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Req {
+    fn method(method: &'static str) -> Req {
+        Req { method, ..Req::default() }
+    }
+    fn get() -> Req {
+        Req::method("GET")
+    }
+    fn put() -> Req {
+        Req::method("PUT")
+    }
+    fn post() -> Req {
+        Req::method("POST")
+    }
+    fn delete() -> Req {
+        Req::method("DELETE")
+    }
+    fn patch() -> Req {
+        Req::method("PATCH")
+    }
+    fn uri(mut self, uri: &str) -> Req {
+        self.uri = uri.to_string();
+        self
+    }
+    fn insert_header(mut self, (name, value): (&str, String)) -> Req {
+        self.headers.push((name.to_string(), value));
+        self
+    }
+    fn set_json(mut self, body: Value) -> Req {
+        self.body = serde_json::to_vec(&body).unwrap();
+        self.insert_header(("content-type", "application/json".into()))
+    }
+    fn set_payload(mut self, body: impl Into<Vec<u8>>) -> Req {
+        self.body = body.into();
+        self
+    }
+    fn build(self) -> hyper::Request<Full<Bytes>> {
+        let mut request = hyper::Request::builder().method(self.method).uri(self.uri);
+        for (name, value) in self.headers {
+            request = request.header(name, value);
+        }
+        request.body(Full::new(Bytes::from(self.body))).unwrap()
+    }
+}
+
+async fn call(app: &AppState, req: Req) -> Response {
+    app.handle(req.build()).await
+}
+
+async fn read_json(response: Response) -> Value {
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    serde_json::from_slice(&body).unwrap_or(Value::Null)
+}
+
+async fn send(app: &AppState, req: Req) -> (u16, Value, Option<String>) {
+    let response = call(app, req).await;
     let status = response.status().as_u16();
     let id = response.headers().get("x-openwhisk-activation-id").map(|v| v.to_str().unwrap().to_string());
-    let body = test::read_body(response).await;
-    (status, serde_json::from_slice(&body).unwrap_or(Value::Null), id)
+    (status, read_json(response).await, id)
 }
 
-fn put(path: &str, body: Value) -> test::TestRequest {
-    test::TestRequest::put().uri(path).insert_header(auth(GUEST)).set_json(body)
+fn put(path: &str, body: Value) -> Req {
+    Req::put().uri(path).insert_header(auth(GUEST)).set_json(body)
 }
 
-fn post(path: &str, body: Value) -> test::TestRequest {
-    test::TestRequest::post().uri(path).insert_header(auth(GUEST)).set_json(body)
+fn post(path: &str, body: Value) -> Req {
+    Req::post().uri(path).insert_header(auth(GUEST)).set_json(body)
 }
 
-fn get(path: &str) -> test::TestRequest {
-    test::TestRequest::get().uri(path).insert_header(auth(GUEST))
+fn get(path: &str) -> Req {
+    Req::get().uri(path).insert_header(auth(GUEST))
 }
 
 fn echo_action() -> Value {
@@ -89,7 +145,7 @@ fn echo_action() -> Value {
 #[actix_rt::test]
 async fn actions_are_created_read_listed_and_deleted() {
     let (_h, state) = harness(|_| {}, MockConfig::default());
-    let app = test::init_service(App::new().configure(configure(state))).await;
+    let app = state;
     let (s, body, _) = send(&app, put("/api/v1/namespaces/_/actions/echo", echo_action())).await;
     assert_eq!(s, 200, "{body}");
     assert_eq!((body["namespace"].as_str(), body["version"].as_str()), (Some("guest"), Some("0.0.1")));
@@ -101,10 +157,10 @@ async fn actions_are_created_read_listed_and_deleted() {
     assert_eq!((s, body["name"].as_str()), (200, Some("echo")));
     let (s, body, _) = send(&app, get("/api/v1/namespaces/_/actions")).await;
     assert_eq!((s, body.as_array().map(Vec::len)), (200, Some(1)));
-    let delete = test::TestRequest::delete().uri("/api/v1/namespaces/_/actions/echo").insert_header(auth(GUEST));
+    let delete = Req::delete().uri("/api/v1/namespaces/_/actions/echo").insert_header(auth(GUEST));
     assert_eq!(send(&app, delete).await.0, 200);
     assert_eq!(send(&app, get("/api/v1/namespaces/_/actions/echo")).await.0, 404);
-    let patch = test::TestRequest::patch().uri("/api/v1/namespaces/_/actions/echo").insert_header(auth(GUEST));
+    let patch = Req::patch().uri("/api/v1/namespaces/_/actions/echo").insert_header(auth(GUEST));
     let (s, body, _) = send(&app, patch).await;
     assert_eq!(s, 405, "{body}");
     assert!(body["error"].as_str().unwrap().contains("PATCH"), "{body}");
@@ -113,19 +169,17 @@ async fn actions_are_created_read_listed_and_deleted() {
 #[actix_rt::test]
 async fn auth_and_namespaces() {
     let (_h, state) = harness(|_| {}, MockConfig::default());
-    let app = test::init_service(App::new().configure(configure(state))).await;
-    let no_auth = test::TestRequest::get().uri("/api/v1/namespaces/_/actions");
+    let app = state;
+    let no_auth = Req::get().uri("/api/v1/namespaces/_/actions");
     assert_eq!(send(&app, no_auth).await.0, 401);
-    let wrong = test::TestRequest::get().uri("/api/v1/namespaces/_/actions").insert_header(auth("a:b"));
+    let wrong = Req::get().uri("/api/v1/namespaces/_/actions").insert_header(auth("a:b"));
     assert_eq!(send(&app, wrong).await.0, 401);
-    let garbage = test::TestRequest::get()
-        .uri("/api/v1/namespaces/_/actions")
-        .insert_header(("authorization", HeaderValue::from_static("Basic !!!")));
+    let garbage = Req::get().uri("/api/v1/namespaces/_/actions").insert_header(("authorization", "Basic !!!".into()));
     assert_eq!(send(&app, garbage).await.0, 401);
     let (s, body, _) = send(&app, get("/api/v1/namespaces/other/actions")).await;
     assert_eq!(s, 403, "{body}");
-    assert_eq!(send(&app, test::TestRequest::get().uri("/ping")).await.0, 200);
-    assert_eq!(send(&app, test::TestRequest::get().uri("/health")).await.0, 401);
+    assert_eq!(send(&app, Req::get().uri("/ping")).await.0, 200);
+    assert_eq!(send(&app, Req::get().uri("/health")).await.0, 401);
     let (s, body, _) = send(&app, get("/health")).await;
     assert_eq!((s, body["status"].as_str(), body["can_launch"].as_bool()), (200, Some("healthy"), Some(true)));
     let (s, _, _) = send(&app, get("/v1/pool")).await;
@@ -135,7 +189,7 @@ async fn auth_and_namespaces() {
 #[actix_rt::test]
 async fn bad_input_gets_a_4xx_naming_the_field() {
     let (_h, state) = harness(|_| {}, MockConfig::default());
-    let app = test::init_service(App::new().configure(configure(state))).await;
+    let app = state;
     let url = "/api/v1/namespaces/_/actions/a";
     let cases = [
         (json!({"exec": {"kind": "cobol", "code": "x"}}), "exec.kind"),
@@ -154,7 +208,7 @@ async fn bad_input_gets_a_4xx_naming_the_field() {
     }
     let (s, answer, _) = send(&app, put("/api/v1/namespaces/_/actions/-bad", echo_action())).await;
     assert_eq!(s, 400, "{answer}");
-    let malformed = test::TestRequest::put().uri(url).insert_header(auth(GUEST)).set_payload("{\"exec\":");
+    let malformed = Req::put().uri(url).insert_header(auth(GUEST)).set_payload("{\"exec\":");
     let (s, answer, _) = send(&app, malformed).await;
     assert_eq!(s, 400);
     assert!(answer["error"].as_str().unwrap().contains("request body"), "{answer}");
@@ -177,7 +231,7 @@ async fn bad_input_gets_a_4xx_naming_the_field() {
 #[actix_rt::test]
 async fn invoke_blocking_non_blocking_and_read_the_records() {
     let (_h, state) = harness(|_| {}, MockConfig::default());
-    let app = test::init_service(App::new().configure(configure(state))).await;
+    let app = state;
     send(&app, put("/api/v1/namespaces/_/actions/echo", echo_action())).await;
     let (s, body, id) = send(&app, post("/api/v1/namespaces/_/actions/echo?blocking=true", json!({"x": 1}))).await;
     assert_eq!(s, 200, "{body}");
@@ -225,7 +279,7 @@ async fn never_fits_is_400_and_a_namespace_over_its_limit_is_429() {
         },
         MockConfig { nodes: vec![("n".into(), 1024)], ..MockConfig::default() },
     );
-    let app = test::init_service(App::new().configure(configure(state))).await;
+    let app = state;
     let mut huge = echo_action();
     huge["limits"]["memory"] = json!(2048);
     send(&app, put("/api/v1/namespaces/_/actions/huge", huge)).await;
@@ -243,13 +297,12 @@ async fn never_fits_is_400_and_a_namespace_over_its_limit_is_429() {
 #[actix_rt::test]
 async fn nothing_ran_is_503_with_retry_after_and_a_status_3_record() {
     let (_h, state) = harness(|_| {}, MockConfig { fail_creates: true, ..MockConfig::default() });
-    let app = test::init_service(App::new().configure(configure(state))).await;
+    let app = state;
     send(&app, put("/api/v1/namespaces/_/actions/echo", echo_action())).await;
-    let response =
-        test::call_service(&app, post("/api/v1/namespaces/_/actions/echo?blocking=true", json!({})).to_request()).await;
+    let response = call(&app, post("/api/v1/namespaces/_/actions/echo?blocking=true", json!({}))).await;
     assert_eq!(response.status(), 503);
     assert!(response.headers().contains_key("retry-after"));
-    let body: Value = test::read_body_json(response).await;
+    let body = read_json(response).await;
     assert_eq!(body["response"]["statusCode"], 3);
     assert_eq!(body["response"]["status"], "whisk internal error");
     for _ in 0..2 {
@@ -279,7 +332,7 @@ fn activation_message(id: &str, blocking: bool) -> Value {
 #[actix_rt::test]
 async fn the_activation_shim_answers_with_the_combined_message_and_never_runs_twice() {
     let (h, state) = harness(|c| c.invoker_id = "invoker3".into(), MockConfig::default());
-    let app = test::init_service(App::new().configure(configure(state))).await;
+    let app = state;
     send(&app, put("/api/v1/namespaces/_/actions/echo", echo_action())).await;
     let id = new_activation_id();
     let (s, ack, _) = send(&app, post("/v1/activations", activation_message(&id, true))).await;
@@ -327,11 +380,10 @@ async fn the_activation_shim_answers_with_the_combined_message_and_never_runs_tw
 #[actix_rt::test]
 async fn draining_refuses_new_work_with_503() {
     let (h, state) = harness(|_| {}, MockConfig::default());
-    let app = test::init_service(App::new().configure(configure(state))).await;
+    let app = state;
     send(&app, put("/api/v1/namespaces/_/actions/echo", echo_action())).await;
     h.service.set_draining();
-    let response =
-        test::call_service(&app, post("/api/v1/namespaces/_/actions/echo?blocking=true", json!({})).to_request()).await;
+    let response = call(&app, post("/api/v1/namespaces/_/actions/echo?blocking=true", json!({}))).await;
     assert_eq!(response.status(), 503);
     assert!(response.headers().contains_key("retry-after"));
     let (s, body, _) = send(&app, get("/health")).await;
@@ -412,28 +464,23 @@ mod router_fuzz {
     #[actix_rt::test]
     async fn no_request_gets_a_500_or_a_panic() {
         let (_h, state) = harness(|_| {}, MockConfig::default());
-        let app = test::init_service(App::new().configure(configure(state))).await;
+        let app = state;
         send(&app, put("/api/v1/namespaces/_/actions/echo", echo_action())).await;
         let mut runner = TestRunner::deterministic();
         let strategy = case();
         for _ in 0..1000 {
             let case = strategy.new_tree(&mut runner).unwrap().current();
             let uri = if case.query.is_empty() { case.path.clone() } else { format!("{}?{}", case.path, case.query) };
-            let Ok(uri) = uri.parse::<actix_web::http::Uri>() else { continue };
-            let mut req = test::TestRequest::default()
-                .method(actix_web::http::Method::from_bytes(case.method.as_bytes()).unwrap())
-                .uri(&uri.to_string())
-                .set_payload(case.body.clone());
+            if uri.parse::<hyper::Uri>().is_err() {
+                continue;
+            }
+            let mut req = Req::method(case.method).uri(&uri).set_payload(case.body.clone());
             for (k, v) in &case.headers {
-                if let Ok(v) = HeaderValue::from_str(v) {
-                    req = req.insert_header((k.as_str(), v));
+                if HeaderValue::from_str(v).is_ok() {
+                    req = req.insert_header((k.as_str(), v.clone()));
                 }
             }
-            let response = app.call(req.to_request()).await;
-            let status = match response {
-                Ok(r) => r.status(),
-                Err(e) => e.as_response_error().status_code(),
-            };
+            let status = call(&app, req).await.status();
             assert!(status.as_u16() < 500 || status.as_u16() == 503, "{case:?} -> {status}");
         }
     }

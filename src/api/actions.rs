@@ -1,29 +1,25 @@
 //! Actions: create or update, read, list, delete, and invoke.
 
 use super::error::ApiError;
-use super::{blocking, flag, load_action, page, AppState, PageQuery};
+use super::{blocking, flag, json, load_action, page, AppState, Call, PageQuery, Response};
 use crate::activation::{InvokeRequest, Invoked};
 use crate::config::Config;
 use crate::model::{
     epoch_ms, new_activation_id, validate_entity_name, Action, ActivationRecord, Exec, KeyValue, Limits, Outcome,
 };
 use crate::pool::actor::REJECTED;
-use actix_web::{web, HttpRequest, HttpResponse, HttpResponseBuilder};
+use hyper::header::HeaderValue;
+use hyper::StatusCode;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use std::time::Duration;
 
-pub(super) async fn list(
-    state: web::Data<AppState>,
-    req: HttpRequest,
-    path: web::Path<String>,
-    q: web::Query<PageQuery>,
-) -> Result<HttpResponse, ApiError> {
-    let (ns, _) = state.namespace(&req, &path)?;
-    let (skip, limit) = page(&q)?;
+pub(super) async fn list(state: &AppState, call: &Call, ns: &str) -> Result<Response, ApiError> {
+    let (ns, _) = state.namespace(call, ns)?;
+    let (skip, limit) = page(&call.query::<PageQuery>()?)?;
     let store = state.service.store().clone();
     let actions = blocking(move || store.list_actions(&ns, skip, limit)).await??;
-    Ok(HttpResponse::Ok().json(actions.iter().map(action_json).collect::<Vec<_>>()))
+    Ok(json(StatusCode::OK, &actions.iter().map(action_json).collect::<Vec<_>>()))
 }
 
 fn action_json(a: &Action) -> Value {
@@ -118,44 +114,30 @@ pub(super) struct PutQuery {
     overwrite: Option<String>,
 }
 
-pub(super) async fn put(
-    state: web::Data<AppState>,
-    req: HttpRequest,
-    path: web::Path<(String, String)>,
-    q: web::Query<PutQuery>,
-    body: web::Bytes,
-) -> Result<HttpResponse, ApiError> {
-    let (ns, _) = state.namespace(&req, &path.0)?;
-    validate_entity_name("name", &path.1).map_err(ApiError::BadRequest)?;
-    let overwrite = flag("overwrite", &q.overwrite)?;
-    let put: ActionPut = super::parse_body(&body)?;
-    let action = validate_action(&state.config, put, &ns, &path.1)?;
+pub(super) async fn put(state: &AppState, call: &Call, ns: &str, name: &str) -> Result<Response, ApiError> {
+    let (ns, _) = state.namespace(call, ns)?;
+    validate_entity_name("name", name).map_err(ApiError::BadRequest)?;
+    let overwrite = flag("overwrite", &call.query::<PutQuery>()?.overwrite)?;
+    let put: ActionPut = super::parse_body(&call.body)?;
+    let action = validate_action(&state.config, put, &ns, name)?;
     let store = state.service.store().clone();
     let saved = blocking(move || store.put_action(action, overwrite)).await??;
-    Ok(HttpResponse::Ok().json(action_json(&saved)))
+    Ok(json(StatusCode::OK, &action_json(&saved)))
 }
 
-pub(super) async fn get(
-    state: web::Data<AppState>,
-    req: HttpRequest,
-    path: web::Path<(String, String)>,
-) -> Result<HttpResponse, ApiError> {
-    let (ns, _) = state.namespace(&req, &path.0)?;
-    let action = load_action(&state, &ns, &path.1).await?;
-    Ok(HttpResponse::Ok().json(action_json(&action)))
+pub(super) async fn get(state: &AppState, call: &Call, ns: &str, name: &str) -> Result<Response, ApiError> {
+    let (ns, _) = state.namespace(call, ns)?;
+    let action = load_action(state, &ns, name).await?;
+    Ok(json(StatusCode::OK, &action_json(&action)))
 }
 
-pub(super) async fn delete(
-    state: web::Data<AppState>,
-    req: HttpRequest,
-    path: web::Path<(String, String)>,
-) -> Result<HttpResponse, ApiError> {
-    let (ns, _) = state.namespace(&req, &path.0)?;
-    validate_entity_name("name", &path.1).map_err(ApiError::BadRequest)?;
+pub(super) async fn delete(state: &AppState, call: &Call, ns: &str, name: &str) -> Result<Response, ApiError> {
+    let (ns, _) = state.namespace(call, ns)?;
+    validate_entity_name("name", name).map_err(ApiError::BadRequest)?;
     let store = state.service.store().clone();
-    let name = path.1.clone();
+    let name = name.to_string();
     let deleted = blocking(move || store.delete_action(&ns, &name)).await??.ok_or(ApiError::NotFound)?;
-    Ok(HttpResponse::Ok().json(action_json(&deleted)))
+    Ok(json(StatusCode::OK, &action_json(&deleted)))
 }
 
 #[derive(Deserialize)]
@@ -165,14 +147,9 @@ pub(super) struct InvokeQuery {
     timeout: Option<String>,
 }
 
-pub(super) async fn invoke(
-    state: web::Data<AppState>,
-    req: HttpRequest,
-    path: web::Path<(String, String)>,
-    q: web::Query<InvokeQuery>,
-    body: web::Bytes,
-) -> Result<HttpResponse, ApiError> {
-    let (ns, key) = state.namespace(&req, &path.0)?;
+pub(super) async fn invoke(state: &AppState, call: &Call, ns: &str, name: &str) -> Result<Response, ApiError> {
+    let (ns, key) = state.namespace(call, ns)?;
+    let (q, body) = (call.query::<InvokeQuery>()?, &call.body);
     let limits = &state.config.limits;
     if body.len() > limits.payload_max_bytes {
         return Err(ApiError::TooLarge(limits.payload_max_bytes));
@@ -192,13 +169,13 @@ pub(super) async fn invoke(
     let params: Map<String, Value> = if body.iter().all(u8::is_ascii_whitespace) {
         Map::new()
     } else {
-        match serde_json::from_slice(&body) {
+        match serde_json::from_slice(body) {
             Ok(Value::Object(m)) => m,
             Ok(_) => return Err(ApiError::BadRequest("request body: the parameters must be a JSON object".into())),
             Err(e) => return Err(ApiError::BadRequest(format!("request body: {e}"))),
         }
     };
-    let action = load_action(&state, &ns, &path.1).await?;
+    let action = load_action(state, &ns, name).await?;
     let api_key = action.provides_api_key().then_some(key);
     let invoked = state
         .service
@@ -216,36 +193,49 @@ pub(super) async fn invoke(
 }
 
 /// 200 done, 202 accepted, 502 the action failed, 503 nothing ran, 400 can never fit.
-pub fn invoke_response(invoked: Invoked, result_only: bool) -> HttpResponse {
+fn invoke_response(invoked: Invoked, result_only: bool) -> Response {
     let record = match invoked {
         Invoked::Accepted(id) => return accepted(&id),
         Invoked::Done(record) => record,
     };
-    let mut response = record_status(&record, HttpResponse::BadGateway);
+    let status = record_status(&record, StatusCode::BAD_GATEWAY);
     if result_only {
-        response.json(&record.response.result)
+        record_response(&record, status, &record.response.result)
     } else {
-        response.json(&*record)
+        record_response(&record, status, &*record)
     }
 }
 
-pub(super) fn accepted(id: &str) -> HttpResponse {
-    HttpResponse::Accepted().insert_header(("x-openwhisk-activation-id", id)).json(json!({ "activationId": id }))
+pub(super) fn accepted(id: &str) -> Response {
+    let mut response = json(StatusCode::ACCEPTED, &json!({ "activationId": id }));
+    if let Ok(id) = HeaderValue::from_str(id) {
+        response.headers_mut().insert(ACTIVATION_ID, id);
+    }
+    response
 }
 
-/// The status for a finished activation: `failed` when the action ran and failed; 503 with
-/// Retry-After when nothing ran, 400 when it can never fit.
-pub(super) fn record_status(record: &ActivationRecord, failed: fn() -> HttpResponseBuilder) -> HttpResponseBuilder {
-    let mut response = match record.outcome() {
-        Outcome::Success => HttpResponse::Ok(),
-        Outcome::ApplicationError | Outcome::DeveloperError => failed(),
-        Outcome::WhiskError if record.annotation(REJECTED) == Some(&json!("never_fits")) => HttpResponse::BadRequest(),
-        Outcome::WhiskError => {
-            let mut r = HttpResponse::ServiceUnavailable();
-            r.insert_header(("Retry-After", "1"));
-            r
-        }
-    };
-    response.insert_header(("x-openwhisk-activation-id", record.activation_id.clone()));
+const ACTIVATION_ID: &str = "x-openwhisk-activation-id";
+
+/// The status for a finished activation: `failed` when the action ran and failed; 503 when
+/// nothing ran, 400 when it can never fit.
+pub(super) fn record_status(record: &ActivationRecord, failed: StatusCode) -> StatusCode {
+    match record.outcome() {
+        Outcome::Success => StatusCode::OK,
+        Outcome::ApplicationError | Outcome::DeveloperError => failed,
+        Outcome::WhiskError if record.annotation(REJECTED) == Some(&json!("never_fits")) => StatusCode::BAD_REQUEST,
+        Outcome::WhiskError => StatusCode::SERVICE_UNAVAILABLE,
+    }
+}
+
+/// `body` with `status`, the activation's id, and Retry-After when nothing ran.
+pub(super) fn record_response(record: &ActivationRecord, status: StatusCode, body: &impl serde::Serialize) -> Response {
+    let mut response = json(status, body);
+    let headers = response.headers_mut();
+    if let Ok(id) = HeaderValue::from_str(&record.activation_id) {
+        headers.insert(ACTIVATION_ID, id);
+    }
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        headers.insert(hyper::header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
     response
 }

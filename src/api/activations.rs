@@ -1,18 +1,13 @@
 //! Activation records: list, one by id, and its logs or result.
 
 use super::error::ApiError;
-use super::{blocking, page, AppState, PageQuery};
+use super::{blocking, json, page, AppState, Call, PageQuery, Response};
 use crate::model::validate_entity_name;
-use actix_web::{web, HttpRequest, HttpResponse};
-use serde_json::json;
+use hyper::StatusCode;
 
-pub(super) async fn list(
-    state: web::Data<AppState>,
-    req: HttpRequest,
-    path: web::Path<String>,
-    q: web::Query<PageQuery>,
-) -> Result<HttpResponse, ApiError> {
-    let (ns, _) = state.namespace(&req, &path)?;
+pub(super) async fn list(state: &AppState, call: &Call, ns: &str) -> Result<Response, ApiError> {
+    let (ns, _) = state.namespace(call, ns)?;
+    let q: PageQuery = call.query()?;
     let (skip, limit) = page(&q)?;
     if let Some(name) = &q.name {
         validate_entity_name("name", name).map_err(ApiError::BadRequest)?;
@@ -20,16 +15,16 @@ pub(super) async fn list(
     let store = state.service.store().clone();
     let name = q.name.clone();
     let records = blocking(move || store.list_activations(&ns, name.as_deref(), skip, limit)).await??;
-    Ok(HttpResponse::Ok().json(records))
+    Ok(json(StatusCode::OK, &records))
 }
 
 async fn find_activation(
     state: &AppState,
-    req: &HttpRequest,
+    call: &Call,
     ns: &str,
     id: &str,
 ) -> Result<crate::model::ActivationRecord, ApiError> {
-    let (ns, _) = state.namespace(req, ns)?;
+    let (ns, _) = state.namespace(call, ns)?;
     if !crate::model::is_activation_id(id) {
         return Err(ApiError::BadRequest("activation id: must be 32 hexadecimal digits".into()));
     }
@@ -42,23 +37,21 @@ async fn find_activation(
     Ok(record)
 }
 
-pub(super) async fn get(
-    state: web::Data<AppState>,
-    req: HttpRequest,
-    path: web::Path<(String, String)>,
-) -> Result<HttpResponse, ApiError> {
-    Ok(HttpResponse::Ok().json(find_activation(&state, &req, &path.0, &path.1).await?))
+pub(super) async fn get(state: &AppState, call: &Call, ns: &str, id: &str) -> Result<Response, ApiError> {
+    Ok(json(StatusCode::OK, &find_activation(state, call, ns, id).await?))
 }
 
 pub(super) async fn get_part(
-    state: web::Data<AppState>,
-    req: HttpRequest,
-    path: web::Path<(String, String, String)>,
-) -> Result<HttpResponse, ApiError> {
-    let record = find_activation(&state, &req, &path.0, &path.1).await?;
-    match path.2.as_str() {
-        "logs" => Ok(HttpResponse::Ok().json(json!({ "logs": record.logs }))),
-        "result" => Ok(HttpResponse::Ok().json(record.response)),
+    state: &AppState,
+    call: &Call,
+    ns: &str,
+    id: &str,
+    part: &str,
+) -> Result<Response, ApiError> {
+    let record = find_activation(state, call, ns, id).await?;
+    match part {
+        "logs" => Ok(json(StatusCode::OK, &serde_json::json!({ "logs": record.logs }))),
+        "result" => Ok(json(StatusCode::OK, &record.response)),
         _ => Err(ApiError::NotFound),
     }
 }

@@ -1,19 +1,19 @@
 //! Admin routes: liveness, health and capacity, Prometheus metrics, the pool's state.
 
 use super::error::ApiError;
-use super::AppState;
-use actix_web::{web, HttpRequest, HttpResponse};
+use super::{json, with_body, AppState, Call, Response};
+use hyper::StatusCode;
 use serde_json::json;
 
-pub(super) async fn ping() -> HttpResponse {
-    HttpResponse::Ok().json(json!({ "ping": "pong" }))
+pub(super) fn ping() -> Response {
+    json(StatusCode::OK, &json!({ "ping": "pong" }))
 }
 
 /// Creations failing in a row before the invoker calls itself unhealthy.
 const UNHEALTHY_AFTER_FAILURES: u32 = 3;
 
-pub(super) async fn health(state: web::Data<AppState>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
-    state.authenticate(&req)?;
+pub(super) async fn health(state: &AppState, call: &Call) -> Result<Response, ApiError> {
+    state.authenticate(&call.head.headers)?;
     let snapshot = state.service.pool().snapshot().await.ok_or(ApiError::Unavailable("the pool is gone".into()))?;
     let launchable = snapshot.nodes.iter().map(|n| n.launchable_mb).max().unwrap_or(0);
     let min_mb = u64::from(state.config.limits.memory_min_mb);
@@ -38,7 +38,9 @@ pub(super) async fn health(state: web::Data<AppState>, req: HttpRequest) -> Resu
             })
         })
         .collect();
-    Ok(HttpResponse::Ok().json(json!({
+    Ok(json(
+        StatusCode::OK,
+        &json!({
         "status": status,
         "can_launch": launchable >= min_mb && !state.service.is_draining(),
         "launchable_mb": launchable,
@@ -46,17 +48,18 @@ pub(super) async fn health(state: web::Data<AppState>, req: HttpRequest) -> Resu
         "containers": { "starting": snapshot.starting, "idle": snapshot.idle, "prewarm": snapshot.prewarm, "busy": snapshot.busy, "removing": snapshot.removing },
         "waiting": snapshot.waiting,
         "create_failures_in_a_row": snapshot.create_failures_in_a_row,
-    })))
+        }),
+    ))
 }
 
-pub(super) async fn metrics(state: web::Data<AppState>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
-    state.authenticate(&req)?;
+pub(super) async fn metrics(state: &AppState, call: &Call) -> Result<Response, ApiError> {
+    state.authenticate(&call.head.headers)?;
     let _ = state.service.pool().snapshot().await; // refreshes the pool gauges
-    Ok(HttpResponse::Ok().content_type("text/plain; version=0.0.4").body(state.service.metrics().render()))
+    Ok(with_body(StatusCode::OK, "text/plain; version=0.0.4", state.service.metrics().render().into_bytes()))
 }
 
-pub(super) async fn pool(state: web::Data<AppState>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
-    state.authenticate(&req)?;
+pub(super) async fn pool(state: &AppState, call: &Call) -> Result<Response, ApiError> {
+    state.authenticate(&call.head.headers)?;
     let snapshot = state.service.pool().snapshot().await.ok_or(ApiError::Unavailable("the pool is gone".into()))?;
-    Ok(HttpResponse::Ok().json(snapshot))
+    Ok(json(StatusCode::OK, &snapshot))
 }

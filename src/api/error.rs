@@ -1,9 +1,10 @@
 //! The one place errors become HTTP statuses. Bodies are OpenWhisk's `{"error", "code"}`.
 
+use super::Response;
 use crate::activation::IntakeError;
 use crate::store::StoreError;
-use actix_web::http::StatusCode;
-use actix_web::{HttpResponse, ResponseError};
+use hyper::header::{self, HeaderValue};
+use hyper::StatusCode;
 use serde_json::json;
 
 #[derive(Debug, thiserror::Error)]
@@ -49,8 +50,8 @@ impl From<IntakeError> for ApiError {
     }
 }
 
-impl ResponseError for ApiError {
-    fn status_code(&self) -> StatusCode {
+impl ApiError {
+    pub fn status(&self) -> StatusCode {
         match self {
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
@@ -65,17 +66,21 @@ impl ResponseError for ApiError {
         }
     }
 
-    fn error_response(&self) -> HttpResponse {
-        let mut response = HttpResponse::build(self.status_code());
+    pub fn into_response(self) -> Response {
+        let mut response = super::json(
+            self.status(),
+            &json!({ "error": self.to_string(), "code": crate::model::new_activation_id() }),
+        );
+        let headers = response.headers_mut();
         if matches!(self, ApiError::Unavailable(_) | ApiError::TooMany(_)) {
-            response.insert_header(("Retry-After", "1"));
+            headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
         if let ApiError::MethodNotAllowed { allowed, .. } = self {
-            response.insert_header(("Allow", *allowed));
+            headers.insert(header::ALLOW, HeaderValue::from_static(allowed));
         }
         if matches!(self, ApiError::Unauthorized) {
-            response.insert_header(("WWW-Authenticate", "Basic realm=\"invoker\""));
+            headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Basic realm=\"invoker\""));
         }
-        response.json(json!({ "error": self.to_string(), "code": crate::model::new_activation_id() }))
+        response
     }
 }

@@ -5,19 +5,22 @@ mod actions;
 mod activations;
 mod admin;
 pub mod error;
+pub mod server;
 mod shim;
 
 use crate::activation::ActivationService;
 use crate::config::Config;
 use crate::model::{validate_entity_name, Action};
-use actix_web::{web, HttpRequest, HttpResponse};
 use base64::Engine as _;
+use bytes::Bytes;
 use error::ApiError;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::header::HeaderValue;
+use hyper::{HeaderMap, Method, StatusCode};
 use serde::Deserialize;
 use std::collections::HashMap;
 use std::sync::Arc;
-
-pub use actions::invoke_response;
+use std::time::Duration;
 
 pub struct AppState {
     pub service: ActivationService,
@@ -44,8 +47,9 @@ impl AppState {
     }
 
     /// The namespace the request's basic-auth key belongs to.
-    pub(crate) fn authenticate(&self, req: &HttpRequest) -> Result<(String, String), ApiError> {
-        let header = req.headers().get("authorization").and_then(|h| h.to_str().ok()).ok_or(ApiError::Unauthorized)?;
+    pub(crate) fn authenticate(&self, headers: &HeaderMap) -> Result<(String, String), ApiError> {
+        let header =
+            headers.get(hyper::header::AUTHORIZATION).and_then(|h| h.to_str().ok()).ok_or(ApiError::Unauthorized)?;
         if let Some(known) = self.headers.get(header) {
             return Ok(known.clone());
         }
@@ -58,8 +62,8 @@ impl AppState {
     }
 
     /// `_` means the key's own namespace; any other must be it.
-    pub(crate) fn namespace(&self, req: &HttpRequest, path_ns: &str) -> Result<(String, String), ApiError> {
-        let (ns, key) = self.authenticate(req)?;
+    pub(crate) fn namespace(&self, call: &Call, path_ns: &str) -> Result<(String, String), ApiError> {
+        let (ns, key) = self.authenticate(&call.head.headers)?;
         if path_ns == "_" || path_ns == ns {
             Ok((ns, key))
         } else {
@@ -68,42 +72,164 @@ impl AppState {
     }
 }
 
-/// The whole HTTP surface with its state and body limit, for `App::configure`.
-pub fn configure(state: web::Data<AppState>) -> impl Fn(&mut web::ServiceConfig) + Clone {
-    move |cfg| {
-        let limits = &state.config.limits;
-        cfg.app_data(state.clone())
-            .app_data(web::PayloadConfig::new(limits.code_max_bytes.max(limits.payload_max_bytes)));
-        routes(cfg);
+/// A request as the handlers see it: the head, and the body when the route takes one.
+pub(crate) struct Call {
+    pub head: hyper::http::request::Parts,
+    pub body: Bytes,
+}
+
+impl Call {
+    /// The query string parsed into `T`; a malformed one is a 400 naming it.
+    pub(crate) fn query<T: serde::de::DeserializeOwned>(&self) -> Result<T, ApiError> {
+        serde_urlencoded::from_str(self.head.uri.query().unwrap_or(""))
+            .map_err(|e| ApiError::BadRequest(format!("query: {e}")))
     }
 }
 
-/// One resource per path, with its methods as routes: the router tries each resource's pattern
-/// (a regex where the path has parameters) in turn, so the invoke path comes first and is tried
-/// once, not once per method. A known path with another method gets 405.
-fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.service(
-        web::resource("/api/v1/namespaces/{ns}/actions/{name}")
-            .route(web::post().to(actions::invoke))
-            .route(web::get().to(actions::get))
-            .route(web::put().to(actions::put))
-            .route(web::delete().to(actions::delete))
-            .default_service(web::to(|req: HttpRequest| async move {
-                Err::<HttpResponse, _>(ApiError::MethodNotAllowed {
-                    method: req.method().to_string(),
-                    allowed: "POST, GET, PUT, DELETE",
-                })
-            })),
-    )
-    .route("/ping", web::get().to(admin::ping))
-    .route("/health", web::get().to(admin::health))
-    .route("/metrics", web::get().to(admin::metrics))
-    .route("/v1/pool", web::get().to(admin::pool))
-    .route("/v1/activations", web::post().to(shim::activation_message))
-    .route("/api/v1/namespaces/{ns}/actions", web::get().to(actions::list))
-    .route("/api/v1/namespaces/{ns}/activations", web::get().to(activations::list))
-    .route("/api/v1/namespaces/{ns}/activations/{id}", web::get().to(activations::get))
-    .route("/api/v1/namespaces/{ns}/activations/{id}/{part}", web::get().to(activations::get_part));
+/// The routes: a path's segments after the prefix, percent-decoded.
+enum Route {
+    Action { ns: String, name: String },
+    Actions { ns: String },
+    Activations { ns: String },
+    Activation { ns: String, id: String },
+    ActivationPart { ns: String, id: String, part: String },
+    ActivationMessage,
+    Ping,
+    Health,
+    Metrics,
+    Pool,
+}
+
+impl Route {
+    fn find(path: &str) -> Result<Option<Route>, ApiError> {
+        let fixed = match path {
+            "/ping" => Some(Route::Ping),
+            "/health" => Some(Route::Health),
+            "/metrics" => Some(Route::Metrics),
+            "/v1/pool" => Some(Route::Pool),
+            "/v1/activations" => Some(Route::ActivationMessage),
+            _ => None,
+        };
+        if fixed.is_some() {
+            return Ok(fixed);
+        }
+        let Some(rest) = path.strip_prefix("/api/v1/namespaces/") else { return Ok(None) };
+        let segments: Vec<&str> = rest.split('/').collect();
+        if segments.iter().any(|s| s.is_empty()) {
+            return Ok(None);
+        }
+        let decoded = |s: &str| -> Result<String, ApiError> {
+            percent_encoding::percent_decode_str(s)
+                .decode_utf8()
+                .map(|d| d.into_owned())
+                .map_err(|_| ApiError::BadRequest("path: a segment is not UTF-8 once decoded".into()))
+        };
+        Ok(Some(match segments.as_slice() {
+            [ns, "actions", name] => Route::Action { ns: decoded(ns)?, name: decoded(name)? },
+            [ns, "actions"] => Route::Actions { ns: decoded(ns)? },
+            [ns, "activations"] => Route::Activations { ns: decoded(ns)? },
+            [ns, "activations", id] => Route::Activation { ns: decoded(ns)?, id: decoded(id)? },
+            [ns, "activations", id, part] => {
+                Route::ActivationPart { ns: decoded(ns)?, id: decoded(id)?, part: decoded(part)? }
+            }
+            _ => return Ok(None),
+        }))
+    }
+
+    /// The methods the route serves, for a 405's `Allow`.
+    fn allowed(&self) -> &'static str {
+        match self {
+            Route::Action { .. } => "POST, GET, PUT, DELETE",
+            Route::ActivationMessage => "POST",
+            _ => "GET",
+        }
+    }
+}
+
+impl AppState {
+    /// Answers one request; every failure is a status with OpenWhisk's error body.
+    pub async fn handle<B>(&self, request: hyper::Request<B>) -> Response
+    where
+        B: hyper::body::Body<Data = Bytes>,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let (head, body) = request.into_parts();
+        self.dispatch(head, body).await.unwrap_or_else(ApiError::into_response)
+    }
+
+    async fn dispatch<B>(&self, head: hyper::http::request::Parts, body: B) -> Result<Response, ApiError>
+    where
+        B: hyper::body::Body<Data = Bytes>,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let route = Route::find(head.uri.path())?.ok_or(ApiError::NotFound)?;
+        let takes_body = matches!(
+            (&route, &head.method),
+            (Route::Action { .. }, &Method::POST | &Method::PUT) | (Route::ActivationMessage, &Method::POST)
+        );
+        let body = if takes_body { self.read_body(&head, body).await? } else { Bytes::new() };
+        let call = Call { head, body };
+        match (route, &call.head.method) {
+            (Route::Action { ns, name }, &Method::POST) => actions::invoke(self, &call, &ns, &name).await,
+            (Route::Action { ns, name }, &Method::GET) => actions::get(self, &call, &ns, &name).await,
+            (Route::Action { ns, name }, &Method::PUT) => actions::put(self, &call, &ns, &name).await,
+            (Route::Action { ns, name }, &Method::DELETE) => actions::delete(self, &call, &ns, &name).await,
+            (Route::Actions { ns }, &Method::GET) => actions::list(self, &call, &ns).await,
+            (Route::Activations { ns }, &Method::GET) => activations::list(self, &call, &ns).await,
+            (Route::Activation { ns, id }, &Method::GET) => activations::get(self, &call, &ns, &id).await,
+            (Route::ActivationPart { ns, id, part }, &Method::GET) => {
+                activations::get_part(self, &call, &ns, &id, &part).await
+            }
+            (Route::ActivationMessage, &Method::POST) => shim::activation_message(self, &call).await,
+            (Route::Ping, &Method::GET) => Ok(admin::ping()),
+            (Route::Health, &Method::GET) => admin::health(self, &call).await,
+            (Route::Metrics, &Method::GET) => admin::metrics(self, &call).await,
+            (Route::Pool, &Method::GET) => admin::pool(self, &call).await,
+            (route, method) => Err(ApiError::MethodNotAllowed { method: method.to_string(), allowed: route.allowed() }),
+        }
+    }
+
+    /// The whole body, refused past the largest any route takes (code, or parameters with the
+    /// shim's envelope) and cut off after `BODY_TIMEOUT`.
+    async fn read_body<B>(&self, head: &hyper::http::request::Parts, body: B) -> Result<Bytes, ApiError>
+    where
+        B: hyper::body::Body<Data = Bytes>,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let limits = &self.config.limits;
+        let limit = limits.code_max_bytes.max(limits.payload_max_bytes + shim::ENVELOPE_BYTES);
+        let declared = head.headers.get(hyper::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse().ok());
+        if declared.is_some_and(|n: usize| n > limit) {
+            return Err(ApiError::TooLarge(limit));
+        }
+        let collected = tokio::time::timeout(BODY_TIMEOUT, Limited::new(body, limit).collect()).await;
+        match collected {
+            Err(_) => Err(ApiError::BadRequest(format!("request body: not received within {BODY_TIMEOUT:?}"))),
+            Ok(Ok(body)) => Ok(body.to_bytes()),
+            Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(ApiError::TooLarge(limit)),
+            Ok(Err(e)) => Err(ApiError::BadRequest(format!("request body: {e}"))),
+        }
+    }
+}
+
+/// How long a request's body may take to arrive.
+const BODY_TIMEOUT: Duration = Duration::from_secs(60);
+
+pub type Response = hyper::Response<Full<Bytes>>;
+
+/// A JSON response.
+pub(crate) fn json(status: StatusCode, value: &impl serde::Serialize) -> Response {
+    match serde_json::to_vec(value) {
+        Ok(body) => with_body(status, "application/json", body),
+        Err(e) => ApiError::Internal(format!("the response is not JSON: {e}")).into_response(),
+    }
+}
+
+pub(crate) fn with_body(status: StatusCode, content_type: &'static str, body: Vec<u8>) -> Response {
+    let mut response = hyper::Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response.headers_mut().insert(hyper::header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
 }
 
 #[derive(Deserialize)]
@@ -137,7 +263,7 @@ pub(crate) fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<
 }
 
 pub(crate) async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, ApiError> {
-    web::block(f).await.map_err(|e| ApiError::Internal(e.to_string()))
+    tokio::task::spawn_blocking(f).await.map_err(|e| ApiError::Internal(e.to_string()))
 }
 
 pub(crate) fn flag(field: &str, v: &Option<String>) -> Result<bool, ApiError> {

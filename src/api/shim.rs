@@ -3,12 +3,12 @@
 //! would put on `completed<N>`: a `CombinedCompletionAndResultMessage`. Kafka delivers at
 //! least once, so a repeated `activationId` is answered from the first and never run twice.
 
-use super::actions::{accepted, record_status};
+use super::actions::{accepted, record_response, record_status};
 use super::error::ApiError;
-use super::{load_action, AppState};
+use super::{load_action, AppState, Call, Response};
 use crate::activation::{InvokeRequest, Invoked};
 use crate::model::{is_activation_id, validate_entity_name, ActivationRecord, Outcome};
-use actix_web::{web, HttpRequest, HttpResponse};
+use hyper::StatusCode;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
@@ -54,23 +54,22 @@ struct AuthKey {
     api_key: String,
 }
 
-pub(super) async fn activation_message(
-    state: web::Data<AppState>,
-    req: HttpRequest,
-    body: web::Bytes,
-) -> Result<HttpResponse, ApiError> {
-    let (caller, _) = state.authenticate(&req)?;
-    let limit = state.config.limits.payload_max_bytes + 64 * 1024;
-    if body.len() > limit {
+/// What an `ActivationMessage` may hold beyond its parameters.
+pub(super) const ENVELOPE_BYTES: usize = 64 * 1024;
+
+pub(super) async fn activation_message(state: &AppState, call: &Call) -> Result<Response, ApiError> {
+    let (caller, _) = state.authenticate(&call.head.headers)?;
+    let limit = state.config.limits.payload_max_bytes + ENVELOPE_BYTES;
+    if call.body.len() > limit {
         return Err(ApiError::TooLarge(limit));
     }
-    let msg: ActivationMessage = super::parse_body(&body)?;
+    let msg: ActivationMessage = super::parse_body(&call.body)?;
     let transaction_id = validate(&msg)?;
     // Packages are not supported: the path is the namespace itself.
     if msg.action.path != caller || msg.user.namespace.name != caller {
         return Err(ApiError::Forbidden(msg.action.path.chars().take(256).collect()));
     }
-    let action = load_action(&state, &msg.action.path, &msg.action.name).await?;
+    let action = load_action(state, &msg.action.path, &msg.action.name).await?;
     let params = match msg.content {
         None | Some(Value::Null) => Map::new(),
         Some(Value::Object(m)) => m,
@@ -95,7 +94,7 @@ pub(super) async fn activation_message(
             let snapshot = state.service.pool().snapshot().await;
             let user_memory_mb = snapshot.map_or(0, |s| s.nodes.iter().map(|n| n.capacity_mb).sum());
             let ack = completion_message(&state.config.invoker_id, user_memory_mb, msg.transid, &record);
-            Ok(record_status(&record, HttpResponse::Ok).json(ack))
+            Ok(record_response(&record, record_status(&record, StatusCode::OK), &ack))
         }
     }
 }
