@@ -178,6 +178,11 @@ async fn auth_and_namespaces() {
     assert_eq!(send(&app, garbage).await.0, 401);
     let (s, body, _) = send(&app, get("/api/v1/namespaces/other/actions")).await;
     assert_eq!(s, 403, "{body}");
+    // A body too large for any route is refused as unauthorized, not read, without a key.
+    let stranger = Req::put().uri("/api/v1/namespaces/_/actions/a").set_payload(vec![b'x'; 512 * 1024]);
+    assert_eq!(send(&app, stranger).await.0, 401);
+    let keyed = Req::put().uri("/api/v1/namespaces/_/actions/a").insert_header(auth(GUEST));
+    assert_eq!(send(&app, keyed.set_payload(vec![b'x'; 512 * 1024])).await.0, 413);
     assert_eq!(send(&app, Req::get().uri("/ping")).await.0, 200);
     assert_eq!(send(&app, Req::get().uri("/health")).await.0, 401);
     let (s, body, _) = send(&app, get("/health")).await;

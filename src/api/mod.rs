@@ -167,7 +167,14 @@ impl AppState {
             (&route, &head.method),
             (Route::Action { .. }, &Method::POST | &Method::PUT) | (Route::ActivationMessage, &Method::POST)
         );
-        let body = if takes_body { self.read_body(&head, body).await? } else { Bytes::new() };
+        let body = if takes_body {
+            // Only a caller with a key gets its body read: a stranger cannot make the invoker
+            // buffer the largest body a route takes (48 MB of code by default).
+            self.authenticate(&head.headers)?;
+            self.read_body(&head, body).await?
+        } else {
+            Bytes::new()
+        };
         let call = Call { head, body };
         match (route, &call.head.method) {
             (Route::Action { ns, name }, &Method::POST) => actions::invoke(self, &call, &ns, &name).await,
