@@ -207,14 +207,16 @@ fn invoke_response(invoked: Invoked, result_only: bool) -> Response {
 }
 
 pub(super) fn accepted(id: &str) -> Response {
-    let mut response = json(StatusCode::ACCEPTED, &json!({ "activationId": id }));
+    with_activation_id(json(StatusCode::ACCEPTED, &json!({ "activationId": id })), id)
+}
+
+/// `response` with the `x-openwhisk-activation-id` header OpenWhisk's clients read.
+fn with_activation_id(mut response: Response, id: &str) -> Response {
     if let Ok(id) = HeaderValue::from_str(id) {
-        response.headers_mut().insert(ACTIVATION_ID, id);
+        response.headers_mut().insert("x-openwhisk-activation-id", id);
     }
     response
 }
-
-const ACTIVATION_ID: &str = "x-openwhisk-activation-id";
 
 /// The status for a finished activation: `failed` when the action ran and failed; 503 when
 /// nothing ran, 400 when it can never fit.
@@ -229,13 +231,9 @@ pub(super) fn record_status(record: &ActivationRecord, failed: StatusCode) -> St
 
 /// `body` with `status`, the activation's id, and Retry-After when nothing ran.
 pub(super) fn record_response(record: &ActivationRecord, status: StatusCode, body: &impl serde::Serialize) -> Response {
-    let mut response = json(status, body);
-    let headers = response.headers_mut();
-    if let Ok(id) = HeaderValue::from_str(&record.activation_id) {
-        headers.insert(ACTIVATION_ID, id);
-    }
+    let mut response = with_activation_id(json(status, body), &record.activation_id);
     if status == StatusCode::SERVICE_UNAVAILABLE {
-        headers.insert(hyper::header::RETRY_AFTER, HeaderValue::from_static("1"));
+        response.headers_mut().insert(hyper::header::RETRY_AFTER, HeaderValue::from_static("1"));
     }
     response
 }
