@@ -9,7 +9,7 @@ use invoker::config::Config;
 use invoker::factory::{Epoch, Factory};
 use invoker::metrics::Metrics;
 use invoker::pool::actor::{ContainerPool, PoolHandle};
-use invoker::runtime::{Launcher, Listen, RuntimeOptions};
+use invoker::runtime::{Launcher, Listen, RuntimeOptions, SchedPolicy};
 use invoker::store::{JournaledStore, Store};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -57,6 +57,10 @@ enum Command {
         /// Exit when this process (the invoker) dies.
         #[arg(long, env = "INVOKER_PARENT_PID")]
         parent_pid: Option<i32>,
+        /// How the runtime and its action are scheduled: `batch` never preempts the invoker
+        /// when a run wakes it.
+        #[arg(long, value_enum, env = "INVOKER_ACTION_SCHED", default_value_t)]
+        sched: SchedPolicy,
     },
     /// Run the pool core in virtual time against a simulated cluster; prints a JSON summary.
     Simulate {
@@ -68,9 +72,9 @@ enum Command {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
-        Some(Command::ActionRuntime { listen, launcher, work_dir, parent_pid }) => {
+        Some(Command::ActionRuntime { listen, launcher, work_dir, parent_pid, sched }) => {
             // No tracing here: the runtime's stdout and stderr are the action's logs.
-            invoker::runtime::run(RuntimeOptions { listen, launcher, work_dir, parent_pid })?;
+            invoker::runtime::run(RuntimeOptions { listen, launcher, work_dir, parent_pid, sched })?;
             return Ok(());
         }
         Some(Command::Simulate { scenario }) => {

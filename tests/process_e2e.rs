@@ -102,6 +102,29 @@ async fn concurrent_runs_in_one_container_get_their_own_action_processes() {
     assert!(pids.len() >= 2, "overlapping runs ran in parallel processes: {pids:?}");
 }
 
+const POLICY_ACTION: &str =
+    "import os\ndef main(a):\n    return {'policy': os.sched_getscheduler(0), 'runtime': os.getppid()}\n";
+
+/// The runtime and its action run as `SCHED_BATCH` (3) unless the kind's command says
+/// `--sched normal`, when they keep the invoker's policy.
+#[tokio::test(flavor = "multi_thread")]
+async fn actions_run_as_sched_batch_unless_the_kind_says_normal() {
+    let invoker_policy = invoker::runtime::policy_of(std::process::id()).unwrap();
+    let normal = r#"[kinds."python:3"]
+command = ["{invoker}", "action-runtime", "--listen", "{listen}", "--launcher", "python", "--sched", "normal"]
+"#;
+    for (config, expected) in [("", libc::SCHED_BATCH as u32), (normal, invoker_policy)] {
+        let dir = tempdir();
+        let inv = Invoker::start(dir.path(), &id(&format!("sched{expected}")), config);
+        inv.put_action("policy", python(POLICY_ACTION)).await;
+        let (status, body) = inv.invoke("policy", "blocking=true&result=true", json!({})).await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["policy"], expected, "the action, with {config:?}");
+        let runtime = body["runtime"].as_u64().unwrap() as u32;
+        assert_eq!(invoker::runtime::policy_of(runtime).unwrap(), expected, "the runtime, with {config:?}");
+    }
+}
+
 /// The process state letter from /proc (R, S, T for stopped, ...).
 fn process_state(pid: u32) -> String {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();

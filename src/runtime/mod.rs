@@ -6,6 +6,7 @@
 //! both streams are the action's logs.
 
 mod action;
+mod sched;
 
 use action::{ActionError, ActionProcess, InitSpec, PreparedAction};
 use actix_web::{web, HttpResponse};
@@ -22,6 +23,7 @@ use std::time::Duration;
 
 pub use crate::factory::logs::SENTINEL;
 use crate::factory::logs::SENTINEL_LINE;
+pub use sched::{policy_of, SchedPolicy};
 
 /// The largest `/init` or `/run` body accepted (code up to OpenWhisk's 48 MB, base64-encoded).
 const MAX_BODY: usize = 72 * 1024 * 1024;
@@ -85,6 +87,7 @@ pub struct RuntimeOptions {
     pub work_dir: Option<PathBuf>,
     /// The invoker's pid: when it dies, the runtime and its action exit too.
     pub parent_pid: Option<i32>,
+    pub sched: SchedPolicy,
 }
 
 struct Runtime {
@@ -108,6 +111,7 @@ impl Runtime {
 
 /// Runs the runtime until it is killed or its invoker dies.
 pub fn run(options: RuntimeOptions) -> std::io::Result<()> {
+    options.sched.apply().map_err(|e| std::io::Error::new(e.kind(), format!("--sched: {e}")))?;
     let (work, _temp) = match &options.work_dir {
         Some(dir) => (dir.clone(), None),
         None => {
