@@ -15,6 +15,7 @@ pub mod metrics;
 pub mod model;
 pub mod pool;
 pub mod proxy;
+pub mod read_watched;
 pub mod runtime;
 pub mod sim;
 pub mod store;

@@ -5,8 +5,8 @@
 //! changes, so there is no URL to parse, no pool keyed by host and no connector stack per
 //! request; idle connections wait in a small stack, one per run in flight at most.
 
-use super::stream::RuntimeStream;
 use crate::factory::Transport;
+use crate::read_watched::ReadWatchedStream;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
@@ -59,7 +59,9 @@ impl RuntimeClient {
                 let _ = stream.set_nodelay(true);
                 handshake(TokioIo::new(stream)).await
             }
-            Transport::Unix(path) => handshake(RuntimeStream::connect(path).await.map_err(|e| e.to_string())?).await,
+            Transport::Unix(path) => {
+                handshake(ReadWatchedStream::connect(path).await.map_err(|e| e.to_string())?).await
+            }
         }
     }
 

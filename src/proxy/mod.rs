@@ -7,7 +7,6 @@
 
 pub mod client;
 pub mod outcome;
-mod stream;
 
 use crate::config::ProxyConfig;
 use crate::factory::{ContainerHandle, ContainerSpec, Factory};

@@ -1,8 +1,10 @@
-//! A unix stream to a runtime that the reactor watches for reading only.
+//! A unix stream that the reactor watches for reading only, for both ends of a runtime
+//! connection: the invoker's client and the runtime's server.
 //!
-//! Why: every time the runtime reads what the invoker wrote, the kernel frees buffer space and
-//! reports it as `EPOLLOUT` on the writer's side. A stream registered for writing too (as
-//! tokio's `UnixStream` always is) wakes the invoker's thread once per activation for nothing.
+//! Why: every time one end reads what the other wrote, the kernel frees buffer space and
+//! reports it as `EPOLLOUT` to the writer. A stream registered for writing too (as tokio's
+//! `UnixStream` always is) wakes the writer's thread once per activation for nothing: the
+//! invoker when the runtime reads a `/run`, the runtime when the invoker reads the response.
 //! Writes here go straight to the socket; only when it is full (a body larger than its buffer)
 //! is a second descriptor registered for writability, and dropped once the write went through.
 
@@ -17,7 +19,7 @@ use tokio::io::Interest;
 /// Bytes read per `read(2)`; a `/run` response is one read.
 const READ_CHUNK: usize = 16 * 1024;
 
-pub struct RuntimeStream {
+pub struct ReadWatchedStream {
     reading: AsyncFd<UnixStream>,
     /// A duplicate descriptor of the same socket, registered while a write waits for room.
     writing: Option<AsyncFd<UnixStream>>,
@@ -25,11 +27,15 @@ pub struct RuntimeStream {
     chunk: Box<[u8]>,
 }
 
-impl RuntimeStream {
-    pub async fn connect(path: &std::path::Path) -> io::Result<RuntimeStream> {
-        let stream = tokio::net::UnixStream::connect(path).await?.into_std()?;
-        Ok(RuntimeStream {
-            reading: register(stream, Interest::READABLE)?,
+impl ReadWatchedStream {
+    pub async fn connect(path: &std::path::Path) -> io::Result<ReadWatchedStream> {
+        ReadWatchedStream::from_tokio(tokio::net::UnixStream::connect(path).await?)
+    }
+
+    /// Takes over a connected stream (one a listener accepted, say).
+    pub fn from_tokio(stream: tokio::net::UnixStream) -> io::Result<ReadWatchedStream> {
+        Ok(ReadWatchedStream {
+            reading: register(stream.into_std()?, Interest::READABLE)?,
             writing: None,
             chunk: vec![0; READ_CHUNK].into_boxed_slice(),
         })
@@ -63,7 +69,7 @@ impl RuntimeStream {
     }
 }
 
-impl Read for RuntimeStream {
+impl Read for ReadWatchedStream {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, mut buf: ReadBufCursor<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         let want = buf.remaining().min(this.chunk.len());
@@ -87,7 +93,7 @@ impl Read for RuntimeStream {
     }
 }
 
-impl Write for RuntimeStream {
+impl Write for ReadWatchedStream {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         self.get_mut().poll_writing(cx, |mut s| s.write(buf))
     }
@@ -142,7 +148,7 @@ mod tests {
             assert!(got.iter().all(|b| *b == 7));
             conn.write_all(b"done").await.unwrap();
         });
-        let mut stream = hyper_util::rt::TokioIo::new(RuntimeStream::connect(&path).await.unwrap());
+        let mut stream = hyper_util::rt::TokioIo::new(ReadWatchedStream::connect(&path).await.unwrap());
         stream.write_all(&big).await.unwrap();
         let mut answer = [0u8; 4];
         stream.read_exact(&mut answer).await.unwrap();
