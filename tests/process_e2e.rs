@@ -125,6 +125,56 @@ command = ["{invoker}", "action-runtime", "--listen", "{listen}", "--launcher", 
     }
 }
 
+/// One HTTP/1.1 exchange on a fresh unix connection to a runtime: the status and the body.
+fn exchange(socket: &std::path::Path, request: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut stream = std::os::unix::net::UnixStream::connect(socket).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    let status = answer.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
+    (status, answer.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default())
+}
+
+/// The runtime on its own: the protocol's routes, and a 4xx naming the reason for the rest.
+#[test]
+fn the_runtime_speaks_init_and_run_and_refuses_the_rest() {
+    let dir = tempdir();
+    let socket = dir.path().join("runtime.sock");
+    let mut runtime = std::process::Command::new(env!("CARGO_BIN_EXE_invoker"))
+        .args(["action-runtime", "--launcher", "python", "--listen"])
+        .arg(format!("unix:{}", socket.display()))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+        assert!(std::time::Instant::now() < deadline, "the runtime never listened");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let post = |path: &str, body: &str| {
+        format!("POST {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}", body.len())
+    };
+    let (status, body) = exchange(&socket, "GET /run HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
+    assert_eq!((status, body.contains("POST only")), (405, true), "{body}");
+    let (status, body) = exchange(&socket, &post("/nope", "{}"));
+    assert_eq!((status, body.contains("no route /nope")), (404, true), "{body}");
+    let huge = "POST /init HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: 999999999\r\n\r\n";
+    let (status, body) = exchange(&socket, huge);
+    assert_eq!((status, body.contains("larger than")), (413, true), "{body}");
+    let (status, body) = exchange(&socket, &post("/init", "not json"));
+    assert_eq!((status, body.contains("not valid")), (400, true), "{body}");
+    let init = r#"{"value": {"main": "main", "code": "def main(a):\n    return {'twice': a['n'] * 2}\n"}}"#;
+    assert_eq!(exchange(&socket, &post("/init", init)).0, 200);
+    assert_eq!(exchange(&socket, &post("/init", init)).0, 403, "a second /init");
+    let (status, body) = exchange(&socket, &post("/run", r#"{"value": {"n": 21}}"#));
+    assert_eq!((status, body.as_str()), (200, r#"{"twice":42}"#));
+    let _ = runtime.kill();
+    let _ = runtime.wait();
+}
+
 /// The process state letter from /proc (R, S, T for stopped, ...).
 fn process_state(pid: u32) -> String {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();

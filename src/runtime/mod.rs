@@ -7,17 +7,20 @@
 
 mod action;
 mod sched;
+mod server;
 
 use action::{ActionError, ActionProcess, InitSpec, PreparedAction};
-use actix_web::{web, HttpResponse};
 use base64::Engine as _;
+use hyper::StatusCode;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
+use server::{error, reply, Reply};
 use std::collections::BTreeMap;
 use std::io::Write as _;
 #[cfg(test)]
 use std::path::Path;
 use std::path::PathBuf;
+use std::rc::Rc;
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -119,36 +122,29 @@ pub fn run(options: RuntimeOptions) -> std::io::Result<()> {
             (temp.path().to_path_buf(), Some(temp))
         }
     };
-    let runtime = web::Data::new(Runtime {
+    let runtime = Rc::new(Runtime {
         launcher: options.launcher,
         work: work.clone(),
         initializing: tokio::sync::Mutex::new(()),
         action: OnceLock::new(),
         idle: parking_lot::Mutex::new(Vec::new()),
     });
-    let system = actix_web::rt::System::new();
-    let result = system.block_on(async {
-        if let Some(pid) = options.parent_pid {
-            actix_web::rt::spawn(exit_with_parent(pid, runtime.clone()));
-        }
-        let data = runtime.clone();
-        let server = actix_web::HttpServer::new(move || {
-            actix_web::App::new()
-                .app_data(data.clone())
-                .app_data(web::PayloadConfig::new(MAX_BODY))
-                .route("/init", web::post().to(init))
-                .route("/run", web::post().to(run_action))
-        })
-        .workers(1)
-        .disable_signals();
-        let server = match &options.listen {
-            Listen::Tcp(addr) => server.bind(addr)?,
+    // One thread: the runtime serves one invoker, and its action runs in other processes.
+    let reactor = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let local = tokio::task::LocalSet::new();
+    let result = local.block_on(&reactor, async {
+        let listener = match &options.listen {
+            Listen::Tcp(addr) => server::Listener::Tcp(tokio::net::TcpListener::bind(addr).await?),
             Listen::Unix(path) => {
                 let _ = std::fs::remove_file(path);
-                server.bind_uds(path)?
+                server::Listener::Unix(tokio::net::UnixListener::bind(path)?)
             }
         };
-        server.run().await
+        if let Some(pid) = options.parent_pid {
+            tokio::task::spawn_local(exit_with_parent(pid, runtime.clone()));
+        }
+        server::serve(listener, runtime.clone()).await;
+        Ok(())
     });
     runtime.kill_all();
     if options.work_dir.is_some() {
@@ -158,7 +154,7 @@ pub fn run(options: RuntimeOptions) -> std::io::Result<()> {
 }
 
 /// Polls for the invoker: a runtime outliving it (SIGKILL) would be an orphan.
-async fn exit_with_parent(pid: i32, runtime: web::Data<Runtime>) {
+async fn exit_with_parent(pid: i32, runtime: Rc<Runtime>) {
     let parent = nix::unistd::Pid::from_raw(pid);
     let first_ppid = nix::unistd::getppid();
     loop {
@@ -194,17 +190,12 @@ struct InitValue {
     env: Map<String, Value>,
 }
 
-fn error(status: actix_web::http::StatusCode, message: impl std::fmt::Display) -> HttpResponse {
-    HttpResponse::build(status).json(json!({ "error": message.to_string() }))
-}
-
-async fn init(runtime: web::Data<Runtime>, body: web::Bytes) -> HttpResponse {
-    use actix_web::http::StatusCode;
+async fn init(runtime: &Runtime, body: &[u8]) -> Reply {
     let _exclusive = runtime.initializing.lock().await;
     if runtime.action.get().is_some() {
         return error(StatusCode::FORBIDDEN, "Cannot initialize the action more than once.");
     }
-    let body: InitBody = match serde_json::from_slice(&body) {
+    let body: InitBody = match serde_json::from_slice(body) {
         Ok(b) => b,
         Err(e) => return error(StatusCode::BAD_REQUEST, format!("the /init body is not valid: {e}")),
     };
@@ -220,7 +211,7 @@ async fn init(runtime: web::Data<Runtime>, body: web::Bytes) -> HttpResponse {
         Ok((action, process)) => {
             runtime.idle.lock().push(process);
             let _ = runtime.action.set(action);
-            HttpResponse::Ok().json(json!({ "ok": true }))
+            reply(StatusCode::OK, &json!({ "ok": true }))
         }
         Err(e) => {
             // As OpenWhisk's OW_LOG_INIT_ERROR: the reason goes to the logs, then the sentinels.
@@ -265,9 +256,8 @@ fn init_spec(value: InitValue) -> Result<InitSpec, String> {
     Ok(InitSpec { main, code, binary: value.binary, env })
 }
 
-async fn run_action(runtime: web::Data<Runtime>, body: web::Bytes) -> HttpResponse {
-    use actix_web::http::StatusCode;
-    let body: Value = match serde_json::from_slice(&body) {
+async fn run_action(runtime: &Runtime, body: &[u8]) -> Reply {
+    let body: Value = match serde_json::from_slice(body) {
         Ok(v @ Value::Object(_)) => v,
         Ok(_) => return error(StatusCode::BAD_REQUEST, "the /run body must be a JSON object"),
         Err(e) => return error(StatusCode::BAD_REQUEST, format!("the /run body is not JSON: {e}")),
@@ -299,9 +289,9 @@ async fn run_action(runtime: web::Data<Runtime>, body: web::Bytes) -> HttpRespon
     };
     // The sentinels follow the response rather than precede it: the invoker, woken by the
     // response, finds them already there while it handles it, instead of being woken twice.
-    actix_web::rt::spawn(async { write_sentinels() });
+    tokio::task::spawn_local(async { write_sentinels() });
     match answer {
-        Ok(result) => HttpResponse::Ok().content_type("application/json").body(result),
+        Ok(result) => server::raw_json(StatusCode::OK, result.into()),
         Err(reason) => error(StatusCode::BAD_GATEWAY, reason),
     }
 }

@@ -1,0 +1,115 @@
+//! The runtime's HTTP/1.1 server: hyper's connection API on the runtime's one thread.
+//!
+//! Why not actix-web (as before): its streams are registered with the reactor for writing too,
+//! so every time the invoker read a `/run` response the runtime woke for nothing (2.85 sleeps
+//! per activation where 2 are needed; see BENCHMARKS.md). Unix connections here are
+//! `ReadWatchedStream`s. The only client is the invoker that started the runtime, so there
+//! are no idle timeouts: its kept-alive connections stay open between activations.
+
+use super::{Runtime, MAX_BODY};
+use crate::read_watched::ReadWatchedStream;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use hyper::body::Incoming;
+use hyper::header::{HeaderValue, ALLOW, CONTENT_TYPE};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde_json::{json, Value};
+use std::convert::Infallible;
+use std::rc::Rc;
+use std::time::Duration;
+
+pub(super) type Reply = Response<Full<Bytes>>;
+
+/// Connections open at once at most (the invoker opens one per run in flight).
+const MAX_CONNECTIONS: usize = 1024;
+
+/// A JSON reply.
+pub(super) fn reply(status: StatusCode, body: &Value) -> Reply {
+    raw_json(status, Bytes::from(serde_json::to_vec(body).unwrap_or_default()))
+}
+
+/// A reply whose body is already JSON (an action's result line).
+pub(super) fn raw_json(status: StatusCode, body: Bytes) -> Reply {
+    let mut response = Response::new(Full::new(body));
+    *response.status_mut() = status;
+    response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+pub(super) fn error(status: StatusCode, message: impl std::fmt::Display) -> Reply {
+    reply(status, &json!({ "error": message.to_string() }))
+}
+
+pub(super) enum Listener {
+    Tcp(tokio::net::TcpListener),
+    Unix(tokio::net::UnixListener),
+}
+
+/// Serves `/init` and `/run` until the process ends.
+pub(super) async fn serve(listener: Listener, runtime: Rc<Runtime>) {
+    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let Ok(slot) = slots.clone().acquire_owned().await else { return };
+        let accepted = match &listener {
+            Listener::Tcp(l) => l.accept().await.map(|(stream, _)| {
+                let _ = stream.set_nodelay(true);
+                spawn_connection(TokioIo::new(stream), runtime.clone(), slot)
+            }),
+            Listener::Unix(l) => l
+                .accept()
+                .await
+                .and_then(|(stream, _)| ReadWatchedStream::from_tokio(stream))
+                .map(|stream| spawn_connection(stream, runtime.clone(), slot)),
+        };
+        if accepted.is_err() {
+            // Out of descriptors, most likely: back off instead of spinning.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+fn spawn_connection<I>(io: I, runtime: Rc<Runtime>, slot: tokio::sync::OwnedSemaphorePermit)
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + 'static,
+{
+    let service = service_fn(move |request| {
+        let runtime = runtime.clone();
+        async move { Ok::<_, Infallible>(route(&runtime, request).await) }
+    });
+    tokio::task::spawn_local(async move {
+        let _ = http1::Builder::new().serve_connection(io, service).await;
+        drop(slot);
+    });
+}
+
+async fn route(runtime: &Runtime, request: Request<Incoming>) -> Reply {
+    let init = match request.uri().path() {
+        "/init" => true,
+        "/run" => false,
+        other => {
+            return error(StatusCode::NOT_FOUND, format!("no route {}", other.chars().take(200).collect::<String>()))
+        }
+    };
+    if request.method() != Method::POST {
+        let mut response = error(StatusCode::METHOD_NOT_ALLOWED, format!("{} takes POST only", request.uri().path()));
+        response.headers_mut().insert(ALLOW, HeaderValue::from_static("POST"));
+        return response;
+    }
+    let too_large = || error(StatusCode::PAYLOAD_TOO_LARGE, format!("the body is larger than {MAX_BODY} bytes"));
+    if hyper::body::Body::size_hint(request.body()).lower() > MAX_BODY as u64 {
+        return too_large();
+    }
+    let body = match Limited::new(request.into_body(), MAX_BODY).collect().await {
+        Ok(body) => body.to_bytes(),
+        Err(e) if e.is::<LengthLimitError>() => return too_large(),
+        Err(e) => return error(StatusCode::BAD_REQUEST, format!("the body could not be read: {e}")),
+    };
+    if init {
+        super::init(runtime, &body).await
+    } else {
+        super::run_action(runtime, &body).await
+    }
+}
