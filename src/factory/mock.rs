@@ -7,13 +7,17 @@
 use super::logs::{LogBuffer, Stream, SENTINEL};
 use super::{ContainerHandle, ContainerSpec, Epoch, FactoryError, StatsReceiver, Transport};
 use crate::pool::core::{ContainerId, NodeId, NodeStatsUpdate};
-use actix_web::{dev::ServerHandle, web, App, HttpResponse, HttpServer};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::{Request, Response, StatusCode};
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 use std::collections::HashMap;
+use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 #[derive(Clone, Debug)]
 pub struct MockConfig {
@@ -70,7 +74,7 @@ struct Inner {
 #[derive(Default)]
 struct State {
     /// Alive from `create` called until `destroy` completed: what occupies the cluster.
-    alive: HashMap<ContainerId, (NodeId, u32, Option<ServerHandle>)>,
+    alive: HashMap<ContainerId, (NodeId, u32, Option<CancellationToken>)>,
     max_alive: usize,
     calls: Vec<MockCall>,
     /// Past snapshots, for stats that lag: (time, the update published for it).
@@ -83,7 +87,8 @@ struct RuntimeState {
     id: ContainerId,
     factory: MockFactory,
     logs: Arc<LogBuffer>,
-    server: Mutex<Option<ServerHandle>>,
+    /// Cancelled, the container's server stops at once: no more accepts, connections dropped.
+    stop: CancellationToken,
     run_latency: Duration,
 }
 
@@ -231,33 +236,18 @@ impl MockFactory {
         &self,
         id: ContainerId,
         run_latency: Duration,
-    ) -> Result<(std::net::SocketAddr, Arc<LogBuffer>, ServerHandle), FactoryError> {
+    ) -> Result<(std::net::SocketAddr, Arc<LogBuffer>, CancellationToken), FactoryError> {
+        let create = |e: std::io::Error| FactoryError::Create(e.to_string());
+        let listener = std::net::TcpListener::bind(("127.0.0.1", 0)).map_err(create)?;
+        listener.set_nonblocking(true).map_err(create)?;
+        let addr = listener.local_addr().map_err(create)?;
+        let listener = tokio::net::TcpListener::from_std(listener).map_err(create)?;
         let logs = Arc::new(LogBuffer::default());
-        let state = web::Data::new(RuntimeState {
-            id,
-            factory: self.clone(),
-            logs: logs.clone(),
-            server: Mutex::new(None),
-            run_latency,
-        });
-        let data = state.clone();
-        let server = HttpServer::new(move || {
-            App::new()
-                .app_data(data.clone())
-                .route("/init", web::post().to(mock_init))
-                .route("/run", web::post().to(mock_run))
-        })
-        .workers(1)
-        .disable_signals()
-        .shutdown_timeout(0)
-        .bind(("127.0.0.1", 0))
-        .map_err(|e| FactoryError::Create(e.to_string()))?;
-        let addr = server.addrs()[0];
-        let server = server.run();
-        let handle = server.handle();
-        *state.server.lock() = Some(handle.clone());
-        actix_rt::spawn(server);
-        Ok((addr, logs, handle))
+        let stop = CancellationToken::new();
+        let state =
+            Arc::new(RuntimeState { id, factory: self.clone(), logs: logs.clone(), stop: stop.clone(), run_latency });
+        tokio::spawn(serve(listener, state));
+        Ok((addr, logs, stop))
     }
 
     pub async fn pause(&self, c: &ContainerHandle) -> Result<(), FactoryError> {
@@ -288,7 +278,7 @@ impl MockFactory {
         self.inner.state.lock().paused.remove(&c.id);
         let server = self.inner.state.lock().alive.get_mut(&c.id).and_then(|e| e.2.take());
         if let Some(server) = server {
-            server.stop(false).await;
+            server.cancel();
         }
         c.logs.close();
         {
@@ -301,11 +291,11 @@ impl MockFactory {
     }
 
     pub async fn destroy_all(&self) {
-        let servers: Vec<(ContainerId, Option<ServerHandle>)> =
+        let servers: Vec<(ContainerId, Option<CancellationToken>)> =
             self.inner.state.lock().alive.iter_mut().map(|(id, e)| (*id, e.2.take())).collect();
         for (id, server) in servers {
             if let Some(server) = server {
-                server.stop(false).await;
+                server.cancel();
             }
             let mut state = self.inner.state.lock();
             state.alive.remove(&id);
@@ -315,16 +305,78 @@ impl MockFactory {
     }
 }
 
-async fn mock_init(body: web::Json<Value>) -> HttpResponse {
-    if body.pointer("/value/code").and_then(Value::as_str).is_some_and(|c| c.contains("fail_init")) {
-        return HttpResponse::BadGateway().json(json!({ "error": "the action failed to initialise" }));
+/// A mock container's HTTP server, on the thread that created it, until its token is cancelled.
+async fn serve(listener: tokio::net::TcpListener, state: Arc<RuntimeState>) {
+    loop {
+        let stream = tokio::select! {
+            _ = state.stop.cancelled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let (stop, state) = (state.stop.clone(), state.clone());
+        let service = hyper::service::service_fn(move |request| {
+            let state = state.clone();
+            async move { Ok::<_, Infallible>(route(&state, request).await) }
+        });
+        let connection =
+            hyper::server::conn::http1::Builder::new().serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = connection => {}
+                _ = stop.cancelled() => {}
+            }
+        });
     }
-    HttpResponse::Ok().json(json!({ "ok": true }))
 }
 
-async fn mock_run(state: web::Data<RuntimeState>, body: web::Json<Value>) -> HttpResponse {
+/// The largest body a mock container reads.
+const MAX_BODY: usize = 64 * 1024 * 1024;
+
+async fn route(state: &RuntimeState, request: Request<hyper::body::Incoming>) -> Response<Full<Bytes>> {
+    let init = match request.uri().path() {
+        "/init" => true,
+        "/run" => false,
+        _ => return reply(StatusCode::NOT_FOUND, json!({ "error": "no such route" })),
+    };
+    let body: Value = match Limited::new(request.into_body(), MAX_BODY).collect().await {
+        Ok(body) => match serde_json::from_slice(&body.to_bytes()) {
+            Ok(value) => value,
+            Err(e) => return reply(StatusCode::BAD_REQUEST, json!({ "error": e.to_string() })),
+        },
+        Err(e) => return reply(StatusCode::BAD_REQUEST, json!({ "error": e.to_string() })),
+    };
+    if init {
+        mock_init(&body)
+    } else {
+        mock_run(state, &body).await
+    }
+}
+
+fn reply(status: StatusCode, body: Value) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body.to_string())));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("application/json"));
+    response
+}
+
+fn mock_init(body: &Value) -> Response<Full<Bytes>> {
+    if body.pointer("/value/code").and_then(Value::as_str).is_some_and(|c| c.contains("fail_init")) {
+        return reply(StatusCode::BAD_GATEWAY, json!({ "error": "the action failed to initialise" }));
+    }
+    reply(StatusCode::OK, json!({ "ok": true }))
+}
+
+async fn mock_run(state: &RuntimeState, body: &Value) -> Response<Full<Bytes>> {
     if state.factory.is_paused(state.id) {
-        return HttpResponse::ServiceUnavailable().json(json!({ "error": "the container is paused" }));
+        return reply(StatusCode::SERVICE_UNAVAILABLE, json!({ "error": "the container is paused" }));
     }
     let params = body.get("value").cloned().unwrap_or(Value::Null);
     let sleep = params.get("sleep_ms").and_then(Value::as_u64).map_or(state.run_latency, Duration::from_millis);
@@ -333,15 +385,13 @@ async fn mock_run(state: web::Data<RuntimeState>, body: web::Json<Value>) -> Htt
     if params.get("crash").and_then(Value::as_bool) == Some(true) {
         state.factory.log(MockCall::Crashed(state.id));
         state.logs.close();
-        if let Some(server) = state.server.lock().take() {
-            actix_rt::spawn(async move { server.stop(false).await });
-        }
+        state.stop.cancel();
         std::future::pending::<()>().await;
     }
     state.logs.push(Stream::Stdout, SENTINEL.into());
     state.logs.push(Stream::Stderr, SENTINEL.into());
     if let Some(error) = params.get("error") {
-        return HttpResponse::Ok().json(json!({ "error": error }));
+        return reply(StatusCode::OK, json!({ "error": error }));
     }
-    HttpResponse::Ok().json(json!({ "echo": params, "container": state.id.0 }))
+    reply(StatusCode::OK, json!({ "echo": params, "container": state.id.0 }))
 }
