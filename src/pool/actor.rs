@@ -419,7 +419,6 @@ impl PoolHandle {
         PoolHandle { addr: pool.start() }
     }
 
-    /// Hands a job over; fails only when the pool is gone (the job is then answered here).
     /// Hands a job over without waiting for the pool to take it (one thread hop, not two).
     /// If the pool is gone, the job's completion is dropped with the message and writes a
     /// whisk-error record, so nothing is lost.
