@@ -11,6 +11,7 @@ pub mod activation;
 pub mod api;
 pub mod config;
 pub mod factory;
+pub mod http;
 pub mod metrics;
 pub mod model;
 pub mod pool;

@@ -14,8 +14,7 @@ use crate::model::{validate_entity_name, Action};
 use base64::Engine as _;
 use bytes::Bytes;
 use error::ApiError;
-use http_body_util::{BodyExt, Full, Limited};
-use hyper::header::HeaderValue;
+use http_body_util::{BodyExt, Limited};
 use hyper::{HeaderMap, Method, StatusCode};
 use serde::Deserialize;
 use std::collections::HashMap;
@@ -222,7 +221,7 @@ impl AppState {
 /// How long a request's body may take to arrive.
 const BODY_TIMEOUT: Duration = Duration::from_secs(60);
 
-pub type Response = hyper::Response<Full<Bytes>>;
+pub use crate::http::{with_body, Response};
 
 /// A JSON response.
 pub(crate) fn json(status: StatusCode, value: &impl serde::Serialize) -> Response {
@@ -230,13 +229,6 @@ pub(crate) fn json(status: StatusCode, value: &impl serde::Serialize) -> Respons
         Ok(body) => with_body(status, "application/json", body),
         Err(e) => ApiError::Internal(format!("the response is not JSON: {e}")).into_response(),
     }
-}
-
-pub(crate) fn with_body(status: StatusCode, content_type: &'static str, body: Vec<u8>) -> Response {
-    let mut response = hyper::Response::new(Full::new(Bytes::from(body)));
-    *response.status_mut() = status;
-    response.headers_mut().insert(hyper::header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    response
 }
 
 #[derive(Deserialize)]

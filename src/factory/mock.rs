@@ -6,10 +6,10 @@
 
 use super::logs::{LogBuffer, Stream, SENTINEL};
 use super::{ContainerHandle, ContainerSpec, Epoch, FactoryError, StatsReceiver, Transport};
+use crate::http::{json_value, Response};
 use crate::pool::core::{ContainerId, NodeId, NodeStatsUpdate};
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
-use hyper::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Limited};
+use hyper::{Request, StatusCode};
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -338,18 +338,18 @@ async fn serve(listener: tokio::net::TcpListener, state: Arc<RuntimeState>) {
 /// The largest body a mock container reads.
 const MAX_BODY: usize = 64 * 1024 * 1024;
 
-async fn route(state: &RuntimeState, request: Request<hyper::body::Incoming>) -> Response<Full<Bytes>> {
+async fn route(state: &RuntimeState, request: Request<hyper::body::Incoming>) -> Response {
     let init = match request.uri().path() {
         "/init" => true,
         "/run" => false,
-        _ => return reply(StatusCode::NOT_FOUND, json!({ "error": "no such route" })),
+        _ => return json_value(StatusCode::NOT_FOUND, &json!({ "error": "no such route" })),
     };
     let body: Value = match Limited::new(request.into_body(), MAX_BODY).collect().await {
         Ok(body) => match serde_json::from_slice(&body.to_bytes()) {
             Ok(value) => value,
-            Err(e) => return reply(StatusCode::BAD_REQUEST, json!({ "error": e.to_string() })),
+            Err(e) => return json_value(StatusCode::BAD_REQUEST, &json!({ "error": e.to_string() })),
         },
-        Err(e) => return reply(StatusCode::BAD_REQUEST, json!({ "error": e.to_string() })),
+        Err(e) => return json_value(StatusCode::BAD_REQUEST, &json!({ "error": e.to_string() })),
     };
     if init {
         mock_init(&body)
@@ -358,25 +358,16 @@ async fn route(state: &RuntimeState, request: Request<hyper::body::Incoming>) ->
     }
 }
 
-fn reply(status: StatusCode, body: Value) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(Bytes::from(body.to_string())));
-    *response.status_mut() = status;
-    response
-        .headers_mut()
-        .insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("application/json"));
-    response
-}
-
-fn mock_init(body: &Value) -> Response<Full<Bytes>> {
+fn mock_init(body: &Value) -> Response {
     if body.pointer("/value/code").and_then(Value::as_str).is_some_and(|c| c.contains("fail_init")) {
-        return reply(StatusCode::BAD_GATEWAY, json!({ "error": "the action failed to initialise" }));
+        return json_value(StatusCode::BAD_GATEWAY, &json!({ "error": "the action failed to initialise" }));
     }
-    reply(StatusCode::OK, json!({ "ok": true }))
+    json_value(StatusCode::OK, &json!({ "ok": true }))
 }
 
-async fn mock_run(state: &RuntimeState, body: &Value) -> Response<Full<Bytes>> {
+async fn mock_run(state: &RuntimeState, body: &Value) -> Response {
     if state.factory.is_paused(state.id) {
-        return reply(StatusCode::SERVICE_UNAVAILABLE, json!({ "error": "the container is paused" }));
+        return json_value(StatusCode::SERVICE_UNAVAILABLE, &json!({ "error": "the container is paused" }));
     }
     let params = body.get("value").cloned().unwrap_or(Value::Null);
     let sleep = params.get("sleep_ms").and_then(Value::as_u64).map_or(state.run_latency, Duration::from_millis);
@@ -391,7 +382,7 @@ async fn mock_run(state: &RuntimeState, body: &Value) -> Response<Full<Bytes>> {
     state.logs.push(Stream::Stdout, SENTINEL.into());
     state.logs.push(Stream::Stderr, SENTINEL.into());
     if let Some(error) = params.get("error") {
-        return reply(StatusCode::OK, json!({ "error": error }));
+        return json_value(StatusCode::OK, &json!({ "error": error }));
     }
-    reply(StatusCode::OK, json!({ "echo": params, "container": state.id.0 }))
+    json_value(StatusCode::OK, &json!({ "echo": params, "container": state.id.0 }))
 }

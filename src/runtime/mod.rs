@@ -9,12 +9,13 @@ mod action;
 mod sched;
 mod server;
 
+use crate::http::{json_value, with_body, Response};
 use action::{ActionError, ActionProcess, InitSpec, PreparedAction};
 use base64::Engine as _;
 use hyper::StatusCode;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
-use server::{error, reply, Reply};
+use server::error;
 use std::collections::BTreeMap;
 use std::io::Write as _;
 #[cfg(test)]
@@ -190,7 +191,7 @@ struct InitValue {
     env: Map<String, Value>,
 }
 
-async fn init(runtime: &Runtime, body: &[u8]) -> Reply {
+async fn init(runtime: &Runtime, body: &[u8]) -> Response {
     let _exclusive = runtime.initializing.lock().await;
     if runtime.action.get().is_some() {
         return error(StatusCode::FORBIDDEN, "Cannot initialize the action more than once.");
@@ -211,7 +212,7 @@ async fn init(runtime: &Runtime, body: &[u8]) -> Reply {
         Ok((action, process)) => {
             runtime.idle.lock().push(process);
             let _ = runtime.action.set(action);
-            reply(StatusCode::OK, &json!({ "ok": true }))
+            json_value(StatusCode::OK, &json!({ "ok": true }))
         }
         Err(e) => {
             // As OpenWhisk's OW_LOG_INIT_ERROR: the reason goes to the logs, then the sentinels.
@@ -256,7 +257,7 @@ fn init_spec(value: InitValue) -> Result<InitSpec, String> {
     Ok(InitSpec { main, code, binary: value.binary, env })
 }
 
-async fn run_action(runtime: &Runtime, body: &[u8]) -> Reply {
+async fn run_action(runtime: &Runtime, body: &[u8]) -> Response {
     let body: Value = match serde_json::from_slice(body) {
         Ok(v @ Value::Object(_)) => v,
         Ok(_) => return error(StatusCode::BAD_REQUEST, "the /run body must be a JSON object"),
@@ -291,7 +292,7 @@ async fn run_action(runtime: &Runtime, body: &[u8]) -> Reply {
     // response, finds them already there while it handles it, instead of being woken twice.
     tokio::task::spawn_local(async { write_sentinels() });
     match answer {
-        Ok(result) => server::raw_json(StatusCode::OK, result.into()),
+        Ok(result) => with_body(StatusCode::OK, "application/json", result),
         Err(reason) => error(StatusCode::BAD_GATEWAY, reason),
     }
 }

@@ -7,40 +7,25 @@
 //! are no idle timeouts: its kept-alive connections stay open between activations.
 
 use super::{Runtime, MAX_BODY};
+use crate::http::{json_value, Response};
 use crate::read_watched::ReadWatchedStream;
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Incoming;
-use hyper::header::{HeaderValue, ALLOW, CONTENT_TYPE};
+use hyper::header::{HeaderValue, ALLOW};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper::{Method, Request, Response, StatusCode};
+use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
-use serde_json::{json, Value};
+use serde_json::json;
 use std::convert::Infallible;
 use std::rc::Rc;
 use std::time::Duration;
 
-pub(super) type Reply = Response<Full<Bytes>>;
-
 /// Connections open at once at most (the invoker opens one per run in flight).
 const MAX_CONNECTIONS: usize = 1024;
 
-/// A JSON reply.
-pub(super) fn reply(status: StatusCode, body: &Value) -> Reply {
-    raw_json(status, Bytes::from(serde_json::to_vec(body).unwrap_or_default()))
-}
-
-/// A reply whose body is already JSON (an action's result line).
-pub(super) fn raw_json(status: StatusCode, body: Bytes) -> Reply {
-    let mut response = Response::new(Full::new(body));
-    *response.status_mut() = status;
-    response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    response
-}
-
-pub(super) fn error(status: StatusCode, message: impl std::fmt::Display) -> Reply {
-    reply(status, &json!({ "error": message.to_string() }))
+pub(super) fn error(status: StatusCode, message: impl std::fmt::Display) -> Response {
+    json_value(status, &json!({ "error": message.to_string() }))
 }
 
 pub(super) enum Listener {
@@ -85,7 +70,7 @@ where
     });
 }
 
-async fn route(runtime: &Runtime, request: Request<Incoming>) -> Reply {
+async fn route(runtime: &Runtime, request: Request<Incoming>) -> Response {
     let init = match request.uri().path() {
         "/init" => true,
         "/run" => false,
