@@ -125,6 +125,27 @@ command = ["{invoker}", "action-runtime", "--listen", "{listen}", "--launcher", 
     }
 }
 
+/// The project's action runtime on a unix socket, listening.
+fn spawn_runtime(launcher: &str, socket: &std::path::Path) -> std::process::Child {
+    let runtime = std::process::Command::new(env!("CARGO_BIN_EXE_invoker"))
+        .args(["action-runtime", "--launcher", launcher, "--listen"])
+        .arg(format!("unix:{}", socket.display()))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::os::unix::net::UnixStream::connect(socket).is_err() {
+        assert!(std::time::Instant::now() < deadline, "the runtime never listened");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    runtime
+}
+
+fn post(path: &str, body: &str) -> String {
+    format!("POST {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}", body.len())
+}
+
 /// One HTTP/1.1 exchange on a fresh unix connection to a runtime: the status and the body.
 fn exchange(socket: &std::path::Path, request: &str) -> (u16, String) {
     use std::io::{Read, Write};
@@ -142,21 +163,7 @@ fn exchange(socket: &std::path::Path, request: &str) -> (u16, String) {
 fn the_runtime_speaks_init_and_run_and_refuses_the_rest() {
     let dir = tempdir();
     let socket = dir.path().join("runtime.sock");
-    let mut runtime = std::process::Command::new(env!("CARGO_BIN_EXE_invoker"))
-        .args(["action-runtime", "--launcher", "python", "--listen"])
-        .arg(format!("unix:{}", socket.display()))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
-        assert!(std::time::Instant::now() < deadline, "the runtime never listened");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let post = |path: &str, body: &str| {
-        format!("POST {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}", body.len())
-    };
+    let mut runtime = spawn_runtime("python", &socket);
     let (status, body) = exchange(&socket, "GET /run HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
     assert_eq!((status, body.contains("POST only")), (405, true), "{body}");
     let (status, body) = exchange(&socket, &post("/nope", "{}"));
@@ -173,6 +180,42 @@ fn the_runtime_speaks_init_and_run_and_refuses_the_rest() {
     assert_eq!((status, body.as_str()), (200, r#"{"twice":42}"#));
     let _ = runtime.kill();
     let _ = runtime.wait();
+}
+
+/// Each run sets the activation's `__OW_*` variables, with a new id and deadline every time.
+/// glibc's `setenv` keeps every `NAME=value` string it was ever given, so a python launcher that
+/// set them through it grew by ~250 bytes per activation, for as long as the container stayed
+/// warm. (node's launcher had the same leak; V8's own growth hides it from a test this short,
+/// so for node this checks only that the action and its children see each run's values.)
+#[test]
+fn a_warm_action_does_not_grow_with_each_runs_context() {
+    const PYTHON: &str = "import os, subprocess\ndef main(a):\n    out = {'rss_kb': int(open('/proc/self/statm').read().split()[1]) * 4, 'id': os.environ['__OW_ACTIVATION_ID']}\n    if a.get('child'):\n        out['child'] = subprocess.run(['sh', '-c', 'echo $__OW_ACTIVATION_ID'], capture_output=True, text=True).stdout.strip()\n    return out\n";
+    const NODE: &str = "function main(a) {\n  const out = {id: process.env.__OW_ACTIVATION_ID};\n  if (a.child) out.child = require('child_process').execSync('echo $__OW_ACTIVATION_ID').toString().trim();\n  return out;\n}\n";
+    for (launcher, code, runs) in [("python", PYTHON, 3300), ("nodejs", NODE, 20)] {
+        let dir = tempdir();
+        let socket = dir.path().join("runtime.sock");
+        let mut runtime = spawn_runtime(launcher, &socket);
+        let init = json!({"value": {"main": "main", "code": code}}).to_string();
+        assert_eq!(exchange(&socket, &post("/init", &init)).0, 200, "{launcher}");
+        let run = |n: u64, child: bool| -> Value {
+            let body = json!({"value": {"child": child}, "activation_id": format!("{n:032x}"),
+                "transaction_id": format!("tx{n}"), "deadline": (1_800_000_000_000 + n).to_string()});
+            let (status, answer) = exchange(&socket, &post("/run", &body.to_string()));
+            assert_eq!(status, 200, "{launcher}: {answer}");
+            let answer: Value = serde_json::from_str(&answer).unwrap();
+            assert_eq!(answer["id"], format!("{n:032x}"), "{launcher}: this run's id");
+            answer
+        };
+        let sizes: Vec<Value> = (0..runs).map(|n| run(n, false)["rss_kb"].clone()).collect();
+        if let (Some(before), Some(after)) = (sizes[runs as usize / 10].as_u64(), sizes[runs as usize - 1].as_u64()) {
+            let grown = after.saturating_sub(before);
+            assert!(grown < 256, "{launcher}: {grown} kB more over {} runs (the leak was ~700 kB)", runs * 9 / 10);
+        }
+        let last = run(runs, true);
+        assert_eq!(last["child"], format!("{runs:032x}"), "{launcher}: a child process sees the run's id");
+        let _ = runtime.kill();
+        let _ = runtime.wait();
+    }
 }
 
 /// The process state letter from /proc (R, S, T for stopped, ...).

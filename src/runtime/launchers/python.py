@@ -10,6 +10,41 @@ import traceback
 
 out = os.fdopen(3, "w")
 
+# glibc's setenv (which os.environ uses) keeps every "NAME=value" string it is ever given, in a
+# search tree it never prunes: with a new activation id and deadline per run, a warm action
+# would leak ~250 bytes per activation and search a growing tree on each. putenv with strings
+# this launcher owns replaces the environment's entries in place; os.environ's own mapping is
+# kept in step, so the action sees the same values either way, and so do its child processes.
+try:
+    import ctypes
+
+    _putenv = ctypes.CDLL(None, use_errno=True).putenv
+    _putenv.argtypes = [ctypes.c_char_p]
+    _putenv.restype = ctypes.c_int
+    _mapping = os.environ._data
+except (ImportError, OSError, AttributeError):
+    _putenv = None
+# Per name: the string the C environment points at, and the one before it, freed a run later
+# so that a thread still reading the old value does not read freed memory.
+_owned = {}
+
+
+def set_context(name, value):
+    if _putenv is None:
+        os.environ[name] = value
+        return
+    key, val = os.environ.encodekey(name), os.environ.encodevalue(value)
+    if _mapping.get(key) == val:
+        return
+    if b"=" in key or b"\0" in key or b"\0" in val:
+        raise ValueError("the run context's %r cannot be an environment variable" % name)
+    # ctypes passes a bytes object's own buffer, which lives (and stays put) while _owned holds it.
+    entry = key + b"=" + val
+    if _putenv(entry) != 0:
+        raise OSError(ctypes.get_errno(), "putenv %s" % name)
+    _owned[key] = (entry, _owned.get(key, (None,))[0])
+    _mapping[key] = val
+
 
 def reply(obj):
     sys.stdout.flush()
@@ -43,7 +78,7 @@ for line in sys.stdin:
         message = json.loads(line)
         for key, value in message.items():
             if key != "value" and isinstance(value, str):
-                os.environ["__OW_" + key.upper()] = value
+                set_context("__OW_" + key.upper(), value)
         result = main(message.get("value", {}))
         if not isinstance(result, (dict, list)):
             result = {"error": "The action did not return a dictionary or array."}
