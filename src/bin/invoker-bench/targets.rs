@@ -6,6 +6,7 @@ use serde_json::{json, Value};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 const GUEST: &str =
@@ -132,9 +133,15 @@ impl Direct {
         Ok(direct)
     }
 
+    /// One `/run` with the context an invoker sends: like an invoker's, each call has its own
+    /// activation id, transaction id and deadline, which the action's environment carries.
     pub async fn run(&self) -> anyhow::Result<()> {
+        static RUNS: AtomicU64 = AtomicU64::new(0);
+        let n = RUNS.fetch_add(1, Ordering::Relaxed);
+        let now_ms = std::time::SystemTime::UNIX_EPOCH.elapsed().unwrap_or_default().as_millis();
         let body = json!({"value": {}, "namespace": "guest", "action_name": "/guest/noop", "action_version": "0.0.1",
-            "activation_id": "0123456789abcdef0123456789abcdef", "transaction_id": "bench", "deadline": "0"});
+            "activation_id": format!("{n:032x}"), "transaction_id": format!("bench{n}"),
+            "deadline": (now_ms + 60_000).to_string()});
         let r = self.client.post("http://localhost/run").json(&body).send().await?;
         if !r.status().is_success() {
             bail!("/run: {}", r.status());
