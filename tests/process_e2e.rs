@@ -125,15 +125,27 @@ command = ["{invoker}", "action-runtime", "--listen", "{listen}", "--launcher", 
     }
 }
 
+/// A runtime this test started: killed when the test ends, whether it passes or panics.
+struct RuntimeProcess(std::process::Child);
+
+impl Drop for RuntimeProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// The project's action runtime on a unix socket, listening.
-fn spawn_runtime(launcher: &str, socket: &std::path::Path) -> std::process::Child {
-    let runtime = std::process::Command::new(env!("CARGO_BIN_EXE_invoker"))
-        .args(["action-runtime", "--launcher", launcher, "--listen"])
-        .arg(format!("unix:{}", socket.display()))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+fn spawn_runtime(launcher: &str, socket: &std::path::Path) -> RuntimeProcess {
+    let runtime = RuntimeProcess(
+        std::process::Command::new(env!("CARGO_BIN_EXE_invoker"))
+            .args(["action-runtime", "--launcher", launcher, "--listen"])
+            .arg(format!("unix:{}", socket.display()))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while std::os::unix::net::UnixStream::connect(socket).is_err() {
         assert!(std::time::Instant::now() < deadline, "the runtime never listened");
@@ -163,7 +175,7 @@ fn exchange(socket: &std::path::Path, request: &str) -> (u16, String) {
 fn the_runtime_speaks_init_and_run_and_refuses_the_rest() {
     let dir = tempdir();
     let socket = dir.path().join("runtime.sock");
-    let mut runtime = spawn_runtime("python", &socket);
+    let _runtime = spawn_runtime("python", &socket);
     let (status, body) = exchange(&socket, "GET /run HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
     assert_eq!((status, body.contains("POST only")), (405, true), "{body}");
     let (status, body) = exchange(&socket, &post("/nope", "{}"));
@@ -178,8 +190,6 @@ fn the_runtime_speaks_init_and_run_and_refuses_the_rest() {
     assert_eq!(exchange(&socket, &post("/init", init)).0, 403, "a second /init");
     let (status, body) = exchange(&socket, &post("/run", r#"{"value": {"n": 21}}"#));
     assert_eq!((status, body.as_str()), (200, r#"{"twice":42}"#));
-    let _ = runtime.kill();
-    let _ = runtime.wait();
 }
 
 /// Each run sets the activation's `__OW_*` variables, with a new id and deadline every time.
@@ -194,7 +204,7 @@ fn a_warm_action_does_not_grow_with_each_runs_context() {
     for (launcher, code, runs) in [("python", PYTHON, 3300), ("nodejs", NODE, 20)] {
         let dir = tempdir();
         let socket = dir.path().join("runtime.sock");
-        let mut runtime = spawn_runtime(launcher, &socket);
+        let _runtime = spawn_runtime(launcher, &socket);
         let init = json!({"value": {"main": "main", "code": code}}).to_string();
         assert_eq!(exchange(&socket, &post("/init", &init)).0, 200, "{launcher}");
         let run = |n: u64, child: bool| -> Value {
@@ -213,8 +223,6 @@ fn a_warm_action_does_not_grow_with_each_runs_context() {
         }
         let last = run(runs, true);
         assert_eq!(last["child"], format!("{runs:032x}"), "{launcher}: a child process sees the run's id");
-        let _ = runtime.kill();
-        let _ = runtime.wait();
     }
 }
 
