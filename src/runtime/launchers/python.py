@@ -15,13 +15,15 @@ out = os.fdopen(3, "w")
 # would leak ~250 bytes per activation and search a growing tree on each. putenv with strings
 # this launcher owns replaces the environment's entries in place; os.environ's own mapping is
 # kept in step, so the action sees the same values either way, and so do its child processes.
+# (PyDLL keeps the GIL across the call: putenv is quick, and releasing and taking it back would
+# cost more than the call.)
 try:
     import ctypes
 
-    _putenv = ctypes.CDLL(None, use_errno=True).putenv
-    _putenv.argtypes = [ctypes.c_char_p]
+    _putenv = ctypes.PyDLL(None, use_errno=True).putenv
     _putenv.restype = ctypes.c_int
     _mapping = os.environ._data
+    _encoding = sys.getfilesystemencoding()
 except (ImportError, OSError, AttributeError):
     _putenv = None
 # Per name: the string the C environment points at, and the one before it, freed a run later
@@ -33,10 +35,12 @@ def set_context(name, value):
     if _putenv is None:
         os.environ[name] = value
         return
-    key, val = os.environ.encodekey(name), os.environ.encodevalue(value)
+    # As os.environ encodes them on POSIX.
+    key, val = name.encode(_encoding, "surrogateescape"), value.encode(_encoding, "surrogateescape")
     if _mapping.get(key) == val:
         return
-    if b"=" in key or b"\0" in key or b"\0" in val:
+    # (Checked on the str: `b in bytes` first tries b as an int, and raises and clears an error.)
+    if "=" in name or "\0" in name or "\0" in value:
         raise ValueError("the run context's %r cannot be an environment variable" % name)
     # ctypes passes a bytes object's own buffer, which lives (and stays put) while _owned holds it.
     entry = key + b"=" + val
