@@ -138,10 +138,9 @@ impl Direct {
     pub async fn run(&self) -> anyhow::Result<()> {
         static RUNS: AtomicU64 = AtomicU64::new(0);
         let n = RUNS.fetch_add(1, Ordering::Relaxed);
-        let now_ms = std::time::SystemTime::UNIX_EPOCH.elapsed().unwrap_or_default().as_millis();
         let body = json!({"value": {}, "namespace": "guest", "action_name": "/guest/noop", "action_version": "0.0.1",
             "activation_id": format!("{n:032x}"), "transaction_id": format!("bench{n}"),
-            "deadline": (now_ms + 60_000).to_string()});
+            "deadline": (invoker::model::epoch_ms() + 60_000).to_string()});
         let r = self.client.post("http://localhost/run").json(&body).send().await?;
         if !r.status().is_success() {
             bail!("/run: {}", r.status());
