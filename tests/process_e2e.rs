@@ -66,6 +66,45 @@ async fn application_error_is_502_with_the_error() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_dict_or_an_array_is_a_result_and_anything_else_one_developer_error_for_every_kind() {
+    let dir = tempdir();
+    let inv = Invoker::start(dir.path(), &id("shapes"), "");
+    let js =
+        |value: &str| json!({"exec": {"kind": "nodejs:20", "code": format!("function main(a) {{ return {value}; }}")}});
+    let sh = |value: &str| {
+        let script = format!("#!/bin/sh\nwhile read line; do echo '{value}' >&3; done\n");
+        json!({"exec": {"kind": "native", "code": script}})
+    };
+    let cases = [
+        ("py-list", python("def main(a):\n    return [1, 2]\n"), Some(json!([1, 2]))),
+        ("py-int", python("def main(a):\n    return 5\n"), None),
+        ("py-none", python("def main(a):\n    return None\n"), None),
+        ("py-set", python("def main(a):\n    return {'s': {1}}\n"), None),
+        ("js-list", js("[1, 2]"), Some(json!([1, 2]))),
+        ("js-int", js("5"), None),
+        ("js-undefined", js("undefined"), None),
+        ("sh-list", sh("[1,2]"), Some(json!([1, 2]))),
+        ("sh-int", sh("5"), None),
+    ];
+    for (name, action, result) in cases {
+        inv.put_action(name, action).await;
+        let (status, body) = inv.invoke(name, "blocking=true", json!({})).await;
+        match result {
+            Some(result) => {
+                assert_eq!((status, &body["response"]["result"]), (200, &result), "{name}: {body}");
+                assert_eq!(body["response"]["statusCode"], 0, "{name}: {body}");
+            }
+            None => {
+                assert_eq!(status, 502, "{name}: {body}");
+                assert_eq!(body["response"]["statusCode"], 2, "{name}: a developer error: {body}");
+                let error = &body["response"]["result"]["error"];
+                assert_eq!(error, "The action did not return a dictionary or array.", "{name}: {body}");
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn warm_calls_reuse_one_process_over_either_transport() {
     for transport in ["unix", "tcp"] {
         let dir = tempdir();

@@ -5,6 +5,10 @@ use super::client::{RuntimeError, RuntimeResponse};
 use crate::model::Outcome;
 use serde_json::{json, Value};
 
+/// The one message for a result that is neither a dictionary nor an array, whichever kind (the
+/// runtime's own answer says the same).
+pub const NOT_A_RESULT: &str = "The action did not return a dictionary or array.";
+
 #[derive(Debug, PartialEq)]
 pub struct Interpreted {
     pub outcome: Outcome,
@@ -49,8 +53,10 @@ pub fn interpret(
         Err(text) if oom => developer(format!("The action exhausted its memory and was aborted. {text}")).result,
         Err(text) => return developer(format!("The action did not produce a valid JSON response: {text}")),
     };
-    if !body.is_object() {
-        return developer("The action did not return a dictionary.".into());
+    // As current OpenWhisk runtimes: a dictionary or an array is a result, anything else is
+    // the developer's error.
+    if !body.is_object() && !body.is_array() {
+        return developer(NOT_A_RESULT.into());
     }
     let size = body.to_string().len();
     if size > max_result_bytes {
@@ -93,7 +99,9 @@ mod tests {
         let r = interpret(Err(RuntimeError::Connection("reset".into())), 100, true, 1000);
         assert!(r.result["error"].as_str().unwrap().contains("memory"));
         let r = interpret(ok(200, json!([1, 2])), 100, false, 1000);
-        assert_eq!(r.outcome, Outcome::DeveloperError);
+        assert_eq!((r.outcome, r.result), (Outcome::Success, json!([1, 2])));
+        let r = interpret(ok(200, json!(5)), 100, false, 1000);
+        assert_eq!((r.outcome, r.result), (Outcome::DeveloperError, json!({"error": NOT_A_RESULT})));
         let r = interpret(ok(200, json!({"big": "x".repeat(50)})), 100, false, 10);
         assert!(r.result["error"].as_str().unwrap().contains("exceeded the allowed length"));
     }

@@ -50,10 +50,9 @@ input.on('line', (line) => {
       for (const [key, value] of Object.entries(message)) {
         if (key !== 'value' && typeof value === 'string') process.env['__OW_' + key.toUpperCase()] = value;
       }
+      // Anything but an object or an array goes to the runtime as it is: the runtime answers
+      // it as a developer error, with the one message every kind gives.
       result = await main(message.value || {});
-      if (result === null || typeof result !== 'object') {
-        result = { error: 'The action did not return a dictionary or array.' };
-      }
     } catch (err) {
       console.error(err && err.stack ? err.stack : String(err));
       result = { error: String(err && err.message ? err.message : err) };
@@ -61,7 +60,8 @@ input.on('line', (line) => {
     try {
       reply(result);
     } catch (err) {
-      reply({ error: "The action's result is not JSON: " + String(err) });
+      console.error("The action's result is not JSON: " + String(err));
+      reply(null);
     }
   });
 });

@@ -83,13 +83,14 @@ for line in sys.stdin:
         for key, value in message.items():
             if key != "value" and isinstance(value, str):
                 set_context("__OW_" + key.upper(), value)
+        # Anything but a dict or a list goes to the runtime as it is: the runtime answers it as
+        # a developer error, with the one message every kind gives.
         result = main(message.get("value", {}))
-        if not isinstance(result, (dict, list)):
-            result = {"error": "The action did not return a dictionary or array."}
     except BaseException as ex:
         traceback.print_exc()
         result = {"error": "%s: %s" % (type(ex).__name__, ex)}
     try:
         reply(result)
     except (TypeError, ValueError) as ex:
-        reply({"error": "The action's result is not JSON: %s" % ex})
+        print("The action's result is not JSON: %s" % ex, file=sys.stderr)
+        reply(None)
