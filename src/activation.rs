@@ -38,6 +38,10 @@ pub enum IntakeError {
     NamespaceLimit { namespace: String, limit: u32 },
     #[error("the invoker is shutting down")]
     Draining,
+    /// A caller's activation id that an activation of another namespace already has: it is
+    /// neither run nor answered from the other's record.
+    #[error("activationId: {0} is already taken by another activation")]
+    IdTaken(String),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -134,8 +138,13 @@ impl ActivationService {
         if given {
             match self.store.accept(&meta)? {
                 Accepted::New => {}
-                Accepted::Finished(record) => return Ok(Invoked::Done(Arc::from(record))),
-                Accepted::Pending => return Ok(self.await_existing(activation_id, req.wait).await),
+                Accepted::Finished(record) if record.namespace == meta.namespace => {
+                    return Ok(Invoked::Done(Arc::from(record)))
+                }
+                Accepted::Pending { namespace } if namespace == meta.namespace => {
+                    return Ok(self.await_existing(activation_id, &meta.namespace, req.wait).await)
+                }
+                Accepted::Finished(_) | Accepted::Pending { .. } => return Err(IntakeError::IdTaken(activation_id)),
             }
         } else {
             self.store.accept_new(&meta)?;
@@ -145,7 +154,7 @@ impl ActivationService {
         let completion = Completion::new(self.store.clone(), self.metrics.clone(), meta.clone(), Some(tx), Some(slot));
         let params = action.merged_params(req.params);
         let run = RunJob {
-            meta,
+            meta: meta.clone(),
             action,
             params,
             api_key: req.api_key,
@@ -159,19 +168,23 @@ impl ActivationService {
         let Some(wait) = req.wait else { return Ok(Invoked::Accepted(activation_id)) };
         match tokio::time::timeout(wait, rx).await {
             Ok(Ok(record)) => Ok(Invoked::Done(record)),
-            Ok(Err(_)) => Ok(self.await_existing(activation_id, Some(Duration::from_secs(1))).await),
+            Ok(Err(_)) => Ok(self.await_existing(activation_id, &meta.namespace, Some(Duration::from_secs(1))).await),
             Err(_) => Ok(Invoked::Accepted(activation_id)),
         }
     }
 
-    /// For a duplicate still running: polls the store for its record within the wait.
-    async fn await_existing(&self, id: String, wait: Option<Duration>) -> Invoked {
+    /// For a duplicate still running: polls the store for its record within the wait. Only a
+    /// record of `namespace` is an answer.
+    async fn await_existing(&self, id: String, namespace: &str, wait: Option<Duration>) -> Invoked {
         let deadline = Instant::now() + wait.unwrap_or_default();
         loop {
             let store = self.store.clone();
             let lookup = id.clone();
             if let Ok(Ok(Some(record))) = tokio::task::spawn_blocking(move || store.get_activation(&lookup)).await {
-                return Invoked::Done(Arc::new(record));
+                if record.namespace == namespace {
+                    return Invoked::Done(Arc::new(record));
+                }
+                return Invoked::Accepted(id);
             }
             if Instant::now() >= deadline {
                 return Invoked::Accepted(id);

@@ -32,6 +32,7 @@ pub struct Config {
     pub data_dir: PathBuf,
     /// Namespace → API key (`uuid:secret`), checked with basic auth.
     pub namespaces: BTreeMap<String, String>,
+    pub admin: AdminConfig,
     pub limits: LimitsConfig,
     pub pool: PoolConfig,
     pub proxy: ProxyConfig,
@@ -43,6 +44,18 @@ pub struct Config {
     /// Activation records are removed once they started this long ago (checked hourly).
     #[serde(with = "humantime_serde")]
     pub record_retention: Duration,
+}
+
+/// `[admin]`: the keys that are not a namespace's.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    /// The key of the admin routes (`/v1/pool`, `/metrics`, `/health`'s details), `uuid:secret`.
+    /// When unset, one is generated at first start and kept in the store.
+    pub key: Option<String>,
+    /// Keys that may submit an `ActivationMessage` for any namespace and subject through the
+    /// shim (a controller, the cluster's scheduler). Every other key submits only for its own.
+    pub controller_keys: Vec<String>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -367,6 +380,7 @@ impl Default for Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 3233)),
             data_dir: PathBuf::from("data"),
             namespaces: BTreeMap::from([("guest".to_string(), GUEST_KEY.to_string())]),
+            admin: AdminConfig::default(),
             limits: LimitsConfig::default(),
             pool: PoolConfig::default(),
             proxy: ProxyConfig::default(),
@@ -590,12 +604,16 @@ impl Config {
         if self.factory.mock.nodes == 0 || self.factory.mock.nodes > 10_000 {
             return Err(bad("factory.mock.nodes", "must be 1 to 10000"));
         }
+        let mut seen = std::collections::HashSet::new();
         for (ns, key) in &self.namespaces {
             crate::model::validate_entity_name("namespaces", ns).map_err(|r| bad(&format!("namespaces.{ns}"), r))?;
-            match key.split_once(':') {
-                Some((uuid, secret)) if !uuid.is_empty() && !secret.is_empty() => {}
-                _ => return Err(bad(&format!("namespaces.{ns}"), "an API key is 'uuid:secret'")),
-            }
+            check_key(&format!("namespaces.{ns}"), key, &mut seen)?;
+        }
+        if let Some(key) = &self.admin.key {
+            check_key("admin.key", key, &mut seen)?;
+        }
+        for (i, key) in self.admin.controller_keys.iter().enumerate() {
+            check_key(&format!("admin.controller_keys[{i}]"), key, &mut seen)?;
         }
         let l = &self.limits;
         if !(l.memory_min_mb <= l.memory_default_mb && l.memory_default_mb <= l.memory_max_mb) || l.memory_min_mb == 0 {
@@ -659,6 +677,19 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// An API key is `uuid:secret`, and belongs to one principal only: a key shared by two
+/// namespaces (or a namespace and the admin) would make one of them the other.
+fn check_key<'a>(at: &str, key: &'a str, seen: &mut std::collections::HashSet<&'a str>) -> Result<(), ConfigError> {
+    match key.split_once(':') {
+        Some((uuid, secret)) if !uuid.is_empty() && !secret.is_empty() => {}
+        _ => return Err(bad(at, "an API key is 'uuid:secret'")),
+    }
+    if !seen.insert(key) {
+        return Err(bad(at, "this key is already another namespace's or the admin's"));
+    }
+    Ok(())
 }
 
 /// The dotted key around a byte offset of the TOML text, for error messages.

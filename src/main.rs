@@ -102,6 +102,20 @@ fn main() -> anyhow::Result<()> {
     actix_rt::System::new().block_on(serve(config))
 }
 
+/// The admin key: the configured one, else the one generated at first start and kept in the
+/// store (so that it survives restarts without being written into the config file).
+fn admin_key(config: &Config, store: &dyn Store) -> anyhow::Result<String> {
+    if let Some(key) = &config.admin.key {
+        return Ok(key.clone());
+    }
+    if let Some(key) = store.get_setting("admin_key")? {
+        return Ok(key);
+    }
+    let key = format!("{}:{}{}", uuid::Uuid::new_v4(), uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple());
+    store.put_setting("admin_key", &key)?;
+    Ok(key)
+}
+
 async fn serve(config: Config) -> anyhow::Result<()> {
     std::fs::create_dir_all(&config.data_dir).with_context(|| format!("data_dir {}", config.data_dir.display()))?;
     let store = JournaledStore::open(&config.data_dir.join("invoker.redb"), &config.data_dir.join("journal"))?;
@@ -110,6 +124,8 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         tracing::warn!(recovered, "activations left unfinished by an earlier run got whisk-error records");
     }
     let store: Arc<dyn Store> = Arc::new(store);
+    let mut config = config;
+    config.admin.key = Some(admin_key(&config, store.as_ref())?);
     let epoch = Epoch(Instant::now());
     let factory = Factory::from_config(&config, epoch, store.clone()).await?;
     tracing::info!("{}", factory.describe());
@@ -137,6 +153,9 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let server_task = actix_rt::spawn(invoker::api::server::serve(listener, state, stop.clone()));
     if let Some(key) = config.namespaces.get("guest") {
         println!("guest auth: {key}");
+    }
+    if let Some(key) = &config.admin.key {
+        println!("admin auth: {key}");
     }
     println!("listening on {addr}");
     let retention = config.record_retention;

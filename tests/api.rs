@@ -21,6 +21,8 @@ use std::time::Instant;
 const GUEST: &str =
     "23bc46b1-71f6-4ed5-8c54-816aa4f8c502:123zO3xZCLrMN6v2BKK1dXYFpXlPkccOFqm12CdAsMgRU4VrNZ9lyGVCGuMDGIwP";
 const OTHER: &str = "11111111-2222-3333-4444-555555555555:other-key";
+const ADMIN: &str = "aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee:admin-key";
+const CONTROLLER: &str = "cccccccc-cccc-cccc-cccc-cccccccccccc:controller-key";
 
 struct Harness {
     service: ActivationService,
@@ -31,6 +33,8 @@ fn harness(tweak: impl FnOnce(&mut Config), mock: MockConfig) -> (Harness, Arc<A
     let dir = tempfile::tempdir().unwrap();
     let mut config = Config::default();
     config.namespaces.insert("other".into(), OTHER.into());
+    config.admin.key = Some(ADMIN.into());
+    config.admin.controller_keys = vec![CONTROLLER.into()];
     config.limits.payload_max_bytes = 64 * 1024;
     config.limits.code_max_bytes = 256 * 1024;
     tweak(&mut config);
@@ -184,11 +188,44 @@ async fn auth_and_namespaces() {
     let keyed = Req::put().uri("/api/v1/namespaces/_/actions/a").insert_header(auth(GUEST));
     assert_eq!(send(&app, keyed.set_payload(vec![b'x'; 512 * 1024])).await.0, 413);
     assert_eq!(send(&app, Req::get().uri("/ping")).await.0, 200);
-    assert_eq!(send(&app, Req::get().uri("/health")).await.0, 401);
-    let (s, body, _) = send(&app, get("/health")).await;
+    let (s, body, _) = send(&app, admin_get("/health")).await;
     assert_eq!((s, body["status"].as_str(), body["can_launch"].as_bool()), (200, Some("healthy"), Some(true)));
-    let (s, _, _) = send(&app, get("/v1/pool")).await;
+    let (s, _, _) = send(&app, admin_get("/v1/pool")).await;
     assert_eq!(s, 200);
+}
+
+fn admin_get(path: &str) -> Req {
+    Req::get().uri(path).insert_header(auth(ADMIN))
+}
+
+#[actix_rt::test]
+async fn admin_routes_need_the_admin_key() {
+    let (_h, state) = harness(|_| {}, MockConfig::default());
+    let app = state;
+    send(&app, put("/api/v1/namespaces/_/actions/secret-name", echo_action())).await;
+    for path in ["/v1/pool", "/metrics"] {
+        for key in [GUEST, OTHER, CONTROLLER] {
+            let (s, body, _) = send(&app, Req::get().uri(path).insert_header(auth(key))).await;
+            assert_eq!(s, 403, "{path} with a non-admin key: {body}");
+            assert!(!body.to_string().contains("secret-name"), "{body}");
+        }
+        assert_eq!(send(&app, Req::get().uri(path)).await.0, 401, "{path} without a key");
+        assert_eq!(send(&app, admin_get(path)).await.0, 200, "{path} with the admin key");
+    }
+    // /health: the state word for anyone, the details for the admin only.
+    for req in [Req::get().uri("/health"), get("/health")] {
+        let (s, body, _) = send(&app, req).await;
+        assert_eq!((s, body), (200, json!({"status": "healthy"})));
+    }
+    let (s, body, _) = send(&app, admin_get("/health")).await;
+    assert!(s == 200 && body["nodes"].is_array(), "{body}");
+    // The admin and controller keys own no namespace.
+    for key in [ADMIN, CONTROLLER] {
+        let req = Req::get().uri("/api/v1/namespaces/_/actions").insert_header(auth(key));
+        assert_eq!(send(&app, req).await.0, 403);
+    }
+    let head = call(&app, Req::method("HEAD").uri("/ping")).await;
+    assert_eq!(head.status(), 200, "HEAD is served wherever GET is");
 }
 
 #[actix_rt::test]
@@ -231,6 +268,16 @@ async fn bad_input_gets_a_4xx_naming_the_field() {
     assert_eq!(s, 400);
     let (s, _, _) = send(&app, get("/api/v1/namespaces/_/activations?limit=-1")).await;
     assert_eq!(s, 400);
+    let trailing = Req::put()
+        .uri("/api/v1/namespaces/_/actions/t")
+        .insert_header(auth(GUEST))
+        .set_payload(r#"{"exec":{"kind":"python:3","code":"def main(a): return a"}}xyz"#);
+    let (s, answer, _) = send(&app, trailing).await;
+    assert!(s == 400 && answer["error"].as_str().unwrap().contains("trailing characters"), "{answer}");
+    let not_base64 = json!({"exec": {"kind": "python:3", "code": "not base64!", "binary": true}});
+    let (s, answer, _) = send(&app, put("/api/v1/namespaces/_/actions/b", not_base64)).await;
+    assert!(s == 400 && answer["error"].as_str().unwrap().contains("exec.code"), "{answer}");
+    assert_eq!(send(&app, get("/api/v1/namespaces/_/actions/b")).await.0, 404, "nothing was stored");
 }
 
 #[actix_rt::test]
@@ -313,7 +360,7 @@ async fn nothing_ran_is_503_with_retry_after_and_a_status_3_record() {
     for _ in 0..2 {
         send(&app, post("/api/v1/namespaces/_/actions/echo?blocking=true", json!({}))).await;
     }
-    let (s, health, _) = send(&app, get("/health")).await;
+    let (s, health, _) = send(&app, admin_get("/health")).await;
     assert_eq!((s, health["status"].as_str()), (200, Some("unhealthy")), "{health}");
     assert!(health["nodes"][0]["reserved_mb"].is_u64() && health["nodes"][0]["used_mb"].is_u64(), "{health}");
 }
@@ -382,6 +429,78 @@ async fn the_activation_shim_answers_with_the_combined_message_and_never_runs_tw
     assert!(s == 400 && body["error"].as_str().unwrap().contains("activationId"), "{body}");
 }
 
+/// `activation_message` with `key`'s namespace `ns` throughout.
+fn message_as(ns: &str, key: &str, id: &str, blocking: bool) -> Value {
+    let mut msg = activation_message(id, blocking);
+    msg["action"]["path"] = json!(ns);
+    msg["user"]["subject"] = json!(ns);
+    msg["user"]["namespace"]["name"] = json!(ns);
+    msg["user"]["authkey"]["api_key"] = json!(key);
+    msg
+}
+
+fn shim_post(key: &str, body: Value) -> Req {
+    Req::post().uri("/v1/activations").insert_header(auth(key)).set_json(body)
+}
+
+#[actix_rt::test]
+async fn the_shim_never_answers_from_another_namespaces_record() {
+    let (_h, state) = harness(|_| {}, MockConfig::default());
+    let app = state;
+    send(&app, put("/api/v1/namespaces/_/actions/echo", echo_action())).await;
+    let other_put = Req::put().uri("/api/v1/namespaces/_/actions/echo").insert_header(auth(OTHER));
+    assert_eq!(send(&app, other_put.set_json(echo_action())).await.0, 200);
+    // guest's activation, finished, with a secret in its result.
+    let id = new_activation_id();
+    let mut secret = message_as("guest", GUEST, &id, true);
+    secret["content"] = json!({"password": "hunter2"});
+    let (s, first, _) = send(&app, shim_post(GUEST, secret)).await;
+    assert_eq!(s, 200, "{first}");
+    // other replays guest's id for its own action, blocking and not.
+    for blocking in [true, false] {
+        let (s, body, _) = send(&app, shim_post(OTHER, message_as("other", OTHER, &id, blocking))).await;
+        assert_eq!(s, 409, "blocking={blocking}: {body}");
+        assert!(!body.to_string().contains("hunter2"), "{body}");
+        assert!(body["error"].as_str().unwrap().contains("activationId"), "{body}");
+    }
+    // While guest's is still running (pending), too.
+    let running = new_activation_id();
+    let mut slow = message_as("guest", GUEST, &running, false);
+    slow["content"] = json!({"sleep_ms": 1500, "password": "hunter3"});
+    assert_eq!(send(&app, shim_post(GUEST, slow)).await.0, 202);
+    let (s, body, _) = send(&app, shim_post(OTHER, message_as("other", OTHER, &running, true))).await;
+    assert_eq!(s, 409, "{body}");
+    assert!(!body.to_string().contains("hunter3"), "{body}");
+    // guest's own repeat is still answered from its first.
+    let (s, again, _) = send(&app, shim_post(GUEST, message_as("guest", GUEST, &id, true))).await;
+    assert_eq!((s, &again["response"]["response"]["result"]["echo"]["password"]), (200, &json!("hunter2")));
+    // and other's record of guest's id does not exist.
+    let other_get = Req::get().uri(&format!("/api/v1/namespaces/_/activations/{id}")).insert_header(auth(OTHER));
+    assert_eq!(send(&app, other_get).await.0, 404);
+}
+
+#[actix_rt::test]
+async fn the_shim_takes_the_keys_own_namespace_and_subject_unless_it_is_a_controllers() {
+    let (_h, state) = harness(|_| {}, MockConfig::default());
+    let app = state;
+    let other_put = Req::put().uri("/api/v1/namespaces/_/actions/echo").insert_header(auth(OTHER));
+    assert_eq!(send(&app, other_put.set_json(echo_action())).await.0, 200);
+    let mut spoofed = message_as("other", OTHER, &new_activation_id(), true);
+    spoofed["user"]["subject"] = json!("guest");
+    let (s, body, _) = send(&app, shim_post(OTHER, spoofed.clone())).await;
+    assert_eq!(s, 403, "{body}");
+    assert!(body["error"].as_str().unwrap().contains("subject"), "{body}");
+    let mut foreign_ns = message_as("other", OTHER, &new_activation_id(), true);
+    foreign_ns["user"]["namespace"]["name"] = json!("guest");
+    assert_eq!(send(&app, shim_post(OTHER, foreign_ns)).await.0, 403);
+    assert_eq!(send(&app, shim_post(ADMIN, message_as("other", OTHER, &new_activation_id(), true))).await.0, 403);
+    // A controller key submits for any namespace, with the subject it says.
+    let (s, body, _) = send(&app, shim_post(CONTROLLER, spoofed)).await;
+    assert_eq!(s, 200, "{body}");
+    assert_eq!(body["response"]["subject"], "guest");
+    assert_eq!(body["response"]["namespace"], "other");
+}
+
 #[actix_rt::test]
 async fn draining_refuses_new_work_with_503() {
     let (h, state) = harness(|_| {}, MockConfig::default());
@@ -393,6 +512,50 @@ async fn draining_refuses_new_work_with_503() {
     assert!(response.headers().contains_key("retry-after"));
     let (s, body, _) = send(&app, get("/health")).await;
     assert_eq!((s, body["status"].as_str()), (200, Some("draining")));
+}
+
+/// Writes `request` to a real API server and reads its answer until the connection closes.
+async fn over_tcp(addr: std::net::SocketAddr, request: Vec<u8>) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let _ = stream.write_all(&request).await;
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(std::time::Duration::from_secs(10), stream.read_to_end(&mut answer)).await;
+    assert!(read.is_ok(), "no answer to {:?}", String::from_utf8_lossy(&request[..request.len().min(40)]));
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+#[actix_rt::test]
+async fn requests_hyper_refuses_get_a_json_reason_and_http2_gets_505() {
+    let (_h, state) = harness(|_| {}, MockConfig::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let server = actix_rt::spawn(invoker::api::server::serve(listener, state, stop.clone()));
+    let many_headers: String = (0..2000).map(|i| format!("x-{i}: a\r\n")).collect();
+    let cases: Vec<(Vec<u8>, u16, &str)> = vec![
+        (format!("GET /ping HTTP/1.1\r\n{many_headers}\r\n").into_bytes(), 431, "headers"),
+        (format!("GET /ping HTTP/1.1\r\nx: {}\r\n\r\n", "a".repeat(1 << 20)).into_bytes(), 431, "headers"),
+        (b"POST /ping HTTP/1.1\r\ncontent-length: -5\r\n\r\n".to_vec(), 400, "HTTP/1.1"),
+        (b"GARBAGE\r\n\r\n".to_vec(), 400, "HTTP/1.1"),
+        (b"\x01\x02\xff\xfe junk\r\n\r\n".to_vec(), 400, "HTTP/1.1"),
+        (b"GET /pi\x00ng HTTP/1.1\r\n\r\n".to_vec(), 400, "HTTP/1.1"),
+        (format!("GET /{} HTTP/1.1\r\n\r\n", "a".repeat(100 * 1024)).into_bytes(), 414, "URI"),
+        (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec(), 505, "HTTP/2"),
+    ];
+    for (request, status, reason) in cases {
+        let answer = over_tcp(addr, request).await;
+        let (head, body) = answer.split_once("\r\n\r\n").unwrap_or_else(|| panic!("no head: {answer:?}"));
+        assert!(head.starts_with(&format!("HTTP/1.1 {status} ")), "{status}: {head}");
+        let body: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{status}: {body:?}: {e}"));
+        assert!(body["error"].as_str().unwrap().contains(reason), "{status}: {body}");
+    }
+    let answer = over_tcp(addr, b"HEAD /ping HTTP/1.1\r\nconnection: close\r\n\r\n".to_vec()).await;
+    assert!(answer.starts_with("HTTP/1.1 200 "), "{answer}");
+    let answer = over_tcp(addr, b"GET /ping HTTP/1.1\r\nconnection: close\r\n\r\n".to_vec()).await;
+    assert!(answer.starts_with("HTTP/1.1 200 ") && answer.ends_with(r#"{"ping":"pong"}"#), "{answer}");
+    stop.cancel();
+    let _ = server.await;
 }
 
 mod router_fuzz {

@@ -71,6 +71,13 @@ fn validate_action(config: &Config, put: ActionPut, ns: &str, name: &str) -> Res
     if exec.code.as_deref().is_none_or(str::is_empty) {
         return Err(bad("exec.code: is required and must not be empty".into()));
     }
+    if exec.binary {
+        // Checked here rather than at the first run, where it would be the action's failure.
+        let code = exec.code.as_deref().unwrap_or_default().trim();
+        if let Err(e) = base64::Engine::decode(&base64::engine::general_purpose::STANDARD, code) {
+            return Err(bad(format!("exec.code: binary code must be base64 ({e})")));
+        }
+    }
     let l = &config.limits;
     let given = put.limits.unwrap_or(LimitsPut { timeout: None, memory: None, logs: None, concurrency: None });
     let limits = Limits {

@@ -45,6 +45,7 @@ impl From<IntakeError> for ApiError {
         match e {
             IntakeError::NamespaceLimit { .. } => ApiError::TooMany(e.to_string()),
             IntakeError::Draining => ApiError::Unavailable(e.to_string()),
+            IntakeError::IdTaken(_) => ApiError::Conflict(e.to_string()),
             IntakeError::Store(s) => s.into(),
         }
     }

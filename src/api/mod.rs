@@ -7,6 +7,7 @@ mod admin;
 pub mod error;
 pub mod server;
 mod shim;
+mod wire;
 
 use crate::activation::ActivationService;
 use crate::config::Config;
@@ -24,29 +25,43 @@ use std::time::Duration;
 pub struct AppState {
     pub service: ActivationService,
     pub config: Arc<Config>,
-    /// API key → namespace.
-    keys: HashMap<String, String>,
-    /// The `Authorization` header each key's clients send (`Basic <base64 of the key>`) →
-    /// namespace and key: most requests are one lookup, without decoding.
-    headers: HashMap<String, (String, String)>,
+    /// API key → who holds it.
+    keys: HashMap<String, Principal>,
+    /// The `Authorization` header each key's clients send (`Basic <base64 of the key>`) → who
+    /// holds it: most requests are one lookup, without decoding.
+    headers: HashMap<String, Principal>,
+}
+
+/// Who a request's key belongs to. Each key is one principal's (the config checks it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Principal {
+    /// A namespace's key: its own actions, records and logs, nothing else.
+    Namespace { ns: String, key: String },
+    /// `[admin] key`: the admin routes.
+    Admin,
+    /// `[admin] controller_keys`: `ActivationMessage`s for any namespace through the shim.
+    Controller,
 }
 
 impl AppState {
+    /// `config.admin.key` must be set by then (main generates one when the file has none).
     pub fn new(service: ActivationService, config: Arc<Config>) -> Self {
-        let keys = config.namespaces.iter().map(|(ns, key)| (key.clone(), ns.clone())).collect();
-        let headers = config
+        let namespaces = config
             .namespaces
             .iter()
-            .map(|(ns, key)| {
-                let header = format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(key));
-                (header, (ns.clone(), key.clone()))
-            })
+            .map(|(ns, key)| (key.clone(), Principal::Namespace { ns: ns.clone(), key: key.clone() }));
+        let admin = config.admin.key.iter().map(|key| (key.clone(), Principal::Admin));
+        let controllers = config.admin.controller_keys.iter().map(|key| (key.clone(), Principal::Controller));
+        let keys: HashMap<String, Principal> = namespaces.chain(admin).chain(controllers).collect();
+        let headers = keys
+            .iter()
+            .map(|(key, who)| (format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(key)), who.clone()))
             .collect();
         AppState { service, config, keys, headers }
     }
 
-    /// The namespace the request's basic-auth key belongs to.
-    pub(crate) fn authenticate(&self, headers: &HeaderMap) -> Result<(String, String), ApiError> {
+    /// Who holds the request's basic-auth key; no key, or an unknown one, is a 401.
+    pub(crate) fn authenticate(&self, headers: &HeaderMap) -> Result<Principal, ApiError> {
         let header =
             headers.get(hyper::header::AUTHORIZATION).and_then(|h| h.to_str().ok()).ok_or(ApiError::Unauthorized)?;
         if let Some(known) = self.headers.get(header) {
@@ -56,17 +71,23 @@ impl AppState {
         let decoded =
             base64::engine::general_purpose::STANDARD.decode(encoded.trim()).map_err(|_| ApiError::Unauthorized)?;
         let key = String::from_utf8(decoded).map_err(|_| ApiError::Unauthorized)?;
-        let ns = self.keys.get(&key).ok_or(ApiError::Unauthorized)?;
-        Ok((ns.clone(), key))
+        self.keys.get(&key).cloned().ok_or(ApiError::Unauthorized)
     }
 
-    /// `_` means the key's own namespace; any other must be it.
+    /// The namespace a namespace route acts in: `_` means the key's own; any other must be it.
+    /// Only a namespace's key has one.
     pub(crate) fn namespace(&self, call: &Call, path_ns: &str) -> Result<(String, String), ApiError> {
-        let (ns, key) = self.authenticate(&call.head.headers)?;
-        if path_ns == "_" || path_ns == ns {
-            Ok((ns, key))
-        } else {
-            Err(ApiError::Forbidden(path_ns.chars().take(256).collect()))
+        match self.authenticate(&call.head.headers)? {
+            Principal::Namespace { ns, key } if path_ns == "_" || path_ns == ns => Ok((ns, key)),
+            _ => Err(ApiError::Forbidden(path_ns.chars().take(256).collect())),
+        }
+    }
+
+    /// Admin routes: the admin key, and no other.
+    pub(crate) fn admin(&self, call: &Call) -> Result<(), ApiError> {
+        match self.authenticate(&call.head.headers)? {
+            Principal::Admin => Ok(()),
+            _ => Err(ApiError::Forbidden(call.head.uri.path().chars().take(256).collect())),
         }
     }
 }
@@ -138,9 +159,9 @@ impl Route {
     /// The methods the route serves, for a 405's `Allow`.
     fn allowed(&self) -> &'static str {
         match self {
-            Route::Action { .. } => "POST, GET, PUT, DELETE",
+            Route::Action { .. } => "POST, GET, HEAD, PUT, DELETE",
             Route::ActivationMessage => "POST",
-            _ => "GET",
+            _ => "GET, HEAD",
         }
     }
 }
@@ -175,7 +196,9 @@ impl AppState {
             Bytes::new()
         };
         let call = Call { head, body };
-        match (route, &call.head.method) {
+        // HEAD is GET without the body (hyper leaves the body out of the answer).
+        let method = if call.head.method == Method::HEAD { &Method::GET } else { &call.head.method };
+        match (route, method) {
             (Route::Action { ns, name }, &Method::POST) => actions::invoke(self, &call, &ns, &name).await,
             (Route::Action { ns, name }, &Method::GET) => actions::get(self, &call, &ns, &name).await,
             (Route::Action { ns, name }, &Method::PUT) => actions::put(self, &call, &ns, &name).await,
@@ -191,7 +214,9 @@ impl AppState {
             (Route::Health, &Method::GET) => admin::health(self, &call).await,
             (Route::Metrics, &Method::GET) => admin::metrics(self, &call).await,
             (Route::Pool, &Method::GET) => admin::pool(self, &call).await,
-            (route, method) => Err(ApiError::MethodNotAllowed { method: method.to_string(), allowed: route.allowed() }),
+            (route, _) => {
+                Err(ApiError::MethodNotAllowed { method: call.head.method.to_string(), allowed: route.allowed() })
+            }
         }
     }
 
@@ -251,14 +276,17 @@ pub(crate) fn page(q: &PageQuery) -> Result<(usize, usize), ApiError> {
     Ok((num("skip", &q.skip, 0)?, if limit == 0 { 200 } else { limit }))
 }
 
-/// Parses a JSON body; the error names the field (`limits.memory: invalid type ...`).
+/// Parses a JSON body; the error names the field (`limits.memory: invalid type ...`), and
+/// anything after the value (`{...}xyz`) is refused, as `serde_json::from_slice` does.
 pub(crate) fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
-    let deserializer = &mut serde_json::Deserializer::from_slice(body);
-    serde_path_to_error::deserialize(deserializer).map_err(|e| {
+    let mut deserializer = serde_json::Deserializer::from_slice(body);
+    let value = serde_path_to_error::deserialize(&mut deserializer).map_err(|e| {
         let path = e.path().to_string();
         let field = if path == "." { "request body".to_string() } else { format!("request body: {path}") };
         ApiError::BadRequest(format!("{field}: {}", e.into_inner()))
-    })
+    })?;
+    deserializer.end().map_err(|e| ApiError::BadRequest(format!("request body: {e}")))?;
+    Ok(value)
 }
 
 pub(crate) async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, ApiError> {

@@ -5,6 +5,7 @@
 //! was larger than the activation's own bookkeeping; see BENCHMARKS.md. Everything is bounded:
 //! connections, the time to send a request's head, the size and time of its body.
 
+use super::wire::ApiStream;
 use super::AppState;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -59,7 +60,7 @@ pub async fn serve(listener: TcpListener, state: Arc<AppState>, stop: Cancellati
             let state = state.clone();
             async move { Ok::<_, Infallible>(state.handle(request).await) }
         });
-        let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+        let connection = graceful.watch(http.serve_connection(TokioIo::new(ApiStream::new(stream)), service));
         tokio::task::spawn_local(async move {
             // A client that goes away mid-request is no error of ours.
             let _ = connection.await;

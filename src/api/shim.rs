@@ -5,7 +5,7 @@
 
 use super::actions::{accepted, record_response, record_status};
 use super::error::ApiError;
-use super::{load_action, AppState, Call, Response};
+use super::{load_action, AppState, Call, Principal, Response};
 use crate::activation::{InvokeRequest, Invoked};
 use crate::model::{is_activation_id, validate_entity_name, ActivationRecord, Outcome};
 use hyper::StatusCode;
@@ -58,17 +58,14 @@ struct AuthKey {
 pub(super) const ENVELOPE_BYTES: usize = 64 * 1024;
 
 pub(super) async fn activation_message(state: &AppState, call: &Call) -> Result<Response, ApiError> {
-    let (caller, _) = state.authenticate(&call.head.headers)?;
+    let caller = state.authenticate(&call.head.headers)?;
     let limit = state.config.limits.payload_max_bytes + ENVELOPE_BYTES;
     if call.body.len() > limit {
         return Err(ApiError::TooLarge(limit));
     }
     let msg: ActivationMessage = super::parse_body(&call.body)?;
     let transaction_id = validate(&msg)?;
-    // Packages are not supported: the path is the namespace itself.
-    if msg.action.path != caller || msg.user.namespace.name != caller {
-        return Err(ApiError::Forbidden(msg.action.path.chars().take(256).collect()));
-    }
+    authorize(&caller, &msg)?;
     let action = load_action(state, &msg.action.path, &msg.action.name).await?;
     let params = match msg.content {
         None | Some(Value::Null) => Map::new(),
@@ -95,6 +92,30 @@ pub(super) async fn activation_message(state: &AppState, call: &Call) -> Result<
             let user_memory_mb = snapshot.map_or(0, |s| s.nodes.iter().map(|n| n.capacity_mb).sum());
             let ack = completion_message(&state.config.invoker_id, user_memory_mb, msg.transid, &record);
             Ok(record_response(&record, record_status(&record, StatusCode::OK), &ack))
+        }
+    }
+}
+
+/// A namespace's key submits only for itself: the action's path (packages are not supported:
+/// the path is the namespace), the identity's namespace and its subject are all the key's
+/// namespace. A controller key submits for anyone; the admin key for no one.
+fn authorize(caller: &Principal, msg: &ActivationMessage) -> Result<(), ApiError> {
+    let forbidden = || ApiError::Forbidden(msg.action.path.chars().take(256).collect());
+    match caller {
+        Principal::Controller => Ok(()),
+        Principal::Admin => Err(forbidden()),
+        Principal::Namespace { ns, .. } => {
+            if msg.action.path != *ns || msg.user.namespace.name != *ns {
+                return Err(forbidden());
+            }
+            if msg.user.subject != *ns {
+                return Err(ApiError::Forbidden(format!(
+                    "{} as subject {} (user.subject must be the key's own)",
+                    ns,
+                    msg.user.subject.chars().take(256).collect::<String>()
+                )));
+            }
+            Ok(())
         }
     }
 }

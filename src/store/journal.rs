@@ -262,8 +262,8 @@ impl Store for JournaledStore {
     fn accept(&self, meta: &ActivationMeta) -> Result<Accepted, StoreError> {
         let id = meta.activation_id.as_str();
         let mut state = self.inner.state.lock();
-        if state.pending.contains_key(id) {
-            return Ok(Accepted::Pending);
+        if let Some((earlier, _)) = state.pending.get(id) {
+            return Ok(Accepted::Pending { namespace: earlier.namespace.clone() });
         }
         if let Some(f) = state.finished.get(id).or_else(|| state.in_flight.get(id)) {
             return Ok(Accepted::Finished(Box::new((*f.record).clone())));
@@ -381,7 +381,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = open(dir.path());
         assert_eq!(store.accept(&meta("a1")).unwrap(), Accepted::New);
-        assert_eq!(store.accept(&meta("a1")).unwrap(), Accepted::Pending);
+        assert_eq!(store.accept(&meta("a1")).unwrap(), Accepted::Pending { namespace: "guest".into() });
         store.finish(&Arc::new(record("a1"))).unwrap();
         assert_eq!(store.get_activation("a1").unwrap().unwrap().activation_id, "a1");
         store.flush().unwrap();

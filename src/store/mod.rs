@@ -29,8 +29,10 @@ pub enum StoreError {
 #[derive(Debug, PartialEq)]
 pub enum Accepted {
     New,
-    /// Accepted earlier and not finished yet.
-    Pending,
+    /// Accepted earlier, for `namespace`, and not finished yet.
+    Pending {
+        namespace: String,
+    },
     Finished(Box<ActivationRecord>),
 }
 
@@ -43,7 +45,8 @@ pub trait Store: Send + Sync + 'static {
     fn list_actions(&self, namespace: &str, skip: usize, limit: usize) -> Result<Vec<Action>, StoreError>;
     fn delete_action(&self, namespace: &str, name: &str) -> Result<Option<Action>, StoreError>;
 
-    /// Records an activation as accepted, unless its id was seen before.
+    /// Records an activation as accepted, unless its id was seen before (in any namespace:
+    /// the caller checks whose it was before answering from it).
     fn accept(&self, meta: &ActivationMeta) -> Result<Accepted, StoreError>;
     /// Records an activation whose id the invoker just made (no earlier delivery can exist).
     fn accept_new(&self, meta: &ActivationMeta) -> Result<(), StoreError> {

@@ -83,8 +83,9 @@ impl RedbStore {
         if let Some(v) = txn.open_table(ACTIVATIONS).map_err(db_err)?.get(id).map_err(db_err)? {
             return Ok(Accepted::Finished(Box::new(decode(id, v.value())?)));
         }
-        if txn.open_table(PENDING).map_err(db_err)?.get(id).map_err(db_err)?.is_some() {
-            return Ok(Accepted::Pending);
+        if let Some(v) = txn.open_table(PENDING).map_err(db_err)?.get(id).map_err(db_err)? {
+            let meta: ActivationMeta = decode(id, v.value())?;
+            return Ok(Accepted::Pending { namespace: meta.namespace });
         }
         Ok(Accepted::New)
     }
@@ -218,8 +219,9 @@ impl Store for RedbStore {
         let seen = {
             if let Some(v) = txn.open_table(ACTIVATIONS).map_err(db_err)?.get(id).map_err(db_err)? {
                 Some(Accepted::Finished(Box::new(decode(id, v.value())?)))
-            } else if txn.open_table(PENDING).map_err(db_err)?.get(id).map_err(db_err)?.is_some() {
-                Some(Accepted::Pending)
+            } else if let Some(v) = txn.open_table(PENDING).map_err(db_err)?.get(id).map_err(db_err)? {
+                let meta: ActivationMeta = decode(id, v.value())?;
+                Some(Accepted::Pending { namespace: meta.namespace })
             } else {
                 None
             }
@@ -438,7 +440,7 @@ mod tests {
     fn an_activation_id_is_accepted_once() {
         let (_d, s) = store();
         assert_eq!(s.accept(&meta("a1")).unwrap(), Accepted::New);
-        assert_eq!(s.accept(&meta("a1")).unwrap(), Accepted::Pending);
+        assert_eq!(s.accept(&meta("a1")).unwrap(), Accepted::Pending { namespace: "guest".into() });
         let record = ActivationRecord::whisk_error(&meta("a1"), "x", 20);
         s.finish(&Arc::new(record.clone())).unwrap();
         assert_eq!(s.accept(&meta("a1")).unwrap(), Accepted::Finished(Box::new(record)));

@@ -16,6 +16,8 @@ pub struct Invoker {
     pub base: String,
     pub dir: PathBuf,
     pub invoker_id: String,
+    /// The admin key the invoker printed at start.
+    pub admin: String,
     http: reqwest::Client,
 }
 
@@ -36,8 +38,12 @@ impl Invoker {
             .unwrap();
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
         let mut addr = None;
+        let mut admin = String::new();
         for line in lines.by_ref() {
             let line = line.unwrap();
+            if let Some(key) = line.strip_prefix("admin auth: ") {
+                admin = key.to_string();
+            }
             if let Some(a) = line.strip_prefix("listening on ") {
                 addr = Some(a.to_string());
                 break;
@@ -51,6 +57,7 @@ impl Invoker {
             base: format!("http://{addr}"),
             dir: dir.to_path_buf(),
             invoker_id: invoker_id.into(),
+            admin,
             http: reqwest::Client::new(),
         }
     }
@@ -87,9 +94,10 @@ impl Invoker {
         (status, r.json().await.unwrap_or(Value::Null))
     }
 
-    /// GET of a path outside the namespace API (`/v1/pool`, `/health`).
+    /// GET of an admin route (`/v1/pool`, `/health`), with the admin key.
     pub async fn get_url(&self, path: &str) -> (u16, Value) {
-        let r = self.http.get(format!("{}{path}", self.base)).basic_auth_key().send().await.unwrap();
+        let (user, pass) = self.admin.split_once(':').expect("the invoker printed its admin key");
+        let r = self.http.get(format!("{}{path}", self.base)).basic_auth(user, Some(pass)).send().await.unwrap();
         let status = r.status().as_u16();
         (status, r.json().await.unwrap_or(Value::Null))
     }

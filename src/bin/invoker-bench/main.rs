@@ -172,7 +172,7 @@ async fn main() -> anyhow::Result<()> {
         }
     }
     let busy_rss_kb = sides[0].invoker.rss_kb();
-    let starts = cold_starts(&http, &sides[0].invoker.base).await?;
+    let starts = cold_starts(&http, &sides[0].invoker).await?;
     eprintln!("cold starts during the warm-up and the load: {starts} (the warm-up alone needs {k})");
 
     // Cold starts: a fresh action through each invoker, against a fresh runtime alone.

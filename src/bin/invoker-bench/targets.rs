@@ -18,6 +18,8 @@ const NOOP: &str =
 pub struct Invoker {
     child: Child,
     pub base: String,
+    /// The admin key it printed (its metrics need it).
+    pub admin: String,
     dir: tempfile::TempDir,
 }
 
@@ -37,13 +39,19 @@ impl Invoker {
             .spawn()
             .with_context(|| format!("starting {}", exe.display()))?;
         let mut lines = BufReader::new(child.stdout.take().context("stdout")?).lines();
+        let mut admin = String::new();
         let addr = lines
             .by_ref()
             .map_while(Result::ok)
-            .find_map(|l| l.strip_prefix("listening on ").map(str::to_string))
+            .find_map(|l| {
+                if let Some(key) = l.strip_prefix("admin auth: ") {
+                    admin = key.to_string();
+                }
+                l.strip_prefix("listening on ").map(str::to_string)
+            })
             .context("the invoker did not start")?;
         std::thread::spawn(move || for _ in lines {});
-        Ok(Invoker { child, base: format!("http://{addr}"), dir })
+        Ok(Invoker { child, base: format!("http://{addr}"), admin, dir })
     }
 
     pub fn rss_kb(&self) -> u64 {
@@ -186,9 +194,10 @@ pub async fn put_action(client: &reqwest::Client, base: &str, name: &str) -> any
 }
 
 /// Containers started so far, from the invoker's own metrics.
-pub async fn cold_starts(client: &reqwest::Client, base: &str) -> anyhow::Result<u64> {
-    let (user, pass) = GUEST.split_once(':').unwrap_or_default();
-    let text = client.get(format!("{base}/metrics")).basic_auth(user, Some(pass)).send().await?.text().await?;
+pub async fn cold_starts(client: &reqwest::Client, invoker: &Invoker) -> anyhow::Result<u64> {
+    let (user, pass) = invoker.admin.split_once(':').unwrap_or_default();
+    let text =
+        client.get(format!("{}/metrics", invoker.base)).basic_auth(user, Some(pass)).send().await?.text().await?;
     Ok(text
         .lines()
         .find(|l| l.starts_with("invoker_container_starts_total{start=\"cold\"}"))
