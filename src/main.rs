@@ -62,6 +62,9 @@ enum Command {
         #[arg(long, value_enum, env = "INVOKER_ACTION_SCHED", default_value_t)]
         sched: SchedPolicy,
     },
+    /// Set up one process-factory container (cgroups, namespaces, root, uid), then run its
+    /// runtime command; the process factory starts every runtime through it.
+    Sandbox(invoker::factory::sandbox::SandboxArgs),
     /// Run the pool core in virtual time against a simulated cluster; prints a JSON summary.
     Simulate {
         #[arg(long)]
@@ -76,6 +79,11 @@ fn main() -> anyhow::Result<()> {
             // No tracing here: the runtime's stdout and stderr are the action's logs.
             invoker::runtime::run(RuntimeOptions { listen, launcher, work_dir, parent_pid, sched })?;
             return Ok(());
+        }
+        Some(Command::Sandbox(args)) => {
+            let error = invoker::factory::sandbox::enter(args);
+            eprintln!("{error}");
+            std::process::exit(126);
         }
         Some(Command::Simulate { scenario }) => {
             let scenario = invoker::sim::scenario::Scenario::load(&scenario)?;
@@ -118,6 +126,10 @@ fn admin_key(config: &Config, store: &dyn Store) -> anyhow::Result<String> {
 
 async fn serve(config: Config) -> anyhow::Result<()> {
     std::fs::create_dir_all(&config.data_dir).with_context(|| format!("data_dir {}", config.data_dir.display()))?;
+    // Traversable (a container's directory lies under it), not listable.
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&config.data_dir, std::fs::Permissions::from_mode(0o711))
+        .with_context(|| format!("data_dir {}", config.data_dir.display()))?;
     let store = JournaledStore::open(&config.data_dir.join("invoker.redb"), &config.data_dir.join("journal"))?;
     let recovered = store.recover_unfinished(invoker::model::epoch_ms())?;
     if recovered > 0 {

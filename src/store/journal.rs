@@ -74,7 +74,14 @@ fn segments(dir: &Path) -> Result<Vec<(u64, PathBuf)>, StoreError> {
 }
 
 fn open_segment(dir: &Path, n: u64) -> Result<File, StoreError> {
-    File::options().create(true).append(true).open(segment_path(dir, n)).map_err(|e| io_err("journal segment", e))
+    use std::os::unix::fs::OpenOptionsExt as _;
+    // Records hold results, logs and parameters: the invoker's alone.
+    File::options()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(segment_path(dir, n))
+        .map_err(|e| io_err("journal segment", e))
 }
 
 #[derive(serde::Deserialize)]
@@ -96,6 +103,9 @@ impl JournaledStore {
     pub fn open(db_path: &Path, dir: &Path) -> Result<Self, StoreError> {
         let db = RedbStore::open(db_path)?;
         std::fs::create_dir_all(dir).map_err(|e| io_err("journal directory", e))?;
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| io_err("journal directory", e))?;
         let found = segments(dir)?;
         for (_, path) in &found {
             replay(&db, path)?;

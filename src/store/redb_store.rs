@@ -52,6 +52,10 @@ impl RedbStore {
     pub fn open(path: &Path) -> Result<Self, StoreError> {
         // redb caches up to 1 GiB by default; records are written once and read rarely.
         let db = redb::Builder::new().set_cache_size(CACHE_BYTES).create(path).map_err(db_err)?;
+        // Actions' parameters and every record: the invoker's alone, whatever the umask.
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| StoreError::Corrupt { key: path.display().to_string(), reason: e.to_string() })?;
         let txn = db.begin_write().map_err(db_err)?;
         {
             let mut meta = txn.open_table(META).map_err(db_err)?;
