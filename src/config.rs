@@ -44,6 +44,9 @@ pub struct Config {
     /// Activation records are removed once they started this long ago (checked hourly).
     #[serde(with = "humantime_serde")]
     pub record_retention: Duration,
+    /// The file this was read from: hidden from action containers.
+    #[serde(skip)]
+    pub source: Option<PathBuf>,
 }
 
 /// `[admin]`: the keys that are not a namespace's.
@@ -259,7 +262,7 @@ pub struct DockerFactoryConfig {
     /// `none`: no network; the runtime listens on a unix socket in a directory bind-mounted
     /// from `data_dir` (Fn's design). `host`: the host's network; the runtime listens on a free
     /// 127.0.0.1 port.
-    pub network: DockerNetwork,
+    pub network: Network,
     /// Memory of the host kept for everything but action containers.
     pub reserve_mb: u64,
     /// The user action containers run as (never root).
@@ -276,10 +279,14 @@ pub struct DockerFactoryConfig {
     pub kinds: BTreeMap<String, DockerKindConfig>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+/// What network an action container has, on every factory.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum DockerNetwork {
+pub enum Network {
+    /// Its own network namespace with nothing but loopback.
+    #[default]
     None,
+    /// The host's network.
     Host,
 }
 
@@ -304,7 +311,7 @@ impl Default for DockerFactoryConfig {
         };
         DockerFactoryConfig {
             socket: PathBuf::from("/run/invoker-docker/docker.sock"),
-            network: DockerNetwork::None,
+            network: Network::None,
             reserve_mb: 1024,
             user: "65534:65534".into(),
             pids_limit: 256,
@@ -345,9 +352,21 @@ pub struct ProcessFactoryConfig {
     pub cgroup_root: Option<PathBuf>,
     /// Refuse to start when no memory limit can be enforced.
     pub require_memory_limit: bool,
-    /// How the invoker reaches each runtime: a unix socket beside its process record (no port
-    /// to race for, nothing on the network), or a free 127.0.0.1 port.
+    /// How the invoker reaches the runtime of a kind with `network = "host"`: a unix socket in
+    /// the container's directory (no port to race for), or a free 127.0.0.1 port. A kind with
+    /// its own network namespace (`network = "none"`) is always reached on its unix socket.
     pub transport: TransportKind,
+    /// Each container under a uid of its own, in its own root, mount, IPC and network
+    /// namespaces (`invoker sandbox`). Needs root; `false` runs actions as the invoker's own
+    /// user, without isolation (a warning at start says so).
+    pub unprivileged: bool,
+    /// Containers get uids from `uid_base` on, one per live container (its gid the same).
+    pub uid_base: u32,
+    pub uid_count: u32,
+    /// Processes a container may have at once (its pids cgroup).
+    pub pids_max: u32,
+    /// Size of a container's private `/tmp` (and `/dev/shm`); it counts against its memory.
+    pub tmp_mb: u32,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
@@ -363,6 +382,10 @@ pub struct KindConfig {
     /// The runtime's command line. `{invoker}` is this executable, `{listen}` the address the
     /// runtime must serve the OpenWhisk runtime protocol on.
     pub command: Vec<String>,
+    /// `none`: a network namespace of the container's own, with only loopback. `host`: the
+    /// host's network, an explicit opt-in.
+    #[serde(default)]
+    pub network: Network,
 }
 
 impl KindConfig {
@@ -388,6 +411,7 @@ impl Default for Config {
             kinds: default_kinds(),
             shutdown_grace: Duration::from_secs(30),
             record_retention: Duration::from_secs(7 * 24 * 3600),
+            source: None,
         }
     }
 }
@@ -498,13 +522,18 @@ impl Default for ProcessFactoryConfig {
             cgroup_root: None,
             require_memory_limit: false,
             transport: TransportKind::Unix,
+            unprivileged: true,
+            uid_base: 100_000,
+            uid_count: 60_000,
+            pids_max: 256,
+            tmp_mb: 64,
         }
     }
 }
 
 fn builtin_runtime(launcher: &str) -> KindConfig {
     let command = ["{invoker}", "action-runtime", "--listen", "{listen}", "--launcher", launcher];
-    KindConfig { command: command.iter().map(|s| s.to_string()).collect() }
+    KindConfig { command: command.iter().map(|s| s.to_string()).collect(), network: Network::None }
 }
 
 /// The project's own runtime serves every built-in kind; the launcher picks the language.
@@ -520,7 +549,9 @@ impl Config {
     /// Reads a TOML file; keys it does not set keep their defaults.
     pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|e| bad(&path.display().to_string(), e.to_string()))?;
-        Self::from_toml(&text)
+        let mut config = Self::from_toml(&text)?;
+        config.source = std::path::absolute(path).ok();
+        Ok(config)
     }
 
     pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
@@ -669,6 +700,14 @@ impl Config {
                 "factory.process.user_memory_mb",
                 "is smaller than the smallest action (limits.memory_min_mb)",
             ));
+        }
+        let fp = &self.factory.process;
+        let uid_end = u64::from(fp.uid_base) + u64::from(fp.uid_count);
+        if fp.uid_base < 1000 || fp.uid_count == 0 || uid_end > u64::from(u32::MAX) {
+            return Err(bad("factory.process.uid_base", "need uid_base >= 1000 and 0 < uid_count, within 32 bits"));
+        }
+        if fp.pids_max < 8 || fp.tmp_mb == 0 {
+            return Err(bad("factory.process.pids_max", "pids_max must be at least 8 and tmp_mb positive"));
         }
         for (kind, k) in &self.kinds {
             if k.command.is_empty() || !k.command.iter().any(|a| a.contains("{listen}")) {

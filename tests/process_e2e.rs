@@ -108,7 +108,11 @@ async fn a_dict_or_an_array_is_a_result_and_anything_else_one_developer_error_fo
 async fn warm_calls_reuse_one_process_over_either_transport() {
     for transport in ["unix", "tcp"] {
         let dir = tempdir();
-        let config = format!("[factory.process]\ntransport = \"{transport}\"\n");
+        // TCP reaches only a runtime on the host's network: the kind must opt in.
+        let config = format!(
+            "[factory.process]\ntransport = \"{transport}\"\n[kinds.\"python:3\"]\nnetwork = \"host\"\n\
+             command = [\"{{invoker}}\", \"action-runtime\", \"--listen\", \"{{listen}}\", \"--launcher\", \"python\"]\n"
+        );
         let inv = Invoker::start(dir.path(), &id(&format!("warm-{transport}")), &config);
         inv.put_action("pid", python(PID_ACTION)).await;
         let mut pids = Vec::new();
@@ -118,7 +122,17 @@ async fn warm_calls_reuse_one_process_over_either_transport() {
             pids.push(body["pid"].as_u64().unwrap());
         }
         assert!(pids.iter().all(|&p| p == pids[0]), "{transport}: {pids:?}");
+        let runtime = body_runtime(&inv).await;
+        let cmdline = std::fs::read(format!("/proc/{runtime}/cmdline")).unwrap_or_default();
+        let listens_on_tcp = String::from_utf8_lossy(&cmdline).contains("127.0.0.1:");
+        assert_eq!(listens_on_tcp, transport == "tcp", "{transport}: {}", String::from_utf8_lossy(&cmdline));
     }
+}
+
+/// The runtime process of the `pid` action's warm container.
+async fn body_runtime(inv: &Invoker) -> u64 {
+    let (_, body) = inv.invoke("pid", "blocking=true&result=true", json!({})).await;
+    body["runtime"].as_u64().unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread")]

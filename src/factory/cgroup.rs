@@ -1,6 +1,12 @@
-//! Memory limits for local processes with the cgroup memory controller, v2 or v1, whichever
-//! this machine lets us write. (`RLIMIT_AS` is no substitute: runtimes such as node reserve far
-//! more address space than they use.)
+//! Each local container's cgroups: its memory limit, its pids limit, and the freezer that lets
+//! removal kill every process in it, whatever the action did to escape its process group
+//! (setsid, a double fork). cgroup v2 or v1, whichever this machine lets us write. (`RLIMIT_AS`
+//! is no substitute for the memory limit: runtimes such as node reserve far more address space
+//! than they use.)
+//!
+//! The runtime joins the groups before it runs anything (the sandbox writes its own pid into
+//! each `cgroup.procs`), so every process of the container is in them from its first
+//! instruction; the groups' files are root's, so an action cannot move itself out.
 
 use crate::pool::core::ContainerId;
 use std::path::{Path, PathBuf};
@@ -13,29 +19,48 @@ enum Version {
 }
 
 #[derive(Debug)]
-pub struct MemoryCgroups {
-    /// This invoker's own group; each container gets a child group in it.
-    base: PathBuf,
+pub struct ContainerCgroups {
     version: Version,
+    /// This invoker's group in the memory hierarchy (v2: the unified one); each container gets
+    /// a child group in it.
+    memory: PathBuf,
+    /// v1 only: this invoker's group in the pids and freezer hierarchies, where mounted.
+    pids: Option<PathBuf>,
+    freezer: Option<PathBuf>,
 }
 
-impl MemoryCgroups {
-    /// Finds a writable memory controller and makes this invoker's group in it.
+/// How long removal waits for a container's processes to be gone.
+const KILL_WAIT: Duration = Duration::from_secs(5);
+
+impl ContainerCgroups {
+    /// Finds a writable memory controller (and, on v1, the pids and freezer hierarchies) and
+    /// makes this invoker's groups in them.
     pub fn detect(root: Option<&Path>, invoker_id: &str) -> Result<Self, String> {
         let group = format!("invoker-{invoker_id}");
         let mut tried = Vec::new();
-        for (version, parent) in candidates(root) {
+        for (version, parent) in candidates(root, "memory") {
             let base = parent.join(&group);
             match std::fs::create_dir_all(&base) {
                 Ok(()) if version == Version::V2 => {
-                    let _ = std::fs::write(base.join("cgroup.subtree_control"), "+memory");
+                    let _ = std::fs::write(base.join("cgroup.subtree_control"), "+memory +pids");
                     let enabled = std::fs::read_to_string(base.join("cgroup.subtree_control")).unwrap_or_default();
                     if enabled.contains("memory") {
-                        return Ok(MemoryCgroups { base, version });
+                        return Ok(ContainerCgroups { version, memory: base, pids: None, freezer: None });
                     }
                     tried.push(format!("{}: memory controller not delegated", base.display()));
                 }
-                Ok(()) => return Ok(MemoryCgroups { base, version }),
+                Ok(()) => {
+                    let other = |controller: &str| {
+                        candidates(None, controller).into_iter().filter(|(v, _)| *v == Version::V1).find_map(
+                            |(_, p)| {
+                                let dir = p.join(&group);
+                                std::fs::create_dir_all(&dir).ok().map(|_| dir)
+                            },
+                        )
+                    };
+                    let (pids, freezer) = if root.is_some() { (None, None) } else { (other("pids"), other("freezer")) };
+                    return Ok(ContainerCgroups { version, memory: base, pids, freezer });
+                }
                 Err(e) => tried.push(format!("{}: {e}", base.display())),
             }
         }
@@ -47,33 +72,53 @@ impl MemoryCgroups {
     }
 
     pub fn describe(&self) -> String {
-        let v = match self.version {
-            Version::V1 => "v1",
-            Version::V2 => "v2",
-        };
-        format!("the cgroup {v} memory controller under {}", self.base.display())
+        match self.version {
+            Version::V1 => format!(
+                "cgroup v1 (memory under {}, pids {}, freezer {})",
+                self.memory.display(),
+                self.pids.as_deref().map_or("not mounted".into(), |p| p.display().to_string()),
+                self.freezer.as_deref().map_or("not mounted".into(), |p| p.display().to_string()),
+            ),
+            Version::V2 => format!("cgroup v2 (memory and pids under {})", self.memory.display()),
+        }
     }
 
-    fn dir(&self, id: ContainerId) -> PathBuf {
-        self.base.join(format!("c{}", id.0))
+    fn name(id: ContainerId) -> String {
+        format!("c{}", id.0)
     }
 
-    /// Puts `pid` (and so everything it spawns) under a limit of `memory_mb`, without swap.
-    pub fn confine(&self, id: ContainerId, memory_mb: u32, pid: u32) -> std::io::Result<()> {
-        let dir = self.dir(id);
-        std::fs::create_dir_all(&dir)?;
+    /// The container's groups, memory first (where its processes are listed).
+    fn dirs(&self, name: &str) -> Vec<PathBuf> {
+        let mut dirs = vec![self.memory.join(name)];
+        dirs.extend([&self.pids, &self.freezer].into_iter().flatten().map(|base| base.join(name)));
+        dirs
+    }
+
+    /// Makes the container's groups with a limit of `memory_mb` (without swap) and `pids_max`
+    /// processes; returns the `cgroup.procs` files its first process must write its pid into.
+    pub fn create(&self, id: ContainerId, memory_mb: u32, pids_max: u32) -> std::io::Result<Vec<PathBuf>> {
+        let name = Self::name(id);
+        let dirs = self.dirs(&name);
+        for dir in &dirs {
+            std::fs::create_dir_all(dir)?;
+        }
+        let memory = &dirs[0];
         let bytes = (u64::from(memory_mb) * 1024 * 1024).to_string();
         match self.version {
             Version::V2 => {
-                std::fs::write(dir.join("memory.max"), &bytes)?;
-                let _ = std::fs::write(dir.join("memory.swap.max"), "0");
+                std::fs::write(memory.join("memory.max"), &bytes)?;
+                let _ = std::fs::write(memory.join("memory.swap.max"), "0");
+                std::fs::write(memory.join("pids.max"), pids_max.to_string())?;
             }
             Version::V1 => {
-                std::fs::write(dir.join("memory.limit_in_bytes"), &bytes)?;
-                let _ = std::fs::write(dir.join("memory.memsw.limit_in_bytes"), &bytes);
+                std::fs::write(memory.join("memory.limit_in_bytes"), &bytes)?;
+                let _ = std::fs::write(memory.join("memory.memsw.limit_in_bytes"), &bytes);
+                if let Some(pids) = &self.pids {
+                    std::fs::write(pids.join(&name).join("pids.max"), pids_max.to_string())?;
+                }
             }
         }
-        std::fs::write(dir.join("cgroup.procs"), pid.to_string())
+        Ok(dirs.iter().map(|d| d.join("cgroup.procs")).collect())
     }
 
     pub fn oom_killed(&self, id: ContainerId) -> bool {
@@ -81,56 +126,130 @@ impl MemoryCgroups {
             Version::V2 => "memory.events",
             Version::V1 => "memory.oom_control",
         };
-        let text = std::fs::read_to_string(self.dir(id).join(file)).unwrap_or_default();
+        let text = std::fs::read_to_string(self.memory.join(Self::name(id)).join(file)).unwrap_or_default();
         text.lines().any(|l| l.strip_prefix("oom_kill ").and_then(|n| n.trim().parse::<u64>().ok()).unwrap_or(0) > 0)
     }
 
-    /// Removes a container's group once its processes are gone (the kernel refuses before).
-    pub async fn remove(&self, id: ContainerId) {
-        let dir = self.dir(id);
-        for _ in 0..50 {
-            if std::fs::remove_dir(&dir).is_ok() || !dir.exists() {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        tracing::warn!(dir = %dir.display(), "could not remove a container's cgroup");
+    /// Kills every process in the container's groups and removes them. Blocking (a few
+    /// milliseconds; up to `KILL_WAIT` for processes the kernel is slow to reap).
+    pub fn remove(&self, id: ContainerId) {
+        self.remove_named(&Self::name(id));
     }
 
-    /// Removes the groups an earlier run left (their processes were killed just before).
-    pub fn remove_all_blocking(&self) {
-        let Ok(entries) = std::fs::read_dir(&self.base) else { return };
-        for entry in entries.flatten().filter(|e| e.path().is_dir()) {
-            for _ in 0..50 {
-                if std::fs::remove_dir(entry.path()).is_ok() {
+    fn remove_named(&self, name: &str) {
+        let dirs = self.dirs(name);
+        if !dirs[0].exists() {
+            return;
+        }
+        kill_all(self.version, &dirs[0], self.freezer.as_ref().map(|f| f.join(name)).as_deref());
+        for dir in dirs.iter().rev() {
+            let deadline = std::time::Instant::now() + KILL_WAIT;
+            while dir.exists() && std::fs::remove_dir(dir).is_err() {
+                if std::time::Instant::now() >= deadline {
+                    tracing::warn!(dir = %dir.display(), "could not remove a container's cgroup");
                     break;
                 }
-                std::thread::sleep(Duration::from_millis(10));
+                std::thread::sleep(Duration::from_millis(5));
             }
         }
+    }
+
+    /// Kills what an earlier run left in its containers' groups, and removes them.
+    pub fn remove_all(&self) -> usize {
+        let Ok(entries) = std::fs::read_dir(&self.memory) else { return 0 };
+        let names: Vec<String> = entries
+            .flatten()
+            .filter(|e| e.path().is_dir())
+            .filter_map(|e| e.file_name().to_str().map(str::to_owned))
+            .filter(|n| n.starts_with('c'))
+            .collect();
+        for name in &names {
+            self.remove_named(name);
+        }
+        names.len()
+    }
+}
+
+fn procs(dir: &Path) -> Vec<i32> {
+    let text = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+    text.lines().filter_map(|l| l.trim().parse().ok()).collect()
+}
+
+/// Every process in the group, dead: v2's `cgroup.kill` where the kernel has it; otherwise
+/// freeze (no process can fork meanwhile), SIGKILL each, thaw so the kills are delivered.
+fn kill_all(version: Version, memory: &Path, freezer: Option<&Path>) {
+    let kill = |pids: &[i32]| {
+        for &pid in pids {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+        }
+    };
+    if version == Version::V2 && std::fs::write(memory.join("cgroup.kill"), "1").is_ok() {
+        wait_empty(memory);
+        return;
+    }
+    let (freeze_file, frozen, thawed) = match (version, freezer) {
+        (Version::V2, _) => (memory.join("cgroup.freeze"), "1", "0"),
+        (Version::V1, Some(f)) => (f.join("freezer.state"), "FROZEN", "THAWED"),
+        (Version::V1, None) => (PathBuf::new(), "", ""),
+    };
+    let froze = !frozen.is_empty() && std::fs::write(&freeze_file, frozen).is_ok();
+    if froze {
+        // v1 reports FREEZING until every task stopped; v2 sets `frozen 1` in cgroup.events.
+        let deadline = std::time::Instant::now() + Duration::from_millis(500);
+        while std::time::Instant::now() < deadline && !is_frozen(version, memory, &freeze_file) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    // Without a freezer, a forking process may add a child between the read and the kill:
+    // repeat (the pids limit bounds how many there can be).
+    for _ in 0..if froze { 1 } else { 64 } {
+        let pids = procs(memory);
+        if pids.is_empty() {
+            break;
+        }
+        kill(&pids);
+    }
+    if froze {
+        let _ = std::fs::write(&freeze_file, thawed);
+    }
+    wait_empty(memory);
+}
+
+fn is_frozen(version: Version, memory: &Path, freeze_file: &Path) -> bool {
+    match version {
+        Version::V1 => std::fs::read_to_string(freeze_file).is_ok_and(|s| s.trim() == "FROZEN"),
+        Version::V2 => std::fs::read_to_string(memory.join("cgroup.events")).is_ok_and(|s| s.contains("frozen 1")),
+    }
+}
+
+fn wait_empty(dir: &Path) {
+    let deadline = std::time::Instant::now() + KILL_WAIT;
+    while !procs(dir).is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(2));
     }
 }
 
 /// Where to try, best first: the configured root, then v2, then v1, each first under the
 /// group this process already runs in (a container or a systemd slice), then at the top.
-fn candidates(root: Option<&Path>) -> Vec<(Version, PathBuf)> {
+fn candidates(root: Option<&Path>, controller: &str) -> Vec<(Version, PathBuf)> {
     if let Some(root) = root {
         let version = if root.join("cgroup.controllers").exists() { Version::V2 } else { Version::V1 };
         return vec![(version, root.to_path_buf())];
     }
     let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let v1_mount = format!("/sys/fs/cgroup/{controller}");
     let mut out = Vec::new();
-    for (version, mount, controller) in [
-        (Version::V2, "/sys/fs/cgroup", ""),
-        (Version::V2, "/sys/fs/cgroup/unified", ""),
-        (Version::V1, "/sys/fs/cgroup/memory", "memory"),
-    ] {
+    for (version, mount) in
+        [(Version::V2, "/sys/fs/cgroup"), (Version::V2, "/sys/fs/cgroup/unified"), (Version::V1, v1_mount.as_str())]
+    {
         let mount = Path::new(mount);
         let usable = match version {
             Version::V2 => {
-                std::fs::read_to_string(mount.join("cgroup.controllers")).is_ok_and(|c| c.contains("memory"))
+                std::fs::read_to_string(mount.join("cgroup.controllers")).is_ok_and(|c| c.contains(controller))
             }
-            Version::V1 => mount.join("memory.limit_in_bytes").exists(),
+            // A v1 hierarchy is mounted at its controller's name (its root has no pids.max or
+            // freezer.state: only children do).
+            Version::V1 => mount.join("cgroup.procs").exists(),
         };
         if !usable {
             continue;
@@ -138,10 +257,9 @@ fn candidates(root: Option<&Path>) -> Vec<(Version, PathBuf)> {
         let own_path = own.lines().find_map(|l| {
             let mut parts = l.splitn(3, ':');
             let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
-            let matches = if controller.is_empty() {
-                controllers.is_empty()
-            } else {
-                controllers.split(',').any(|c| c == controller)
+            let matches = match version {
+                Version::V2 => controllers.is_empty(),
+                Version::V1 => controllers.split(',').any(|c| c == controller),
             };
             matches.then(|| path.trim_start_matches('/').to_string())
         });

@@ -9,7 +9,7 @@
 
 use super::logs::{LogBuffer, Stream};
 use super::{one_host_stats, ContainerHandle, ContainerSpec, Epoch, FactoryError, StatsReceiver, Transport};
-use crate::config::{Config, DockerFactoryConfig, DockerNetwork};
+use crate::config::{Config, DockerFactoryConfig, Network};
 use crate::pool::core::{ContainerId, NodeId, NodeStatsUpdate};
 use bollard::models::{ContainerCreateBody, HostConfig};
 use bollard::query_parameters::{CreateContainerOptions, ListContainersOptions, LogsOptions, RemoveContainerOptions};
@@ -83,7 +83,7 @@ impl DockerFactory {
         }
         let dir = std::path::absolute(config.data_dir.join("docker").join(&config.invoker_id))
             .map_err(|e| setup(format!("data_dir: {e}")))?;
-        if dc.network == DockerNetwork::None && dir.as_os_str().len() > 80 {
+        if dc.network == Network::None && dir.as_os_str().len() > 80 {
             return Err(setup(format!(
                 "factory.docker.network = \"none\" puts a unix socket under {} (too long for a socket \
                  path); use a shorter data_dir",
@@ -125,8 +125,8 @@ impl DockerFactory {
             self.inner.node,
             self.inner.capacity_mb,
             match self.inner.config.network {
-                DockerNetwork::None => "without",
-                DockerNetwork::Host => "on the host's",
+                Network::None => "without",
+                Network::Host => "on the host's",
             },
             self.inner.config.user
         )
@@ -150,12 +150,12 @@ impl DockerFactory {
         let _slot = inner.creates.acquire().await.map_err(|e| FactoryError::Create(e.to_string()))?;
         let dir = self.container_dir(spec.id);
         let (transport, listen) = match inner.config.network {
-            DockerNetwork::None => {
+            Network::None => {
                 prepare_dir(&dir, inner.owner).map_err(|e| FactoryError::Create(format!("{}: {e}", dir.display())))?;
                 let listen = format!("unix:{SOCKET_DIR}/runtime.sock");
                 (Transport::Unix(dir.join("runtime.sock")), listen)
             }
-            DockerNetwork::Host => {
+            Network::Host => {
                 let listener =
                     std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| FactoryError::Create(e.to_string()))?;
                 let addr = listener.local_addr().map_err(|e| FactoryError::Create(e.to_string()))?;
@@ -216,12 +216,12 @@ impl DockerFactory {
             security_opt: Some(vec!["no-new-privileges".into()]),
             cap_drop: Some(vec!["ALL".into()]),
             network_mode: Some(match c.network {
-                DockerNetwork::None => "none".into(),
-                DockerNetwork::Host => "host".into(),
+                Network::None => "none".into(),
+                Network::Host => "host".into(),
             }),
             ..Default::default()
         };
-        if c.network == DockerNetwork::None {
+        if c.network == Network::None {
             host.binds = Some(vec![format!("{}:{SOCKET_DIR}", dir.display())]);
         }
         let labels = HashMap::from([
@@ -236,7 +236,7 @@ impl DockerFactory {
             user: Some(c.user.clone()),
             labels: Some(labels),
             env: Some(vec![format!("INVOKER_ID={}", self.inner.invoker_id), "TMPDIR=/tmp".into()]),
-            network_disabled: Some(c.network == DockerNetwork::None),
+            network_disabled: Some(c.network == Network::None),
             host_config: Some(host),
             ..Default::default()
         }

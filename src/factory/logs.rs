@@ -62,6 +62,12 @@ impl LogBuffer {
         self.arrived.notify_waiters();
     }
 
+    /// The last line on stderr so far (why a runtime exited before it was ready).
+    pub fn last_stderr(&self) -> Option<String> {
+        let inner = self.lines.lock();
+        inner.lines.iter().rev().find(|(s, _)| *s == Stream::Stderr).map(|(_, l)| l.clone())
+    }
+
     /// The streams ended (the container is gone): collectors stop waiting.
     pub fn close(&self) {
         self.lines.lock().closed = true;

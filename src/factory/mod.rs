@@ -8,6 +8,8 @@ pub mod logs;
 pub mod mesos;
 pub mod mock;
 pub mod process;
+pub mod sandbox;
+mod uids;
 
 use crate::pool::core::{ContainerId, NodeId, NodeStatsUpdate, Time};
 use logs::LogBuffer;

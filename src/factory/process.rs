@@ -1,21 +1,27 @@
 //! The process factory, the embedded default: each container is a local process of the kind's
-//! runtime command on 127.0.0.1, in its own process group, with the action's memory limit
-//! enforced by the cgroup memory controller where one is writable.
+//! runtime command, started through `invoker sandbox` (see `sandbox.rs`): in its own cgroups
+//! (memory, pids, freezer), under a uid of its own, in its own root, mount, IPC and network
+//! namespaces, in its own process group.
 //!
-//! No orphans: destroy kills the process group; at shutdown every container is destroyed; and
-//! every live process is recorded in `data_dir/processes/<invoker_id>/`, so that a restart
-//! after SIGKILL kills what the earlier run of the same invoker left, and nothing else.
+//! No orphans: destroy kills every process in the container's cgroups (setsid and double
+//! forks included); at shutdown every container is destroyed; and every live container is
+//! recorded in `data_dir/processes/<invoker_id>/`, so that a restart after SIGKILL kills what
+//! the earlier run of the same invoker left (its cgroups, and the recorded process groups
+//! whose environment names this invoker), and nothing else.
 
-use super::cgroup::MemoryCgroups;
+use super::cgroup::ContainerCgroups;
 use super::logs::{LogBuffer, Stream};
+use super::sandbox::{resolve_interpreter, runnable_by_others, SandboxArgs, ACTION_PATH};
+use super::uids::{HeldUid, UidRange};
 use super::{one_host_stats, ContainerHandle, ContainerSpec, Epoch, FactoryError, StatsReceiver, Transport};
-use crate::config::{Config, KindConfig, TransportKind};
+use crate::config::{Config, KindConfig, Network, ProcessFactoryConfig, TransportKind};
 use crate::pool::core::{ContainerId, NodeId, NodeStatsUpdate};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt as _;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Arc;
@@ -35,13 +41,18 @@ pub struct ProcessFactory {
 struct Inner {
     invoker_id: String,
     node: NodeId,
-    user_memory_mb: u64,
-    ready_timeout: Duration,
-    transport: TransportKind,
+    settings: ProcessFactoryConfig,
     kinds: BTreeMap<String, KindConfig>,
     executable: PathBuf,
     pid_dir: PathBuf,
-    cgroups: Result<MemoryCgroups, String>,
+    cgroups: Result<ContainerCgroups, String>,
+    /// `Some` when containers are isolated (the default, as root).
+    uids: Option<UidRange>,
+    /// The environment every runtime gets besides its own variables (nothing of the invoker's:
+    /// a key in it would reach every action).
+    env: Vec<(String, String)>,
+    /// Hidden inside every container even where a directory it sees holds them.
+    masked: Vec<PathBuf>,
     epoch: Epoch,
     stats: watch::Sender<Vec<NodeStatsUpdate>>,
     live: Mutex<HashMap<ContainerId, Live>>,
@@ -51,42 +62,90 @@ struct Live {
     pgid: Pid,
     memory_mb: u32,
     child: Option<Child>,
+    /// Given back once every process of the container is gone.
+    _uid: Option<HeldUid>,
+}
+
+fn setup_error(reason: String) -> FactoryError {
+    FactoryError::Operation { op: "process factory setup", reason }
 }
 
 impl ProcessFactory {
     /// Sets up the factory and kills what an earlier run of this invoker left behind.
     pub fn new(config: &Config, epoch: Epoch) -> Result<Self, FactoryError> {
-        let setup = |reason: String| FactoryError::Operation { op: "process factory setup", reason };
+        let settings = config.factory.process.clone();
         let pid_dir = config.data_dir.join("processes").join(&config.invoker_id);
-        let pid_dir = std::path::absolute(&pid_dir).map_err(|e| setup(format!("{}: {e}", pid_dir.display())))?;
-        // A socket path must fit in sun_path (108 bytes) with the container id appended.
-        if config.factory.process.transport == TransportKind::Unix && pid_dir.as_os_str().len() > 80 {
-            return Err(setup(format!(
-                "factory.process.transport = \"unix\" needs data_dir shorter than 80 bytes with the \
-                 process directory ({} is too long); use a shorter data_dir or transport = \"tcp\"",
+        let pid_dir = std::path::absolute(&pid_dir).map_err(|e| setup_error(format!("{}: {e}", pid_dir.display())))?;
+        // A socket path must fit in sun_path (108 bytes) with `/<container id>/sock` appended.
+        if pid_dir.as_os_str().len() > 80 {
+            return Err(setup_error(format!(
+                "the process directory {} is longer than 80 bytes, too long for the runtimes' unix \
+                 sockets; use a shorter data_dir",
                 pid_dir.display()
             )));
         }
-        std::fs::create_dir_all(&pid_dir).map_err(|e| setup(format!("{}: {e}", pid_dir.display())))?;
-        let executable = std::env::current_exe().map_err(|e| setup(e.to_string()))?;
-        let cgroups = MemoryCgroups::detect(config.factory.process.cgroup_root.as_deref(), &config.invoker_id);
-        if config.factory.process.require_memory_limit {
+        for dir in [pid_dir.parent().unwrap_or(&pid_dir), &pid_dir] {
+            std::fs::create_dir_all(dir).map_err(|e| setup_error(format!("{}: {e}", dir.display())))?;
+            let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
+        }
+        let executable = std::env::current_exe().map_err(|e| setup_error(e.to_string()))?;
+        let cgroups = ContainerCgroups::detect(settings.cgroup_root.as_deref(), &config.invoker_id);
+        if settings.require_memory_limit {
             if let Err(reason) = &cgroups {
-                return Err(setup(format!("factory.process.require_memory_limit is set, but {reason}")));
+                return Err(setup_error(format!("factory.process.require_memory_limit is set, but {reason}")));
             }
         }
+        let uids = if settings.unprivileged {
+            if !nix::unistd::geteuid().is_root() {
+                return Err(setup_error(
+                    "the process factory isolates each container (a uid of its own, its own root and \
+                     network), which needs root; run the invoker as root, or set [factory.process] \
+                     unprivileged = false to run actions as this user without isolation"
+                        .into(),
+                ));
+            }
+            if !runnable_by_others(&executable) {
+                return Err(setup_error(format!(
+                    "{} must be executable by other users (a container's uid runs it): move it out of a \
+                     private directory, or set [factory.process] unprivileged = false",
+                    executable.display()
+                )));
+            }
+            Some(UidRange::new(settings.uid_base, settings.uid_count).map_err(|e| setup_error(e.to_string()))?)
+        } else {
+            tracing::warn!(
+                "[factory.process] unprivileged = false: actions run as the invoker's own user, in the \
+                 invoker's filesystem and network; any action can read the config, the store and \
+                 other actions' code"
+            );
+            None
+        };
+        let env = runtime_env(&config.kinds, uids.is_some())?;
+        if settings.transport == TransportKind::Tcp {
+            let own: Vec<&str> =
+                config.kinds.iter().filter(|(_, k)| k.network == Network::None).map(|(n, _)| n.as_str()).collect();
+            if !own.is_empty() {
+                tracing::info!(
+                    kinds = own.join(", "),
+                    "factory.process.transport = \"tcp\" applies to kinds with network = \"host\" only: \
+                     these kinds have their own network namespace and are reached on a unix socket"
+                );
+            }
+        }
+        let masked = config.source.iter().cloned().chain(std::path::absolute(&config.data_dir).ok()).collect();
         let (stats, _) = watch::channel(Vec::new());
         let factory = ProcessFactory {
             inner: Arc::new(Inner {
                 invoker_id: config.invoker_id.clone(),
                 node: NodeId::new("local"),
-                user_memory_mb: config.factory.process.user_memory_mb,
-                ready_timeout: config.factory.process.ready_timeout,
-                transport: config.factory.process.transport,
+                settings,
                 kinds: config.kinds.clone(),
                 executable,
                 pid_dir,
                 cgroups,
+                uids,
+                env,
+                masked,
                 epoch,
                 stats,
                 live: Mutex::new(HashMap::new()),
@@ -98,9 +157,14 @@ impl ProcessFactory {
     }
 
     pub fn describe(&self) -> String {
+        let isolation = if self.inner.uids.is_some() {
+            "each container under its own uid, root, mount, IPC and network namespaces"
+        } else {
+            "containers NOT isolated (unprivileged = false)"
+        };
         match &self.inner.cgroups {
-            Ok(cg) => format!("process factory: action memory limits enforced with {}", cg.describe()),
-            Err(reason) => format!("process factory: action memory limits NOT enforced: {reason}"),
+            Ok(cg) => format!("process factory: {isolation}; limits enforced with {}", cg.describe()),
+            Err(reason) => format!("process factory: {isolation}; memory and pids limits NOT enforced: {reason}"),
         }
     }
 
@@ -113,59 +177,100 @@ impl ProcessFactory {
         let inner = &self.inner;
         let live = inner.live.lock();
         let limits = live.values().map(|l| l.memory_mb);
-        inner.stats.send_replace(one_host_stats(&inner.node, inner.user_memory_mb, limits, inner.epoch.now()));
+        let capacity = inner.settings.user_memory_mb;
+        inner.stats.send_replace(one_host_stats(&inner.node, capacity, limits, inner.epoch.now()));
     }
 
     pub async fn create(&self, spec: &ContainerSpec, node: &NodeId) -> Result<ContainerHandle, FactoryError> {
-        let kind = self.inner.kinds.get(&spec.kind).ok_or_else(|| FactoryError::UnknownKind(spec.kind.clone()))?;
-        let (transport, listen) = match self.inner.transport {
-            TransportKind::Tcp => {
+        let inner = &self.inner;
+        let kind = inner.kinds.get(&spec.kind).ok_or_else(|| FactoryError::UnknownKind(spec.kind.clone()))?;
+        let uid = match &inner.uids {
+            Some(range) => Some(range.take().map_err(FactoryError::Create)?),
+            None => None,
+        };
+        let dir = self.dir(spec.id);
+        let create_err = |what: &str, e: std::io::Error| FactoryError::Create(format!("{what}: {e}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).map_err(|e| create_err("container directory", e))?;
+        if let Some(held) = &uid {
+            let id = Some(nix::unistd::Uid::from_raw(held.uid));
+            nix::unistd::chown(&dir, id, Some(nix::unistd::Gid::from_raw(held.uid)))
+                .map_err(|e| FactoryError::Create(format!("container directory: {e}")))?;
+            std::fs::create_dir(self.root(spec.id)).map_err(|e| create_err("container root", e))?;
+        }
+        let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700));
+        let (transport, listen) = match (kind.network, inner.settings.transport) {
+            (Network::Host, TransportKind::Tcp) => {
                 let addr = free_port()?;
                 (Transport::Tcp(addr), crate::runtime::Listen::Tcp(addr).to_string())
             }
-            TransportKind::Unix => {
-                let path = self.socket(spec.id);
-                let _ = std::fs::remove_file(&path);
-                let listen = crate::runtime::Listen::Unix(path.clone()).to_string();
-                (Transport::Unix(path), listen)
+            _ => {
+                let path = dir.join("sock");
+                (Transport::Unix(path.clone()), crate::runtime::Listen::Unix(path).to_string())
             }
         };
-        let args = kind.command_for(&self.inner.executable, &listen);
-        let mut cmd = Command::new(&args[0]);
-        cmd.args(&args[1..])
-            .env("INVOKER_ID", &self.inner.invoker_id)
+        let cgroup_procs = match &inner.cgroups {
+            Ok(cg) => cg
+                .create(spec.id, spec.memory_mb, inner.settings.pids_max)
+                .map_err(|e| FactoryError::Create(format!("cgroups: {e}")))?,
+            Err(_) => Vec::new(),
+        };
+        let sandbox = SandboxArgs {
+            cgroup_procs,
+            isolate: uid.is_some(),
+            uid: uid.as_ref().map_or(0, |u| u.uid),
+            host_network: kind.network == Network::Host,
+            root: Some(self.root(spec.id)),
+            dir: Some(dir.clone()),
+            bind_files: vec![inner.executable.clone()],
+            mask: inner.masked.clone(),
+            tmp_mb: inner.settings.tmp_mb,
+            command: kind.command_for(&inner.executable, &listen).into_iter().map(Into::into).collect(),
+        };
+        let mut cmd = Command::new(&inner.executable);
+        cmd.arg("sandbox")
+            .args(sandbox.to_args())
+            .env_clear()
+            .envs(inner.env.iter().map(|(k, v)| (k, v)))
+            .env("INVOKER_ID", &inner.invoker_id)
             .env("INVOKER_CONTAINER", spec.id.0.to_string())
             .env("INVOKER_PARENT_PID", std::process::id().to_string())
-            .env("INVOKER_WORK_DIR", self.work_dir(spec.id))
+            .env("INVOKER_WORK_DIR", dir.join("work"))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0)
             .kill_on_drop(true);
-        let mut child = cmd.spawn().map_err(|e| FactoryError::Create(format!("{}: {e}", args[0])))?;
+        let mut child = match cmd.spawn() {
+            Ok(child) => child,
+            Err(e) => {
+                self.remove_files(spec.id).await;
+                return Err(FactoryError::Create(format!("{}: {e}", inner.executable.display())));
+            }
+        };
         let pid = child.id().ok_or_else(|| FactoryError::Create("the runtime exited at once".into()))?;
         let pgid = Pid::from_raw(pid as i32);
         let _ = std::fs::write(self.pid_file(spec.id), format!("{pid}\n"));
         let logs = Arc::new(LogBuffer::default());
         spawn_reader(child.stdout.take(), Stream::Stdout, logs.clone());
         spawn_reader(child.stderr.take(), Stream::Stderr, logs.clone());
-        self.inner.live.lock().insert(spec.id, Live { pgid, memory_mb: spec.memory_mb, child: None });
+        inner.live.lock().insert(spec.id, Live { pgid, memory_mb: spec.memory_mb, child: None, _uid: uid });
         self.observe();
 
-        if let Ok(cg) = &self.inner.cgroups {
-            if let Err(e) = cg.confine(spec.id, spec.memory_mb, pid) {
-                self.kill(spec.id, Some(child)).await;
-                return Err(FactoryError::Create(format!("memory limit: {e}")));
-            }
-        }
-        if let Err(e) = wait_ready(&mut child, &transport, self.inner.ready_timeout).await {
+        if let Err(e) = wait_ready(&mut child, &transport, inner.settings.ready_timeout).await {
             self.kill(spec.id, Some(child)).await;
-            return Err(e);
+            // The sandbox says on stderr which step failed.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let said = logs.last_stderr();
+            return Err(match (e, said) {
+                (FactoryError::Create(reason), Some(line)) => FactoryError::Create(format!("{reason}: {line}")),
+                (e, _) => e,
+            });
         }
-        if let Some(live) = self.inner.live.lock().get_mut(&spec.id) {
+        if let Some(live) = inner.live.lock().get_mut(&spec.id) {
             live.child = Some(child);
         }
-        let ready_at = self.inner.epoch.now();
+        let ready_at = inner.epoch.now();
         self.observe();
         Ok(ContainerHandle { id: spec.id, node: node.clone(), transport, logs, ready_at })
     }
@@ -202,46 +307,66 @@ impl ProcessFactory {
         killpg(pgid, signal).map_err(|e| FactoryError::Operation { op, reason: e.to_string() })
     }
 
+    /// Kills the container's process group, then every process left in its cgroups (what left
+    /// the group), then removes its files; its uid goes back last.
     async fn kill(&self, id: ContainerId, child: Option<Child>) {
         let live = self.inner.live.lock().remove(&id);
         if let Some(live) = &live {
             let _ = killpg(live.pgid, Signal::SIGKILL);
         }
-        if let Some(mut child) = child.or(live.and_then(|l| l.child)) {
+        let (child, uid) = match live {
+            Some(live) => (child.or(live.child), live._uid),
+            None => (child, None),
+        };
+        if let Some(mut child) = child {
             let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
         }
-        if let Ok(cg) = &self.inner.cgroups {
-            cg.remove(id).await;
+        if self.inner.cgroups.is_ok() {
+            let inner = self.inner.clone();
+            let _ = tokio::task::spawn_blocking(move || {
+                if let Ok(cg) = &inner.cgroups {
+                    cg.remove(id);
+                }
+            })
+            .await;
         }
-        let _ = std::fs::remove_file(self.pid_file(id));
-        let _ = std::fs::remove_file(self.socket(id));
-        let _ = tokio::fs::remove_dir_all(self.work_dir(id)).await;
+        self.remove_files(id).await;
+        drop(uid);
         self.observe();
     }
 
-    /// Where the container's runtime writes the action's code.
-    fn work_dir(&self, id: ContainerId) -> PathBuf {
-        self.inner.pid_dir.join(format!("{}.work", id.0))
+    async fn remove_files(&self, id: ContainerId) {
+        let _ = std::fs::remove_file(self.pid_file(id));
+        let _ = std::fs::remove_dir(self.root(id));
+        let _ = tokio::fs::remove_dir_all(self.dir(id)).await;
     }
 
-    fn socket(&self, id: ContainerId) -> PathBuf {
-        self.inner.pid_dir.join(format!("{}.sock", id.0))
+    /// The container's own directory (its socket and work dir), owned by its uid, 0700.
+    fn dir(&self, id: ContainerId) -> PathBuf {
+        self.inner.pid_dir.join(id.0.to_string())
+    }
+
+    /// Where the sandbox builds the container's root (an empty directory on the host).
+    fn root(&self, id: ContainerId) -> PathBuf {
+        self.inner.pid_dir.join(format!("{}.root", id.0))
     }
 
     fn pid_file(&self, id: ContainerId) -> PathBuf {
         self.inner.pid_dir.join(format!("{}.pid", id.0))
     }
 
-    /// Kills the process groups an earlier run of this invoker recorded, if they are still its
-    /// own (the environment names this invoker), then forgets them.
+    /// Kills what an earlier run of this invoker left: every process in its containers'
+    /// cgroups, and the process groups it recorded if they are still its own (the environment
+    /// names this invoker); then forgets them.
     fn clean_up_earlier_run(&self) {
         let Ok(entries) = std::fs::read_dir(&self.inner.pid_dir) else { return };
         let marker = format!("INVOKER_ID={}", self.inner.invoker_id);
         let mut killed = 0;
+        let mut dirs = Vec::new();
         for entry in entries.flatten() {
             let path = entry.path();
             if path.is_dir() {
-                let _ = std::fs::remove_dir_all(&path);
+                dirs.push(path);
                 continue;
             }
             let pid = std::fs::read_to_string(&path).ok().and_then(|s| s.trim().parse::<i32>().ok());
@@ -255,12 +380,38 @@ impl ProcessFactory {
             let _ = std::fs::remove_file(&path);
         }
         if let Ok(cg) = &self.inner.cgroups {
-            cg.remove_all_blocking();
+            killed += cg.remove_all();
+        }
+        for dir in dirs {
+            let _ = std::fs::remove_dir_all(&dir);
         }
         if killed > 0 {
             tracing::info!(killed, "removed runtime processes left by an earlier run of this invoker");
         }
     }
+}
+
+/// The environment of every runtime: a system `PATH`, and the interpreters the built-in
+/// launchers run, resolved now to paths a container's uid can execute (isolated) or as found.
+fn runtime_env(kinds: &BTreeMap<String, KindConfig>, isolated: bool) -> Result<Vec<(String, String)>, FactoryError> {
+    let path = if isolated { ACTION_PATH.to_string() } else { std::env::var("PATH").unwrap_or_default() };
+    let mut env = vec![("PATH".to_string(), path), ("HOME".into(), "/tmp".into()), ("LANG".into(), "C.UTF-8".into())];
+    if let Ok(sched) = std::env::var("INVOKER_ACTION_SCHED") {
+        env.push(("INVOKER_ACTION_SCHED".into(), sched));
+    }
+    for (launcher, program, variable) in [("python", "python3", "INVOKER_PYTHON"), ("nodejs", "node", "INVOKER_NODE")] {
+        let used = kinds.values().any(|k| k.command.windows(2).any(|w| w[0] == "--launcher" && w[1] == launcher));
+        if !used {
+            continue;
+        }
+        let found = if isolated { resolve_interpreter(program).map_err(setup_error)? } else { None };
+        match found {
+            Some(path) => env.push((variable.into(), path.display().to_string())),
+            None if isolated => tracing::warn!("{program} is not installed: actions of the {launcher} kinds will fail"),
+            None => {}
+        }
+    }
+    Ok(env)
 }
 
 fn free_port() -> Result<SocketAddr, FactoryError> {

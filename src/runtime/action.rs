@@ -175,7 +175,7 @@ fn write_action(launcher: Launcher, work: &Path, spec: &InitSpec) -> Result<Vec<
                 std::fs::write(path("__main__.py"), text()?).map_err(|e| io("__main__.py", e))?;
             }
             std::fs::write(path(".launcher.py"), super::launchers::PYTHON).map_err(|e| io("launcher", e))?;
-            Ok(vec!["python3".into(), "-u".into(), ".launcher.py".into(), spec.main.clone()])
+            Ok(vec![interpreter("INVOKER_PYTHON", "python3"), "-u".into(), ".launcher.py".into(), spec.main.clone()])
         }
         Launcher::Nodejs => {
             if spec.binary {
@@ -185,7 +185,7 @@ fn write_action(launcher: Launcher, work: &Path, spec: &InitSpec) -> Result<Vec<
             }
             std::fs::write(path("index.js"), text()?).map_err(|e| io("index.js", e))?;
             std::fs::write(path(".launcher.js"), super::launchers::NODEJS).map_err(|e| io("launcher", e))?;
-            Ok(vec!["node".into(), ".launcher.js".into(), spec.main.clone()])
+            Ok(vec![interpreter("INVOKER_NODE", "node"), ".launcher.js".into(), spec.main.clone()])
         }
         Launcher::Native => {
             let exec = path("exec");
@@ -197,11 +197,17 @@ fn write_action(launcher: Launcher, work: &Path, spec: &InitSpec) -> Result<Vec<
     }
 }
 
+/// The interpreter the invoker resolved at start (an absolute path a container's uid can run),
+/// or the name on `PATH` when the runtime was started otherwise.
+fn interpreter(variable: &str, name: &str) -> String {
+    std::env::var(variable).unwrap_or_else(|_| name.to_string())
+}
+
 /// Extracts a python zip action with python's own zipfile (no zip crate for one rare path).
 fn extract_zip(bytes: &[u8], work: &Path) -> Result<(), ActionError> {
     let zip = work.join(".action.zip");
     std::fs::write(&zip, bytes).map_err(|e| ActionError::Init(format!("action.zip: {e}")))?;
-    let status = std::process::Command::new("python3")
+    let status = std::process::Command::new(interpreter("INVOKER_PYTHON", "python3"))
         .args(["-c", "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])"])
         .arg(&zip)
         .arg(work)

@@ -1,0 +1,72 @@
+//! The uids local containers run as: one per live container, from a configured range, never
+//! given out while any process of it lives, on this machine, whichever invoker asks.
+//!
+//! A uid is taken with an exclusive `flock` on its file under `LOCK_DIR` (released by the
+//! kernel when the holder dies, so a crashed invoker's uids come back) and only when no process
+//! on the machine runs as it (one left by a crashed invoker, still running until the restart
+//! kills its cgroup).
+
+use nix::fcntl::{Flock, FlockArg};
+use std::os::unix::fs::MetadataExt as _;
+use std::path::PathBuf;
+
+const LOCK_DIR: &str = "/run/invoker-uids";
+
+/// A uid held for one container; dropping it gives it back.
+#[derive(Debug)]
+pub struct HeldUid {
+    pub uid: u32,
+    _lock: Flock<std::fs::File>,
+}
+
+#[derive(Debug)]
+pub struct UidRange {
+    base: u32,
+    count: u32,
+    /// Where the next search starts: uids are handed out round the range, so a freed one is
+    /// the last to be reused.
+    next: parking_lot::Mutex<u32>,
+    dir: PathBuf,
+}
+
+impl UidRange {
+    pub fn new(base: u32, count: u32) -> std::io::Result<Self> {
+        let dir = PathBuf::from(LOCK_DIR);
+        std::fs::create_dir_all(&dir)?;
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
+        Ok(UidRange { base, count, next: parking_lot::Mutex::new(0), dir })
+    }
+
+    /// A uid no other container and no process holds.
+    pub fn take(&self) -> Result<HeldUid, String> {
+        let running = uids_running();
+        let mut next = self.next.lock();
+        for step in 0..self.count {
+            let offset = (*next + step) % self.count;
+            let uid = self.base + offset;
+            if running.contains(&uid) {
+                continue;
+            }
+            let path = self.dir.join(uid.to_string());
+            let Ok(file) = std::fs::File::options().create(true).truncate(false).write(true).open(&path) else {
+                continue;
+            };
+            if let Ok(lock) = Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+                *next = (offset + 1) % self.count;
+                return Ok(HeldUid { uid, _lock: lock });
+            }
+        }
+        Err(format!("every uid of {}..{} is in use", self.base, u64::from(self.base) + u64::from(self.count)))
+    }
+}
+
+/// The uids of every process on the machine (the owner of its `/proc` entry).
+fn uids_running() -> std::collections::HashSet<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Default::default() };
+    entries
+        .flatten()
+        .filter(|e| e.file_name().to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit())))
+        .filter_map(|e| e.metadata().ok().map(|m| m.uid()))
+        .collect()
+}
