@@ -217,13 +217,26 @@ fn io(what: impl std::fmt::Display, e: impl std::fmt::Display) -> std::io::Error
     std::io::Error::other(format!("{what}: {e}"))
 }
 
+/// The directories down to `dir`, those that are missing made 0711: the way to a bound path
+/// can be walked but not listed (it would name the invoker's and other containers' paths).
+fn create_dirs(dir: &Path) -> std::io::Result<()> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    if let Some(parent) = dir.parent() {
+        create_dirs(parent)?;
+    }
+    std::fs::create_dir(dir).map_err(|e| io(dir.display(), e))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711)).map_err(|e| io(dir.display(), e))
+}
+
 /// An empty file or directory at `target` to mount `source` on.
 fn mount_point(source: &Path, target: &Path) -> std::io::Result<()> {
     if source.is_dir() {
-        std::fs::create_dir_all(target).map_err(|e| io(target.display(), e))
+        create_dirs(target)
     } else {
         if let Some(parent) = target.parent() {
-            std::fs::create_dir_all(parent).map_err(|e| io(parent.display(), e))?;
+            create_dirs(parent)?;
         }
         std::fs::write(target, b"").map_err(|e| io(target.display(), e))
     }
