@@ -321,3 +321,44 @@ async fn a_tenant_key_reads_no_other_namespace_and_no_admin_route() {
     let (status, pool) = inv.get_url("/v1/pool").await;
     assert!(status == 200 && pool.to_string().contains("secret"), "the admin key sees the pool: {pool}");
 }
+
+/// Started by a user that is not root, the invoker refuses the isolated process factory with a
+/// message naming the setting, and runs with `unprivileged = false` (warning that actions are
+/// not isolated).
+#[test]
+fn without_root_the_process_factory_needs_an_explicit_unprivileged_false() {
+    if !root_or_skip() {
+        return;
+    }
+    use std::io::{BufRead, BufReader};
+    use std::os::unix::process::CommandExt as _;
+    let dir = tempfile::Builder::new().prefix("invoker-iso-").tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let start = |extra: &str| {
+        let config = dir.path().join(format!("c{}.toml", extra.len()));
+        std::fs::write(&config, format!("invoker_id = \"iso-nobody-{}\"\n{extra}", std::process::id())).unwrap();
+        std::process::Command::new(env!("CARGO_BIN_EXE_invoker"))
+            .arg("--config")
+            .arg(&config)
+            .args(["--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(dir.path().join("data"))
+            .uid(65534)
+            .gid(65534)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let refused = start("").wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{said}");
+    assert!(said.contains("unprivileged = false"), "{said}");
+    let mut relaxed = start("[factory.process]\nunprivileged = false\n");
+    let stdout = BufReader::new(relaxed.stdout.take().unwrap());
+    let listening = stdout.lines().map_while(Result::ok).any(|l| l.starts_with("listening on "));
+    let _ = relaxed.kill();
+    let output = relaxed.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert!(listening, "{said}");
+    assert!(said.contains("without isolation") || said.contains("NOT isolated"), "{said}");
+}
