@@ -33,9 +33,13 @@ struct Args {
     /// Cold starts measured each way (the median is reported).
     #[arg(long, default_value_t = 5)]
     cold: usize,
-    /// Also measure resident memory with 1,000 idle containers (mock factory).
+    /// Also measure resident memory with 1,000 idle containers (mock factory), and an invoker's
+    /// resident memory along 100,000 warm activations.
     #[arg(long)]
     memory: bool,
+    /// Measure only the resident-memory curve along 100,000 warm activations.
+    #[arg(long)]
+    rss_curve_only: bool,
     /// Also measure an invoker on the Docker factory, on the engine at this socket (with the
     /// images `scripts/build-images.sh` builds).
     #[arg(long)]
@@ -122,6 +126,13 @@ async fn main() -> anyhow::Result<()> {
     let slice = Duration::from_secs_f64(args.slice);
     let k = args.k.max(1);
     let http = reqwest::Client::builder().pool_max_idle_per_host(256).tcp_nodelay(true).build()?;
+    if args.rss_curve_only {
+        let curve = rss_curve(&exe, &http).await?;
+        let memory: serde_json::Map<String, Value> =
+            curve.iter().map(|(count, kb)| (format!("rss_kb_{}k", count / 1000), json!(kb))).collect();
+        println!("{}", Value::Object(memory));
+        return Ok(());
+    }
 
     let mut sides = vec![Side::start("bench", &exe, "[proxy]\npause_grace = \"0s\"\n", &http, k).await?];
     let idle_rss_kb = {
@@ -211,6 +222,11 @@ async fn main() -> anyhow::Result<()> {
         let kb = thousand_idle_containers(&exe).await?;
         eprintln!("memory  invoker with 1,000 idle containers (mock factory, its runtimes in-process) {kb} kB");
         memory["thousand_idle_rss_kb"] = json!(kb);
+        let curve = rss_curve(&exe, &http).await?;
+        for (count, kb) in &curve {
+            eprintln!("memory  invoker after {count} warm activations (c={RSS_CONCURRENCY}): {kb} kB");
+            memory[format!("rss_kb_{}k", count / 1000)] = json!(kb);
+        }
     }
 
     let mut last = runs.last().cloned().unwrap_or(Value::Null);
@@ -225,6 +241,37 @@ async fn main() -> anyhow::Result<()> {
     }
     println!("{last}");
     Ok(())
+}
+
+/// Concurrency of the resident-memory curve (the tenant probe's load).
+const RSS_CONCURRENCY: usize = 32;
+
+/// A fresh invoker's resident memory after 2k, 10k, 30k, 100k and 300k blocking activations of one
+/// warm action: whether it levels off or keeps growing.
+async fn rss_curve(exe: &Path, http: &reqwest::Client) -> anyhow::Result<Vec<(u64, u64)>> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let inv = Invoker::start(exe, "rss", "[proxy]\npause_grace = \"0s\"\n")?;
+    put_action(http, &inv.base, "noop").await?;
+    let url = Arc::new(inv.url("noop", "blocking=true&result=true"));
+    let done = Arc::new(AtomicU64::new(0));
+    let mut curve = Vec::new();
+    for target in [2_000u64, 10_000, 30_000, 100_000, 300_000] {
+        let workers = (0..RSS_CONCURRENCY).map(|_| {
+            let (http, url, done) = (http.clone(), url.clone(), done.clone());
+            tokio::spawn(async move {
+                while done.fetch_add(1, Ordering::Relaxed) < target {
+                    invoke(&http, &url, json!({})).await?;
+                }
+                anyhow::Ok(())
+            })
+        });
+        for worker in futures_util::future::join_all(workers).await {
+            worker??;
+        }
+        done.store(target, Ordering::Relaxed);
+        curve.push((target, inv.rss_kb()));
+    }
+    Ok(curve)
 }
 
 /// The invoker's resident memory tracking 1,000 idle warm containers of 1,000 actions. The mock
