@@ -3,9 +3,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# The system's own interpreters: an isolated container's uid runs /usr/bin/python3, not a shim
+# under a private home (pyenv, nvm).
 need=()
-command -v python3 >/dev/null 2>&1 || need+=(python3)
-command -v node >/dev/null 2>&1 || need+=(nodejs)
+[ -x /usr/bin/python3 ] || need+=(python3)
+[ -x /usr/bin/node ] || need+=(nodejs)
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing ${need[*]} for the action kinds' tests"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
