@@ -37,6 +37,10 @@ struct Args {
     /// resident memory along 100,000 warm activations.
     #[arg(long)]
     memory: bool,
+    /// TOML appended to the measured invoker's configuration (an A/B of one setting, e.g.
+    /// `[factory.process]\nunprivileged = false`).
+    #[arg(long, default_value = "")]
+    invoker_config: String,
     /// Measure only the resident-memory curve along 100,000 warm activations.
     #[arg(long)]
     rss_curve_only: bool,
@@ -134,7 +138,8 @@ async fn main() -> anyhow::Result<()> {
         return Ok(());
     }
 
-    let mut sides = vec![Side::start("bench", &exe, "[proxy]\npause_grace = \"0s\"\n", &http, k).await?];
+    let config = format!("[proxy]\npause_grace = \"0s\"\n{}", args.invoker_config);
+    let mut sides = vec![Side::start("bench", &exe, &config, &http, k).await?];
     let idle_rss_kb = {
         let fresh = Invoker::start(&exe, "idle", "")?;
         fresh.rss_kb()
