@@ -334,10 +334,14 @@ fn without_root_the_process_factory_needs_an_explicit_unprivileged_false() {
     use std::os::unix::process::CommandExt as _;
     let dir = tempfile::Builder::new().prefix("invoker-iso-").tempdir().unwrap();
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    // A copy the other user can reach, wherever the build lies (a checkout under /root is not).
+    let binary = dir.path().join("invoker");
+    std::fs::copy(env!("CARGO_BIN_EXE_invoker"), &binary).unwrap();
+    std::fs::set_permissions(&binary, std::fs::Permissions::from_mode(0o755)).unwrap();
     let start = |extra: &str| {
         let config = dir.path().join(format!("c{}.toml", extra.len()));
         std::fs::write(&config, format!("invoker_id = \"iso-nobody-{}\"\n{extra}", std::process::id())).unwrap();
-        std::process::Command::new(env!("CARGO_BIN_EXE_invoker"))
+        std::process::Command::new(&binary)
             .arg("--config")
             .arg(&config)
             .args(["--listen", "127.0.0.1:0", "--data-dir"])

@@ -11,7 +11,7 @@
 
 use super::cgroup::ContainerCgroups;
 use super::logs::{LogBuffer, Stream};
-use super::sandbox::{resolve_interpreter, runnable_by_others, SandboxArgs, ACTION_PATH};
+use super::sandbox::{resolve_interpreter, SandboxArgs, ACTION_PATH};
 use super::uids::{HeldUid, UidRange};
 use super::{one_host_stats, ContainerHandle, ContainerSpec, Epoch, FactoryError, StatsReceiver, Transport};
 use crate::config::{Config, KindConfig, Network, ProcessFactoryConfig, TransportKind};
@@ -104,10 +104,13 @@ impl ProcessFactory {
                         .into(),
                 ));
             }
-            if !runnable_by_others(&executable) {
+            // Inside a container the binary is bound at its path under directories of the
+            // sandbox's own: only the file's own mode matters, not its host directories'.
+            let mode = std::fs::metadata(&executable).map(|m| m.permissions().mode()).unwrap_or(0);
+            if mode & 0o001 == 0 {
                 return Err(setup_error(format!(
-                    "{} must be executable by other users (a container's uid runs it): move it out of a \
-                     private directory, or set [factory.process] unprivileged = false",
+                    "{} must be executable by other users (a container's uid runs it): chmod o+x, or set \
+                     [factory.process] unprivileged = false",
                     executable.display()
                 )));
             }

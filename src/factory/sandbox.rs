@@ -377,7 +377,7 @@ pub fn resolve_interpreter(name: &str) -> Result<Option<PathBuf>, String> {
 }
 
 /// Executable by any user, through directories any user may search.
-pub fn runnable_by_others(path: &Path) -> bool {
+fn runnable_by_others(path: &Path) -> bool {
     let others_x = |p: &Path| std::fs::metadata(p).is_ok_and(|m| m.permissions().mode() & 0o001 != 0);
     others_x(path) && path.ancestors().skip(1).all(others_x)
 }
