@@ -366,3 +366,31 @@ fn without_root_the_process_factory_needs_an_explicit_unprivileged_false() {
     assert!(listening, "{said}");
     assert!(said.contains("without isolation") || said.contains("NOT isolated"), "{said}");
 }
+
+/// A root without `CAP_SYS_ADMIN` (a container, a seccomp profile) cannot make namespaces: the
+/// invoker says so at start, naming the step and the setting, instead of failing every
+/// activation later.
+#[test]
+fn a_machine_where_the_sandbox_cannot_work_is_refused_at_start() {
+    if !root_or_skip() {
+        return;
+    }
+    let dir = tempfile::Builder::new().prefix("invoker-iso-").tempdir().unwrap();
+    let config = dir.path().join("invoker.toml");
+    std::fs::write(&config, format!("invoker_id = \"iso-nocap-{}\"\n", std::process::id())).unwrap();
+    // setpriv (util-linux) drops the capability from the bounding set before executing it.
+    let output = std::process::Command::new("setpriv")
+        .args(["--bounding-set", "-sys_admin"])
+        .arg(env!("CARGO_BIN_EXE_invoker"))
+        .arg("--config")
+        .arg(&config)
+        .args(["--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .expect("setpriv from util-linux");
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{said}");
+    assert!(said.contains("sandbox does not work") && said.contains("unshare"), "{said}");
+    assert!(said.contains("unprivileged = false"), "{said}");
+}

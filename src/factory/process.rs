@@ -123,6 +123,9 @@ impl ProcessFactory {
             );
             None
         };
+        if let Some(range) = &uids {
+            probe_sandbox(&executable, &pid_dir, range)?;
+        }
         let env = runtime_env(&config.kinds, uids.is_some())?;
         if settings.transport == TransportKind::Tcp {
             let own: Vec<&str> =
@@ -392,6 +395,44 @@ impl ProcessFactory {
             tracing::info!(killed, "removed runtime processes left by an earlier run of this invoker");
         }
     }
+}
+
+/// Runs the sandbox once, around `invoker --version`, so that a machine where it cannot work
+/// (no mount or network namespaces: a container without `CAP_SYS_ADMIN`, a seccomp profile)
+/// is refused at start with the step that failed, rather than failing every activation.
+fn probe_sandbox(
+    executable: &std::path::Path,
+    pid_dir: &std::path::Path,
+    range: &UidRange,
+) -> Result<(), FactoryError> {
+    let held = range.take().map_err(setup_error)?;
+    let (dir, root) = (pid_dir.join("probe"), pid_dir.join("probe.root"));
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir(&root);
+    let made = std::fs::create_dir(&dir).and_then(|_| std::fs::create_dir(&root));
+    made.map_err(|e| setup_error(format!("{}: {e}", dir.display())))?;
+    let args = SandboxArgs {
+        isolate: true,
+        uid: held.uid,
+        root: Some(root.clone()),
+        dir: Some(dir.clone()),
+        bind_files: vec![executable.to_path_buf()],
+        tmp_mb: 1,
+        command: vec![executable.into(), "--version".into()],
+        ..SandboxArgs::default()
+    };
+    let output = std::process::Command::new(executable).arg("sandbox").args(args.to_args()).env_clear().output();
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir(&root);
+    let output = output.map_err(|e| setup_error(format!("{}: {e}", executable.display())))?;
+    if output.status.success() {
+        return Ok(());
+    }
+    Err(setup_error(format!(
+        "the container sandbox does not work on this machine ({}); run the invoker where it may create \
+         namespaces, or set [factory.process] unprivileged = false",
+        String::from_utf8_lossy(&output.stderr).trim()
+    )))
 }
 
 /// The environment of every runtime: a system `PATH`, and the interpreters the built-in
