@@ -394,3 +394,25 @@ fn a_machine_where_the_sandbox_cannot_work_is_refused_at_start() {
     assert!(said.contains("sandbox does not work") && said.contains("unshare"), "{said}");
     assert!(said.contains("unprivileged = false"), "{said}");
 }
+
+/// An action's environment is the runtime protocol's and the factory's, nothing of the
+/// invoker's own (whose environment may hold `INVOKER_GUEST_KEY` or a cloud credential).
+#[tokio::test(flavor = "multi_thread")]
+async fn an_action_sees_none_of_the_invokers_environment() {
+    if !root_or_skip() {
+        return;
+    }
+    let (_dir, inv) = start("iso-env", "");
+    let env = result(&inv, "env", "import os\ndef main(a):\n    return dict(os.environ)\n", json!({})).await;
+    let keys: Vec<&String> = env.as_object().unwrap().keys().collect();
+    let expected = |k: &str| {
+        ["PATH", "HOME", "LANG", "PWD", "INVOKER_PYTHON", "INVOKER_NODE", "INVOKER_ACTION_SCHED", "LC_CTYPE"]
+            .contains(&k)
+            || k.starts_with("__OW_")
+            || ["INVOKER_ID", "INVOKER_CONTAINER", "INVOKER_PARENT_PID", "INVOKER_WORK_DIR"].contains(&k)
+    };
+    let unexpected: Vec<&&String> = keys.iter().filter(|k| !expected(k)).collect();
+    assert!(unexpected.is_empty(), "the invoker's environment leaked: {unexpected:?}");
+    assert!(std::env::vars().any(|(k, _)| k.starts_with("CARGO")), "the test's own environment has CARGO_*");
+    assert_eq!(env["PATH"], "/usr/local/bin:/usr/bin:/bin");
+}
