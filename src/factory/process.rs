@@ -63,7 +63,7 @@ struct Live {
     memory_mb: u32,
     child: Option<Child>,
     /// Given back once every process of the container is gone.
-    _uid: Option<HeldUid>,
+    uid: Option<HeldUid>,
 }
 
 fn setup_error(reason: String) -> FactoryError {
@@ -194,11 +194,80 @@ impl ProcessFactory {
             Some(range) => Some(range.take().map_err(FactoryError::Create)?),
             None => None,
         };
+        let (transport, sandbox) = match self.prepare(spec, kind, uid.as_ref()) {
+            Ok(prepared) => prepared,
+            Err(e) => {
+                // Whatever was made of the container (its directories, its cgroups) goes.
+                self.kill(spec.id, None).await;
+                return Err(e);
+            }
+        };
+        let dir = self.dir(spec.id);
+        let mut cmd = Command::new(&inner.executable);
+        cmd.arg("sandbox")
+            .args(sandbox.to_args())
+            .env_clear()
+            .envs(inner.env.iter().map(|(k, v)| (k, v)))
+            .env("INVOKER_ID", &inner.invoker_id)
+            .env("INVOKER_CONTAINER", spec.id.0.to_string())
+            .env("INVOKER_PARENT_PID", std::process::id().to_string())
+            .env("INVOKER_WORK_DIR", dir.join("work"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true);
+        let spawned = cmd.spawn().map_err(|e| FactoryError::Create(format!("{}: {e}", inner.executable.display())));
+        let (mut child, pid) = match spawned.and_then(|child| match child.id() {
+            Some(pid) => Ok((child, pid)),
+            None => Err(FactoryError::Create("the runtime exited at once".into())),
+        }) {
+            Ok(started) => started,
+            Err(e) => {
+                self.kill(spec.id, None).await;
+                return Err(e);
+            }
+        };
+        let pgid = Pid::from_raw(pid as i32);
+        let _ = std::fs::write(self.pid_file(spec.id), format!("{pid}\n"));
+        let logs = Arc::new(LogBuffer::default());
+        spawn_reader(child.stdout.take(), Stream::Stdout, logs.clone());
+        spawn_reader(child.stderr.take(), Stream::Stderr, logs.clone());
+        inner.live.lock().insert(spec.id, Live { pgid, memory_mb: spec.memory_mb, child: None, uid });
+        self.observe();
+
+        if let Err(e) = wait_ready(&mut child, &transport, inner.settings.ready_timeout).await {
+            self.kill(spec.id, Some(child)).await;
+            // The sandbox says on stderr which step failed.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let said = logs.last_stderr();
+            return Err(match (e, said) {
+                (FactoryError::Create(reason), Some(line)) => FactoryError::Create(format!("{reason}: {line}")),
+                (e, _) => e,
+            });
+        }
+        if let Some(live) = inner.live.lock().get_mut(&spec.id) {
+            live.child = Some(child);
+        }
+        let ready_at = inner.epoch.now();
+        self.observe();
+        Ok(ContainerHandle { id: spec.id, node: node.clone(), transport, logs, ready_at })
+    }
+
+    /// Makes the container's directory (its uid's, 0700), its root's mount point, its cgroups,
+    /// and the address its runtime will serve on; returns that and the sandbox's arguments.
+    fn prepare(
+        &self,
+        spec: &ContainerSpec,
+        kind: &KindConfig,
+        uid: Option<&HeldUid>,
+    ) -> Result<(Transport, SandboxArgs), FactoryError> {
+        let inner = &self.inner;
         let dir = self.dir(spec.id);
         let create_err = |what: &str, e: std::io::Error| FactoryError::Create(format!("{what}: {e}"));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir(&dir).map_err(|e| create_err("container directory", e))?;
-        if let Some(held) = &uid {
+        if let Some(held) = uid {
             let id = Some(nix::unistd::Uid::from_raw(held.uid));
             nix::unistd::chown(&dir, id, Some(nix::unistd::Gid::from_raw(held.uid)))
                 .map_err(|e| FactoryError::Create(format!("container directory: {e}")))?;
@@ -224,7 +293,7 @@ impl ProcessFactory {
         let sandbox = SandboxArgs {
             cgroup_procs,
             isolate: uid.is_some(),
-            uid: uid.as_ref().map_or(0, |u| u.uid),
+            uid: uid.map_or(0, |u| u.uid),
             host_network: kind.network == Network::Host,
             root: Some(self.root(spec.id)),
             dir: Some(dir.clone()),
@@ -233,52 +302,7 @@ impl ProcessFactory {
             tmp_mb: inner.settings.tmp_mb,
             command: kind.command_for(&inner.executable, &listen).into_iter().map(Into::into).collect(),
         };
-        let mut cmd = Command::new(&inner.executable);
-        cmd.arg("sandbox")
-            .args(sandbox.to_args())
-            .env_clear()
-            .envs(inner.env.iter().map(|(k, v)| (k, v)))
-            .env("INVOKER_ID", &inner.invoker_id)
-            .env("INVOKER_CONTAINER", spec.id.0.to_string())
-            .env("INVOKER_PARENT_PID", std::process::id().to_string())
-            .env("INVOKER_WORK_DIR", dir.join("work"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0)
-            .kill_on_drop(true);
-        let mut child = match cmd.spawn() {
-            Ok(child) => child,
-            Err(e) => {
-                self.remove_files(spec.id).await;
-                return Err(FactoryError::Create(format!("{}: {e}", inner.executable.display())));
-            }
-        };
-        let pid = child.id().ok_or_else(|| FactoryError::Create("the runtime exited at once".into()))?;
-        let pgid = Pid::from_raw(pid as i32);
-        let _ = std::fs::write(self.pid_file(spec.id), format!("{pid}\n"));
-        let logs = Arc::new(LogBuffer::default());
-        spawn_reader(child.stdout.take(), Stream::Stdout, logs.clone());
-        spawn_reader(child.stderr.take(), Stream::Stderr, logs.clone());
-        inner.live.lock().insert(spec.id, Live { pgid, memory_mb: spec.memory_mb, child: None, _uid: uid });
-        self.observe();
-
-        if let Err(e) = wait_ready(&mut child, &transport, inner.settings.ready_timeout).await {
-            self.kill(spec.id, Some(child)).await;
-            // The sandbox says on stderr which step failed.
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            let said = logs.last_stderr();
-            return Err(match (e, said) {
-                (FactoryError::Create(reason), Some(line)) => FactoryError::Create(format!("{reason}: {line}")),
-                (e, _) => e,
-            });
-        }
-        if let Some(live) = inner.live.lock().get_mut(&spec.id) {
-            live.child = Some(child);
-        }
-        let ready_at = inner.epoch.now();
-        self.observe();
-        Ok(ContainerHandle { id: spec.id, node: node.clone(), transport, logs, ready_at })
+        Ok((transport, sandbox))
     }
 
     pub async fn pause(&self, c: &ContainerHandle) -> Result<(), FactoryError> {
@@ -321,7 +345,7 @@ impl ProcessFactory {
             let _ = killpg(live.pgid, Signal::SIGKILL);
         }
         let (child, uid) = match live {
-            Some(live) => (child.or(live.child), live._uid),
+            Some(live) => (child.or(live.child), live.uid),
             None => (child, None),
         };
         if let Some(mut child) = child {
