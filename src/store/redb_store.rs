@@ -43,6 +43,12 @@ fn encode<T: serde::Serialize>(value: &T) -> Vec<u8> {
     serde_json::to_vec(value).expect("model types always serialize")
 }
 
+/// A pending entry as `accept` reports it: with its namespace, which the caller checks.
+fn pending(id: &str, entry: &[u8]) -> Result<Accepted, StoreError> {
+    let meta: ActivationMeta = decode(id, entry)?;
+    Ok(Accepted::Pending { namespace: meta.namespace })
+}
+
 fn action_key(namespace: &str, name: &str) -> String {
     format!("{namespace}\0{name}")
 }
@@ -88,8 +94,7 @@ impl RedbStore {
             return Ok(Accepted::Finished(Box::new(decode(id, v.value())?)));
         }
         if let Some(v) = txn.open_table(PENDING).map_err(db_err)?.get(id).map_err(db_err)? {
-            let meta: ActivationMeta = decode(id, v.value())?;
-            return Ok(Accepted::Pending { namespace: meta.namespace });
+            return pending(id, v.value());
         }
         Ok(Accepted::New)
     }
@@ -224,8 +229,7 @@ impl Store for RedbStore {
             if let Some(v) = txn.open_table(ACTIVATIONS).map_err(db_err)?.get(id).map_err(db_err)? {
                 Some(Accepted::Finished(Box::new(decode(id, v.value())?)))
             } else if let Some(v) = txn.open_table(PENDING).map_err(db_err)?.get(id).map_err(db_err)? {
-                let meta: ActivationMeta = decode(id, v.value())?;
-                Some(Accepted::Pending { namespace: meta.namespace })
+                Some(pending(id, v.value())?)
             } else {
                 None
             }
