@@ -187,30 +187,31 @@ fn kill_all(version: Version, memory: &Path, freezer: Option<&Path>) {
         wait_empty(memory);
         return;
     }
-    let (freeze_file, frozen, thawed) = match (version, freezer) {
-        (Version::V2, _) => (memory.join("cgroup.freeze"), "1", "0"),
-        (Version::V1, Some(f)) => (f.join("freezer.state"), "FROZEN", "THAWED"),
-        (Version::V1, None) => (PathBuf::new(), "", ""),
+    // The file that freezes the group, and its frozen and thawed values.
+    let freezer = match (version, freezer) {
+        (Version::V2, _) => Some((memory.join("cgroup.freeze"), "1", "0")),
+        (Version::V1, Some(f)) => Some((f.join("freezer.state"), "FROZEN", "THAWED")),
+        (Version::V1, None) => None,
     };
-    let froze = !frozen.is_empty() && std::fs::write(&freeze_file, frozen).is_ok();
-    if froze {
+    let froze = freezer.as_ref().filter(|(file, frozen, _)| std::fs::write(file, frozen).is_ok());
+    if let Some((file, _, _)) = froze {
         // v1 reports FREEZING until every task stopped; v2 sets `frozen 1` in cgroup.events.
         let deadline = std::time::Instant::now() + Duration::from_millis(500);
-        while std::time::Instant::now() < deadline && !is_frozen(version, memory, &freeze_file) {
+        while std::time::Instant::now() < deadline && !is_frozen(version, memory, file) {
             std::thread::sleep(Duration::from_millis(1));
         }
     }
     // Without a freezer, a forking process may add a child between the read and the kill:
     // repeat (the pids limit bounds how many there can be).
-    for _ in 0..if froze { 1 } else { 64 } {
+    for _ in 0..if froze.is_some() { 1 } else { 64 } {
         let pids = procs(memory);
         if pids.is_empty() {
             break;
         }
         kill(&pids);
     }
-    if froze {
-        let _ = std::fs::write(&freeze_file, thawed);
+    if let Some((file, _, thawed)) = froze {
+        let _ = std::fs::write(file, thawed);
     }
     wait_empty(memory);
 }
