@@ -34,14 +34,14 @@ struct Args {
     #[arg(long, default_value_t = 5)]
     cold: usize,
     /// Also measure resident memory with 1,000 idle containers (mock factory), and an invoker's
-    /// resident memory along 100,000 warm activations.
+    /// resident memory along 300,000 warm activations.
     #[arg(long)]
     memory: bool,
     /// TOML appended to the measured invoker's configuration (an A/B of one setting, e.g.
     /// `[factory.process]\nunprivileged = false`).
     #[arg(long, default_value = "")]
     invoker_config: String,
-    /// Measure only the resident-memory curve along 100,000 warm activations.
+    /// Measure only the resident-memory curve along 300,000 warm activations.
     #[arg(long)]
     rss_curve_only: bool,
     /// Also measure an invoker on the Docker factory, on the engine at this socket (with the
