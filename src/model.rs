@@ -128,6 +128,55 @@ pub struct ActivationRecord {
     pub logs: Vec<String>,
     pub annotations: Vec<KeyValue>,
     pub publish: bool,
+    /// Why the invoker answered without running the action, for the one place statuses are
+    /// chosen (`api::error`). Not part of OpenWhisk's record: the `rejected` annotation tells
+    /// its readers, and a record read back from the store has `None` here.
+    #[serde(skip)]
+    pub rejection: Option<Rejection>,
+}
+
+/// Why an accepted activation ended without running.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rejection {
+    /// Larger than any node of the cluster: retrying cannot help.
+    NeverFits {
+        memory_mb: u32,
+        largest_node_mb: u64,
+    },
+    Deadline,
+    QueueFull,
+    CreateFailed,
+    Draining,
+    ContainerLost,
+}
+
+impl Rejection {
+    /// The value of the record's `rejected` annotation.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Rejection::NeverFits { .. } => "never_fits",
+            Rejection::Deadline => "deadline",
+            Rejection::QueueFull => "queue_full",
+            Rejection::CreateFailed => "create_failed",
+            Rejection::Draining => "draining",
+            Rejection::ContainerLost => "container_lost",
+        }
+    }
+
+    pub fn message(&self) -> String {
+        match self {
+            Rejection::NeverFits { memory_mb, largest_node_mb } => {
+                format!("limits.memory: {memory_mb} MB can never fit: the largest node offers {largest_node_mb} MB")
+            }
+            Rejection::Deadline => {
+                "no container could be had before the activation's wait deadline; nothing ran".into()
+            }
+            Rejection::QueueFull => "the invoker's waiting buffer is full; nothing ran".into(),
+            Rejection::CreateFailed => "the action's container could not be created; nothing ran".into(),
+            Rejection::Draining => "the invoker is shutting down; nothing ran".into(),
+            Rejection::ContainerLost => "the container running the activation vanished".into(),
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -184,7 +233,18 @@ impl ActivationRecord {
             logs: Vec::new(),
             annotations: job.base_annotations(),
             publish: false,
+            rejection: None,
         }
+    }
+
+    /// The record of an activation the invoker answered without running it, `wait_ms` after
+    /// accepting it.
+    pub fn rejected(job: &ActivationMeta, rejection: Rejection, wait_ms: u64, now_ms: u64) -> Self {
+        let mut record = Self::whisk_error(job, &rejection.message(), now_ms);
+        record.annotations.push(KeyValue { key: "rejected".into(), value: json!(rejection.code()) });
+        record.annotations.push(KeyValue { key: "waitTime".into(), value: json!(wait_ms) });
+        record.rejection = Some(rejection);
+        record
     }
 }
 

@@ -394,6 +394,7 @@ async fn the_activation_shim_answers_with_the_combined_message_and_never_runs_tw
     assert_eq!(ack["instance"]["instance"], 3);
     assert_eq!(ack["instance"]["uniqueName"], "invoker3");
     assert_eq!(ack["instance"]["instanceType"], "invoker");
+    assert_eq!(ack["instance"]["userMemory"], "2048 MB", "the mock cluster's one node");
     assert_eq!(ack["response"]["activationId"].as_str(), Some(id.as_str()));
     assert_eq!(ack["response"]["response"]["result"]["echo"]["x"], 7);
     let (s, again, _) = send(&app, post("/v1/activations", activation_message(&id, true))).await;

@@ -5,9 +5,8 @@ use super::{blocking, flag, json, load_action, page, AppState, Call, PageQuery, 
 use crate::activation::{InvokeRequest, Invoked};
 use crate::config::Config;
 use crate::model::{
-    epoch_ms, new_activation_id, validate_entity_name, Action, ActivationRecord, Exec, KeyValue, Limits, Outcome,
+    epoch_ms, new_activation_id, validate_entity_name, Action, ActivationRecord, Exec, KeyValue, Limits,
 };
-use crate::pool::actor::REJECTED;
 use hyper::header::HeaderValue;
 use hyper::StatusCode;
 use serde::Deserialize;
@@ -205,7 +204,7 @@ fn invoke_response(invoked: Invoked, result_only: bool) -> Response {
         Invoked::Accepted(id) => return accepted(&id),
         Invoked::Done(record) => record,
     };
-    let status = record_status(&record, StatusCode::BAD_GATEWAY);
+    let status = super::error::record_status(&record, StatusCode::BAD_GATEWAY);
     if result_only {
         record_response(&record, status, &record.response.result)
     } else {
@@ -223,17 +222,6 @@ fn with_activation_id(mut response: Response, id: &str) -> Response {
         response.headers_mut().insert("x-openwhisk-activation-id", id);
     }
     response
-}
-
-/// The status for a finished activation: `failed` when the action ran and failed; 503 when
-/// nothing ran, 400 when it can never fit.
-pub(super) fn record_status(record: &ActivationRecord, failed: StatusCode) -> StatusCode {
-    match record.outcome() {
-        Outcome::Success => StatusCode::OK,
-        Outcome::ApplicationError | Outcome::DeveloperError => failed,
-        Outcome::WhiskError if record.annotation(REJECTED) == Some(&json!("never_fits")) => StatusCode::BAD_REQUEST,
-        Outcome::WhiskError => StatusCode::SERVICE_UNAVAILABLE,
-    }
 }
 
 /// `body` with `status`, the activation's id, and Retry-After when nothing ran.

@@ -2,6 +2,7 @@
 
 use super::Response;
 use crate::activation::IntakeError;
+use crate::model::{ActivationRecord, Outcome, Rejection};
 use crate::store::StoreError;
 use hyper::header::{self, HeaderValue};
 use hyper::StatusCode;
@@ -83,5 +84,16 @@ impl ApiError {
             headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Basic realm=\"invoker\""));
         }
         response
+    }
+}
+
+/// The status for a finished activation: `failed` when the action ran and failed; 503 when
+/// nothing ran (retrying may help), 400 when it can never fit.
+pub(super) fn record_status(record: &ActivationRecord, failed: StatusCode) -> StatusCode {
+    match (record.outcome(), record.rejection) {
+        (Outcome::Success, _) => StatusCode::OK,
+        (Outcome::ApplicationError | Outcome::DeveloperError, _) => failed,
+        (Outcome::WhiskError, Some(Rejection::NeverFits { .. })) => StatusCode::BAD_REQUEST,
+        (Outcome::WhiskError, _) => StatusCode::SERVICE_UNAVAILABLE,
     }
 }

@@ -3,7 +3,8 @@
 //! would put on `completed<N>`: a `CombinedCompletionAndResultMessage`. Kafka delivers at
 //! least once, so a repeated `activationId` is answered from the first and never run twice.
 
-use super::actions::{accepted, record_response, record_status};
+use super::actions::{accepted, record_response};
+use super::error::record_status;
 use super::error::ApiError;
 use super::{load_action, AppState, Call, Principal, Response};
 use crate::activation::{InvokeRequest, Invoked};
@@ -88,8 +89,7 @@ pub(super) async fn activation_message(state: &AppState, call: &Call) -> Result<
     match invoked {
         Invoked::Accepted(id) => Ok(accepted(&id)),
         Invoked::Done(record) => {
-            let snapshot = state.service.pool().snapshot().await;
-            let user_memory_mb = snapshot.map_or(0, |s| s.nodes.iter().map(|n| n.capacity_mb).sum());
+            let user_memory_mb = state.service.pool().user_memory_mb();
             let ack = completion_message(&state.config.invoker_id, user_memory_mb, msg.transid, &record);
             Ok(record_response(&record, record_status(&record, StatusCode::OK), &ack))
         }

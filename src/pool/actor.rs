@@ -5,17 +5,16 @@ use super::core::{
     ContainerId, Effect, Event, Job, JobId, KeyId, NodeStatsUpdate, NodeView, Owner, PoolCore, PoolCounts,
     RejectReason, StemId,
 };
-use super::job::RunJob;
+use crate::activation::job::RunJob;
 use crate::config::{PoolConfig, ProxyConfig};
 use crate::factory::{ContainerSpec, Epoch, Factory};
 use crate::metrics::Metrics;
-use crate::model::{epoch_ms, Action, ActivationRecord, KeyValue};
+use crate::model::{Action, Rejection};
 use crate::proxy::{ContainerProxy, Gone, ProxyContext, ProxyReport, Remove, Run};
 use actix::prelude::*;
-use serde_json::json;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
 use tokio::sync::oneshot;
 
 /// Hand a job to the pool. Sent with `send().await`, so a full mailbox pushes back on HTTP.
@@ -69,9 +68,6 @@ pub struct PoolSnapshot {
     pub action_keys: usize,
 }
 
-/// Why a job was answered without running, as its record says (the API maps it to a status).
-pub const REJECTED: &str = "rejected";
-
 pub struct ContainerPool {
     core: PoolCore,
     epoch: Epoch,
@@ -91,6 +87,9 @@ pub struct ContainerPool {
     next_key: u32,
     next_job: u64,
     drained: Vec<oneshot::Sender<()>>,
+    /// The capacity of every node the factory reports, summed: kept where callers read it
+    /// without a message to the pool (the shim's completion message says it per activation).
+    user_memory_mb: Arc<AtomicU64>,
 }
 
 impl ContainerPool {
@@ -122,6 +121,7 @@ impl ContainerPool {
             next_key: 0,
             next_job: 1,
             drained: Vec::new(),
+            user_memory_mb: Arc::default(),
         }
     }
 
@@ -192,7 +192,7 @@ impl ContainerPool {
                 }
                 Effect::Reject { job, reason } => {
                     if let Some(run) = self.jobs.remove(&job) {
-                        reject(run, reason);
+                        run.reject(rejection(reason));
                     }
                 }
             }
@@ -203,6 +203,13 @@ impl ContainerPool {
             for waiter in self.drained.drain(..) {
                 let _ = waiter.send(());
             }
+        }
+    }
+
+    fn node_stats(&mut self, snapshot: Vec<NodeStatsUpdate>, ctx: &mut Context<Self>) {
+        self.user_memory_mb.store(snapshot.iter().map(|n| n.capacity_mb).sum(), Ordering::Relaxed);
+        for update in snapshot {
+            self.apply(Event::NodeStats(update), ctx);
         }
     }
 
@@ -245,29 +252,16 @@ impl ContainerPool {
     }
 }
 
-fn reject(run: RunJob, reason: RejectReason) {
-    let (code, message) = match reason {
-        RejectReason::NeverFits { memory_mb, largest_node_mb } => (
-            "never_fits",
-            format!("limits.memory: {memory_mb} MB can never fit: the largest node offers {largest_node_mb} MB"),
-        ),
-        RejectReason::DeadlineExceeded => {
-            ("deadline", "no container could be had before the activation's wait deadline; nothing ran".into())
-        }
-        RejectReason::QueueFull => ("queue_full", "the invoker's waiting buffer is full; nothing ran".into()),
-        RejectReason::CreateFailed => {
-            ("create_failed", "the action's container could not be created; nothing ran".into())
-        }
-        RejectReason::Draining => ("draining", "the invoker is shutting down; nothing ran".into()),
-        RejectReason::ContainerLost => ("container_lost", "the container running the activation vanished".into()),
-    };
-    let mut record = ActivationRecord::whisk_error(&run.meta, &message, epoch_ms());
-    record.annotations.push(KeyValue { key: REJECTED.into(), value: json!(code) });
-    record.annotations.push(KeyValue {
-        key: "waitTime".into(),
-        value: json!(Instant::now().duration_since(run.accepted).as_millis() as u64),
-    });
-    run.completion.finish(record);
+/// The core's reason, as the record carries it.
+fn rejection(reason: RejectReason) -> Rejection {
+    match reason {
+        RejectReason::NeverFits { memory_mb, largest_node_mb } => Rejection::NeverFits { memory_mb, largest_node_mb },
+        RejectReason::DeadlineExceeded => Rejection::Deadline,
+        RejectReason::QueueFull => Rejection::QueueFull,
+        RejectReason::CreateFailed => Rejection::CreateFailed,
+        RejectReason::Draining => Rejection::Draining,
+        RejectReason::ContainerLost => Rejection::ContainerLost,
+    }
 }
 
 impl Actor for ContainerPool {
@@ -279,9 +273,7 @@ impl Actor for ContainerPool {
         // The first snapshot is applied before any message, so the pool never answers as if
         // it had no nodes.
         let first = stats.borrow_and_update().clone();
-        for update in first {
-            self.apply(Event::NodeStats(update), ctx);
-        }
+        self.node_stats(first, ctx);
         let me = ctx.address();
         ctx.spawn(
             async move {
@@ -376,9 +368,7 @@ impl Handler<StatsChanged> for ContainerPool {
     type Result = ();
 
     fn handle(&mut self, StatsChanged(snapshot): StatsChanged, ctx: &mut Context<Self>) {
-        for update in snapshot {
-            self.apply(Event::NodeStats(update), ctx);
-        }
+        self.node_stats(snapshot, ctx);
     }
 }
 
@@ -412,11 +402,18 @@ impl Handler<Snapshot> for ContainerPool {
 #[derive(Clone)]
 pub struct PoolHandle {
     addr: Addr<ContainerPool>,
+    user_memory_mb: Arc<AtomicU64>,
 }
 
 impl PoolHandle {
     pub fn start(pool: ContainerPool) -> Self {
-        PoolHandle { addr: pool.start() }
+        let user_memory_mb = pool.user_memory_mb.clone();
+        PoolHandle { addr: pool.start(), user_memory_mb }
+    }
+
+    /// The memory of every node of the cluster, as the factory last reported it.
+    pub fn user_memory_mb(&self) -> u64 {
+        self.user_memory_mb.load(Ordering::Relaxed)
     }
 
     /// Hands a job over without waiting for the pool to take it (one thread hop, not two).

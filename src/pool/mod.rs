@@ -2,4 +2,3 @@
 
 pub mod actor;
 pub mod core;
-pub mod job;

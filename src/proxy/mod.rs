@@ -8,11 +8,11 @@
 pub mod client;
 pub mod outcome;
 
+use crate::activation::job::RunJob;
 use crate::config::ProxyConfig;
 use crate::factory::{ContainerHandle, ContainerSpec, Factory};
 use crate::model::{epoch_ms, ActivationRecord, ActivationResponse, KeyValue, Outcome, StartKind};
 use crate::pool::core::{ContainerId, JobId, NodeId};
-use crate::pool::job::RunJob;
 use actix::prelude::*;
 use client::{RuntimeClient, RuntimeError, RuntimeResponse};
 use serde_json::{json, Value};
@@ -324,6 +324,7 @@ fn build_record(
         logs,
         annotations,
         publish: false,
+        rejection: None,
     }
 }
 

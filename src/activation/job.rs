@@ -1,7 +1,10 @@
-//! An accepted activation on its way through the pool, and the one place it ends.
+//! An accepted activation on its way through the pool, and the one place it ends. A leaf: it
+//! depends on the model, the store and the metrics only, so the pool and the proxies that carry
+//! a job import nothing of the intake.
 
+use super::slot::NamespaceSlot;
 use crate::metrics::Metrics;
-use crate::model::{Action, ActivationMeta, ActivationRecord};
+use crate::model::{Action, ActivationMeta, ActivationRecord, Rejection};
 use crate::store::Store;
 use serde_json::{Map, Value};
 use std::sync::Arc;
@@ -34,7 +37,7 @@ struct CompletionInner {
     reply: Option<oneshot::Sender<Arc<ActivationRecord>>>,
     meta: Arc<ActivationMeta>,
     /// Released when the activation ends: the namespace's in-flight count.
-    _slot: Option<crate::activation::NamespaceSlot>,
+    _slot: Option<NamespaceSlot>,
 }
 
 impl Completion {
@@ -43,7 +46,7 @@ impl Completion {
         metrics: Arc<Metrics>,
         meta: Arc<ActivationMeta>,
         reply: Option<oneshot::Sender<Arc<ActivationRecord>>>,
-        slot: Option<crate::activation::NamespaceSlot>,
+        slot: Option<NamespaceSlot>,
     ) -> Self {
         Completion { inner: Some(CompletionInner { store, metrics, reply, meta, _slot: slot }) }
     }
@@ -52,6 +55,15 @@ impl Completion {
         if let Some(inner) = self.inner.take() {
             inner.finish(record);
         }
+    }
+}
+
+impl RunJob {
+    /// Ends the job without running it, `waitTime` counted from its acceptance.
+    pub fn reject(self, rejection: Rejection) {
+        let wait_ms = self.accepted.elapsed().as_millis() as u64;
+        let record = ActivationRecord::rejected(&self.meta, rejection, wait_ms, crate::model::epoch_ms());
+        self.completion.finish(record);
     }
 }
 

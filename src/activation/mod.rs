@@ -1,36 +1,21 @@
 //! The intake shared by both front doors (REST invoke and the `ActivationMessage` shim):
 //! namespace limits, acceptance in the store before anything is acknowledged, hand-over to
-//! the pool, and the blocking wait.
+//! the pool, and the blocking wait. [`job`] is the record's path from there on: the one owner
+//! of how an accepted activation ends.
+
+pub mod job;
+pub mod slot;
 
 use crate::metrics::Metrics;
 use crate::model::{epoch_ms, Action, ActivationMeta, ActivationRecord};
 use crate::pool::actor::PoolHandle;
-use crate::pool::job::{Completion, RunJob};
 use crate::store::{Accepted, Store, StoreError};
-use parking_lot::Mutex;
+use job::{Completion, RunJob};
 use serde_json::{Map, Value};
-use std::collections::HashMap;
+use slot::{NamespaceSlot, NamespaceSlots};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
-
-/// One in-flight activation of a namespace; released on drop.
-pub struct NamespaceSlot {
-    counts: Arc<Mutex<HashMap<String, u32>>>,
-    namespace: String,
-}
-
-impl Drop for NamespaceSlot {
-    fn drop(&mut self) {
-        let mut counts = self.counts.lock();
-        if let Some(n) = counts.get_mut(&self.namespace) {
-            *n -= 1;
-            if *n == 0 {
-                counts.remove(&self.namespace);
-            }
-        }
-    }
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum IntakeError {
@@ -72,14 +57,21 @@ pub struct ActivationService {
     store: Arc<dyn Store>,
     pool: PoolHandle,
     metrics: Arc<Metrics>,
-    in_flight: Arc<Mutex<HashMap<String, u32>>>,
+    in_flight: NamespaceSlots,
     namespace_limit: u32,
     draining: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl ActivationService {
     pub fn new(store: Arc<dyn Store>, pool: PoolHandle, metrics: Arc<Metrics>, namespace_limit: u32) -> Self {
-        ActivationService { store, pool, metrics, in_flight: Arc::default(), namespace_limit, draining: Arc::default() }
+        ActivationService {
+            store,
+            pool,
+            metrics,
+            in_flight: NamespaceSlots::default(),
+            namespace_limit,
+            draining: Arc::default(),
+        }
     }
 
     pub fn store(&self) -> &Arc<dyn Store> {
@@ -103,13 +95,8 @@ impl ActivationService {
     }
 
     fn take_slot(&self, namespace: &str) -> Result<NamespaceSlot, IntakeError> {
-        let mut counts = self.in_flight.lock();
-        let n = counts.entry(namespace.to_string()).or_insert(0);
-        if *n >= self.namespace_limit {
-            return Err(IntakeError::NamespaceLimit { namespace: namespace.into(), limit: self.namespace_limit });
-        }
-        *n += 1;
-        Ok(NamespaceSlot { counts: self.in_flight.clone(), namespace: namespace.to_string() })
+        let limit = self.namespace_limit;
+        self.in_flight.take(namespace, limit).ok_or(IntakeError::NamespaceLimit { namespace: namespace.into(), limit })
     }
 
     /// Accepts, hands over and (for a blocking call) waits. A repeated activation id is
