@@ -6,7 +6,7 @@ use clap::Parser;
 use invoker::activation::ActivationService;
 use invoker::api::AppState;
 use invoker::config::Config;
-use invoker::factory::{Epoch, Factory};
+use invoker::factory::{ContainerFactory, Epoch, Factory};
 use invoker::metrics::Metrics;
 use invoker::pool::actor::{ContainerPool, PoolHandle};
 use invoker::runtime::{Launcher, Listen, RuntimeOptions, SchedPolicy};

@@ -8,9 +8,10 @@
 //! what an earlier run of the same invoker left, and nothing else.
 
 use super::logs::{LogBuffer, Stream};
-use super::{one_host_stats, ContainerHandle, ContainerSpec, Epoch, FactoryError, StatsReceiver, Transport};
+use super::one_host::OneHost;
+use super::{ContainerFactory, ContainerHandle, ContainerSpec, Epoch, FactoryError, StatsReceiver, Transport};
 use crate::config::{Config, DockerFactoryConfig, Network};
-use crate::pool::core::{ContainerId, NodeId, NodeStatsUpdate};
+use crate::pool::core::{ContainerId, NodeId};
 use bollard::models::{ContainerCreateBody, HostConfig};
 use bollard::query_parameters::{CreateContainerOptions, ListContainersOptions, LogsOptions, RemoveContainerOptions};
 use bollard::Docker;
@@ -20,7 +21,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::Semaphore;
 
 /// Where the per-container directory appears inside the container.
 const SOCKET_DIR: &str = "/run/action";
@@ -39,13 +40,10 @@ struct Inner {
     docker: Docker,
     config: DockerFactoryConfig,
     invoker_id: String,
-    node: NodeId,
-    capacity_mb: u64,
+    host: OneHost,
     dir: PathBuf,
     owner: (u32, u32),
     creates: Semaphore,
-    epoch: Epoch,
-    stats: watch::Sender<Vec<NodeStatsUpdate>>,
     live: Mutex<HashMap<ContainerId, Live>>,
 }
 
@@ -94,7 +92,6 @@ impl DockerFactory {
         if owner.0 == 0 {
             return Err(setup("factory.docker.user must not be root"));
         }
-        let (stats, _) = watch::channel(Vec::new());
         let node = NodeId::new(info.name.as_deref().unwrap_or("docker"));
         let factory = DockerFactory {
             inner: Arc::new(Inner {
@@ -102,12 +99,9 @@ impl DockerFactory {
                 creates: Semaphore::new(dc.max_concurrent_creates.max(1)),
                 config: dc,
                 invoker_id: config.invoker_id.clone(),
-                node,
-                capacity_mb,
+                host: OneHost::new(node, capacity_mb, epoch),
                 dir,
                 owner,
-                epoch,
-                stats,
                 live: Mutex::new(HashMap::new()),
             }),
         };
@@ -117,13 +111,15 @@ impl DockerFactory {
         factory.observe();
         Ok(factory)
     }
+}
 
-    pub fn describe(&self) -> String {
+impl ContainerFactory for DockerFactory {
+    fn describe(&self) -> String {
         format!(
             "docker factory: node {} offers {} MB; containers {} network, memory and pids limits, read-only root, \
              user {}",
-            self.inner.node,
-            self.inner.capacity_mb,
+            self.inner.host.node,
+            self.inner.host.capacity_mb,
             match self.inner.config.network {
                 Network::None => "without",
                 Network::Host => "on the host's",
@@ -132,19 +128,16 @@ impl DockerFactory {
         )
     }
 
-    pub fn stats(&self) -> StatsReceiver {
-        self.inner.stats.subscribe()
+    fn stats(&self) -> StatsReceiver {
+        self.inner.host.subscribe()
     }
 
     /// Publishes the host's memory for actions minus the limits of the containers it runs.
-    pub fn observe(&self) {
-        let inner = &self.inner;
-        let live = inner.live.lock();
-        let limits = live.values().map(|l| l.memory_mb);
-        inner.stats.send_replace(one_host_stats(&inner.node, inner.capacity_mb, limits, inner.epoch.now()));
+    fn observe(&self) {
+        self.inner.host.publish(self.inner.live.lock().values().map(|l| l.memory_mb));
     }
 
-    pub async fn create(&self, spec: &ContainerSpec, node: &NodeId) -> Result<ContainerHandle, FactoryError> {
+    async fn create(&self, spec: &ContainerSpec, node: &NodeId) -> Result<ContainerHandle, FactoryError> {
         let inner = &self.inner;
         let kind = inner.config.kinds.get(&spec.kind).ok_or_else(|| FactoryError::UnknownKind(spec.kind.clone()))?;
         let _slot = inner.creates.acquire().await.map_err(|e| FactoryError::Create(e.to_string()))?;
@@ -188,9 +181,42 @@ impl DockerFactory {
             self.remove(spec.id).await;
             return Err(e);
         }
-        Ok(ContainerHandle { id: spec.id, node: node.clone(), transport, logs, ready_at: inner.epoch.now() })
+        Ok(ContainerHandle { id: spec.id, node: node.clone(), transport, logs, ready_at: inner.host.now() })
     }
 
+    async fn pause(&self, c: &ContainerHandle) -> Result<(), FactoryError> {
+        let id =
+            self.docker_id(c.id).ok_or(FactoryError::Operation { op: "pause", reason: "no such container".into() })?;
+        self.inner.docker.pause_container(&id).await.map_err(op("docker pause"))
+    }
+
+    async fn resume(&self, c: &ContainerHandle) -> Result<(), FactoryError> {
+        let id =
+            self.docker_id(c.id).ok_or(FactoryError::Operation { op: "resume", reason: "no such container".into() })?;
+        self.inner.docker.unpause_container(&id).await.map_err(op("docker unpause"))
+    }
+
+    async fn destroy(&self, c: &ContainerHandle) -> Result<(), FactoryError> {
+        self.remove(c.id).await;
+        c.logs.close();
+        Ok(())
+    }
+
+    async fn destroy_all(&self) {
+        let ids: Vec<ContainerId> = self.inner.live.lock().keys().copied().collect();
+        for id in ids {
+            self.remove(id).await;
+        }
+    }
+
+    /// True when the kernel's OOM killer struck inside the container's memory cgroup (the
+    /// runtime itself may survive: the killer takes the largest process, the action's).
+    fn was_oom_killed(&self, c: &ContainerHandle) -> bool {
+        self.docker_id(c.id).is_some_and(|docker_id| oom_kills(&docker_id) > 0)
+    }
+}
+
+impl DockerFactory {
     fn container_body(
         &self,
         spec: &ContainerSpec,
@@ -291,37 +317,6 @@ impl DockerFactory {
             }
             logs.close();
         });
-    }
-
-    pub async fn pause(&self, c: &ContainerHandle) -> Result<(), FactoryError> {
-        let id =
-            self.docker_id(c.id).ok_or(FactoryError::Operation { op: "pause", reason: "no such container".into() })?;
-        self.inner.docker.pause_container(&id).await.map_err(op("docker pause"))
-    }
-
-    pub async fn resume(&self, c: &ContainerHandle) -> Result<(), FactoryError> {
-        let id =
-            self.docker_id(c.id).ok_or(FactoryError::Operation { op: "resume", reason: "no such container".into() })?;
-        self.inner.docker.unpause_container(&id).await.map_err(op("docker unpause"))
-    }
-
-    pub async fn destroy(&self, c: &ContainerHandle) -> Result<(), FactoryError> {
-        self.remove(c.id).await;
-        c.logs.close();
-        Ok(())
-    }
-
-    pub async fn destroy_all(&self) {
-        let ids: Vec<ContainerId> = self.inner.live.lock().keys().copied().collect();
-        for id in ids {
-            self.remove(id).await;
-        }
-    }
-
-    /// True when the kernel's OOM killer struck inside the container's memory cgroup (the
-    /// runtime itself may survive: the killer takes the largest process, the action's).
-    pub fn was_oom_killed(&self, id: ContainerId) -> bool {
-        self.docker_id(id).is_some_and(|docker_id| oom_kills(&docker_id) > 0)
     }
 
     fn docker_id(&self, id: ContainerId) -> Option<String> {

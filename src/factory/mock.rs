@@ -5,7 +5,7 @@
 //! `error` makes it an application error, `crash` kills the container mid-run.
 
 use super::logs::{LogBuffer, Stream, SENTINEL};
-use super::{ContainerHandle, ContainerSpec, Epoch, FactoryError, StatsReceiver, Transport};
+use super::{ContainerFactory, ContainerHandle, ContainerSpec, Epoch, FactoryError, StatsReceiver, Transport};
 use crate::http::{json_value, Response};
 use crate::pool::core::{ContainerId, NodeId, NodeStatsUpdate};
 use http_body_util::{BodyExt, Limited};
@@ -126,14 +126,6 @@ impl MockFactory {
         self.inner.state.lock().calls.iter().filter(|c| pred(c)).count()
     }
 
-    pub fn stats(&self) -> StatsReceiver {
-        self.inner.stats.subscribe()
-    }
-
-    pub fn observe(&self) {
-        self.publish();
-    }
-
     fn publish(&self) {
         let (nodes, lag) = {
             let config = self.inner.config.lock();
@@ -187,7 +179,43 @@ impl MockFactory {
         self.inner.state.lock().calls.push(call);
     }
 
-    pub async fn create(&self, spec: &ContainerSpec, node: &NodeId) -> Result<ContainerHandle, FactoryError> {
+    fn start_runtime(
+        &self,
+        id: ContainerId,
+        run_latency: Duration,
+    ) -> Result<(std::net::SocketAddr, Arc<LogBuffer>, CancellationToken), FactoryError> {
+        let create = |e: std::io::Error| FactoryError::Create(e.to_string());
+        let listener = std::net::TcpListener::bind(("127.0.0.1", 0)).map_err(create)?;
+        listener.set_nonblocking(true).map_err(create)?;
+        let addr = listener.local_addr().map_err(create)?;
+        let listener = tokio::net::TcpListener::from_std(listener).map_err(create)?;
+        let logs = Arc::new(LogBuffer::default());
+        let stop = CancellationToken::new();
+        let state =
+            Arc::new(RuntimeState { id, factory: self.clone(), logs: logs.clone(), stop: stop.clone(), run_latency });
+        tokio::spawn(serve(listener, state));
+        Ok((addr, logs, stop))
+    }
+
+    fn is_paused(&self, id: ContainerId) -> bool {
+        self.inner.state.lock().paused.contains(&id)
+    }
+}
+
+impl ContainerFactory for MockFactory {
+    fn describe(&self) -> String {
+        "mock factory (in-process runtimes, nothing enforced)".into()
+    }
+
+    fn stats(&self) -> StatsReceiver {
+        self.inner.stats.subscribe()
+    }
+
+    fn observe(&self) {
+        self.publish();
+    }
+
+    async fn create(&self, spec: &ContainerSpec, node: &NodeId) -> Result<ContainerHandle, FactoryError> {
         let config = self.inner.config.lock().clone();
         let capacity = config.nodes.iter().find(|(n, _)| *n == *node.0).map(|(_, c)| *c).unwrap_or(0);
         {
@@ -232,25 +260,7 @@ impl MockFactory {
         }
     }
 
-    fn start_runtime(
-        &self,
-        id: ContainerId,
-        run_latency: Duration,
-    ) -> Result<(std::net::SocketAddr, Arc<LogBuffer>, CancellationToken), FactoryError> {
-        let create = |e: std::io::Error| FactoryError::Create(e.to_string());
-        let listener = std::net::TcpListener::bind(("127.0.0.1", 0)).map_err(create)?;
-        listener.set_nonblocking(true).map_err(create)?;
-        let addr = listener.local_addr().map_err(create)?;
-        let listener = tokio::net::TcpListener::from_std(listener).map_err(create)?;
-        let logs = Arc::new(LogBuffer::default());
-        let stop = CancellationToken::new();
-        let state =
-            Arc::new(RuntimeState { id, factory: self.clone(), logs: logs.clone(), stop: stop.clone(), run_latency });
-        tokio::spawn(serve(listener, state));
-        Ok((addr, logs, stop))
-    }
-
-    pub async fn pause(&self, c: &ContainerHandle) -> Result<(), FactoryError> {
+    async fn pause(&self, c: &ContainerHandle) -> Result<(), FactoryError> {
         let mut state = self.inner.state.lock();
         if !state.alive.contains_key(&c.id) {
             return Err(FactoryError::Operation { op: "pause", reason: "no such container".into() });
@@ -260,7 +270,7 @@ impl MockFactory {
         Ok(())
     }
 
-    pub async fn resume(&self, c: &ContainerHandle) -> Result<(), FactoryError> {
+    async fn resume(&self, c: &ContainerHandle) -> Result<(), FactoryError> {
         let mut state = self.inner.state.lock();
         if !state.paused.remove(&c.id) {
             return Err(FactoryError::Operation { op: "resume", reason: "the container is not paused".into() });
@@ -269,11 +279,7 @@ impl MockFactory {
         Ok(())
     }
 
-    fn is_paused(&self, id: ContainerId) -> bool {
-        self.inner.state.lock().paused.contains(&id)
-    }
-
-    pub async fn destroy(&self, c: &ContainerHandle) -> Result<(), FactoryError> {
+    async fn destroy(&self, c: &ContainerHandle) -> Result<(), FactoryError> {
         self.log(MockCall::Destroy(c.id));
         self.inner.state.lock().paused.remove(&c.id);
         let server = self.inner.state.lock().alive.get_mut(&c.id).and_then(|e| e.2.take());
@@ -290,7 +296,7 @@ impl MockFactory {
         Ok(())
     }
 
-    pub async fn destroy_all(&self) {
+    async fn destroy_all(&self) {
         let servers: Vec<(ContainerId, Option<CancellationToken>)> =
             self.inner.state.lock().alive.iter_mut().map(|(id, e)| (*id, e.2.take())).collect();
         for (id, server) in servers {

@@ -1,18 +1,21 @@
 //! ContainerFactory: creates, pauses, resumes and destroys action containers, and reports what
-//! each node of its cluster has free. One module per backend, selected by config through the
-//! [`Factory`] enum; nothing outside this module knows which backend runs.
+//! each node of its cluster has free. Every backend implements [`ContainerFactory`] in a module
+//! of its own; the [`Factory`] enum, selected by config, delegates to the one that runs, and
+//! nothing outside this module knows which one it is.
 
 mod cgroup;
 pub mod docker;
 pub mod logs;
 pub mod mesos;
 pub mod mock;
+mod one_host;
 pub mod process;
 pub mod sandbox;
 mod uids;
 
 use crate::pool::core::{ContainerId, NodeId, NodeStatsUpdate, Time};
 use logs::LogBuffer;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -83,21 +86,56 @@ impl Epoch {
 /// The latest snapshot of every node, pushed by the factory; the pool caches it.
 pub type StatsReceiver = watch::Receiver<Vec<NodeStatsUpdate>>;
 
-/// The snapshot of a factory that runs on one host and sees no other use of its memory (process,
-/// Docker): free is the capacity minus the declared limits of the live containers.
-fn one_host_stats(
-    node: &NodeId,
-    capacity_mb: u64,
-    limits_mb: impl Iterator<Item = u32>,
-    at: Time,
-) -> Vec<NodeStatsUpdate> {
-    let used: u64 = limits_mb.map(u64::from).sum();
-    vec![NodeStatsUpdate {
-        node: node.clone(),
-        capacity_mb,
-        free_mb: capacity_mb.saturating_sub(used),
-        observed_at: at,
-    }]
+/// What the pool and the proxies ask of a backend. Each call is bounded by the backend (a
+/// create by its readiness deadline, a destroy by its kill timeout). The default methods are
+/// for backends with nothing to do there.
+pub trait ContainerFactory: Clone + Send + Sync + 'static {
+    /// Creates a container of `spec` on `node` (the node the pool chose) and waits until its
+    /// runtime accepts connections. A failed create leaves nothing behind.
+    fn create(
+        &self,
+        spec: &ContainerSpec,
+        node: &NodeId,
+    ) -> impl Future<Output = Result<ContainerHandle, FactoryError>> + Send;
+
+    /// Removes the container and everything it started; its memory is free once this returns.
+    fn destroy(&self, c: &ContainerHandle) -> impl Future<Output = Result<(), FactoryError>> + Send;
+
+    /// Freezes an idle container: it keeps its memory and uses no CPU.
+    fn pause(&self, _c: &ContainerHandle) -> impl Future<Output = Result<(), FactoryError>> + Send {
+        async { Ok(()) }
+    }
+
+    fn resume(&self, _c: &ContainerHandle) -> impl Future<Output = Result<(), FactoryError>> + Send {
+        async { Ok(()) }
+    }
+
+    /// The latest snapshot of every node; the backend publishes a new one when it changes.
+    fn stats(&self) -> StatsReceiver;
+
+    /// Re-observes the cluster and publishes fresh stats (called periodically, never per
+    /// activation).
+    fn observe(&self) {}
+
+    /// True when the container's last process was killed for exceeding its memory limit.
+    fn was_oom_killed(&self, _c: &ContainerHandle) -> bool {
+        false
+    }
+
+    /// Containers that end on their own (a lost node, a failed task), for the pool to replace;
+    /// `Some` once, for the backends that learn of such ends.
+    fn take_gone(&self) -> Option<tokio::sync::mpsc::Receiver<ContainerId>> {
+        None
+    }
+
+    /// Whether jobs wait for room (a cluster that hands out resources on demand asks for more).
+    fn demand(&self, _waiting: bool) {}
+
+    /// Destroys everything still alive (shutdown), bounded by the caller.
+    fn destroy_all(&self) -> impl Future<Output = ()> + Send;
+
+    /// What the factory enforces, for the start-up log and `/health`.
+    fn describe(&self) -> String;
 }
 
 #[derive(Clone)]
@@ -106,6 +144,18 @@ pub enum Factory {
     Docker(docker::DockerFactory),
     Mesos(mesos::MesosFactory),
     Mock(mock::MockFactory),
+}
+
+/// `$body` with `$f` bound to the backend that runs: the one list of backends to delegate to.
+macro_rules! each_backend {
+    ($factory:expr, $f:ident => $body:expr) => {
+        match $factory {
+            Factory::Process($f) => $body,
+            Factory::Docker($f) => $body,
+            Factory::Mesos($f) => $body,
+            Factory::Mock($f) => $body,
+        }
+    };
 }
 
 impl Factory {
@@ -128,106 +178,50 @@ impl Factory {
             }
         })
     }
+}
 
-    pub async fn create(&self, spec: &ContainerSpec, node: &NodeId) -> Result<ContainerHandle, FactoryError> {
-        match self {
-            Factory::Process(f) => f.create(spec, node).await,
-            Factory::Docker(f) => f.create(spec, node).await,
-            Factory::Mesos(f) => f.create(spec, node).await,
-            Factory::Mock(f) => f.create(spec, node).await,
-        }
+impl ContainerFactory for Factory {
+    async fn create(&self, spec: &ContainerSpec, node: &NodeId) -> Result<ContainerHandle, FactoryError> {
+        each_backend!(self, f => f.create(spec, node).await)
     }
 
-    pub async fn pause(&self, c: &ContainerHandle) -> Result<(), FactoryError> {
-        match self {
-            Factory::Process(f) => f.pause(c).await,
-            Factory::Docker(f) => f.pause(c).await,
-            Factory::Mesos(f) => f.pause(c).await,
-            Factory::Mock(f) => f.pause(c).await,
-        }
+    async fn destroy(&self, c: &ContainerHandle) -> Result<(), FactoryError> {
+        each_backend!(self, f => f.destroy(c).await)
     }
 
-    pub async fn resume(&self, c: &ContainerHandle) -> Result<(), FactoryError> {
-        match self {
-            Factory::Process(f) => f.resume(c).await,
-            Factory::Docker(f) => f.resume(c).await,
-            Factory::Mesos(f) => f.resume(c).await,
-            Factory::Mock(f) => f.resume(c).await,
-        }
+    async fn pause(&self, c: &ContainerHandle) -> Result<(), FactoryError> {
+        each_backend!(self, f => f.pause(c).await)
     }
 
-    pub async fn destroy(&self, c: &ContainerHandle) -> Result<(), FactoryError> {
-        match self {
-            Factory::Process(f) => f.destroy(c).await,
-            Factory::Docker(f) => f.destroy(c).await,
-            Factory::Mesos(f) => f.destroy(c).await,
-            Factory::Mock(f) => f.destroy(c).await,
-        }
+    async fn resume(&self, c: &ContainerHandle) -> Result<(), FactoryError> {
+        each_backend!(self, f => f.resume(c).await)
     }
 
-    pub fn stats(&self) -> StatsReceiver {
-        match self {
-            Factory::Process(f) => f.stats(),
-            Factory::Docker(f) => f.stats(),
-            Factory::Mesos(f) => f.stats(),
-            Factory::Mock(f) => f.stats(),
-        }
+    fn stats(&self) -> StatsReceiver {
+        each_backend!(self, f => f.stats())
     }
 
-    /// Re-observes the cluster and publishes fresh stats (called periodically, never per activation).
-    pub fn observe(&self) {
-        match self {
-            Factory::Process(f) => f.observe(),
-            Factory::Docker(f) => f.observe(),
-            Factory::Mesos(f) => f.observe(),
-            Factory::Mock(f) => f.observe(),
-        }
+    fn observe(&self) {
+        each_backend!(self, f => f.observe())
     }
 
-    /// True when the container's last process was killed for exceeding its memory limit.
-    pub fn was_oom_killed(&self, c: &ContainerHandle) -> bool {
-        match self {
-            Factory::Process(f) => f.was_oom_killed(c.id),
-            Factory::Docker(f) => f.was_oom_killed(c.id),
-            Factory::Mesos(_) => false,
-            Factory::Mock(_) => false,
-        }
+    fn was_oom_killed(&self, c: &ContainerHandle) -> bool {
+        each_backend!(self, f => f.was_oom_killed(c))
     }
 
-    /// Containers that end on their own (a lost node, a failed task), for the pool to replace;
-    /// `Some` once, for the backends that learn of such ends (Mesos).
-    pub fn take_gone(&self) -> Option<tokio::sync::mpsc::Receiver<ContainerId>> {
-        match self {
-            Factory::Mesos(f) => f.take_gone(),
-            Factory::Process(_) | Factory::Docker(_) | Factory::Mock(_) => None,
-        }
+    fn take_gone(&self) -> Option<tokio::sync::mpsc::Receiver<ContainerId>> {
+        each_backend!(self, f => f.take_gone())
     }
 
-    /// Tells the factory whether jobs wait for room (a Mesos framework then asks for offers).
-    pub fn demand(&self, waiting: bool) {
-        match self {
-            Factory::Mesos(f) => f.demand(waiting),
-            Factory::Process(_) | Factory::Docker(_) | Factory::Mock(_) => {}
-        }
+    fn demand(&self, waiting: bool) {
+        each_backend!(self, f => f.demand(waiting))
     }
 
-    /// Destroys everything still alive (shutdown), bounded by the caller.
-    pub async fn destroy_all(&self) {
-        match self {
-            Factory::Process(f) => f.destroy_all().await,
-            Factory::Docker(f) => f.destroy_all().await,
-            Factory::Mesos(f) => f.destroy_all().await,
-            Factory::Mock(f) => f.destroy_all().await,
-        }
+    async fn destroy_all(&self) {
+        each_backend!(self, f => f.destroy_all().await)
     }
 
-    /// What the factory enforces, for the start-up log and `/health`.
-    pub fn describe(&self) -> String {
-        match self {
-            Factory::Process(f) => f.describe(),
-            Factory::Docker(f) => f.describe(),
-            Factory::Mesos(f) => f.describe(),
-            Factory::Mock(_) => "mock factory (in-process runtimes, nothing enforced)".into(),
-        }
+    fn describe(&self) -> String {
+        each_backend!(self, f => f.describe())
     }
 }

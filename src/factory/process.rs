@@ -11,11 +11,12 @@
 
 use super::cgroup::ContainerCgroups;
 use super::logs::{LogBuffer, Stream};
+use super::one_host::OneHost;
 use super::sandbox::{resolve_interpreter, SandboxArgs, ACTION_PATH};
 use super::uids::{HeldUid, UidRange};
-use super::{one_host_stats, ContainerHandle, ContainerSpec, Epoch, FactoryError, StatsReceiver, Transport};
+use super::{ContainerFactory, ContainerHandle, ContainerSpec, Epoch, FactoryError, StatsReceiver, Transport};
 use crate::config::{Config, KindConfig, Network, ProcessFactoryConfig, TransportKind};
-use crate::pool::core::{ContainerId, NodeId, NodeStatsUpdate};
+use crate::pool::core::{ContainerId, NodeId};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use parking_lot::Mutex;
@@ -28,7 +29,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt as _, BufReader};
 use tokio::process::{Child, Command};
-use tokio::sync::watch;
 
 /// Longest log line kept whole; longer ones are cut.
 const MAX_LINE: u64 = 64 * 1024;
@@ -40,7 +40,6 @@ pub struct ProcessFactory {
 
 struct Inner {
     invoker_id: String,
-    node: NodeId,
     settings: ProcessFactoryConfig,
     kinds: BTreeMap<String, KindConfig>,
     executable: PathBuf,
@@ -53,8 +52,7 @@ struct Inner {
     env: Vec<(String, String)>,
     /// Hidden inside every container even where a directory it sees holds them.
     masked: Vec<PathBuf>,
-    epoch: Epoch,
-    stats: watch::Sender<Vec<NodeStatsUpdate>>,
+    host: OneHost,
     live: Mutex<HashMap<ContainerId, Live>>,
 }
 
@@ -139,11 +137,10 @@ impl ProcessFactory {
             }
         }
         let masked = config.source.iter().cloned().chain(std::path::absolute(&config.data_dir).ok()).collect();
-        let (stats, _) = watch::channel(Vec::new());
+        let host = OneHost::new(NodeId::new("local"), settings.user_memory_mb, epoch);
         let factory = ProcessFactory {
             inner: Arc::new(Inner {
                 invoker_id: config.invoker_id.clone(),
-                node: NodeId::new("local"),
                 settings,
                 kinds: config.kinds.clone(),
                 executable,
@@ -152,8 +149,7 @@ impl ProcessFactory {
                 uids,
                 env,
                 masked,
-                epoch,
-                stats,
+                host,
                 live: Mutex::new(HashMap::new()),
             }),
         };
@@ -161,8 +157,10 @@ impl ProcessFactory {
         factory.observe();
         Ok(factory)
     }
+}
 
-    pub fn describe(&self) -> String {
+impl ContainerFactory for ProcessFactory {
+    fn describe(&self) -> String {
         let isolation = if self.inner.uids.is_some() {
             "each container under its own uid, root, mount, IPC and network namespaces"
         } else {
@@ -174,20 +172,16 @@ impl ProcessFactory {
         }
     }
 
-    pub fn stats(&self) -> StatsReceiver {
-        self.inner.stats.subscribe()
+    fn stats(&self) -> StatsReceiver {
+        self.inner.host.subscribe()
     }
 
     /// Publishes a fresh snapshot: user memory minus the declared limits of live containers.
-    pub fn observe(&self) {
-        let inner = &self.inner;
-        let live = inner.live.lock();
-        let limits = live.values().map(|l| l.memory_mb);
-        let capacity = inner.settings.user_memory_mb;
-        inner.stats.send_replace(one_host_stats(&inner.node, capacity, limits, inner.epoch.now()));
+    fn observe(&self) {
+        self.inner.host.publish(self.inner.live.lock().values().map(|l| l.memory_mb));
     }
 
-    pub async fn create(&self, spec: &ContainerSpec, node: &NodeId) -> Result<ContainerHandle, FactoryError> {
+    async fn create(&self, spec: &ContainerSpec, node: &NodeId) -> Result<ContainerHandle, FactoryError> {
         let inner = &self.inner;
         let kind = inner.kinds.get(&spec.kind).ok_or_else(|| FactoryError::UnknownKind(spec.kind.clone()))?;
         let uid = match &inner.uids {
@@ -249,11 +243,39 @@ impl ProcessFactory {
         if let Some(live) = inner.live.lock().get_mut(&spec.id) {
             live.child = Some(child);
         }
-        let ready_at = inner.epoch.now();
+        let ready_at = inner.host.now();
         self.observe();
         Ok(ContainerHandle { id: spec.id, node: node.clone(), transport, logs, ready_at })
     }
 
+    async fn pause(&self, c: &ContainerHandle) -> Result<(), FactoryError> {
+        self.signal(c.id, Signal::SIGSTOP, "pause")
+    }
+
+    async fn resume(&self, c: &ContainerHandle) -> Result<(), FactoryError> {
+        self.signal(c.id, Signal::SIGCONT, "resume")
+    }
+
+    async fn destroy(&self, c: &ContainerHandle) -> Result<(), FactoryError> {
+        self.kill(c.id, None).await;
+        c.logs.close();
+        Ok(())
+    }
+
+    /// True when the kernel's OOM killer struck inside this container's memory limit.
+    fn was_oom_killed(&self, c: &ContainerHandle) -> bool {
+        self.inner.cgroups.as_ref().is_ok_and(|cg| cg.oom_killed(c.id))
+    }
+
+    async fn destroy_all(&self) {
+        let ids: Vec<ContainerId> = self.inner.live.lock().keys().copied().collect();
+        for id in ids {
+            self.kill(id, None).await;
+        }
+    }
+}
+
+impl ProcessFactory {
     /// Makes the container's directory (its uid's, 0700), its root's mount point, its cgroups,
     /// and the address its runtime will serve on; returns that and the sandbox's arguments.
     fn prepare(
@@ -303,32 +325,6 @@ impl ProcessFactory {
             command: kind.command_for(&inner.executable, &listen).into_iter().map(Into::into).collect(),
         };
         Ok((transport, sandbox))
-    }
-
-    pub async fn pause(&self, c: &ContainerHandle) -> Result<(), FactoryError> {
-        self.signal(c.id, Signal::SIGSTOP, "pause")
-    }
-
-    pub async fn resume(&self, c: &ContainerHandle) -> Result<(), FactoryError> {
-        self.signal(c.id, Signal::SIGCONT, "resume")
-    }
-
-    pub async fn destroy(&self, c: &ContainerHandle) -> Result<(), FactoryError> {
-        self.kill(c.id, None).await;
-        c.logs.close();
-        Ok(())
-    }
-
-    /// True when the kernel's OOM killer struck inside this container's memory limit.
-    pub fn was_oom_killed(&self, id: ContainerId) -> bool {
-        self.inner.cgroups.as_ref().is_ok_and(|cg| cg.oom_killed(id))
-    }
-
-    pub async fn destroy_all(&self) {
-        let ids: Vec<ContainerId> = self.inner.live.lock().keys().copied().collect();
-        for id in ids {
-            self.kill(id, None).await;
-        }
     }
 
     fn signal(&self, id: ContainerId, signal: Signal, op: &'static str) -> Result<(), FactoryError> {

@@ -7,7 +7,7 @@ use super::core::{
 };
 use crate::activation::job::RunJob;
 use crate::config::{PoolConfig, ProxyConfig};
-use crate::factory::{ContainerSpec, Epoch, Factory};
+use crate::factory::{ContainerFactory, ContainerSpec, Epoch, Factory};
 use crate::metrics::Metrics;
 use crate::model::{Action, Rejection};
 use crate::proxy::{ContainerProxy, Gone, ProxyContext, ProxyReport, Remove, Run};

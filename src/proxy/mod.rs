@@ -10,7 +10,7 @@ pub mod outcome;
 
 use crate::activation::job::RunJob;
 use crate::config::ProxyConfig;
-use crate::factory::{ContainerHandle, ContainerSpec, Factory};
+use crate::factory::{ContainerFactory, ContainerHandle, ContainerSpec, Factory};
 use crate::model::{epoch_ms, ActivationRecord, ActivationResponse, KeyValue, Outcome, StartKind};
 use crate::pool::core::{ContainerId, JobId, NodeId};
 use actix::prelude::*;

@@ -14,7 +14,7 @@ pub mod recordio;
 pub mod scheduler;
 
 use super::logs::LogBuffer;
-use super::{ContainerHandle, ContainerSpec, Epoch, FactoryError, StatsReceiver, Transport};
+use super::{ContainerFactory, ContainerHandle, ContainerSpec, Epoch, FactoryError, StatsReceiver, Transport};
 use crate::config::{Config, MesosFactoryConfig};
 use crate::pool::core::{ContainerId, NodeId, NodeStatsUpdate};
 use crate::store::Store;
@@ -132,8 +132,12 @@ impl MesosFactory {
         tokio::spawn(ticker(Arc::downgrade(&factory.inner)));
         Ok(factory)
     }
+}
 
-    pub fn describe(&self) -> String {
+/// Mesos has no pause: an idle task keeps running (as in OpenWhisk's Mesos factory), so pause
+/// and resume are the trait's defaults.
+impl ContainerFactory for MesosFactory {
+    fn describe(&self) -> String {
         let c = &self.inner.config;
         format!(
             "mesos factory: framework '{}' of invoker {} on master {} (offers are the node stats; tasks run as '{}')",
@@ -144,24 +148,24 @@ impl MesosFactory {
         )
     }
 
-    pub fn take_gone(&self) -> Option<mpsc::Receiver<ContainerId>> {
+    fn take_gone(&self) -> Option<mpsc::Receiver<ContainerId>> {
         self.inner.gone_rx.lock().take()
     }
 
-    pub fn stats(&self) -> StatsReceiver {
+    fn stats(&self) -> StatsReceiver {
         self.inner.stats.subscribe()
     }
 
-    pub fn observe(&self) {
+    fn observe(&self) {
         self.inner.publish_stats(&self.inner.state.lock());
     }
 
     /// Jobs wait for room: a suppressed framework asks for offers again.
-    pub fn demand(&self, waiting: bool) {
+    fn demand(&self, waiting: bool) {
         self.inner.apply(|s, now, step| s.demand(waiting, now, step));
     }
 
-    pub async fn create(&self, spec: &ContainerSpec, node: &NodeId) -> Result<ContainerHandle, FactoryError> {
+    async fn create(&self, spec: &ContainerSpec, node: &NodeId) -> Result<ContainerHandle, FactoryError> {
         let inner = &self.inner;
         let template = inner.templates.get(&spec.kind).ok_or_else(|| FactoryError::UnknownKind(spec.kind.clone()))?;
         let request = LaunchRequest {
@@ -219,20 +223,18 @@ impl MesosFactory {
         }
     }
 
-    /// Mesos has no pause: an idle task keeps running (as in OpenWhisk's Mesos factory).
-    pub async fn pause(&self, _c: &ContainerHandle) -> Result<(), FactoryError> {
-        Ok(())
-    }
-
-    pub async fn resume(&self, _c: &ContainerHandle) -> Result<(), FactoryError> {
-        Ok(())
-    }
-
-    pub async fn destroy(&self, c: &ContainerHandle) -> Result<(), FactoryError> {
+    async fn destroy(&self, c: &ContainerHandle) -> Result<(), FactoryError> {
         self.kill(c.id).await;
         Ok(())
     }
 
+    async fn destroy_all(&self) {
+        let ids: Vec<ContainerId> = self.inner.state.lock().live.keys().copied().collect();
+        futures_util::future::join_all(ids.into_iter().map(|id| self.kill(id))).await;
+    }
+}
+
+impl MesosFactory {
     /// KILLs the task and waits for the master to confirm (the scheduler bounds the wait).
     async fn kill(&self, id: ContainerId) {
         let inner = &self.inner;
@@ -243,11 +245,6 @@ impl MesosFactory {
         if let Some(logs) = inner.state.lock().live.remove(&id) {
             logs.close();
         }
-    }
-
-    pub async fn destroy_all(&self) {
-        let ids: Vec<ContainerId> = self.inner.state.lock().live.keys().copied().collect();
-        futures_util::future::join_all(ids.into_iter().map(|id| self.kill(id))).await;
     }
 }
 
