@@ -41,12 +41,35 @@ pub struct Config {
     pub kinds: BTreeMap<String, KindConfig>,
     #[serde(with = "humantime_serde")]
     pub shutdown_grace: Duration,
-    /// Activation records are removed once they started this long ago (checked hourly).
+    /// Activation records are removed once they started this long ago (checked every
+    /// `store.expire_every`).
     #[serde(with = "humantime_serde")]
     pub record_retention: Duration,
+    pub store: StoreConfig,
     /// The file this was read from: hidden from action containers.
     #[serde(skip)]
     pub source: Option<PathBuf>,
+}
+
+/// `[store]`: the embedded store's bounds.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreConfig {
+    /// Memory for the actions read on every invoke, kept whole (code included); the least
+    /// recently used go first.
+    pub action_cache_mb: u64,
+    /// How often records older than `record_retention` are removed.
+    #[serde(with = "humantime_serde")]
+    pub expire_every: Duration,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            action_cache_mb: (crate::store::DEFAULT_ACTION_CACHE_BYTES / (1024 * 1024)) as u64,
+            expire_every: Duration::from_secs(3600),
+        }
+    }
 }
 
 /// `[admin]`: the keys that are not a namespace's.
@@ -411,6 +434,7 @@ impl Default for Config {
             kinds: default_kinds(),
             shutdown_grace: Duration::from_secs(30),
             record_retention: Duration::from_secs(7 * 24 * 3600),
+            store: StoreConfig::default(),
             source: None,
         }
     }
@@ -684,6 +708,12 @@ impl Config {
             }
         }
         self.validate_prewarm()?;
+        if self.store.action_cache_mb > 1024 * 1024 {
+            return Err(bad("store.action_cache_mb", "must be at most 1048576 (1 TiB)"));
+        }
+        if self.store.expire_every < Duration::from_secs(1) {
+            return Err(bad("store.expire_every", "must be at least 1s"));
+        }
         let d = &self.factory.docker;
         if d.max_concurrent_creates == 0 || d.tmpfs_mb == 0 || d.pids_limit <= 0 {
             return Err(bad("factory.docker", "max_concurrent_creates, tmpfs_mb and pids_limit must be positive"));

@@ -130,7 +130,12 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     use std::os::unix::fs::PermissionsExt as _;
     std::fs::set_permissions(&config.data_dir, std::fs::Permissions::from_mode(0o711))
         .with_context(|| format!("data_dir {}", config.data_dir.display()))?;
-    let store = JournaledStore::open(&config.data_dir.join("invoker.redb"), &config.data_dir.join("journal"))?;
+    let action_cache_bytes = usize::try_from(config.store.action_cache_mb)?.saturating_mul(1024 * 1024);
+    let store = JournaledStore::open_with_cache(
+        &config.data_dir.join("invoker.redb"),
+        &config.data_dir.join("journal"),
+        action_cache_bytes,
+    )?;
     let recovered = store.recover_unfinished(invoker::model::epoch_ms())?;
     if recovered > 0 {
         tracing::warn!(recovered, "activations left unfinished by an earlier run got whisk-error records");
@@ -170,16 +175,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         println!("admin auth: {key}");
     }
     println!("listening on {addr}");
-    let retention = config.record_retention;
-    let expiry_store = store.clone();
-    actix_rt::spawn(async move {
-        loop {
-            let cutoff = invoker::model::epoch_ms().saturating_sub(retention.as_millis() as u64);
-            let s = expiry_store.clone();
-            let _ = tokio::task::spawn_blocking(move || s.expire(cutoff)).await;
-            tokio::time::sleep(std::time::Duration::from_secs(3600)).await;
-        }
-    });
+    actix_rt::spawn(expire_records(store.clone(), config.record_retention, config.store.expire_every));
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
@@ -199,4 +195,20 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         tracing::warn!(unfinished, "activations that could not finish got whisk-error records");
     }
     Ok(())
+}
+
+/// Removes records older than `retention`, every `every`; a failure is logged and tried again
+/// at the next round.
+async fn expire_records(store: Arc<dyn Store>, retention: std::time::Duration, every: std::time::Duration) {
+    loop {
+        let cutoff = invoker::model::epoch_ms().saturating_sub(retention.as_millis() as u64);
+        let s = store.clone();
+        match tokio::task::spawn_blocking(move || s.expire(cutoff)).await {
+            Ok(Ok(0)) => {}
+            Ok(Ok(removed)) => tracing::info!(removed, "expired activation records"),
+            Ok(Err(e)) => tracing::warn!("expiring activation records failed: {e}"),
+            Err(e) => tracing::warn!("expiring activation records failed: {e}"),
+        }
+        tokio::time::sleep(every).await;
+    }
 }

@@ -8,6 +8,7 @@
 //! Power loss may lose the last `FLUSH_EVERY` of journal lines (they are not fsynced); a
 //! SIGKILL loses nothing.
 
+use super::action_cache::ActionCache;
 use super::{Accepted, RedbStore, Store, StoreError};
 use crate::model::{Action, ActivationMeta, ActivationRecord};
 use parking_lot::Mutex;
@@ -20,14 +21,18 @@ use std::time::Duration;
 
 const FLUSH_EVERY: Duration = Duration::from_millis(200);
 
+/// The action cache's budget unless configured (`[store] action_cache_mb`).
+pub const DEFAULT_ACTION_CACHE_BYTES: usize = 256 * 1024 * 1024;
+
 pub struct JournaledStore {
     inner: Arc<Inner>,
 }
 
 struct Inner {
     db: RedbStore,
-    /// Actions read on every invoke, kept whole in memory; a write replaces or drops the entry.
-    actions: Mutex<FxHashMap<(String, String), Arc<Action>>>,
+    /// Actions read on every invoke, kept whole in memory within a byte budget; a write
+    /// replaces or drops the entry.
+    actions: Mutex<ActionCache>,
     dir: PathBuf,
     state: Mutex<State>,
     /// Serialises flushes (the thread's and an explicit one).
@@ -99,8 +104,13 @@ enum LineRef<'a> {
 
 impl JournaledStore {
     /// Opens redb at `db_path`, replays the journal segments in `dir` into it, and starts the
-    /// flusher thread.
+    /// flusher thread; actions are cached within [`DEFAULT_ACTION_CACHE_BYTES`].
     pub fn open(db_path: &Path, dir: &Path) -> Result<Self, StoreError> {
+        Self::open_with_cache(db_path, dir, DEFAULT_ACTION_CACHE_BYTES)
+    }
+
+    /// As [`open`](Self::open), with the action cache's budget in bytes.
+    pub fn open_with_cache(db_path: &Path, dir: &Path, action_cache_bytes: usize) -> Result<Self, StoreError> {
         let db = RedbStore::open(db_path)?;
         std::fs::create_dir_all(dir).map_err(|e| io_err("journal directory", e))?;
         use std::os::unix::fs::PermissionsExt as _;
@@ -123,7 +133,7 @@ impl JournaledStore {
         };
         let inner = Arc::new(Inner {
             db,
-            actions: Mutex::default(),
+            actions: Mutex::new(ActionCache::new(action_cache_bytes)),
             dir: dir.to_path_buf(),
             state: Mutex::new(state),
             flushing: Mutex::new(()),
@@ -241,20 +251,18 @@ impl Drop for Inner {
 
 impl Store for JournaledStore {
     fn put_action(&self, action: Action, overwrite: bool) -> Result<Action, StoreError> {
-        let key = (action.namespace.clone(), action.name.clone());
         let saved = self.inner.db.put_action(action, overwrite)?;
-        self.inner.actions.lock().insert(key, Arc::new(saved.clone()));
+        self.inner.actions.lock().insert(Arc::new(saved.clone()));
         Ok(saved)
     }
 
     fn get_action(&self, namespace: &str, name: &str) -> Result<Option<Arc<Action>>, StoreError> {
-        let key = (namespace.to_string(), name.to_string());
-        if let Some(action) = self.inner.actions.lock().get(&key) {
-            return Ok(Some(action.clone()));
+        if let Some(action) = self.inner.actions.lock().get(namespace, name) {
+            return Ok(Some(action));
         }
         let found = self.inner.db.get_action(namespace, name)?;
         if let Some(action) = &found {
-            self.inner.actions.lock().insert(key, action.clone());
+            self.inner.actions.lock().insert(action.clone());
         }
         Ok(found)
     }
@@ -265,7 +273,7 @@ impl Store for JournaledStore {
 
     fn delete_action(&self, namespace: &str, name: &str) -> Result<Option<Action>, StoreError> {
         let deleted = self.inner.db.delete_action(namespace, name)?;
-        self.inner.actions.lock().remove(&(namespace.to_string(), name.to_string()));
+        self.inner.actions.lock().remove(namespace, name);
         Ok(deleted)
     }
 

@@ -4,10 +4,11 @@
 //! the activation is acknowledged, `finish` replaces it with the record, and at start-up
 //! `recover_unfinished` turns whatever an earlier run left pending into whisk-error records.
 
+mod action_cache;
 mod journal;
 mod redb_store;
 
-pub use journal::JournaledStore;
+pub use journal::{JournaledStore, DEFAULT_ACTION_CACHE_BYTES};
 pub use redb_store::RedbStore;
 
 use crate::model::{Action, ActivationMeta, ActivationRecord};
