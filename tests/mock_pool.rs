@@ -327,3 +327,41 @@ async fn the_pool_forgets_actions_it_no_longer_holds() {
     // An action seen again is tracked again, under a new key, and runs.
     assert_eq!(invoke(&h, &actions[0], json!({})).await.response.status_code, 0);
 }
+
+#[actix_rt::test]
+async fn a_full_pool_mailbox_answers_at_once_and_every_activation_still_gets_its_record() {
+    let h = setup(MockConfig::default(), PoolConfig::default());
+    let a = action("flood", 256);
+    // Nothing below awaits anything that pends, so the pool actor (on this thread) takes no
+    // message until the loop ends: its mailbox fills, and what follows is answered at once.
+    let mut accepted = Vec::new();
+    let mut answered = 0;
+    for _ in 0..1200 {
+        let req = InvokeRequest {
+            action: a.clone(),
+            params: Default::default(),
+            subject: "guest".into(),
+            api_key: None,
+            activation_id: None,
+            transaction_id: "tid".into(),
+            wait: None,
+        };
+        match h.service.invoke(req).await.unwrap() {
+            Invoked::Accepted(id) => accepted.push(id),
+            Invoked::Done(record) => {
+                assert_eq!(record.annotation("rejected"), Some(&json!("queue_full")), "{record:?}");
+                assert_eq!(record.rejection, Some(invoker::model::Rejection::QueueFull));
+                assert!(h.service.store().get_activation(&record.activation_id).unwrap().is_some());
+                answered += 1;
+            }
+        }
+    }
+    assert!(answered > 0 && !accepted.is_empty(), "{answered} answered at once, {} accepted", accepted.len());
+    // The accepted ones run (slowly in a debug build: a bound, not a measure).
+    let store = h.service.store().clone();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !accepted.iter().all(|id| store.get_activation(id).ok().flatten().is_some()) {
+        assert!(Instant::now() < deadline, "an accepted activation has no record");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -149,9 +149,13 @@ impl ActivationService {
             accepted,
             completion,
         };
-        // If the pool is gone, the job's completion was dropped with the message and wrote
-        // a whisk-error record; the waiter below sees it.
-        self.pool.submit(run);
+        if self.pool.submit(run).is_err() {
+            // Answered at once, blocking or not: the record is written already.
+            return Ok(match rx.await {
+                Ok(record) => Invoked::Done(record),
+                Err(_) => Invoked::Accepted(activation_id),
+            });
+        }
         let Some(wait) = req.wait else { return Ok(Invoked::Accepted(activation_id)) };
         match tokio::time::timeout(wait, rx).await {
             Ok(Ok(record)) => Ok(Invoked::Done(record)),

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use tokio::sync::oneshot;
 
-/// Hand a job to the pool. Sent with `send().await`, so a full mailbox pushes back on HTTP.
+/// Hand a job to the pool, with `try_send`: a full mailbox answers the job at once (503).
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct Submit(pub RunJob);
@@ -268,7 +268,6 @@ impl Actor for ContainerPool {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
-        ctx.set_mailbox_capacity(1024);
         let mut stats = self.factory.stats();
         // The first snapshot is applied before any message, so the pool never answers as if
         // it had no nodes.
@@ -398,6 +397,16 @@ impl Handler<Snapshot> for ContainerPool {
     }
 }
 
+/// Jobs that may wait in the pool's mailbox before it takes them; one more is answered 503 at
+/// once. The pool takes a job in microseconds, so a full mailbox means the invoker is far
+/// behind, not a burst.
+const MAILBOX: usize = 1024;
+
+/// The pool did not take the job; its record is written (`queue_full`, or a whisk error when the
+/// pool is gone).
+#[derive(Debug)]
+pub struct PoolBusy;
+
 /// A cloneable handle on the pool actor, so callers do not depend on actix types.
 #[derive(Clone)]
 pub struct PoolHandle {
@@ -408,7 +417,11 @@ pub struct PoolHandle {
 impl PoolHandle {
     pub fn start(pool: ContainerPool) -> Self {
         let user_memory_mb = pool.user_memory_mb.clone();
-        PoolHandle { addr: pool.start(), user_memory_mb }
+        let addr = ContainerPool::create(move |ctx| {
+            ctx.set_mailbox_capacity(MAILBOX);
+            pool
+        });
+        PoolHandle { addr, user_memory_mb }
     }
 
     /// The memory of every node of the cluster, as the factory last reported it.
@@ -417,10 +430,18 @@ impl PoolHandle {
     }
 
     /// Hands a job over without waiting for the pool to take it (one thread hop, not two).
-    /// If the pool is gone, the job's completion is dropped with the message and writes a
-    /// whisk-error record, so nothing is lost.
-    pub fn submit(&self, run: RunJob) {
-        self.addr.do_send(Submit(run));
+    /// When the pool's mailbox is full the job is answered at once with a `queue_full` record;
+    /// when the pool is gone, its completion is dropped with the message and writes a
+    /// whisk-error record. Either way nothing is lost, and `Err` says the record is written.
+    pub fn submit(&self, run: RunJob) -> Result<(), PoolBusy> {
+        match self.addr.try_send(Submit(run)) {
+            Ok(()) => Ok(()),
+            Err(SendError::Full(Submit(run))) => {
+                run.reject(Rejection::QueueFull);
+                Err(PoolBusy)
+            }
+            Err(SendError::Closed(_)) => Err(PoolBusy),
+        }
     }
 
     pub async fn snapshot(&self) -> Option<PoolSnapshot> {
