@@ -257,12 +257,18 @@ impl Inner {
         self.carry_out(&mut state, step);
     }
 
-    fn carry_out(&self, state: &mut Driver, step: Step) {
-        for call in step.calls {
-            if self.outbox.try_send(call).is_err() {
-                tracing::warn!("mesos: the call queue is full; a call was dropped");
+    fn carry_out(&self, state: &mut Driver, mut step: Step) {
+        let mut unsent = Step::default();
+        for call in std::mem::take(&mut step.calls) {
+            if let Err(e) = self.outbox.try_send(call) {
+                let call = match e {
+                    mpsc::error::TrySendError::Full(call) | mpsc::error::TrySendError::Closed(call) => call,
+                };
+                tracing::warn!(call = call.r#type, "mesos: the queue of calls to the master is full");
+                state.scheduler.unsent(call, &mut unsent);
             }
         }
+        step.outcomes.append(&mut unsent.outcomes);
         for outcome in step.outcomes {
             match outcome {
                 Outcome::Started { container, host, port } => {

@@ -107,6 +107,8 @@ pub struct Scheduler {
     capacity: BTreeMap<String, f64>,
     suppressed: bool,
     last_busy: Time,
+    /// Calls the driver could not queue, sent again at the next tick (see `unsent`).
+    resend: Vec<Call>,
 }
 
 impl Scheduler {
@@ -121,6 +123,7 @@ impl Scheduler {
             capacity: BTreeMap::new(),
             suppressed: false,
             last_busy: Time::ZERO,
+            resend: Vec::new(),
         }
     }
 
@@ -291,8 +294,31 @@ impl Scheduler {
         }
     }
 
+    /// A call the driver could not queue (its queue to the master is full): what it was for
+    /// fails or is tried again, never silently lost. A launch fails at once (its job is
+    /// answered, its reservation released); a kill, reconciliation, acknowledgement or decline
+    /// goes out again at the next tick; a revive or suppress that did not go out is undone, so
+    /// the next demand or idle tick sends it again.
+    pub fn unsent(&mut self, call: Call, step: &mut Step) {
+        match call::Type::try_from(call.r#type) {
+            Ok(call::Type::Accept) => {
+                let launched = call.accept.iter().flat_map(|a| &a.operations).filter_map(|o| o.launch.as_ref());
+                for info in launched.flat_map(|l| &l.task_infos) {
+                    if let Some(task) = self.tasks.remove(&info.task_id.value) {
+                        let reason = "the invoker's queue of calls to the Mesos master is full".to_string();
+                        step.outcomes.push(Outcome::LaunchFailed { container: task.container, reason });
+                    }
+                }
+            }
+            Ok(call::Type::Revive) => self.suppressed = true,
+            Ok(call::Type::Suppress) => self.suppressed = false,
+            _ => self.resend.push(call),
+        }
+    }
+
     /// Time passed: launches and kills past their deadlines, offers held too long, idleness.
     pub fn tick(&mut self, now: Time, step: &mut Step) {
+        step.calls.append(&mut self.resend);
         while let Some((request, since)) = self.pending.front() {
             if *since + self.config.launch_timeout > now {
                 break;
@@ -713,6 +739,32 @@ mod tests {
         s.launch(launch(3, "b", 128.0), S(14), &mut step);
         s.kill(ContainerId(3), S(14), &mut step);
         assert_eq!(step.outcomes, vec![Outcome::Killed { container: ContainerId(3) }], "never launched");
+    }
+
+    #[test]
+    fn a_call_that_could_not_be_queued_fails_its_launches_or_goes_out_again() {
+        let mut s = scheduler();
+        let mut step = Step::default();
+        s.subscribed("fw".into(), Time::ZERO, &mut step);
+        s.launch(launch(1, "a", 256.0), Time::ZERO, &mut step);
+        let mut step = Step::default();
+        s.offers(&[offer("o1", "a", 1.0, 1024.0, (31000, 31010))], Time::ZERO, &mut step);
+        let accept = of_type(&step, call::Type::Accept)[0].clone();
+        let mut step = Step::default();
+        s.unsent(accept, &mut step);
+        assert!(
+            matches!(&step.outcomes[..], [Outcome::LaunchFailed { container, .. }] if *container == ContainerId(1)),
+            "{:?}",
+            step.outcomes
+        );
+        let kill = s.kill_call("t".into(), None);
+        s.unsent(kill, &mut step);
+        let mut step = Step::default();
+        s.tick(Time::from_secs(1), &mut step);
+        assert_eq!(of_type(&step, call::Type::Kill).len(), 1, "the kill goes out again");
+        let mut step = Step::default();
+        s.tick(Time::from_secs(2), &mut step);
+        assert!(of_type(&step, call::Type::Kill).is_empty(), "once");
     }
 
     #[test]
