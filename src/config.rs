@@ -313,6 +313,15 @@ pub enum Network {
     Host,
 }
 
+/// The protocol a kind's runtime speaks; one file per protocol in `proxy::protocol`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RuntimeProtocol {
+    /// OpenWhisk's action runtime protocol: `POST /init` once, `POST /run` per activation.
+    #[default]
+    OpenWhisk,
+}
+
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct DockerKindConfig {
@@ -409,6 +418,9 @@ pub struct KindConfig {
     /// host's network, an explicit opt-in.
     #[serde(default)]
     pub network: Network,
+    /// What the runtime speaks (`openwhisk`), whichever factory runs it.
+    #[serde(default)]
+    pub protocol: RuntimeProtocol,
 }
 
 impl KindConfig {
@@ -557,7 +569,11 @@ impl Default for ProcessFactoryConfig {
 
 fn builtin_runtime(launcher: &str) -> KindConfig {
     let command = ["{invoker}", "action-runtime", "--listen", "{listen}", "--launcher", launcher];
-    KindConfig { command: command.iter().map(|s| s.to_string()).collect(), network: Network::None }
+    KindConfig {
+        command: command.iter().map(|s| s.to_string()).collect(),
+        network: Network::None,
+        protocol: RuntimeProtocol::OpenWhisk,
+    }
 }
 
 /// The project's own runtime serves every built-in kind; the launcher picks the language.
@@ -779,6 +795,14 @@ fn locate_key(text: &str, offset: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_kind_names_its_runtime_protocol_and_an_unknown_one_is_refused() {
+        let config = Config::from_toml("[kinds.x]\ncommand = [\"{listen}\"]\nprotocol = \"openwhisk\"\n").unwrap();
+        assert_eq!(config.kinds["x"].protocol, RuntimeProtocol::OpenWhisk);
+        let err = Config::from_toml("[kinds.x]\ncommand = [\"{listen}\"]\nprotocol = \"grpc\"\n").unwrap_err();
+        assert!(err.to_string().contains("protocol") || err.to_string().contains("grpc"), "{err}");
+    }
 
     #[test]
     fn the_docker_config_file_is_valid() {

@@ -155,15 +155,18 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     // crosses no thread boundary inside the invoker. The runtimes and the actions run on the
     // other cores.
     let config = Arc::new(config);
-    let pool = PoolHandle::start(ContainerPool::new(
-        factory.clone(),
-        epoch,
-        config.pool.clone(),
-        config.proxy.clone(),
-        format!("http://{addr}"),
-        config.limits.payload_max_bytes,
-        metrics.clone(),
-    ));
+    let pool = PoolHandle::start(
+        ContainerPool::new(
+            factory.clone(),
+            epoch,
+            config.pool.clone(),
+            config.proxy.clone(),
+            format!("http://{addr}"),
+            config.limits.payload_max_bytes,
+            metrics.clone(),
+        )
+        .with_protocols(config.kinds.iter().map(|(kind, k)| (kind.clone(), k.protocol)).collect()),
+    );
     let service = ActivationService::new(store.clone(), pool.clone(), metrics, config.limits.namespace_concurrent);
     let state = Arc::new(AppState::new(service.clone(), config.clone()));
     let stop = tokio_util::sync::CancellationToken::new();

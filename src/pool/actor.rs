@@ -6,7 +6,7 @@ use super::core::{
     RejectReason, StemId,
 };
 use crate::activation::job::RunJob;
-use crate::config::{PoolConfig, ProxyConfig};
+use crate::config::{PoolConfig, ProxyConfig, RuntimeProtocol};
 use crate::factory::{ContainerFactory, ContainerSpec, Epoch, Factory};
 use crate::metrics::Metrics;
 use crate::model::{Action, Rejection};
@@ -87,6 +87,8 @@ pub struct ContainerPool {
     next_key: u32,
     next_job: u64,
     drained: Vec<oneshot::Sender<()>>,
+    /// Each kind's runtime protocol, for the proxies.
+    protocols: Arc<HashMap<String, RuntimeProtocol>>,
     /// The capacity of every node the factory reports, summed: kept where callers read it
     /// without a message to the pool (the shim's completion message says it per activation).
     user_memory_mb: Arc<AtomicU64>,
@@ -122,7 +124,14 @@ impl ContainerPool {
             next_job: 1,
             drained: Vec::new(),
             user_memory_mb: Arc::default(),
+            protocols: Arc::default(),
         }
+    }
+
+    /// The runtime protocol of each kind that does not speak OpenWhisk's (the default).
+    pub fn with_protocols(mut self, protocols: HashMap<String, RuntimeProtocol>) -> Self {
+        self.protocols = Arc::new(protocols);
+        self
     }
 
     /// Containers of one key are interchangeable: same action revision, kind, memory, concurrency.
@@ -175,6 +184,7 @@ impl ContainerPool {
                         pool: ctx.address().recipient(),
                         api_host: self.api_host.clone(),
                         max_result_bytes: self.max_result_bytes,
+                        protocols: self.protocols.clone(),
                     };
                     let prewarmed = matches!(owner, Owner::Stem(_));
                     let proxy = ContainerProxy::new(spec, node, proxy_ctx, prewarmed).start();

@@ -1,21 +1,78 @@
-//! How a runtime's answer becomes an activation outcome, and whether the container may be kept.
-//! Pure: the same rules as OpenWhisk's `ActivationResponse`.
+//! OpenWhisk's action runtime protocol: the `/init` and `/run` bodies its runtimes read, and
+//! how their answers become an activation outcome (the same rules as OpenWhisk's
+//! `ActivationResponse`), and whether the container may be kept.
 
-use super::client::{RuntimeError, RuntimeResponse};
-use crate::model::Outcome;
+use super::client::{RuntimeClient, RuntimeError, RuntimeResponse};
+use super::{Answer, Interpreted};
+use crate::activation::job::RunJob;
+use crate::model::{epoch_ms, Action, Outcome};
+use bytes::Bytes;
 use serde_json::{json, Value};
+use std::time::Duration;
 
 /// The one message for a result that is neither a dictionary nor an array, whichever kind (the
 /// runtime's own answer says the same).
 pub const NOT_A_RESULT: &str = "The action did not return a dictionary or array.";
 
-#[derive(Debug, PartialEq)]
-pub struct Interpreted {
-    pub outcome: Outcome,
-    pub result: Value,
-    /// False for developer and whisk errors: the container is removed, never reused.
-    pub reusable: bool,
-    pub timed_out: bool,
+/// `POST /init` with the action's code, main and environment; a 200 is success.
+pub(super) async fn init(
+    client: &RuntimeClient,
+    action: &Action,
+    api_host: &str,
+    timeout: Duration,
+) -> Result<(), Answer> {
+    let body = json!({ "value": {
+        "name": action.name,
+        "main": action.exec.main.as_deref().unwrap_or("main"),
+        "code": action.exec.code.as_deref().unwrap_or_default(),
+        "binary": action.exec.binary,
+        "env": {
+            "__OW_NAMESPACE": action.namespace,
+            "__OW_ACTION_NAME": format!("/{}/{}", action.namespace, action.name),
+            "__OW_ACTION_VERSION": action.version,
+            "__OW_API_HOST": api_host,
+        },
+    }});
+    // Serialising a JSON tree of strings and booleans cannot fail.
+    let body = Bytes::from(serde_json::to_vec(&body).expect("a JSON value serialises"));
+    match client.post("/init", body, timeout).await {
+        Ok(RuntimeResponse { status: 200, .. }) => Ok(()),
+        failed => Err(failed),
+    }
+}
+
+/// `POST /run` with the activation's parameters and context.
+pub(super) async fn run(client: &RuntimeClient, run: &RunJob, timeout: Duration) -> Answer {
+    let meta = &run.meta;
+    let body = RunBody {
+        value: &run.params,
+        namespace: &meta.namespace,
+        action_name: format!("/{}/{}", meta.namespace, meta.name),
+        action_version: &meta.version,
+        activation_id: &meta.activation_id,
+        transaction_id: &run.transaction_id,
+        deadline: (epoch_ms() + meta.limits.timeout).to_string(),
+        api_key: run.api_key.as_deref(),
+    };
+    // Strings and a JSON map: serialising cannot fail.
+    let body = Bytes::from(serde_json::to_vec(&body).expect("a run body serialises"));
+    client.post("/run", body, timeout).await
+}
+
+/// The `/run` body, written straight from the job (no copy of the parameters, no JSON tree in
+/// between).
+#[derive(serde::Serialize)]
+struct RunBody<'a> {
+    value: &'a serde_json::Map<String, Value>,
+    namespace: &'a str,
+    action_name: String,
+    action_version: &'a str,
+    activation_id: &'a str,
+    transaction_id: &'a str,
+    /// Milliseconds since the epoch, as a string.
+    deadline: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    api_key: Option<&'a str>,
 }
 
 fn developer(message: String) -> Interpreted {
@@ -29,12 +86,7 @@ fn developer(message: String) -> Interpreted {
 
 /// Interprets a `/run` (or failed `/init`) answer. `oom` says the container's memory limit
 /// killed it; `max_result_bytes` is the payload limit.
-pub fn interpret(
-    answer: Result<RuntimeResponse, RuntimeError>,
-    timeout_ms: u64,
-    oom: bool,
-    max_result_bytes: usize,
-) -> Interpreted {
+pub(super) fn interpret(answer: Answer, timeout_ms: u64, oom: bool, max_result_bytes: usize) -> Interpreted {
     let response = match answer {
         Err(RuntimeError::Timeout) => {
             let message = format!("The action exceeded its time limits of {timeout_ms} milliseconds.");
@@ -79,7 +131,7 @@ pub fn interpret(
 mod tests {
     use super::*;
 
-    fn ok(status: u16, body: Value) -> Result<RuntimeResponse, RuntimeError> {
+    fn ok(status: u16, body: Value) -> Answer {
         Ok(RuntimeResponse { status, body: Ok(body) })
     }
 

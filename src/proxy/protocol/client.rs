@@ -1,5 +1,5 @@
-//! The OpenWhisk action runtime protocol, client side: `POST /init` once, `POST /run` per
-//! activation, over kept-alive HTTP/1.1 connections to one container.
+//! The client every runtime protocol speaks through: `POST`s over kept-alive HTTP/1.1
+//! connections to one container.
 //!
 //! Straight on hyper's connection API rather than a general-purpose client: the address never
 //! changes, so there is no URL to parse, no pool keyed by host and no connector stack per
@@ -39,17 +39,8 @@ pub struct RuntimeClient {
 }
 
 impl RuntimeClient {
-    pub fn new(transport: &Transport) -> Result<Self, String> {
-        Ok(RuntimeClient { transport: transport.clone(), idle: Mutex::new(Vec::new()) })
-    }
-
-    pub async fn init(&self, body: &Value, timeout: Duration) -> Result<RuntimeResponse, RuntimeError> {
-        self.post("/init", Bytes::from(serde_json::to_vec(body).unwrap_or_default()), timeout).await
-    }
-
-    /// `body` is the `/run` body already encoded (the proxy writes it straight from the job).
-    pub async fn run(&self, body: Bytes, timeout: Duration) -> Result<RuntimeResponse, RuntimeError> {
-        self.post("/run", body, timeout).await
+    pub fn new(transport: &Transport) -> Self {
+        RuntimeClient { transport: transport.clone(), idle: Mutex::new(Vec::new()) }
     }
 
     async fn connect(&self) -> Result<SendRequest<Full<Bytes>>, String> {
@@ -80,7 +71,8 @@ impl RuntimeClient {
         }
     }
 
-    async fn post(&self, path: &str, body: Bytes, timeout: Duration) -> Result<RuntimeResponse, RuntimeError> {
+    /// `body` (JSON) to `path`; the answer's status and body, within `timeout`.
+    pub async fn post(&self, path: &str, body: Bytes, timeout: Duration) -> Result<RuntimeResponse, RuntimeError> {
         let exchange = async {
             let mut sender = self.sender().await?;
             let request = hyper::Request::post(path)

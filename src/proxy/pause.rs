@@ -1,0 +1,110 @@
+//! Pausing an idle container (OpenWhisk's Ready → Pausing → Paused) and resuming it on the
+//! next run, and handing runs to the runtime once it is initialised.
+
+use super::record::build_record;
+use super::{ContainerProxy, Init, ProxyReport, ProxyState};
+use crate::activation::job::RunJob;
+use crate::factory::ContainerFactory;
+use crate::model::Outcome;
+use crate::pool::core::JobId;
+use actix::prelude::*;
+use serde_json::json;
+use std::time::{Duration, Instant};
+
+/// Pausing an idle container (OpenWhisk's Ready → Pausing → Paused) and resuming it on the
+/// next run. A paused container uses no CPU; resuming costs one factory call.
+impl ContainerProxy {
+    pub(super) fn dispatch(&mut self, job: JobId, run: RunJob, began: Instant, ctx: &mut Context<Self>) {
+        match self.init {
+            Init::Done => self.start_run(job, run, began, ctx),
+            Init::InProgress => self.queued.push((job, run, began)),
+            Init::NotYet => {
+                self.start_init(&run, ctx);
+                self.queued.push((job, run, began));
+            }
+        }
+    }
+
+    pub(super) fn schedule_pause(&mut self, ctx: &mut Context<Self>) {
+        let grace = self.ctx.config.pause_grace;
+        if grace.is_zero() {
+            return;
+        }
+        self.pause_at = Some(Instant::now() + grace);
+        if !self.pause_timer {
+            self.arm_pause(grace, ctx);
+        }
+    }
+
+    fn arm_pause(&mut self, after: Duration, ctx: &mut Context<Self>) {
+        self.pause_timer = true;
+        ctx.run_later(after, |act, ctx| {
+            act.pause_timer = false;
+            let Some(at) = act.pause_at else { return };
+            let now = Instant::now();
+            if at > now {
+                act.arm_pause(at - now, ctx);
+            } else if act.state == ProxyState::Ready && act.running == 0 {
+                act.pause_at = None;
+                act.pause(ctx);
+            }
+        });
+    }
+
+    fn pause(&mut self, ctx: &mut Context<Self>) {
+        let Some(handle) = self.handle.clone() else { return };
+        self.state = ProxyState::Pausing;
+        let factory = self.ctx.factory.clone();
+        let fut = async move { factory.pause(&handle).await };
+        ctx.spawn(fut.into_actor(self).map(|paused, act, ctx| {
+            if act.state != ProxyState::Pausing {
+                return;
+            }
+            match paused {
+                Ok(()) => {
+                    act.state = ProxyState::Paused;
+                    if !act.parked.is_empty() {
+                        act.resume(ctx);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(container = act.spec.id.0, "pause failed, the container stays unpaused: {e}");
+                    act.release_parked(ctx);
+                }
+            }
+        }));
+    }
+
+    pub(super) fn resume(&mut self, ctx: &mut Context<Self>) {
+        let Some(handle) = self.handle.clone() else { return };
+        self.state = ProxyState::Running;
+        let factory = self.ctx.factory.clone();
+        let fut = async move { factory.resume(&handle).await };
+        ctx.spawn(fut.into_actor(self).map(|resumed, act, ctx| match resumed {
+            Ok(()) => act.release_parked(ctx),
+            Err(e) => act.fail_parked(&e.to_string()),
+        }));
+    }
+
+    fn release_parked(&mut self, ctx: &mut Context<Self>) {
+        self.state = if self.running > 0 { ProxyState::Running } else { ProxyState::Ready };
+        for (job, run, began) in std::mem::take(&mut self.parked) {
+            self.dispatch(job, run, began, ctx);
+        }
+    }
+
+    /// A container that cannot be resumed ran nothing: its parked runs get whisk-error
+    /// records (safe to retry) and the container is given up.
+    fn fail_parked(&mut self, reason: &str) {
+        tracing::warn!(container = self.spec.id.0, "resume failed: {reason}");
+        let container = self.spec.id;
+        for (job, run, began) in std::mem::take(&mut self.parked) {
+            self.running -= 1;
+            let fields = self.record_fields(&run, began);
+            let result = json!({ "error": format!("the container could not be resumed: {reason}") });
+            let record = build_record(&run, fields, Outcome::WhiskError, result, Vec::new(), false);
+            run.completion.finish(record);
+            self.report(ProxyReport::Finished { container, job, reusable: false });
+        }
+    }
+}

@@ -1,0 +1,71 @@
+//! The runtime protocols: how a proxy initialises a container's runtime with an action's code,
+//! runs one activation on it, and reads the answer as an outcome. One file per protocol,
+//! chosen per kind (`[kinds."<kind>"] protocol`); the proxy's lifecycle does not change with it.
+//! Every protocol speaks HTTP/1.1 over the container's transport through [`RuntimeClient`].
+
+mod client;
+mod openwhisk;
+
+pub use client::{RuntimeClient, RuntimeError, RuntimeResponse};
+pub use openwhisk::NOT_A_RESULT;
+
+use crate::activation::job::RunJob;
+use crate::config::RuntimeProtocol;
+use crate::factory::Transport;
+use crate::model::{Action, Outcome};
+use serde_json::Value;
+use std::time::Duration;
+
+/// A runtime's answer as it came, before it is interpreted.
+pub type Answer = Result<RuntimeResponse, RuntimeError>;
+
+/// What an answer means for the activation and the container.
+#[derive(Debug, PartialEq)]
+pub struct Interpreted {
+    pub outcome: Outcome,
+    pub result: Value,
+    /// False for developer and whisk errors: the container is removed, never reused.
+    pub reusable: bool,
+    pub timed_out: bool,
+}
+
+/// One container's runtime, reached through the protocol of its kind.
+pub struct Runtime {
+    protocol: RuntimeProtocol,
+    client: RuntimeClient,
+}
+
+impl Runtime {
+    pub fn new(protocol: RuntimeProtocol, transport: &Transport) -> Self {
+        Runtime { protocol, client: RuntimeClient::new(transport) }
+    }
+
+    /// Gives the runtime the action's code; `Err` holds the answer of a failed initialisation.
+    pub async fn init(&self, action: &Action, api_host: &str, timeout: Duration) -> Result<(), Answer> {
+        match self.protocol {
+            RuntimeProtocol::OpenWhisk => openwhisk::init(&self.client, action, api_host, timeout).await,
+        }
+    }
+
+    pub async fn run(&self, run: &RunJob, timeout: Duration) -> Answer {
+        match self.protocol {
+            RuntimeProtocol::OpenWhisk => openwhisk::run(&self.client, run, timeout).await,
+        }
+    }
+
+    /// The answer of a run (or of a failed init) as an outcome. `oom` says the container's
+    /// memory limit killed it; `max_result_bytes` is the payload limit.
+    pub fn interpret(&self, answer: Answer, timeout_ms: u64, oom: bool, max_result_bytes: usize) -> Interpreted {
+        match self.protocol {
+            RuntimeProtocol::OpenWhisk => openwhisk::interpret(answer, timeout_ms, oom, max_result_bytes),
+        }
+    }
+
+    /// Whether a run's answer is a success of the protocol (not of the action): when it is not,
+    /// the container may have died, and its OOM state is worth reading.
+    pub fn answered(&self, answer: &Answer) -> bool {
+        match self.protocol {
+            RuntimeProtocol::OpenWhisk => matches!(answer, Ok(RuntimeResponse { status: 200, .. })),
+        }
+    }
+}

@@ -1,0 +1,55 @@
+//! The record of an activation that ran (or was meant to run) on a container: OpenWhisk's
+//! annotations (`waitTime`, `initTime`, `startKind`, ...) from what the proxy measured.
+
+use crate::activation::job::RunJob;
+use crate::model::{epoch_ms, ActivationRecord, ActivationResponse, KeyValue, Outcome, StartKind};
+use crate::pool::core::ContainerId;
+use serde_json::{json, Value};
+
+/// What the proxy measured of one run, taken when it began.
+pub(super) struct RecordFields {
+    pub container: ContainerId,
+    pub start_kind: StartKind,
+    pub create_ms: Option<u64>,
+    pub init_ms: Option<u64>,
+    pub wait_ms: u64,
+    pub start: u64,
+}
+
+pub(super) fn build_record(
+    run: &RunJob,
+    f: RecordFields,
+    outcome: Outcome,
+    result: Value,
+    logs: Vec<String>,
+    timed_out: bool,
+) -> ActivationRecord {
+    let end = epoch_ms();
+    let mut annotations = run.meta.base_annotations();
+    annotations.push(KeyValue { key: "timeout".into(), value: json!(timed_out) });
+    annotations.push(KeyValue { key: "waitTime".into(), value: json!(f.wait_ms) });
+    if let Some(init) = f.init_ms {
+        annotations.push(KeyValue { key: "initTime".into(), value: json!(init) });
+    }
+    annotations.push(KeyValue { key: "containerId".into(), value: json!(f.container.0) });
+    annotations.push(KeyValue { key: "startKind".into(), value: json!(f.start_kind) });
+    if let Some(create) = f.create_ms {
+        annotations.push(KeyValue { key: "createTime".into(), value: json!(create) });
+    }
+    ActivationRecord {
+        namespace: run.meta.namespace.clone(),
+        name: run.meta.name.clone(),
+        version: run.meta.version.clone(),
+        subject: run.meta.subject.clone(),
+        activation_id: run.meta.activation_id.clone(),
+        start: f.start,
+        end,
+        duration: end.saturating_sub(f.start),
+        status_code: outcome.status_code(),
+        response: ActivationResponse::new(outcome, result),
+        logs,
+        annotations,
+        publish: false,
+        rejection: None,
+    }
+}
