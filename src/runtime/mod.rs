@@ -266,8 +266,9 @@ async fn run_action(runtime: &Runtime, body: &[u8]) -> Response {
     let Some(action) = runtime.action.get() else {
         return error(StatusCode::INTERNAL_SERVER_ERROR, "no action defined yet");
     };
-    // Compact serialisation escapes every newline inside strings: the body is one line.
-    let line = serde_json::to_vec(&body).unwrap_or_default();
+    // Compact serialisation escapes every newline inside strings: the body is one line. A JSON
+    // value read from bytes serialises again without fail.
+    let line = serde_json::to_vec(&body).expect("a parsed JSON value serialises");
     let idle = runtime.idle.lock().pop();
     let process = match idle {
         Some(process) => Ok(process),

@@ -108,7 +108,8 @@ pub fn run(scenario: &Scenario) -> Result<Value, ScenarioError> {
             // The systems these rules come from do not cap starts per node either.
             pool.max_starts_per_node = u32::MAX;
         }
-        let name = serde_json::to_value(rule).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
+        let name = serde_json::to_value(rule).ok().and_then(|v| v.as_str().map(str::to_string));
+        let name = name.expect("a start rule serialises to its name");
         out.insert(name, run_with(scenario, pool)?);
     }
     Ok(json!({ "scenario": scenario.name, "rules": out }))

@@ -57,8 +57,8 @@ struct Finished {
     json: Box<[u8]>,
 }
 
-fn io_err(what: &str, e: std::io::Error) -> StoreError {
-    StoreError::Corrupt { key: what.to_string(), reason: e.to_string() }
+fn io_err(what: &str, source: std::io::Error) -> StoreError {
+    StoreError::Io { what: what.to_string(), source }
 }
 
 fn segment_path(dir: &Path, n: u64) -> PathBuf {
@@ -164,7 +164,8 @@ fn replay(db: &RedbStore, path: &Path) -> Result<(), StoreError> {
             Err(_) => tracing::warn!(path = %path.display(), "skipped a torn journal line"),
         }
     }
-    let encoded: Vec<Vec<u8>> = finished.iter().map(|r| serde_json::to_vec(r).unwrap_or_default()).collect();
+    // A record is strings, numbers and JSON values: encoding it cannot fail.
+    let encoded: Vec<Vec<u8>> = finished.iter().map(|r| serde_json::to_vec(r).expect("a record serialises")).collect();
     let batch: Vec<(&ActivationRecord, &[u8])> =
         finished.iter().zip(&encoded).map(|(r, j)| (r, j.as_slice())).collect();
     db.apply(&accepted, &batch)
@@ -183,7 +184,8 @@ fn flush_loop(inner: Weak<Inner>) {
 impl Inner {
     /// Writes one line and returns it (without the newline).
     fn append(state: &mut State, line: &LineRef<'_>) -> Result<Vec<u8>, StoreError> {
-        let mut bytes = serde_json::to_vec(line).map_err(|e| io_err("journal line", e.into()))?;
+        // Model types of strings, numbers and JSON values: encoding cannot fail.
+        let mut bytes = serde_json::to_vec(line).expect("a journal line serialises");
         bytes.push(b'\n');
         state.file.write_all(&bytes).map_err(|e| io_err("journal append", e))?;
         bytes.pop();

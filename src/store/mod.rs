@@ -17,13 +17,36 @@ use std::sync::Arc;
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("store: {0}")]
-    Db(#[from] redb::Error),
+    Db(DbError),
+    /// A file of the store could not be read or written (the journal, the database file).
+    #[error("store: {what}: {source}")]
+    Io { what: String, source: std::io::Error },
+    /// An entry that does not decode: written by another version, or damaged.
     #[error("store: corrupt entry {key}: {reason}")]
     Corrupt { key: String, reason: String },
     #[error("store: schema version {found} in {path}, this invoker reads version {expected}")]
     Schema { path: String, found: u64, expected: u64 },
     #[error("action {0} exists")]
     ActionExists(String),
+}
+
+/// The embedded database's own error, behind a type of the store's: callers do not depend on
+/// which database the store is built on.
+#[derive(Debug)]
+pub struct DbError(redb::Error);
+
+impl std::fmt::Display for DbError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for DbError {}
+
+impl<E: Into<redb::Error>> From<E> for DbError {
+    fn from(e: E) -> Self {
+        DbError(e.into())
+    }
 }
 
 /// What `accept` found: a new activation, or one seen before (Kafka delivers at least once).

@@ -1,3 +1,6 @@
+//! The embedded database under the journal: actions, records, pending entries and settings in
+//! one redb file, with the indexes the API lists by (namespace, then newest first).
+
 use super::{next_version, Accepted, Store, StoreError};
 use crate::model::{Action, ActivationMeta, ActivationRecord};
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
@@ -32,7 +35,7 @@ pub struct RedbStore {
 const CACHE_BYTES: usize = 32 * 1024 * 1024;
 
 fn db_err(e: impl Into<redb::Error>) -> StoreError {
-    StoreError::Db(e.into())
+    StoreError::Db(e.into().into())
 }
 
 fn decode<T: DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<T, StoreError> {
@@ -61,7 +64,7 @@ impl RedbStore {
         // Actions' parameters and every record: the invoker's alone, whatever the umask.
         use std::os::unix::fs::PermissionsExt as _;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-            .map_err(|e| StoreError::Corrupt { key: path.display().to_string(), reason: e.to_string() })?;
+            .map_err(|source| StoreError::Io { what: path.display().to_string(), source })?;
         let txn = db.begin_write().map_err(db_err)?;
         {
             let mut meta = txn.open_table(META).map_err(db_err)?;

@@ -1,3 +1,6 @@
+//! The pool core driven event by event: placement, reuse, start caps, deadlines, prewarm and
+//! eviction, each decision checked on its effects.
+
 use super::*;
 use std::time::Duration;
 
