@@ -25,6 +25,7 @@ fn warm_core(containers: usize, keys: u32) -> PoolCore {
         start_rule: StartRule::Capped,
         prewarm: Vec::new(),
         claim_after: Duration::from_secs(1),
+        ..CoreConfig::default()
     };
     let mut core = PoolCore::new(config);
     let per_node = (containers / NODES + 1) as u64 * u64::from(MEMORY_MB);

@@ -105,7 +105,7 @@ impl ContainerPool {
         max_result_bytes: usize,
         metrics: Arc<Metrics>,
     ) -> Self {
-        let core = PoolCore::new(config.core_config());
+        let core = PoolCore::new(config.clone());
         ContainerPool {
             core,
             epoch,

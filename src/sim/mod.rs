@@ -118,7 +118,7 @@ pub fn run(scenario: &Scenario) -> Result<Value, ScenarioError> {
 fn run_with(scenario: &Scenario, pool: PoolConfig) -> Result<Value, ScenarioError> {
     let began = Instant::now();
     let (calls, actions) = workload::calls(&scenario.workload, scenario.seed)?;
-    let core = PoolCore::new(pool.core_config());
+    let core = PoolCore::new(pool.clone());
     let nodes: Vec<SimNode> = (0..scenario.cluster.nodes)
         .map(|i| SimNode {
             id: NodeId::new(&format!("node{i}")),

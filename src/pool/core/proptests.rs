@@ -226,8 +226,9 @@ fn new_core() -> (PoolCore, World) {
         stats_ttl: Duration::from_secs(4),
         buffer_mb: BUFFER_MB,
         start_rule: StartRule::Capped,
-        prewarm: vec![PrewarmSpec { memory_mb: STEM_MB, count: 2, reactive: None }],
+        prewarm: vec![PrewarmSpec { kind: "k".into(), memory_mb: STEM_MB, count: 2, reactive: None }],
         claim_after: Duration::from_secs(1),
+        ..CoreConfig::default()
     };
     let mut core = PoolCore::new(config);
     let mut world = World::default();

@@ -135,8 +135,10 @@ pub enum Effect {
 
 pub type Effects = SmallVec<[Effect; 4]>;
 
-/// Tunables of the core. Durations are in the core's time base.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Tunables of the core: the `[pool]` section of the invoker's config (and of the simulator's
+/// scenarios), read straight into this type. Durations are in the core's time base.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
 pub struct CoreConfig {
     /// Container starts in flight for one action key at most.
     pub max_starts_per_action: u32,
@@ -145,39 +147,75 @@ pub struct CoreConfig {
     /// Jobs waiting for a container, over all keys, at most.
     pub max_waiting: usize,
     /// An idle container is removed after this long unused.
+    #[serde(with = "humantime_serde")]
     pub idle_timeout: Duration,
+    /// How long a job may wait for a container before it is answered without running (503).
+    #[serde(with = "humantime_serde")]
+    pub wait_deadline: Duration,
     /// Node stats older than this count as nothing free.
+    #[serde(with = "humantime_serde")]
     pub stats_ttl: Duration,
+    /// How often the core is told that time passed (deadlines, idle timeouts, prewarm).
+    #[serde(with = "humantime_serde")]
+    pub tick: Duration,
     /// Memory kept free on every node (the launchability buffer).
     pub buffer_mb: u64,
-    /// When jobs that wait for an action start new containers.
+    /// When jobs that wait for an action start new containers: `capped` (ours); `one_each` and
+    /// `first_up` are the rules of OpenWhisk and Fn, for comparisons in the simulator.
     pub start_rule: StartRule,
-    /// Prewarm classes; a job's `stem` indexes this list.
+    /// Prewarm classes (`[[pool.prewarm]]`); a job's `stem` indexes this list.
     pub prewarm: Vec<PrewarmSpec>,
     /// An action blocked for room this long claims a node: other actions start nothing there,
     /// and their containers there retire when their runs end, until it has started. This is
     /// what keeps a large action from being overtaken forever by small ones.
+    #[serde(with = "humantime_serde")]
     pub claim_after: Duration,
 }
 
-/// How many stem containers of one class to keep ready.
-#[derive(Clone, Debug, PartialEq, Eq)]
+impl CoreConfig {
+    /// The prewarm class a job of this kind and memory may adopt.
+    pub fn stem_for(&self, kind: &str, memory_mb: u32) -> Option<StemId> {
+        let index = self.prewarm.iter().position(|p| p.kind == kind && p.memory_mb == memory_mb)?;
+        Some(StemId(index as u32))
+    }
+}
+
+/// How many stem containers of one class to keep ready: started and uninitialised, adopted by
+/// actions of `kind` and `memory_mb` that would start cold.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct PrewarmSpec {
+    /// What the class's containers run; the core only passes it on to whoever creates them.
+    pub kind: String,
     pub memory_mb: u32,
     /// Kept ready when the class is not reactive; the starting count when it is.
+    #[serde(default)]
     pub count: u32,
+    #[serde(default)]
     pub reactive: Option<ReactivePrewarm>,
 }
 
 /// OpenWhisk's reactive prewarm: every `window`, the count becomes
 /// `min + (cold starts of the class in the window / threshold) * increment`, within `max`.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ReactivePrewarm {
     pub min: u32,
     pub max: u32,
+    #[serde(default = "one")]
     pub threshold: u32,
+    #[serde(default = "one")]
     pub increment: u32,
+    #[serde(with = "humantime_serde", default = "one_minute")]
     pub window: Duration,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn one_minute() -> Duration {
+    Duration::from_secs(60)
 }
 
 /// When waiting jobs start containers. Only `Capped` is meant for production; the others are
@@ -205,7 +243,9 @@ impl Default for CoreConfig {
             max_starts_per_node: 8,
             max_waiting: 10_000,
             idle_timeout: Duration::from_secs(600),
+            wait_deadline: Duration::from_secs(60),
             stats_ttl: Duration::from_secs(60),
+            tick: Duration::from_millis(100),
             buffer_mb: 0,
             start_rule: StartRule::Capped,
             prewarm: Vec::new(),

@@ -1,0 +1,76 @@
+//! `[limits]`: what an action may ask for, and what a request may carry.
+
+use super::{bad, ConfigError};
+use serde::Deserialize;
+use std::time::Duration;
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    pub memory_min_mb: u32,
+    pub memory_max_mb: u32,
+    pub memory_default_mb: u32,
+    pub timeout_min_ms: u64,
+    pub timeout_max_ms: u64,
+    pub timeout_default_ms: u64,
+    pub logs_max_mb: u32,
+    pub logs_default_mb: u32,
+    pub concurrency_max: u32,
+    pub concurrency_default: u32,
+    /// Largest request body (parameters, action code) accepted.
+    pub payload_max_bytes: usize,
+    pub code_max_bytes: usize,
+    /// Activations one namespace may have in flight; more get 429.
+    pub namespace_concurrent: u32,
+    /// How long a blocking invoke waits before answering 202 (OpenWhisk: 60 s).
+    #[serde(with = "humantime_serde")]
+    pub blocking_wait: Duration,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            memory_min_mb: 128,
+            memory_max_mb: 512,
+            memory_default_mb: 256,
+            timeout_min_ms: 100,
+            timeout_max_ms: 300_000,
+            timeout_default_ms: 60_000,
+            logs_max_mb: 10,
+            logs_default_mb: 10,
+            concurrency_max: 100,
+            concurrency_default: 1,
+            payload_max_bytes: 1024 * 1024,
+            code_max_bytes: 48 * 1024 * 1024,
+            namespace_concurrent: 100,
+            blocking_wait: Duration::from_secs(60),
+        }
+    }
+}
+
+impl LimitsConfig {
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        let l = self;
+        if !(l.memory_min_mb <= l.memory_default_mb && l.memory_default_mb <= l.memory_max_mb) || l.memory_min_mb == 0 {
+            return Err(bad("limits.memory_*", "need 0 < memory_min_mb <= memory_default_mb <= memory_max_mb"));
+        }
+        if !(l.timeout_min_ms <= l.timeout_default_ms && l.timeout_default_ms <= l.timeout_max_ms)
+            || l.timeout_min_ms == 0
+        {
+            return Err(bad("limits.timeout_*", "need 0 < timeout_min_ms <= timeout_default_ms <= timeout_max_ms"));
+        }
+        if l.logs_default_mb > l.logs_max_mb {
+            return Err(bad("limits.logs_default_mb", "must not exceed logs_max_mb"));
+        }
+        if l.concurrency_default == 0 || l.concurrency_default > l.concurrency_max {
+            return Err(bad("limits.concurrency_default", "must be between 1 and concurrency_max"));
+        }
+        if l.namespace_concurrent == 0 {
+            return Err(bad("limits.namespace_concurrent", "must be at least 1"));
+        }
+        if l.blocking_wait.is_zero() {
+            return Err(bad("limits.blocking_wait", "must be positive"));
+        }
+        Ok(())
+    }
+}

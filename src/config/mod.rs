@@ -1,0 +1,229 @@
+//! Configuration: one TOML file per deployment shape (`config/default.toml` for the embedded
+//! default), flags and a few environment variables on top. Every key is validated at start-up;
+//! an error names the key and the reason. One file per section, its validation beside it;
+//! `[pool]` is the pure core's own config type.
+
+mod admin;
+mod factory;
+mod kinds;
+mod limits;
+mod pool;
+mod proxy;
+mod store;
+
+pub use admin::AdminConfig;
+pub use factory::{
+    DockerFactoryConfig, DockerKindConfig, FactoryConfig, FactoryKind, MesosFactoryConfig, MockFactoryConfig,
+    ProcessFactoryConfig, TransportKind,
+};
+pub use kinds::{default_kinds, KindConfig, Network, RuntimeProtocol};
+pub use limits::LimitsConfig;
+pub use pool::{PoolConfig, PrewarmConfig};
+pub use proxy::ProxyConfig;
+pub use store::StoreConfig;
+
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// OpenWhisk's well-known key for the local `guest` namespace, so its tools work unchanged.
+pub const GUEST_KEY: &str =
+    "23bc46b1-71f6-4ed5-8c54-816aa4f8c502:123zO3xZCLrMN6v2BKK1dXYFpXlPkccOFqm12CdAsMgRU4VrNZ9lyGVCGuMDGIwP";
+
+#[derive(Debug, thiserror::Error)]
+#[error("config {key}: {reason}")]
+pub struct ConfigError {
+    pub key: String,
+    pub reason: String,
+}
+
+fn bad(key: &str, reason: impl Into<String>) -> ConfigError {
+    ConfigError { key: key.to_string(), reason: reason.into() }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Labels every container and process this invoker creates; scopes clean-up after a crash.
+    pub invoker_id: String,
+    pub listen: SocketAddr,
+    pub data_dir: PathBuf,
+    /// Namespace → API key (`uuid:secret`), checked with basic auth.
+    pub namespaces: BTreeMap<String, String>,
+    pub admin: AdminConfig,
+    pub limits: LimitsConfig,
+    pub pool: PoolConfig,
+    pub proxy: ProxyConfig,
+    pub factory: FactoryConfig,
+    /// Action kind → the runtime command that serves it.
+    pub kinds: BTreeMap<String, KindConfig>,
+    #[serde(with = "humantime_serde")]
+    pub shutdown_grace: Duration,
+    /// Activation records are removed once they started this long ago (checked every
+    /// `store.expire_every`).
+    #[serde(with = "humantime_serde")]
+    pub record_retention: Duration,
+    pub store: StoreConfig,
+    /// The file this was read from: hidden from action containers.
+    #[serde(skip)]
+    pub source: Option<PathBuf>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            invoker_id: "invoker0".into(),
+            listen: SocketAddr::from(([127, 0, 0, 1], 3233)),
+            data_dir: PathBuf::from("data"),
+            namespaces: BTreeMap::from([("guest".to_string(), GUEST_KEY.to_string())]),
+            admin: AdminConfig::default(),
+            limits: LimitsConfig::default(),
+            pool: PoolConfig::default(),
+            proxy: ProxyConfig::default(),
+            factory: FactoryConfig::default(),
+            kinds: default_kinds(),
+            shutdown_grace: Duration::from_secs(30),
+            record_retention: Duration::from_secs(7 * 24 * 3600),
+            store: StoreConfig::default(),
+            source: None,
+        }
+    }
+}
+
+impl Config {
+    /// Reads a TOML file; keys it does not set keep their defaults.
+    pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| bad(&path.display().to_string(), e.to_string()))?;
+        let mut config = Self::from_toml(&text)?;
+        config.source = std::path::absolute(path).ok();
+        Ok(config)
+    }
+
+    pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
+        let mut config: Config = toml::from_str(text).map_err(|e| {
+            let key = e.span().map_or_else(|| "file".to_string(), |s| locate_key(text, s.start));
+            bad(&key, e.message().to_string())
+        })?;
+        // Kinds the file names replace the defaults; the others stay (in both maps).
+        for (kind, cfg) in default_kinds() {
+            config.kinds.entry(kind).or_insert(cfg);
+        }
+        for (kind, cfg) in DockerFactoryConfig::default().kinds {
+            config.factory.docker.kinds.entry(kind).or_insert(cfg);
+        }
+        Ok(config)
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let id_ok = !self.invoker_id.is_empty()
+            && self.invoker_id.len() <= 32
+            && self.invoker_id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        if !id_ok {
+            return Err(bad("invoker_id", "must be 1 to 32 letters, digits, '-' or '_'"));
+        }
+        admin::validate_keys(&self.namespaces, &self.admin)?;
+        self.limits.validate()?;
+        pool::validate(&self.pool, &self.kinds, &self.limits)?;
+        self.proxy.validate()?;
+        self.store.validate()?;
+        self.factory.validate(&self.pool, &self.limits)?;
+        kinds::validate(&self.kinds)
+    }
+}
+
+/// The dotted key around a byte offset of the TOML text, for error messages.
+fn locate_key(text: &str, offset: usize) -> String {
+    let before = &text[..offset.min(text.len())];
+    let table =
+        before.lines().rev().find(|l| l.trim_start().starts_with('[')).map(|l| l.trim().trim_matches(['[', ']']));
+    let line = before.rsplit('\n').next().unwrap_or("");
+    let key = line.split('=').next().unwrap_or("").trim();
+    match (table, key.is_empty()) {
+        (Some(t), false) => format!("{t}.{key}"),
+        (Some(t), true) => t.to_string(),
+        (None, false) => key.to_string(),
+        (None, true) => "file".to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kind_names_its_runtime_protocol_and_an_unknown_one_is_refused() {
+        let config = Config::from_toml("[kinds.x]\ncommand = [\"{listen}\"]\nprotocol = \"openwhisk\"\n").unwrap();
+        assert_eq!(config.kinds["x"].protocol, RuntimeProtocol::OpenWhisk);
+        let err = Config::from_toml("[kinds.x]\ncommand = [\"{listen}\"]\nprotocol = \"grpc\"\n").unwrap_err();
+        assert!(err.to_string().contains("protocol") || err.to_string().contains("grpc"), "{err}");
+    }
+
+    #[test]
+    fn the_docker_config_file_is_valid() {
+        let config = Config::from_file(Path::new("config/docker.toml")).unwrap();
+        config.validate().unwrap();
+        assert_eq!(config.factory.kind, FactoryKind::Docker);
+        assert_eq!(config.factory.docker.kinds["python:3"].image, "invoker-python:latest");
+    }
+
+    #[test]
+    fn a_docker_kind_in_a_file_adds_to_the_defaults_or_replaces_one() {
+        let text = "[factory.docker.kinds.\"nodejs:20\"]\nimage = \"openwhisk/action-nodejs-v20\"\n\
+                    [factory.docker.kinds.native]\nimage = \"my-native:1\"\n";
+        let kinds = Config::from_toml(text).unwrap().factory.docker.kinds;
+        assert_eq!(kinds["nodejs:20"].image, "openwhisk/action-nodejs-v20");
+        assert!(kinds["nodejs:20"].command.is_empty(), "the image's own entry point");
+        assert_eq!(kinds["native"].image, "my-native:1");
+        assert_eq!(kinds["python:3"].image, "invoker-python:latest", "a default the file does not name stays");
+    }
+
+    #[test]
+    fn the_mesos_config_file_is_valid_and_a_bad_master_is_named() {
+        let config = Config::from_file(Path::new("config/mesos.toml")).unwrap();
+        config.validate().unwrap();
+        assert_eq!(config.factory.kind, FactoryKind::Mesos);
+        assert_eq!(config.factory.mesos.failover_timeout, Duration::from_secs(7 * 24 * 3600));
+        let err = Config::from_toml("[factory.mesos]\nmaster = \"mesos:5050\"\n").unwrap().validate().unwrap_err();
+        assert_eq!(err.key, "factory.mesos.master");
+        let err = Config::from_toml("[factory.mesos]\ncpus_per_gb = 0.0\n").unwrap().validate().unwrap_err();
+        assert_eq!(err.key, "factory.mesos.cpus_per_gb");
+    }
+
+    #[test]
+    fn the_default_config_file_is_valid() {
+        let config = Config::from_file(Path::new("config/default.toml")).unwrap();
+        config.validate().unwrap();
+        assert_eq!(config.namespaces["guest"], GUEST_KEY);
+        assert!(config.kinds.contains_key("python:3"));
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let err = Config::from_toml("[pool]\nidle_timeout = \"soon\"\n").unwrap_err();
+        assert_eq!(err.key, "pool.idle_timeout");
+        let err = Config::from_toml("[pool]\nno_such_key = 1\n").unwrap_err();
+        assert!(err.to_string().contains("no_such_key"), "{err}");
+        let err = Config::from_toml("[limits]\nmemory_min_mb = 600\n").unwrap().validate().unwrap_err();
+        assert_eq!(err.key, "limits.memory_*");
+        let err = Config::from_toml("invoker_id = \"a b\"\n").unwrap().validate().unwrap_err();
+        assert_eq!(err.key, "invoker_id");
+    }
+
+    #[test]
+    fn prewarm_entries_are_checked_and_matched_by_kind_and_memory() {
+        let entry = |body: &str| format!("[[pool.prewarm]]\nkind = \"python:3\"\nmemory_mb = 256\n{body}");
+        let ok = Config::from_toml(&entry("count = 2\nreactive = { min = 1, max = 3 }\n")).unwrap();
+        ok.validate().unwrap();
+        assert_eq!(ok.pool.stem_for("python:3", 256), Some(crate::pool::core::StemId(0)));
+        assert_eq!(ok.pool.stem_for("python:3", 512), None);
+        assert_eq!(ok.pool.prewarm[0].reactive.as_ref().unwrap().window, Duration::from_secs(60));
+        let bad_kind = "[[pool.prewarm]]\nkind = \"cobol\"\nmemory_mb = 256\n";
+        assert_eq!(Config::from_toml(bad_kind).unwrap().validate().unwrap_err().key, "pool.prewarm[0].kind");
+        let bad_range = entry("reactive = { min = 4, max = 3 }\n");
+        assert_eq!(Config::from_toml(&bad_range).unwrap().validate().unwrap_err().key, "pool.prewarm[0].reactive");
+        let twice = format!("{}{}", entry(""), entry(""));
+        assert_eq!(Config::from_toml(&twice).unwrap().validate().unwrap_err().key, "pool.prewarm[1].kind");
+    }
+}

@@ -1,0 +1,56 @@
+//! `[pool]`: the pure core's own settings, read straight into its types (`CoreConfig`,
+//! `PrewarmSpec`): what this file adds is their validation against the rest of the config.
+
+use super::{bad, ConfigError, KindConfig, LimitsConfig};
+use std::collections::BTreeMap;
+
+/// `[pool]`: the core's tunables.
+pub type PoolConfig = crate::pool::core::CoreConfig;
+
+/// `[[pool.prewarm]]`: keep `count` containers of `kind` with `memory_mb` started and
+/// uninitialised; with `reactive`, the count follows recent cold starts within min..=max.
+pub type PrewarmConfig = crate::pool::core::PrewarmSpec;
+
+pub(super) fn validate(
+    p: &PoolConfig,
+    kinds: &BTreeMap<String, KindConfig>,
+    limits: &LimitsConfig,
+) -> Result<(), ConfigError> {
+    if p.max_starts_per_action == 0 || p.max_starts_per_node == 0 {
+        return Err(bad("pool.max_starts_per_*", "must be at least 1"));
+    }
+    for (key, d) in [
+        ("pool.idle_timeout", p.idle_timeout),
+        ("pool.wait_deadline", p.wait_deadline),
+        ("pool.stats_ttl", p.stats_ttl),
+        ("pool.tick", p.tick),
+        ("pool.claim_after", p.claim_after),
+    ] {
+        if d.is_zero() {
+            return Err(bad(key, "must be positive"));
+        }
+    }
+    for (i, w) in p.prewarm.iter().enumerate() {
+        let at = |field: &str| format!("pool.prewarm[{i}].{field}");
+        if !kinds.contains_key(&w.kind) {
+            return Err(bad(&at("kind"), format!("'{}' is not a configured kind", w.kind)));
+        }
+        if w.memory_mb < limits.memory_min_mb || w.memory_mb > limits.memory_max_mb {
+            return Err(bad(&at("memory_mb"), "must be within limits.memory_min_mb..=memory_max_mb"));
+        }
+        if p.prewarm[..i].iter().any(|q| q.kind == w.kind && q.memory_mb == w.memory_mb) {
+            return Err(bad(&at("kind"), "this kind and memory_mb already have a prewarm entry"));
+        }
+        if let Some(r) = &w.reactive {
+            if r.min > r.max || r.max > 1000 {
+                return Err(bad(&at("reactive"), "need min <= max <= 1000"));
+            }
+            if r.threshold == 0 || r.window.is_zero() {
+                return Err(bad(&at("reactive"), "threshold and window must be positive"));
+            }
+        } else if w.count > 1000 {
+            return Err(bad(&at("count"), "must be at most 1000"));
+        }
+    }
+    Ok(())
+}
