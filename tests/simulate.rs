@@ -50,3 +50,37 @@ fn the_azure_sample_replays_a_day_with_nothing_lost() {
     assert_eq!(s["max_committed_within_capacity_minus_buffer"], true, "{s}");
     assert!(count(&s, "cold_starts") > 0 && count(&s, "warm_starts") > count(&s, "cold_starts"), "{s}");
 }
+
+#[test]
+fn with_a_pause_grace_idle_containers_pause_and_every_run_after_one_waits_for_its_resume() {
+    // A few actions called every 3 s: their containers idle past the 1 s grace between bursts.
+    let text = r#"
+name = "pauses"
+[pool]
+idle_timeout = "60s"
+[cluster]
+nodes = 2
+node_memory_mb = 4096
+start_latency = "300ms"
+pause_grace = "1s"
+resume_latency = "50ms"
+[workload]
+kind = "bursts"
+actions = 5
+memory_mb = [128, 256]
+run_ms = [50, 200]
+bursts = 10
+burst_size = 20
+burst_every = "3s"
+burst_spread = "200ms"
+"#;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("pauses.toml");
+    std::fs::write(&path, text).unwrap();
+    let s = invoker::sim::run(&Scenario::load(&path).unwrap()).unwrap();
+    assert!(count(&s, "pauses") > 0, "{s}");
+    assert!(count(&s, "resumes") > 0 && count(&s, "resumes") <= count(&s, "pauses"), "{s}");
+    assert_eq!(count(&s, "lost"), 0, "{s}");
+    assert_eq!(count(&s, "completed"), count(&s, "activations"), "{s}");
+    assert_eq!(count(&run("overprovision"), "pauses"), 0, "a scenario without a grace never pauses");
+}

@@ -2,7 +2,7 @@
 //! the effects it returns: starting proxies, handing them jobs, answering rejected jobs.
 
 use super::core::{
-    ContainerId, Effect, Event, Job, JobId, KeyId, NodeStatsUpdate, NodeView, Owner, PoolCore, PoolCounts,
+    ContainerId, CoreConfig, Effect, Event, Job, JobId, KeyId, NodeStatsUpdate, NodeView, Owner, PoolCore, PoolCounts,
     RejectReason, StemId,
 };
 use crate::activation::job::RunJob;
@@ -10,7 +10,7 @@ use crate::config::{PoolConfig, ProxyConfig, RuntimeProtocol};
 use crate::factory::{ContainerFactory, ContainerSpec, Epoch, Factory};
 use crate::metrics::Metrics;
 use crate::model::{Action, Rejection};
-use crate::proxy::{ContainerProxy, Gone, ProxyContext, ProxyReport, Remove, Run};
+use crate::proxy::{ContainerProxy, Gone, Pause, ProxyContext, ProxyReport, Remove, Resume, Run};
 use actix::prelude::*;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -105,7 +105,8 @@ impl ContainerPool {
         max_result_bytes: usize,
         metrics: Arc<Metrics>,
     ) -> Self {
-        let core = PoolCore::new(config.clone());
+        // The proxies' setting, the core's decision: it pauses idle containers and resumes them.
+        let core = PoolCore::new(CoreConfig { pause_grace: proxy_config.pause_grace, ..config.clone() });
         ContainerPool {
             core,
             epoch,
@@ -195,9 +196,21 @@ impl ContainerPool {
                         proxy.do_send(Run { job, run });
                     }
                 }
+                // Messages to a proxy are bounded by the core: a container gets at most its
+                // concurrency in runs, and one pause or resume between them.
                 Effect::Remove { container } => {
                     if let Some(proxy) = self.proxies.get(&container) {
                         proxy.do_send(Remove);
+                    }
+                }
+                Effect::Pause { container } => {
+                    if let Some(proxy) = self.proxies.get(&container) {
+                        proxy.do_send(Pause);
+                    }
+                }
+                Effect::Resume { container } => {
+                    if let Some(proxy) = self.proxies.get(&container) {
+                        proxy.do_send(Resume);
                     }
                 }
                 Effect::Reject { job, reason } => {

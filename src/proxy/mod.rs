@@ -42,6 +42,16 @@ pub struct Run {
 #[rtype(result = "()")]
 pub struct Remove;
 
+/// The pool's core decided the idle container pauses.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Pause;
+
+/// The pool's core sends a run to the paused container next: resume it first.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Resume;
+
 /// The factory saw the container end on its own. An idle proxy removes it at once; a busy one
 /// lets its runs fail (each gets its record and retires the container).
 #[derive(Message)]
@@ -58,6 +68,7 @@ pub enum ProxyState {
     Ready,
     Pausing,
     Paused,
+    Resuming,
     Removing,
 }
 
@@ -97,12 +108,8 @@ pub struct ContainerProxy {
     /// Started as a prewarm (stem) container: its first run is a prewarm start, whose path
     /// held no container creation.
     prewarmed: bool,
-    /// When the container pauses if it stays idle; cleared by every run.
-    pause_at: Option<Instant>,
-    /// Whether the one pause timer is pending. One timer per proxy, re-armed for the rest of
-    /// the grace when it fires early: actix polls every pending timer of an actor whenever the
-    /// actor wakes, so a timer per run would cost a busy container O(runs in the grace) per run.
-    pause_timer: bool,
+    /// The pool asked for a resume while the container was still pausing.
+    resume_wanted: bool,
     /// Runs that arrived while the container was pausing or paused; they go once it resumes.
     parked: Vec<(JobId, RunJob, Instant)>,
 }
@@ -123,8 +130,7 @@ impl ContainerProxy {
             init_ms: None,
             cold: true,
             prewarmed,
-            pause_at: None,
-            pause_timer: false,
+            resume_wanted: false,
             parked: Vec::new(),
         }
     }
@@ -230,14 +236,11 @@ impl ContainerProxy {
             let lines = handle.logs.collect(wait, run.meta.limits.logs as usize * 1024 * 1024).await;
             (run, interpreted, lines)
         };
-        ctx.spawn(fut.into_actor(self).map(move |(run, interpreted, lines), act, ctx| {
+        ctx.spawn(fut.into_actor(self).map(move |(run, interpreted, lines), act, _| {
             act.running -= 1;
             let reusable = interpreted.reusable;
             if act.running == 0 && act.state == ProxyState::Running {
                 act.state = ProxyState::Ready;
-                if reusable {
-                    act.schedule_pause(ctx);
-                }
             }
             let record =
                 build_record(&run, fields, interpreted.outcome, interpreted.result, lines, interpreted.timed_out);
@@ -283,9 +286,9 @@ impl Handler<Run> for ContainerProxy {
     fn handle(&mut self, msg: Run, ctx: &mut Context<Self>) {
         let began = Instant::now();
         self.running += 1;
-        self.pause_at = None;
         match self.state {
-            ProxyState::Pausing => self.parked.push((msg.job, msg.run, began)),
+            // The pool sent a resume before this run: it goes once the container runs again.
+            ProxyState::Pausing | ProxyState::Resuming => self.parked.push((msg.job, msg.run, began)),
             ProxyState::Paused => {
                 self.parked.push((msg.job, msg.run, began));
                 self.resume(ctx);
@@ -295,6 +298,22 @@ impl Handler<Run> for ContainerProxy {
                 self.dispatch(msg.job, msg.run, began, ctx);
             }
         }
+    }
+}
+
+impl Handler<Pause> for ContainerProxy {
+    type Result = ();
+
+    fn handle(&mut self, _: Pause, ctx: &mut Context<Self>) {
+        self.pause(ctx);
+    }
+}
+
+impl Handler<Resume> for ContainerProxy {
+    type Result = ();
+
+    fn handle(&mut self, _: Resume, ctx: &mut Context<Self>) {
+        self.resume(ctx);
     }
 }
 

@@ -9,10 +9,12 @@ use crate::model::Outcome;
 use crate::pool::core::JobId;
 use actix::prelude::*;
 use serde_json::json;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-/// Pausing an idle container (OpenWhisk's Ready → Pausing → Paused) and resuming it on the
-/// next run. A paused container uses no CPU; resuming costs one factory call.
+/// Pausing an idle container (OpenWhisk's Ready → Pausing → Paused) when the pool's core says
+/// so, and resuming it (Resuming) before the next run the core sends; runs that arrive while it
+/// pauses or resumes wait (parked) until it runs again. A paused container uses no CPU;
+/// resuming costs one factory call.
 impl ContainerProxy {
     pub(super) fn dispatch(&mut self, job: JobId, run: RunJob, began: Instant, ctx: &mut Context<Self>) {
         match self.init {
@@ -25,33 +27,11 @@ impl ContainerProxy {
         }
     }
 
-    pub(super) fn schedule_pause(&mut self, ctx: &mut Context<Self>) {
-        let grace = self.ctx.config.pause_grace;
-        if grace.is_zero() {
+    /// Only an idle, ready container pauses; the core never asks for another.
+    pub(super) fn pause(&mut self, ctx: &mut Context<Self>) {
+        if self.state != ProxyState::Ready || self.running > 0 {
             return;
         }
-        self.pause_at = Some(Instant::now() + grace);
-        if !self.pause_timer {
-            self.arm_pause(grace, ctx);
-        }
-    }
-
-    fn arm_pause(&mut self, after: Duration, ctx: &mut Context<Self>) {
-        self.pause_timer = true;
-        ctx.run_later(after, |act, ctx| {
-            act.pause_timer = false;
-            let Some(at) = act.pause_at else { return };
-            let now = Instant::now();
-            if at > now {
-                act.arm_pause(at - now, ctx);
-            } else if act.state == ProxyState::Ready && act.running == 0 {
-                act.pause_at = None;
-                act.pause(ctx);
-            }
-        });
-    }
-
-    fn pause(&mut self, ctx: &mut Context<Self>) {
         let Some(handle) = self.handle.clone() else { return };
         self.state = ProxyState::Pausing;
         let factory = self.ctx.factory.clone();
@@ -63,7 +43,7 @@ impl ContainerProxy {
             match paused {
                 Ok(()) => {
                     act.state = ProxyState::Paused;
-                    if !act.parked.is_empty() {
+                    if act.resume_wanted || !act.parked.is_empty() {
                         act.resume(ctx);
                     }
                 }
@@ -75,9 +55,19 @@ impl ContainerProxy {
         }));
     }
 
+    /// Resumes a paused container; one that is still pausing resumes once it has paused.
     pub(super) fn resume(&mut self, ctx: &mut Context<Self>) {
+        match self.state {
+            ProxyState::Paused => {}
+            ProxyState::Pausing => {
+                self.resume_wanted = true;
+                return;
+            }
+            _ => return,
+        }
         let Some(handle) = self.handle.clone() else { return };
-        self.state = ProxyState::Running;
+        self.resume_wanted = false;
+        self.state = ProxyState::Resuming;
         let factory = self.ctx.factory.clone();
         let fut = async move { factory.resume(&handle).await };
         ctx.spawn(fut.into_actor(self).map(|resumed, act, ctx| match resumed {

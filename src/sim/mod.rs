@@ -53,6 +53,8 @@ struct SimContainer {
     /// Created as a prewarm (stem) container: its first run is a prewarm start.
     stem: bool,
     idle_since: Option<Duration>,
+    /// Resumed for the run dispatched next, which starts `resume_latency` later.
+    resuming: bool,
 }
 
 struct SimJob {
@@ -74,6 +76,8 @@ struct Counts {
     idle_mb_us: u128,
     /// Per action: (cold starts, dispatches).
     per_action: Vec<(u64, u64)>,
+    pauses: u64,
+    resumes: u64,
 }
 
 struct Sim<'a> {
@@ -118,7 +122,8 @@ pub fn run(scenario: &Scenario) -> Result<Value, ScenarioError> {
 fn run_with(scenario: &Scenario, pool: PoolConfig) -> Result<Value, ScenarioError> {
     let began = Instant::now();
     let (calls, actions) = workload::calls(&scenario.workload, scenario.seed)?;
-    let core = PoolCore::new(pool.clone());
+    let core =
+        PoolCore::new(crate::pool::core::CoreConfig { pause_grace: scenario.cluster.pause_grace, ..pool.clone() });
     let nodes: Vec<SimNode> = (0..scenario.cluster.nodes)
         .map(|i| SimNode {
             id: NodeId::new(&format!("node{i}")),
@@ -205,6 +210,13 @@ impl Sim<'_> {
                     self.create(container, memory_mb, &node, matches!(owner, Owner::Stem(_)))
                 }
                 Effect::Dispatch { job, container } => self.dispatch(job, container),
+                Effect::Pause { .. } => self.counts.pauses += 1,
+                Effect::Resume { container } => {
+                    self.counts.resumes += 1;
+                    if let Some(c) = self.containers.get_mut(&container) {
+                        c.resuming = true;
+                    }
+                }
                 Effect::Remove { container } => {
                     if let Some(c) = self.containers.get_mut(&container) {
                         if let Some(since) = c.idle_since.take() {
@@ -273,7 +285,16 @@ impl Sim<'_> {
         sim_node.starting.push(container);
         self.containers.insert(
             container,
-            SimContainer { node: n, memory_mb, ready_at, version: 0, ran: false, stem, idle_since: None },
+            SimContainer {
+                node: n,
+                memory_mb,
+                ready_at,
+                version: 0,
+                ran: false,
+                stem,
+                idle_since: None,
+                resuming: false,
+            },
         );
         self.at(ready_at, Ev::Ready(container, true, 0));
     }
@@ -292,8 +313,10 @@ impl Sim<'_> {
     fn dispatch(&mut self, job: JobId, container: ContainerId) {
         let Some(j) = self.jobs.get(&job) else { return };
         let call = self.calls[j.call];
-        self.counts.waits_us.push((self.now - j.arrived).as_micros() as u64);
         let c = self.containers.get_mut(&container).expect("dispatch to a created container");
+        let resume =
+            if std::mem::take(&mut c.resuming) { self.scenario.cluster.resume_latency } else { Duration::ZERO };
+        self.counts.waits_us.push((self.now + resume - j.arrived).as_micros() as u64);
         if let Some(since) = c.idle_since.take() {
             self.counts.idle_mb_us += idle(c.memory_mb, since, self.now, self.horizon);
         }
@@ -309,7 +332,7 @@ impl Sim<'_> {
             per_action.0 += 1;
             c.ran = true;
         }
-        self.at(self.now + call.run, Ev::Done(container, job));
+        self.at(self.now + resume + call.run, Ev::Done(container, job));
     }
 
     fn done(&mut self, container: ContainerId, job: JobId) {
@@ -394,6 +417,8 @@ impl Sim<'_> {
             "warm_starts": c.warm,
             "prewarm_starts": c.prewarm,
             "containers_started": c.started,
+            "pauses": c.pauses,
+            "resumes": c.resumes,
             "launches_refused_by_cluster": c.refused,
             "nodes": nodes,
             "max_committed_within_capacity_minus_buffer": within,

@@ -45,6 +45,13 @@ pub struct Cluster {
     /// ...describing the cluster as it was this long ago.
     #[serde(default, with = "humantime_serde")]
     pub stats_lag: Duration,
+    /// An idle container is paused after this long (the invoker's `[proxy] pause_grace`);
+    /// zero, the default here, never pauses.
+    #[serde(default, with = "humantime_serde")]
+    pub pause_grace: Duration,
+    /// What resuming a paused container adds before its next run starts.
+    #[serde(default, with = "humantime_serde")]
+    pub resume_latency: Duration,
 }
 
 fn default_remove() -> Duration {

@@ -50,6 +50,8 @@ struct Container {
     phase: Phase,
     /// Must not take new work: it failed, or the pool is draining.
     retiring: bool,
+    /// Frozen while idle (an `Effect::Pause` went out); its next job is preceded by a resume.
+    paused: bool,
     /// Jobs running, with when each was dispatched (microseconds since the epoch).
     running: SmallVec<[(JobId, u64); 1]>,
     /// Microseconds since the epoch.
@@ -154,6 +156,9 @@ pub struct PoolCore {
     /// Keys forgotten since the caller last asked (see [`PoolCore::take_forgotten_keys`]).
     forgotten: Vec<KeyId>,
     next_idle_seq: u64,
+    /// Idle spells to pause when they last `pause_grace`: (due, container, the spell's mark),
+    /// in due order since the grace is one for all; a spell that ended is skipped when due.
+    pauses: VecDeque<(Time, ContainerId, u64)>,
     draining: bool,
 }
 
@@ -181,6 +186,7 @@ impl PoolCore {
             idle_total: 0,
             blocked: VecDeque::new(),
             next_idle_seq: 0,
+            pauses: VecDeque::new(),
             draining: false,
         }
     }
@@ -254,6 +260,7 @@ impl PoolCore {
                     Phase::Starting => "starting",
                     Phase::Removing => "removing",
                     Phase::Ready if matches!(c.owner, Owner::Stem(_)) => "prewarm",
+                    Phase::Ready if c.paused => "paused",
                     Phase::Ready if c.running.is_empty() => "idle",
                     Phase::Ready => "busy",
                 },
@@ -472,9 +479,28 @@ impl PoolCore {
                 self.maybe_start(key_id, now, fx);
             }
         }
+        self.pause_due(now, fx);
         self.update_claim(now);
         self.resize_stems(now, fx);
         self.replenish_stems(now, fx);
+    }
+
+    /// Pauses the containers idle for `pause_grace` since their last job.
+    fn pause_due(&mut self, now: Time, fx: &mut Effects) {
+        while let Some(&(due, id, seq)) = self.pauses.front() {
+            if due > now {
+                break;
+            }
+            self.pauses.pop_front();
+            if !self.containers.has_mark(&id, seq) {
+                continue; // it took a job (or went) since
+            }
+            let c = self.containers.get_mut(&id).expect("a marked container exists");
+            if !c.paused {
+                c.paused = true;
+                fx.push(Effect::Pause { container: id });
+            }
+        }
     }
 
     /// Drops a claim whose key no longer waits for room, and lets the key that has waited
@@ -624,6 +650,7 @@ impl PoolCore {
             memory_mb,
             phase: Phase::Starting,
             retiring: false,
+            paused: false,
             running: SmallVec::new(),
             created_at: micros(now),
         });
@@ -719,6 +746,10 @@ impl PoolCore {
         self.unsettle(id);
         let c = self.containers.get_mut(&id).expect("dispatch to a known container");
         c.running.push((job, micros(now)));
+        if c.paused {
+            c.paused = false;
+            fx.push(Effect::Resume { container: id });
+        }
         fx.push(Effect::Dispatch { job, container: id });
     }
 
@@ -759,6 +790,10 @@ impl PoolCore {
             key.idle.push(seq, id, |id, seq| containers.has_mark(&id, seq));
             self.idle_total += 1;
             self.keep_alive.idle(IdleSpell { seq, container: id, key: key_id, memory_mb, since: now });
+            let grace = self.config.pause_grace;
+            if !grace.is_zero() {
+                self.pauses.push_back((now + grace, id, seq));
+            }
             let containers = &self.containers;
             self.keep_alive.compact(self.idle_total, &|s: &IdleSpell| containers.has_mark(&s.container, s.seq));
         } else if running < concurrency {

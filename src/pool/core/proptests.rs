@@ -62,6 +62,7 @@ struct World {
     dispatched: HashSet<JobId>,
     finished: HashSet<JobId>,
     rejected: HashSet<JobId>,
+    paused: HashSet<ContainerId>,
 }
 
 impl World {
@@ -69,7 +70,14 @@ impl World {
         let fx = core.handle(event, self.now);
         prop_assert!(core.nodes.index_matches(), "the headroom index drifted from the nodes");
         let mut created_keys = Vec::new();
+        let mut resumed = None;
         for effect in fx {
+            if let Some(container) = resumed.take() {
+                prop_assert!(
+                    matches!(effect, Effect::Dispatch { container: c, .. } if c == container),
+                    "a resume not followed by a dispatch to the container"
+                );
+            }
             match effect {
                 Effect::Create { container, owner, memory_mb, node } => {
                     prop_assert!(self.alive.insert(container, (node, memory_mb, owner)).is_none());
@@ -83,13 +91,24 @@ impl World {
                     prop_assert!(self.ready.contains(&container), "dispatch to a container not ready");
                     prop_assert!(!self.rejected.contains(&job), "dispatch of a rejected job");
                     prop_assert!(self.dispatched.insert(job), "job dispatched twice");
+                    prop_assert!(!self.paused.contains(&container), "a run sent to a paused container");
                     self.running.push((container, job));
+                }
+                Effect::Pause { container } => {
+                    prop_assert!(self.ready.contains(&container), "pause of a container not ready");
+                    prop_assert!(!self.running.iter().any(|&(c, _)| c == container), "pausing a busy container");
+                    prop_assert!(self.paused.insert(container), "paused twice");
+                }
+                Effect::Resume { container } => {
+                    prop_assert!(self.paused.remove(&container), "resume of a container not paused");
+                    resumed = Some(container);
                 }
                 Effect::Remove { container } => {
                     prop_assert!(self.alive.contains_key(&container), "remove of a dead container");
                     prop_assert!(!self.removing.contains(&container), "removed twice");
                     prop_assert!(!self.running.iter().any(|&(c, _)| c == container), "removing a busy container");
                     self.ready.remove(&container);
+                    self.paused.remove(&container);
                     self.removing.push(container);
                 }
                 Effect::Reject { job, reason } => {
@@ -228,6 +247,7 @@ fn new_core() -> (PoolCore, World) {
         start_rule: StartRule::Capped,
         prewarm: vec![PrewarmSpec { kind: "k".into(), memory_mb: STEM_MB, count: 2, reactive: None }],
         claim_after: Duration::from_secs(1),
+        pause_grace: Duration::from_millis(300),
         ..CoreConfig::default()
     };
     let mut core = PoolCore::new(config);

@@ -302,7 +302,7 @@ fn large_action_behind_small_ones(claim_after: Duration) -> Option<u64> {
                 Effect::Create { container, .. } => starting.push(container),
                 Effect::Dispatch { job, container } => running.push((container, job)),
                 Effect::Remove { container } => removing.push(container),
-                Effect::Reject { .. } => {}
+                Effect::Reject { .. } | Effect::Pause { .. } | Effect::Resume { .. } => {}
             }
         }
         None
@@ -384,4 +384,38 @@ fn a_job_does_not_wait_for_a_busy_container_whose_runs_outlast_a_start() {
     core.handle(Event::Finished { container: c, job: JobId(1), reusable: true }, ms(2_100));
     core.handle(Event::Arrived(job(2, 1, 256)), ms(2_200));
     assert_eq!(created(&core.handle(Event::Arrived(job(3, 1, 256)), ms(2_201))).len(), 1);
+}
+
+#[test]
+fn an_idle_container_is_paused_after_the_grace_and_resumed_before_its_next_job() {
+    let mut core = PoolCore::new(CoreConfig { pause_grace: ms(100), ..CoreConfig::default() });
+    core.handle(stats("n1", 1024, 1024, 0), ms(0));
+    let c = created(&core.handle(Event::Arrived(job(1, 1, 256)), ms(1)))[0];
+    core.handle(Event::Started { container: c, ok: true, at: Time::ZERO }, ms(2));
+    core.handle(Event::Finished { container: c, job: JobId(1), reusable: true }, ms(10));
+    // A job within the grace: no pause, no resume.
+    let fx = core.handle(Event::Arrived(job(2, 1, 256)), ms(60));
+    assert_eq!(fx.as_slice(), &[Effect::Dispatch { job: JobId(2), container: c }]);
+    core.handle(Event::Finished { container: c, job: JobId(2), reusable: true }, ms(70));
+    assert!(core.handle(Event::Tick, ms(150)).is_empty(), "the first idle spell ended with job 2");
+    assert_eq!(core.handle(Event::Tick, ms(170)).as_slice(), &[Effect::Pause { container: c }]);
+    assert!(core.handle(Event::Tick, ms(300)).is_empty(), "paused once");
+    let fx = core.handle(Event::Arrived(job(3, 1, 256)), ms(400));
+    assert_eq!(
+        fx.as_slice(),
+        &[Effect::Resume { container: c }, Effect::Dispatch { job: JobId(3), container: c }],
+        "the job waits for the resume"
+    );
+    core.handle(Event::Finished { container: c, job: JobId(3), reusable: true }, ms(410));
+    let fx = core.handle(Event::Arrived(job(4, 1, 256)), ms(420));
+    assert_eq!(fx.as_slice(), &[Effect::Dispatch { job: JobId(4), container: c }], "resumed: no second resume");
+}
+
+#[test]
+fn without_a_pause_grace_nothing_is_ever_paused() {
+    let mut core = core_with(1024);
+    let c = created(&core.handle(Event::Arrived(job(1, 1, 256)), ms(1)))[0];
+    core.handle(Event::Started { container: c, ok: true, at: Time::ZERO }, ms(2));
+    core.handle(Event::Finished { container: c, job: JobId(1), reusable: true }, ms(10));
+    assert!(core.handle(Event::Tick, ms(500_000)).is_empty());
 }

@@ -127,10 +127,32 @@ pub enum RejectReason {
 /// What the core asks the caller to do.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Effect {
-    Create { container: ContainerId, owner: Owner, memory_mb: u32, node: NodeId },
-    Dispatch { job: JobId, container: ContainerId },
-    Remove { container: ContainerId },
-    Reject { job: JobId, reason: RejectReason },
+    Create {
+        container: ContainerId,
+        owner: Owner,
+        memory_mb: u32,
+        node: NodeId,
+    },
+    /// Comes right before the `Dispatch` of a job to a paused container: the job waits for
+    /// the resume.
+    Resume {
+        container: ContainerId,
+    },
+    Dispatch {
+        job: JobId,
+        container: ContainerId,
+    },
+    /// Freeze an idle container: it keeps its memory and uses no CPU until its next job.
+    Pause {
+        container: ContainerId,
+    },
+    Remove {
+        container: ContainerId,
+    },
+    Reject {
+        job: JobId,
+        reason: RejectReason,
+    },
 }
 
 pub type Effects = SmallVec<[Effect; 4]>;
@@ -170,6 +192,11 @@ pub struct CoreConfig {
     /// what keeps a large action from being overtaken forever by small ones.
     #[serde(with = "humantime_serde")]
     pub claim_after: Duration,
+    /// An idle container is paused after this long without a job, and resumed by the next;
+    /// zero never pauses. Not a `[pool]` key: the invoker sets it from `[proxy] pause_grace`,
+    /// the simulator from its cluster's `pause_grace`, where what a pause costs is known.
+    #[serde(skip)]
+    pub pause_grace: Duration,
 }
 
 impl CoreConfig {
@@ -250,6 +277,7 @@ impl Default for CoreConfig {
             start_rule: StartRule::Capped,
             prewarm: Vec::new(),
             claim_after: Duration::from_secs(1),
+            pause_grace: Duration::ZERO,
         }
     }
 }
