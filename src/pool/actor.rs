@@ -191,13 +191,15 @@ impl ContainerPool {
                     let proxy = ContainerProxy::new(spec, node, proxy_ctx, prewarmed).start();
                     self.proxies.insert(container, proxy);
                 }
+                // Messages to a proxy are bounded by the core, not by the proxy's mailbox: a
+                // container holds at most its concurrency in runs (up to `concurrency_max`, more
+                // than a mailbox's default 16), with one pause or resume between them; so they
+                // are sent without a capacity check, and none is ever refused.
                 Effect::Dispatch { job, container } => {
                     if let (Some(run), Some(proxy)) = (self.jobs.remove(&job), self.proxies.get(&container)) {
                         proxy.do_send(Run { job, run });
                     }
                 }
-                // Messages to a proxy are bounded by the core: a container gets at most its
-                // concurrency in runs, and one pause or resume between them.
                 Effect::Remove { container } => {
                     if let Some(proxy) = self.proxies.get(&container) {
                         proxy.do_send(Remove);

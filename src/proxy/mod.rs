@@ -139,6 +139,9 @@ impl ContainerProxy {
         self.state
     }
 
+    /// Reports are never refused: each answers one decision of the core (a start, a run, a
+    /// removal), so there are never more than the containers and their runs, and the core must
+    /// hear every one of them to keep its ledger true.
     fn report(&self, report: ProxyReport) {
         self.ctx.pool.do_send(report);
     }
