@@ -53,6 +53,23 @@ pub struct Action {
 }
 
 impl Action {
+    /// A `python:3` action of the `guest` namespace with `code`, for the unit tests.
+    #[cfg(test)]
+    pub(crate) fn for_test(name: &str, code: &str) -> Action {
+        Action {
+            namespace: "guest".into(),
+            name: name.into(),
+            version: "0.0.1".into(),
+            exec: Exec { kind: "python:3".into(), code: Some(code.into()), main: None, binary: false, image: None },
+            limits: Limits { timeout: 1000, memory: 256, logs: 10, concurrency: 1 },
+            parameters: vec![],
+            annotations: vec![],
+            publish: false,
+            updated: 0,
+            revision: 1,
+        }
+    }
+
     /// OpenWhisk passes the caller's key to the action only when the `provide-api-key`
     /// annotation is true (new actions default to false).
     pub fn provides_api_key(&self) -> bool {

@@ -109,27 +109,9 @@ impl ActionCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Exec, Limits};
 
     fn action(name: &str, code_bytes: usize) -> Arc<Action> {
-        Arc::new(Action {
-            namespace: "guest".into(),
-            name: name.into(),
-            version: "0.0.1".into(),
-            exec: Exec {
-                kind: "python:3".into(),
-                code: Some("x".repeat(code_bytes)),
-                main: None,
-                binary: false,
-                image: None,
-            },
-            limits: Limits { timeout: 1000, memory: 256, logs: 10, concurrency: 1 },
-            parameters: vec![],
-            annotations: vec![],
-            publish: false,
-            updated: 0,
-            revision: 1,
-        })
+        Arc::new(Action::for_test(name, &"x".repeat(code_bytes)))
     }
 
     #[test]

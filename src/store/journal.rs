@@ -414,24 +414,7 @@ mod tests {
     fn the_action_cache_follows_every_write() {
         let dir = tempfile::tempdir().unwrap();
         let store = open(dir.path());
-        let action = |code: &str| Action {
-            namespace: "guest".into(),
-            name: "a".into(),
-            version: String::new(),
-            exec: crate::model::Exec {
-                kind: "python:3".into(),
-                code: Some(code.into()),
-                main: None,
-                binary: false,
-                image: None,
-            },
-            limits: Limits { timeout: 1000, memory: 256, logs: 10, concurrency: 1 },
-            parameters: vec![],
-            annotations: vec![],
-            publish: false,
-            updated: 0,
-            revision: 0,
-        };
+        let action = |code: &str| Action { version: String::new(), revision: 0, ..Action::for_test("a", code) };
         store.put_action(action("one"), false).unwrap();
         assert_eq!(store.get_action("guest", "a").unwrap().unwrap().exec.code.as_deref(), Some("one"));
         store.put_action(action("two"), true).unwrap();
