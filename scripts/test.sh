@@ -8,8 +8,10 @@ cd "$(dirname "$0")/.."
 need=()
 [ -x /usr/bin/python3 ] || need+=(python3)
 [ -x /usr/bin/node ] || need+=(nodejs)
+# The cluster tests start etcd members of their own from Debian's binary.
+command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
 if [ ${#need[@]} -gt 0 ]; then
-  echo "installing ${need[*]} for the action kinds' tests"
+  echo "installing ${need[*]} for the action kinds' and the cluster's tests"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
 fi
 
