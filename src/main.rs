@@ -5,6 +5,8 @@ use anyhow::Context as _;
 use clap::Parser;
 use invoker::activation::ActivationService;
 use invoker::api::AppState;
+use invoker::cluster::etcd::Etcd;
+use invoker::cluster::registry::{Identity, Registrar, RegistryError};
 use invoker::config::Config;
 use invoker::factory::{ContainerFactory, Epoch, Factory};
 use invoker::metrics::Metrics;
@@ -31,6 +33,13 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
+    #[command(flatten)]
+    serve: ServeArgs,
+}
+
+/// Running the invoker: `invoker [FLAGS]`, or `invoker serve [FLAGS]`.
+#[derive(clap::Args)]
+struct ServeArgs {
     /// The configuration file.
     #[arg(long, env = "INVOKER_CONFIG", default_value = "config/default.toml")]
     config: PathBuf,
@@ -40,10 +49,21 @@ struct Cli {
     /// Directory for the store and process records (overrides the file).
     #[arg(long, env = "INVOKER_DATA_DIR")]
     data_dir: Option<PathBuf>,
+    /// This invoker's id, unique in its cluster (overrides the file).
+    #[arg(long, env = "INVOKER_ID")]
+    invoker_id: Option<String>,
+    /// etcd client URLs, comma-separated: register in that cluster (overrides `[cluster] etcd`).
+    #[arg(long, env = "INVOKER_ETCD", value_delimiter = ',')]
+    etcd: Vec<String>,
+    /// What this invoker offers, comma-separated (overrides `[cluster] tags`).
+    #[arg(long, value_delimiter = ',')]
+    tags: Option<Vec<String>>,
 }
 
 #[derive(clap::Subcommand)]
 enum Command {
+    /// Run the invoker (the same as no subcommand).
+    Serve(ServeArgs),
     /// Serve the OpenWhisk action runtime protocol (/init, /run) for one container.
     ActionRuntime {
         /// ADDR:PORT or unix:PATH.
@@ -90,8 +110,13 @@ fn main() -> anyhow::Result<()> {
             println!("{}", invoker::sim::run(&scenario)?);
             return Ok(());
         }
+        Some(Command::Serve(args)) => return serve_invoker(args),
         None => {}
     }
+    serve_invoker(cli.serve)
+}
+
+fn serve_invoker(cli: ServeArgs) -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
@@ -102,6 +127,15 @@ fn main() -> anyhow::Result<()> {
     }
     if let Some(dir) = cli.data_dir {
         config.data_dir = dir;
+    }
+    if let Some(id) = cli.invoker_id {
+        config.invoker_id = id;
+    }
+    if !cli.etcd.is_empty() {
+        config.cluster.etcd = cli.etcd;
+    }
+    if let Some(tags) = cli.tags {
+        config.cluster.tags = tags;
     }
     if let Ok(key) = std::env::var("INVOKER_GUEST_KEY") {
         config.namespaces.insert("guest".into(), key);
@@ -143,14 +177,17 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let store: Arc<dyn Store> = Arc::new(store);
     let mut config = config;
     config.admin.key = Some(admin_key(&config, store.as_ref())?);
-    let epoch = Epoch(Instant::now());
-    let factory = Factory::from_config(&config, epoch, store.clone()).await?;
-    tracing::info!("{}", factory.describe());
-    let metrics = Arc::new(Metrics::default());
     let listener = std::net::TcpListener::bind(config.listen).with_context(|| format!("listen {}", config.listen))?;
     listener.set_nonblocking(true)?;
     let addr = listener.local_addr()?;
     let listener = tokio::net::TcpListener::from_std(listener)?;
+    // Before the factory, whose start cleans up what an earlier run of this invoker id left:
+    // a second invoker with a live one's id must not touch the first one's containers.
+    let registrar = register(&config, addr).await?;
+    let epoch = Epoch(Instant::now());
+    let factory = Factory::from_config(&config, epoch, store.clone()).await?;
+    tracing::info!("{}", factory.describe());
+    let metrics = Arc::new(Metrics::default());
     // The HTTP front door, the pool and the proxies share this one thread: a warm activation
     // crosses no thread boundary inside the invoker. The runtimes and the actions run on the
     // other cores.
@@ -179,6 +216,8 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     }
     println!("listening on {addr}");
     actix_rt::spawn(expire_records(store.clone(), config.record_retention, config.store.expire_every));
+    let registration_stop = tokio_util::sync::CancellationToken::new();
+    let registration = registrar.map(|r| actix_rt::spawn(r.run(service.clone(), registration_stop.clone())));
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
@@ -191,6 +230,10 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         tracing::warn!("the grace period passed with work still running");
     }
     factory.destroy_all().await;
+    registration_stop.cancel();
+    if let Some(task) = registration {
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), task).await;
+    }
     stop.cancel();
     let _ = server_task.await;
     let unfinished = store.recover_unfinished(invoker::model::epoch_ms())?;
@@ -198,6 +241,29 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         tracing::warn!(unfinished, "activations that could not finish got whisk-error records");
     }
     Ok(())
+}
+
+/// With `[cluster]` configured: takes this invoker's id in etcd (refused when a live invoker
+/// holds it). An etcd that does not answer does not keep the invoker from serving: the
+/// registration is retried until it does.
+async fn register(config: &Config, addr: SocketAddr) -> anyhow::Result<Option<Registrar<Etcd>>> {
+    let cluster = &config.cluster;
+    if !cluster.enabled() {
+        return Ok(None);
+    }
+    let identity = Identity {
+        invoker_id: config.invoker_id.clone(),
+        api: cluster.advertise.clone().unwrap_or_else(|| format!("http://{addr}")),
+        tags: cluster.tags.clone(),
+        min_mb: u64::from(config.limits.memory_min_mb),
+    };
+    let mut registrar = Registrar::new(Etcd::new(&cluster.etcd)?, cluster.clone(), identity);
+    match registrar.claim().await {
+        Ok(()) => tracing::info!(etcd = cluster.etcd.join(","), "registered in the cluster"),
+        Err(e @ RegistryError::IdTaken { .. }) => return Err(e.into()),
+        Err(e) => tracing::warn!("not registered in the cluster yet: {e}; serving, and retrying"),
+    }
+    Ok(Some(registrar))
 }
 
 /// Removes records older than `retention`, every `every`; a failure is logged and tried again

@@ -9,25 +9,14 @@ pub(super) fn ping() -> Response {
     json(StatusCode::OK, &json!({ "ping": "pong" }))
 }
 
-/// Creations failing in a row before the invoker calls itself unhealthy.
-const UNHEALTHY_AFTER_FAILURES: u32 = 3;
-
 /// The state word for anyone (a load balancer's probe); the details, which name nodes and
 /// counts, for the admin key only.
 pub(super) async fn health(state: &AppState, call: &Call) -> Result<Response, ApiError> {
     let details = state.admin(call).is_ok();
     let snapshot = state.service.pool().snapshot().await.ok_or(ApiError::Unavailable("the pool is gone".into()))?;
-    let launchable = snapshot.nodes.iter().map(|n| n.launchable_mb).max().unwrap_or(0);
+    let launchable = snapshot.launchable_mb();
     let min_mb = u64::from(state.config.limits.memory_min_mb);
-    let status = if state.service.is_draining() {
-        "draining"
-    } else if snapshot.create_failures_in_a_row >= UNHEALTHY_AFTER_FAILURES {
-        "unhealthy"
-    } else if snapshot.waiting > 0 && launchable < min_mb {
-        "overloaded"
-    } else {
-        "healthy"
-    };
+    let status = snapshot.health(state.service.is_draining(), min_mb).as_str();
     if !details {
         return Ok(json(StatusCode::OK, &json!({ "status": status })));
     }

@@ -4,6 +4,7 @@
 //! `[pool]` is the pure core's own config type.
 
 mod admin;
+mod cluster;
 mod factory;
 mod kinds;
 mod limits;
@@ -12,6 +13,7 @@ mod proxy;
 mod store;
 
 pub use admin::AdminConfig;
+pub use cluster::ClusterConfig;
 pub use factory::{
     DockerFactoryConfig, DockerKindConfig, FactoryConfig, FactoryKind, MesosFactoryConfig, MockFactoryConfig,
     ProcessFactoryConfig, TransportKind,
@@ -66,6 +68,7 @@ pub struct Config {
     #[serde(with = "humantime_serde")]
     pub record_retention: Duration,
     pub store: StoreConfig,
+    pub cluster: ClusterConfig,
     /// The file this was read from: hidden from action containers.
     #[serde(skip)]
     pub source: Option<PathBuf>,
@@ -87,6 +90,7 @@ impl Default for Config {
             shutdown_grace: Duration::from_secs(30),
             record_retention: Duration::from_secs(7 * 24 * 3600),
             store: StoreConfig::default(),
+            cluster: ClusterConfig::default(),
             source: None,
         }
     }
@@ -128,6 +132,7 @@ impl Config {
         pool::validate(&self.pool, &self.kinds, &self.limits)?;
         self.proxy.validate()?;
         self.store.validate()?;
+        self.cluster.validate()?;
         self.factory.validate(&self.pool, &self.limits)?;
         kinds::validate(&self.kinds)
     }

@@ -44,6 +44,8 @@ pub struct Snapshot;
 pub struct ContainerSummary {
     pub id: u64,
     pub action: String,
+    /// The action's revision (0 for a prewarm container no action has adopted).
+    pub revision: u64,
     pub node: String,
     pub memory_mb: u32,
     pub state: &'static str,
@@ -255,6 +257,10 @@ impl ContainerPool {
                     Owner::Key(key) => self.key_actions.get(&key).map(|(a, _)| a.path()).unwrap_or_default(),
                     Owner::Stem(stem) => self.stem_label(stem),
                 },
+                revision: match c.owner {
+                    Owner::Key(key) => self.key_actions.get(&key).map_or(0, |(a, _)| a.revision),
+                    Owner::Stem(_) => 0,
+                },
                 node: c.node.to_string(),
                 memory_mb: c.memory_mb,
                 state: c.state,
@@ -419,6 +425,52 @@ impl Handler<Snapshot> for ContainerPool {
             self.metrics.containers.get_or_create(&crate::metrics::StateLabel { state: state.into() }).set(n as i64);
         }
         MessageResult(snapshot)
+    }
+}
+
+/// Creations failing in a row before the invoker calls itself unhealthy.
+const UNHEALTHY_AFTER_FAILURES: u32 = 3;
+
+/// What the invoker can take, as `/health` and the cluster registration say it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Health {
+    Healthy,
+    /// Work waits and no node can launch even the smallest action.
+    Overloaded,
+    /// Container creations failed several times in a row.
+    Unhealthy,
+    Draining,
+}
+
+impl Health {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Health::Healthy => "healthy",
+            Health::Overloaded => "overloaded",
+            Health::Unhealthy => "unhealthy",
+            Health::Draining => "draining",
+        }
+    }
+}
+
+impl PoolSnapshot {
+    /// The largest container any node could launch now.
+    pub fn launchable_mb(&self) -> u64 {
+        self.nodes.iter().map(|n| n.launchable_mb).max().unwrap_or(0)
+    }
+
+    /// `draining` is the intake's; `min_mb` the smallest action's memory.
+    pub fn health(&self, draining: bool, min_mb: u64) -> Health {
+        if draining || self.draining {
+            Health::Draining
+        } else if self.create_failures_in_a_row >= UNHEALTHY_AFTER_FAILURES {
+            Health::Unhealthy
+        } else if self.waiting > 0 && self.launchable_mb() < min_mb {
+            Health::Overloaded
+        } else {
+            Health::Healthy
+        }
     }
 }
 

@@ -1,0 +1,202 @@
+//! etcd through its v3 JSON gateway (`/v3/kv/*`, `/v3/lease/*`, served by every etcd since 3.4),
+//! over the hyper client the invoker already has: no gRPC stack and no `protoc` for a few calls
+//! every half second. Keys and values travel base64-encoded, as the gateway wants.
+
+use super::ClusterKv;
+use base64::engine::general_purpose::STANDARD as B64;
+use base64::Engine as _;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use serde_json::{json, Value};
+use std::time::Duration;
+
+/// Bound on one call, connecting included.
+const CALL_TIMEOUT: Duration = Duration::from_secs(2);
+/// Largest answer read (a range over every container of a large cluster fits).
+const MAX_ANSWER: usize = 64 * 1024 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EtcdError {
+    #[error("etcd {endpoint}: {reason}")]
+    Unreachable { endpoint: String, reason: String },
+    #[error("etcd answered {status}: {message}")]
+    Refused { status: u16, message: String },
+    #[error("etcd endpoint '{0}' is not http://host:port")]
+    BadEndpoint(String),
+}
+
+/// A lease, as etcd numbers it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseId(pub i64);
+
+/// One etcd cluster, reached through the first of its endpoints that answers.
+#[derive(Clone, Debug)]
+pub struct Etcd {
+    endpoints: Vec<(String, String)>,
+}
+
+impl Etcd {
+    /// `endpoints` are `http://host:port` URLs of the cluster's members.
+    pub fn new(endpoints: &[String]) -> Result<Self, EtcdError> {
+        let parsed = endpoints
+            .iter()
+            .map(|e| {
+                let authority = e.strip_prefix("http://").unwrap_or_default().trim_end_matches('/');
+                if authority.is_empty() || authority.contains('/') {
+                    return Err(EtcdError::BadEndpoint(e.clone()));
+                }
+                Ok((e.clone(), authority.to_string()))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if parsed.is_empty() {
+            return Err(EtcdError::BadEndpoint(String::new()));
+        }
+        Ok(Etcd { endpoints: parsed })
+    }
+
+    async fn call(&self, path: &str, body: Value) -> Result<Value, EtcdError> {
+        let mut last = None;
+        for (endpoint, authority) in &self.endpoints {
+            match tokio::time::timeout(CALL_TIMEOUT, post(authority, path, &body)).await {
+                Ok(Ok((200, answer))) => return Ok(answer),
+                Ok(Ok((status, answer))) => {
+                    let message = answer["message"].as_str().unwrap_or("").to_string();
+                    return Err(EtcdError::Refused { status, message });
+                }
+                Ok(Err(reason)) => last = Some(EtcdError::Unreachable { endpoint: endpoint.clone(), reason }),
+                Err(_) => {
+                    let reason = format!("no answer within {CALL_TIMEOUT:?}");
+                    last = Some(EtcdError::Unreachable { endpoint: endpoint.clone(), reason });
+                }
+            }
+        }
+        Err(last.expect("at least one endpoint"))
+    }
+}
+
+/// One POST of JSON on a new connection (calls are rare: a few per publish interval).
+async fn post(authority: &str, path: &str, body: &Value) -> Result<(u16, Value), String> {
+    let stream = tokio::net::TcpStream::connect(authority).await.map_err(|e| e.to_string())?;
+    let _ = stream.set_nodelay(true);
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await.map_err(|e| e.to_string())?;
+    tokio::spawn(connection);
+    let request = hyper::Request::post(path)
+        .header(hyper::header::HOST, authority)
+        .header(hyper::header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .map_err(|e| e.to_string())?;
+    let response = sender.send_request(request).await.map_err(|e| e.to_string())?;
+    let status = response.status().as_u16();
+    // A keep-alive answer is a stream that stays open: its first JSON object is the answer.
+    let mut body = Limited::new(response.into_body(), MAX_ANSWER);
+    let mut bytes = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| e.to_string())?;
+        if let Some(data) = frame.data_ref() {
+            bytes.extend_from_slice(data);
+        }
+        if let Ok(value) = serde_json::from_slice::<Value>(&bytes) {
+            return Ok((status, value));
+        }
+    }
+    let value = serde_json::from_slice(&bytes).map_err(|e| format!("not JSON: {e}"))?;
+    Ok((status, value))
+}
+
+fn b64(s: &str) -> String {
+    B64.encode(s)
+}
+
+fn unb64(v: &Value) -> String {
+    v.as_str().and_then(|s| B64.decode(s).ok()).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default()
+}
+
+/// The gateway writes 64-bit numbers as strings.
+fn int(v: &Value) -> i64 {
+    v.as_str().and_then(|s| s.parse().ok()).or_else(|| v.as_i64()).unwrap_or(0)
+}
+
+/// The first key after every key that starts with `prefix`, for a range over the prefix.
+fn prefix_end(prefix: &str) -> Vec<u8> {
+    let mut end = prefix.as_bytes().to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
+impl ClusterKv for Etcd {
+    type Error = EtcdError;
+
+    async fn grant(&self, ttl: Duration) -> Result<LeaseId, EtcdError> {
+        let answer = self.call("/v3/lease/grant", json!({ "TTL": ttl.as_secs().max(1) })).await?;
+        Ok(LeaseId(int(&answer["ID"])))
+    }
+
+    async fn keep_alive(&self, lease: LeaseId) -> Result<Option<Duration>, EtcdError> {
+        let answer = self.call("/v3/lease/keepalive", json!({ "ID": lease.0.to_string() })).await?;
+        let ttl = int(&answer["result"]["TTL"]);
+        Ok((ttl > 0).then(|| Duration::from_secs(ttl as u64)))
+    }
+
+    async fn revoke(&self, lease: LeaseId) -> Result<(), EtcdError> {
+        match self.call("/v3/lease/revoke", json!({ "ID": lease.0.to_string() })).await {
+            Err(EtcdError::Refused { message, .. }) if message.contains("not found") => Ok(()),
+            other => other.map(|_| ()),
+        }
+    }
+
+    async fn put(&self, key: &str, value: &str, lease: Option<LeaseId>) -> Result<(), EtcdError> {
+        let mut body = json!({ "key": b64(key), "value": b64(value) });
+        if let Some(lease) = lease {
+            body["lease"] = json!(lease.0.to_string());
+        }
+        self.call("/v3/kv/put", body).await.map(|_| ())
+    }
+
+    async fn create(&self, key: &str, value: &str, lease: LeaseId) -> Result<bool, EtcdError> {
+        let body = json!({
+            "compare": [{ "key": b64(key), "target": "CREATE", "create_revision": "0", "result": "EQUAL" }],
+            "success": [{ "request_put": { "key": b64(key), "value": b64(value), "lease": lease.0.to_string() } }],
+        });
+        let answer = self.call("/v3/kv/txn", body).await?;
+        Ok(answer["succeeded"].as_bool().unwrap_or(false))
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<(String, LeaseId)>, EtcdError> {
+        let answer = self.call("/v3/kv/range", json!({ "key": b64(key) })).await?;
+        Ok(answer["kvs"]
+            .as_array()
+            .and_then(|kvs| kvs.first())
+            .map(|kv| (unb64(&kv["value"]), LeaseId(int(&kv["lease"])))))
+    }
+
+    async fn get_prefix(&self, prefix: &str) -> Result<Vec<(String, String)>, EtcdError> {
+        let range_end = B64.encode(prefix_end(prefix));
+        let answer = self.call("/v3/kv/range", json!({ "key": b64(prefix), "range_end": range_end })).await?;
+        let kvs = answer["kvs"].as_array().map(Vec::as_slice).unwrap_or_default();
+        Ok(kvs.iter().map(|kv| (unb64(&kv["key"]), unb64(&kv["value"]))).collect())
+    }
+
+    async fn delete(&self, key: &str) -> Result<(), EtcdError> {
+        self.call("/v3/kv/deleterange", json!({ "key": b64(key) })).await.map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_prefix_range_ends_after_every_key_that_starts_with_it() {
+        assert_eq!(prefix_end("a/b/"), b"a/b0".to_vec());
+        assert_eq!(prefix_end("a\u{7f}"), b"a\x80".to_vec());
+        assert!(Etcd::new(&["http://127.0.0.1:2379".into()]).is_ok());
+        assert!(Etcd::new(&["127.0.0.1:2379".into()]).is_err());
+        assert!(Etcd::new(&[]).is_err());
+    }
+}

@@ -1,0 +1,85 @@
+//! The cluster layer: many invokers tied together through etcd. An invoker registers itself
+//! under a lease (its API address, tags, health and headroom, and the containers it holds, in
+//! the key layout of OpenWhisk's scheduler), so a scheduler can place activations across
+//! invokers. Nothing here is on an activation's path: registration runs beside the pool and
+//! never slows or fails an activation, whatever etcd does.
+
+pub mod etcd;
+pub mod registry;
+
+use etcd::LeaseId;
+use serde::{Deserialize, Serialize};
+use std::future::Future;
+use std::time::Duration;
+
+/// The few etcd operations the cluster layer needs; [`etcd::Etcd`] is the real one, and the
+/// tests run against a real etcd (there is no fake).
+pub trait ClusterKv: Send + Sync + 'static {
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    fn grant(&self, ttl: Duration) -> impl Future<Output = Result<LeaseId, Self::Error>> + Send;
+    /// Renews the lease; `None` when it has expired (its keys are gone).
+    fn keep_alive(&self, lease: LeaseId) -> impl Future<Output = Result<Option<Duration>, Self::Error>> + Send;
+    fn revoke(&self, lease: LeaseId) -> impl Future<Output = Result<(), Self::Error>> + Send;
+    fn put(
+        &self,
+        key: &str,
+        value: &str,
+        lease: Option<LeaseId>,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
+    /// Puts `key` only if it does not exist; false when it does.
+    fn create(&self, key: &str, value: &str, lease: LeaseId) -> impl Future<Output = Result<bool, Self::Error>> + Send;
+    /// The value and the lease of `key` (lease 0: none).
+    fn get(&self, key: &str) -> impl Future<Output = Result<Option<(String, LeaseId)>, Self::Error>> + Send;
+    fn get_prefix(&self, prefix: &str) -> impl Future<Output = Result<Vec<(String, String)>, Self::Error>> + Send;
+    fn delete(&self, key: &str) -> impl Future<Output = Result<(), Self::Error>> + Send;
+}
+
+/// `{prefix}/invokers/{id}`: an invoker's registration.
+pub fn invoker_key(prefix: &str, invoker_id: &str) -> String {
+    format!("{prefix}/invokers/{invoker_id}")
+}
+
+/// `{prefix}/containers/{ns}/{action}/{revision}/invoker/{id}/container/{cid}` (seed 000's
+/// layout): a scheduler finds the warm invokers of an action revision with one prefix range.
+pub fn container_key(prefix: &str, ns: &str, action: &str, revision: u64, invoker_id: &str, container: u64) -> String {
+    format!("{prefix}/containers/{ns}/{action}/{revision}/invoker/{invoker_id}/container/{container}")
+}
+
+/// What one node of an invoker can take now.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeHeadroom {
+    pub node: String,
+    /// The largest container it could launch now.
+    pub launchable_mb: u64,
+    pub free_mb: u64,
+    pub capacity_mb: u64,
+}
+
+/// The value of an invoker's key.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InvokerRecord {
+    pub id: String,
+    /// Where its API answers (the shim, `POST /v1/activations`).
+    pub api: String,
+    pub tags: Vec<String>,
+    /// `healthy`, `overloaded`, `unhealthy` or `draining`.
+    pub health: String,
+    pub nodes: Vec<NodeHeadroom>,
+    /// Which run of which machine holds the id: a restart on the same machine after a crash
+    /// takes over a key its dead predecessor's lease still holds.
+    pub boot_id: String,
+    pub pid: u32,
+}
+
+impl InvokerRecord {
+    /// The largest container any of its nodes could launch now.
+    pub fn launchable_mb(&self) -> u64 {
+        self.nodes.iter().map(|n| n.launchable_mb).max().unwrap_or(0)
+    }
+}
+
+/// This machine's boot: with a pid, it names one process of one boot of one machine.
+pub fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id").map(|s| s.trim().to_string()).unwrap_or_default()
+}

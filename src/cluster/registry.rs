@@ -1,0 +1,213 @@
+//! The invoker's registration in etcd. One task beside the pool: every `publish_interval` it
+//! reads the pool's snapshot (one message to the pool, never one per activation), puts the
+//! invoker's record when it changed and the keys of the containers that came and went, and
+//! keeps the lease alive. etcd down or slow costs activations nothing: every call is bounded,
+//! a failure is logged, and once etcd answers again a lease that expired meanwhile is replaced
+//! and every key is put again.
+
+use super::etcd::LeaseId;
+use super::{boot_id, container_key, invoker_key, ClusterKv, InvokerRecord, NodeHeadroom};
+use crate::activation::ActivationService;
+use crate::config::ClusterConfig;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    #[error(
+        "invoker id '{id}' is held by a live invoker (api {api}, pid {pid}); invoker ids must be unique: \
+         choose another --invoker-id"
+    )]
+    IdTaken { id: String, api: String, pid: u32 },
+    #[error("etcd: {0}")]
+    Etcd(String),
+}
+
+/// What the registration says of this invoker besides the pool's state.
+#[derive(Clone, Debug)]
+pub struct Identity {
+    pub invoker_id: String,
+    pub api: String,
+    pub tags: Vec<String>,
+    /// The smallest action's memory: below it the invoker is overloaded.
+    pub min_mb: u64,
+}
+
+pub struct Registrar<K: ClusterKv> {
+    kv: K,
+    config: ClusterConfig,
+    identity: Identity,
+    lease: Option<LeaseId>,
+    /// When the lease was last renewed (or granted).
+    renewed: Instant,
+    /// What etcd holds of this invoker, as last put under the current lease.
+    published: Option<InvokerRecord>,
+    containers: BTreeMap<u64, String>,
+    /// When the last failure was logged (failures repeat every interval while etcd is away).
+    last_complaint: Option<Instant>,
+}
+
+impl<K: ClusterKv> Registrar<K> {
+    pub fn new(kv: K, config: ClusterConfig, identity: Identity) -> Self {
+        Registrar {
+            kv,
+            config,
+            identity,
+            lease: None,
+            renewed: Instant::now(),
+            published: None,
+            containers: BTreeMap::new(),
+            last_complaint: None,
+        }
+    }
+
+    fn key(&self) -> String {
+        invoker_key(&self.config.prefix, &self.identity.invoker_id)
+    }
+
+    fn record(&self, health: &str, nodes: Vec<NodeHeadroom>) -> InvokerRecord {
+        InvokerRecord {
+            id: self.identity.invoker_id.clone(),
+            api: self.identity.api.clone(),
+            tags: self.identity.tags.clone(),
+            health: health.to_string(),
+            nodes,
+            boot_id: boot_id(),
+            pid: std::process::id(),
+        }
+    }
+
+    /// Takes the invoker's key under a new lease. A key held by a live invoker is refused;
+    /// one held by a dead run of this invoker on this machine (a crash, then a restart within
+    /// the lease's TTL) is taken over.
+    pub async fn claim(&mut self) -> Result<(), RegistryError> {
+        let etcd = |e: K::Error| RegistryError::Etcd(e.to_string());
+        let lease = self.kv.grant(self.config.lease_ttl).await.map_err(etcd)?;
+        let record = self.record("healthy", Vec::new());
+        let value = serde_json::to_string(&record).expect("a record serialises");
+        for _ in 0..2 {
+            if self.kv.create(&self.key(), &value, lease).await.map_err(etcd)? {
+                self.lease = Some(lease);
+                self.renewed = Instant::now();
+                self.published = Some(record);
+                self.containers.clear();
+                return Ok(());
+            }
+            let Some((held, holder)) = self.kv.get(&self.key()).await.map_err(etcd)? else { continue };
+            let other: Option<InvokerRecord> = serde_json::from_str(&held).ok();
+            match other {
+                Some(o) if o.boot_id == record.boot_id && (o.pid == record.pid || !process_alive(o.pid)) => {
+                    tracing::info!(pid = o.pid, "taking over the registration a dead run of this invoker left");
+                    let _ = self.kv.revoke(holder).await;
+                    let _ = self.kv.delete(&self.key()).await;
+                }
+                other => {
+                    let _ = self.kv.revoke(lease).await;
+                    let (api, pid) = other.map(|o| (o.api, o.pid)).unwrap_or_default();
+                    return Err(RegistryError::IdTaken { id: self.identity.invoker_id.clone(), api, pid });
+                }
+            }
+        }
+        let _ = self.kv.revoke(lease).await;
+        Err(RegistryError::Etcd("the invoker's key changed hands while it was claimed".into()))
+    }
+
+    /// Keeps the registration of the invoker `service` belongs to until `stop`, then revokes
+    /// the lease (every key goes at once).
+    pub async fn run(mut self, service: ActivationService, stop: CancellationToken) {
+        let interval = self.config.publish_interval;
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = tokio::time::sleep(interval) => {}
+            }
+            if let Err(e) = self.step(&service).await {
+                self.complain(&e);
+            }
+        }
+        if let Some(lease) = self.lease.take() {
+            let _ = self.kv.revoke(lease).await;
+        }
+    }
+
+    fn complain(&mut self, e: &RegistryError) {
+        let quiet = self.last_complaint.is_some_and(|t| t.elapsed() < Duration::from_secs(10));
+        if !quiet {
+            tracing::warn!("cluster registration: {e} (activations go on; retrying)");
+            self.last_complaint = Some(Instant::now());
+        }
+    }
+
+    /// One round: (re)claim when there is no live lease, renew it when a third of the TTL
+    /// passed, put what changed.
+    async fn step(&mut self, service: &ActivationService) -> Result<(), RegistryError> {
+        let etcd = |e: K::Error| RegistryError::Etcd(e.to_string());
+        let ttl = self.config.lease_ttl;
+        if self.lease.is_some() && self.renewed.elapsed() >= ttl {
+            // Cut off for longer than the TTL: etcd has dropped the lease and every key.
+            self.lease = None;
+        }
+        if let Some(lease) = self.lease {
+            if self.renewed.elapsed() >= ttl / 3 {
+                match self.kv.keep_alive(lease).await.map_err(etcd)? {
+                    Some(_) => self.renewed = Instant::now(),
+                    None => self.lease = None,
+                }
+            }
+        }
+        if self.lease.is_none() {
+            self.claim().await?;
+            tracing::info!(key = %self.key(), "registered in etcd");
+            self.last_complaint = None;
+        }
+        let lease = self.lease.expect("claimed above");
+        let Some(snapshot) = service.pool().snapshot().await else { return Ok(()) };
+        let health = snapshot.health(service.is_draining(), self.identity.min_mb);
+        let nodes = snapshot
+            .nodes
+            .iter()
+            .map(|n| NodeHeadroom {
+                node: n.node.to_string(),
+                launchable_mb: n.launchable_mb,
+                free_mb: n.free_mb,
+                capacity_mb: n.capacity_mb,
+            })
+            .collect();
+        let record = self.record(health.as_str(), nodes);
+        if self.published.as_ref() != Some(&record) {
+            let value = serde_json::to_string(&record).expect("a record serialises");
+            self.kv.put(&self.key(), &value, Some(lease)).await.map_err(etcd)?;
+            self.published = Some(record);
+        }
+        // The containers that run an action (not starting, not a prewarm, not going).
+        let mut now: BTreeMap<u64, String> = BTreeMap::new();
+        for c in &snapshot.containers {
+            if !matches!(c.state, "idle" | "busy" | "paused") {
+                continue;
+            }
+            let Some((ns, action)) = c.action.split_once('/') else { continue };
+            let key = container_key(&self.config.prefix, ns, action, c.revision, &self.identity.invoker_id, c.id);
+            now.insert(c.id, key);
+        }
+        let gone: Vec<(u64, String)> =
+            self.containers.iter().filter(|(id, _)| !now.contains_key(id)).map(|(id, k)| (*id, k.clone())).collect();
+        for (id, key) in gone {
+            self.kv.delete(&key).await.map_err(etcd)?;
+            self.containers.remove(&id);
+        }
+        for (id, key) in now {
+            if self.containers.contains_key(&id) {
+                continue;
+            }
+            let value = serde_json::json!({ "memory_mb": snapshot.containers.iter().find(|c| c.id == id).map_or(0, |c| c.memory_mb) });
+            self.kv.put(&key, &value.to_string(), Some(lease)).await.map_err(etcd)?;
+            self.containers.insert(id, key);
+        }
+        Ok(())
+    }
+}
+
+fn process_alive(pid: u32) -> bool {
+    pid != 0 && std::path::Path::new(&format!("/proc/{pid}")).exists()
+}

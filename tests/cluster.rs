@@ -1,0 +1,245 @@
+//! The invoker's registration in a real etcd (started here, one per test, on loopback ports):
+//! its record and container keys, a duplicate id refused, keys gone with the lease of a killed
+//! invoker, a restart taking its id over, and etcd going away and coming back. Skipped with a
+//! message when no `etcd` binary is installed (`scripts/etcd.sh` installs it); under `CI=true`
+//! a missing etcd fails instead.
+
+mod support;
+
+use invoker::cluster::etcd::Etcd;
+use invoker::cluster::{ClusterKv, InvokerRecord};
+use serde_json::json;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use support::{python, Invoker};
+
+fn tempdir() -> tempfile::TempDir {
+    tempfile::Builder::new().prefix("invoker-cl-").tempdir().unwrap()
+}
+
+fn id(prefix: &str) -> String {
+    format!("{prefix}-{}", std::process::id())
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// One etcd member on loopback, with a data dir that survives a stop and a start.
+struct EtcdServer {
+    dir: tempfile::TempDir,
+    client: u16,
+    peer: u16,
+    child: Option<Child>,
+}
+
+impl EtcdServer {
+    /// `None` (the test is skipped) when no etcd is installed, outside CI.
+    fn start() -> Option<EtcdServer> {
+        if Command::new("etcd").arg("--version").output().is_err() {
+            assert!(std::env::var("CI").is_err(), "no etcd binary under CI: scripts/etcd.sh installs it");
+            eprintln!("skipped: no etcd binary (scripts/etcd.sh installs one)");
+            return None;
+        }
+        let mut server = EtcdServer { dir: tempdir(), client: free_port(), peer: free_port(), child: None };
+        server.resume();
+        Some(server)
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.client)
+    }
+
+    fn resume(&mut self) {
+        let peer = format!("http://127.0.0.1:{}", self.peer);
+        let child = Command::new("etcd")
+            .args(["--name", "t", "--data-dir"])
+            .arg(self.dir.path().join("data"))
+            .args(["--listen-client-urls", &self.url(), "--advertise-client-urls", &self.url()])
+            .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &format!("t={peer}")])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(self.dir.path().join("etcd.log")).unwrap())
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", self.client)).is_err() {
+            assert!(Instant::now() < deadline, "etcd did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    fn kv(&self) -> Etcd {
+        Etcd::new(&[self.url()]).unwrap()
+    }
+}
+
+impl Drop for EtcdServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn cluster_config(etcd: &EtcdServer, tags: &[&str]) -> String {
+    format!(
+        "[cluster]\netcd = [\"{}\"]\nlease_ttl = \"3s\"\npublish_interval = \"200ms\"\ntags = {}\n",
+        etcd.url(),
+        json!(tags)
+    )
+}
+
+/// The invoker's record, once etcd has one (bounded wait).
+async fn record(kv: &Etcd, invoker_id: &str, until: impl Fn(&InvokerRecord) -> bool) -> InvokerRecord {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(Some((value, _))) = kv.get(&format!("/invoker/invokers/{invoker_id}")).await {
+            let record: InvokerRecord = serde_json::from_str(&value).unwrap();
+            if until(&record) {
+                return record;
+            }
+        }
+        assert!(Instant::now() < deadline, "no record of {invoker_id} as expected in etcd");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn keys(kv: &Etcd, prefix: &str) -> Vec<String> {
+    kv.get_prefix(prefix).await.unwrap().into_iter().map(|(k, _)| k).collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_invoker_registers_its_tags_headroom_and_containers() {
+    let Some(etcd) = EtcdServer::start() else { return };
+    let dir = tempdir();
+    let invoker_id = id("reg");
+    let inv = Invoker::start(dir.path(), &invoker_id, &cluster_config(&etcd, &["gpu", "ssd"]));
+    let kv = etcd.kv();
+    let r = record(&kv, &invoker_id, |r| !r.nodes.is_empty()).await;
+    assert_eq!(r.api, inv.base);
+    assert_eq!(r.tags, ["gpu", "ssd"]);
+    assert_eq!(r.health, "healthy");
+    assert_eq!((r.nodes[0].capacity_mb, r.launchable_mb()), (2048, 2048), "{r:?}");
+
+    inv.put_action("warm", python("def main(a):\n    return {}")).await;
+    let (status, _) = inv.invoke("warm", "blocking=true", json!({})).await;
+    assert_eq!(status, 200);
+    let prefix = "/invoker/containers/guest/warm/";
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let held = loop {
+        let held = keys(&kv, prefix).await;
+        if !held.is_empty() {
+            break held;
+        }
+        assert!(Instant::now() < deadline, "no container key under {prefix}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(held.len(), 1, "{held:?}");
+    assert!(held[0].starts_with(&format!("{prefix}1/invoker/{invoker_id}/container/")), "{held:?}");
+    // Less headroom while the container holds its 256 MB.
+    let r = record(&kv, &invoker_id, |r| r.launchable_mb() < 2048).await;
+    assert_eq!(r.launchable_mb(), 2048 - 256);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_invoker_with_a_live_ones_id_refuses_to_start_and_touches_nothing() {
+    let Some(etcd) = EtcdServer::start() else { return };
+    let (dir, other) = (tempdir(), tempdir());
+    let invoker_id = id("dup");
+    let config = cluster_config(&etcd, &[]);
+    let inv = Invoker::start(dir.path(), &invoker_id, &config);
+    inv.put_action("pid", python("import os\ndef main(a):\n    return {'pid': os.getpid()}")).await;
+    let (_, first) = inv.invoke("pid", "blocking=true&result=true", json!({})).await;
+
+    let config_file = other.path().join("invoker.toml");
+    std::fs::write(&config_file, format!("invoker_id = \"{invoker_id}\"\n{config}")).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_invoker"))
+        .arg("--config")
+        .arg(&config_file)
+        .args(["--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(other.path().join("data"))
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the duplicate started: {stderr}");
+    assert!(stderr.contains(&format!("invoker id '{invoker_id}' is held by a live invoker")), "{stderr}");
+    assert!(stderr.contains(&inv.base.replace("http://", "")), "names the live one: {stderr}");
+
+    // The first one's container was not cleaned up by the duplicate's start.
+    let (status, again) = inv.invoke("pid", "blocking=true&result=true", json!({})).await;
+    assert_eq!((status, &again["pid"]), (200, &first["pid"]));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_invokers_keys_go_with_its_lease_and_a_restart_takes_its_id_over() {
+    let Some(etcd) = EtcdServer::start() else { return };
+    let dir = tempdir();
+    let invoker_id = id("kill");
+    let config = cluster_config(&etcd, &[]);
+    let kv = etcd.kv();
+
+    let mut inv = Invoker::start(dir.path(), &invoker_id, &config);
+    inv.put_action("a", python("def main(a):\n    return {}")).await;
+    assert_eq!(inv.invoke("a", "blocking=true", json!({})).await.0, 200);
+    record(&kv, &invoker_id, |_| true).await;
+    inv.signal(nix::sys::signal::Signal::SIGKILL);
+    inv.wait_exit(Duration::from_secs(10));
+    // A restart on the same machine does not wait for the dead run's lease.
+    let inv = Invoker::start(dir.path(), &invoker_id, &config);
+    let r = record(&kv, &invoker_id, |r| r.api == inv.base).await;
+    assert_eq!(r.pid, inv.child.id());
+
+    let mut inv = inv;
+    inv.signal(nix::sys::signal::Signal::SIGKILL);
+    inv.wait_exit(Duration::from_secs(10));
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !keys(&kv, "/invoker/").await.is_empty() {
+        assert!(Instant::now() < deadline, "keys outlived the 3 s lease: {:?}", keys(&kv, "/invoker/").await);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn without_etcd_activations_go_on_and_the_registration_comes_back_with_it() {
+    let Some(mut etcd) = EtcdServer::start() else { return };
+    let dir = tempdir();
+    let invoker_id = id("away");
+    let inv = Invoker::start(dir.path(), &invoker_id, &cluster_config(&etcd, &[]));
+    inv.put_action("a", python("def main(a):\n    return {'ok': True}")).await;
+    record(&etcd.kv(), &invoker_id, |_| true).await;
+
+    etcd.stop();
+    for _ in 0..10 {
+        let (status, body) = inv.invoke("a", "blocking=true&result=true", json!({})).await;
+        assert_eq!((status, body), (200, json!({"ok": true})));
+    }
+    tokio::time::sleep(Duration::from_secs(4)).await; // past the lease's TTL
+    assert_eq!(inv.invoke("a", "blocking=true&result=true", json!({})).await.0, 200);
+
+    etcd.resume();
+    let r = record(&etcd.kv(), &invoker_id, |r| r.api == inv.base && !r.nodes.is_empty()).await;
+    assert_eq!(r.health, "healthy");
+    assert!(inv.stderr().contains("cluster registration"), "the outage was logged: {}", inv.stderr());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_invoker_started_while_etcd_is_away_serves_and_registers_once_it_answers() {
+    let Some(mut etcd) = EtcdServer::start() else { return };
+    etcd.stop();
+    let dir = tempdir();
+    let invoker_id = id("late");
+    let inv = Invoker::start(dir.path(), &invoker_id, &cluster_config(&etcd, &["late"]));
+    inv.put_action("a", python("def main(a):\n    return {}")).await;
+    assert_eq!(inv.invoke("a", "blocking=true", json!({})).await.0, 200);
+    etcd.resume();
+    let r = record(&etcd.kv(), &invoker_id, |_| true).await;
+    assert_eq!(r.tags, ["late"]);
+}
