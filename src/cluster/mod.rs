@@ -5,6 +5,7 @@
 //! never slows or fails an activation, whatever etcd does.
 
 pub mod etcd;
+pub mod placement;
 pub mod registry;
 
 use etcd::LeaseId;
