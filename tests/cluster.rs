@@ -243,3 +243,34 @@ async fn an_invoker_started_while_etcd_is_away_serves_and_registers_once_it_answ
     let r = record(&etcd.kv(), &invoker_id, |_| true).await;
     assert_eq!(r.tags, ["late"]);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_scheduler_reads_every_invoker_and_places_an_action_on_the_warm_one() {
+    use invoker::cluster::directory;
+    use invoker::cluster::placement::{place, ActionNeeds, PlacementConfig, Rule};
+    let Some(etcd) = EtcdServer::start() else { return };
+    let (d1, d2) = (tempdir(), tempdir());
+    let (id1, id2) = (id("dir1"), id("dir2"));
+    let config = cluster_config(&etcd, &[]);
+    let _one = Invoker::start(d1.path(), &id1, &config);
+    let two = Invoker::start(d2.path(), &id2, &config);
+    two.put_action("hot", python("def main(a):\n    return {}")).await;
+    assert_eq!(two.invoke("hot", "blocking=true", json!({})).await.0, 200);
+    let kv = etcd.kv();
+    record(&kv, &id1, |r| !r.nodes.is_empty()).await;
+    record(&kv, &id2, |r| r.launchable_mb() < 2048).await; // its container is registered
+
+    let invokers = directory::invokers(&kv, "/invoker").await.unwrap();
+    assert_eq!(invokers.keys().cloned().collect::<Vec<_>>(), {
+        let mut ids = vec![id1.clone(), id2.clone()];
+        ids.sort();
+        ids
+    });
+    let warm = directory::warm(&kv, "/invoker", "guest", "hot", 1).await.unwrap();
+    assert_eq!(warm.get(&id2), Some(&1), "{warm:?}");
+    let views = directory::views(&invokers, &warm, &Default::default());
+    let needs = ActionNeeds { memory_mb: 256, strict: true, ..Default::default() };
+    let config = PlacementConfig { managed_fraction: 1.0, blackbox_fraction: 0.1 };
+    let p = place(&views, &needs, &config, &Default::default(), &mut |_| 0).unwrap();
+    assert_eq!((p.invoker.as_str(), p.rule), (id2.as_str(), Rule::Warm));
+}

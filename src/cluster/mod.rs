@@ -4,6 +4,7 @@
 //! invokers. Nothing here is on an activation's path: registration runs beside the pool and
 //! never slows or fails an activation, whatever etcd does.
 
+pub mod directory;
 pub mod etcd;
 pub mod placement;
 pub mod registry;

@@ -174,12 +174,6 @@ impl<K: ClusterKv> Registrar<K> {
                 capacity_mb: n.capacity_mb,
             })
             .collect();
-        let record = self.record(health.as_str(), nodes);
-        if self.published.as_ref() != Some(&record) {
-            let value = serde_json::to_string(&record).expect("a record serialises");
-            self.kv.put(&self.key(), &value, Some(lease)).await.map_err(etcd)?;
-            self.published = Some(record);
-        }
         // The containers that run an action (not starting, not a prewarm, not going).
         let mut now: BTreeMap<u64, String> = BTreeMap::new();
         for c in &snapshot.containers {
@@ -203,6 +197,14 @@ impl<K: ClusterKv> Registrar<K> {
             let value = serde_json::json!({ "memory_mb": snapshot.containers.iter().find(|c| c.id == id).map_or(0, |c| c.memory_mb) });
             self.kv.put(&key, &value.to_string(), Some(lease)).await.map_err(etcd)?;
             self.containers.insert(id, key);
+        }
+        // After the containers' keys: a record whose headroom counts a container is never
+        // read before that container's key.
+        let record = self.record(health.as_str(), nodes);
+        if self.published.as_ref() != Some(&record) {
+            let value = serde_json::to_string(&record).expect("a record serialises");
+            self.kv.put(&self.key(), &value, Some(lease)).await.map_err(etcd)?;
+            self.published = Some(record);
         }
         Ok(())
     }
