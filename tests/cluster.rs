@@ -144,7 +144,7 @@ async fn an_invoker_registers_its_tags_headroom_and_containers() {
     assert_eq!(held.len(), 1, "{held:?}");
     assert!(held[0].starts_with(&format!("{prefix}1/invoker/{invoker_id}/container/")), "{held:?}");
     // Less headroom while the container holds its 256 MB.
-    let r = record(&kv, &invoker_id, |r| r.launchable_mb() < 2048).await;
+    let r = record(&kv, &invoker_id, |r| !r.nodes.is_empty() && r.launchable_mb() < 2048).await;
     assert_eq!(r.launchable_mb(), 2048 - 256);
 }
 
@@ -258,7 +258,7 @@ async fn a_scheduler_reads_every_invoker_and_places_an_action_on_the_warm_one() 
     assert_eq!(two.invoke("hot", "blocking=true", json!({})).await.0, 200);
     let kv = etcd.kv();
     record(&kv, &id1, |r| !r.nodes.is_empty()).await;
-    record(&kv, &id2, |r| r.launchable_mb() < 2048).await; // its container is registered
+    record(&kv, &id2, |r| !r.nodes.is_empty() && r.launchable_mb() < 2048).await; // its container is registered
 
     let invokers = directory::invokers(&kv, "/invoker").await.unwrap();
     assert_eq!(invokers.keys().cloned().collect::<Vec<_>>(), {
@@ -267,10 +267,16 @@ async fn a_scheduler_reads_every_invoker_and_places_an_action_on_the_warm_one() 
         ids
     });
     let warm = directory::warm(&kv, "/invoker", "guest", "hot", 1).await.unwrap();
-    assert_eq!(warm.get(&id2), Some(&1), "{warm:?}");
+    assert_eq!(
+        warm.get(&id2),
+        Some(&1),
+        "{warm:?} {:?} {:?}",
+        keys(&kv, "/invoker/containers/").await,
+        directory::invokers(&kv, "/invoker").await.unwrap()
+    );
     let views = directory::views(&invokers, &warm, &Default::default());
     let needs = ActionNeeds { memory_mb: 256, strict: true, ..Default::default() };
     let config = PlacementConfig { managed_fraction: 1.0, blackbox_fraction: 0.1 };
     let p = place(&views, &needs, &config, &Default::default(), &mut |_| 0).unwrap();
-    assert_eq!((p.invoker.as_str(), p.rule), (id2.as_str(), Rule::Warm));
+    assert_eq!((p.invoker.as_str(), p.rule), (id2.as_str(), Rule::Warm), "{views:?}");
 }
