@@ -206,6 +206,18 @@ impl ContainerProxy {
         self.init = Init::NotYet;
     }
 
+    /// Hands a run to the runtime, initialising it first with the run's action.
+    fn dispatch(&mut self, job: JobId, run: RunJob, began: Instant, ctx: &mut Context<Self>) {
+        match self.init {
+            Init::Done => self.start_run(job, run, began, ctx),
+            Init::InProgress => self.queued.push((job, run, began)),
+            Init::NotYet => {
+                self.start_init(&run, ctx);
+                self.queued.push((job, run, began));
+            }
+        }
+    }
+
     fn record_fields(&self, run: &RunJob, began: Instant) -> RecordFields {
         RecordFields {
             container: self.spec.id,

@@ -1,32 +1,18 @@
 //! Pausing an idle container (OpenWhisk's Ready → Pausing → Paused) and resuming it on the
-//! next run, and handing runs to the runtime once it is initialised.
+//! next run.
 
 use super::record::build_record;
-use super::{ContainerProxy, Init, ProxyReport, ProxyState};
-use crate::activation::job::RunJob;
+use super::{ContainerProxy, ProxyReport, ProxyState};
 use crate::factory::ContainerFactory;
 use crate::model::Outcome;
-use crate::pool::core::JobId;
 use actix::prelude::*;
 use serde_json::json;
-use std::time::Instant;
 
 /// Pausing an idle container (OpenWhisk's Ready → Pausing → Paused) when the pool's core says
 /// so, and resuming it (Resuming) before the next run the core sends; runs that arrive while it
 /// pauses or resumes wait (parked) until it runs again. A paused container uses no CPU;
 /// resuming costs one factory call.
 impl ContainerProxy {
-    pub(super) fn dispatch(&mut self, job: JobId, run: RunJob, began: Instant, ctx: &mut Context<Self>) {
-        match self.init {
-            Init::Done => self.start_run(job, run, began, ctx),
-            Init::InProgress => self.queued.push((job, run, began)),
-            Init::NotYet => {
-                self.start_init(&run, ctx);
-                self.queued.push((job, run, began));
-            }
-        }
-    }
-
     /// Only an idle, ready container pauses; the core never asks for another.
     pub(super) fn pause(&mut self, ctx: &mut Context<Self>) {
         if self.state != ProxyState::Ready || self.running > 0 {
