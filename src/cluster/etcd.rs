@@ -25,6 +25,12 @@ pub enum EtcdError {
     BadEndpoint(String),
 }
 
+/// The `host:port` of an `http://host:port` endpoint, or `None` when it is not one.
+pub fn authority(endpoint: &str) -> Option<&str> {
+    let authority = endpoint.strip_prefix("http://")?.trim_end_matches('/');
+    (!authority.is_empty() && !authority.contains(['/', ' '])).then_some(authority)
+}
+
 /// A lease, as etcd numbers it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LeaseId(pub i64);
@@ -41,10 +47,7 @@ impl Etcd {
         let parsed = endpoints
             .iter()
             .map(|e| {
-                let authority = e.strip_prefix("http://").unwrap_or_default().trim_end_matches('/');
-                if authority.is_empty() || authority.contains('/') {
-                    return Err(EtcdError::BadEndpoint(e.clone()));
-                }
+                let authority = authority(e).ok_or_else(|| EtcdError::BadEndpoint(e.clone()))?;
                 Ok((e.clone(), authority.to_string()))
             })
             .collect::<Result<Vec<_>, _>>()?;

@@ -46,6 +46,8 @@ pub struct Registrar<K: ClusterKv> {
     containers: BTreeMap<u64, String>,
     /// When the last failure was logged (failures repeat every interval while etcd is away).
     last_complaint: Option<Instant>,
+    /// This machine's boot, read once.
+    boot_id: String,
 }
 
 impl<K: ClusterKv> Registrar<K> {
@@ -59,6 +61,7 @@ impl<K: ClusterKv> Registrar<K> {
             published: None,
             containers: BTreeMap::new(),
             last_complaint: None,
+            boot_id: boot_id(),
         }
     }
 
@@ -73,7 +76,7 @@ impl<K: ClusterKv> Registrar<K> {
             tags: self.identity.tags.clone(),
             health: health.to_string(),
             nodes,
-            boot_id: boot_id(),
+            boot_id: self.boot_id.clone(),
             pid: std::process::id(),
         }
     }
@@ -175,14 +178,14 @@ impl<K: ClusterKv> Registrar<K> {
             })
             .collect();
         // The containers that run an action (not starting, not a prewarm, not going).
-        let mut now: BTreeMap<u64, String> = BTreeMap::new();
+        let mut now: BTreeMap<u64, (String, u32)> = BTreeMap::new();
         for c in &snapshot.containers {
             if !matches!(c.state, "idle" | "busy" | "paused") {
                 continue;
             }
             let Some((ns, action)) = c.action.split_once('/') else { continue };
             let key = container_key(&self.config.prefix, ns, action, c.revision, &self.identity.invoker_id, c.id);
-            now.insert(c.id, key);
+            now.insert(c.id, (key, c.memory_mb));
         }
         let gone: Vec<(u64, String)> =
             self.containers.iter().filter(|(id, _)| !now.contains_key(id)).map(|(id, k)| (*id, k.clone())).collect();
@@ -190,11 +193,11 @@ impl<K: ClusterKv> Registrar<K> {
             self.kv.delete(&key).await.map_err(etcd)?;
             self.containers.remove(&id);
         }
-        for (id, key) in now {
+        for (id, (key, memory_mb)) in now {
             if self.containers.contains_key(&id) {
                 continue;
             }
-            let value = serde_json::json!({ "memory_mb": snapshot.containers.iter().find(|c| c.id == id).map_or(0, |c| c.memory_mb) });
+            let value = serde_json::json!({ "memory_mb": memory_mb });
             self.kv.put(&key, &value.to_string(), Some(lease)).await.map_err(etcd)?;
             self.containers.insert(id, key);
         }

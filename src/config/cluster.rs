@@ -47,8 +47,7 @@ impl ClusterConfig {
 
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
         for (i, e) in self.etcd.iter().enumerate() {
-            let authority = e.strip_prefix("http://").unwrap_or_default().trim_end_matches('/');
-            if authority.is_empty() || authority.contains('/') {
+            if crate::cluster::etcd::authority(e).is_none() {
                 return Err(bad(&format!("cluster.etcd[{i}]"), "must be http://host:port"));
             }
         }
