@@ -25,6 +25,9 @@ pub struct ClusterConfig {
     /// The URL schedulers reach this invoker's API on; by default `http://` and the address it
     /// listens on.
     pub advertise: Option<String>,
+    /// The key a scheduler presents to invokers (which list it in `[admin] controller_keys`),
+    /// and an invoker presents to a scheduler's internal route when it fetches an action.
+    pub controller_key: Option<String>,
 }
 
 impl Default for ClusterConfig {
@@ -36,6 +39,7 @@ impl Default for ClusterConfig {
             publish_interval: Duration::from_millis(500),
             tags: Vec::new(),
             advertise: None,
+            controller_key: None,
         }
     }
 }
@@ -68,10 +72,73 @@ impl ClusterConfig {
                 return Err(bad(&format!("cluster.tags[{i}]"), "1 to 64 letters, digits, '-', '_' or '.'"));
             }
         }
+        if let Some(key) = &self.controller_key {
+            if !key.split_once(':').is_some_and(|(u, s)| !u.is_empty() && !s.is_empty()) {
+                return Err(bad("cluster.controller_key", "an API key is 'uuid:secret'"));
+            }
+        }
         if let Some(a) = &self.advertise {
             if !a.starts_with("http://") {
                 return Err(bad("cluster.advertise", "must be an http:// URL"));
             }
+        }
+        Ok(())
+    }
+}
+
+/// `[scheduler]`: what `invoker scheduler` needs beyond `[cluster]`. An invoker ignores it.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SchedulerConfig {
+    /// Unique among the schedulers of one etcd: invokers find this scheduler's address under
+    /// it when they fetch an action they do not hold.
+    pub id: String,
+    /// The untagged invokers in id order: the first fraction takes managed actions...
+    pub managed_fraction: f64,
+    /// ...and the last fraction blackbox (Docker image) ones (OpenWhisk: 0.9 and 0.1).
+    pub blackbox_fraction: f64,
+    /// Invokers tried for one activation after the first refused it or could not be reached.
+    pub max_reschedules: u32,
+    /// How often the invokers, their containers and drains are read from etcd.
+    #[serde(with = "humantime_serde")]
+    pub refresh_interval: Duration,
+    /// Activations on their way to or running on invokers at most; past it a new one gets
+    /// 503 (a record says so).
+    pub max_in_flight: u32,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        SchedulerConfig {
+            id: "scheduler0".into(),
+            managed_fraction: 0.9,
+            blackbox_fraction: 0.1,
+            max_reschedules: 3,
+            refresh_interval: Duration::from_millis(200),
+            max_in_flight: 10_000,
+        }
+    }
+}
+
+impl SchedulerConfig {
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        crate::model::validate_entity_name("scheduler.id", &self.id).map_err(|r| bad("scheduler.id", r))?;
+        for (key, f) in [
+            ("scheduler.managed_fraction", self.managed_fraction),
+            ("scheduler.blackbox_fraction", self.blackbox_fraction),
+        ] {
+            if !(0.0..=1.0).contains(&f) || f.is_nan() {
+                return Err(bad(key, "must be between 0 and 1"));
+            }
+        }
+        if self.max_reschedules > 16 {
+            return Err(bad("scheduler.max_reschedules", "at most 16"));
+        }
+        if self.refresh_interval < Duration::from_millis(20) || self.refresh_interval > Duration::from_secs(10) {
+            return Err(bad("scheduler.refresh_interval", "between 20ms and 10s"));
+        }
+        if self.max_in_flight == 0 {
+            return Err(bad("scheduler.max_in_flight", "must be at least 1"));
         }
         Ok(())
     }

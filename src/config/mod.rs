@@ -13,7 +13,7 @@ mod proxy;
 mod store;
 
 pub use admin::AdminConfig;
-pub use cluster::ClusterConfig;
+pub use cluster::{ClusterConfig, SchedulerConfig};
 pub use factory::{
     DockerFactoryConfig, DockerKindConfig, FactoryConfig, FactoryKind, MesosFactoryConfig, MockFactoryConfig,
     ProcessFactoryConfig, TransportKind,
@@ -69,6 +69,7 @@ pub struct Config {
     pub record_retention: Duration,
     pub store: StoreConfig,
     pub cluster: ClusterConfig,
+    pub scheduler: SchedulerConfig,
     /// The file this was read from: hidden from action containers.
     #[serde(skip)]
     pub source: Option<PathBuf>,
@@ -91,6 +92,7 @@ impl Default for Config {
             record_retention: Duration::from_secs(7 * 24 * 3600),
             store: StoreConfig::default(),
             cluster: ClusterConfig::default(),
+            scheduler: SchedulerConfig::default(),
             source: None,
         }
     }
@@ -133,6 +135,7 @@ impl Config {
         self.proxy.validate()?;
         self.store.validate()?;
         self.cluster.validate()?;
+        self.scheduler.validate()?;
         self.factory.validate(&self.pool, &self.limits)?;
         kinds::validate(&self.kinds)
     }
@@ -194,6 +197,17 @@ mod tests {
         assert_eq!(err.key, "factory.mesos.master");
         let err = Config::from_toml("[factory.mesos]\ncpus_per_gb = 0.0\n").unwrap().validate().unwrap_err();
         assert_eq!(err.key, "factory.mesos.cpus_per_gb");
+    }
+
+    #[test]
+    fn the_cluster_config_file_is_valid_and_its_controller_key_is_listed() {
+        let config = Config::from_file(Path::new("config/cluster.toml")).unwrap();
+        config.validate().unwrap();
+        let key = config.cluster.controller_key.as_ref().expect("a controller key for local use");
+        assert!(config.admin.controller_keys.contains(key), "its invokers take the scheduler's key");
+        assert_eq!(config.scheduler.max_reschedules, 3);
+        let err = Config::from_toml("[scheduler]\nmanaged_fraction = 1.5\n").unwrap().validate().unwrap_err();
+        assert_eq!(err.key, "scheduler.managed_fraction");
     }
 
     #[test]
