@@ -19,5 +19,6 @@ pub mod pool;
 pub mod proxy;
 pub mod read_watched;
 pub mod runtime;
+pub mod scheduler;
 pub mod sim;
 pub mod store;

@@ -3,15 +3,18 @@
 
 use anyhow::Context as _;
 use clap::Parser;
-use invoker::activation::ActivationService;
+use invoker::activation::{ActivationService, Runner};
 use invoker::api::AppState;
 use invoker::cluster::etcd::Etcd;
+use invoker::cluster::fetch::RemoteActions;
 use invoker::cluster::registry::{Identity, Registrar, RegistryError};
 use invoker::config::Config;
 use invoker::factory::{ContainerFactory, Epoch, Factory};
 use invoker::metrics::Metrics;
 use invoker::pool::actor::{ContainerPool, PoolHandle};
 use invoker::runtime::{Launcher, Listen, RuntimeOptions, SchedPolicy};
+use invoker::scheduler::presence::Presence;
+use invoker::scheduler::Dispatcher;
 use invoker::store::{JournaledStore, Store};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -60,6 +63,26 @@ struct ServeArgs {
     tags: Option<Vec<String>>,
 }
 
+/// Running the scheduler: `invoker scheduler --etcd URL [FLAGS]`.
+#[derive(clap::Args)]
+struct SchedulerArgs {
+    /// The configuration file (`config/cluster.toml` for a one-machine cluster).
+    #[arg(long, env = "INVOKER_CONFIG", default_value = "config/cluster.toml")]
+    config: PathBuf,
+    /// Address to listen on (overrides the file); port 0 picks a free one.
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// Directory for the scheduler's store (overrides the file).
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// etcd client URLs, comma-separated (overrides `[cluster] etcd`).
+    #[arg(long, env = "INVOKER_ETCD", value_delimiter = ',')]
+    etcd: Vec<String>,
+    /// This scheduler's id, unique among the schedulers of one etcd (overrides `[scheduler] id`).
+    #[arg(long)]
+    scheduler_id: Option<String>,
+}
+
 #[derive(clap::Subcommand)]
 enum Command {
     /// Run the invoker (the same as no subcommand).
@@ -85,6 +108,9 @@ enum Command {
     /// Set up one process-factory container (cgroups, namespaces, root, uid), then run its
     /// runtime command; the process factory starts every runtime through it.
     Sandbox(invoker::factory::sandbox::SandboxArgs),
+    /// Run the scheduler: the front door of the invokers registered in etcd (the same REST
+    /// API, actions in its own store, each activation placed on an invoker).
+    Scheduler(SchedulerArgs),
     /// Run the pool core in virtual time against a simulated cluster; prints a JSON summary.
     Simulate {
         #[arg(long)]
@@ -111,16 +137,21 @@ fn main() -> anyhow::Result<()> {
             return Ok(());
         }
         Some(Command::Serve(args)) => return serve_invoker(args),
+        Some(Command::Scheduler(args)) => return serve_scheduler(args),
         None => {}
     }
     serve_invoker(cli.serve)
 }
 
-fn serve_invoker(cli: ServeArgs) -> anyhow::Result<()> {
+fn init_tracing() {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
         .init();
+}
+
+fn serve_invoker(cli: ServeArgs) -> anyhow::Result<()> {
+    init_tracing();
     let mut config = Config::from_file(&cli.config)?;
     if let Some(listen) = cli.listen {
         config.listen = listen;
@@ -158,7 +189,9 @@ fn admin_key(config: &Config, store: &dyn Store) -> anyhow::Result<String> {
     Ok(key)
 }
 
-async fn serve(config: Config) -> anyhow::Result<()> {
+/// The data dir, its store (activations an earlier run left unfinished get their records), the
+/// admin key, and the bound listener.
+async fn open(config: &mut Config, file: &str) -> anyhow::Result<(Arc<dyn Store>, tokio::net::TcpListener)> {
     std::fs::create_dir_all(&config.data_dir).with_context(|| format!("data_dir {}", config.data_dir.display()))?;
     // Traversable (a container's directory lies under it), not listable.
     use std::os::unix::fs::PermissionsExt as _;
@@ -166,7 +199,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         .with_context(|| format!("data_dir {}", config.data_dir.display()))?;
     let action_cache_bytes = usize::try_from(config.store.action_cache_mb)?.saturating_mul(1024 * 1024);
     let store = JournaledStore::open_with_cache(
-        &config.data_dir.join("invoker.redb"),
+        &config.data_dir.join(file),
         &config.data_dir.join("journal"),
         action_cache_bytes,
     )?;
@@ -175,12 +208,35 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         tracing::warn!(recovered, "activations left unfinished by an earlier run got whisk-error records");
     }
     let store: Arc<dyn Store> = Arc::new(store);
-    let mut config = config;
-    config.admin.key = Some(admin_key(&config, store.as_ref())?);
+    config.admin.key = Some(admin_key(config, store.as_ref())?);
     let listener = std::net::TcpListener::bind(config.listen).with_context(|| format!("listen {}", config.listen))?;
     listener.set_nonblocking(true)?;
+    Ok((store, tokio::net::TcpListener::from_std(listener)?))
+}
+
+fn print_keys(config: &Config, addr: SocketAddr) {
+    if let Some(key) = config.namespaces.get("guest") {
+        println!("guest auth: {key}");
+    }
+    if let Some(key) = &config.admin.key {
+        println!("admin auth: {key}");
+    }
+    println!("listening on {addr}");
+}
+
+async fn terminated() -> anyhow::Result<()> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = term.recv() => {},
+        _ = tokio::signal::ctrl_c() => {},
+    }
+    Ok(())
+}
+
+async fn serve(config: Config) -> anyhow::Result<()> {
+    let mut config = config;
+    let (store, listener) = open(&mut config, "invoker.redb").await?;
     let addr = listener.local_addr()?;
-    let listener = tokio::net::TcpListener::from_std(listener)?;
     // Before the factory, whose start cleans up what an earlier run of this invoker id left:
     // a second invoker with a live one's id must not touch the first one's containers.
     let registrar = register(&config, addr).await?;
@@ -205,25 +261,24 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         .with_protocols(config.kinds.iter().map(|(kind, k)| (kind.clone(), k.protocol)).collect()),
     );
     let service = ActivationService::new(store.clone(), pool.clone(), metrics, config.limits.namespace_concurrent);
-    let state = Arc::new(AppState::new(service.clone(), config.clone()));
+    let mut state = AppState::new(service.clone(), config.clone());
+    if let (true, Some(key)) = (config.cluster.enabled(), &config.cluster.controller_key) {
+        let remote = RemoteActions::new(
+            Etcd::new(&config.cluster.etcd)?,
+            config.cluster.prefix.clone(),
+            key,
+            action_cache_bytes(&config)?,
+        );
+        state = state.with_remote_actions(Arc::new(remote));
+    }
     let stop = tokio_util::sync::CancellationToken::new();
-    let server_task = actix_rt::spawn(invoker::api::server::serve(listener, state, stop.clone()));
-    if let Some(key) = config.namespaces.get("guest") {
-        println!("guest auth: {key}");
-    }
-    if let Some(key) = &config.admin.key {
-        println!("admin auth: {key}");
-    }
-    println!("listening on {addr}");
+    let server_task = actix_rt::spawn(invoker::api::server::serve(listener, Arc::new(state), stop.clone()));
+    print_keys(&config, addr);
     actix_rt::spawn(expire_records(store.clone(), config.record_retention, config.store.expire_every));
     let registration_stop = tokio_util::sync::CancellationToken::new();
     let registration = registrar.map(|r| actix_rt::spawn(r.run(service.clone(), registration_stop.clone())));
 
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        _ = term.recv() => {},
-        _ = tokio::signal::ctrl_c() => {},
-    }
+    terminated().await?;
     tracing::info!("draining: new work gets 503, running work has {:?} to finish", config.shutdown_grace);
     service.set_draining();
     if tokio::time::timeout(config.shutdown_grace, pool.drain()).await.is_err() {
@@ -234,6 +289,87 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     if let Some(task) = registration {
         let _ = tokio::time::timeout(std::time::Duration::from_secs(5), task).await;
     }
+    stop.cancel();
+    let _ = server_task.await;
+    let unfinished = store.recover_unfinished(invoker::model::epoch_ms())?;
+    if unfinished > 0 {
+        tracing::warn!(unfinished, "activations that could not finish got whisk-error records");
+    }
+    Ok(())
+}
+
+fn action_cache_bytes(config: &Config) -> anyhow::Result<usize> {
+    Ok(usize::try_from(config.store.action_cache_mb)?.saturating_mul(1024 * 1024))
+}
+
+fn serve_scheduler(cli: SchedulerArgs) -> anyhow::Result<()> {
+    init_tracing();
+    let mut config = Config::from_file(&cli.config)?;
+    if let Some(listen) = cli.listen {
+        config.listen = listen;
+    }
+    if let Some(dir) = cli.data_dir {
+        config.data_dir = dir;
+    }
+    if !cli.etcd.is_empty() {
+        config.cluster.etcd = cli.etcd;
+    }
+    if let Some(id) = cli.scheduler_id {
+        config.scheduler.id = id;
+    }
+    if let Ok(key) = std::env::var("INVOKER_GUEST_KEY") {
+        config.namespaces.insert("guest".into(), key);
+    }
+    config.validate()?;
+    anyhow::ensure!(config.cluster.enabled(), "the scheduler needs etcd: --etcd URL or [cluster] etcd");
+    anyhow::ensure!(
+        config.cluster.controller_key.is_some(),
+        "the scheduler needs [cluster] controller_key, a key its invokers list in [admin] controller_keys"
+    );
+    actix_rt::System::new().block_on(schedule(config))
+}
+
+/// The scheduler: its store and REST API, its dispatcher reading the cluster from etcd, and its
+/// own key there (claimed before it serves: a live scheduler's id is refused).
+async fn schedule(mut config: Config) -> anyhow::Result<()> {
+    let (store, listener) = open(&mut config, "scheduler.redb").await?;
+    let addr = listener.local_addr()?;
+    let cluster = &config.cluster;
+    let api = cluster.advertise.clone().unwrap_or_else(|| format!("http://{addr}"));
+    let mut presence =
+        Presence::new(Etcd::new(&cluster.etcd)?, &cluster.prefix, &config.scheduler.id, api, cluster.lease_ttl);
+    match presence.claim().await {
+        Ok(()) => {}
+        Err(e @ RegistryError::IdTaken { .. }) => return Err(e.into()),
+        Err(e) => tracing::warn!("not registered in etcd yet: {e}; serving, and retrying"),
+    }
+    let key = cluster.controller_key.clone().expect("checked at start");
+    let dispatcher = Arc::new(Dispatcher::new(&config, Etcd::new(&cluster.etcd)?, &key));
+    let metrics = Arc::new(Metrics::default());
+    let service = ActivationService::with_runner(
+        store.clone(),
+        Runner::Cluster(dispatcher.clone()),
+        metrics,
+        config.limits.namespace_concurrent,
+    );
+    let config = Arc::new(config);
+    let state = Arc::new(AppState::new(service.clone(), config.clone()));
+    let stop = tokio_util::sync::CancellationToken::new();
+    let background = tokio_util::sync::CancellationToken::new();
+    actix_rt::spawn(dispatcher.clone().refresh(background.clone()));
+    let presence = actix_rt::spawn(presence.run(background.clone()));
+    actix_rt::spawn(expire_records(store.clone(), config.record_retention, config.store.expire_every));
+    let server_task = actix_rt::spawn(invoker::api::server::serve(listener, state, stop.clone()));
+    print_keys(&config, addr);
+    terminated().await?;
+    tracing::info!("stopping: new work gets 503, work on invokers has {:?} to end", config.shutdown_grace);
+    service.set_draining();
+    let deadline = Instant::now() + config.shutdown_grace;
+    while dispatcher.active() > 0 && Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    background.cancel();
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), presence).await;
     stop.cancel();
     let _ = server_task.await;
     let unfinished = store.recover_unfinished(invoker::model::epoch_ms())?;

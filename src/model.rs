@@ -165,6 +165,8 @@ pub enum Rejection {
     CreateFailed,
     Draining,
     ContainerLost,
+    /// A scheduler found no invoker that would take it (the record's message says why).
+    NoInvoker,
 }
 
 impl Rejection {
@@ -177,6 +179,7 @@ impl Rejection {
             Rejection::CreateFailed => "create_failed",
             Rejection::Draining => "draining",
             Rejection::ContainerLost => "container_lost",
+            Rejection::NoInvoker => "no_invoker",
         }
     }
 
@@ -192,7 +195,13 @@ impl Rejection {
             Rejection::CreateFailed => "the action's container could not be created; nothing ran".into(),
             Rejection::Draining => "the invoker is shutting down; nothing ran".into(),
             Rejection::ContainerLost => "the container running the activation vanished".into(),
+            Rejection::NoInvoker => "no invoker could take the activation; nothing ran".into(),
         }
+    }
+
+    /// The codes of rejections that ran nothing: another invoker may take the activation.
+    pub fn ran_nothing(code: &str) -> bool {
+        matches!(code, "never_fits" | "deadline" | "queue_full" | "create_failed" | "draining" | "no_invoker")
     }
 }
 
@@ -257,7 +266,18 @@ impl ActivationRecord {
     /// The record of an activation the invoker answered without running it, `wait_ms` after
     /// accepting it.
     pub fn rejected(job: &ActivationMeta, rejection: Rejection, wait_ms: u64, now_ms: u64) -> Self {
-        let mut record = Self::whisk_error(job, &rejection.message(), now_ms);
+        Self::rejected_because(job, rejection, &rejection.message(), wait_ms, now_ms)
+    }
+
+    /// As [`Self::rejected`], with a message of its own (which invokers refused, and why).
+    pub fn rejected_because(
+        job: &ActivationMeta,
+        rejection: Rejection,
+        message: &str,
+        wait_ms: u64,
+        now_ms: u64,
+    ) -> Self {
+        let mut record = Self::whisk_error(job, message, now_ms);
         record.annotations.push(KeyValue { key: "rejected".into(), value: json!(rejection.code()) });
         record.annotations.push(KeyValue { key: "waitTime".into(), value: json!(wait_ms) });
         record.rejection = Some(rejection);

@@ -246,8 +246,8 @@ async fn an_invoker_started_while_etcd_is_away_serves_and_registers_once_it_answ
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_scheduler_reads_every_invoker_and_places_an_action_on_the_warm_one() {
-    use invoker::cluster::directory;
-    use invoker::cluster::placement::{place, ActionNeeds, PlacementConfig, Rule};
+    use invoker::scheduler::placement::{place, ActionNeeds, PlacementConfig, Rule};
+    use invoker::scheduler::view::ClusterView;
     let Some(etcd) = EtcdServer::start() else { return };
     let (d1, d2) = (tempdir(), tempdir());
     let (id1, id2) = (id("dir1"), id("dir2"));
@@ -260,21 +260,13 @@ async fn a_scheduler_reads_every_invoker_and_places_an_action_on_the_warm_one() 
     record(&kv, &id1, |r| !r.nodes.is_empty()).await;
     record(&kv, &id2, |r| !r.nodes.is_empty() && r.launchable_mb() < 2048).await; // its container is registered
 
-    let invokers = directory::invokers(&kv, "/invoker").await.unwrap();
-    assert_eq!(invokers.keys().cloned().collect::<Vec<_>>(), {
-        let mut ids = vec![id1.clone(), id2.clone()];
-        ids.sort();
-        ids
-    });
-    let warm = directory::warm(&kv, "/invoker", "guest", "hot", 1).await.unwrap();
-    assert_eq!(
-        warm.get(&id2),
-        Some(&1),
-        "{warm:?} {:?} {:?}",
-        keys(&kv, "/invoker/containers/").await,
-        directory::invokers(&kv, "/invoker").await.unwrap()
-    );
-    let views = directory::views(&invokers, &warm, &Default::default());
+    let view = ClusterView::read(&kv, "/invoker").await.unwrap();
+    let mut ids = vec![id1.clone(), id2.clone()];
+    ids.sort();
+    assert_eq!(view.invokers.keys().cloned().collect::<Vec<_>>(), ids);
+    let revision = ("guest".to_string(), "hot".to_string(), 1);
+    assert_eq!(view.warm[&revision].get(&id2), Some(&1), "{:?}", keys(&kv, "/invoker/containers/").await);
+    let views = view.views(&revision, &Default::default());
     let needs = ActionNeeds { memory_mb: 256, strict: true, ..Default::default() };
     let config = PlacementConfig { managed_fraction: 1.0, blackbox_fraction: 0.1 };
     let p = place(&views, &needs, &config, &Default::default(), &mut |_| 0).unwrap();

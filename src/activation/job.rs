@@ -61,8 +61,15 @@ impl Completion {
 impl RunJob {
     /// Ends the job without running it, `waitTime` counted from its acceptance.
     pub fn reject(self, rejection: Rejection) {
+        let message = rejection.message();
+        self.reject_because(rejection, &message);
+    }
+
+    /// As [`Self::reject`], the record's message saying why.
+    pub fn reject_because(self, rejection: Rejection, message: &str) {
         let wait_ms = self.accepted.elapsed().as_millis() as u64;
-        let record = ActivationRecord::rejected(&self.meta, rejection, wait_ms, crate::model::epoch_ms());
+        let now = crate::model::epoch_ms();
+        let record = ActivationRecord::rejected_because(&self.meta, rejection, message, wait_ms, now);
         self.completion.finish(record);
     }
 }

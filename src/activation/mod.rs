@@ -9,6 +9,7 @@ pub mod slot;
 use crate::metrics::Metrics;
 use crate::model::{epoch_ms, Action, ActivationMeta, ActivationRecord};
 use crate::pool::actor::PoolHandle;
+use crate::scheduler::Dispatcher;
 use crate::store::{Accepted, Store, StoreError};
 use job::{Completion, RunJob};
 use serde_json::{Map, Value};
@@ -52,10 +53,28 @@ pub struct InvokeRequest {
     pub wait: Option<Duration>,
 }
 
+/// Where accepted activations run: the invoker's own pool, or (a scheduler) the invokers of
+/// a cluster.
+#[derive(Clone)]
+pub enum Runner {
+    Pool(PoolHandle),
+    Cluster(Arc<Dispatcher>),
+}
+
+impl Runner {
+    /// Hands `run` over; `Err` when it was refused and ended with a record already.
+    fn submit(&self, run: RunJob) -> Result<(), ()> {
+        match self {
+            Runner::Pool(pool) => pool.submit(run).map_err(drop),
+            Runner::Cluster(dispatcher) => dispatcher.submit(run).map_err(drop),
+        }
+    }
+}
+
 #[derive(Clone)]
 pub struct ActivationService {
     store: Arc<dyn Store>,
-    pool: PoolHandle,
+    runner: Runner,
     metrics: Arc<Metrics>,
     in_flight: NamespaceSlots,
     namespace_limit: u32,
@@ -64,9 +83,13 @@ pub struct ActivationService {
 
 impl ActivationService {
     pub fn new(store: Arc<dyn Store>, pool: PoolHandle, metrics: Arc<Metrics>, namespace_limit: u32) -> Self {
+        Self::with_runner(store, Runner::Pool(pool), metrics, namespace_limit)
+    }
+
+    pub fn with_runner(store: Arc<dyn Store>, runner: Runner, metrics: Arc<Metrics>, namespace_limit: u32) -> Self {
         ActivationService {
             store,
-            pool,
+            runner,
             metrics,
             in_flight: NamespaceSlots::default(),
             namespace_limit,
@@ -78,8 +101,20 @@ impl ActivationService {
         &self.store
     }
 
-    pub fn pool(&self) -> &PoolHandle {
-        &self.pool
+    /// The invoker's pool; `None` in a scheduler.
+    pub fn pool(&self) -> Option<&PoolHandle> {
+        match &self.runner {
+            Runner::Pool(pool) => Some(pool),
+            Runner::Cluster(_) => None,
+        }
+    }
+
+    /// The scheduler's dispatcher; `None` in an invoker.
+    pub fn dispatcher(&self) -> Option<&Arc<Dispatcher>> {
+        match &self.runner {
+            Runner::Pool(_) => None,
+            Runner::Cluster(dispatcher) => Some(dispatcher),
+        }
     }
 
     pub fn metrics(&self) -> &Arc<Metrics> {
@@ -149,7 +184,7 @@ impl ActivationService {
             accepted,
             completion,
         };
-        if self.pool.submit(run).is_err() {
+        if self.runner.submit(run).is_err() {
             // Answered at once, blocking or not: the record is written already.
             return Ok(match rx.await {
                 Ok(record) => Invoked::Done(record),

@@ -13,7 +13,8 @@ pub(super) fn ping() -> Response {
 /// counts, for the admin key only.
 pub(super) async fn health(state: &AppState, call: &Call) -> Result<Response, ApiError> {
     let details = state.admin(call).is_ok();
-    let snapshot = state.service.pool().snapshot().await.ok_or(ApiError::Unavailable("the pool is gone".into()))?;
+    let Some(pool) = state.service.pool() else { return Ok(super::cluster::health(state, details)) };
+    let snapshot = pool.snapshot().await.ok_or(ApiError::Unavailable("the pool is gone".into()))?;
     let launchable = snapshot.launchable_mb();
     let min_mb = u64::from(state.config.limits.memory_min_mb);
     let status = snapshot.health(state.service.is_draining(), min_mb).as_str();
@@ -48,13 +49,20 @@ pub(super) async fn health(state: &AppState, call: &Call) -> Result<Response, Ap
 
 pub(super) async fn metrics(state: &AppState, call: &Call) -> Result<Response, ApiError> {
     state.admin(call)?;
-    let _ = state.service.pool().snapshot().await; // refreshes the pool gauges
-    Ok(with_body(StatusCode::OK, "text/plain; version=0.0.4", state.service.metrics().render().into_bytes()))
+    if let Some(pool) = state.service.pool() {
+        let _ = pool.snapshot().await; // refreshes the pool gauges
+    }
+    let mut text = state.service.metrics().render();
+    if let Some(dispatcher) = state.service.dispatcher() {
+        text.push_str(&dispatcher.metrics.render());
+    }
+    Ok(with_body(StatusCode::OK, "text/plain; version=0.0.4", text.into_bytes()))
 }
 
 /// Every namespace's action names are in it: the admin key only.
 pub(super) async fn pool(state: &AppState, call: &Call) -> Result<Response, ApiError> {
     state.admin(call)?;
-    let snapshot = state.service.pool().snapshot().await.ok_or(ApiError::Unavailable("the pool is gone".into()))?;
+    let pool = state.service.pool().ok_or(ApiError::NotFound)?;
+    let snapshot = pool.snapshot().await.ok_or(ApiError::Unavailable("the pool is gone".into()))?;
     Ok(json(StatusCode::OK, &snapshot))
 }

@@ -2,6 +2,7 @@
 
 use super::Response;
 use crate::activation::IntakeError;
+use crate::cluster::fetch::FetchError;
 use crate::model::{ActivationRecord, Outcome, Rejection};
 use crate::store::StoreError;
 use hyper::header::{self, HeaderValue};
@@ -37,6 +38,16 @@ impl From<StoreError> for ApiError {
         match e {
             StoreError::ActionExists(path) => ApiError::Conflict(format!("resource {path} already exists")),
             other => ApiError::Internal(other.to_string()),
+        }
+    }
+}
+
+impl From<FetchError> for ApiError {
+    fn from(e: FetchError) -> Self {
+        match e {
+            FetchError::NotFound { .. } => ApiError::NotFound,
+            // Nothing ran: the scheduler may try another invoker, or the caller again.
+            FetchError::UnknownScheduler(_) | FetchError::Unreachable { .. } => ApiError::Unavailable(e.to_string()),
         }
     }
 }

@@ -4,12 +4,14 @@
 mod actions;
 mod activations;
 mod admin;
+mod cluster;
 pub mod error;
 pub mod server;
 mod shim;
 mod wire;
 
 use crate::activation::ActivationService;
+use crate::cluster::fetch::RemoteActions;
 use crate::config::Config;
 use crate::model::{validate_entity_name, Action};
 use base64::Engine as _;
@@ -30,6 +32,8 @@ pub struct AppState {
     /// The `Authorization` header each key's clients send (`Basic <base64 of the key>`) → who
     /// holds it: most requests are one lookup, without decoding.
     headers: HashMap<String, Principal>,
+    /// In a cluster: the actions schedulers send, fetched from them by revision.
+    remote_actions: Option<Arc<RemoteActions>>,
 }
 
 /// Who a request's key belongs to. Each key is one principal's (the config checks it).
@@ -57,7 +61,17 @@ impl AppState {
             .iter()
             .map(|(key, who)| (format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(key)), who.clone()))
             .collect();
-        AppState { service, config, keys, headers }
+        AppState { service, config, keys, headers, remote_actions: None }
+    }
+
+    /// An invoker of a cluster: messages from its schedulers name actions it fetches.
+    pub fn with_remote_actions(mut self, remote: Arc<RemoteActions>) -> Self {
+        self.remote_actions = Some(remote);
+        self
+    }
+
+    pub(crate) fn remote_actions(&self) -> Option<&RemoteActions> {
+        self.remote_actions.as_deref()
     }
 
     /// Who holds the request's basic-auth key; no key, or an unknown one, is a 401.
@@ -114,6 +128,9 @@ enum Route {
     Activation { ns: String, id: String },
     ActivationPart { ns: String, id: String, part: String },
     ActivationMessage,
+    Invokers,
+    InvokerDrain { id: String, drain: bool },
+    InternalAction { ns: String, name: String },
     Ping,
     Health,
     Metrics,
@@ -128,15 +145,11 @@ impl Route {
             "/metrics" => Some(Route::Metrics),
             "/v1/pool" => Some(Route::Pool),
             "/v1/activations" => Some(Route::ActivationMessage),
+            "/v1/invokers" => Some(Route::Invokers),
             _ => None,
         };
         if fixed.is_some() {
             return Ok(fixed);
-        }
-        let Some(rest) = path.strip_prefix("/api/v1/namespaces/") else { return Ok(None) };
-        let segments: Vec<&str> = rest.split('/').collect();
-        if segments.iter().any(|s| s.is_empty()) {
-            return Ok(None);
         }
         let decoded = |s: &str| -> Result<String, ApiError> {
             percent_encoding::percent_decode_str(s)
@@ -144,6 +157,26 @@ impl Route {
                 .map(|d| d.into_owned())
                 .map_err(|_| ApiError::BadRequest("path: a segment is not UTF-8 once decoded".into()))
         };
+        if let Some(rest) = path.strip_prefix("/v1/invokers/") {
+            return Ok(match rest.split('/').collect::<Vec<_>>().as_slice() {
+                [id, "drain"] if !id.is_empty() => Some(Route::InvokerDrain { id: decoded(id)?, drain: true }),
+                [id, "activate"] if !id.is_empty() => Some(Route::InvokerDrain { id: decoded(id)?, drain: false }),
+                _ => None,
+            });
+        }
+        if let Some(rest) = path.strip_prefix("/v1/internal/actions/") {
+            return Ok(match rest.split('/').collect::<Vec<_>>().as_slice() {
+                [ns, name] if !ns.is_empty() && !name.is_empty() => {
+                    Some(Route::InternalAction { ns: decoded(ns)?, name: decoded(name)? })
+                }
+                _ => None,
+            });
+        }
+        let Some(rest) = path.strip_prefix("/api/v1/namespaces/") else { return Ok(None) };
+        let segments: Vec<&str> = rest.split('/').collect();
+        if segments.iter().any(|s| s.is_empty()) {
+            return Ok(None);
+        }
         Ok(Some(match segments.as_slice() {
             [ns, "actions", name] => Route::Action { ns: decoded(ns)?, name: decoded(name)? },
             [ns, "actions"] => Route::Actions { ns: decoded(ns)? },
@@ -160,7 +193,7 @@ impl Route {
     fn allowed(&self) -> &'static str {
         match self {
             Route::Action { .. } => "POST, GET, HEAD, PUT, DELETE",
-            Route::ActivationMessage => "POST",
+            Route::ActivationMessage | Route::InvokerDrain { .. } => "POST",
             _ => "GET, HEAD",
         }
     }
@@ -210,6 +243,11 @@ impl AppState {
                 activations::get_part(self, &call, &ns, &id, &part).await
             }
             (Route::ActivationMessage, &Method::POST) => shim::activation_message(self, &call).await,
+            (Route::Invokers, &Method::GET) => cluster::invokers(self, &call).await,
+            (Route::InvokerDrain { id, drain }, &Method::POST) => cluster::drain(self, &call, &id, drain).await,
+            (Route::InternalAction { ns, name }, &Method::GET) => {
+                cluster::internal_action(self, &call, &ns, &name).await
+            }
             (Route::Ping, &Method::GET) => Ok(admin::ping()),
             (Route::Health, &Method::GET) => admin::health(self, &call).await,
             (Route::Metrics, &Method::GET) => admin::metrics(self, &call).await,

@@ -12,21 +12,32 @@ use crate::model::{is_activation_id, validate_entity_name, ActivationRecord, Out
 use hyper::StatusCode;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
+use std::time::Duration;
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct ActivationMessage {
     transid: Value,
     action: ActionName,
+    /// A scheduler's [`crate::cluster::cluster_revision`] of the action (an OpenWhisk
+    /// controller's document revision otherwise).
     #[serde(default)]
-    #[allow(dead_code)]
     revision: Option<String>,
+    /// Which controller sent it; a scheduler of this cluster names itself here.
+    #[serde(default)]
+    root_controller_index: Option<ControllerIndex>,
     user: Identity,
     activation_id: String,
     #[serde(default)]
     blocking: bool,
     #[serde(default)]
     content: Option<Value>,
+}
+
+#[derive(Deserialize)]
+struct ControllerIndex {
+    #[serde(rename = "asString")]
+    as_string: String,
 }
 
 #[derive(Deserialize)]
@@ -55,6 +66,15 @@ struct AuthKey {
     api_key: String,
 }
 
+/// A scheduler of this cluster's message: its id and the action's cluster revision. `None` for
+/// an OpenWhisk controller's (its revision is a document's, not a number).
+fn scheduler_revision(msg: &ActivationMessage) -> Result<Option<(&str, u64)>, ApiError> {
+    let (Some(index), Some(revision)) = (&msg.root_controller_index, &msg.revision) else { return Ok(None) };
+    let Ok(revision) = revision.parse::<u64>() else { return Ok(None) };
+    validate_entity_name("rootControllerIndex.asString", &index.as_string).map_err(ApiError::BadRequest)?;
+    Ok(Some((&index.as_string, revision)))
+}
+
 /// What an `ActivationMessage` may hold beyond its parameters.
 pub(super) const ENVELOPE_BYTES: usize = 64 * 1024;
 
@@ -67,7 +87,24 @@ pub(super) async fn activation_message(state: &AppState, call: &Call) -> Result<
     let msg: ActivationMessage = super::parse_body(&call.body)?;
     let transaction_id = validate(&msg)?;
     authorize(&caller, &msg)?;
-    let action = load_action(state, &msg.action.path, &msg.action.name).await?;
+    let action = match (&caller, scheduler_revision(&msg)?, state.remote_actions()) {
+        (Principal::Controller, Some((scheduler, revision)), Some(remote)) => {
+            remote.action(scheduler, &msg.action.path, &msg.action.name, revision).await?
+        }
+        _ => load_action(state, &msg.action.path, &msg.action.name).await?,
+    };
+    // A controller waits for the end, as it would for the completion message on Kafka: the
+    // invoker's own blocking wait is for callers that can fetch the record later.
+    let wait = match caller {
+        Principal::Controller => {
+            let pool = &state.config.pool;
+            Duration::from_millis(action.limits.timeout)
+                + pool.wait_deadline
+                + state.config.proxy.init_timeout
+                + crate::cluster::CONTROLLER_MARGIN
+        }
+        _ => state.config.limits.blocking_wait,
+    };
     let params = match msg.content {
         None | Some(Value::Null) => Map::new(),
         Some(Value::Object(m)) => m,
@@ -83,13 +120,13 @@ pub(super) async fn activation_message(state: &AppState, call: &Call) -> Result<
             api_key,
             activation_id: Some(msg.activation_id),
             transaction_id,
-            wait: msg.blocking.then_some(state.config.limits.blocking_wait),
+            wait: msg.blocking.then_some(wait),
         })
         .await?;
     match invoked {
         Invoked::Accepted(id) => Ok(accepted(&id)),
         Invoked::Done(record) => {
-            let user_memory_mb = state.service.pool().user_memory_mb();
+            let user_memory_mb = state.service.pool().map_or(0, |p| p.user_memory_mb());
             let ack = completion_message(&state.config.invoker_id, user_memory_mb, msg.transid, &record);
             Ok(record_response(&record, record_status(&record, StatusCode::OK), &ack))
         }

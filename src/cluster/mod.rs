@@ -4,9 +4,8 @@
 //! invokers. Nothing here is on an activation's path: registration runs beside the pool and
 //! never slows or fails an activation, whatever etcd does.
 
-pub mod directory;
 pub mod etcd;
-pub mod placement;
+pub mod fetch;
 pub mod registry;
 
 use etcd::LeaseId;
@@ -37,6 +36,10 @@ pub trait ClusterKv: Send + Sync + 'static {
     fn delete(&self, key: &str) -> impl Future<Output = Result<(), Self::Error>> + Send;
 }
 
+/// Beyond an action's own bounds (its timeout, the wait for a container, `/init`), how long an
+/// invoker keeps a controller's blocking call before answering 202.
+pub const CONTROLLER_MARGIN: Duration = Duration::from_secs(30);
+
 /// `{prefix}/invokers/{id}`: an invoker's registration.
 pub fn invoker_key(prefix: &str, invoker_id: &str) -> String {
     format!("{prefix}/invokers/{invoker_id}")
@@ -46,6 +49,43 @@ pub fn invoker_key(prefix: &str, invoker_id: &str) -> String {
 /// layout): a scheduler finds the warm invokers of an action revision with one prefix range.
 pub fn container_key(prefix: &str, ns: &str, action: &str, revision: u64, invoker_id: &str, container: u64) -> String {
     format!("{prefix}/containers/{ns}/{action}/{revision}/invoker/{invoker_id}/container/{container}")
+}
+
+/// `{prefix}/schedulers/{id}`: a scheduler's address, for invokers fetching its actions.
+pub fn scheduler_key(prefix: &str, scheduler_id: &str) -> String {
+    format!("{prefix}/schedulers/{scheduler_id}")
+}
+
+/// `{prefix}/drain/{id}`: present while an operator has the invoker drained. Outside the
+/// invoker's lease: a drain outlives a restart, and every scheduler reads it.
+pub fn drain_key(prefix: &str, invoker_id: &str) -> String {
+    format!("{prefix}/drain/{invoker_id}")
+}
+
+/// The value of a scheduler's key.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SchedulerRecord {
+    pub id: String,
+    /// Where its API answers (the internal route invokers fetch actions from).
+    pub api: String,
+    /// As an invoker's: which process of which boot holds the id.
+    pub boot_id: String,
+    pub pid: u32,
+}
+
+/// The revision an action of `scheduler` travels under: its store's revision is a counter of
+/// that store only, so two schedulers' `guest/hello` (or one scheduler's before and after its
+/// data was wiped) would share containers on an invoker under it. This one names the
+/// scheduler, the revision and the time of the update (FNV-1a, stable across processes), and
+/// has its top bit set, so it never equals an invoker's own store's counter either.
+pub fn cluster_revision(scheduler_id: &str, revision: u64, updated_ms: u64) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let parts = [scheduler_id.as_bytes(), &[0], &revision.to_le_bytes(), &updated_ms.to_le_bytes()];
+    for byte in parts.into_iter().flatten() {
+        hash ^= u64::from(*byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    hash | 1 << 63
 }
 
 /// What one node of an invoker can take now.

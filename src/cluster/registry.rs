@@ -6,7 +6,7 @@
 //! and every key is put again.
 
 use super::etcd::LeaseId;
-use super::{boot_id, container_key, invoker_key, ClusterKv, InvokerRecord, NodeHeadroom};
+use super::{boot_id, container_key, drain_key, invoker_key, ClusterKv, InvokerRecord, NodeHeadroom};
 use crate::activation::ActivationService;
 use crate::config::ClusterConfig;
 use std::collections::BTreeMap;
@@ -16,10 +16,10 @@ use tokio_util::sync::CancellationToken;
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
     #[error(
-        "invoker id '{id}' is held by a live invoker (api {api}, pid {pid}); invoker ids must be unique: \
-         choose another --invoker-id"
+        "{what} id '{id}' is held by a live {what} (api {api}, pid {pid}); {what} ids must be unique: \
+         choose another {flag}"
     )]
-    IdTaken { id: String, api: String, pid: u32 },
+    IdTaken { what: &'static str, flag: &'static str, id: String, api: String, pid: u32 },
     #[error("etcd: {0}")]
     Etcd(String),
 }
@@ -85,35 +85,21 @@ impl<K: ClusterKv> Registrar<K> {
     /// one held by a dead run of this invoker on this machine (a crash, then a restart within
     /// the lease's TTL) is taken over.
     pub async fn claim(&mut self) -> Result<(), RegistryError> {
-        let etcd = |e: K::Error| RegistryError::Etcd(e.to_string());
-        let lease = self.kv.grant(self.config.lease_ttl).await.map_err(etcd)?;
+        let lease = self.kv.grant(self.config.lease_ttl).await.map_err(|e| RegistryError::Etcd(e.to_string()))?;
         let record = self.record("healthy", Vec::new());
         let value = serde_json::to_string(&record).expect("a record serialises");
-        for _ in 0..2 {
-            if self.kv.create(&self.key(), &value, lease).await.map_err(etcd)? {
-                self.lease = Some(lease);
-                self.renewed = Instant::now();
-                self.published = Some(record);
-                self.containers.clear();
-                return Ok(());
-            }
-            let Some((held, holder)) = self.kv.get(&self.key()).await.map_err(etcd)? else { continue };
-            let other: Option<InvokerRecord> = serde_json::from_str(&held).ok();
-            match other {
-                Some(o) if o.boot_id == record.boot_id && (o.pid == record.pid || !process_alive(o.pid)) => {
-                    tracing::info!(pid = o.pid, "taking over the registration a dead run of this invoker left");
-                    let _ = self.kv.revoke(holder).await;
-                    let _ = self.kv.delete(&self.key()).await;
-                }
-                other => {
-                    let _ = self.kv.revoke(lease).await;
-                    let (api, pid) = other.map(|o| (o.api, o.pid)).unwrap_or_default();
-                    return Err(RegistryError::IdTaken { id: self.identity.invoker_id.clone(), api, pid });
-                }
-            }
+        if let Err(e) =
+            claim_key(&self.kv, &self.key(), &value, lease, ("invoker", "--invoker-id", &self.identity.invoker_id))
+                .await
+        {
+            let _ = self.kv.revoke(lease).await;
+            return Err(e);
         }
-        let _ = self.kv.revoke(lease).await;
-        Err(RegistryError::Etcd("the invoker's key changed hands while it was claimed".into()))
+        self.lease = Some(lease);
+        self.renewed = Instant::now();
+        self.published = Some(record);
+        self.containers.clear();
+        Ok(())
     }
 
     /// Keeps the registration of the invoker `service` belongs to until `stop`, then revokes
@@ -165,8 +151,19 @@ impl<K: ClusterKv> Registrar<K> {
             self.last_complaint = None;
         }
         let lease = self.lease.expect("claimed above");
-        let Some(snapshot) = service.pool().snapshot().await else { return Ok(()) };
-        let health = snapshot.health(service.is_draining(), self.identity.min_mb);
+        let Some(pool) = service.pool() else { return Ok(()) };
+        let Some(snapshot) = pool.snapshot().await else { return Ok(()) };
+        let drain = drain_key(&self.config.prefix, &self.identity.invoker_id);
+        let health = if self.kv.get(&drain).await.map_err(etcd)?.is_some() {
+            // An operator's drain: no scheduler sends new work; what runs finishes.
+            if snapshot.busy == 0 && snapshot.waiting == 0 {
+                "drained"
+            } else {
+                "draining"
+            }
+        } else {
+            snapshot.health(service.is_draining(), self.identity.min_mb).as_str()
+        };
         let nodes = snapshot
             .nodes
             .iter()
@@ -203,7 +200,7 @@ impl<K: ClusterKv> Registrar<K> {
         }
         // After the containers' keys: a record whose headroom counts a container is never
         // read before that container's key.
-        let record = self.record(health.as_str(), nodes);
+        let record = self.record(health, nodes);
         if self.published.as_ref() != Some(&record) {
             let value = serde_json::to_string(&record).expect("a record serialises");
             self.kv.put(&self.key(), &value, Some(lease)).await.map_err(etcd)?;
@@ -211,6 +208,50 @@ impl<K: ClusterKv> Registrar<K> {
         }
         Ok(())
     }
+}
+
+/// Who holds a claimed key: the fields every claimed value (an invoker's, a scheduler's) has.
+#[derive(serde::Deserialize)]
+struct Holder {
+    #[serde(default)]
+    api: String,
+    boot_id: String,
+    pid: u32,
+}
+
+/// Puts `value` (a record naming this process by `boot_id` and `pid`) at `key` under `lease`
+/// unless a live process holds the key. One held by a dead process of this machine's boot (a
+/// crash, then a restart within the lease's TTL) is taken over. `who` names the key in the
+/// refusal: `(what, flag, id)`.
+pub async fn claim_key<K: ClusterKv>(
+    kv: &K,
+    key: &str,
+    value: &str,
+    lease: LeaseId,
+    who: (&'static str, &'static str, &str),
+) -> Result<(), RegistryError> {
+    let etcd = |e: K::Error| RegistryError::Etcd(e.to_string());
+    let mine: Holder =
+        serde_json::from_str(value).map_err(|e| RegistryError::Etcd(format!("the value to claim: {e}")))?;
+    for _ in 0..2 {
+        if kv.create(key, value, lease).await.map_err(etcd)? {
+            return Ok(());
+        }
+        let Some((held, holder)) = kv.get(key).await.map_err(etcd)? else { continue };
+        match serde_json::from_str::<Holder>(&held).ok() {
+            Some(o) if o.boot_id == mine.boot_id && (o.pid == mine.pid || !process_alive(o.pid)) => {
+                tracing::info!(pid = o.pid, %key, "taking over the registration a dead run left");
+                let _ = kv.revoke(holder).await;
+                let _ = kv.delete(key).await;
+            }
+            other => {
+                let (api, pid) = other.map(|o| (o.api, o.pid)).unwrap_or_default();
+                let (what, flag, id) = who;
+                return Err(RegistryError::IdTaken { what, flag, id: id.to_string(), api, pid });
+            }
+        }
+    }
+    Err(RegistryError::Etcd("the key changed hands while it was claimed".into()))
 }
 
 fn process_alive(pid: u32) -> bool {

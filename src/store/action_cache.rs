@@ -6,7 +6,9 @@ use crate::model::Action;
 use rustc_hash::FxHashMap;
 use std::sync::Arc;
 
-type Key = (String, String);
+/// What an entry is found by: the namespace and the name of a stored action, or whatever pair
+/// a cache of actions from elsewhere needs (`insert_as`).
+pub type Key = (String, String);
 
 pub struct ActionCache {
     entries: FxHashMap<Key, Entry>,
@@ -45,7 +47,11 @@ impl ActionCache {
     }
 
     pub fn get(&mut self, namespace: &str, name: &str) -> Option<Arc<Action>> {
-        let entry = self.entries.get_mut(&(namespace.to_string(), name.to_string()))?;
+        self.get_as(&(namespace.to_string(), name.to_string()))
+    }
+
+    pub fn get_as(&mut self, key: &Key) -> Option<Arc<Action>> {
+        let entry = self.entries.get_mut(key)?;
         self.tick += 1;
         entry.used = self.tick;
         Some(entry.action.clone())
@@ -54,7 +60,11 @@ impl ActionCache {
     /// Keeps `action` (replacing what the key held); an action larger than the whole budget is
     /// not kept.
     pub fn insert(&mut self, action: Arc<Action>) {
-        let key = (action.namespace.clone(), action.name.clone());
+        self.insert_as((action.namespace.clone(), action.name.clone()), action);
+    }
+
+    /// Keeps `action` under `key` (replacing what it held).
+    pub fn insert_as(&mut self, key: Key, action: Arc<Action>) {
         self.remove(&key.0, &key.1);
         let bytes = weight(&action);
         if bytes > self.budget {

@@ -4,7 +4,7 @@
 //! the activation is acknowledged, `finish` replaces it with the record, and at start-up
 //! `recover_unfinished` turns whatever an earlier run left pending into whisk-error records.
 
-mod action_cache;
+pub mod action_cache;
 mod journal;
 mod redb_store;
 

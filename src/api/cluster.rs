@@ -1,0 +1,78 @@
+//! A scheduler's own routes: the invokers it sees, drain and activate (admin key), and the
+//! internal route invokers fetch actions from (controller key). An invoker has none of them
+//! (404).
+
+use super::error::ApiError;
+use super::{json, AppState, Call, Principal, Response};
+use crate::cluster::cluster_revision;
+use crate::model::validate_entity_name;
+use crate::scheduler::Dispatcher;
+use hyper::StatusCode;
+use serde::Deserialize;
+use serde_json::json;
+use std::sync::Arc;
+
+fn dispatcher(state: &AppState) -> Result<&Arc<Dispatcher>, ApiError> {
+    state.service.dispatcher().ok_or(ApiError::NotFound)
+}
+
+/// `GET /v1/invokers`: health, tags, headroom, containers held, activations in flight.
+pub(super) async fn invokers(state: &AppState, call: &Call) -> Result<Response, ApiError> {
+    let dispatcher = dispatcher(state)?;
+    state.admin(call)?;
+    Ok(json(StatusCode::OK, &dispatcher.invokers()))
+}
+
+/// `POST /v1/invokers/{id}/drain` and `.../activate`.
+pub(super) async fn drain(state: &AppState, call: &Call, id: &str, drain: bool) -> Result<Response, ApiError> {
+    let dispatcher = dispatcher(state)?;
+    state.admin(call)?;
+    validate_entity_name("invoker id", id).map_err(ApiError::BadRequest)?;
+    if !dispatcher.invokers().iter().any(|i| i.record.id == id) {
+        return Err(ApiError::NotFound);
+    }
+    dispatcher.set_drained(id, drain).await.map_err(|e| ApiError::Unavailable(format!("etcd: {e}")))?;
+    let status = if drain { "draining" } else { "activated" };
+    Ok(json(StatusCode::OK, &json!({ "invoker": id, "status": status })))
+}
+
+#[derive(Deserialize)]
+struct RevisionQuery {
+    revision: String,
+}
+
+/// `GET /v1/internal/actions/{ns}/{name}?revision=R`: the action whole, for an invoker this
+/// scheduler sent it to; 404 when it is not at that revision any more. The controller key only.
+pub(super) async fn internal_action(state: &AppState, call: &Call, ns: &str, name: &str) -> Result<Response, ApiError> {
+    let dispatcher = dispatcher(state)?;
+    if state.authenticate(&call.head.headers)? != Principal::Controller {
+        return Err(ApiError::Forbidden(call.head.uri.path().chars().take(256).collect()));
+    }
+    let query: RevisionQuery = call.query()?;
+    let revision: u64 =
+        query.revision.parse().map_err(|_| ApiError::BadRequest("revision: must be an unsigned integer".into()))?;
+    validate_entity_name("namespace", ns).map_err(ApiError::BadRequest)?;
+    let action = super::load_action(state, ns, name).await?;
+    if cluster_revision(dispatcher.id(), action.revision, action.updated) != revision {
+        return Err(ApiError::NotFound);
+    }
+    Ok(json(StatusCode::OK, action.as_ref()))
+}
+
+/// A scheduler's health: healthy while some invoker would take work.
+pub(super) fn health(state: &AppState, details: bool) -> Response {
+    let Some(dispatcher) = state.service.dispatcher() else {
+        return json(StatusCode::OK, &json!({ "status": "unhealthy" }));
+    };
+    let status = if state.service.is_draining() {
+        "draining"
+    } else if dispatcher.any_healthy() {
+        "healthy"
+    } else {
+        "unhealthy"
+    };
+    if !details {
+        return json(StatusCode::OK, &json!({ "status": status }));
+    }
+    json(StatusCode::OK, &json!({ "status": status, "invokers": dispatcher.invokers() }))
+}

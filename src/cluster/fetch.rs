@@ -1,0 +1,129 @@
+//! An invoker's copy of the actions schedulers send it. A scheduler keeps actions in its own
+//! store; an `ActivationMessage` names the action, its revision and the scheduler. The first
+//! activation of a revision fetches it from that scheduler (its address from etcd, the
+//! controller key to its internal route); later ones find it here. Kept apart from the
+//! invoker's own store: nothing fetched is listed or served by the invoker's REST routes.
+
+use super::etcd::{authority, Etcd};
+use super::{cluster_revision, scheduler_key, ClusterKv, SchedulerRecord};
+use crate::model::Action;
+use crate::store::action_cache::ActionCache;
+use base64::Engine as _;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty, Limited};
+use parking_lot::Mutex;
+use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Bound on one fetch, the etcd lookup and the connection included.
+const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, thiserror::Error)]
+pub enum FetchError {
+    #[error("scheduler {0} is not registered in etcd")]
+    UnknownScheduler(String),
+    #[error("scheduler {scheduler}: {reason}")]
+    Unreachable { scheduler: String, reason: String },
+    /// The scheduler has no such action, or it changed since the message was sent.
+    #[error("scheduler {scheduler} has no action {ns}/{name} at revision {revision}")]
+    NotFound { scheduler: String, ns: String, name: String, revision: u64 },
+}
+
+pub struct RemoteActions {
+    kv: Etcd,
+    prefix: String,
+    /// `Basic <base64 of the controller key>`.
+    authorization: String,
+    /// Keyed by (scheduler, namespace) and (name, revision).
+    cache: Mutex<ActionCache>,
+}
+
+impl RemoteActions {
+    pub fn new(kv: Etcd, prefix: String, controller_key: &str, budget_bytes: usize) -> Self {
+        let authorization = format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(controller_key));
+        RemoteActions { kv, prefix, authorization, cache: Mutex::new(ActionCache::new(budget_bytes)) }
+    }
+
+    /// `ns/name` at `revision` (a [`cluster_revision`]) as `scheduler` holds it.
+    pub async fn action(
+        &self,
+        scheduler: &str,
+        ns: &str,
+        name: &str,
+        revision: u64,
+    ) -> Result<Arc<Action>, FetchError> {
+        let key = (format!("{scheduler}\0{ns}"), format!("{name}\0{revision}"));
+        if let Some(action) = self.cache.lock().get_as(&key) {
+            return Ok(action);
+        }
+        let unreachable = |reason: String| FetchError::Unreachable { scheduler: scheduler.to_string(), reason };
+        let fetched = tokio::time::timeout(FETCH_TIMEOUT, self.fetch(scheduler, ns, name, revision))
+            .await
+            .map_err(|_| unreachable(format!("no answer within {FETCH_TIMEOUT:?}")))??;
+        let action = Arc::new(fetched);
+        self.cache.lock().insert_as(key, action.clone());
+        Ok(action)
+    }
+
+    async fn fetch(&self, scheduler: &str, ns: &str, name: &str, revision: u64) -> Result<Action, FetchError> {
+        let unreachable = |reason: String| FetchError::Unreachable { scheduler: scheduler.to_string(), reason };
+        let not_found = || FetchError::NotFound {
+            scheduler: scheduler.to_string(),
+            ns: ns.to_string(),
+            name: name.to_string(),
+            revision,
+        };
+        let registered =
+            self.kv.get(&scheduler_key(&self.prefix, scheduler)).await.map_err(|e| unreachable(e.to_string()))?;
+        let (value, _) = registered.ok_or_else(|| FetchError::UnknownScheduler(scheduler.to_string()))?;
+        let record: SchedulerRecord =
+            serde_json::from_str(&value).map_err(|e| unreachable(format!("its registration does not decode: {e}")))?;
+        let host =
+            authority(&record.api).ok_or_else(|| unreachable(format!("its address {} is not http://", record.api)))?;
+        let path = format!(
+            "/v1/internal/actions/{}/{}?revision={revision}",
+            utf8_percent_encode(ns, NON_ALPHANUMERIC),
+            utf8_percent_encode(name, NON_ALPHANUMERIC)
+        );
+        let (status, body) = get(host, &path, &self.authorization).await.map_err(unreachable)?;
+        match status {
+            200 => {}
+            404 => return Err(not_found()),
+            other => return Err(unreachable(format!("answered {other}: {}", String::from_utf8_lossy(&body)))),
+        }
+        let mut action: Action =
+            serde_json::from_slice(&body).map_err(|e| unreachable(format!("the action does not decode: {e}")))?;
+        // What was asked for, and nothing else: another namespace's action, or another
+        // revision, would run under this one's key.
+        if action.namespace != ns
+            || action.name != name
+            || cluster_revision(scheduler, action.revision, action.updated) != revision
+        {
+            return Err(not_found());
+        }
+        action.revision = revision;
+        Ok(action)
+    }
+}
+
+/// Largest action answer read: the largest code the API takes, with room for the rest.
+const MAX_ANSWER: usize = 64 * 1024 * 1024;
+
+/// One GET on a new connection (a fetch happens once per action revision).
+async fn get(authority: &str, path: &str, authorization: &str) -> Result<(u16, Bytes), String> {
+    let stream = tokio::net::TcpStream::connect(authority).await.map_err(|e| e.to_string())?;
+    let _ = stream.set_nodelay(true);
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await.map_err(|e| e.to_string())?;
+    tokio::spawn(connection);
+    let request = hyper::Request::get(path)
+        .header(hyper::header::HOST, authority)
+        .header(hyper::header::AUTHORIZATION, authorization)
+        .body(Empty::<Bytes>::new())
+        .map_err(|e| e.to_string())?;
+    let response = sender.send_request(request).await.map_err(|e| e.to_string())?;
+    let status = response.status().as_u16();
+    let body = Limited::new(response.into_body(), MAX_ANSWER).collect().await.map_err(|e| e.to_string())?;
+    Ok((status, body.to_bytes()))
+}

@@ -1,0 +1,82 @@
+//! The scheduler's Prometheus metrics: placements by rule, reschedules, 503s by reason, and
+//! (read at scrape time) activations in flight per invoker.
+
+use super::placement::{NoPlacement, Rule};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RuleLabel {
+    pub rule: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct InvokerLabel {
+    pub invoker: String,
+}
+
+pub struct SchedulerMetrics {
+    registry: Registry,
+    placements: Family<RuleLabel, Counter>,
+    pub reschedules: Counter,
+    unavailable: Family<ReasonLabel, Counter>,
+    pub lost: Counter,
+    pub in_flight: Family<InvokerLabel, Gauge>,
+}
+
+impl Default for SchedulerMetrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("scheduler");
+        let placements = Family::<RuleLabel, Counter>::default();
+        let reschedules = Counter::default();
+        let unavailable = Family::<ReasonLabel, Counter>::default();
+        let lost = Counter::default();
+        let in_flight = Family::<InvokerLabel, Gauge>::default();
+        registry.register(
+            "placements",
+            "Activations sent to an invoker, by the rule that chose it",
+            placements.clone(),
+        );
+        registry.register("reschedules", "Activations sent to another invoker after one refused", reschedules.clone());
+        registry.register("unavailable", "Activations answered 503 because no invoker took them", unavailable.clone());
+        registry.register("lost", "Activations whose invoker was lost while they ran", lost.clone());
+        registry.register("in_flight", "Activations sent to an invoker and not yet answered", in_flight.clone());
+        SchedulerMetrics { registry, placements, reschedules, unavailable, lost, in_flight }
+    }
+}
+
+impl SchedulerMetrics {
+    pub fn placed(&self, rule: Rule) {
+        let rule = match rule {
+            Rule::Warm => "warm",
+            Rule::Headroom => "headroom",
+            Rule::Tag => "tag",
+            Rule::Fallback => "fallback",
+        };
+        self.placements.get_or_create(&RuleLabel { rule }).inc();
+    }
+
+    pub fn unavailable(&self, why: Option<&NoPlacement>) {
+        let reason = match why {
+            Some(NoPlacement::NoHealthy) => "no_healthy",
+            Some(NoPlacement::NoneFits(_)) => "none_fits",
+            Some(NoPlacement::NoTags(_)) => "no_tags",
+            None => "all_refused",
+        };
+        self.unavailable.get_or_create(&ReasonLabel { reason }).inc();
+    }
+
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}

@@ -1,0 +1,347 @@
+//! The scheduler (`invoker scheduler`): the front door of many invokers. Its API is the
+//! invoker's REST subset over its own store; what differs is where an accepted activation runs.
+//! [`Dispatcher`] places each one with the pure [`placement`] rules on the cluster as
+//! [`view`] last read it from etcd, hands it to the chosen invoker's shim ([`send`]), tries
+//! another when that one refused before running anything, and ends it with the record the
+//! invoker returns (annotated with the invoker's id) or with a whisk-error record when the
+//! invoker was lost: every activation the scheduler accepts ends with a record it serves.
+
+pub mod metrics;
+pub mod placement;
+pub mod presence;
+pub mod send;
+pub mod view;
+
+use crate::activation::job::RunJob;
+use crate::cluster::etcd::Etcd;
+use crate::cluster::{cluster_revision, drain_key, ClusterKv, InvokerRecord};
+use crate::config::Config;
+use crate::model::{epoch_ms, ActivationRecord, KeyValue, Rejection};
+use bytes::Bytes;
+use metrics::SchedulerMetrics;
+use parking_lot::Mutex;
+use placement::{place, ActionNeeds, PlacementConfig};
+use send::{InvokerClient, Sent};
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+use view::{ClusterView, Directory, RevisionKey};
+
+/// The scheduler is at its `max_in_flight`: the activation was answered with a record.
+#[derive(Debug)]
+pub struct SchedulerBusy;
+
+/// An invoker as `GET /v1/invokers` shows it.
+#[derive(serde::Serialize)]
+pub struct InvokerStatus {
+    #[serde(flatten)]
+    pub record: InvokerRecord,
+    pub drained: bool,
+    pub containers: u32,
+    /// What this scheduler sent there that has not ended.
+    pub in_flight: u32,
+}
+
+pub struct Dispatcher {
+    id: String,
+    kv: Etcd,
+    prefix: String,
+    max_reschedules: u32,
+    max_in_flight: u32,
+    refresh_interval: Duration,
+    placement: PlacementConfig,
+    /// Beyond an action's timeout: the longest an invoker may take to answer (its wait for a
+    /// container, `/init`, its controller margin).
+    answer_margin: Duration,
+    directory: Directory,
+    client: InvokerClient,
+    in_flight: Mutex<InFlight>,
+    /// Activations between `submit` and their end.
+    active: AtomicU32,
+    /// The state of the random draws of placement (xorshift).
+    draws: AtomicU64,
+    pub metrics: SchedulerMetrics,
+}
+
+/// What this scheduler has sent and not seen end, per invoker and per action revision there.
+#[derive(Default)]
+struct InFlight {
+    per_invoker: BTreeMap<String, u32>,
+    per_revision: HashMap<RevisionKey, BTreeMap<String, u32>>,
+}
+
+impl Dispatcher {
+    /// `config.cluster.controller_key` must be set (the caller checks).
+    pub fn new(config: &Config, kv: Etcd, controller_key: &str) -> Self {
+        let s = &config.scheduler;
+        Dispatcher {
+            id: s.id.clone(),
+            kv,
+            prefix: config.cluster.prefix.clone(),
+            max_reschedules: s.max_reschedules,
+            max_in_flight: s.max_in_flight,
+            refresh_interval: s.refresh_interval,
+            placement: PlacementConfig { managed_fraction: s.managed_fraction, blackbox_fraction: s.blackbox_fraction },
+            answer_margin: config.pool.wait_deadline
+                + config.proxy.init_timeout
+                + crate::cluster::CONTROLLER_MARGIN
+                + Duration::from_secs(10),
+            directory: Directory::default(),
+            client: InvokerClient::new(controller_key),
+            in_flight: Mutex::default(),
+            active: AtomicU32::new(0),
+            draws: AtomicU64::new(u64::from(std::process::id()) << 32 | u64::from(epoch_ms() as u32) | 1),
+            metrics: SchedulerMetrics::default(),
+        }
+    }
+
+    /// Activations accepted and not yet ended.
+    pub fn active(&self) -> u32 {
+        self.active.load(Ordering::Acquire)
+    }
+
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Takes `run` on its way to an invoker; at `max_in_flight`, ends it with a record.
+    pub fn submit(self: &Arc<Self>, run: RunJob) -> Result<(), SchedulerBusy> {
+        if self.active.fetch_add(1, Ordering::AcqRel) >= self.max_in_flight {
+            self.active.fetch_sub(1, Ordering::AcqRel);
+            let message =
+                format!("the scheduler has {} activations in flight, its limit; nothing ran", self.max_in_flight);
+            run.reject_because(Rejection::QueueFull, &message);
+            return Err(SchedulerBusy);
+        }
+        let dispatcher = self.clone();
+        tokio::spawn(async move {
+            dispatcher.dispatch(run).await;
+            dispatcher.active.fetch_sub(1, Ordering::AcqRel);
+        });
+        Ok(())
+    }
+
+    async fn dispatch(&self, run: RunJob) {
+        let action = &run.action;
+        let revision = cluster_revision(&self.id, action.revision, action.updated);
+        let key: RevisionKey = (action.namespace.clone(), action.name.clone(), revision);
+        let needs = needs_of(action);
+        let timeout = Duration::from_millis(action.limits.timeout) + self.answer_margin;
+        let message = Bytes::from(self.message(&run, revision).to_string());
+        let mut tried = BTreeSet::new();
+        let mut refusals = Vec::new();
+        for attempt in 0..=self.max_reschedules {
+            let view = self.directory.current();
+            let in_flight = self.in_flight.lock().per_revision.get(&key).cloned().unwrap_or_default();
+            let views = view.views(&key, &in_flight);
+            let chosen = match place(&views, &needs, &self.placement, &tried, &mut |n| self.draw(n)) {
+                Ok(chosen) => chosen,
+                Err(why) => {
+                    self.metrics.unavailable(Some(&why));
+                    let message = with_refusals(why.to_string(), &refusals);
+                    return run.reject_because(Rejection::NoInvoker, &message);
+                }
+            };
+            if attempt > 0 {
+                self.metrics.reschedules.inc();
+            }
+            self.metrics.placed(chosen.rule);
+            let invoker = chosen.invoker;
+            let Some(authority) = view.invokers.get(&invoker).and_then(|r| crate::cluster::etcd::authority(&r.api))
+            else {
+                refusals.push(format!("{invoker}: its address is not http://host:port"));
+                tried.insert(invoker);
+                continue;
+            };
+            let departure = self.directory.departure(&invoker);
+            self.enter(&invoker, &key);
+            let sent = tokio::select! {
+                sent = self.client.send(authority, message.clone(), timeout) => sent,
+                _ = departure.cancelled() => Sent::Lost("it left the cluster (its lease expired)".into()),
+            };
+            self.leave(&invoker, &key);
+            match sent {
+                Sent::Finished(mut record) => {
+                    record.annotations.push(KeyValue { key: "invoker".into(), value: json!(invoker) });
+                    return run.completion.finish(*record);
+                }
+                Sent::Refused(reason) => {
+                    refusals.push(format!("{invoker}: {reason}"));
+                    tried.insert(invoker);
+                }
+                Sent::Lost(reason) => {
+                    self.metrics.lost.inc();
+                    let message = format!(
+                        "invoker {invoker} was lost while it held the activation ({reason}); it may have \
+                         started, so it is not run again"
+                    );
+                    let mut record = ActivationRecord::whisk_error(&run.meta, &message, epoch_ms());
+                    record.annotations.push(KeyValue { key: "invoker".into(), value: json!(invoker) });
+                    return run.completion.finish(record);
+                }
+            }
+        }
+        self.metrics.unavailable(None);
+        let message = with_refusals(format!("no invoker took the activation in {} tries", tried.len()), &refusals);
+        run.reject_because(Rejection::NoInvoker, &message);
+    }
+
+    /// OpenWhisk's `ActivationMessage`, naming this scheduler and the action's cluster revision
+    /// (an invoker fetches the action by them).
+    fn message(&self, run: &RunJob, revision: u64) -> Value {
+        let meta = &run.meta;
+        let mut user = json!({ "subject": meta.subject, "namespace": { "name": meta.namespace } });
+        if let Some(key) = &run.api_key {
+            user["authkey"] = json!({ "api_key": key });
+        }
+        json!({
+            "transid": [run.transaction_id, meta.accepted_at],
+            "action": { "path": meta.namespace, "name": meta.name, "version": meta.version },
+            "revision": revision.to_string(),
+            "user": user,
+            "activationId": meta.activation_id,
+            "rootControllerIndex": { "asString": self.id, "instanceType": "controller" },
+            "blocking": true,
+            "content": run.params,
+        })
+    }
+
+    fn enter(&self, invoker: &str, key: &RevisionKey) {
+        let mut in_flight = self.in_flight.lock();
+        *in_flight.per_invoker.entry(invoker.to_string()).or_insert(0) += 1;
+        *in_flight.per_revision.entry(key.clone()).or_default().entry(invoker.to_string()).or_insert(0) += 1;
+        self.metrics.in_flight.get_or_create(&metrics::InvokerLabel { invoker: invoker.to_string() }).inc();
+    }
+
+    fn leave(&self, invoker: &str, key: &RevisionKey) {
+        let mut in_flight = self.in_flight.lock();
+        if let Some(n) = in_flight.per_invoker.get_mut(invoker) {
+            *n -= 1;
+            if *n == 0 {
+                in_flight.per_invoker.remove(invoker);
+            }
+        }
+        if let Some(per) = in_flight.per_revision.get_mut(key) {
+            if let Some(n) = per.get_mut(invoker) {
+                *n -= 1;
+                if *n == 0 {
+                    per.remove(invoker);
+                }
+            }
+            if per.is_empty() {
+                in_flight.per_revision.remove(key);
+            }
+        }
+        self.metrics.in_flight.get_or_create(&metrics::InvokerLabel { invoker: invoker.to_string() }).dec();
+    }
+
+    /// A random index below `n` (xorshift64*: placement needs spread, not secrecy).
+    fn draw(&self, n: usize) -> usize {
+        let mut x = self.draws.load(Ordering::Relaxed);
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.draws.store(x, Ordering::Relaxed);
+        (x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 33) as usize % n.max(1)
+    }
+
+    /// The registered invokers, as last read, with what this scheduler has in flight there.
+    pub fn invokers(&self) -> Vec<InvokerStatus> {
+        let view = self.directory.current();
+        let in_flight = self.in_flight.lock().per_invoker.clone();
+        view.invokers
+            .values()
+            .map(|r| InvokerStatus {
+                record: r.clone(),
+                drained: view.drained.contains(&r.id),
+                containers: view.containers.get(&r.id).copied().unwrap_or(0),
+                in_flight: in_flight.get(&r.id).copied().unwrap_or(0),
+            })
+            .collect()
+    }
+
+    /// Whether any invoker would take work now.
+    pub fn any_healthy(&self) -> bool {
+        let view = self.directory.current();
+        view.invokers.values().any(|r| r.health == "healthy" && !view.drained.contains(&r.id))
+    }
+
+    /// Marks `invoker` drained (`drain`) or takes it back, for every scheduler (the key lives in
+    /// etcd); this scheduler's view follows at once.
+    pub async fn set_drained(&self, invoker: &str, drain: bool) -> Result<(), String> {
+        let key = drain_key(&self.prefix, invoker);
+        let done = if drain {
+            self.kv.put(&key, &json!({ "since": epoch_ms() }).to_string(), None).await
+        } else {
+            self.kv.delete(&key).await
+        };
+        done.map_err(|e| e.to_string())?;
+        self.refresh_once().await.map_err(|e| e.to_string())
+    }
+
+    async fn refresh_once(&self) -> Result<(), crate::cluster::etcd::EtcdError> {
+        let view = ClusterView::read(&self.kv, &self.prefix).await?;
+        let before = self.directory.current();
+        for (id, record) in &before.invokers {
+            if view.invokers.get(id).is_none_or(|r| r.api != record.api) {
+                if let Some(authority) = crate::cluster::etcd::authority(&record.api) {
+                    self.client.forget(authority);
+                }
+            }
+        }
+        self.directory.update(view);
+        Ok(())
+    }
+
+    /// Reads the cluster every `refresh_interval` until `stop`. A failed read keeps the last
+    /// picture (activations go on to the invokers already known) and is logged at most every
+    /// ten seconds.
+    pub async fn refresh(self: Arc<Self>, stop: CancellationToken) {
+        let mut complained: Option<Instant> = None;
+        loop {
+            match self.refresh_once().await {
+                Ok(()) => complained = None,
+                Err(e) => {
+                    if complained.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
+                        tracing::warn!("reading the cluster from etcd: {e} (placing on the invokers last seen)");
+                        complained = Some(Instant::now());
+                    }
+                }
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(self.refresh_interval) => {}
+            }
+        }
+    }
+}
+
+fn with_refusals(why: String, refusals: &[String]) -> String {
+    if refusals.is_empty() {
+        why
+    } else {
+        format!("{why}; refused by {}", refusals.join("; "))
+    }
+}
+
+/// What an action asks of an invoker: its memory, and its `invoker-resources` tags (strict
+/// unless `invoker-resources-strict-policy` is false), and whether it is a blackbox (image) one.
+fn needs_of(action: &crate::model::Action) -> ActionNeeds {
+    let annotation = |key: &str| action.annotations.iter().find(|a| a.key == key).map(|a| &a.value);
+    let tags = match annotation("invoker-resources") {
+        Some(Value::Array(tags)) => tags.iter().filter_map(Value::as_str).map(str::to_string).collect(),
+        Some(Value::String(tag)) => vec![tag.clone()],
+        _ => Vec::new(),
+    };
+    let strict = !matches!(annotation("invoker-resources-strict-policy"), Some(Value::Bool(false)))
+        && !matches!(annotation("invoker-resources-strict-policy"), Some(Value::String(s)) if s == "false");
+    ActionNeeds {
+        memory_mb: u64::from(action.limits.memory),
+        tags,
+        strict,
+        blackbox: action.exec.kind == "blackbox" || action.exec.image.is_some(),
+    }
+}

@@ -1,0 +1,121 @@
+//! What a scheduler knows of the cluster: every registered invoker, the containers each holds
+//! (by action revision) and the drains, read from the keys invokers and operators write, every
+//! `refresh_interval` (three prefix ranges), never on an activation's path. An entry that does
+//! not decode is skipped with a warning, never trusted. etcd away freezes the picture: the
+//! invokers last seen keep their work.
+
+use super::placement::InvokerView;
+use crate::cluster::{ClusterKv, InvokerRecord};
+use parking_lot::{Mutex, RwLock};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+
+/// An action revision: namespace, name, cluster revision.
+pub type RevisionKey = (String, String, u64);
+
+/// The cluster as last read.
+#[derive(Debug, Default)]
+pub struct ClusterView {
+    pub invokers: BTreeMap<String, InvokerRecord>,
+    /// Invokers an operator drained (`{prefix}/drain/{id}`).
+    pub drained: BTreeSet<String>,
+    /// Containers per action revision, per invoker.
+    pub warm: HashMap<RevisionKey, BTreeMap<String, u32>>,
+    /// Containers per invoker, of every action.
+    pub containers: BTreeMap<String, u32>,
+}
+
+impl ClusterView {
+    /// Reads it whole; any failed range fails the read (half a picture is not kept).
+    pub async fn read<K: ClusterKv>(kv: &K, prefix: &str) -> Result<ClusterView, K::Error> {
+        let mut view = ClusterView::default();
+        for (key, value) in kv.get_prefix(&format!("{prefix}/invokers/")).await? {
+            match serde_json::from_str::<InvokerRecord>(&value) {
+                Ok(record) => {
+                    view.invokers.insert(record.id.clone(), record);
+                }
+                Err(e) => tracing::warn!(%key, "an invoker's registration does not decode: {e}"),
+            }
+        }
+        let drains = format!("{prefix}/drain/");
+        view.drained = kv.get_prefix(&drains).await?.into_iter().map(|(k, _)| k[drains.len()..].to_string()).collect();
+        let containers = format!("{prefix}/containers/");
+        for (key, _) in kv.get_prefix(&containers).await? {
+            let parts: Vec<&str> = key[containers.len()..].split('/').collect();
+            let [ns, action, revision, "invoker", invoker, "container", _] = parts.as_slice() else {
+                tracing::warn!(%key, "a container key out of the layout");
+                continue;
+            };
+            let Ok(revision) = revision.parse::<u64>() else { continue };
+            let per_invoker = view.warm.entry((ns.to_string(), action.to_string(), revision)).or_default();
+            *per_invoker.entry(invoker.to_string()).or_insert(0) += 1;
+            *view.containers.entry(invoker.to_string()).or_insert(0) += 1;
+        }
+        Ok(view)
+    }
+
+    /// The invokers as placement sees them for one action revision; `in_flight` says what this
+    /// scheduler has running there of it. A drained invoker is not healthy, whatever it says.
+    pub fn views(&self, revision: &RevisionKey, in_flight: &BTreeMap<String, u32>) -> Vec<InvokerView> {
+        let warm = self.warm.get(revision);
+        self.invokers
+            .values()
+            .map(|r| InvokerView {
+                id: r.id.clone(),
+                tags: r.tags.clone(),
+                healthy: r.health == "healthy" && !self.drained.contains(&r.id),
+                launchable_mb: r.launchable_mb(),
+                warm: warm.and_then(|w| w.get(&r.id)).copied().unwrap_or(0),
+                in_flight: in_flight.get(&r.id).copied().unwrap_or(0),
+            })
+            .collect()
+    }
+}
+
+/// The view shared by every dispatch, and a token per invoker that is cancelled when the
+/// invoker leaves the cluster (its lease expired, or another process took its id): what was
+/// sent there and is still waiting ends then.
+#[derive(Default)]
+pub struct Directory {
+    current: RwLock<Arc<ClusterView>>,
+    /// Invoker id → (its process, as `boot_id:pid`; the token of that process).
+    present: Mutex<HashMap<String, (String, CancellationToken)>>,
+}
+
+fn process_of(record: &InvokerRecord) -> String {
+    format!("{}:{}", record.boot_id, record.pid)
+}
+
+impl Directory {
+    pub fn current(&self) -> Arc<ClusterView> {
+        self.current.read().clone()
+    }
+
+    /// Takes a new reading; cancels the tokens of invokers gone from it.
+    pub fn update(&self, view: ClusterView) {
+        let mut present = self.present.lock();
+        present.retain(|id, (process, token)| {
+            let same = view.invokers.get(id).is_some_and(|r| process_of(r) == *process);
+            if !same {
+                tracing::warn!(invoker = %id, "an invoker left the cluster; what it was running ends");
+                token.cancel();
+            }
+            same
+        });
+        *self.current.write() = Arc::new(view);
+    }
+
+    /// Cancelled when `id`, as the current view knows it, leaves.
+    pub fn departure(&self, id: &str) -> CancellationToken {
+        let view = self.current();
+        let Some(record) = view.invokers.get(id) else {
+            let gone = CancellationToken::new();
+            gone.cancel();
+            return gone;
+        };
+        let mut present = self.present.lock();
+        let entry = present.entry(id.to_string()).or_insert_with(|| (process_of(record), CancellationToken::new()));
+        entry.1.clone()
+    }
+}
