@@ -96,6 +96,9 @@ pub struct NodeHeadroom {
     pub launchable_mb: u64,
     pub free_mb: u64,
     pub capacity_mb: u64,
+    /// Held by idle containers, which the invoker removes when it needs the room.
+    #[serde(default)]
+    pub idle_mb: u64,
 }
 
 /// The value of an invoker's key.
@@ -118,6 +121,13 @@ impl InvokerRecord {
     /// The largest container any of its nodes could launch now.
     pub fn launchable_mb(&self) -> u64 {
         self.nodes.iter().map(|n| n.launchable_mb).max().unwrap_or(0)
+    }
+
+    /// The largest container any of its nodes could hold once its idle containers there are
+    /// removed: what a scheduler may send it. Without the idle memory, a cluster whose invokers
+    /// filled up with warm containers would take no new action until they expired.
+    pub fn room_mb(&self) -> u64 {
+        self.nodes.iter().map(|n| n.launchable_mb + n.idle_mb).max().unwrap_or(0)
     }
 }
 

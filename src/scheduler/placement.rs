@@ -11,7 +11,8 @@ pub struct InvokerView {
     pub id: String,
     pub tags: Vec<String>,
     pub healthy: bool,
-    /// The largest container it could launch now, as it last published.
+    /// The largest container it could hold, its idle containers removed, as it last
+    /// published ([`crate::cluster::InvokerRecord::room_mb`]).
     pub launchable_mb: u64,
     /// Its containers of this action revision (from their keys).
     pub warm: u32,

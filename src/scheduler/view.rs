@@ -65,7 +65,7 @@ impl ClusterView {
                 id: r.id.clone(),
                 tags: r.tags.clone(),
                 healthy: r.health == "healthy" && !self.drained.contains(&r.id),
-                launchable_mb: r.launchable_mb(),
+                launchable_mb: r.room_mb(),
                 warm: warm.and_then(|w| w.get(&r.id)).copied().unwrap_or(0),
                 in_flight: in_flight.get(&r.id).copied().unwrap_or(0),
             })

@@ -2,6 +2,8 @@
 //! loopback port, and an HTTP client with the guest key.
 #![allow(dead_code)]
 
+pub mod etcd;
+
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -24,10 +26,22 @@ pub struct Invoker {
 impl Invoker {
     /// Starts the invoker with `extra` TOML appended to a config naming `invoker_id`.
     pub fn start(dir: &Path, invoker_id: &str, extra: &str) -> Invoker {
+        Self::start_command(dir, invoker_id, extra, &[])
+    }
+
+    /// `invoker scheduler` with `extra` as its config (its id is `[scheduler] id`); the same
+    /// handle, since it serves the same REST API.
+    pub fn start_scheduler(dir: &Path, extra: &str) -> Invoker {
+        Self::start_command(dir, "scheduler", extra, &["scheduler"])
+    }
+
+    /// The binary with `subcommand` (none: the invoker), on a free port.
+    pub fn start_command(dir: &Path, invoker_id: &str, extra: &str, subcommand: &[&str]) -> Invoker {
         let config = dir.join("invoker.toml");
         std::fs::write(&config, format!("invoker_id = \"{invoker_id}\"\n{extra}")).unwrap();
         let stderr = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("stderr.log")).unwrap();
         let mut child = Command::new(env!("CARGO_BIN_EXE_invoker"))
+            .args(subcommand)
             .arg("--config")
             .arg(&config)
             .args(["--listen", "127.0.0.1:0", "--data-dir"])
@@ -98,6 +112,14 @@ impl Invoker {
     pub async fn get_url(&self, path: &str) -> (u16, Value) {
         let (user, pass) = self.admin.split_once(':').expect("the invoker printed its admin key");
         let r = self.http.get(format!("{}{path}", self.base)).basic_auth(user, Some(pass)).send().await.unwrap();
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(Value::Null))
+    }
+
+    /// POST of an admin route, with the admin key.
+    pub async fn post_url(&self, path: &str) -> (u16, Value) {
+        let (user, pass) = self.admin.split_once(':').expect("the invoker printed its admin key");
+        let r = self.http.post(format!("{}{path}", self.base)).basic_auth(user, Some(pass)).send().await.unwrap();
         let status = r.status().as_u16();
         (status, r.json().await.unwrap_or(Value::Null))
     }

@@ -1,0 +1,392 @@
+//! The scheduler in front of invokers, against a real etcd (one per test, on loopback ports):
+//! placement by tags (strict and not), the managed/blackbox split, warm affinity and a burst
+//! that spreads, memory-exact placement, an invoker killed mid-activation, drain and activate,
+//! etcd going away and coming back, and a scheduler restart. The invokers run the mock factory
+//! (real HTTP containers in the invoker's process), so node sizes are set per invoker. Skipped
+//! with a message when no `etcd` binary is installed; under `CI=true` that fails instead.
+
+mod support;
+
+use invoker::cluster::ClusterKv;
+use serde_json::{json, Value};
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+use support::etcd::EtcdServer;
+use support::Invoker;
+
+const CONTROLLER: &str = "c0ffee00-0000-4000-8000-00000000c0de:the-cluster-tests-controller-secret";
+
+fn tempdir() -> tempfile::TempDir {
+    tempfile::Builder::new().prefix("invoker-sched-").tempdir().unwrap()
+}
+
+fn cluster_keys(etcd: &EtcdServer, tags: &[&str]) -> String {
+    format!(
+        "[cluster]\netcd = [\"{}\"]\nlease_ttl = \"3s\"\npublish_interval = \"100ms\"\ntags = {}\n\
+         controller_key = \"{CONTROLLER}\"\n[admin]\ncontroller_keys = [\"{CONTROLLER}\"]\n",
+        etcd.url(),
+        json!(tags)
+    )
+}
+
+/// One invoker of the platform: the mock factory, one node of `memory_mb`.
+fn invoker_config(etcd: &EtcdServer, tags: &[&str], memory_mb: u64) -> String {
+    format!("{}[factory]\nkind = \"mock\"\n[factory.mock]\nnode_memory_mb = {memory_mb}\n", cluster_keys(etcd, tags))
+}
+
+struct Platform {
+    etcd: EtcdServer,
+    scheduler: Invoker,
+    scheduler_dir: tempfile::TempDir,
+    invokers: Vec<Invoker>,
+    _dirs: Vec<tempfile::TempDir>,
+}
+
+/// Invokers named by `(id, tags, memory_mb)` and a scheduler with `scheduler` in its
+/// `[scheduler]` section; returns once the scheduler sees every invoker with its headroom.
+async fn platform(etcd: EtcdServer, invokers: &[(&str, &[&str], u64)], scheduler: &str) -> Platform {
+    let mut dirs = Vec::new();
+    let mut started = Vec::new();
+    for (id, tags, memory) in invokers {
+        let dir = tempdir();
+        started.push(Invoker::start(dir.path(), id, &invoker_config(&etcd, tags, *memory)));
+        dirs.push(dir);
+    }
+    let scheduler_dir = tempdir();
+    let config = scheduler_config(&etcd, scheduler);
+    let scheduler = Invoker::start_scheduler(scheduler_dir.path(), &config);
+    let platform = Platform { etcd, scheduler, scheduler_dir, invokers: started, _dirs: dirs };
+    platform
+        .wait_for(|list| {
+            list.len() == invokers.len() && list.iter().all(|i| i["nodes"][0]["capacity_mb"].as_u64() > Some(0))
+        })
+        .await;
+    platform
+}
+
+fn scheduler_config(etcd: &EtcdServer, scheduler: &str) -> String {
+    format!("{}[scheduler]\nid = \"s1\"\nrefresh_interval = \"50ms\"\n{scheduler}", cluster_keys(etcd, &[]))
+}
+
+impl Platform {
+    /// Polls `GET /v1/invokers` until `until` holds of the list (bounded).
+    async fn wait_for(&self, until: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let (status, list) = self.scheduler.get_url("/v1/invokers").await;
+            assert_eq!(status, 200, "{list}");
+            let list = list.as_array().cloned().unwrap_or_default();
+            if until(&list) {
+                return list;
+            }
+            assert!(Instant::now() < deadline, "the scheduler's invokers never got there: {list:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn invoker(&mut self, id: &str) -> &mut Invoker {
+        self.invokers.iter_mut().find(|i| i.invoker_id == id).unwrap()
+    }
+}
+
+/// A mock action (the mock factory runs any kind; `sleep_ms` steers it) with `annotations`.
+fn action(memory_mb: u32, annotations: Value) -> Value {
+    json!({
+        "exec": { "kind": "python:3", "code": "def main(a):\n    return a" },
+        "limits": { "memory": memory_mb },
+        "annotations": annotations,
+    })
+}
+
+fn ran_on(record: &Value) -> String {
+    let annotations = record["annotations"].as_array().cloned().unwrap_or_default();
+    let invoker = annotations.iter().find(|a| a["key"] == "invoker");
+    invoker.and_then(|a| a["value"].as_str()).unwrap_or_else(|| panic!("no invoker annotation: {record}")).to_string()
+}
+
+fn annotation<'a>(record: &'a Value, key: &str) -> &'a Value {
+    let found = record["annotations"].as_array().and_then(|a| a.iter().find(|x| x["key"] == key));
+    found.map_or(&Value::Null, |a| &a["value"])
+}
+
+/// `n` blocking invokes of `name` at once; their statuses and records.
+async fn burst(scheduler: &Invoker, name: &str, n: usize, params: Value) -> Vec<(u16, Value)> {
+    let calls = (0..n).map(|_| scheduler.invoke(name, "blocking=true", params.clone()));
+    futures_util::future::join_all(calls).await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn through_the_scheduler_actions_run_on_invokers_by_tags_and_warmth_and_every_record_is_served() {
+    let Some(etcd) = EtcdServer::start() else { return };
+    let p = platform(etcd, &[("inv-a", &[], 2048), ("inv-b", &["gpu"], 2048), ("inv-c", &[], 2048)], "").await;
+    let s = &p.scheduler;
+
+    // Created, invoked, and read back through the scheduler: record, logs, result.
+    s.put_action("hello", action(256, json!([]))).await;
+    let (status, record) = s.invoke("hello", "blocking=true", json!({ "name": "ann" })).await;
+    assert_eq!(status, 200, "{record}");
+    assert_eq!(record["response"]["result"]["echo"], json!({ "name": "ann" }));
+    let on = ran_on(&record);
+    assert!(on == "inv-a" || on == "inv-c", "an untagged action on an untagged invoker: {on}");
+    let id = record["activationId"].as_str().unwrap();
+    assert_eq!(s.get(&format!("activations/{id}")).await.1["activationId"], id);
+    assert_eq!(s.get(&format!("activations/{id}/result")).await.1["result"]["echo"], json!({ "name": "ann" }));
+    assert_eq!(s.get(&format!("activations/{id}/logs")).await.0, 200);
+    let (status, accepted) = s.invoke("hello", "", json!({})).await;
+    assert_eq!(status, 202);
+    let later = s.record(accepted["activationId"].as_str().unwrap()).await;
+    assert_eq!(later["response"]["statusCode"], 0, "{later}");
+    // The action lives in the scheduler's store only: the invoker that ran it lists nothing.
+    let ran_there = p.invokers.iter().find(|i| i.invoker_id == on).unwrap();
+    let (_, listed) = ran_there.get("actions").await;
+    assert_eq!(listed, json!([]), "an invoker's REST routes never show what a scheduler sent it");
+
+    // Tags: strict goes only where they are; missing ones are a 503 that names them, unless
+    // the policy is not strict.
+    s.put_action("gpu", action(256, json!([{ "key": "invoker-resources", "value": ["gpu"] }]))).await;
+    for _ in 0..5 {
+        let (status, record) = s.invoke("gpu", "blocking=true", json!({})).await;
+        assert_eq!((status, ran_on(&record).as_str()), (200, "inv-b"), "{record}");
+    }
+    s.put_action("tpu", action(256, json!([{ "key": "invoker-resources", "value": ["tpu"] }]))).await;
+    let (status, record) = s.invoke("tpu", "blocking=true", json!({})).await;
+    assert_eq!(status, 503, "{record}");
+    assert!(record["response"]["result"]["error"].as_str().unwrap().contains("no invoker has tags [tpu]"), "{record}");
+    assert_eq!(annotation(&record, "rejected"), "no_invoker");
+    let loose = json!([
+        { "key": "invoker-resources", "value": ["tpu"] },
+        { "key": "invoker-resources-strict-policy", "value": false },
+    ]);
+    s.put_action("tpu-loose", action(256, loose)).await;
+    assert_eq!(s.invoke("tpu-loose", "blocking=true", json!({})).await.0, 200);
+
+    // Warm affinity: once its container is registered, the calls that follow go to it.
+    s.put_action("warm", action(256, json!([]))).await;
+    let first = ran_on(&s.invoke("warm", "blocking=true", json!({})).await.1);
+    p.wait_for(|list| list.iter().any(|i| i["id"] == first.as_str() && i["containers"].as_u64() >= Some(1))).await;
+    tokio::time::sleep(Duration::from_millis(300)).await; // this action's key, with the others'
+    for _ in 0..8 {
+        let (status, record) = s.invoke("warm", "blocking=true", json!({})).await;
+        assert_eq!((status, ran_on(&record)), (200, first.clone()), "{record}");
+        assert_eq!(annotation(&record, "startKind"), "warm", "{record}");
+    }
+
+    // A burst of a new action spreads over the managed invokers instead of piling on one.
+    s.put_action("burst", action(256, json!([]))).await;
+    let ran = burst(s, "burst", 12, json!({ "sleep_ms": 1000 })).await;
+    let places: BTreeSet<String> = ran
+        .iter()
+        .map(|(status, r)| {
+            assert_eq!(*status, 200, "{r}");
+            ran_on(r)
+        })
+        .collect();
+    assert!(places.len() >= 2 && !places.contains("inv-b"), "12 at once on {places:?}");
+
+    let (_, metrics) = {
+        let (user, pass) = s.admin.split_once(':').unwrap();
+        let r = reqwest::Client::new()
+            .get(format!("{}/metrics", s.base))
+            .basic_auth(user, Some(pass))
+            .send()
+            .await
+            .unwrap();
+        (r.status(), r.text().await.unwrap())
+    };
+    for family in [
+        "scheduler_placements_total{rule=\"warm\"}",
+        "scheduler_placements_total{rule=\"tag\"}",
+        "scheduler_unavailable_total{reason=\"no_tags\"}",
+    ] {
+        assert!(metrics.contains(family), "{family} in {metrics}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_512_mb_action_never_goes_to_an_invoker_with_less_headroom() {
+    let Some(etcd) = EtcdServer::start() else { return };
+    let p = platform(etcd, &[("small", &[], 384), ("big", &[], 1024)], "").await;
+    let s = &p.scheduler;
+    s.put_action("large", action(512, json!([]))).await;
+    let mut ran = 0;
+    // Rounds of three at once on a 1024 MB invoker: its headroom goes to 0 and back, so some
+    // find no invoker (503, saying so); none runs on the 384 MB one.
+    for _ in 0..6 {
+        for (status, record) in burst(s, "large", 3, json!({ "sleep_ms": 200 })).await {
+            match status {
+                200 => {
+                    assert_eq!(ran_on(&record), "big", "{record}");
+                    ran += 1;
+                }
+                503 => {
+                    let error = record["response"]["result"]["error"].as_str().unwrap_or_default().to_string();
+                    assert!(error.contains("no invoker fits 512 MB") || error.contains("big"), "{record}");
+                    assert_ne!(annotation(&record, "invoker"), "small", "{record}");
+                }
+                other => panic!("{other}: {record}"),
+            }
+        }
+    }
+    assert!(ran >= 6, "{ran} of 18 ran");
+    // The small one is healthy and takes what fits it.
+    s.put_action("fits", action(256, json!([]))).await;
+    let ran: BTreeSet<String> =
+        burst(s, "fits", 6, json!({ "sleep_ms": 300 })).await.iter().map(|(_, r)| ran_on(r)).collect();
+    assert!(!ran.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn blackbox_actions_go_to_the_blackbox_part_and_managed_ones_stay_out_of_it() {
+    let Some(etcd) = EtcdServer::start() else { return };
+    // Three untagged invokers in id order: x0 and x1 managed (60 %), x2 blackbox (30 %).
+    let split = "managed_fraction = 0.6\nblackbox_fraction = 0.3\n";
+    let p = platform(etcd, &[("x0", &[], 2048), ("x1", &[], 2048), ("x2", &[], 2048)], split).await;
+    let s = &p.scheduler;
+    let mut image = action(256, json!([]));
+    image["exec"]["image"] = json!("example/blackbox:1");
+    s.put_action("box", image).await;
+    for (status, record) in burst(s, "box", 6, json!({ "sleep_ms": 100 })).await {
+        assert_eq!((status, ran_on(&record).as_str()), (200, "x2"), "{record}");
+    }
+    s.put_action("managed", action(256, json!([]))).await;
+    let places: BTreeSet<String> =
+        burst(s, "managed", 9, json!({ "sleep_ms": 300 })).await.iter().map(|(_, r)| ran_on(r)).collect();
+    assert!(!places.contains("x2") && !places.is_empty(), "{places:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_invoker_killed_mid_activation_ends_it_with_status_3_and_new_work_goes_elsewhere() {
+    let Some(etcd) = EtcdServer::start() else { return };
+    let mut p = platform(etcd, &[("victim", &["v"], 2048), ("other", &[], 2048)], "").await;
+    p.scheduler.put_action("slow", action(256, json!([{ "key": "invoker-resources", "value": ["v"] }]))).await;
+    p.scheduler.put_action("any", action(256, json!([]))).await;
+    let (status, accepted) = p.scheduler.invoke("slow", "", json!({ "sleep_ms": 30000 })).await;
+    assert_eq!(status, 202);
+    let id = accepted["activationId"].as_str().unwrap().to_string();
+    p.wait_for(|list| list.iter().any(|i| i["id"] == "victim" && i["in_flight"] == 1)).await;
+    tokio::time::sleep(Duration::from_millis(200)).await; // it is running there
+    let killed = Instant::now();
+    let victim = p.invoker("victim");
+    victim.signal(nix::sys::signal::Signal::SIGKILL);
+    victim.wait_exit(Duration::from_secs(10));
+
+    let record = p.scheduler.record(&id).await;
+    assert!(killed.elapsed() < Duration::from_secs(3 + 10), "ended within the lease TTL and a margin");
+    assert_eq!(record["response"]["statusCode"], 3, "{record}");
+    assert_eq!(ran_on(&record), "victim");
+    assert!(record["response"]["result"]["error"].as_str().unwrap().contains("not run again"), "{record}");
+
+    let (status, record) = p.scheduler.invoke("any", "blocking=true", json!({})).await;
+    assert_eq!((status, ran_on(&record).as_str()), (200, "other"), "{record}");
+    // Its keys go with its lease, and the scheduler forgets it.
+    let kv = p.etcd.kv();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let left: Vec<String> = kv
+            .get_prefix("/invoker/")
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|(k, _)| k)
+            .filter(|k| k.contains("victim"))
+            .collect();
+        if left.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "keys outlived the lease: {left:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    p.wait_for(|list| list.iter().all(|i| i["id"] != "victim")).await;
+    let (status, record) = p.scheduler.invoke("slow", "blocking=true", json!({})).await;
+    assert_eq!(status, 503, "{record}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_drained_invoker_gets_no_new_work_until_it_is_activated() {
+    let Some(etcd) = EtcdServer::start() else { return };
+    let p = platform(etcd, &[("d", &["t"], 2048), ("e", &[], 2048)], "").await;
+    let s = &p.scheduler;
+    s.put_action("on-d", action(256, json!([{ "key": "invoker-resources", "value": ["t"] }]))).await;
+    assert_eq!(ran_on(&s.invoke("on-d", "blocking=true", json!({})).await.1), "d");
+
+    // Admin key only, and only a known invoker.
+    let (status, _) = {
+        let r = reqwest::Client::new().post(format!("{}/v1/invokers/d/drain", s.base));
+        let (user, pass) = support::GUEST.split_once(':').unwrap();
+        let r = r.basic_auth(user, Some(pass)).send().await.unwrap();
+        (r.status().as_u16(), ())
+    };
+    assert_eq!(status, 403);
+    assert_eq!(s.post_url("/v1/invokers/nobody/drain").await.0, 404);
+
+    let (status, body) = s.post_url("/v1/invokers/d/drain").await;
+    assert_eq!(status, 200, "{body}");
+    p.wait_for(|list| list.iter().any(|i| i["id"] == "d" && i["drained"] == true && i["health"] == "drained")).await;
+    let (status, record) = s.invoke("on-d", "blocking=true", json!({})).await;
+    assert_eq!(status, 503, "{record}");
+
+    assert_eq!(s.post_url("/v1/invokers/d/activate").await.0, 200);
+    p.wait_for(|list| list.iter().any(|i| i["id"] == "d" && i["drained"] == false && i["health"] == "healthy")).await;
+    let (status, record) = s.invoke("on-d", "blocking=true", json!({})).await;
+    assert_eq!((status, ran_on(&record).as_str()), (200, "d"), "{record}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn with_etcd_away_activations_go_on_and_registrations_come_back() {
+    let Some(etcd) = EtcdServer::start() else { return };
+    let mut p = platform(etcd, &[("steady", &[], 2048)], "").await;
+    p.scheduler.put_action("a", action(256, json!([]))).await;
+    assert_eq!(p.scheduler.invoke("a", "blocking=true", json!({})).await.0, 200);
+
+    p.etcd.stop();
+    for _ in 0..5 {
+        let (status, record) = p.scheduler.invoke("a", "blocking=true", json!({})).await;
+        assert_eq!((status, ran_on(&record).as_str()), (200, "steady"), "{record}");
+    }
+    tokio::time::sleep(Duration::from_secs(4)).await; // past the lease's TTL
+    assert_eq!(p.scheduler.invoke("a", "blocking=true", json!({})).await.0, 200);
+
+    p.etcd.resume();
+    let kv = p.etcd.kv();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while kv.get("/invoker/invokers/steady").await.ok().flatten().is_none()
+        || kv.get("/invoker/schedulers/s1").await.ok().flatten().is_none()
+    {
+        assert!(Instant::now() < deadline, "the registrations did not come back");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    p.wait_for(|list| list.len() == 1 && list[0]["health"] == "healthy").await;
+    assert_eq!(p.scheduler.invoke("a", "blocking=true", json!({})).await.0, 200);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restarted_scheduler_recovers_the_invokers_from_etcd_and_serves_its_records() {
+    let Some(etcd) = EtcdServer::start() else { return };
+    let mut p = platform(etcd, &[("one", &[], 2048)], "").await;
+    p.scheduler.put_action("a", action(256, json!([]))).await;
+    let (_, record) = p.scheduler.invoke("a", "blocking=true", json!({})).await;
+    let id = record["activationId"].as_str().unwrap().to_string();
+
+    // A second scheduler with a live one's id refuses to start.
+    let other = tempdir();
+    let config = other.path().join("scheduler.toml");
+    std::fs::write(&config, scheduler_config(&p.etcd, "")).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_invoker"))
+        .args(["scheduler", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&config)
+        .arg("--data-dir")
+        .arg(other.path().join("data"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("scheduler id 's1' is held by a live scheduler"), "{stderr}");
+
+    p.scheduler.signal(nix::sys::signal::Signal::SIGKILL);
+    p.scheduler.wait_exit(Duration::from_secs(10));
+    let config = scheduler_config(&p.etcd, "");
+    p.scheduler = Invoker::start_scheduler(p.scheduler_dir.path(), &config);
+    p.wait_for(|list| list.len() == 1 && list[0]["id"] == "one").await;
+    assert_eq!(p.scheduler.get(&format!("activations/{id}")).await.1["activationId"], id.as_str());
+    let (status, record) = p.scheduler.invoke("a", "blocking=true", json!({})).await;
+    assert_eq!((status, ran_on(&record).as_str()), (200, "one"), "{record}");
+}

@@ -1,0 +1,74 @@
+//! A real etcd for the cluster tests: one member per test on free loopback ports, with a data
+//! dir that survives a stop and a start.
+
+use invoker::cluster::etcd::Etcd;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// One etcd member on loopback, with a data dir that survives a stop and a start.
+pub struct EtcdServer {
+    dir: tempfile::TempDir,
+    client: u16,
+    peer: u16,
+    child: Option<Child>,
+}
+
+impl EtcdServer {
+    /// `None` (the test is skipped) when no etcd is installed, outside CI.
+    pub fn start() -> Option<EtcdServer> {
+        if Command::new("etcd").arg("--version").output().is_err() {
+            assert!(std::env::var("CI").is_err(), "no etcd binary under CI: scripts/etcd.sh installs it");
+            eprintln!("skipped: no etcd binary (scripts/etcd.sh installs one)");
+            return None;
+        }
+        let dir = tempfile::Builder::new().prefix("invoker-etcd-").tempdir().unwrap();
+        let mut server = EtcdServer { dir, client: free_port(), peer: free_port(), child: None };
+        server.resume();
+        Some(server)
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.client)
+    }
+
+    pub fn resume(&mut self) {
+        let peer = format!("http://127.0.0.1:{}", self.peer);
+        let child = Command::new("etcd")
+            .args(["--name", "t", "--data-dir"])
+            .arg(self.dir.path().join("data"))
+            .args(["--listen-client-urls", &self.url(), "--advertise-client-urls", &self.url()])
+            .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &format!("t={peer}")])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(self.dir.path().join("etcd.log")).unwrap())
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", self.client)).is_err() {
+            assert!(Instant::now() < deadline, "etcd did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    pub fn kv(&self) -> Etcd {
+        Etcd::new(&[self.url()]).unwrap()
+    }
+}
+
+impl Drop for EtcdServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
