@@ -390,3 +390,44 @@ async fn a_restarted_scheduler_recovers_the_invokers_from_etcd_and_serves_its_re
     let (status, record) = p.scheduler.invoke("a", "blocking=true", json!({})).await;
     assert_eq!((status, ran_on(&record).as_str()), (200, "one"), "{record}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_schedulers_share_the_invokers_and_nothing_else() {
+    let Some(etcd) = EtcdServer::start() else { return };
+    let p = platform(etcd, &[("shared", &[], 2048)], "").await;
+    let second_dir = tempdir();
+    let config = cluster_keys(&p.etcd, &[]) + "[scheduler]\nid = \"s2\"\nrefresh_interval = \"50ms\"\n";
+    let second = Invoker::start_scheduler(second_dir.path(), &config);
+    // The same namespace and name in both, each with its own parameters: on the one invoker
+    // they are two actions, never one's container serving the other's.
+    for (s, who) in [(&p.scheduler, "s1"), (&second, "s2")] {
+        let mut body = action(256, json!([]));
+        body["parameters"] = json!([{ "key": "who", "value": who }]);
+        s.put_action("same", body).await;
+    }
+    let mut containers = [BTreeSet::new(), BTreeSet::new()];
+    for _ in 0..3 {
+        for (i, (s, who)) in [(&p.scheduler, "s1"), (&second, "s2")].into_iter().enumerate() {
+            let (status, record) = s.invoke("same", "blocking=true", json!({})).await;
+            assert_eq!((status, ran_on(&record).as_str()), (200, "shared"), "{record}");
+            assert_eq!(record["response"]["result"]["echo"]["who"], who, "{record}");
+            containers[i].insert(record["response"]["result"]["container"].as_u64().unwrap());
+        }
+    }
+    assert!(containers[0].is_disjoint(&containers[1]), "one container ran both schedulers' actions: {containers:?}");
+    // Records stay with the scheduler that took them.
+    let (_, record) = second.invoke("same", "blocking=true", json!({})).await;
+    let id = record["activationId"].as_str().unwrap();
+    assert_eq!(p.scheduler.get(&format!("activations/{id}")).await.0, 404);
+    assert_eq!(second.get(&format!("activations/{id}")).await.0, 200);
+
+    // The internal route: the controller key only, and only the revision it holds.
+    let http = reqwest::Client::new();
+    let url = |rev: &str| format!("{}/v1/internal/actions/guest/same?revision={rev}", second.base);
+    let (user, pass) = support::GUEST.split_once(':').unwrap();
+    let as_guest = http.get(url("1")).basic_auth(user, Some(pass)).send().await.unwrap();
+    assert_eq!(as_guest.status(), 403);
+    let (user, pass) = CONTROLLER.split_once(':').unwrap();
+    let stale = http.get(url("1")).basic_auth(user, Some(pass)).send().await.unwrap();
+    assert_eq!(stale.status(), 404, "revision 1 is not a cluster revision of s2's action");
+}
