@@ -431,3 +431,28 @@ async fn two_schedulers_share_the_invokers_and_nothing_else() {
     let stale = http.get(url("1")).basic_auth(user, Some(pass)).send().await.unwrap();
     assert_eq!(stale.status(), 404, "revision 1 is not a cluster revision of s2's action");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_drains_an_invoker_its_work_finishes_and_new_work_goes_elsewhere() {
+    let Some(etcd) = EtcdServer::start() else { return };
+    let mut p = platform(etcd, &[("leaving", &["l"], 2048), ("staying", &[], 2048)], "").await;
+    p.scheduler.put_action("there", action(256, json!([{ "key": "invoker-resources", "value": ["l"] }]))).await;
+    p.scheduler.put_action("any", action(256, json!([]))).await;
+    let (status, accepted) = p.scheduler.invoke("there", "", json!({ "sleep_ms": 1500 })).await;
+    assert_eq!(status, 202);
+    let leaving = p.invoker("leaving");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while leaving.get_url("/v1/pool").await.1["busy"] != 1 {
+        assert!(Instant::now() < deadline, "it never ran");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    leaving.signal(nix::sys::signal::Signal::SIGTERM);
+    let record = p.scheduler.record(accepted["activationId"].as_str().unwrap()).await;
+    assert_eq!((record["response"]["statusCode"].as_u64(), ran_on(&record).as_str()), (Some(0), "leaving"), "{record}");
+    assert!(p.invoker("leaving").wait_exit(Duration::from_secs(20)).success());
+    for _ in 0..3 {
+        let (status, record) = p.scheduler.invoke("any", "blocking=true", json!({})).await;
+        assert_eq!((status, ran_on(&record).as_str()), (200, "staying"), "{record}");
+    }
+    p.wait_for(|list| list.iter().all(|i| i["id"] != "leaving")).await;
+}
