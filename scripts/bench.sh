@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The warm path measured side by side with the runtime called directly, in one run, A/B
-# alternating; a cold start each way; the invoker's resident memory. The last line printed is
+# alternating; a cold start each way; the invoker's resident memory; the scheduler hop (a
+# scheduler in front of one invoker against that invoker called directly). The last line printed is
 # one JSON object (see BENCHMARKS.md).
 #
 #   scripts/bench.sh            # full: 5 s slices, 3 rounds per mode and concurrency, memory
@@ -35,8 +36,10 @@ if [ ${#docker[@]} -gt 0 ]; then
     INVOKER_DOCKER_SOCKET="$socket" scripts/build-images.sh "$bin/invoker" >&2
     docker+=("$socket")
 fi
+# The scheduler hop runs against an etcd on loopback (installed and started when missing).
+etcd=(--etcd "$(scripts/etcd.sh | tail -1 | cut -d= -f2)")
 if $quick; then
-    exec "$bin/invoker-bench" --k "$k" --slice 2 --rounds 2 --cold 3 "${docker[@]}"
+    exec "$bin/invoker-bench" --k "$k" --slice 2 --rounds 2 --cold 3 "${docker[@]}" "${etcd[@]}"
 else
-    exec "$bin/invoker-bench" --k "$k" --slice 5 --rounds 3 --cold 5 --memory "${docker[@]}"
+    exec "$bin/invoker-bench" --k "$k" --slice 5 --rounds 3 --cold 5 --memory "${docker[@]}" "${etcd[@]}"
 fi

@@ -191,15 +191,30 @@ fn validate(msg: &ActivationMessage) -> Result<String, ApiError> {
     Ok(tid)
 }
 
-/// OpenWhisk's `CombinedCompletionAndResultMessage`, with this invoker as `instance`.
-fn completion_message(id: &str, user_memory_mb: u64, transid: Value, record: &ActivationRecord) -> Value {
+/// OpenWhisk's `CombinedCompletionAndResultMessage`, with this invoker as `instance`. Borrows
+/// the record: it is serialised once, straight into the answer.
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct CompletionMessage<'a> {
+    transid: Value,
+    response: &'a ActivationRecord,
+    is_system_error: bool,
+    instance: Value,
+}
+
+fn completion_message<'a>(
+    id: &str,
+    user_memory_mb: u64,
+    transid: Value,
+    record: &'a ActivationRecord,
+) -> CompletionMessage<'a> {
     let digits = id.trim_start_matches(|c: char| !c.is_ascii_digit());
     let instance: u64 = digits.parse().unwrap_or(0);
-    json!({
-        "transid": transid,
-        "response": record,
-        "isSystemError": record.outcome() == Outcome::WhiskError,
-        "instance": {
+    CompletionMessage {
+        transid,
+        response: record,
+        is_system_error: record.outcome() == Outcome::WhiskError,
+        instance: json!({
             "instance": instance,
             "uniqueName": id,
             "displayedName": id,
@@ -207,6 +222,6 @@ fn completion_message(id: &str, user_memory_mb: u64, transid: Value, record: &Ac
             "instanceType": "invoker",
             "tags": [],
             "dedicatedNamespaces": [],
-        },
-    })
+        }),
+    }
 }

@@ -130,7 +130,7 @@ impl Dispatcher {
         let key: RevisionKey = (action.namespace.clone(), action.name.clone(), revision);
         let needs = needs_of(action);
         let timeout = Duration::from_millis(action.limits.timeout) + self.answer_margin;
-        let message = Bytes::from(self.message(&run, revision).to_string());
+        let message = self.message(&run, revision);
         let mut tried = BTreeSet::new();
         let mut refusals = Vec::new();
         for attempt in 0..=self.max_reschedules {
@@ -190,23 +190,25 @@ impl Dispatcher {
     }
 
     /// OpenWhisk's `ActivationMessage`, naming this scheduler and the action's cluster revision
-    /// (an invoker fetches the action by them).
-    fn message(&self, run: &RunJob, revision: u64) -> Value {
+    /// (an invoker fetches the action by them). Serialised from borrowed fields: the
+    /// parameters are not copied into a JSON tree first.
+    fn message(&self, run: &RunJob, revision: u64) -> Bytes {
         let meta = &run.meta;
-        let mut user = json!({ "subject": meta.subject, "namespace": { "name": meta.namespace } });
-        if let Some(key) = &run.api_key {
-            user["authkey"] = json!({ "api_key": key });
-        }
-        json!({
-            "transid": [run.transaction_id, meta.accepted_at],
-            "action": { "path": meta.namespace, "name": meta.name, "version": meta.version },
-            "revision": revision.to_string(),
-            "user": user,
-            "activationId": meta.activation_id,
-            "rootControllerIndex": { "asString": self.id, "instanceType": "controller" },
-            "blocking": true,
-            "content": run.params,
-        })
+        let message = ActivationMessage {
+            transid: (&run.transaction_id, meta.accepted_at),
+            action: MessageAction { path: &meta.namespace, name: &meta.name, version: &meta.version },
+            revision: revision.to_string(),
+            user: MessageUser {
+                subject: &meta.subject,
+                namespace: MessageNamespace { name: &meta.namespace },
+                authkey: run.api_key.as_deref().map(|api_key| MessageKey { api_key }),
+            },
+            activation_id: &meta.activation_id,
+            root_controller_index: MessageController { as_string: &self.id, instance_type: "controller" },
+            blocking: true,
+            content: &run.params,
+        };
+        Bytes::from(serde_json::to_vec(&message).expect("a message serialises"))
     }
 
     fn enter(&self, invoker: &str, key: &RevisionKey) {
@@ -317,6 +319,51 @@ impl Dispatcher {
             }
         }
     }
+}
+
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ActivationMessage<'a> {
+    transid: (&'a str, u64),
+    action: MessageAction<'a>,
+    revision: String,
+    user: MessageUser<'a>,
+    activation_id: &'a str,
+    root_controller_index: MessageController<'a>,
+    blocking: bool,
+    content: &'a serde_json::Map<String, Value>,
+}
+
+#[derive(serde::Serialize)]
+struct MessageAction<'a> {
+    path: &'a str,
+    name: &'a str,
+    version: &'a str,
+}
+
+#[derive(serde::Serialize)]
+struct MessageUser<'a> {
+    subject: &'a str,
+    namespace: MessageNamespace<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    authkey: Option<MessageKey<'a>>,
+}
+
+#[derive(serde::Serialize)]
+struct MessageNamespace<'a> {
+    name: &'a str,
+}
+
+#[derive(serde::Serialize)]
+struct MessageKey<'a> {
+    api_key: &'a str,
+}
+
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct MessageController<'a> {
+    as_string: &'a str,
+    instance_type: &'static str,
 }
 
 fn with_refusals(why: String, refusals: &[String]) -> String {

@@ -117,14 +117,18 @@ async fn connect(authority: &str) -> Result<SendRequest<Full<Bytes>>, String> {
     Ok(sender)
 }
 
+/// The part of a `CombinedCompletionAndResultMessage` the scheduler keeps: the record, read in
+/// one pass (no intermediate JSON tree).
+#[derive(serde::Deserialize)]
+struct CompletionMessage {
+    response: ActivationRecord,
+}
+
 /// The invoker's answer: a `CombinedCompletionAndResultMessage` with the record, or an error.
 fn interpret(status: u16, body: &[u8]) -> Sent {
-    let parsed: Option<Value> = serde_json::from_slice(body).ok();
-    let record = parsed
-        .as_ref()
-        .and_then(|v| v.get("response"))
-        .and_then(|r| serde_json::from_value::<ActivationRecord>(r.clone()).ok());
+    let record = serde_json::from_slice::<CompletionMessage>(body).ok().map(|m| m.response);
     let error = || {
+        let parsed: Option<Value> = serde_json::from_slice(body).ok();
         parsed.as_ref().and_then(|v| v["error"].as_str()).map_or_else(
             || String::from_utf8_lossy(body).chars().take(200).collect::<String>(),
             |e| e.chars().take(500).collect(),

@@ -27,32 +27,40 @@ pub struct ClusterView {
 }
 
 impl ClusterView {
-    /// Reads it whole; any failed range fails the read (half a picture is not kept).
+    /// Reads it whole, in one range over the prefix (invokers, drains, containers: one etcd
+    /// call per refresh); a failed read keeps nothing of it.
     pub async fn read<K: ClusterKv>(kv: &K, prefix: &str) -> Result<ClusterView, K::Error> {
         let mut view = ClusterView::default();
-        for (key, value) in kv.get_prefix(&format!("{prefix}/invokers/")).await? {
-            match serde_json::from_str::<InvokerRecord>(&value) {
-                Ok(record) => {
-                    view.invokers.insert(record.id.clone(), record);
+        let (invokers, drains, containers) =
+            (format!("{prefix}/invokers/"), format!("{prefix}/drain/"), format!("{prefix}/containers/"));
+        for (key, value) in kv.get_prefix(&format!("{prefix}/")).await? {
+            if key.starts_with(&invokers) {
+                match serde_json::from_str::<InvokerRecord>(&value) {
+                    Ok(record) => {
+                        view.invokers.insert(record.id.clone(), record);
+                    }
+                    Err(e) => tracing::warn!(%key, "an invoker's registration does not decode: {e}"),
                 }
-                Err(e) => tracing::warn!(%key, "an invoker's registration does not decode: {e}"),
+            } else if let Some(id) = key.strip_prefix(&drains) {
+                view.drained.insert(id.to_string());
+            } else if let Some(rest) = key.strip_prefix(&containers) {
+                view.add_container(&key, rest);
             }
         }
-        let drains = format!("{prefix}/drain/");
-        view.drained = kv.get_prefix(&drains).await?.into_iter().map(|(k, _)| k[drains.len()..].to_string()).collect();
-        let containers = format!("{prefix}/containers/");
-        for (key, _) in kv.get_prefix(&containers).await? {
-            let parts: Vec<&str> = key[containers.len()..].split('/').collect();
-            let [ns, action, revision, "invoker", invoker, "container", _] = parts.as_slice() else {
-                tracing::warn!(%key, "a container key out of the layout");
-                continue;
-            };
-            let Ok(revision) = revision.parse::<u64>() else { continue };
-            let per_invoker = view.warm.entry((ns.to_string(), action.to_string(), revision)).or_default();
-            *per_invoker.entry(invoker.to_string()).or_insert(0) += 1;
-            *view.containers.entry(invoker.to_string()).or_insert(0) += 1;
-        }
         Ok(view)
+    }
+
+    /// `rest`: `{ns}/{action}/{revision}/invoker/{id}/container/{cid}`.
+    fn add_container(&mut self, key: &str, rest: &str) {
+        let parts: Vec<&str> = rest.split('/').collect();
+        let [ns, action, revision, "invoker", invoker, "container", _] = parts.as_slice() else {
+            tracing::warn!(%key, "a container key out of the layout");
+            return;
+        };
+        let Ok(revision) = revision.parse::<u64>() else { return };
+        let per_invoker = self.warm.entry((ns.to_string(), action.to_string(), revision)).or_default();
+        *per_invoker.entry(invoker.to_string()).or_insert(0) += 1;
+        *self.containers.entry(invoker.to_string()).or_insert(0) += 1;
     }
 
     /// The invokers as placement sees them for one action revision; `in_flight` says what this

@@ -48,6 +48,10 @@ struct Args {
     /// images `scripts/build-images.sh` builds).
     #[arg(long)]
     docker_socket: Option<PathBuf>,
+    /// Also measure the scheduler hop on the etcd at this URL: a scheduler in front of one
+    /// invoker, against that invoker called directly, in the same run.
+    #[arg(long)]
+    etcd: Option<String>,
 }
 
 /// One factory under test: its invoker, K warm runtimes to call directly, and the figures.
@@ -234,7 +238,17 @@ async fn main() -> anyhow::Result<()> {
         }
     }
 
+    let hop = match &args.etcd {
+        Some(etcd) => Some(scheduler_hop(&exe, etcd, &http, k, slice, args.rounds).await?),
+        None => None,
+    };
+
     let mut last = runs.last().cloned().unwrap_or(Value::Null);
+    if let Some(hop) = hop {
+        last["sched_added_p50_us_c1"] = hop[0]["added_p50_us"].clone();
+        last["sched_rps_ratio_c8"] = hop.last().map_or(Value::Null, |r| r["rps_ratio"].clone());
+        last["scheduler"] = Value::Array(hop);
+    }
     last["cold_added_ms"] = json!((cold_added_ms * 10.0).round() / 10.0);
     last["cold_invoker_ms"] = json!(ms(ci));
     last["cold_direct_ms"] = json!(ms(cd));
@@ -246,6 +260,71 @@ async fn main() -> anyhow::Result<()> {
     }
     println!("{last}");
     Ok(())
+}
+
+/// The scheduler hop: blocking invokes through a scheduler to one invoker against the same
+/// invoker called directly, alternating slices at c=1 and c=k; one `run_json` per level (the
+/// "direct" side is the invoker, the "invoker" side the scheduler).
+async fn scheduler_hop(
+    exe: &Path,
+    etcd: &str,
+    http: &reqwest::Client,
+    k: usize,
+    slice: Duration,
+    rounds: usize,
+) -> anyhow::Result<Vec<Value>> {
+    let pid = std::process::id();
+    let key = "0b0b0b0b-0000-4000-8000-000000000b0b:the-benchmarks-controller-secret";
+    let cluster = format!(
+        "[cluster]\netcd = [\"{etcd}\"]\nprefix = \"/bench{pid}\"\npublish_interval = \"200ms\"\n\
+         controller_key = \"{key}\"\n[admin]\ncontroller_keys = [\"{key}\"]\n[proxy]\npause_grace = \"0s\"\n"
+    );
+    let invoker = Invoker::start(exe, "hop", &cluster)?;
+    let scheduler_config = format!("{cluster}[scheduler]\nid = \"bench{pid}\"\n");
+    let scheduler = Invoker::start_command(exe, &["scheduler"], "sched", &scheduler_config)?;
+    let (user, pass) = scheduler.admin.split_once(':').unwrap_or_default();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = http.get(format!("{}/v1/invokers", scheduler.base)).basic_auth(user, Some(pass)).send().await?;
+        let list: Value = r.json().await?;
+        if list.as_array().is_some_and(|l| l.len() == 1 && l[0]["health"] == "healthy") {
+            break;
+        }
+        anyhow::ensure!(Instant::now() < deadline, "the scheduler never saw its invoker: {list}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut urls = Vec::new();
+    for base in [&invoker.base, &scheduler.base] {
+        put_action(http, base, "noop").await?;
+        let url = format!("{base}/api/v1/namespaces/_/actions/noop?blocking=true&result=true");
+        let warm: Vec<_> = (0..k).map(|_| invoke(http, &url, json!({"sleep": 1.0}))).collect();
+        for r in futures_util::future::join_all(warm).await {
+            r?;
+        }
+        urls.push(url);
+    }
+    let slice_of = |url: &String, c: usize, slice: Duration| {
+        let (h, u) = (http.clone(), url.clone());
+        measure(c, slice, move |_| {
+            let (h, u) = (h.clone(), u.clone());
+            async move { invoke(&h, &u, json!({})).await }
+        })
+    };
+    let mut levels = vec![1, k];
+    levels.dedup();
+    let mut runs = Vec::new();
+    for c in levels {
+        slice_of(&urls[0], c, Duration::from_millis(300)).await;
+        slice_of(&urls[1], c, Duration::from_millis(300)).await;
+        let (mut direct, mut hop) = (Samples::default(), Samples::default());
+        for _ in 0..rounds {
+            direct.add(slice_of(&urls[0], c, slice).await);
+            hop.add(slice_of(&urls[1], c, slice).await);
+        }
+        eprintln!("scheduler hop (\"direct\": the invoker called directly; \"invoker\": through the scheduler):");
+        runs.push(run_json(c, &mut direct, &mut hop));
+    }
+    Ok(runs)
 }
 
 /// Concurrency of the resident-memory curve (the tenant probe's load).

@@ -25,10 +25,16 @@ pub struct Invoker {
 
 impl Invoker {
     pub fn start(exe: &Path, name: &str, extra: &str) -> anyhow::Result<Invoker> {
+        Self::start_command(exe, &[], name, extra)
+    }
+
+    /// The binary with `subcommand` (`scheduler`; none: the invoker), with `extra` as its config.
+    pub fn start_command(exe: &Path, subcommand: &[&str], name: &str, extra: &str) -> anyhow::Result<Invoker> {
         let dir = tempfile::Builder::new().prefix("invoker-bench-").tempdir()?;
         let config = dir.path().join("bench.toml");
         std::fs::write(&config, format!("invoker_id = \"{name}{}\"\n{extra}", std::process::id()))?;
         let mut child = Command::new(exe)
+            .args(subcommand)
             .arg("--config")
             .arg(&config)
             .args(["--listen", "127.0.0.1:0", "--data-dir"])
