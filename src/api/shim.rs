@@ -91,6 +91,12 @@ pub(super) async fn activation_message(state: &AppState, call: &Call) -> Result<
         (Principal::Controller, Some((scheduler, revision)), Some(remote)) => {
             remote.action(scheduler, &msg.action.path, &msg.action.name, revision).await?
         }
+        (Principal::Controller, Some((scheduler, _)), None) => {
+            return Err(ApiError::Unavailable(format!(
+                "scheduler {scheduler} sent an action this invoker cannot fetch: it needs [cluster] etcd and \
+                 controller_key"
+            )))
+        }
         _ => load_action(state, &msg.action.path, &msg.action.name).await?,
     };
     // A controller waits for the end, as it would for the completion message on Kafka: the

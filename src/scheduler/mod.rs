@@ -156,7 +156,12 @@ impl Dispatcher {
                 tried.insert(invoker);
                 continue;
             };
-            let departure = self.directory.departure(&invoker);
+            // Gone between the placement and now: nothing was sent.
+            let Some(departure) = self.directory.departure(&invoker) else {
+                refusals.push(format!("{invoker}: it left the cluster"));
+                tried.insert(invoker);
+                continue;
+            };
             self.enter(&invoker, &key);
             let sent = tokio::select! {
                 sent = self.client.send(authority, message.clone(), timeout) => sent,

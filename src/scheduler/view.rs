@@ -114,16 +114,12 @@ impl Directory {
         *self.current.write() = Arc::new(view);
     }
 
-    /// Cancelled when `id`, as the current view knows it, leaves.
-    pub fn departure(&self, id: &str) -> CancellationToken {
+    /// Cancelled when `id`, as the current view knows it, leaves; `None` when it already has.
+    pub fn departure(&self, id: &str) -> Option<CancellationToken> {
         let view = self.current();
-        let Some(record) = view.invokers.get(id) else {
-            let gone = CancellationToken::new();
-            gone.cancel();
-            return gone;
-        };
+        let record = view.invokers.get(id)?;
         let mut present = self.present.lock();
         let entry = present.entry(id.to_string()).or_insert_with(|| (process_of(record), CancellationToken::new()));
-        entry.1.clone()
+        Some(entry.1.clone())
     }
 }
