@@ -150,26 +150,37 @@ fn init_tracing() {
         .init();
 }
 
-fn serve_invoker(cli: ServeArgs) -> anyhow::Result<()> {
-    init_tracing();
-    let mut config = Config::from_file(&cli.config)?;
-    if let Some(listen) = cli.listen {
+/// The file, then the flags both commands take, then the guest key from the environment.
+fn load_config(
+    file: &std::path::Path,
+    listen: Option<SocketAddr>,
+    data_dir: Option<PathBuf>,
+    etcd: Vec<String>,
+) -> anyhow::Result<Config> {
+    let mut config = Config::from_file(file)?;
+    if let Some(listen) = listen {
         config.listen = listen;
     }
-    if let Some(dir) = cli.data_dir {
+    if let Some(dir) = data_dir {
         config.data_dir = dir;
     }
-    if let Some(id) = cli.invoker_id {
-        config.invoker_id = id;
-    }
-    if !cli.etcd.is_empty() {
-        config.cluster.etcd = cli.etcd;
-    }
-    if let Some(tags) = cli.tags {
-        config.cluster.tags = tags;
+    if !etcd.is_empty() {
+        config.cluster.etcd = etcd;
     }
     if let Ok(key) = std::env::var("INVOKER_GUEST_KEY") {
         config.namespaces.insert("guest".into(), key);
+    }
+    Ok(config)
+}
+
+fn serve_invoker(cli: ServeArgs) -> anyhow::Result<()> {
+    init_tracing();
+    let mut config = load_config(&cli.config, cli.listen, cli.data_dir, cli.etcd)?;
+    if let Some(id) = cli.invoker_id {
+        config.invoker_id = id;
+    }
+    if let Some(tags) = cli.tags {
+        config.cluster.tags = tags;
     }
     config.validate()?;
     actix_rt::System::new().block_on(serve(config))
@@ -304,21 +315,9 @@ fn action_cache_bytes(config: &Config) -> anyhow::Result<usize> {
 
 fn serve_scheduler(cli: SchedulerArgs) -> anyhow::Result<()> {
     init_tracing();
-    let mut config = Config::from_file(&cli.config)?;
-    if let Some(listen) = cli.listen {
-        config.listen = listen;
-    }
-    if let Some(dir) = cli.data_dir {
-        config.data_dir = dir;
-    }
-    if !cli.etcd.is_empty() {
-        config.cluster.etcd = cli.etcd;
-    }
+    let mut config = load_config(&cli.config, cli.listen, cli.data_dir, cli.etcd)?;
     if let Some(id) = cli.scheduler_id {
         config.scheduler.id = id;
-    }
-    if let Ok(key) = std::env::var("INVOKER_GUEST_KEY") {
-        config.namespaces.insert("guest".into(), key);
     }
     config.validate()?;
     anyhow::ensure!(config.cluster.enabled(), "the scheduler needs etcd: --etcd URL or [cluster] etcd");
