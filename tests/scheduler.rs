@@ -343,6 +343,10 @@ async fn with_etcd_away_activations_go_on_and_registrations_come_back() {
         let (status, record) = p.scheduler.invoke("a", "blocking=true", json!({})).await;
         assert_eq!((status, ran_on(&record).as_str()), (200, "steady"), "{record}");
     }
+    // A new action too: the invoker fetches it from the scheduler it already knows.
+    p.scheduler.put_action("new", action(256, json!([]))).await;
+    let (status, record) = p.scheduler.invoke("new", "blocking=true", json!({})).await;
+    assert_eq!((status, ran_on(&record).as_str()), (200, "steady"), "{record}");
     tokio::time::sleep(Duration::from_secs(4)).await; // past the lease's TTL
     assert_eq!(p.scheduler.invoke("a", "blocking=true", json!({})).await.0, 200);
 

@@ -13,6 +13,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Empty, Limited};
 use parking_lot::Mutex;
 use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -37,12 +38,20 @@ pub struct RemoteActions {
     authorization: String,
     /// Keyed by (scheduler, namespace) and (name, revision).
     cache: Mutex<ActionCache>,
+    /// Scheduler id → its API address, as last read from etcd.
+    addresses: Mutex<HashMap<String, String>>,
 }
 
 impl RemoteActions {
     pub fn new(kv: Etcd, prefix: String, controller_key: &str, budget_bytes: usize) -> Self {
         let authorization = format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(controller_key));
-        RemoteActions { kv, prefix, authorization, cache: Mutex::new(ActionCache::new(budget_bytes)) }
+        RemoteActions {
+            kv,
+            prefix,
+            authorization,
+            cache: Mutex::new(ActionCache::new(budget_bytes)),
+            addresses: Mutex::default(),
+        }
     }
 
     /// `ns/name` at `revision` (a [`cluster_revision`]) as `scheduler` holds it.
@@ -66,7 +75,40 @@ impl RemoteActions {
         Ok(action)
     }
 
+    /// From the scheduler's address as last read (etcd away does not stop the fetches of a
+    /// known scheduler), read again from etcd when it is not known or does not answer there.
     async fn fetch(&self, scheduler: &str, ns: &str, name: &str, revision: u64) -> Result<Action, FetchError> {
+        let known = self.addresses.lock().get(scheduler).cloned();
+        if let Some(api) = known {
+            match self.fetch_from(&api, scheduler, ns, name, revision).await {
+                Err(FetchError::Unreachable { .. }) => {}
+                done => return done,
+            }
+        }
+        let api = self.address(scheduler).await?;
+        self.addresses.lock().insert(scheduler.to_string(), api.clone());
+        self.fetch_from(&api, scheduler, ns, name, revision).await
+    }
+
+    /// The scheduler's API address, from its key in etcd.
+    async fn address(&self, scheduler: &str) -> Result<String, FetchError> {
+        let unreachable = |reason: String| FetchError::Unreachable { scheduler: scheduler.to_string(), reason };
+        let registered =
+            self.kv.get(&scheduler_key(&self.prefix, scheduler)).await.map_err(|e| unreachable(e.to_string()))?;
+        let (value, _) = registered.ok_or_else(|| FetchError::UnknownScheduler(scheduler.to_string()))?;
+        let record: SchedulerRecord =
+            serde_json::from_str(&value).map_err(|e| unreachable(format!("its registration does not decode: {e}")))?;
+        Ok(record.api)
+    }
+
+    async fn fetch_from(
+        &self,
+        api: &str,
+        scheduler: &str,
+        ns: &str,
+        name: &str,
+        revision: u64,
+    ) -> Result<Action, FetchError> {
         let unreachable = |reason: String| FetchError::Unreachable { scheduler: scheduler.to_string(), reason };
         let not_found = || FetchError::NotFound {
             scheduler: scheduler.to_string(),
@@ -74,13 +116,7 @@ impl RemoteActions {
             name: name.to_string(),
             revision,
         };
-        let registered =
-            self.kv.get(&scheduler_key(&self.prefix, scheduler)).await.map_err(|e| unreachable(e.to_string()))?;
-        let (value, _) = registered.ok_or_else(|| FetchError::UnknownScheduler(scheduler.to_string()))?;
-        let record: SchedulerRecord =
-            serde_json::from_str(&value).map_err(|e| unreachable(format!("its registration does not decode: {e}")))?;
-        let host =
-            authority(&record.api).ok_or_else(|| unreachable(format!("its address {} is not http://", record.api)))?;
+        let host = authority(api).ok_or_else(|| unreachable(format!("its address {api} is not http://")))?;
         let path = format!(
             "/v1/internal/actions/{}/{}?revision={revision}",
             utf8_percent_encode(ns, NON_ALPHANUMERIC),
