@@ -460,3 +460,31 @@ async fn sigterm_drains_an_invoker_its_work_finishes_and_new_work_goes_elsewhere
     }
     p.wait_for(|list| list.iter().all(|i| i["id"] != "leaving")).await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_invoker_that_refuses_before_running_anything_is_skipped_for_the_next() {
+    let Some(etcd) = EtcdServer::start() else { return };
+    let mut p = platform(etcd, &[("good", &[], 2048)], "max_reschedules = 1\n").await;
+    // An invoker that does not take this cluster's controller key: every message gets 401.
+    let dir = tempdir();
+    let stranger = invoker_config(&p.etcd, &[], 2048).replace(&format!("controller_keys = [\"{CONTROLLER}\"]"), "");
+    p.invokers.push(Invoker::start(dir.path(), "stranger", &stranger));
+    p._dirs.push(dir);
+    p.wait_for(|list| list.len() == 2 && list.iter().all(|i| i["health"] == "healthy")).await;
+    // New actions (no warm container to prefer): each goes to either invoker at random.
+    for i in 0..20 {
+        let name = format!("a{i}");
+        p.scheduler.put_action(&name, action(256, json!([]))).await;
+        let (status, record) = p.scheduler.invoke(&name, "blocking=true", json!({})).await;
+        assert_eq!((status, ran_on(&record).as_str()), (200, "good"), "{record}");
+    }
+    let (user, pass) = p.scheduler.admin.split_once(':').unwrap();
+    let metrics = reqwest::Client::new().get(format!("{}/metrics", p.scheduler.base)).basic_auth(user, Some(pass));
+    let metrics = metrics.send().await.unwrap().text().await.unwrap();
+    let reschedules: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("scheduler_reschedules_total "))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(reschedules >= 1, "the stranger was never chosen for 20 actions, or never skipped: {metrics}");
+}
