@@ -30,6 +30,12 @@ pub(super) fn validate(
             return Err(bad(key, "must be positive"));
         }
     }
+    if p.keep_alive_params.max_idle.is_some_and(|d| d.is_zero()) {
+        return Err(bad(
+            "pool.keep_alive_params.max_idle",
+            "must be positive (leave it out to keep while memory allows)",
+        ));
+    }
     for (i, w) in p.prewarm.iter().enumerate() {
         let at = |field: &str| format!("pool.prewarm[{i}].{field}");
         if !kinds.contains_key(&w.kind) {

@@ -18,7 +18,7 @@ mod stems;
 mod tests;
 mod types;
 
-pub use keep_alive::{FixedKeepAlive, IdleSpell, KeepAlivePolicy, Live};
+pub use keep_alive::{policy_for, FixedKeepAlive, GreedyDual, IdleSpell, KeepAlivePolicy, Live};
 pub use nodes::NodeView;
 pub use types::*;
 
@@ -60,6 +60,12 @@ struct Container {
 
 const _: () = assert!(std::mem::size_of::<Option<Container>>() <= 64, "a container is one cache line");
 
+/// A container `make_room` may remove, with its idle spell (none for a stem container).
+type Victim = (ContainerId, Option<IdleSpell>);
+
+/// The cold-start cost the keep-alive policy is told before any container has started.
+const UNKNOWN_START_COST: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// A [`Time`] as whole microseconds, the resolution the core keeps per container.
 fn micros(t: Time) -> u64 {
     u64::try_from(t.as_micros()).unwrap_or(u64::MAX)
@@ -87,6 +93,8 @@ struct KeyState {
     start_time: Ewma,
     /// Whether `rechecks` holds this key (its waiting jobs rely on busy containers until then).
     recheck_pending: bool,
+    /// Activations since the key was last forgotten (for the keep-alive policy).
+    activations: u32,
 }
 
 impl KeyState {
@@ -160,11 +168,13 @@ pub struct PoolCore {
     /// in due order since the grace is one for all; a spell that ended is skipped when due.
     pauses: VecDeque<(Time, ContainerId, u64)>,
     draining: bool,
+    /// Idle containers removed to make room for another action's start.
+    evictions: u64,
 }
 
 impl PoolCore {
     pub fn new(config: CoreConfig) -> Self {
-        let keep_alive = Box::new(FixedKeepAlive::new(config.idle_timeout));
+        let keep_alive = policy_for(&config);
         Self::with_keep_alive(config, keep_alive)
     }
 
@@ -188,6 +198,7 @@ impl PoolCore {
             next_idle_seq: 0,
             pauses: VecDeque::new(),
             draining: false,
+            evictions: 0,
         }
     }
 
@@ -211,6 +222,11 @@ impl PoolCore {
             Event::Drain => self.on_drain(now, &mut fx),
         }
         fx
+    }
+
+    /// Idle containers removed so far to make room for another action.
+    pub fn evictions(&self) -> u64 {
+        self.evictions
     }
 
     pub fn container_count(&self) -> usize {
@@ -318,6 +334,7 @@ impl PoolCore {
         key.memory_mb = job.memory_mb;
         key.concurrency = job.concurrency.max(1);
         key.stem = job.stem;
+        key.activations = key.activations.saturating_add(1);
         let containers = &self.containers;
         let free =
             key.partial.last().map(|&(_, c)| c).or_else(|| key.idle.pop(|id, seq| containers.has_mark(&id, seq)));
@@ -665,19 +682,22 @@ impl PoolCore {
         if self.nodes.room_coming(memory_mb, now) {
             return;
         }
-        let mut freed: FxHashMap<NodeId, (u64, Vec<ContainerId>)> = FxHashMap::default();
+        let mut freed: FxHashMap<NodeId, (u64, Vec<Victim>)> = FxHashMap::default();
         let mut chosen = None;
         let claimed = self.claimed_against(Some(key_id));
-        // Idle containers of other keys first, least recently used first; unadopted stem
-        // containers last, since they hold memory for work that may never come.
-        for id in self.idle_by_eviction_order().chain(self.stems.ready()) {
+        // Idle containers of other keys first, in the keep-alive policy's order; unadopted
+        // stem containers last, since they hold memory for work that may never come.
+        let containers = &self.containers;
+        let idle = self.keep_alive.eviction_order().filter(|s| containers.has_mark(&s.container, s.seq));
+        let candidates = idle.map(|s| (s.container, Some(s))).chain(self.stems.ready().map(|id| (id, None)));
+        for (id, spell) in candidates {
             let c = &self.containers[&id];
             if c.owner == Owner::Key(key_id) || claimed == Some(&c.node) {
                 continue;
             }
             let entry = freed.entry(c.node.clone()).or_default();
             entry.0 += u64::from(c.memory_mb);
-            entry.1.push(id);
+            entry.1.push((id, spell));
             if self.nodes.fits_after_freeing(&c.node, memory_mb, entry.0, now) {
                 chosen = Some(c.node.clone());
                 break;
@@ -685,9 +705,13 @@ impl PoolCore {
         }
         let Some(node) = chosen else { return };
         let (_, victims) = freed.remove(&node).expect("chosen node has victims");
-        for id in victims {
+        for (id, spell) in victims {
             if let Owner::Stem(stem) = self.containers[&id].owner {
                 self.stems.unready(stem, id);
+            }
+            if let Some(spell) = spell {
+                self.keep_alive.evicted(&spell);
+                self.evictions += 1;
             }
             self.retire(id, now, fx);
         }
@@ -789,7 +813,17 @@ impl PoolCore {
             let containers = &self.containers;
             key.idle.push(seq, id, |id, seq| containers.has_mark(&id, seq));
             self.idle_total += 1;
-            self.keep_alive.idle(IdleSpell { seq, container: id, key: key_id, memory_mb, since: now });
+            let start_cost = key.start_time.get().or(self.start_time.get()).unwrap_or(UNKNOWN_START_COST);
+            let frequency = key.activations;
+            self.keep_alive.idle(IdleSpell {
+                seq,
+                container: id,
+                key: key_id,
+                memory_mb,
+                since: now,
+                frequency,
+                start_cost,
+            });
             let grace = self.config.pause_grace;
             if !grace.is_zero() {
                 self.pauses.push_back((now + grace, id, seq));

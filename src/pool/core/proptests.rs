@@ -236,8 +236,10 @@ impl World {
     }
 }
 
-fn new_core() -> (PoolCore, World) {
+fn new_core(keep_alive: KeepAliveKind, max_idle: Option<Duration>) -> (PoolCore, World) {
     let config = CoreConfig {
+        keep_alive,
+        keep_alive_params: KeepAliveParams { max_idle },
         max_starts_per_action: 3,
         max_starts_per_node: 4,
         max_waiting: 40,
@@ -264,8 +266,11 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
 
     #[test]
-    fn no_job_lost_or_answered_twice_and_never_over_provisioned(ops in prop::collection::vec(op(), 1..300)) {
-        let (mut core, mut world) = new_core();
+    fn no_job_lost_or_answered_twice_and_never_over_provisioned(
+        ops in prop::collection::vec(op(), 1..300),
+        (keep_alive, max_idle) in keep_alive(),
+    ) {
+        let (mut core, mut world) = new_core(keep_alive, max_idle);
         for op in ops {
             world.step(&mut core, op)?;
         }
@@ -276,6 +281,15 @@ proptest! {
         }
         prop_assert_eq!(&world.dispatched, &world.finished);
     }
+}
+
+/// Every keep-alive policy, greedy-dual with and without a ceiling on idle time.
+fn keep_alive() -> impl Strategy<Value = (KeepAliveKind, Option<Duration>)> {
+    prop_oneof![
+        Just((KeepAliveKind::Fixed, None)),
+        Just((KeepAliveKind::GreedyDual, None)),
+        Just((KeepAliveKind::GreedyDual, Some(Duration::from_secs(3)))),
+    ]
 }
 
 fn cases() -> u32 {

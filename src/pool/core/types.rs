@@ -197,6 +197,33 @@ pub struct CoreConfig {
     /// the simulator from its cluster's `pause_grace`, where what a pause costs is known.
     #[serde(skip)]
     pub pause_grace: Duration,
+    /// Which idle containers are kept, for how long, and which go first when room is needed.
+    pub keep_alive: KeepAliveKind,
+    /// The parameters of the policies that have any (`[pool.keep_alive_params]`).
+    pub keep_alive_params: KeepAliveParams,
+}
+
+/// The keep-alive policies (`pool.keep_alive`); the live invoker and the simulator build the
+/// same policy objects from it ([`super::keep_alive::policy_for`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KeepAliveKind {
+    /// `idle_timeout`, least recently used evicted first: OpenWhisk's and Fn's.
+    #[default]
+    Fixed,
+    /// FaasCache's greedy-dual-size-frequency: kept while memory allows (or up to `max_idle`);
+    /// the lowest `clock + frequency × start cost / memory` is evicted first.
+    GreedyDual,
+}
+
+/// `[pool.keep_alive_params]`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KeepAliveParams {
+    /// greedy_dual: an idle container goes after this long even when memory allows keeping it;
+    /// unset: only when room is needed (FaasCache).
+    #[serde(with = "humantime_serde")]
+    pub max_idle: Option<Duration>,
 }
 
 impl CoreConfig {
@@ -278,6 +305,8 @@ impl Default for CoreConfig {
             prewarm: Vec::new(),
             claim_after: Duration::from_secs(1),
             pause_grace: Duration::ZERO,
+            keep_alive: KeepAliveKind::Fixed,
+            keep_alive_params: KeepAliveParams::default(),
         }
     }
 }
