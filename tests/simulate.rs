@@ -84,3 +84,88 @@ burst_spread = "200ms"
     assert_eq!(count(&s, "completed"), count(&s, "activations"), "{s}");
     assert_eq!(count(&run("overprovision"), "pauses"), 0, "a scenario without a grace never pauses");
 }
+
+#[test]
+fn the_keep_alive_comparison_runs_every_policy_on_every_node_size_and_loses_nothing() {
+    let s = run("keepalive-50");
+    let sizes = s["node_mb"].as_object().unwrap();
+    assert_eq!(sizes.len(), 3, "{s}");
+    for (size, section) in sizes {
+        for policy in ["fixed-10m", "greedy_dual", "greedy_dual-10m"] {
+            let r = &section[policy];
+            assert_eq!(count(r, "activations"), 26_940, "{size} {policy}");
+            assert_eq!(count(r, "lost"), 0, "{size} {policy}");
+            assert_eq!(count(r, "launches_refused_by_cluster"), 0, "{size} {policy}");
+            assert_eq!(r["max_committed_within_capacity_minus_buffer"], true, "{size} {policy}");
+        }
+        assert_eq!(section["fixed-10m"]["overhead_reduction_vs_baseline"], 1.0, "the first is the baseline");
+    }
+    // With room for every function (16 GiB), greedy-dual keeps what fixed lets go after 10
+    // minutes: fewer cold starts, more idle memory, and nothing evicted.
+    let roomy = &s["node_mb"]["16384"];
+    assert!(count(&roomy["greedy_dual"], "cold_starts") * 5 < count(&roomy["fixed-10m"], "cold_starts"), "{roomy}");
+    assert_eq!(count(&roomy["greedy_dual"], "evictions"), 0, "{roomy}");
+    // On 4 GiB both must evict.
+    assert!(count(&s["node_mb"]["4096"]["fixed-10m"], "evictions") > 0, "{s}");
+}
+
+/// A synthetic day of 1,000 functions and about 600,000 calls, in the trace format, replayed
+/// with the fixed and greedy-dual policies: nothing lost. Its wall time is printed, never
+/// asserted (BENCHMARKS.md records it from a release run).
+#[test]
+fn a_synthetic_day_of_a_thousand_functions_replays_with_nothing_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut rng = invoker::sim::workload::Rng::new(42);
+    let (mut inv, mut run_csv, mut mem) = (String::new(), String::new(), String::new());
+    let minutes: Vec<String> = (1..=1440).map(|m| format!("minute_{m}")).collect();
+    inv.push_str(&format!("HashFunction,HashOwner,HashApp,{}\n", minutes.join(",")));
+    run_csv.push_str("HashOwner,HashApp,HashFunction,Average,Count,Minimum,Maximum,percentile_Average_0,percentile_Average_1,percentile_Average_25,percentile_Average_50,percentile_Average_75,percentile_Average_99,percentile_Average_100\n");
+    mem.push_str("HashOwner,HashApp,SampleCount,AverageAllocatedMb,AverageAllocatedMb_pct1,AverageAllocatedMb_pct5,AverageAllocatedMb_pct25,AverageAllocatedMb_pct50,AverageAllocatedMb_pct75,AverageAllocatedMb_pct95,AverageAllocatedMb_pct99,AverageAllocatedMb_pct100\n");
+    let mut total = 0u64;
+    for f in 0..1000 {
+        let h = format!("f{f:04}");
+        // A skewed mix: a few hot functions, many rare ones (about 600,000 calls in all).
+        let per_minute = match f % 100 {
+            0 => 20,
+            1..=9 => 2,
+            _ => 0,
+        };
+        let counts: Vec<String> = (0..1440)
+            .map(|_| {
+                let n = if per_minute > 0 {
+                    rng.between(per_minute / 2, per_minute * 3 / 2)
+                } else {
+                    u64::from(rng.between(0, 60) == 0)
+                };
+                total += n;
+                n.to_string()
+            })
+            .collect();
+        inv.push_str(&format!("{h},{h},{h},{}\n", counts.join(",")));
+        let avg = rng.between(10, 2000);
+        run_csv.push_str(&format!("{h},{h},{h},{avg},1,{avg},{avg},{avg},{avg},{avg},{avg},{avg},{avg},{avg}\n"));
+        let mb = rng.between(64, 400);
+        mem.push_str(&format!("{h},{h},1,{mb},{mb},{mb},{mb},{mb},{mb},{mb},{mb},{mb}\n"));
+    }
+    for (name, text) in [("1000_inv.csv", &inv), ("1000_run.csv", &run_csv), ("1000_mem.csv", &mem)] {
+        std::fs::write(dir.path().join(name), text).unwrap();
+    }
+    assert!((500_000..700_000).contains(&total), "{total} calls");
+    let scenario = format!(
+        "name = \"synthetic-1000\"\nnode_sizes_mb = [16384]\n\
+         [[compare_keep_alive]]\nname = \"fixed-10m\"\nkeep_alive = \"fixed\"\n\
+         [[compare_keep_alive]]\nname = \"greedy_dual\"\nkeep_alive = \"greedy_dual\"\n\
+         [cluster]\nnodes = 1\nnode_memory_mb = 16384\nstart_latency = \"500ms\"\nstats_every = \"1s\"\n\
+         [workload]\nkind = \"trace\"\ndir = \"{}\"\nfunctions = 1000\n",
+        dir.path().display()
+    );
+    let path = dir.path().join("synthetic.toml");
+    std::fs::write(&path, scenario).unwrap();
+    let s = invoker::sim::run(&Scenario::load(&path).unwrap()).unwrap();
+    for policy in ["fixed-10m", "greedy_dual"] {
+        let r = &s["node_mb"]["16384"][policy];
+        assert_eq!(count(r, "activations"), total, "{policy}");
+        assert_eq!(count(r, "lost"), 0, "{policy}");
+        eprintln!("synthetic day, {policy}: {total} calls replayed in {} ms (this build)", count(r, "wall_ms"));
+    }
+}

@@ -13,7 +13,7 @@ use crate::pool::core::StartRule;
 use crate::pool::core::{
     ContainerId, Effect, Event, Job, JobId, KeyId, NodeId, NodeStatsUpdate, Owner, PoolCore, RejectReason,
 };
-use scenario::{Scenario, ScenarioError};
+use scenario::{KeepAliveChoice, Scenario, ScenarioError};
 use serde_json::{json, Value};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
@@ -55,6 +55,7 @@ struct SimContainer {
     idle_since: Option<Duration>,
     /// Resumed for the run dispatched next, which starts `resume_latency` later.
     resuming: bool,
+    created_at: Duration,
 }
 
 struct SimJob {
@@ -78,6 +79,8 @@ struct Counts {
     per_action: Vec<(u64, u64)>,
     pauses: u64,
     resumes: u64,
+    /// The start times cold activations waited for, summed (µs).
+    cold_overhead_us: u128,
 }
 
 struct Sim<'a> {
@@ -103,7 +106,11 @@ struct Sim<'a> {
 /// Runs a scenario to the end and returns its JSON summary; with `compare_start_rules`, one
 /// summary per rule under `rules`.
 pub fn run(scenario: &Scenario) -> Result<Value, ScenarioError> {
-    let Some(rules) = &scenario.compare_start_rules else { return run_with(scenario, scenario.pool.clone()) };
+    if let Some(choices) = &scenario.compare_keep_alive {
+        return compare_keep_alive(scenario, choices);
+    }
+    let node_mb = scenario.cluster.node_memory_mb;
+    let Some(rules) = &scenario.compare_start_rules else { return run_with(scenario, scenario.pool.clone(), node_mb) };
     let mut out = serde_json::Map::new();
     for &rule in rules {
         let mut pool = scenario.pool.clone();
@@ -114,12 +121,43 @@ pub fn run(scenario: &Scenario) -> Result<Value, ScenarioError> {
         }
         let name = serde_json::to_value(rule).ok().and_then(|v| v.as_str().map(str::to_string));
         let name = name.expect("a start rule serialises to its name");
-        out.insert(name, run_with(scenario, pool)?);
+        out.insert(name, run_with(scenario, pool, node_mb)?);
     }
     Ok(json!({ "scenario": scenario.name, "rules": out }))
 }
 
-fn run_with(scenario: &Scenario, pool: PoolConfig) -> Result<Value, ScenarioError> {
+/// Every policy on every node size, on the same workload: one section per node size, one
+/// entry per policy, each with its ratios to the first policy (the baseline) on that size.
+fn compare_keep_alive(scenario: &Scenario, choices: &[KeepAliveChoice]) -> Result<Value, ScenarioError> {
+    let sizes = scenario.node_sizes_mb.clone().unwrap_or_else(|| vec![scenario.cluster.node_memory_mb]);
+    let mut out = serde_json::Map::new();
+    for size in sizes {
+        let mut section = serde_json::Map::new();
+        let mut baseline: Option<(f64, f64)> = None;
+        for choice in choices {
+            let mut pool = scenario.pool.clone();
+            pool.keep_alive = choice.keep_alive;
+            if let Some(timeout) = choice.idle_timeout {
+                pool.idle_timeout = timeout;
+            }
+            if let Some(params) = &choice.keep_alive_params {
+                pool.keep_alive_params = params.clone();
+            }
+            let mut summary = run_with(scenario, pool, size)?;
+            let overhead = summary["cold_start_overhead_s"].as_f64().unwrap_or(0.0);
+            let idle = summary["idle_memory_gb_s"].as_f64().unwrap_or(0.0);
+            let (base_overhead, base_idle) = *baseline.get_or_insert((overhead, idle));
+            let ratio = |base: f64, this: f64| ((base / this.max(1e-9)) * 100.0).round() / 100.0;
+            summary["overhead_reduction_vs_baseline"] = json!(ratio(base_overhead, overhead));
+            summary["idle_memory_reduction_vs_baseline"] = json!(ratio(base_idle, idle));
+            section.insert(choice.name.clone(), summary);
+        }
+        out.insert(format!("{size}"), Value::Object(section));
+    }
+    Ok(json!({ "scenario": scenario.name, "node_mb": out }))
+}
+
+fn run_with(scenario: &Scenario, pool: PoolConfig, node_memory_mb: u64) -> Result<Value, ScenarioError> {
     let began = Instant::now();
     let (calls, actions) = workload::calls(&scenario.workload, scenario.seed)?;
     let core =
@@ -127,7 +165,7 @@ fn run_with(scenario: &Scenario, pool: PoolConfig) -> Result<Value, ScenarioErro
     let nodes: Vec<SimNode> = (0..scenario.cluster.nodes)
         .map(|i| SimNode {
             id: NodeId::new(&format!("node{i}")),
-            capacity_mb: scenario.cluster.node_memory_mb,
+            capacity_mb: node_memory_mb,
             used_mb: 0,
             max_used_mb: 0,
             starting: Vec::new(),
@@ -294,6 +332,7 @@ impl Sim<'_> {
                 stem,
                 idle_since: None,
                 resuming: false,
+                created_at: self.now,
             },
         );
         self.at(ready_at, Ev::Ready(container, true, 0));
@@ -331,6 +370,7 @@ impl Sim<'_> {
             self.counts.cold += 1;
             per_action.0 += 1;
             c.ran = true;
+            self.counts.cold_overhead_us += (c.ready_at - c.created_at).as_micros();
         }
         self.at(self.now + resume + call.run, Ev::Done(container, job));
     }
@@ -427,6 +467,8 @@ impl Sim<'_> {
             "cold_start_pct": (c.cold as f64 / dispatched * 1000.0).round() / 10.0,
             "cold_start_pct_p75_function": (p75_function * 10.0).round() / 10.0,
             "idle_memory_gb_s": (c.idle_mb_us as f64 / 1024.0 / 1e6 * 10.0).round() / 10.0,
+            "cold_start_overhead_s": (c.cold_overhead_us as f64 / 1e6 * 10.0).round() / 10.0,
+            "evictions": self.core.evictions(),
             "virtual_seconds": self.now.as_secs(),
             "wall_ms": wall.as_millis() as u64,
         })

@@ -18,8 +18,27 @@ pub struct Scenario {
     /// Run the scenario once per start rule and report each (the herd comparison).
     #[serde(default)]
     pub compare_start_rules: Option<Vec<crate::pool::core::StartRule>>,
+    /// Run the scenario once per keep-alive policy listed here and node size in
+    /// `node_sizes_mb`, and report each (the keep-alive comparison); the first is the baseline.
+    #[serde(default)]
+    pub compare_keep_alive: Option<Vec<KeepAliveChoice>>,
+    /// The node sizes of the keep-alive comparison (the cluster's own when not given).
+    #[serde(default)]
+    pub node_sizes_mb: Option<Vec<u64>>,
     pub cluster: Cluster,
     pub workload: Workload,
+}
+
+/// One policy of a keep-alive comparison: a name, and the `[pool]` keys it changes.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeepAliveChoice {
+    pub name: String,
+    pub keep_alive: crate::pool::core::KeepAliveKind,
+    #[serde(default, with = "humantime_serde")]
+    pub idle_timeout: Option<Duration>,
+    #[serde(default)]
+    pub keep_alive_params: Option<crate::pool::core::KeepAliveParams>,
 }
 
 fn default_seed() -> u64 {

@@ -814,7 +814,9 @@ impl PoolCore {
             key.idle.push(seq, id, |id, seq| containers.has_mark(&id, seq));
             self.idle_total += 1;
             let start_cost = key.start_time.get().or(self.start_time.get()).unwrap_or(UNKNOWN_START_COST);
-            let frequency = key.activations;
+            // A key's activations shared over its containers: the tenth container of a burst
+            // is worth a tenth of the first, or a hot action's idle surplus would stay forever.
+            let frequency = key.activations / key.containers.max(1);
             self.keep_alive.idle(IdleSpell {
                 seq,
                 container: id,
