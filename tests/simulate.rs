@@ -91,7 +91,7 @@ fn the_keep_alive_comparison_runs_every_policy_on_every_node_size_and_loses_noth
     let sizes = s["node_mb"].as_object().unwrap();
     assert_eq!(sizes.len(), 3, "{s}");
     for (size, section) in sizes {
-        for policy in ["fixed-10m", "greedy_dual", "greedy_dual-10m"] {
+        for policy in ["fixed-10m", "greedy_dual", "greedy_dual-10m", "hybrid"] {
             let r = &section[policy];
             assert_eq!(count(r, "activations"), 26_940, "{size} {policy}");
             assert_eq!(count(r, "lost"), 0, "{size} {policy}");
@@ -107,6 +107,10 @@ fn the_keep_alive_comparison_runs_every_policy_on_every_node_size_and_loses_noth
     assert_eq!(count(&roomy["greedy_dual"], "evictions"), 0, "{roomy}");
     // On 4 GiB both must evict.
     assert!(count(&s["node_mb"]["4096"]["fixed-10m"], "evictions") > 0, "{s}");
+    // The hybrid policy pre-warms, and most of its pre-warms take a call.
+    let hybrid = &roomy["hybrid"];
+    assert!(count(hybrid, "prewarms_used") > 2 * count(hybrid, "prewarms_wasted"), "{hybrid}");
+    assert!(count(hybrid, "cold_starts") < count(&roomy["fixed-10m"], "cold_starts"), "{roomy}");
 }
 
 /// A synthetic day of 1,000 functions and about 600,000 calls, in the trace format, replayed

@@ -36,6 +36,20 @@ pub(super) fn validate(
             "must be positive (leave it out to keep while memory allows)",
         ));
     }
+    let k = &p.keep_alive_params;
+    if k.bin.is_zero() || k.range < k.bin || k.range.as_micros() / k.bin.as_micros().max(1) > 1440 {
+        return Err(bad("pool.keep_alive_params.range", "must hold 1 to 1,440 bins of keep_alive_params.bin"));
+    }
+    let percent = |v: f64| (0.0..=100.0).contains(&v);
+    if !percent(k.head_percentile) || !percent(k.tail_percentile) || k.head_percentile > k.tail_percentile {
+        return Err(bad("pool.keep_alive_params.head_percentile", "need 0 <= head <= tail <= 100"));
+    }
+    if !(0.0..1.0).contains(&k.margin) {
+        return Err(bad("pool.keep_alive_params.margin", "must be in 0..1"));
+    }
+    if k.cv_threshold.is_nan() || k.cv_threshold < 0.0 || !(0.0..=1.0).contains(&k.out_of_range_threshold) {
+        return Err(bad("pool.keep_alive_params.cv_threshold", "cv_threshold >= 0, out_of_range_threshold in 0..=1"));
+    }
     for (i, w) in p.prewarm.iter().enumerate() {
         let at = |field: &str| format!("pool.prewarm[{i}].{field}");
         if !kinds.contains_key(&w.kind) {

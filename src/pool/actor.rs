@@ -172,7 +172,7 @@ impl ContainerPool {
         let effects = self.core.handle(event, self.epoch.now());
         for effect in effects {
             match effect {
-                Effect::Create { container, owner, memory_mb, node } => {
+                Effect::Create { container, owner, memory_mb, node, .. } => {
                     let (kind, action_path) = match owner {
                         Owner::Key(key) => {
                             let (action, _) = &self.key_actions[&key];

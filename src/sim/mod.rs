@@ -56,6 +56,8 @@ struct SimContainer {
     /// Resumed for the run dispatched next, which starts `resume_latency` later.
     resuming: bool,
     created_at: Duration,
+    /// Started by the keep-alive policy ahead of a predicted call.
+    prewarm: bool,
 }
 
 struct SimJob {
@@ -81,6 +83,9 @@ struct Counts {
     resumes: u64,
     /// The start times cold activations waited for, summed (µs).
     cold_overhead_us: u128,
+    /// Containers the keep-alive policy pre-warmed that took a call, and that went unused.
+    prewarms_used: u64,
+    prewarms_wasted: u64,
 }
 
 struct Sim<'a> {
@@ -244,8 +249,8 @@ impl Sim<'_> {
         let effects = self.core.handle(event, self.now);
         for effect in effects {
             match effect {
-                Effect::Create { container, owner, memory_mb, node } => {
-                    self.create(container, memory_mb, &node, matches!(owner, Owner::Stem(_)))
+                Effect::Create { container, owner, memory_mb, node, prewarm } => {
+                    self.create(container, memory_mb, &node, matches!(owner, Owner::Stem(_)), prewarm)
                 }
                 Effect::Dispatch { job, container } => self.dispatch(job, container),
                 Effect::Pause { .. } => self.counts.pauses += 1,
@@ -257,6 +262,9 @@ impl Sim<'_> {
                 }
                 Effect::Remove { container } => {
                     if let Some(c) = self.containers.get_mut(&container) {
+                        if c.prewarm && !c.ran {
+                            self.counts.prewarms_wasted += 1;
+                        }
                         if let Some(since) = c.idle_since.take() {
                             self.counts.idle_mb_us += idle(c.memory_mb, since, self.now, self.horizon);
                         }
@@ -291,7 +299,7 @@ impl Sim<'_> {
     }
 
     /// The cluster's side of a create: it refuses what does not fit on the node now.
-    fn create(&mut self, container: ContainerId, memory_mb: u32, node: &NodeId, stem: bool) {
+    fn create(&mut self, container: ContainerId, memory_mb: u32, node: &NodeId, stem: bool, prewarm: bool) {
         let Some(&n) = self.node_index.get(node) else {
             self.counts.refused += 1;
             self.at(self.now, Ev::Ready(container, false, 0));
@@ -333,6 +341,7 @@ impl Sim<'_> {
                 idle_since: None,
                 resuming: false,
                 created_at: self.now,
+                prewarm,
             },
         );
         self.at(ready_at, Ev::Ready(container, true, 0));
@@ -363,6 +372,10 @@ impl Sim<'_> {
         per_action.1 += 1;
         if c.ran {
             self.counts.warm += 1;
+        } else if c.prewarm {
+            self.counts.prewarms_used += 1;
+            self.counts.warm += 1;
+            c.ran = true;
         } else if c.stem {
             self.counts.prewarm += 1;
             c.ran = true;
@@ -469,6 +482,9 @@ impl Sim<'_> {
             "idle_memory_gb_s": (c.idle_mb_us as f64 / 1024.0 / 1e6 * 10.0).round() / 10.0,
             "cold_start_overhead_s": (c.cold_overhead_us as f64 / 1e6 * 10.0).round() / 10.0,
             "evictions": self.core.evictions(),
+            "prewarms_started": self.core.prewarms_started(),
+            "prewarms_used": c.prewarms_used,
+            "prewarms_wasted": c.prewarms_wasted,
             "virtual_seconds": self.now.as_secs(),
             "wall_ms": wall.as_millis() as u64,
         })

@@ -24,6 +24,8 @@ pub struct IdleSpell {
     /// What a cold start of the action costs: its measured start time (the average over all
     /// actions until it has one).
     pub start_cost: Duration,
+    /// The container has run nothing yet: started ahead of a call (a pre-warm).
+    pub fresh: bool,
 }
 
 /// Whether a spell is still going on (the container is still idle since then).
@@ -42,6 +44,23 @@ pub trait KeepAlivePolicy: Debug + Send {
     fn compact(&mut self, idle: usize, live: Live);
     /// The core removed this spell's container to make room (it came from `eviction_order`).
     fn evicted(&mut self, _spell: &IdleSpell) {}
+    /// A job of `key` arrived.
+    fn arrived(&mut self, _key: KeyId, _now: Time) {}
+    /// A key whose container the policy wants started now, ahead of its next call.
+    fn prewarm_due(&mut self, _now: Time) -> Option<KeyId> {
+        None
+    }
+    /// Whether the core must keep `key` known though nothing of it is left (the policy still
+    /// learns from it, or will pre-warm it).
+    fn holds(&self, _key: KeyId) -> bool {
+        false
+    }
+    /// A key the policy held and no longer does: the core forgets it if nothing of it is left.
+    fn released(&mut self, _now: Time) -> Option<KeyId> {
+        None
+    }
+    /// The core forgot `key`: so does the policy.
+    fn forget(&mut self, _key: KeyId) {}
 }
 
 /// The policy `config.keep_alive` names, with its parameters.
@@ -49,6 +68,20 @@ pub fn policy_for(config: &CoreConfig) -> Box<dyn KeepAlivePolicy> {
     match config.keep_alive {
         KeepAliveKind::Fixed => Box::new(FixedKeepAlive::new(config.idle_timeout)),
         KeepAliveKind::GreedyDual => Box::new(GreedyDual::new(config.keep_alive_params.max_idle)),
+        KeepAliveKind::Hybrid => {
+            let p = &config.keep_alive_params;
+            Box::new(super::hybrid::HybridHistogram::new(super::hybrid::HybridParams {
+                bin: p.bin,
+                range: p.range,
+                head_percentile: p.head_percentile,
+                tail_percentile: p.tail_percentile,
+                margin: p.margin,
+                min_samples: p.min_samples,
+                cv_threshold: p.cv_threshold,
+                out_of_range_threshold: p.out_of_range_threshold,
+                fallback: config.idle_timeout,
+            }))
+        }
     }
 }
 
@@ -200,6 +233,7 @@ mod tests {
             since: Duration::from_millis(since_ms),
             frequency: 1,
             start_cost: Duration::from_millis(500),
+            fresh: false,
         }
     }
 

@@ -7,6 +7,7 @@
 //! LRU, deadlines in one ordered set. Only cold-start placement looks at the nodes.
 
 mod estimates;
+mod hybrid;
 mod idle_stack;
 mod keep_alive;
 mod nodes;
@@ -52,6 +53,8 @@ struct Container {
     retiring: bool,
     /// Frozen while idle (an `Effect::Pause` went out); its next job is preceded by a resume.
     paused: bool,
+    /// It has run a job (one that has not is a pre-warm, or a start its job did not need).
+    ran: bool,
     /// Jobs running, with when each was dispatched (microseconds since the epoch).
     running: SmallVec<[(JobId, u64); 1]>,
     /// Microseconds since the epoch.
@@ -170,6 +173,8 @@ pub struct PoolCore {
     draining: bool,
     /// Idle containers removed to make room for another action's start.
     evictions: u64,
+    /// Containers the keep-alive policy had started ahead of a predicted call.
+    prewarms_started: u64,
 }
 
 impl PoolCore {
@@ -199,6 +204,7 @@ impl PoolCore {
             pauses: VecDeque::new(),
             draining: false,
             evictions: 0,
+            prewarms_started: 0,
         }
     }
 
@@ -227,6 +233,11 @@ impl PoolCore {
     /// Idle containers removed so far to make room for another action.
     pub fn evictions(&self) -> u64 {
         self.evictions
+    }
+
+    /// Containers started so far ahead of a call the keep-alive policy predicted.
+    pub fn prewarms_started(&self) -> u64 {
+        self.prewarms_started
     }
 
     pub fn container_count(&self) -> usize {
@@ -330,6 +341,7 @@ impl PoolCore {
                 return;
             }
         }
+        self.keep_alive.arrived(job.key, now);
         let key = self.keys.entry(job.key).or_default();
         key.memory_mb = job.memory_mb;
         key.concurrency = job.concurrency.max(1);
@@ -485,6 +497,12 @@ impl PoolCore {
             let live = |s: &IdleSpell| containers.has_mark(&s.container, s.seq);
             let Some(spell) = self.keep_alive.expired(now, &live) else { break };
             self.retire(spell.container, now, fx);
+        }
+        while let Some(key) = self.keep_alive.prewarm_due(now) {
+            self.prewarm_key(key, now, fx);
+        }
+        while let Some(key) = self.keep_alive.released(now) {
+            self.gc_key(key);
         }
         while let Some(&(at, key_id)) = self.rechecks.first() {
             if at > now {
@@ -657,10 +675,38 @@ impl PoolCore {
         key.starting += 1;
         key.containers += 1;
         let memory_mb = key.memory_mb;
-        self.create(Owner::Key(key_id), memory_mb, node, now, fx);
+        self.create(Owner::Key(key_id), memory_mb, node, now, false, fx);
     }
 
-    fn create(&mut self, owner: Owner, memory_mb: u32, node: NodeId, now: Time, fx: &mut Effects) -> ContainerId {
+    /// Starts a container for `key` ahead of the call its keep-alive policy predicts (the policy
+    /// says how many): only when no job of it waits, no action waits for room, and it fits
+    /// without evicting.
+    fn prewarm_key(&mut self, key_id: KeyId, now: Time, fx: &mut Effects) {
+        let Some(key) = self.keys.get(&key_id) else { return };
+        let wanted = !self.draining && self.blocked.is_empty() && key.waiting_live == 0 && key.memory_mb > 0;
+        let memory_mb = key.memory_mb;
+        if wanted {
+            if let Placement::On(node) = self.nodes.place(memory_mb, now, self.claimed_against(Some(key_id))) {
+                let key = self.keys.get_mut(&key_id).expect("checked above");
+                key.starting += 1;
+                key.containers += 1;
+                self.prewarms_started += 1;
+                self.create(Owner::Key(key_id), memory_mb, node, now, true, fx);
+                return;
+            }
+        }
+        self.gc_key(key_id);
+    }
+
+    fn create(
+        &mut self,
+        owner: Owner,
+        memory_mb: u32,
+        node: NodeId,
+        now: Time,
+        prewarm: bool,
+        fx: &mut Effects,
+    ) -> ContainerId {
         let id = self.containers.insert(Container {
             owner,
             node: node.clone(),
@@ -668,11 +714,12 @@ impl PoolCore {
             phase: Phase::Starting,
             retiring: false,
             paused: false,
+            ran: false,
             running: SmallVec::new(),
             created_at: micros(now),
         });
         self.nodes.reserve(&node, id, memory_mb);
-        fx.push(Effect::Create { container: id, owner, memory_mb, node });
+        fx.push(Effect::Create { container: id, owner, memory_mb, node, prewarm });
         id
     }
 
@@ -770,6 +817,7 @@ impl PoolCore {
         self.unsettle(id);
         let c = self.containers.get_mut(&id).expect("dispatch to a known container");
         c.running.push((job, micros(now)));
+        c.ran = true;
         if c.paused {
             c.paused = false;
             fx.push(Effect::Resume { container: id });
@@ -803,7 +851,7 @@ impl PoolCore {
         if c.phase != Phase::Ready || c.retiring {
             return;
         }
-        let (running, memory_mb) = (c.running.len(), c.memory_mb);
+        let (running, memory_mb, fresh) = (c.running.len(), c.memory_mb, !c.ran);
         let key = self.keys.get_mut(&key_id).expect("a container's key exists");
         let concurrency = key.concurrency as usize;
         if running == 0 {
@@ -825,6 +873,7 @@ impl PoolCore {
                 since: now,
                 frequency,
                 start_cost,
+                fresh,
             });
             let grace = self.config.pause_grace;
             if !grace.is_zero() {
@@ -862,9 +911,10 @@ impl PoolCore {
 
     /// Forgets a key that holds nothing, so that the map stays as large as the live keys.
     fn gc_key(&mut self, key_id: KeyId) {
-        if self.keys.get(&key_id).is_some_and(KeyState::is_empty) {
+        if self.keys.get(&key_id).is_some_and(KeyState::is_empty) && !self.keep_alive.holds(key_id) {
             self.keys.remove(&key_id);
             self.forgotten.push(key_id);
+            self.keep_alive.forget(key_id);
         }
     }
 }

@@ -70,6 +70,7 @@ impl World {
         let fx = core.handle(event, self.now);
         prop_assert!(core.nodes.index_matches(), "the headroom index drifted from the nodes");
         let mut created_keys = Vec::new();
+        let mut prewarmed_keys = Vec::new();
         let mut resumed = None;
         for effect in fx {
             if let Some(container) = resumed.take() {
@@ -79,11 +80,14 @@ impl World {
                 );
             }
             match effect {
-                Effect::Create { container, owner, memory_mb, node } => {
+                Effect::Create { container, owner, memory_mb, node, prewarm } => {
                     prop_assert!(self.alive.insert(container, (node, memory_mb, owner)).is_none());
                     self.creating.push(container);
-                    if let Owner::Key(key) = owner {
-                        created_keys.push(key);
+                    match (owner, prewarm) {
+                        // Started ahead of a predicted call: never while one of its jobs waits.
+                        (Owner::Key(key), true) => prewarmed_keys.push(key),
+                        (Owner::Key(key), false) => created_keys.push(key),
+                        (Owner::Stem(_), _) => {}
                     }
                 }
                 Effect::Dispatch { job, container } => {
@@ -121,6 +125,10 @@ impl World {
         for (name, capacity) in NODES {
             let used: u64 = self.alive.values().filter(|(n, ..)| &*n.0 == name).map(|(_, m, _)| u64::from(*m)).sum();
             prop_assert!(used <= capacity - BUFFER_MB, "node {name} over-provisioned: {used} MB");
+        }
+        for key in prewarmed_keys {
+            let (waiting, _) = core.key_load(key);
+            prop_assert!(waiting == 0 || created_keys.contains(&key), "a pre-warm while a job of it waits");
         }
         for key in created_keys {
             let (waiting, starting) = core.key_load(key);
@@ -237,9 +245,19 @@ impl World {
 }
 
 fn new_core(keep_alive: KeepAliveKind, max_idle: Option<Duration>) -> (PoolCore, World) {
+    // The hybrid policy on this test's time scale: 100 ms bins over 10 s, trusted at once, so
+    // that it unloads, pre-warms and keeps to its tail within a few hundred operations.
+    let keep_alive_params = KeepAliveParams {
+        max_idle,
+        bin: Duration::from_millis(100),
+        range: Duration::from_secs(10),
+        min_samples: 1,
+        cv_threshold: 0.0,
+        ..KeepAliveParams::default()
+    };
     let config = CoreConfig {
         keep_alive,
-        keep_alive_params: KeepAliveParams { max_idle },
+        keep_alive_params,
         max_starts_per_action: 3,
         max_starts_per_node: 4,
         max_waiting: 40,
@@ -289,6 +307,7 @@ fn keep_alive() -> impl Strategy<Value = (KeepAliveKind, Option<Duration>)> {
         Just((KeepAliveKind::Fixed, None)),
         Just((KeepAliveKind::GreedyDual, None)),
         Just((KeepAliveKind::GreedyDual, Some(Duration::from_secs(3)))),
+        Just((KeepAliveKind::Hybrid, None)),
     ]
 }
 

@@ -169,7 +169,7 @@ impl PoolCore {
                 let Placement::On(node) = self.nodes.place(memory_mb, now, self.claimed_against(None)) else { return };
                 self.stems.classes[index].starting += 1;
                 let stem = StemId(index as u32);
-                self.create(Owner::Stem(stem), memory_mb, node, now, fx);
+                self.create(Owner::Stem(stem), memory_mb, node, now, false, fx);
             }
         }
     }

@@ -132,6 +132,8 @@ pub enum Effect {
         owner: Owner,
         memory_mb: u32,
         node: NodeId,
+        /// Started ahead of a call the keep-alive policy predicts, for no waiting job.
+        prewarm: bool,
     },
     /// Comes right before the `Dispatch` of a job to a paused container: the job waits for
     /// the resume.
@@ -159,7 +161,7 @@ pub type Effects = SmallVec<[Effect; 4]>;
 
 /// Tunables of the core: the `[pool]` section of the invoker's config (and of the simulator's
 /// scenarios), read straight into this type. Durations are in the core's time base.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, serde::Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CoreConfig {
     /// Container starts in flight for one action key at most.
@@ -214,16 +216,56 @@ pub enum KeepAliveKind {
     /// FaasCache's greedy-dual-size-frequency: kept while memory allows (or up to `max_idle`);
     /// the lowest `clock + frequency × start cost / memory` is evicted first.
     GreedyDual,
+    /// Serverless in the Wild's hybrid histogram: per action, unload after a run and pre-warm
+    /// before the next one the histogram of idle times predicts, or keep to its tail.
+    Hybrid,
 }
 
 /// `[pool.keep_alive_params]`.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, serde::Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct KeepAliveParams {
     /// greedy_dual: an idle container goes after this long even when memory allows keeping it;
     /// unset: only when room is needed (FaasCache).
     #[serde(with = "humantime_serde")]
     pub max_idle: Option<Duration>,
+    /// hybrid: the histogram's range, 4 h...
+    #[serde(with = "humantime_serde")]
+    pub range: Duration,
+    /// ...in bins of this width, 1 min (at most 1,440 bins).
+    #[serde(with = "humantime_serde")]
+    pub bin: Duration,
+    /// hybrid: the pre-warm comes at this percentile of the idle times (5)...
+    pub head_percentile: f64,
+    /// ...and the container stays to this one (99).
+    pub tail_percentile: f64,
+    /// hybrid: the pre-warm comes this fraction earlier, the keep-alive lasts this fraction
+    /// longer (0.1).
+    pub margin: f64,
+    /// hybrid: idle times seen before the histogram is trusted (10).
+    pub min_samples: u32,
+    /// hybrid: the coefficient of variation of the bin counts below which the histogram is
+    /// too flat to trust (2.0).
+    pub cv_threshold: f64,
+    /// hybrid: the fraction of idle times beyond the range above which the histogram is not
+    /// trusted (0.5).
+    pub out_of_range_threshold: f64,
+}
+
+impl Default for KeepAliveParams {
+    fn default() -> Self {
+        KeepAliveParams {
+            max_idle: None,
+            range: Duration::from_secs(4 * 3600),
+            bin: Duration::from_secs(60),
+            head_percentile: 5.0,
+            tail_percentile: 99.0,
+            margin: 0.1,
+            min_samples: 10,
+            cv_threshold: 2.0,
+            out_of_range_threshold: 0.5,
+        }
+    }
 }
 
 impl CoreConfig {
