@@ -365,3 +365,51 @@ async fn a_full_pool_mailbox_answers_at_once_and_every_activation_still_gets_its
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Every keep-alive policy in the live pool: six actions taking turns on a node that holds four
+/// of them, then one action called at a steady pace. Everything succeeds and the node is never
+/// over-committed; the hybrid policy (on a seconds scale here) unloads and pre-warms.
+#[actix_rt::test]
+async fn every_keep_alive_policy_runs_in_the_live_pool() {
+    use invoker::pool::core::{KeepAliveKind, KeepAliveParams};
+    for kind in [KeepAliveKind::Fixed, KeepAliveKind::GreedyDual, KeepAliveKind::Hybrid] {
+        let mock = MockConfig { nodes: vec![("n".into(), 1024)], ..MockConfig::default() };
+        let params = KeepAliveParams {
+            bin: Duration::from_millis(100),
+            range: Duration::from_secs(10),
+            min_samples: 3,
+            cv_threshold: 0.0,
+            ..KeepAliveParams::default()
+        };
+        let pool = PoolConfig {
+            keep_alive: kind,
+            keep_alive_params: params,
+            tick: Duration::from_millis(20),
+            ..PoolConfig::default()
+        };
+        let h = setup(mock, pool);
+        let actions: Vec<_> = (0..6).map(|i| action(&format!("a{i}"), 256)).collect();
+        for round in 0..3 {
+            for a in &actions {
+                let record = invoke(&h, a, json!({ "round": round })).await;
+                assert_eq!(record.outcome(), Outcome::Success, "{kind:?}: {record:?}");
+            }
+        }
+        let steady = action("steady", 256);
+        let mut start_kinds = Vec::new();
+        for _ in 0..12 {
+            let record = invoke(&h, &steady, json!({})).await;
+            assert_eq!(record.outcome(), Outcome::Success, "{kind:?}: {record:?}");
+            start_kinds.push(record.annotation("startKind").and_then(|v| v.as_str()).unwrap_or("").to_string());
+            tokio::time::sleep(Duration::from_millis(400)).await;
+        }
+        let snapshot = h.service.pool().unwrap().snapshot().await.unwrap();
+        let committed: u64 = snapshot.containers.iter().map(|c| u64::from(c.memory_mb)).sum();
+        assert!(committed <= 1024, "{kind:?}: {committed} MB on a 1024 MB node");
+        if kind == KeepAliveKind::Hybrid {
+            assert!(start_kinds.iter().any(|k| k == "prewarm"), "the hybrid policy pre-warmed: {start_kinds:?}");
+        } else {
+            assert_eq!(start_kinds.iter().filter(|k| *k == "cold").count(), 1, "{kind:?}: kept warm: {start_kinds:?}");
+        }
+    }
+}

@@ -172,7 +172,7 @@ impl ContainerPool {
         let effects = self.core.handle(event, self.epoch.now());
         for effect in effects {
             match effect {
-                Effect::Create { container, owner, memory_mb, node, .. } => {
+                Effect::Create { container, owner, memory_mb, node, prewarm } => {
                     let (kind, action_path) = match owner {
                         Owner::Key(key) => {
                             let (action, _) = &self.key_actions[&key];
@@ -189,7 +189,9 @@ impl ContainerPool {
                         max_result_bytes: self.max_result_bytes,
                         protocols: self.protocols.clone(),
                     };
-                    let prewarmed = matches!(owner, Owner::Stem(_));
+                    // A stem, or a container the keep-alive policy started ahead of a call: its
+                    // first run waited for no create.
+                    let prewarmed = matches!(owner, Owner::Stem(_)) || prewarm;
                     let proxy = ContainerProxy::new(spec, node, proxy_ctx, prewarmed).start();
                     self.proxies.insert(container, proxy);
                 }
