@@ -71,11 +71,13 @@ enum Plan {
 pub struct HybridHistogram {
     params: HybridParams,
     histories: FxHashMap<KeyId, History>,
-    /// seq → the spell, its deadline, and whether it is a pre-warmed container (evicted first).
-    spells: FxHashMap<u64, (IdleSpell, Time, bool)>,
+    /// seq → the spell and its deadline.
+    spells: FxHashMap<u64, (IdleSpell, Time)>,
     deadlines: BTreeSet<(Time, u64)>,
-    /// (not pre-warmed, since, seq): pre-warmed first, then the least recently used.
-    order: BTreeSet<(bool, Time, u64)>,
+    /// (since, seq): the least recently used first, pre-warmed or not. Evicting pre-warmed
+    /// containers first wasted nearly all of them under memory pressure (BENCHMARKS.md): they
+    /// are the ones a call is predicted for.
+    order: BTreeSet<(Time, u64)>,
     /// (when, key, which of its containers).
     prewarms: BTreeSet<(Time, KeyId, u32)>,
     holds: BTreeSet<(Time, KeyId)>,
@@ -134,9 +136,9 @@ impl HybridHistogram {
     }
 
     fn take(&mut self, seq: u64) -> Option<IdleSpell> {
-        let (spell, deadline, prewarmed) = self.spells.remove(&seq)?;
+        let (spell, deadline) = self.spells.remove(&seq)?;
         self.deadlines.remove(&(deadline, seq));
-        self.order.remove(&(!prewarmed, spell.since, seq));
+        self.order.remove(&(spell.since, seq));
         Some(spell)
     }
 }
@@ -189,13 +191,13 @@ impl KeepAlivePolicy for HybridHistogram {
             }
         };
         self.deadlines.insert((deadline, spell.seq));
-        self.order.insert((!spell.fresh, spell.since, spell.seq));
-        self.spells.insert(spell.seq, (spell, deadline, spell.fresh));
+        self.order.insert((spell.since, spell.seq));
+        self.spells.insert(spell.seq, (spell, deadline));
     }
 
     fn expired(&mut self, now: Time, live: Live) -> Option<IdleSpell> {
         while let Some(&(deadline, seq)) = self.deadlines.first() {
-            let Some(&(spell, _, _)) = self.spells.get(&seq) else {
+            let Some(&(spell, _)) = self.spells.get(&seq) else {
                 self.deadlines.pop_first();
                 continue;
             };
@@ -212,12 +214,12 @@ impl KeepAlivePolicy for HybridHistogram {
     }
 
     fn eviction_order(&self) -> Box<dyn Iterator<Item = IdleSpell> + '_> {
-        Box::new(self.order.iter().filter_map(|(_, _, seq)| self.spells.get(seq).map(|(spell, _, _)| *spell)))
+        Box::new(self.order.iter().filter_map(|(_, seq)| self.spells.get(seq).map(|(spell, _)| *spell)))
     }
 
     fn compact(&mut self, idle: usize, live: Live) {
         if self.spells.len() > 2 * idle + 64 {
-            let ended: Vec<u64> = self.spells.iter().filter(|(_, (s, _, _))| !live(s)).map(|(seq, _)| *seq).collect();
+            let ended: Vec<u64> = self.spells.iter().filter(|(_, (s, _))| !live(s)).map(|(seq, _)| *seq).collect();
             for seq in ended {
                 self.take(seq);
             }
@@ -362,7 +364,7 @@ mod tests {
         // The pre-warmed container stays to the tail (6 min + 10 %), less the pre-warm time.
         let ready = t + 4 * MIN + Duration::from_secs(31);
         policy.idle(spell(101, ready, true));
-        assert_eq!(policy.eviction_order().next().map(|s| s.seq), Some(101), "a pre-warm goes first");
+        assert_eq!(policy.eviction_order().next().map(|s| s.seq), Some(101));
         assert_eq!(policy.expired(ready + 2 * MIN, &|_| true), None);
         assert_eq!(policy.expired(ready + 3 * MIN, &|_| true).map(|s| s.seq), Some(101));
     }

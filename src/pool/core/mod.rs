@@ -175,6 +175,8 @@ pub struct PoolCore {
     evictions: u64,
     /// Containers the keep-alive policy had started ahead of a predicted call.
     prewarms_started: u64,
+    /// Pre-warms that found no room and asked for evictions: tried once more at the next tick.
+    prewarm_retries: Vec<KeyId>,
 }
 
 impl PoolCore {
@@ -205,6 +207,7 @@ impl PoolCore {
             draining: false,
             evictions: 0,
             prewarms_started: 0,
+            prewarm_retries: Vec::new(),
         }
     }
 
@@ -498,8 +501,11 @@ impl PoolCore {
             let Some(spell) = self.keep_alive.expired(now, &live) else { break };
             self.retire(spell.container, now, fx);
         }
+        for key in std::mem::take(&mut self.prewarm_retries) {
+            self.prewarm_key(key, false, now, fx);
+        }
         while let Some(key) = self.keep_alive.prewarm_due(now) {
-            self.prewarm_key(key, now, fx);
+            self.prewarm_key(key, true, now, fx);
         }
         while let Some(key) = self.keep_alive.released(now) {
             self.gc_key(key);
@@ -679,20 +685,29 @@ impl PoolCore {
     }
 
     /// Starts a container for `key` ahead of the call its keep-alive policy predicts (the policy
-    /// says how many): only when no job of it waits, no action waits for room, and it fits
-    /// without evicting.
-    fn prewarm_key(&mut self, key_id: KeyId, now: Time, fx: &mut Effects) {
+    /// says how many): only when no job of it waits and no action waits for room. Where it does
+    /// not fit, idle containers are evicted as for any start (in the policy's order), and it is
+    /// tried once more at the next tick (`first_try`); then it is dropped.
+    fn prewarm_key(&mut self, key_id: KeyId, first_try: bool, now: Time, fx: &mut Effects) {
         let Some(key) = self.keys.get(&key_id) else { return };
         let wanted = !self.draining && self.blocked.is_empty() && key.waiting_live == 0 && key.memory_mb > 0;
         let memory_mb = key.memory_mb;
         if wanted {
-            if let Placement::On(node) = self.nodes.place(memory_mb, now, self.claimed_against(Some(key_id))) {
-                let key = self.keys.get_mut(&key_id).expect("checked above");
-                key.starting += 1;
-                key.containers += 1;
-                self.prewarms_started += 1;
-                self.create(Owner::Key(key_id), memory_mb, node, now, true, fx);
-                return;
+            match self.nodes.place(memory_mb, now, self.claimed_against(Some(key_id))) {
+                Placement::On(node) => {
+                    let key = self.keys.get_mut(&key_id).expect("checked above");
+                    key.starting += 1;
+                    key.containers += 1;
+                    self.prewarms_started += 1;
+                    self.create(Owner::Key(key_id), memory_mb, node, now, true, fx);
+                    return;
+                }
+                Placement::NoRoom if first_try => {
+                    self.make_room(key_id, memory_mb, now, fx);
+                    self.prewarm_retries.push(key_id);
+                    return;
+                }
+                Placement::NoRoom | Placement::StartsCapped => {}
             }
         }
         self.gc_key(key_id);
