@@ -114,7 +114,7 @@ fn the_keep_alive_comparison_runs_every_policy_on_every_node_size_and_loses_noth
 }
 
 /// A synthetic day of 1,000 functions and about 600,000 calls, in the trace format, replayed
-/// with the fixed and greedy-dual policies: nothing lost. Its wall time is printed, never
+/// with every keep-alive policy: nothing lost. Its wall time is printed, never
 /// asserted (BENCHMARKS.md records it from a release run).
 #[test]
 fn a_synthetic_day_of_a_thousand_functions_replays_with_nothing_lost() {
@@ -159,6 +159,7 @@ fn a_synthetic_day_of_a_thousand_functions_replays_with_nothing_lost() {
         "name = \"synthetic-1000\"\nnode_sizes_mb = [16384]\n\
          [[compare_keep_alive]]\nname = \"fixed-10m\"\nkeep_alive = \"fixed\"\n\
          [[compare_keep_alive]]\nname = \"greedy_dual\"\nkeep_alive = \"greedy_dual\"\n\
+         [[compare_keep_alive]]\nname = \"hybrid\"\nkeep_alive = \"hybrid\"\n\
          [cluster]\nnodes = 1\nnode_memory_mb = 16384\nstart_latency = \"500ms\"\nstats_every = \"1s\"\n\
          [workload]\nkind = \"trace\"\ndir = \"{}\"\nfunctions = 1000\n",
         dir.path().display()
@@ -166,7 +167,7 @@ fn a_synthetic_day_of_a_thousand_functions_replays_with_nothing_lost() {
     let path = dir.path().join("synthetic.toml");
     std::fs::write(&path, scenario).unwrap();
     let s = invoker::sim::run(&Scenario::load(&path).unwrap()).unwrap();
-    for policy in ["fixed-10m", "greedy_dual"] {
+    for policy in ["fixed-10m", "greedy_dual", "hybrid"] {
         let r = &s["node_mb"]["16384"][policy];
         assert_eq!(count(r, "activations"), total, "{policy}");
         assert_eq!(count(r, "lost"), 0, "{policy}");
