@@ -12,7 +12,7 @@
 //! the core forgets the key: one fixed-size histogram per action, no more.
 
 use super::keep_alive::{IdleSpell, KeepAlivePolicy, Live};
-use super::{KeyId, Time};
+use super::{KeepAliveParams, KeyId, Time};
 use rustc_hash::FxHashMap;
 use std::collections::{BTreeSet, VecDeque};
 use std::time::Duration;
@@ -21,23 +21,6 @@ use std::time::Duration;
 const MAX_BINS: usize = 1440;
 /// Idle ends remembered per action (as many containers as it had idle at once, within this).
 const MAX_ENDS: usize = 64;
-
-/// The hybrid policy's parameters (in `[pool.keep_alive_params]`).
-#[derive(Clone, Debug, PartialEq)]
-pub struct HybridParams {
-    /// The width of a bin (one minute).
-    pub bin: Duration,
-    pub range: Duration,
-    pub head_percentile: f64,
-    pub tail_percentile: f64,
-    pub margin: f64,
-    pub min_samples: u32,
-    pub cv_threshold: f64,
-    /// Idle times out of the range above this fraction: the histogram is not trusted.
-    pub out_of_range_threshold: f64,
-    /// The keep-alive when the histogram is not representative.
-    pub fallback: Duration,
-}
 
 #[derive(Debug)]
 struct History {
@@ -69,7 +52,9 @@ enum Plan {
 
 #[derive(Debug)]
 pub struct HybridHistogram {
-    params: HybridParams,
+    params: KeepAliveParams,
+    /// The keep-alive while the histogram is not representative (`pool.idle_timeout`).
+    fallback: Duration,
     histories: FxHashMap<KeyId, History>,
     /// seq → the spell and its deadline.
     spells: FxHashMap<u64, (IdleSpell, Time)>,
@@ -84,9 +69,10 @@ pub struct HybridHistogram {
 }
 
 impl HybridHistogram {
-    pub fn new(params: HybridParams) -> Self {
+    pub fn new(params: KeepAliveParams, fallback: Duration) -> Self {
         HybridHistogram {
             params,
+            fallback,
             histories: FxHashMap::default(),
             spells: FxHashMap::default(),
             deadlines: BTreeSet::new(),
@@ -162,7 +148,7 @@ impl KeepAlivePolicy for HybridHistogram {
             let keep = match plan {
                 Plan::Prewarm { keep, .. } => keep,
                 Plan::Keep(keep) => keep,
-                Plan::Fixed => self.params.fallback,
+                Plan::Fixed => self.fallback,
             };
             spell.since + keep
         } else {
@@ -173,7 +159,7 @@ impl KeepAlivePolicy for HybridHistogram {
             history.hold_until = spell.since + range;
             self.holds.insert((history.hold_until, spell.key));
             match plan {
-                Plan::Fixed => spell.since + self.params.fallback,
+                Plan::Fixed => spell.since + self.fallback,
                 Plan::Keep(keep) => spell.since + keep,
                 Plan::Prewarm { after, .. } => {
                     let at = spell.since + after;
@@ -299,18 +285,8 @@ mod tests {
     use super::*;
     use crate::pool::core::ContainerId;
 
-    fn params() -> HybridParams {
-        HybridParams {
-            bin: Duration::from_secs(60),
-            range: Duration::from_secs(4 * 3600),
-            head_percentile: 5.0,
-            tail_percentile: 99.0,
-            margin: 0.1,
-            min_samples: 10,
-            cv_threshold: 2.0,
-            out_of_range_threshold: 0.5,
-            fallback: Duration::from_secs(600),
-        }
+    fn policy() -> HybridHistogram {
+        HybridHistogram::new(KeepAliveParams::default(), Duration::from_secs(600))
     }
 
     fn spell(seq: u64, since: Duration, fresh: bool) -> IdleSpell {
@@ -342,7 +318,7 @@ mod tests {
 
     #[test]
     fn until_the_histogram_is_representative_the_fixed_keep_alive_holds() {
-        let mut policy = HybridHistogram::new(params());
+        let mut policy = policy();
         let t = learn(&mut policy, 5, 5 * MIN);
         policy.idle(spell(100, t, false));
         assert_eq!(policy.expired(t + 9 * MIN, &|_| true), None);
@@ -352,7 +328,7 @@ mod tests {
 
     #[test]
     fn regular_idle_times_unload_at_once_and_prewarm_before_the_next_call() {
-        let mut policy = HybridHistogram::new(params());
+        let mut policy = policy();
         let t = learn(&mut policy, 20, 5 * MIN + Duration::from_secs(10));
         policy.idle(spell(100, t, false));
         assert_eq!(policy.expired(t, &|_| true).map(|s| s.seq), Some(100), "unloaded at once");
@@ -371,7 +347,7 @@ mod tests {
 
     #[test]
     fn idle_times_that_start_at_once_keep_the_container_to_the_tail() {
-        let mut policy = HybridHistogram::new(params());
+        let mut policy = policy();
         // Mostly within a minute, a few up to three: no pre-warm, kept 4 min + 10 %.
         let mut t = Duration::ZERO;
         for seq in 0..30u64 {
@@ -388,7 +364,7 @@ mod tests {
 
     #[test]
     fn a_call_before_the_prewarm_cancels_it_and_a_forgotten_key_leaves_nothing() {
-        let mut policy = HybridHistogram::new(params());
+        let mut policy = policy();
         let t = learn(&mut policy, 20, 5 * MIN + Duration::from_secs(10));
         policy.idle(spell(100, t, false));
         policy.expired(t, &|_| true);

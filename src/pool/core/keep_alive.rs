@@ -69,18 +69,7 @@ pub fn policy_for(config: &CoreConfig) -> Box<dyn KeepAlivePolicy> {
         KeepAliveKind::Fixed => Box::new(FixedKeepAlive::new(config.idle_timeout)),
         KeepAliveKind::GreedyDual => Box::new(GreedyDual::new(config.keep_alive_params.max_idle)),
         KeepAliveKind::Hybrid => {
-            let p = &config.keep_alive_params;
-            Box::new(super::hybrid::HybridHistogram::new(super::hybrid::HybridParams {
-                bin: p.bin,
-                range: p.range,
-                head_percentile: p.head_percentile,
-                tail_percentile: p.tail_percentile,
-                margin: p.margin,
-                min_samples: p.min_samples,
-                cv_threshold: p.cv_threshold,
-                out_of_range_threshold: p.out_of_range_threshold,
-                fallback: config.idle_timeout,
-            }))
+            Box::new(super::hybrid::HybridHistogram::new(config.keep_alive_params.clone(), config.idle_timeout))
         }
     }
 }
