@@ -4,7 +4,7 @@
 //! Instead each idle spell carries the core's mark, and the core passes a liveness check
 //! whenever it asks the policy something: spells that ended are skipped and dropped lazily.
 
-use super::{ContainerId, CoreConfig, KeepAliveKind, KeyId, Time};
+use super::{ContainerId, KeyId, Time};
 use rustc_hash::FxHashMap;
 use std::collections::{BTreeSet, VecDeque};
 use std::fmt::Debug;
@@ -61,17 +61,6 @@ pub trait KeepAlivePolicy: Debug + Send {
     }
     /// The core forgot `key`: so does the policy.
     fn forget(&mut self, _key: KeyId) {}
-}
-
-/// The policy `config.keep_alive` names, with its parameters.
-pub fn policy_for(config: &CoreConfig) -> Box<dyn KeepAlivePolicy> {
-    match config.keep_alive {
-        KeepAliveKind::Fixed => Box::new(FixedKeepAlive::new(config.idle_timeout)),
-        KeepAliveKind::GreedyDual => Box::new(GreedyDual::new(config.keep_alive_params.max_idle)),
-        KeepAliveKind::Hybrid => {
-            Box::new(super::hybrid::HybridHistogram::new(config.keep_alive_params.clone(), config.idle_timeout))
-        }
-    }
 }
 
 /// A fixed idle timeout, and least recently used first for eviction (OpenWhisk's and Fn's

@@ -19,7 +19,7 @@ mod stems;
 mod tests;
 mod types;
 
-pub use keep_alive::{policy_for, FixedKeepAlive, GreedyDual, IdleSpell, KeepAlivePolicy, Live};
+pub use keep_alive::{FixedKeepAlive, GreedyDual, IdleSpell, KeepAlivePolicy, Live};
 pub use nodes::NodeView;
 pub use types::*;
 
@@ -62,6 +62,17 @@ struct Container {
 }
 
 const _: () = assert!(std::mem::size_of::<Option<Container>>() <= 64, "a container is one cache line");
+
+/// The policy `config.keep_alive` names, with its parameters.
+pub fn policy_for(config: &CoreConfig) -> Box<dyn KeepAlivePolicy> {
+    match config.keep_alive {
+        KeepAliveKind::Fixed => Box::new(FixedKeepAlive::new(config.idle_timeout)),
+        KeepAliveKind::GreedyDual => Box::new(GreedyDual::new(config.keep_alive_params.max_idle)),
+        KeepAliveKind::Hybrid => {
+            Box::new(hybrid::HybridHistogram::new(config.keep_alive_params.clone(), config.idle_timeout))
+        }
+    }
+}
 
 /// A container `make_room` may remove, with its idle spell (none for a stem container).
 type Victim = (ContainerId, Option<IdleSpell>);

@@ -206,7 +206,7 @@ pub struct CoreConfig {
 }
 
 /// The keep-alive policies (`pool.keep_alive`); the live invoker and the simulator build the
-/// same policy objects from it ([`super::keep_alive::policy_for`]).
+/// same policy objects from it ([`super::policy_for`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum KeepAliveKind {
