@@ -174,3 +174,27 @@ fn a_synthetic_day_of_a_thousand_functions_replays_with_nothing_lost() {
         eprintln!("synthetic day, {policy}: {total} calls replayed in {} ms (this build)", count(r, "wall_ms"));
     }
 }
+
+#[test]
+fn the_200_function_comparison_loses_nothing_and_the_hybrid_policy_starts_fewer_cold_on_16_gib() {
+    // The shipped scenario, cut to the baseline and the hybrid policy on 8 and 16 GiB to keep a
+    // debug build's run short (`invoker simulate` runs it whole).
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/keepalive-200.toml");
+    let mut scenario = Scenario::load(&path).unwrap();
+    scenario.node_sizes_mb = Some(vec![8192, 16384]);
+    if let Some(choices) = &mut scenario.compare_keep_alive {
+        choices.retain(|c| c.name == "fixed-10m" || c.name == "hybrid");
+    }
+    let s = invoker::sim::run(&scenario).unwrap();
+    for (size, section) in s["node_mb"].as_object().unwrap() {
+        for (policy, r) in section.as_object().unwrap() {
+            assert_eq!(count(r, "activations"), 155_469, "{size} {policy}");
+            assert_eq!(count(r, "lost"), 0, "{size} {policy}");
+            assert_eq!(count(r, "launches_refused_by_cluster"), 0, "{size} {policy}");
+            assert_eq!(r["max_committed_within_capacity_minus_buffer"], true, "{size} {policy}");
+        }
+    }
+    let roomy = &s["node_mb"]["16384"];
+    assert!(count(&roomy["hybrid"], "cold_starts") < count(&roomy["fixed-10m"], "cold_starts"), "{roomy}");
+    assert!(count(&roomy["hybrid"], "prewarms_used") > 10 * count(&roomy["hybrid"], "prewarms_wasted"), "{roomy}");
+}
