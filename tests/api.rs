@@ -654,3 +654,43 @@ mod router_fuzz {
         }
     }
 }
+
+/// A kind that does not run the project's own runtime takes one run at a time unless its
+/// config says more; an action asking for more is refused at `PUT`, naming the field and why.
+#[actix_rt::test]
+async fn a_kind_that_is_not_ours_refuses_a_concurrency_above_its_max_concurrency() {
+    use invoker::config::KindConfig;
+    let (_h, app) = harness(
+        |c| {
+            let foreign = |max: Option<u32>| {
+                let mut k = c.kinds["python:3"].clone();
+                k.command = vec!["/opt/runtime/proxy".into(), "--listen".into(), "{listen}".into()];
+                k.max_concurrency = max;
+                k
+            };
+            let (one, four): (KindConfig, KindConfig) = (foreign(None), foreign(Some(4)));
+            c.kinds.insert("foreign".into(), one);
+            c.kinds.insert("foreign4".into(), four);
+        },
+        MockConfig::default(),
+    );
+    let action = |kind: &str, concurrency: Option<u32>| {
+        let mut body = json!({ "exec": { "kind": kind, "code": "x" } });
+        if let Some(n) = concurrency {
+            body["limits"] = json!({ "concurrency": n });
+        }
+        body
+    };
+    let url = "/api/v1/namespaces/_/actions/c";
+    let (s, answer, _) = send(&app, put(url, action("foreign", Some(2)))).await;
+    assert_eq!(s, 400, "{answer}");
+    let message = answer["error"].as_str().unwrap();
+    assert!(message.contains("limits.concurrency") && message.contains("max_concurrency"), "{message}");
+    let (s, answer, _) = send(&app, put(url, action("foreign", None))).await;
+    assert_eq!((s, &answer["limits"]["concurrency"]), (200, &json!(1)), "{answer}");
+    let url = "/api/v1/namespaces/_/actions/c4";
+    assert_eq!(send(&app, put(url, action("foreign4", Some(4)))).await.0, 200);
+    assert_eq!(send(&app, put(url, action("foreign4", Some(5)))).await.0, 400);
+    let url = "/api/v1/namespaces/_/actions/ours";
+    assert_eq!(send(&app, put(url, action("python:3", Some(50)))).await.0, 200, "our runtime: up to concurrency_max");
+}

@@ -78,12 +78,13 @@ fn validate_action(config: &Config, put: ActionPut, ns: &str, name: &str) -> Res
         }
     }
     let l = &config.limits;
+    let kind_max = config.kinds[&exec.kind].max_concurrency(l.concurrency_max);
     let given = put.limits.unwrap_or(LimitsPut { timeout: None, memory: None, logs: None, concurrency: None });
     let limits = Limits {
         timeout: given.timeout.unwrap_or(l.timeout_default_ms),
         memory: given.memory.unwrap_or(l.memory_default_mb),
         logs: given.logs.unwrap_or(l.logs_default_mb),
-        concurrency: given.concurrency.unwrap_or(l.concurrency_default),
+        concurrency: given.concurrency.unwrap_or(l.concurrency_default.min(kind_max)),
     };
     let range = |field: &str, v: u64, lo: u64, hi: u64, unit: &str| {
         if v < lo || v > hi {
@@ -96,6 +97,13 @@ fn validate_action(config: &Config, put: ActionPut, ns: &str, name: &str) -> Res
     range("memory", limits.memory.into(), l.memory_min_mb.into(), l.memory_max_mb.into(), "MB")?;
     range("logs", limits.logs.into(), 0, l.logs_max_mb.into(), "MB")?;
     range("concurrency", limits.concurrency.into(), 1, l.concurrency_max.into(), "")?;
+    if limits.concurrency > kind_max {
+        return Err(bad(format!(
+            "limits.concurrency: {} is above what a container of kind '{}' takes at once ({kind_max}, its \
+             max_concurrency)",
+            limits.concurrency, exec.kind
+        )));
+    }
     for (i, p) in put.parameters.iter().enumerate() {
         if p.key.is_empty() {
             return Err(bad(format!("parameters[{i}].key: must not be empty")));

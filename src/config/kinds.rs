@@ -39,9 +39,30 @@ pub struct KindConfig {
     /// What the runtime speaks (`openwhisk`), whichever factory runs it.
     #[serde(default)]
     pub protocol: RuntimeProtocol,
+    /// The most runs one container of the kind takes at once (an action's
+    /// `limits.concurrency` above it is refused). Unset: `limits.concurrency_max` for the
+    /// project's own runtime, 1 for any other (OpenWhisk's actionloop proxy loses answers to
+    /// overlapping runs).
+    #[serde(default)]
+    pub max_concurrency: Option<u32>,
 }
 
 impl KindConfig {
+    /// Whether the kind runs the project's own runtime (`invoker action-runtime`).
+    pub fn is_own_runtime(&self) -> bool {
+        self.command.first().is_some_and(|c| c == "{invoker}")
+            && self.command.get(1).is_some_and(|c| c == "action-runtime")
+    }
+
+    /// The most runs at once one container of the kind takes, `concurrency_max` the config's.
+    pub fn max_concurrency(&self, concurrency_max: u32) -> u32 {
+        match self.max_concurrency {
+            Some(n) => n.min(concurrency_max),
+            None if self.is_own_runtime() => concurrency_max,
+            None => 1,
+        }
+    }
+
     /// The command line with `{invoker}` and `{listen}` filled in.
     pub fn command_for(&self, invoker: &Path, listen: &str) -> Vec<String> {
         let invoker = invoker.to_string_lossy();
@@ -55,6 +76,7 @@ fn builtin_runtime(launcher: &str) -> KindConfig {
         command: command.iter().map(|s| s.to_string()).collect(),
         network: Network::None,
         protocol: RuntimeProtocol::OpenWhisk,
+        max_concurrency: None,
     }
 }
 
@@ -71,6 +93,9 @@ pub(super) fn validate(kinds: &BTreeMap<String, KindConfig>) -> Result<(), Confi
     for (kind, k) in kinds {
         if k.command.is_empty() || !k.command.iter().any(|a| a.contains("{listen}")) {
             return Err(bad(&format!("kinds.\"{kind}\".command"), "must be non-empty and pass '{listen}'"));
+        }
+        if k.max_concurrency == Some(0) {
+            return Err(bad(&format!("kinds.\"{kind}\".max_concurrency"), "must be at least 1"));
         }
     }
     Ok(())

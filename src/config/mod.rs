@@ -169,6 +169,16 @@ mod tests {
     }
 
     #[test]
+    fn a_kinds_max_concurrency_defaults_by_whose_runtime_it_is_and_zero_is_refused() {
+        let config = Config::from_toml("[kinds.x]\ncommand = [\"/opt/proxy\", \"{listen}\"]\n").unwrap();
+        assert_eq!(config.kinds["x"].max_concurrency(100), 1, "not our runtime: one run at a time");
+        assert_eq!(config.kinds["python:3"].max_concurrency(100), 100, "ours: up to limits.concurrency_max");
+        let text = "[kinds.x]\ncommand = [\"/opt/proxy\", \"{listen}\"]\nmax_concurrency = 0\n";
+        let err = Config::from_toml(text).unwrap().validate().unwrap_err();
+        assert_eq!(err.key, "kinds.\"x\".max_concurrency");
+    }
+
+    #[test]
     fn the_docker_config_file_is_valid() {
         let config = Config::from_file(Path::new("config/docker.toml")).unwrap();
         config.validate().unwrap();
