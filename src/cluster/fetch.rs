@@ -148,11 +148,7 @@ const MAX_ANSWER: usize = 64 * 1024 * 1024;
 
 /// One GET on a new connection (a fetch happens once per action revision).
 async fn get(authority: &str, path: &str, authorization: &str) -> Result<(u16, Bytes), String> {
-    let stream = tokio::net::TcpStream::connect(authority).await.map_err(|e| e.to_string())?;
-    let _ = stream.set_nodelay(true);
-    let (mut sender, connection) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await.map_err(|e| e.to_string())?;
-    tokio::spawn(connection);
+    let mut sender = crate::http::connect(authority).await?;
     let request = hyper::Request::get(path)
         .header(hyper::header::HOST, authority)
         .header(hyper::header::AUTHORIZATION, authorization)
