@@ -9,7 +9,6 @@ use crate::model::{ActivationRecord, Rejection};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::client::conn::http1::SendRequest;
-use hyper_util::rt::TokioIo;
 use parking_lot::Mutex;
 use serde_json::Value;
 use std::collections::HashMap;
@@ -57,20 +56,30 @@ impl InvokerClient {
     async fn exchange(&self, authority: &str, message: Bytes) -> Result<(u16, Bytes), Sent> {
         let mut request = Some(self.request(authority, message)?);
         // A kept-alive connection the invoker closed meanwhile takes nothing: the request goes
-        // on the next one, or a new one.
+        // on the next one, or a new one. A new one that takes nothing either ends the attempt:
+        // nothing was sent, so another invoker may take it (looping would only wait for the
+        // timeout and then call it lost).
         loop {
             let pooled = self.idle.lock().get_mut(authority).and_then(Vec::pop);
+            let is_new = pooled.is_none();
             let mut sender = match pooled {
                 Some(sender) => sender,
-                None => connect(authority).await.map_err(|e| Sent::Refused(format!("unreachable: {e}")))?,
+                None => {
+                    crate::http::connect(authority).await.map_err(|e| Sent::Refused(format!("unreachable: {e}")))?
+                }
             };
-            if sender.ready().await.is_err() {
+            let unsent = |reason: String| Sent::Refused(format!("a new connection took nothing: {reason}"));
+            if let Err(e) = sender.ready().await {
+                if is_new {
+                    return Err(unsent(e.to_string()));
+                }
                 continue;
             }
             let fresh = request.take().expect("a request to send");
             let response = match sender.try_send_request(fresh).await {
                 Ok(response) => response,
                 Err(mut e) => match e.take_message() {
+                    Some(_) if is_new => return Err(unsent(e.error().to_string())),
                     Some(unsent) => {
                         request = Some(unsent);
                         continue;
@@ -106,15 +115,6 @@ impl InvokerClient {
     pub fn forget(&self, authority: &str) {
         self.idle.lock().remove(authority);
     }
-}
-
-async fn connect(authority: &str) -> Result<SendRequest<Full<Bytes>>, String> {
-    let stream = tokio::net::TcpStream::connect(authority).await.map_err(|e| e.to_string())?;
-    let _ = stream.set_nodelay(true);
-    let (sender, connection) =
-        hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| e.to_string())?;
-    tokio::spawn(connection);
-    Ok(sender)
 }
 
 /// The part of a `CombinedCompletionAndResultMessage` the scheduler keeps: the record, read in
