@@ -36,9 +36,12 @@ pub trait ClusterKv: Send + Sync + 'static {
     fn delete(&self, key: &str) -> impl Future<Output = Result<(), Self::Error>> + Send;
 }
 
-/// Beyond an action's own bounds (its timeout, the wait for a container, `/init`), how long an
-/// invoker keeps a controller's blocking call before answering 202.
-pub const CONTROLLER_MARGIN: Duration = Duration::from_secs(30);
+/// How long an invoker keeps a controller's blocking call before answering 202: beyond the
+/// action's own bounds (its `timeout`, the pool's `wait_deadline` for a container, the proxy's
+/// `init_timeout`), a margin of 30 s. A scheduler waits for the answer a little longer.
+pub fn controller_wait(timeout: Duration, wait_deadline: Duration, init_timeout: Duration) -> Duration {
+    timeout + wait_deadline + init_timeout + Duration::from_secs(30)
+}
 
 /// `{prefix}/invokers/{id}`: an invoker's registration.
 pub fn invoker_key(prefix: &str, invoker_id: &str) -> String {

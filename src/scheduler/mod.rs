@@ -14,7 +14,7 @@ pub mod view;
 
 use crate::activation::job::RunJob;
 use crate::cluster::etcd::Etcd;
-use crate::cluster::{cluster_revision, drain_key, ClusterKv, InvokerRecord};
+use crate::cluster::{cluster_revision, controller_wait, drain_key, ClusterKv, InvokerRecord};
 use crate::config::Config;
 use crate::model::{epoch_ms, ActivationRecord, KeyValue, Rejection};
 use bytes::Bytes;
@@ -53,9 +53,10 @@ pub struct Dispatcher {
     max_in_flight: u32,
     refresh_interval: Duration,
     placement: PlacementConfig,
-    /// Beyond an action's timeout: the longest an invoker may take to answer (its wait for a
-    /// container, `/init`, its controller margin).
-    answer_margin: Duration,
+    /// The bounds an invoker's answer is awaited within, with the action's timeout
+    /// ([`crate::cluster::controller_wait`], and 10 s more for the way back).
+    wait_deadline: Duration,
+    init_timeout: Duration,
     directory: Directory,
     client: InvokerClient,
     in_flight: Mutex<InFlight>,
@@ -85,10 +86,8 @@ impl Dispatcher {
             max_in_flight: s.max_in_flight,
             refresh_interval: s.refresh_interval,
             placement: PlacementConfig { managed_fraction: s.managed_fraction, blackbox_fraction: s.blackbox_fraction },
-            answer_margin: config.pool.wait_deadline
-                + config.proxy.init_timeout
-                + crate::cluster::CONTROLLER_MARGIN
-                + Duration::from_secs(10),
+            wait_deadline: config.pool.wait_deadline,
+            init_timeout: config.proxy.init_timeout,
             directory: Directory::default(),
             client: InvokerClient::new(controller_key),
             in_flight: Mutex::default(),
@@ -129,7 +128,8 @@ impl Dispatcher {
         let revision = cluster_revision(&self.id, action.revision, action.updated);
         let key: RevisionKey = (action.namespace.clone(), action.name.clone(), revision);
         let needs = needs_of(action);
-        let timeout = Duration::from_millis(action.limits.timeout) + self.answer_margin;
+        let invoker_wait = Duration::from_millis(action.limits.timeout);
+        let timeout = controller_wait(invoker_wait, self.wait_deadline, self.init_timeout) + Duration::from_secs(10);
         let message = self.message(&run, revision);
         let mut tried = BTreeSet::new();
         let mut refusals = Vec::new();
