@@ -644,7 +644,7 @@ impl PoolCore {
                     if self.claim.as_ref().is_some_and(|c| c.key == key_id) {
                         self.claim = None;
                     }
-                    self.create_for_key(key_id, node, now, fx);
+                    self.create_for_key(key_id, node, now, false, fx);
                 }
                 Placement::StartsCapped => return self.block(key_id),
                 Placement::NoRoom => {
@@ -687,12 +687,13 @@ impl PoolCore {
         }
     }
 
-    fn create_for_key(&mut self, key_id: KeyId, node: NodeId, now: Time, fx: &mut Effects) {
+    /// A container of `key` on `node`; `prewarm`: ahead of a predicted call, for no job.
+    fn create_for_key(&mut self, key_id: KeyId, node: NodeId, now: Time, prewarm: bool, fx: &mut Effects) {
         let key = self.keys.get_mut(&key_id).expect("key exists");
         key.starting += 1;
         key.containers += 1;
         let memory_mb = key.memory_mb;
-        self.create(Owner::Key(key_id), memory_mb, node, now, false, fx);
+        self.create(Owner::Key(key_id), memory_mb, node, now, prewarm, fx);
     }
 
     /// Starts a container for `key` ahead of the call its keep-alive policy predicts (the policy
@@ -706,12 +707,8 @@ impl PoolCore {
         if wanted {
             match self.nodes.place(memory_mb, now, self.claimed_against(Some(key_id))) {
                 Placement::On(node) => {
-                    let key = self.keys.get_mut(&key_id).expect("checked above");
-                    key.starting += 1;
-                    key.containers += 1;
                     self.prewarms_started += 1;
-                    self.create(Owner::Key(key_id), memory_mb, node, now, true, fx);
-                    return;
+                    return self.create_for_key(key_id, node, now, true, fx);
                 }
                 Placement::NoRoom if first_try => {
                     self.make_room(key_id, memory_mb, now, fx);
