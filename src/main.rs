@@ -244,6 +244,22 @@ async fn terminated() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Stops the API (requests in flight finish), then gives whatever is still unfinished its
+/// whisk-error record: the last step of both commands.
+async fn stop_serving(
+    stop: tokio_util::sync::CancellationToken,
+    server: actix_rt::task::JoinHandle<()>,
+    store: &dyn Store,
+) -> anyhow::Result<()> {
+    stop.cancel();
+    let _ = server.await;
+    let unfinished = store.recover_unfinished(invoker::model::epoch_ms())?;
+    if unfinished > 0 {
+        tracing::warn!(unfinished, "activations that could not finish got whisk-error records");
+    }
+    Ok(())
+}
+
 async fn serve(config: Config) -> anyhow::Result<()> {
     let mut config = config;
     let (store, listener) = open(&mut config, "invoker.redb").await?;
@@ -300,13 +316,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     if let Some(task) = registration {
         let _ = tokio::time::timeout(std::time::Duration::from_secs(5), task).await;
     }
-    stop.cancel();
-    let _ = server_task.await;
-    let unfinished = store.recover_unfinished(invoker::model::epoch_ms())?;
-    if unfinished > 0 {
-        tracing::warn!(unfinished, "activations that could not finish got whisk-error records");
-    }
-    Ok(())
+    stop_serving(stop, server_task, store.as_ref()).await
 }
 
 fn action_cache_bytes(config: &Config) -> anyhow::Result<usize> {
@@ -369,13 +379,7 @@ async fn schedule(mut config: Config) -> anyhow::Result<()> {
     }
     background.cancel();
     let _ = tokio::time::timeout(std::time::Duration::from_secs(5), presence).await;
-    stop.cancel();
-    let _ = server_task.await;
-    let unfinished = store.recover_unfinished(invoker::model::epoch_ms())?;
-    if unfinished > 0 {
-        tracing::warn!(unfinished, "activations that could not finish got whisk-error records");
-    }
-    Ok(())
+    stop_serving(stop, server_task, store.as_ref()).await
 }
 
 /// With `[cluster]` configured: takes this invoker's id in etcd (refused when a live invoker
