@@ -28,7 +28,7 @@ pub(super) async fn drain(state: &AppState, call: &Call, id: &str, drain: bool) 
     let dispatcher = dispatcher(state)?;
     state.admin(call)?;
     validate_entity_name("invoker id", id).map_err(ApiError::BadRequest)?;
-    if !dispatcher.invokers().iter().any(|i| i.record.id == id) {
+    if !dispatcher.knows(id) {
         return Err(ApiError::NotFound);
     }
     dispatcher.set_drained(id, drain).await.map_err(|e| ApiError::Unavailable(format!("etcd: {e}")))?;

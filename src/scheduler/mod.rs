@@ -270,6 +270,11 @@ impl Dispatcher {
             .collect()
     }
 
+    /// Whether `id` is registered, as last read.
+    pub fn knows(&self, id: &str) -> bool {
+        self.directory.current().invokers.contains_key(id)
+    }
+
     /// Whether any invoker would take work now.
     pub fn any_healthy(&self) -> bool {
         let view = self.directory.current();
