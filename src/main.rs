@@ -108,6 +108,10 @@ enum Command {
     /// Set up one process-factory container (cgroups, namespaces, root, uid), then run its
     /// runtime command; the process factory starts every runtime through it.
     Sandbox(invoker::factory::sandbox::SandboxArgs),
+    /// Wait for the invoker to die (stdin closes), then remove every container it left; the
+    /// process factory starts one beside itself.
+    #[command(hide = true)]
+    Watchdog(invoker::factory::watchdog::WatchdogArgs),
     /// Run the scheduler: the front door of the invokers registered in etcd (the same REST
     /// API, actions in its own store, each activation placed on an invoker).
     Scheduler(SchedulerArgs),
@@ -130,6 +134,10 @@ fn main() -> anyhow::Result<()> {
             let error = invoker::factory::sandbox::enter(args);
             eprintln!("{error}");
             std::process::exit(126);
+        }
+        Some(Command::Watchdog(args)) => {
+            invoker::factory::watchdog::watch(args)?;
+            return Ok(());
         }
         Some(Command::Simulate { scenario }) => {
             let scenario = invoker::sim::scenario::Scenario::load(&scenario)?;

@@ -487,3 +487,70 @@ async fn the_action_sees_the_run_context_of_the_runtime_protocol() {
     assert!(deadline >= start + 59_000 && deadline <= start + 61_000, "the default 60 s timeout: {seen}");
     assert!(seen["api_key"].as_str().unwrap().starts_with("23bc46b1-"), "provide-api-key: {seen}");
 }
+
+/// A kind whose runtime is not ours: `tests/runtimes/listen_8080.py`, which takes no
+/// arguments, ignores the invoker's environment and listens on `:8080` only.
+fn foreign_kind() -> String {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/runtimes/listen_8080.py");
+    format!(
+        "[proxy]\npause_grace = \"50ms\"\n[kinds.\"python:ow\"]\ncommand = [\"/usr/bin/python3\", \"{script}\"]\n\
+         network = \"isolated\"\npaths = [\"{script}\"]\nenv = {{ OW_SEEN = \"{{port}} {{work_dir}}\" }}\n"
+    )
+}
+
+const FOREIGN_ACTION: &str = "import os, time\ndef main(a):\n    time.sleep(a.get('sleep', 0))\n    print('ow says', a.get('name'))\n    return {'pid': os.getpid(), 'uid': os.getuid(), 'cwd': os.getcwd(), 'seen': os.environ.get('OW_SEEN'), 'net': os.readlink('/proc/self/ns/net')}\n";
+
+/// Whether anything listens on TCP `port` in the test's (the host's) network namespace.
+fn host_listens_on(port: u16) -> bool {
+    let hex = format!(":{port:04X} ");
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|table| {
+        std::fs::read_to_string(table).unwrap_or_default().lines().any(|l| {
+            l.split_whitespace().nth(1).is_some_and(|local| format!("{local} ").ends_with(&hex))
+                && l.split_whitespace().nth(3) == Some("0A")
+        })
+    })
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_runtime_that_knows_nothing_of_the_invoker_runs_on_8080_of_its_own_namespace() {
+    let dir = tempdir();
+    let mut inv = Invoker::start(dir.path(), &id("foreign"), &foreign_kind());
+    let listened_before = host_listens_on(8080);
+    inv.put_action("ow", json!({"exec": {"kind": "python:ow", "code": FOREIGN_ACTION}})).await;
+
+    // Two runs at once: two containers (one run at a time each), both on :8080.
+    let slow = json!({"name": "you", "sleep": 0.5});
+    let ((s1, a), (s2, b)) =
+        tokio::join!(inv.invoke("ow", "blocking=true", slow.clone()), inv.invoke("ow", "blocking=true", slow));
+    assert_eq!((s1, s2), (200, 200), "{a}\n{b}");
+    let (a, b) = (&a["response"]["result"], &b["response"]["result"]);
+    assert_ne!(a["pid"], b["pid"], "two containers");
+    let host_net = std::fs::read_link("/proc/self/ns/net").unwrap().display().to_string();
+    assert!(a["net"] != b["net"] && a["net"] != json!(host_net) && b["net"] != json!(host_net), "{a} {b} {host_net}");
+    assert!(a["uid"].as_u64().unwrap() >= 100_000, "its own unprivileged uid: {a}");
+    let work = a["cwd"].as_str().unwrap();
+    assert!(work.ends_with("/work"), "its own working directory: {a}");
+    assert_eq!(a["seen"], json!(format!("8080 {work}")), "the kind's environment, substituted");
+    assert_eq!(host_listens_on(8080), listened_before, "nothing of it listens on the host");
+
+    // Logs in the record, and a pause and resume between two runs of the same process.
+    let pid = a["pid"].as_u64().unwrap() as u32;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while process_state(pid) != "T" {
+        assert!(std::time::Instant::now() < deadline, "the idle runtime was never stopped: {}", process_state(pid));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (status, record) = inv.invoke("ow", "blocking=true", json!({"name": "again"})).await;
+    assert_eq!(status, 200, "{record}");
+    let ran_in = record["response"]["result"]["pid"].as_u64().unwrap() as u32;
+    assert!([pid, b["pid"].as_u64().unwrap() as u32].contains(&ran_in), "a warm container ran it: {record}");
+    let logs = record["logs"].as_array().unwrap();
+    assert!(logs.iter().any(|l| l.as_str().unwrap().ends_with("stdout: ow says again")), "{logs:?}");
+    assert!(!logs.iter().any(|l| l.as_str().unwrap().contains("XXX_THE_END")), "{logs:?}");
+
+    // The invoker dies without a word: nothing of the runtimes outlives it, with no restart.
+    let pids = [pid, b["pid"].as_u64().unwrap() as u32];
+    inv.signal(Signal::SIGKILL);
+    inv.wait_exit(Duration::from_secs(10));
+    assert_eq!(wait_gone(&pids, Duration::from_secs(10)), Vec::<u32>::new(), "runtimes left after SIGKILL");
+}

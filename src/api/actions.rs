@@ -63,10 +63,11 @@ struct LimitsPut {
 fn validate_action(config: &Config, put: ActionPut, ns: &str, name: &str) -> Result<Action, ApiError> {
     let bad = |m: String| ApiError::BadRequest(m);
     let exec = put.exec.ok_or_else(|| bad("exec: is required".into()))?;
-    if !config.kinds.contains_key(&exec.kind) {
-        let known: Vec<_> = config.kinds.keys().cloned().collect();
+    let kinds = config.action_kinds();
+    let Some(&kind_max) = kinds.get(exec.kind.as_str()) else {
+        let known: Vec<_> = kinds.keys().copied().collect();
         return Err(bad(format!("exec.kind: '{}' is not a supported kind ({})", exec.kind, known.join(", "))));
-    }
+    };
     if exec.code.as_deref().is_none_or(str::is_empty) {
         return Err(bad("exec.code: is required and must not be empty".into()));
     }
@@ -78,7 +79,6 @@ fn validate_action(config: &Config, put: ActionPut, ns: &str, name: &str) -> Res
         }
     }
     let l = &config.limits;
-    let kind_max = config.kinds[&exec.kind].max_concurrency(l.concurrency_max);
     let given = put.limits.unwrap_or(LimitsPut { timeout: None, memory: None, logs: None, concurrency: None });
     let limits = Limits {
         timeout: given.timeout.unwrap_or(l.timeout_default_ms),

@@ -105,9 +105,11 @@ impl Default for MesosFactoryConfig {
 pub struct DockerFactoryConfig {
     /// The engine's unix socket (what `scripts/dockerd.sh` prints).
     pub socket: PathBuf,
-    /// `none`: no network; the runtime listens on a unix socket in a directory bind-mounted
-    /// from `data_dir` (Fn's design). `host`: the host's network; the runtime listens on a free
-    /// 127.0.0.1 port.
+    /// For the kinds that run the project's runtime (a `command` of their own): `none`, no
+    /// network, the runtime on a unix socket in a directory bind-mounted from `data_dir` (Fn's
+    /// design); `isolated`, no network but loopback, the runtime on the kind's port there;
+    /// `host`, the host's network, the runtime on a free 127.0.0.1 port. A kind that runs its
+    /// image's own entry point is `isolated` unless it says otherwise.
     pub network: Network,
     /// Memory of the host kept for everything but action containers.
     pub reserve_mb: u64,
@@ -133,6 +135,27 @@ pub struct DockerKindConfig {
     /// `ADDR:PORT`); empty runs the image's own entry point.
     #[serde(default)]
     pub command: Vec<String>,
+    /// The kind's network (see `factory.docker.network`); unset: `isolated` for an image's own
+    /// entry point (OpenWhisk's images serve on `:8080`), `factory.docker.network` otherwise.
+    #[serde(default)]
+    pub network: Option<Network>,
+    /// The port the runtime serves on inside its own namespace (`isolated`).
+    #[serde(default)]
+    pub port: Option<u16>,
+}
+
+impl DockerKindConfig {
+    pub fn network(&self, factory_default: Network) -> Network {
+        match self.network {
+            Some(network) => network,
+            None if self.command.is_empty() => Network::Isolated,
+            None => factory_default,
+        }
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port.unwrap_or(super::OPENWHISK_PORT)
+    }
 }
 
 impl Default for DockerFactoryConfig {
@@ -143,6 +166,8 @@ impl Default for DockerFactoryConfig {
                 .iter()
                 .map(|s| s.to_string())
                 .collect(),
+            network: None,
+            port: None,
         };
         DockerFactoryConfig {
             socket: PathBuf::from("/run/invoker-docker/docker.sock"),
@@ -249,6 +274,9 @@ impl FactoryConfig {
         let d = &self.docker;
         if d.max_concurrent_creates == 0 || d.tmpfs_mb == 0 || d.pids_limit <= 0 {
             return Err(bad("factory.docker", "max_concurrent_creates, tmpfs_mb and pids_limit must be positive"));
+        }
+        if let Some((name, _)) = d.kinds.iter().find(|(_, k)| k.port == Some(0)) {
+            return Err(bad(&format!("factory.docker.kinds.\"{name}\".port"), "must be 1 to 65535"));
         }
         if self.kind == FactoryKind::Docker {
             for (i, p) in pool.prewarm.iter().enumerate() {

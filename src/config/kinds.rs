@@ -4,7 +4,14 @@
 use super::{bad, ConfigError};
 use serde::Deserialize;
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+/// The port OpenWhisk's runtimes serve on.
+pub const OPENWHISK_PORT: u16 = 8080;
+
+fn openwhisk_port() -> u16 {
+    OPENWHISK_PORT
+}
 
 /// What network an action container has, on every factory.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
@@ -15,6 +22,10 @@ pub enum Network {
     None,
     /// The host's network.
     Host,
+    /// Its own network namespace with nothing but loopback, as `none`, the runtime listening
+    /// on a TCP port there (OpenWhisk's runtimes serve on `:8080`); the invoker opens its
+    /// connections inside that namespace. No bridge, no host port.
+    Isolated,
 }
 
 /// The protocol a kind's runtime speaks; one file per protocol in `proxy::protocol`.
@@ -30,12 +41,26 @@ pub enum RuntimeProtocol {
 #[serde(deny_unknown_fields)]
 pub struct KindConfig {
     /// The runtime's command line. `{invoker}` is this executable, `{listen}` the address the
-    /// runtime must serve the OpenWhisk runtime protocol on.
+    /// runtime must serve the OpenWhisk runtime protocol on (with `network = "isolated"`,
+    /// `0.0.0.0:<port>`; a runtime that listens on its own port need not take it).
     pub command: Vec<String>,
-    /// `none`: a network namespace of the container's own, with only loopback. `host`: the
-    /// host's network, an explicit opt-in.
+    /// `none`: a network namespace of the container's own, with only loopback, the runtime on a
+    /// unix socket. `isolated`: the same namespace, the runtime on TCP `port` in it. `host`:
+    /// the host's network, an explicit opt-in.
     #[serde(default)]
     pub network: Network,
+    /// The port the runtime listens on in its own namespace (`network = "isolated"`).
+    #[serde(default = "openwhisk_port")]
+    pub port: u16,
+    /// The runtime's environment besides the invoker's few variables; `{port}` and
+    /// `{work_dir}` (the container's own writable directory, also its working directory) are
+    /// substituted in the values.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Host paths the runtime needs besides the system's directories (its installation),
+    /// visible read-only at the same path inside the container.
+    #[serde(default)]
+    pub paths: Vec<PathBuf>,
     /// What the runtime speaks (`openwhisk`), whichever factory runs it.
     #[serde(default)]
     pub protocol: RuntimeProtocol,
@@ -68,6 +93,12 @@ impl KindConfig {
         let invoker = invoker.to_string_lossy();
         self.command.iter().map(|a| a.replace("{invoker}", &invoker).replace("{listen}", listen)).collect()
     }
+
+    /// The kind's own environment with `{port}` and `{work_dir}` filled in.
+    pub fn env_for(&self, work_dir: &Path) -> Vec<(String, String)> {
+        let (port, work_dir) = (self.port.to_string(), work_dir.to_string_lossy());
+        self.env.iter().map(|(k, v)| (k.clone(), v.replace("{port}", &port).replace("{work_dir}", &work_dir))).collect()
+    }
 }
 
 fn builtin_runtime(launcher: &str) -> KindConfig {
@@ -75,6 +106,9 @@ fn builtin_runtime(launcher: &str) -> KindConfig {
     KindConfig {
         command: command.iter().map(|s| s.to_string()).collect(),
         network: Network::None,
+        port: OPENWHISK_PORT,
+        env: BTreeMap::new(),
+        paths: Vec::new(),
         protocol: RuntimeProtocol::OpenWhisk,
         max_concurrency: None,
     }
@@ -91,8 +125,26 @@ pub fn default_kinds() -> BTreeMap<String, KindConfig> {
 
 pub(super) fn validate(kinds: &BTreeMap<String, KindConfig>) -> Result<(), ConfigError> {
     for (kind, k) in kinds {
-        if k.command.is_empty() || !k.command.iter().any(|a| a.contains("{listen}")) {
-            return Err(bad(&format!("kinds.\"{kind}\".command"), "must be non-empty and pass '{listen}'"));
+        let key = |field: &str| format!("kinds.\"{kind}\".{field}");
+        if k.command.is_empty() {
+            return Err(bad(&key("command"), "must be non-empty"));
+        }
+        if k.network != Network::Isolated && !k.command.iter().any(|a| a.contains("{listen}")) {
+            return Err(bad(
+                &key("command"),
+                "must pass '{listen}' (only a runtime in its own namespace, network = \"isolated\", may \
+                 listen on a port of its own choosing)",
+            ));
+        }
+        if k.port == 0 {
+            return Err(bad(&key("port"), "must be 1 to 65535"));
+        }
+        let env_name_ok = |n: &str| !n.is_empty() && !n.contains(['=', '\0']);
+        if let Some((name, _)) = k.env.iter().find(|(n, v)| !env_name_ok(n) || v.contains('\0')) {
+            return Err(bad(&key("env"), format!("'{name}': a name must be non-empty without '=', no NUL anywhere")));
+        }
+        if let Some(path) = k.paths.iter().find(|p| !p.is_absolute() || p.parent().is_none()) {
+            return Err(bad(&key("paths"), format!("'{}' must be an absolute path below /", path.display())));
         }
         if k.max_concurrency == Some(0) {
             return Err(bad(&format!("kinds.\"{kind}\".max_concurrency"), "must be at least 1"));

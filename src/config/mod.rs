@@ -18,7 +18,7 @@ pub use factory::{
     DockerFactoryConfig, DockerKindConfig, FactoryConfig, FactoryKind, MesosFactoryConfig, MockFactoryConfig,
     ProcessFactoryConfig, TransportKind,
 };
-pub use kinds::{default_kinds, KindConfig, Network, RuntimeProtocol};
+pub use kinds::{default_kinds, KindConfig, Network, RuntimeProtocol, OPENWHISK_PORT};
 pub use limits::LimitsConfig;
 pub use pool::{PoolConfig, PrewarmConfig};
 pub use proxy::ProxyConfig;
@@ -141,6 +141,31 @@ impl Config {
     }
 }
 
+impl Config {
+    /// The kinds an action may be created with, each with the most runs one container of it
+    /// takes at once: `[kinds]`; on Docker, the kinds with an image (an image's own entry point
+    /// is another's runtime, one run at a time unless `[kinds]` says otherwise).
+    pub fn action_kinds(&self) -> BTreeMap<&str, u32> {
+        let max = self.limits.concurrency_max;
+        if self.factory.kind != FactoryKind::Docker {
+            return self.kinds.iter().map(|(name, k)| (name.as_str(), k.max_concurrency(max))).collect();
+        }
+        let docker = &self.factory.docker.kinds;
+        docker
+            .iter()
+            .map(|(name, d)| {
+                let own = d.command.iter().any(|a| a == "action-runtime");
+                let n = match self.kinds.get(name).and_then(|k| k.max_concurrency) {
+                    Some(n) => n.min(max),
+                    None if own => max,
+                    None => 1,
+                };
+                (name.as_str(), n)
+            })
+            .collect()
+    }
+}
+
 /// The dotted key around a byte offset of the TOML text, for error messages.
 fn locate_key(text: &str, offset: usize) -> String {
     let before = &text[..offset.min(text.len())];
@@ -176,6 +201,40 @@ mod tests {
         let text = "[kinds.x]\ncommand = [\"/opt/proxy\", \"{listen}\"]\nmax_concurrency = 0\n";
         let err = Config::from_toml(text).unwrap().validate().unwrap_err();
         assert_eq!(err.key, "kinds.\"x\".max_concurrency");
+    }
+
+    #[test]
+    fn only_an_isolated_kind_may_listen_on_a_port_of_its_own_choosing() {
+        let kind = |body: &str| Config::from_toml(&format!("[kinds.\"python:ow\"]\n{body}")).unwrap().validate();
+        let own_port = "command = [\"/opt/proxy\"]\n";
+        assert_eq!(kind(own_port).unwrap_err().key, "kinds.\"python:ow\".command", "a unix socket needs {{listen}}");
+        kind(&format!("{own_port}network = \"isolated\"\nenv = {{ OW_COMPILER = \"/bin/compile\" }}\n")).unwrap();
+        let zero = format!("{own_port}network = \"isolated\"\nport = 0\n");
+        assert_eq!(kind(&zero).unwrap_err().key, "kinds.\"python:ow\".port");
+        let bad_env = format!("{own_port}network = \"isolated\"\nenv = {{ \"A=B\" = \"x\" }}\n");
+        assert_eq!(kind(&bad_env).unwrap_err().key, "kinds.\"python:ow\".env");
+        let relative = format!("{own_port}network = \"isolated\"\npaths = [\"opt/ow\"]\n");
+        assert_eq!(kind(&relative).unwrap_err().key, "kinds.\"python:ow\".paths");
+        let config = Config::from_toml(&format!(
+            "[kinds.x]\n{own_port}network = \"isolated\"\nenv = {{ A = \"{{port}}:{{work_dir}}\" }}"
+        ))
+        .unwrap();
+        assert_eq!(config.kinds["x"].port, OPENWHISK_PORT);
+        assert_eq!(config.kinds["x"].env_for(Path::new("/w")), vec![("A".to_string(), "8080:/w".to_string())]);
+    }
+
+    #[test]
+    fn on_docker_the_kinds_with_an_image_are_the_action_kinds_and_an_images_own_entry_point_is_isolated() {
+        let text = "[factory]\nkind = \"docker\"\n[factory.docker.kinds.\"nodejs:ow\"]\nimage = \"openwhisk/action-nodejs-v20\"\n";
+        let config = Config::from_toml(text).unwrap();
+        let kinds = config.action_kinds();
+        assert_eq!(kinds.get("nodejs:ow"), Some(&1), "another's runtime: one run at a time");
+        assert_eq!(kinds.get("python:3"), Some(&config.limits.concurrency_max), "ours");
+        assert_eq!(kinds.get("nodejs:20"), None, "no image for it");
+        let docker = &config.factory.docker;
+        assert_eq!(docker.kinds["nodejs:ow"].network(docker.network), Network::Isolated);
+        assert_eq!(docker.kinds["python:3"].network(docker.network), Network::None);
+        assert_eq!(docker.kinds["nodejs:ow"].port(), OPENWHISK_PORT);
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! The Docker factory: each action container is a Docker container on one engine, reached over
 //! a unix socket in a per-container directory bind-mounted from `data_dir` (no network at all,
-//! Fn's design), or on a 127.0.0.1 port with the host's network.
+//! Fn's design); on a port of its own loopback (`isolated`: no network but loopback, the
+//! invoker connecting from inside the container's namespace, see `netns.rs`), as OpenWhisk's
+//! images serve; or on a 127.0.0.1 port with the host's network.
 //!
 //! Limits: memory = memory+swap = the action's memory, CPU shares in proportion to it, a pids
 //! limit, a read-only root with a small tmpfs, no new privileges, every capability dropped,
@@ -8,9 +10,10 @@
 //! what an earlier run of the same invoker left, and nothing else.
 
 use super::logs::{LogBuffer, Stream};
+use super::netns::NetNs;
 use super::one_host::OneHost;
 use super::{ContainerFactory, ContainerHandle, ContainerSpec, Epoch, FactoryError, StatsReceiver, Transport};
-use crate::config::{Config, DockerFactoryConfig, Network};
+use crate::config::{Config, DockerFactoryConfig, DockerKindConfig, Network};
 use crate::pool::core::{ContainerId, NodeId};
 use bollard::models::{ContainerCreateBody, HostConfig};
 use bollard::query_parameters::{CreateContainerOptions, ListContainersOptions, LogsOptions, RemoveContainerOptions};
@@ -122,6 +125,7 @@ impl ContainerFactory for DockerFactory {
             self.inner.host.capacity_mb,
             match self.inner.config.network {
                 Network::None => "without",
+                Network::Isolated => "with only a loopback",
                 Network::Host => "on the host's",
             },
             self.inner.config.user
@@ -142,20 +146,23 @@ impl ContainerFactory for DockerFactory {
         let kind = inner.config.kinds.get(&spec.kind).ok_or_else(|| FactoryError::UnknownKind(spec.kind.clone()))?;
         let _slot = inner.creates.acquire().await.map_err(|e| FactoryError::Create(e.to_string()))?;
         let dir = self.container_dir(spec.id);
-        let (transport, listen) = match inner.config.network {
+        let network = kind.network(inner.config.network);
+        let (transport, listen) = match network {
             Network::None => {
                 prepare_dir(&dir, inner.owner).map_err(|e| FactoryError::Create(format!("{}: {e}", dir.display())))?;
                 let listen = format!("unix:{SOCKET_DIR}/runtime.sock");
-                (Transport::Unix(dir.join("runtime.sock")), listen)
+                (Some(Transport::Unix(dir.join("runtime.sock"))), listen)
             }
+            // Known once the container runs: its namespace.
+            Network::Isolated => (None, std::net::SocketAddr::from(([0, 0, 0, 0], kind.port())).to_string()),
             Network::Host => {
                 let listener =
                     std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| FactoryError::Create(e.to_string()))?;
                 let addr = listener.local_addr().map_err(|e| FactoryError::Create(e.to_string()))?;
-                (Transport::Tcp(addr), addr.to_string())
+                (Some(Transport::Tcp(addr)), addr.to_string())
             }
         };
-        let body = self.container_body(spec, &kind.image, &kind.command, &listen, &dir);
+        let body = self.container_body(spec, kind, network, &listen, &dir);
         let name = format!("invoker-{}-{}", inner.invoker_id, spec.id.0);
         let options = CreateContainerOptions { name: Some(name), ..Default::default() };
         inner.live.lock().insert(spec.id, Live { docker_id: String::new(), memory_mb: spec.memory_mb });
@@ -177,10 +184,18 @@ impl ContainerFactory for DockerFactory {
         }
         let logs = Arc::new(LogBuffer::default());
         self.follow_logs(&docker_id, logs.clone());
-        if let Err(e) = self.wait_ready(&docker_id, &transport).await {
+        let transport = match transport {
+            Some(transport) => Ok(transport),
+            None => self.namespace_of(&docker_id).await.map(|ns| Transport::Netns(Arc::new(ns), kind.port())),
+        };
+        if let Err(e) = match &transport {
+            Ok(transport) => self.wait_ready(&docker_id, transport).await,
+            Err(e) => Err(FactoryError::Create(e.to_string())),
+        } {
             self.remove(spec.id).await;
             return Err(e);
         }
+        let transport = transport.map_err(|e| FactoryError::Create(e.to_string()))?;
         Ok(ContainerHandle { id: spec.id, node: node.clone(), transport, logs, ready_at: inner.host.now() })
     }
 
@@ -217,14 +232,32 @@ impl ContainerFactory for DockerFactory {
 }
 
 impl DockerFactory {
+    /// The network namespace of a running container (its first process's), which the invoker
+    /// can enter: the engine must run in the invoker's pid namespace, on the same host.
+    async fn namespace_of(&self, docker_id: &str) -> Result<NetNs, FactoryError> {
+        let inspected = self.inner.docker.inspect_container(docker_id, None).await.map_err(op("docker inspect"))?;
+        let pid = inspected.state.and_then(|s| s.pid).filter(|&p| p > 0);
+        let pid = pid.ok_or_else(|| FactoryError::Create("the container is not running (no pid)".into()))?;
+        let ns = NetNs::of_process(pid as u32)
+            .map_err(|e| FactoryError::Create(format!("the container's network namespace (pid {pid}): {e}")))?;
+        if ns.is_invokers() {
+            return Err(FactoryError::Create(format!(
+                "pid {pid} of the container shares the invoker's network; the engine must run on this host, in \
+                 the invoker's pid namespace, for network = \"isolated\""
+            )));
+        }
+        Ok(ns)
+    }
+
     fn container_body(
         &self,
         spec: &ContainerSpec,
-        image: &str,
-        command: &[String],
+        kind: &DockerKindConfig,
+        network: Network,
         listen: &str,
         dir: &Path,
     ) -> ContainerCreateBody {
+        let (image, command) = (&kind.image, &kind.command);
         let c = &self.inner.config;
         let memory = i64::from(spec.memory_mb) * 1024 * 1024;
         let mut host = HostConfig {
@@ -241,13 +274,13 @@ impl DockerFactory {
             )])),
             security_opt: Some(vec!["no-new-privileges".into()]),
             cap_drop: Some(vec!["ALL".into()]),
-            network_mode: Some(match c.network {
-                Network::None => "none".into(),
+            network_mode: Some(match network {
+                Network::None | Network::Isolated => "none".into(),
                 Network::Host => "host".into(),
             }),
             ..Default::default()
         };
-        if c.network == Network::None {
+        if network == Network::None {
             host.binds = Some(vec![format!("{}:{SOCKET_DIR}", dir.display())]);
         }
         let labels = HashMap::from([
@@ -262,7 +295,8 @@ impl DockerFactory {
             user: Some(c.user.clone()),
             labels: Some(labels),
             env: Some(vec![format!("INVOKER_ID={}", self.inner.invoker_id), "TMPDIR=/tmp".into()]),
-            network_disabled: Some(c.network == Network::None),
+            // `isolated` keeps the namespace's loopback, where the runtime serves.
+            network_disabled: Some(network == Network::None),
             host_config: Some(host),
             ..Default::default()
         }

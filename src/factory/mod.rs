@@ -8,10 +8,12 @@ pub mod docker;
 pub mod logs;
 pub mod mesos;
 pub mod mock;
+pub mod netns;
 mod one_host;
 pub mod process;
 pub mod sandbox;
 mod uids;
+pub mod watchdog;
 
 use crate::pool::core::{ContainerId, NodeId, NodeStatsUpdate, Time};
 use logs::LogBuffer;
@@ -36,6 +38,8 @@ pub struct ContainerSpec {
 pub enum Transport {
     Tcp(SocketAddr),
     Unix(PathBuf),
+    /// A port on the loopback of the container's own network namespace (see `netns.rs`).
+    Netns(Arc<netns::NetNs>, u16),
 }
 
 impl Transport {
@@ -44,6 +48,7 @@ impl Transport {
         match self {
             Transport::Tcp(addr) => tokio::net::TcpStream::connect(addr).await.is_ok(),
             Transport::Unix(path) => tokio::net::UnixStream::connect(path).await.is_ok(),
+            Transport::Netns(ns, port) => ns.connect(*port).await.is_ok(),
         }
     }
 }

@@ -4,16 +4,19 @@
 //! namespaces, in its own process group.
 //!
 //! No orphans: destroy kills every process in the container's cgroups (setsid and double
-//! forks included); at shutdown every container is destroyed; and every live container is
-//! recorded in `data_dir/processes/<invoker_id>/`, so that a restart after SIGKILL kills what
-//! the earlier run of the same invoker left (its cgroups, and the recorded process groups
-//! whose environment names this invoker), and nothing else.
+//! forks included); at shutdown every container is destroyed; if the invoker dies (SIGKILL),
+//! its watchdog (`watchdog.rs`) removes them at once, whether their runtimes watch the invoker
+//! or not; and every live container is recorded in `data_dir/processes/<invoker_id>/`, so that
+//! a restart kills what an earlier run of the same invoker left (its cgroups, and the recorded
+//! process groups whose environment names this invoker), and nothing else.
 
 use super::cgroup::ContainerCgroups;
 use super::logs::{LogBuffer, Stream};
+use super::netns::NetNs;
 use super::one_host::OneHost;
 use super::sandbox::{resolve_interpreter, SandboxArgs, ACTION_PATH};
 use super::uids::{HeldUid, UidRange};
+use super::watchdog::{remove_left, Watchdog, WatchdogArgs};
 use super::{ContainerFactory, ContainerHandle, ContainerSpec, Epoch, FactoryError, StatsReceiver, Transport};
 use crate::config::{Config, KindConfig, Network, ProcessFactoryConfig, TransportKind};
 use crate::pool::core::{ContainerId, NodeId};
@@ -54,6 +57,7 @@ struct Inner {
     masked: Vec<PathBuf>,
     host: OneHost,
     live: Mutex<HashMap<ContainerId, Live>>,
+    watchdog: Mutex<Option<Watchdog>>,
 }
 
 struct Live {
@@ -124,6 +128,15 @@ impl ProcessFactory {
         if let Some(range) = &uids {
             probe_sandbox(&executable, &pid_dir, range)?;
         }
+        if uids.is_none() {
+            if let Some((name, _)) = config.kinds.iter().find(|(_, k)| k.network == Network::Isolated) {
+                return Err(setup_error(format!(
+                    "kinds.\"{name}\".network = \"isolated\" gives each container a network namespace of its \
+                     own, which only the isolated sandbox makes: run the invoker as root with [factory.process] \
+                     unprivileged = true (the default)"
+                )));
+            }
+        }
         let env = runtime_env(&config.kinds, uids.is_some())?;
         if settings.transport == TransportKind::Tcp {
             let own: Vec<&str> =
@@ -151,9 +164,10 @@ impl ProcessFactory {
                 masked,
                 host,
                 live: Mutex::new(HashMap::new()),
+                watchdog: Mutex::new(None),
             }),
         };
-        factory.clean_up_earlier_run();
+        factory.clean_up_earlier_run()?;
         factory.observe();
         Ok(factory)
     }
@@ -179,6 +193,7 @@ impl ContainerFactory for ProcessFactory {
     /// Publishes a fresh snapshot: user memory minus the declared limits of live containers.
     fn observe(&self) {
         self.inner.host.publish(self.inner.live.lock().values().map(|l| l.memory_mb));
+        self.keep_watchdog();
     }
 
     async fn create(&self, spec: &ContainerSpec, node: &NodeId) -> Result<ContainerHandle, FactoryError> {
@@ -188,7 +203,7 @@ impl ContainerFactory for ProcessFactory {
             Some(range) => Some(range.take().map_err(FactoryError::Create)?),
             None => None,
         };
-        let (transport, sandbox) = match self.prepare(spec, kind, uid.as_ref()) {
+        let (reach, sandbox) = match self.prepare(spec, kind, uid.as_ref()) {
             Ok(prepared) => prepared,
             Err(e) => {
                 // Whatever was made of the container (its directories, its cgroups) goes.
@@ -196,16 +211,18 @@ impl ContainerFactory for ProcessFactory {
                 return Err(e);
             }
         };
-        let dir = self.dir(spec.id);
         let mut cmd = Command::new(&inner.executable);
+        // The kind's variables first: the invoker's own (how a restart finds what an earlier
+        // run left) cannot be overridden.
         cmd.arg("sandbox")
             .args(sandbox.to_args())
             .env_clear()
             .envs(inner.env.iter().map(|(k, v)| (k, v)))
+            .envs(kind.env_for(&self.work_dir(spec.id)))
             .env("INVOKER_ID", &inner.invoker_id)
             .env("INVOKER_CONTAINER", spec.id.0.to_string())
             .env("INVOKER_PARENT_PID", std::process::id().to_string())
-            .env("INVOKER_WORK_DIR", dir.join("work"))
+            .env("INVOKER_WORK_DIR", self.work_dir(spec.id))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -230,16 +247,19 @@ impl ContainerFactory for ProcessFactory {
         inner.live.lock().insert(spec.id, Live { pgid, memory_mb: spec.memory_mb, child: None, uid });
         self.observe();
 
-        if let Err(e) = wait_ready(&mut child, &transport, inner.settings.ready_timeout).await {
-            self.kill(spec.id, Some(child)).await;
-            // The sandbox says on stderr which step failed.
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            let said = logs.last_stderr();
-            return Err(match (e, said) {
-                (FactoryError::Create(reason), Some(line)) => FactoryError::Create(format!("{reason}: {line}")),
-                (e, _) => e,
-            });
-        }
+        let transport = match wait_ready(&mut child, pid, reach, inner.settings.ready_timeout).await {
+            Ok(transport) => transport,
+            Err(e) => {
+                self.kill(spec.id, Some(child)).await;
+                // The sandbox says on stderr which step failed.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                let said = logs.last_stderr();
+                return Err(match (e, said) {
+                    (FactoryError::Create(reason), Some(line)) => FactoryError::Create(format!("{reason}: {line}")),
+                    (e, _) => e,
+                });
+            }
+        };
         if let Some(live) = inner.live.lock().get_mut(&spec.id) {
             live.child = Some(child);
         }
@@ -276,34 +296,43 @@ impl ContainerFactory for ProcessFactory {
 }
 
 impl ProcessFactory {
-    /// Makes the container's directory (its uid's, 0700), its root's mount point, its cgroups,
-    /// and the address its runtime will serve on; returns that and the sandbox's arguments.
+    /// Makes the container's directory and its work dir (its uid's, 0700), its root's mount
+    /// point, its cgroups, and the address its runtime will serve on; returns how to reach it
+    /// and the sandbox's arguments.
     fn prepare(
         &self,
         spec: &ContainerSpec,
         kind: &KindConfig,
         uid: Option<&HeldUid>,
-    ) -> Result<(Transport, SandboxArgs), FactoryError> {
+    ) -> Result<(Reach, SandboxArgs), FactoryError> {
         let inner = &self.inner;
         let dir = self.dir(spec.id);
         let create_err = |what: &str, e: std::io::Error| FactoryError::Create(format!("{what}: {e}"));
         let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir(&dir).map_err(|e| create_err("container directory", e))?;
-        if let Some(held) = uid {
-            let id = Some(nix::unistd::Uid::from_raw(held.uid));
-            nix::unistd::chown(&dir, id, Some(nix::unistd::Gid::from_raw(held.uid)))
-                .map_err(|e| FactoryError::Create(format!("container directory: {e}")))?;
+        let work = self.work_dir(spec.id);
+        for made in [&dir, &work] {
+            std::fs::create_dir(made).map_err(|e| create_err("container directory", e))?;
+            if let Some(held) = uid {
+                let id = Some(nix::unistd::Uid::from_raw(held.uid));
+                nix::unistd::chown(made, id, Some(nix::unistd::Gid::from_raw(held.uid)))
+                    .map_err(|e| FactoryError::Create(format!("container directory: {e}")))?;
+            }
+            let _ = std::fs::set_permissions(made, std::fs::Permissions::from_mode(0o700));
+        }
+        if uid.is_some() {
             std::fs::create_dir(self.root(spec.id)).map_err(|e| create_err("container root", e))?;
         }
-        let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700));
-        let (transport, listen) = match (kind.network, inner.settings.transport) {
+        let (reach, listen) = match (kind.network, inner.settings.transport) {
+            (Network::Isolated, _) => {
+                (Reach::Namespace(kind.port), SocketAddr::from(([0, 0, 0, 0], kind.port)).to_string())
+            }
             (Network::Host, TransportKind::Tcp) => {
                 let addr = free_port()?;
-                (Transport::Tcp(addr), crate::runtime::Listen::Tcp(addr).to_string())
+                (Reach::At(Transport::Tcp(addr)), crate::runtime::Listen::Tcp(addr).to_string())
             }
             _ => {
                 let path = dir.join("sock");
-                (Transport::Unix(path.clone()), crate::runtime::Listen::Unix(path).to_string())
+                (Reach::At(Transport::Unix(path.clone())), crate::runtime::Listen::Unix(path).to_string())
             }
         };
         let cgroup_procs = match &inner.cgroups {
@@ -319,12 +348,13 @@ impl ProcessFactory {
             host_network: kind.network == Network::Host,
             root: Some(self.root(spec.id)),
             dir: Some(dir.clone()),
-            bind_files: vec![inner.executable.clone()],
+            work_dir: Some(work),
+            bind_files: std::iter::once(&inner.executable).chain(&kind.paths).cloned().collect(),
             mask: inner.masked.clone(),
             tmp_mb: inner.settings.tmp_mb,
             command: kind.command_for(&inner.executable, &listen).into_iter().map(Into::into).collect(),
         };
-        Ok((transport, sandbox))
+        Ok((reach, sandbox))
     }
 
     fn signal(&self, id: ContainerId, signal: Signal, op: &'static str) -> Result<(), FactoryError> {
@@ -372,6 +402,11 @@ impl ProcessFactory {
         self.inner.pid_dir.join(id.0.to_string())
     }
 
+    /// The runtime's working directory, inside the container's own.
+    fn work_dir(&self, id: ContainerId) -> PathBuf {
+        self.dir(id).join("work")
+    }
+
     /// Where the sandbox builds the container's root (an empty directory on the host).
     fn root(&self, id: ContainerId) -> PathBuf {
         self.inner.pid_dir.join(format!("{}.root", id.0))
@@ -381,38 +416,37 @@ impl ProcessFactory {
         self.inner.pid_dir.join(format!("{}.pid", id.0))
     }
 
-    /// Kills what an earlier run of this invoker left: every process in its containers'
-    /// cgroups, and the process groups it recorded if they are still its own (the environment
-    /// names this invoker); then forgets them.
-    fn clean_up_earlier_run(&self) {
-        let Ok(entries) = std::fs::read_dir(&self.inner.pid_dir) else { return };
-        let marker = format!("INVOKER_ID={}", self.inner.invoker_id);
-        let mut killed = 0;
-        let mut dirs = Vec::new();
-        for entry in entries.flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                dirs.push(path);
-                continue;
-            }
-            let pid = std::fs::read_to_string(&path).ok().and_then(|s| s.trim().parse::<i32>().ok());
-            if let Some(pid) = pid {
-                let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
-                if environ.split(|&b| b == 0).any(|v| v == marker.as_bytes()) {
-                    let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
-                    killed += 1;
-                }
-            }
-            let _ = std::fs::remove_file(&path);
-        }
-        if let Ok(cg) = &self.inner.cgroups {
-            killed += cg.remove_all();
-        }
-        for dir in dirs {
-            let _ = std::fs::remove_dir_all(&dir);
-        }
+    /// Kills what an earlier run of this invoker left (its watchdog included; see
+    /// `watchdog.rs`), then starts this run's watchdog.
+    fn clean_up_earlier_run(&self) -> Result<(), FactoryError> {
+        let inner = &self.inner;
+        let killed = remove_left(&inner.invoker_id, &inner.pid_dir, inner.cgroups.as_ref().ok());
         if killed > 0 {
             tracing::info!(killed, "removed runtime processes left by an earlier run of this invoker");
+        }
+        let watchdog = Watchdog::start(&inner.executable, &self.watchdog_args())
+            .map_err(|e| setup_error(format!("the watchdog (invoker watchdog): {e}")))?;
+        *inner.watchdog.lock() = Some(watchdog);
+        Ok(())
+    }
+
+    fn watchdog_args(&self) -> WatchdogArgs {
+        WatchdogArgs {
+            invoker_id: self.inner.invoker_id.clone(),
+            pid_dir: self.inner.pid_dir.clone(),
+            cgroup_root: self.inner.settings.cgroup_root.clone(),
+        }
+    }
+
+    /// A watchdog that someone killed is started again (its absence would let containers
+    /// outlive a crash of the invoker).
+    fn keep_watchdog(&self) {
+        let mut watchdog = self.inner.watchdog.lock();
+        if watchdog.as_mut().is_some_and(|w| !w.alive()) {
+            tracing::warn!("the watchdog exited; starting it again");
+            *watchdog = Watchdog::start(&self.inner.executable, &self.watchdog_args())
+                .inspect_err(|e| tracing::error!("the watchdog could not be started again: {e}"))
+                .ok();
         }
     }
 }
@@ -483,11 +517,29 @@ fn free_port() -> Result<SocketAddr, FactoryError> {
     listener.local_addr().map_err(|e| FactoryError::Create(e.to_string()))
 }
 
-async fn wait_ready(child: &mut Child, transport: &Transport, bound: Duration) -> Result<(), FactoryError> {
+/// How the invoker will reach a container's runtime.
+enum Reach {
+    /// At an address known before it starts (a unix socket, a host port).
+    At(Transport),
+    /// On this port of the network namespace the sandbox makes (known once it unshared).
+    Namespace(u16),
+}
+
+/// Waits until the runtime accepts connections; returns where.
+async fn wait_ready(child: &mut Child, pid: u32, reach: Reach, bound: Duration) -> Result<Transport, FactoryError> {
     let deadline = tokio::time::Instant::now() + bound;
     loop {
-        if transport.accepts().await {
-            return Ok(());
+        let transport = match &reach {
+            Reach::At(transport) => Some(transport.clone()),
+            Reach::Namespace(port) => match NetNs::of_process(pid) {
+                Ok(ns) if !ns.is_invokers() => Some(Transport::Netns(Arc::new(ns), *port)),
+                _ => None,
+            },
+        };
+        if let Some(transport) = transport {
+            if transport.accepts().await {
+                return Ok(transport);
+            }
         }
         if let Ok(Some(status)) = child.try_wait() {
             return Err(FactoryError::Create(format!("the runtime exited before it was ready ({status})")));

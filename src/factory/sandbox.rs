@@ -88,7 +88,11 @@ pub struct SandboxArgs {
     /// The container's own directory (its socket and work dir), writable, at the same path.
     #[arg(long)]
     pub dir: Option<PathBuf>,
-    /// A file (the runtime binary) visible read-only at the same path.
+    /// The runtime's working directory (inside `--dir`).
+    #[arg(long)]
+    pub work_dir: Option<PathBuf>,
+    /// A file or directory (the runtime binary, a runtime's installation) visible read-only at
+    /// the same path.
     #[arg(long = "bind-file")]
     pub bind_files: Vec<PathBuf>,
     /// A path hidden even if it lies in a directory the container sees (the config file).
@@ -119,6 +123,9 @@ impl SandboxArgs {
         }
         if let Some(dir) = &self.dir {
             pair("--dir", dir.into());
+        }
+        if let Some(dir) = &self.work_dir {
+            pair("--work-dir", dir.into());
         }
         for f in &self.bind_files {
             pair("--bind-file", f.into());
@@ -161,7 +168,7 @@ fn setup(args: &SandboxArgs) -> std::io::Result<()> {
         step(&procs.display().to_string(), std::fs::write(procs, std::process::id().to_string()))?;
     }
     if !args.isolate {
-        return Ok(());
+        return enter_work_dir(args);
     }
     let mut flags = CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWIPC;
     if !args.host_network {
@@ -174,7 +181,16 @@ fn setup(args: &SandboxArgs) -> std::io::Result<()> {
     let root = args.root.as_deref().ok_or_else(|| std::io::Error::other("sandbox: --root is required"))?;
     step("filesystem", build_root(root, args))?;
     step("chdir /", std::env::set_current_dir("/"))?;
-    drop_privileges(args.uid)
+    drop_privileges(args.uid)?;
+    enter_work_dir(args)
+}
+
+/// Into the working directory, as the container's own user where it is isolated.
+fn enter_work_dir(args: &SandboxArgs) -> std::io::Result<()> {
+    match &args.work_dir {
+        Some(dir) => step(&format!("chdir {}", dir.display()), std::env::set_current_dir(dir)),
+        None => Ok(()),
+    }
 }
 
 fn drop_privileges(uid: u32) -> std::io::Result<()> {
@@ -402,6 +418,7 @@ mod tests {
             host_network: false,
             root: Some("/d/1.root".into()),
             dir: Some("/d/1".into()),
+            work_dir: Some("/d/1/work".into()),
             bind_files: vec!["/usr/bin/invoker".into()],
             mask: vec!["/etc/invoker.toml".into()],
             tmp_mb: 32,

@@ -53,6 +53,9 @@ impl RuntimeClient {
             Transport::Unix(path) => {
                 handshake(ReadWatchedStream::connect(path).await.map_err(|e| e.to_string())?).await
             }
+            Transport::Netns(ns, port) => {
+                handshake(TokioIo::new(ns.connect(*port).await.map_err(|e| e.to_string())?)).await
+            }
         }
     }
 
