@@ -3,6 +3,9 @@
 # factory. Each image holds the project's own runtime (`invoker action-runtime`) at /invoker:
 #   invoker-native:latest  FROM scratch: the binary, the shared libraries ldd lists, and
 #                          busybox-static as /bin/sh (native actions are executables or scripts)
+#   invoker-ow-native:latest  invoker-native with the runtime as its entry point, serving on
+#                          0.0.0.0:8080 of its own network as OpenWhisk's images do (the Docker
+#                          factory's `isolated` network is tested with it)
 #   invoker-python:latest  a Debian minbase root with python3 and its standard library (debootstrap, built once
 #                          and cached in INVOKER_IMAGE_CACHE), plus the binary
 # An image is rebuilt only when the binary it holds changed (its sha256 is a label).
@@ -53,6 +56,14 @@ if [ "$(current invoker-native:latest)" != "$sum" ]; then
   printf 'FROM scratch\nCOPY . /\nLABEL invoker.binary=%s\n' "$sum" >"$work/native.Dockerfile"
   build invoker-native:latest "$work/native.Dockerfile" "$root"
   echo "built invoker-native:latest ($sum)"
+fi
+
+# An image in OpenWhisk's shape: no command from the invoker, the runtime on :8080.
+if [ "$(current invoker-ow-native:latest)" != "$sum" ]; then
+  printf 'FROM invoker-native:latest\nENTRYPOINT ["/invoker", "action-runtime", "--listen", "0.0.0.0:8080", "--launcher", "native"]\nLABEL invoker.binary=%s\n' \
+    "$sum" >"$work/ow.Dockerfile"
+  build invoker-ow-native:latest "$work/ow.Dockerfile" "$work"
+  echo "built invoker-ow-native:latest ($sum)"
 fi
 
 # The python image: a cached Debian root with python3, then the binary on top.

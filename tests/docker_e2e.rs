@@ -309,3 +309,59 @@ async fn allocating_past_the_memory_limit_is_a_developer_error_and_the_container
     assert_ne!(container_id(&next), container_id(&first), "the killed container was replaced");
     stop(inv, &docker, &invoker_id).await;
 }
+
+/// Whether anything listens on TCP `port` in the test's (the host's) network namespace.
+fn host_listens_on(port: u16) -> bool {
+    let hex = format!(":{port:04X}");
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|table| {
+        let text = std::fs::read_to_string(table).unwrap_or_default();
+        text.lines().any(|l| {
+            let fields: Vec<&str> = l.split_whitespace().collect();
+            fields.len() > 3 && fields[1].ends_with(&hex) && fields[3] == "0A"
+        })
+    })
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs a Docker Engine and the runtime images: run by .ci/run"]
+async fn an_image_serving_on_8080_of_its_own_network_runs_unchanged_with_no_host_port() {
+    let dir = tempdir();
+    let invoker_id = id("dk-ow");
+    let docker = engine().await;
+    let listened_before = host_listens_on(8080);
+    // An image in OpenWhisk's shape: its own entry point, serving on :8080; `isolated` by default.
+    let extra = "[factory.docker.kinds.\"native:ow\"]\nimage = \"invoker-ow-native:latest\"\n\
+                 [proxy]\npause_grace = \"50ms\"\n";
+    let inv = start(dir.path(), &invoker_id, None, extra).await;
+    let script = "#!/bin/sh\nwhile read line; do echo \"ow saw $line\"; echo '{\"ow\":true}' >&3; done\n";
+    inv.put_action("ow", json!({"exec": {"kind": "native:ow", "code": script}})).await;
+
+    let (status, first) = inv.invoke("ow", "blocking=true", json!({"x": 1})).await;
+    assert_eq!(status, 200, "{first}");
+    assert_eq!(first["response"]["result"], json!({"ow": true}));
+    assert!(first["logs"].to_string().contains("ow saw"), "the run's logs: {first}");
+
+    let (docker_id, _) = the_container(&docker, &invoker_id).await;
+    let c = docker.inspect_container(&docker_id, None::<InspectContainerOptions>).await.unwrap();
+    let host = c.host_config.unwrap();
+    assert_eq!(host.network_mode.as_deref(), Some("none"), "no network but its loopback");
+    assert!(host.port_bindings.unwrap_or_default().is_empty(), "no port published");
+    assert!(host.binds.unwrap_or_default().is_empty(), "no socket directory: it serves on its own port");
+    assert_eq!(host_listens_on(8080), listened_before, "nothing listens on the host's 8080");
+
+    // Paused while idle, resumed for the next run, the same container.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let state = docker.inspect_container(&docker_id, None::<InspectContainerOptions>).await.unwrap().state;
+        if state.and_then(|s| s.paused) == Some(true) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the idle container was never paused");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (status, second) = inv.invoke("ow", "blocking=true", json!({"x": 2})).await;
+    assert_eq!(status, 200, "{second}");
+    assert_eq!(annotation(&second, "startKind"), json!("warm"));
+    assert_eq!(container_id(&second), container_id(&first), "the paused container, resumed");
+    stop(inv, &docker, &invoker_id).await;
+}
