@@ -104,6 +104,9 @@ enum Command {
         /// when a run wakes it.
         #[arg(long, value_enum, env = "INVOKER_ACTION_SCHED", default_value_t)]
         sched: SchedPolicy,
+        /// A unix socket where the zygote's launcher for this container connects.
+        #[arg(long, env = "INVOKER_ADOPT")]
+        adopt: Option<PathBuf>,
     },
     /// Set up one process-factory container (cgroups, namespaces, root, uid), then run its
     /// runtime command; the process factory starts every runtime through it.
@@ -125,9 +128,9 @@ enum Command {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
-        Some(Command::ActionRuntime { listen, launcher, work_dir, parent_pid, sched }) => {
+        Some(Command::ActionRuntime { listen, launcher, work_dir, parent_pid, sched, adopt }) => {
             // No tracing here: the runtime's stdout and stderr are the action's logs.
-            invoker::runtime::run(RuntimeOptions { listen, launcher, work_dir, parent_pid, sched })?;
+            invoker::runtime::run(RuntimeOptions { listen, launcher, work_dir, parent_pid, sched, adopt })?;
             return Ok(());
         }
         Some(Command::Sandbox(args)) => {

@@ -48,7 +48,7 @@ const WHO: &str = r#"import os
 def main(a):
     status = dict(l.split(':\t', 1) for l in open('/proc/self/status').read().splitlines() if ':\t' in l)
     return {'uid': os.getuid(), 'gid': os.getgid(), 'groups': os.getgroups(), 'cap_eff': status['CapEff'].strip(),
-            'no_new_privs': status['NoNewPrivs'].strip(), 'pid': os.getpid(), 'runtime': os.getppid(),
+            'no_new_privs': status['NoNewPrivs'].strip(), 'pid': os.getpid(), 'runtime': os.getpgrp(),
             'cwd': os.getcwd()}
 "#;
 
@@ -409,7 +409,8 @@ async fn an_action_sees_none_of_the_invokers_environment() {
         ["PATH", "HOME", "LANG", "PWD", "INVOKER_PYTHON", "INVOKER_NODE", "INVOKER_ACTION_SCHED", "LC_CTYPE"]
             .contains(&k)
             || k.starts_with("__OW_")
-            || ["INVOKER_ID", "INVOKER_CONTAINER", "INVOKER_PARENT_PID", "INVOKER_WORK_DIR"].contains(&k)
+            || ["INVOKER_ID", "INVOKER_CONTAINER", "INVOKER_PARENT_PID", "INVOKER_WORK_DIR", "INVOKER_ADOPT"]
+                .contains(&k)
     };
     let unexpected: Vec<&&String> = keys.iter().filter(|k| !expected(k)).collect();
     assert!(unexpected.is_empty(), "the invoker's environment leaked: {unexpected:?}");

@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 use std::time::Duration;
 use support::{alive, python, wait_gone, Invoker};
 
-const PID_ACTION: &str = "import os, time\ndef main(a):\n    time.sleep(a.get('sleep', 0))\n    if a.get('crash'):\n        os._exit(3)\n    print('pid', os.getpid())\n    return {'pid': os.getpid(), 'runtime': os.getppid()}\n";
+const PID_ACTION: &str = "import os, time\ndef main(a):\n    time.sleep(a.get('sleep', 0))\n    if a.get('crash'):\n        os._exit(3)\n    print('pid', os.getpid())\n    return {'pid': os.getpid(), 'runtime': os.getpgrp()}\n";
 
 fn tempdir() -> tempfile::TempDir {
     tempfile::Builder::new().prefix("invoker-e2e-").tempdir().unwrap()
@@ -156,7 +156,7 @@ async fn concurrent_runs_in_one_container_get_their_own_action_processes() {
 }
 
 const POLICY_ACTION: &str =
-    "import os\ndef main(a):\n    return {'policy': os.sched_getscheduler(0), 'runtime': os.getppid()}\n";
+    "import os\ndef main(a):\n    return {'policy': os.sched_getscheduler(0), 'runtime': os.getpgrp()}\n";
 
 /// The runtime and its action run as `SCHED_BATCH` (3) unless the kind's command says
 /// `--sched normal`, when they keep the invoker's policy.

@@ -70,6 +70,11 @@ pub struct KindConfig {
     /// overlapping runs).
     #[serde(default)]
     pub max_concurrency: Option<u32>,
+    /// Whether the process factory forks the kind's action processes from a warm python
+    /// zygote instead of starting an interpreter in each container. Unset: on for the project's
+    /// own runtime with the python launcher; only such a kind may set it.
+    #[serde(default)]
+    pub zygote: Option<bool>,
 }
 
 impl KindConfig {
@@ -77,6 +82,16 @@ impl KindConfig {
     pub fn is_own_runtime(&self) -> bool {
         self.command.first().is_some_and(|c| c == "{invoker}")
             && self.command.get(1).is_some_and(|c| c == "action-runtime")
+    }
+
+    /// Whether the kind runs our runtime with the python launcher (what the zygote serves).
+    pub fn is_own_python(&self) -> bool {
+        self.is_own_runtime() && self.command.windows(2).any(|w| w[0] == "--launcher" && w[1] == "python")
+    }
+
+    /// Whether the process factory forks the kind's action processes from the python zygote.
+    pub fn uses_zygote(&self) -> bool {
+        self.zygote.unwrap_or(true) && self.is_own_python()
     }
 
     /// The most runs at once one container of the kind takes, `concurrency_max` the config's.
@@ -111,6 +126,7 @@ fn builtin_runtime(launcher: &str) -> KindConfig {
         paths: Vec::new(),
         protocol: RuntimeProtocol::OpenWhisk,
         max_concurrency: None,
+        zygote: None,
     }
 }
 
@@ -145,6 +161,12 @@ pub(super) fn validate(kinds: &BTreeMap<String, KindConfig>) -> Result<(), Confi
         }
         if let Some(path) = k.paths.iter().find(|p| !p.is_absolute() || p.parent().is_none()) {
             return Err(bad(&key("paths"), format!("'{}' must be an absolute path below /", path.display())));
+        }
+        if k.zygote == Some(true) && !k.is_own_python() {
+            return Err(bad(
+                &key("zygote"),
+                "only a kind running the invoker's own runtime with --launcher python has a zygote",
+            ));
         }
         if k.max_concurrency == Some(0) {
             return Err(bad(&format!("kinds.\"{kind}\".max_concurrency"), "must be at least 1"));

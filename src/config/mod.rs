@@ -224,6 +224,17 @@ mod tests {
     }
 
     #[test]
+    fn the_zygote_is_on_for_our_python_runtime_only_and_may_be_turned_off() {
+        let config = Config::from_toml("").unwrap();
+        assert!(config.kinds["python:3"].uses_zygote());
+        assert!(!config.kinds["nodejs:20"].uses_zygote() && !config.kinds["native"].uses_zygote());
+        let off = "[kinds.\"python:3\"]\ncommand = [\"{invoker}\", \"action-runtime\", \"--listen\", \"{listen}\", \"--launcher\", \"python\"]\nzygote = false\n";
+        assert!(!Config::from_toml(off).unwrap().kinds["python:3"].uses_zygote());
+        let foreign = "[kinds.x]\ncommand = [\"/opt/proxy\", \"{listen}\"]\nzygote = true\n";
+        assert_eq!(Config::from_toml(foreign).unwrap().validate().unwrap_err().key, "kinds.\"x\".zygote");
+    }
+
+    #[test]
     fn on_docker_the_kinds_with_an_image_are_the_action_kinds_and_an_images_own_entry_point_is_isolated() {
         let text = "[factory]\nkind = \"docker\"\n[factory.docker.kinds.\"nodejs:ow\"]\nimage = \"openwhisk/action-nodejs-v20\"\n";
         let config = Config::from_toml(text).unwrap();

@@ -14,6 +14,7 @@ pub mod process;
 pub mod sandbox;
 mod uids;
 pub mod watchdog;
+mod zygote;
 
 use crate::pool::core::{ContainerId, NodeId, NodeStatsUpdate, Time};
 use logs::LogBuffer;

@@ -17,6 +17,7 @@ use super::one_host::OneHost;
 use super::sandbox::{resolve_interpreter, SandboxArgs, ACTION_PATH};
 use super::uids::{HeldUid, UidRange};
 use super::watchdog::{remove_left, Watchdog, WatchdogArgs};
+use super::zygote::{ForkRequest, Zygote};
 use super::{ContainerFactory, ContainerHandle, ContainerSpec, Epoch, FactoryError, StatsReceiver, Transport};
 use crate::config::{Config, KindConfig, Network, ProcessFactoryConfig, TransportKind};
 use crate::pool::core::{ContainerId, NodeId};
@@ -58,6 +59,9 @@ struct Inner {
     host: OneHost,
     live: Mutex<HashMap<ContainerId, Live>>,
     watchdog: Mutex<Option<Watchdog>>,
+    /// Forks the action processes of the python kinds (isolated containers only: the child
+    /// must enter the container's namespaces and take its uid).
+    zygote: Option<Zygote>,
 }
 
 struct Live {
@@ -151,7 +155,7 @@ impl ProcessFactory {
         }
         let masked = config.source.iter().cloned().chain(std::path::absolute(&config.data_dir).ok()).collect();
         let host = OneHost::new(NodeId::new("local"), settings.user_memory_mb, epoch);
-        let factory = ProcessFactory {
+        let mut factory = ProcessFactory {
             inner: Arc::new(Inner {
                 invoker_id: config.invoker_id.clone(),
                 settings,
@@ -165,9 +169,14 @@ impl ProcessFactory {
                 host,
                 live: Mutex::new(HashMap::new()),
                 watchdog: Mutex::new(None),
+                zygote: None,
             }),
         };
         factory.clean_up_earlier_run()?;
+        let zygote = factory.start_zygote(&config.kinds)?;
+        if let Some(inner) = Arc::get_mut(&mut factory.inner) {
+            inner.zygote = zygote;
+        }
         factory.observe();
         Ok(factory)
     }
@@ -211,18 +220,27 @@ impl ContainerFactory for ProcessFactory {
                 return Err(e);
             }
         };
-        let mut cmd = Command::new(&inner.executable);
+        let work = self.work_dir(spec.id);
+        let adopt = self.dir(spec.id).join("launcher.sock");
+        let zygote = inner.zygote.as_ref().filter(|_| kind.uses_zygote());
         // The kind's variables first: the invoker's own (how a restart finds what an earlier
         // run left) cannot be overridden.
+        let mut env: Vec<(String, String)> = inner.env.iter().cloned().chain(kind.env_for(&work)).collect();
+        env.extend([
+            ("INVOKER_ID".to_string(), inner.invoker_id.clone()),
+            ("INVOKER_CONTAINER".into(), spec.id.0.to_string()),
+            ("INVOKER_PARENT_PID".into(), std::process::id().to_string()),
+            ("INVOKER_WORK_DIR".into(), work.display().to_string()),
+        ]);
+        if zygote.is_some() {
+            env.push(("INVOKER_ADOPT".into(), adopt.display().to_string()));
+        }
+        let env: BTreeMap<String, String> = env.into_iter().collect();
+        let mut cmd = Command::new(&inner.executable);
         cmd.arg("sandbox")
             .args(sandbox.to_args())
             .env_clear()
-            .envs(inner.env.iter().map(|(k, v)| (k, v)))
-            .envs(kind.env_for(&self.work_dir(spec.id)))
-            .env("INVOKER_ID", &inner.invoker_id)
-            .env("INVOKER_CONTAINER", spec.id.0.to_string())
-            .env("INVOKER_PARENT_PID", std::process::id().to_string())
-            .env("INVOKER_WORK_DIR", self.work_dir(spec.id))
+            .envs(&env)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -244,6 +262,7 @@ impl ContainerFactory for ProcessFactory {
         let logs = Arc::new(LogBuffer::default());
         spawn_reader(child.stdout.take(), Stream::Stdout, logs.clone());
         spawn_reader(child.stderr.take(), Stream::Stderr, logs.clone());
+        let uid_number = uid.as_ref().map(|held| held.uid);
         inner.live.lock().insert(spec.id, Live { pgid, memory_mb: spec.memory_mb, child: None, uid });
         self.observe();
 
@@ -260,6 +279,15 @@ impl ContainerFactory for ProcessFactory {
                 });
             }
         };
+        if let (Some(zygote), Some(uid)) = (zygote, uid_number) {
+            let env = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            let request = ForkRequest { pid, cgroups: &sandbox.cgroup_procs, uid, work: &work, socket: &adopt, env };
+            if let Err(e) = zygote.fork(&request).await {
+                tracing::warn!(container = spec.id.0, "{e}; the runtime starts its own launcher");
+                // As root: the runtime tells the invoker from a launcher and stops waiting.
+                drop(tokio::net::UnixStream::connect(&adopt).await);
+            }
+        }
         if let Some(live) = inner.live.lock().get_mut(&spec.id) {
             live.child = Some(child);
         }
@@ -436,6 +464,20 @@ impl ProcessFactory {
             pid_dir: self.inner.pid_dir.clone(),
             cgroup_root: self.inner.settings.cgroup_root.clone(),
         }
+    }
+
+    /// Starts the python zygote when a kind uses it and containers are isolated.
+    fn start_zygote(&self, kinds: &BTreeMap<String, KindConfig>) -> Result<Option<Zygote>, FactoryError> {
+        let inner = &self.inner;
+        if inner.uids.is_none() || !kinds.values().any(KindConfig::uses_zygote) {
+            return Ok(None);
+        }
+        let Some((_, python)) = inner.env.iter().find(|(k, _)| k == "INVOKER_PYTHON") else { return Ok(None) };
+        let mut env = inner.env.clone();
+        env.push(("INVOKER_ID".into(), inner.invoker_id.clone()));
+        Zygote::start(python.into(), inner.pid_dir.join("zygote"), env)
+            .map(Some)
+            .map_err(|e| setup_error(format!("the python zygote ({python}): {e}")))
     }
 
     /// A watchdog that someone killed is started again (its absence would let containers

@@ -10,7 +10,10 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::UnixListener;
 use tokio::process::{Child, ChildStdin, Command};
+use tokio_util::either::Either;
 
 /// Longest result line read from fd 3; a longer one is refused rather than buffered.
 const MAX_RESULT_BYTES: u64 = 64 * 1024 * 1024;
@@ -45,9 +48,16 @@ pub struct InitSpec {
 }
 
 pub struct ActionProcess {
-    child: Child,
-    stdin: ChildStdin,
-    results: BufReader<tokio::net::unix::pipe::Receiver>,
+    owner: Owner,
+    stdin: Either<ChildStdin, OwnedWriteHalf>,
+    results: BufReader<Either<tokio::net::unix::pipe::Receiver, OwnedReadHalf>>,
+}
+
+/// Whose process it is: a child this runtime spawned, or a launcher the zygote forked into
+/// this container (not a child: its end shows as the connection's end).
+enum Owner {
+    Child(Child),
+    Adopted(nix::unistd::Pid),
 }
 
 /// The action written into its work directory, ready to start as many processes as runs
@@ -57,15 +67,19 @@ pub struct PreparedAction {
     launcher: Launcher,
     work: PathBuf,
     program: Vec<String>,
+    main: String,
     env: BTreeMap<String, String>,
 }
 
 impl PreparedAction {
     pub fn prepare(launcher: Launcher, work: &Path, spec: InitSpec) -> Result<Self, ActionError> {
         let program = write_action(launcher, work, &spec)?;
-        Ok(PreparedAction { launcher, work: work.to_path_buf(), program, env: spec.env })
+        Ok(PreparedAction { launcher, work: work.to_path_buf(), program, main: spec.main, env: spec.env })
     }
 }
+
+/// How long `/init` waits for the zygote's launcher to connect before it starts one itself.
+const ADOPT_WAIT: Duration = Duration::from_secs(10);
 
 impl ActionProcess {
     /// Starts a process of the action and waits for it to load the action.
@@ -87,19 +101,60 @@ impl ActionProcess {
         // The parent's copy of the write end must close, or EOF never comes when the child dies.
         drop(cmd);
         let stdin = child.stdin.take().ok_or_else(|| ActionError::Init("no stdin".into()))?;
-        let mut process = ActionProcess { child, stdin, results: BufReader::new(results) };
         if launcher == Launcher::Native {
             tokio::time::sleep(NATIVE_SURVIVAL).await;
-            if let Some(status) = process.child.try_wait()? {
+            if let Some(status) = child.try_wait()? {
                 return Err(ActionError::Init(format!("the executable exited at once ({status})")));
             }
+        }
+        let process = ActionProcess {
+            owner: Owner::Child(child),
+            stdin: Either::Left(stdin),
+            results: BufReader::new(Either::Left(results)),
+        };
+        if launcher == Launcher::Native {
             return Ok(process);
         }
+        process.acknowledged().await
+    }
+
+    /// Takes the launcher the zygote forked into this container, which connects to `listener`
+    /// as this container's uid, and hands it the action; `None` when none comes (the invoker
+    /// connecting instead, as root, says the zygote could not fork one).
+    pub async fn adopt(listener: &UnixListener, action: &PreparedAction) -> Result<Option<Self>, ActionError> {
+        let Ok(accepted) = tokio::time::timeout(ADOPT_WAIT, listener.accept()).await else { return Ok(None) };
+        let (stream, _) = accepted?;
+        let peer = stream.peer_cred()?;
+        let pid = match peer.pid() {
+            Some(pid) if peer.uid() == nix::unistd::getuid().as_raw() && pid > 0 => pid,
+            _ => return Ok(None),
+        };
+        let (read, write) = stream.into_split();
+        let mut process = ActionProcess {
+            owner: Owner::Adopted(nix::unistd::Pid::from_raw(pid)),
+            stdin: Either::Right(write),
+            results: BufReader::new(Either::Right(read)),
+        };
+        let mut env = action.env.clone();
+        env.insert("__OW_EXECUTION_ENV".into(), action.launcher.name().into());
+        let mut first = serde_json::to_vec(&serde_json::json!({ "main": action.main, "env": env }))
+            .map_err(|e| ActionError::Init(e.to_string()))?;
+        first.push(b'\n');
+        if let Err(e) = process.send(&first).await {
+            process.kill();
+            return Err(ActionError::Init(format!("the forked launcher: {e}")));
+        }
+        process.acknowledged().await.map(Some)
+    }
+
+    /// Waits for the launcher to load the action and say so.
+    async fn acknowledged(mut self) -> Result<Self, ActionError> {
+        let process = &mut self;
         let ack = tokio::time::timeout(ACK_TIMEOUT, process.read_line()).await;
         let ack = ack.map_err(|_| ActionError::Init(format!("the action did not load within {ACK_TIMEOUT:?}")))?;
         match ack {
             Ok(line) => match serde_json::from_slice::<serde_json::Value>(&line) {
-                Ok(v) if v.get("ok") == Some(&serde_json::Value::Bool(true)) => Ok(process),
+                Ok(v) if v.get("ok") == Some(&serde_json::Value::Bool(true)) => Ok(self),
                 Ok(v) => Err(ActionError::Init(
                     v.get("error").and_then(|e| e.as_str()).map(str::to_owned).unwrap_or_else(|| v.to_string()),
                 )),
@@ -149,12 +204,24 @@ impl ActionProcess {
     }
 
     async fn exited(&mut self) -> Option<ActionError> {
-        let status = tokio::time::timeout(Duration::from_millis(500), self.child.wait()).await.ok()?.ok()?;
-        Some(ActionError::Exited(format!(" ({status})")))
+        match &mut self.owner {
+            Owner::Child(child) => {
+                let status = tokio::time::timeout(Duration::from_millis(500), child.wait()).await.ok()?.ok()?;
+                Some(ActionError::Exited(format!(" ({status})")))
+            }
+            Owner::Adopted(_) => Some(ActionError::Exited(String::new())),
+        }
     }
 
     pub fn kill(&mut self) {
-        let _ = self.child.start_kill();
+        match &mut self.owner {
+            Owner::Child(child) => {
+                let _ = child.start_kill();
+            }
+            Owner::Adopted(pid) => {
+                let _ = nix::sys::signal::kill(*pid, nix::sys::signal::Signal::SIGKILL);
+            }
+        }
     }
 }
 

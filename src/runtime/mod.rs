@@ -92,6 +92,9 @@ pub struct RuntimeOptions {
     /// The invoker's pid: when it dies, the runtime and its action exit too.
     pub parent_pid: Option<i32>,
     pub sched: SchedPolicy,
+    /// A unix socket where the zygote's launcher for this container connects (python): the
+    /// action process is then forked from a warm interpreter instead of started here.
+    pub adopt: Option<PathBuf>,
 }
 
 struct Runtime {
@@ -100,6 +103,7 @@ struct Runtime {
     /// Held while `/init` runs, so that two cannot overlap.
     initializing: tokio::sync::Mutex<()>,
     action: OnceLock<PreparedAction>,
+    adopt: Option<tokio::net::UnixListener>,
     /// Started action processes not running anything. A run takes one (or starts one when all
     /// are busy, which only concurrent runs do) and gives it back unless it failed.
     idle: parking_lot::Mutex<Vec<ActionProcess>>,
@@ -123,16 +127,27 @@ pub fn run(options: RuntimeOptions) -> std::io::Result<()> {
             (temp.path().to_path_buf(), Some(temp))
         }
     };
+    // One thread: the runtime serves one invoker, and its action runs in other processes.
+    let reactor = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let local = tokio::task::LocalSet::new();
+    // Bound before the runtime listens: when the invoker sees it ready, the zygote's launcher
+    // may connect.
+    let adopt = match &options.adopt {
+        Some(path) => {
+            let _ = std::fs::remove_file(path);
+            let _entered = reactor.enter();
+            Some(tokio::net::UnixListener::bind(path)?)
+        }
+        None => None,
+    };
     let runtime = Rc::new(Runtime {
         launcher: options.launcher,
         work: work.clone(),
         initializing: tokio::sync::Mutex::new(()),
         action: OnceLock::new(),
+        adopt,
         idle: parking_lot::Mutex::new(Vec::new()),
     });
-    // One thread: the runtime serves one invoker, and its action runs in other processes.
-    let reactor = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let local = tokio::task::LocalSet::new();
     let result = local.block_on(&reactor, async {
         let listener = match &options.listen {
             Listen::Tcp(addr) => server::Listener::Tcp(tokio::net::TcpListener::bind(addr).await?),
@@ -205,7 +220,7 @@ async fn init(runtime: &Runtime, body: &[u8]) -> Response {
         Err(message) => return error(StatusCode::FORBIDDEN, message),
     };
     let started = match PreparedAction::prepare(runtime.launcher, &runtime.work, spec) {
-        Ok(action) => ActionProcess::start(&action).await.map(|process| (action, process)),
+        Ok(action) => first_process(runtime, &action).await.map(|process| (action, process)),
         Err(e) => Err(e),
     };
     match started {
@@ -221,6 +236,16 @@ async fn init(runtime: &Runtime, body: &[u8]) -> Response {
             error(StatusCode::BAD_GATEWAY, e)
         }
     }
+}
+
+/// The action's first process: the zygote's launcher where one comes, otherwise started here.
+async fn first_process(runtime: &Runtime, action: &PreparedAction) -> Result<ActionProcess, ActionError> {
+    if let (Launcher::Python, Some(listener)) = (runtime.launcher, &runtime.adopt) {
+        if let Some(process) = ActionProcess::adopt(listener, action).await? {
+            return Ok(process);
+        }
+    }
+    ActionProcess::start(action).await
 }
 
 fn init_spec(value: InitValue) -> Result<InitSpec, String> {

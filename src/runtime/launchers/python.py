@@ -3,12 +3,13 @@
 # directory. Writes {"ok": true} on fd 3 once the action is loaded, then, for every line on
 # stdin (one /run body), one result line on fd 3. Output is flushed before each result so
 # the runtime's sentinels follow the action's own lines.
+# The zygote (zygote.py) imports this file and calls serve() in each container it forks.
 import json
 import os
 import sys
 import traceback
 
-out = os.fdopen(3, "w")
+out = None
 
 # glibc's setenv (which os.environ uses) keeps every "NAME=value" string it is ever given, in a
 # search tree it never prunes: with a new activation id and deadline per run, a warm action
@@ -69,28 +70,36 @@ def load(entry):
     return fn
 
 
-try:
-    main = load(sys.argv[1] if len(sys.argv) > 1 else "main")
-except BaseException as ex:
-    traceback.print_exc()
-    reply({"error": "Initialization failed: %s: %s" % (type(ex).__name__, ex)})
-    sys.exit(1)
-reply({"ok": True})
-
-for line in sys.stdin:
+def serve(entry):
+    """Loads the action, acknowledges it, then answers one result line per stdin line."""
+    global out
+    out = os.fdopen(3, "w")
     try:
-        message = json.loads(line)
-        for key, value in message.items():
-            if key != "value" and isinstance(value, str):
-                set_context("__OW_" + key.upper(), value)
-        # Anything but a dict or a list goes to the runtime as it is: the runtime answers it as
-        # a developer error, with the one message every kind gives.
-        result = main(message.get("value", {}))
+        main = load(entry)
     except BaseException as ex:
         traceback.print_exc()
-        result = {"error": "%s: %s" % (type(ex).__name__, ex)}
-    try:
-        reply(result)
-    except (TypeError, ValueError) as ex:
-        print("The action's result is not JSON: %s" % ex, file=sys.stderr)
-        reply(None)
+        reply({"error": "Initialization failed: %s: %s" % (type(ex).__name__, ex)})
+        sys.exit(1)
+    reply({"ok": True})
+
+    for line in sys.stdin:
+        try:
+            message = json.loads(line)
+            for key, value in message.items():
+                if key != "value" and isinstance(value, str):
+                    set_context("__OW_" + key.upper(), value)
+            # Anything but a dict or a list goes to the runtime as it is: the runtime answers it
+            # as a developer error, with the one message every kind gives.
+            result = main(message.get("value", {}))
+        except BaseException as ex:
+            traceback.print_exc()
+            result = {"error": "%s: %s" % (type(ex).__name__, ex)}
+        try:
+            reply(result)
+        except (TypeError, ValueError) as ex:
+            print("The action's result is not JSON: %s" % ex, file=sys.stderr)
+            reply(None)
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1] if len(sys.argv) > 1 else "main")

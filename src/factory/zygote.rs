@@ -1,0 +1,141 @@
+//! The python zygote, from the invoker's side: a python interpreter started with the process
+//! factory that has imported the launcher, and forks one into each new python container
+//! instead of a new interpreter starting there (SOCK, USENIX ATC 2018). What the child does
+//! before it runs anything of an action is in `runtime/launchers/zygote.py`.
+//!
+//! The container is made as any other (its directory, cgroups, uid; the sandbox's namespaces
+//! and root; our runtime serving `/init` and `/run` on its socket); only its action process
+//! comes from the zygote rather than from an exec in the runtime. The runtime waits for it on
+//! a unix socket in the container's directory (`INVOKER_ADOPT`); when the zygote cannot fork
+//! one, the invoker connects there itself (as root, which the runtime tells apart) and the
+//! runtime starts the launcher as it always did.
+//!
+//! The zygote runs as root in the invoker's namespaces and cgroup (it must join the
+//! container's), in a process group of its own, recorded as `zygote.pid` so that a restart
+//! removes an earlier run's. It exits when its stdin (the invoker's pipe) closes. A zygote that
+//! died is started again at the next fork; the containers it forked before keep running (they
+//! are not its children in any way that matters: the kernel reaps them).
+
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+
+const ZYGOTE: &str = include_str!("../runtime/launchers/zygote.py");
+const LAUNCHER: &str = include_str!("../runtime/launchers/python.py");
+
+/// A fork answers in about a millisecond; a zygote that takes this long is broken.
+const FORK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What the child needs to become the container's launcher.
+#[derive(Serialize)]
+pub struct ForkRequest<'a> {
+    /// The container's runtime: its namespaces, process group, stdout and stderr.
+    pub pid: u32,
+    pub cgroups: &'a [PathBuf],
+    pub uid: u32,
+    pub work: &'a Path,
+    /// Where the runtime waits for it.
+    pub socket: &'a Path,
+    pub env: BTreeMap<&'a str, &'a str>,
+}
+
+pub struct Zygote {
+    python: PathBuf,
+    dir: PathBuf,
+    env: Vec<(String, String)>,
+    running: tokio::sync::Mutex<Option<Running>>,
+}
+
+struct Running {
+    child: Child,
+    requests: ChildStdin,
+    answers: BufReader<ChildStdout>,
+}
+
+#[derive(serde::Deserialize)]
+struct Answer {
+    pid: Option<u32>,
+    error: Option<String>,
+}
+
+impl Zygote {
+    /// Writes the zygote's files into `dir` (root's, 0700) and starts it.
+    pub fn start(python: PathBuf, dir: PathBuf, env: Vec<(String, String)>) -> std::io::Result<Zygote> {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::create_dir_all(&dir)?;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
+        std::fs::write(dir.join("zygote.py"), ZYGOTE)?;
+        std::fs::write(dir.join("launcher.py"), LAUNCHER)?;
+        let zygote = Zygote { python, dir, env, running: tokio::sync::Mutex::new(None) };
+        let running = zygote.spawn()?;
+        *zygote.running.try_lock().expect("not shared yet") = Some(running);
+        Ok(zygote)
+    }
+
+    fn spawn(&self) -> std::io::Result<Running> {
+        let mut child = Command::new(&self.python)
+            .arg("-u")
+            .arg(self.dir.join("zygote.py"))
+            .current_dir(&self.dir)
+            .env_clear()
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .process_group(0)
+            .kill_on_drop(true)
+            .spawn()?;
+        let requests = child.stdin.take().ok_or_else(|| std::io::Error::other("no stdin"))?;
+        let answers = BufReader::new(child.stdout.take().ok_or_else(|| std::io::Error::other("no stdout"))?);
+        if let Some(pid) = child.id() {
+            let recorded = self.dir.parent().map(|d| d.join("zygote.pid"));
+            if let Some(file) = recorded {
+                std::fs::write(file, format!("{pid}\n"))?;
+            }
+        }
+        Ok(Running { child, requests, answers })
+    }
+
+    /// Forks a launcher into the container `request` describes; returns its pid. A zygote
+    /// that is gone or does not answer is started again, once per request.
+    pub async fn fork(&self, request: &ForkRequest<'_>) -> Result<u32, String> {
+        let mut line = serde_json::to_vec(request).map_err(|e| e.to_string())?;
+        line.push(b'\n');
+        let mut running = self.running.lock().await;
+        let mut failure = String::new();
+        for _ in 0..2 {
+            if running.as_mut().is_none_or(|r| !matches!(r.child.try_wait(), Ok(None))) {
+                if running.is_some() {
+                    tracing::warn!("the python zygote exited; starting it again");
+                }
+                *running = Some(self.spawn().map_err(|e| format!("starting the zygote: {e}"))?);
+            }
+            let Some(process) = running.as_mut() else { continue };
+            match tokio::time::timeout(FORK_TIMEOUT, process.ask(&line)).await {
+                Ok(Ok(Answer { pid: Some(pid), .. })) => return Ok(pid),
+                Ok(Ok(Answer { error, .. })) => return Err(error.unwrap_or_else(|| "no pid".into())),
+                Ok(Err(e)) => failure = e.to_string(),
+                Err(_) => failure = format!("no answer within {FORK_TIMEOUT:?}"),
+            }
+            // Broken: killed on drop, started again.
+            *running = None;
+        }
+        Err(format!("the zygote failed: {failure}"))
+    }
+}
+
+impl Running {
+    async fn ask(&mut self, line: &[u8]) -> std::io::Result<Answer> {
+        self.requests.write_all(line).await?;
+        self.requests.flush().await?;
+        let mut answer = String::new();
+        if self.answers.read_line(&mut answer).await? == 0 {
+            return Err(std::io::Error::other("the zygote exited"));
+        }
+        serde_json::from_str(&answer).map_err(std::io::Error::other)
+    }
+}

@@ -1,0 +1,138 @@
+# The python:3 zygote of the process factory: one interpreter, started with the invoker, that
+# has imported the launcher and everything it uses, and forks a launcher into each new
+# container instead of a new interpreter starting there (see src/factory/zygote.rs).
+#
+# It runs as root, in the invoker's namespaces and cgroup, and reads one JSON request per line
+# on stdin, from the invoker only:
+#   {"pid": <the container's runtime>, "cgroups": [cgroup.procs files], "uid": n,
+#    "work": <its work dir>, "socket": <the runtime's launcher socket>, "env": {...}}
+# and answers {"pid": <the child>} or {"error": "..."} on stdout. When stdin ends (the invoker
+# is gone) it exits. Its children are reaped by the kernel (SIGCHLD ignored) and outlive it.
+#
+# The child, before anything of an action exists, in this order: joins the container's
+# cgroups; enters the container's network, IPC and mount namespaces (the runtime's: its own
+# loopback, its own root); joins the container's process group (so pause and removal reach it);
+# drops to the container's uid with no supplementary groups, no capabilities and
+# no_new_privs; connects to the runtime; keeps no descriptor but stdin/stdout/stderr and fd 3;
+# gets the container's environment and nothing else; re-seeds `random`; then waits for the
+# runtime's first line (the /init: the entry point and its env) and serves as the launcher.
+import ctypes
+import fcntl
+import json
+import os
+import random
+import signal
+import socket
+import sys
+
+import launcher
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWNET = 0x40000000
+PR_SET_NO_NEW_PRIVS = 38
+
+libc = ctypes.CDLL(None, use_errno=True)
+
+
+def check(rc, what):
+    if rc != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, "%s: %s" % (what, os.strerror(errno)))
+
+
+def high(fd):
+    """The same open file on a descriptor above the four the child will use."""
+    return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10)
+
+
+def become(request):
+    """Turns this fresh child into the container's launcher; returns the entry point."""
+    me = str(os.getpid())
+    for procs in request["cgroups"]:
+        with open(procs, "w") as f:
+            f.write(me)
+    runtime = int(request["pid"])
+    # The container's stdout and stderr are the runtime's (pipes the invoker reads).
+    streams = [high(os.open("/proc/%d/fd/%d" % (runtime, n), os.O_WRONLY | os.O_CLOEXEC)) for n in (1, 2)]
+    for name, flag in (("net", CLONE_NEWNET), ("ipc", CLONE_NEWIPC), ("mnt", CLONE_NEWNS)):
+        fd = os.open("/proc/%d/ns/%s" % (runtime, name), os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            check(libc.setns(fd, flag), "setns " + name)
+        finally:
+            os.close(fd)
+    os.setpgid(0, runtime)
+    # As a child of the runtime would: its scheduling policy (SCHED_BATCH unless the kind says).
+    os.sched_setscheduler(0, os.sched_getscheduler(runtime), os.sched_getparam(runtime))
+    os.chdir(request["work"])
+    uid = int(request["uid"])
+    if uid == 0:
+        raise PermissionError("refusing to run a container as uid 0")
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+    check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+    try:
+        os.setuid(0)
+    except PermissionError:
+        pass
+    else:
+        raise PermissionError("could take uid 0 back after dropping it")
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect(request["socket"])
+    conn = high(conn.detach())
+    for source, target in ((conn, 0), (conn, 3), (streams[0], 1), (streams[1], 2)):
+        os.dup2(source, target)
+    os.closerange(4, os.sysconf("SC_OPEN_MAX"))
+    sys.stdin = open(0, "r", encoding="utf-8", closefd=False)
+    sys.stdout = open(1, "w", encoding="utf-8", buffering=1, closefd=False)
+    sys.stderr = open(2, "w", encoding="utf-8", buffering=1, closefd=False)
+    os.environ.clear()
+    os.environ.update(request["env"])
+    random.seed()
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    first = json.loads(sys.stdin.readline() or "{}")
+    for key, value in first.get("env", {}).items():
+        os.environ[key] = value
+    return first.get("main") or "main"
+
+
+def child(request):
+    try:
+        entry = become(request)
+    except BaseException as ex:
+        os.write(2, ("zygote: container setup failed: %s: %s\n" % (type(ex).__name__, ex)).encode())
+        os._exit(126)
+    try:
+        launcher.serve(entry)
+        code = 0
+    except SystemExit as ex:
+        code = ex.code if isinstance(ex.code, int) else 1
+    except BaseException:
+        code = 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
+
+
+def main():
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    requests = sys.stdin.buffer
+    answers = sys.stdout.buffer
+    for line in requests:
+        try:
+            request = json.loads(line)
+            pid = os.fork()
+        except (ValueError, OSError) as ex:
+            answer = {"error": "%s: %s" % (type(ex).__name__, ex)}
+        else:
+            if pid == 0:
+                child(request)
+            answer = {"pid": pid}
+        answers.write(json.dumps(answer).encode() + b"\n")
+        answers.flush()
+
+
+if __name__ == "__main__":
+    main()
