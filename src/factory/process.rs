@@ -266,7 +266,27 @@ impl ContainerFactory for ProcessFactory {
         inner.live.lock().insert(spec.id, Live { pgid, memory_mb: spec.memory_mb, child: None, uid });
         self.observe();
 
-        let transport = match wait_ready(&mut child, pid, reach, inner.settings.ready_timeout).await {
+        // The zygote forks the launcher while the sandbox sets up: the child's cgroup moves and
+        // the sandbox's fall in one RCU grace period (what a cgroup v1 move waits for), and the
+        // child waits for the runtime before it enters the container.
+        let request_env = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let request = uid_number.map(|uid| ForkRequest {
+            pid,
+            cgroups: &sandbox.cgroup_procs,
+            uid,
+            work: &work,
+            socket: &adopt,
+            wait_ms: inner.settings.ready_timeout.as_millis() as u64,
+            env: request_env,
+        });
+        let forking = async {
+            match (zygote, &request) {
+                (Some(zygote), Some(request)) => Some(zygote.fork(request).await),
+                _ => None,
+            }
+        };
+        let (ready, forked) = tokio::join!(wait_ready(&mut child, pid, reach, inner.settings.ready_timeout), forking);
+        let transport = match ready {
             Ok(transport) => transport,
             Err(e) => {
                 self.kill(spec.id, Some(child)).await;
@@ -279,14 +299,10 @@ impl ContainerFactory for ProcessFactory {
                 });
             }
         };
-        if let (Some(zygote), Some(uid)) = (zygote, uid_number) {
-            let env = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-            let request = ForkRequest { pid, cgroups: &sandbox.cgroup_procs, uid, work: &work, socket: &adopt, env };
-            if let Err(e) = zygote.fork(&request).await {
-                tracing::warn!(container = spec.id.0, "{e}; the runtime starts its own launcher");
-                // As root: the runtime tells the invoker from a launcher and stops waiting.
-                drop(tokio::net::UnixStream::connect(&adopt).await);
-            }
+        if let Some(Err(e)) = forked {
+            tracing::warn!(container = spec.id.0, "{e}; the runtime starts its own launcher");
+            // As root: the runtime tells the invoker from a launcher and stops waiting.
+            drop(tokio::net::UnixStream::connect(&adopt).await);
         }
         if let Some(live) = inner.live.lock().get_mut(&spec.id) {
             live.child = Some(child);
@@ -316,6 +332,9 @@ impl ContainerFactory for ProcessFactory {
     }
 
     async fn destroy_all(&self) {
+        if let Some(zygote) = &self.inner.zygote {
+            zygote.stop().await;
+        }
         let ids: Vec<ContainerId> = self.inner.live.lock().keys().copied().collect();
         for id in ids {
             self.kill(id, None).await;
@@ -570,7 +589,7 @@ enum Reach {
 /// Waits until the runtime accepts connections; returns where.
 async fn wait_ready(child: &mut Child, pid: u32, reach: Reach, bound: Duration) -> Result<Transport, FactoryError> {
     let deadline = tokio::time::Instant::now() + bound;
-    loop {
+    for attempt in 0u32.. {
         let transport = match &reach {
             Reach::At(transport) => Some(transport.clone()),
             Reach::Namespace(port) => match NetNs::of_process(pid) {
@@ -589,8 +608,10 @@ async fn wait_ready(child: &mut Child, pid: u32, reach: Reach, bound: Duration) 
         if tokio::time::Instant::now() >= deadline {
             return Err(FactoryError::NotReady(bound));
         }
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        // A runtime is up in a few milliseconds: poll closely at first, then ease off.
+        tokio::time::sleep(Duration::from_millis(if attempt < 100 { 1 } else { 5 })).await;
     }
+    unreachable!("the loop returns")
 }
 
 fn spawn_reader(stream: Option<impl AsyncRead + Unpin + Send + 'static>, which: Stream, logs: Arc<LogBuffer>) {

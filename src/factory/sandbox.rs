@@ -70,7 +70,8 @@ pub const ACTION_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 /// `invoker sandbox [OPTIONS] -- COMMAND...`
 #[derive(Args, Debug, Clone, Default)]
 pub struct SandboxArgs {
-    /// A `cgroup.procs` file to write this process's pid into, before anything else.
+    /// A cgroup's `tasks` (v1) or `cgroup.procs` (v2) file this process joins by writing `0`,
+    /// before anything else.
     #[arg(long = "cgroup-procs")]
     pub cgroup_procs: Vec<PathBuf>,
     /// Build the container's own root, network and user (otherwise: cgroups only).
@@ -164,8 +165,9 @@ fn step<T, E: std::fmt::Display>(what: &str, result: Result<T, E>) -> std::io::R
 }
 
 fn setup(args: &SandboxArgs) -> std::io::Result<()> {
+    // `0`: this process, single-threaded here (see `ContainerCgroups::create`).
     for procs in &args.cgroup_procs {
-        step(&procs.display().to_string(), std::fs::write(procs, std::process::id().to_string()))?;
+        step(&procs.display().to_string(), std::fs::write(procs, "0"))?;
     }
     if !args.isolate {
         return enter_work_dir(args);

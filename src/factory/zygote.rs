@@ -38,8 +38,10 @@ pub struct ForkRequest<'a> {
     pub cgroups: &'a [PathBuf],
     pub uid: u32,
     pub work: &'a Path,
-    /// Where the runtime waits for it.
+    /// Where the runtime waits for it: the child enters the container once it exists (the
+    /// sandbox has then finished), within `wait_ms`.
     pub socket: &'a Path,
+    pub wait_ms: u64,
     pub env: BTreeMap<&'a str, &'a str>,
 }
 
@@ -125,6 +127,19 @@ impl Zygote {
             *running = None;
         }
         Err(format!("the zygote failed: {failure}"))
+    }
+}
+
+impl Zygote {
+    /// Stops the zygote (shutdown: nothing is forked any more) and forgets its record.
+    pub async fn stop(&self) {
+        if let Some(mut running) = self.running.lock().await.take() {
+            let _ = running.child.start_kill();
+            let _ = tokio::time::timeout(Duration::from_secs(5), running.child.wait()).await;
+        }
+        if let Some(dir) = self.dir.parent() {
+            let _ = std::fs::remove_file(dir.join("zygote.pid"));
+        }
     }
 }
 

@@ -9,6 +9,7 @@
 //!
 //! Prints a report on stderr and one JSON line on stdout. `scripts/bench.sh` drives it.
 
+mod cold;
 mod load;
 mod targets;
 
@@ -48,6 +49,16 @@ struct Args {
     /// images `scripts/build-images.sh` builds).
     #[arg(long)]
     docker_socket: Option<PathBuf>,
+    /// New actions per kind for the cold starts by kind (python from the zygote and spawned,
+    /// node); 0 skips them.
+    #[arg(long, default_value_t = 20)]
+    cold_kinds: usize,
+    /// First calls to this many new python actions at once, after the cold starts by kind.
+    #[arg(long, default_value_t = 50)]
+    burst: usize,
+    /// Measure only the cold starts by kind and the burst.
+    #[arg(long)]
+    cold_only: bool,
     /// Also measure the scheduler hop on the etcd at this URL: a scheduler in front of one
     /// invoker, against that invoker called directly, in the same run.
     #[arg(long)]
@@ -142,6 +153,14 @@ async fn main() -> anyhow::Result<()> {
         return Ok(());
     }
 
+    let by_kind = match args.cold_kinds {
+        0 => Value::Null,
+        n => cold::cold_by_kind(&exe, &http, n, args.burst).await?,
+    };
+    if args.cold_only {
+        println!("{by_kind}");
+        return Ok(());
+    }
     let config = format!("[proxy]\npause_grace = \"0s\"\n{}", args.invoker_config);
     let mut sides = vec![Side::start("bench", &exe, &config, &http, k).await?];
     let idle_rss_kb = {
@@ -248,6 +267,9 @@ async fn main() -> anyhow::Result<()> {
         last["sched_added_p50_us_c1"] = hop[0]["added_p50_us"].clone();
         last["sched_rps_ratio_c8"] = hop.last().map_or(Value::Null, |r| r["rps_ratio"].clone());
         last["scheduler"] = Value::Array(hop);
+    }
+    if let (Value::Object(by_kind), Some(last)) = (by_kind, last.as_object_mut()) {
+        last.extend(by_kind);
     }
     last["cold_added_ms"] = json!((cold_added_ms * 10.0).round() / 10.0);
     last["cold_invoker_ms"] = json!(ms(ci));

@@ -4,13 +4,14 @@
 #
 # It runs as root, in the invoker's namespaces and cgroup, and reads one JSON request per line
 # on stdin, from the invoker only:
-#   {"pid": <the container's runtime>, "cgroups": [cgroup.procs files], "uid": n,
-#    "work": <its work dir>, "socket": <the runtime's launcher socket>, "env": {...}}
+#   {"pid": <the container's sandbox, then runtime>, "cgroups": [cgroup.procs files], "uid": n,
+#    "work": <its work dir>, "socket": <the runtime's launcher socket>, "wait_ms": n,
+#    "env": {...}}
 # and answers {"pid": <the child>} or {"error": "..."} on stdout. When stdin ends (the invoker
 # is gone) it exits. Its children are reaped by the kernel (SIGCHLD ignored) and outlive it.
 #
 # The child, before anything of an action exists, in this order: joins the container's
-# cgroups; enters the container's network, IPC and mount namespaces (the runtime's: its own
+# cgroups; waits for the runtime (the sandbox has then built the container); enters the container's network, IPC and mount namespaces (the runtime's: its own
 # loopback, its own root); joins the container's process group (so pause and removal reach it);
 # drops to the container's uid with no supplementary groups, no capabilities and
 # no_new_privs; connects to the runtime; keeps no descriptor but stdin/stdout/stderr and fd 3;
@@ -24,6 +25,7 @@ import random
 import signal
 import socket
 import sys
+import time
 
 import launcher
 
@@ -48,11 +50,18 @@ def high(fd):
 
 def become(request):
     """Turns this fresh child into the container's launcher; returns the entry point."""
-    me = str(os.getpid())
+    # "0": this process, single-threaded here (v1's tasks file moves it without a grace period).
     for procs in request["cgroups"]:
         with open(procs, "w") as f:
-            f.write(me)
+            f.write("0")
     runtime = int(request["pid"])
+    # Forked while the sandbox sets the container up: its namespaces and root are final once
+    # the runtime it executes has bound its launcher socket.
+    deadline = time.monotonic() + request["wait_ms"] / 1000.0
+    while not os.path.exists(request["socket"]):
+        if time.monotonic() > deadline:
+            raise TimeoutError("the runtime never bound %s" % request["socket"])
+        time.sleep(0.0005)
     # The container's stdout and stderr are the runtime's (pipes the invoker reads).
     streams = [high(os.open("/proc/%d/fd/%d" % (runtime, n), os.O_WRONLY | os.O_CLOEXEC)) for n in (1, 2)]
     for name, flag in (("net", CLONE_NEWNET), ("ipc", CLONE_NEWIPC), ("mnt", CLONE_NEWNS)):
@@ -79,7 +88,15 @@ def become(request):
     else:
         raise PermissionError("could take uid 0 back after dropping it")
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    conn.connect(request["socket"])
+    while True:
+        try:
+            conn.connect(request["socket"])
+            break
+        except ConnectionRefusedError:
+            # Bound but not yet listening.
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.0005)
     conn = high(conn.detach())
     for source, target in ((conn, 0), (conn, 3), (streams[0], 1), (streams[1], 2)):
         os.dup2(source, target)
