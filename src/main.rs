@@ -12,7 +12,7 @@ use invoker::config::Config;
 use invoker::factory::{ContainerFactory, Epoch, Factory};
 use invoker::metrics::Metrics;
 use invoker::pool::actor::{ContainerPool, PoolHandle};
-use invoker::runtime::{Launcher, Listen, RuntimeOptions, SchedPolicy};
+use invoker::runtime::RuntimeOptions;
 use invoker::scheduler::presence::Presence;
 use invoker::scheduler::Dispatcher;
 use invoker::store::{JournaledStore, Store};
@@ -88,26 +88,7 @@ enum Command {
     /// Run the invoker (the same as no subcommand).
     Serve(ServeArgs),
     /// Serve the OpenWhisk action runtime protocol (/init, /run) for one container.
-    ActionRuntime {
-        /// ADDR:PORT or unix:PATH.
-        #[arg(long)]
-        listen: Listen,
-        #[arg(long, value_enum)]
-        launcher: Launcher,
-        /// Where the action's code goes (a temporary directory when not given).
-        #[arg(long, env = "INVOKER_WORK_DIR")]
-        work_dir: Option<PathBuf>,
-        /// Exit when this process (the invoker) dies.
-        #[arg(long, env = "INVOKER_PARENT_PID")]
-        parent_pid: Option<i32>,
-        /// How the runtime and its action are scheduled: `batch` never preempts the invoker
-        /// when a run wakes it.
-        #[arg(long, value_enum, env = "INVOKER_ACTION_SCHED", default_value_t)]
-        sched: SchedPolicy,
-        /// A unix socket where the zygote's launcher for this container connects.
-        #[arg(long, env = "INVOKER_ADOPT")]
-        adopt: Option<PathBuf>,
-    },
+    ActionRuntime(RuntimeOptions),
     /// Set up one process-factory container (cgroups, namespaces, root, uid), then run its
     /// runtime command; the process factory starts every runtime through it.
     Sandbox(invoker::factory::sandbox::SandboxArgs),
@@ -128,9 +109,9 @@ enum Command {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
-        Some(Command::ActionRuntime { listen, launcher, work_dir, parent_pid, sched, adopt }) => {
+        Some(Command::ActionRuntime(options)) => {
             // No tracing here: the runtime's stdout and stderr are the action's logs.
-            invoker::runtime::run(RuntimeOptions { listen, launcher, work_dir, parent_pid, sched, adopt })?;
+            invoker::runtime::run(options)?;
             return Ok(());
         }
         Some(Command::Sandbox(args)) => {

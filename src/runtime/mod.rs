@@ -84,16 +84,27 @@ impl std::fmt::Display for Listen {
     }
 }
 
+/// `invoker action-runtime`'s options (also run in place by the sandbox, see `sandbox.rs`).
+#[derive(clap::Args, Debug)]
 pub struct RuntimeOptions {
+    /// ADDR:PORT or unix:PATH.
+    #[arg(long)]
     pub listen: Listen,
+    #[arg(long, value_enum)]
     pub launcher: Launcher,
     /// Where the action's code is written; a fresh temporary directory when not given.
+    #[arg(long, env = "INVOKER_WORK_DIR")]
     pub work_dir: Option<PathBuf>,
     /// The invoker's pid: when it dies, the runtime and its action exit too.
+    #[arg(long, env = "INVOKER_PARENT_PID")]
     pub parent_pid: Option<i32>,
+    /// How the runtime and its action are scheduled: `batch` never preempts the invoker when a
+    /// run wakes it.
+    #[arg(long, value_enum, env = "INVOKER_ACTION_SCHED", default_value_t)]
     pub sched: SchedPolicy,
     /// A unix socket where the zygote's launcher for this container connects (python): the
     /// action process is then forked from a warm interpreter instead of started here.
+    #[arg(long, env = "INVOKER_ADOPT")]
     pub adopt: Option<PathBuf>,
 }
 
