@@ -3,7 +3,7 @@
 //! record's breakdown (the container's creation, `/init`, `/run`, and what is left: the
 //! invoker's own part). Then a burst of simultaneous first calls to as many new python actions.
 
-use crate::targets::{invoke, Invoker, GUEST};
+use crate::targets::{invoke, put_action_of, Invoker, GUEST};
 use anyhow::{bail, Context as _};
 use serde_json::{json, Value};
 use std::path::Path;
@@ -41,7 +41,7 @@ pub async fn cold_by_kind(exe: &Path, http: &reqwest::Client, n: usize, burst: u
     for i in 0..n {
         for (k, (kind, _, code)) in KINDS.iter().enumerate() {
             let name = format!("c{k}x{i}");
-            create(http, &inv.base, &name, kind, code).await?;
+            put_action_of(http, &inv.base, &name, kind, code).await?;
             samples[k].push(cold_start(http, &inv, &name).await?);
         }
     }
@@ -64,7 +64,7 @@ pub async fn cold_by_kind(exe: &Path, http: &reqwest::Client, n: usize, burst: u
     // A burst: first calls to `burst` new python actions at once.
     let names: Vec<String> = (0..burst).map(|i| format!("burst{i}")).collect();
     for name in &names {
-        create(http, &inv.base, name, "python:3", KINDS[0].2).await?;
+        put_action_of(http, &inv.base, name, "python:3", KINDS[0].2).await?;
     }
     let urls: Vec<String> = names.iter().map(|name| inv.url(name, "blocking=true&result=true")).collect();
     let began = Instant::now();
@@ -76,21 +76,6 @@ pub async fn cold_by_kind(exe: &Path, http: &reqwest::Client, n: usize, burst: u
     eprintln!("burst of {burst} first calls to {burst} new python actions: all answered in {:.0} ms", ms(took));
     out.insert(format!("cold_python_burst{burst}_ms"), json!(round(ms(took))));
     Ok(Value::Object(out))
-}
-
-async fn create(http: &reqwest::Client, base: &str, name: &str, kind: &str, code: &str) -> anyhow::Result<()> {
-    let (user, pass) = GUEST.split_once(':').unwrap_or_default();
-    let action = json!({"exec": {"kind": kind, "code": code}, "limits": {"memory": 128}});
-    let r = http
-        .put(format!("{base}/api/v1/namespaces/_/actions/{name}?overwrite=true"))
-        .basic_auth(user, Some(pass))
-        .json(&action)
-        .send()
-        .await?;
-    if !r.status().is_success() {
-        bail!("create {name} ({kind}): {}", r.text().await?);
-    }
-    Ok(())
 }
 
 async fn cold_start(http: &reqwest::Client, inv: &Invoker, name: &str) -> anyhow::Result<Cold> {

@@ -189,8 +189,19 @@ pub async fn invoke(client: &reqwest::Client, url: &str, params: Value) -> anyho
 }
 
 pub async fn put_action(client: &reqwest::Client, base: &str, name: &str) -> anyhow::Result<()> {
+    put_action_of(client, base, name, "python:3", NOOP).await
+}
+
+/// Creates (or replaces) action `name` of `kind` with `code`, 128 MB, one run at a time.
+pub async fn put_action_of(
+    client: &reqwest::Client,
+    base: &str,
+    name: &str,
+    kind: &str,
+    code: &str,
+) -> anyhow::Result<()> {
     let (user, pass) = GUEST.split_once(':').unwrap_or_default();
-    let action = json!({"exec": {"kind": "python:3", "code": NOOP}, "limits": {"memory": 128, "concurrency": 1}});
+    let action = json!({"exec": {"kind": kind, "code": code}, "limits": {"memory": 128, "concurrency": 1}});
     let r = client
         .put(format!("{base}/api/v1/namespaces/_/actions/{name}?overwrite=true"))
         .basic_auth(user, Some(pass))
@@ -198,7 +209,7 @@ pub async fn put_action(client: &reqwest::Client, base: &str, name: &str) -> any
         .send()
         .await?;
     if !r.status().is_success() {
-        bail!("create {name}: {}", r.text().await?);
+        bail!("create {name} ({kind}): {}", r.text().await?);
     }
     Ok(())
 }
