@@ -223,19 +223,7 @@ impl ContainerFactory for ProcessFactory {
         let work = self.work_dir(spec.id);
         let adopt = self.dir(spec.id).join("launcher.sock");
         let zygote = inner.zygote.as_ref().filter(|_| kind.uses_zygote());
-        // The kind's variables first: the invoker's own (how a restart finds what an earlier
-        // run left) cannot be overridden.
-        let mut env: Vec<(String, String)> = inner.env.iter().cloned().chain(kind.env_for(&work)).collect();
-        env.extend([
-            ("INVOKER_ID".to_string(), inner.invoker_id.clone()),
-            ("INVOKER_CONTAINER".into(), spec.id.0.to_string()),
-            ("INVOKER_PARENT_PID".into(), std::process::id().to_string()),
-            ("INVOKER_WORK_DIR".into(), work.display().to_string()),
-        ]);
-        if zygote.is_some() {
-            env.push(("INVOKER_ADOPT".into(), adopt.display().to_string()));
-        }
-        let env: BTreeMap<String, String> = env.into_iter().collect();
+        let env = self.container_env(spec.id, kind, zygote.map(|_| adopt.as_path()));
         let mut cmd = Command::new(&inner.executable);
         cmd.arg("sandbox")
             .args(sandbox.to_args())
@@ -266,9 +254,8 @@ impl ContainerFactory for ProcessFactory {
         inner.live.lock().insert(spec.id, Live { pgid, memory_mb: spec.memory_mb, child: None, uid });
         self.observe();
 
-        // The zygote forks the launcher while the sandbox sets up: the child's cgroup moves and
-        // the sandbox's fall in one RCU grace period (what a cgroup v1 move waits for), and the
-        // child waits for the runtime before it enters the container.
+        // The zygote forks the launcher while the sandbox sets up; the child joins the
+        // container's cgroups at once and enters the rest once the runtime is up.
         let request_env = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         let request = uid_number.map(|uid| ForkRequest {
             pid,
@@ -447,6 +434,30 @@ impl ProcessFactory {
     /// The container's own directory (its socket and work dir), owned by its uid, 0700.
     fn dir(&self, id: ContainerId) -> PathBuf {
         self.inner.pid_dir.join(id.0.to_string())
+    }
+
+    /// A runtime's whole environment: the invoker's few variables for every runtime, the kind's
+    /// own, then the container's (which the kind cannot override: a restart finds what an
+    /// earlier run left by `INVOKER_ID`), and where the zygote's launcher connects.
+    fn container_env(
+        &self,
+        id: ContainerId,
+        kind: &KindConfig,
+        adopt: Option<&std::path::Path>,
+    ) -> BTreeMap<String, String> {
+        let inner = &self.inner;
+        let work = self.work_dir(id);
+        let mut env: Vec<(String, String)> = inner.env.iter().cloned().chain(kind.env_for(&work)).collect();
+        env.extend([
+            ("INVOKER_ID".to_string(), inner.invoker_id.clone()),
+            ("INVOKER_CONTAINER".into(), id.0.to_string()),
+            ("INVOKER_PARENT_PID".into(), std::process::id().to_string()),
+            ("INVOKER_WORK_DIR".into(), work.display().to_string()),
+        ]);
+        if let Some(adopt) = adopt {
+            env.push(("INVOKER_ADOPT".into(), adopt.display().to_string()));
+        }
+        env.into_iter().collect()
     }
 
     /// The runtime's working directory, inside the container's own.
