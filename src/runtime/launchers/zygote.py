@@ -33,6 +33,8 @@ CLONE_NEWNS = 0x00020000
 CLONE_NEWIPC = 0x08000000
 CLONE_NEWNET = 0x40000000
 PR_SET_NO_NEW_PRIVS = 38
+# The same number on every architecture (the syscall table unified after 5.0).
+SYS_PIDFD_GETFD = 438
 
 libc = ctypes.CDLL(None, use_errno=True)
 
@@ -55,21 +57,23 @@ def become(request):
         with open(procs, "w") as f:
             f.write("0")
     runtime = int(request["pid"])
+    # The container's process itself, not whatever its pid may later name: every step below
+    # goes through this descriptor, and fails if that process is gone.
+    pidfd = high(os.pidfd_open(runtime))
     # Forked while the sandbox sets the container up: its namespaces and root are final once
-    # the runtime it executes has bound its launcher socket.
+    # the runtime has bound its launcher socket.
     deadline = time.monotonic() + request["wait_ms"] / 1000.0
     while not os.path.exists(request["socket"]):
         if time.monotonic() > deadline:
             raise TimeoutError("the runtime never bound %s" % request["socket"])
         time.sleep(0.0005)
     # The container's stdout and stderr are the runtime's (pipes the invoker reads).
-    streams = [high(os.open("/proc/%d/fd/%d" % (runtime, n), os.O_WRONLY | os.O_CLOEXEC)) for n in (1, 2)]
-    for name, flag in (("net", CLONE_NEWNET), ("ipc", CLONE_NEWIPC), ("mnt", CLONE_NEWNS)):
-        fd = os.open("/proc/%d/ns/%s" % (runtime, name), os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            check(libc.setns(fd, flag), "setns " + name)
-        finally:
-            os.close(fd)
+    streams = []
+    for n in (1, 2):
+        fd = libc.syscall(SYS_PIDFD_GETFD, pidfd, n, 0)
+        check(0 if fd >= 0 else -1, "pidfd_getfd %d" % n)
+        streams.append(high(fd))
+    check(libc.setns(pidfd, CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWNS), "setns")
     os.setpgid(0, runtime)
     # As a child of the runtime would: its scheduling policy (SCHED_BATCH unless the kind says).
     os.sched_setscheduler(0, os.sched_getscheduler(runtime), os.sched_getparam(runtime))
