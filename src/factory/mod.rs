@@ -5,6 +5,7 @@
 
 mod cgroup;
 pub mod docker;
+pub mod kubernetes;
 pub mod logs;
 pub mod mesos;
 pub mod mock;
