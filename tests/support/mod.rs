@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod etcd;
+pub mod kube_api;
 
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader};

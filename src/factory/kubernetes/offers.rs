@@ -23,16 +23,20 @@ pub struct NodeOffer {
     pub closed: Option<String>,
 }
 
-/// The offer of every node, by name.
-pub fn node_offers(nodes: &[Node], pods: &[Pod], tolerations: &[Toleration]) -> Vec<NodeOffer> {
+/// The offer of every node, in the order given.
+pub fn node_offers<'a>(
+    nodes: impl IntoIterator<Item = &'a Node>,
+    pods: impl IntoIterator<Item = &'a Pod>,
+    tolerations: &[Toleration],
+) -> Vec<NodeOffer> {
     let mut requested: BTreeMap<&str, u64> = BTreeMap::new();
-    for pod in pods.iter().filter(|p| holds_resources(p)) {
+    for pod in pods.into_iter().filter(|p| holds_resources(p)) {
         if let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
             *requested.entry(node).or_default() += pod_request_bytes(pod);
         }
     }
     nodes
-        .iter()
+        .into_iter()
         .filter_map(|node| {
             let name = node.metadata.name.as_deref()?;
             let allocatable = node

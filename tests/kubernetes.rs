@@ -1,0 +1,88 @@
+//! The Kubernetes factory's parts against the fake API server (`support::kube_api`), which
+//! speaks the real REST and watch wire format: what each node offers, kept current by watches.
+//! No Kubernetes cluster can run here; see the README for what was tested only against the fake.
+
+mod support;
+
+use invoker::factory::kubernetes::offers::NodeOffer;
+use invoker::factory::kubernetes::watch::watch_offers;
+use std::time::Duration;
+use support::kube_api::FakeApiServer;
+use tokio::sync::watch;
+
+async fn client(api: &FakeApiServer) -> kube::Client {
+    let config = kube::Config::new(api.url.parse().unwrap());
+    kube::Client::try_from(config).unwrap()
+}
+
+/// Waits (bounded) until the offers satisfy `check`; returns them.
+async fn until(
+    offers: &mut watch::Receiver<Vec<NodeOffer>>,
+    what: &str,
+    check: impl Fn(&[NodeOffer]) -> bool,
+) -> Vec<NodeOffer> {
+    let waited = tokio::time::timeout(Duration::from_secs(20), offers.wait_for(|o| check(o))).await;
+    let seen = waited.ok().and_then(|r| r.ok()).map(|seen| seen.clone());
+    seen.unwrap_or_else(|| panic!("{what}: the offers never got there: {:?}", *offers.borrow()))
+}
+
+fn free(offers: &[NodeOffer], node: &str) -> Option<u64> {
+    offers.iter().find(|o| o.node == node).map(|o| o.free_mb)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_nodes_offer_follows_other_tenants_pods_cordon_and_readiness() {
+    let api = FakeApiServer::start().await;
+    api.add_node("n1", 4096);
+    api.add_node("n2", 2048);
+    api.add_pod("other-tenant", "db", "n1", 1024);
+    let mut offers = watch_offers(client(&api).await, Vec::new());
+    let seen =
+        until(&mut offers, "the first lists", |o| free(o, "n1") == Some(3072) && free(o, "n2") == Some(2048)).await;
+    assert!(seen.iter().all(|o| o.closed.is_none()), "{seen:?}");
+
+    api.add_pod("other-tenant", "cache", "n2", 512);
+    until(&mut offers, "another tenant's pod", |o| free(o, "n2") == Some(1536)).await;
+    api.delete_pod("other-tenant", "db");
+    until(&mut offers, "a pod deleted", |o| free(o, "n1") == Some(4096)).await;
+
+    api.cordon("n1", true);
+    let seen = until(&mut offers, "a cordon", |o| free(o, "n1") == Some(0)).await;
+    let n1 = seen.iter().find(|o| o.node == "n1").unwrap();
+    assert_eq!((n1.capacity_mb, n1.closed.as_deref()), (4096, Some("cordoned")), "capacity stays known");
+    api.cordon("n1", false);
+    until(&mut offers, "uncordoned", |o| free(o, "n1") == Some(4096)).await;
+
+    api.set_ready("n2", false);
+    until(&mut offers, "NotReady", |o| free(o, "n2") == Some(0)).await;
+    api.set_ready("n2", true);
+    until(&mut offers, "Ready again", |o| free(o, "n2") == Some(1536)).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dropped_watch_resumes_and_a_compacted_history_relists() {
+    let api = FakeApiServer::start().await;
+    api.add_node("n1", 4096);
+    let mut offers = watch_offers(client(&api).await, Vec::new());
+    until(&mut offers, "the first list", |o| free(o, "n1") == Some(4096)).await;
+    let (lists, watches, _) = api.served();
+
+    // Every watch ends (an API server restart); what changes meanwhile arrives on the resumed one.
+    api.drop_watches();
+    api.add_pod("t", "a", "n1", 1024);
+    until(&mut offers, "a change across a dropped watch", |o| free(o, "n1") == Some(3072)).await;
+    let (lists_after, watches_after, _) = api.served();
+    assert!(watches_after > watches, "the watch was resumed");
+    assert_eq!(lists_after, lists, "from where it was, without a list");
+
+    // The server goes down; meanwhile the cluster changes and the history is compacted away:
+    // resuming from the old version gets 410, and the watcher lists again.
+    api.set_down(true);
+    api.add_node("n2", 1024);
+    api.add_pod("t", "b", "n1", 1024);
+    api.compact();
+    api.set_down(false);
+    until(&mut offers, "a relist after 410", |o| free(o, "n1") == Some(2048) && free(o, "n2") == Some(1024)).await;
+    let (relists, _, expired) = api.served();
+    assert!(expired >= 1 && relists > lists, "the resumed watch got 410 and the watcher listed again");
+}
