@@ -65,15 +65,26 @@ async fn a_dropped_watch_resumes_and_a_compacted_history_relists() {
     api.add_node("n1", 4096);
     let mut offers = watch_offers(client(&api).await, Vec::new());
     until(&mut offers, "the first list", |o| free(o, "n1") == Some(4096)).await;
+    // Both watchers (Nodes, Pods) have listed and are watching.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while api.served().1 < 2 {
+        assert!(std::time::Instant::now() < deadline, "the watches never started: {:?}", api.served());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let (lists, watches, _) = api.served();
+    assert_eq!(lists, 2, "one list of each");
 
-    // Every watch ends (an API server restart); what changes meanwhile arrives on the resumed one.
+    // Every watch ends (an API server restart); both are resumed, and a change made then
+    // arrives on the resumed one, with no new list.
     api.drop_watches();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while api.served().1 < watches + 2 {
+        assert!(std::time::Instant::now() < deadline, "the watches were not resumed: {:?}", api.served());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     api.add_pod("t", "a", "n1", 1024);
-    until(&mut offers, "a change across a dropped watch", |o| free(o, "n1") == Some(3072)).await;
-    let (lists_after, watches_after, _) = api.served();
-    assert!(watches_after > watches, "the watch was resumed");
-    assert_eq!(lists_after, lists, "from where it was, without a list");
+    until(&mut offers, "a change on a resumed watch", |o| free(o, "n1") == Some(3072)).await;
+    assert_eq!(api.served().0, lists, "resumed from where they were, without a list");
 
     // The server goes down; meanwhile the cluster changes and the history is compacted away:
     // resuming from the old version gets 410, and the watcher lists again.
