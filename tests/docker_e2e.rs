@@ -12,7 +12,7 @@ use nix::sys::signal::Signal;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::time::Duration;
-use support::{python, Invoker};
+use support::{host_listens_on, python, Invoker};
 
 const MB: u64 = 1024 * 1024;
 
@@ -308,18 +308,6 @@ async fn allocating_past_the_memory_limit_is_a_developer_error_and_the_container
     assert_eq!(status, 200, "{next}");
     assert_ne!(container_id(&next), container_id(&first), "the killed container was replaced");
     stop(inv, &docker, &invoker_id).await;
-}
-
-/// Whether anything listens on TCP `port` in the test's (the host's) network namespace.
-fn host_listens_on(port: u16) -> bool {
-    let hex = format!(":{port:04X}");
-    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|table| {
-        let text = std::fs::read_to_string(table).unwrap_or_default();
-        text.lines().any(|l| {
-            let fields: Vec<&str> = l.split_whitespace().collect();
-            fields.len() > 3 && fields[1].ends_with(&hex) && fields[3] == "0A"
-        })
-    })
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -6,7 +6,7 @@ mod support;
 use nix::sys::signal::Signal;
 use serde_json::{json, Value};
 use std::time::Duration;
-use support::{alive, python, wait_gone, Invoker};
+use support::{alive, host_listens_on, python, wait_gone, Invoker};
 
 const PID_ACTION: &str = "import os, time\ndef main(a):\n    time.sleep(a.get('sleep', 0))\n    if a.get('crash'):\n        os._exit(3)\n    print('pid', os.getpid())\n    return {'pid': os.getpid(), 'runtime': os.getpgrp()}\n";
 
@@ -499,17 +499,6 @@ fn foreign_kind() -> String {
 }
 
 const FOREIGN_ACTION: &str = "import os, time\ndef main(a):\n    time.sleep(a.get('sleep', 0))\n    print('ow says', a.get('name'))\n    return {'pid': os.getpid(), 'uid': os.getuid(), 'cwd': os.getcwd(), 'seen': os.environ.get('OW_SEEN'), 'net': os.readlink('/proc/self/ns/net')}\n";
-
-/// Whether anything listens on TCP `port` in the test's (the host's) network namespace.
-fn host_listens_on(port: u16) -> bool {
-    let hex = format!(":{port:04X} ");
-    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|table| {
-        std::fs::read_to_string(table).unwrap_or_default().lines().any(|l| {
-            l.split_whitespace().nth(1).is_some_and(|local| format!("{local} ").ends_with(&hex))
-                && l.split_whitespace().nth(3) == Some("0A")
-        })
-    })
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_runtime_that_knows_nothing_of_the_invoker_runs_on_8080_of_its_own_namespace() {

@@ -193,6 +193,18 @@ pub fn wait_gone(pids: &[u32], bound: Duration) -> Vec<u32> {
     }
 }
 
+/// Whether anything listens on TCP `port` in the test's (the host's) network namespace.
+pub fn host_listens_on(port: u16) -> bool {
+    let hex = format!(":{port:04X}");
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|table| {
+        let text = std::fs::read_to_string(table).unwrap_or_default();
+        text.lines().any(|l| {
+            let fields: Vec<&str> = l.split_whitespace().collect();
+            fields.len() > 3 && fields[1].ends_with(&hex) && fields[3] == "0A"
+        })
+    })
+}
+
 pub fn python(code: &str) -> Value {
     json!({ "exec": { "kind": "python:3", "code": code } })
 }
