@@ -184,18 +184,20 @@ impl ContainerFactory for DockerFactory {
         }
         let logs = Arc::new(LogBuffer::default());
         self.follow_logs(&docker_id, logs.clone());
-        let transport = match transport {
-            Some(transport) => Ok(transport),
-            None => self.namespace_of(&docker_id).await.map(|ns| Transport::Netns(Arc::new(ns), kind.port())),
+        let ready = async {
+            let transport = match transport {
+                Some(transport) => transport,
+                None => Transport::Netns(Arc::new(self.namespace_of(&docker_id).await?), kind.port()),
+            };
+            self.wait_ready(&docker_id, &transport).await.map(|()| transport)
         };
-        if let Err(e) = match &transport {
-            Ok(transport) => self.wait_ready(&docker_id, transport).await,
-            Err(e) => Err(FactoryError::Create(e.to_string())),
-        } {
-            self.remove(spec.id).await;
-            return Err(e);
-        }
-        let transport = transport.map_err(|e| FactoryError::Create(e.to_string()))?;
+        let transport = match ready.await {
+            Ok(transport) => transport,
+            Err(e) => {
+                self.remove(spec.id).await;
+                return Err(e);
+            }
+        };
         Ok(ContainerHandle { id: spec.id, node: node.clone(), transport, logs, ready_at: inner.host.now() })
     }
 

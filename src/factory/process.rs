@@ -59,6 +59,8 @@ struct Inner {
     host: OneHost,
     live: Mutex<HashMap<ContainerId, Live>>,
     watchdog: Mutex<Option<Watchdog>>,
+    /// How the watchdog is started again should someone kill it.
+    watchdog_args: WatchdogArgs,
     /// Forks the action processes of the python kinds (isolated containers only: the child
     /// must enter the container's namespaces and take its uid).
     zygote: Option<Zygote>,
@@ -153,9 +155,26 @@ impl ProcessFactory {
                 );
             }
         }
+        // What an earlier run of this invoker left goes (its watchdog and zygote included; see
+        // `watchdog.rs`) before this run's watchdog and zygote start.
+        let killed = remove_left(&config.invoker_id, &pid_dir, cgroups.as_ref().ok());
+        if killed > 0 {
+            tracing::info!(killed, "removed runtime processes left by an earlier run of this invoker");
+        }
+        let watchdog_args = WatchdogArgs {
+            invoker_id: config.invoker_id.clone(),
+            pid_dir: pid_dir.clone(),
+            cgroup_root: settings.cgroup_root.clone(),
+        };
+        let watchdog = Watchdog::start(&executable, &watchdog_args)
+            .map_err(|e| setup_error(format!("the watchdog (invoker watchdog): {e}")))?;
+        let zygote = match uids {
+            Some(_) => start_zygote(&env, &config.invoker_id, &pid_dir, &config.kinds)?,
+            None => None,
+        };
         let masked = config.source.iter().cloned().chain(std::path::absolute(&config.data_dir).ok()).collect();
         let host = OneHost::new(NodeId::new("local"), settings.user_memory_mb, epoch);
-        let mut factory = ProcessFactory {
+        let factory = ProcessFactory {
             inner: Arc::new(Inner {
                 invoker_id: config.invoker_id.clone(),
                 settings,
@@ -168,15 +187,11 @@ impl ProcessFactory {
                 masked,
                 host,
                 live: Mutex::new(HashMap::new()),
-                watchdog: Mutex::new(None),
-                zygote: None,
+                watchdog: Mutex::new(Some(watchdog)),
+                watchdog_args,
+                zygote,
             }),
         };
-        factory.clean_up_earlier_run()?;
-        let zygote = factory.start_zygote(&config.kinds)?;
-        if let Some(inner) = Arc::get_mut(&mut factory.inner) {
-            inner.zygote = zygote;
-        }
         factory.observe();
         Ok(factory)
     }
@@ -256,21 +271,18 @@ impl ContainerFactory for ProcessFactory {
 
         // The zygote forks the launcher while the sandbox sets up; the child joins the
         // container's cgroups at once and enters the rest once the runtime is up.
-        let request_env = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        let request = uid_number.map(|uid| ForkRequest {
-            pid,
-            cgroups: &sandbox.cgroup_procs,
-            uid,
-            work: &work,
-            socket: &adopt,
-            wait_ms: inner.settings.ready_timeout.as_millis() as u64,
-            env: request_env,
-        });
         let forking = async {
-            match (zygote, &request) {
-                (Some(zygote), Some(request)) => Some(zygote.fork(request).await),
-                _ => None,
-            }
+            let (zygote, uid) = (zygote?, uid_number?);
+            let request = ForkRequest {
+                pid,
+                cgroups: &sandbox.cgroup_procs,
+                uid,
+                work: &work,
+                socket: &adopt,
+                wait_ms: inner.settings.ready_timeout.as_millis() as u64,
+                env: env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect(),
+            };
+            Some(zygote.fork(&request).await)
         };
         let (ready, forked) = tokio::join!(wait_ready(&mut child, pid, reach, inner.settings.ready_timeout), forking);
         let transport = match ready {
@@ -474,53 +486,35 @@ impl ProcessFactory {
         self.inner.pid_dir.join(format!("{}.pid", id.0))
     }
 
-    /// Kills what an earlier run of this invoker left (its watchdog included; see
-    /// `watchdog.rs`), then starts this run's watchdog.
-    fn clean_up_earlier_run(&self) -> Result<(), FactoryError> {
-        let inner = &self.inner;
-        let killed = remove_left(&inner.invoker_id, &inner.pid_dir, inner.cgroups.as_ref().ok());
-        if killed > 0 {
-            tracing::info!(killed, "removed runtime processes left by an earlier run of this invoker");
-        }
-        let watchdog = Watchdog::start(&inner.executable, &self.watchdog_args())
-            .map_err(|e| setup_error(format!("the watchdog (invoker watchdog): {e}")))?;
-        *inner.watchdog.lock() = Some(watchdog);
-        Ok(())
-    }
-
-    fn watchdog_args(&self) -> WatchdogArgs {
-        WatchdogArgs {
-            invoker_id: self.inner.invoker_id.clone(),
-            pid_dir: self.inner.pid_dir.clone(),
-            cgroup_root: self.inner.settings.cgroup_root.clone(),
-        }
-    }
-
-    /// Starts the python zygote when a kind uses it and containers are isolated.
-    fn start_zygote(&self, kinds: &BTreeMap<String, KindConfig>) -> Result<Option<Zygote>, FactoryError> {
-        let inner = &self.inner;
-        if inner.uids.is_none() || !kinds.values().any(KindConfig::uses_zygote) {
-            return Ok(None);
-        }
-        let Some((_, python)) = inner.env.iter().find(|(k, _)| k == "INVOKER_PYTHON") else { return Ok(None) };
-        let mut env = inner.env.clone();
-        env.push(("INVOKER_ID".into(), inner.invoker_id.clone()));
-        Zygote::start(python.into(), inner.pid_dir.join("zygote"), env)
-            .map(Some)
-            .map_err(|e| setup_error(format!("the python zygote ({python}): {e}")))
-    }
-
     /// A watchdog that someone killed is started again (its absence would let containers
     /// outlive a crash of the invoker).
     fn keep_watchdog(&self) {
         let mut watchdog = self.inner.watchdog.lock();
         if watchdog.as_mut().is_some_and(|w| !w.alive()) {
             tracing::warn!("the watchdog exited; starting it again");
-            *watchdog = Watchdog::start(&self.inner.executable, &self.watchdog_args())
+            *watchdog = Watchdog::start(&self.inner.executable, &self.inner.watchdog_args)
                 .inspect_err(|e| tracing::error!("the watchdog could not be started again: {e}"))
                 .ok();
         }
     }
+}
+
+/// Starts the python zygote when a kind uses it (containers are isolated: the caller checks).
+fn start_zygote(
+    env: &[(String, String)],
+    invoker_id: &str,
+    pid_dir: &std::path::Path,
+    kinds: &BTreeMap<String, KindConfig>,
+) -> Result<Option<Zygote>, FactoryError> {
+    if !kinds.values().any(KindConfig::uses_zygote) {
+        return Ok(None);
+    }
+    let Some((_, python)) = env.iter().find(|(k, _)| k == "INVOKER_PYTHON") else { return Ok(None) };
+    let mut env = env.to_vec();
+    env.push(("INVOKER_ID".into(), invoker_id.to_string()));
+    Zygote::start(python.into(), pid_dir.join("zygote"), env)
+        .map(Some)
+        .map_err(|e| setup_error(format!("the python zygote ({python}): {e}")))
 }
 
 /// Runs the sandbox once, around `invoker --version`, so that a machine where it cannot work
@@ -600,7 +594,8 @@ enum Reach {
 /// Waits until the runtime accepts connections; returns where.
 async fn wait_ready(child: &mut Child, pid: u32, reach: Reach, bound: Duration) -> Result<Transport, FactoryError> {
     let deadline = tokio::time::Instant::now() + bound;
-    for attempt in 0u32.. {
+    let mut attempt = 0u32;
+    loop {
         let transport = match &reach {
             Reach::At(transport) => Some(transport.clone()),
             Reach::Namespace(port) => match NetNs::of_process(pid) {
@@ -621,8 +616,8 @@ async fn wait_ready(child: &mut Child, pid: u32, reach: Reach, bound: Duration) 
         }
         // A runtime is up in a few milliseconds: poll closely at first, then ease off.
         tokio::time::sleep(Duration::from_millis(if attempt < 100 { 1 } else { 5 })).await;
+        attempt += 1;
     }
-    unreachable!("the loop returns")
 }
 
 fn spawn_reader(stream: Option<impl AsyncRead + Unpin + Send + 'static>, which: Stream, logs: Arc<LogBuffer>) {
