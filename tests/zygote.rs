@@ -126,3 +126,23 @@ async fn with_zygote_off_the_runtime_starts_the_interpreter_itself() {
     assert_eq!(a["ppid"], a["pgrp"], "a child of its runtime, which leads the container's group: {a}");
     assert!(!inv.dir.join("data/processes").join(&inv.invoker_id).join("zygote.pid").exists(), "no zygote");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_forked_launcher_whose_result_is_too_large_is_gone_and_the_next_run_gets_another() {
+    let dir = tempdir();
+    let inv = Invoker::start(dir.path(), &id("zdrop"), "");
+    let zygote = zygote_pid(&inv);
+    // A result past the runtime's 64 MB bound: the runtime stops reading and drops the process.
+    let code = "import os\ndef main(a):\n    if a.get('big'):\n        return {'x': 'y' * (65 * 1024 * 1024)}\n    return {'pid': os.getpid(), 'ppid': os.getppid()}\n";
+    let mut action = python(code);
+    action["limits"] = json!({"memory": 512});
+    inv.put_action("big", action).await;
+    let first = run(&inv, "big", json!({})).await;
+    assert_eq!(pid_of(&first, "ppid"), zygote, "forked");
+    let (status, record) = inv.invoke("big", "blocking=true", json!({"big": true})).await;
+    assert_eq!(status, 502, "{record}");
+    let forked = pid_of(&first, "pid");
+    assert_eq!(wait_gone(&[forked], Duration::from_secs(5)), Vec::<u32>::new(), "the dropped launcher is gone");
+    let next = run(&inv, "big", json!({})).await;
+    assert_ne!(pid_of(&next, "pid"), forked);
+}

@@ -142,7 +142,6 @@ impl ActionProcess {
             .map_err(|e| ActionError::Init(e.to_string()))?;
         first.push(b'\n');
         if let Err(e) = process.send(&first).await {
-            process.kill();
             return Err(ActionError::Init(format!("the forked launcher: {e}")));
         }
         process.acknowledged().await.map(Some)
@@ -222,6 +221,16 @@ impl ActionProcess {
             Owner::Adopted(pid) => {
                 let _ = nix::sys::signal::kill(*pid, nix::sys::signal::Signal::SIGKILL);
             }
+        }
+    }
+}
+
+impl Drop for ActionProcess {
+    /// A process given up on (a failed run, a failed `/init`) goes with its handle: a spawned
+    /// child through `kill_on_drop`, an adopted one here.
+    fn drop(&mut self) {
+        if let Owner::Adopted(pid) = self.owner {
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
         }
     }
 }
