@@ -96,11 +96,7 @@ impl KindConfig {
 
     /// The most runs at once one container of the kind takes, `concurrency_max` the config's.
     pub fn max_concurrency(&self, concurrency_max: u32) -> u32 {
-        match self.max_concurrency {
-            Some(n) => n.min(concurrency_max),
-            None if self.is_own_runtime() => concurrency_max,
-            None => 1,
-        }
+        runs_at_once(self.max_concurrency, self.is_own_runtime(), concurrency_max)
     }
 
     /// The command line with `{invoker}` and `{listen}` filled in.
@@ -113,6 +109,17 @@ impl KindConfig {
     pub fn env_for(&self, work_dir: &Path) -> Vec<(String, String)> {
         let (port, work_dir) = (self.port.to_string(), work_dir.to_string_lossy());
         self.env.iter().map(|(k, v)| (k.clone(), v.replace("{port}", &port).replace("{work_dir}", &work_dir))).collect()
+    }
+}
+
+/// The most runs one container takes at once: what the config sets (within
+/// `limits.concurrency_max`), else all of it for the project's own runtime and 1 for another's
+/// (OpenWhisk's actionloop proxy loses answers to overlapping runs).
+pub fn runs_at_once(set: Option<u32>, own_runtime: bool, concurrency_max: u32) -> u32 {
+    match set {
+        Some(n) => n.min(concurrency_max),
+        None if own_runtime => concurrency_max,
+        None => 1,
     }
 }
 

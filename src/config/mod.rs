@@ -155,12 +155,7 @@ impl Config {
             .iter()
             .map(|(name, d)| {
                 let own = d.command.iter().any(|a| a == "action-runtime");
-                let n = match self.kinds.get(name).and_then(|k| k.max_concurrency) {
-                    Some(n) => n.min(max),
-                    None if own => max,
-                    None => 1,
-                };
-                (name.as_str(), n)
+                (name.as_str(), kinds::runs_at_once(self.kinds.get(name).and_then(|k| k.max_concurrency), own, max))
             })
             .collect()
     }

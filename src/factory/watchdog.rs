@@ -20,6 +20,7 @@ use clap::Args;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use std::io::Read as _;
+use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 
@@ -99,11 +100,8 @@ impl Watchdog {
         if let Some(root) = &args.cgroup_root {
             command.arg("--cgroup-root").arg(root);
         }
-        let mut child = std::os::unix::process::CommandExt::process_group(
-            command.env_clear().env("INVOKER_ID", &args.invoker_id).stdin(Stdio::piped()).stdout(Stdio::null()),
-            0,
-        )
-        .spawn()?;
+        command.env_clear().env("INVOKER_ID", &args.invoker_id).stdin(Stdio::piped()).stdout(Stdio::null());
+        let mut child = command.process_group(0).spawn()?;
         let pipe = child.stdin.take().ok_or_else(|| std::io::Error::other("no pipe to the watchdog"))?;
         std::fs::write(args.pid_dir.join("watchdog.pid"), format!("{}\n", child.id()))?;
         Ok(Watchdog { child, _pipe: pipe })

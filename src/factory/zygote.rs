@@ -78,6 +78,11 @@ impl Zygote {
         Ok(zygote)
     }
 
+    /// Its record beside the containers' (`zygote.pid`), which a restart reads.
+    fn pid_file(&self) -> PathBuf {
+        self.dir.with_file_name("zygote.pid")
+    }
+
     fn spawn(&self) -> std::io::Result<Running> {
         let mut child = Command::new(&self.python)
             .arg("-u")
@@ -94,10 +99,7 @@ impl Zygote {
         let requests = child.stdin.take().ok_or_else(|| std::io::Error::other("no stdin"))?;
         let answers = BufReader::new(child.stdout.take().ok_or_else(|| std::io::Error::other("no stdout"))?);
         if let Some(pid) = child.id() {
-            let recorded = self.dir.parent().map(|d| d.join("zygote.pid"));
-            if let Some(file) = recorded {
-                std::fs::write(file, format!("{pid}\n"))?;
-            }
+            std::fs::write(self.pid_file(), format!("{pid}\n"))?;
         }
         Ok(Running { child, requests, answers })
     }
@@ -128,18 +130,14 @@ impl Zygote {
         }
         Err(format!("the zygote failed: {failure}"))
     }
-}
 
-impl Zygote {
     /// Stops the zygote (shutdown: nothing is forked any more) and forgets its record.
     pub async fn stop(&self) {
         if let Some(mut running) = self.running.lock().await.take() {
             let _ = running.child.start_kill();
             let _ = tokio::time::timeout(Duration::from_secs(5), running.child.wait()).await;
         }
-        if let Some(dir) = self.dir.parent() {
-            let _ = std::fs::remove_file(dir.join("zygote.pid"));
-        }
+        let _ = std::fs::remove_file(self.pid_file());
     }
 }
 
