@@ -417,3 +417,45 @@ async fn an_action_sees_none_of_the_invokers_environment() {
     assert!(std::env::vars().any(|(k, _)| k.starts_with("CARGO")), "the test's own environment has CARGO_*");
     assert_eq!(env["PATH"], "/usr/local/bin:/usr/bin:/bin");
 }
+
+/// A kind's `paths` are shown to its actions: one holding the store or the config would show
+/// them every tenant's records and keys, so the invoker refuses to start with one.
+#[test]
+fn a_kinds_paths_may_not_expose_the_store_or_the_config() {
+    if !root_or_skip() {
+        return;
+    }
+    let dir = tempfile::Builder::new().prefix("invoker-iso-").tempdir().unwrap();
+    let config = dir.path().join("invoker.toml");
+    let kind = format!(
+        "invoker_id = \"iso-paths-{}\"\n[kinds.\"python:ow\"]\ncommand = [\"/usr/bin/python3\"]\nnetwork = \"isolated\"\npaths = [\"{}\"]\n",
+        std::process::id(),
+        dir.path().display()
+    );
+    std::fs::write(&config, kind).unwrap();
+    let stderr = dir.path().join("stderr.log");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_invoker"))
+        .arg("--config")
+        .arg(&config)
+        .args(["--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&stderr).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the invoker started with its store among a kind's paths");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(!status.success());
+    let said = std::fs::read_to_string(&stderr).unwrap();
+    assert!(said.contains("kinds.\"python:ow\".paths"), "{said}");
+}

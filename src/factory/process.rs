@@ -172,7 +172,19 @@ impl ProcessFactory {
             Some(_) => start_zygote(&env, &config.invoker_id, &pid_dir, &config.kinds)?,
             None => None,
         };
-        let masked = config.source.iter().cloned().chain(std::path::absolute(&config.data_dir).ok()).collect();
+        let masked: Vec<PathBuf> =
+            config.source.iter().cloned().chain(std::path::absolute(&config.data_dir).ok()).collect();
+        // A kind's `paths` are bound after the masks: one holding the config or the store would
+        // show every tenant's records to its actions.
+        for (name, kind) in &config.kinds {
+            let exposed = kind.paths.iter().find(|p| masked.iter().any(|m| m.starts_with(p) || p.starts_with(m)));
+            if let Some(path) = exposed {
+                return Err(setup_error(format!(
+                    "kinds.\"{name}\".paths: {} holds or lies in the config file or data_dir, which no action may see",
+                    path.display()
+                )));
+            }
+        }
         let host = OneHost::new(NodeId::new("local"), settings.user_memory_mb, epoch);
         let factory = ProcessFactory {
             inner: Arc::new(Inner {
