@@ -164,10 +164,6 @@ impl<K: ClusterKv> Registrar<K> {
         } else {
             snapshot.health(service.is_draining(), self.identity.min_mb).as_str()
         };
-        let idle_on = |node: &str| -> u64 {
-            let idle = snapshot.containers.iter().filter(|c| c.node == node && matches!(c.state, "idle" | "paused"));
-            idle.map(|c| u64::from(c.memory_mb)).sum()
-        };
         let nodes = snapshot
             .nodes
             .iter()
@@ -176,7 +172,7 @@ impl<K: ClusterKv> Registrar<K> {
                 launchable_mb: n.launchable_mb,
                 free_mb: n.free_mb,
                 capacity_mb: n.capacity_mb,
-                idle_mb: idle_on(&n.node),
+                idle_mb: snapshot.idle_mb_on(&n.node),
             })
             .collect();
         // The containers that run an action (not starting, not a prewarm, not going).

@@ -438,7 +438,8 @@ const UNHEALTHY_AFTER_FAILURES: u32 = 3;
 #[serde(rename_all = "lowercase")]
 pub enum Health {
     Healthy,
-    /// Work waits and no node can launch even the smallest action.
+    /// Work waits and no node can launch even the smallest action, even with its idle
+    /// containers removed.
     Overloaded,
     /// Container creations failed several times in a row.
     Unhealthy,
@@ -462,13 +463,22 @@ impl PoolSnapshot {
         self.nodes.iter().map(|n| n.launchable_mb).max().unwrap_or(0)
     }
 
-    /// `draining` is the intake's; `min_mb` the smallest action's memory.
+    /// Memory held on `node` by idle (or paused) containers, which the pool removes when it
+    /// needs the room.
+    pub fn idle_mb_on(&self, node: &str) -> u64 {
+        let idle = self.containers.iter().filter(|c| c.node == node && matches!(c.state, "idle" | "paused"));
+        idle.map(|c| u64::from(c.memory_mb)).sum()
+    }
+
+    /// `draining` is the intake's; `min_mb` the smallest action's memory. A job waiting while
+    /// idle containers are removed to make its room is not overload.
     pub fn health(&self, draining: bool, min_mb: u64) -> Health {
+        let room = self.nodes.iter().map(|n| n.launchable_mb + self.idle_mb_on(&n.node)).max().unwrap_or(0);
         if draining || self.draining {
             Health::Draining
         } else if self.create_failures_in_a_row >= UNHEALTHY_AFTER_FAILURES {
             Health::Unhealthy
-        } else if self.waiting > 0 && self.launchable_mb() < min_mb {
+        } else if self.waiting > 0 && room < min_mb {
             Health::Overloaded
         } else {
             Health::Healthy
@@ -532,5 +542,53 @@ impl PoolHandle {
         if self.addr.send(Drain(tx)).await.is_ok() {
             let _ = rx.await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn snapshot(waiting: usize, launchable_mb: u64, idle_mb: u32, busy_mb: u32) -> PoolSnapshot {
+        let container = |id, state, memory_mb| ContainerSummary {
+            id,
+            action: "guest/a".into(),
+            revision: 1,
+            node: "n".into(),
+            memory_mb,
+            state,
+            running: 0,
+        };
+        PoolSnapshot {
+            draining: false,
+            starting: 0,
+            idle: 1,
+            prewarm: 0,
+            busy: 1,
+            removing: 0,
+            waiting,
+            nodes: vec![NodeView {
+                node: "n".into(),
+                capacity_mb: 2048,
+                free_mb: launchable_mb,
+                committed_mb: 0,
+                reserved_mb: 0,
+                removing_mb: 0,
+                starts_in_flight: 0,
+                stale: false,
+                launchable_mb,
+            }],
+            containers: vec![container(1, "idle", idle_mb), container(2, "busy", busy_mb)],
+            create_failures_in_a_row: 0,
+            action_keys: 1,
+        }
+    }
+
+    #[test]
+    fn a_job_waiting_for_idle_containers_to_go_is_not_overload() {
+        assert_eq!(snapshot(1, 0, 256, 1792).health(false, 128), Health::Healthy, "an idle container makes room");
+        assert_eq!(snapshot(1, 0, 0, 2048).health(false, 128), Health::Overloaded, "all of it busy");
+        assert_eq!(snapshot(0, 0, 0, 2048).health(false, 128), Health::Healthy, "nothing waits");
+        assert_eq!(snapshot(1, 0, 0, 2048).health(true, 128), Health::Draining);
     }
 }
