@@ -1,5 +1,7 @@
-//! The python zygote of the process factory (the default for `python:3`): containers whose
-//! action process was forked from a warm interpreter, with the isolation of a spawned one.
+//! How the process factory starts action processes faster than by running an interpreter from
+//! nothing: the python zygote (the default for `python:3`), containers whose action process was
+//! forked from a warm interpreter, with the isolation of a spawned one; and node started from a
+//! startup snapshot of its launcher (`[kinds] snapshot`).
 
 mod support;
 
@@ -145,4 +147,33 @@ async fn a_forked_launcher_whose_result_is_too_large_is_gone_and_the_next_run_ge
     assert_eq!(wait_gone(&[forked], Duration::from_secs(5)), Vec::<u32>::new(), "the dropped launcher is gone");
     let next = run(&inv, "big", json!({})).await;
     assert_ne!(pid_of(&next, "pid"), forked);
+}
+
+/// What a node action sees of itself: how node was started, whether it can write the snapshot,
+/// a random draw; it logs a line.
+const NODE_SELF: &str = "const fs = require('fs');\nconst os = require('os');\nasync function main(a) {\n  console.log('from the snapshot', a.name);\n  await new Promise((r) => setTimeout(r, a.sleep || 0));\n  let wrote = 'written';\n  try { fs.appendFileSync(process.execArgv[1], 'x'); } catch (e) { wrote = e.code; }\n  return {argv: process.execArgv, random: Math.random(), uid: process.getuid(), name: a.name, os: typeof os.hostname(), wrote};\n}\n";
+
+#[tokio::test(flavor = "multi_thread")]
+async fn node_started_from_the_launchers_snapshot_runs_the_action_and_draws_its_own_random_numbers() {
+    let dir = tempdir();
+    let config = "[kinds.\"nodejs:20\"]\ncommand = [\"{invoker}\", \"action-runtime\", \"--listen\", \"{listen}\", \"--launcher\", \"nodejs\"]\nsnapshot = true\n";
+    let inv = Invoker::start(dir.path(), &id("zsnap"), config);
+    let code = json!({"exec": {"kind": "nodejs:20", "code": NODE_SELF}});
+    inv.put_action("n", code).await;
+    let params = |name: &str| json!({"name": name, "sleep": 500});
+    let (a, b) =
+        tokio::join!(inv.invoke("n", "blocking=true", params("a")), inv.invoke("n", "blocking=true", params("b")));
+    for (status, record) in [&a, &b] {
+        assert_eq!(*status, 200, "{record}");
+        let result = &record["response"]["result"];
+        assert_eq!(result["argv"][0], "--snapshot-blob", "started from the snapshot: {result}");
+        assert_eq!(result["os"], "string", "the action's require loads any module: {result}");
+        assert!(result["wrote"] == "EROFS" || result["wrote"] == "EACCES", "the snapshot is read-only: {result}");
+        assert!(result["uid"].as_u64().unwrap() >= 100_000, "its container's uid: {result}");
+        let logs = record["logs"].to_string();
+        assert!(logs.contains(&format!("from the snapshot {}", result["name"].as_str().unwrap())), "{logs}");
+    }
+    let (a, b) = (&a.1["response"]["result"], &b.1["response"]["result"]);
+    assert_eq!((&a["name"], &b["name"]), (&json!("a"), &json!("b")));
+    assert_ne!(a["random"], b["random"], "V8 seeds Math.random again when it deserializes the heap");
 }

@@ -75,6 +75,12 @@ pub struct KindConfig {
     /// own runtime with the python launcher; only such a kind may set it.
     #[serde(default)]
     pub zygote: Option<bool>,
+    /// Whether the process factory starts the kind's node from a V8 startup snapshot of the
+    /// launcher (built at the invoker's start) instead of running the launcher's script. Off
+    /// unless set: on node 20 it starts a few milliseconds slower (see BENCHMARKS.md); only a
+    /// kind running the project's own runtime with the nodejs launcher may set it.
+    #[serde(default)]
+    pub snapshot: bool,
 }
 
 impl KindConfig {
@@ -87,6 +93,11 @@ impl KindConfig {
     /// Whether the kind runs our runtime with the python launcher (what the zygote serves).
     pub fn is_own_python(&self) -> bool {
         self.is_own_runtime() && self.command.windows(2).any(|w| w[0] == "--launcher" && w[1] == "python")
+    }
+
+    /// Whether the kind runs our runtime with the nodejs launcher (what a snapshot holds).
+    pub fn is_own_nodejs(&self) -> bool {
+        self.is_own_runtime() && self.command.windows(2).any(|w| w[0] == "--launcher" && w[1] == "nodejs")
     }
 
     /// Whether the process factory forks the kind's action processes from the python zygote.
@@ -134,6 +145,7 @@ fn builtin_runtime(launcher: &str) -> KindConfig {
         protocol: RuntimeProtocol::OpenWhisk,
         max_concurrency: None,
         zygote: None,
+        snapshot: false,
     }
 }
 
@@ -173,6 +185,12 @@ pub(super) fn validate(kinds: &BTreeMap<String, KindConfig>) -> Result<(), Confi
             return Err(bad(
                 &key("zygote"),
                 "only a kind running the invoker's own runtime with --launcher python has a zygote",
+            ));
+        }
+        if k.snapshot && !k.is_own_nodejs() {
+            return Err(bad(
+                &key("snapshot"),
+                "only a kind running the invoker's own runtime with --launcher nodejs starts from a snapshot",
             ));
         }
         if k.max_concurrency == Some(0) {

@@ -219,6 +219,19 @@ mod tests {
     }
 
     #[test]
+    fn only_our_nodejs_runtime_may_start_from_a_snapshot_and_none_does_unless_set() {
+        let config = Config::from_toml("").unwrap();
+        assert!(config.kinds.values().all(|k| !k.snapshot));
+        let on = "[kinds.\"nodejs:20\"]\ncommand = [\"{invoker}\", \"action-runtime\", \"--listen\", \"{listen}\", \"--launcher\", \"nodejs\"]\nsnapshot = true\n";
+        let on = Config::from_toml(on).unwrap();
+        assert!(on.validate().is_ok() && on.kinds["nodejs:20"].snapshot);
+        let python = "[kinds.\"python:3\"]\ncommand = [\"{invoker}\", \"action-runtime\", \"--listen\", \"{listen}\", \"--launcher\", \"python\"]\nsnapshot = true\n";
+        assert_eq!(Config::from_toml(python).unwrap().validate().unwrap_err().key, "kinds.\"python:3\".snapshot");
+        let foreign = "[kinds.x]\ncommand = [\"/usr/bin/node\", \"proxy.js\", \"{listen}\"]\nsnapshot = true\n";
+        assert_eq!(Config::from_toml(foreign).unwrap().validate().unwrap_err().key, "kinds.\"x\".snapshot");
+    }
+
+    #[test]
     fn the_zygote_is_on_for_our_python_runtime_only_and_may_be_turned_off() {
         let config = Config::from_toml("").unwrap();
         assert!(config.kinds["python:3"].uses_zygote());

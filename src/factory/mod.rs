@@ -13,6 +13,7 @@ pub mod netns;
 mod one_host;
 pub mod process;
 pub mod sandbox;
+mod snapshot;
 mod uids;
 pub mod watchdog;
 mod zygote;

@@ -64,6 +64,8 @@ struct Inner {
     /// Forks the action processes of the python kinds (isolated containers only: the child
     /// must enter the container's namespaces and take its uid).
     zygote: Option<Zygote>,
+    /// The node launcher's startup snapshot, when a kind starts from one.
+    node_snapshot: Option<PathBuf>,
 }
 
 struct Live {
@@ -172,6 +174,7 @@ impl ProcessFactory {
             Some(_) => start_zygote(&env, &config.invoker_id, &pid_dir, &config.kinds)?,
             None => None,
         };
+        let node_snapshot = build_node_snapshot(&env, &pid_dir, &config.kinds)?;
         let masked: Vec<PathBuf> =
             config.source.iter().cloned().chain(std::path::absolute(&config.data_dir).ok()).collect();
         // A kind's `paths` are bound after the masks: one holding the config or the store would
@@ -202,6 +205,7 @@ impl ProcessFactory {
                 watchdog: Mutex::new(Some(watchdog)),
                 watchdog_args,
                 zygote,
+                node_snapshot,
             }),
         };
         factory.observe();
@@ -407,7 +411,11 @@ impl ProcessFactory {
             root: Some(self.root(spec.id)),
             dir: Some(dir.clone()),
             work_dir: Some(work),
-            bind_files: std::iter::once(&inner.executable).chain(&kind.paths).cloned().collect(),
+            bind_files: std::iter::once(&inner.executable)
+                .chain(&kind.paths)
+                .chain(inner.node_snapshot.as_ref().filter(|_| kind.snapshot))
+                .cloned()
+                .collect(),
             mask: inner.masked.clone(),
             tmp_mb: inner.settings.tmp_mb,
             command: kind.command_for(&inner.executable, &listen).into_iter().map(Into::into).collect(),
@@ -481,6 +489,9 @@ impl ProcessFactory {
         if let Some(adopt) = adopt {
             env.push(("INVOKER_ADOPT".into(), adopt.display().to_string()));
         }
+        if let Some(blob) = inner.node_snapshot.as_ref().filter(|_| kind.snapshot) {
+            env.push((crate::runtime::NODE_SNAPSHOT.into(), blob.display().to_string()));
+        }
         env.into_iter().collect()
     }
 
@@ -527,6 +538,21 @@ fn start_zygote(
     Zygote::start(python.into(), pid_dir.join("zygote"), env)
         .map(Some)
         .map_err(|e| setup_error(format!("the python zygote ({python}): {e}")))
+}
+
+/// Builds the node launcher's startup snapshot when a kind starts from one; a node that cannot
+/// build it stops the start, naming the kind, rather than failing each of its activations.
+fn build_node_snapshot(
+    env: &[(String, String)],
+    pid_dir: &std::path::Path,
+    kinds: &BTreeMap<String, KindConfig>,
+) -> Result<Option<PathBuf>, FactoryError> {
+    let Some((name, _)) = kinds.iter().find(|(_, k)| k.snapshot) else { return Ok(None) };
+    let node = env.iter().find(|(k, _)| k == "INVOKER_NODE").map_or("node", |(_, v)| v.as_str());
+    let blob = super::snapshot::build(std::path::Path::new(node), &pid_dir.join("snapshot"))
+        .map_err(|e| setup_error(format!("kinds.\"{name}\".snapshot: {e}")))?;
+    tracing::info!(blob = %blob.display(), "built the node launcher's startup snapshot");
+    Ok(Some(blob))
 }
 
 /// Runs the sandbox once, around `invoker --version`, so that a machine where it cannot work

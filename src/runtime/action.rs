@@ -235,6 +235,10 @@ impl Drop for ActionProcess {
     }
 }
 
+/// Where the process factory puts the node launcher's startup snapshot for a kind that starts
+/// from one (`[kinds] snapshot`).
+pub const NODE_SNAPSHOT: &str = "INVOKER_NODE_SNAPSHOT";
+
 /// Writes the code where the launcher expects it and returns the command that runs it.
 fn write_action(launcher: Launcher, work: &Path, spec: &InitSpec) -> Result<Vec<String>, ActionError> {
     let io = |what: &str, e: std::io::Error| ActionError::Init(format!("{what}: {e}"));
@@ -261,8 +265,13 @@ fn write_action(launcher: Launcher, work: &Path, spec: &InitSpec) -> Result<Vec<
                 ));
             }
             std::fs::write(path("index.js"), text()?).map_err(|e| io("index.js", e))?;
+            let node = interpreter("INVOKER_NODE", "node");
+            // The launcher from a V8 startup snapshot of it, where the kind starts from one.
+            if let Ok(blob) = std::env::var(NODE_SNAPSHOT) {
+                return Ok(vec![node, "--snapshot-blob".into(), blob, spec.main.clone()]);
+            }
             std::fs::write(path(".launcher.js"), super::launchers::NODEJS).map_err(|e| io("launcher", e))?;
-            Ok(vec![interpreter("INVOKER_NODE", "node"), ".launcher.js".into(), spec.main.clone()])
+            Ok(vec![node, ".launcher.js".into(), spec.main.clone()])
         }
         Launcher::Native => {
             let exec = path("exec");

@@ -27,6 +27,7 @@ use std::time::Duration;
 
 pub use crate::factory::logs::SENTINEL;
 use crate::factory::logs::SENTINEL_LINE;
+pub use action::NODE_SNAPSHOT;
 pub use sched::{policy_of, SchedPolicy};
 
 /// The largest `/init` or `/run` body accepted (code up to OpenWhisk's 48 MB, base64-encoded).
