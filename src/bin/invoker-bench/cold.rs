@@ -13,11 +13,13 @@ use std::time::{Duration, Instant};
 const KINDS: &[(&str, &str, &str)] = &[
     ("python:3", "cold_python", "def main(a):\n    return {}\n"),
     ("python:spawn", "cold_python_spawn", "def main(a):\n    return {}\n"),
-    ("nodejs:20", "cold_node", "function main() { return {}; }"),
+    ("nodejs:snapshot", "cold_node", "function main() { return {}; }"),
+    ("nodejs:20", "cold_node_plain", "function main() { return {}; }"),
 ];
 
-/// The invoker's configuration: the default kinds (python forked from the zygote) and python
-/// started in the container as before the zygote; room for every container at once.
+/// The invoker's configuration: the default kinds (python forked from the zygote, node
+/// running the launcher's script), python started in the container as before the zygote, and
+/// node started from the launcher's snapshot; room for every container at once.
 const CONFIG: &str = r#"[proxy]
 pause_grace = "0s"
 [factory.process]
@@ -25,6 +27,9 @@ user_memory_mb = 65536
 [kinds."python:spawn"]
 command = ["{invoker}", "action-runtime", "--listen", "{listen}", "--launcher", "python"]
 zygote = false
+[kinds."nodejs:snapshot"]
+command = ["{invoker}", "action-runtime", "--listen", "{listen}", "--launcher", "nodejs"]
+snapshot = true
 "#;
 
 /// One cold start: the client's time, and the record's parts (ms).
