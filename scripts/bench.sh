@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The warm path measured side by side with the runtime called directly, in one run, A/B
 # alternating; a cold start each way; cold starts by kind (20 new actions each: python forked
-# from the zygote, python started in its container, node) and a burst of 50 first calls to 50
+# from the zygote, python started in its container, node from its snapshot and plain) and a burst of 50 first calls to 50
 # new python actions; the invoker's resident memory; the scheduler hop (a
 # scheduler in front of one invoker against that invoker called directly). The last line printed is
 # one JSON object (see BENCHMARKS.md).
