@@ -13,6 +13,7 @@ pub enum FactoryKind {
     Mock,
     Docker,
     Mesos,
+    Kubernetes,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -23,6 +24,7 @@ pub struct FactoryConfig {
     pub mock: MockFactoryConfig,
     pub docker: DockerFactoryConfig,
     pub mesos: MesosFactoryConfig,
+    pub kubernetes: super::KubernetesFactoryConfig,
 }
 
 /// The Mesos factory: action containers as tasks of a framework, through the v1 scheduler
@@ -244,6 +246,7 @@ impl Default for FactoryConfig {
             mock: MockFactoryConfig::default(),
             docker: DockerFactoryConfig::default(),
             mesos: MesosFactoryConfig::default(),
+            kubernetes: super::KubernetesFactoryConfig::default(),
         }
     }
 }
@@ -268,6 +271,7 @@ impl Default for ProcessFactoryConfig {
 impl FactoryConfig {
     pub(super) fn validate(&self, pool: &PoolConfig, limits: &LimitsConfig) -> Result<(), ConfigError> {
         self.validate_mesos()?;
+        self.kubernetes.validate()?;
         if self.mock.nodes == 0 || self.mock.nodes > 10_000 {
             return Err(bad("factory.mock.nodes", "must be 1 to 10000"));
         }

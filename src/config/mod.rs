@@ -7,6 +7,7 @@ mod admin;
 mod cluster;
 mod factory;
 mod kinds;
+mod kubernetes;
 mod limits;
 mod pool;
 mod proxy;
@@ -19,6 +20,7 @@ pub use factory::{
     ProcessFactoryConfig, TransportKind,
 };
 pub use kinds::{default_kinds, KindConfig, Network, RuntimeProtocol, OPENWHISK_PORT};
+pub use kubernetes::{KubernetesFactoryConfig, KubernetesKindConfig};
 pub use limits::LimitsConfig;
 pub use pool::{PoolConfig, PrewarmConfig};
 pub use proxy::ProxyConfig;
@@ -119,6 +121,9 @@ impl Config {
         for (kind, cfg) in DockerFactoryConfig::default().kinds {
             config.factory.docker.kinds.entry(kind).or_insert(cfg);
         }
+        for (kind, cfg) in KubernetesFactoryConfig::default().kinds {
+            config.factory.kubernetes.kinds.entry(kind).or_insert(cfg);
+        }
         Ok(config)
     }
 
@@ -143,21 +148,31 @@ impl Config {
 
 impl Config {
     /// The kinds an action may be created with, each with the most runs one container of it
-    /// takes at once: `[kinds]`; on Docker, the kinds with an image (an image's own entry point
-    /// is another's runtime, one run at a time unless `[kinds]` says otherwise).
+    /// takes at once: `[kinds]`; on Docker and Kubernetes, the kinds with an image (an image's
+    /// own entry point is another's runtime, one run at a time unless `[kinds]` says otherwise).
     pub fn action_kinds(&self) -> BTreeMap<&str, u32> {
         let max = self.limits.concurrency_max;
-        if self.factory.kind != FactoryKind::Docker {
-            return self.kinds.iter().map(|(name, k)| (name.as_str(), k.max_concurrency(max))).collect();
+        let set = |name: &str| self.kinds.get(name).and_then(|k| k.max_concurrency);
+        match self.factory.kind {
+            FactoryKind::Docker => self
+                .factory
+                .docker
+                .kinds
+                .iter()
+                .map(|(name, d)| {
+                    let own = d.command.iter().any(|a| a == "action-runtime");
+                    (name.as_str(), kinds::runs_at_once(set(name), own, max))
+                })
+                .collect(),
+            FactoryKind::Kubernetes => self
+                .factory
+                .kubernetes
+                .kinds
+                .iter()
+                .map(|(name, k)| (name.as_str(), kinds::runs_at_once(set(name), k.is_own_runtime(), max)))
+                .collect(),
+            _ => self.kinds.iter().map(|(name, k)| (name.as_str(), k.max_concurrency(max))).collect(),
         }
-        let docker = &self.factory.docker.kinds;
-        docker
-            .iter()
-            .map(|(name, d)| {
-                let own = d.command.iter().any(|a| a == "action-runtime");
-                (name.as_str(), kinds::runs_at_once(self.kinds.get(name).and_then(|k| k.max_concurrency), own, max))
-            })
-            .collect()
     }
 }
 

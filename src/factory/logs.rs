@@ -37,6 +37,8 @@ struct Inner {
     bytes: usize,
     dropped: usize,
     closed: bool,
+    /// Sentinels seen on a merged stream (see `push_merged`).
+    merged_sentinels: usize,
 }
 
 /// Lines kept between two collections at most (a runaway action cannot exhaust memory).
@@ -60,6 +62,24 @@ impl LogBuffer {
         }
         drop(inner);
         self.arrived.notify_waiters();
+    }
+
+    /// A line of one stream that merges stdout and stderr (a Kubernetes pod's log): its lines
+    /// count as stdout, and its sentinels as stdout's and stderr's in turn, since a runtime
+    /// writes one on each after every activation.
+    pub fn push_merged(&self, line: String) {
+        let stream = if line.trim_end() == SENTINEL {
+            let mut inner = self.lines.lock();
+            inner.merged_sentinels += 1;
+            if inner.merged_sentinels % 2 == 1 {
+                Stream::Stdout
+            } else {
+                Stream::Stderr
+            }
+        } else {
+            Stream::Stdout
+        };
+        self.push(stream, line);
     }
 
     /// The last line on stderr so far (why a runtime exited before it was ready).
@@ -148,6 +168,18 @@ mod tests {
         buf.push(Stream::Stderr, SENTINEL.into());
         let lines = buf.collect(Duration::from_secs(1), 5).await;
         assert!(lines.last().unwrap().contains("truncated"), "{lines:?}");
+    }
+
+    #[tokio::test]
+    async fn a_merged_stream_ends_an_activation_at_its_second_sentinel() {
+        let buf = LogBuffer::default();
+        for line in ["one", SENTINEL, "two", SENTINEL, "next", SENTINEL, SENTINEL] {
+            buf.push_merged(line.into());
+        }
+        let lines = buf.collect(Duration::from_secs(1), 1000).await;
+        assert!(lines.len() == 2 && lines[1].ends_with("stdout: two"), "{lines:?}");
+        let lines = buf.collect(Duration::from_secs(1), 1000).await;
+        assert!(lines.len() == 1 && lines[0].ends_with("stdout: next"), "{lines:?}");
     }
 
     #[test]

@@ -151,6 +151,7 @@ pub enum Factory {
     Process(process::ProcessFactory),
     Docker(docker::DockerFactory),
     Mesos(mesos::MesosFactory),
+    Kubernetes(kubernetes::KubernetesFactory),
     Mock(mock::MockFactory),
 }
 
@@ -161,6 +162,7 @@ macro_rules! each_backend {
             Factory::Process($f) => $body,
             Factory::Docker($f) => $body,
             Factory::Mesos($f) => $body,
+            Factory::Kubernetes($f) => $body,
             Factory::Mock($f) => $body,
         }
     };
@@ -179,6 +181,7 @@ impl Factory {
             FactoryKind::Process => Factory::Process(process::ProcessFactory::new(config, epoch)?),
             FactoryKind::Docker => Factory::Docker(docker::DockerFactory::new(config, epoch).await?),
             FactoryKind::Mesos => Factory::Mesos(mesos::MesosFactory::new(config, epoch, store).await?),
+            FactoryKind::Kubernetes => Factory::Kubernetes(kubernetes::KubernetesFactory::new(config, epoch).await?),
             FactoryKind::Mock => {
                 let m = &config.factory.mock;
                 let nodes = (0..m.nodes).map(|i| (format!("mock{i}"), m.node_memory_mb)).collect();

@@ -1,7 +1,406 @@
-//! The Kubernetes factory (issue 20), in parts. Landed so far: what each node offers, from the
-//! API server's Nodes and Pods (`offers.rs`, pure), kept current by watches (`watch.rs`, tested
-//! against the fake API server in `tests/support/kube_api.rs`). To come: pods created bound to
-//! the node the pool chose, their logs, and the factory itself.
+//! The Kubernetes factory: action containers as pods, each bound (`spec.nodeName`) to the node
+//! the pool chose within what that node offers. The offers come from watches of Nodes and Pods
+//! (`watch.rs`, `offers.rs`), never from a call per activation; the pod is made and read
+//! without I/O (`pod.rs`); this module carries out creations, deletions and log follows.
+//!
+//! There is no pause: an idle pod keeps running (as on Mesos). A start deletes the pods an
+//! earlier run of the same `invoker_id` left in the namespace, and nothing else.
 
 pub mod offers;
+pub mod pod;
 pub mod watch;
+
+use super::logs::LogBuffer;
+use super::{ContainerFactory, ContainerHandle, ContainerSpec, Epoch, FactoryError, StatsReceiver, Transport};
+use crate::config::{Config, KubernetesFactoryConfig};
+use crate::pool::core::{ContainerId, NodeId, NodeStatsUpdate};
+use futures_util::AsyncBufReadExt as _;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{DeleteParams, ListParams, LogParams, PostParams};
+use kube::Api;
+use parking_lot::Mutex;
+use pod::{build_pod, label_value, pod_name, pod_state, PodRequest, PodState, PodTemplate};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use watch::{watch_cluster, ClusterView};
+
+/// Containers reported gone at most before the pool reads them.
+const GONE_QUEUE: usize = 4096;
+/// A log line longer than this is cut into pieces (a runaway action writes without newlines).
+const MAX_LINE: usize = 64 * 1024;
+
+#[derive(Clone)]
+pub struct KubernetesFactory {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: KubernetesFactoryConfig,
+    invoker_id: String,
+    /// This run's id (its start time), in pod names and the `invoker-run` label.
+    run: String,
+    epoch: Epoch,
+    pods: Api<Pod>,
+    view: ClusterView,
+    /// Kind → how its pods are made.
+    templates: BTreeMap<String, PodTemplate>,
+    stats: tokio::sync::watch::Sender<Vec<NodeStatsUpdate>>,
+    /// Ready pods, with their logs and the task following them.
+    live: Mutex<HashMap<ContainerId, LivePod>>,
+    gone: mpsc::Sender<ContainerId>,
+    gone_rx: Mutex<Option<mpsc::Receiver<ContainerId>>>,
+    /// Where the client points, for `describe`.
+    server: String,
+}
+
+struct LivePod {
+    logs: Arc<LogBuffer>,
+    follower: tokio::task::AbortHandle,
+}
+
+fn setup(reason: String) -> FactoryError {
+    FactoryError::Operation { op: "kubernetes setup", reason }
+}
+
+/// The client `[factory.kubernetes]` names: an API server URL, a kubeconfig, or what kube
+/// infers (`$KUBECONFIG`, `~/.kube/config`, the pod's service account).
+async fn client(c: &KubernetesFactoryConfig) -> Result<(kube::Client, String), FactoryError> {
+    let config = match (&c.api_server, &c.kubeconfig) {
+        (Some(url), _) => kube::Config::new(url.parse().map_err(|e| setup(format!("api_server {url}: {e}")))?),
+        (None, Some(path)) => {
+            let file =
+                kube::config::Kubeconfig::read_from(path).map_err(|e| setup(format!("{}: {e}", path.display())))?;
+            kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
+                .await
+                .map_err(|e| setup(format!("{}: {e}", path.display())))?
+        }
+        (None, None) => kube::Config::infer().await.map_err(|e| setup(format!("no cluster configured: {e}")))?,
+    };
+    let server = config.cluster_url.to_string();
+    let client = kube::Client::try_from(config).map_err(|e| setup(e.to_string()))?;
+    Ok((client, server))
+}
+
+impl KubernetesFactory {
+    pub async fn new(config: &Config, epoch: Epoch) -> Result<Self, FactoryError> {
+        let k = config.factory.kubernetes.clone();
+        let (client, server) = client(&k).await?;
+        let templates = k
+            .kinds
+            .iter()
+            .map(|(kind, c)| {
+                let template = PodTemplate {
+                    image: c.image.clone(),
+                    command: c.command.clone(),
+                    port: c.port(),
+                    pull_policy: k.image_pull_policy.clone(),
+                    tolerations: k.tolerations.clone(),
+                };
+                (kind.clone(), template)
+            })
+            .collect();
+        let run = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis();
+        let (gone, gone_rx) = mpsc::channel(GONE_QUEUE);
+        let inner = Arc::new(Inner {
+            pods: Api::namespaced(client.clone(), &k.namespace),
+            view: watch_cluster(client, k.tolerations.clone()),
+            config: k,
+            invoker_id: config.invoker_id.clone(),
+            run: run.to_string(),
+            epoch,
+            templates,
+            stats: tokio::sync::watch::channel(Vec::new()).0,
+            live: Mutex::new(HashMap::new()),
+            gone,
+            gone_rx: Mutex::new(Some(gone_rx)),
+            server,
+        });
+        tokio::spawn(publish_stats(Arc::downgrade(&inner), inner.view.offers.clone()));
+        tokio::spawn(watch_live(Arc::downgrade(&inner), inner.view.changes.clone()));
+        tokio::spawn(remove_left(inner.clone()));
+        Ok(KubernetesFactory { inner })
+    }
+}
+
+impl ContainerFactory for KubernetesFactory {
+    fn describe(&self) -> String {
+        let i = &self.inner;
+        format!(
+            "kubernetes factory: pods in namespace '{}' on {} (node offers from watches of Nodes and Pods; each pod \
+             bound to its node, Guaranteed QoS, non-root, no capabilities, read-only root; idle pods keep running)",
+            i.config.namespace, i.server
+        )
+    }
+
+    fn stats(&self) -> StatsReceiver {
+        self.inner.stats.subscribe()
+    }
+
+    fn take_gone(&self) -> Option<mpsc::Receiver<ContainerId>> {
+        self.inner.gone_rx.lock().take()
+    }
+
+    /// The offers stand as observed now while the watches are up (they would have shown any
+    /// change); while they are down, the stats age and the pool stops placing on stale nodes.
+    fn observe(&self) {
+        if *self.inner.view.connected.borrow() {
+            self.inner.publish(&self.inner.view.offers.borrow());
+        }
+    }
+
+    async fn create(&self, spec: &ContainerSpec, node: &NodeId) -> Result<ContainerHandle, FactoryError> {
+        let inner = &self.inner;
+        let template = inner.templates.get(&spec.kind).ok_or_else(|| FactoryError::UnknownKind(spec.kind.clone()))?;
+        let name = inner.pod_name(spec.id);
+        let pod = build_pod(
+            template,
+            &PodRequest {
+                name: &name,
+                node: &node.0,
+                memory_mb: spec.memory_mb,
+                cpus_per_gb: inner.config.cpus_per_gb,
+                invoker_id: &inner.invoker_id,
+                run: &inner.run,
+                kind: &spec.kind,
+                action: &spec.action_path,
+            },
+        );
+        let bound = inner.config.create_timeout;
+        let deadline = tokio::time::Instant::now() + bound;
+        match tokio::time::timeout(inner.config.call_timeout, inner.pods.create(&PostParams::default(), &pod)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return Err(FactoryError::Create(api_error("creating the pod", &e))),
+            Err(_) => {
+                // It may exist all the same: it goes, so that nothing is left behind.
+                self.delete(&name).await;
+                return Err(FactoryError::Create("the API server did not answer the pod's creation in time".into()));
+            }
+        }
+        let address = match inner.until_ready(&name, deadline).await {
+            Ok(address) => address,
+            Err(e) => {
+                self.delete(&name).await;
+                return Err(e);
+            }
+        };
+        let transport = Transport::Tcp(address);
+        while !transport.accepts().await {
+            if tokio::time::Instant::now() > deadline {
+                self.delete(&name).await;
+                return Err(FactoryError::Create(format!(
+                    "the pod is Ready but {address} does not answer the invoker"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let logs = Arc::new(LogBuffer::default());
+        let follower = tokio::spawn(follow_logs(inner.pods.clone(), name, logs.clone())).abort_handle();
+        inner.live.lock().insert(spec.id, LivePod { logs: logs.clone(), follower });
+        Ok(ContainerHandle { id: spec.id, node: node.clone(), transport, logs, ready_at: inner.epoch.now() })
+    }
+
+    async fn destroy(&self, c: &ContainerHandle) -> Result<(), FactoryError> {
+        if let Some(live) = self.inner.live.lock().remove(&c.id) {
+            live.follower.abort();
+            live.logs.close();
+        }
+        self.delete(&self.inner.pod_name(c.id)).await;
+        Ok(())
+    }
+
+    async fn destroy_all(&self) {
+        let ids: Vec<ContainerId> = self.inner.live.lock().keys().copied().collect();
+        let handles = ids.into_iter().map(|id| async move {
+            if let Some(live) = self.inner.live.lock().remove(&id) {
+                live.follower.abort();
+                live.logs.close();
+            }
+            self.delete(&self.inner.pod_name(id)).await;
+        });
+        futures_util::future::join_all(handles).await;
+    }
+}
+
+impl KubernetesFactory {
+    /// Deletes the pod at once (grace 0) and waits, bounded, for the watch to show it gone:
+    /// only then is its memory free on the node.
+    async fn delete(&self, name: &str) {
+        let inner = &self.inner;
+        let params = DeleteParams { grace_period_seconds: Some(0), ..DeleteParams::default() };
+        match tokio::time::timeout(inner.config.call_timeout, inner.pods.delete(name, &params)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(kube::Error::Api(e))) if e.code == 404 => return,
+            Ok(Err(e)) => tracing::warn!(pod = name, "kubernetes: {}", api_error("deleting the pod", &e)),
+            Err(_) => tracing::warn!(pod = name, "kubernetes: the API server did not answer a deletion in time"),
+        }
+        let mut changes = inner.view.changes.clone();
+        let deadline = tokio::time::Instant::now() + inner.config.delete_timeout;
+        while inner.view.pod(&inner.config.namespace, name).is_some() {
+            if !matches!(tokio::time::timeout_at(deadline, changes.changed()).await, Ok(Ok(()))) {
+                tracing::warn!(pod = name, "kubernetes: the pod's deletion was not seen in time");
+                return;
+            }
+        }
+    }
+}
+
+impl Inner {
+    fn pod_name(&self, id: ContainerId) -> String {
+        pod_name(&self.invoker_id, &self.run, id.0)
+    }
+
+    /// Waits for the pod to be Ready (its runtime's address) or to fail, by the deadline.
+    async fn until_ready(
+        &self,
+        name: &str,
+        deadline: tokio::time::Instant,
+    ) -> Result<std::net::SocketAddr, FactoryError> {
+        let mut changes = self.view.changes.clone();
+        let mut seen = false;
+        loop {
+            match pod_state(self.view.pod(&self.config.namespace, name).as_deref()) {
+                PodState::Ready(address) => return Ok(address),
+                PodState::Refused(why) => return Err(FactoryError::Refused(why)),
+                PodState::Failed(why) => return Err(FactoryError::Create(why)),
+                PodState::Gone if seen => return Err(FactoryError::Create("the pod was deleted".into())),
+                PodState::Gone => {}
+                PodState::Pending => seen = true,
+            }
+            if !matches!(tokio::time::timeout_at(deadline, changes.changed()).await, Ok(Ok(()))) {
+                return Err(FactoryError::NotReady(self.config.create_timeout));
+            }
+        }
+    }
+}
+
+fn api_error(doing: &str, e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(r) if r.code == 409 => format!("{doing}: the name is taken (409 {})", r.message),
+        kube::Error::Api(r) if r.code == 422 => format!("{doing}: the API server found it invalid: {}", r.message),
+        kube::Error::Api(r) => format!("{doing}: the API server answered {} {}: {}", r.code, r.reason, r.message),
+        e => format!("{doing}: {e}"),
+    }
+}
+
+/// The pool's node stats at every change of the offers.
+async fn publish_stats(
+    inner: std::sync::Weak<Inner>,
+    mut offers: tokio::sync::watch::Receiver<Vec<offers::NodeOffer>>,
+) {
+    loop {
+        let Some(strong) = inner.upgrade() else { return };
+        strong.publish(&offers.borrow_and_update());
+        drop(strong);
+        if offers.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+impl Inner {
+    /// Every node's offer as the pool's node stats, stamped now.
+    fn publish(&self, offers: &[offers::NodeOffer]) {
+        let now = self.epoch.now();
+        let stats = offers
+            .iter()
+            .map(|o| NodeStatsUpdate {
+                node: NodeId::new(&o.node),
+                capacity_mb: o.capacity_mb,
+                free_mb: o.free_mb,
+                observed_at: now,
+            })
+            .collect();
+        self.stats.send_replace(stats);
+    }
+}
+
+/// Tells the pool of ready pods that ended on their own (evicted, crashed, deleted by someone).
+async fn watch_live(inner: std::sync::Weak<Inner>, mut changes: tokio::sync::watch::Receiver<u64>) {
+    while changes.changed().await.is_ok() {
+        let Some(inner) = inner.upgrade() else { return };
+        let ids: Vec<ContainerId> = inner.live.lock().keys().copied().collect();
+        for id in ids {
+            let state = pod_state(inner.view.pod(&inner.config.namespace, &inner.pod_name(id)).as_deref());
+            if let PodState::Failed(why) | PodState::Refused(why) = &state {
+                tracing::warn!(container = id.0, %why, "kubernetes: a pod ended on its own");
+            }
+            if matches!(state, PodState::Ready(_) | PodState::Pending) || inner.live.lock().remove(&id).is_none() {
+                continue;
+            }
+            if inner.gone.try_send(id).is_err() {
+                tracing::warn!(container = id.0, "kubernetes: the pool was not told of a gone pod");
+            }
+            // A failed pod's object stays until someone deletes it.
+            let (factory, name) = (KubernetesFactory { inner: inner.clone() }, inner.pod_name(id));
+            tokio::spawn(async move { factory.delete(&name).await });
+        }
+    }
+}
+
+/// Deletes the pods an earlier run of this invoker left (its `invoker-id`, another run),
+/// retrying until the API server answers.
+async fn remove_left(inner: Arc<Inner>) {
+    let selector = format!("{}={}", pod::LABEL_INVOKER, label_value(&inner.invoker_id));
+    let mut backoff = Duration::from_millis(100);
+    let params = ListParams::default().labels(&selector);
+    let left = loop {
+        match tokio::time::timeout(inner.config.call_timeout, inner.pods.list(&params)).await {
+            Ok(Ok(list)) => break list.items,
+            Ok(Err(e)) => tracing::warn!("kubernetes: {}; again in {backoff:?}", api_error("listing pods left", &e)),
+            Err(_) => tracing::warn!("kubernetes: listing pods left: no answer in time; again in {backoff:?}"),
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(15));
+    };
+    let run = label_value(&inner.run);
+    let factory = KubernetesFactory { inner: inner.clone() };
+    let names: Vec<String> = left
+        .into_iter()
+        .filter(|p| p.metadata.labels.as_ref().and_then(|l| l.get(pod::LABEL_RUN)) != Some(&run))
+        .filter_map(|p| p.metadata.name)
+        .collect();
+    if !names.is_empty() {
+        tracing::info!(pods = names.len(), "kubernetes: deleting the pods an earlier run of this invoker left");
+    }
+    futures_util::future::join_all(names.iter().map(|name| factory.delete(name))).await;
+}
+
+/// Follows the pod's log (stdout and stderr merged, as Kubernetes keeps them) into `logs`,
+/// line by line, until the pod's container ends.
+async fn follow_logs(pods: Api<Pod>, name: String, logs: Arc<LogBuffer>) {
+    let params = LogParams { follow: true, container: Some(pod::CONTAINER.into()), ..LogParams::default() };
+    let stream = match pods.log_stream(&name, &params).await {
+        Ok(stream) => stream,
+        Err(e) => {
+            tracing::warn!(pod = %name, "kubernetes: {}", api_error("following the pod's log", &e));
+            logs.close();
+            return;
+        }
+    };
+    let mut reader = std::pin::pin!(stream);
+    let mut line = Vec::new();
+    loop {
+        let (taken, ended) = match reader.as_mut().fill_buf().await {
+            Ok([]) | Err(_) => break,
+            Ok(buf) => match buf.iter().position(|&b| b == b'\n') {
+                Some(i) => {
+                    line.extend_from_slice(&buf[..i]);
+                    (i + 1, true)
+                }
+                None => {
+                    line.extend_from_slice(buf);
+                    (buf.len(), line.len() >= MAX_LINE)
+                }
+            },
+        };
+        futures_util::AsyncBufRead::consume(reader.as_mut(), taken);
+        if ended {
+            let text = String::from_utf8_lossy(&line).trim_end_matches('\r').to_string();
+            logs.push_merged(text);
+            line.clear();
+        }
+    }
+    logs.close();
+}

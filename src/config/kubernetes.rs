@@ -1,0 +1,139 @@
+//! `[factory.kubernetes]`: action containers as pods, bound to the node the pool chose.
+
+use super::{bad, ConfigError};
+use k8s_openapi::api::core::v1::Toleration;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KubernetesFactoryConfig {
+    /// The API server (`https://host:port`, or `http://` for a local proxy such as `kubectl
+    /// proxy`). Unset: `kubeconfig`, else `$KUBECONFIG` or `~/.kube/config`, else the pod's
+    /// own service account (the invoker running in the cluster).
+    pub api_server: Option<String>,
+    /// A kubeconfig file (its current context).
+    pub kubeconfig: Option<PathBuf>,
+    /// Where the action pods go (the invoker creates, lists and deletes pods there only).
+    pub namespace: String,
+    /// A pod must be Ready within this (scheduling, image pull and the runtime's start).
+    #[serde(with = "humantime_serde")]
+    pub create_timeout: Duration,
+    /// A deleted pod counts as gone after this even if the watch never shows it go.
+    #[serde(with = "humantime_serde")]
+    pub delete_timeout: Duration,
+    /// Bound on one call to the API server (watches have none: they resume).
+    #[serde(with = "humantime_serde")]
+    pub call_timeout: Duration,
+    /// CPU a pod gets (request = limit) per GB of its memory.
+    pub cpus_per_gb: f64,
+    pub image_pull_policy: String,
+    /// Taints of nodes the action pods tolerate (their pods get these tolerations); a node
+    /// tainted `NoSchedule` or `NoExecute` otherwise offers nothing.
+    pub tolerations: Vec<Toleration>,
+    /// Action kind → the image and command that serve it.
+    pub kinds: BTreeMap<String, KubernetesKindConfig>,
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct KubernetesKindConfig {
+    pub image: String,
+    /// The runtime's command inside the image, `{listen}` substituted with `$(POD_IP):$(PORT)`
+    /// (which Kubernetes expands from the pod's environment); empty runs the image's own entry
+    /// point (OpenWhisk's images serve on `:8080`).
+    #[serde(default)]
+    pub command: Vec<String>,
+    /// The port the runtime serves on, on the pod's IP.
+    #[serde(default)]
+    pub port: Option<u16>,
+}
+
+impl KubernetesKindConfig {
+    pub fn port(&self) -> u16 {
+        self.port.unwrap_or(super::OPENWHISK_PORT)
+    }
+
+    /// Whether the kind runs the project's own runtime (which takes overlapping runs).
+    pub fn is_own_runtime(&self) -> bool {
+        self.command.iter().any(|a| a == "action-runtime")
+    }
+}
+
+impl Default for KubernetesFactoryConfig {
+    fn default() -> Self {
+        let kind = |image: &str, launcher: &str| KubernetesKindConfig {
+            image: image.into(),
+            command: ["/invoker", "action-runtime", "--listen", "{listen}", "--launcher", launcher]
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+            port: None,
+        };
+        KubernetesFactoryConfig {
+            api_server: None,
+            kubeconfig: None,
+            namespace: "invoker-actions".into(),
+            create_timeout: Duration::from_secs(60),
+            delete_timeout: Duration::from_secs(30),
+            call_timeout: Duration::from_secs(10),
+            cpus_per_gb: 1.0,
+            image_pull_policy: "IfNotPresent".into(),
+            tolerations: Vec::new(),
+            kinds: BTreeMap::from([
+                ("python:3".to_string(), kind("invoker-python:latest", "python")),
+                ("native".to_string(), kind("invoker-native:latest", "native")),
+            ]),
+        }
+    }
+}
+
+/// A DNS-1123 label (what a namespace's name must be).
+fn dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+impl KubernetesFactoryConfig {
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        let key = |k: &str| format!("factory.kubernetes.{k}");
+        if let Some(url) = &self.api_server {
+            let authority = url.strip_prefix("https://").or_else(|| url.strip_prefix("http://")).unwrap_or_default();
+            if authority.is_empty() || authority.contains(' ') {
+                return Err(bad(&key("api_server"), "must be https://host:port or http://host:port"));
+            }
+        }
+        if !dns_label(&self.namespace) {
+            return Err(bad(&key("namespace"), "must be a DNS-1123 label (a-z, 0-9, '-', at most 63)"));
+        }
+        if !(self.cpus_per_gb > 0.0 && self.cpus_per_gb <= 64.0) {
+            return Err(bad(&key("cpus_per_gb"), "must be above 0 and at most 64"));
+        }
+        for (k, d) in [
+            ("create_timeout", self.create_timeout),
+            ("delete_timeout", self.delete_timeout),
+            ("call_timeout", self.call_timeout),
+        ] {
+            if d.is_zero() {
+                return Err(bad(&key(k), "must be positive"));
+            }
+        }
+        if !["Always", "IfNotPresent", "Never"].contains(&self.image_pull_policy.as_str()) {
+            return Err(bad(&key("image_pull_policy"), "must be Always, IfNotPresent or Never"));
+        }
+        for (name, kind) in &self.kinds {
+            if kind.image.is_empty() {
+                return Err(bad(&key(&format!("kinds.\"{name}\".image")), "must be set"));
+            }
+            if kind.port == Some(0) {
+                return Err(bad(&key(&format!("kinds.\"{name}\".port")), "must be 1 to 65535"));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,316 @@
+//! The action pod, made and read without any I/O: the Pod the factory creates for a container
+//! (bound to the node the pool chose, Guaranteed QoS, locked down), and what a Pod the API
+//! server shows says about it (pending, ready at an address, failed and why).
+
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, ObjectFieldSelector, Pod,
+    PodSecurityContext, PodSpec, Probe, ResourceRequirements, SeccompProfile, SecurityContext, TCPSocketAction,
+    Toleration, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+
+/// The labels every action pod carries; `invoker-id` is what a restart cleans up by.
+pub const LABEL_INVOKER: &str = "invoker-id";
+pub const LABEL_RUN: &str = "invoker-run";
+const LABEL_ACTION: &str = "invoker-action";
+const LABEL_KIND: &str = "invoker-kind";
+/// The runtime's container in the pod, whose log the factory follows.
+pub const CONTAINER: &str = "main";
+/// The uid and gid the runtime runs as (nobody), whatever the image says.
+const NOBODY: i64 = 65534;
+/// Size of the writable `/tmp` (the root filesystem is read-only).
+const TMP_LIMIT: &str = "64Mi";
+/// Container waiting reasons that will not resolve by waiting.
+const HOPELESS: &[&str] = &[
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "InvalidImageName",
+    "ErrImageNeverPull",
+    "CrashLoopBackOff",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "RunContainerError",
+];
+
+/// How the pods of one kind are made.
+#[derive(Clone, Debug)]
+pub struct PodTemplate {
+    pub image: String,
+    /// Empty: the image's entry point.
+    pub command: Vec<String>,
+    pub port: u16,
+    pub pull_policy: String,
+    pub tolerations: Vec<Toleration>,
+}
+
+/// What one pod is made for.
+pub struct PodRequest<'a> {
+    pub name: &'a str,
+    pub node: &'a str,
+    pub memory_mb: u32,
+    pub cpus_per_gb: f64,
+    pub invoker_id: &'a str,
+    pub run: &'a str,
+    pub kind: &'a str,
+    pub action: &'a str,
+}
+
+/// A label value: at most 63 of `[A-Za-z0-9._-]`, starting and ending alphanumeric.
+pub fn label_value(s: &str) -> String {
+    let cleaned: String =
+        s.chars().map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '_' }).collect();
+    let cut: String = cleaned.chars().take(63).collect();
+    cut.trim_matches(|c: char| !c.is_ascii_alphanumeric()).to_string()
+}
+
+/// A pod name unique over the invoker's runs: `inv-<invoker>-<run>-<container>`, a DNS-1123
+/// subdomain whatever the invoker id holds.
+pub fn pod_name(invoker_id: &str, run: &str, container: u64) -> String {
+    let invoker: String = invoker_id
+        .to_ascii_lowercase()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .take(40)
+        .collect();
+    format!("inv-{}-{run}-{container}", invoker.trim_matches('-'))
+}
+
+pub fn build_pod(template: &PodTemplate, r: &PodRequest<'_>) -> Pod {
+    let labels = BTreeMap::from([
+        (LABEL_INVOKER.to_string(), label_value(r.invoker_id)),
+        (LABEL_RUN.to_string(), label_value(r.run)),
+        (LABEL_ACTION.to_string(), label_value(r.action)),
+        (LABEL_KIND.to_string(), label_value(r.kind)),
+    ]);
+    let millicpu = ((f64::from(r.memory_mb) / 1024.0 * r.cpus_per_gb * 1000.0).round() as u64).max(10);
+    // Requests equal limits: Guaranteed QoS, the last to be evicted, and what the offers count.
+    let resources = BTreeMap::from([
+        ("memory".to_string(), Quantity(format!("{}Mi", r.memory_mb))),
+        ("cpu".to_string(), Quantity(format!("{millicpu}m"))),
+    ]);
+    let listen = format!("$(POD_IP):$({PORT_VAR})");
+    let command: Vec<String> = template.command.iter().map(|a| a.replace("{listen}", &listen)).collect();
+    let env = vec![
+        EnvVar { name: PORT_VAR.into(), value: Some(template.port.to_string()), ..Default::default() },
+        EnvVar {
+            name: "POD_IP".into(),
+            value_from: Some(EnvVarSource {
+                field_ref: Some(ObjectFieldSelector { field_path: "status.podIP".into(), ..Default::default() }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+    ];
+    let container = Container {
+        name: CONTAINER.into(),
+        image: Some(template.image.clone()),
+        image_pull_policy: Some(template.pull_policy.clone()),
+        command: (!command.is_empty()).then_some(command),
+        env: Some(env),
+        ports: Some(vec![ContainerPort {
+            name: Some("http".into()),
+            container_port: i32::from(template.port),
+            protocol: Some("TCP".into()),
+            ..Default::default()
+        }]),
+        resources: Some(ResourceRequirements {
+            requests: Some(resources.clone()),
+            limits: Some(resources),
+            ..Default::default()
+        }),
+        readiness_probe: Some(Probe {
+            tcp_socket: Some(TCPSocketAction { port: IntOrString::String("http".into()), ..Default::default() }),
+            period_seconds: Some(1),
+            failure_threshold: Some(1),
+            ..Default::default()
+        }),
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            privileged: Some(false),
+            read_only_root_filesystem: Some(true),
+            capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), ..Default::default() }),
+            ..Default::default()
+        }),
+        volume_mounts: Some(vec![VolumeMount { name: "tmp".into(), mount_path: "/tmp".into(), ..Default::default() }]),
+        ..Default::default()
+    };
+    Pod {
+        metadata: ObjectMeta { name: Some(r.name.to_string()), labels: Some(labels), ..Default::default() },
+        spec: Some(PodSpec {
+            // Bound here: the pool placed it, within what the node offers, as a scheduler would.
+            node_name: Some(r.node.to_string()),
+            containers: vec![container],
+            restart_policy: Some("Never".into()),
+            automount_service_account_token: Some(false),
+            enable_service_links: Some(false),
+            termination_grace_period_seconds: Some(0),
+            tolerations: (!template.tolerations.is_empty()).then(|| template.tolerations.clone()),
+            security_context: Some(PodSecurityContext {
+                run_as_non_root: Some(true),
+                run_as_user: Some(NOBODY),
+                run_as_group: Some(NOBODY),
+                seccomp_profile: Some(SeccompProfile { type_: "RuntimeDefault".into(), ..Default::default() }),
+                ..Default::default()
+            }),
+            volumes: Some(vec![Volume {
+                name: "tmp".into(),
+                empty_dir: Some(EmptyDirVolumeSource {
+                    size_limit: Some(Quantity(TMP_LIMIT.into())),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+/// The variable holding the runtime's port (`{listen}` is `$(POD_IP):$(PORT)`).
+const PORT_VAR: &str = "PORT";
+
+/// What the API server's copy of a pod says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PodState {
+    /// Not yet Ready (scheduling, pulling, starting).
+    Pending,
+    /// Ready, its runtime at this address (the pod's IP and its container's port).
+    Ready(SocketAddr),
+    /// The kubelet refused it for want of a resource (`OutOfmemory`, `OutOfcpu`).
+    Refused(String),
+    /// It failed, ended, or cannot start (image pull, crash).
+    Failed(String),
+    /// No such pod.
+    Gone,
+}
+
+pub fn pod_state(pod: Option<&Pod>) -> PodState {
+    let Some(pod) = pod else { return PodState::Gone };
+    if pod.metadata.deletion_timestamp.is_some() {
+        return PodState::Gone;
+    }
+    let Some(status) = pod.status.as_ref() else { return PodState::Pending };
+    let why = || {
+        let reason = status.reason.clone().unwrap_or_default();
+        let message = status.message.clone().unwrap_or_default();
+        format!("{reason}: {message}").trim_matches([' ', ':']).to_string()
+    };
+    match status.phase.as_deref() {
+        Some("Failed") if status.reason.as_deref().is_some_and(|r| r.starts_with("OutOf")) => {
+            return PodState::Refused(why())
+        }
+        Some("Failed") => return PodState::Failed(format!("the pod failed ({})", why())),
+        Some("Succeeded") => return PodState::Failed("the pod's runtime exited".into()),
+        _ => {}
+    }
+    for c in status.container_statuses.iter().flatten() {
+        let state = c.state.as_ref();
+        if let Some(w) = state.and_then(|s| s.waiting.as_ref()) {
+            let reason = w.reason.as_deref().unwrap_or_default();
+            if HOPELESS.contains(&reason) {
+                return PodState::Failed(format!("{reason}: {}", w.message.as_deref().unwrap_or_default()));
+            }
+        }
+        if let Some(t) = state.and_then(|s| s.terminated.as_ref()) {
+            let reason = t.reason.as_deref().unwrap_or("Terminated");
+            return PodState::Failed(format!("the runtime exited ({reason}, exit code {})", t.exit_code));
+        }
+    }
+    let ready = status.conditions.iter().flatten().any(|c| c.type_ == "Ready" && c.status == "True");
+    let ip = status.pod_ip.as_deref().and_then(|ip| ip.parse::<IpAddr>().ok());
+    let port = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.containers.iter().find(|c| c.name == CONTAINER))
+        .and_then(|c| c.ports.as_ref()?.first())
+        .and_then(|p| u16::try_from(p.container_port).ok());
+    match (ready, ip, port) {
+        (true, Some(ip), Some(port)) => PodState::Ready(SocketAddr::new(ip, port)),
+        _ => PodState::Pending,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn template() -> PodTemplate {
+        PodTemplate {
+            image: "invoker-python:latest".into(),
+            command: vec!["/invoker".into(), "action-runtime".into(), "--listen".into(), "{listen}".into()],
+            port: 8080,
+            pull_policy: "IfNotPresent".into(),
+            tolerations: Vec::new(),
+        }
+    }
+
+    fn request() -> PodRequest<'static> {
+        PodRequest {
+            name: "inv-x-1-7",
+            node: "n1",
+            memory_mb: 256,
+            cpus_per_gb: 1.0,
+            invoker_id: "Invoker 0",
+            run: "1",
+            kind: "python:3",
+            action: "guest/hello world",
+        }
+    }
+
+    #[test]
+    fn the_pod_is_bound_guaranteed_and_locked_down() {
+        let pod = build_pod(&template(), &request());
+        let spec = pod.spec.as_ref().unwrap();
+        assert_eq!(spec.node_name.as_deref(), Some("n1"));
+        assert_eq!(spec.automount_service_account_token, Some(false));
+        assert_eq!(spec.security_context.as_ref().unwrap().run_as_non_root, Some(true));
+        let c = &spec.containers[0];
+        let r = c.resources.as_ref().unwrap();
+        assert_eq!(r.requests, r.limits, "Guaranteed QoS");
+        assert_eq!(r.limits.as_ref().unwrap()["memory"], Quantity("256Mi".into()));
+        assert_eq!(r.limits.as_ref().unwrap()["cpu"], Quantity("250m".into()));
+        let sc = c.security_context.as_ref().unwrap();
+        assert_eq!((sc.allow_privilege_escalation, sc.read_only_root_filesystem), (Some(false), Some(true)));
+        assert_eq!(sc.capabilities.as_ref().unwrap().drop, Some(vec!["ALL".to_string()]));
+        assert_eq!(c.command.as_ref().unwrap()[3], "$(POD_IP):$(PORT)");
+        let labels = pod.metadata.labels.unwrap();
+        assert_eq!(labels["invoker-id"], "Invoker_0");
+        assert_eq!(labels["invoker-action"], "guest_hello_world");
+    }
+
+    #[test]
+    fn names_and_labels_are_what_the_api_server_accepts() {
+        assert_eq!(pod_name("Invoker_0.A", "17", 3), "inv-invoker-0-a-17-3");
+        assert_eq!(label_value("-_a/b_-"), "a_b");
+        assert_eq!(label_value(&"x".repeat(100)).len(), 63);
+    }
+
+    fn pod_with(status: serde_json::Value) -> Pod {
+        let mut pod = build_pod(&template(), &request());
+        pod.status = Some(serde_json::from_value(status).unwrap());
+        pod
+    }
+
+    #[test]
+    fn a_pods_state_is_read_from_its_status() {
+        assert_eq!(pod_state(None), PodState::Gone);
+        assert_eq!(pod_state(Some(&pod_with(serde_json::json!({"phase": "Pending"})))), PodState::Pending);
+        let ready = serde_json::json!({"phase": "Running", "podIP": "10.0.0.5",
+            "conditions": [{"type": "Ready", "status": "True"}]});
+        assert_eq!(pod_state(Some(&pod_with(ready))), PodState::Ready("10.0.0.5:8080".parse().unwrap()));
+        let not_ready = serde_json::json!({"phase": "Running", "podIP": "10.0.0.5",
+            "conditions": [{"type": "Ready", "status": "False"}]});
+        assert_eq!(pod_state(Some(&pod_with(not_ready))), PodState::Pending);
+        let refused = serde_json::json!({"phase": "Failed", "reason": "OutOfmemory", "message": "no room"});
+        assert_eq!(pod_state(Some(&pod_with(refused))), PodState::Refused("OutOfmemory: no room".into()));
+        let pull = serde_json::json!({"phase": "Pending", "containerStatuses": [{"name": "main", "ready": false,
+            "restartCount": 0, "image": "x", "imageID": "", "state": {"waiting": {"reason": "ErrImagePull", "message": "denied"}}}]});
+        assert!(matches!(pod_state(Some(&pod_with(pull))), PodState::Failed(m) if m.contains("ErrImagePull")));
+        let evicted = serde_json::json!({"phase": "Failed", "reason": "Evicted", "message": "low on memory"});
+        assert!(matches!(pod_state(Some(&pod_with(evicted))), PodState::Failed(m) if m.contains("Evicted")));
+    }
+}

@@ -1,0 +1,206 @@
+//! The Kubernetes factory end to end: the invoker (`[factory] kind = "kubernetes"`) against the
+//! fake API server and its fake kubelet (`support::kube_api`), which run each pod as a local
+//! process of the project's runtime and refuse a pod beyond its node's allocatable memory.
+//! No Kubernetes cluster can run here; see the README for what was tested only against the fake.
+
+mod support;
+
+use serde_json::{json, Value};
+use std::time::Duration;
+use support::kube_api::FakeApiServer;
+use support::{python, Invoker};
+
+const IMAGE: &str = "invoker-python:test";
+const NAMESPACE: &str = "actions";
+
+fn tempdir() -> tempfile::TempDir {
+    tempfile::Builder::new().prefix("invoker-k8s-").tempdir().unwrap()
+}
+
+fn id(prefix: &str) -> String {
+    format!("{prefix}-{}", std::process::id())
+}
+
+/// The invoker's config: the fake's URL, our runtime for `python:3` (the pod's command runs the
+/// test's binary: the fake's "image" is this machine), and `extra`.
+fn config(api: &FakeApiServer, extra: &str) -> String {
+    format!(
+        "[factory]\nkind = \"kubernetes\"\n[factory.kubernetes]\napi_server = \"{}\"\nnamespace = \"{NAMESPACE}\"\n\
+         create_timeout = \"20s\"\n{extra}\n[factory.kubernetes.kinds.\"python:3\"]\nimage = \"{IMAGE}\"\n\
+         command = [\"{}\", \"action-runtime\", \"--listen\", \"{{listen}}\", \"--launcher\", \"python\"]\n",
+        api.url,
+        env!("CARGO_BIN_EXE_invoker")
+    )
+}
+
+async fn cluster(nodes: &[(&str, u64)]) -> FakeApiServer {
+    let api = FakeApiServer::start().await;
+    api.add_image(IMAGE);
+    for (name, mi) in nodes {
+        api.add_node(name, *mi);
+    }
+    api
+}
+
+/// An action that logs a line, sleeps `sleep` seconds and says where it ran.
+const WHERE: &str = "import os, time\ndef main(a):\n    print('hello from', a.get('name'))\n    time.sleep(a.get('sleep', 0))\n    return {'name': a.get('name'), 'pod_port': os.environ.get('PORT')}\n";
+
+fn action(memory_mb: u32) -> Value {
+    let mut body = python(WHERE);
+    body["limits"] = json!({"memory": memory_mb});
+    body
+}
+
+/// Waits, bounded, until the fake's pods in the namespace satisfy `check`.
+async fn until_pods(api: &FakeApiServer, what: &str, check: impl Fn(&[(String, String)]) -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let pods = api.pods(NAMESPACE);
+        if check(&pods) {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "{what}: {pods:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits until the invoker sees every node's offer as `free` says (its `/health` lists them).
+async fn until_offers(inv: &Invoker, what: &str, free: &[(&str, u64)]) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, health) = inv.get_url("/health").await;
+        let seen = |node: &str| {
+            health["nodes"].as_array().and_then(|n| n.iter().find(|n| n["node"] == node)).map(|n| n["free_mb"].clone())
+        };
+        if free.iter().all(|(node, mb)| seen(node) == Some(json!(mb))) {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "{what}: {health}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_activation_runs_on_a_pod_bound_to_a_node_and_its_logs_are_in_the_record() {
+    let api = cluster(&[("n1", 2048)]).await;
+    let dir = tempdir();
+    let inv = Invoker::start(dir.path(), &id("k8s-e2e"), &config(&api, ""));
+    inv.put_action("hello", action(256)).await;
+    let (status, record) = inv.invoke("hello", "blocking=true", json!({"name": "pods"})).await;
+    assert_eq!(status, 200, "{record}");
+    assert_eq!(record["response"]["result"]["name"], "pods");
+    let logs = record["logs"].to_string();
+    assert!(logs.contains("hello from pods"), "the pod's log, up to the sentinels: {logs}");
+    let (status, again) = inv.invoke("hello", "blocking=true", json!({"name": "again"})).await;
+    assert_eq!(status, 200, "{again}");
+    let logs = again["logs"].to_string();
+    assert!(logs.contains("hello from again") && !logs.contains("hello from pods"), "each run its own: {logs}");
+    let pods = api.pods(NAMESPACE);
+    assert_eq!(pods.len(), 1, "one warm pod for both: {pods:?}");
+    assert_eq!(api.created_and_refused(), (1, 0));
+}
+
+/// The pods in the namespace whose names start with `prefix` (an invoker's, by its id).
+fn pods_of(api: &FakeApiServer, invoker_id: &str) -> Vec<(String, String)> {
+    let prefix = format!("inv-{}-", invoker_id.to_ascii_lowercase());
+    api.pods(NAMESPACE).into_iter().filter(|(name, _)| name.starts_with(&prefix)).collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_burst_past_what_the_nodes_hold_waits_for_room_and_the_kubelet_refuses_nothing() {
+    // Two nodes of 1 GiB; another tenant holds 512 MiB of n1. Room for six 256 MB pods at once.
+    // OpenWhisk's rule (its configured user memory, 2 GiB here, and no view of the nodes) would
+    // start eight: the kubelet would refuse two.
+    let api = cluster(&[("n1", 1024), ("n2", 1024)]).await;
+    api.add_pod("other-tenant", "db", "n1", 512);
+    let dir = tempdir();
+    let inv = Invoker::start(dir.path(), &id("k8s-burst"), &config(&api, ""));
+    until_offers(&inv, "the nodes' offers", &[("n1", 512), ("n2", 1024)]).await;
+    for i in 0..10 {
+        inv.put_action(&format!("a{i}"), action(256)).await;
+    }
+    let runs = (0..10).map(|i| {
+        let inv = &inv;
+        async move { inv.invoke(&format!("a{i}"), "blocking=true", json!({"name": i, "sleep": 0.3})).await }
+    });
+    let answers = futures_util::future::join_all(runs).await;
+    for (status, record) in &answers {
+        assert_eq!(*status, 200, "{record}");
+    }
+    let (created, refused) = api.created_and_refused();
+    assert_eq!(refused, 0, "no pod beyond what a node holds");
+    assert_eq!(created, 10, "one pod per action");
+    assert!(api.peak_mi("n1") <= 1024 && api.peak_mi("n2") <= 1024, "{} {}", api.peak_mi("n1"), api.peak_mi("n2"));
+    assert_eq!(api.peak_mi("n1"), 1024, "n1 was used up to what it holds, the other tenant's pod included");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn other_tenants_pods_a_cordon_and_a_node_not_ready_steer_pods_to_where_there_is_room() {
+    let api = cluster(&[("n1", 1024), ("n2", 1024)]).await;
+    let dir = tempdir();
+    let inv = Invoker::start(dir.path(), &id("k8s-steer"), &config(&api, ""));
+    for i in 0..4 {
+        inv.put_action(&format!("s{i}"), action(256)).await;
+    }
+    let node_of = |api: &FakeApiServer, action: &str| -> String {
+        let pod = api.pod_labeled(NAMESPACE, "invoker-action", &format!("_{action}")).expect("the action's pod");
+        pod["spec"]["nodeName"].as_str().unwrap_or_default().to_string()
+    };
+    // n1 cordoned: it offers nothing; another tenant's pod on n2 leaves it 128 MB.
+    api.cordon("n1", true);
+    api.add_pod("other-tenant", "big", "n2", 896);
+    until_offers(&inv, "n1 cordoned, n2 nearly full", &[("n1", 0), ("n2", 128)]).await;
+    api.delete_pod("other-tenant", "big");
+    until_offers(&inv, "n2 free again", &[("n1", 0), ("n2", 1024)]).await;
+    let (status, record) = inv.invoke("s0", "blocking=true", json!({})).await;
+    assert_eq!(status, 200, "{record}");
+    assert_eq!(node_of(&api, "s0"), "n2", "not on the cordoned node");
+
+    api.cordon("n1", false);
+    api.set_ready("n2", false);
+    until_offers(&inv, "n2 not Ready", &[("n1", 1024), ("n2", 0)]).await;
+    let (status, record) = inv.invoke("s1", "blocking=true", json!({})).await;
+    assert_eq!(status, 200, "{record}");
+    assert_eq!(node_of(&api, "s1"), "n1", "not on the node that is not Ready");
+
+    api.set_ready("n2", true);
+    api.add_pod("other-tenant", "big", "n1", 768);
+    until_offers(&inv, "another tenant fills n1", &[("n1", 0)]).await;
+    let (status, record) = inv.invoke("s2", "blocking=true", json!({})).await;
+    assert_eq!(status, 200, "{record}");
+    assert_eq!(node_of(&api, "s2"), "n2", "n1 holds another tenant's pod and ours");
+    assert_eq!(api.created_and_refused().1, 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_evicted_pod_is_replaced_and_a_pod_that_cannot_start_fails_its_activation_cleanly() {
+    let api = cluster(&[("n1", 2048)]).await;
+    let dir = tempdir();
+    let invoker_id = id("k8s-evict");
+    let missing = "[factory.kubernetes.kinds.\"python:missing\"]\nimage = \"missing:latest\"\n\
+                   command = [\"/invoker\", \"action-runtime\", \"--listen\", \"{listen}\", \"--launcher\", \"python\"]";
+    let inv = Invoker::start(dir.path(), &invoker_id, &config(&api, missing));
+    inv.put_action("e", action(256)).await;
+    let (status, record) = inv.invoke("e", "blocking=true", json!({})).await;
+    assert_eq!(status, 200, "{record}");
+    let first = pods_of(&api, &invoker_id);
+    assert_eq!(first.len(), 1, "{first:?}");
+    api.evict(NAMESPACE, &first[0].0);
+    until_pods(&api, "the evicted pod deleted", |pods| !pods.iter().any(|(n, _)| *n == first[0].0)).await;
+    let (status, record) = inv.invoke("e", "blocking=true", json!({})).await;
+    assert_eq!(status, 200, "a new pod: {record}");
+    let now = pods_of(&api, &invoker_id);
+    assert!(now.len() == 1 && now[0].0 != first[0].0, "{now:?}");
+
+    // An image the kubelet cannot pull: the activation is answered with the reason and its
+    // record stored; the pod goes.
+    let mut body = python(WHERE);
+    body["exec"]["kind"] = json!("python:missing");
+    inv.put_action("m", body).await;
+    let (status, record) = inv.invoke("m", "blocking=true", json!({})).await;
+    assert!(status >= 500, "{status} {record}");
+    assert!(record["annotations"].to_string().contains("create_failed"), "{record}");
+    let log = std::fs::read_to_string(dir.path().join("stderr.log")).unwrap();
+    assert!(log.contains("ErrImagePull"), "the operator sees why");
+    until_pods(&api, "the failed pod deleted", |pods| pods.iter().all(|(n, _)| *n == now[0].0)).await;
+}
