@@ -204,3 +204,101 @@ async fn an_evicted_pod_is_replaced_and_a_pod_that_cannot_start_fails_its_activa
     assert!(log.contains("ErrImagePull"), "the operator sees why");
     until_pods(&api, "the failed pod deleted", |pods| pods.iter().all(|(n, _)| *n == now[0].0)).await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pod_the_kubelet_refuses_is_answered_recorded_and_counted_and_failures_in_a_row_are_unhealthy() {
+    // The kubelet holds 896 MiB of n1 that the API does not show: the offer says 1024 free, the
+    // kubelet admits 128. A 256 MB pod is refused (OutOfmemory).
+    let api = cluster(&[("n1", 1024)]).await;
+    api.hide_memory("n1", 896);
+    let dir = tempdir();
+    let invoker_id = id("k8s-refused");
+    let inv = Invoker::start(dir.path(), &invoker_id, &config(&api, ""));
+    inv.put_action("r", action(256)).await;
+    for attempt in 0..3 {
+        let (status, record) = inv.invoke("r", "blocking=true", json!({})).await;
+        assert!(status >= 500, "attempt {attempt}: {status} {record}");
+        assert!(record["annotations"].to_string().contains("create_failed"), "{record}");
+        let id = record["activationId"].as_str().unwrap();
+        let (status, stored) = inv.get(&format!("activations/{id}")).await;
+        assert_eq!(status, 200, "the record is stored: {stored}");
+    }
+    assert_eq!(api.created_and_refused(), (3, 3), "each refusal counted by the kubelet");
+    until_pods(&api, "the refused pods deleted", |pods| pods.is_empty()).await;
+    let (_, health) = inv.get_url("/health").await;
+    assert_eq!(health["status"], "unhealthy", "creations keep failing: {health}");
+    let log = std::fs::read_to_string(dir.path().join("stderr.log")).unwrap();
+    assert!(log.contains("OutOfmemory"), "the operator sees why");
+
+    // The memory comes back: the next creation works and the invoker is healthy again.
+    api.unhide_memory("n1");
+    let (status, record) = inv.invoke("r", "blocking=true", json!({})).await;
+    assert_eq!(status, 200, "{record}");
+    let (_, health) = inv.get_url("/health").await;
+    assert_eq!(health["status"], "healthy", "{health}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn watches_dropped_compacted_or_down_resume_and_a_creation_never_hangs() {
+    let api = cluster(&[("n1", 2048)]).await;
+    let dir = tempdir();
+    let inv = Invoker::start(dir.path(), &id("k8s-watch"), &config(&api, "call_timeout = \"2s\""));
+    for i in 0..4 {
+        inv.put_action(&format!("w{i}"), action(256)).await;
+    }
+    let (status, record) = inv.invoke("w0", "blocking=true", json!({})).await;
+    assert_eq!(status, 200, "{record}");
+
+    // Every watch ends; a new pod's Ready still reaches the invoker on the resumed watches.
+    api.drop_watches();
+    let (status, record) = inv.invoke("w1", "blocking=true", json!({})).await;
+    assert_eq!(status, 200, "after the watches were dropped: {record}");
+
+    // Down for a while, the history compacted meanwhile: the watches get 410 and list again.
+    api.set_down(true);
+    api.add_pod("other-tenant", "db", "n1", 1024);
+    api.compact();
+    // A creation while the API server is down fails within its bound, and is recorded.
+    let (status, record) = inv.invoke("w2", "blocking=true", json!({})).await;
+    assert!(status >= 500, "{status} {record}");
+    api.set_down(false);
+    until_offers(&inv, "relisted after 410", &[("n1", 512)]).await;
+    assert!(api.served().2 >= 1, "a watch was refused with 410: {:?}", api.served());
+    let (status, record) = inv.invoke("w3", "blocking=true", json!({})).await;
+    assert_eq!(status, 200, "{record}");
+    let (status, record) = inv.invoke("w0", "blocking=true", json!({})).await;
+    assert_eq!(status, 200, "the first pod is still warm: {record}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restart_deletes_the_pods_its_earlier_run_left_and_no_other() {
+    let api = cluster(&[("n1", 2048)]).await;
+    let dir = tempdir();
+    let invoker_id = id("k8s-restart");
+    let mut inv = Invoker::start(dir.path(), &invoker_id, &config(&api, ""));
+    inv.put_action("a", action(256)).await;
+    inv.put_action("b", action(256)).await;
+    for name in ["a", "b"] {
+        let (status, record) = inv.invoke(name, "blocking=true", json!({})).await;
+        assert_eq!(status, 200, "{record}");
+    }
+    let left = pods_of(&api, &invoker_id);
+    assert_eq!(left.len(), 2, "{left:?}");
+    // Another invoker's pod in the same namespace, and another tenant's elsewhere.
+    api.add_labeled_pod(NAMESPACE, "inv-someone-else-1-1", "n1", json!({"invoker-id": "someone-else"}));
+    api.add_pod("other-tenant", "db", "n1", 128);
+    inv.signal(nix::sys::signal::Signal::SIGKILL);
+    inv.wait_exit(Duration::from_secs(10));
+    assert_eq!(pods_of(&api, &invoker_id).len(), 2, "pods outlive their invoker, as on a real cluster");
+
+    let inv = Invoker::start(dir.path(), &invoker_id, &config(&api, ""));
+    until_pods(&api, "the earlier run's pods deleted", |pods| {
+        !pods.iter().any(|(n, _)| left.iter().any(|(l, _)| l == n))
+    })
+    .await;
+    let names: Vec<String> = api.pods(NAMESPACE).into_iter().map(|(n, _)| n).collect();
+    assert!(names.contains(&"inv-someone-else-1-1".to_string()), "another invoker's pod stays: {names:?}");
+    assert_eq!(api.pods("other-tenant").len(), 1, "another tenant's pod stays");
+    let (status, record) = inv.invoke("a", "blocking=true", json!({})).await;
+    assert_eq!(status, 200, "{record}");
+}
