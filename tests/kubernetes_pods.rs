@@ -98,6 +98,20 @@ async fn an_activation_runs_on_a_pod_bound_to_a_node_and_its_logs_are_in_the_rec
     let pods = api.pods(NAMESPACE);
     assert_eq!(pods.len(), 1, "one warm pod for both: {pods:?}");
     assert_eq!(api.created_and_refused(), (1, 0));
+
+    // The pod as the invoker made it: bound, Guaranteed, locked down, and off the network.
+    let pod = api.pod_labeled(NAMESPACE, "invoker-action", "_hello").expect("the pod");
+    assert_eq!(pod["spec"]["nodeName"], "n1");
+    assert_eq!(pod["spec"]["automountServiceAccountToken"], false);
+    let main = &pod["spec"]["containers"][0];
+    assert_eq!(main["resources"]["requests"], main["resources"]["limits"], "{main}");
+    assert_eq!(main["resources"]["limits"]["memory"], "256Mi");
+    assert_eq!(main["securityContext"]["capabilities"]["drop"], json!(["ALL"]));
+    let policy_name = format!("invoker-{}-actions", inv.invoker_id);
+    let policy = api.network_policy(NAMESPACE, &policy_name).expect("the action pods' network policy");
+    let selector = &policy["spec"]["podSelector"]["matchLabels"]["invoker-id"];
+    assert_eq!(selector, &pod["metadata"]["labels"]["invoker-id"], "it selects the invoker's pods");
+    assert_eq!(policy["spec"]["egress"], json!([]), "no egress at all: {policy}");
 }
 
 /// The pods in the namespace whose names start with `prefix` (an invoker's, by its id).
@@ -301,4 +315,6 @@ async fn a_restart_deletes_the_pods_its_earlier_run_left_and_no_other() {
     assert_eq!(api.pods("other-tenant").len(), 1, "another tenant's pod stays");
     let (status, record) = inv.invoke("a", "blocking=true", json!({})).await;
     assert_eq!(status, 200, "{record}");
+    // The new run found its policy (409), replaced it, and only then created pods.
+    assert!(api.network_policy(NAMESPACE, &format!("invoker-{invoker_id}-actions")).is_some());
 }

@@ -282,10 +282,15 @@ impl FactoryConfig {
         if let Some((name, _)) = d.kinds.iter().find(|(_, k)| k.port == Some(0)) {
             return Err(bad(&format!("factory.docker.kinds.\"{name}\".port"), "must be 1 to 65535"));
         }
-        if self.kind == FactoryKind::Docker {
+        let imaged = match self.kind {
+            FactoryKind::Docker => Some(("factory.docker.kinds", d.kinds.keys().collect::<Vec<_>>())),
+            FactoryKind::Kubernetes => Some(("factory.kubernetes.kinds", self.kubernetes.kinds.keys().collect())),
+            _ => None,
+        };
+        if let Some((section, kinds)) = imaged {
             for (i, p) in pool.prewarm.iter().enumerate() {
-                if !d.kinds.contains_key(&p.kind) {
-                    return Err(bad(&format!("pool.prewarm[{i}].kind"), "has no image in factory.docker.kinds"));
+                if !kinds.contains(&&p.kind) {
+                    return Err(bad(&format!("pool.prewarm[{i}].kind"), format!("has no image in {section}")));
                 }
             }
         }

@@ -33,6 +33,9 @@ pub struct KubernetesFactoryConfig {
     /// Taints of nodes the action pods tolerate (their pods get these tolerations); a node
     /// tainted `NoSchedule` or `NoExecute` otherwise offers nothing.
     pub tolerations: Vec<Toleration>,
+    /// Keep action pods off the network with a NetworkPolicy (no egress; ingress on the
+    /// runtime's port only). Off is a relaxation: the invoker warns at start.
+    pub network_policy: bool,
     /// Action kind → the image and command that serve it.
     pub kinds: BTreeMap<String, KubernetesKindConfig>,
 }
@@ -82,6 +85,7 @@ impl Default for KubernetesFactoryConfig {
             cpus_per_gb: 1.0,
             image_pull_policy: "IfNotPresent".into(),
             tolerations: Vec::new(),
+            network_policy: true,
             kinds: BTreeMap::from([
                 ("python:3".to_string(), kind("invoker-python:latest", "python")),
                 ("native".to_string(), kind("invoker-native:latest", "native")),

@@ -291,6 +291,28 @@ mod tests {
     }
 
     #[test]
+    fn the_kubernetes_config_file_is_valid_and_bad_keys_are_named() {
+        let config = Config::from_file(Path::new("config/kubernetes.toml")).unwrap();
+        config.validate().unwrap();
+        assert_eq!(config.factory.kind, FactoryKind::Kubernetes);
+        assert_eq!(config.factory.kubernetes.namespace, "invoker-actions");
+        let kinds: Vec<&str> = config.action_kinds().into_keys().collect();
+        assert_eq!(kinds, ["native", "python:3"], "the kinds with an image");
+        for (text, key) in [
+            ("[factory.kubernetes]\nnamespace = \"Actions\"\n", "factory.kubernetes.namespace"),
+            ("[factory.kubernetes]\napi_server = \"k8s:6443\"\n", "factory.kubernetes.api_server"),
+            ("[factory.kubernetes]\ncpus_per_gb = 0.0\n", "factory.kubernetes.cpus_per_gb"),
+            ("[factory.kubernetes]\nimage_pull_policy = \"Sometimes\"\n", "factory.kubernetes.image_pull_policy"),
+            ("[factory.kubernetes.kinds.x]\nimage = \"\"\n", "factory.kubernetes.kinds.\"x\".image"),
+        ] {
+            assert_eq!(Config::from_toml(text).unwrap().validate().unwrap_err().key, key, "{text}");
+        }
+        let tolerations =
+            "[factory.kubernetes]\ntolerations = [{ key = \"a\", operator = \"Exists\", effect = \"NoSchedule\" }]\n";
+        assert_eq!(Config::from_toml(tolerations).unwrap().factory.kubernetes.tolerations[0].key.as_deref(), Some("a"));
+    }
+
+    #[test]
     fn the_mesos_config_file_is_valid_and_a_bad_master_is_named() {
         let config = Config::from_file(Path::new("config/mesos.toml")).unwrap();
         config.validate().unwrap();

@@ -88,6 +88,8 @@ struct Cluster {
     logs: BTreeMap<String, Arc<PodLog>>,
     /// Pods being evicted: their end is reported as an eviction.
     evicting: BTreeSet<String>,
+    /// NetworkPolicies (`networking.k8s.io/v1`), by `namespace/name`.
+    policies: BTreeMap<String, Value>,
 }
 
 /// What the server's tasks and the kubelet share.
@@ -303,6 +305,11 @@ impl FakeApiServer {
                 && o["metadata"]["labels"][label].as_str().is_some_and(|v| v.ends_with(suffix))
         })
         .cloned()
+    }
+
+    /// The NetworkPolicy `namespace/name`, if one was made.
+    pub fn network_policy(&self, namespace: &str, name: &str) -> Option<Value> {
+        self.shared.cluster.lock().policies.get(&format!("{namespace}/{name}")).cloned()
     }
 
     /// Pods created through the API, and pods the kubelet refused for want of memory.
@@ -630,6 +637,31 @@ async fn serve(request: hyper::Request<hyper::body::Incoming>, shared: Arc<Share
             let follow = query.get("follow").is_some_and(|f| f == "true" || f == "1");
             pod_log(&shared, &format!("{ns}/{name}"), follow)
         }
+        (
+            &Method::POST | &Method::PUT,
+            ["apis", "networking.k8s.io", "v1", "namespaces", ns, "networkpolicies", rest @ ..],
+        ) => {
+            let key = match rest {
+                [] => None,
+                [name] => Some(format!("{ns}/{name}")),
+                _ => return json_response(404, status(404, "NotFound", "no such resource")),
+            };
+            let ns = ns.to_string();
+            let body = match request.into_body().collect().await {
+                Ok(body) => body.to_bytes(),
+                Err(_) => return json_response(400, status(400, "BadRequest", "unreadable body")),
+            };
+            match serde_json::from_slice::<Value>(&body) {
+                Ok(policy) => put_policy(&shared, &ns, key, policy),
+                Err(e) => json_response(400, status(400, "BadRequest", &format!("the body is not JSON: {e}"))),
+            }
+        }
+        (&Method::GET, ["apis", "networking.k8s.io", "v1", "namespaces", ns, "networkpolicies", name]) => {
+            match shared.cluster.lock().policies.get(&format!("{ns}/{name}")) {
+                Some(policy) => json_response(200, policy.clone()),
+                None => json_response(404, status(404, "NotFound", &format!("networkpolicies \"{name}\" not found"))),
+            }
+        }
         (_, _) => json_response(404, status(404, "NotFound", &format!("the fake serves no {method} {path}"))),
     }
 }
@@ -775,6 +807,36 @@ fn create_pod(shared: &Arc<Shared>, ns: &str, mut pod: Value) -> hyper::Response
         tokio::spawn(kubelet(shared.clone(), key));
     }
     json_response(201, stored)
+}
+
+/// Creates a policy (`key` none: POST, 409 on a clash) or replaces one (PUT at `key`, 409 when
+/// its `resourceVersion` is not the stored one), as the API server does.
+fn put_policy(shared: &Arc<Shared>, ns: &str, key: Option<String>, mut policy: Value) -> hyper::Response<Body> {
+    let name = policy["metadata"]["name"].as_str().unwrap_or_default().to_string();
+    if !valid_name(&name) || policy["spec"]["podSelector"].is_null() {
+        let message = format!("NetworkPolicy \"{name}\" is invalid: metadata.name or spec.podSelector");
+        return json_response(422, status(422, "Invalid", &message));
+    }
+    let mut cluster = shared.cluster.lock();
+    let at = format!("{ns}/{name}");
+    let stored = cluster.policies.get(&at).map(|p| p["metadata"]["resourceVersion"].clone());
+    match (&key, stored) {
+        (None, Some(_)) => {
+            let message = format!("networkpolicies.networking.k8s.io \"{name}\" already exists");
+            return json_response(409, status(409, "AlreadyExists", &message));
+        }
+        (Some(k), _) if *k != at => return json_response(400, status(400, "BadRequest", "the name does not match")),
+        (Some(_), None) => return json_response(404, status(404, "NotFound", "no such networkpolicy")),
+        (Some(_), Some(rv)) if policy["metadata"]["resourceVersion"] != rv => {
+            return json_response(409, status(409, "Conflict", "the object has been modified"));
+        }
+        _ => {}
+    }
+    cluster.rv += 1;
+    policy["metadata"]["namespace"] = json!(ns);
+    policy["metadata"]["resourceVersion"] = json!(cluster.rv.to_string());
+    cluster.policies.insert(at, policy.clone());
+    json_response(if key.is_none() { 201 } else { 200 }, policy)
 }
 
 fn pod_log(shared: &Arc<Shared>, key: &str, follow: bool) -> hyper::Response<Body> {

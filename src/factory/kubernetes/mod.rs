@@ -8,6 +8,7 @@
 
 pub mod offers;
 pub mod pod;
+pub mod policy;
 pub mod watch;
 
 use super::logs::LogBuffer;
@@ -16,6 +17,7 @@ use crate::config::{Config, KubernetesFactoryConfig};
 use crate::pool::core::{ContainerId, NodeId, NodeStatsUpdate};
 use futures_util::AsyncBufReadExt as _;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{DeleteParams, ListParams, LogParams, PostParams};
 use kube::Api;
 use parking_lot::Mutex;
@@ -53,6 +55,9 @@ struct Inner {
     gone_rx: Mutex<Option<mpsc::Receiver<ContainerId>>>,
     /// Where the client points, for `describe`.
     server: String,
+    policies: Api<NetworkPolicy>,
+    /// True once the network policy is in place (or not wanted): no pod is created before.
+    isolated: tokio::sync::watch::Sender<bool>,
 }
 
 struct LivePod {
@@ -101,10 +106,18 @@ impl KubernetesFactory {
                 (kind.clone(), template)
             })
             .collect();
+        if !k.network_policy {
+            tracing::warn!(
+                "factory.kubernetes.network_policy = false: action pods get the cluster's network, \
+                 and reach other pods, services and the internet as the cluster allows"
+            );
+        }
         let run = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis();
         let (gone, gone_rx) = mpsc::channel(GONE_QUEUE);
         let inner = Arc::new(Inner {
             pods: Api::namespaced(client.clone(), &k.namespace),
+            policies: Api::namespaced(client.clone(), &k.namespace),
+            isolated: tokio::sync::watch::channel(!k.network_policy).0,
             view: watch_cluster(client, k.tolerations.clone()),
             config: k,
             invoker_id: config.invoker_id.clone(),
@@ -119,7 +132,7 @@ impl KubernetesFactory {
         });
         tokio::spawn(publish_stats(Arc::downgrade(&inner), inner.view.offers.clone()));
         tokio::spawn(watch_live(Arc::downgrade(&inner), inner.view.changes.clone()));
-        tokio::spawn(remove_left(inner.clone()));
+        tokio::spawn(start_up(inner.clone()));
         Ok(KubernetesFactory { inner })
     }
 }
@@ -169,6 +182,10 @@ impl ContainerFactory for KubernetesFactory {
         );
         let bound = inner.config.create_timeout;
         let deadline = tokio::time::Instant::now() + bound;
+        let mut isolated = inner.isolated.subscribe();
+        if !matches!(tokio::time::timeout_at(deadline, isolated.wait_for(|done| *done)).await, Ok(Ok(_))) {
+            return Err(FactoryError::Create("the action pods' network policy is not in place yet".into()));
+        }
         match tokio::time::timeout(inner.config.call_timeout, inner.pods.create(&PostParams::default(), &pod)).await {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => return Err(FactoryError::Create(api_error("creating the pod", &e))),
@@ -339,9 +356,45 @@ async fn watch_live(inner: std::sync::Weak<Inner>, mut changes: tokio::sync::wat
     }
 }
 
+/// Puts the network policy in place, then deletes the pods an earlier run of this invoker
+/// left; each retried until the API server answers.
+async fn start_up(inner: Arc<Inner>) {
+    if inner.config.network_policy {
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            match tokio::time::timeout(inner.config.call_timeout, ensure_policy(&inner)).await {
+                Ok(Ok(())) => break,
+                Ok(Err(e)) => {
+                    tracing::warn!("kubernetes: {}; again in {backoff:?}", api_error("the network policy", &e))
+                }
+                Err(_) => tracing::warn!("kubernetes: the network policy: no answer in time; again in {backoff:?}"),
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(15));
+        }
+        inner.isolated.send_replace(true);
+    }
+    remove_left(&inner).await;
+}
+
+/// Creates the policy, or replaces the one an earlier run made with this run's.
+async fn ensure_policy(inner: &Inner) -> Result<(), kube::Error> {
+    let mut wanted = policy::action_policy(&inner.invoker_id);
+    match inner.policies.create(&PostParams::default(), &wanted).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 409 => {
+            let name = policy::policy_name(&inner.invoker_id);
+            let current = inner.policies.get(&name).await?;
+            wanted.metadata.resource_version = current.metadata.resource_version;
+            inner.policies.replace(&name, &PostParams::default(), &wanted).await.map(|_| ())
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// Deletes the pods an earlier run of this invoker left (its `invoker-id`, another run),
 /// retrying until the API server answers.
-async fn remove_left(inner: Arc<Inner>) {
+async fn remove_left(inner: &Arc<Inner>) {
     let selector = format!("{}={}", pod::LABEL_INVOKER, label_value(&inner.invoker_id));
     let mut backoff = Duration::from_millis(100);
     let params = ListParams::default().labels(&selector);
