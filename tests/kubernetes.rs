@@ -97,3 +97,25 @@ async fn a_dropped_watch_resumes_and_a_compacted_history_relists() {
     let (relists, _, expired) = api.served();
     assert!(expired >= 1 && relists > lists, "the resumed watch got 410 and the watcher listed again");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_fake_answers_a_name_clash_with_409_and_an_invalid_pod_with_422_as_a_real_server() {
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::PostParams;
+    let api = FakeApiServer::start().await;
+    let pods: kube::Api<Pod> = kube::Api::namespaced(client(&api).await, "ns");
+    let pod = |name: &str, image: &str| -> Pod {
+        serde_json::from_value(serde_json::json!({"metadata": {"name": name},
+            "spec": {"containers": [{"name": "main", "image": image}]}}))
+        .unwrap()
+    };
+    let code = |r: Result<Pod, kube::Error>| match r {
+        Err(kube::Error::Api(e)) => (e.code, e.reason),
+        other => panic!("{other:?}"),
+    };
+    pods.create(&PostParams::default(), &pod("a", "busybox")).await.unwrap();
+    assert_eq!(code(pods.create(&PostParams::default(), &pod("a", "busybox")).await), (409, "AlreadyExists".into()));
+    assert_eq!(code(pods.create(&PostParams::default(), &pod("Not_A_Name", "busybox")).await), (422, "Invalid".into()));
+    assert_eq!(code(pods.create(&PostParams::default(), &pod("b", "")).await), (422, "Invalid".into()));
+    assert_eq!(api.pods("ns").len(), 1, "nothing made of the refused ones");
+}

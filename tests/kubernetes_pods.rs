@@ -318,3 +318,34 @@ async fn a_restart_deletes_the_pods_its_earlier_run_left_and_no_other() {
     // The new run found its policy (409), replaced it, and only then created pods.
     assert!(api.network_policy(NAMESPACE, &format!("invoker-{invoker_id}-actions")).is_some());
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_throttled_or_slow_api_server_fails_creations_in_bounded_time_and_leaves_no_pod() {
+    let api = cluster(&[("n1", 2048)]).await;
+    let dir = tempdir();
+    let invoker_id = id("k8s-slow");
+    let inv = Invoker::start(dir.path(), &invoker_id, &config(&api, "call_timeout = \"1s\""));
+    inv.put_action("t", action(256)).await;
+    // 429: the creation fails, the activation is answered and recorded.
+    api.throttle_creates(1);
+    let (status, record) = inv.invoke("t", "blocking=true", json!({})).await;
+    assert!(status >= 500 && record["annotations"].to_string().contains("create_failed"), "{status} {record}");
+    let log = std::fs::read_to_string(dir.path().join("stderr.log")).unwrap();
+    assert!(log.contains("429"), "the operator sees the API server's answer");
+
+    // A server slower than call_timeout: the creation is given up; the pod the server makes
+    // afterwards is deleted once the watch shows it.
+    api.slow_creates(Duration::from_secs(3));
+    let (status, record) = inv.invoke("t", "blocking=true", json!({})).await;
+    assert!(status >= 500 && record["annotations"].to_string().contains("create_failed"), "{status} {record}");
+    let created = api.created_and_refused().0;
+    api.slow_creates(Duration::ZERO);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while api.created_and_refused().0 == created {
+        assert!(std::time::Instant::now() < deadline, "the slow server never made the pod");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    until_pods(&api, "the late pod deleted", |pods| pods.is_empty()).await;
+    let (status, record) = inv.invoke("t", "blocking=true", json!({})).await;
+    assert_eq!(status, 200, "{record}");
+}

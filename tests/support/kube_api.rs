@@ -90,6 +90,10 @@ struct Cluster {
     evicting: BTreeSet<String>,
     /// NetworkPolicies (`networking.k8s.io/v1`), by `namespace/name`.
     policies: BTreeMap<String, Value>,
+    /// Pod creations answered 429 (too many requests) before any is served.
+    throttled: usize,
+    /// How long a pod creation takes before the server acts on it (a slow API server).
+    slow_creates: Duration,
 }
 
 /// What the server's tasks and the kubelet share.
@@ -321,6 +325,16 @@ impl FakeApiServer {
     /// The most memory (MiB) the kubelet ever admitted at once on `node`.
     pub fn peak_mi(&self, node: &str) -> u64 {
         self.shared.cluster.lock().peak.get(node).copied().unwrap_or(0) >> 20
+    }
+
+    /// The next `n` pod creations are answered 429.
+    pub fn throttle_creates(&self, n: usize) {
+        self.shared.cluster.lock().throttled = n;
+    }
+
+    /// Each pod creation takes `delay` before the server acts on it (and answers).
+    pub fn slow_creates(&self, delay: Duration) {
+        self.shared.cluster.lock().slow_creates = delay;
     }
 
     /// Ends every open watch (an API server restarting, a proxy timing out).
@@ -614,14 +628,28 @@ async fn serve(request: hyper::Request<hyper::body::Incoming>, shared: Arc<Share
         (&Method::GET, ["api", "v1", "namespaces", ns, "pods"]) => list_or_watch(&shared, Kind::Pod, Some(ns), &query),
         (&Method::POST, ["api", "v1", "namespaces", ns, "pods"]) => {
             let ns = ns.to_string();
+            let (throttled, slow) = {
+                let mut cluster = shared.cluster.lock();
+                let throttled = cluster.throttled > 0;
+                cluster.throttled = cluster.throttled.saturating_sub(1);
+                (throttled, cluster.slow_creates)
+            };
+            if throttled {
+                return json_response(429, status(429, "TooManyRequests", "the server has received too many requests"));
+            }
             let body = match request.into_body().collect().await {
                 Ok(body) => body.to_bytes(),
                 Err(_) => return json_response(400, status(400, "BadRequest", "unreadable body")),
             };
-            match serde_json::from_slice::<Value>(&body) {
-                Ok(pod) => create_pod(&shared, &ns, pod),
-                Err(e) => json_response(400, status(400, "BadRequest", &format!("the body is not JSON: {e}"))),
-            }
+            // A slow server still creates the pod, whether or not the client waited for it.
+            let creating = tokio::spawn(async move {
+                tokio::time::sleep(slow).await;
+                match serde_json::from_slice::<Value>(&body) {
+                    Ok(pod) => create_pod(&shared, &ns, pod),
+                    Err(e) => json_response(400, status(400, "BadRequest", &format!("the body is not JSON: {e}"))),
+                }
+            });
+            creating.await.unwrap_or_else(|_| json_response(500, status(500, "InternalError", "the creation panicked")))
         }
         (&Method::GET, ["api", "v1", "namespaces", ns, "pods", name]) => {
             match shared.get(Kind::Pod, &format!("{ns}/{name}")) {

@@ -32,6 +32,8 @@ use watch::{watch_cluster, ClusterView};
 const GONE_QUEUE: usize = 4096;
 /// A log line longer than this is cut into pieces (a runaway action writes without newlines).
 const MAX_LINE: usize = 64 * 1024;
+/// Unanswered creations remembered at most (see `Inner::unanswered`).
+const UNANSWERED: usize = 1024;
 
 #[derive(Clone)]
 pub struct KubernetesFactory {
@@ -56,6 +58,9 @@ struct Inner {
     /// Where the client points, for `describe`.
     server: String,
     policies: Api<NetworkPolicy>,
+    /// Pods whose creation went unanswered: the API server may still make them, so each is
+    /// deleted when the watch shows it (at most `UNANSWERED` remembered, the oldest dropped).
+    unanswered: Mutex<std::collections::VecDeque<String>>,
     /// True once the network policy is in place (or not wanted): no pod is created before.
     isolated: tokio::sync::watch::Sender<bool>,
 }
@@ -118,6 +123,7 @@ impl KubernetesFactory {
             pods: Api::namespaced(client.clone(), &k.namespace),
             policies: Api::namespaced(client.clone(), &k.namespace),
             isolated: tokio::sync::watch::channel(!k.network_policy).0,
+            unanswered: Mutex::new(std::collections::VecDeque::new()),
             view: watch_cluster(client, k.tolerations.clone()),
             config: k,
             invoker_id: config.invoker_id.clone(),
@@ -190,7 +196,8 @@ impl ContainerFactory for KubernetesFactory {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => return Err(FactoryError::Create(api_error("creating the pod", &e))),
             Err(_) => {
-                // It may exist all the same: it goes, so that nothing is left behind.
+                // It may exist all the same, now or later: it goes when it shows.
+                inner.remember_unanswered(&name);
                 self.delete(&name).await;
                 return Err(FactoryError::Create("the API server did not answer the pod's creation in time".into()));
             }
@@ -264,6 +271,14 @@ impl KubernetesFactory {
 }
 
 impl Inner {
+    fn remember_unanswered(&self, name: &str) {
+        let mut unanswered = self.unanswered.lock();
+        if unanswered.len() == UNANSWERED {
+            unanswered.pop_front();
+        }
+        unanswered.push_back(name.to_string());
+    }
+
     fn pod_name(&self, id: ContainerId) -> String {
         pod_name(&self.invoker_id, &self.run, id.0)
     }
@@ -333,10 +348,23 @@ impl Inner {
     }
 }
 
-/// Tells the pool of ready pods that ended on their own (evicted, crashed, deleted by someone).
+/// Tells the pool of ready pods that ended on their own (evicted, crashed, deleted by someone),
+/// and deletes the pods of unanswered creations as they show.
 async fn watch_live(inner: std::sync::Weak<Inner>, mut changes: tokio::sync::watch::Receiver<u64>) {
     while changes.changed().await.is_ok() {
         let Some(inner) = inner.upgrade() else { return };
+        let shown: std::collections::VecDeque<String> = {
+            let mut unanswered = inner.unanswered.lock();
+            let namespace = &inner.config.namespace;
+            let (shown, waiting) = unanswered.drain(..).partition(|name| inner.view.pod(namespace, name).is_some());
+            *unanswered = waiting;
+            shown
+        };
+        for name in shown {
+            tracing::info!(pod = %name, "kubernetes: deleting a pod whose creation went unanswered");
+            let factory = KubernetesFactory { inner: inner.clone() };
+            tokio::spawn(async move { factory.delete(&name).await });
+        }
         let ids: Vec<ContainerId> = inner.live.lock().keys().copied().collect();
         for id in ids {
             let state = pod_state(inner.view.pod(&inner.config.namespace, &inner.pod_name(id)).as_deref());
