@@ -91,6 +91,9 @@ async fn an_activation_runs_on_a_pod_bound_to_a_node_and_its_logs_are_in_the_rec
     assert_eq!(record["response"]["result"]["name"], "pods");
     let logs = record["logs"].to_string();
     assert!(logs.contains("hello from pods"), "the pod's log, up to the sentinels: {logs}");
+    // The server ends every stream (a restart): the log is followed again from its last line,
+    // so the next run's lines arrive, and the first run's do not come twice.
+    api.drop_watches();
     let (status, again) = inv.invoke("hello", "blocking=true", json!({"name": "again"})).await;
     assert_eq!(status, 200, "{again}");
     let logs = again["logs"].to_string();

@@ -20,6 +20,7 @@
 use bytes::Bytes;
 use http_body_util::{combinators::BoxBody, BodyExt, Full, StreamBody};
 use hyper::body::Frame;
+use k8s_openapi::chrono::{self, DateTime, SecondsFormat, Utc};
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
@@ -41,16 +42,28 @@ struct Change {
     object: Value,
 }
 
-/// A pod's output (stdout and stderr interleaved, as the kubelet keeps it) and whether it ended.
+/// A pod's output, line by line with the time each was written (stdout and stderr
+/// interleaved, as the kubelet keeps them), and whether it ended.
+/// One line of a pod's output and when it was written.
+type LogLine = (DateTime<Utc>, Vec<u8>);
+
 #[derive(Default)]
 struct PodLog {
-    data: Mutex<(Vec<u8>, bool)>,
+    data: Mutex<(Vec<LogLine>, bool)>,
     grew: Notify,
 }
 
 impl PodLog {
-    fn append(&self, bytes: &[u8]) {
-        self.data.lock().0.extend_from_slice(bytes);
+    fn append(&self, line: &[u8]) {
+        let mut data = self.data.lock();
+        // Strictly increasing, as a kubelet's nanosecond stamps are in practice.
+        let now = Utc::now();
+        let at = match data.0.last() {
+            Some((last, _)) if *last >= now => *last + chrono::Duration::nanoseconds(1),
+            _ => now,
+        };
+        data.0.push((at, line.to_vec()));
+        drop(data);
         self.grew.notify_waiters();
     }
 
@@ -337,7 +350,7 @@ impl FakeApiServer {
         self.shared.cluster.lock().slow_creates = delay;
     }
 
-    /// Ends every open watch (an API server restarting, a proxy timing out).
+    /// Ends every open watch and log stream (an API server restarting, a proxy timing out).
     pub fn drop_watches(&self) {
         let _ = self.shared.drops.send(());
     }
@@ -568,7 +581,8 @@ async fn kubelet(shared: Arc<Shared>, key: String) {
     });
 }
 
-/// Whole lines, as a kubelet's log keeps them (each stream line by line, interleaved by arrival).
+/// Whole lines, as a kubelet's log keeps them (each stream line by line, interleaved by arrival,
+/// each with the time it came).
 async fn copy_into(pipe: Option<impl tokio::io::AsyncRead + Unpin>, log: Arc<PodLog>) {
     use tokio::io::AsyncBufReadExt as _;
     let Some(pipe) = pipe else { return };
@@ -662,8 +676,7 @@ async fn serve(request: hyper::Request<hyper::body::Incoming>, shared: Arc<Share
             None => json_response(404, status(404, "NotFound", &format!("pods \"{name}\" not found"))),
         },
         (&Method::GET, ["api", "v1", "namespaces", ns, "pods", name, "log"]) => {
-            let follow = query.get("follow").is_some_and(|f| f == "true" || f == "1");
-            pod_log(&shared, &format!("{ns}/{name}"), follow)
+            pod_log(&shared, &format!("{ns}/{name}"), &query)
         }
         (
             &Method::POST | &Method::PUT,
@@ -752,7 +765,10 @@ fn list_or_watch(
             }
         }
         loop {
+            // A drop sent before a change wins over it: a server going down delivers nothing after.
             tokio::select! {
+                biased;
+                _ = dropped.recv() => return,
                 change = live.recv() => match change {
                     Ok(c) if c.rv > seen && wanted(&c) => {
                         seen = c.rv;
@@ -763,7 +779,6 @@ fn list_or_watch(
                     Ok(_) => {}
                     Err(_) => return,
                 },
-                _ = dropped.recv() => return,
             }
         }
     });
@@ -867,33 +882,53 @@ fn put_policy(shared: &Arc<Shared>, ns: &str, key: Option<String>, mut policy: V
     json_response(if key.is_none() { 201 } else { 200 }, policy)
 }
 
-fn pod_log(shared: &Arc<Shared>, key: &str, follow: bool) -> hyper::Response<Body> {
+/// A pod's log: every line (from `since`, inclusive, as the API server's `sinceTime`), each
+/// behind its RFC 3339 time when `timestamps`; with `follow`, new lines as they come, until the
+/// container ends or the server drops its streams.
+fn pod_log(shared: &Arc<Shared>, key: &str, query: &BTreeMap<String, String>) -> hyper::Response<Body> {
     let log = shared.cluster.lock().logs.get(key).cloned();
     let Some(log) = log else {
         let name = key.split('/').nth(1).unwrap_or_default();
         let message = format!("container \"main\" in pod \"{name}\" is waiting to start");
         return json_response(400, status(400, "BadRequest", &message));
     };
+    let flag = |k: &str| query.get(k).is_some_and(|f| f == "true" || f == "1");
+    let (follow, timestamps) = (flag("follow"), flag("timestamps"));
+    let since = match query.get("sinceTime").map(|t| DateTime::parse_from_rfc3339(t)) {
+        None => None,
+        Some(Ok(t)) => Some(t.with_timezone(&Utc)),
+        Some(Err(e)) => return json_response(400, status(400, "BadRequest", &format!("sinceTime: {e}"))),
+    };
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, Infallible>>(64);
+    let mut dropped = shared.drops.subscribe();
     tokio::spawn(async move {
         let mut sent = 0;
         loop {
             let notified = log.grew.notified();
-            let (chunk, done) = {
+            let (lines, done) = {
                 let data = log.data.lock();
                 (data.0[sent..].to_vec(), data.1)
             };
-            if !chunk.is_empty() {
-                sent += chunk.len();
-                if tx.send(Ok(Frame::data(Bytes::from(chunk)))).await.is_err() {
+            sent += lines.len();
+            for (at, line) in lines.into_iter().filter(|(at, _)| since.is_none_or(|s| *at >= s)) {
+                let mut out = Vec::new();
+                if timestamps {
+                    out.extend_from_slice(at.to_rfc3339_opts(SecondsFormat::Nanos, true).as_bytes());
+                    out.push(b' ');
+                }
+                out.extend_from_slice(&line);
+                if tx.send(Ok(Frame::data(Bytes::from(out)))).await.is_err() {
                     return;
                 }
-                continue;
             }
             if done || !follow {
                 return;
             }
-            notified.await;
+            tokio::select! {
+                biased;
+                _ = dropped.recv() => return,
+                _ = notified => {}
+            }
         }
     });
     streaming(rx, "text/plain")

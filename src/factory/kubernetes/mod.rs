@@ -8,6 +8,7 @@
 
 pub mod offers;
 pub mod pod;
+mod pod_log;
 pub mod policy;
 pub mod watch;
 
@@ -15,10 +16,9 @@ use super::logs::LogBuffer;
 use super::{ContainerFactory, ContainerHandle, ContainerSpec, Epoch, FactoryError, StatsReceiver, Transport};
 use crate::config::{Config, KubernetesFactoryConfig};
 use crate::pool::core::{ContainerId, NodeId, NodeStatsUpdate};
-use futures_util::AsyncBufReadExt as _;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use kube::api::{DeleteParams, ListParams, LogParams, PostParams};
+use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::Api;
 use parking_lot::Mutex;
 use pod::{build_pod, label_value, pod_name, pod_state, PodRequest, PodState, PodTemplate};
@@ -30,8 +30,6 @@ use watch::{watch_cluster, ClusterView};
 
 /// Containers reported gone at most before the pool reads them.
 const GONE_QUEUE: usize = 4096;
-/// A log line longer than this is cut into pieces (a runaway action writes without newlines).
-const MAX_LINE: usize = 64 * 1024;
 /// Unanswered creations remembered at most (see `Inner::unanswered`).
 const UNANSWERED: usize = 1024;
 
@@ -220,7 +218,9 @@ impl ContainerFactory for KubernetesFactory {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let logs = Arc::new(LogBuffer::default());
-        let follower = tokio::spawn(follow_logs(inner.pods.clone(), name, logs.clone())).abort_handle();
+        let (weak, id) = (Arc::downgrade(inner), spec.id);
+        let live = move || weak.upgrade().is_some_and(|i| i.live.lock().contains_key(&id));
+        let follower = tokio::spawn(pod_log::follow(inner.pods.clone(), name, logs.clone(), live)).abort_handle();
         inner.live.lock().insert(spec.id, LivePod { logs: logs.clone(), follower });
         Ok(ContainerHandle { id: spec.id, node: node.clone(), transport, logs, ready_at: inner.epoch.now() })
     }
@@ -446,42 +446,4 @@ async fn remove_left(inner: &Arc<Inner>) {
         tracing::info!(pods = names.len(), "kubernetes: deleting the pods an earlier run of this invoker left");
     }
     futures_util::future::join_all(names.iter().map(|name| factory.delete(name))).await;
-}
-
-/// Follows the pod's log (stdout and stderr merged, as Kubernetes keeps them) into `logs`,
-/// line by line, until the pod's container ends.
-async fn follow_logs(pods: Api<Pod>, name: String, logs: Arc<LogBuffer>) {
-    let params = LogParams { follow: true, container: Some(pod::CONTAINER.into()), ..LogParams::default() };
-    let stream = match pods.log_stream(&name, &params).await {
-        Ok(stream) => stream,
-        Err(e) => {
-            tracing::warn!(pod = %name, "kubernetes: {}", api_error("following the pod's log", &e));
-            logs.close();
-            return;
-        }
-    };
-    let mut reader = std::pin::pin!(stream);
-    let mut line = Vec::new();
-    loop {
-        let (taken, ended) = match reader.as_mut().fill_buf().await {
-            Ok([]) | Err(_) => break,
-            Ok(buf) => match buf.iter().position(|&b| b == b'\n') {
-                Some(i) => {
-                    line.extend_from_slice(&buf[..i]);
-                    (i + 1, true)
-                }
-                None => {
-                    line.extend_from_slice(buf);
-                    (buf.len(), line.len() >= MAX_LINE)
-                }
-            },
-        };
-        futures_util::AsyncBufRead::consume(reader.as_mut(), taken);
-        if ended {
-            let text = String::from_utf8_lossy(&line).trim_end_matches('\r').to_string();
-            logs.push_merged(text);
-            line.clear();
-        }
-    }
-    logs.close();
 }
