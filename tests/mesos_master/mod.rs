@@ -581,9 +581,14 @@ impl FakeMaster {
         if argv.is_empty() {
             argv.push(command.value.clone().unwrap_or_default());
         }
+        // The task's sandbox, as an agent makes one (and removes with the task).
+        let sandbox = tempfile::Builder::new().prefix("fake-mesos-sandbox-").tempdir().unwrap();
         let mut process = tokio::process::Command::new(&argv[0]);
         process
             .args(&argv[1..])
+            .current_dir(sandbox.path())
+            .env("MESOS_SANDBOX", sandbox.path())
+            .env("TMPDIR", sandbox.path())
             .kill_on_drop(true)
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null());
@@ -608,6 +613,7 @@ impl FakeMaster {
                 }
             };
             master.finish(&task_id, &agent, ended.0, &ended.1);
+            drop(sandbox);
         });
     }
 

@@ -482,11 +482,15 @@ async fn kubelet(shared: Arc<Shared>, key: String) {
         .filter_map(|a| a.as_str())
         .map(|a| expand(a, &env))
         .collect();
+    // The pod's own /tmp (its emptyDir), gone with the pod: the fake has no mount namespace, so
+    // the process gets it as TMPDIR.
+    let tmp = tempfile::Builder::new().prefix("fake-pod-tmp-").tempdir().unwrap();
     let started = match argv.split_first() {
         Some((program, args)) => tokio::process::Command::new(program)
             .args(args)
             .env_clear()
             .envs(&env)
+            .env("TMPDIR", tmp.path())
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
