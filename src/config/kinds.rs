@@ -90,14 +90,19 @@ impl KindConfig {
             && self.command.get(1).is_some_and(|c| c == "action-runtime")
     }
 
+    /// The `--launcher` its command passes, if any.
+    pub fn launcher(&self) -> Option<&str> {
+        self.command.windows(2).find(|w| w[0] == "--launcher").map(|w| w[1].as_str())
+    }
+
     /// Whether the kind runs our runtime with the python launcher (what the zygote serves).
     pub fn is_own_python(&self) -> bool {
-        self.is_own_runtime() && self.command.windows(2).any(|w| w[0] == "--launcher" && w[1] == "python")
+        self.is_own_runtime() && self.launcher() == Some("python")
     }
 
     /// Whether the kind runs our runtime with the nodejs launcher (what a snapshot holds).
     pub fn is_own_nodejs(&self) -> bool {
-        self.is_own_runtime() && self.command.windows(2).any(|w| w[0] == "--launcher" && w[1] == "nodejs")
+        self.is_own_runtime() && self.launcher() == Some("nodejs")
     }
 
     /// Whether the process factory forks the kind's action processes from the python zygote.

@@ -602,7 +602,7 @@ fn runtime_env(kinds: &BTreeMap<String, KindConfig>, isolated: bool) -> Result<V
         env.push(("INVOKER_ACTION_SCHED".into(), sched));
     }
     for (launcher, program, variable) in [("python", "python3", "INVOKER_PYTHON"), ("nodejs", "node", "INVOKER_NODE")] {
-        let used = kinds.values().any(|k| k.command.windows(2).any(|w| w[0] == "--launcher" && w[1] == launcher));
+        let used = kinds.values().any(|k| k.launcher() == Some(launcher));
         if !used {
             continue;
         }
