@@ -54,6 +54,18 @@ impl Transport {
             Transport::Netns(ns, port) => ns.connect(*port).await.is_ok(),
         }
     }
+
+    /// Polls until a runtime accepts a connection here; false once `deadline` passed (for
+    /// backends that learn a container's address before its runtime listens).
+    pub async fn until_accepts(&self, deadline: tokio::time::Instant) -> bool {
+        while !self.accepts().await {
+            if tokio::time::Instant::now() > deadline {
+                return false;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        true
+    }
 }
 
 /// A created container: where its runtime listens and where its logs arrive.

@@ -208,14 +208,9 @@ impl ContainerFactory for KubernetesFactory {
             }
         };
         let transport = Transport::Tcp(address);
-        while !transport.accepts().await {
-            if tokio::time::Instant::now() > deadline {
-                self.delete(&name).await;
-                return Err(FactoryError::Create(format!(
-                    "the pod is Ready but {address} does not answer the invoker"
-                )));
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        if !transport.until_accepts(deadline).await {
+            self.delete(&name).await;
+            return Err(FactoryError::Create(format!("the pod is Ready but {address} does not answer the invoker")));
         }
         let logs = Arc::new(LogBuffer::default());
         let (weak, id) = (Arc::downgrade(inner), spec.id);
@@ -226,28 +221,26 @@ impl ContainerFactory for KubernetesFactory {
     }
 
     async fn destroy(&self, c: &ContainerHandle) -> Result<(), FactoryError> {
-        if let Some(live) = self.inner.live.lock().remove(&c.id) {
-            live.follower.abort();
-            live.logs.close();
-        }
-        self.delete(&self.inner.pod_name(c.id)).await;
+        self.remove(c.id).await;
         Ok(())
     }
 
     async fn destroy_all(&self) {
         let ids: Vec<ContainerId> = self.inner.live.lock().keys().copied().collect();
-        let handles = ids.into_iter().map(|id| async move {
-            if let Some(live) = self.inner.live.lock().remove(&id) {
-                live.follower.abort();
-                live.logs.close();
-            }
-            self.delete(&self.inner.pod_name(id)).await;
-        });
-        futures_util::future::join_all(handles).await;
+        futures_util::future::join_all(ids.into_iter().map(|id| self.remove(id))).await;
     }
 }
 
 impl KubernetesFactory {
+    /// Stops following the container's log and deletes its pod.
+    async fn remove(&self, id: ContainerId) {
+        if let Some(live) = self.inner.live.lock().remove(&id) {
+            live.follower.abort();
+            live.logs.close();
+        }
+        self.delete(&self.inner.pod_name(id)).await;
+    }
+
     /// Deletes the pod at once (grace 0) and waits, bounded, for the watch to show it gone:
     /// only then is its memory free on the node.
     async fn delete(&self, name: &str) {

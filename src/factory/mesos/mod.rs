@@ -199,12 +199,8 @@ impl ContainerFactory for MesosFactory {
                 .and_then(|mut a| a.next())
                 .ok_or_else(|| FactoryError::Create(format!("agent host {host} does not resolve")))?;
             let transport = Transport::Tcp(addr);
-            let deadline = tokio::time::Instant::now() + inner.ready_timeout;
-            while !transport.accepts().await {
-                if tokio::time::Instant::now() > deadline {
-                    return Err(FactoryError::NotReady(inner.ready_timeout));
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
+            if !transport.until_accepts(tokio::time::Instant::now() + inner.ready_timeout).await {
+                return Err(FactoryError::NotReady(inner.ready_timeout));
             }
             Ok(transport)
         };
