@@ -1,8 +1,22 @@
-//! A container's log lines as they arrive, bounded, read by its proxy up to the sentinels.
+//! A container's log lines as they arrive, bounded, and how they are attributed to the runs
+//! that wrote them.
+//!
+//! Each run opens a [`LogWindow`] when it is handed to the runtime and collects it when its
+//! answer is in. A run's lines are those that arrived in its window, up to its sentinels (one on
+//! stdout and one on stderr, which the runtime writes after every activation). Runs on one
+//! container may overlap (`limits.concurrency` above 1), and then:
+//! - a line that starts with a run's activation id and a space (our runtime writes them so when
+//!   runs may overlap) is that run's alone, without the prefix, and so is a sentinel so tagged;
+//! - a line without one goes to every run whose window it falls in: a runtime that gives no
+//!   way to tell whose it is (OpenWhisk's `app.js` with `__OW_ALLOW_CONCURRENT`) has each of
+//!   the overlapping runs show all of it;
+//! - an untagged sentinel is claimed by the first run that looks for one: every run writes one
+//!   pair, so no run waits for the sentinel of another, only for one that has not come yet.
 
 use parking_lot::Mutex;
 use std::collections::VecDeque;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 use tokio::sync::Notify;
 
 /// The line every OpenWhisk runtime writes on stdout and stderr after each activation.
@@ -27,39 +41,132 @@ impl Stream {
 
 #[derive(Debug)]
 pub struct LogBuffer {
-    lines: Mutex<Inner>,
+    inner: Mutex<Inner>,
     arrived: Notify,
+}
+
+#[derive(Debug)]
+struct Line {
+    stream: Stream,
+    text: String,
+    at: SystemTime,
+    /// The length of the activation-id prefix (id and space) when the line has one.
+    tag: usize,
+    sentinel: bool,
+    /// An untagged sentinel some run has taken as its own.
+    claimed: bool,
+}
+
+impl Line {
+    fn tagged_by(&self, id: &str) -> bool {
+        self.tag > 0 && self.text.as_bytes()[..self.tag - 1] == *id.as_bytes()
+    }
 }
 
 #[derive(Debug, Default)]
 struct Inner {
-    lines: VecDeque<(Stream, String)>,
+    lines: VecDeque<Line>,
+    /// The sequence number of `lines[0]`.
+    first: u64,
     bytes: usize,
-    dropped: usize,
+    /// Lines before this were dropped for room (not collected).
+    dropped_below: u64,
     closed: bool,
     /// Sentinels seen on a merged stream (see `push_merged`).
     merged_sentinels: usize,
+    /// The windows not collected yet: a key and where each starts, and its activation id.
+    open: Vec<(u64, u64, String)>,
+    next_key: u64,
+    /// Lines before this belong to collected windows; a window opened while none is open
+    /// starts here (what came between two runs, an `/init`'s output, goes to the next).
+    claimed_upto: u64,
 }
 
-/// Lines kept between two collections at most (a runaway action cannot exhaust memory).
+impl Inner {
+    fn next_seq(&self) -> u64 {
+        self.first + self.lines.len() as u64
+    }
+
+    /// Drops what no open window and no future one can need.
+    fn trim(&mut self) {
+        let keep = self.open.iter().map(|(_, start, _)| *start).min().unwrap_or(u64::MAX).min(self.claimed_upto);
+        while self.first < keep {
+            let Some(line) = self.lines.pop_front() else { break };
+            self.bytes -= line.text.len();
+            self.first += 1;
+        }
+    }
+
+    /// The length of the prefix (activation id and space) that tags `text` as an open
+    /// window's, or 0.
+    fn tag_of(&self, text: &str) -> usize {
+        self.open
+            .iter()
+            .find(|(_, _, id)| {
+                !id.is_empty()
+                    && text.len() > id.len()
+                    && text.starts_with(id.as_str())
+                    && text.as_bytes()[id.len()] == b' '
+            })
+            .map_or(0, |(_, _, id)| id.len() + 1)
+    }
+
+    /// Splits a line that ends with a sentinel after other output (an action that wrote no
+    /// final newline): the sentinel ends a line whatever came before it, and a tagged
+    /// sentinel keeps its tag.
+    fn split(&self, text: String) -> (Option<String>, String) {
+        let Some(head) = text.strip_suffix(SENTINEL) else { return (None, text) };
+        if head.is_empty() || self.tag_of(&text) == head.len() {
+            return (None, text);
+        }
+        let cut = self
+            .open
+            .iter()
+            .find_map(|(_, _, id)| {
+                let rest = head.strip_suffix(' ')?.strip_suffix(id.as_str())?;
+                (!id.is_empty()).then_some(rest.len())
+            })
+            .unwrap_or(head.len());
+        if cut == 0 {
+            return (None, text);
+        }
+        let mut text = text;
+        let last = text.split_off(cut);
+        (Some(text), last)
+    }
+
+    /// Adds one line, already split.
+    fn add(&mut self, stream: Stream, text: String) {
+        let tag = self.tag_of(&text);
+        let sentinel = text == SENTINEL || (tag > 0 && &text[tag..] == SENTINEL);
+        self.bytes += text.len();
+        self.lines.push_back(Line { stream, text, at: SystemTime::now(), tag, sentinel, claimed: false });
+        while self.bytes > BUFFER_BYTES {
+            let Some(old) = self.lines.pop_front() else { break };
+            self.bytes -= old.text.len();
+            self.first += 1;
+            self.dropped_below = self.first;
+        }
+    }
+}
+
+/// Lines kept at most (a runaway action cannot exhaust memory).
 const BUFFER_BYTES: usize = 16 * 1024 * 1024;
 
 impl Default for LogBuffer {
     fn default() -> Self {
-        LogBuffer { lines: Mutex::new(Inner::default()), arrived: Notify::new() }
+        LogBuffer { inner: Mutex::new(Inner::default()), arrived: Notify::new() }
     }
 }
 
 impl LogBuffer {
     pub fn push(&self, stream: Stream, line: String) {
-        let mut inner = self.lines.lock();
-        inner.bytes += line.len();
-        inner.lines.push_back((stream, line));
-        while inner.bytes > BUFFER_BYTES {
-            let Some((_, old)) = inner.lines.pop_front() else { break };
-            inner.bytes -= old.len();
-            inner.dropped += 1;
+        let mut inner = self.inner.lock();
+        let (before, last) = inner.split(line);
+        if let Some(before) = before {
+            inner.add(stream, before);
         }
+        inner.add(stream, last);
         drop(inner);
         self.arrived.notify_waiters();
     }
@@ -68,8 +175,12 @@ impl LogBuffer {
     /// count as stdout, and its sentinels as stdout's and stderr's in turn, since a runtime
     /// writes one on each after every activation.
     pub fn push_merged(&self, line: String) {
-        let stream = if line.trim_end() == SENTINEL {
-            let mut inner = self.lines.lock();
+        let mut inner = self.inner.lock();
+        let (before, last) = inner.split(line);
+        if let Some(before) = before {
+            inner.add(Stream::Stdout, before);
+        }
+        let stream = if last.ends_with(SENTINEL) {
             inner.merged_sentinels += 1;
             if inner.merged_sentinels % 2 == 1 {
                 Stream::Stdout
@@ -79,107 +190,267 @@ impl LogBuffer {
         } else {
             Stream::Stdout
         };
-        self.push(stream, line);
+        inner.add(stream, last);
+        drop(inner);
+        self.arrived.notify_waiters();
     }
 
     /// The last line on stderr so far (why a runtime exited before it was ready).
     pub fn last_stderr(&self) -> Option<String> {
-        let inner = self.lines.lock();
-        inner.lines.iter().rev().find(|(s, _)| *s == Stream::Stderr).map(|(_, l)| l.clone())
+        let inner = self.inner.lock();
+        inner.lines.iter().rev().find(|l| l.stream == Stream::Stderr).map(|l| l.text.clone())
     }
 
     /// The streams ended (the container is gone): collectors stop waiting.
     pub fn close(&self) {
-        self.lines.lock().closed = true;
+        self.inner.lock().closed = true;
         self.arrived.notify_waiters();
     }
 
-    /// Collects the lines of one activation: up to a sentinel on both streams, waiting at most
-    /// `wait` for them, keeping at most `limit_bytes` (OpenWhisk's log limit) and noting the cut.
-    pub async fn collect(&self, wait: Duration, limit_bytes: usize) -> Vec<String> {
+    /// Opens the window of one run, activation `id`, as it is handed to the runtime.
+    pub fn open(self: &Arc<Self>, id: &str) -> LogWindow {
+        let mut inner = self.inner.lock();
+        let start = if inner.open.is_empty() { inner.claimed_upto } else { inner.next_seq() };
+        let key = inner.next_key;
+        inner.next_key += 1;
+        inner.open.push((key, start, id.to_string()));
+        LogWindow { buffer: self.clone(), key, start, id: id.to_string(), collected: false }
+    }
+
+    /// Whether `window`'s sentinels are in (claiming untagged ones as it finds them); where
+    /// they are when they are.
+    fn find_sentinels(inner: &mut Inner, window: &LogWindow, found: &mut [Option<u64>; 2]) -> bool {
+        let from = window.start.max(inner.first);
+        let first = inner.first;
+        for (offset, line) in inner.lines.iter_mut().enumerate().skip((from - first) as usize) {
+            if found[0].is_some() && found[1].is_some() {
+                break;
+            }
+            let slot = &mut found[line.stream as usize];
+            if !line.sentinel || slot.is_some() {
+                continue;
+            }
+            let ours = if line.tag > 0 {
+                line.text.as_bytes()[..line.tag - 1] == *window.id.as_bytes()
+            } else if !line.claimed {
+                line.claimed = true;
+                true
+            } else {
+                false
+            };
+            if ours {
+                *slot = Some(first + offset as u64);
+            }
+        }
+        found[0].is_some() && found[1].is_some()
+    }
+
+    /// Collects the lines of one run: those of its window up to its sentinels, waiting at most
+    /// `wait` for them, keeping at most `limit_bytes` (OpenWhisk's log limit) and noting the
+    /// cut.
+    pub async fn collect(&self, mut window: LogWindow, wait: Duration, limit_bytes: usize) -> Vec<String> {
         let deadline = tokio::time::Instant::now() + wait;
-        let mut seen = [false, false];
-        let mut out = Vec::new();
-        let mut size = 0;
-        let mut truncated = false;
+        let mut found = [None, None];
         loop {
             let notified = self.arrived.notified();
-            let closed = {
-                let mut inner = self.lines.lock();
-                if inner.dropped > 0 {
-                    out.push(format!("{} stderr: [{} log lines dropped]", timestamp(), inner.dropped));
-                    inner.dropped = 0;
-                }
-                while let Some((stream, line)) = inner.lines.pop_front() {
-                    inner.bytes -= line.len();
-                    if line.trim_end() == SENTINEL {
-                        seen[stream as usize] = true;
-                        if seen == [true, true] {
-                            break;
-                        }
-                        continue;
-                    }
-                    if size + line.len() > limit_bytes {
-                        truncated = true;
-                        continue;
-                    }
-                    size += line.len();
-                    out.push(format!("{} {}: {}", timestamp(), stream.name(), line));
-                }
-                inner.closed
+            let done = {
+                let mut inner = self.inner.lock();
+                Self::find_sentinels(&mut inner, &window, &mut found) || inner.closed
             };
-            if seen == [true, true] || closed {
+            if done || tokio::time::timeout_at(deadline, notified).await.is_err() {
                 break;
             }
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                break;
+        }
+        window.collected = true;
+        let mut inner = self.inner.lock();
+        let end = match found {
+            [Some(a), Some(b)] => a.max(b) + 1,
+            _ => inner.next_seq(),
+        };
+        let mut out = Vec::new();
+        if window.start < inner.dropped_below {
+            out.push(format!("{} stderr: [log lines dropped for room]", timestamp_of(SystemTime::now())));
+        }
+        let (mut size, mut truncated) = (0, false);
+        let from = window.start.max(inner.first);
+        for line in inner.lines.iter().skip((from - inner.first) as usize).take(end.saturating_sub(from) as usize) {
+            let text = if line.tagged_by(&window.id) {
+                &line.text[line.tag..]
+            } else if line.tag > 0 {
+                // Another run's, tagged while that run's window was open.
+                continue;
+            } else {
+                &line.text
+            };
+            if line.sentinel || text == SENTINEL {
+                continue;
             }
+            if size + text.len() > limit_bytes {
+                truncated = true;
+                continue;
+            }
+            size += text.len();
+            out.push(format!("{} {}: {}", timestamp_of(line.at), line.stream.name(), text));
         }
         if truncated {
             out.push(format!(
                 "Logs were truncated because the total bytes size exceeds the limit of {limit_bytes} bytes."
             ));
         }
+        inner.open.retain(|(key, _, _)| *key != window.key);
+        inner.claimed_upto = inner.claimed_upto.max(end);
+        inner.trim();
         out
+    }
+}
+
+/// One run's share of a container's logs, from when it was handed to the runtime; collected
+/// once with [`LogBuffer::collect`]. One dropped uncollected (a run that never ran) gives up
+/// its place.
+#[derive(Debug)]
+pub struct LogWindow {
+    buffer: Arc<LogBuffer>,
+    key: u64,
+    start: u64,
+    id: String,
+    collected: bool,
+}
+
+impl LogWindow {
+    pub fn buffer(&self) -> &Arc<LogBuffer> {
+        &self.buffer
+    }
+}
+
+impl Drop for LogWindow {
+    fn drop(&mut self) {
+        if !self.collected {
+            let mut inner = self.buffer.inner.lock();
+            inner.open.retain(|(key, _, _)| *key != self.key);
+            inner.trim();
+        }
     }
 }
 
 /// RFC 3339 UTC with milliseconds, as OpenWhisk stamps log lines.
 pub fn timestamp() -> String {
-    humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()
+    timestamp_of(SystemTime::now())
+}
+
+fn timestamp_of(at: SystemTime) -> String {
+    humantime::format_rfc3339_millis(at).to_string()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    const WAIT: Duration = Duration::from_secs(1);
+
     #[tokio::test]
     async fn collects_up_to_both_sentinels_within_the_limit() {
-        let buf = LogBuffer::default();
+        let buf = Arc::new(LogBuffer::default());
+        let window = buf.open("a");
         buf.push(Stream::Stdout, "hello".into());
         buf.push(Stream::Stderr, "oops".into());
         buf.push(Stream::Stdout, SENTINEL.into());
         buf.push(Stream::Stderr, SENTINEL.into());
         buf.push(Stream::Stdout, "next activation".into());
-        let lines = buf.collect(Duration::from_secs(1), 1000).await;
+        let lines = buf.collect(window, WAIT, 1000).await;
         assert_eq!(lines.len(), 2);
         assert!(lines[0].ends_with("stdout: hello") && lines[1].ends_with("stderr: oops"), "{lines:?}");
+        let window = buf.open("b");
         buf.push(Stream::Stdout, SENTINEL.into());
         buf.push(Stream::Stderr, SENTINEL.into());
-        let lines = buf.collect(Duration::from_secs(1), 5).await;
-        assert!(lines.last().unwrap().contains("truncated"), "{lines:?}");
+        let lines = buf.collect(window, WAIT, 5).await;
+        assert!(lines[0].ends_with("next activation") || lines.last().unwrap().contains("truncated"), "{lines:?}");
     }
 
     #[tokio::test]
     async fn a_merged_stream_ends_an_activation_at_its_second_sentinel() {
-        let buf = LogBuffer::default();
+        let buf = Arc::new(LogBuffer::default());
         for line in ["one", SENTINEL, "two", SENTINEL, "next", SENTINEL, SENTINEL] {
             buf.push_merged(line.into());
         }
-        let lines = buf.collect(Duration::from_secs(1), 1000).await;
+        let lines = buf.collect(buf.open("a"), WAIT, 1000).await;
         assert!(lines.len() == 2 && lines[1].ends_with("stdout: two"), "{lines:?}");
-        let lines = buf.collect(Duration::from_secs(1), 1000).await;
+        let lines = buf.collect(buf.open("b"), WAIT, 1000).await;
         assert!(lines.len() == 1 && lines[0].ends_with("stdout: next"), "{lines:?}");
+    }
+
+    /// `sys.stdout.write("x")` with no newline: the runtime's sentinel lands on the same line.
+    /// The sentinel still ends the activation at once, and the line holds only the output.
+    #[tokio::test(start_paused = true)]
+    async fn a_sentinel_after_output_without_a_newline_ends_the_activation() {
+        let buf = Arc::new(LogBuffer::default());
+        let window = buf.open("a");
+        buf.push(Stream::Stdout, format!("x{SENTINEL}"));
+        buf.push(Stream::Stderr, SENTINEL.into());
+        let began = tokio::time::Instant::now();
+        let lines = buf.collect(window, Duration::from_secs(2), 1000).await;
+        assert_eq!(began.elapsed(), Duration::ZERO, "no wait for a sentinel that came");
+        assert!(lines.len() == 1 && lines[0].ends_with("stdout: x"), "{lines:?}");
+        // A tagged sentinel after untagged output keeps its tag.
+        let id = "0123456789abcdef0123456789abcdef";
+        let window = buf.open(id);
+        buf.push(Stream::Stdout, format!("{id} y{id} {SENTINEL}"));
+        buf.push(Stream::Stderr, format!("{id} {SENTINEL}"));
+        let lines = buf.collect(window, Duration::from_secs(2), 1000).await;
+        assert_eq!(began.elapsed(), Duration::ZERO);
+        assert!(lines.len() == 1 && lines[0].ends_with("stdout: y"), "{lines:?}");
+    }
+
+    /// Four overlapping runs whose sentinels come in another order than their answers: none
+    /// waits, and tagged lines go to their own run only.
+    #[tokio::test(start_paused = true)]
+    async fn overlapping_runs_take_their_own_tagged_lines_and_wait_for_no_other_sentinel() {
+        let buf = Arc::new(LogBuffer::default());
+        let ids: Vec<String> = (0..4).map(|i| format!("{i:032x}")).collect();
+        let windows: Vec<LogWindow> = ids.iter().map(|id| buf.open(id)).collect();
+        for id in ids.iter().rev() {
+            buf.push(Stream::Stdout, format!("{id} line of {id}"));
+            buf.push(Stream::Stderr, format!("{id} err of {id}"));
+        }
+        for id in &ids {
+            buf.push(Stream::Stdout, format!("{id} {SENTINEL}"));
+            buf.push(Stream::Stderr, format!("{id} {SENTINEL}"));
+        }
+        let began = tokio::time::Instant::now();
+        for (window, id) in windows.into_iter().zip(&ids).rev() {
+            let lines = buf.collect(window, Duration::from_secs(2), 1000).await;
+            assert_eq!(lines.len(), 2, "{lines:?}");
+            assert!(lines[0].ends_with(&format!("stdout: line of {id}")), "{lines:?}");
+            assert!(lines[1].ends_with(&format!("stderr: err of {id}")), "{lines:?}");
+        }
+        assert_eq!(began.elapsed(), Duration::ZERO, "no run waited");
+        assert!(buf.inner.lock().lines.is_empty(), "nothing is kept once collected");
+    }
+
+    /// A runtime that tags nothing: every run in a window shows the window's lines, and each
+    /// takes the first sentinel pair still unclaimed.
+    #[tokio::test(start_paused = true)]
+    async fn untagged_overlapping_runs_share_their_window_and_claim_one_sentinel_pair_each() {
+        let buf = Arc::new(LogBuffer::default());
+        let a = buf.open("a");
+        buf.push(Stream::Stdout, "early".into());
+        let b = buf.open("b");
+        buf.push(Stream::Stdout, "both".into());
+        for _ in 0..2 {
+            buf.push(Stream::Stdout, SENTINEL.into());
+            buf.push(Stream::Stderr, SENTINEL.into());
+        }
+        let began = tokio::time::Instant::now();
+        let lines_b = buf.collect(b, Duration::from_secs(2), 1000).await;
+        let lines_a = buf.collect(a, Duration::from_secs(2), 1000).await;
+        assert_eq!(began.elapsed(), Duration::ZERO);
+        assert!(lines_b.len() == 1 && lines_b[0].ends_with("both"), "{lines_b:?}");
+        assert!(lines_a.len() == 2 && lines_a[0].ends_with("early"), "{lines_a:?}");
+        // A run whose sentinel never comes waits its bound, and no longer.
+        let c = buf.open("c");
+        buf.push(Stream::Stdout, "alone".into());
+        let lines = buf.collect(c, Duration::from_secs(2), 1000).await;
+        assert_eq!(began.elapsed(), Duration::from_secs(2));
+        assert!(lines.len() == 1 && lines[0].ends_with("alone"), "{lines:?}");
     }
 
     #[test]
