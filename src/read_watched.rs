@@ -12,6 +12,8 @@ use hyper::rt::{Read, ReadBufCursor, Write};
 use std::io::{self, Read as _, Write as _};
 use std::os::unix::net::UnixStream;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
@@ -25,6 +27,9 @@ pub struct ReadWatchedStream {
     writing: Option<AsyncFd<UnixStream>>,
     /// Where reads land before hyper's buffer (which may be uninitialised memory).
     chunk: Box<[u8]>,
+    /// Bytes read so far, where the owner counts them (a client telling whether a request on
+    /// a kept-alive connection got any answer).
+    received: Option<Arc<AtomicU64>>,
 }
 
 impl ReadWatchedStream {
@@ -38,7 +43,13 @@ impl ReadWatchedStream {
             reading: register(stream.into_std()?, Interest::READABLE)?,
             writing: None,
             chunk: vec![0; READ_CHUNK].into_boxed_slice(),
+            received: None,
         })
+    }
+
+    /// The same stream, adding every byte read to `received`.
+    pub fn counting_into(self, received: Arc<AtomicU64>) -> ReadWatchedStream {
+        ReadWatchedStream { received: Some(received), ..self }
     }
 
     fn poll_writing(
@@ -85,6 +96,9 @@ impl Read for ReadWatchedStream {
                 // instead of asking the kernel again to hear `EAGAIN` (as tokio's own streams).
                 if n > 0 && n < want {
                     ready.clear_ready();
+                }
+                if let Some(received) = &this.received {
+                    received.fetch_add(n as u64, Ordering::Relaxed);
                 }
                 buf.put_slice(&this.chunk[..n]);
                 return Poll::Ready(Ok(()));

@@ -4,16 +4,28 @@
 //! Straight on hyper's connection API rather than a general-purpose client: the address never
 //! changes, so there is no URL to parse, no pool keyed by host and no connector stack per
 //! request; idle connections wait in a small stack, one per run in flight at most.
+//!
+//! Two rules keep a kept-alive connection from failing a run. Runtimes close connections that
+//! sit idle (node's HTTP server after 5 s, `server.keepAliveTimeout`, also across a pause), so
+//! a connection idle longer than [`IDLE_BOUND`] is not reused. And since the close may still
+//! cross the request on the wire, a request on a reused connection that fails before a single
+//! byte of an answer came back provably never reached the runtime's handler: it is sent once
+//! more, on a fresh connection. A request on a fresh connection is never sent twice.
 
 use crate::factory::Transport;
 use crate::read_watched::ReadWatchedStream;
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use parking_lot::Mutex;
 use serde_json::Value;
-use std::time::Duration;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
@@ -21,85 +33,216 @@ pub enum RuntimeError {
     Timeout,
     #[error("the runtime could not be reached or dropped the connection: {0}")]
     Connection(String),
+    /// The answer ran past what may be read of it; reading stopped there.
+    #[error("the answer is longer than {0} bytes")]
+    TooLarge(usize),
 }
 
-/// A runtime's answer: its HTTP status and body (JSON when it parses).
+/// A runtime's answer: its HTTP status and body (JSON when it parses), and the body's size.
 #[derive(Debug)]
 pub struct RuntimeResponse {
     pub status: u16,
     pub body: Result<Value, String>,
+    pub size: usize,
 }
 
 /// Idle connections kept per container at most (more only while more runs are in flight).
 const MAX_IDLE: usize = 64;
 
+/// A connection idle longer than this is closed rather than reused (Fn's agent keeps none past
+/// 1 s, for the runtimes that close idle ones themselves).
+pub const IDLE_BOUND: Duration = Duration::from_secs(1);
+
+/// What an answer may hold beyond the result itself (the runtime's error envelope, spacing).
+const ENVELOPE_BYTES: usize = 16 * 1024;
+
+/// One open connection: its sender, when it was last given back, and the bytes the runtime
+/// has sent on it so far.
+struct Connection {
+    sender: SendRequest<Full<Bytes>>,
+    idle_since: Instant,
+    received: Arc<AtomicU64>,
+}
+
 pub struct RuntimeClient {
     transport: Transport,
-    idle: Mutex<Vec<SendRequest<Full<Bytes>>>>,
+    idle: Mutex<Vec<Connection>>,
+    /// The most of an answer's body read before giving up on it.
+    max_body: usize,
 }
 
 impl RuntimeClient {
-    pub fn new(transport: &Transport) -> Self {
-        RuntimeClient { transport: transport.clone(), idle: Mutex::new(Vec::new()) }
+    /// `max_result` is the largest result an answer may carry (the payload limit).
+    pub fn new(transport: &Transport, max_result: usize) -> Self {
+        RuntimeClient {
+            transport: transport.clone(),
+            idle: Mutex::new(Vec::new()),
+            max_body: max_result.saturating_add(ENVELOPE_BYTES),
+        }
     }
 
-    async fn connect(&self) -> Result<SendRequest<Full<Bytes>>, String> {
-        match &self.transport {
+    async fn connect(&self) -> Result<Connection, String> {
+        let received = Arc::new(AtomicU64::new(0));
+        let sender = match &self.transport {
             Transport::Tcp(addr) => {
                 let stream = tokio::net::TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
                 let _ = stream.set_nodelay(true);
-                handshake(TokioIo::new(stream)).await
+                handshake(TokioIo::new(Counted { inner: stream, received: received.clone() })).await
             }
             Transport::Unix(path) => {
-                handshake(ReadWatchedStream::connect(path).await.map_err(|e| e.to_string())?).await
+                let stream = ReadWatchedStream::connect(path).await.map_err(|e| e.to_string())?;
+                handshake(stream.counting_into(received.clone())).await
             }
             Transport::Netns(ns, port) => {
-                handshake(TokioIo::new(ns.connect(*port).await.map_err(|e| e.to_string())?)).await
+                let stream = ns.connect(*port).await.map_err(|e| e.to_string())?;
+                handshake(TokioIo::new(Counted { inner: stream, received: received.clone() })).await
+            }
+        }?;
+        Ok(Connection { sender, idle_since: Instant::now(), received })
+    }
+
+    /// A kept-alive connection ready for a request (and `true`), or a new one.
+    async fn connection(&self) -> Result<(Connection, bool), String> {
+        loop {
+            let idle = {
+                let mut idle = self.idle.lock();
+                match idle.pop() {
+                    // The stack is newest on top: when its top is too old, so is the rest.
+                    Some(c) if c.idle_since.elapsed() > IDLE_BOUND => {
+                        idle.clear();
+                        None
+                    }
+                    popped => popped,
+                }
+            };
+            match idle {
+                Some(mut c) => {
+                    if c.sender.ready().await.is_ok() {
+                        return Ok((c, true));
+                    }
+                }
+                None => return self.connect().await.map(|c| (c, false)),
             }
         }
     }
 
-    /// A kept-alive connection ready for a request, or a new one.
-    async fn sender(&self) -> Result<SendRequest<Full<Bytes>>, String> {
-        loop {
-            let idle = self.idle.lock().pop();
-            match idle {
-                Some(mut sender) => {
-                    if sender.ready().await.is_ok() {
-                        return Ok(sender);
-                    }
-                }
-                None => return self.connect().await,
+    /// One request and its answer on one connection. `Err(Retry)` says nothing of the answer
+    /// came back on a connection that had served before: the request never reached the runtime.
+    async fn exchange(&self, path: &str, body: Bytes) -> Result<(u16, Bytes), Failed> {
+        let (mut c, reused) = self.connection().await.map_err(|e| Failed::Other(RuntimeError::Connection(e)))?;
+        let before = c.received.load(Ordering::Relaxed);
+        let unanswered = |e: String| {
+            if reused && c.received.load(Ordering::Relaxed) == before {
+                Failed::Retry(e)
+            } else {
+                Failed::Other(RuntimeError::Connection(e))
             }
+        };
+        let request = hyper::Request::post(path)
+            .header(hyper::header::HOST, "localhost")
+            .header(hyper::header::CONTENT_TYPE, "application/json")
+            .body(Full::new(body))
+            .map_err(|e| Failed::Other(RuntimeError::Connection(e.to_string())))?;
+        let response = match c.sender.send_request(request).await {
+            Ok(response) => response,
+            Err(e) => return Err(unanswered(e.to_string())),
+        };
+        let status = response.status().as_u16();
+        let bytes = match Limited::new(response.into_body(), self.max_body).collect().await {
+            Ok(collected) => collected.to_bytes(),
+            // The connection is dropped with the rest of the answer unread.
+            Err(e) if e.is::<LengthLimitError>() => {
+                return Err(Failed::Other(RuntimeError::TooLarge(self.max_body - ENVELOPE_BYTES)))
+            }
+            Err(e) => return Err(Failed::Other(RuntimeError::Connection(e.to_string()))),
+        };
+        c.idle_since = Instant::now();
+        let mut idle = self.idle.lock();
+        if idle.len() < MAX_IDLE {
+            idle.push(c);
         }
+        Ok((status, bytes))
     }
 
     /// `body` (JSON) to `path`; the answer's status and body, within `timeout`.
     pub async fn post(&self, path: &str, body: Bytes, timeout: Duration) -> Result<RuntimeResponse, RuntimeError> {
         let exchange = async {
-            let mut sender = self.sender().await?;
-            let request = hyper::Request::post(path)
-                .header(hyper::header::HOST, "localhost")
-                .header(hyper::header::CONTENT_TYPE, "application/json")
-                .body(Full::new(body))
-                .map_err(|e| e.to_string())?;
-            let response = sender.send_request(request).await.map_err(|e| e.to_string())?;
-            let status = response.status().as_u16();
-            let bytes = response.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
-            let mut idle = self.idle.lock();
-            if idle.len() < MAX_IDLE {
-                idle.push(sender);
+            match self.exchange(path, body.clone()).await {
+                Err(Failed::Retry(e)) => {
+                    tracing::debug!("a kept-alive runtime connection was closed under a request ({e}); sent again");
+                    self.exchange(path, body).await.map_err(Failed::into_error)
+                }
+                other => other.map_err(Failed::into_error),
             }
-            Ok::<_, String>((status, bytes))
         };
         let (status, bytes) = match tokio::time::timeout(timeout, exchange).await {
             Err(_) => return Err(RuntimeError::Timeout),
-            Ok(Err(e)) => return Err(RuntimeError::Connection(e)),
-            Ok(Ok(answer)) => answer,
+            Ok(answer) => answer?,
         };
         let body =
             serde_json::from_slice(&bytes).map_err(|_| String::from_utf8_lossy(&bytes).chars().take(200).collect());
-        Ok(RuntimeResponse { status, body })
+        Ok(RuntimeResponse { status, body, size: bytes.len() })
+    }
+}
+
+/// How one exchange failed: on a reused connection before any answer (safe to send again), or
+/// otherwise.
+enum Failed {
+    Retry(String),
+    Other(RuntimeError),
+}
+
+impl Failed {
+    fn into_error(self) -> RuntimeError {
+        match self {
+            Failed::Retry(e) => RuntimeError::Connection(e),
+            Failed::Other(e) => e,
+        }
+    }
+}
+
+/// A stream that counts the bytes read from it (what the runtime has sent on the connection).
+struct Counted<S> {
+    inner: S,
+    received: Arc<AtomicU64>,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Counted<S> {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
+        let read = buf.filled().len() - before;
+        if read > 0 {
+            this.received.fetch_add(read as u64, Ordering::Relaxed);
+        }
+        polled
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Counted<S> {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
     }
 }
 

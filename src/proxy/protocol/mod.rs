@@ -19,6 +19,17 @@ use std::time::Duration;
 /// A runtime's answer as it came, before it is interpreted.
 pub type Answer = Result<RuntimeResponse, RuntimeError>;
 
+/// The short reason a container is given up after `answer` (for the invoker's log).
+pub fn discard_reason(answer: &Answer, oom: bool) -> &'static str {
+    match answer {
+        _ if oom => "out of memory",
+        Err(RuntimeError::Timeout) => "timeout",
+        Err(RuntimeError::Connection(_)) => "runtime connection error",
+        Err(RuntimeError::TooLarge(_)) => "answer too large",
+        Ok(_) => "developer error",
+    }
+}
+
 /// What an answer means for the activation and the container.
 #[derive(Debug, PartialEq)]
 pub struct Interpreted {
@@ -36,8 +47,9 @@ pub struct Runtime {
 }
 
 impl Runtime {
-    pub fn new(protocol: RuntimeProtocol, transport: &Transport) -> Self {
-        Runtime { protocol, client: RuntimeClient::new(transport) }
+    /// `max_result` is the payload limit: no more of an answer is read than it allows.
+    pub fn new(protocol: RuntimeProtocol, transport: &Transport, max_result: usize) -> Self {
+        Runtime { protocol, client: RuntimeClient::new(transport, max_result) }
     }
 
     /// Gives the runtime the action's code; `Err` holds the answer of a failed initialisation.

@@ -21,7 +21,7 @@ pub(super) async fn init(
     api_host: &str,
     timeout: Duration,
 ) -> Result<(), Answer> {
-    let body = json!({ "value": {
+    let mut body = json!({ "value": {
         "name": action.name,
         "main": action.exec.main.as_deref().unwrap_or("main"),
         "code": action.exec.code.as_deref().unwrap_or_default(),
@@ -33,6 +33,11 @@ pub(super) async fn init(
             "__OW_API_HOST": api_host,
         },
     }});
+    // Runs may overlap on this container: our runtime then starts each run's lines with its
+    // activation id (see `factory::logs`); another runtime ignores the key.
+    if action.limits.concurrency > 1 {
+        body["value"]["tag_logs"] = Value::Bool(true);
+    }
     // Serialising a JSON tree of strings and booleans cannot fail.
     let body = Bytes::from(serde_json::to_vec(&body).expect("a JSON value serialises"));
     match client.post("/init", body, timeout).await {
@@ -92,6 +97,11 @@ pub(super) fn interpret(answer: Answer, timeout_ms: u64, oom: bool, max_result_b
             let message = format!("The action exceeded its time limits of {timeout_ms} milliseconds.");
             return Interpreted { timed_out: true, ..developer(message) };
         }
+        Err(RuntimeError::TooLarge(limit)) => {
+            return developer(format!(
+                "The action produced a response that exceeded the allowed length: more than {limit} bytes."
+            ));
+        }
         Err(RuntimeError::Connection(_)) if oom => {
             return developer("The action exhausted its memory and was aborted.".into());
         }
@@ -110,7 +120,7 @@ pub(super) fn interpret(answer: Answer, timeout_ms: u64, oom: bool, max_result_b
     if !body.is_object() && !body.is_array() {
         return developer(NOT_A_RESULT.into());
     }
-    let size = body.to_string().len();
+    let size = response.size;
     if size > max_result_bytes {
         return developer(format!(
             "The action produced a response that exceeded the allowed length: {size} > {max_result_bytes} bytes."
@@ -132,7 +142,8 @@ mod tests {
     use super::*;
 
     fn ok(status: u16, body: Value) -> Answer {
-        Ok(RuntimeResponse { status, body: Ok(body) })
+        let size = body.to_string().len();
+        Ok(RuntimeResponse { status, body: Ok(body), size })
     }
 
     #[test]
