@@ -277,7 +277,8 @@ async fn serve(config: Config) -> anyhow::Result<()> {
             config.limits.payload_max_bytes,
             metrics.clone(),
         )
-        .with_protocols(config.kinds.iter().map(|(kind, k)| (kind.clone(), k.protocol)).collect()),
+        .with_protocols(config.kinds.iter().map(|(kind, k)| (kind.clone(), k.protocol)).collect())
+        .with_kind_concurrency(config.action_kinds().into_iter().map(|(kind, max)| (kind.to_string(), max)).collect()),
     );
     let service = ActivationService::new(store.clone(), pool.clone(), metrics, config.limits.namespace_concurrent);
     let mut state = AppState::new(service.clone(), config.clone());

@@ -10,7 +10,7 @@ use crate::config::{PoolConfig, ProxyConfig, RuntimeProtocol};
 use crate::factory::{ContainerFactory, ContainerSpec, Epoch, Factory};
 use crate::metrics::Metrics;
 use crate::model::{Action, Rejection};
-use crate::proxy::{ContainerProxy, Gone, Pause, ProxyContext, ProxyReport, Remove, Resume, Run};
+use crate::proxy::{ContainerProxy, DiscardLog, Gone, Pause, ProxyContext, ProxyReport, Remove, Resume, Run};
 use actix::prelude::*;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -91,6 +91,9 @@ pub struct ContainerPool {
     drained: Vec<oneshot::Sender<()>>,
     /// Each kind's runtime protocol, for the proxies.
     protocols: Arc<HashMap<String, RuntimeProtocol>>,
+    /// Each kind's `max_concurrency`, applied at every run; a kind not listed has none.
+    kind_concurrency: HashMap<String, u32>,
+    discards: Arc<DiscardLog>,
     /// The capacity of every node the factory reports, summed: kept where callers read it
     /// without a message to the pool (the shim's completion message says it per activation).
     user_memory_mb: Arc<AtomicU64>,
@@ -128,6 +131,8 @@ impl ContainerPool {
             drained: Vec::new(),
             user_memory_mb: Arc::default(),
             protocols: Arc::default(),
+            kind_concurrency: HashMap::new(),
+            discards: Arc::default(),
         }
     }
 
@@ -137,16 +142,24 @@ impl ContainerPool {
         self
     }
 
+    /// The most runs one container of each kind takes at once, as the config says now (an
+    /// action stored when its kind allowed more gets no more than this).
+    pub fn with_kind_concurrency(mut self, max: HashMap<String, u32>) -> Self {
+        self.kind_concurrency = max;
+        self
+    }
+
+    /// The runs at once one container of `action` takes: its limit, within its kind's.
+    fn runs_at_once(&self, action: &Action) -> u32 {
+        let kind_max = self.kind_concurrency.get(&action.exec.kind).copied().unwrap_or(u32::MAX);
+        action.limits.concurrency.min(kind_max).max(1)
+    }
+
     /// Containers of one key are interchangeable: same action revision, kind, memory, concurrency.
-    fn intern(&mut self, action: &Arc<Action>) -> KeyId {
+    fn intern(&mut self, action: &Arc<Action>, concurrency: u32) -> KeyId {
         let spec = format!(
             "{}\0{}\0{}\0{}\0{}\0{}",
-            action.namespace,
-            action.name,
-            action.revision,
-            action.exec.kind,
-            action.limits.memory,
-            action.limits.concurrency
+            action.namespace, action.name, action.revision, action.exec.kind, action.limits.memory, concurrency
         );
         let next = KeyId(self.next_key);
         let id = *self.keys.entry(spec.clone()).or_insert(next);
@@ -188,6 +201,7 @@ impl ContainerPool {
                         api_host: self.api_host.clone(),
                         max_result_bytes: self.max_result_bytes,
                         protocols: self.protocols.clone(),
+                        discards: self.discards.clone(),
                     };
                     // A stem, or a container the keep-alive policy started ahead of a call: its
                     // first run waited for no create.
@@ -344,14 +358,15 @@ impl Handler<Submit> for ContainerPool {
     type Result = ();
 
     fn handle(&mut self, Submit(run): Submit, ctx: &mut Context<Self>) {
-        let key = self.intern(&run.action);
+        let concurrency = self.runs_at_once(&run.action);
+        let key = self.intern(&run.action, concurrency);
         let id = JobId(self.next_job);
         self.next_job += 1;
         let job = Job {
             id,
             key,
             memory_mb: run.action.limits.memory,
-            concurrency: run.action.limits.concurrency,
+            concurrency,
             deadline: self.epoch.now() + self.config.wait_deadline,
             stem: self.config.stem_for(&run.action.exec.kind, run.action.limits.memory),
         };

@@ -5,6 +5,7 @@
 //! Network I/O never runs inside `ctx.wait`: every call is spawned with `ctx.spawn`, and its
 //! result comes back to the actor, so a long `/run` never blocks `Remove` or other runs.
 
+mod discard;
 mod pause;
 pub mod protocol;
 mod record;
@@ -15,7 +16,8 @@ use crate::factory::{ContainerFactory, ContainerHandle, ContainerSpec, Factory};
 use crate::model::{epoch_ms, Outcome, StartKind};
 use crate::pool::core::{ContainerId, JobId, NodeId};
 use actix::prelude::*;
-use protocol::{Answer, Interpreted, Runtime};
+pub use discard::DiscardLog;
+use protocol::{discard_reason, Answer, Interpreted, Runtime};
 use record::{build_record, RecordFields};
 use serde_json::json;
 use std::collections::HashMap;
@@ -82,6 +84,8 @@ pub struct ProxyContext {
     pub max_result_bytes: usize,
     /// Each kind's runtime protocol; a kind not listed speaks OpenWhisk's.
     pub protocols: Arc<HashMap<String, RuntimeProtocol>>,
+    /// Where every proxy says why it gave its container up.
+    pub discards: Arc<DiscardLog>,
 }
 
 enum Init {
@@ -173,7 +177,13 @@ impl ContainerProxy {
         let timeout_ms = self.ctx.config.init_timeout.as_millis() as u64;
         let oom = self.handle.as_ref().is_some_and(|h| self.ctx.factory.was_oom_killed(h));
         let runtime = self.runtime.as_ref().expect("started before init");
+        let why = match &answer {
+            Ok(_) => "init failed",
+            failed => discard_reason(failed, oom),
+        };
         let mut interpreted = runtime.interpret(answer, timeout_ms, oom, self.ctx.max_result_bytes);
+        let detail = interpreted.result["error"].as_str().unwrap_or_default();
+        self.ctx.discards.discarded(self.spec.id.0, &self.spec.action_path, why, &format!("/init: {detail}"));
         if interpreted.outcome != Outcome::DeveloperError {
             interpreted = Interpreted {
                 outcome: Outcome::DeveloperError,
@@ -188,10 +198,11 @@ impl ContainerProxy {
             let result = interpreted.result.clone();
             let record_fields = self.record_fields(&run, began);
             let container = self.spec.id;
+            let window = logs.map(|h| h.logs.open(&run.meta.activation_id));
             let fut = async move {
                 let limit = run.meta.limits.logs as usize * 1024 * 1024;
-                let lines = match logs {
-                    Some(h) => h.logs.collect(logs_wait.min(Duration::from_millis(200)), limit).await,
+                let lines = match window {
+                    Some(w) => w.buffer().clone().collect(w, logs_wait.min(Duration::from_millis(200)), limit).await,
                     None => Vec::new(),
                 };
                 (run, lines)
@@ -242,13 +253,20 @@ impl ContainerProxy {
         let factory = self.ctx.factory.clone();
         let (log_wait, max_result) = (self.ctx.config.log_sentinel_wait, self.ctx.max_result_bytes);
         let container = self.spec.id;
+        let discards = self.ctx.discards.clone();
+        let window = handle.logs.open(&run.meta.activation_id);
         let fut = async move {
             let answer = runtime.run(&run, Duration::from_millis(timeout_ms)).await;
             let oom = !runtime.answered(&answer) && factory.was_oom_killed(&handle);
+            let why = discard_reason(&answer, oom);
             let interpreted = runtime.interpret(answer, timeout_ms, oom, max_result);
+            if !interpreted.reusable {
+                let detail = interpreted.result["error"].as_str().unwrap_or_default();
+                discards.discarded(container.0, &format!("{}/{}", run.meta.namespace, run.meta.name), why, detail);
+            }
             // A failed container may never write its sentinels: do not wait long for them.
             let wait = if interpreted.reusable { log_wait } else { log_wait.min(Duration::from_millis(200)) };
-            let lines = handle.logs.collect(wait, run.meta.limits.logs as usize * 1024 * 1024).await;
+            let lines = handle.logs.collect(window, wait, run.meta.limits.logs as usize * 1024 * 1024).await;
             (run, interpreted, lines)
         };
         ctx.spawn(fut.into_actor(self).map(move |(run, interpreted, lines), act, _| {
@@ -280,13 +298,18 @@ impl Actor for ContainerProxy {
                 Ok(handle) => {
                     let at = handle.ready_at;
                     let protocol = act.ctx.protocols.get(&act.spec.kind).copied().unwrap_or_default();
-                    act.runtime = Some(Arc::new(Runtime::new(protocol, &handle.transport)));
+                    act.runtime = Some(Arc::new(Runtime::new(protocol, &handle.transport, act.ctx.max_result_bytes)));
                     act.handle = Some(handle);
                     act.state = ProxyState::Started;
                     act.report(ProxyReport::Started { container: act.spec.id, ok: true, at });
                 }
                 Err(reason) => {
-                    tracing::warn!(container = act.spec.id.0, action = %act.spec.action_path, "create failed: {reason}");
+                    act.ctx.discards.discarded(
+                        act.spec.id.0,
+                        &act.spec.action_path,
+                        "create failed",
+                        &reason.to_string(),
+                    );
                     act.report(ProxyReport::Started { container: act.spec.id, ok: false, at: Default::default() });
                     ctx.stop();
                 }

@@ -72,7 +72,7 @@ impl ContainerProxy {
     /// A container that cannot be resumed ran nothing: its parked runs get whisk-error
     /// records (safe to retry) and the container is given up.
     fn fail_parked(&mut self, reason: &str) {
-        tracing::warn!(container = self.spec.id.0, "resume failed: {reason}");
+        self.ctx.discards.discarded(self.spec.id.0, &self.spec.action_path, "resume failed", reason);
         let container = self.spec.id;
         for (job, run, began) in std::mem::take(&mut self.parked) {
             self.running -= 1;
