@@ -32,6 +32,9 @@ pub enum ActionError {
     Exited(String),
     #[error("The action did not return a dictionary or array.")]
     NotAnObject,
+    /// The launcher answered a developer error (a line marked `!`): the JSON body to answer.
+    #[error("{}", String::from_utf8_lossy(.0))]
+    Developer(Vec<u8>),
     #[error("the action's result is larger than {MAX_RESULT_BYTES} bytes")]
     TooLarge,
     #[error("talking to the action process failed: {0}")]
@@ -91,7 +94,7 @@ impl ActionProcess {
         cmd.args(&program[1..])
             .current_dir(work)
             .envs(&action.env)
-            .env("__OW_EXECUTION_ENV", launcher.name())
+            .envs(execution_env(launcher))
             .stdin(Stdio::piped())
             .stdout(Stdio::inherit())
             .stderr(Stdio::inherit())
@@ -137,7 +140,7 @@ impl ActionProcess {
             results: BufReader::new(Either::Right(read)),
         };
         let mut env = action.env.clone();
-        env.insert("__OW_EXECUTION_ENV".into(), action.launcher.name().into());
+        env.extend(execution_env(action.launcher));
         let mut first = serde_json::to_vec(&serde_json::json!({ "main": action.main, "env": env }))
             .map_err(|e| ActionError::Init(e.to_string()))?;
         first.push(b'\n');
@@ -175,7 +178,11 @@ impl ActionProcess {
         if let Err(e) = self.send(&line).await {
             return Err(self.exited().await.unwrap_or(ActionError::Io(e)));
         }
-        let result = self.read_line().await?;
+        let mut result = self.read_line().await?;
+        if result.first() == Some(&b'!') {
+            result.remove(0);
+            return Err(ActionError::Developer(result));
+        }
         let first = result.iter().find(|b| !b.is_ascii_whitespace());
         if !matches!(first, Some(b'{' | b'[')) || serde_json::from_slice::<IgnoredAny>(&result).is_err() {
             return Err(ActionError::NotAnObject);
@@ -231,6 +238,17 @@ impl Drop for ActionProcess {
     fn drop(&mut self) {
         if let Owner::Adopted(pid) = self.owner {
             let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+}
+
+/// `__OW_EXECUTION_ENV` as OpenWhisk's runtimes give it: the Go proxy (python, native) passes
+/// on its own `OW_EXECUTION_ENV` (the image's name) when set; the nodejs runtime gives none.
+fn execution_env(launcher: Launcher) -> Option<(String, String)> {
+    match launcher {
+        Launcher::Nodejs => None,
+        Launcher::Python | Launcher::Native => {
+            std::env::var("OW_EXECUTION_ENV").ok().map(|env| ("__OW_EXECUTION_ENV".to_string(), env))
         }
     }
 }

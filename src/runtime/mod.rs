@@ -43,16 +43,6 @@ pub enum Launcher {
     Native,
 }
 
-impl Launcher {
-    fn name(self) -> &'static str {
-        match self {
-            Launcher::Python => "python",
-            Launcher::Nodejs => "nodejs",
-            Launcher::Native => "native",
-        }
-    }
-}
-
 mod launchers {
     pub const PYTHON: &str = include_str!("launchers/python.py");
     pub const NODEJS: &str = include_str!("launchers/nodejs.js");
@@ -119,6 +109,8 @@ struct Runtime {
     /// Started action processes not running anything. A run takes one (or starts one when all
     /// are busy, which only concurrent runs do) and gives it back unless it failed.
     idle: parking_lot::Mutex<Vec<ActionProcess>>,
+    /// `/init` asked that every run's lines start with its activation id (runs may overlap).
+    tag_logs: std::cell::Cell<bool>,
 }
 
 impl Runtime {
@@ -159,6 +151,7 @@ pub fn run(options: RuntimeOptions) -> std::io::Result<()> {
         action: OnceLock::new(),
         adopt,
         idle: parking_lot::Mutex::new(Vec::new()),
+        tag_logs: std::cell::Cell::new(false),
     });
     let result = local.block_on(&reactor, async {
         let listener = match &options.listen {
@@ -216,6 +209,9 @@ struct InitValue {
     binary: bool,
     #[serde(default)]
     env: Map<String, Value>,
+    /// Not OpenWhisk's: the invoker asks so when runs may overlap on this container.
+    #[serde(default)]
+    tag_logs: bool,
 }
 
 async fn init(runtime: &Runtime, body: &[u8]) -> Response {
@@ -227,6 +223,7 @@ async fn init(runtime: &Runtime, body: &[u8]) -> Response {
         Ok(b) => b,
         Err(e) => return error(StatusCode::BAD_REQUEST, format!("the /init body is not valid: {e}")),
     };
+    runtime.tag_logs.set(body.value.tag_logs);
     let spec = match init_spec(body.value) {
         Ok(spec) => spec,
         Err(message) => return error(StatusCode::FORBIDDEN, message),
@@ -244,7 +241,7 @@ async fn init(runtime: &Runtime, body: &[u8]) -> Response {
         Err(e) => {
             // As OpenWhisk's OW_LOG_INIT_ERROR: the reason goes to the logs, then the sentinels.
             eprintln!("{e}");
-            write_sentinels();
+            write_sentinels(None);
             error(StatusCode::BAD_GATEWAY, e)
         }
     }
@@ -295,7 +292,7 @@ fn init_spec(value: InitValue) -> Result<InitSpec, String> {
 }
 
 async fn run_action(runtime: &Runtime, body: &[u8]) -> Response {
-    let body: Value = match serde_json::from_slice(body) {
+    let mut body: Value = match serde_json::from_slice(body) {
         Ok(v @ Value::Object(_)) => v,
         Ok(_) => return error(StatusCode::BAD_REQUEST, "the /run body must be a JSON object"),
         Err(e) => return error(StatusCode::BAD_REQUEST, format!("the /run body is not JSON: {e}")),
@@ -303,6 +300,13 @@ async fn run_action(runtime: &Runtime, body: &[u8]) -> Response {
     let Some(action) = runtime.action.get() else {
         return error(StatusCode::INTERNAL_SERVER_ERROR, "no action defined yet");
     };
+    let tag = match runtime.tag_logs.get() {
+        true => body.get("activation_id").and_then(Value::as_str).map(str::to_owned),
+        false => None,
+    };
+    if tag.is_some() {
+        body["tag_logs"] = Value::Bool(true);
+    }
     // Compact serialisation escapes every newline inside strings: the body is one line. A JSON
     // value read from bytes serialises again without fail.
     let line = serde_json::to_vec(&body).expect("a parsed JSON value serialises");
@@ -312,35 +316,63 @@ async fn run_action(runtime: &Runtime, body: &[u8]) -> Response {
         None => ActionProcess::start(action).await,
     };
     let answer = match process {
-        Err(e) => Err(e.to_string()),
+        Err(e) => Err((StatusCode::BAD_GATEWAY, e.to_string())),
         Ok(mut process) => match process.run(line).await {
             Ok(result) => {
                 runtime.idle.lock().push(process);
                 Ok(result)
             }
+            // The launcher's own error body, as OpenWhisk's runtime would answer it.
+            Err(ActionError::Developer(body)) => {
+                runtime.idle.lock().push(process);
+                return sentinels_then(tag, with_body(StatusCode::BAD_GATEWAY, "application/json", body));
+            }
             Err(e @ ActionError::NotAnObject) => {
                 runtime.idle.lock().push(process);
-                Err(e.to_string())
+                Err((StatusCode::BAD_GATEWAY, e.to_string()))
             }
             // A process that failed is dropped (and killed); the next run starts another.
-            Err(e) => Err(e.to_string()),
+            Err(ActionError::Exited(_)) => Err(exited(runtime.launcher)),
+            Err(e) => Err((StatusCode::BAD_GATEWAY, e.to_string())),
         },
     };
-    // The sentinels follow the response rather than precede it: the invoker, woken by the
-    // response, finds them already there while it handles it, instead of being woken twice.
-    tokio::task::spawn_local(async { write_sentinels() });
-    match answer {
+    let response = match answer {
         Ok(result) => with_body(StatusCode::OK, "application/json", result),
-        Err(reason) => error(StatusCode::BAD_GATEWAY, reason),
+        Err((status, reason)) => error(status, reason),
+    };
+    sentinels_then(tag, response)
+}
+
+/// The sentinels follow the response rather than precede it: the invoker, woken by the
+/// response, finds them already there while it handles it, instead of being woken twice.
+fn sentinels_then(tag: Option<String>, response: Response) -> Response {
+    tokio::task::spawn_local(async move { write_sentinels(tag.as_deref()) });
+    response
+}
+
+/// What OpenWhisk's runtime answers when the action's process exits under a run: the Go proxy
+/// (python, native) says "command exited"; nodejs's whole server goes, and the invoker says
+/// the action exited unexpectedly.
+fn exited(launcher: Launcher) -> (StatusCode, String) {
+    match launcher {
+        Launcher::Python | Launcher::Native => (StatusCode::BAD_REQUEST, "command exited".into()),
+        Launcher::Nodejs => {
+            (StatusCode::BAD_GATEWAY, "The action did not produce a valid response and exited unexpectedly.".into())
+        }
     }
 }
 
-/// One `write(2)` per stream: `writeln!` on the unbuffered stderr would make two.
-fn write_sentinels() {
+/// One `write(2)` per stream: `writeln!` on the unbuffered stderr would make two. `tag`: the
+/// activation id that starts the run's lines, when they are tagged.
+fn write_sentinels(tag: Option<&str>) {
+    let line = match tag {
+        Some(id) => std::borrow::Cow::Owned(format!("{id} {SENTINEL_LINE}")),
+        None => std::borrow::Cow::Borrowed(SENTINEL_LINE),
+    };
     let mut out = std::io::stdout().lock();
-    let _ = out.write_all(SENTINEL_LINE.as_bytes());
+    let _ = out.write_all(line.as_bytes());
     let _ = out.flush();
-    let _ = std::io::stderr().lock().write_all(SENTINEL_LINE.as_bytes());
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }
 
 #[cfg(test)]

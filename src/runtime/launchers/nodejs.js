@@ -4,7 +4,7 @@
 // with `node --build-snapshot`, which runs everything but `start`). The action is index.js in
 // the working directory: a plain `function main(params)` or `exports.main`/`module.exports`.
 // Writes {"ok":true} on fd 3 once loaded, then one result line per stdin line; a returned
-// Promise is awaited. Writes to pipes are synchronous on Linux, so the action's output precedes
+// Promise is awaited. Answers follow OpenWhisk's nodejs runtime (see runOnce). Writes to pipes are synchronous on Linux, so the action's output precedes
 // the runtime's sentinels.
 'use strict';
 const fs = require('fs');
@@ -29,8 +29,9 @@ function load(entry) {
   return fn;
 }
 
+let main;
+
 function start() {
-  let main;
   try {
     main = load(process.argv[process.argv.length - 1] || 'main');
   } catch (err) {
@@ -39,6 +40,7 @@ function start() {
     process.exit(1);
   }
   reply({ ok: true });
+  installTagging();
 
   // Assigning to the real process.env calls glibc's setenv, which keeps every "NAME=value" string
   // it is ever given: with a new activation id and deadline per run, a warm action would leak
@@ -52,28 +54,136 @@ function start() {
   let queue = Promise.resolve();
   input.on('line', (line) => {
     queue = queue.then(async () => {
-      let result;
+      let message;
       try {
-        const message = JSON.parse(line);
+        message = JSON.parse(line);
         for (const [key, value] of Object.entries(message)) {
           if (key !== 'value' && typeof value === 'string') process.env['__OW_' + key.toUpperCase()] = value;
         }
-        // Anything but an object or an array goes to the runtime as it is: the runtime answers
-        // it as a developer error, with the one message every kind gives.
-        result = await main(message.value || {});
       } catch (err) {
-        console.error(err && err.stack ? err.stack : String(err));
-        result = { error: String(err && err.message ? err.message : err) };
+        return developer('An error has occurred: ' + String(err));
       }
+      tag = message.tag_logs === true && typeof message.activation_id === 'string' ? message.activation_id + ' ' : '';
       try {
-        reply(result);
-      } catch (err) {
-        console.error("The action's result is not JSON: " + String(err));
-        reply(null);
+        await runOnce(message.value || {});
+      } finally {
+        endTagging();
       }
     });
   });
   input.on('close', () => queue.then(() => process.exit(0)));
+}
+
+// One activation, answered as OpenWhisk's nodejs runtime answers it (its runner.js and
+// service.js): a throw from main is a developer error, "An error has occurred: <error>"; a
+// rejected Promise is an application error holding the serialised reason ({} for none); a
+// result that is not an object is a developer error; undefined is {}.
+async function runOnce(params) {
+  let returned;
+  try {
+    returned = main(params);
+  } catch (err) {
+    console.error(err);
+    return developer('An error has occurred: ' + String(err));
+  }
+  let result;
+  try {
+    result = await returned;
+  } catch (err) {
+    return answer({ error: err ? serializeError(err) : {} });
+  }
+  if (result === undefined) result = {};
+  if (typeof result !== 'object') {
+    console.error('Result must be of type object but has type "' + typeof result + '":', result);
+    return developer('The action did not return a dictionary.');
+  }
+  answer(result);
+}
+
+function answer(result) {
+  try {
+    reply(result);
+  } catch (err) {
+    console.error("The action's result is not JSON: " + String(err));
+    reply(null);
+  }
+}
+
+// A line that starts with '!' is a developer error for the runtime to answer with (its JSON
+// after the mark), whatever the result would have been.
+function developer(message) {
+  fs.writeSync(3, '!' + JSON.stringify({ error: message }) + '\n');
+}
+
+// What the npm package serialize-error (9.1.0, which OpenWhisk's runtime uses) makes of a
+// rejection's reason: own enumerable properties, nested objects likewise, circular references
+// as "[Circular]", functions dropped, Buffers and streams named, then name, message, stack
+// and code wherever they are strings.
+function serializeError(value) {
+  if (typeof value === 'function') return '[Function: ' + (value.name || 'anonymous') + ']';
+  if (value === null || typeof value !== 'object') return value;
+  return serializeObject(value, []);
+}
+
+function serializeObject(from, seen) {
+  if (typeof from.toJSON === 'function') return from.toJSON();
+  const to = Array.isArray(from) ? [] : {};
+  seen.push(from);
+  for (const [key, value] of Object.entries(from)) {
+    if (Buffer.isBuffer(value)) to[key] = '[object Buffer]';
+    else if (value !== null && typeof value === 'object' && typeof value.pipe === 'function') to[key] = '[object Stream]';
+    else if (typeof value === 'function') continue;
+    else if (!value || typeof value !== 'object') to[key] = value;
+    else if (seen.includes(value)) to[key] = '[Circular]';
+    else to[key] = serializeObject(value, seen.slice());
+  }
+  for (const property of ['name', 'message', 'stack', 'code']) {
+    if (typeof from[property] === 'string') to[property] = from[property];
+  }
+  return to;
+}
+
+// When runs overlap on one container (the invoker asks with tag_logs), every line this process
+// writes during a run starts with the run's activation id, so the invoker gives each line to
+// the run that wrote it. One process runs one activation at a time, but several share the
+// container's pipes: each line goes whole, in one write, so that no other process's output
+// lands inside it (a line longer than 64 KiB goes in parts).
+let tag = '';
+const pending = { stdout: '', stderr: '' };
+const writers = {};
+
+// Called from start(): a snapshot is built without the process's streams.
+function installTagging() {
+  for (const name of ['stdout', 'stderr']) {
+    const stream = process[name];
+    const write = stream.write.bind(stream);
+    writers[name] = write;
+    stream.write = function (chunk, encoding, callback) {
+      if (!tag) return write(chunk, encoding, callback);
+      const text = pending[name] +
+        (typeof chunk === 'string' ? chunk : Buffer.from(chunk).toString(typeof encoding === 'string' ? encoding : 'utf8'));
+      let end = text.lastIndexOf('\n') + 1;
+      if (end === 0 && text.length > 65536) end = text.length;
+      pending[name] = text.slice(end);
+      const done = typeof encoding === 'function' ? encoding : callback;
+      if (end === 0) {
+        if (done) process.nextTick(done);
+        return true;
+      }
+      const lines = text.slice(0, end).split(/(?<=\n)/);
+      return write(lines.map((line) => tag + line).join(''), 'utf8', done);
+    };
+  }
+}
+
+// What a run left of an unfinished line goes out, ended, so that the runtime's sentinel starts
+// a line.
+function endTagging() {
+  for (const name of ['stdout', 'stderr']) {
+    if (tag && pending[name]) writers[name](tag + pending[name] + '\n');
+    pending[name] = '';
+  }
+  tag = '';
 }
 
 const { startupSnapshot } = require('v8');

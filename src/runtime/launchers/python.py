@@ -70,8 +70,50 @@ def load(entry):
     return fn
 
 
+class Tagged(object):
+    """A text stream whose lines start with the running activation's id while one is set: when
+    runs overlap on one container (the invoker asks with tag_logs), the invoker gives each line
+    to the run that wrote it. One process runs one activation at a time, but several share the
+    container's pipes: each line goes whole, in one write, so that no other process's output
+    lands inside it."""
+
+    # A line longer than this goes out in parts rather than wait in memory for its end.
+    LONGEST = 64 * 1024
+
+    def __init__(self, stream):
+        self._stream = stream
+        self._pending = ""
+        self.tag = ""
+
+    def write(self, text):
+        if not self.tag:
+            return self._stream.write(text)
+        pending = self._pending + text
+        end = pending.rfind("\n") + 1
+        if end == 0 and len(pending) > self.LONGEST:
+            end = len(pending)
+        if end > 0:
+            lines = pending[:end].splitlines(True)
+            self._stream.write("".join(self.tag + line for line in lines))
+        self._pending = pending[end:]
+        return len(text)
+
+    def end_run(self):
+        """Writes what the run left of an unfinished line, ended, so that the runtime's
+        sentinel starts a line."""
+        if self.tag and self._pending:
+            self._stream.write(self.tag + self._pending + "\n")
+        self._pending = ""
+        self.tag = ""
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
 def serve(entry):
-    """Loads the action, acknowledges it, then answers one result line per stdin line."""
+    """Loads the action, acknowledges it, then answers one result line per stdin line, as
+    OpenWhisk's python launcher does: an exception is an application error holding str() of it
+    (its traceback goes to stderr); SystemExit ends the process (a developer error)."""
     global out
     out = os.fdopen(3, "w")
     try:
@@ -82,18 +124,30 @@ def serve(entry):
         sys.exit(1)
     reply({"ok": True})
 
+    tagged = None
     for line in sys.stdin:
         try:
             message = json.loads(line)
             for key, value in message.items():
                 if key != "value" and isinstance(value, str):
                     set_context("__OW_" + key.upper(), value)
+            if message.get("tag_logs") is True and isinstance(message.get("activation_id"), str):
+                if tagged is None:
+                    tagged = (Tagged(sys.stdout), Tagged(sys.stderr))
+                    sys.stdout, sys.stderr = tagged
+                for stream in tagged:
+                    stream.tag = message["activation_id"] + " "
             # Anything but a dict or a list goes to the runtime as it is: the runtime answers it
             # as a developer error, with the one message every kind gives.
             result = main(message.get("value", {}))
-        except BaseException as ex:
-            traceback.print_exc()
-            result = {"error": "%s: %s" % (type(ex).__name__, ex)}
+        except Exception as ex:
+            print(traceback.format_exc(), file=sys.stderr)
+            result = {"error": str(ex)}
+        if tagged is not None:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            for stream in tagged:
+                stream.end_run()
         try:
             reply(result)
         except (TypeError, ValueError) as ex:
