@@ -72,6 +72,12 @@ fn validate_action(config: &Config, put: ActionPut, ns: &str, name: &str) -> Res
         return Err(bad("exec.code: is required and must not be empty".into()));
     }
     if exec.binary {
+        if !config.takes_zips(&exec.kind) {
+            return Err(bad(format!(
+                "exec.binary: kind '{}' runs code sent as text only, not a zip; send the code as text",
+                exec.kind
+            )));
+        }
         // Checked here rather than at the first run, where it would be the action's failure.
         let code = exec.code.as_deref().unwrap_or_default().trim();
         if let Err(e) = base64::Engine::decode(&base64::engine::general_purpose::STANDARD, code) {

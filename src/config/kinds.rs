@@ -13,6 +13,41 @@ fn openwhisk_port() -> u16 {
     OPENWHISK_PORT
 }
 
+/// A host path a kind's containers see, read-only.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum KindPath {
+    /// At the same path.
+    Same(PathBuf),
+    /// At another path (OpenWhisk's python `compile` runs `/usr/local/bin/python`, the image's
+    /// path: `{ host = "/usr/bin/python3", at = "/usr/local/bin/python" }`).
+    At(PathAt),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PathAt {
+    pub host: PathBuf,
+    pub at: PathBuf,
+}
+
+impl KindPath {
+    pub fn host(&self) -> &Path {
+        match self {
+            KindPath::Same(path) => path,
+            KindPath::At(PathAt { host, .. }) => host,
+        }
+    }
+
+    /// Where the container sees it.
+    pub fn at(&self) -> &Path {
+        match self {
+            KindPath::Same(path) => path,
+            KindPath::At(PathAt { at, .. }) => at,
+        }
+    }
+}
+
 /// What network an action container has, on every factory.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -58,9 +93,9 @@ pub struct KindConfig {
     #[serde(default)]
     pub env: BTreeMap<String, String>,
     /// Host paths the runtime needs besides the system's directories (its installation),
-    /// visible read-only at the same path inside the container.
+    /// visible read-only inside the container: at the same path, or `{ host, at }` at another.
     #[serde(default)]
-    pub paths: Vec<PathBuf>,
+    pub paths: Vec<KindPath>,
     /// What the runtime speaks (`openwhisk`), whichever factory runs it.
     #[serde(default)]
     pub protocol: RuntimeProtocol,
@@ -183,8 +218,19 @@ pub(super) fn validate(kinds: &BTreeMap<String, KindConfig>) -> Result<(), Confi
         if let Some((name, _)) = k.env.iter().find(|(n, v)| !env_name_ok(n) || v.contains('\0')) {
             return Err(bad(&key("env"), format!("'{name}': a name must be non-empty without '=', no NUL anywhere")));
         }
-        if let Some(path) = k.paths.iter().find(|p| !p.is_absolute() || p.parent().is_none()) {
+        let below_root = |p: &Path| p.is_absolute() && p.parent().is_some();
+        let wrong = k.paths.iter().flat_map(|p| [p.host(), p.at()]).find(|p| !below_root(p));
+        if let Some(path) = wrong {
             return Err(bad(&key("paths"), format!("'{}' must be an absolute path below /", path.display())));
+        }
+        // Where the container keeps its own things: a path there would hide or replace them.
+        let reserved = ["/proc", "/dev", "/tmp", "/etc"];
+        let hiding = k.paths.iter().map(KindPath::at).find(|at| reserved.iter().any(|r| at.starts_with(r)));
+        if let Some(at) = hiding {
+            return Err(bad(
+                &key("paths"),
+                format!("'{}': a path may not be shown in /proc, /dev, /tmp or /etc", at.display()),
+            ));
         }
         if k.zygote == Some(true) && !k.is_own_python() {
             return Err(bad(

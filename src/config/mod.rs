@@ -176,6 +176,21 @@ impl Config {
     }
 }
 
+impl Config {
+    /// Whether a kind's containers can run a zip (`binary`) action: every runtime can but our
+    /// own with the nodejs launcher, which takes code as text only.
+    pub fn takes_zips(&self, kind: &str) -> bool {
+        let command: &[String] = match self.factory.kind {
+            FactoryKind::Docker => self.factory.docker.kinds.get(kind).map_or(&[], |d| &d.command),
+            FactoryKind::Kubernetes => self.factory.kubernetes.kinds.get(kind).map_or(&[], |k| &k.command),
+            _ => self.kinds.get(kind).map_or(&[], |k| &k.command),
+        };
+        let own = command.iter().any(|a| a == "action-runtime");
+        let nodejs = command.windows(2).any(|w| w[0] == "--launcher" && w[1] == "nodejs");
+        !(own && nodejs)
+    }
+}
+
 /// The dotted key around a byte offset of the TOML text, for error messages.
 fn locate_key(text: &str, offset: usize) -> String {
     let before = &text[..offset.min(text.len())];

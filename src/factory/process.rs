@@ -180,7 +180,11 @@ impl ProcessFactory {
         // A kind's `paths` are bound after the masks: one holding the config or the store would
         // show every tenant's records to its actions.
         for (name, kind) in &config.kinds {
-            let exposed = kind.paths.iter().find(|p| masked.iter().any(|m| m.starts_with(p) || p.starts_with(m)));
+            let exposed = kind
+                .paths
+                .iter()
+                .map(|p| p.host())
+                .find(|p| masked.iter().any(|m| m.starts_with(p) || p.starts_with(m)));
             if let Some(path) = exposed {
                 return Err(setup_error(format!(
                     "kinds.\"{name}\".paths: {} holds or lies in the config file or data_dir, which no action may see",
@@ -411,10 +415,16 @@ impl ProcessFactory {
             root: Some(self.root(spec.id)),
             dir: Some(dir.clone()),
             work_dir: Some(work),
-            bind_files: std::iter::once(&inner.executable)
-                .chain(&kind.paths)
-                .chain(inner.node_snapshot.as_ref().filter(|_| kind.snapshot))
-                .cloned()
+            bind_files: std::iter::once(inner.executable.as_path())
+                .chain(kind.paths.iter().filter(|p| p.host() == p.at()).map(|p| p.host()))
+                .chain(inner.node_snapshot.as_deref().filter(|_| kind.snapshot))
+                .map(std::path::Path::to_path_buf)
+                .collect(),
+            bind_at: kind
+                .paths
+                .iter()
+                .filter(|p| p.host() != p.at())
+                .flat_map(|p| [p.host().to_path_buf(), p.at().to_path_buf()])
                 .collect(),
             mask: inner.masked.clone(),
             tmp_mb: inner.settings.tmp_mb,

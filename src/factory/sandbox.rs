@@ -98,6 +98,9 @@ pub struct SandboxArgs {
     /// the same path.
     #[arg(long = "bind-file")]
     pub bind_files: Vec<PathBuf>,
+    /// A host file or directory visible read-only at another path: pairs of HOST and AT.
+    #[arg(long = "bind-at", num_args = 2, value_names = ["HOST", "AT"])]
+    pub bind_at: Vec<PathBuf>,
     /// A path hidden even if it lies in a directory the container sees (the config file).
     #[arg(long)]
     pub mask: Vec<PathBuf>,
@@ -137,6 +140,10 @@ impl SandboxArgs {
             pair("--mask", m.into());
         }
         pair("--tmp-mb", self.tmp_mb.to_string().into());
+        for pair_at in self.bind_at.chunks(2) {
+            args.push("--bind-at".into());
+            args.extend(pair_at.iter().map(OsString::from));
+        }
         if self.isolate {
             args.push("--isolate".into());
         }
@@ -303,6 +310,38 @@ fn expose(root: &Path, host: &Path, read_only: bool) -> std::io::Result<()> {
     bind(host, &target, read_only).map_err(|e| io(format!("bind {}", host.display()), e))
 }
 
+/// A host path made visible read-only at another path inside `root` (a kind's `paths` entry
+/// `{ host, at }`). Where `at` is missing and its directory lies in a host tree bound
+/// read-only (the system's directories), that directory is shadowed first: a tmpfs over it
+/// holding its entries bound again, so the mount point is made there, never in the host's tree.
+fn expose_at(root: &Path, host: &Path, at: &Path) -> std::io::Result<()> {
+    let target = inside(root, at);
+    if std::fs::symlink_metadata(&target).is_err() {
+        let existing = target.ancestors().skip(1).find(|a| a.is_dir()).unwrap_or(root);
+        let read_only = nix::unistd::access(existing, nix::unistd::AccessFlags::W_OK) == Err(nix::errno::Errno::EROFS);
+        if read_only && existing != root {
+            shadow(root, existing)?;
+        }
+        mount_point(host, &target)?;
+    }
+    bind(host, &target, true).map_err(|e| io(format!("bind {} at {}", host.display(), at.display()), e))
+}
+
+/// A tmpfs over `dir` (inside `root`) with what the host has at the same path bound again in
+/// it, read-only: the same directory, where new mount points can be made.
+fn shadow(root: &Path, dir: &Path) -> std::io::Result<()> {
+    let host = Path::new("/").join(dir.strip_prefix(root).unwrap_or(dir));
+    let entries: Vec<PathBuf> = std::fs::read_dir(&host)
+        .map_err(|e| io(host.display(), e))?
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .collect();
+    tmpfs(dir, "size=64k,mode=0755").map_err(|e| io(format!("tmpfs {}", dir.display()), e))?;
+    for entry in entries {
+        expose(root, &entry, true)?;
+    }
+    Ok(())
+}
+
 fn build_root(root: &Path, args: &SandboxArgs) -> std::io::Result<()> {
     let none: Option<&str> = None;
     // Nothing mounted from here on propagates back to the host.
@@ -356,6 +395,9 @@ fn build_root(root: &Path, args: &SandboxArgs) -> std::io::Result<()> {
     // After /tmp: the container's directory or the binary may lie under it.
     for file in &args.bind_files {
         expose(root, file, true)?;
+    }
+    for pair in args.bind_at.chunks_exact(2) {
+        expose_at(root, &pair[0], &pair[1])?;
     }
     if let Some(dir) = &args.dir {
         expose(root, dir, false)?;
@@ -449,6 +491,7 @@ mod tests {
             dir: Some("/d/1".into()),
             work_dir: Some("/d/1/work".into()),
             bind_files: vec!["/usr/bin/invoker".into()],
+            bind_at: vec!["/usr/bin/python3".into(), "/usr/local/bin/python".into()],
             mask: vec!["/etc/invoker.toml".into()],
             tmp_mb: 32,
             command: vec!["/usr/bin/invoker".into(), "action-runtime".into(), "--listen".into(), "x".into()],
