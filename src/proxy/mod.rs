@@ -259,10 +259,12 @@ impl ContainerProxy {
             let answer = runtime.run(&run, Duration::from_millis(timeout_ms)).await;
             let oom = !runtime.answered(&answer) && factory.was_oom_killed(&handle);
             let why = discard_reason(&answer, oom);
+            let failed = answer.as_ref().err().map(ToString::to_string);
             let interpreted = runtime.interpret(answer, timeout_ms, oom, max_result);
             if !interpreted.reusable {
-                let detail = interpreted.result["error"].as_str().unwrap_or_default();
-                discards.discarded(container.0, &format!("{}/{}", run.meta.namespace, run.meta.name), why, detail);
+                let said = interpreted.result["error"].as_str().unwrap_or_default();
+                let detail = failed.unwrap_or_else(|| said.to_string());
+                discards.discarded(container.0, &format!("{}/{}", run.meta.namespace, run.meta.name), why, &detail);
             }
             // A failed container may never write its sentinels: do not wait long for them.
             let wait = if interpreted.reusable { log_wait } else { log_wait.min(Duration::from_millis(200)) };

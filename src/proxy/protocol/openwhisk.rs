@@ -105,8 +105,9 @@ pub(super) fn interpret(answer: Answer, timeout_ms: u64, oom: bool, max_result_b
         Err(RuntimeError::Connection(_)) if oom => {
             return developer("The action exhausted its memory and was aborted.".into());
         }
-        Err(RuntimeError::Connection(e)) => {
-            return developer(format!("The action did not produce a valid response and exited unexpectedly: {e}"));
+        // OpenWhisk's words exactly; what the connection said goes to the invoker's log.
+        Err(RuntimeError::Connection(_)) => {
+            return developer("The action did not produce a valid response and exited unexpectedly.".into());
         }
         Ok(r) => r,
     };
