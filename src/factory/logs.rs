@@ -140,7 +140,9 @@ impl Inner {
         let tag = self.tag_of(&text);
         let sentinel = text == SENTINEL || (tag > 0 && &text[tag..] == SENTINEL);
         self.bytes += text.len();
-        self.lines.push_back(Line { stream, text, at: SystemTime::now(), tag, sentinel, claimed: false });
+        // A sentinel is never shown: no clock read for it.
+        let at = if sentinel { SystemTime::UNIX_EPOCH } else { SystemTime::now() };
+        self.lines.push_back(Line { stream, text, at, tag, sentinel, claimed: false });
         while self.bytes > BUFFER_BYTES {
             let Some(old) = self.lines.pop_front() else { break };
             self.bytes -= old.text.len();
@@ -214,15 +216,16 @@ impl LogBuffer {
         let key = inner.next_key;
         inner.next_key += 1;
         inner.open.push((key, start, id.to_string()));
-        LogWindow { buffer: self.clone(), key, start, id: id.to_string(), collected: false }
+        LogWindow { buffer: self.clone(), key, start, collected: false }
     }
 
     /// Whether `window`'s sentinels are in (claiming untagged ones as it finds them); where
     /// they are when they are.
     fn find_sentinels(inner: &mut Inner, window: &LogWindow, found: &mut [Option<u64>; 2]) -> bool {
-        let from = window.start.max(inner.first);
-        let first = inner.first;
-        for (offset, line) in inner.lines.iter_mut().enumerate().skip((from - first) as usize) {
+        let Inner { lines, open, first, .. } = inner;
+        let id = open.iter().find(|(key, _, _)| *key == window.key).map_or("", |(_, _, id)| id.as_str());
+        let from = window.start.max(*first);
+        for (offset, line) in lines.iter_mut().enumerate().skip((from - *first) as usize) {
             if found[0].is_some() && found[1].is_some() {
                 break;
             }
@@ -231,7 +234,7 @@ impl LogBuffer {
                 continue;
             }
             let ours = if line.tag > 0 {
-                line.text.as_bytes()[..line.tag - 1] == *window.id.as_bytes()
+                line.tagged_by(id)
             } else if !line.claimed {
                 line.claimed = true;
                 true
@@ -239,7 +242,7 @@ impl LogBuffer {
                 false
             };
             if ours {
-                *slot = Some(first + offset as u64);
+                *slot = Some(*first + offset as u64);
             }
         }
         found[0].is_some() && found[1].is_some()
@@ -263,6 +266,8 @@ impl LogBuffer {
         }
         window.collected = true;
         let mut inner = self.inner.lock();
+        let place = inner.open.iter().position(|(key, _, _)| *key == window.key);
+        let id = place.map(|at| inner.open.swap_remove(at).2).unwrap_or_default();
         let end = match found {
             [Some(a), Some(b)] => a.max(b) + 1,
             _ => inner.next_seq(),
@@ -274,7 +279,7 @@ impl LogBuffer {
         let (mut size, mut truncated) = (0, false);
         let from = window.start.max(inner.first);
         for line in inner.lines.iter().skip((from - inner.first) as usize).take(end.saturating_sub(from) as usize) {
-            let text = if line.tagged_by(&window.id) {
+            let text = if line.tagged_by(&id) {
                 &line.text[line.tag..]
             } else if line.tag > 0 {
                 // Another run's, tagged while that run's window was open.
@@ -297,7 +302,6 @@ impl LogBuffer {
                 "Logs were truncated because the total bytes size exceeds the limit of {limit_bytes} bytes."
             ));
         }
-        inner.open.retain(|(key, _, _)| *key != window.key);
         inner.claimed_upto = inner.claimed_upto.max(end);
         inner.trim();
         out
@@ -312,7 +316,6 @@ pub struct LogWindow {
     buffer: Arc<LogBuffer>,
     key: u64,
     start: u64,
-    id: String,
     collected: bool,
 }
 
