@@ -14,21 +14,48 @@ fn openwhisk_port() -> u16 {
 }
 
 /// A host path a kind's containers see, read-only.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
-#[serde(untagged)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum KindPath {
-    /// At the same path.
+    /// At the same path: `"/opt/openwhisk"`.
     Same(PathBuf),
-    /// At another path (OpenWhisk's python `compile` runs `/usr/local/bin/python`, the image's
-    /// path: `{ host = "/usr/bin/python3", at = "/usr/local/bin/python" }`).
+    /// At another path: `{ host = "/usr/bin/python3", at = "/usr/local/bin/python" }`
+    /// (OpenWhisk's python `compile` runs `/usr/local/bin/python`, the image's path).
     At(PathAt),
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PathAt {
     pub host: PathBuf,
     pub at: PathBuf,
+}
+
+impl<'de> Deserialize<'de> for KindPath {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Entry;
+        impl<'de> serde::de::Visitor<'de> for Entry {
+            type Value = KindPath;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a path, or { host = \"...\", at = \"...\" }")
+            }
+            fn visit_str<E: serde::de::Error>(self, path: &str) -> Result<KindPath, E> {
+                Ok(KindPath::Same(path.into()))
+            }
+            fn visit_map<M: serde::de::MapAccess<'de>>(self, mut map: M) -> Result<KindPath, M::Error> {
+                let (mut host, mut at) = (None, None);
+                while let Some(key) = map.next_key::<String>()? {
+                    match key.as_str() {
+                        "host" => host = Some(map.next_value::<PathBuf>()?),
+                        "at" => at = Some(map.next_value::<PathBuf>()?),
+                        other => return Err(serde::de::Error::unknown_field(other, &["host", "at"])),
+                    }
+                }
+                let host = host.ok_or_else(|| serde::de::Error::missing_field("host"))?;
+                let at = at.ok_or_else(|| serde::de::Error::missing_field("at"))?;
+                Ok(KindPath::At(PathAt { host, at }))
+            }
+        }
+        deserializer.deserialize_any(Entry)
+    }
 }
 
 impl KindPath {
@@ -223,14 +250,12 @@ pub(super) fn validate(kinds: &BTreeMap<String, KindConfig>) -> Result<(), Confi
         if let Some(path) = wrong {
             return Err(bad(&key("paths"), format!("'{}' must be an absolute path below /", path.display())));
         }
-        // Where the container keeps its own things: a path there would hide or replace them.
-        let reserved = ["/proc", "/dev", "/tmp", "/etc"];
+        // The kernel's views the sandbox mounts for the container: a path there would replace
+        // what the kernel shows it.
+        let reserved = ["/proc", "/dev"];
         let hiding = k.paths.iter().map(KindPath::at).find(|at| reserved.iter().any(|r| at.starts_with(r)));
         if let Some(at) = hiding {
-            return Err(bad(
-                &key("paths"),
-                format!("'{}': a path may not be shown in /proc, /dev, /tmp or /etc", at.display()),
-            ));
+            return Err(bad(&key("paths"), format!("'{}': a path may not be shown in /proc or /dev", at.display())));
         }
         if k.zygote == Some(true) && !k.is_own_python() {
             return Err(bad(
