@@ -320,8 +320,10 @@ pub struct LogWindow {
 }
 
 impl LogWindow {
-    pub fn buffer(&self) -> &Arc<LogBuffer> {
-        &self.buffer
+    /// [`LogBuffer::collect`] on the window's own buffer.
+    pub async fn collect(self, wait: Duration, limit_bytes: usize) -> Vec<String> {
+        let buffer = self.buffer.clone();
+        buffer.collect(self, wait, limit_bytes).await
     }
 }
 

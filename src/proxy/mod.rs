@@ -202,7 +202,7 @@ impl ContainerProxy {
             let fut = async move {
                 let limit = run.meta.limits.logs as usize * 1024 * 1024;
                 let lines = match window {
-                    Some(w) => w.buffer().clone().collect(w, logs_wait.min(Duration::from_millis(200)), limit).await,
+                    Some(w) => w.collect(logs_wait.min(Duration::from_millis(200)), limit).await,
                     None => Vec::new(),
                 };
                 (run, lines)
@@ -268,7 +268,7 @@ impl ContainerProxy {
             }
             // A failed container may never write its sentinels: do not wait long for them.
             let wait = if interpreted.reusable { log_wait } else { log_wait.min(Duration::from_millis(200)) };
-            let lines = handle.logs.collect(window, wait, run.meta.limits.logs as usize * 1024 * 1024).await;
+            let lines = window.collect(wait, run.meta.limits.logs as usize * 1024 * 1024).await;
             (run, interpreted, lines)
         };
         ctx.spawn(fut.into_actor(self).map(move |(run, interpreted, lines), act, _| {
