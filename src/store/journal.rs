@@ -65,17 +65,42 @@ fn segment_path(dir: &Path, n: u64) -> PathBuf {
     dir.join(format!("journal.{n:020}"))
 }
 
+/// A segment's number, from its file name (`journal.<n>`).
+fn segment_number(path: &Path) -> Option<u64> {
+    path.file_name()?.to_str()?.strip_prefix("journal.")?.parse().ok()
+}
+
+/// The segments in `dir`, oldest first: the regular files named as segments, nothing else.
 fn segments(dir: &Path) -> Result<Vec<(u64, PathBuf)>, StoreError> {
     let mut found = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(|e| io_err("journal directory", e))? {
-        let path = entry.map_err(|e| io_err("journal directory", e))?.path();
-        let n = path.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_prefix("journal.")?.parse().ok());
-        if let Some(n) = n {
+        let entry = entry.map_err(|e| io_err("journal directory", e))?;
+        let is_file = entry.file_type().is_ok_and(|t| t.is_file());
+        let path = entry.path();
+        if let (Some(n), true) = (segment_number(&path), is_file) {
             found.push((n, path));
         }
     }
     found.sort();
     Ok(found)
+}
+
+/// The suffix of a segment that could not be read whole, kept aside for inspection.
+const DAMAGED: &str = "damaged";
+
+/// Says, once at open, what lies in the journal directory that is not a segment (a directory
+/// named as one, a stray file): skipped, never a reason not to start.
+fn report_strays(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let is_file = entry.file_type().is_ok_and(|t| t.is_file());
+        let kept_aside = path.extension().is_some_and(|e| e == DAMAGED);
+        let segment = is_file && segment_number(&path).is_some();
+        if !segment && !kept_aside {
+            tracing::warn!(path = %path.display(), "skipped an entry of the journal directory that is not a segment");
+        }
+    }
 }
 
 fn open_segment(dir: &Path, n: u64) -> Result<File, StoreError> {
@@ -116,14 +141,39 @@ impl JournaledStore {
         use std::os::unix::fs::PermissionsExt as _;
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
             .map_err(|e| io_err("journal directory", e))?;
+        report_strays(dir);
         let found = segments(dir)?;
+        let mut damaged = Vec::new();
         for (_, path) in &found {
-            replay(&db, path)?;
+            let unread = replay(&db, path)?;
+            if unread > 0 {
+                damaged.push((path, unread));
+            }
         }
         for (_, path) in &found {
-            let _ = std::fs::remove_file(path);
+            match damaged.iter().find(|(p, _)| p == &path) {
+                // Kept aside, not deleted: what could not be read may still be read by hand.
+                Some((_, unread)) => {
+                    let mut aside = path.as_os_str().to_owned();
+                    aside.push(format!(".{DAMAGED}"));
+                    let aside = PathBuf::from(aside);
+                    let kept = std::fs::rename(path, &aside);
+                    tracing::warn!(
+                        segment = %path.display(),
+                        unread_lines = unread,
+                        kept_as = %aside.display(),
+                        renamed = kept.is_ok(),
+                        "a journal segment could not be read whole: replayed what was sound"
+                    );
+                }
+                None => {
+                    let _ = std::fs::remove_file(path);
+                }
+            }
         }
-        let segment = found.last().map_or(0, |(n, _)| n + 1);
+        // Past every name taken, a directory named as a segment included.
+        let taken = std::fs::read_dir(dir).map_err(|e| io_err("journal directory", e))?;
+        let segment = taken.flatten().filter_map(|e| segment_number(&e.path())).max().map_or(0, |n| n + 1);
         let state = State {
             file: open_segment(dir, segment)?,
             segment,
@@ -152,23 +202,30 @@ impl JournaledStore {
     }
 }
 
-/// Applies one segment to redb; a torn last line (the invoker died mid-write) is skipped.
-fn replay(db: &RedbStore, path: &Path) -> Result<(), StoreError> {
+/// Applies what can be read of one segment to redb: every line that parses, up to where the
+/// file can be read at all. Returns how many lines could not be read (a torn last line where
+/// the invoker died mid-write, a corrupt one, the rest of a file that fails to read).
+fn replay(db: &RedbStore, path: &Path) -> Result<usize, StoreError> {
     let file = File::open(path).map_err(|e| io_err("journal segment", e))?;
     let (mut accepted, mut finished): (Vec<ActivationMeta>, Vec<ActivationRecord>) = (Vec::new(), Vec::new());
+    let mut unread = 0;
     for line in BufReader::new(file).split(b'\n') {
-        let line = line.map_err(|e| io_err("journal segment", e))?;
+        let Ok(line) = line else {
+            unread += 1;
+            break;
+        };
         match serde_json::from_slice::<Line>(&line) {
             Ok(Line::A(meta)) => accepted.push(meta),
             Ok(Line::F(record)) => finished.push(*record),
-            Err(_) => tracing::warn!(path = %path.display(), "skipped a torn journal line"),
+            Err(_) => unread += 1,
         }
     }
     // A record is strings, numbers and JSON values: encoding it cannot fail.
     let encoded: Vec<Vec<u8>> = finished.iter().map(|r| serde_json::to_vec(r).expect("a record serialises")).collect();
     let batch: Vec<(&ActivationRecord, &[u8])> =
         finished.iter().zip(&encoded).map(|(r, j)| (r, j.as_slice())).collect();
-    db.apply(&accepted, &batch)
+    db.apply(&accepted, &batch)?;
+    Ok(unread)
 }
 
 fn flush_loop(inner: Weak<Inner>) {
@@ -444,5 +501,43 @@ mod tests {
         assert_eq!(store.get_activation("done").unwrap().unwrap().response.status_code, 0);
         assert_eq!(store.recover_unfinished(9).unwrap(), 1, "the open one gets its whisk-error record");
         assert_eq!(store.get_activation("open").unwrap().unwrap().response.status_code, 3);
+    }
+
+    /// A segment cut short and corrupt in the middle, a directory named as a segment and a
+    /// stray file: the store opens, replays every sound line, and keeps the damaged segment
+    /// aside under another name.
+    #[test]
+    fn a_damaged_journal_is_read_as_far_as_it_is_sound_and_kept_aside() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = dir.path().join("journal");
+        {
+            let store = open(dir.path());
+            store.accept(&meta("first")).unwrap();
+            store.finish(&Arc::new(record("first"))).unwrap();
+            std::mem::forget(store);
+        }
+        let (_, segment) = segments(&journal).unwrap().pop().unwrap();
+        let sound = std::fs::read(&segment).unwrap();
+        let mut damaged = sound.clone();
+        damaged.extend_from_slice(b"\x00\xff not json\n");
+        let second = String::from_utf8(sound).unwrap().replace("first", "after");
+        damaged.extend_from_slice(second.as_bytes());
+        damaged.extend_from_slice(b"{\"F\":{\"activationId\":\"cut");
+        std::fs::write(&segment, &damaged).unwrap();
+        std::fs::create_dir(journal.join("journal.00000000000000000099")).unwrap();
+        std::fs::write(journal.join("notes.txt"), b"stray").unwrap();
+
+        let store = JournaledStore::open(&dir.path().join("s2.redb"), &journal).unwrap();
+        assert_eq!(store.get_activation("first").unwrap().unwrap().response.status_code, 0);
+        assert_eq!(store.get_activation("after").unwrap().unwrap().response.status_code, 0, "read past the bad line");
+        assert!(!segment.exists(), "the damaged segment is not replayed again");
+        let aside: Vec<_> = std::fs::read_dir(&journal)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".damaged"))
+            .collect();
+        assert_eq!(aside.len(), 1, "kept aside: {aside:?}");
+        assert_eq!(std::fs::read(journal.join(&aside[0])).unwrap(), damaged, "as it was");
+        assert!(journal.join("journal.00000000000000000099").is_dir() && journal.join("notes.txt").exists());
     }
 }
