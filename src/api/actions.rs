@@ -3,7 +3,7 @@
 use super::error::ApiError;
 use super::{blocking, flag, json, load_action, page, AppState, Call, PageQuery, Response};
 use crate::activation::{InvokeRequest, Invoked};
-use crate::config::Config;
+use crate::config::{Config, KindLanguage};
 use crate::model::{
     epoch_ms, new_activation_id, validate_entity_name, Action, ActivationRecord, Exec, KeyValue, Limits,
 };
@@ -71,6 +71,9 @@ fn validate_action(config: &Config, put: ActionPut, ns: &str, name: &str) -> Res
     if exec.code.as_deref().is_none_or(str::is_empty) {
         return Err(bad("exec.code: is required and must not be empty".into()));
     }
+    if let Some(main) = exec.main.as_deref() {
+        check_main(config.kind_language(&exec.kind), exec.binary, main).map_err(|e| bad(format!("exec.main: {e}")))?;
+    }
     if exec.binary {
         if !config.takes_zips(&exec.kind) {
             return Err(bad(format!(
@@ -127,6 +130,44 @@ fn validate_action(config: &Config, put: ActionPut, ns: &str, name: &str) -> Res
         updated: epoch_ms(),
         revision: 0,
     })
+}
+
+/// Whether `main` names a function as the kind's language does: an ASCII identifier in
+/// python and node (`$` too in node; for a node zip also `file.function`, as OpenWhisk's
+/// runtime splits it), and for any other kind a path without control characters. Empty is the
+/// default, `main`.
+fn check_main(language: KindLanguage, binary: bool, main: &str) -> Result<(), String> {
+    let identifier = |s: &str, dollar: bool| {
+        let word = |c: char| c == '_' || c.is_ascii_alphanumeric() || (dollar && c == '$');
+        s.chars().next().is_some_and(|c| word(c) && !c.is_ascii_digit()) && s.chars().all(word)
+    };
+    if main.is_empty() {
+        return Ok(());
+    }
+    let (ok, what) = match language {
+        KindLanguage::Python => (identifier(main, false), "a python function name (letters, digits and _)"),
+        KindLanguage::Nodejs if binary => {
+            let ok = match main.split_once('.') {
+                Some((file, function)) => {
+                    !file.is_empty()
+                        && !file.contains(['/', '\0'])
+                        && function.split('.').all(|part| identifier(part, true))
+                }
+                None => identifier(main, true),
+            };
+            (ok, "a javascript function name, or file.function in a zip")
+        }
+        KindLanguage::Nodejs => (identifier(main, true), "a javascript function name (letters, digits, _ and $)"),
+        KindLanguage::Other => {
+            (main.len() <= 1024 && !main.chars().any(char::is_control), "a name or path of at most 1024 characters")
+        }
+    };
+    let shown: String = main.chars().take(80).collect();
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("'{}' is not {what}", shown.escape_debug()))
+    }
 }
 
 #[derive(Deserialize)]

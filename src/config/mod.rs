@@ -176,18 +176,49 @@ impl Config {
     }
 }
 
+/// The language an action of a kind is written in, as far as naming its `main` goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KindLanguage {
+    Python,
+    Nodejs,
+    /// An executable (our native launcher), or a runtime whose language the config does not say.
+    Other,
+}
+
 impl Config {
-    /// Whether a kind's containers can run a zip (`binary`) action: every runtime can but our
-    /// own with the nodejs launcher, which takes code as text only.
-    pub fn takes_zips(&self, kind: &str) -> bool {
-        let command: &[String] = match self.factory.kind {
+    /// The command a kind's containers run, on the configured factory (empty: an image's own).
+    fn kind_command(&self, kind: &str) -> &[String] {
+        match self.factory.kind {
             FactoryKind::Docker => self.factory.docker.kinds.get(kind).map_or(&[], |d| &d.command),
             FactoryKind::Kubernetes => self.factory.kubernetes.kinds.get(kind).map_or(&[], |k| &k.command),
             _ => self.kinds.get(kind).map_or(&[], |k| &k.command),
-        };
+        }
+    }
+
+    /// Our runtime's `--launcher` in the kind's command, when the command runs our runtime.
+    fn own_launcher(&self, kind: &str) -> Option<Option<&str>> {
+        let command = self.kind_command(kind);
         let own = command.iter().any(|a| a == "action-runtime");
-        let nodejs = command.windows(2).any(|w| w[0] == "--launcher" && w[1] == "nodejs");
-        !(own && nodejs)
+        own.then(|| command.windows(2).find(|w| w[0] == "--launcher").map(|w| w[1].as_str()))
+    }
+
+    /// Whether a kind's containers can run a zip (`binary`) action: every runtime can but our
+    /// own with the nodejs launcher, which takes code as text only.
+    pub fn takes_zips(&self, kind: &str) -> bool {
+        self.own_launcher(kind) != Some(Some("nodejs"))
+    }
+
+    /// The language of a kind: our runtime's launcher, else what the kind's name begins with
+    /// (OpenWhisk's names: `python:3.11`, `nodejs:20`).
+    pub fn kind_language(&self, kind: &str) -> KindLanguage {
+        match self.own_launcher(kind) {
+            Some(Some("python")) => KindLanguage::Python,
+            Some(Some("nodejs")) => KindLanguage::Nodejs,
+            Some(_) => KindLanguage::Other,
+            None if kind.starts_with("python") => KindLanguage::Python,
+            None if kind.starts_with("nodejs") => KindLanguage::Nodejs,
+            None => KindLanguage::Other,
+        }
     }
 }
 
@@ -240,6 +271,27 @@ mod tests {
         assert_eq!(kind(&bad_env).unwrap_err().key, "kinds.\"python:ow\".env");
         let relative = format!("{own_port}network = \"isolated\"\npaths = [\"opt/ow\"]\n");
         assert_eq!(kind(&relative).unwrap_err().key, "kinds.\"python:ow\".paths");
+        for entry in
+            ["{ host = \"/usr/bin/python3\", at = \"/proc/x\" }", "{ host = \"bin\", at = \"/x\" }", "\"/dev/x\""]
+        {
+            let text = format!("{own_port}network = \"isolated\"\npaths = [{entry}]\n");
+            assert_eq!(kind(&text).unwrap_err().key, "kinds.\"python:ow\".paths", "{entry}");
+        }
+        let unknown =
+            format!("{own_port}network = \"isolated\"\npaths = [{{ host = \"/a\", at = \"/b\", mode = 1 }}]\n");
+        let unknown = Config::from_toml(&format!("[kinds.z]\n{unknown}")).unwrap_err();
+        assert!(unknown.key.ends_with(".paths") && unknown.reason.contains("mode"), "{unknown:?}");
+        let both = format!("{own_port}network = \"isolated\"\npaths = [\"/tmp/x\", {{ host = \"/usr/bin/python3\", at = \"/usr/local/bin/python\" }}]\n");
+        let both = Config::from_toml(&format!("[kinds.y]\n{both}")).unwrap();
+        assert!(both.validate().is_ok());
+        let paths: Vec<(&Path, &Path)> = both.kinds["y"].paths.iter().map(|p| (p.host(), p.at())).collect();
+        assert_eq!(
+            paths,
+            [
+                (Path::new("/tmp/x"), Path::new("/tmp/x")),
+                (Path::new("/usr/bin/python3"), Path::new("/usr/local/bin/python"))
+            ]
+        );
         let config = Config::from_toml(&format!(
             "[kinds.x]\n{own_port}network = \"isolated\"\nenv = {{ A = \"{{port}}:{{work_dir}}\" }}"
         ))
