@@ -32,7 +32,9 @@ fn cluster_config(etcd: &EtcdServer, tags: &[&str]) -> String {
 
 /// The invoker's record, once etcd has one (bounded wait).
 async fn record(kv: &Etcd, invoker_id: &str, until: impl Fn(&InvokerRecord) -> bool) -> InvokerRecord {
-    let deadline = Instant::now() + Duration::from_secs(20);
+    // Generous: an etcd member restarted on a loaded 2-core CI machine once took longer than
+    // 20 s to answer and take the invoker's registration.
+    let deadline = Instant::now() + Duration::from_secs(45);
     loop {
         if let Ok(Some((value, _))) = kv.get(&format!("/invoker/invokers/{invoker_id}")).await {
             let record: InvokerRecord = serde_json::from_str(&value).unwrap();
