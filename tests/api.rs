@@ -711,3 +711,45 @@ async fn a_kind_that_is_not_ours_refuses_a_concurrency_above_its_max_concurrency
     let url = "/api/v1/namespaces/_/actions/ours";
     assert_eq!(send(&app, put(url, action("python:3", Some(50)))).await.0, 200, "our runtime: up to concurrency_max");
 }
+
+/// A zip action's archive at `PUT`: an entry outside the action's directory (`..`, an absolute
+/// path, a symlink pointing out) or more unpacked than `limits.archive_unpacked_max_mb` is a
+/// 400 naming the entry and the reason, and nothing is stored; a sound archive is taken.
+#[actix_rt::test]
+async fn a_zip_action_is_checked_entry_by_entry_at_put() {
+    use std::io::Write as _;
+    let (_h, app) = harness(|c| c.limits.archive_unpacked_max_mb = 1, MockConfig::default());
+    let zip = |files: &[(&str, &[u8])], links: &[(&str, &str)]| {
+        let mut writer = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+        let options = zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Deflated);
+        for (name, data) in files {
+            writer.start_file(*name, options).unwrap();
+            writer.write_all(data).unwrap();
+        }
+        for (name, target) in links {
+            writer.add_symlink(*name, *target, options).unwrap();
+        }
+        base64::engine::general_purpose::STANDARD.encode(writer.finish().unwrap().into_inner())
+    };
+    let main: &[u8] = b"def main(a):\n    return a\n";
+    let zeros = vec![0u8; 2 * 1024 * 1024];
+    let cases = [
+        (zip(&[("__main__.py", main), ("../escape.py", b"x")], &[]), "'../escape.py': a path that climbs out"),
+        (zip(&[("__main__.py", main), ("/etc/cron.d/x", b"x")], &[]), "'/etc/cron.d/x': an absolute path"),
+        (zip(&[("__main__.py", main)], &[("data", "../../../etc/shadow")]), "'data': a symlink that points outside"),
+        (zip(&[("__main__.py", main), ("zeros", &zeros)], &[]), "more than the 1048576 bytes allowed"),
+    ];
+    for (i, (code, reason)) in cases.into_iter().enumerate() {
+        let url = format!("/api/v1/namespaces/_/actions/zip{i}");
+        let body = json!({"exec": {"kind": "python:3", "code": code, "binary": true}});
+        let (s, answer, _) = send(&app, put(&url, body)).await;
+        let message = answer["error"].as_str().unwrap_or_default();
+        assert_eq!(s, 400, "{reason}: {answer}");
+        assert!(message.starts_with("exec.code: ") && message.contains(reason), "{reason}: {message}");
+        assert_eq!(send(&app, get(&url)).await.0, 404, "nothing was stored");
+    }
+    let sound = zip(&[("__main__.py", main), ("lib/util.py", b"")], &[("lib/alias.py", "util.py")]);
+    let body = json!({"exec": {"kind": "python:3", "code": sound, "binary": true}});
+    let (s, answer, _) = send(&app, put("/api/v1/namespaces/_/actions/sound", body)).await;
+    assert_eq!(s, 200, "{answer}");
+}

@@ -1,5 +1,6 @@
 //! Actions: create or update, read, list, delete, and invoke.
 
+use super::archive;
 use super::error::ApiError;
 use super::{blocking, flag, json, load_action, page, AppState, Call, PageQuery, Response};
 use crate::activation::{InvokeRequest, Invoked};
@@ -83,8 +84,12 @@ fn validate_action(config: &Config, put: ActionPut, ns: &str, name: &str) -> Res
         }
         // Checked here rather than at the first run, where it would be the action's failure.
         let code = exec.code.as_deref().unwrap_or_default().trim();
-        if let Err(e) = base64::Engine::decode(&base64::engine::general_purpose::STANDARD, code) {
-            return Err(bad(format!("exec.code: binary code must be base64 ({e})")));
+        let bytes = base64::Engine::decode(&base64::engine::general_purpose::STANDARD, code)
+            .map_err(|e| bad(format!("exec.code: binary code must be base64 ({e})")))?;
+        // A native executable is binary code too; only an archive has entries to check.
+        if archive::is_zip(&bytes) {
+            let max = u64::from(config.limits.archive_unpacked_max_mb) * 1024 * 1024;
+            archive::check_zip(&bytes, max).map_err(|e| bad(format!("exec.code: {e}")))?;
         }
     }
     let l = &config.limits;

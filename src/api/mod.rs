@@ -4,6 +4,7 @@
 mod actions;
 mod activations;
 mod admin;
+mod archive;
 mod cluster;
 pub mod error;
 pub mod server;

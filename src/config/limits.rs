@@ -20,6 +20,8 @@ pub struct LimitsConfig {
     /// Largest request body (parameters, action code) accepted.
     pub payload_max_bytes: usize,
     pub code_max_bytes: usize,
+    /// The most a zip action's entries may hold unpacked (checked at `PUT`).
+    pub archive_unpacked_max_mb: u32,
     /// Activations one namespace may have in flight; more get 429.
     pub namespace_concurrent: u32,
     /// How long a blocking invoke waits before answering 202 (OpenWhisk: 60 s).
@@ -42,6 +44,7 @@ impl Default for LimitsConfig {
             concurrency_default: 1,
             payload_max_bytes: 1024 * 1024,
             code_max_bytes: 48 * 1024 * 1024,
+            archive_unpacked_max_mb: 256,
             namespace_concurrent: 100,
             blocking_wait: Duration::from_secs(60),
         }
@@ -64,6 +67,9 @@ impl LimitsConfig {
         }
         if l.concurrency_default == 0 || l.concurrency_default > l.concurrency_max {
             return Err(bad("limits.concurrency_default", "must be between 1 and concurrency_max"));
+        }
+        if l.archive_unpacked_max_mb == 0 {
+            return Err(bad("limits.archive_unpacked_max_mb", "must be at least 1"));
         }
         if l.namespace_concurrent == 0 {
             return Err(bad("limits.namespace_concurrent", "must be at least 1"));
