@@ -10,10 +10,14 @@
 //! - a line without one goes to every run whose window it falls in: a runtime that gives no
 //!   way to tell whose it is (OpenWhisk's `app.js` with `__OW_ALLOW_CONCURRENT`) has each of
 //!   the overlapping runs show all of it;
-//! - an untagged sentinel is claimed by the first run that looks for one: every run writes one
-//!   pair, so no run waits for the sentinel of another, only for one that has not come yet.
+//! - untagged sentinels are counted: every run writes one pair, and a run's answer comes when
+//!   its pair is written (just before or just after it), so a run whose answer is the n-th
+//!   since its window opened has its lines in by the n-th pair after its start. It waits for
+//!   that many pairs and no more (never for the sentinel of a run still running), and takes
+//!   every pair already in: a sentinel says nothing of whose it is.
 
 use parking_lot::Mutex;
+use smallvec::SmallVec;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -53,8 +57,6 @@ struct Line {
     /// The length of the activation-id prefix (id and space) when the line has one.
     tag: usize,
     sentinel: bool,
-    /// An untagged sentinel some run has taken as its own.
-    claimed: bool,
 }
 
 impl Line {
@@ -76,6 +78,8 @@ struct Inner {
     merged_sentinels: usize,
     /// The windows not collected yet: a key and where each starts, and its activation id.
     open: Vec<(u64, u64, String)>,
+    /// Runs whose answer is in (each counts when its collection begins).
+    answered: u64,
     next_key: u64,
     /// Lines before this belong to collected windows; a window opened while none is open
     /// starts here (what came between two runs, an `/init`'s output, goes to the next).
@@ -142,7 +146,7 @@ impl Inner {
         self.bytes += text.len();
         // A sentinel is never shown: no clock read for it.
         let at = if sentinel { SystemTime::UNIX_EPOCH } else { SystemTime::now() };
-        self.lines.push_back(Line { stream, text, at, tag, sentinel, claimed: false });
+        self.lines.push_back(Line { stream, text, at, tag, sentinel });
         while self.bytes > BUFFER_BYTES {
             let Some(old) = self.lines.pop_front() else { break };
             self.bytes -= old.text.len();
@@ -216,36 +220,34 @@ impl LogBuffer {
         let key = inner.next_key;
         inner.next_key += 1;
         inner.open.push((key, start, id.to_string()));
-        LogWindow { buffer: self.clone(), key, start, collected: false }
+        LogWindow { buffer: self.clone(), key, start, answered_before: inner.answered, collected: false }
     }
 
-    /// Whether `window`'s sentinels are in (claiming untagged ones as it finds them); where
-    /// they are when they are.
-    fn find_sentinels(inner: &mut Inner, window: &LogWindow, found: &mut [Option<u64>; 2]) -> bool {
-        let Inner { lines, open, first, .. } = inner;
-        let id = open.iter().find(|(key, _, _)| *key == window.key).map_or("", |(_, _, id)| id.as_str());
-        let from = window.start.max(*first);
-        for (offset, line) in lines.iter_mut().enumerate().skip((from - *first) as usize) {
-            if found[0].is_some() && found[1].is_some() {
-                break;
-            }
-            let slot = &mut found[line.stream as usize];
-            if !line.sentinel || slot.is_some() {
+    /// Where `window`'s lines end, once they are in: after its own tagged sentinels, or after
+    /// the untagged pairs of the `answered` runs whose answers came since it opened (itself
+    /// included), taking every complete pair already there.
+    fn window_end(inner: &Inner, window: &LogWindow, answered: u64) -> Option<u64> {
+        let id = inner.open.iter().find(|(key, _, _)| *key == window.key).map_or("", |(_, _, id)| id.as_str());
+        let from = window.start.max(inner.first);
+        // Inline for the usual few sentinels: no allocation on the warm path.
+        let mut untagged: [SmallVec<[u64; 4]>; 2] = Default::default();
+        let mut tagged: [Option<u64>; 2] = [None, None];
+        for (offset, line) in inner.lines.iter().enumerate().skip((from - inner.first) as usize) {
+            if !line.sentinel {
                 continue;
             }
-            let ours = if line.tag > 0 {
-                line.tagged_by(id)
-            } else if !line.claimed {
-                line.claimed = true;
-                true
-            } else {
-                false
-            };
-            if ours {
-                *slot = Some(*first + offset as u64);
+            let at = inner.first + offset as u64;
+            if line.tag == 0 {
+                untagged[line.stream as usize].push(at);
+            } else if line.tagged_by(id) && tagged[line.stream as usize].is_none() {
+                tagged[line.stream as usize] = Some(at);
+                if let [Some(a), Some(b)] = tagged {
+                    return Some(a.max(b) + 1);
+                }
             }
         }
-        found[0].is_some() && found[1].is_some()
+        let pairs = untagged[0].len().min(untagged[1].len());
+        (pairs as u64 >= answered.max(1)).then(|| untagged[0][pairs - 1].max(untagged[1][pairs - 1]) + 1)
     }
 
     /// Collects the lines of one run: those of its window up to its sentinels, waiting at most
@@ -253,25 +255,26 @@ impl LogBuffer {
     /// cut.
     pub async fn collect(&self, mut window: LogWindow, wait: Duration, limit_bytes: usize) -> Vec<String> {
         let deadline = tokio::time::Instant::now() + wait;
-        let mut found = [None, None];
-        loop {
+        let answered = {
+            let mut inner = self.inner.lock();
+            inner.answered += 1;
+            inner.answered - window.answered_before
+        };
+        let end = loop {
             let notified = self.arrived.notified();
-            let done = {
-                let mut inner = self.inner.lock();
-                Self::find_sentinels(&mut inner, &window, &mut found) || inner.closed
+            let (end, closed) = {
+                let inner = self.inner.lock();
+                (Self::window_end(&inner, &window, answered), inner.closed)
             };
-            if done || tokio::time::timeout_at(deadline, notified).await.is_err() {
-                break;
+            if end.is_some() || closed || tokio::time::timeout_at(deadline, notified).await.is_err() {
+                break end;
             }
-        }
+        };
         window.collected = true;
         let mut inner = self.inner.lock();
         let place = inner.open.iter().position(|(key, _, _)| *key == window.key);
         let id = place.map(|at| inner.open.swap_remove(at).2).unwrap_or_default();
-        let end = match found {
-            [Some(a), Some(b)] => a.max(b) + 1,
-            _ => inner.next_seq(),
-        };
+        let end = end.unwrap_or_else(|| inner.next_seq());
         let mut out = Vec::new();
         if window.start < inner.dropped_below {
             out.push(format!("{} stderr: [log lines dropped for room]", timestamp_of(SystemTime::now())));
@@ -316,6 +319,8 @@ pub struct LogWindow {
     buffer: Arc<LogBuffer>,
     key: u64,
     start: u64,
+    /// Runs whose answer was in when this window opened.
+    answered_before: u64,
     collected: bool,
 }
 
@@ -374,13 +379,20 @@ mod tests {
     #[tokio::test]
     async fn a_merged_stream_ends_an_activation_at_its_second_sentinel() {
         let buf = Arc::new(LogBuffer::default());
-        for line in ["one", SENTINEL, "two", SENTINEL, "next", SENTINEL, SENTINEL] {
+        for line in ["one", SENTINEL, "two", SENTINEL, "late"] {
             buf.push_merged(line.into());
         }
         let lines = buf.collect(buf.open("a"), WAIT, 1000).await;
         assert!(lines.len() == 2 && lines[1].ends_with("stdout: two"), "{lines:?}");
-        let lines = buf.collect(buf.open("b"), WAIT, 1000).await;
-        assert!(lines.len() == 1 && lines[0].ends_with("stdout: next"), "{lines:?}");
+        let window = buf.open("b");
+        for line in ["next", SENTINEL, SENTINEL] {
+            buf.push_merged(line.into());
+        }
+        let lines = window.collect(WAIT, 1000).await;
+        assert!(
+            lines.len() == 2 && lines[0].ends_with("stdout: late") && lines[1].ends_with("stdout: next"),
+            "{lines:?}"
+        );
     }
 
     /// `sys.stdout.write("x")` with no newline: the runtime's sentinel lands on the same line.
@@ -431,10 +443,10 @@ mod tests {
         assert!(buf.inner.lock().lines.is_empty(), "nothing is kept once collected");
     }
 
-    /// A runtime that tags nothing: every run in a window shows the window's lines, and each
-    /// takes the first sentinel pair still unclaimed.
+    /// A runtime that tags nothing: every run in a window shows the window's lines up to as
+    /// many sentinel pairs as runs answered since it opened, and every pair already in.
     #[tokio::test(start_paused = true)]
-    async fn untagged_overlapping_runs_share_their_window_and_claim_one_sentinel_pair_each() {
+    async fn untagged_overlapping_runs_share_their_window_up_to_the_pairs_of_the_runs_answered() {
         let buf = Arc::new(LogBuffer::default());
         let a = buf.open("a");
         buf.push(Stream::Stdout, "early".into());
@@ -456,6 +468,31 @@ mod tests {
         let lines = buf.collect(c, Duration::from_secs(2), 1000).await;
         assert_eq!(began.elapsed(), Duration::from_secs(2));
         assert!(lines.len() == 1 && lines[0].ends_with("alone"), "{lines:?}");
+    }
+
+    /// Four untagged runs answered in the reverse of the order they wrote in (as tasks on
+    /// other connections may be): the first collected, whose pair is the last, still holds its
+    /// own lines, and none waits.
+    #[tokio::test(start_paused = true)]
+    async fn an_untagged_run_answered_first_still_holds_its_own_lines() {
+        let buf = Arc::new(LogBuffer::default());
+        let windows: Vec<LogWindow> = (0..4).map(|i| buf.open(&i.to_string())).collect();
+        for i in 0..4 {
+            buf.push(Stream::Stdout, format!("start {i}"));
+        }
+        for i in 0..4 {
+            buf.push(Stream::Stderr, format!("end {i}"));
+            buf.push(Stream::Stdout, SENTINEL.into());
+            buf.push(Stream::Stderr, SENTINEL.into());
+        }
+        let began = tokio::time::Instant::now();
+        for (i, window) in windows.into_iter().enumerate().rev() {
+            let lines = window.collect(Duration::from_secs(2), 1000).await;
+            for own in [format!("stdout: start {i}"), format!("stderr: end {i}")] {
+                assert!(lines.iter().any(|l| l.ends_with(&own)), "{i}: {lines:?}");
+            }
+        }
+        assert_eq!(began.elapsed(), Duration::ZERO, "no run waited");
     }
 
     #[test]
