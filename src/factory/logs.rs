@@ -213,7 +213,8 @@ impl LogBuffer {
         self.arrived.notify_waiters();
     }
 
-    /// Opens the window of one run, activation `id`, as it is handed to the runtime.
+    /// Opens the window of one run as it is handed to the runtime; `id` is the activation id
+    /// its lines may be tagged with, or empty where they are not.
     pub fn open(self: &Arc<Self>, id: &str) -> LogWindow {
         let mut inner = self.inner.lock();
         let start = if inner.open.is_empty() { inner.claimed_upto } else { inner.next_seq() };

@@ -92,7 +92,7 @@ pub struct ContainerPool {
     /// Each kind's runtime protocol, for the proxies.
     protocols: Arc<HashMap<String, RuntimeProtocol>>,
     /// Each kind's `max_concurrency`, applied at every run; a kind not listed has none.
-    kind_concurrency: HashMap<String, u32>,
+    kind_concurrency: rustc_hash::FxHashMap<String, u32>,
     discards: Arc<DiscardLog>,
     /// The capacity of every node the factory reports, summed: kept where callers read it
     /// without a message to the pool (the shim's completion message says it per activation).
@@ -131,7 +131,7 @@ impl ContainerPool {
             drained: Vec::new(),
             user_memory_mb: Arc::default(),
             protocols: Arc::default(),
-            kind_concurrency: HashMap::new(),
+            kind_concurrency: Default::default(),
             discards: Arc::default(),
         }
     }
@@ -145,7 +145,7 @@ impl ContainerPool {
     /// The most runs one container of each kind takes at once, as the config says now (an
     /// action stored when its kind allowed more gets no more than this).
     pub fn with_kind_concurrency(mut self, max: HashMap<String, u32>) -> Self {
-        self.kind_concurrency = max;
+        self.kind_concurrency = max.into_iter().collect();
         self
     }
 

@@ -198,7 +198,7 @@ impl ContainerProxy {
             let result = interpreted.result.clone();
             let record_fields = self.record_fields(&run, began);
             let container = self.spec.id;
-            let window = logs.map(|h| h.logs.open(&run.meta.activation_id));
+            let window = logs.map(|h| h.logs.open(tag_of(&run)));
             let fut = async move {
                 let limit = run.meta.limits.logs as usize * 1024 * 1024;
                 let lines = match window {
@@ -254,7 +254,7 @@ impl ContainerProxy {
         let (log_wait, max_result) = (self.ctx.config.log_sentinel_wait, self.ctx.max_result_bytes);
         let container = self.spec.id;
         let discards = self.ctx.discards.clone();
-        let window = handle.logs.open(&run.meta.activation_id);
+        let window = handle.logs.open(tag_of(&run));
         let fut = async move {
             let answer = runtime.run(&run, Duration::from_millis(timeout_ms)).await;
             let oom = !runtime.answered(&answer) && factory.was_oom_killed(&handle);
@@ -282,6 +282,17 @@ impl ContainerProxy {
             run.completion.finish(record);
             act.report(ProxyReport::Finished { container, job, reusable });
         }));
+    }
+}
+
+/// The activation id a run's lines may start with: only where runs may overlap does `/init`
+/// ask the runtime to tag them (see `protocol::openwhisk::init`); elsewhere none, and the
+/// window has nothing to look for.
+fn tag_of(run: &RunJob) -> &str {
+    if run.action.limits.concurrency > 1 {
+        &run.meta.activation_id
+    } else {
+        ""
     }
 }
 
