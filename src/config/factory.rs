@@ -147,6 +147,11 @@ pub struct DockerKindConfig {
 }
 
 impl DockerKindConfig {
+    /// Whether the image runs the project's own runtime (which takes overlapping runs).
+    pub fn is_own_runtime(&self) -> bool {
+        self.command.iter().any(|a| a == "action-runtime")
+    }
+
     pub fn network(&self, factory_default: Network) -> Network {
         match self.network {
             Some(network) => network,

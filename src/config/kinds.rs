@@ -75,6 +75,12 @@ impl KindPath {
     }
 }
 
+/// The `--launcher` a runtime command passes, if any (our runtime's, whichever factory runs
+/// it).
+pub fn launcher_in(command: &[String]) -> Option<&str> {
+    command.windows(2).find(|w| w[0] == "--launcher").map(|w| w[1].as_str())
+}
+
 /// What network an action container has, on every factory.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -154,7 +160,7 @@ impl KindConfig {
 
     /// The `--launcher` its command passes, if any.
     pub fn launcher(&self) -> Option<&str> {
-        self.command.windows(2).find(|w| w[0] == "--launcher").map(|w| w[1].as_str())
+        launcher_in(&self.command)
     }
 
     /// Whether the kind runs our runtime with the python launcher (what the zygote serves).

@@ -159,10 +159,7 @@ impl Config {
                 .docker
                 .kinds
                 .iter()
-                .map(|(name, d)| {
-                    let own = d.command.iter().any(|a| a == "action-runtime");
-                    (name.as_str(), kinds::runs_at_once(set(name), own, max))
-                })
+                .map(|(name, d)| (name.as_str(), kinds::runs_at_once(set(name), d.is_own_runtime(), max)))
                 .collect(),
             FactoryKind::Kubernetes => self
                 .factory
@@ -186,20 +183,17 @@ pub enum KindLanguage {
 }
 
 impl Config {
-    /// The command a kind's containers run, on the configured factory (empty: an image's own).
-    fn kind_command(&self, kind: &str) -> &[String] {
-        match self.factory.kind {
-            FactoryKind::Docker => self.factory.docker.kinds.get(kind).map_or(&[], |d| &d.command),
-            FactoryKind::Kubernetes => self.factory.kubernetes.kinds.get(kind).map_or(&[], |k| &k.command),
-            _ => self.kinds.get(kind).map_or(&[], |k| &k.command),
-        }
-    }
-
-    /// Our runtime's `--launcher` in the kind's command, when the command runs our runtime.
+    /// Our runtime's `--launcher` in the kind's command on the configured factory, when the
+    /// command runs our runtime; `None` when it runs another (or the kind is unknown).
     fn own_launcher(&self, kind: &str) -> Option<Option<&str>> {
-        let command = self.kind_command(kind);
-        let own = command.iter().any(|a| a == "action-runtime");
-        own.then(|| command.windows(2).find(|w| w[0] == "--launcher").map(|w| w[1].as_str()))
+        let (own, command) = match self.factory.kind {
+            FactoryKind::Docker => self.factory.docker.kinds.get(kind).map(|d| (d.is_own_runtime(), &d.command))?,
+            FactoryKind::Kubernetes => {
+                self.factory.kubernetes.kinds.get(kind).map(|k| (k.is_own_runtime(), &k.command))?
+            }
+            _ => self.kinds.get(kind).map(|k| (k.is_own_runtime(), &k.command))?,
+        };
+        own.then(|| kinds::launcher_in(command))
     }
 
     /// Whether a kind's containers can run a zip (`binary`) action: every runtime can but our
