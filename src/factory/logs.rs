@@ -251,10 +251,8 @@ impl LogBuffer {
         (pairs as u64 >= answered.max(1)).then(|| untagged[0][pairs - 1].max(untagged[1][pairs - 1]) + 1)
     }
 
-    /// Collects the lines of one run: those of its window up to its sentinels, waiting at most
-    /// `wait` for them, keeping at most `limit_bytes` (OpenWhisk's log limit) and noting the
-    /// cut.
-    pub async fn collect(&self, mut window: LogWindow, wait: Duration, limit_bytes: usize) -> Vec<String> {
+    /// See [`LogWindow::collect`].
+    async fn collect(&self, mut window: LogWindow, wait: Duration, limit_bytes: usize) -> Vec<String> {
         let deadline = tokio::time::Instant::now() + wait;
         let answered = {
             let mut inner = self.inner.lock();
@@ -291,7 +289,7 @@ impl LogBuffer {
             } else {
                 &line.text
             };
-            if line.sentinel || text == SENTINEL {
+            if line.sentinel {
                 continue;
             }
             if size + text.len() > limit_bytes {
@@ -313,7 +311,7 @@ impl LogBuffer {
 }
 
 /// One run's share of a container's logs, from when it was handed to the runtime; collected
-/// once with [`LogBuffer::collect`]. One dropped uncollected (a run that never ran) gives up
+/// once with [`LogWindow::collect`]. One dropped uncollected (a run that never ran) gives up
 /// its place.
 #[derive(Debug)]
 pub struct LogWindow {
@@ -326,7 +324,8 @@ pub struct LogWindow {
 }
 
 impl LogWindow {
-    /// [`LogBuffer::collect`] on the window's own buffer.
+    /// Collects the lines of its run: those of its window up to its sentinels, waiting at most
+    /// `wait` for them, keeping at most `limit_bytes` (OpenWhisk's log limit) and noting the cut.
     pub async fn collect(self, wait: Duration, limit_bytes: usize) -> Vec<String> {
         let buffer = self.buffer.clone();
         buffer.collect(self, wait, limit_bytes).await
