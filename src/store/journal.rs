@@ -88,19 +88,22 @@ fn segments(dir: &Path) -> Result<Vec<(u64, PathBuf)>, StoreError> {
 /// The suffix of a segment that could not be read whole, kept aside for inspection.
 const DAMAGED: &str = "damaged";
 
-/// Says, once at open, what lies in the journal directory that is not a segment (a directory
-/// named as one, a stray file): skipped, never a reason not to start.
-fn report_strays(dir: &Path) {
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
-    for entry in entries.flatten() {
+/// Looks over the journal directory once at open: says what lies there that is not a segment
+/// (a directory named as one, a stray file: skipped, never a reason not to start), and returns
+/// the number of the next segment, past every name taken.
+fn survey(dir: &Path) -> Result<u64, StoreError> {
+    let mut next = 0;
+    for entry in std::fs::read_dir(dir).map_err(|e| io_err("journal directory", e))?.flatten() {
         let path = entry.path();
+        let number = segment_number(&path);
+        next = next.max(number.map_or(0, |n| n + 1));
         let is_file = entry.file_type().is_ok_and(|t| t.is_file());
         let kept_aside = path.extension().is_some_and(|e| e == DAMAGED);
-        let segment = is_file && segment_number(&path).is_some();
-        if !segment && !kept_aside {
+        if !(kept_aside || is_file && number.is_some()) {
             tracing::warn!(path = %path.display(), "skipped an entry of the journal directory that is not a segment");
         }
     }
+    Ok(next)
 }
 
 fn open_segment(dir: &Path, n: u64) -> Result<File, StoreError> {
@@ -141,39 +144,29 @@ impl JournaledStore {
         use std::os::unix::fs::PermissionsExt as _;
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
             .map_err(|e| io_err("journal directory", e))?;
-        report_strays(dir);
+        let segment = survey(dir)?;
         let found = segments(dir)?;
-        let mut damaged = Vec::new();
-        for (_, path) in &found {
-            let unread = replay(&db, path)?;
-            if unread > 0 {
-                damaged.push((path, unread));
+        // Every segment replayed before any is removed: a failure leaves them all for the next
+        // start.
+        let unread = found.iter().map(|(_, path)| replay(&db, path)).collect::<Result<Vec<usize>, _>>()?;
+        for ((_, path), unread) in found.iter().zip(unread) {
+            if unread == 0 {
+                let _ = std::fs::remove_file(path);
+                continue;
             }
+            // Kept aside, not deleted: what could not be read may still be read by hand.
+            let mut aside = path.as_os_str().to_owned();
+            aside.push(format!(".{DAMAGED}"));
+            let aside = PathBuf::from(aside);
+            let kept = std::fs::rename(path, &aside);
+            tracing::warn!(
+                segment = %path.display(),
+                unread_lines = unread,
+                kept_as = %aside.display(),
+                renamed = kept.is_ok(),
+                "a journal segment could not be read whole: replayed what was sound"
+            );
         }
-        for (_, path) in &found {
-            match damaged.iter().find(|(p, _)| p == &path) {
-                // Kept aside, not deleted: what could not be read may still be read by hand.
-                Some((_, unread)) => {
-                    let mut aside = path.as_os_str().to_owned();
-                    aside.push(format!(".{DAMAGED}"));
-                    let aside = PathBuf::from(aside);
-                    let kept = std::fs::rename(path, &aside);
-                    tracing::warn!(
-                        segment = %path.display(),
-                        unread_lines = unread,
-                        kept_as = %aside.display(),
-                        renamed = kept.is_ok(),
-                        "a journal segment could not be read whole: replayed what was sound"
-                    );
-                }
-                None => {
-                    let _ = std::fs::remove_file(path);
-                }
-            }
-        }
-        // Past every name taken, a directory named as a segment included.
-        let taken = std::fs::read_dir(dir).map_err(|e| io_err("journal directory", e))?;
-        let segment = taken.flatten().filter_map(|e| segment_number(&e.path())).max().map_or(0, |n| n + 1);
         let state = State {
             file: open_segment(dir, segment)?,
             segment,
