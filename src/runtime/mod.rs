@@ -27,6 +27,7 @@ use std::time::Duration;
 
 pub use crate::factory::logs::SENTINEL;
 use crate::factory::logs::SENTINEL_LINE;
+use crate::proxy::protocol::EXITED_UNEXPECTEDLY;
 pub use action::NODE_SNAPSHOT;
 pub use sched::{policy_of, SchedPolicy};
 
@@ -356,9 +357,7 @@ fn sentinels_then(tag: Option<String>, response: Response) -> Response {
 fn exited(launcher: Launcher) -> (StatusCode, String) {
     match launcher {
         Launcher::Python | Launcher::Native => (StatusCode::BAD_REQUEST, "command exited".into()),
-        Launcher::Nodejs => {
-            (StatusCode::BAD_GATEWAY, "The action did not produce a valid response and exited unexpectedly.".into())
-        }
+        Launcher::Nodejs => (StatusCode::BAD_GATEWAY, EXITED_UNEXPECTEDLY.into()),
     }
 }
 

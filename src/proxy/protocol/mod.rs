@@ -7,7 +7,7 @@ mod client;
 mod openwhisk;
 
 pub use client::{RuntimeClient, RuntimeError, RuntimeResponse};
-pub use openwhisk::NOT_A_RESULT;
+pub use openwhisk::{EXITED_UNEXPECTEDLY, NOT_A_RESULT};
 
 use crate::activation::job::RunJob;
 use crate::config::RuntimeProtocol;

@@ -14,6 +14,10 @@ use std::time::Duration;
 /// runtime's own answer says the same).
 pub const NOT_A_RESULT: &str = "The action did not return a dictionary or array.";
 
+/// OpenWhisk's words for a runtime that dropped the connection without an answer (its process
+/// exited); our nodejs runtime says the same when the action's process exits.
+pub const EXITED_UNEXPECTEDLY: &str = "The action did not produce a valid response and exited unexpectedly.";
+
 /// `POST /init` with the action's code, main and environment; a 200 is success.
 pub(super) async fn init(
     client: &RuntimeClient,
@@ -107,7 +111,7 @@ pub(super) fn interpret(answer: Answer, timeout_ms: u64, oom: bool, max_result_b
         }
         // OpenWhisk's words exactly; what the connection said goes to the invoker's log.
         Err(RuntimeError::Connection(_)) => {
-            return developer("The action did not produce a valid response and exited unexpectedly.".into());
+            return developer(EXITED_UNEXPECTEDLY.into());
         }
         Ok(r) => r,
     };
