@@ -23,13 +23,27 @@ pub struct Exec {
     pub image: Option<String>,
 }
 
-/// An action's limits. On the wire: `timeout` in ms, `memory` and `logs` in MB.
+/// An action's limits. On the wire: `timeout` in ms, `memory`, `logs` and `disk` in MB.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Limits {
     pub timeout: u64,
     pub memory: u32,
     pub logs: u32,
     pub concurrency: u32,
+    /// What a container of the action may write (its code, working directory, `/tmp`,
+    /// `/dev/shm`). OpenWhisk has no such limit; an action stored before it existed has the
+    /// built-in default.
+    #[serde(default = "Limits::default_disk")]
+    pub disk: u32,
+}
+
+impl Limits {
+    /// `limits.disk_default_mb`'s own default, and the disk of actions stored without one.
+    pub const DEFAULT_DISK_MB: u32 = 256;
+
+    fn default_disk() -> u32 {
+        Self::DEFAULT_DISK_MB
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -61,7 +75,7 @@ impl Action {
             name: name.into(),
             version: "0.0.1".into(),
             exec: Exec { kind: "python:3".into(), code: Some(code.into()), main: None, binary: false, image: None },
-            limits: Limits { timeout: 1000, memory: 256, logs: 10, concurrency: 1 },
+            limits: Limits { timeout: 1000, memory: 256, logs: 10, concurrency: 1, disk: 256 },
             parameters: vec![],
             annotations: vec![],
             publish: false,

@@ -238,6 +238,9 @@ async fn bad_input_gets_a_4xx_naming_the_field() {
         (json!({"exec": {"kind": "python:3", "code": ""}}), "exec.code"),
         (json!({"exec": {"kind": "python:3", "code": "x"}, "limits": {"memory": 1}}), "limits.memory"),
         (json!({"exec": {"kind": "python:3", "code": "x"}, "limits": {"timeout": 0}}), "limits.timeout"),
+        (json!({"exec": {"kind": "python:3", "code": "x"}, "limits": {"disk": 1}}), "limits.disk"),
+        (json!({"exec": {"kind": "python:3", "code": "x"}, "limits": {"disk": 1 << 20}}), "limits.disk"),
+        (json!({"exec": {"kind": "python:3", "code": "x"}, "limits": {"disk": -1}}), "disk"),
         (json!({"exec": {"kind": "python:3", "code": "x"}, "limits": {"memory": "big"}}), "memory"),
         (json!({"exec": {"kind": "python:3", "code": "x"}, "bogus": 1}), "bogus"),
         (json!({}), "exec"),
@@ -752,4 +755,42 @@ async fn a_zip_action_is_checked_entry_by_entry_at_put() {
     let body = json!({"exec": {"kind": "python:3", "code": sound, "binary": true}});
     let (s, answer, _) = send(&app, put("/api/v1/namespaces/_/actions/sound", body)).await;
     assert_eq!(s, 200, "{answer}");
+}
+
+/// `limits.disk` is an action's as memory is: the config's default when unset, within its
+/// range, and the bound of what the code unpacks to.
+#[actix_rt::test]
+async fn the_disk_limit_defaults_from_the_config_and_bounds_a_zip_unpacked() {
+    use std::io::Write as _;
+    let (_h, app) = harness(
+        |c| {
+            (c.limits.disk_min_mb, c.limits.disk_default_mb) = (1, 64);
+            c.limits.archive_unpacked_max_mb = 8;
+            c.limits.code_max_bytes = 4 << 20;
+        },
+        MockConfig::default(),
+    );
+    let (s, answer, _) = send(&app, put("/api/v1/namespaces/_/actions/plain", echo_action())).await;
+    assert_eq!(s, 200, "{answer}");
+    assert_eq!(answer["limits"]["disk"], 64, "the config's default: {answer}");
+    let mut writer = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+    let options = zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Deflated);
+    writer.start_file("__main__.py", options).unwrap();
+    writer.write_all(b"def main(a):\n    return a\n").unwrap();
+    writer.start_file("zeros", options).unwrap();
+    writer.write_all(&vec![0u8; 3 << 20]).unwrap();
+    let code = base64::engine::general_purpose::STANDARD.encode(writer.finish().unwrap().into_inner());
+    let zipped =
+        |disk: u32| json!({"exec": {"kind": "python:3", "code": code, "binary": true}, "limits": {"disk": disk}});
+    let (s, answer, _) = send(&app, put("/api/v1/namespaces/_/actions/tight", zipped(2))).await;
+    let message = answer["error"].as_str().unwrap_or_default();
+    assert_eq!(s, 400, "{answer}");
+    assert!(message.starts_with("exec.code: ") && message.contains("limits.disk (2 MB)"), "{message}");
+    let (s, answer, _) = send(&app, put("/api/v1/namespaces/_/actions/roomy", zipped(4))).await;
+    assert_eq!(s, 200, "{answer}");
+    assert_eq!(answer["limits"]["disk"], 4);
+    let text = json!({"exec": {"kind": "python:3", "code": "#".repeat(2 << 20)}, "limits": {"disk": 1}});
+    let (s, answer, _) = send(&app, put("/api/v1/namespaces/_/actions/long", text)).await;
+    assert_eq!(s, 400, "{answer}");
+    assert!(answer["error"].as_str().unwrap().contains("limits.disk (1 MB"), "{answer}");
 }

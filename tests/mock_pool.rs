@@ -48,7 +48,7 @@ fn action(name: &str, memory: u32) -> Arc<Action> {
         name: name.into(),
         version: "0.0.1".into(),
         exec: Exec { kind: "mock".into(), code: Some("noop".into()), main: None, binary: false, image: None },
-        limits: Limits { timeout: 10_000, memory, logs: 10, concurrency: 1 },
+        limits: Limits { timeout: 10_000, memory, logs: 10, concurrency: 1, disk: 256 },
         parameters: vec![],
         annotations: vec![],
         publish: false,
@@ -279,8 +279,13 @@ async fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
 
 #[actix_rt::test]
 async fn a_prewarmed_container_is_adopted_without_a_create_and_replaced() {
-    let prewarm =
-        vec![invoker::config::PrewarmConfig { kind: "mock".into(), memory_mb: 256, count: 1, reactive: None }];
+    let prewarm = vec![invoker::config::PrewarmConfig {
+        kind: "mock".into(),
+        memory_mb: 256,
+        disk_mb: 256,
+        count: 1,
+        reactive: None,
+    }];
     let pool = PoolConfig { prewarm, ..PoolConfig::default() };
     let h = setup(MockConfig::default(), pool);
     let started = |h: &Harness| h.mock.count(|c| matches!(c, MockCall::Created(_)));

@@ -59,6 +59,7 @@ struct LimitsPut {
     memory: Option<u32>,
     logs: Option<u32>,
     concurrency: Option<u32>,
+    disk: Option<u32>,
 }
 
 fn validate_action(config: &Config, put: ActionPut, ns: &str, name: &str) -> Result<Action, ApiError> {
@@ -75,30 +76,15 @@ fn validate_action(config: &Config, put: ActionPut, ns: &str, name: &str) -> Res
     if let Some(main) = exec.main.as_deref() {
         check_main(config.kind_language(&exec.kind), exec.binary, main).map_err(|e| bad(format!("exec.main: {e}")))?;
     }
-    if exec.binary {
-        if !config.takes_zips(&exec.kind) {
-            return Err(bad(format!(
-                "exec.binary: kind '{}' runs code sent as text only, not a zip; send the code as text",
-                exec.kind
-            )));
-        }
-        // Checked here rather than at the first run, where it would be the action's failure.
-        let code = exec.code.as_deref().unwrap_or_default().trim();
-        let bytes = base64::Engine::decode(&base64::engine::general_purpose::STANDARD, code)
-            .map_err(|e| bad(format!("exec.code: binary code must be base64 ({e})")))?;
-        // A native executable is binary code too; only an archive has entries to check.
-        if archive::is_zip(&bytes) {
-            let max = u64::from(config.limits.archive_unpacked_max_mb) * 1024 * 1024;
-            archive::check_zip(&bytes, max).map_err(|e| bad(format!("exec.code: {e}")))?;
-        }
-    }
     let l = &config.limits;
-    let given = put.limits.unwrap_or(LimitsPut { timeout: None, memory: None, logs: None, concurrency: None });
+    let given =
+        put.limits.unwrap_or(LimitsPut { timeout: None, memory: None, logs: None, concurrency: None, disk: None });
     let limits = Limits {
         timeout: given.timeout.unwrap_or(l.timeout_default_ms),
         memory: given.memory.unwrap_or(l.memory_default_mb),
         logs: given.logs.unwrap_or(l.logs_default_mb),
         concurrency: given.concurrency.unwrap_or(l.concurrency_default.min(kind_max)),
+        disk: given.disk.unwrap_or(l.disk_default_mb),
     };
     let range = |field: &str, v: u64, lo: u64, hi: u64, unit: &str| {
         if v < lo || v > hi {
@@ -111,6 +97,7 @@ fn validate_action(config: &Config, put: ActionPut, ns: &str, name: &str) -> Res
     range("memory", limits.memory.into(), l.memory_min_mb.into(), l.memory_max_mb.into(), "MB")?;
     range("logs", limits.logs.into(), 0, l.logs_max_mb.into(), "MB")?;
     range("concurrency", limits.concurrency.into(), 1, l.concurrency_max.into(), "")?;
+    range("disk", limits.disk.into(), l.disk_min_mb.into(), l.disk_max_mb.into(), "MB")?;
     if limits.concurrency > kind_max {
         return Err(bad(format!(
             "limits.concurrency: {} is above what a container of kind '{}' takes at once ({kind_max}, its \
@@ -118,6 +105,7 @@ fn validate_action(config: &Config, put: ActionPut, ns: &str, name: &str) -> Res
             limits.concurrency, exec.kind
         )));
     }
+    check_code_fits(config, &exec, limits.disk)?;
     for (i, p) in put.parameters.iter().enumerate() {
         if p.key.is_empty() {
             return Err(bad(format!("parameters[{i}].key: must not be empty")));
@@ -135,6 +123,49 @@ fn validate_action(config: &Config, put: ActionPut, ns: &str, name: &str) -> Res
         updated: epoch_ms(),
         revision: 0,
     })
+}
+
+/// The code as it will lie in the container's directory fits the action's disk: a zip's
+/// entries are checked one by one (and against `limits.archive_unpacked_max_mb`), any other
+/// code by its size. Checked here rather than at the first run, where it would be the action's
+/// failure.
+fn check_code_fits(config: &Config, exec: &Exec, disk_mb: u32) -> Result<(), ApiError> {
+    let bad = |m: String| ApiError::BadRequest(m);
+    let disk = u64::from(disk_mb) * 1024 * 1024;
+    let code = exec.code.as_deref().unwrap_or_default();
+    if !exec.binary {
+        if code.len() as u64 > disk {
+            return Err(bad(format!(
+                "exec.code: {} bytes do not fit in limits.disk ({disk_mb} MB, what the container may write)",
+                code.len()
+            )));
+        }
+        return Ok(());
+    }
+    if !config.takes_zips(&exec.kind) {
+        return Err(bad(format!(
+            "exec.binary: kind '{}' runs code sent as text only, not a zip; send the code as text",
+            exec.kind
+        )));
+    }
+    let bytes = base64::Engine::decode(&base64::engine::general_purpose::STANDARD, code.trim())
+        .map_err(|e| bad(format!("exec.code: binary code must be base64 ({e})")))?;
+    // A native executable is binary code too; only an archive has entries to check.
+    if archive::is_zip(&bytes) {
+        let configured = u64::from(config.limits.archive_unpacked_max_mb) * 1024 * 1024;
+        let (max, bound) = if disk < configured {
+            (disk, format!("limits.disk ({disk_mb} MB)"))
+        } else {
+            (configured, format!("limits.archive_unpacked_max_mb ({} MB)", config.limits.archive_unpacked_max_mb))
+        };
+        archive::check_zip(&bytes, max).map_err(|e| bad(format!("exec.code: {e}, {bound}")))?;
+    } else if bytes.len() as u64 > disk {
+        return Err(bad(format!(
+            "exec.code: {} bytes do not fit in limits.disk ({disk_mb} MB, what the container may write)",
+            bytes.len()
+        )));
+    }
+    Ok(())
 }
 
 /// Whether `main` names a function as the kind's language does: an ASCII identifier in

@@ -17,6 +17,10 @@ pub struct LimitsConfig {
     pub logs_default_mb: u32,
     pub concurrency_max: u32,
     pub concurrency_default: u32,
+    /// What one container may write (`limits.disk`), in MB.
+    pub disk_min_mb: u32,
+    pub disk_max_mb: u32,
+    pub disk_default_mb: u32,
     /// Largest request body (parameters, action code) accepted.
     pub payload_max_bytes: usize,
     pub code_max_bytes: usize,
@@ -42,6 +46,9 @@ impl Default for LimitsConfig {
             logs_default_mb: 10,
             concurrency_max: 100,
             concurrency_default: 1,
+            disk_min_mb: 16,
+            disk_max_mb: 2048,
+            disk_default_mb: crate::model::Limits::DEFAULT_DISK_MB,
             payload_max_bytes: 1024 * 1024,
             code_max_bytes: 48 * 1024 * 1024,
             archive_unpacked_max_mb: 256,
@@ -61,6 +68,9 @@ impl LimitsConfig {
             || l.timeout_min_ms == 0
         {
             return Err(bad("limits.timeout_*", "need 0 < timeout_min_ms <= timeout_default_ms <= timeout_max_ms"));
+        }
+        if !(l.disk_min_mb <= l.disk_default_mb && l.disk_default_mb <= l.disk_max_mb) || l.disk_min_mb == 0 {
+            return Err(bad("limits.disk_*", "need 0 < disk_min_mb <= disk_default_mb <= disk_max_mb"));
         }
         if l.logs_default_mb > l.logs_max_mb {
             return Err(bad("limits.logs_default_mb", "must not exceed logs_max_mb"));

@@ -124,6 +124,10 @@ impl Config {
         for (kind, cfg) in KubernetesFactoryConfig::default().kinds {
             config.factory.kubernetes.kinds.entry(kind).or_insert(cfg);
         }
+        let disk = config.limits.disk_default_mb;
+        for class in config.pool.prewarm.iter_mut().filter(|c| c.disk_mb == 0) {
+            class.disk_mb = disk;
+        }
         Ok(config)
     }
 
@@ -421,8 +425,9 @@ mod tests {
         let entry = |body: &str| format!("[[pool.prewarm]]\nkind = \"python:3\"\nmemory_mb = 256\n{body}");
         let ok = Config::from_toml(&entry("count = 2\nreactive = { min = 1, max = 3 }\n")).unwrap();
         ok.validate().unwrap();
-        assert_eq!(ok.pool.stem_for("python:3", 256), Some(crate::pool::core::StemId(0)));
-        assert_eq!(ok.pool.stem_for("python:3", 512), None);
+        assert_eq!(ok.pool.stem_for("python:3", 256, 256), Some(crate::pool::core::StemId(0)));
+        assert_eq!(ok.pool.stem_for("python:3", 512, 256), None);
+        assert_eq!(ok.pool.stem_for("python:3", 256, 64), None, "a stem has the default disk");
         assert_eq!(ok.pool.prewarm[0].reactive.as_ref().unwrap().window, Duration::from_secs(60));
         let bad_kind = "[[pool.prewarm]]\nkind = \"cobol\"\nmemory_mb = 256\n";
         assert_eq!(Config::from_toml(bad_kind).unwrap().validate().unwrap_err().key, "pool.prewarm[0].kind");

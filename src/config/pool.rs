@@ -58,8 +58,11 @@ pub(super) fn validate(
         if w.memory_mb < limits.memory_min_mb || w.memory_mb > limits.memory_max_mb {
             return Err(bad(&at("memory_mb"), "must be within limits.memory_min_mb..=memory_max_mb"));
         }
-        if p.prewarm[..i].iter().any(|q| q.kind == w.kind && q.memory_mb == w.memory_mb) {
-            return Err(bad(&at("kind"), "this kind and memory_mb already have a prewarm entry"));
+        if w.disk_mb < limits.disk_min_mb || w.disk_mb > limits.disk_max_mb {
+            return Err(bad(&at("disk_mb"), "must be within limits.disk_min_mb..=disk_max_mb"));
+        }
+        if p.prewarm[..i].iter().any(|q| q.kind == w.kind && q.memory_mb == w.memory_mb && q.disk_mb == w.disk_mb) {
+            return Err(bad(&at("kind"), "this kind, memory_mb and disk_mb already have a prewarm entry"));
         }
         if let Some(r) = &w.reactive {
             if r.min > r.max || r.max > 1000 {

@@ -33,6 +33,9 @@ pub struct ContainerSpec {
     pub id: ContainerId,
     pub kind: String,
     pub memory_mb: u32,
+    /// What the container may write, in MB (`limits.disk`): every factory gives it storage of
+    /// this size and no more.
+    pub disk_mb: u32,
     /// `namespace/name`, for labels and process names.
     pub action_path: String,
 }

@@ -155,11 +155,13 @@ impl ContainerPool {
         action.limits.concurrency.min(kind_max).max(1)
     }
 
-    /// Containers of one key are interchangeable: same action revision, kind, memory, concurrency.
+    /// Containers of one key are interchangeable: same action revision, kind, memory, disk,
+    /// concurrency.
     fn intern(&mut self, action: &Arc<Action>, concurrency: u32) -> KeyId {
+        let (l, exec) = (&action.limits, &action.exec);
         let spec = format!(
-            "{}\0{}\0{}\0{}\0{}\0{}",
-            action.namespace, action.name, action.revision, action.exec.kind, action.limits.memory, concurrency
+            "{}\0{}\0{}\0{}\0{}\0{}\0{}",
+            action.namespace, action.name, action.revision, exec.kind, l.memory, l.disk, concurrency
         );
         let next = KeyId(self.next_key);
         let id = *self.keys.entry(spec.clone()).or_insert(next);
@@ -186,14 +188,17 @@ impl ContainerPool {
         for effect in effects {
             match effect {
                 Effect::Create { container, owner, memory_mb, node, prewarm } => {
-                    let (kind, action_path) = match owner {
+                    let (kind, disk_mb, action_path) = match owner {
                         Owner::Key(key) => {
                             let (action, _) = &self.key_actions[&key];
-                            (action.exec.kind.clone(), action.path())
+                            (action.exec.kind.clone(), action.limits.disk, action.path())
                         }
-                        Owner::Stem(stem) => (self.config.prewarm[stem.0 as usize].kind.clone(), self.stem_label(stem)),
+                        Owner::Stem(stem) => {
+                            let class = &self.config.prewarm[stem.0 as usize];
+                            (class.kind.clone(), class.disk_mb, self.stem_label(stem))
+                        }
                     };
-                    let spec = ContainerSpec { id: container, kind, memory_mb, action_path };
+                    let spec = ContainerSpec { id: container, kind, memory_mb, disk_mb, action_path };
                     let proxy_ctx = ProxyContext {
                         factory: self.factory.clone(),
                         config: self.proxy_config.clone(),
@@ -368,7 +373,7 @@ impl Handler<Submit> for ContainerPool {
             memory_mb: run.action.limits.memory,
             concurrency,
             deadline: self.epoch.now() + self.config.wait_deadline,
-            stem: self.config.stem_for(&run.action.exec.kind, run.action.limits.memory),
+            stem: self.config.stem_for(&run.action.exec.kind, run.action.limits.memory, run.action.limits.disk),
         };
         self.jobs.insert(id, run);
         self.apply(Event::Arrived(job), ctx);

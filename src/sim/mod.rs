@@ -293,7 +293,7 @@ impl Sim<'_> {
             memory_mb: call.memory_mb,
             concurrency: 1,
             deadline: self.now + self.pool.wait_deadline,
-            stem: self.pool.stem_for(SIM_KIND, call.memory_mb),
+            stem: self.pool.stem_for(SIM_KIND, call.memory_mb, crate::model::Limits::DEFAULT_DISK_MB),
         };
         self.apply(Event::Arrived(job));
     }

@@ -430,7 +430,7 @@ mod tests {
             version: "0.0.1".into(),
             subject: "guest".into(),
             kind: "python:3".into(),
-            limits: Limits { timeout: 1000, memory: 256, logs: 10, concurrency: 1 },
+            limits: Limits { timeout: 1000, memory: 256, logs: 10, concurrency: 1, disk: 256 },
             accepted_at: 1,
         }
     }

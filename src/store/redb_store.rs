@@ -410,7 +410,7 @@ mod tests {
             name: name.into(),
             version: String::new(),
             exec: Exec { kind: "python:3".into(), code: Some("x".into()), main: None, binary: false, image: None },
-            limits: Limits { timeout: 1000, memory: 256, logs: 10, concurrency: 1 },
+            limits: Limits { timeout: 1000, memory: 256, logs: 10, concurrency: 1, disk: 256 },
             parameters: vec![],
             annotations: vec![],
             publish: false,

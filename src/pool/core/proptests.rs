@@ -265,7 +265,7 @@ fn new_core(keep_alive: KeepAliveKind, max_idle: Option<Duration>) -> (PoolCore,
         stats_ttl: Duration::from_secs(4),
         buffer_mb: BUFFER_MB,
         start_rule: StartRule::Capped,
-        prewarm: vec![PrewarmSpec { kind: "k".into(), memory_mb: STEM_MB, count: 2, reactive: None }],
+        prewarm: vec![PrewarmSpec { kind: "k".into(), memory_mb: STEM_MB, disk_mb: 256, count: 2, reactive: None }],
         claim_after: Duration::from_secs(1),
         pause_grace: Duration::from_millis(300),
         ..CoreConfig::default()

@@ -191,7 +191,7 @@ fn a_blocked_job_evicts_a_container_as_soon_as_it_goes_idle() {
 }
 
 fn prewarm_core(count: u32, reactive: Option<ReactivePrewarm>) -> (PoolCore, Vec<ContainerId>) {
-    let prewarm = vec![PrewarmSpec { kind: "k".into(), memory_mb: 256, count, reactive }];
+    let prewarm = vec![PrewarmSpec { kind: "k".into(), memory_mb: 256, disk_mb: 256, count, reactive }];
     let mut core = PoolCore::new(CoreConfig { prewarm, ..CoreConfig::default() });
     let fx = core.handle(stats("n1", 8192, 8192, 0), ms(0));
     let stems = created(&fx);
@@ -231,7 +231,7 @@ fn prewarms_start_when_nodes_are_known_and_are_adopted_then_replaced() {
 
 #[test]
 fn prewarms_never_take_room_a_blocked_job_waits_for() {
-    let prewarm = vec![PrewarmSpec { kind: "k".into(), memory_mb: 256, count: 2, reactive: None }];
+    let prewarm = vec![PrewarmSpec { kind: "k".into(), memory_mb: 256, disk_mb: 256, count: 2, reactive: None }];
     let mut core = PoolCore::new(CoreConfig { prewarm, ..CoreConfig::default() });
     let stems = created(&core.handle(stats("n1", 512, 512, 0), ms(0)));
     for &c in &stems {

@@ -269,21 +269,26 @@ impl Default for KeepAliveParams {
 }
 
 impl CoreConfig {
-    /// The prewarm class a job of this kind and memory may adopt.
-    pub fn stem_for(&self, kind: &str, memory_mb: u32) -> Option<StemId> {
-        let index = self.prewarm.iter().position(|p| p.kind == kind && p.memory_mb == memory_mb)?;
+    /// The prewarm class a job of this kind, memory and disk may adopt.
+    pub fn stem_for(&self, kind: &str, memory_mb: u32, disk_mb: u32) -> Option<StemId> {
+        let index =
+            self.prewarm.iter().position(|p| p.kind == kind && p.memory_mb == memory_mb && p.disk_mb == disk_mb)?;
         Some(StemId(index as u32))
     }
 }
 
 /// How many stem containers of one class to keep ready: started and uninitialised, adopted by
-/// actions of `kind` and `memory_mb` that would start cold.
+/// actions of `kind`, `memory_mb` and `disk_mb` that would start cold.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PrewarmSpec {
     /// What the class's containers run; the core only passes it on to whoever creates them.
     pub kind: String,
     pub memory_mb: u32,
+    /// The disk its containers get; unset in the config, `limits.disk_default_mb` (filled in
+    /// when the config is read).
+    #[serde(default)]
+    pub disk_mb: u32,
     /// Kept ready when the class is not reactive; the starting count when it is.
     #[serde(default)]
     pub count: u32,
