@@ -85,7 +85,9 @@ async fn an_activation_runs_on_a_pod_bound_to_a_node_and_its_logs_are_in_the_rec
     let api = cluster(&[("n1", 2048)]).await;
     let dir = tempdir();
     let inv = Invoker::start(dir.path(), &id("k8s-e2e"), &config(&api, ""));
-    inv.put_action("hello", action(256)).await;
+    let mut hello = action(256);
+    hello["limits"]["disk"] = json!(64);
+    inv.put_action("hello", hello).await;
     let (status, record) = inv.invoke("hello", "blocking=true", json!({"name": "pods"})).await;
     assert_eq!(status, 200, "{record}");
     assert_eq!(record["response"]["result"]["name"], "pods");
@@ -109,6 +111,12 @@ async fn an_activation_runs_on_a_pod_bound_to_a_node_and_its_logs_are_in_the_rec
     let main = &pod["spec"]["containers"][0];
     assert_eq!(main["resources"]["requests"], main["resources"]["limits"], "{main}");
     assert_eq!(main["resources"]["limits"]["memory"], "256Mi");
+    // What it may write: the action's disk, as ephemeral storage and as its volumes' sizes.
+    assert_eq!(main["resources"]["limits"]["ephemeral-storage"], "64Mi");
+    let volumes = pod["spec"]["volumes"].as_array().unwrap();
+    assert!(volumes.iter().all(|v| v["emptyDir"]["sizeLimit"] == "64Mi"), "{volumes:?}");
+    let mounts: Vec<&Value> = main["volumeMounts"].as_array().unwrap().iter().map(|m| &m["mountPath"]).collect();
+    assert_eq!(mounts, [&json!("/tmp"), &json!("/dev/shm")]);
     assert_eq!(main["securityContext"]["capabilities"]["drop"], json!(["ALL"]));
     let policy_name = format!("invoker-{}-actions", inv.invoker_id);
     let policy = api.network_policy(NAMESPACE, &policy_name).expect("the action pods' network policy");

@@ -177,6 +177,7 @@ impl ContainerFactory for KubernetesFactory {
                 name: &name,
                 node: &node.0,
                 memory_mb: spec.memory_mb,
+                disk_mb: spec.disk_mb,
                 cpus_per_gb: inner.config.cpus_per_gb,
                 invoker_id: &inner.invoker_id,
                 run: &inner.run,

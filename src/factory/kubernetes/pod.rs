@@ -22,8 +22,6 @@ const LABEL_KIND: &str = "invoker-kind";
 pub const CONTAINER: &str = "main";
 /// The uid and gid the runtime runs as (nobody), whatever the image says.
 const NOBODY: i64 = 65534;
-/// Size of the writable `/tmp` (the root filesystem is read-only).
-const TMP_LIMIT: &str = "64Mi";
 /// Container waiting reasons that will not resolve by waiting.
 const HOPELESS: &[&str] = &[
     "ErrImagePull",
@@ -52,6 +50,8 @@ pub struct PodRequest<'a> {
     pub name: &'a str,
     pub node: &'a str,
     pub memory_mb: u32,
+    /// `limits.disk`: the writable `/tmp` and `/dev/shm` (the root filesystem is read-only).
+    pub disk_mb: u32,
     pub cpus_per_gb: f64,
     pub invoker_id: &'a str,
     pub run: &'a str,
@@ -87,10 +87,13 @@ pub fn build_pod(template: &PodTemplate, r: &PodRequest<'_>) -> Pod {
         (LABEL_KIND.to_string(), label_value(r.kind)),
     ]);
     let millicpu = ((f64::from(r.memory_mb) / 1024.0 * r.cpus_per_gb * 1000.0).round() as u64).max(10);
+    let disk = Quantity(format!("{}Mi", r.disk_mb));
     // Requests equal limits: Guaranteed QoS, the last to be evicted, and what the offers count.
+    // The kubelet places by the ephemeral-storage request and evicts a pod past its limit.
     let resources = BTreeMap::from([
         ("memory".to_string(), Quantity(format!("{}Mi", r.memory_mb))),
         ("cpu".to_string(), Quantity(format!("{millicpu}m"))),
+        ("ephemeral-storage".to_string(), disk.clone()),
     ]);
     let listen = format!("$(POD_IP):$({PORT_VAR})");
     let command: Vec<String> = template.command.iter().map(|a| a.replace("{listen}", &listen)).collect();
@@ -135,7 +138,10 @@ pub fn build_pod(template: &PodTemplate, r: &PodRequest<'_>) -> Pod {
             capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), ..Default::default() }),
             ..Default::default()
         }),
-        volume_mounts: Some(vec![VolumeMount { name: "tmp".into(), mount_path: "/tmp".into(), ..Default::default() }]),
+        volume_mounts: Some(vec![
+            VolumeMount { name: "tmp".into(), mount_path: "/tmp".into(), ..Default::default() },
+            VolumeMount { name: "shm".into(), mount_path: "/dev/shm".into(), ..Default::default() },
+        ]),
         ..Default::default()
     };
     Pod {
@@ -156,14 +162,20 @@ pub fn build_pod(template: &PodTemplate, r: &PodRequest<'_>) -> Pod {
                 seccomp_profile: Some(SeccompProfile { type_: "RuntimeDefault".into(), ..Default::default() }),
                 ..Default::default()
             }),
-            volumes: Some(vec![Volume {
-                name: "tmp".into(),
-                empty_dir: Some(EmptyDirVolumeSource {
-                    size_limit: Some(Quantity(TMP_LIMIT.into())),
+            // `/dev/shm` in memory (counted in the memory limit), as a container runtime makes it,
+            // but of the action's size rather than the runtime's 64 MB.
+            volumes: Some(vec![
+                Volume {
+                    name: "tmp".into(),
+                    empty_dir: Some(EmptyDirVolumeSource { size_limit: Some(disk.clone()), ..Default::default() }),
                     ..Default::default()
-                }),
-                ..Default::default()
-            }]),
+                },
+                Volume {
+                    name: "shm".into(),
+                    empty_dir: Some(EmptyDirVolumeSource { medium: Some("Memory".into()), size_limit: Some(disk) }),
+                    ..Default::default()
+                },
+            ]),
             ..Default::default()
         }),
         status: None,
@@ -253,6 +265,7 @@ mod tests {
             name: "inv-x-1-7",
             node: "n1",
             memory_mb: 256,
+            disk_mb: 64,
             cpus_per_gb: 1.0,
             invoker_id: "Invoker 0",
             run: "1",
@@ -273,6 +286,13 @@ mod tests {
         assert_eq!(r.requests, r.limits, "Guaranteed QoS");
         assert_eq!(r.limits.as_ref().unwrap()["memory"], Quantity("256Mi".into()));
         assert_eq!(r.limits.as_ref().unwrap()["cpu"], Quantity("250m".into()));
+        assert_eq!(r.limits.as_ref().unwrap()["ephemeral-storage"], Quantity("64Mi".into()));
+        let volumes = spec.volumes.as_ref().unwrap();
+        let sizes: Vec<_> =
+            volumes.iter().map(|v| v.empty_dir.as_ref().and_then(|e| e.size_limit.clone()).unwrap()).collect();
+        assert_eq!(sizes, [Quantity("64Mi".into()), Quantity("64Mi".into())], "/tmp and /dev/shm within the disk");
+        let mounts: Vec<_> = c.volume_mounts.as_ref().unwrap().iter().map(|m| m.mount_path.as_str()).collect();
+        assert_eq!(mounts, ["/tmp", "/dev/shm"]);
         let sc = c.security_context.as_ref().unwrap();
         assert_eq!((sc.allow_privilege_escalation, sc.read_only_root_filesystem), (Some(false), Some(true)));
         assert_eq!(sc.capabilities.as_ref().unwrap().drop, Some(vec!["ALL".to_string()]));
