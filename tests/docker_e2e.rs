@@ -12,7 +12,7 @@ use nix::sys::signal::Signal;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::time::Duration;
-use support::{host_listens_on, python, Invoker};
+use support::{host_listens_on, python, Invoker, DISK_FILLER};
 
 const MB: u64 = 1024 * 1024;
 
@@ -307,6 +307,37 @@ async fn allocating_past_the_memory_limit_is_a_developer_error_and_the_container
     let (status, next) = inv.invoke("hog", "blocking=true", json!({})).await;
     assert_eq!(status, 200, "{next}");
     assert_ne!(container_id(&next), container_id(&first), "the killed container was replaced");
+    stop(inv, &docker, &invoker_id).await;
+}
+
+/// What a container may write is bounded by the action's `limits.disk` wherever it may write:
+/// `/tmp` (where our runtime keeps the code) and `/dev/shm`, each a tmpfs of the limit, and the
+/// socket directory, a 1 MB disk of its own rather than `data_dir`'s filesystem.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs a Docker Engine and the runtime images: run by .ci/run"]
+async fn a_write_past_the_disk_limit_fails_inside_the_container() {
+    let dir = tempdir();
+    let invoker_id = id("dk-disk");
+    let docker = engine().await;
+    let inv = start(dir.path(), &invoker_id, None, "").await;
+    let mut action = python(DISK_FILLER);
+    action["limits"] = json!({"memory": 256, "disk": 64, "timeout": 60000});
+    inv.put_action("filler", action).await;
+    for (at, size) in [(".", 64 * MB), ("/tmp", 64 * MB), ("/dev/shm", 64 * MB), ("/run/action", MB)] {
+        let (status, body) = inv.invoke("filler", "blocking=true", json!({ "dir": at })).await;
+        assert_eq!(status, 200, "{at}: {body}");
+        let got = &body["response"]["result"];
+        assert_eq!(got["stopped"], "ENOSPC", "{at}: {got}");
+        assert!(got["written"].as_u64().unwrap() <= size, "{at}: {got}");
+        assert_eq!(got["size"], size, "{at}: {got}");
+    }
+    let (docker_id, _) = the_container(&docker, &invoker_id).await;
+    let host =
+        docker.inspect_container(&docker_id, None::<InspectContainerOptions>).await.unwrap().host_config.unwrap();
+    assert!(host.tmpfs.unwrap()["/tmp"].contains("size=64m"));
+    assert_eq!(host.shm_size, Some(64 * MB as i64));
+    let (status, body) = inv.invoke("filler", "blocking=true", json!({ "dir": "/tmp" })).await;
+    assert_eq!((status, &body["response"]["result"]["stopped"]), (200, &json!("ENOSPC")), "and again: {body}");
     stop(inv, &docker, &invoker_id).await;
 }
 

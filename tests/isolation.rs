@@ -8,7 +8,7 @@ use nix::sys::signal::Signal;
 use serde_json::{json, Value};
 use std::os::unix::fs::PermissionsExt as _;
 use std::time::Duration;
-use support::{alive, python, wait_gone, Invoker, GUEST};
+use support::{alive, python, wait_gone, Invoker, DISK_FILLER, GUEST};
 
 const OTHER: &str = "11111111-2222-3333-4444-555555555555:other-secret-key";
 
@@ -202,6 +202,10 @@ async fn no_process_of_an_action_outlives_its_container_nor_an_invoker_crash() {
     let extra = config.split_once('\n').map(|(_, rest)| rest.to_string()).unwrap_or_default();
     let _restarted = Invoker::start(dir.path(), &id, &extra);
     assert!(wait_gone(&[second], Duration::from_secs(10)).is_empty(), "{second} outlived the restart");
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let data = dir.path().join("data").display().to_string();
+    let left: Vec<&str> = mounts.lines().filter(|l| l.contains(data.as_str())).collect();
+    assert!(left.is_empty(), "the crashed run's container disks are detached: {left:?}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -458,4 +462,43 @@ fn a_kinds_paths_may_not_expose_the_store_or_the_config() {
     assert!(!status.success());
     let said = std::fs::read_to_string(&stderr).unwrap();
     assert!(said.contains("kinds.\"python:ow\".paths"), "{said}");
+}
+
+/// A disk limit holds wherever the container may write: its working directory (where its code
+/// lies), `/tmp` and `/dev/shm` all stop it at `limits.disk` with ENOSPC, inside the action; the
+/// invoker and another tenant notice nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_write_past_the_disk_limit_fails_inside_the_action_and_nothing_outside_notices() {
+    if !root_or_skip() {
+        return;
+    }
+    let (_dir, inv) = start("iso-disk", "");
+    let filler = json!({"exec": {"kind": "python:3", "code": DISK_FILLER},
+                        "limits": {"memory": 256, "disk": 64, "timeout": 60000}});
+    inv.put_action("filler", filler).await;
+    let limit = 64 << 20;
+    for dir in [".", "/tmp", "/dev/shm"] {
+        let (status, body) = inv.invoke("filler", "blocking=true", json!({ "dir": dir })).await;
+        assert_eq!(status, 200, "{dir}: {body}");
+        let got = &body["response"]["result"];
+        assert_eq!(got["stopped"], "ENOSPC", "{dir}: {got}");
+        let written = got["written"].as_u64().unwrap();
+        assert!(written <= limit && written > limit - (8 << 20), "{dir}: {written} bytes of a 64 MB disk: {got}");
+        assert_eq!(got["size"], limit, "{dir}: the container's own disk: {got}");
+    }
+    let http = reqwest::Client::new();
+    let (user, pass) = OTHER.split_once(':').unwrap();
+    let hello = python("def main(a):\n    return {'hello': 'other'}\n");
+    let put = http.put(inv.url("actions/hello")).basic_auth(user, Some(pass)).json(&hello).send().await.unwrap();
+    assert_eq!(put.status(), 200, "the other tenant's PUT");
+    let invoke = http
+        .post(format!("{}?blocking=true", inv.url("actions/hello")))
+        .basic_auth(user, Some(pass))
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(invoke.status(), 200, "the other tenant's invoke");
+    let (status, body) = inv.invoke("filler", "blocking=true", json!({ "dir": "." })).await;
+    assert_eq!((status, &body["response"]["result"]["stopped"]), (200, &json!("ENOSPC")), "and again: {body}");
 }

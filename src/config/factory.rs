@@ -118,8 +118,6 @@ pub struct DockerFactoryConfig {
     /// The user action containers run as (never root).
     pub user: String,
     pub pids_limit: i64,
-    /// Size of the writable tmpfs at /tmp (the root filesystem is read-only).
-    pub tmpfs_mb: u32,
     /// Container creations in flight on the engine at most (engines fall over under many).
     pub max_concurrent_creates: usize,
     /// Bound on a created container's runtime answering.
@@ -182,7 +180,6 @@ impl Default for DockerFactoryConfig {
             reserve_mb: 1024,
             user: "65534:65534".into(),
             pids_limit: 256,
-            tmpfs_mb: 64,
             max_concurrent_creates: 4,
             ready_timeout: Duration::from_secs(30),
             kinds: BTreeMap::from([
@@ -232,8 +229,6 @@ pub struct ProcessFactoryConfig {
     pub uid_count: u32,
     /// Processes a container may have at once (its pids cgroup).
     pub pids_max: u32,
-    /// Size of a container's private `/tmp` (and `/dev/shm`); it counts against its memory.
-    pub tmp_mb: u32,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
@@ -268,7 +263,6 @@ impl Default for ProcessFactoryConfig {
             uid_base: 100_000,
             uid_count: 60_000,
             pids_max: 256,
-            tmp_mb: 64,
         }
     }
 }
@@ -281,8 +275,8 @@ impl FactoryConfig {
             return Err(bad("factory.mock.nodes", "must be 1 to 10000"));
         }
         let d = &self.docker;
-        if d.max_concurrent_creates == 0 || d.tmpfs_mb == 0 || d.pids_limit <= 0 {
-            return Err(bad("factory.docker", "max_concurrent_creates, tmpfs_mb and pids_limit must be positive"));
+        if d.max_concurrent_creates == 0 || d.pids_limit <= 0 {
+            return Err(bad("factory.docker", "max_concurrent_creates and pids_limit must be positive"));
         }
         if let Some((name, _)) = d.kinds.iter().find(|(_, k)| k.port == Some(0)) {
             return Err(bad(&format!("factory.docker.kinds.\"{name}\".port"), "must be 1 to 65535"));
@@ -310,8 +304,8 @@ impl FactoryConfig {
         if fp.uid_base < 1000 || fp.uid_count == 0 || uid_end > u64::from(u32::MAX) {
             return Err(bad("factory.process.uid_base", "need uid_base >= 1000 and 0 < uid_count, within 32 bits"));
         }
-        if fp.pids_max < 8 || fp.tmp_mb == 0 {
-            return Err(bad("factory.process.pids_max", "pids_max must be at least 8 and tmp_mb positive"));
+        if fp.pids_max < 8 {
+            return Err(bad("factory.process.pids_max", "must be at least 8"));
         }
         Ok(())
     }

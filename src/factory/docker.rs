@@ -5,13 +5,17 @@
 //! images serve; or on a 127.0.0.1 port with the host's network.
 //!
 //! Limits: memory = memory+swap = the action's memory, CPU shares in proportion to it, a pids
-//! limit, a read-only root with a small tmpfs, no new privileges, every capability dropped,
-//! a non-root user. Every container carries the `invoker_id` label; at start the factory removes
+//! limit, a read-only root, no new privileges, every capability dropped, a non-root user. What
+//! a container may write is its own: `/tmp` (where our runtime keeps the code) and `/dev/shm`
+//! are each a tmpfs of the action's `limits.disk`, and the socket directory bound from
+//! `data_dir` is a small disk of its own (`own_disk.rs`), so nothing it writes reaches the
+//! host's filesystem. Every container carries the `invoker_id` label; at start the factory removes
 //! what an earlier run of the same invoker left, and nothing else.
 
 use super::logs::{LogBuffer, Stream};
 use super::netns::NetNs;
 use super::one_host::OneHost;
+use super::own_disk;
 use super::{ContainerFactory, ContainerHandle, ContainerSpec, Epoch, FactoryError, StatsReceiver, Transport};
 use crate::config::{Config, DockerFactoryConfig, DockerKindConfig, Network};
 use crate::pool::core::{ContainerId, NodeId};
@@ -28,6 +32,9 @@ use tokio::sync::Semaphore;
 
 /// Where the per-container directory appears inside the container.
 const SOCKET_DIR: &str = "/run/action";
+/// The per-container directory's own disk: it holds a socket; anything else written there is
+/// bounded by this.
+const SOCKET_DIR_MB: u32 = 1;
 const LABEL_INVOKER: &str = "invoker_id";
 const LABEL_CONTAINER: &str = "invoker_container";
 const LABEL_ACTION: &str = "invoker_action";
@@ -269,11 +276,13 @@ impl DockerFactory {
             cpu_shares: Some((i64::from(spec.memory_mb) * 4).max(2)),
             pids_limit: Some(c.pids_limit),
             readonly_rootfs: Some(true),
-            // The one writable place; `exec`, since a native action is an uploaded executable.
+            // The writable places, each within the disk limit; `/tmp` `exec`, since a native
+            // action is an uploaded executable.
             tmpfs: Some(HashMap::from([(
                 "/tmp".into(),
-                format!("rw,exec,nosuid,nodev,mode=1777,size={}m", c.tmpfs_mb),
+                format!("rw,exec,nosuid,nodev,mode=1777,size={}m", spec.disk_mb),
             )])),
+            shm_size: Some(i64::from(spec.disk_mb) * 1024 * 1024),
             security_opt: Some(vec!["no-new-privileges".into()]),
             cap_drop: Some(vec!["ALL".into()]),
             network_mode: Some(match network {
@@ -371,6 +380,7 @@ impl DockerFactory {
 
     async fn forget(&self, id: ContainerId) {
         self.inner.live.lock().remove(&id);
+        own_disk::unmount(&self.container_dir(id));
         let _ = tokio::fs::remove_dir_all(self.container_dir(id)).await;
         self.observe();
     }
@@ -394,6 +404,7 @@ impl DockerFactory {
                 removed += 1;
             }
         }
+        own_disk::unmount_under(&self.inner.dir);
         let _ = std::fs::remove_dir_all(&self.inner.dir);
         if removed > 0 {
             tracing::info!(removed, "removed containers left by an earlier run of this invoker");
@@ -413,12 +424,12 @@ fn parse_user(user: &str) -> Option<(u32, u32)> {
 }
 
 /// The per-container directory: owned by the container's user, so its runtime can make its
-/// socket there, and by nobody else.
-fn prepare_dir(dir: &Path, (uid, gid): (u32, u32)) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
+/// socket there, and by nobody else; a disk of its own, so that the container, which may write
+/// there, cannot fill `data_dir`.
+fn prepare_dir(dir: &Path, owner: (u32, u32)) -> std::io::Result<()> {
+    own_disk::unmount(dir);
     std::fs::create_dir_all(dir)?;
-    std::os::unix::fs::chown(dir, Some(uid), Some(gid))?;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+    own_disk::mount_on(dir, SOCKET_DIR_MB, owner, 0o700)
 }
 
 /// OOM kills counted by the container's memory cgroup, wherever the engine put it (cgroup v1

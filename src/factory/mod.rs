@@ -11,6 +11,7 @@ pub mod mesos;
 pub mod mock;
 pub mod netns;
 mod one_host;
+mod own_disk;
 pub mod process;
 pub mod sandbox;
 mod snapshot;

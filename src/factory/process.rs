@@ -14,6 +14,7 @@ use super::cgroup::ContainerCgroups;
 use super::logs::{LogBuffer, Stream};
 use super::netns::NetNs;
 use super::one_host::OneHost;
+use super::own_disk;
 use super::sandbox::{resolve_interpreter, SandboxArgs, ACTION_PATH};
 use super::uids::{HeldUid, UidRange};
 use super::watchdog::{remove_left, Watchdog, WatchdogArgs};
@@ -66,6 +67,8 @@ struct Inner {
     zygote: Option<Zygote>,
     /// The node launcher's startup snapshot, when a kind starts from one.
     node_snapshot: Option<PathBuf>,
+    /// Whether each container gets a disk of its own (`own_disk.rs`; needs root).
+    own_disks: bool,
 }
 
 struct Live {
@@ -192,6 +195,13 @@ impl ProcessFactory {
                 )));
             }
         }
+        let own_disks = own_disk::can_mount();
+        if !own_disks {
+            tracing::warn!(
+                "the invoker is not root: containers get no disk of their own, limits.disk is NOT enforced and \
+                 what an action writes lands in data_dir"
+            );
+        }
         let host = OneHost::new(NodeId::new("local"), settings.user_memory_mb, epoch);
         let factory = ProcessFactory {
             inner: Arc::new(Inner {
@@ -210,6 +220,7 @@ impl ProcessFactory {
                 watchdog_args,
                 zygote,
                 node_snapshot,
+                own_disks,
             }),
         };
         factory.observe();
@@ -362,9 +373,9 @@ impl ContainerFactory for ProcessFactory {
 }
 
 impl ProcessFactory {
-    /// Makes the container's directory and its work dir (its uid's, 0700), its root's mount
-    /// point, its cgroups, and the address its runtime will serve on; returns how to reach it
-    /// and the sandbox's arguments.
+    /// Makes the container's directory on a disk of its own (`own_disk.rs`) with its work dir,
+    /// `/tmp` and `/dev/shm` in it (its uid's), its root's mount point, its cgroups, and the
+    /// address its runtime will serve on; returns how to reach it and the sandbox's arguments.
     fn prepare(
         &self,
         spec: &ContainerSpec,
@@ -374,16 +385,33 @@ impl ProcessFactory {
         let inner = &self.inner;
         let dir = self.dir(spec.id);
         let create_err = |what: &str, e: std::io::Error| FactoryError::Create(format!("{what}: {e}"));
+        own_disk::unmount(&dir);
         let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).map_err(|e| create_err("container directory", e))?;
+        let owner = uid.map_or_else(
+            || (nix::unistd::geteuid().as_raw(), nix::unistd::getegid().as_raw()),
+            |held| (held.uid, held.uid),
+        );
+        if inner.own_disks {
+            own_disk::mount_on(&dir, spec.disk_mb, owner, 0o700).map_err(|e| create_err("container disk", e))?;
+        }
         let work = self.work_dir(spec.id);
-        for made in [&dir, &work] {
-            std::fs::create_dir(made).map_err(|e| create_err("container directory", e))?;
-            if let Some(held) = uid {
-                let id = Some(nix::unistd::Uid::from_raw(held.uid));
-                nix::unistd::chown(made, id, Some(nix::unistd::Gid::from_raw(held.uid)))
-                    .map_err(|e| FactoryError::Create(format!("container directory: {e}")))?;
+        let (tmp, shm) = (dir.join("tmp"), dir.join("shm"));
+        // `/tmp` and `/dev/shm` are the sandbox's: without isolation the runtime has the host's.
+        let mut made = vec![(&dir, 0o700), (&work, 0o700)];
+        if uid.is_some() {
+            made.extend([(&tmp, 0o1777), (&shm, 0o1777)]);
+        }
+        for (made, mode) in made {
+            if made != &dir {
+                std::fs::create_dir(made).map_err(|e| create_err("container directory", e))?;
             }
-            let _ = std::fs::set_permissions(made, std::fs::Permissions::from_mode(0o700));
+            if uid.is_some() {
+                let (user, group) = (nix::unistd::Uid::from_raw(owner.0), nix::unistd::Gid::from_raw(owner.1));
+                nix::unistd::chown(made, Some(user), Some(group))
+                    .map_err(|e| create_err("container directory", e.into()))?;
+            }
+            let _ = std::fs::set_permissions(made, std::fs::Permissions::from_mode(mode));
         }
         if uid.is_some() {
             std::fs::create_dir(self.root(spec.id)).map_err(|e| create_err("container root", e))?;
@@ -427,7 +455,8 @@ impl ProcessFactory {
                 .flat_map(|p| [p.host().to_path_buf(), p.at().to_path_buf()])
                 .collect(),
             mask: inner.masked.clone(),
-            tmp_mb: inner.settings.tmp_mb,
+            tmp: uid.is_some().then(|| tmp.clone()),
+            shm: uid.is_some().then(|| shm.clone()),
             command: kind.command_for(&inner.executable, &listen).into_iter().map(Into::into).collect(),
         };
         Ok((reach, sandbox))
@@ -453,6 +482,8 @@ impl ProcessFactory {
         if let Some(mut child) = child {
             let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
         }
+        // Before the cgroups go: its pages are charged there.
+        own_disk::unmount(&self.dir(id));
         if self.inner.cgroups.is_ok() {
             let inner = self.inner.clone();
             let _ = tokio::task::spawn_blocking(move || {
@@ -577,7 +608,7 @@ fn probe_sandbox(
     let (dir, root) = (pid_dir.join("probe"), pid_dir.join("probe.root"));
     let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::remove_dir(&root);
-    let made = std::fs::create_dir(&dir).and_then(|_| std::fs::create_dir(&root));
+    let made = [&dir, &root, &dir.join("tmp"), &dir.join("shm")].into_iter().try_for_each(std::fs::create_dir);
     made.map_err(|e| setup_error(format!("{}: {e}", dir.display())))?;
     let args = SandboxArgs {
         isolate: true,
@@ -585,7 +616,8 @@ fn probe_sandbox(
         root: Some(root.clone()),
         dir: Some(dir.clone()),
         bind_files: vec![executable.to_path_buf()],
-        tmp_mb: 1,
+        tmp: Some(dir.join("tmp")),
+        shm: Some(dir.join("shm")),
         command: vec![executable.into(), "--version".into()],
         ..SandboxArgs::default()
     };

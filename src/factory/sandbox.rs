@@ -6,8 +6,8 @@
 //! 2. it enters new mount and IPC namespaces and, unless the kind's network is `host`, a new
 //!    network namespace with nothing but loopback;
 //! 3. it builds a root of its own and pivots into it: the system's read-only directories
-//!    (`/usr`, `/lib*`, `/bin`, the parts of `/etc` interpreters read), a private `/tmp` and
-//!    `/dev/shm`, the few devices a program needs, a `/proc` that hides other users' processes,
+//!    (`/usr`, `/lib*`, `/bin`, the parts of `/etc` interpreters read), a `/tmp` and a
+//!    `/dev/shm` of the container's own disk, the few devices a program needs, a `/proc` that hides other users' processes,
 //!    the runtime binary, and the container's own directory. Nothing else of the host exists
 //!    there: not the config, not the store, not another container's directory, whatever
 //!    their permission bits say;
@@ -104,9 +104,12 @@ pub struct SandboxArgs {
     /// A path hidden even if it lies in a directory the container sees (the config file).
     #[arg(long)]
     pub mask: Vec<PathBuf>,
-    /// Size of the private `/tmp` and `/dev/shm` (they count against the memory limit).
-    #[arg(long, default_value_t = 64)]
-    pub tmp_mb: u32,
+    /// The container's own directories bound at `/tmp` and at `/dev/shm` (on its disk, see
+    /// `own_disk.rs`); required when isolating.
+    #[arg(long)]
+    pub tmp: Option<PathBuf>,
+    #[arg(long)]
+    pub shm: Option<PathBuf>,
     /// The command to run inside.
     #[arg(last = true, required = true)]
     pub command: Vec<OsString>,
@@ -139,7 +142,12 @@ impl SandboxArgs {
         for m in &self.mask {
             pair("--mask", m.into());
         }
-        pair("--tmp-mb", self.tmp_mb.to_string().into());
+        if let Some(dir) = &self.tmp {
+            pair("--tmp", dir.into());
+        }
+        if let Some(dir) = &self.shm {
+            pair("--shm", dir.into());
+        }
         for pair_at in self.bind_at.chunks(2) {
             args.push("--bind-at".into());
             args.extend(pair_at.iter().map(OsString::from));
@@ -382,10 +390,11 @@ fn build_root(root: &Path, args: &SandboxArgs) -> std::io::Result<()> {
     {
         std::os::unix::fs::symlink(to, dev.join(name)).map_err(|e| io(name, e))?;
     }
-    let private = format!("size={}m,mode=1777", args.tmp_mb);
-    for dir in [dev.join("shm"), root.join("tmp")] {
-        std::fs::create_dir_all(&dir).map_err(|e| io(dir.display(), e))?;
-        tmpfs(&dir, &private).map_err(|e| io(format!("tmpfs {}", dir.display()), e))?;
+    // The container's own, on its disk: what it writes there counts against its disk limit.
+    for (own, at) in [(&args.shm, dev.join("shm")), (&args.tmp, root.join("tmp"))] {
+        let own = own.as_deref().ok_or_else(|| io(at.display(), "--tmp and --shm are required"))?;
+        std::fs::create_dir_all(&at).map_err(|e| io(at.display(), e))?;
+        bind(own, &at, false).map_err(|e| io(format!("bind {} at {}", own.display(), at.display()), e))?;
     }
     let proc = root.join("proc");
     std::fs::create_dir_all(&proc).map_err(|e| io("proc", e))?;
@@ -493,7 +502,8 @@ mod tests {
             bind_files: vec!["/usr/bin/invoker".into()],
             bind_at: vec!["/usr/bin/python3".into(), "/usr/local/bin/python".into()],
             mask: vec!["/etc/invoker.toml".into()],
-            tmp_mb: 32,
+            tmp: Some("/d/1/tmp".into()),
+            shm: Some("/d/1/shm".into()),
             command: vec!["/usr/bin/invoker".into(), "action-runtime".into(), "--listen".into(), "x".into()],
         };
         let mut argv: Vec<OsString> = vec!["sandbox".into()];

@@ -51,7 +51,8 @@ pub fn watch(args: WatchdogArgs) -> std::io::Result<()> {
 
 /// Kills what a run of this invoker left: every process in its containers' cgroups, and the
 /// process groups it recorded if they are still its own (their environment names this
-/// invoker); then removes the records and the containers' directories. Returns how many it
+/// invoker); then detaches their disks and removes the records and the containers'
+/// directories. Returns how many it
 /// killed. The calling process itself is spared (the watchdog is recorded there too).
 pub fn remove_left(invoker_id: &str, pid_dir: &Path, cgroups: Option<&ContainerCgroups>) -> usize {
     let Ok(entries) = std::fs::read_dir(pid_dir) else { return 0 };
@@ -75,6 +76,8 @@ pub fn remove_left(invoker_id: &str, pid_dir: &Path, cgroups: Option<&ContainerC
         }
         let _ = std::fs::remove_file(&path);
     }
+    // The containers' disks go before their cgroups, where their pages are charged.
+    super::own_disk::unmount_under(pid_dir);
     if let Some(cg) = cgroups {
         killed += cg.remove_all();
     }

@@ -208,3 +208,22 @@ pub fn host_listens_on(port: u16) -> bool {
 pub fn python(code: &str) -> Value {
     json!({ "exec": { "kind": "python:3", "code": code } })
 }
+
+/// Writes up to 200 MB into `a.dir` in 1 MB steps and says how far it got and why it stopped;
+/// the file goes again, so the next call starts on an empty disk.
+pub const DISK_FILLER: &str = r#"import errno, os
+def main(a):
+    target = os.path.join(a['dir'], 'fill')
+    written, stopped = 0, None
+    st = os.statvfs(a['dir'])
+    try:
+        with open(target, 'wb', buffering=0) as f:
+            for _ in range(200):
+                written += f.write(b'x' * (1 << 20))
+    except OSError as e:
+        stopped = errno.errorcode.get(e.errno, str(e.errno))
+    finally:
+        if os.path.exists(target):
+            os.remove(target)
+    return {'written': written, 'stopped': stopped, 'size': st.f_blocks * st.f_frsize}
+"#;
