@@ -7,6 +7,14 @@
 //!
 //! Power loss may lose the last `FLUSH_EVERY` of journal lines (they are not fsynced); a
 //! SIGKILL loses nothing.
+//!
+//! A full disk: a write that fails (a journal line, a flush, an action) puts the store in
+//! trouble, which refuses new activations (`StoreError::Unavailable`, a 503 naming the disk)
+//! and makes the invoker unhealthy. What was accepted before still ends with its record: one
+//! whose line cannot be written is kept in memory (bounded by what was accepted, since nothing
+//! new is) and reaches redb with the next flush that succeeds. Every `FLUSH_EVERY` the store
+//! tries a write of each kind (a scratch file beside the journal, a redb transaction, which
+//! opens the database again if the error broke it); once both succeed it takes work again.
 
 use super::action_cache::ActionCache;
 use super::{Accepted, RedbStore, Store, StoreError};
@@ -37,11 +45,15 @@ struct Inner {
     state: Mutex<State>,
     /// Serialises flushes (the thread's and an explicit one).
     flushing: Mutex<()>,
+    /// Why writes fail now; `None` while they succeed.
+    trouble: Mutex<Option<String>>,
 }
 
 struct State {
     file: File,
     segment: u64,
+    /// The segment's length: a line cut short by a full disk is cut off again.
+    len: u64,
     /// Accepted and not finished; `true` once redb's pending table has it.
     pending: FxHashMap<String, (ActivationMeta, bool)>,
     /// Finished, not yet in redb.
@@ -170,6 +182,7 @@ impl JournaledStore {
         let state = State {
             file: open_segment(dir, segment)?,
             segment,
+            len: 0,
             pending: FxHashMap::default(),
             finished: FxHashMap::default(),
             in_flight: Arc::default(),
@@ -180,6 +193,7 @@ impl JournaledStore {
             dir: dir.to_path_buf(),
             state: Mutex::new(state),
             flushing: Mutex::new(()),
+            trouble: Mutex::new(None),
         });
         let weak = Arc::downgrade(&inner);
         std::thread::Builder::new()
@@ -225,21 +239,89 @@ fn flush_loop(inner: Weak<Inner>) {
     loop {
         std::thread::sleep(FLUSH_EVERY);
         let Some(inner) = inner.upgrade() else { return };
-        if let Err(e) = inner.flush() {
-            tracing::error!("moving the journal into the store failed (will retry): {e}");
+        let troubled = inner.trouble.lock().is_some();
+        match inner.flush() {
+            Ok(()) if troubled => inner.try_recover(),
+            Ok(()) => {}
+            // Said once, when the trouble begins (`troubled`).
+            Err(_) => {}
         }
     }
 }
 
+/// What a scratch write beside the journal must fit for the store to take work again: a
+/// journal line of a large record.
+const PROBE_BYTES: usize = 256 * 1024;
+
 impl Inner {
-    /// Writes one line and returns it (without the newline).
+    /// Writes one line and returns it (without the newline). A line the disk took only part of
+    /// is cut off, so that the next line starts where it should.
     fn append(state: &mut State, line: &LineRef<'_>) -> Result<Vec<u8>, StoreError> {
         // Model types of strings, numbers and JSON values: encoding cannot fail.
         let mut bytes = serde_json::to_vec(line).expect("a journal line serialises");
         bytes.push(b'\n');
-        state.file.write_all(&bytes).map_err(|e| io_err("journal append", e))?;
+        if let Err(e) = state.file.write_all(&bytes) {
+            let _ = state.file.set_len(state.len);
+            return Err(io_err("journal append", e));
+        }
+        state.len += bytes.len() as u64;
         bytes.pop();
         Ok(bytes)
+    }
+
+    /// Notes a failed write: the store takes no new work until `try_recover` finds both the
+    /// journal's disk and redb writable. Returns the error to answer with (a storage error
+    /// becomes `Unavailable`, naming the disk).
+    fn troubled(&self, e: StoreError) -> StoreError {
+        if !e.is_storage() {
+            return e;
+        }
+        let reason = match &e {
+            StoreError::Unavailable(reason) => reason.clone(),
+            e if e.is_disk_full() => format!(
+                "the disk holding the store ({}) is full ({e}); new work is refused until space is freed",
+                self.dir.parent().unwrap_or(&self.dir).display()
+            ),
+            e => format!(
+                "the store cannot write to {} ({e}); new work is refused until it can",
+                self.dir.parent().unwrap_or(&self.dir).display()
+            ),
+        };
+        let mut trouble = self.trouble.lock();
+        if trouble.is_none() {
+            tracing::error!("{reason}");
+        }
+        *trouble = Some(reason.clone());
+        StoreError::Unavailable(reason)
+    }
+
+    /// `Err(Unavailable)` while the store is in trouble.
+    fn check_trouble(&self) -> Result<(), StoreError> {
+        match &*self.trouble.lock() {
+            Some(reason) => Err(StoreError::Unavailable(reason.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// Tries a write of each kind the store makes; when both succeed, the trouble is over.
+    fn try_recover(&self) {
+        let scratch = self.dir.join("probe.tmp");
+        let journal = std::fs::write(&scratch, vec![0u8; PROBE_BYTES]);
+        let _ = std::fs::remove_file(&scratch);
+        let probed = match journal {
+            Ok(()) => self.db.put_setting("store.probe", &crate::model::epoch_ms().to_string()),
+            Err(e) => Err(io_err("journal directory", e)),
+        };
+        match probed {
+            Ok(()) => {
+                if let Some(reason) = self.trouble.lock().take() {
+                    tracing::info!(was = %reason, "the store writes again; new work is taken");
+                }
+            }
+            Err(e) => {
+                self.troubled(e);
+            }
+        }
     }
 
     fn flush(&self) -> Result<(), StoreError> {
@@ -259,8 +341,9 @@ impl Inner {
                 return Ok(());
             }
             let old = state.segment;
-            state.file = open_segment(&self.dir, old + 1)?;
+            state.file = open_segment(&self.dir, old + 1).map_err(|e| self.troubled(e))?;
             state.segment = old + 1;
+            state.len = 0;
             state.in_flight = Arc::new(std::mem::take(&mut state.finished));
             (old, unsaved, state.in_flight.clone())
         };
@@ -287,7 +370,8 @@ impl Inner {
                         entry.1 = false;
                     }
                 }
-                Err(e)
+                drop(state);
+                Err(self.troubled(e))
             }
         }
     }
@@ -303,35 +387,40 @@ impl Drop for Inner {
 
 impl Store for JournaledStore {
     fn put_action(&self, action: Action, overwrite: bool) -> Result<Action, StoreError> {
-        let saved = self.inner.db.put_action(action, overwrite)?;
-        self.inner.actions.lock().insert(Arc::new(saved.clone()));
+        let inner = &self.inner;
+        let saved = inner.db.put_action(action, overwrite).map_err(|e| inner.troubled(e))?;
+        inner.actions.lock().insert(Arc::new(saved.clone()));
         Ok(saved)
     }
 
     fn get_action(&self, namespace: &str, name: &str) -> Result<Option<Arc<Action>>, StoreError> {
-        if let Some(action) = self.inner.actions.lock().get(namespace, name) {
+        let inner = &self.inner;
+        if let Some(action) = inner.actions.lock().get(namespace, name) {
             return Ok(Some(action));
         }
-        let found = self.inner.db.get_action(namespace, name)?;
+        let found = inner.db.get_action(namespace, name).map_err(|e| inner.troubled(e))?;
         if let Some(action) = &found {
-            self.inner.actions.lock().insert(action.clone());
+            inner.actions.lock().insert(action.clone());
         }
         Ok(found)
     }
 
     fn list_actions(&self, namespace: &str, skip: usize, limit: usize) -> Result<Vec<Action>, StoreError> {
-        self.inner.db.list_actions(namespace, skip, limit)
+        self.inner.db.list_actions(namespace, skip, limit).map_err(|e| self.inner.troubled(e))
     }
 
     fn delete_action(&self, namespace: &str, name: &str) -> Result<Option<Action>, StoreError> {
-        let deleted = self.inner.db.delete_action(namespace, name)?;
-        self.inner.actions.lock().remove(namespace, name);
+        let inner = &self.inner;
+        let deleted = inner.db.delete_action(namespace, name).map_err(|e| inner.troubled(e))?;
+        inner.actions.lock().remove(namespace, name);
         Ok(deleted)
     }
 
     fn accept(&self, meta: &ActivationMeta) -> Result<Accepted, StoreError> {
+        let inner = &self.inner;
+        inner.check_trouble()?;
         let id = meta.activation_id.as_str();
-        let mut state = self.inner.state.lock();
+        let mut state = inner.state.lock();
         if let Some((earlier, _)) = state.pending.get(id) {
             return Ok(Accepted::Pending { namespace: earlier.namespace.clone() });
         }
@@ -339,27 +428,40 @@ impl Store for JournaledStore {
             return Ok(Accepted::Finished(Box::new((*f.record).clone())));
         }
         // Under the lock, so that two deliveries of one id cannot both be new.
-        match self.inner.db.seen(id)? {
+        match inner.db.seen(id).map_err(|e| inner.troubled(e))? {
             Accepted::New => {}
             seen => return Ok(seen),
         }
-        Inner::append(&mut state, &LineRef::A(meta))?;
+        Inner::append(&mut state, &LineRef::A(meta)).map_err(|e| inner.troubled(e))?;
         state.pending.insert(id.to_string(), (meta.clone(), false));
         Ok(Accepted::New)
     }
 
     fn accept_new(&self, meta: &ActivationMeta) -> Result<(), StoreError> {
-        let mut state = self.inner.state.lock();
-        Inner::append(&mut state, &LineRef::A(meta))?;
+        let inner = &self.inner;
+        inner.check_trouble()?;
+        let mut state = inner.state.lock();
+        Inner::append(&mut state, &LineRef::A(meta)).map_err(|e| inner.troubled(e))?;
         state.pending.insert(meta.activation_id.clone(), (meta.clone(), false));
         Ok(())
     }
 
+    /// Never loses an accepted activation's record: one whose journal line cannot be written
+    /// is kept in memory until a flush moves it into redb.
     fn finish(&self, record: &Arc<ActivationRecord>) -> Result<(), StoreError> {
-        let mut state = self.inner.state.lock();
-        let line = Inner::append(&mut state, &LineRef::F(record))?;
-        // The line is `{"F":<record>}`: the record's own JSON is inside.
-        let json = line.get(5..line.len().saturating_sub(1)).unwrap_or_default().into();
+        let inner = &self.inner;
+        let mut state = inner.state.lock();
+        let json: Box<[u8]> = match Inner::append(&mut state, &LineRef::F(record)) {
+            // The line is `{"F":<record>}`: the record's own JSON is inside.
+            Ok(line) => line.get(5..line.len().saturating_sub(1)).unwrap_or_default().into(),
+            Err(e) => {
+                drop(state);
+                let e = inner.troubled(e);
+                tracing::warn!(activation = %record.activation_id, "record kept in memory until the store writes: {e}");
+                state = inner.state.lock();
+                serde_json::to_vec(&**record).expect("a record serialises").into()
+            }
+        };
         state.pending.remove(&record.activation_id);
         state.finished.insert(record.activation_id.clone(), Finished { record: Arc::clone(record), json });
         Ok(())
@@ -372,7 +474,7 @@ impl Store for JournaledStore {
                 return Ok(Some((*f.record).clone()));
             }
         }
-        self.inner.db.get_activation(id)
+        self.inner.db.get_activation(id).map_err(|e| self.inner.troubled(e))
     }
 
     fn list_activations(
@@ -393,7 +495,8 @@ impl Store for JournaledStore {
                 .cloned()
                 .collect()
         };
-        records.extend(self.inner.db.list_activations(namespace, name, 0, skip.saturating_add(limit))?);
+        let stored = self.inner.db.list_activations(namespace, name, 0, skip.saturating_add(limit));
+        records.extend(stored.map_err(|e| self.inner.troubled(e))?);
         records.sort_by(|a, b| (b.start, &b.activation_id).cmp(&(a.start, &a.activation_id)));
         records.dedup_by(|a, b| a.activation_id == b.activation_id);
         Ok(records.into_iter().skip(skip).take(limit).collect())
@@ -405,15 +508,19 @@ impl Store for JournaledStore {
     }
 
     fn expire(&self, before_ms: u64) -> Result<usize, StoreError> {
-        self.inner.db.expire(before_ms)
+        self.inner.db.expire(before_ms).map_err(|e| self.inner.troubled(e))
+    }
+
+    fn trouble(&self) -> Option<String> {
+        self.inner.trouble.lock().clone()
     }
 
     fn get_setting(&self, key: &str) -> Result<Option<String>, StoreError> {
-        self.inner.db.get_setting(key)
+        self.inner.db.get_setting(key).map_err(|e| self.inner.troubled(e))
     }
 
     fn put_setting(&self, key: &str, value: &str) -> Result<(), StoreError> {
-        self.inner.db.put_setting(key, value)
+        self.inner.db.put_setting(key, value).map_err(|e| self.inner.troubled(e))
     }
 }
 
@@ -532,5 +639,67 @@ mod tests {
         assert_eq!(aside.len(), 1, "kept aside: {aside:?}");
         assert_eq!(std::fs::read(journal.join(&aside[0])).unwrap(), damaged, "as it was");
         assert!(journal.join("journal.00000000000000000099").is_dir() && journal.join("notes.txt").exists());
+    }
+
+    /// A store on a small filesystem that fills up: new work is refused with the disk named,
+    /// what was accepted keeps its record (in memory while nothing can be written), and once
+    /// space is freed the store writes again by itself, redb opened anew. Needs root (a tmpfs).
+    #[test]
+    fn a_full_disk_refuses_new_work_keeps_every_record_and_recovers_by_itself() {
+        if !nix::unistd::geteuid().is_root() {
+            assert!(std::env::var("CI").as_deref() != Ok("true"), "this test needs root under CI");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let flags = nix::mount::MsFlags::empty();
+        nix::mount::mount(Some("tmpfs"), dir.path(), Some("tmpfs"), flags, Some("size=4m")).unwrap();
+        struct Unmount<'a>(&'a Path);
+        impl Drop for Unmount<'_> {
+            fn drop(&mut self) {
+                let _ = nix::mount::umount2(self.0, nix::mount::MntFlags::MNT_DETACH);
+            }
+        }
+        let _unmount = Unmount(dir.path());
+        let store = open(dir.path());
+        let big = |id: &str| {
+            let mut r = record(id);
+            r.response.result = serde_json::json!({ "data": "x".repeat(64 * 1024) });
+            Arc::new(r)
+        };
+        for id in ["a1", "a2"] {
+            assert_eq!(store.accept(&meta(id)).unwrap(), Accepted::New);
+        }
+        store.flush().unwrap();
+        let ballast = dir.path().join("ballast");
+        let mut file = File::create(&ballast).unwrap();
+        while file.write_all(&[7u8; 64 * 1024]).is_ok() {}
+        drop(file);
+
+        store.finish(&big("a1")).unwrap();
+        let trouble = store.trouble().expect("the store knows it cannot write");
+        assert!(trouble.contains("is full") && trouble.contains(&dir.path().display().to_string()), "{trouble}");
+        match store.accept(&meta("a3")) {
+            Err(StoreError::Unavailable(reason)) => assert_eq!(reason, trouble),
+            other => panic!("new work is refused: {other:?}"),
+        }
+        assert!(store.flush().is_err(), "nothing can be written");
+        let put = store.put_action(Action { version: String::new(), ..Action::for_test("b", "x") }, false);
+        assert!(put.as_ref().is_err_and(StoreError::is_storage), "{put:?}");
+        assert_eq!(store.get_activation("a1").unwrap().unwrap().activation_id, "a1", "kept in memory");
+
+        std::fs::remove_file(&ballast).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while store.trouble().is_some() {
+            assert!(std::time::Instant::now() < deadline, "the store never recovered: {:?}", store.trouble());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert_eq!(store.accept(&meta("a3")).unwrap(), Accepted::New);
+        store.put_action(Action { version: String::new(), ..Action::for_test("b", "x") }, false).unwrap();
+        store.finish(&big("a2")).unwrap();
+        store.flush().unwrap();
+        for id in ["a1", "a2"] {
+            let stored = store.inner.db.get_activation(id).unwrap().expect("in redb");
+            assert_eq!(stored, *big(id), "{id}");
+        }
     }
 }

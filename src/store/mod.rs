@@ -28,6 +28,34 @@ pub enum StoreError {
     Schema { path: String, found: u64, expected: u64 },
     #[error("action {0} exists")]
     ActionExists(String),
+    /// The store cannot write now (its disk is full or failing) and takes no new work until it
+    /// can; the reason names the disk.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+impl StoreError {
+    /// Whether the store's files could not be written or read (a full or failing disk), rather
+    /// than an entry being bad or taken: the same call may succeed once the disk works again.
+    pub fn is_storage(&self) -> bool {
+        match self {
+            StoreError::Io { .. } | StoreError::Unavailable(_) => true,
+            StoreError::Db(DbError(e)) => {
+                matches!(e, redb::Error::Io(_) | redb::Error::PreviousIo | redb::Error::DatabaseClosed)
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether the disk is full (or the user's quota spent).
+    pub fn is_disk_full(&self) -> bool {
+        let io = match self {
+            StoreError::Io { source, .. } => Some(source),
+            StoreError::Db(DbError(redb::Error::Io(e))) => Some(e),
+            _ => None,
+        };
+        io.and_then(std::io::Error::raw_os_error).is_some_and(|code| code == libc::ENOSPC || code == libc::EDQUOT)
+    }
 }
 
 /// The embedded database's own error, behind a type of the store's: callers do not depend on
@@ -91,6 +119,12 @@ pub trait Store: Send + Sync + 'static {
     fn recover_unfinished(&self, now_ms: u64) -> Result<usize, StoreError>;
     /// Deletes records that ended before `before_ms`.
     fn expire(&self, before_ms: u64) -> Result<usize, StoreError>;
+
+    /// Why the store takes no new work now (its disk is full or failing), while it does not:
+    /// the invoker then refuses new activations with 503 and calls itself unhealthy.
+    fn trouble(&self) -> Option<String> {
+        None
+    }
 
     /// A small value the invoker keeps across restarts (a Mesos framework id), durably.
     fn get_setting(&self, key: &str) -> Result<Option<String>, StoreError>;

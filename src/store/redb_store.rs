@@ -3,9 +3,11 @@
 
 use super::{next_version, Accepted, Store, StoreError};
 use crate::model::{Action, ActivationMeta, ActivationRecord};
+use parking_lot::RwLock;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::de::DeserializeOwned;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 const SCHEMA_VERSION: u64 = 1;
@@ -28,7 +30,12 @@ const EXPIRE_BATCH: usize = 10_000;
 const SETTINGS: TableDefinition<&str, &str> = TableDefinition::new("settings");
 
 pub struct RedbStore {
-    db: Database,
+    path: PathBuf,
+    /// `None` only while a reopen has failed (`broken` stays set).
+    db: RwLock<Option<Database>>,
+    /// Set by an I/O error: redb answers every later call with `PreviousIo` until the file is
+    /// closed and opened again, which the next call does.
+    broken: AtomicBool,
 }
 
 /// The page cache: actions (read through the journaled store's own cache) and recent records.
@@ -59,6 +66,42 @@ fn action_key(namespace: &str, name: &str) -> String {
 impl RedbStore {
     /// Opens (or creates) the store file and checks its schema version.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
+        let db = Self::open_db(path)?;
+        Ok(RedbStore { path: path.to_path_buf(), db: RwLock::new(Some(db)), broken: AtomicBool::new(false) })
+    }
+
+    /// Runs `f` on the database, opened again first if an I/O error broke it; an I/O error
+    /// `f` meets breaks it (a full disk: the next call, once there is room, finds it working).
+    fn run<T>(&self, f: impl FnOnce(&Database) -> Result<T, StoreError>) -> Result<T, StoreError> {
+        if self.broken.load(Ordering::Acquire) {
+            self.reopen()?;
+        }
+        let db = self.db.read();
+        let result = match db.as_ref() {
+            Some(db) => f(db),
+            None => Err(db_err(redb::Error::DatabaseClosed)),
+        };
+        if result.as_ref().is_err_and(StoreError::is_storage) {
+            self.broken.store(true, Ordering::Release);
+        }
+        result
+    }
+
+    /// Closes the database (releasing its file lock) and opens it again; redb repairs a file
+    /// whose last commit failed. On failure it stays closed, for the next call to try again.
+    fn reopen(&self) -> Result<(), StoreError> {
+        let mut db = self.db.write();
+        if !self.broken.load(Ordering::Acquire) {
+            return Ok(()); // another call did it
+        }
+        drop(db.take());
+        *db = Some(Self::open_db(&self.path)?);
+        self.broken.store(false, Ordering::Release);
+        tracing::info!(path = %self.path.display(), "the store's database was opened again after an I/O error");
+        Ok(())
+    }
+
+    fn open_db(path: &Path) -> Result<Database, StoreError> {
         // redb caches up to 1 GiB by default; records are written once and read rarely.
         let db = redb::Builder::new().set_cache_size(CACHE_BYTES).create(path).map_err(db_err)?;
         // Actions' parameters and every record: the invoker's alone, whatever the umask.
@@ -87,19 +130,21 @@ impl RedbStore {
             txn.open_table(SETTINGS).map_err(db_err)?;
         }
         txn.commit().map_err(db_err)?;
-        Ok(RedbStore { db })
+        Ok(db)
     }
 
     /// Whether an activation id was seen before (finished or pending), without writing.
     pub fn seen(&self, id: &str) -> Result<Accepted, StoreError> {
-        let txn = self.db.begin_read().map_err(db_err)?;
-        if let Some(v) = txn.open_table(ACTIVATIONS).map_err(db_err)?.get(id).map_err(db_err)? {
-            return Ok(Accepted::Finished(Box::new(decode(id, v.value())?)));
-        }
-        if let Some(v) = txn.open_table(PENDING).map_err(db_err)?.get(id).map_err(db_err)? {
-            return pending(id, v.value());
-        }
-        Ok(Accepted::New)
+        self.run(|db| {
+            let txn = db.begin_read().map_err(db_err)?;
+            if let Some(v) = txn.open_table(ACTIVATIONS).map_err(db_err)?.get(id).map_err(db_err)? {
+                return Ok(Accepted::Finished(Box::new(decode(id, v.value())?)));
+            }
+            if let Some(v) = txn.open_table(PENDING).map_err(db_err)?.get(id).map_err(db_err)? {
+                return pending(id, v.value());
+            }
+            Ok(Accepted::New)
+        })
     }
 
     /// Writes a batch in one durable transaction: pending entries, then records (which clear
@@ -113,21 +158,23 @@ impl RedbStore {
         if accepted.is_empty() && finished.is_empty() {
             return Ok(());
         }
-        let txn = self.db.begin_write().map_err(db_err)?;
-        {
-            let mut tables = RecordTables::open(&txn)?;
-            for meta in accepted {
-                let id = meta.activation_id.as_str();
-                if tables.records.get(id).map_err(db_err)?.is_none() {
-                    tables.pending.insert(id, encode(meta).as_slice()).map_err(db_err)?;
+        self.run(|db| {
+            let txn = db.begin_write().map_err(db_err)?;
+            {
+                let mut tables = RecordTables::open(&txn)?;
+                for meta in accepted {
+                    let id = meta.activation_id.as_str();
+                    if tables.records.get(id).map_err(db_err)?.is_none() {
+                        tables.pending.insert(id, encode(meta).as_slice()).map_err(db_err)?;
+                    }
+                }
+                for &(record, json) in finished {
+                    tables.write_encoded(record, json)?;
                 }
             }
-            for &(record, json) in finished {
-                tables.write_encoded(record, json)?;
-            }
-        }
-        txn.commit().map_err(db_err)?;
-        Ok(())
+            txn.commit().map_err(db_err)?;
+            Ok(())
+        })
     }
 
     fn write_record(txn: &redb::WriteTransaction, record: &ActivationRecord) -> Result<(), StoreError> {
@@ -168,96 +215,110 @@ impl<'txn> RecordTables<'txn> {
 
 impl Store for RedbStore {
     fn put_action(&self, mut action: Action, overwrite: bool) -> Result<Action, StoreError> {
-        let key = action_key(&action.namespace, &action.name);
-        let txn = self.db.begin_write().map_err(db_err)?;
-        {
-            let mut table = txn.open_table(ACTIONS).map_err(db_err)?;
-            let old: Option<Action> = match table.get(key.as_str()).map_err(db_err)? {
-                Some(v) => Some(decode(&key, v.value())?),
-                None => None,
-            };
-            match old {
-                Some(_) if !overwrite => return Err(StoreError::ActionExists(action.path())),
-                Some(old) => {
-                    action.version = next_version(&old.version);
-                    action.revision = old.revision + 1;
+        self.run(|db| {
+            let key = action_key(&action.namespace, &action.name);
+            let txn = db.begin_write().map_err(db_err)?;
+            {
+                let mut table = txn.open_table(ACTIONS).map_err(db_err)?;
+                let old: Option<Action> = match table.get(key.as_str()).map_err(db_err)? {
+                    Some(v) => Some(decode(&key, v.value())?),
+                    None => None,
+                };
+                match old {
+                    Some(_) if !overwrite => return Err(StoreError::ActionExists(action.path())),
+                    Some(old) => {
+                        action.version = next_version(&old.version);
+                        action.revision = old.revision + 1;
+                    }
+                    None => {
+                        action.version = "0.0.1".into();
+                        action.revision = 1;
+                    }
                 }
-                None => {
-                    action.version = "0.0.1".into();
-                    action.revision = 1;
-                }
+                table.insert(key.as_str(), encode(&action).as_slice()).map_err(db_err)?;
             }
-            table.insert(key.as_str(), encode(&action).as_slice()).map_err(db_err)?;
-        }
-        txn.commit().map_err(db_err)?;
-        Ok(action)
+            txn.commit().map_err(db_err)?;
+            Ok(action)
+        })
     }
 
     fn get_action(&self, namespace: &str, name: &str) -> Result<Option<Arc<Action>>, StoreError> {
-        let key = action_key(namespace, name);
-        let txn = self.db.begin_read().map_err(db_err)?;
-        let table = txn.open_table(ACTIONS).map_err(db_err)?;
-        let value = table.get(key.as_str()).map_err(db_err)?;
-        value.map(|v| decode(&key, v.value()).map(Arc::new)).transpose()
+        self.run(|db| {
+            let key = action_key(namespace, name);
+            let txn = db.begin_read().map_err(db_err)?;
+            let table = txn.open_table(ACTIONS).map_err(db_err)?;
+            let value = table.get(key.as_str()).map_err(db_err)?;
+            value.map(|v| decode(&key, v.value()).map(Arc::new)).transpose()
+        })
     }
 
     fn list_actions(&self, namespace: &str, skip: usize, limit: usize) -> Result<Vec<Action>, StoreError> {
-        let (from, to) = (format!("{namespace}\0"), format!("{namespace}\u{1}"));
-        let txn = self.db.begin_read().map_err(db_err)?;
-        let table = txn.open_table(ACTIONS).map_err(db_err)?;
-        let mut actions = Vec::new();
-        for entry in table.range(from.as_str()..to.as_str()).map_err(db_err)?.skip(skip).take(limit) {
-            let (k, v) = entry.map_err(db_err)?;
-            actions.push(decode(k.value(), v.value())?);
-        }
-        Ok(actions)
+        self.run(|db| {
+            let (from, to) = (format!("{namespace}\0"), format!("{namespace}\u{1}"));
+            let txn = db.begin_read().map_err(db_err)?;
+            let table = txn.open_table(ACTIONS).map_err(db_err)?;
+            let mut actions = Vec::new();
+            for entry in table.range(from.as_str()..to.as_str()).map_err(db_err)?.skip(skip).take(limit) {
+                let (k, v) = entry.map_err(db_err)?;
+                actions.push(decode(k.value(), v.value())?);
+            }
+            Ok(actions)
+        })
     }
 
     fn delete_action(&self, namespace: &str, name: &str) -> Result<Option<Action>, StoreError> {
-        let key = action_key(namespace, name);
-        let txn = self.db.begin_write().map_err(db_err)?;
-        let old = {
-            let mut table = txn.open_table(ACTIONS).map_err(db_err)?;
-            let removed = table.remove(key.as_str()).map_err(db_err)?;
-            removed.map(|v| decode(&key, v.value())).transpose()?
-        };
-        txn.commit().map_err(db_err)?;
-        Ok(old)
+        self.run(|db| {
+            let key = action_key(namespace, name);
+            let txn = db.begin_write().map_err(db_err)?;
+            let old = {
+                let mut table = txn.open_table(ACTIONS).map_err(db_err)?;
+                let removed = table.remove(key.as_str()).map_err(db_err)?;
+                removed.map(|v| decode(&key, v.value())).transpose()?
+            };
+            txn.commit().map_err(db_err)?;
+            Ok(old)
+        })
     }
 
     fn accept(&self, meta: &ActivationMeta) -> Result<Accepted, StoreError> {
-        let id = meta.activation_id.as_str();
-        let txn = self.db.begin_write().map_err(db_err)?;
-        let seen = {
-            if let Some(v) = txn.open_table(ACTIVATIONS).map_err(db_err)?.get(id).map_err(db_err)? {
-                Some(Accepted::Finished(Box::new(decode(id, v.value())?)))
-            } else if let Some(v) = txn.open_table(PENDING).map_err(db_err)?.get(id).map_err(db_err)? {
-                Some(pending(id, v.value())?)
-            } else {
-                None
+        self.run(|db| {
+            let id = meta.activation_id.as_str();
+            let txn = db.begin_write().map_err(db_err)?;
+            let seen = {
+                if let Some(v) = txn.open_table(ACTIVATIONS).map_err(db_err)?.get(id).map_err(db_err)? {
+                    Some(Accepted::Finished(Box::new(decode(id, v.value())?)))
+                } else if let Some(v) = txn.open_table(PENDING).map_err(db_err)?.get(id).map_err(db_err)? {
+                    Some(pending(id, v.value())?)
+                } else {
+                    None
+                }
+            };
+            if let Some(seen) = seen {
+                txn.abort().map_err(db_err)?;
+                return Ok(seen);
             }
-        };
-        if let Some(seen) = seen {
-            txn.abort().map_err(db_err)?;
-            return Ok(seen);
-        }
-        txn.open_table(PENDING).map_err(db_err)?.insert(id, encode(meta).as_slice()).map_err(db_err)?;
-        txn.commit().map_err(db_err)?;
-        Ok(Accepted::New)
+            txn.open_table(PENDING).map_err(db_err)?.insert(id, encode(meta).as_slice()).map_err(db_err)?;
+            txn.commit().map_err(db_err)?;
+            Ok(Accepted::New)
+        })
     }
 
     fn finish(&self, record: &Arc<ActivationRecord>) -> Result<(), StoreError> {
-        let txn = self.db.begin_write().map_err(db_err)?;
-        Self::write_record(&txn, record)?;
-        txn.commit().map_err(db_err)?;
-        Ok(())
+        self.run(|db| {
+            let txn = db.begin_write().map_err(db_err)?;
+            Self::write_record(&txn, record)?;
+            txn.commit().map_err(db_err)?;
+            Ok(())
+        })
     }
 
     fn get_activation(&self, id: &str) -> Result<Option<ActivationRecord>, StoreError> {
-        let txn = self.db.begin_read().map_err(db_err)?;
-        let table = txn.open_table(ACTIVATIONS).map_err(db_err)?;
-        let value = table.get(id).map_err(db_err)?;
-        value.map(|v| decode(id, v.value())).transpose()
+        self.run(|db| {
+            let txn = db.begin_read().map_err(db_err)?;
+            let table = txn.open_table(ACTIVATIONS).map_err(db_err)?;
+            let value = table.get(id).map_err(db_err)?;
+            value.map(|v| decode(id, v.value())).transpose()
+        })
     }
 
     fn list_activations(
@@ -267,69 +328,80 @@ impl Store for RedbStore {
         skip: usize,
         limit: usize,
     ) -> Result<Vec<ActivationRecord>, StoreError> {
-        let (from, to) = (format!("{namespace}\0"), format!("{namespace}\u{1}"));
-        let txn = self.db.begin_read().map_err(db_err)?;
-        let index = txn.open_table(BY_NAMESPACE).map_err(db_err)?;
-        let records = txn.open_table(ACTIVATIONS).map_err(db_err)?;
-        let mut out = Vec::new();
-        let mut skipped = 0;
-        for entry in index.range(from.as_str()..to.as_str()).map_err(db_err)?.rev() {
-            let (k, v) = entry.map_err(db_err)?;
-            if name.is_some_and(|n| n != v.value()) {
-                continue;
+        self.run(|db| {
+            let (from, to) = (format!("{namespace}\0"), format!("{namespace}\u{1}"));
+            let txn = db.begin_read().map_err(db_err)?;
+            let index = txn.open_table(BY_NAMESPACE).map_err(db_err)?;
+            let records = txn.open_table(ACTIVATIONS).map_err(db_err)?;
+            let mut out = Vec::new();
+            let mut skipped = 0;
+            for entry in index.range(from.as_str()..to.as_str()).map_err(db_err)?.rev() {
+                let (k, v) = entry.map_err(db_err)?;
+                if name.is_some_and(|n| n != v.value()) {
+                    continue;
+                }
+                if skipped < skip {
+                    skipped += 1;
+                    continue;
+                }
+                let id = k.value().rsplit('\0').next().unwrap_or_default().to_string();
+                if let Some(r) = records.get(id.as_str()).map_err(db_err)? {
+                    out.push(decode(&id, r.value())?);
+                }
+                if out.len() >= limit {
+                    break;
+                }
             }
-            if skipped < skip {
-                skipped += 1;
-                continue;
-            }
-            let id = k.value().rsplit('\0').next().unwrap_or_default().to_string();
-            if let Some(r) = records.get(id.as_str()).map_err(db_err)? {
-                out.push(decode(&id, r.value())?);
-            }
-            if out.len() >= limit {
-                break;
-            }
-        }
-        Ok(out)
+            Ok(out)
+        })
     }
 
     fn recover_unfinished(&self, now_ms: u64) -> Result<usize, StoreError> {
-        let pending: Vec<ActivationMeta> = {
-            let txn = self.db.begin_read().map_err(db_err)?;
-            let table = txn.open_table(PENDING).map_err(db_err)?;
-            let mut out = Vec::new();
-            for entry in table.iter().map_err(db_err)? {
-                let (k, v) = entry.map_err(db_err)?;
-                out.push(decode(k.value(), v.value())?);
+        self.run(|db| {
+            let pending: Vec<ActivationMeta> = {
+                let txn = db.begin_read().map_err(db_err)?;
+                let table = txn.open_table(PENDING).map_err(db_err)?;
+                let mut out = Vec::new();
+                for entry in table.iter().map_err(db_err)? {
+                    let (k, v) = entry.map_err(db_err)?;
+                    out.push(decode(k.value(), v.value())?);
+                }
+                out
+            };
+            if pending.is_empty() {
+                return Ok(0);
             }
-            out
-        };
-        if pending.is_empty() {
-            return Ok(0);
-        }
-        let txn = self.db.begin_write().map_err(db_err)?;
-        {
-            let mut tables = RecordTables::open(&txn)?;
-            for meta in &pending {
-                let record =
-                    ActivationRecord::whisk_error(meta, "the invoker stopped before this activation finished", now_ms);
-                tables.write(&record)?;
+            let txn = db.begin_write().map_err(db_err)?;
+            {
+                let mut tables = RecordTables::open(&txn)?;
+                for meta in &pending {
+                    let record = ActivationRecord::whisk_error(
+                        meta,
+                        "the invoker stopped before this activation finished",
+                        now_ms,
+                    );
+                    tables.write(&record)?;
+                }
             }
-        }
-        txn.commit().map_err(db_err)?;
-        Ok(pending.len())
+            txn.commit().map_err(db_err)?;
+            Ok(pending.len())
+        })
     }
 
     fn get_setting(&self, key: &str) -> Result<Option<String>, StoreError> {
-        let txn = self.db.begin_read().map_err(db_err)?;
-        let table = txn.open_table(SETTINGS).map_err(db_err)?;
-        Ok(table.get(key).map_err(db_err)?.map(|v| v.value().to_string()))
+        self.run(|db| {
+            let txn = db.begin_read().map_err(db_err)?;
+            let table = txn.open_table(SETTINGS).map_err(db_err)?;
+            Ok(table.get(key).map_err(db_err)?.map(|v| v.value().to_string()))
+        })
     }
 
     fn put_setting(&self, key: &str, value: &str) -> Result<(), StoreError> {
-        let txn = self.db.begin_write().map_err(db_err)?;
-        txn.open_table(SETTINGS).map_err(db_err)?.insert(key, value).map_err(db_err)?;
-        txn.commit().map_err(db_err)
+        self.run(|db| {
+            let txn = db.begin_write().map_err(db_err)?;
+            txn.open_table(SETTINGS).map_err(db_err)?.insert(key, value).map_err(db_err)?;
+            txn.commit().map_err(db_err)
+        })
     }
 
     fn expire(&self, before_ms: u64) -> Result<usize, StoreError> {
@@ -341,44 +413,47 @@ impl RedbStore {
     /// Removes the records that started before `before_ms`: namespace by namespace through the
     /// by-namespace index (oldest first within each), at most `batch` per transaction.
     fn expire_in_batches(&self, before_ms: u64, batch: usize) -> Result<usize, StoreError> {
-        let mut removed = 0;
-        // Every key at or after this one is still to be looked at.
-        let mut cursor = String::new();
-        loop {
-            let txn = self.db.begin_write().map_err(db_err)?;
-            let (removed_now, next) = {
-                let mut by_ns = txn.open_table(BY_NAMESPACE).map_err(db_err)?;
-                let mut records = txn.open_table(ACTIVATIONS).map_err(db_err)?;
-                let first = by_ns.range(cursor.as_str()..).map_err(db_err)?.next().transpose().map_err(db_err)?;
-                let Some(namespace) = first.map(|(k, _)| k.value().split('\0').next().unwrap_or_default().to_string())
-                else {
-                    break;
+        self.run(|db| {
+            let mut removed = 0;
+            // Every key at or after this one is still to be looked at.
+            let mut cursor = String::new();
+            loop {
+                let txn = db.begin_write().map_err(db_err)?;
+                let (removed_now, next) = {
+                    let mut by_ns = txn.open_table(BY_NAMESPACE).map_err(db_err)?;
+                    let mut records = txn.open_table(ACTIVATIONS).map_err(db_err)?;
+                    let first = by_ns.range(cursor.as_str()..).map_err(db_err)?.next().transpose().map_err(db_err)?;
+                    let Some(namespace) =
+                        first.map(|(k, _)| k.value().split('\0').next().unwrap_or_default().to_string())
+                    else {
+                        break;
+                    };
+                    let (from, to) = (format!("{namespace}\0"), format!("{namespace}\0{before_ms:020}"));
+                    let old: Vec<String> = by_ns
+                        .range(from.as_str()..to.as_str())
+                        .map_err(db_err)?
+                        .take(batch)
+                        .map(|e| e.map(|(k, _)| k.value().to_string()))
+                        .collect::<Result<_, _>>()
+                        .map_err(db_err)?;
+                    for ns_key in &old {
+                        records.remove(ns_key.rsplit('\0').next().unwrap_or_default()).map_err(db_err)?;
+                        by_ns.remove(ns_key.as_str()).map_err(db_err)?;
+                    }
+                    // A full batch may leave more of this namespace; otherwise on to the next one.
+                    let next = if old.len() == batch { cursor.clone() } else { format!("{namespace}\u{1}") };
+                    (old.len(), next)
                 };
-                let (from, to) = (format!("{namespace}\0"), format!("{namespace}\0{before_ms:020}"));
-                let old: Vec<String> = by_ns
-                    .range(from.as_str()..to.as_str())
-                    .map_err(db_err)?
-                    .take(batch)
-                    .map(|e| e.map(|(k, _)| k.value().to_string()))
-                    .collect::<Result<_, _>>()
-                    .map_err(db_err)?;
-                for ns_key in &old {
-                    records.remove(ns_key.rsplit('\0').next().unwrap_or_default()).map_err(db_err)?;
-                    by_ns.remove(ns_key.as_str()).map_err(db_err)?;
+                if removed_now > 0 {
+                    txn.commit().map_err(db_err)?;
+                    removed += removed_now;
+                } else {
+                    txn.abort().map_err(db_err)?;
                 }
-                // A full batch may leave more of this namespace; otherwise on to the next one.
-                let next = if old.len() == batch { cursor.clone() } else { format!("{namespace}\u{1}") };
-                (old.len(), next)
-            };
-            if removed_now > 0 {
-                txn.commit().map_err(db_err)?;
-                removed += removed_now;
-            } else {
-                txn.abort().map_err(db_err)?;
+                cursor = next;
             }
-            cursor = next;
-        }
-        Ok(removed)
+            Ok(removed)
+        })
     }
 }
 
