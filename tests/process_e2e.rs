@@ -549,3 +549,99 @@ async fn a_runtime_that_knows_nothing_of_the_invoker_runs_on_8080_of_its_own_nam
     inv.wait_exit(Duration::from_secs(10));
     assert_eq!(wait_gone(&pids, Duration::from_secs(10)), Vec::<u32>::new(), "runtimes left after SIGKILL");
 }
+
+/// The invoker's own disk fills up (its data_dir on a small filesystem, most of it taken by a
+/// ballast file, the rest by a stream of activations with large results): new work gets 503
+/// with Retry-After and a reason naming the disk, never a 500; `/health` says unhealthy with
+/// the reason; every activation that was accepted has its record. Once the ballast goes, the
+/// same invoker takes work again, actions and activations, without a restart.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_full_disk_is_answered_503_nothing_accepted_is_lost_and_the_invoker_recovers_by_itself() {
+    if !nix::unistd::geteuid().is_root() {
+        assert!(std::env::var("CI").as_deref() != Ok("true"), "this test needs root under CI (a tmpfs)");
+        return;
+    }
+    let dir = tempdir();
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    let flags = nix::mount::MsFlags::empty();
+    nix::mount::mount(Some("tmpfs"), &data, Some("tmpfs"), flags, Some("size=32m,mode=0711")).unwrap();
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+    let _unmount = Unmount(data.clone());
+    let inv = Invoker::start(dir.path(), &id("diskfull"), "");
+    inv.put_action("big", python("def main(a):\n    return {'data': 'x' * 200000}\n")).await;
+    let (status, body) = inv.invoke("big", "blocking=true", json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    // All but 4 MB taken: about ten records' worth (each is written to the journal, then redb).
+    let ballast = data.join("ballast");
+    let free = nix::sys::statvfs::statvfs(&data).unwrap();
+    let spare = (free.blocks_available() as u64 * free.fragment_size() as u64).saturating_sub(4 << 20);
+    std::fs::write(&ballast, vec![0u8; spare as usize]).unwrap();
+
+    let http = reqwest::Client::new();
+    let (user, pass) = support::GUEST.split_once(':').unwrap();
+    let url = format!("{}?blocking=true", inv.url("actions/big"));
+    let mut accepted = Vec::new();
+    let mut refused = 0;
+    for round in 0..20 {
+        let calls = (0..4).map(|_| http.post(&url).basic_auth(user, Some(pass)).json(&json!({})).send());
+        for response in futures_util::future::join_all(calls).await {
+            let response = response.unwrap();
+            let status = response.status().as_u16();
+            let retry_after = response.headers().get("retry-after").is_some();
+            let body: Value = response.json().await.unwrap();
+            match status {
+                200 | 202 | 502 => accepted.push(body["activationId"].as_str().unwrap().to_string()),
+                503 => {
+                    let reason = body["error"].as_str().unwrap_or_default();
+                    assert!(reason.contains("is full") && reason.contains(&data.display().to_string()), "{body}");
+                    assert!(retry_after, "503 says when to come back");
+                    refused += 1;
+                }
+                _ => panic!("round {round}: {status} {body}"),
+            }
+        }
+    }
+    assert!(refused > 0, "the disk filled up: {} accepted", accepted.len());
+    let (_, health) = inv.get_url("/health").await;
+    assert_eq!(health["status"], "unhealthy", "{health}");
+    assert!(health["store"].as_str().unwrap_or_default().contains("is full"), "{health}");
+    let r = http
+        .put(inv.url("actions/other"))
+        .basic_auth(user, Some(pass))
+        .json(&python("def main(a):\n    return {'ok': True}\n"))
+        .send()
+        .await
+        .unwrap();
+    // redb may still hold free pages of its own for a small write; if not, a 503 as above.
+    let status = r.status().as_u16();
+    let text = r.text().await.unwrap();
+    assert!(
+        status == 200 || status == 503 && text.contains("is full"),
+        "a PUT while the disk is full: {status} {text}"
+    );
+
+    std::fs::remove_file(&ballast).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, health) = inv.get_url("/health").await;
+        if health["status"] == "healthy" {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the invoker never recovered: {health}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    inv.put_action("after", python("def main(a):\n    return {'ok': True}\n")).await;
+    let (status, body) = inv.invoke("after", "blocking=true&result=true", json!({})).await;
+    assert_eq!((status, body), (200, json!({"ok": true})), "no restart needed");
+    for id in &accepted {
+        let record = inv.record(id).await;
+        assert_eq!(record["response"]["result"]["data"].as_str().map(str::len), Some(200000), "{id}");
+    }
+    assert!(!inv.stderr().contains("panicked"), "{}", inv.stderr());
+}

@@ -17,7 +17,7 @@ pub(super) async fn health(state: &AppState, call: &Call) -> Result<Response, Ap
     let snapshot = pool.snapshot().await.ok_or(ApiError::Unavailable("the pool is gone".into()))?;
     let launchable = snapshot.launchable_mb();
     let min_mb = u64::from(state.config.limits.memory_min_mb);
-    let status = snapshot.health(state.service.is_draining(), min_mb).as_str();
+    let status = state.service.health(&snapshot, min_mb).as_str();
     if !details {
         return Ok(json(StatusCode::OK, &json!({ "status": status })));
     }
@@ -43,6 +43,7 @@ pub(super) async fn health(state: &AppState, call: &Call) -> Result<Response, Ap
         "containers": { "starting": snapshot.starting, "idle": snapshot.idle, "prewarm": snapshot.prewarm, "busy": snapshot.busy, "removing": snapshot.removing },
         "waiting": snapshot.waiting,
         "create_failures_in_a_row": snapshot.create_failures_in_a_row,
+        "store": state.service.store().trouble(),
         }),
     ))
 }

@@ -37,6 +37,8 @@ impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         match e {
             StoreError::ActionExists(path) => ApiError::Conflict(format!("resource {path} already exists")),
+            // The disk: retrying later may succeed, and nothing was accepted.
+            e if e.is_storage() => ApiError::Unavailable(e.to_string()),
             other => ApiError::Internal(other.to_string()),
         }
     }

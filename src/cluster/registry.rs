@@ -162,7 +162,7 @@ impl<K: ClusterKv> Registrar<K> {
                 "draining"
             }
         } else {
-            snapshot.health(service.is_draining(), self.identity.min_mb).as_str()
+            service.health(&snapshot, self.identity.min_mb).as_str()
         };
         let nodes = snapshot
             .nodes
