@@ -12,7 +12,7 @@ use serde_json::json;
 use std::process::Command;
 use std::time::{Duration, Instant};
 use support::etcd::EtcdServer;
-use support::{python, Invoker};
+use support::{python, Invoker, SmallDisk};
 
 fn tempdir() -> tempfile::TempDir {
     tempfile::Builder::new().prefix("invoker-cl-").tempdir().unwrap()
@@ -207,4 +207,36 @@ async fn a_scheduler_reads_every_invoker_and_places_an_action_on_the_warm_one() 
     let config = PlacementConfig { managed_fraction: 1.0, blackbox_fraction: 0.1 };
     let p = place(&views, &needs, &config, &Default::default(), &mut |_| 0).unwrap();
     assert_eq!((p.invoker.as_str(), p.rule), (id2.as_str(), Rule::Warm), "{views:?}");
+}
+
+/// An invoker whose disk is full registers as unhealthy, so that no scheduler places anything
+/// on it, and healthy again once space is freed.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_invoker_with_a_full_disk_is_unhealthy_in_etcd_and_no_placement_chooses_it() {
+    use invoker::scheduler::placement::{place, ActionNeeds, NoPlacement, PlacementConfig};
+    use invoker::scheduler::view::ClusterView;
+    let Some(etcd) = EtcdServer::start() else { return };
+    let dir = tempdir();
+    let Some(disk) = SmallDisk::mount(&dir.path().join("data"), 16) else { return };
+    let invoker_id = id("full");
+    let inv = Invoker::start(dir.path(), &invoker_id, &cluster_config(&etcd, &[]));
+    inv.put_action("big", python("def main(a):\n    return {'data': 'x' * 100000}\n")).await;
+    let kv = etcd.kv();
+    record(&kv, &invoker_id, |r| r.health == "healthy").await;
+    let ballast = disk.fill(0);
+    for _ in 0..3 {
+        let (status, body) = inv.try_invoke("big", json!({})).await;
+        assert!(status == 200 || status == 503, "{status} {body}");
+    }
+    record(&kv, &invoker_id, |r| r.health == "unhealthy").await;
+    let view = ClusterView::read(&kv, "/invoker").await.unwrap();
+    let revision = ("guest".to_string(), "big".to_string(), 1);
+    let views = view.views(&revision, &Default::default());
+    let needs = ActionNeeds { memory_mb: 256, ..Default::default() };
+    let config = PlacementConfig { managed_fraction: 1.0, blackbox_fraction: 0.1 };
+    let placed = place(&views, &needs, &config, &Default::default(), &mut |_| 0);
+    assert!(matches!(placed, Err(NoPlacement::NoHealthy)), "{placed:?}");
+    std::fs::remove_file(ballast).unwrap();
+    record(&kv, &invoker_id, |r| r.health == "healthy").await;
+    assert_eq!(inv.invoke("big", "blocking=true", json!({})).await.0, 200);
 }

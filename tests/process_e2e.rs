@@ -6,7 +6,7 @@ mod support;
 use nix::sys::signal::Signal;
 use serde_json::{json, Value};
 use std::time::Duration;
-use support::{alive, host_listens_on, python, wait_gone, Invoker};
+use support::{alive, host_listens_on, python, wait_gone, Invoker, SmallDisk};
 
 const PID_ACTION: &str = "import os, time\ndef main(a):\n    time.sleep(a.get('sleep', 0))\n    if a.get('crash'):\n        os._exit(3)\n    print('pid', os.getpid())\n    return {'pid': os.getpid(), 'runtime': os.getpgrp()}\n";
 
@@ -557,31 +557,15 @@ async fn a_runtime_that_knows_nothing_of_the_invoker_runs_on_8080_of_its_own_nam
 /// same invoker takes work again, actions and activations, without a restart.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_full_disk_is_answered_503_nothing_accepted_is_lost_and_the_invoker_recovers_by_itself() {
-    if !nix::unistd::geteuid().is_root() {
-        assert!(std::env::var("CI").as_deref() != Ok("true"), "this test needs root under CI (a tmpfs)");
-        return;
-    }
     let dir = tempdir();
     let data = dir.path().join("data");
-    std::fs::create_dir(&data).unwrap();
-    let flags = nix::mount::MsFlags::empty();
-    nix::mount::mount(Some("tmpfs"), &data, Some("tmpfs"), flags, Some("size=32m,mode=0711")).unwrap();
-    struct Unmount(std::path::PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
-        }
-    }
-    let _unmount = Unmount(data.clone());
+    let Some(disk) = SmallDisk::mount(&data, 32) else { return };
     let inv = Invoker::start(dir.path(), &id("diskfull"), "");
     inv.put_action("big", python("def main(a):\n    return {'data': 'x' * 200000}\n")).await;
     let (status, body) = inv.invoke("big", "blocking=true", json!({})).await;
     assert_eq!(status, 200, "{body}");
     // All but 4 MB taken: about ten records' worth (each is written to the journal, then redb).
-    let ballast = data.join("ballast");
-    let free = nix::sys::statvfs::statvfs(&data).unwrap();
-    let spare = (free.blocks_available() as u64 * free.fragment_size() as u64).saturating_sub(4 << 20);
-    std::fs::write(&ballast, vec![0u8; spare as usize]).unwrap();
+    let ballast = disk.fill(4 << 20);
 
     let http = reqwest::Client::new();
     let (user, pass) = support::GUEST.split_once(':').unwrap();

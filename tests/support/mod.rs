@@ -103,6 +103,13 @@ impl Invoker {
         (status, r.json().await.unwrap())
     }
 
+    /// A blocking invoke's status and body, which may be a refusal (no activation id).
+    pub async fn try_invoke(&self, name: &str, params: Value) -> (u16, Value) {
+        let url = self.url(&format!("actions/{name}?blocking=true"));
+        let r = self.http.post(url).basic_auth_key().json(&params).send().await.unwrap();
+        (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+    }
+
     pub async fn get(&self, path: &str) -> (u16, Value) {
         let r = self.http.get(self.url(path)).basic_auth_key().send().await.unwrap();
         let status = r.status().as_u16();
@@ -227,3 +234,47 @@ def main(a):
             os.remove(target)
     return {'written': written, 'stopped': stopped, 'size': st.f_blocks * st.f_frsize}
 "#;
+
+/// A small filesystem (a tmpfs) mounted on a directory for a test that fills a disk; detached
+/// when dropped. Needs root: `None` without it (a failure under `CI=true`, where tests run as
+/// root).
+pub struct SmallDisk(PathBuf);
+
+impl SmallDisk {
+    pub fn mount(dir: &Path, size_mb: u32) -> Option<SmallDisk> {
+        if !nix::unistd::geteuid().is_root() {
+            assert!(std::env::var("CI").as_deref() != Ok("true"), "a small disk needs root under CI");
+            eprintln!("skipped: mounting a small disk needs root");
+            return None;
+        }
+        std::fs::create_dir_all(dir).unwrap();
+        let options = format!("size={size_mb}m,mode=0711");
+        nix::mount::mount(Some("tmpfs"), dir, Some("tmpfs"), nix::mount::MsFlags::empty(), Some(options.as_str()))
+            .unwrap();
+        Some(SmallDisk(dir.to_path_buf()))
+    }
+
+    /// Fills all but `spare_bytes` of it with a ballast file, whose path it returns.
+    pub fn fill(&self, spare_bytes: u64) -> PathBuf {
+        let free = nix::sys::statvfs::statvfs(&self.0).unwrap();
+        let available = free.blocks_available() as u64 * free.fragment_size() as u64;
+        let ballast = self.0.join("ballast");
+        let mut file = std::fs::File::create(&ballast).unwrap();
+        let mut left = available.saturating_sub(spare_bytes);
+        // The invoker writes too: a full disk before the target is as good.
+        while left > 0 {
+            let chunk = left.min(1 << 20) as usize;
+            if std::io::Write::write_all(&mut file, &vec![0u8; chunk]).is_err() {
+                break;
+            }
+            left -= chunk as u64;
+        }
+        ballast
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
