@@ -148,6 +148,21 @@ async fn a_factory_that_fails_every_create_gives_status_3_records_without_hangin
     }
 }
 
+/// A container whose create failed is gone from the pool: a drain afterwards ends at once
+/// rather than waiting for a proxy that stopped (the bound here is far below any grace).
+#[actix_rt::test]
+async fn after_a_failed_create_a_drain_ends_without_waiting_for_the_failed_container() {
+    let mock = MockConfig { fail_creates: true, ..MockConfig::default() };
+    let h = setup(mock, PoolConfig::default());
+    let record = invoke(&h, &action("broken", 256), json!({})).await;
+    assert_eq!(record.response.status_code, 3, "{record:?}");
+    let pool = h.service.pool().unwrap();
+    let drained = tokio::time::timeout(Duration::from_secs(30), pool.drain()).await;
+    assert!(drained.is_ok(), "the drain waited for a container whose create failed");
+    let snapshot = pool.snapshot().await.unwrap();
+    assert!(snapshot.containers.is_empty(), "{:?}", snapshot.containers);
+}
+
 #[actix_rt::test]
 async fn a_repeated_activation_id_runs_once() {
     let h = setup(MockConfig::default(), PoolConfig::default());

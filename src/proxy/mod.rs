@@ -1,12 +1,15 @@
-//! ContainerProxy: one actor per container. It creates the container through the factory,
-//! initialises it once, runs the activations the pool dispatches to it, builds their records,
-//! and removes the container when told. It tells the pool what happened and decides nothing.
+//! ContainerProxy: one actor per container. It carries out what its pure core (`core/`)
+//! decides: it creates the container through the factory, initialises it, runs the activations
+//! the pool dispatches to it, builds their records, pauses, resumes and removes the container,
+//! and tells the pool what happened. It keeps the runs' payloads and the container's handle;
+//! the container's state is the core's alone.
 //!
 //! Network I/O never runs inside `ctx.wait`: every call is spawned with `ctx.spawn`, and its
-//! result comes back to the actor, so a long `/run` never blocks `Remove` or other runs.
+//! result comes back to the actor as an event, so a long `/run` never blocks a removal or
+//! other runs.
 
+pub mod core;
 mod discard;
-mod pause;
 pub mod protocol;
 mod record;
 
@@ -16,6 +19,8 @@ use crate::factory::{ContainerFactory, ContainerHandle, ContainerSpec, Factory};
 use crate::model::{epoch_ms, Outcome, StartKind};
 use crate::pool::core::{ContainerId, JobId, NodeId};
 use actix::prelude::*;
+pub use core::ProxyState;
+use core::{Effect, Event, FailCause, ProxyCore};
 pub use discard::DiscardLog;
 use protocol::{discard_reason, Answer, Interpreted, Runtime};
 use record::{build_record, RecordFields};
@@ -60,20 +65,6 @@ pub struct Resume;
 #[rtype(result = "()")]
 pub struct Gone;
 
-/// The OpenWhisk ContainerProxy states.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ProxyState {
-    Uninitialized,
-    Starting,
-    Started,
-    Running,
-    Ready,
-    Pausing,
-    Paused,
-    Resuming,
-    Removing,
-}
-
 /// Settings every proxy shares.
 #[derive(Clone)]
 pub struct ProxyContext {
@@ -88,34 +79,24 @@ pub struct ProxyContext {
     pub discards: Arc<DiscardLog>,
 }
 
-enum Init {
-    NotYet,
-    InProgress,
-    Done,
-}
-
 pub struct ContainerProxy {
     spec: ContainerSpec,
     node: NodeId,
     ctx: ProxyContext,
-    state: ProxyState,
+    core: ProxyCore,
     handle: Option<ContainerHandle>,
     runtime: Option<Arc<Runtime>>,
-    init: Init,
-    /// Runs that arrived while `/init` was under way.
-    queued: Vec<(JobId, RunJob, Instant)>,
-    running: usize,
+    /// The runs the pool sent, until they reach the runtime or fail.
+    runs: HashMap<JobId, (RunJob, Instant)>,
     create_ms: u64,
     init_ms: Option<u64>,
-    /// Whether the next run is the first on this container (a cold start).
-    cold: bool,
+    /// What a failed `/init` answered, for the records of the runs it fails.
+    init_failure: Option<Interpreted>,
+    /// Why the container could not be resumed.
+    resume_failure: String,
     /// Started as a prewarm (stem) container: its first run is a prewarm start, whose path
     /// held no container creation.
     prewarmed: bool,
-    /// The pool asked for a resume while the container was still pausing.
-    resume_wanted: bool,
-    /// Runs that arrived while the container was pausing or paused; they go once it resumes.
-    parked: Vec<(JobId, RunJob, Instant)>,
 }
 
 impl ContainerProxy {
@@ -124,23 +105,20 @@ impl ContainerProxy {
             spec,
             node,
             ctx,
-            state: ProxyState::Uninitialized,
+            core: ProxyCore::default(),
             handle: None,
             runtime: None,
-            init: Init::NotYet,
-            queued: Vec::new(),
-            running: 0,
+            runs: HashMap::new(),
             create_ms: 0,
             init_ms: None,
-            cold: true,
+            init_failure: None,
+            resume_failure: String::new(),
             prewarmed,
-            resume_wanted: false,
-            parked: Vec::new(),
         }
     }
 
     pub fn state(&self) -> ProxyState {
-        self.state
+        self.core.state()
     }
 
     /// Reports are never refused: each answers one decision of the core (a start, a run, a
@@ -150,106 +128,131 @@ impl ContainerProxy {
         self.ctx.pool.do_send(report);
     }
 
-    fn start_init(&mut self, first: &RunJob, ctx: &mut Context<Self>) {
-        self.init = Init::InProgress;
-        let action = first.action.clone();
-        let runtime = self.runtime.clone().expect("started before init");
+    /// The core's decisions on `event`, carried out in order.
+    fn apply(&mut self, event: Event, ctx: &mut Context<Self>) {
+        for effect in self.core.handle(event) {
+            match effect {
+                Effect::Init { with } => self.start_init(with, ctx),
+                Effect::Run { job, first } => self.start_run(job, first, ctx),
+                Effect::Fail { job, cause, first } => self.fail_run(job, cause, first, ctx),
+                Effect::Pause => self.pause(ctx),
+                Effect::Resume => self.resume(ctx),
+                Effect::Destroy => self.destroy(ctx),
+                Effect::ReportStarted { ok } => {
+                    let at = self.handle.as_ref().map(|h| h.ready_at).unwrap_or_default();
+                    self.report(ProxyReport::Started { container: self.spec.id, ok, at });
+                }
+                Effect::ReportFinished { job, reusable } => {
+                    self.report(ProxyReport::Finished { container: self.spec.id, job, reusable });
+                }
+                Effect::ReportRemoved => self.report(ProxyReport::Removed { container: self.spec.id }),
+                Effect::Stop => ctx.stop(),
+            }
+        }
+    }
+
+    fn start_init(&mut self, with: JobId, ctx: &mut Context<Self>) {
+        let (Some(runtime), Some((run, _))) = (self.runtime.clone(), self.runs.get(&with)) else { return };
+        let action = run.action.clone();
         let (api_host, timeout) = (self.ctx.api_host.clone(), self.ctx.config.init_timeout);
         let began = Instant::now();
         let fut = async move { runtime.init(&action, &api_host, timeout).await };
         ctx.spawn(fut.into_actor(self).map(move |answer, act, ctx| {
             act.init_ms = Some(began.elapsed().as_millis() as u64);
-            match answer {
-                Ok(()) => {
-                    act.init = Init::Done;
-                    for (job, run, began) in std::mem::take(&mut act.queued) {
-                        act.start_run(job, run, began, ctx);
-                    }
+            let ok = match answer {
+                Ok(()) => true,
+                Err(failed) => {
+                    act.init_failure = Some(act.interpret_init_failure(failed));
+                    false
                 }
-                Err(failed) => act.fail_init(failed, ctx),
-            }
+            };
+            act.apply(Event::InitAnswered { ok }, ctx);
         }));
     }
 
-    /// A failed `/init` fails every run waiting for it, as developer errors; the container
-    /// is not reused.
-    fn fail_init(&mut self, answer: Answer, ctx: &mut Context<Self>) {
+    /// A failed `/init` is a developer error for every run waiting for it; the container is
+    /// not reused.
+    fn interpret_init_failure(&self, answer: Answer) -> Interpreted {
         let timeout_ms = self.ctx.config.init_timeout.as_millis() as u64;
         let oom = self.handle.as_ref().is_some_and(|h| self.ctx.factory.was_oom_killed(h));
-        let runtime = self.runtime.as_ref().expect("started before init");
+        let runtime = self.runtime.as_ref().expect("initialised after its creation");
         let why = match &answer {
             Ok(_) => "init failed",
             failed => discard_reason(failed, oom),
         };
-        let mut interpreted = runtime.interpret(answer, timeout_ms, oom, self.ctx.max_result_bytes);
+        let interpreted = runtime.interpret(answer, timeout_ms, oom, self.ctx.max_result_bytes);
         let detail = interpreted.result["error"].as_str().unwrap_or_default();
         self.ctx.discards.discarded(self.spec.id.0, &self.spec.action_path, why, &format!("/init: {detail}"));
-        if interpreted.outcome != Outcome::DeveloperError {
-            interpreted = Interpreted {
-                outcome: Outcome::DeveloperError,
-                reusable: false,
-                timed_out: false,
-                result: json!({ "error": "The action failed to initialise." }),
-            };
+        if interpreted.outcome == Outcome::DeveloperError {
+            return interpreted;
         }
-        let logs_wait = self.ctx.config.log_sentinel_wait;
-        for (job, run, began) in std::mem::take(&mut self.queued) {
-            let logs = self.handle.clone();
-            let result = interpreted.result.clone();
-            let record_fields = self.record_fields(&run, began);
-            let container = self.spec.id;
-            let window = logs.map(|h| h.logs.open(tag_of(&run)));
-            let fut = async move {
-                let limit = run.meta.limits.logs as usize * 1024 * 1024;
-                let lines = match window {
-                    Some(w) => w.collect(logs_wait.min(Duration::from_millis(200)), limit).await,
-                    None => Vec::new(),
-                };
-                (run, lines)
-            };
-            ctx.spawn(fut.into_actor(self).map(move |(run, lines), act, _| {
-                act.running -= 1;
-                let record = build_record(&run, record_fields, Outcome::DeveloperError, result, lines, false);
-                run.completion.finish(record);
-                act.report(ProxyReport::Finished { container, job, reusable: false });
-            }));
+        Interpreted {
+            outcome: Outcome::DeveloperError,
+            reusable: false,
+            timed_out: false,
+            result: json!({ "error": "The action failed to initialise." }),
         }
-        self.init = Init::NotYet;
     }
 
-    /// Hands a run to the runtime, initialising it first with the run's action.
-    fn dispatch(&mut self, job: JobId, run: RunJob, began: Instant, ctx: &mut Context<Self>) {
-        match self.init {
-            Init::Done => self.start_run(job, run, began, ctx),
-            Init::InProgress => self.queued.push((job, run, began)),
-            Init::NotYet => {
-                self.start_init(&run, ctx);
-                self.queued.push((job, run, began));
+    /// Ends a run that never reached the runtime with its record, then tells the core.
+    fn fail_run(&mut self, job: JobId, cause: FailCause, first: bool, ctx: &mut Context<Self>) {
+        let Some((run, began)) = self.runs.remove(&job) else { return };
+        let fields = self.record_fields(&run, began, first);
+        let (outcome, result) = match cause {
+            FailCause::InitFailed => match &self.init_failure {
+                Some(failed) => (Outcome::DeveloperError, failed.result.clone()),
+                None => (Outcome::DeveloperError, json!({ "error": "The action failed to initialise." })),
+            },
+            FailCause::ResumeFailed => (
+                Outcome::WhiskError,
+                json!({ "error": format!("the container could not be resumed: {}", self.resume_failure) }),
+            ),
+            FailCause::Removed => {
+                (Outcome::WhiskError, json!({ "error": "the container was removed before the run could start" }))
             }
-        }
+        };
+        // The failed `/init` may have written why to its logs; nothing else did.
+        let window = match (cause, &self.handle) {
+            (FailCause::InitFailed, Some(handle)) => Some(handle.logs.open(tag_of(&run))),
+            _ => None,
+        };
+        let wait = self.ctx.config.log_sentinel_wait.min(Duration::from_millis(200));
+        let fut = async move {
+            let limit = run.meta.limits.logs as usize * 1024 * 1024;
+            let lines = match window {
+                Some(w) => w.collect(wait, limit).await,
+                None => Vec::new(),
+            };
+            (run, lines)
+        };
+        ctx.spawn(fut.into_actor(self).map(move |(run, lines), act, ctx| {
+            let record = build_record(&run, fields, outcome, result, lines, false);
+            run.completion.finish(record);
+            act.apply(Event::RunAnswered { job, reusable: false }, ctx);
+        }));
     }
 
-    fn record_fields(&self, run: &RunJob, began: Instant) -> RecordFields {
+    fn record_fields(&self, run: &RunJob, began: Instant, first: bool) -> RecordFields {
         RecordFields {
             container: self.spec.id,
-            start_kind: match (self.cold, self.prewarmed) {
+            start_kind: match (first, self.prewarmed) {
                 (false, _) => StartKind::Warm,
                 (true, false) => StartKind::Cold,
                 (true, true) => StartKind::Prewarm,
             },
-            create_ms: (self.cold && !self.prewarmed).then_some(self.create_ms),
-            init_ms: if self.cold { self.init_ms } else { None },
+            create_ms: (first && !self.prewarmed).then_some(self.create_ms),
+            init_ms: if first { self.init_ms } else { None },
             wait_ms: began.duration_since(run.accepted).as_millis() as u64,
             start: epoch_ms() - began.elapsed().as_millis() as u64,
         }
     }
 
-    fn start_run(&mut self, job: JobId, run: RunJob, began: Instant, ctx: &mut Context<Self>) {
-        let fields = self.record_fields(&run, began);
-        self.cold = false;
+    fn start_run(&mut self, job: JobId, first: bool, ctx: &mut Context<Self>) {
+        let Some((run, began)) = self.runs.remove(&job) else { return };
+        let fields = self.record_fields(&run, began, first);
         let timeout_ms = run.meta.limits.timeout;
-        let runtime = self.runtime.clone().expect("started before run");
-        let handle = self.handle.clone().expect("started before run");
+        let runtime = self.runtime.clone().expect("the core runs nothing before the container is created");
+        let handle = self.handle.clone().expect("the core runs nothing before the container is created");
         let factory = self.ctx.factory.clone();
         let (log_wait, max_result) = (self.ctx.config.log_sentinel_wait, self.ctx.max_result_bytes);
         let container = self.spec.id;
@@ -271,17 +274,51 @@ impl ContainerProxy {
             let lines = window.collect(wait, run.meta.limits.logs as usize * 1024 * 1024).await;
             (run, interpreted, lines)
         };
-        ctx.spawn(fut.into_actor(self).map(move |(run, interpreted, lines), act, _| {
-            act.running -= 1;
+        ctx.spawn(fut.into_actor(self).map(move |(run, interpreted, lines), act, ctx| {
             let reusable = interpreted.reusable;
-            if act.running == 0 && act.state == ProxyState::Running {
-                act.state = ProxyState::Ready;
-            }
             let record =
                 build_record(&run, fields, interpreted.outcome, interpreted.result, lines, interpreted.timed_out);
             run.completion.finish(record);
-            act.report(ProxyReport::Finished { container, job, reusable });
+            act.apply(Event::RunAnswered { job, reusable }, ctx);
         }));
+    }
+
+    fn pause(&mut self, ctx: &mut Context<Self>) {
+        let Some(handle) = self.handle.clone() else { return };
+        let factory = self.ctx.factory.clone();
+        let fut = async move { factory.pause(&handle).await };
+        ctx.spawn(fut.into_actor(self).map(|paused, act, ctx| {
+            if let Err(e) = &paused {
+                tracing::warn!(container = act.spec.id.0, "pause failed, the container stays unpaused: {e}");
+            }
+            act.apply(Event::Paused { ok: paused.is_ok() }, ctx);
+        }));
+    }
+
+    fn resume(&mut self, ctx: &mut Context<Self>) {
+        let Some(handle) = self.handle.clone() else { return };
+        let factory = self.ctx.factory.clone();
+        let fut = async move { factory.resume(&handle).await };
+        ctx.spawn(fut.into_actor(self).map(|resumed, act, ctx| {
+            if let Err(e) = &resumed {
+                act.resume_failure = e.to_string();
+                act.ctx.discards.discarded(act.spec.id.0, &act.spec.action_path, "resume failed", &e.to_string());
+            }
+            act.apply(Event::Resumed { ok: resumed.is_ok() }, ctx);
+        }));
+    }
+
+    fn destroy(&mut self, ctx: &mut Context<Self>) {
+        let factory = self.ctx.factory.clone();
+        let handle = self.handle.take();
+        let fut = async move {
+            if let Some(handle) = handle {
+                if let Err(e) = factory.destroy(&handle).await {
+                    tracing::warn!(container = handle.id.0, "destroy failed: {e}");
+                }
+            }
+        };
+        ctx.spawn(fut.into_actor(self).map(|(), act, ctx| act.apply(Event::Destroyed, ctx)));
     }
 }
 
@@ -300,7 +337,6 @@ impl Actor for ContainerProxy {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
-        self.state = ProxyState::Starting;
         let factory = self.ctx.factory.clone();
         let (spec, node) = (self.spec.clone(), self.node.clone());
         let began = Instant::now();
@@ -309,24 +345,17 @@ impl Actor for ContainerProxy {
             act.create_ms = began.elapsed().as_millis() as u64;
             match created {
                 Ok(handle) => {
-                    let at = handle.ready_at;
                     let protocol = act.ctx.protocols.get(&act.spec.kind).copied().unwrap_or_default();
                     act.runtime = Some(Arc::new(Runtime::new(protocol, &handle.transport, act.ctx.max_result_bytes)));
                     act.handle = Some(handle);
-                    act.state = ProxyState::Started;
-                    act.report(ProxyReport::Started { container: act.spec.id, ok: true, at });
                 }
                 Err(reason) => {
-                    act.ctx.discards.discarded(
-                        act.spec.id.0,
-                        &act.spec.action_path,
-                        "create failed",
-                        &reason.to_string(),
-                    );
-                    act.report(ProxyReport::Started { container: act.spec.id, ok: false, at: Default::default() });
-                    ctx.stop();
+                    let (id, path) = (act.spec.id.0, &act.spec.action_path);
+                    act.ctx.discards.discarded(id, path, "create failed", &reason.to_string());
                 }
             }
+            let ok = act.handle.is_some();
+            act.apply(Event::Created { ok }, ctx);
         }));
     }
 }
@@ -334,21 +363,9 @@ impl Actor for ContainerProxy {
 impl Handler<Run> for ContainerProxy {
     type Result = ();
 
-    fn handle(&mut self, msg: Run, ctx: &mut Context<Self>) {
-        let began = Instant::now();
-        self.running += 1;
-        match self.state {
-            // The pool sent a resume before this run: it goes once the container runs again.
-            ProxyState::Pausing | ProxyState::Resuming => self.parked.push((msg.job, msg.run, began)),
-            ProxyState::Paused => {
-                self.parked.push((msg.job, msg.run, began));
-                self.resume(ctx);
-            }
-            _ => {
-                self.state = ProxyState::Running;
-                self.dispatch(msg.job, msg.run, began, ctx);
-            }
-        }
+    fn handle(&mut self, Run { job, run }: Run, ctx: &mut Context<Self>) {
+        self.runs.insert(job, (run, Instant::now()));
+        self.apply(Event::RunArrived(job), ctx);
     }
 }
 
@@ -356,7 +373,7 @@ impl Handler<Pause> for ContainerProxy {
     type Result = ();
 
     fn handle(&mut self, _: Pause, ctx: &mut Context<Self>) {
-        self.pause(ctx);
+        self.apply(Event::PauseDecided, ctx);
     }
 }
 
@@ -364,7 +381,7 @@ impl Handler<Resume> for ContainerProxy {
     type Result = ();
 
     fn handle(&mut self, _: Resume, ctx: &mut Context<Self>) {
-        self.resume(ctx);
+        self.apply(Event::ResumeDecided, ctx);
     }
 }
 
@@ -372,9 +389,7 @@ impl Handler<Gone> for ContainerProxy {
     type Result = ();
 
     fn handle(&mut self, _: Gone, ctx: &mut Context<Self>) {
-        if self.running == 0 && self.queued.is_empty() {
-            ctx.notify(Remove);
-        }
+        self.apply(Event::Gone, ctx);
     }
 }
 
@@ -382,22 +397,6 @@ impl Handler<Remove> for ContainerProxy {
     type Result = ();
 
     fn handle(&mut self, _: Remove, ctx: &mut Context<Self>) {
-        if self.state == ProxyState::Removing {
-            return;
-        }
-        self.state = ProxyState::Removing;
-        let factory = self.ctx.factory.clone();
-        let handle = self.handle.take();
-        let fut = async move {
-            if let Some(handle) = handle {
-                if let Err(e) = factory.destroy(&handle).await {
-                    tracing::warn!(container = handle.id.0, "destroy failed: {e}");
-                }
-            }
-        };
-        ctx.spawn(fut.into_actor(self).map(|(), act, ctx| {
-            act.report(ProxyReport::Removed { container: act.spec.id });
-            ctx.stop();
-        }));
+        self.apply(Event::RemoveDecided, ctx);
     }
 }

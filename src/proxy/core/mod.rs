@@ -1,0 +1,466 @@
+//! One container's life, decided without I/O: events in (the factory created it, the runtime
+//! answered, the pool's core decided a pause), effects out (call the runtime, pause it, tell the
+//! pool). The actor in `mod.rs` carries the effects out and feeds their results back; it keeps
+//! the runs' payloads and the container's handle, and decides nothing.
+//!
+//! The states are OpenWhisk's ContainerProxy's. The pool's core decides what runs where and
+//! when a container pauses, resumes or goes; this core applies those decisions to the one
+//! container it owns, and is the only place its state lives. What it guarantees, whatever the
+//! order the answers come in (`proptests.rs`): no run reaches the runtime of a container that
+//! is paused, pausing, resuming or removed; every run the pool sent gets exactly one answer to
+//! the pool, a `Finished`, or the container's `Removed` while it ran; a failed create ends with
+//! `Removed`, so that the pool forgets the container; nothing is reported after `Removed`.
+
+use crate::pool::core::JobId;
+
+/// The OpenWhisk ContainerProxy states.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProxyState {
+    /// The factory is creating the container.
+    Starting,
+    /// Created, never run.
+    Started,
+    Running,
+    /// Idle between runs.
+    Ready,
+    Pausing,
+    Paused,
+    Resuming,
+    Removing,
+    /// Removed and reported: the actor stops.
+    Removed,
+}
+
+/// What happened to the container, or what the pool's core decided for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Event {
+    Created {
+        ok: bool,
+    },
+    /// The pool sent a run here.
+    RunArrived(JobId),
+    InitAnswered {
+        ok: bool,
+    },
+    /// A run ended (its record is written): from the runtime, or failed without reaching it.
+    RunAnswered {
+        job: JobId,
+        reusable: bool,
+    },
+    PauseDecided,
+    Paused {
+        ok: bool,
+    },
+    ResumeDecided,
+    Resumed {
+        ok: bool,
+    },
+    RemoveDecided,
+    /// The factory saw the container end on its own.
+    Gone,
+    /// The factory removed it.
+    Destroyed,
+}
+
+/// Why a run ends without reaching the runtime.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailCause {
+    /// `/init` failed: a developer error, as OpenWhisk's.
+    InitFailed,
+    /// The container could not be resumed: nothing ran, a whisk error.
+    ResumeFailed,
+    /// The container was being removed.
+    Removed,
+}
+
+/// What the actor carries out, in order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Effect {
+    /// Give the runtime its action's code: the action of run `with`.
+    Init {
+        with: JobId,
+    },
+    /// Call the runtime with the run; `first`: the first run of this container (its start
+    /// kind is cold or prewarm, not warm).
+    Run {
+        job: JobId,
+        first: bool,
+    },
+    /// End the run with a record of `cause`, then answer `RunAnswered`.
+    Fail {
+        job: JobId,
+        cause: FailCause,
+        first: bool,
+    },
+    Pause,
+    Resume,
+    Destroy,
+    ReportStarted {
+        ok: bool,
+    },
+    ReportFinished {
+        job: JobId,
+        reusable: bool,
+    },
+    ReportRemoved,
+    Stop,
+}
+
+/// Whether the runtime holds the action's code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Init {
+    NotYet,
+    InProgress,
+    Done,
+}
+
+/// The state of one container and of the runs the pool sent it.
+#[derive(Debug)]
+pub struct ProxyCore {
+    state: ProxyState,
+    init: Init,
+    /// Runs the pool sent that have not answered yet, wherever they are.
+    admitted: usize,
+    /// Waiting for the container to be created or initialised.
+    waiting: Vec<JobId>,
+    /// Waiting for a resume.
+    parked: Vec<JobId>,
+    /// A resume was decided while the pause was still under way.
+    resume_wanted: bool,
+    /// A run has been sent to the runtime.
+    ran: bool,
+    /// The removal was decided while the factory was creating the container.
+    creating_when_removed: bool,
+}
+
+impl Default for ProxyCore {
+    fn default() -> Self {
+        ProxyCore {
+            state: ProxyState::Starting,
+            init: Init::NotYet,
+            admitted: 0,
+            waiting: Vec::new(),
+            parked: Vec::new(),
+            resume_wanted: false,
+            ran: false,
+            creating_when_removed: false,
+        }
+    }
+}
+
+type Effects = Vec<Effect>;
+
+impl ProxyCore {
+    pub fn state(&self) -> ProxyState {
+        self.state
+    }
+
+    pub fn handle(&mut self, event: Event) -> Effects {
+        let mut fx = Vec::new();
+        if self.state == ProxyState::Removed {
+            return fx;
+        }
+        match event {
+            Event::Created { ok } => self.on_created(ok, &mut fx),
+            Event::RunArrived(job) => self.on_run(job, &mut fx),
+            Event::InitAnswered { ok } => self.on_init(ok, &mut fx),
+            Event::RunAnswered { job, reusable } => self.on_answered(job, reusable, &mut fx),
+            Event::PauseDecided => self.on_pause_decided(&mut fx),
+            Event::Paused { ok } => self.on_paused(ok, &mut fx),
+            Event::ResumeDecided => self.resume(&mut fx),
+            Event::Resumed { ok } => self.on_resumed(ok, &mut fx),
+            Event::RemoveDecided => self.remove(&mut fx),
+            Event::Gone if self.admitted == 0 => self.remove(&mut fx),
+            Event::Gone => {} // its runs fail on their own, and retire it
+            Event::Destroyed => {
+                self.state = ProxyState::Removed;
+                fx.extend([Effect::ReportRemoved, Effect::Stop]);
+            }
+        }
+        fx
+    }
+
+    fn on_created(&mut self, ok: bool, fx: &mut Effects) {
+        match self.state {
+            ProxyState::Starting => {}
+            // Removed while the factory was still creating it: what it made goes now.
+            ProxyState::Removing if self.creating_when_removed => {
+                self.creating_when_removed = false;
+                fx.push(Effect::ReportStarted { ok });
+                match ok {
+                    true => fx.push(Effect::Destroy),
+                    false => {
+                        self.state = ProxyState::Removed;
+                        fx.extend([Effect::ReportRemoved, Effect::Stop]);
+                    }
+                }
+                return;
+            }
+            _ => return,
+        }
+        fx.push(Effect::ReportStarted { ok });
+        if !ok {
+            // Nothing to destroy; the pool holds the container until it hears it is gone.
+            self.fail_waiting(FailCause::Removed, fx);
+            self.state = ProxyState::Removed;
+            fx.extend([Effect::ReportRemoved, Effect::Stop]);
+            return;
+        }
+        self.state = ProxyState::Started;
+        if !self.waiting.is_empty() {
+            self.state = ProxyState::Running;
+            let first = self.waiting[0];
+            self.init = Init::InProgress;
+            fx.push(Effect::Init { with: first });
+        }
+    }
+
+    fn on_run(&mut self, job: JobId, fx: &mut Effects) {
+        self.admitted += 1;
+        match self.state {
+            ProxyState::Starting => self.waiting.push(job),
+            ProxyState::Pausing | ProxyState::Resuming => self.parked.push(job),
+            ProxyState::Paused => {
+                self.parked.push(job);
+                self.resume(fx);
+            }
+            ProxyState::Removing | ProxyState::Removed => {
+                fx.push(Effect::Fail { job, cause: FailCause::Removed, first: !self.ran });
+            }
+            ProxyState::Started | ProxyState::Running | ProxyState::Ready => {
+                self.state = ProxyState::Running;
+                self.dispatch(job, fx);
+            }
+        }
+    }
+
+    /// To the runtime, initialising it first with the run's action.
+    fn dispatch(&mut self, job: JobId, fx: &mut Effects) {
+        match self.init {
+            Init::Done => self.send(job, fx),
+            Init::InProgress => self.waiting.push(job),
+            Init::NotYet => {
+                self.init = Init::InProgress;
+                fx.push(Effect::Init { with: job });
+                self.waiting.push(job);
+            }
+        }
+    }
+
+    fn send(&mut self, job: JobId, fx: &mut Effects) {
+        fx.push(Effect::Run { job, first: !self.ran });
+        self.ran = true;
+    }
+
+    fn on_init(&mut self, ok: bool, fx: &mut Effects) {
+        if self.init != Init::InProgress || self.state == ProxyState::Removing {
+            return;
+        }
+        if ok {
+            self.init = Init::Done;
+            for job in std::mem::take(&mut self.waiting) {
+                self.send(job, fx);
+            }
+        } else {
+            // The container is not reused: the pool retires it when it hears the runs failed.
+            self.init = Init::NotYet;
+            self.fail_waiting(FailCause::InitFailed, fx);
+        }
+    }
+
+    fn fail_waiting(&mut self, cause: FailCause, fx: &mut Effects) {
+        let first = !self.ran;
+        for job in std::mem::take(&mut self.waiting).into_iter().chain(std::mem::take(&mut self.parked)) {
+            fx.push(Effect::Fail { job, cause, first });
+        }
+    }
+
+    fn on_answered(&mut self, job: JobId, reusable: bool, fx: &mut Effects) {
+        self.admitted = self.admitted.saturating_sub(1);
+        if self.admitted == 0 && self.state == ProxyState::Running {
+            self.state = ProxyState::Ready;
+        }
+        fx.push(Effect::ReportFinished { job, reusable });
+    }
+
+    /// Only an idle, ready container pauses; the pool's core never asks for another.
+    fn on_pause_decided(&mut self, fx: &mut Effects) {
+        if self.state != ProxyState::Ready || self.admitted > 0 {
+            return;
+        }
+        self.state = ProxyState::Pausing;
+        fx.push(Effect::Pause);
+    }
+
+    fn on_paused(&mut self, ok: bool, fx: &mut Effects) {
+        if self.state != ProxyState::Pausing {
+            return;
+        }
+        if !ok {
+            // It stays unpaused, and runs on.
+            return self.release_parked(fx);
+        }
+        self.state = ProxyState::Paused;
+        if self.resume_wanted || !self.parked.is_empty() {
+            self.resume(fx);
+        }
+    }
+
+    /// Resumes a paused container; one still pausing resumes once it has paused.
+    fn resume(&mut self, fx: &mut Effects) {
+        match self.state {
+            ProxyState::Paused => {
+                self.resume_wanted = false;
+                self.state = ProxyState::Resuming;
+                fx.push(Effect::Resume);
+            }
+            ProxyState::Pausing => self.resume_wanted = true,
+            _ => {}
+        }
+    }
+
+    fn on_resumed(&mut self, ok: bool, fx: &mut Effects) {
+        if self.state != ProxyState::Resuming {
+            return;
+        }
+        if ok {
+            self.release_parked(fx);
+        } else {
+            // Nothing ran: its runs get whisk errors (safe to retry) and the container, given
+            // up, is retired by the pool when it hears them.
+            self.fail_waiting(FailCause::ResumeFailed, fx);
+        }
+    }
+
+    fn release_parked(&mut self, fx: &mut Effects) {
+        self.state = if self.admitted > 0 { ProxyState::Running } else { ProxyState::Ready };
+        for job in std::mem::take(&mut self.parked) {
+            self.dispatch(job, fx);
+        }
+    }
+
+    /// Runs that have not reached the runtime end now; those in it end when the factory
+    /// removes the container under them (and the pool counts them lost with the container).
+    fn remove(&mut self, fx: &mut Effects) {
+        if self.state == ProxyState::Removing {
+            return;
+        }
+        self.fail_waiting(FailCause::Removed, fx);
+        // A container being created is destroyed once the factory has made it.
+        self.creating_when_removed = self.state == ProxyState::Starting;
+        self.state = ProxyState::Removing;
+        if !self.creating_when_removed {
+            fx.push(Effect::Destroy);
+        }
+    }
+}
+
+#[cfg(test)]
+mod proptests;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(n: u64) -> JobId {
+        JobId(n)
+    }
+
+    fn created() -> ProxyCore {
+        let mut core = ProxyCore::default();
+        assert_eq!(core.handle(Event::Created { ok: true }), [Effect::ReportStarted { ok: true }]);
+        core
+    }
+
+    #[test]
+    fn the_first_run_initialises_then_runs_cold_and_the_next_runs_warm() {
+        let mut core = created();
+        assert_eq!(core.handle(Event::RunArrived(job(1))), [Effect::Init { with: job(1) }]);
+        assert_eq!(core.handle(Event::RunArrived(job(2))), [], "waits for /init");
+        assert_eq!(
+            core.handle(Event::InitAnswered { ok: true }),
+            [Effect::Run { job: job(1), first: true }, Effect::Run { job: job(2), first: false }]
+        );
+        assert_eq!(core.handle(Event::RunAnswered { job: job(1), reusable: true }).len(), 1);
+        assert_eq!(core.state(), ProxyState::Running);
+        core.handle(Event::RunAnswered { job: job(2), reusable: true });
+        assert_eq!(core.state(), ProxyState::Ready);
+        assert_eq!(core.handle(Event::RunArrived(job(3))), [Effect::Run { job: job(3), first: false }]);
+    }
+
+    #[test]
+    fn a_failed_create_reports_removed_so_that_the_pool_forgets_it() {
+        let mut core = ProxyCore::default();
+        assert_eq!(
+            core.handle(Event::Created { ok: false }),
+            [Effect::ReportStarted { ok: false }, Effect::ReportRemoved, Effect::Stop]
+        );
+        assert_eq!(core.handle(Event::RunArrived(job(1))), [], "nothing after Removed");
+    }
+
+    #[test]
+    fn a_failed_init_fails_every_waiting_run_as_a_developer_error() {
+        let mut core = created();
+        core.handle(Event::RunArrived(job(1)));
+        core.handle(Event::RunArrived(job(2)));
+        let cause = FailCause::InitFailed;
+        assert_eq!(
+            core.handle(Event::InitAnswered { ok: false }),
+            [Effect::Fail { job: job(1), cause, first: true }, Effect::Fail { job: job(2), cause, first: true }]
+        );
+    }
+
+    #[test]
+    fn a_run_sent_while_pausing_waits_for_the_pause_then_the_resume() {
+        let mut core = created();
+        core.handle(Event::RunArrived(job(1)));
+        core.handle(Event::InitAnswered { ok: true });
+        core.handle(Event::RunAnswered { job: job(1), reusable: true });
+        assert_eq!(core.handle(Event::PauseDecided), [Effect::Pause]);
+        assert_eq!(core.handle(Event::ResumeDecided), [], "still pausing");
+        assert_eq!(core.handle(Event::RunArrived(job(2))), []);
+        assert_eq!(core.handle(Event::Paused { ok: true }), [Effect::Resume]);
+        assert_eq!(core.handle(Event::Resumed { ok: true }), [Effect::Run { job: job(2), first: false }]);
+    }
+
+    #[test]
+    fn a_failed_resume_fails_the_parked_runs_as_whisk_errors() {
+        let mut core = created();
+        core.handle(Event::RunArrived(job(1)));
+        core.handle(Event::InitAnswered { ok: true });
+        core.handle(Event::RunAnswered { job: job(1), reusable: true });
+        core.handle(Event::PauseDecided);
+        core.handle(Event::Paused { ok: true });
+        assert_eq!(core.handle(Event::RunArrived(job(2))), [Effect::Resume]);
+        let cause = FailCause::ResumeFailed;
+        assert_eq!(core.handle(Event::Resumed { ok: false }), [Effect::Fail { job: job(2), cause, first: false }]);
+    }
+
+    #[test]
+    fn a_removal_fails_what_waits_and_destroys_once() {
+        let mut core = created();
+        core.handle(Event::RunArrived(job(1)));
+        let cause = FailCause::Removed;
+        assert_eq!(
+            core.handle(Event::RemoveDecided),
+            [Effect::Fail { job: job(1), cause, first: true }, Effect::Destroy]
+        );
+        assert_eq!(core.handle(Event::RemoveDecided), []);
+        assert_eq!(core.handle(Event::InitAnswered { ok: true }), [], "no run after the removal");
+        assert_eq!(core.handle(Event::Destroyed), [Effect::ReportRemoved, Effect::Stop]);
+    }
+
+    #[test]
+    fn a_removal_during_creation_destroys_what_the_factory_made_once_it_made_it() {
+        let mut core = ProxyCore::default();
+        assert_eq!(core.handle(Event::RemoveDecided), [], "nothing to destroy yet");
+        assert_eq!(core.handle(Event::Created { ok: true }), [Effect::ReportStarted { ok: true }, Effect::Destroy]);
+        assert_eq!(core.handle(Event::Destroyed), [Effect::ReportRemoved, Effect::Stop]);
+        let mut failed = ProxyCore::default();
+        failed.handle(Event::RemoveDecided);
+        assert_eq!(
+            failed.handle(Event::Created { ok: false }),
+            [Effect::ReportStarted { ok: false }, Effect::ReportRemoved, Effect::Stop]
+        );
+    }
+}
