@@ -427,7 +427,6 @@ fn parse_user(user: &str) -> Option<(u32, u32)> {
 /// socket there, and by nobody else; a disk of its own, so that the container, which may write
 /// there, cannot fill `data_dir`.
 fn prepare_dir(dir: &Path, owner: (u32, u32)) -> std::io::Result<()> {
-    own_disk::unmount(dir);
     std::fs::create_dir_all(dir)?;
     own_disk::mount_on(dir, SOCKET_DIR_MB, owner, 0o700)
 }

@@ -385,7 +385,7 @@ impl ProcessFactory {
         let inner = &self.inner;
         let dir = self.dir(spec.id);
         let create_err = |what: &str, e: std::io::Error| FactoryError::Create(format!("{what}: {e}"));
-        own_disk::unmount(&dir);
+        // Ids are not reused within a run, and a start removed what an earlier run left.
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir(&dir).map_err(|e| create_err("container directory", e))?;
         let owner = uid.map_or_else(
@@ -482,17 +482,15 @@ impl ProcessFactory {
         if let Some(mut child) = child {
             let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
         }
-        // Before the cgroups go: its pages are charged there.
-        own_disk::unmount(&self.dir(id));
-        if self.inner.cgroups.is_ok() {
-            let inner = self.inner.clone();
-            let _ = tokio::task::spawn_blocking(move || {
-                if let Ok(cg) = &inner.cgroups {
-                    cg.remove(id);
-                }
-            })
-            .await;
-        }
+        let (inner, dir) = (self.inner.clone(), self.dir(id));
+        let _ = tokio::task::spawn_blocking(move || {
+            // Before the cgroups go: its pages are charged there.
+            own_disk::unmount(&dir);
+            if let Ok(cg) = &inner.cgroups {
+                cg.remove(id);
+            }
+        })
+        .await;
         self.remove_files(id).await;
         drop(uid);
         self.observe();
