@@ -271,10 +271,14 @@ impl Inner {
 
     /// Notes a failed write: the store takes no new work until `try_recover` finds both the
     /// journal's disk and redb writable. Returns the error to answer with (a storage error
-    /// becomes `Unavailable`, naming the disk).
+    /// becomes `Unavailable`, naming the disk). While the trouble lasts, its first reason
+    /// stands: what fails after it (redb's `Previous I/O error`) is its consequence.
     fn troubled(&self, e: StoreError) -> StoreError {
         if !e.is_storage() {
             return e;
+        }
+        if let Some(reason) = &*self.trouble.lock() {
+            return StoreError::Unavailable(reason.clone());
         }
         let reason = match &e {
             StoreError::Unavailable(reason) => reason.clone(),
@@ -287,11 +291,8 @@ impl Inner {
                 self.dir.parent().unwrap_or(&self.dir).display()
             ),
         };
-        let mut trouble = self.trouble.lock();
-        if trouble.is_none() {
-            tracing::error!("{reason}");
-        }
-        *trouble = Some(reason.clone());
+        tracing::error!("{reason}");
+        *self.trouble.lock() = Some(reason.clone());
         StoreError::Unavailable(reason)
     }
 
