@@ -29,7 +29,11 @@ if [ ! -x /usr/bin/python3 ]; then
     apt-get install -y python3-minimal >&2
 fi
 
-cargo build --release --bins >&2
+features=bench
+if [ ${#docker[@]} -gt 0 ]; then
+    features=bench,docker
+fi
+cargo build --release --bins --features "$features" >&2
 bin="${CARGO_TARGET_DIR:-target}/release"
 k="${K:-8}"
 if [ ${#docker[@]} -gt 0 ]; then

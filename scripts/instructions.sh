@@ -13,7 +13,7 @@ n="${1:-300}"
 for tool in valgrind curl python3; do
     command -v "$tool" >/dev/null || apt-get install -y "$tool" >&2
 done
-cargo build --release --bins >&2
+cargo build --release --bin invoker >&2
 bin="${CARGO_TARGET_DIR:-target}/release/invoker"
 work="$(mktemp -d /tmp/invoker-callgrind-XXXXXX)"
 trap 'kill "$pid" 2>/dev/null || true; [ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT

@@ -15,4 +15,5 @@ if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
 fi
 
-cargo test --all-targets "$@"
+# Every backend and the mock factory (cargo features), so that every suite builds and runs.
+cargo test --all-targets --all-features "$@"

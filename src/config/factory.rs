@@ -16,6 +16,35 @@ pub enum FactoryKind {
     Kubernetes,
 }
 
+/// A backend this binary was built without (`factory.kind` names it): the cargo feature that
+/// builds it in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("'{kind}' is not built into this invoker; build it with `cargo build --release --features {feature}`{note}")]
+pub struct MissingFeature {
+    pub kind: &'static str,
+    pub feature: &'static str,
+    pub note: &'static str,
+}
+
+impl FactoryKind {
+    /// `Some` when this binary lacks the backend.
+    pub fn missing_feature(self) -> Option<MissingFeature> {
+        let (kind, feature, built, note) = match self {
+            FactoryKind::Process => return None,
+            FactoryKind::Docker => ("docker", "docker", cfg!(feature = "docker"), ""),
+            FactoryKind::Mesos => ("mesos", "mesos", cfg!(feature = "mesos"), ""),
+            FactoryKind::Kubernetes => ("kubernetes", "kubernetes", cfg!(feature = "kubernetes"), ""),
+            FactoryKind::Mock => (
+                "mock",
+                "test-util",
+                cfg!(feature = "test-util"),
+                " (in-process runtimes, for tests and benchmarks only)",
+            ),
+        };
+        (!built).then_some(MissingFeature { kind, feature, note })
+    }
+}
+
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct FactoryConfig {
@@ -269,6 +298,9 @@ impl Default for ProcessFactoryConfig {
 
 impl FactoryConfig {
     pub(super) fn validate(&self, pool: &PoolConfig, limits: &LimitsConfig) -> Result<(), ConfigError> {
+        if let Some(missing) = self.kind.missing_feature() {
+            return Err(bad("factory.kind", missing.to_string()));
+        }
         self.validate_mesos()?;
         self.kubernetes.validate()?;
         if self.mock.nodes == 0 || self.mock.nodes > 10_000 {

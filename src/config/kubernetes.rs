@@ -1,11 +1,23 @@
 //! `[factory.kubernetes]`: action containers as pods, bound to the node the pool chose.
 
 use super::{bad, ConfigError};
-use k8s_openapi::api::core::v1::Toleration;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
+
+/// A taint the action pods tolerate, written as a pod spec's toleration is (`key`, `operator`,
+/// `value`, `effect`, `tolerationSeconds`). The config's own type, so that reading a config
+/// needs no Kubernetes crate in a build without the backend.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Toleration {
+    pub key: Option<String>,
+    pub operator: Option<String>,
+    pub value: Option<String>,
+    pub effect: Option<String>,
+    pub toleration_seconds: Option<i64>,
+}
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]

@@ -20,7 +20,7 @@ pub use factory::{
     ProcessFactoryConfig, TransportKind,
 };
 pub use kinds::{default_kinds, KindConfig, Network, RuntimeProtocol, OPENWHISK_PORT};
-pub use kubernetes::{KubernetesFactoryConfig, KubernetesKindConfig};
+pub use kubernetes::{KubernetesFactoryConfig, KubernetesKindConfig, Toleration};
 pub use limits::LimitsConfig;
 pub use pool::{PoolConfig, PrewarmConfig};
 pub use proxy::ProxyConfig;
@@ -337,6 +337,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "docker")]
     fn the_docker_config_file_is_valid() {
         let config = Config::from_file(Path::new("config/docker.toml")).unwrap();
         config.validate().unwrap();
@@ -356,6 +357,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "kubernetes")]
     fn the_kubernetes_config_file_is_valid_and_bad_keys_are_named() {
         let config = Config::from_file(Path::new("config/kubernetes.toml")).unwrap();
         config.validate().unwrap();
@@ -378,6 +380,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "mesos")]
     fn the_mesos_config_file_is_valid_and_a_bad_master_is_named() {
         let config = Config::from_file(Path::new("config/mesos.toml")).unwrap();
         config.validate().unwrap();
@@ -435,5 +438,30 @@ mod tests {
         assert_eq!(Config::from_toml(&bad_range).unwrap().validate().unwrap_err().key, "pool.prewarm[0].reactive");
         let twice = format!("{}{}", entry(""), entry(""));
         assert_eq!(Config::from_toml(&twice).unwrap().validate().unwrap_err().key, "pool.prewarm[1].kind");
+    }
+
+    /// A backend the binary was built without is refused at start, naming the feature.
+    #[test]
+    fn a_factory_this_build_lacks_is_refused_with_the_feature_to_build_it_with() {
+        for (kind, feature) in
+            [("docker", "docker"), ("mesos", "mesos"), ("kubernetes", "kubernetes"), ("mock", "test-util")]
+        {
+            let config = Config::from_toml(&format!("[factory]\nkind = \"{kind}\"\n")).unwrap();
+            let built = match kind {
+                "docker" => cfg!(feature = "docker"),
+                "mesos" => cfg!(feature = "mesos"),
+                "kubernetes" => cfg!(feature = "kubernetes"),
+                _ => cfg!(feature = "test-util"),
+            };
+            match config.validate() {
+                Err(e) if !built => {
+                    assert_eq!(e.key, "factory.kind");
+                    assert!(e.to_string().contains(&format!("--features {feature}")), "{e}");
+                }
+                Ok(()) if built => {}
+                other => panic!("{kind} (built: {built}): {other:?}"),
+            }
+        }
+        assert_eq!(crate::config::FactoryKind::Process.missing_feature(), None);
     }
 }

@@ -4,10 +4,14 @@
 //! nothing outside this module knows which one it is.
 
 mod cgroup;
+#[cfg(feature = "docker")]
 pub mod docker;
+#[cfg(feature = "kubernetes")]
 pub mod kubernetes;
 pub mod logs;
+#[cfg(feature = "mesos")]
 pub mod mesos;
+#[cfg(feature = "test-util")]
 pub mod mock;
 pub mod netns;
 mod one_host;
@@ -165,9 +169,13 @@ pub trait ContainerFactory: Clone + Send + Sync + 'static {
 #[derive(Clone)]
 pub enum Factory {
     Process(process::ProcessFactory),
+    #[cfg(feature = "docker")]
     Docker(docker::DockerFactory),
+    #[cfg(feature = "mesos")]
     Mesos(mesos::MesosFactory),
+    #[cfg(feature = "kubernetes")]
     Kubernetes(kubernetes::KubernetesFactory),
+    #[cfg(feature = "test-util")]
     Mock(mock::MockFactory),
 }
 
@@ -176,9 +184,13 @@ macro_rules! each_backend {
     ($factory:expr, $f:ident => $body:expr) => {
         match $factory {
             Factory::Process($f) => $body,
+            #[cfg(feature = "docker")]
             Factory::Docker($f) => $body,
+            #[cfg(feature = "mesos")]
             Factory::Mesos($f) => $body,
+            #[cfg(feature = "kubernetes")]
             Factory::Kubernetes($f) => $body,
+            #[cfg(feature = "test-util")]
             Factory::Mock($f) => $body,
         }
     };
@@ -193,15 +205,26 @@ impl Factory {
         store: Arc<dyn crate::store::Store>,
     ) -> Result<Self, FactoryError> {
         use crate::config::FactoryKind;
+        let _ = &store; // only the Mesos backend keeps anything
         Ok(match config.factory.kind {
             FactoryKind::Process => Factory::Process(process::ProcessFactory::new(config, epoch)?),
+            #[cfg(feature = "docker")]
             FactoryKind::Docker => Factory::Docker(docker::DockerFactory::new(config, epoch).await?),
+            #[cfg(feature = "mesos")]
             FactoryKind::Mesos => Factory::Mesos(mesos::MesosFactory::new(config, epoch, store).await?),
+            #[cfg(feature = "kubernetes")]
             FactoryKind::Kubernetes => Factory::Kubernetes(kubernetes::KubernetesFactory::new(config, epoch).await?),
+            #[cfg(feature = "test-util")]
             FactoryKind::Mock => {
                 let m = &config.factory.mock;
                 let nodes = (0..m.nodes).map(|i| (format!("mock{i}"), m.node_memory_mb)).collect();
                 Factory::Mock(mock::MockFactory::new(mock::MockConfig { nodes, ..mock::MockConfig::default() }, epoch))
+            }
+            // Refused by the config's validation already; said again for a caller that skipped it.
+            #[allow(unreachable_patterns)]
+            kind => {
+                let reason = kind.missing_feature().map_or_else(String::new, |f| f.to_string());
+                return Err(FactoryError::Operation { op: "factory setup", reason });
             }
         })
     }

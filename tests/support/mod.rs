@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod etcd;
+#[cfg(feature = "kubernetes")]
 pub mod kube_api;
 
 use serde_json::{json, Value};

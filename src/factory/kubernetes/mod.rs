@@ -16,7 +16,7 @@ use super::logs::LogBuffer;
 use super::{ContainerFactory, ContainerHandle, ContainerSpec, Epoch, FactoryError, StatsReceiver, Transport};
 use crate::config::{Config, KubernetesFactoryConfig};
 use crate::pool::core::{ContainerId, NodeId, NodeStatsUpdate};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, Toleration};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::Api;
@@ -94,6 +94,7 @@ async fn client(c: &KubernetesFactoryConfig) -> Result<(kube::Client, String), F
 impl KubernetesFactory {
     pub async fn new(config: &Config, epoch: Epoch) -> Result<Self, FactoryError> {
         let k = config.factory.kubernetes.clone();
+        let tolerations: Vec<Toleration> = k.tolerations.iter().map(toleration).collect();
         let (client, server) = client(&k).await?;
         let templates = k
             .kinds
@@ -104,7 +105,7 @@ impl KubernetesFactory {
                     command: c.command.clone(),
                     port: c.port(),
                     pull_policy: k.image_pull_policy.clone(),
-                    tolerations: k.tolerations.clone(),
+                    tolerations: tolerations.clone(),
                 };
                 (kind.clone(), template)
             })
@@ -122,7 +123,7 @@ impl KubernetesFactory {
             policies: Api::namespaced(client.clone(), &k.namespace),
             isolated: tokio::sync::watch::channel(!k.network_policy).0,
             unanswered: Mutex::new(std::collections::VecDeque::new()),
-            view: watch_cluster(client, k.tolerations.clone()),
+            view: watch_cluster(client, tolerations),
             config: k,
             invoker_id: config.invoker_id.clone(),
             run: run.to_string(),
@@ -440,4 +441,15 @@ async fn remove_left(inner: &Arc<Inner>) {
         tracing::info!(pods = names.len(), "kubernetes: deleting the pods an earlier run of this invoker left");
     }
     futures_util::future::join_all(names.iter().map(|name| factory.delete(name))).await;
+}
+
+/// The config's toleration as the API's type.
+fn toleration(t: &crate::config::Toleration) -> Toleration {
+    Toleration {
+        key: t.key.clone(),
+        operator: t.operator.clone(),
+        value: t.value.clone(),
+        effect: t.effect.clone(),
+        toleration_seconds: t.toleration_seconds,
+    }
 }
