@@ -105,6 +105,35 @@ pub enum RuntimeProtocol {
     OpenWhisk,
 }
 
+/// What the rest of the invoker asks of a protocol (the proxy, the pool, the API's checks):
+/// the answers differ between protocols, and nothing outside `proxy::protocol` assumes one.
+impl RuntimeProtocol {
+    /// Whether a container is given its action's code (`/init`) before its first run; if not,
+    /// it is ready to run once the factory has made it.
+    pub fn initialises(self) -> bool {
+        match self {
+            RuntimeProtocol::OpenWhisk => true,
+        }
+    }
+
+    /// Whether the runtime marks the end of each run in its logs (OpenWhisk's sentinel lines),
+    /// which the proxy waits for (bounded) before it writes the run's record; if not, the
+    /// record takes the lines there are when the run answers.
+    pub fn marks_log_ends(self) -> bool {
+        match self {
+            RuntimeProtocol::OpenWhisk => true,
+        }
+    }
+
+    /// The most runs one container takes at once whatever its kind says; `None`: its kind
+    /// decides (`max_concurrency`).
+    pub fn max_runs_at_once(self) -> Option<u32> {
+        match self {
+            RuntimeProtocol::OpenWhisk => None,
+        }
+    }
+}
+
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct KindConfig {
@@ -180,7 +209,8 @@ impl KindConfig {
 
     /// The most runs at once one container of the kind takes, `concurrency_max` the config's.
     pub fn max_concurrency(&self, concurrency_max: u32) -> u32 {
-        runs_at_once(self.max_concurrency, self.is_own_runtime(), concurrency_max)
+        let kind = runs_at_once(self.max_concurrency, self.is_own_runtime(), concurrency_max);
+        self.protocol.max_runs_at_once().map_or(kind, |protocol| kind.min(protocol))
     }
 
     /// The command line with `{invoker}` and `{listen}` filled in.

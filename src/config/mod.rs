@@ -157,20 +157,23 @@ impl Config {
     pub fn action_kinds(&self) -> BTreeMap<&str, u32> {
         let max = self.limits.concurrency_max;
         let set = |name: &str| self.kinds.get(name).and_then(|k| k.max_concurrency);
+        // The protocol's own bound, on every factory.
+        let protocol_max = |name: &str| self.kinds.get(name).and_then(|k| k.protocol.max_runs_at_once());
+        let capped = |name: &str, n: u32| protocol_max(name).map_or(n, |p| n.min(p));
         match self.factory.kind {
             FactoryKind::Docker => self
                 .factory
                 .docker
                 .kinds
                 .iter()
-                .map(|(name, d)| (name.as_str(), kinds::runs_at_once(set(name), d.is_own_runtime(), max)))
+                .map(|(name, d)| (name.as_str(), capped(name, kinds::runs_at_once(set(name), d.is_own_runtime(), max))))
                 .collect(),
             FactoryKind::Kubernetes => self
                 .factory
                 .kubernetes
                 .kinds
                 .iter()
-                .map(|(name, k)| (name.as_str(), kinds::runs_at_once(set(name), k.is_own_runtime(), max)))
+                .map(|(name, k)| (name.as_str(), capped(name, kinds::runs_at_once(set(name), k.is_own_runtime(), max))))
                 .collect(),
             _ => self.kinds.iter().map(|(name, k)| (name.as_str(), k.max_concurrency(max))).collect(),
         }

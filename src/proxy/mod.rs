@@ -83,6 +83,8 @@ pub struct ContainerProxy {
     spec: ContainerSpec,
     node: NodeId,
     ctx: ProxyContext,
+    /// What the container's runtime speaks, which decides what the core waits for.
+    protocol: RuntimeProtocol,
     core: ProxyCore,
     handle: Option<ContainerHandle>,
     runtime: Option<Arc<Runtime>>,
@@ -101,11 +103,13 @@ pub struct ContainerProxy {
 
 impl ContainerProxy {
     pub fn new(spec: ContainerSpec, node: NodeId, ctx: ProxyContext, prewarmed: bool) -> Self {
+        let protocol = ctx.protocols.get(&spec.kind).copied().unwrap_or_default();
         ContainerProxy {
             spec,
             node,
             ctx,
-            core: ProxyCore::default(),
+            protocol,
+            core: ProxyCore::new(protocol.initialises()),
             handle: None,
             runtime: None,
             runs: HashMap::new(),
@@ -254,7 +258,9 @@ impl ContainerProxy {
         let runtime = self.runtime.clone().expect("the core runs nothing before the container is created");
         let handle = self.handle.clone().expect("the core runs nothing before the container is created");
         let factory = self.ctx.factory.clone();
-        let (log_wait, max_result) = (self.ctx.config.log_sentinel_wait, self.ctx.max_result_bytes);
+        let max_result = self.ctx.max_result_bytes;
+        // Without end marks in the logs there is nothing to wait for: the lines there are.
+        let log_wait = if self.protocol.marks_log_ends() { self.ctx.config.log_sentinel_wait } else { Duration::ZERO };
         let container = self.spec.id;
         let discards = self.ctx.discards.clone();
         let window = handle.logs.open(tag_of(&run));
@@ -345,8 +351,8 @@ impl Actor for ContainerProxy {
             act.create_ms = began.elapsed().as_millis() as u64;
             match created {
                 Ok(handle) => {
-                    let protocol = act.ctx.protocols.get(&act.spec.kind).copied().unwrap_or_default();
-                    act.runtime = Some(Arc::new(Runtime::new(protocol, &handle.transport, act.ctx.max_result_bytes)));
+                    let runtime = Runtime::new(act.protocol, &handle.transport, act.ctx.max_result_bytes);
+                    act.runtime = Some(Arc::new(runtime));
                     act.handle = Some(handle);
                 }
                 Err(reason) => {

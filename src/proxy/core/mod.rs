@@ -134,10 +134,19 @@ pub struct ProxyCore {
 }
 
 impl Default for ProxyCore {
+    /// A container of a protocol that initialises (OpenWhisk's).
     fn default() -> Self {
+        ProxyCore::new(true)
+    }
+}
+
+impl ProxyCore {
+    /// `initialises`: the protocol gives a container its code before the first run (see
+    /// `RuntimeProtocol::initialises`); if not, a created container runs at once.
+    pub fn new(initialises: bool) -> Self {
         ProxyCore {
             state: ProxyState::Starting,
-            init: Init::NotYet,
+            init: if initialises { Init::NotYet } else { Init::Done },
             admitted: 0,
             waiting: Vec::new(),
             parked: Vec::new(),
@@ -207,11 +216,12 @@ impl ProxyCore {
             return;
         }
         self.state = ProxyState::Started;
-        if !self.waiting.is_empty() {
+        let waiting = std::mem::take(&mut self.waiting);
+        if !waiting.is_empty() {
             self.state = ProxyState::Running;
-            let first = self.waiting[0];
-            self.init = Init::InProgress;
-            fx.push(Effect::Init { with: first });
+            for job in waiting {
+                self.dispatch(job, fx);
+            }
         }
     }
 
@@ -462,5 +472,16 @@ mod tests {
             failed.handle(Event::Created { ok: false }),
             [Effect::ReportStarted { ok: false }, Effect::ReportRemoved, Effect::Stop]
         );
+    }
+
+    #[test]
+    fn a_protocol_without_init_runs_the_first_run_at_once() {
+        let mut core = ProxyCore::new(false);
+        assert_eq!(core.handle(Event::RunArrived(job(1))), [], "waits for the container");
+        assert_eq!(
+            core.handle(Event::Created { ok: true }),
+            [Effect::ReportStarted { ok: true }, Effect::Run { job: job(1), first: true }]
+        );
+        assert_eq!(core.handle(Event::RunArrived(job(2))), [Effect::Run { job: job(2), first: false }]);
     }
 }

@@ -110,9 +110,9 @@ impl World {
     }
 }
 
-fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
-    let mut core = ProxyCore::default();
-    let mut w = World { creating: true, ..World::default() };
+fn run(initialises: bool, ops: Vec<Op>) -> Result<(), TestCaseError> {
+    let mut core = ProxyCore::new(initialises);
+    let mut w = World { creating: true, initialised: !initialises, ..World::default() };
     for op in ops {
         if w.removed {
             break;
@@ -201,8 +201,9 @@ proptest! {
 
     #[test]
     fn no_run_reaches_a_container_that_cannot_run_it_and_every_run_is_answered_once(
+        initialises in prop::bool::weighted(0.8),
         ops in prop::collection::vec(op(), 1..80)
     ) {
-        run(ops)?;
+        run(initialises, ops)?;
     }
 }
