@@ -9,6 +9,7 @@
 
 pub mod activation;
 pub mod api;
+pub mod app;
 pub mod cluster;
 pub mod config;
 pub mod factory;

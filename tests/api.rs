@@ -7,13 +7,11 @@ use http_body_util::{BodyExt, Full};
 use hyper::header::HeaderValue;
 use invoker::activation::ActivationService;
 use invoker::api::{AppState, Response};
+use invoker::app::InvokerApp;
 use invoker::config::Config;
 use invoker::factory::mock::{MockConfig, MockFactory};
 use invoker::factory::{Epoch, Factory};
-use invoker::metrics::Metrics;
 use invoker::model::new_activation_id;
-use invoker::pool::actor::{ContainerPool, PoolHandle};
-use invoker::store::{JournaledStore, Store};
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Instant;
@@ -25,13 +23,23 @@ const ADMIN: &str = "aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee:admin-key";
 const CONTROLLER: &str = "cccccccc-cccc-cccc-cccc-cccccccccccc:controller-key";
 
 struct Harness {
-    service: ActivationService,
+    app: InvokerApp,
     _dir: tempfile::TempDir,
 }
 
-fn harness(tweak: impl FnOnce(&mut Config), mock: MockConfig) -> (Harness, Arc<AppState>) {
+impl Harness {
+    fn service(&self) -> &ActivationService {
+        self.app.service()
+    }
+}
+
+/// The invoker as `main` builds it (the production store included), on a mock factory, with
+/// three more keys: another namespace's, the admin's and a controller's.
+async fn harness(tweak: impl FnOnce(&mut Config), mock: MockConfig) -> (Harness, Arc<AppState>) {
     let dir = tempfile::tempdir().unwrap();
-    let mut config = Config::default();
+    let mut config =
+        Config { listen: "127.0.0.1:0".parse().unwrap(), data_dir: dir.path().join("data"), ..Config::default() };
+    config.factory.kind = invoker::config::FactoryKind::Mock;
     config.namespaces.insert("other".into(), OTHER.into());
     config.admin.key = Some(ADMIN.into());
     config.admin.controller_keys = vec![CONTROLLER.into()];
@@ -39,22 +47,10 @@ fn harness(tweak: impl FnOnce(&mut Config), mock: MockConfig) -> (Harness, Arc<A
     config.limits.code_max_bytes = 256 * 1024;
     tweak(&mut config);
     config.validate().unwrap();
-    let store: Arc<dyn Store> =
-        Arc::new(JournaledStore::open(&dir.path().join("s.redb"), &dir.path().join("journal")).unwrap());
-    let epoch = Epoch(Instant::now());
-    let metrics = Arc::new(Metrics::default());
-    let pool = ContainerPool::new(
-        Factory::Mock(MockFactory::new(mock, epoch)),
-        epoch,
-        config.pool.clone(),
-        config.proxy.clone(),
-        "http://127.0.0.1:3233".into(),
-        config.limits.payload_max_bytes,
-        metrics.clone(),
-    );
-    let service = ActivationService::new(store, PoolHandle::start(pool), metrics, config.limits.namespace_concurrent);
-    let state = Arc::new(AppState::new(service.clone(), Arc::new(config)));
-    (Harness { service, _dir: dir }, state)
+    let factory = Factory::Mock(MockFactory::new(mock, Epoch(Instant::now())));
+    let app = InvokerApp::start_on(config, Some(factory)).await.unwrap();
+    let state = app.state().clone();
+    (Harness { app, _dir: dir }, state)
 }
 
 fn auth(key: &str) -> (&'static str, String) {
@@ -148,7 +144,7 @@ fn echo_action() -> Value {
 
 #[actix_rt::test]
 async fn actions_are_created_read_listed_and_deleted() {
-    let (_h, state) = harness(|_| {}, MockConfig::default());
+    let (_h, state) = harness(|_| {}, MockConfig::default()).await;
     let app = state;
     let (s, body, _) = send(&app, put("/api/v1/namespaces/_/actions/echo", echo_action())).await;
     assert_eq!(s, 200, "{body}");
@@ -172,7 +168,7 @@ async fn actions_are_created_read_listed_and_deleted() {
 
 #[actix_rt::test]
 async fn auth_and_namespaces() {
-    let (_h, state) = harness(|_| {}, MockConfig::default());
+    let (_h, state) = harness(|_| {}, MockConfig::default()).await;
     let app = state;
     let no_auth = Req::get().uri("/api/v1/namespaces/_/actions");
     assert_eq!(send(&app, no_auth).await.0, 401);
@@ -200,7 +196,7 @@ fn admin_get(path: &str) -> Req {
 
 #[actix_rt::test]
 async fn admin_routes_need_the_admin_key() {
-    let (_h, state) = harness(|_| {}, MockConfig::default());
+    let (_h, state) = harness(|_| {}, MockConfig::default()).await;
     let app = state;
     send(&app, put("/api/v1/namespaces/_/actions/secret-name", echo_action())).await;
     for path in ["/v1/pool", "/metrics"] {
@@ -230,7 +226,7 @@ async fn admin_routes_need_the_admin_key() {
 
 #[actix_rt::test]
 async fn bad_input_gets_a_4xx_naming_the_field() {
-    let (_h, state) = harness(|_| {}, MockConfig::default());
+    let (_h, state) = harness(|_| {}, MockConfig::default()).await;
     let app = state;
     let url = "/api/v1/namespaces/_/actions/a";
     let cases = [
@@ -302,7 +298,7 @@ async fn bad_input_gets_a_4xx_naming_the_field() {
 
 #[actix_rt::test]
 async fn invoke_blocking_non_blocking_and_read_the_records() {
-    let (_h, state) = harness(|_| {}, MockConfig::default());
+    let (_h, state) = harness(|_| {}, MockConfig::default()).await;
     let app = state;
     send(&app, put("/api/v1/namespaces/_/actions/echo", echo_action())).await;
     let (s, body, id) = send(&app, post("/api/v1/namespaces/_/actions/echo?blocking=true", json!({"x": 1}))).await;
@@ -350,7 +346,8 @@ async fn never_fits_is_400_and_a_namespace_over_its_limit_is_429() {
             c.limits.namespace_concurrent = 1;
         },
         MockConfig { nodes: vec![("n".into(), 1024)], ..MockConfig::default() },
-    );
+    )
+    .await;
     let app = state;
     let mut huge = echo_action();
     huge["limits"]["memory"] = json!(2048);
@@ -368,7 +365,7 @@ async fn never_fits_is_400_and_a_namespace_over_its_limit_is_429() {
 
 #[actix_rt::test]
 async fn nothing_ran_is_503_with_retry_after_and_a_status_3_record() {
-    let (_h, state) = harness(|_| {}, MockConfig { fail_creates: true, ..MockConfig::default() });
+    let (_h, state) = harness(|_| {}, MockConfig { fail_creates: true, ..MockConfig::default() }).await;
     let app = state;
     send(&app, put("/api/v1/namespaces/_/actions/echo", echo_action())).await;
     let response = call(&app, post("/api/v1/namespaces/_/actions/echo?blocking=true", json!({}))).await;
@@ -403,7 +400,7 @@ fn activation_message(id: &str, blocking: bool) -> Value {
 
 #[actix_rt::test]
 async fn the_activation_shim_answers_with_the_combined_message_and_never_runs_twice() {
-    let (h, state) = harness(|c| c.invoker_id = "invoker3".into(), MockConfig::default());
+    let (h, state) = harness(|c| c.invoker_id = "invoker3".into(), MockConfig::default()).await;
     let app = state;
     send(&app, put("/api/v1/namespaces/_/actions/echo", echo_action())).await;
     let id = new_activation_id();
@@ -420,7 +417,7 @@ async fn the_activation_shim_answers_with_the_combined_message_and_never_runs_tw
     let (s, again, _) = send(&app, post("/v1/activations", activation_message(&id, true))).await;
     assert_eq!(s, 200);
     assert_eq!(again["response"], ack["response"], "the repeat is answered from the first");
-    let metrics = h.service.metrics().render();
+    let metrics = h.service().metrics().render();
     assert!(metrics.contains("invoker_activations_total{status=\"success\"} 1"), "{metrics}");
 
     let (s, body, _) = send(&app, post("/v1/activations", activation_message(&new_activation_id(), false))).await;
@@ -466,7 +463,7 @@ fn shim_post(key: &str, body: Value) -> Req {
 
 #[actix_rt::test]
 async fn the_shim_never_answers_from_another_namespaces_record() {
-    let (_h, state) = harness(|_| {}, MockConfig::default());
+    let (_h, state) = harness(|_| {}, MockConfig::default()).await;
     let app = state;
     send(&app, put("/api/v1/namespaces/_/actions/echo", echo_action())).await;
     let other_put = Req::put().uri("/api/v1/namespaces/_/actions/echo").insert_header(auth(OTHER));
@@ -502,7 +499,7 @@ async fn the_shim_never_answers_from_another_namespaces_record() {
 
 #[actix_rt::test]
 async fn the_shim_takes_the_keys_own_namespace_and_subject_unless_it_is_a_controllers() {
-    let (_h, state) = harness(|_| {}, MockConfig::default());
+    let (_h, state) = harness(|_| {}, MockConfig::default()).await;
     let app = state;
     let other_put = Req::put().uri("/api/v1/namespaces/_/actions/echo").insert_header(auth(OTHER));
     assert_eq!(send(&app, other_put.set_json(echo_action())).await.0, 200);
@@ -524,10 +521,10 @@ async fn the_shim_takes_the_keys_own_namespace_and_subject_unless_it_is_a_contro
 
 #[actix_rt::test]
 async fn draining_refuses_new_work_with_503() {
-    let (h, state) = harness(|_| {}, MockConfig::default());
+    let (h, state) = harness(|_| {}, MockConfig::default()).await;
     let app = state;
     send(&app, put("/api/v1/namespaces/_/actions/echo", echo_action())).await;
-    h.service.set_draining();
+    h.service().set_draining();
     let response = call(&app, post("/api/v1/namespaces/_/actions/echo?blocking=true", json!({}))).await;
     assert_eq!(response.status(), 503);
     assert!(response.headers().contains_key("retry-after"));
@@ -548,7 +545,7 @@ async fn over_tcp(addr: std::net::SocketAddr, request: Vec<u8>) -> String {
 
 #[actix_rt::test]
 async fn requests_hyper_refuses_get_a_json_reason_and_http2_gets_505() {
-    let (_h, state) = harness(|_| {}, MockConfig::default());
+    let (_h, state) = harness(|_| {}, MockConfig::default()).await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let stop = tokio_util::sync::CancellationToken::new();
@@ -652,7 +649,7 @@ mod router_fuzz {
 
     #[actix_rt::test]
     async fn no_request_gets_a_500_or_a_panic() {
-        let (_h, state) = harness(|_| {}, MockConfig::default());
+        let (_h, state) = harness(|_| {}, MockConfig::default()).await;
         let app = state;
         send(&app, put("/api/v1/namespaces/_/actions/echo", echo_action())).await;
         let mut runner = TestRunner::deterministic();
@@ -693,7 +690,8 @@ async fn a_kind_that_is_not_ours_refuses_a_concurrency_above_its_max_concurrency
             c.kinds.insert("foreign4".into(), four);
         },
         MockConfig::default(),
-    );
+    )
+    .await;
     let action = |kind: &str, concurrency: Option<u32>| {
         let mut body = json!({ "exec": { "kind": kind, "code": "x" } });
         if let Some(n) = concurrency {
@@ -721,7 +719,7 @@ async fn a_kind_that_is_not_ours_refuses_a_concurrency_above_its_max_concurrency
 #[actix_rt::test]
 async fn a_zip_action_is_checked_entry_by_entry_at_put() {
     use std::io::Write as _;
-    let (_h, app) = harness(|c| c.limits.archive_unpacked_max_mb = 1, MockConfig::default());
+    let (_h, app) = harness(|c| c.limits.archive_unpacked_max_mb = 1, MockConfig::default()).await;
     let zip = |files: &[(&str, &[u8])], links: &[(&str, &str)]| {
         let mut writer = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
         let options = zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Deflated);
@@ -769,7 +767,8 @@ async fn the_disk_limit_defaults_from_the_config_and_bounds_a_zip_unpacked() {
             c.limits.code_max_bytes = 4 << 20;
         },
         MockConfig::default(),
-    );
+    )
+    .await;
     let (s, answer, _) = send(&app, put("/api/v1/namespaces/_/actions/plain", echo_action())).await;
     assert_eq!(s, 200, "{answer}");
     assert_eq!(answer["limits"]["disk"], 64, "the config's default: {answer}");

@@ -2,44 +2,47 @@
 //! runtimes, real store; counts asserted, never wall-clock times.
 
 use invoker::activation::{ActivationService, InvokeRequest, Invoked};
-use invoker::config::{PoolConfig, ProxyConfig};
+use invoker::app::InvokerApp;
+use invoker::config::{Config, PoolConfig, ProxyConfig};
 use invoker::factory::mock::{MockCall, MockConfig, MockFactory};
 use invoker::factory::{Epoch, Factory};
-use invoker::metrics::Metrics;
 use invoker::model::{new_activation_id, Action, ActivationRecord, Exec, Limits, Outcome};
-use invoker::pool::actor::{ContainerPool, PoolHandle};
-use invoker::store::{RedbStore, Store};
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 struct Harness {
-    service: ActivationService,
+    app: InvokerApp,
     mock: MockFactory,
     _dir: tempfile::TempDir,
 }
 
-fn setup(mock: MockConfig, pool: PoolConfig) -> Harness {
-    setup_with(mock, pool, ProxyConfig::default())
+impl Harness {
+    fn service(&self) -> &ActivationService {
+        self.app.service()
+    }
 }
 
-fn setup_with(mock: MockConfig, pool: PoolConfig, proxy: ProxyConfig) -> Harness {
+async fn setup(mock: MockConfig, pool: PoolConfig) -> Harness {
+    setup_with(mock, pool, ProxyConfig::default()).await
+}
+
+/// The invoker as `main` builds it (the production store included), on a mock factory whose
+/// calls the tests count.
+async fn setup_with(mock: MockConfig, pool: PoolConfig, proxy: ProxyConfig) -> Harness {
     let dir = tempfile::tempdir().unwrap();
-    let store: Arc<dyn Store> = Arc::new(RedbStore::open(&dir.path().join("s.redb")).unwrap());
-    let epoch = Epoch(Instant::now());
-    let factory = MockFactory::new(mock, epoch);
-    let metrics = Arc::new(Metrics::default());
-    let pool = ContainerPool::new(
-        Factory::Mock(factory.clone()),
-        epoch,
+    let mut config = Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        data_dir: dir.path().join("data"),
         pool,
         proxy,
-        "http://127.0.0.1:3233".into(),
-        1024 * 1024,
-        metrics.clone(),
-    );
-    let service = ActivationService::new(store, PoolHandle::start(pool), metrics, 10_000);
-    Harness { service, mock: factory, _dir: dir }
+        ..Config::default()
+    };
+    config.factory.kind = invoker::config::FactoryKind::Mock;
+    config.limits.namespace_concurrent = 10_000;
+    let factory = MockFactory::new(mock, Epoch(Instant::now()));
+    let app = InvokerApp::start_on(config, Some(Factory::Mock(factory.clone()))).await.unwrap();
+    Harness { app, mock: factory, _dir: dir }
 }
 
 fn action(name: &str, memory: u32) -> Arc<Action> {
@@ -68,7 +71,7 @@ async fn invoke_with_id(h: &Harness, action: &Arc<Action>, params: Value, id: St
         transaction_id: "tid".into(),
         wait: Some(Duration::from_secs(60)),
     };
-    match h.service.invoke(req).await.unwrap() {
+    match h.service().invoke(req).await.unwrap() {
         Invoked::Done(record) => Arc::unwrap_or_clone(record),
         Invoked::Accepted(id) => panic!("activation {id} did not finish within the blocking wait"),
     }
@@ -84,7 +87,7 @@ fn creates(h: &Harness) -> usize {
 
 #[actix_rt::test]
 async fn sequential_activations_of_one_action_use_one_container() {
-    let h = setup(MockConfig::default(), PoolConfig::default());
+    let h = setup(MockConfig::default(), PoolConfig::default()).await;
     let a = action("seq", 256);
     for i in 0..100 {
         let record = invoke(&h, &a, json!({ "i": i })).await;
@@ -103,7 +106,7 @@ async fn a_herd_of_cold_activations_starts_fewer_containers_than_requests() {
         ..MockConfig::default()
     };
     let pool = PoolConfig { max_starts_per_action: 4, ..PoolConfig::default() };
-    let h = setup(mock, pool);
+    let h = setup(mock, pool).await;
     let a = action("herd", 256);
     let calls = (0..50).map(|_| invoke(&h, &a, json!({})));
     let records = futures_util::future::join_all(calls).await;
@@ -123,7 +126,7 @@ async fn ten_actions_share_memory_for_four_containers_and_all_complete() {
     };
     // Deadline well above 3 x (start + run).
     let pool = PoolConfig { wait_deadline: Duration::from_secs(20), ..PoolConfig::default() };
-    let h = setup(mock, pool);
+    let h = setup(mock, pool).await;
     let actions: Vec<_> = (0..10).map(|i| action(&format!("a{i}"), 256)).collect();
     let calls = actions.iter().flat_map(|a| (0..3).map(move |_| a)).map(|a| invoke(&h, a, json!({})));
     let records = futures_util::future::join_all(calls).await;
@@ -136,14 +139,14 @@ async fn ten_actions_share_memory_for_four_containers_and_all_complete() {
 #[actix_rt::test]
 async fn a_factory_that_fails_every_create_gives_status_3_records_without_hanging() {
     let mock = MockConfig { fail_creates: true, ..MockConfig::default() };
-    let h = setup(mock, PoolConfig::default());
+    let h = setup(mock, PoolConfig::default()).await;
     let a = action("broken", 256);
     let calls = (0..10).map(|_| invoke(&h, &a, json!({})));
     let records = futures_util::future::join_all(calls).await;
     for r in &records {
         assert_eq!(r.response.status_code, 3, "{r:?}");
         assert_eq!(r.annotation("rejected"), Some(&json!("create_failed")));
-        let stored = h.service.store().get_activation(&r.activation_id).unwrap().unwrap();
+        let stored = h.service().store().get_activation(&r.activation_id).unwrap().unwrap();
         assert_eq!(stored.response.status_code, 3);
     }
 }
@@ -153,10 +156,10 @@ async fn a_factory_that_fails_every_create_gives_status_3_records_without_hangin
 #[actix_rt::test]
 async fn after_a_failed_create_a_drain_ends_without_waiting_for_the_failed_container() {
     let mock = MockConfig { fail_creates: true, ..MockConfig::default() };
-    let h = setup(mock, PoolConfig::default());
+    let h = setup(mock, PoolConfig::default()).await;
     let record = invoke(&h, &action("broken", 256), json!({})).await;
     assert_eq!(record.response.status_code, 3, "{record:?}");
-    let pool = h.service.pool().unwrap();
+    let pool = h.service().pool().unwrap();
     let drained = tokio::time::timeout(Duration::from_secs(30), pool.drain()).await;
     assert!(drained.is_ok(), "the drain waited for a container whose create failed");
     let snapshot = pool.snapshot().await.unwrap();
@@ -165,19 +168,19 @@ async fn after_a_failed_create_a_drain_ends_without_waiting_for_the_failed_conta
 
 #[actix_rt::test]
 async fn a_repeated_activation_id_runs_once() {
-    let h = setup(MockConfig::default(), PoolConfig::default());
+    let h = setup(MockConfig::default(), PoolConfig::default()).await;
     let a = action("once", 256);
     let id = new_activation_id();
     let first = invoke_with_id(&h, &a, json!({ "n": 1 }), id.clone()).await;
     let second = invoke_with_id(&h, &a, json!({ "n": 2 }), id.clone()).await;
     assert_eq!(first, second);
-    let runs = h.service.metrics().render();
+    let runs = h.service().metrics().render();
     assert!(runs.contains("invoker_activations_total{status=\"success\"} 1"), "{runs}");
 }
 
 #[actix_rt::test]
 async fn application_errors_keep_the_container_and_crashes_replace_it() {
-    let h = setup(MockConfig::default(), PoolConfig::default());
+    let h = setup(MockConfig::default(), PoolConfig::default()).await;
     let a = action("errs", 256);
     let r = invoke(&h, &a, json!({ "error": "bad input" })).await;
     assert_eq!(r.outcome(), Outcome::ApplicationError);
@@ -193,7 +196,7 @@ async fn application_errors_keep_the_container_and_crashes_replace_it() {
 
 #[actix_rt::test]
 async fn a_run_past_its_timeout_is_a_developer_error_and_the_container_is_replaced() {
-    let h = setup(MockConfig::default(), PoolConfig::default());
+    let h = setup(MockConfig::default(), PoolConfig::default()).await;
     let mut a = (*action("slow", 256)).clone();
     a.limits.timeout = 200;
     let a = Arc::new(a);
@@ -208,7 +211,7 @@ async fn a_run_past_its_timeout_is_a_developer_error_and_the_container_is_replac
 #[actix_rt::test]
 async fn an_idle_container_is_paused_and_resumed_for_the_next_run() {
     let proxy = ProxyConfig { pause_grace: Duration::from_millis(20), ..ProxyConfig::default() };
-    let h = setup_with(MockConfig::default(), PoolConfig::default(), proxy);
+    let h = setup_with(MockConfig::default(), PoolConfig::default(), proxy).await;
     let a = action("pausing", 256);
     assert_eq!(invoke(&h, &a, json!({})).await.outcome(), Outcome::Success);
     wait_for("the idle container to be paused", || h.mock.count(|c| matches!(c, MockCall::Paused(_))) > 0).await;
@@ -229,7 +232,7 @@ async fn lagging_stats_never_over_provision_two_nodes() {
         ..MockConfig::default()
     };
     let pool = PoolConfig { wait_deadline: Duration::from_secs(30), ..PoolConfig::default() };
-    let h = setup(mock, pool);
+    let h = setup(mock, pool).await;
     let actions: Vec<_> = (0..16).map(|i| action(&format!("lag{i}"), 256)).collect();
     let calls = actions.iter().flat_map(|a| (0..2).map(move |_| a)).map(|a| invoke(&h, a, json!({})));
     let records = futures_util::future::join_all(calls).await;
@@ -241,7 +244,7 @@ async fn lagging_stats_never_over_provision_two_nodes() {
 #[actix_rt::test]
 async fn an_idle_container_of_another_action_is_evicted_to_make_room() {
     let mock = MockConfig { nodes: vec![("n".into(), 512)], ..MockConfig::default() };
-    let h = setup(mock, PoolConfig::default());
+    let h = setup(mock, PoolConfig::default()).await;
     let (a, b, c) = (action("ea", 256), action("eb", 256), action("ec", 256));
     for x in [&a, &b] {
         assert_eq!(invoke(&h, x, json!({})).await.outcome(), Outcome::Success);
@@ -262,7 +265,7 @@ async fn an_idle_container_of_another_action_is_evicted_to_make_room() {
 async fn a_job_that_cannot_get_a_container_by_its_deadline_gets_a_status_3_record() {
     let mock = MockConfig { nodes: vec![("n".into(), 256)], ..MockConfig::default() };
     let pool = PoolConfig { wait_deadline: Duration::from_millis(300), ..PoolConfig::default() };
-    let h = setup(mock, pool);
+    let h = setup(mock, pool).await;
     let (busy, waiting) = (action("busy", 256), action("waits", 256));
     let long = invoke(&h, &busy, json!({ "sleep_ms": 2000 }));
     let late = async {
@@ -277,7 +280,7 @@ async fn a_job_that_cannot_get_a_container_by_its_deadline_gets_a_status_3_recor
 
 #[actix_rt::test]
 async fn an_action_larger_than_every_node_fails_at_once() {
-    let h = setup(MockConfig { nodes: vec![("n".into(), 1024)], ..MockConfig::default() }, PoolConfig::default());
+    let h = setup(MockConfig { nodes: vec![("n".into(), 1024)], ..MockConfig::default() }, PoolConfig::default()).await;
     let record = invoke(&h, &action("huge", 2048), json!({})).await;
     assert_eq!(record.response.status_code, 3);
     assert_eq!(record.annotation("rejected"), Some(&json!("never_fits")));
@@ -302,7 +305,7 @@ async fn a_prewarmed_container_is_adopted_without_a_create_and_replaced() {
         reactive: None,
     }];
     let pool = PoolConfig { prewarm, ..PoolConfig::default() };
-    let h = setup(MockConfig::default(), pool);
+    let h = setup(MockConfig::default(), pool).await;
     let started = |h: &Harness| h.mock.count(|c| matches!(c, MockCall::Created(_)));
     wait_for("the prewarm container", || started(&h) == 1).await;
     let record = invoke(&h, &action("pw", 256), json!({ "x": 1 })).await;
@@ -317,7 +320,7 @@ async fn a_prewarmed_container_is_adopted_without_a_create_and_replaced() {
     let cold = invoke(&h, &action("big", 512), json!({})).await;
     assert_eq!(cold.annotation("startKind"), Some(&json!("cold")));
     assert_eq!(h.mock.count(|c| matches!(c, MockCall::Refused(_))), 0);
-    let snapshot = h.service.pool().unwrap().snapshot().await.unwrap();
+    let snapshot = h.service().pool().unwrap().snapshot().await.unwrap();
     assert_eq!(snapshot.prewarm, 1, "{snapshot:?}");
 }
 
@@ -325,7 +328,7 @@ async fn a_prewarmed_container_is_adopted_without_a_create_and_replaced() {
 async fn the_pool_forgets_actions_it_no_longer_holds() {
     let mock = MockConfig { nodes: vec![("n0".into(), 1_000_000)], ..MockConfig::default() };
     let pool = PoolConfig { idle_timeout: Duration::from_millis(200), ..PoolConfig::default() };
-    let h = setup(mock, pool);
+    let h = setup(mock, pool).await;
     let actions: Vec<_> = (0..80).map(|i| action(&format!("a{i}"), 128)).collect();
     for a in &actions {
         assert_eq!(invoke(&h, a, json!({})).await.response.status_code, 0);
@@ -333,7 +336,7 @@ async fn the_pool_forgets_actions_it_no_longer_holds() {
     // Every container idles out; then the pool keeps no trace of the 80 actions.
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let snapshot = h.service.pool().unwrap().snapshot().await.unwrap();
+        let snapshot = h.service().pool().unwrap().snapshot().await.unwrap();
         if snapshot.containers.is_empty() && snapshot.action_keys == 0 {
             break;
         }
@@ -343,14 +346,14 @@ async fn the_pool_forgets_actions_it_no_longer_holds() {
     // An action answered at once (larger than any node) leaves nothing behind either.
     let huge = action("huge", 2_000_000);
     assert_ne!(invoke(&h, &huge, json!({})).await.response.status_code, 0);
-    assert_eq!(h.service.pool().unwrap().snapshot().await.unwrap().action_keys, 0);
+    assert_eq!(h.service().pool().unwrap().snapshot().await.unwrap().action_keys, 0);
     // An action seen again is tracked again, under a new key, and runs.
     assert_eq!(invoke(&h, &actions[0], json!({})).await.response.status_code, 0);
 }
 
 #[actix_rt::test]
 async fn a_full_pool_mailbox_answers_at_once_and_every_activation_still_gets_its_record() {
-    let h = setup(MockConfig::default(), PoolConfig::default());
+    let h = setup(MockConfig::default(), PoolConfig::default()).await;
     let a = action("flood", 256);
     // Nothing below awaits anything that pends, so the pool actor (on this thread) takes no
     // message until the loop ends: its mailbox fills, and what follows is answered at once.
@@ -366,19 +369,19 @@ async fn a_full_pool_mailbox_answers_at_once_and_every_activation_still_gets_its
             transaction_id: "tid".into(),
             wait: None,
         };
-        match h.service.invoke(req).await.unwrap() {
+        match h.service().invoke(req).await.unwrap() {
             Invoked::Accepted(id) => accepted.push(id),
             Invoked::Done(record) => {
                 assert_eq!(record.annotation("rejected"), Some(&json!("queue_full")), "{record:?}");
                 assert_eq!(record.rejection, Some(invoker::model::Rejection::QueueFull));
-                assert!(h.service.store().get_activation(&record.activation_id).unwrap().is_some());
+                assert!(h.service().store().get_activation(&record.activation_id).unwrap().is_some());
                 answered += 1;
             }
         }
     }
     assert!(answered > 0 && !accepted.is_empty(), "{answered} answered at once, {} accepted", accepted.len());
     // The accepted ones run (slowly in a debug build: a bound, not a measure).
-    let store = h.service.store().clone();
+    let store = h.service().store().clone();
     let deadline = Instant::now() + Duration::from_secs(120);
     while !accepted.iter().all(|id| store.get_activation(id).ok().flatten().is_some()) {
         assert!(Instant::now() < deadline, "an accepted activation has no record");
@@ -407,7 +410,7 @@ async fn every_keep_alive_policy_runs_in_the_live_pool() {
             tick: Duration::from_millis(20),
             ..PoolConfig::default()
         };
-        let h = setup(mock, pool);
+        let h = setup(mock, pool).await;
         let actions: Vec<_> = (0..6).map(|i| action(&format!("a{i}"), 256)).collect();
         for round in 0..3 {
             for a in &actions {
@@ -423,7 +426,7 @@ async fn every_keep_alive_policy_runs_in_the_live_pool() {
             start_kinds.push(record.annotation("startKind").and_then(|v| v.as_str()).unwrap_or("").to_string());
             tokio::time::sleep(Duration::from_millis(400)).await;
         }
-        let snapshot = h.service.pool().unwrap().snapshot().await.unwrap();
+        let snapshot = h.service().pool().unwrap().snapshot().await.unwrap();
         let committed: u64 = snapshot.containers.iter().map(|c| u64::from(c.memory_mb)).sum();
         assert!(committed <= 1024, "{kind:?}: {committed} MB on a 1024 MB node");
         if kind == KeepAliveKind::Hybrid {

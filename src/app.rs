@@ -1,0 +1,339 @@
+//! One assembly: a running invoker or scheduler made from its `Config` (its store, factory,
+//! pool, REST API, cluster tasks and record retention), and its orderly stop. `main.rs` and
+//! the integration tests build the invoker through here, so that a test runs what a user runs.
+//! Both must be called inside an actix system (the pool and its proxies are actors on it).
+
+use crate::activation::{ActivationService, Runner};
+use crate::api::AppState;
+use crate::cluster::etcd::{Etcd, EtcdError};
+use crate::cluster::fetch::RemoteActions;
+use crate::cluster::registry::{Identity, Registrar, RegistryError};
+use crate::config::Config;
+use crate::factory::{ContainerFactory, Epoch, Factory, FactoryError};
+use crate::metrics::Metrics;
+use crate::pool::actor::{ContainerPool, PoolHandle};
+use crate::scheduler::presence::Presence;
+use crate::scheduler::Dispatcher;
+use crate::store::{JournaledStore, Store, StoreError};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    #[error("data_dir {path}: {source}")]
+    DataDir { path: String, source: std::io::Error },
+    #[error("listen {addr}: {source}")]
+    Listen { addr: SocketAddr, source: std::io::Error },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Factory(#[from] FactoryError),
+    #[error(transparent)]
+    Etcd(#[from] EtcdError),
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    /// What a scheduler needs and its config lacks.
+    #[error("{0}")]
+    Config(&'static str),
+}
+
+/// What both commands share: the store, the API server and the record retention.
+struct Serving {
+    addr: SocketAddr,
+    store: Arc<dyn Store>,
+    state: Arc<AppState>,
+    service: ActivationService,
+    stop: CancellationToken,
+    server: actix_rt::task::JoinHandle<()>,
+    expiry: actix_rt::task::JoinHandle<()>,
+}
+
+impl Serving {
+    /// Stops the API (requests in flight finish), then gives whatever is still unfinished its
+    /// whisk-error record: the last step of both commands.
+    async fn stop(self) -> Result<(), AppError> {
+        self.stop.cancel();
+        let _ = self.server.await;
+        self.expiry.abort();
+        let unfinished = self.store.recover_unfinished(crate::model::epoch_ms())?;
+        if unfinished > 0 {
+            tracing::warn!(unfinished, "activations that could not finish got whisk-error records");
+        }
+        Ok(())
+    }
+}
+
+/// A running invoker.
+pub struct InvokerApp {
+    serving: Serving,
+    config: Arc<Config>,
+    pool: PoolHandle,
+    factory: Factory,
+    registration: Option<(CancellationToken, actix_rt::task::JoinHandle<()>)>,
+}
+
+impl InvokerApp {
+    /// The invoker `config` describes, on the factory it names.
+    pub async fn start(config: Config) -> Result<Self, AppError> {
+        Self::start_on(config, None).await
+    }
+
+    /// The same on a factory made beforehand (a test's mock factory, whose calls it counts);
+    /// `None`: the one the config names.
+    pub async fn start_on(mut config: Config, factory: Option<Factory>) -> Result<Self, AppError> {
+        let (store, listener) = open(&mut config, "invoker.redb")?;
+        let addr = listener.local_addr().map_err(|source| AppError::Listen { addr: config.listen, source })?;
+        // Before the factory, whose start cleans up what an earlier run of this invoker id left:
+        // a second invoker with a live one's id must not touch the first one's containers.
+        let registrar = register(&config, addr).await?;
+        let epoch = Epoch(Instant::now());
+        let factory = match factory {
+            Some(factory) => factory,
+            None => Factory::from_config(&config, epoch, store.clone()).await?,
+        };
+        tracing::info!("{}", factory.describe());
+        let metrics = Arc::new(Metrics::default());
+        // The HTTP front door, the pool and the proxies share this one thread: a warm
+        // activation crosses no thread boundary inside the invoker. The runtimes and the
+        // actions run on the other cores.
+        let config = Arc::new(config);
+        let pool = PoolHandle::start(
+            ContainerPool::new(
+                factory.clone(),
+                epoch,
+                config.pool.clone(),
+                config.proxy.clone(),
+                format!("http://{addr}"),
+                config.limits.payload_max_bytes,
+                metrics.clone(),
+            )
+            .with_protocols(config.kinds.iter().map(|(kind, k)| (kind.clone(), k.protocol)).collect())
+            .with_kind_concurrency(
+                config.action_kinds().into_iter().map(|(kind, max)| (kind.to_string(), max)).collect(),
+            ),
+        );
+        let service = ActivationService::new(store.clone(), pool.clone(), metrics, config.limits.namespace_concurrent);
+        let mut state = AppState::new(service.clone(), config.clone());
+        if let (true, Some(key)) = (config.cluster.enabled(), &config.cluster.controller_key) {
+            let kv = Etcd::new(&config.cluster.etcd)?;
+            let remote = RemoteActions::new(kv, config.cluster.prefix.clone(), key, action_cache_bytes(&config));
+            state = state.with_remote_actions(Arc::new(remote));
+        }
+        let serving = serve(listener, addr, store, Arc::new(state), service.clone(), &config);
+        let registration = registrar.map(|r| {
+            let stop = CancellationToken::new();
+            (stop.clone(), actix_rt::spawn(r.run(service, stop)))
+        });
+        Ok(InvokerApp { serving, config, pool, factory, registration })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.serving.addr
+    }
+
+    /// The config as it runs (with the admin key it uses).
+    pub fn config(&self) -> &Arc<Config> {
+        &self.config
+    }
+
+    /// The REST API's state, whose `handle` answers a request in-process.
+    pub fn state(&self) -> &Arc<AppState> {
+        &self.serving.state
+    }
+
+    pub fn service(&self) -> &ActivationService {
+        &self.serving.service
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.serving.store
+    }
+
+    pub fn factory(&self) -> &Factory {
+        &self.factory
+    }
+
+    /// Drains as SIGTERM does: new work gets 503, running work has `shutdown_grace` to
+    /// finish, every container is removed, what could not finish gets its record.
+    pub async fn stop(self) -> Result<(), AppError> {
+        let grace = self.config.shutdown_grace;
+        tracing::info!("draining: new work gets 503, running work has {grace:?} to finish");
+        self.serving.service.set_draining();
+        if tokio::time::timeout(grace, self.pool.drain()).await.is_err() {
+            tracing::warn!("the grace period passed with work still running");
+        }
+        self.factory.destroy_all().await;
+        if let Some((stop, task)) = self.registration {
+            stop.cancel();
+            let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+        }
+        self.serving.stop().await
+    }
+}
+
+/// A running scheduler: its store and REST API, its dispatcher reading the cluster from etcd,
+/// and its own key there (claimed before it serves: a live scheduler's id is refused).
+pub struct SchedulerApp {
+    serving: Serving,
+    config: Arc<Config>,
+    dispatcher: Arc<Dispatcher>,
+    background: CancellationToken,
+    presence: actix_rt::task::JoinHandle<()>,
+}
+
+impl SchedulerApp {
+    pub async fn start(mut config: Config) -> Result<Self, AppError> {
+        if !config.cluster.enabled() {
+            return Err(AppError::Config("the scheduler needs etcd: --etcd URL or [cluster] etcd"));
+        }
+        let Some(key) = config.cluster.controller_key.clone() else {
+            return Err(AppError::Config(
+                "the scheduler needs [cluster] controller_key, a key its invokers list in [admin] controller_keys",
+            ));
+        };
+        let (store, listener) = open(&mut config, "scheduler.redb")?;
+        let addr = listener.local_addr().map_err(|source| AppError::Listen { addr: config.listen, source })?;
+        let cluster = &config.cluster;
+        let api = cluster.advertise.clone().unwrap_or_else(|| format!("http://{addr}"));
+        let mut presence =
+            Presence::new(Etcd::new(&cluster.etcd)?, &cluster.prefix, &config.scheduler.id, api, cluster.lease_ttl);
+        match presence.claim().await {
+            Ok(()) => {}
+            Err(e @ RegistryError::IdTaken { .. }) => return Err(e.into()),
+            Err(e) => tracing::warn!("not registered in etcd yet: {e}; serving, and retrying"),
+        }
+        let dispatcher = Arc::new(Dispatcher::new(&config, Etcd::new(&cluster.etcd)?, &key));
+        let metrics = Arc::new(Metrics::default());
+        let runner = Runner::Cluster(dispatcher.clone());
+        let service =
+            ActivationService::with_runner(store.clone(), runner, metrics, config.limits.namespace_concurrent);
+        let config = Arc::new(config);
+        let state = Arc::new(AppState::new(service.clone(), config.clone()));
+        let background = CancellationToken::new();
+        actix_rt::spawn(dispatcher.clone().refresh(background.clone()));
+        let presence = actix_rt::spawn(presence.run(background.clone()));
+        let serving = serve(listener, addr, store, state, service, &config);
+        Ok(SchedulerApp { serving, config, dispatcher, background, presence })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.serving.addr
+    }
+
+    pub fn config(&self) -> &Arc<Config> {
+        &self.config
+    }
+
+    /// New work gets 503; work on invokers has `shutdown_grace` to end.
+    pub async fn stop(self) -> Result<(), AppError> {
+        let grace = self.config.shutdown_grace;
+        tracing::info!("stopping: new work gets 503, work on invokers has {grace:?} to end");
+        self.serving.service.set_draining();
+        let deadline = Instant::now() + grace;
+        while self.dispatcher.active() > 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        self.background.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.presence).await;
+        self.serving.stop().await
+    }
+}
+
+/// The data dir, its store (activations an earlier run left unfinished get their records), the
+/// admin key, and the bound listener.
+fn open(config: &mut Config, file: &str) -> Result<(Arc<dyn Store>, tokio::net::TcpListener), AppError> {
+    let data_dir = |source| AppError::DataDir { path: config.data_dir.display().to_string(), source };
+    std::fs::create_dir_all(&config.data_dir).map_err(data_dir)?;
+    // Traversable (a container's directory lies under it), not listable.
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&config.data_dir, std::fs::Permissions::from_mode(0o711)).map_err(data_dir)?;
+    let store = JournaledStore::open_with_cache(
+        &config.data_dir.join(file),
+        &config.data_dir.join("journal"),
+        action_cache_bytes(config),
+    )?;
+    let recovered = store.recover_unfinished(crate::model::epoch_ms())?;
+    if recovered > 0 {
+        tracing::warn!(recovered, "activations left unfinished by an earlier run got whisk-error records");
+    }
+    let store: Arc<dyn Store> = Arc::new(store);
+    config.admin.key = Some(admin_key(config, store.as_ref())?);
+    let listen = |source| AppError::Listen { addr: config.listen, source };
+    let listener = std::net::TcpListener::bind(config.listen).map_err(listen)?;
+    listener.set_nonblocking(true).map_err(listen)?;
+    Ok((store, tokio::net::TcpListener::from_std(listener).map_err(listen)?))
+}
+
+/// The admin key: the configured one, else the one generated at first start and kept in the
+/// store (so that it survives restarts without being written into the config file).
+fn admin_key(config: &Config, store: &dyn Store) -> Result<String, StoreError> {
+    if let Some(key) = &config.admin.key {
+        return Ok(key.clone());
+    }
+    if let Some(key) = store.get_setting("admin_key")? {
+        return Ok(key);
+    }
+    let key = format!("{}:{}{}", uuid::Uuid::new_v4(), uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple());
+    store.put_setting("admin_key", &key)?;
+    Ok(key)
+}
+
+fn action_cache_bytes(config: &Config) -> usize {
+    usize::try_from(config.store.action_cache_mb).unwrap_or(usize::MAX).saturating_mul(1024 * 1024)
+}
+
+/// The REST API on `listener`, and the record retention.
+fn serve(
+    listener: tokio::net::TcpListener,
+    addr: SocketAddr,
+    store: Arc<dyn Store>,
+    state: Arc<AppState>,
+    service: ActivationService,
+    config: &Config,
+) -> Serving {
+    let stop = CancellationToken::new();
+    let server = actix_rt::spawn(crate::api::server::serve(listener, state.clone(), stop.clone()));
+    let expiry = actix_rt::spawn(expire_records(store.clone(), config.record_retention, config.store.expire_every));
+    Serving { addr, store, state, service, stop, server, expiry }
+}
+
+/// With `[cluster]` configured: takes this invoker's id in etcd (refused when a live invoker
+/// holds it). An etcd that does not answer does not keep the invoker from serving: the
+/// registration is retried until it does.
+async fn register(config: &Config, addr: SocketAddr) -> Result<Option<Registrar<Etcd>>, AppError> {
+    let cluster = &config.cluster;
+    if !cluster.enabled() {
+        return Ok(None);
+    }
+    let identity = Identity {
+        invoker_id: config.invoker_id.clone(),
+        api: cluster.advertise.clone().unwrap_or_else(|| format!("http://{addr}")),
+        tags: cluster.tags.clone(),
+        min_mb: u64::from(config.limits.memory_min_mb),
+    };
+    let mut registrar = Registrar::new(Etcd::new(&cluster.etcd)?, cluster.clone(), identity);
+    match registrar.claim().await {
+        Ok(()) => tracing::info!(etcd = cluster.etcd.join(","), "registered in the cluster"),
+        Err(e @ RegistryError::IdTaken { .. }) => return Err(e.into()),
+        Err(e) => tracing::warn!("not registered in the cluster yet: {e}; serving, and retrying"),
+    }
+    Ok(Some(registrar))
+}
+
+/// Removes records older than `retention`, every `every`; a failure is logged and tried again
+/// at the next round.
+async fn expire_records(store: Arc<dyn Store>, retention: Duration, every: Duration) {
+    loop {
+        let cutoff = crate::model::epoch_ms().saturating_sub(retention.as_millis() as u64);
+        let s = store.clone();
+        match tokio::task::spawn_blocking(move || s.expire(cutoff)).await {
+            Ok(Ok(0)) => {}
+            Ok(Ok(removed)) => tracing::info!(removed, "expired activation records"),
+            Ok(Err(e)) => tracing::warn!("expiring activation records failed: {e}"),
+            Err(e) => tracing::warn!("expiring activation records failed: {e}"),
+        }
+        tokio::time::sleep(every).await;
+    }
+}
