@@ -8,6 +8,7 @@ mod support;
 
 use invoker::cluster::etcd::Etcd;
 use invoker::cluster::{ClusterKv, InvokerRecord};
+use invoker::pool::actor::Health;
 use serde_json::json;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -61,7 +62,7 @@ async fn an_invoker_registers_its_tags_headroom_and_containers() {
     let r = record(&kv, &invoker_id, |r| !r.nodes.is_empty()).await;
     assert_eq!(r.api, inv.base);
     assert_eq!(r.tags, ["gpu", "ssd"]);
-    assert_eq!(r.health, "healthy");
+    assert_eq!(r.health, Health::Healthy);
     assert_eq!((r.nodes[0].capacity_mb, r.launchable_mb()), (2048, 2048), "{r:?}");
 
     inv.put_action("warm", python("def main(a):\n    return {}")).await;
@@ -162,7 +163,7 @@ async fn without_etcd_activations_go_on_and_the_registration_comes_back_with_it(
 
     etcd.resume();
     let r = record(&etcd.kv(), &invoker_id, |r| r.api == inv.base && !r.nodes.is_empty()).await;
-    assert_eq!(r.health, "healthy");
+    assert_eq!(r.health, Health::Healthy);
     assert!(inv.stderr().contains("cluster registration"), "the outage was logged: {}", inv.stderr());
 }
 
@@ -222,13 +223,13 @@ async fn an_invoker_with_a_full_disk_is_unhealthy_in_etcd_and_no_placement_choos
     let inv = Invoker::start(dir.path(), &invoker_id, &cluster_config(&etcd, &[]));
     inv.put_action("big", python("def main(a):\n    return {'data': 'x' * 100000}\n")).await;
     let kv = etcd.kv();
-    record(&kv, &invoker_id, |r| r.health == "healthy").await;
+    record(&kv, &invoker_id, |r| r.health == Health::Healthy).await;
     let ballast = disk.fill(0);
     for _ in 0..3 {
         let (status, body) = inv.try_invoke("big", json!({})).await;
         assert!(status == 200 || status == 503, "{status} {body}");
     }
-    record(&kv, &invoker_id, |r| r.health == "unhealthy").await;
+    record(&kv, &invoker_id, |r| r.health == Health::Unhealthy).await;
     let view = ClusterView::read(&kv, "/invoker").await.unwrap();
     let revision = ("guest".to_string(), "big".to_string(), 1);
     let views = view.views(&revision, &Default::default());
@@ -237,6 +238,6 @@ async fn an_invoker_with_a_full_disk_is_unhealthy_in_etcd_and_no_placement_choos
     let placed = place(&views, &needs, &config, &Default::default(), &mut |_| 0);
     assert!(matches!(placed, Err(NoPlacement::NoHealthy)), "{placed:?}");
     std::fs::remove_file(ballast).unwrap();
-    record(&kv, &invoker_id, |r| r.health == "healthy").await;
+    record(&kv, &invoker_id, |r| r.health == Health::Healthy).await;
     assert_eq!(inv.invoke("big", "blocking=true", json!({})).await.0, 200);
 }

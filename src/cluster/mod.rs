@@ -111,8 +111,7 @@ pub struct InvokerRecord {
     /// Where its API answers (the shim, `POST /v1/activations`).
     pub api: String,
     pub tags: Vec<String>,
-    /// `healthy`, `overloaded`, `unhealthy` or `draining`.
-    pub health: String,
+    pub health: crate::pool::actor::Health,
     pub nodes: Vec<NodeHeadroom>,
     /// Which run of which machine holds the id: a restart on the same machine after a crash
     /// takes over a key its dead predecessor's lease still holds.

@@ -9,6 +9,7 @@ use super::etcd::LeaseId;
 use super::{boot_id, container_key, drain_key, invoker_key, ClusterKv, InvokerRecord, NodeHeadroom};
 use crate::activation::ActivationService;
 use crate::config::ClusterConfig;
+use crate::pool::actor::Health;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
@@ -69,12 +70,12 @@ impl<K: ClusterKv> Registrar<K> {
         invoker_key(&self.config.prefix, &self.identity.invoker_id)
     }
 
-    fn record(&self, health: &str, nodes: Vec<NodeHeadroom>) -> InvokerRecord {
+    fn record(&self, health: Health, nodes: Vec<NodeHeadroom>) -> InvokerRecord {
         InvokerRecord {
             id: self.identity.invoker_id.clone(),
             api: self.identity.api.clone(),
             tags: self.identity.tags.clone(),
-            health: health.to_string(),
+            health,
             nodes,
             boot_id: self.boot_id.clone(),
             pid: std::process::id(),
@@ -86,7 +87,7 @@ impl<K: ClusterKv> Registrar<K> {
     /// the lease's TTL) is taken over.
     pub async fn claim(&mut self) -> Result<(), RegistryError> {
         let lease = self.kv.grant(self.config.lease_ttl).await.map_err(|e| RegistryError::Etcd(e.to_string()))?;
-        let record = self.record("healthy", Vec::new());
+        let record = self.record(Health::Healthy, Vec::new());
         let value = serde_json::to_string(&record).expect("a record serialises");
         if let Err(e) =
             claim_key(&self.kv, &self.key(), &value, lease, ("invoker", "--invoker-id", &self.identity.invoker_id))
@@ -157,12 +158,12 @@ impl<K: ClusterKv> Registrar<K> {
         let health = if self.kv.get(&drain).await.map_err(etcd)?.is_some() {
             // An operator's drain: no scheduler sends new work; what runs finishes.
             if snapshot.busy == 0 && snapshot.waiting == 0 {
-                "drained"
+                Health::Drained
             } else {
-                "draining"
+                Health::Draining
             }
         } else {
-            service.health(&snapshot, self.identity.min_mb).as_str()
+            service.health(&snapshot, self.identity.min_mb)
         };
         let nodes = snapshot
             .nodes
@@ -178,7 +179,7 @@ impl<K: ClusterKv> Registrar<K> {
         // The containers that run an action (not starting, not a prewarm, not going).
         let mut now: BTreeMap<u64, (String, u32)> = BTreeMap::new();
         for c in &snapshot.containers {
-            if !matches!(c.state, "idle" | "busy" | "paused") {
+            if !c.state.runs_an_action() {
                 continue;
             }
             let Some((ns, action)) = c.action.split_once('/') else { continue };

@@ -2,8 +2,8 @@
 //! the effects it returns: starting proxies, handing them jobs, answering rejected jobs.
 
 use super::core::{
-    ContainerId, CoreConfig, Effect, Event, Job, JobId, KeyId, NodeStatsUpdate, NodeView, Owner, PoolCore, PoolCounts,
-    RejectReason, StemId,
+    ContainerId, ContainerState, CoreConfig, Effect, Event, Job, JobId, KeyId, NodeStatsUpdate, NodeView, Owner,
+    PoolCore, PoolCounts, RejectReason, StemId,
 };
 use crate::activation::job::RunJob;
 use crate::config::{PoolConfig, ProxyConfig, RuntimeProtocol};
@@ -48,7 +48,7 @@ pub struct ContainerSummary {
     pub revision: u64,
     pub node: String,
     pub memory_mb: u32,
-    pub state: &'static str,
+    pub state: ContainerState,
     pub running: usize,
 }
 
@@ -453,17 +453,20 @@ impl Handler<Snapshot> for ContainerPool {
 /// Creations failing in a row before the invoker calls itself unhealthy.
 const UNHEALTHY_AFTER_FAILURES: u32 = 3;
 
-/// What the invoker can take, as `/health` and the cluster registration say it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+/// What the invoker can take, as `/health`, its cluster registration and the schedulers
+/// reading it say it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Health {
     Healthy,
     /// Work waits and no node can launch even the smallest action, even with its idle
     /// containers removed.
     Overloaded,
-    /// Container creations failed several times in a row.
+    /// Container creations failed several times in a row, or the store cannot write.
     Unhealthy,
     Draining,
+    /// An operator's drain (its key in etcd) that has nothing left running.
+    Drained,
 }
 
 impl Health {
@@ -473,6 +476,7 @@ impl Health {
             Health::Overloaded => "overloaded",
             Health::Unhealthy => "unhealthy",
             Health::Draining => "draining",
+            Health::Drained => "drained",
         }
     }
 }
@@ -486,7 +490,7 @@ impl PoolSnapshot {
     /// Memory held on `node` by idle (or paused) containers, which the pool removes when it
     /// needs the room.
     pub fn idle_mb_on(&self, node: &str) -> u64 {
-        let idle = self.containers.iter().filter(|c| c.node == node && matches!(c.state, "idle" | "paused"));
+        let idle = self.containers.iter().filter(|c| c.node == node && c.state.is_idle());
         idle.map(|c| u64::from(c.memory_mb)).sum()
     }
 
@@ -598,7 +602,7 @@ mod tests {
                 stale: false,
                 launchable_mb,
             }],
-            containers: vec![container(1, "idle", idle_mb), container(2, "busy", busy_mb)],
+            containers: vec![container(1, ContainerState::Idle, idle_mb), container(2, ContainerState::Busy, busy_mb)],
             create_failures_in_a_row: 0,
             action_keys: 1,
         }

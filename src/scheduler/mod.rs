@@ -278,7 +278,7 @@ impl Dispatcher {
     /// Whether any invoker would take work now.
     pub fn any_healthy(&self) -> bool {
         let view = self.directory.current();
-        view.invokers.values().any(|r| r.health == "healthy" && !view.drained.contains(&r.id))
+        view.invokers.values().any(|r| r.health == crate::pool::actor::Health::Healthy && !view.drained.contains(&r.id))
     }
 
     /// Marks `invoker` drained (`drain`) or takes it back, for every scheduler (the key lives in

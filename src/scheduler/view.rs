@@ -72,7 +72,7 @@ impl ClusterView {
             .map(|r| InvokerView {
                 id: r.id.clone(),
                 tags: r.tags.clone(),
-                healthy: r.health == "healthy" && !self.drained.contains(&r.id),
+                healthy: r.health == crate::pool::actor::Health::Healthy && !self.drained.contains(&r.id),
                 launchable_mb: r.room_mb(),
                 warm: warm.and_then(|w| w.get(&r.id)).copied().unwrap_or(0),
                 in_flight: in_flight.get(&r.id).copied().unwrap_or(0),

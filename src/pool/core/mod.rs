@@ -151,8 +151,33 @@ pub struct ContainerView {
     pub owner: Owner,
     pub node: NodeId,
     pub memory_mb: u32,
-    pub state: &'static str,
+    pub state: ContainerState,
     pub running: usize,
+}
+
+/// A container's state as the pool's view (`/v1/pool`, the cluster registration) shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ContainerState {
+    Starting,
+    /// A stem container, started ahead of any action.
+    Prewarm,
+    Idle,
+    Paused,
+    Busy,
+    Removing,
+}
+
+impl ContainerState {
+    /// Idle or paused: its memory is the pool's to take back when it needs the room.
+    pub fn is_idle(self) -> bool {
+        matches!(self, ContainerState::Idle | ContainerState::Paused)
+    }
+
+    /// Holds an action's code and takes its runs (idle, paused or busy).
+    pub fn runs_an_action(self) -> bool {
+        self.is_idle() || self == ContainerState::Busy
+    }
 }
 
 #[derive(Debug)]
@@ -298,12 +323,12 @@ impl PoolCore {
                 node: c.node.clone(),
                 memory_mb: c.memory_mb,
                 state: match c.phase {
-                    Phase::Starting => "starting",
-                    Phase::Removing => "removing",
-                    Phase::Ready if matches!(c.owner, Owner::Stem(_)) => "prewarm",
-                    Phase::Ready if c.paused => "paused",
-                    Phase::Ready if c.running.is_empty() => "idle",
-                    Phase::Ready => "busy",
+                    Phase::Starting => ContainerState::Starting,
+                    Phase::Removing => ContainerState::Removing,
+                    Phase::Ready if matches!(c.owner, Owner::Stem(_)) => ContainerState::Prewarm,
+                    Phase::Ready if c.paused => ContainerState::Paused,
+                    Phase::Ready if c.running.is_empty() => ContainerState::Idle,
+                    Phase::Ready => ContainerState::Busy,
                 },
                 running: c.running.len(),
             })

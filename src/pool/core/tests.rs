@@ -331,7 +331,7 @@ fn large_action_behind_small_ones(claim_after: Duration) -> Option<u64> {
             large = large.or(apply(fx, &mut running, &mut starting, &mut removing));
         }
         for c in std::mem::take(&mut removing).into_iter().chain(std::mem::take(&mut starting)) {
-            let event = if core.containers().iter().any(|v| v.id == c && v.state == "starting") {
+            let event = if core.containers().iter().any(|v| v.id == c && v.state == ContainerState::Starting) {
                 Event::Started { container: c, ok: true, at: now }
             } else {
                 Event::Removed(c)
