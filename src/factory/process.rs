@@ -258,7 +258,14 @@ impl ContainerFactory for ProcessFactory {
             Some(range) => Some(range.take().map_err(FactoryError::Create)?),
             None => None,
         };
-        let (reach, sandbox) = match self.prepare(spec, kind, uid.as_ref()) {
+        // Directories, a mount, `chown`s and cgroups: file system work, off the async thread
+        // (the invoker's one thread also serves the API and the pool).
+        let prepared = {
+            let (factory, spec, kind, uid) = (self.clone(), spec.clone(), kind.clone(), uid.as_ref().map(|u| u.uid));
+            tokio::task::spawn_blocking(move || factory.prepare(&spec, &kind, uid)).await
+        };
+        let prepared = prepared.unwrap_or_else(|e| Err(FactoryError::Create(format!("container setup: {e}"))));
+        let (reach, sandbox) = match prepared {
             Ok(prepared) => prepared,
             Err(e) => {
                 // Whatever was made of the container (its directories, its cgroups) goes.
@@ -380,7 +387,7 @@ impl ProcessFactory {
         &self,
         spec: &ContainerSpec,
         kind: &KindConfig,
-        uid: Option<&HeldUid>,
+        uid: Option<u32>,
     ) -> Result<(Reach, SandboxArgs), FactoryError> {
         let inner = &self.inner;
         let dir = self.dir(spec.id);
@@ -388,10 +395,8 @@ impl ProcessFactory {
         // Ids are not reused within a run, and a start removed what an earlier run left.
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir(&dir).map_err(|e| create_err("container directory", e))?;
-        let owner = uid.map_or_else(
-            || (nix::unistd::geteuid().as_raw(), nix::unistd::getegid().as_raw()),
-            |held| (held.uid, held.uid),
-        );
+        let owner =
+            uid.map_or_else(|| (nix::unistd::geteuid().as_raw(), nix::unistd::getegid().as_raw()), |uid| (uid, uid));
         if inner.own_disks {
             own_disk::mount_on(&dir, spec.disk_mb, owner, 0o700).map_err(|e| create_err("container disk", e))?;
         }
@@ -438,7 +443,7 @@ impl ProcessFactory {
         let sandbox = SandboxArgs {
             cgroup_procs,
             isolate: uid.is_some(),
-            uid: uid.map_or(0, |u| u.uid),
+            uid: uid.unwrap_or(0),
             host_network: kind.network == Network::Host,
             root: Some(self.root(spec.id)),
             dir: Some(dir.clone()),
@@ -482,24 +487,25 @@ impl ProcessFactory {
         if let Some(mut child) = child {
             let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
         }
-        let (inner, dir) = (self.inner.clone(), self.dir(id));
+        // File system work, off the async thread.
+        let factory = self.clone();
         let _ = tokio::task::spawn_blocking(move || {
             // Before the cgroups go: its pages are charged there.
-            own_disk::unmount(&dir);
-            if let Ok(cg) = &inner.cgroups {
+            own_disk::unmount(&factory.dir(id));
+            if let Ok(cg) = &factory.inner.cgroups {
                 cg.remove(id);
             }
+            factory.remove_files(id);
         })
         .await;
-        self.remove_files(id).await;
         drop(uid);
         self.observe();
     }
 
-    async fn remove_files(&self, id: ContainerId) {
+    fn remove_files(&self, id: ContainerId) {
         let _ = std::fs::remove_file(self.pid_file(id));
         let _ = std::fs::remove_dir(self.root(id));
-        let _ = tokio::fs::remove_dir_all(self.dir(id)).await;
+        let _ = std::fs::remove_dir_all(self.dir(id));
     }
 
     /// The container's own directory (its socket and work dir), owned by its uid, 0700.
