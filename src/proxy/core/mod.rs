@@ -157,7 +157,8 @@ impl ProxyCore {
     }
 }
 
-type Effects = Vec<Effect>;
+/// What one event decides: a warm run's events decide one or two effects, kept inline.
+pub type Effects = smallvec::SmallVec<[Effect; 4]>;
 
 impl ProxyCore {
     pub fn state(&self) -> ProxyState {
@@ -165,7 +166,7 @@ impl ProxyCore {
     }
 
     pub fn handle(&mut self, event: Event) -> Effects {
-        let mut fx = Vec::new();
+        let mut fx = Effects::new();
         if self.state == ProxyState::Removed {
             return fx;
         }
@@ -378,44 +379,44 @@ mod tests {
 
     fn created() -> ProxyCore {
         let mut core = ProxyCore::default();
-        assert_eq!(core.handle(Event::Created { ok: true }), [Effect::ReportStarted { ok: true }]);
+        assert_eq!(core.handle(Event::Created { ok: true }).to_vec(), [Effect::ReportStarted { ok: true }]);
         core
     }
 
     #[test]
     fn the_first_run_initialises_then_runs_cold_and_the_next_runs_warm() {
         let mut core = created();
-        assert_eq!(core.handle(Event::RunArrived(job(1))), [Effect::Init { with: job(1) }]);
-        assert_eq!(core.handle(Event::RunArrived(job(2))), [], "waits for /init");
+        assert_eq!(core.handle(Event::RunArrived(job(1))).to_vec(), [Effect::Init { with: job(1) }]);
+        assert_eq!(core.handle(Event::RunArrived(job(2))).to_vec(), [], "waits for /init");
         assert_eq!(
-            core.handle(Event::InitAnswered { ok: true }),
+            core.handle(Event::InitAnswered { ok: true }).to_vec(),
             [Effect::Run { job: job(1), first: true }, Effect::Run { job: job(2), first: false }]
         );
-        assert_eq!(core.handle(Event::RunAnswered { job: job(1), reusable: true }).len(), 1);
+        assert_eq!(core.handle(Event::RunAnswered { job: job(1), reusable: true }).to_vec().len(), 1);
         assert_eq!(core.state(), ProxyState::Running);
-        core.handle(Event::RunAnswered { job: job(2), reusable: true });
+        core.handle(Event::RunAnswered { job: job(2), reusable: true }).to_vec();
         assert_eq!(core.state(), ProxyState::Ready);
-        assert_eq!(core.handle(Event::RunArrived(job(3))), [Effect::Run { job: job(3), first: false }]);
+        assert_eq!(core.handle(Event::RunArrived(job(3))).to_vec(), [Effect::Run { job: job(3), first: false }]);
     }
 
     #[test]
     fn a_failed_create_reports_removed_so_that_the_pool_forgets_it() {
         let mut core = ProxyCore::default();
         assert_eq!(
-            core.handle(Event::Created { ok: false }),
+            core.handle(Event::Created { ok: false }).to_vec(),
             [Effect::ReportStarted { ok: false }, Effect::ReportRemoved, Effect::Stop]
         );
-        assert_eq!(core.handle(Event::RunArrived(job(1))), [], "nothing after Removed");
+        assert_eq!(core.handle(Event::RunArrived(job(1))).to_vec(), [], "nothing after Removed");
     }
 
     #[test]
     fn a_failed_init_fails_every_waiting_run_as_a_developer_error() {
         let mut core = created();
-        core.handle(Event::RunArrived(job(1)));
-        core.handle(Event::RunArrived(job(2)));
+        core.handle(Event::RunArrived(job(1))).to_vec();
+        core.handle(Event::RunArrived(job(2))).to_vec();
         let cause = FailCause::InitFailed;
         assert_eq!(
-            core.handle(Event::InitAnswered { ok: false }),
+            core.handle(Event::InitAnswered { ok: false }).to_vec(),
             [Effect::Fail { job: job(1), cause, first: true }, Effect::Fail { job: job(2), cause, first: true }]
         );
     }
@@ -423,53 +424,59 @@ mod tests {
     #[test]
     fn a_run_sent_while_pausing_waits_for_the_pause_then_the_resume() {
         let mut core = created();
-        core.handle(Event::RunArrived(job(1)));
-        core.handle(Event::InitAnswered { ok: true });
-        core.handle(Event::RunAnswered { job: job(1), reusable: true });
-        assert_eq!(core.handle(Event::PauseDecided), [Effect::Pause]);
-        assert_eq!(core.handle(Event::ResumeDecided), [], "still pausing");
-        assert_eq!(core.handle(Event::RunArrived(job(2))), []);
-        assert_eq!(core.handle(Event::Paused { ok: true }), [Effect::Resume]);
-        assert_eq!(core.handle(Event::Resumed { ok: true }), [Effect::Run { job: job(2), first: false }]);
+        core.handle(Event::RunArrived(job(1))).to_vec();
+        core.handle(Event::InitAnswered { ok: true }).to_vec();
+        core.handle(Event::RunAnswered { job: job(1), reusable: true }).to_vec();
+        assert_eq!(core.handle(Event::PauseDecided).to_vec(), [Effect::Pause]);
+        assert_eq!(core.handle(Event::ResumeDecided).to_vec(), [], "still pausing");
+        assert_eq!(core.handle(Event::RunArrived(job(2))).to_vec(), []);
+        assert_eq!(core.handle(Event::Paused { ok: true }).to_vec(), [Effect::Resume]);
+        assert_eq!(core.handle(Event::Resumed { ok: true }).to_vec(), [Effect::Run { job: job(2), first: false }]);
     }
 
     #[test]
     fn a_failed_resume_fails_the_parked_runs_as_whisk_errors() {
         let mut core = created();
-        core.handle(Event::RunArrived(job(1)));
-        core.handle(Event::InitAnswered { ok: true });
-        core.handle(Event::RunAnswered { job: job(1), reusable: true });
-        core.handle(Event::PauseDecided);
-        core.handle(Event::Paused { ok: true });
-        assert_eq!(core.handle(Event::RunArrived(job(2))), [Effect::Resume]);
+        core.handle(Event::RunArrived(job(1))).to_vec();
+        core.handle(Event::InitAnswered { ok: true }).to_vec();
+        core.handle(Event::RunAnswered { job: job(1), reusable: true }).to_vec();
+        core.handle(Event::PauseDecided).to_vec();
+        core.handle(Event::Paused { ok: true }).to_vec();
+        assert_eq!(core.handle(Event::RunArrived(job(2))).to_vec(), [Effect::Resume]);
         let cause = FailCause::ResumeFailed;
-        assert_eq!(core.handle(Event::Resumed { ok: false }), [Effect::Fail { job: job(2), cause, first: false }]);
+        assert_eq!(
+            core.handle(Event::Resumed { ok: false }).to_vec(),
+            [Effect::Fail { job: job(2), cause, first: false }]
+        );
     }
 
     #[test]
     fn a_removal_fails_what_waits_and_destroys_once() {
         let mut core = created();
-        core.handle(Event::RunArrived(job(1)));
+        core.handle(Event::RunArrived(job(1))).to_vec();
         let cause = FailCause::Removed;
         assert_eq!(
-            core.handle(Event::RemoveDecided),
+            core.handle(Event::RemoveDecided).to_vec(),
             [Effect::Fail { job: job(1), cause, first: true }, Effect::Destroy]
         );
-        assert_eq!(core.handle(Event::RemoveDecided), []);
-        assert_eq!(core.handle(Event::InitAnswered { ok: true }), [], "no run after the removal");
-        assert_eq!(core.handle(Event::Destroyed), [Effect::ReportRemoved, Effect::Stop]);
+        assert_eq!(core.handle(Event::RemoveDecided).to_vec(), []);
+        assert_eq!(core.handle(Event::InitAnswered { ok: true }).to_vec(), [], "no run after the removal");
+        assert_eq!(core.handle(Event::Destroyed).to_vec(), [Effect::ReportRemoved, Effect::Stop]);
     }
 
     #[test]
     fn a_removal_during_creation_destroys_what_the_factory_made_once_it_made_it() {
         let mut core = ProxyCore::default();
-        assert_eq!(core.handle(Event::RemoveDecided), [], "nothing to destroy yet");
-        assert_eq!(core.handle(Event::Created { ok: true }), [Effect::ReportStarted { ok: true }, Effect::Destroy]);
-        assert_eq!(core.handle(Event::Destroyed), [Effect::ReportRemoved, Effect::Stop]);
-        let mut failed = ProxyCore::default();
-        failed.handle(Event::RemoveDecided);
+        assert_eq!(core.handle(Event::RemoveDecided).to_vec(), [], "nothing to destroy yet");
         assert_eq!(
-            failed.handle(Event::Created { ok: false }),
+            core.handle(Event::Created { ok: true }).to_vec(),
+            [Effect::ReportStarted { ok: true }, Effect::Destroy]
+        );
+        assert_eq!(core.handle(Event::Destroyed).to_vec(), [Effect::ReportRemoved, Effect::Stop]);
+        let mut failed = ProxyCore::default();
+        failed.handle(Event::RemoveDecided).to_vec();
+        assert_eq!(
+            failed.handle(Event::Created { ok: false }).to_vec(),
             [Effect::ReportStarted { ok: false }, Effect::ReportRemoved, Effect::Stop]
         );
     }
@@ -477,11 +484,11 @@ mod tests {
     #[test]
     fn a_protocol_without_init_runs_the_first_run_at_once() {
         let mut core = ProxyCore::new(false);
-        assert_eq!(core.handle(Event::RunArrived(job(1))), [], "waits for the container");
+        assert_eq!(core.handle(Event::RunArrived(job(1))).to_vec(), [], "waits for the container");
         assert_eq!(
-            core.handle(Event::Created { ok: true }),
+            core.handle(Event::Created { ok: true }).to_vec(),
             [Effect::ReportStarted { ok: true }, Effect::Run { job: job(1), first: true }]
         );
-        assert_eq!(core.handle(Event::RunArrived(job(2))), [Effect::Run { job: job(2), first: false }]);
+        assert_eq!(core.handle(Event::RunArrived(job(2))).to_vec(), [Effect::Run { job: job(2), first: false }]);
     }
 }

@@ -63,7 +63,7 @@ struct World {
 }
 
 impl World {
-    fn apply(&mut self, effects: Vec<Effect>) -> Result<(), TestCaseError> {
+    fn apply(&mut self, effects: Effects) -> Result<(), TestCaseError> {
         for effect in effects {
             prop_assert!(!self.removed || effect == Effect::Stop, "{effect:?} after Removed");
             match effect {
