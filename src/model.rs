@@ -1,7 +1,8 @@
 //! Actions and activation records, in the JSON shapes OpenWhisk clients read and write.
 
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
+use std::borrow::Cow;
 
 /// `{"key": ..., "value": ...}`: OpenWhisk's parameter and annotation entry.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -378,4 +379,64 @@ mod tests {
         assert!(is_activation_id(&id));
         assert!(!is_activation_id("xyz"));
     }
+}
+
+/// OpenWhisk's `ActivationMessage`, what a controller puts on an invoker's topic: the shim
+/// reads it, the cluster's scheduler writes it. Borrowed when written (the parameters are not
+/// copied into a JSON tree first), owned when read.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ActivationMessage<'a> {
+    /// `[transaction id, start millis, ...]`.
+    pub transid: Value,
+    pub action: MessageAction<'a>,
+    /// A scheduler's cluster revision of the action (an OpenWhisk controller's document
+    /// revision otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<Cow<'a, str>>,
+    /// Which controller sent it; a scheduler of the cluster names itself here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root_controller_index: Option<ControllerIndex<'a>>,
+    pub user: MessageUser<'a>,
+    pub activation_id: Cow<'a, str>,
+    #[serde(default)]
+    pub blocking: bool,
+    /// The parameters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<Cow<'a, Map<String, Value>>>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct MessageAction<'a> {
+    /// The namespace (OpenWhisk's path; packages are not supported).
+    pub path: Cow<'a, str>,
+    pub name: Cow<'a, str>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<Cow<'a, str>>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ControllerIndex<'a> {
+    #[serde(rename = "asString")]
+    pub as_string: Cow<'a, str>,
+    #[serde(rename = "instanceType", default, skip_serializing_if = "Option::is_none")]
+    pub instance_type: Option<Cow<'a, str>>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct MessageUser<'a> {
+    pub subject: Cow<'a, str>,
+    pub namespace: MessageNamespace<'a>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub authkey: Option<MessageKey<'a>>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct MessageNamespace<'a> {
+    pub name: Cow<'a, str>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct MessageKey<'a> {
+    pub api_key: Cow<'a, str>,
 }

@@ -8,67 +8,14 @@ use super::error::record_status;
 use super::error::ApiError;
 use super::{load_action, AppState, Call, Principal, Response};
 use crate::activation::{InvokeRequest, Invoked};
-use crate::model::{is_activation_id, validate_entity_name, ActivationRecord, Outcome};
+use crate::model::{is_activation_id, validate_entity_name, ActivationMessage, ActivationRecord, Outcome};
 use hyper::StatusCode;
-use serde::Deserialize;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 use std::time::Duration;
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct ActivationMessage {
-    transid: Value,
-    action: ActionName,
-    /// A scheduler's [`crate::cluster::cluster_revision`] of the action (an OpenWhisk
-    /// controller's document revision otherwise).
-    #[serde(default)]
-    revision: Option<String>,
-    /// Which controller sent it; a scheduler of this cluster names itself here.
-    #[serde(default)]
-    root_controller_index: Option<ControllerIndex>,
-    user: Identity,
-    activation_id: String,
-    #[serde(default)]
-    blocking: bool,
-    #[serde(default)]
-    content: Option<Value>,
-}
-
-#[derive(Deserialize)]
-struct ControllerIndex {
-    #[serde(rename = "asString")]
-    as_string: String,
-}
-
-#[derive(Deserialize)]
-struct ActionName {
-    path: String,
-    name: String,
-    #[serde(default)]
-    version: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct Identity {
-    subject: String,
-    namespace: IdentityNamespace,
-    #[serde(default)]
-    authkey: Option<AuthKey>,
-}
-
-#[derive(Deserialize)]
-struct IdentityNamespace {
-    name: String,
-}
-
-#[derive(Deserialize)]
-struct AuthKey {
-    api_key: String,
-}
 
 /// A scheduler of this cluster's message: its id and the action's cluster revision. `None` for
 /// an OpenWhisk controller's (its revision is a document's, not a number).
-fn scheduler_revision(msg: &ActivationMessage) -> Result<Option<(&str, u64)>, ApiError> {
+fn scheduler_revision<'m>(msg: &'m ActivationMessage<'_>) -> Result<Option<(&'m str, u64)>, ApiError> {
     let (Some(index), Some(revision)) = (&msg.root_controller_index, &msg.revision) else { return Ok(None) };
     let Ok(revision) = revision.parse::<u64>() else { return Ok(None) };
     validate_entity_name("rootControllerIndex.asString", &index.as_string).map_err(ApiError::BadRequest)?;
@@ -84,7 +31,7 @@ pub(super) async fn activation_message(state: &AppState, call: &Call) -> Result<
     if call.body.len() > limit {
         return Err(ApiError::TooLarge(limit));
     }
-    let msg: ActivationMessage = super::parse_body(&call.body)?;
+    let msg: ActivationMessage<'static> = super::parse_body(&call.body)?;
     let transaction_id = validate(&msg)?;
     authorize(&caller, &msg)?;
     let action = match (&caller, scheduler_revision(&msg)?, state.remote_actions()) {
@@ -109,20 +56,16 @@ pub(super) async fn activation_message(state: &AppState, call: &Call) -> Result<
         ),
         _ => state.config.limits.blocking_wait,
     };
-    let params = match msg.content {
-        None | Some(Value::Null) => Map::new(),
-        Some(Value::Object(m)) => m,
-        Some(_) => return Err(ApiError::BadRequest("content: must be a JSON object".into())),
-    };
-    let api_key = msg.user.authkey.filter(|_| action.provides_api_key()).map(|k| k.api_key);
+    let params = msg.content.map(std::borrow::Cow::into_owned).unwrap_or_default();
+    let api_key = msg.user.authkey.filter(|_| action.provides_api_key()).map(|k| k.api_key.into_owned());
     let invoked = state
         .service
         .invoke(InvokeRequest {
             action,
             params,
-            subject: msg.user.subject,
+            subject: msg.user.subject.into_owned(),
             api_key,
-            activation_id: Some(msg.activation_id),
+            activation_id: Some(msg.activation_id.into_owned()),
             transaction_id,
             wait: msg.blocking.then_some(wait),
         })

@@ -16,13 +16,17 @@ use crate::activation::job::RunJob;
 use crate::cluster::etcd::Etcd;
 use crate::cluster::{cluster_revision, controller_wait, drain_key, ClusterKv, InvokerRecord};
 use crate::config::Config;
-use crate::model::{epoch_ms, ActivationRecord, KeyValue, Rejection};
+use crate::model::{
+    epoch_ms, ActivationMessage, ActivationRecord, ControllerIndex, KeyValue, MessageAction, MessageKey,
+    MessageNamespace, MessageUser, Rejection,
+};
 use bytes::Bytes;
 use metrics::SchedulerMetrics;
 use parking_lot::Mutex;
 use placement::{place, ActionNeeds, PlacementConfig};
 use send::{InvokerClient, Sent};
 use serde_json::{json, Value};
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -200,18 +204,25 @@ impl Dispatcher {
     fn message(&self, run: &RunJob, revision: u64) -> Bytes {
         let meta = &run.meta;
         let message = ActivationMessage {
-            transid: (&run.transaction_id, meta.accepted_at),
-            action: MessageAction { path: &meta.namespace, name: &meta.name, version: &meta.version },
-            revision: revision.to_string(),
-            user: MessageUser {
-                subject: &meta.subject,
-                namespace: MessageNamespace { name: &meta.namespace },
-                authkey: run.api_key.as_deref().map(|api_key| MessageKey { api_key }),
+            transid: serde_json::json!([run.transaction_id, meta.accepted_at]),
+            action: MessageAction {
+                path: Cow::Borrowed(&meta.namespace),
+                name: Cow::Borrowed(&meta.name),
+                version: Some(Cow::Borrowed(&meta.version)),
             },
-            activation_id: &meta.activation_id,
-            root_controller_index: MessageController { as_string: &self.id, instance_type: "controller" },
+            revision: Some(Cow::Owned(revision.to_string())),
+            user: MessageUser {
+                subject: Cow::Borrowed(&meta.subject),
+                namespace: MessageNamespace { name: Cow::Borrowed(&meta.namespace) },
+                authkey: run.api_key.as_deref().map(|api_key| MessageKey { api_key: Cow::Borrowed(api_key) }),
+            },
+            activation_id: Cow::Borrowed(&meta.activation_id),
+            root_controller_index: Some(ControllerIndex {
+                as_string: Cow::Borrowed(&self.id),
+                instance_type: Some(Cow::Borrowed("controller")),
+            }),
             blocking: true,
-            content: &run.params,
+            content: Some(Cow::Borrowed(&run.params)),
         };
         Bytes::from(serde_json::to_vec(&message).expect("a message serialises"))
     }
@@ -329,51 +340,6 @@ impl Dispatcher {
             }
         }
     }
-}
-
-#[derive(serde::Serialize)]
-#[serde(rename_all = "camelCase")]
-struct ActivationMessage<'a> {
-    transid: (&'a str, u64),
-    action: MessageAction<'a>,
-    revision: String,
-    user: MessageUser<'a>,
-    activation_id: &'a str,
-    root_controller_index: MessageController<'a>,
-    blocking: bool,
-    content: &'a serde_json::Map<String, Value>,
-}
-
-#[derive(serde::Serialize)]
-struct MessageAction<'a> {
-    path: &'a str,
-    name: &'a str,
-    version: &'a str,
-}
-
-#[derive(serde::Serialize)]
-struct MessageUser<'a> {
-    subject: &'a str,
-    namespace: MessageNamespace<'a>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    authkey: Option<MessageKey<'a>>,
-}
-
-#[derive(serde::Serialize)]
-struct MessageNamespace<'a> {
-    name: &'a str,
-}
-
-#[derive(serde::Serialize)]
-struct MessageKey<'a> {
-    api_key: &'a str,
-}
-
-#[derive(serde::Serialize)]
-#[serde(rename_all = "camelCase")]
-struct MessageController<'a> {
-    as_string: &'a str,
-    instance_type: &'static str,
 }
 
 fn with_refusals(why: String, refusals: &[String]) -> String {
