@@ -53,6 +53,7 @@ async fn keys(kv: &Etcd, prefix: &str) -> Vec<String> {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
 async fn an_invoker_registers_its_tags_headroom_and_containers() {
     let Some(etcd) = EtcdServer::start() else { return };
     let dir = tempdir();
@@ -86,6 +87,7 @@ async fn an_invoker_registers_its_tags_headroom_and_containers() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
 async fn a_second_invoker_with_a_live_ones_id_refuses_to_start_and_touches_nothing() {
     let Some(etcd) = EtcdServer::start() else { return };
     let (dir, other) = (tempdir(), tempdir());
@@ -116,6 +118,7 @@ async fn a_second_invoker_with_a_live_ones_id_refuses_to_start_and_touches_nothi
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
 async fn a_killed_invokers_keys_go_with_its_lease_and_a_restart_takes_its_id_over() {
     let Some(etcd) = EtcdServer::start() else { return };
     let dir = tempdir();
@@ -145,6 +148,7 @@ async fn a_killed_invokers_keys_go_with_its_lease_and_a_restart_takes_its_id_ove
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
 async fn without_etcd_activations_go_on_and_the_registration_comes_back_with_it() {
     let Some(mut etcd) = EtcdServer::start() else { return };
     let dir = tempdir();
@@ -168,6 +172,7 @@ async fn without_etcd_activations_go_on_and_the_registration_comes_back_with_it(
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
 async fn an_invoker_started_while_etcd_is_away_serves_and_registers_once_it_answers() {
     let Some(mut etcd) = EtcdServer::start() else { return };
     etcd.stop();
@@ -182,6 +187,7 @@ async fn an_invoker_started_while_etcd_is_away_serves_and_registers_once_it_answ
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
 async fn a_scheduler_reads_every_invoker_and_places_an_action_on_the_warm_one() {
     use invoker::scheduler::placement::{place, ActionNeeds, PlacementConfig, Rule};
     use invoker::scheduler::view::ClusterView;
@@ -213,6 +219,8 @@ async fn a_scheduler_reads_every_invoker_and_places_an_action_on_the_warm_one() 
 /// An invoker whose disk is full registers as unhealthy, so that no scheduler places anything
 /// on it, and healthy again once space is freed.
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_root, ignore = "needs root: the sandbox, cgroups, a tmpfs (run by .ci/run)")]
+#[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
 async fn an_invoker_with_a_full_disk_is_unhealthy_in_etcd_and_no_placement_chooses_it() {
     use invoker::scheduler::placement::{place, ActionNeeds, NoPlacement, PlacementConfig};
     use invoker::scheduler::view::ClusterView;

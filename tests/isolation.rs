@@ -53,6 +53,7 @@ def main(a):
 "#;
 
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_root, ignore = "needs root: the sandbox, cgroups, a tmpfs (run by .ci/run)")]
 async fn each_container_runs_under_a_uid_of_its_own_without_privileges() {
     if !root_or_skip() {
         return;
@@ -71,6 +72,7 @@ async fn each_container_runs_under_a_uid_of_its_own_without_privileges() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_root, ignore = "needs root: the sandbox, cgroups, a tmpfs (run by .ci/run)")]
 async fn an_action_reads_neither_the_config_nor_the_store_nor_another_containers_code() {
     if !root_or_skip() {
         return;
@@ -125,6 +127,7 @@ def main(a):
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_root, ignore = "needs root: the sandbox, cgroups, a tmpfs (run by .ci/run)")]
 async fn an_action_can_neither_leave_its_cgroup_nor_its_memory_limit() {
     if !root_or_skip() {
         return;
@@ -180,6 +183,7 @@ def main(a):
 "#;
 
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_root, ignore = "needs root: the sandbox, cgroups, a tmpfs (run by .ci/run)")]
 async fn no_process_of_an_action_outlives_its_container_nor_an_invoker_crash() {
     if !root_or_skip() {
         return;
@@ -209,6 +213,7 @@ async fn no_process_of_an_action_outlives_its_container_nor_an_invoker_crash() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_root, ignore = "needs root: the sandbox, cgroups, a tmpfs (run by .ci/run)")]
 async fn a_fork_bomb_stops_at_pids_max_and_the_invoker_still_serves() {
     if !root_or_skip() {
         return;
@@ -235,6 +240,7 @@ def main(a):
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_root, ignore = "needs root: the sandbox, cgroups, a tmpfs (run by .ci/run)")]
 async fn an_action_has_no_network_but_its_own_loopback() {
     if !root_or_skip() {
         return;
@@ -266,6 +272,7 @@ def main(a):
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_root, ignore = "needs root: the sandbox, cgroups, a tmpfs (run by .ci/run)")]
 async fn a_tenant_key_reads_no_other_namespace_and_no_admin_route() {
     if !root_or_skip() {
         return;
@@ -330,6 +337,7 @@ async fn a_tenant_key_reads_no_other_namespace_and_no_admin_route() {
 /// message naming the setting, and runs with `unprivileged = false` (warning that actions are
 /// not isolated).
 #[test]
+#[cfg_attr(invoker_without_root, ignore = "needs root: the sandbox, cgroups, a tmpfs (run by .ci/run)")]
 fn without_root_the_process_factory_needs_an_explicit_unprivileged_false() {
     if !root_or_skip() {
         return;
@@ -375,6 +383,7 @@ fn without_root_the_process_factory_needs_an_explicit_unprivileged_false() {
 /// invoker says so at start, naming the step and the setting, instead of failing every
 /// activation later.
 #[test]
+#[cfg_attr(invoker_without_root, ignore = "needs root: the sandbox, cgroups, a tmpfs (run by .ci/run)")]
 fn a_machine_where_the_sandbox_cannot_work_is_refused_at_start() {
     if !root_or_skip() {
         return;
@@ -402,6 +411,7 @@ fn a_machine_where_the_sandbox_cannot_work_is_refused_at_start() {
 /// An action's environment is the runtime protocol's and the factory's, nothing of the
 /// invoker's own (whose environment may hold `INVOKER_GUEST_KEY` or a cloud credential).
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_root, ignore = "needs root: the sandbox, cgroups, a tmpfs (run by .ci/run)")]
 async fn an_action_sees_none_of_the_invokers_environment() {
     if !root_or_skip() {
         return;
@@ -425,6 +435,7 @@ async fn an_action_sees_none_of_the_invokers_environment() {
 /// A kind's `paths` are shown to its actions: one holding the store or the config would show
 /// them every tenant's records and keys, so the invoker refuses to start with one.
 #[test]
+#[cfg_attr(invoker_without_root, ignore = "needs root: the sandbox, cgroups, a tmpfs (run by .ci/run)")]
 fn a_kinds_paths_may_not_expose_the_store_or_the_config() {
     if !root_or_skip() {
         return;
@@ -468,6 +479,7 @@ fn a_kinds_paths_may_not_expose_the_store_or_the_config() {
 /// lies), `/tmp` and `/dev/shm` all stop it at `limits.disk` with ENOSPC, inside the action; the
 /// invoker and another tenant notice nothing.
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_root, ignore = "needs root: the sandbox, cgroups, a tmpfs (run by .ci/run)")]
 async fn a_write_past_the_disk_limit_fails_inside_the_action_and_nothing_outside_notices() {
     if !root_or_skip() {
         return;

@@ -556,6 +556,7 @@ async fn a_runtime_that_knows_nothing_of_the_invoker_runs_on_8080_of_its_own_nam
 /// the reason; every activation that was accepted has its record. Once the ballast goes, the
 /// same invoker takes work again, actions and activations, without a restart.
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_root, ignore = "needs root: the sandbox, cgroups, a tmpfs (run by .ci/run)")]
 async fn a_full_disk_is_answered_503_nothing_accepted_is_lost_and_the_invoker_recovers_by_itself() {
     let dir = tempdir();
     let data = dir.path().join("data");

@@ -116,6 +116,7 @@ async fn burst(scheduler: &Invoker, name: &str, n: usize, params: Value) -> Vec<
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
 async fn through_the_scheduler_actions_run_on_invokers_by_tags_and_warmth_and_every_record_is_served() {
     let Some(etcd) = EtcdServer::start() else { return };
     let p = platform(etcd, &[("inv-a", &[], 2048), ("inv-b", &["gpu"], 2048), ("inv-c", &[], 2048)], "").await;
@@ -203,6 +204,7 @@ async fn through_the_scheduler_actions_run_on_invokers_by_tags_and_warmth_and_ev
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
 async fn a_512_mb_action_never_goes_to_an_invoker_with_less_headroom() {
     let Some(etcd) = EtcdServer::start() else { return };
     let p = platform(etcd, &[("small", &[], 384), ("big", &[], 1024)], "").await;
@@ -236,6 +238,7 @@ async fn a_512_mb_action_never_goes_to_an_invoker_with_less_headroom() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
 async fn blackbox_actions_go_to_the_blackbox_part_and_managed_ones_stay_out_of_it() {
     let Some(etcd) = EtcdServer::start() else { return };
     // Three untagged invokers in id order: x0 and x1 managed (60 %), x2 blackbox (30 %).
@@ -255,6 +258,7 @@ async fn blackbox_actions_go_to_the_blackbox_part_and_managed_ones_stay_out_of_i
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
 async fn an_invoker_killed_mid_activation_ends_it_with_status_3_and_new_work_goes_elsewhere() {
     let Some(etcd) = EtcdServer::start() else { return };
     let mut p = platform(etcd, &[("victim", &["v"], 2048), ("other", &[], 2048)], "").await;
@@ -302,6 +306,7 @@ async fn an_invoker_killed_mid_activation_ends_it_with_status_3_and_new_work_goe
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
 async fn a_drained_invoker_gets_no_new_work_until_it_is_activated() {
     let Some(etcd) = EtcdServer::start() else { return };
     let p = platform(etcd, &[("d", &["t"], 2048), ("e", &[], 2048)], "").await;
@@ -332,6 +337,7 @@ async fn a_drained_invoker_gets_no_new_work_until_it_is_activated() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
 async fn with_etcd_away_activations_go_on_and_registrations_come_back() {
     let Some(etcd) = EtcdServer::start() else { return };
     let mut p = platform(etcd, &[("steady", &[], 2048)], "").await;
@@ -364,6 +370,7 @@ async fn with_etcd_away_activations_go_on_and_registrations_come_back() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
 async fn a_restarted_scheduler_recovers_the_invokers_from_etcd_and_serves_its_records() {
     let Some(etcd) = EtcdServer::start() else { return };
     let mut p = platform(etcd, &[("one", &[], 2048)], "").await;
@@ -396,6 +403,7 @@ async fn a_restarted_scheduler_recovers_the_invokers_from_etcd_and_serves_its_re
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
 async fn two_schedulers_share_the_invokers_and_nothing_else() {
     let Some(etcd) = EtcdServer::start() else { return };
     let p = platform(etcd, &[("shared", &[], 2048)], "").await;
@@ -437,6 +445,7 @@ async fn two_schedulers_share_the_invokers_and_nothing_else() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
 async fn sigterm_drains_an_invoker_its_work_finishes_and_new_work_goes_elsewhere() {
     let Some(etcd) = EtcdServer::start() else { return };
     let mut p = platform(etcd, &[("leaving", &["l"], 2048), ("staying", &[], 2048)], "").await;
@@ -462,6 +471,7 @@ async fn sigterm_drains_an_invoker_its_work_finishes_and_new_work_goes_elsewhere
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
 async fn an_invoker_that_refuses_before_running_anything_is_skipped_for_the_next() {
     let Some(etcd) = EtcdServer::start() else { return };
     let mut p = platform(etcd, &[("good", &[], 2048)], "max_reschedules = 1\n").await;

@@ -85,6 +85,7 @@ mod tests {
 
     /// Needs root; elsewhere there is nothing to mount with.
     #[test]
+    #[cfg_attr(invoker_without_root, ignore = "needs root: the sandbox, cgroups, a tmpfs (run by .ci/run)")]
     fn a_write_past_the_size_fails_with_enospc_and_unmounting_under_a_parent_finds_it() {
         if !can_mount() {
             return;

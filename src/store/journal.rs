@@ -646,6 +646,7 @@ mod tests {
     /// what was accepted keeps its record (in memory while nothing can be written), and once
     /// space is freed the store writes again by itself, redb opened anew. Needs root (a tmpfs).
     #[test]
+    #[cfg_attr(invoker_without_root, ignore = "needs root: the sandbox, cgroups, a tmpfs (run by .ci/run)")]
     fn a_full_disk_refuses_new_work_keeps_every_record_and_recovers_by_itself() {
         if !nix::unistd::geteuid().is_root() {
             assert!(std::env::var("CI").as_deref() != Ok("true"), "this test needs root under CI");
