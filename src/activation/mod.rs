@@ -63,12 +63,21 @@ pub enum Runner {
 
 impl Runner {
     /// Hands `run` over; `Err` when it was refused and ended with a record already.
-    fn submit(&self, run: RunJob) -> Result<(), ()> {
+    fn submit(&self, run: RunJob) -> Result<(), Refused> {
         match self {
-            Runner::Pool(pool) => pool.submit(run).map_err(drop),
-            Runner::Cluster(dispatcher) => dispatcher.submit(run).map_err(drop),
+            Runner::Pool(pool) => pool.submit(run).map_err(|_| Refused::PoolFull),
+            Runner::Cluster(dispatcher) => dispatcher.submit(run).map_err(|_| Refused::SchedulerFull),
         }
     }
+}
+
+/// Why a runner did not take a job; its record is written already (`queue_full`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Refused {
+    /// The pool's mailbox is full.
+    PoolFull,
+    /// The scheduler has its most activations in flight.
+    SchedulerFull,
 }
 
 #[derive(Clone)]

@@ -79,7 +79,7 @@ impl Etcd {
 
 /// One POST of JSON on a new connection (calls are rare: a few per publish interval).
 async fn post(authority: &str, path: &str, body: &Value) -> Result<(u16, Value), String> {
-    let mut sender = crate::http::connect(authority).await?;
+    let mut sender = crate::http::connect(authority).await.map_err(|e| e.to_string())?;
     let request = hyper::Request::post(path)
         .header(hyper::header::HOST, authority)
         .header(hyper::header::CONTENT_TYPE, "application/json")

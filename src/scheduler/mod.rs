@@ -294,15 +294,14 @@ impl Dispatcher {
 
     /// Marks `invoker` drained (`drain`) or takes it back, for every scheduler (the key lives in
     /// etcd); this scheduler's view follows at once.
-    pub async fn set_drained(&self, invoker: &str, drain: bool) -> Result<(), String> {
+    pub async fn set_drained(&self, invoker: &str, drain: bool) -> Result<(), crate::cluster::etcd::EtcdError> {
         let key = drain_key(&self.prefix, invoker);
-        let done = if drain {
-            self.kv.put(&key, &json!({ "since": epoch_ms() }).to_string(), None).await
+        if drain {
+            self.kv.put(&key, &json!({ "since": epoch_ms() }).to_string(), None).await?;
         } else {
-            self.kv.delete(&key).await
-        };
-        done.map_err(|e| e.to_string())?;
-        self.refresh_once().await.map_err(|e| e.to_string())
+            self.kv.delete(&key).await?;
+        }
+        self.refresh_once().await
     }
 
     async fn refresh_once(&self) -> Result<(), crate::cluster::etcd::EtcdError> {
