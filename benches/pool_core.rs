@@ -57,7 +57,7 @@ fn warm_core(containers: usize, keys: u32) -> PoolCore {
     assert_eq!(created.len(), containers, "every waiting job got its own container");
     let mut dispatched = Vec::with_capacity(containers);
     for &container in &created {
-        for effect in core.handle(Event::Started { container, ok: true, at: t0 }, t0) {
+        for effect in core.handle(Event::Started { container, failure: None, at: t0 }, t0) {
             if let Effect::Dispatch { job, container } = effect {
                 dispatched.push((job, container));
             }

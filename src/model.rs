@@ -177,7 +177,8 @@ pub enum Rejection {
     },
     Deadline,
     QueueFull,
-    CreateFailed,
+    /// Its container could not be had, for this reason (the pure core's own word for it).
+    CreateFailed(crate::pool::core::CreateFailure),
     Draining,
     ContainerLost,
     /// A scheduler found no invoker that would take it (the record's message says why).
@@ -191,7 +192,7 @@ impl Rejection {
             Rejection::NeverFits { .. } => "never_fits",
             Rejection::Deadline => "deadline",
             Rejection::QueueFull => "queue_full",
-            Rejection::CreateFailed => "create_failed",
+            Rejection::CreateFailed(_) => "create_failed",
             Rejection::Draining => "draining",
             Rejection::ContainerLost => "container_lost",
             Rejection::NoInvoker => "no_invoker",
@@ -207,7 +208,16 @@ impl Rejection {
                 "no container could be had before the activation's wait deadline; nothing ran".into()
             }
             Rejection::QueueFull => "the invoker's waiting buffer is full; nothing ran".into(),
-            Rejection::CreateFailed => "the action's container could not be created; nothing ran".into(),
+            Rejection::CreateFailed(why) => {
+                use crate::pool::core::CreateFailure;
+                let why = match why {
+                    CreateFailure::Refused => "the cluster refused it (no room on the node after all)",
+                    CreateFailure::Image => "its image cannot be had",
+                    CreateFailure::NotReady => "its runtime did not become ready in time",
+                    CreateFailure::Failed => "it failed to start",
+                };
+                format!("the action's container could not be created: {why}; nothing ran")
+            }
             Rejection::Draining => "the invoker is shutting down; nothing ran".into(),
             Rejection::ContainerLost => "the container running the activation vanished".into(),
             Rejection::NoInvoker => "no invoker could take the activation; nothing ran".into(),

@@ -225,6 +225,8 @@ async fn an_evicted_pod_is_replaced_and_a_pod_that_cannot_start_fails_its_activa
     let (status, record) = inv.invoke("m", "blocking=true", json!({})).await;
     assert!(status >= 500, "{status} {record}");
     assert!(record["annotations"].to_string().contains("create_failed"), "{record}");
+    let said = record["response"]["result"]["error"].as_str().unwrap_or_default();
+    assert!(said.contains("its image cannot be had"), "the user sees it is the image: {record}");
     let log = std::fs::read_to_string(dir.path().join("stderr.log")).unwrap();
     assert!(log.contains("ErrImagePull"), "the operator sees why");
     until_pods(&api, "the failed pod deleted", |pods| pods.iter().all(|(n, _)| *n == now[0].0)).await;

@@ -179,7 +179,10 @@ impl ContainerFactory for DockerFactory {
             Ok(c) => c.id,
             Err(e) => {
                 self.forget(spec.id).await;
-                return Err(FactoryError::Create(format!("image {}: {e}", kind.image)));
+                // The engine answers 404 to a create whose image it does not hold.
+                let no_image = matches!(e, bollard::errors::Error::DockerResponseServerError { status_code: 404, .. });
+                let said = format!("image {}: {e}", kind.image);
+                return Err(if no_image { FactoryError::Image(said) } else { FactoryError::Create(said) });
             }
         };
         if let Some(live) = inner.live.lock().get_mut(&spec.id) {

@@ -97,8 +97,25 @@ pub enum FactoryError {
     NotReady(std::time::Duration),
     #[error("the cluster refused the container: {0}")]
     Refused(String),
+    #[error("the container's image cannot be had: {0}")]
+    Image(String),
     #[error("{op} failed: {reason}")]
     Operation { op: &'static str, reason: String },
+}
+
+impl FactoryError {
+    /// What a failed create means to the pool and to the record.
+    pub fn create_failure(&self) -> crate::pool::core::CreateFailure {
+        use crate::pool::core::CreateFailure;
+        match self {
+            FactoryError::Refused(_) => CreateFailure::Refused,
+            FactoryError::Image(_) => CreateFailure::Image,
+            FactoryError::NotReady(_) => CreateFailure::NotReady,
+            FactoryError::UnknownKind(_) | FactoryError::Create(_) | FactoryError::Operation { .. } => {
+                CreateFailure::Failed
+            }
+        }
+    }
 }
 
 /// The time base shared by the pool and the factories: node stats are stamped in it.

@@ -310,7 +310,7 @@ fn rejection(reason: RejectReason) -> Rejection {
         RejectReason::NeverFits { memory_mb, largest_node_mb } => Rejection::NeverFits { memory_mb, largest_node_mb },
         RejectReason::DeadlineExceeded => Rejection::Deadline,
         RejectReason::QueueFull => Rejection::QueueFull,
-        RejectReason::CreateFailed => Rejection::CreateFailed,
+        RejectReason::CreateFailed(why) => Rejection::CreateFailed(why),
         RejectReason::Draining => Rejection::Draining,
         RejectReason::ContainerLost => Rejection::ContainerLost,
     }
@@ -389,9 +389,12 @@ impl Handler<ProxyReport> for ContainerPool {
 
     fn handle(&mut self, report: ProxyReport, ctx: &mut Context<Self>) {
         let event = match report {
-            ProxyReport::Started { container, ok, at } => {
-                self.create_failures_in_a_row = if ok { 0 } else { self.create_failures_in_a_row.saturating_add(1) };
-                Event::Started { container, ok, at }
+            ProxyReport::Started { container, failure, at } => {
+                self.create_failures_in_a_row = match failure {
+                    None => 0,
+                    Some(_) => self.create_failures_in_a_row.saturating_add(1),
+                };
+                Event::Started { container, failure, at }
             }
             ProxyReport::Finished { container, job, reusable } => Event::Finished { container, job, reusable },
             ProxyReport::Removed { container } => {

@@ -17,7 +17,7 @@ use crate::activation::job::RunJob;
 use crate::config::{ProxyConfig, RuntimeProtocol};
 use crate::factory::{ContainerFactory, ContainerHandle, ContainerSpec, Factory};
 use crate::model::{epoch_ms, Outcome, StartKind};
-use crate::pool::core::{ContainerId, JobId, NodeId};
+use crate::pool::core::{ContainerId, CreateFailure, JobId, NodeId};
 use actix::prelude::*;
 pub use core::ProxyState;
 use core::{Effect, Event, FailCause, ProxyCore};
@@ -33,9 +33,20 @@ use std::time::{Duration, Instant};
 #[derive(Message, Debug)]
 #[rtype(result = "()")]
 pub enum ProxyReport {
-    Started { container: ContainerId, ok: bool, at: crate::pool::core::Time },
-    Finished { container: ContainerId, job: JobId, reusable: bool },
-    Removed { container: ContainerId },
+    /// `failure`: `None` when the container is ready.
+    Started {
+        container: ContainerId,
+        failure: Option<CreateFailure>,
+        at: crate::pool::core::Time,
+    },
+    Finished {
+        container: ContainerId,
+        job: JobId,
+        reusable: bool,
+    },
+    Removed {
+        container: ContainerId,
+    },
 }
 
 #[derive(Message)]
@@ -96,6 +107,8 @@ pub struct ContainerProxy {
     init_failure: Option<Interpreted>,
     /// Why the container could not be resumed.
     resume_failure: String,
+    /// What kind of failure the factory's create was.
+    create_failure: Option<CreateFailure>,
     /// Started as a prewarm (stem) container: its first run is a prewarm start, whose path
     /// held no container creation.
     prewarmed: bool,
@@ -117,6 +130,7 @@ impl ContainerProxy {
             init_ms: None,
             init_failure: None,
             resume_failure: String::new(),
+            create_failure: None,
             prewarmed,
         }
     }
@@ -144,7 +158,8 @@ impl ContainerProxy {
                 Effect::Destroy => self.destroy(ctx),
                 Effect::ReportStarted { ok } => {
                     let at = self.handle.as_ref().map(|h| h.ready_at).unwrap_or_default();
-                    self.report(ProxyReport::Started { container: self.spec.id, ok, at });
+                    let failure = (!ok).then(|| self.create_failure.unwrap_or(CreateFailure::Failed));
+                    self.report(ProxyReport::Started { container: self.spec.id, failure, at });
                 }
                 Effect::ReportFinished { job, reusable } => {
                     self.report(ProxyReport::Finished { container: self.spec.id, job, reusable });
@@ -358,6 +373,7 @@ impl Actor for ContainerProxy {
                 Err(reason) => {
                     let (id, path) = (act.spec.id.0, &act.spec.action_path);
                     act.ctx.discards.discarded(id, path, "create failed", &reason.to_string());
+                    act.create_failure = Some(reason.create_failure());
                 }
             }
             let ok = act.handle.is_some();

@@ -11,7 +11,8 @@ pub mod workload;
 use crate::config::PoolConfig;
 use crate::pool::core::StartRule;
 use crate::pool::core::{
-    ContainerId, Effect, Event, Job, JobId, KeyId, NodeId, NodeStatsUpdate, Owner, PoolCore, RejectReason,
+    ContainerId, CreateFailure, Effect, Event, Job, JobId, KeyId, NodeId, NodeStatsUpdate, Owner, PoolCore,
+    RejectReason,
 };
 use scenario::{KeepAliveChoice, Scenario, ScenarioError};
 use serde_json::{json, Value};
@@ -355,7 +356,7 @@ impl Sim<'_> {
                 self.nodes[c.node].starting.retain(|&s| s != container);
             }
         }
-        self.apply(Event::Started { container, ok, at: self.now });
+        self.apply(Event::Started { container, failure: (!ok).then_some(CreateFailure::Failed), at: self.now });
     }
 
     fn dispatch(&mut self, job: JobId, container: ContainerId) {

@@ -291,6 +291,7 @@ impl Inner {
                 PodState::Ready(address) => return Ok(address),
                 PodState::Refused(why) => return Err(FactoryError::Refused(why)),
                 PodState::Failed(why) => return Err(FactoryError::Create(why)),
+                PodState::NoImage(why) => return Err(FactoryError::Image(why)),
                 PodState::Gone if seen => return Err(FactoryError::Create("the pod was deleted".into())),
                 PodState::Gone => {}
                 PodState::Pending => seen = true,
@@ -363,7 +364,7 @@ async fn watch_live(inner: std::sync::Weak<Inner>, mut changes: tokio::sync::wat
         let ids: Vec<ContainerId> = inner.live.lock().keys().copied().collect();
         for id in ids {
             let state = pod_state(inner.view.pod(&inner.config.namespace, &inner.pod_name(id)).as_deref());
-            if let PodState::Failed(why) | PodState::Refused(why) = &state {
+            if let PodState::Failed(why) | PodState::Refused(why) | PodState::NoImage(why) = &state {
                 tracing::warn!(container = id.0, %why, "kubernetes: a pod ended on its own");
             }
             if matches!(state, PodState::Ready(_) | PodState::Pending) || inner.live.lock().remove(&id).is_none() {

@@ -22,17 +22,11 @@ const LABEL_KIND: &str = "invoker-kind";
 pub const CONTAINER: &str = "main";
 /// The uid and gid the runtime runs as (nobody), whatever the image says.
 const NOBODY: i64 = 65534;
+/// Waiting reasons that say the image cannot be had.
+const NO_IMAGE: &[&str] = &["ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"];
 /// Container waiting reasons that will not resolve by waiting.
-const HOPELESS: &[&str] = &[
-    "ErrImagePull",
-    "ImagePullBackOff",
-    "InvalidImageName",
-    "ErrImageNeverPull",
-    "CrashLoopBackOff",
-    "CreateContainerConfigError",
-    "CreateContainerError",
-    "RunContainerError",
-];
+const HOPELESS: &[&str] =
+    &["CrashLoopBackOff", "CreateContainerConfigError", "CreateContainerError", "RunContainerError"];
 
 /// How the pods of one kind are made.
 #[derive(Clone, Debug)]
@@ -194,7 +188,9 @@ pub enum PodState {
     Ready(SocketAddr),
     /// The kubelet refused it for want of a resource (`OutOfmemory`, `OutOfcpu`).
     Refused(String),
-    /// It failed, ended, or cannot start (image pull, crash).
+    /// Its image cannot be pulled.
+    NoImage(String),
+    /// It failed, ended, or cannot start (a crash).
     Failed(String),
     /// No such pod.
     Gone,
@@ -223,8 +219,12 @@ pub fn pod_state(pod: Option<&Pod>) -> PodState {
         let state = c.state.as_ref();
         if let Some(w) = state.and_then(|s| s.waiting.as_ref()) {
             let reason = w.reason.as_deref().unwrap_or_default();
+            let said = || format!("{reason}: {}", w.message.as_deref().unwrap_or_default());
+            if NO_IMAGE.contains(&reason) {
+                return PodState::NoImage(said());
+            }
             if HOPELESS.contains(&reason) {
-                return PodState::Failed(format!("{reason}: {}", w.message.as_deref().unwrap_or_default()));
+                return PodState::Failed(said());
             }
         }
         if let Some(t) = state.and_then(|s| s.terminated.as_ref()) {
@@ -329,7 +329,7 @@ mod tests {
         assert_eq!(pod_state(Some(&pod_with(refused))), PodState::Refused("OutOfmemory: no room".into()));
         let pull = serde_json::json!({"phase": "Pending", "containerStatuses": [{"name": "main", "ready": false,
             "restartCount": 0, "image": "x", "imageID": "", "state": {"waiting": {"reason": "ErrImagePull", "message": "denied"}}}]});
-        assert!(matches!(pod_state(Some(&pod_with(pull))), PodState::Failed(m) if m.contains("ErrImagePull")));
+        assert!(matches!(pod_state(Some(&pod_with(pull))), PodState::NoImage(m) if m.contains("ErrImagePull")));
         let evicted = serde_json::json!({"phase": "Failed", "reason": "Evicted", "message": "low on memory"});
         assert!(matches!(pod_state(Some(&pod_with(evicted))), PodState::Failed(m) if m.contains("Evicted")));
     }

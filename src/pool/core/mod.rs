@@ -255,7 +255,7 @@ impl PoolCore {
         let mut fx = Effects::new();
         match event {
             Event::Arrived(job) => self.on_arrived(job, now, &mut fx),
-            Event::Started { container, ok, at } => self.on_started(container, ok, at.min(now), now, &mut fx),
+            Event::Started { container, failure, at } => self.on_started(container, failure, at.min(now), now, &mut fx),
             Event::Finished { container, job, reusable } => self.on_finished(container, job, reusable, now, &mut fx),
             Event::Removed(container) => self.on_removed(container, now, &mut fx),
             Event::NodeStats(update) => {
@@ -405,20 +405,35 @@ impl PoolCore {
         self.maybe_start(job.key, now, fx);
     }
 
-    fn on_started(&mut self, id: ContainerId, ok: bool, at: Time, now: Time, fx: &mut Effects) {
+    fn on_started(&mut self, id: ContainerId, failure: Option<CreateFailure>, at: Time, now: Time, fx: &mut Effects) {
         let Some(c) = self.containers.get_mut(&id) else { return };
         if c.phase != Phase::Starting {
             return;
         }
         let key_id = match c.owner {
             Owner::Key(key_id) => key_id,
-            Owner::Stem(stem) => return self.on_stem_started(id, stem, ok, at, now, fx),
+            Owner::Stem(stem) => return self.on_stem_started(id, stem, failure.is_none(), at, now, fx),
         };
         let (node, memory_mb) = (c.node.clone(), c.memory_mb);
         self.nodes.start_finished(&node);
         let key = self.keys.get_mut(&key_id).expect("a container's key exists");
         key.starting -= 1;
-        if ok {
+        if let Some(failure) = failure {
+            self.containers.remove(&id);
+            key.containers -= 1;
+            self.nodes.release(&node, id, memory_mb, false);
+            // The job that asked for this container gets a clear answer now, not at its deadline.
+            let concurrency = key.concurrency as usize;
+            let still_coming = key.starting as usize * concurrency;
+            let excess = key.waiting_live.saturating_sub(still_coming).min(concurrency);
+            for _ in 0..excess {
+                if let Some(job) = self.pop_waiting(key_id) {
+                    fx.push(Effect::Reject { job, reason: RejectReason::CreateFailed(failure) });
+                }
+            }
+            self.maybe_start(key_id, now, fx);
+            self.gc_key(key_id);
+        } else {
             let took = at.saturating_sub(Time::from_micros(c.created_at));
             key.start_time.add(took);
             self.start_time.add(took);
@@ -432,21 +447,6 @@ impl PoolCore {
             // A start slot is free again: jobs still waiting beyond what is starting may need
             // another container.
             self.maybe_start(key_id, now, fx);
-        } else {
-            self.containers.remove(&id);
-            key.containers -= 1;
-            self.nodes.release(&node, id, memory_mb, false);
-            // The job that asked for this container gets a clear answer now, not at its deadline.
-            let concurrency = key.concurrency as usize;
-            let still_coming = key.starting as usize * concurrency;
-            let excess = key.waiting_live.saturating_sub(still_coming).min(concurrency);
-            for _ in 0..excess {
-                if let Some(job) = self.pop_waiting(key_id) {
-                    fx.push(Effect::Reject { job, reason: RejectReason::CreateFailed });
-                }
-            }
-            self.maybe_start(key_id, now, fx);
-            self.gc_key(key_id);
         }
         self.retry_blocked(now, fx);
     }

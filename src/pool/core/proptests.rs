@@ -172,7 +172,10 @@ impl World {
                 } else {
                     self.alive.remove(&container);
                 }
-                self.apply(core, Event::Started { container, ok, at: self.now })?;
+                self.apply(
+                    core,
+                    Event::Started { container, failure: (!ok).then_some(CreateFailure::Failed), at: self.now },
+                )?;
             }
             Op::FinishRun { pick, reusable } if !self.running.is_empty() => {
                 let (container, job) = self.running.swap_remove(pick % self.running.len());
@@ -228,7 +231,7 @@ impl World {
             self.apply(core, Event::Tick)?;
             while let Some(c) = self.creating.pop() {
                 self.ready.insert(c);
-                self.apply(core, Event::Started { container: c, ok: true, at: self.now })?;
+                self.apply(core, Event::Started { container: c, failure: None, at: self.now })?;
             }
             while let Some((container, job)) = self.running.pop() {
                 self.finished.insert(job);

@@ -32,7 +32,7 @@ fn a_cold_job_creates_one_container_then_runs_on_it() {
     let fx = core.handle(Event::Arrived(job(1, 1, 256)), ms(1));
     let c = created(&fx);
     assert_eq!(c.len(), 1);
-    let fx = core.handle(Event::Started { container: c[0], ok: true, at: Time::ZERO }, ms(2));
+    let fx = core.handle(Event::Started { container: c[0], failure: None, at: Time::ZERO }, ms(2));
     assert_eq!(fx.as_slice(), &[Effect::Dispatch { job: JobId(1), container: c[0] }]);
 }
 
@@ -41,8 +41,8 @@ fn a_warm_container_is_reused_and_the_most_recent_first() {
     let mut core = core_with(1024);
     let a = created(&core.handle(Event::Arrived(job(1, 1, 256)), ms(1)))[0];
     let b = created(&core.handle(Event::Arrived(job(2, 1, 256)), ms(1)))[0];
-    core.handle(Event::Started { container: a, ok: true, at: Time::ZERO }, ms(2));
-    core.handle(Event::Started { container: b, ok: true, at: Time::ZERO }, ms(2));
+    core.handle(Event::Started { container: a, failure: None, at: Time::ZERO }, ms(2));
+    core.handle(Event::Started { container: b, failure: None, at: Time::ZERO }, ms(2));
     core.handle(Event::Finished { container: a, job: JobId(1), reusable: true }, ms(3));
     core.handle(Event::Finished { container: b, job: JobId(2), reusable: true }, ms(4));
     let fx = core.handle(Event::Arrived(job(3, 1, 256)), ms(5));
@@ -79,7 +79,7 @@ fn a_job_too_large_for_any_node_is_refused_at_once() {
 fn an_idle_container_of_another_action_is_evicted_to_make_room() {
     let mut core = core_with(512);
     let a = created(&core.handle(Event::Arrived(job(1, 1, 512)), ms(1)))[0];
-    core.handle(Event::Started { container: a, ok: true, at: Time::ZERO }, ms(2));
+    core.handle(Event::Started { container: a, failure: None, at: Time::ZERO }, ms(2));
     core.handle(Event::Finished { container: a, job: JobId(1), reusable: true }, ms(3));
     let fx = core.handle(Event::Arrived(job(2, 2, 256)), ms(4));
     assert_eq!(fx.as_slice(), &[Effect::Remove { container: a }]);
@@ -91,7 +91,7 @@ fn an_idle_container_of_another_action_is_evicted_to_make_room() {
 fn a_busy_container_is_never_evicted_and_the_job_waits_until_its_deadline() {
     let mut core = core_with(512);
     let a = created(&core.handle(Event::Arrived(job(1, 1, 512)), ms(1)))[0];
-    core.handle(Event::Started { container: a, ok: true, at: Time::ZERO }, ms(2));
+    core.handle(Event::Started { container: a, failure: None, at: Time::ZERO }, ms(2));
     let fx = core.handle(Event::Arrived(job(2, 2, 256)), ms(3));
     assert!(fx.is_empty());
     let fx = core.handle(Event::Tick, ms(10_000));
@@ -99,18 +99,20 @@ fn a_busy_container_is_never_evicted_and_the_job_waits_until_its_deadline() {
 }
 
 #[test]
-fn a_failed_create_answers_its_job_at_once() {
-    let mut core = core_with(1024);
-    let a = created(&core.handle(Event::Arrived(job(1, 1, 256)), ms(1)))[0];
-    let fx = core.handle(Event::Started { container: a, ok: false, at: Time::ZERO }, ms(2));
-    assert_eq!(fx.as_slice(), &[Effect::Reject { job: JobId(1), reason: RejectReason::CreateFailed }]);
+fn a_failed_create_answers_its_job_at_once_saying_why() {
+    for why in [CreateFailure::Failed, CreateFailure::Image, CreateFailure::NotReady, CreateFailure::Refused] {
+        let mut core = core_with(1024);
+        let a = created(&core.handle(Event::Arrived(job(1, 1, 256)), ms(1)))[0];
+        let fx = core.handle(Event::Started { container: a, failure: Some(why), at: Time::ZERO }, ms(2));
+        assert_eq!(fx.as_slice(), &[Effect::Reject { job: JobId(1), reason: RejectReason::CreateFailed(why) }]);
+    }
 }
 
 #[test]
 fn a_container_that_failed_is_removed_not_reused() {
     let mut core = core_with(1024);
     let a = created(&core.handle(Event::Arrived(job(1, 1, 256)), ms(1)))[0];
-    core.handle(Event::Started { container: a, ok: true, at: Time::ZERO }, ms(2));
+    core.handle(Event::Started { container: a, failure: None, at: Time::ZERO }, ms(2));
     let fx = core.handle(Event::Finished { container: a, job: JobId(1), reusable: false }, ms(3));
     assert_eq!(fx.as_slice(), &[Effect::Remove { container: a }]);
     let fx = core.handle(Event::Arrived(job(2, 1, 256)), ms(4));
@@ -121,7 +123,7 @@ fn a_container_that_failed_is_removed_not_reused() {
 fn idle_containers_are_removed_after_the_idle_timeout() {
     let mut core = core_with(1024);
     let a = created(&core.handle(Event::Arrived(job(1, 1, 256)), ms(1)))[0];
-    core.handle(Event::Started { container: a, ok: true, at: Time::ZERO }, ms(2));
+    core.handle(Event::Started { container: a, failure: None, at: Time::ZERO }, ms(2));
     core.handle(Event::Finished { container: a, job: JobId(1), reusable: true }, ms(3));
     assert!(core.handle(Event::Tick, ms(3) + Duration::from_secs(599)).is_empty());
     let fx = core.handle(Event::Tick, ms(3) + Duration::from_secs(600));
@@ -141,7 +143,7 @@ fn stale_stats_count_as_nothing_free() {
 fn reservations_hold_until_stats_observed_after_the_start() {
     let mut core = core_with(1024);
     let a = created(&core.handle(Event::Arrived(job(1, 1, 512)), ms(1)))[0];
-    core.handle(Event::Started { container: a, ok: true, at: ms(10) }, ms(10));
+    core.handle(Event::Started { container: a, failure: None, at: ms(10) }, ms(10));
     // The cluster still reports everything free (observed before the start): the reservation holds.
     core.handle(stats("n1", 1024, 1024, 5), ms(11));
     let _ = core.handle(Event::Arrived(job(2, 2, 512)), ms(12));
@@ -155,7 +157,7 @@ fn concurrent_jobs_pack_onto_the_busiest_container() {
     let mut core = core_with(4096);
     let j = |id| Job { concurrency: 3, ..job(id, 1, 256) };
     let a = created(&core.handle(Event::Arrived(j(1)), ms(1)))[0];
-    core.handle(Event::Started { container: a, ok: true, at: Time::ZERO }, ms(2));
+    core.handle(Event::Started { container: a, failure: None, at: Time::ZERO }, ms(2));
     let fx = core.handle(Event::Arrived(j(2)), ms(3));
     assert_eq!(fx.as_slice(), &[Effect::Dispatch { job: JobId(2), container: a }]);
     let fx = core.handle(Event::Arrived(j(3)), ms(3));
@@ -169,7 +171,7 @@ fn drain_rejects_waiting_jobs_and_removes_idle_containers() {
     let mut core = core_with(256);
     let a = created(&core.handle(Event::Arrived(job(1, 1, 256)), ms(1)))[0];
     core.handle(Event::Arrived(job(2, 2, 256)), ms(1));
-    core.handle(Event::Started { container: a, ok: true, at: Time::ZERO }, ms(2));
+    core.handle(Event::Started { container: a, failure: None, at: Time::ZERO }, ms(2));
     let fx = core.handle(Event::Drain, ms(3));
     assert_eq!(fx.as_slice(), &[Effect::Reject { job: JobId(2), reason: RejectReason::Draining }]);
     let fx = core.handle(Event::Finished { container: a, job: JobId(1), reusable: true }, ms(4));
@@ -182,7 +184,7 @@ fn drain_rejects_waiting_jobs_and_removes_idle_containers() {
 fn a_blocked_job_evicts_a_container_as_soon_as_it_goes_idle() {
     let mut core = core_with(512);
     let a = created(&core.handle(Event::Arrived(job(1, 1, 512)), ms(1)))[0];
-    core.handle(Event::Started { container: a, ok: true, at: Time::ZERO }, ms(2));
+    core.handle(Event::Started { container: a, failure: None, at: Time::ZERO }, ms(2));
     assert!(core.handle(Event::Arrived(job(2, 2, 512)), ms(3)).is_empty());
     let fx = core.handle(Event::Finished { container: a, job: JobId(1), reusable: true }, ms(4));
     assert_eq!(fx.as_slice(), &[Effect::Remove { container: a }]);
@@ -196,7 +198,7 @@ fn prewarm_core(count: u32, reactive: Option<ReactivePrewarm>) -> (PoolCore, Vec
     let fx = core.handle(stats("n1", 8192, 8192, 0), ms(0));
     let stems = created(&fx);
     for &c in &stems {
-        core.handle(Event::Started { container: c, ok: true, at: ms(1) }, ms(1));
+        core.handle(Event::Started { container: c, failure: None, at: ms(1) }, ms(1));
     }
     (core, stems)
 }
@@ -235,7 +237,7 @@ fn prewarms_never_take_room_a_blocked_job_waits_for() {
     let mut core = PoolCore::new(CoreConfig { prewarm, ..CoreConfig::default() });
     let stems = created(&core.handle(stats("n1", 512, 512, 0), ms(0)));
     for &c in &stems {
-        core.handle(Event::Started { container: c, ok: true, at: ms(1) }, ms(1));
+        core.handle(Event::Started { container: c, failure: None, at: ms(1) }, ms(1));
     }
     let fx = core.handle(Event::Arrived(job(1, 1, 512)), ms(2));
     assert!(created(&fx).is_empty(), "the stem containers hold the node");
@@ -263,7 +265,7 @@ fn reactive_prewarms_follow_cold_starts_within_bounds() {
     }
     assert_eq!(starts.len(), 7, "six cold starts and one replacement stem container");
     for c in starts {
-        core.handle(Event::Started { container: c, ok: true, at: ms(20) }, ms(20));
+        core.handle(Event::Started { container: c, failure: None, at: ms(20) }, ms(20));
     }
     let fx = core.handle(Event::Tick, ms(1_001));
     // 6 misses / threshold 2 = 3 increments, capped at max 3; the replacement is ready, so
@@ -272,7 +274,7 @@ fn reactive_prewarms_follow_cold_starts_within_bounds() {
     assert_eq!(more.len(), 2);
     assert_eq!(core.counts().prewarm, 3);
     for c in more {
-        core.handle(Event::Started { container: c, ok: true, at: ms(1_010) }, ms(1_010));
+        core.handle(Event::Started { container: c, failure: None, at: ms(1_010) }, ms(1_010));
     }
     // A window without cold starts brings the class back to its minimum.
     let fx = core.handle(Event::Tick, ms(2_002));
@@ -314,7 +316,7 @@ fn large_action_behind_small_ones(claim_after: Duration) -> Option<u64> {
         apply(fx, &mut running, &mut starting, &mut removing);
     }
     for c in std::mem::take(&mut starting) {
-        let fx = core.handle(Event::Started { container: c, ok: true, at: ms(1) }, ms(1));
+        let fx = core.handle(Event::Started { container: c, failure: None, at: ms(1) }, ms(1));
         apply(fx, &mut running, &mut starting, &mut removing);
     }
     let big = Job { deadline: ms(60_000), ..job(1000, 9, 1024) };
@@ -332,7 +334,7 @@ fn large_action_behind_small_ones(claim_after: Duration) -> Option<u64> {
         }
         for c in std::mem::take(&mut removing).into_iter().chain(std::mem::take(&mut starting)) {
             let event = if core.containers().iter().any(|v| v.id == c && v.state == ContainerState::Starting) {
-                Event::Started { container: c, ok: true, at: now }
+                Event::Started { container: c, failure: None, at: now }
             } else {
                 Event::Removed(c)
             };
@@ -364,7 +366,7 @@ fn a_job_waits_for_a_busy_container_that_frees_sooner_than_a_start_unless_it_is_
     let mut core = core_with(4096);
     // Learn: a start takes 500 ms, a run 10 ms.
     let c = created(&core.handle(Event::Arrived(job(1, 1, 256)), ms(0)))[0];
-    core.handle(Event::Started { container: c, ok: true, at: ms(500) }, ms(500));
+    core.handle(Event::Started { container: c, failure: None, at: ms(500) }, ms(500));
     core.handle(Event::Finished { container: c, job: JobId(1), reusable: true }, ms(510));
     core.handle(Event::Arrived(job(2, 1, 256)), ms(600));
     // The container is busy; a second job would wait 10 ms for it, not 500 ms for a new one.
@@ -380,7 +382,7 @@ fn a_job_waits_for_a_busy_container_that_frees_sooner_than_a_start_unless_it_is_
 fn a_job_does_not_wait_for_a_busy_container_whose_runs_outlast_a_start() {
     let mut core = core_with(4096);
     let c = created(&core.handle(Event::Arrived(job(1, 1, 256)), ms(0)))[0];
-    core.handle(Event::Started { container: c, ok: true, at: ms(100) }, ms(100));
+    core.handle(Event::Started { container: c, failure: None, at: ms(100) }, ms(100));
     core.handle(Event::Finished { container: c, job: JobId(1), reusable: true }, ms(2_100));
     core.handle(Event::Arrived(job(2, 1, 256)), ms(2_200));
     assert_eq!(created(&core.handle(Event::Arrived(job(3, 1, 256)), ms(2_201))).len(), 1);
@@ -391,7 +393,7 @@ fn an_idle_container_is_paused_after_the_grace_and_resumed_before_its_next_job()
     let mut core = PoolCore::new(CoreConfig { pause_grace: ms(100), ..CoreConfig::default() });
     core.handle(stats("n1", 1024, 1024, 0), ms(0));
     let c = created(&core.handle(Event::Arrived(job(1, 1, 256)), ms(1)))[0];
-    core.handle(Event::Started { container: c, ok: true, at: Time::ZERO }, ms(2));
+    core.handle(Event::Started { container: c, failure: None, at: Time::ZERO }, ms(2));
     core.handle(Event::Finished { container: c, job: JobId(1), reusable: true }, ms(10));
     // A job within the grace: no pause, no resume.
     let fx = core.handle(Event::Arrived(job(2, 1, 256)), ms(60));
@@ -415,7 +417,7 @@ fn an_idle_container_is_paused_after_the_grace_and_resumed_before_its_next_job()
 fn without_a_pause_grace_nothing_is_ever_paused() {
     let mut core = core_with(1024);
     let c = created(&core.handle(Event::Arrived(job(1, 1, 256)), ms(1)))[0];
-    core.handle(Event::Started { container: c, ok: true, at: Time::ZERO }, ms(2));
+    core.handle(Event::Started { container: c, failure: None, at: Time::ZERO }, ms(2));
     core.handle(Event::Finished { container: c, job: JobId(1), reusable: true }, ms(10));
     assert!(core.handle(Event::Tick, ms(500_000)).is_empty());
 }

@@ -87,7 +87,8 @@ pub enum Event {
     /// factory in the time base of its node stats), or failed.
     Started {
         container: ContainerId,
-        ok: bool,
+        /// `None`: ready; otherwise why not.
+        failure: Option<CreateFailure>,
         at: Time,
     },
     /// A dispatched job ended. `reusable` is false when the container must not run anything
@@ -107,6 +108,20 @@ pub enum Event {
     Drain,
 }
 
+/// Why a container could not be had: different things to the user (what to fix, or to wait
+/// for) and to the pool (a cluster that is full is not an invoker that is broken).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CreateFailure {
+    /// The cluster refused it (no room on the node after all, a kubelet's refusal).
+    Refused,
+    /// Its image cannot be had (not in the registry, not pullable).
+    Image,
+    /// It did not become ready within the factory's bound.
+    NotReady,
+    /// Anything else (the runtime exited, the sandbox failed).
+    Failed,
+}
+
 /// Why a job was answered without running. Every one of these means nothing ran.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RejectReason {
@@ -117,7 +132,7 @@ pub enum RejectReason {
     /// The waiting buffer is full.
     QueueFull,
     /// The container created for it failed to start.
-    CreateFailed,
+    CreateFailed(CreateFailure),
     /// The invoker is shutting down.
     Draining,
     /// The container it was running on vanished without reporting the job finished.
