@@ -129,8 +129,6 @@ pub struct ProxyCore {
     resume_wanted: bool,
     /// A run has been sent to the runtime.
     ran: bool,
-    /// The removal was decided while the factory was creating the container.
-    creating_when_removed: bool,
 }
 
 impl Default for ProxyCore {
@@ -152,7 +150,6 @@ impl ProxyCore {
             parked: Vec::new(),
             resume_wanted: false,
             ran: false,
-            creating_when_removed: false,
         }
     }
 }
@@ -191,22 +188,8 @@ impl ProxyCore {
     }
 
     fn on_created(&mut self, ok: bool, fx: &mut Effects) {
-        match self.state {
-            ProxyState::Starting => {}
-            // Removed while the factory was still creating it: what it made goes now.
-            ProxyState::Removing if self.creating_when_removed => {
-                self.creating_when_removed = false;
-                fx.push(Effect::ReportStarted { ok });
-                match ok {
-                    true => fx.push(Effect::Destroy),
-                    false => {
-                        self.state = ProxyState::Removed;
-                        fx.extend([Effect::ReportRemoved, Effect::Stop]);
-                    }
-                }
-                return;
-            }
-            _ => return,
+        if self.state != ProxyState::Starting {
+            return;
         }
         fx.push(Effect::ReportStarted { ok });
         if !ok {
@@ -357,12 +340,17 @@ impl ProxyCore {
             return;
         }
         self.fail_waiting(FailCause::Removed, fx);
-        // A container being created is destroyed once the factory has made it.
-        self.creating_when_removed = self.state == ProxyState::Starting;
-        self.state = ProxyState::Removing;
-        if !self.creating_when_removed {
-            fx.push(Effect::Destroy);
+        if self.state == ProxyState::Starting {
+            // Removed (or gone, the factory says) while the factory still creates it: the
+            // create is dropped with the actor, and the pool hears at once that it is gone. A
+            // wait for the create would hold the pool's memory for as long as the factory's
+            // bound when the create cannot end (a Mesos agent lost under a launch).
+            self.state = ProxyState::Removed;
+            fx.extend([Effect::ReportRemoved, Effect::Stop]);
+            return;
         }
+        self.state = ProxyState::Removing;
+        fx.push(Effect::Destroy);
     }
 }
 
@@ -465,20 +453,12 @@ mod tests {
     }
 
     #[test]
-    fn a_removal_during_creation_destroys_what_the_factory_made_once_it_made_it() {
-        let mut core = ProxyCore::default();
-        assert_eq!(core.handle(Event::RemoveDecided).to_vec(), [], "nothing to destroy yet");
-        assert_eq!(
-            core.handle(Event::Created { ok: true }).to_vec(),
-            [Effect::ReportStarted { ok: true }, Effect::Destroy]
-        );
-        assert_eq!(core.handle(Event::Destroyed).to_vec(), [Effect::ReportRemoved, Effect::Stop]);
-        let mut failed = ProxyCore::default();
-        failed.handle(Event::RemoveDecided).to_vec();
-        assert_eq!(
-            failed.handle(Event::Created { ok: false }).to_vec(),
-            [Effect::ReportStarted { ok: false }, Effect::ReportRemoved, Effect::Stop]
-        );
+    fn a_removal_or_a_gone_during_creation_is_reported_at_once() {
+        for event in [Event::RemoveDecided, Event::Gone] {
+            let mut core = ProxyCore::default();
+            assert_eq!(core.handle(event).to_vec(), [Effect::ReportRemoved, Effect::Stop], "{event:?}");
+            assert_eq!(core.handle(Event::Created { ok: true }).to_vec(), [], "nothing after Removed");
+        }
     }
 
     #[test]

@@ -88,7 +88,6 @@ impl World {
                 }
                 Effect::Destroy => {
                     prop_assert!(!self.destroying, "destroyed twice");
-                    prop_assert!(!self.creating, "destroyed while the factory creates it");
                     self.destroying = true;
                 }
                 Effect::ReportStarted { .. } => self.creating = false,
@@ -151,7 +150,7 @@ fn run(initialises: bool, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 Event::Resumed { ok }
             }
             Op::DecideRemove => Event::RemoveDecided,
-            Op::Gone if !w.creating => Event::Gone,
+            Op::Gone => Event::Gone,
             Op::AnswerDestroy if w.destroying => Event::Destroyed,
             _ => continue,
         };
