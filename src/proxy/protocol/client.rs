@@ -32,10 +32,22 @@ pub enum RuntimeError {
     #[error("timed out")]
     Timeout,
     #[error("the runtime could not be reached or dropped the connection: {0}")]
-    Connection(String),
+    Connection(#[from] ConnectionError),
     /// The answer ran past what may be read of it; reading stopped there.
     #[error("the answer is longer than {0} bytes")]
     TooLarge(usize),
+}
+
+/// How the connection to a runtime failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectionError {
+    /// No connection: the socket, the port or the namespace was not there to connect to.
+    #[error("{0}")]
+    Connect(#[from] std::io::Error),
+    /// HTTP failed on it: the handshake, the request, or the answer's body (a reset, a close
+    /// before the answer ended).
+    #[error("{0}")]
+    Http(#[from] hyper::Error),
 }
 
 /// A runtime's answer: its HTTP status and body (JSON when it parses), and the body's size.
@@ -81,20 +93,20 @@ impl RuntimeClient {
         }
     }
 
-    async fn connect(&self) -> Result<Connection, String> {
+    async fn connect(&self) -> Result<Connection, ConnectionError> {
         let received = Arc::new(AtomicU64::new(0));
         let sender = match &self.transport {
             Transport::Tcp(addr) => {
-                let stream = tokio::net::TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+                let stream = tokio::net::TcpStream::connect(addr).await?;
                 let _ = stream.set_nodelay(true);
                 handshake(TokioIo::new(Counted { inner: stream, received: received.clone() })).await
             }
             Transport::Unix(path) => {
-                let stream = ReadWatchedStream::connect(path).await.map_err(|e| e.to_string())?;
+                let stream = ReadWatchedStream::connect(path).await?;
                 handshake(stream.counting_into(received.clone())).await
             }
             Transport::Netns(ns, port) => {
-                let stream = ns.connect(*port).await.map_err(|e| e.to_string())?;
+                let stream = ns.connect(*port).await?;
                 handshake(TokioIo::new(Counted { inner: stream, received: received.clone() })).await
             }
         }?;
@@ -102,7 +114,7 @@ impl RuntimeClient {
     }
 
     /// A kept-alive connection ready for a request (and `true`), or a new one.
-    async fn connection(&self) -> Result<(Connection, bool), String> {
+    async fn connection(&self) -> Result<(Connection, bool), ConnectionError> {
         loop {
             let idle = {
                 let mut idle = self.idle.lock();
@@ -129,23 +141,24 @@ impl RuntimeClient {
     /// One request and its answer on one connection. `Err(Retry)` says nothing of the answer
     /// came back on a connection that had served before: the request never reached the runtime.
     async fn exchange(&self, path: &str, body: Bytes) -> Result<(u16, Bytes), Failed> {
-        let (mut c, reused) = self.connection().await.map_err(|e| Failed::Other(RuntimeError::Connection(e)))?;
+        let (mut c, reused) = self.connection().await.map_err(|e| Failed::Other(e.into()))?;
         let before = c.received.load(Ordering::Relaxed);
-        let unanswered = |e: String| {
+        let unanswered = |e: hyper::Error| {
             if reused && c.received.load(Ordering::Relaxed) == before {
                 Failed::Retry(e)
             } else {
-                Failed::Other(RuntimeError::Connection(e))
+                Failed::Other(ConnectionError::Http(e).into())
             }
         };
-        let request = hyper::Request::post(path)
-            .header(hyper::header::HOST, "localhost")
-            .header(hyper::header::CONTENT_TYPE, "application/json")
-            .body(Full::new(body))
-            .map_err(|e| Failed::Other(RuntimeError::Connection(e.to_string())))?;
+        let mut request = hyper::Request::new(Full::new(body));
+        *request.method_mut() = hyper::Method::POST;
+        *request.uri_mut() = hyper::Uri::try_from(path).unwrap_or_default();
+        let headers = request.headers_mut();
+        headers.insert(hyper::header::HOST, hyper::header::HeaderValue::from_static("localhost"));
+        headers.insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("application/json"));
         let response = match c.sender.send_request(request).await {
             Ok(response) => response,
-            Err(e) => return Err(unanswered(e.to_string())),
+            Err(e) => return Err(unanswered(e)),
         };
         let status = response.status().as_u16();
         let bytes = match Limited::new(response.into_body(), self.max_body).collect().await {
@@ -154,7 +167,14 @@ impl RuntimeClient {
             Err(e) if e.is::<LengthLimitError>() => {
                 return Err(Failed::Other(RuntimeError::TooLarge(self.max_body - ENVELOPE_BYTES)))
             }
-            Err(e) => return Err(Failed::Other(RuntimeError::Connection(e.to_string()))),
+            Err(e) => {
+                let failed = match e.downcast::<hyper::Error>() {
+                    Ok(e) => ConnectionError::Http(*e),
+                    // `Limited` adds only its own error (above): said as it is, should that change.
+                    Err(e) => ConnectionError::Connect(std::io::Error::other(e.to_string())),
+                };
+                return Err(Failed::Other(failed.into()));
+            }
         };
         c.idle_since = Instant::now();
         let mut idle = self.idle.lock();
@@ -188,14 +208,14 @@ impl RuntimeClient {
 /// How one exchange failed: on a reused connection before any answer (safe to send again), or
 /// otherwise.
 enum Failed {
-    Retry(String),
+    Retry(hyper::Error),
     Other(RuntimeError),
 }
 
 impl Failed {
     fn into_error(self) -> RuntimeError {
         match self {
-            Failed::Retry(e) => RuntimeError::Connection(e),
+            Failed::Retry(e) => ConnectionError::Http(e).into(),
             Failed::Other(e) => e,
         }
     }
@@ -247,11 +267,11 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Counted<S> {
 }
 
 /// HTTP/1.1 on a connected stream; a task drives the connection until either side closes it.
-async fn handshake<S>(stream: S) -> Result<SendRequest<Full<Bytes>>, String>
+async fn handshake<S>(stream: S) -> Result<SendRequest<Full<Bytes>>, ConnectionError>
 where
     S: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
-    let (sender, connection) = hyper::client::conn::http1::handshake(stream).await.map_err(|e| e.to_string())?;
+    let (sender, connection) = hyper::client::conn::http1::handshake(stream).await?;
     tokio::spawn(connection);
     Ok(sender)
 }

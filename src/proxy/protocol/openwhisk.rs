@@ -164,7 +164,12 @@ mod tests {
         );
         let r = interpret(Err(RuntimeError::Timeout), 100, false, 1000);
         assert!(r.timed_out && r.result["error"].as_str().unwrap().contains("100 milliseconds"));
-        let r = interpret(Err(RuntimeError::Connection("reset".into())), 100, true, 1000);
+        let r = interpret(
+            Err(RuntimeError::Connection(std::io::Error::from(std::io::ErrorKind::ConnectionReset).into())),
+            100,
+            true,
+            1000,
+        );
         assert!(r.result["error"].as_str().unwrap().contains("memory"));
         let r = interpret(ok(200, json!([1, 2])), 100, false, 1000);
         assert_eq!((r.outcome, r.result), (Outcome::Success, json!([1, 2])));
