@@ -194,6 +194,20 @@ fn admin_get(path: &str) -> Req {
     Req::get().uri(path).insert_header(auth(ADMIN))
 }
 
+/// A scrape brings the container gauges up to date from the pool's own counts.
+#[actix_rt::test]
+async fn a_metrics_scrape_counts_the_containers_by_state() {
+    let (_h, app) = harness(|_| {}, MockConfig::default()).await;
+    send(&app, put("/api/v1/namespaces/_/actions/echo", echo_action())).await;
+    let (s, body, _) = send(&app, post("/api/v1/namespaces/_/actions/echo?blocking=true", json!({}))).await;
+    assert_eq!(s, 200, "{body}");
+    let response = call(&app, admin_get("/metrics")).await;
+    assert_eq!(response.status(), 200);
+    let text = String::from_utf8(response.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap();
+    assert!(text.contains("invoker_containers{state=\"idle\"} 1"), "{text}");
+    assert!(text.contains("invoker_containers{state=\"busy\"} 0"), "{text}");
+}
+
 #[actix_rt::test]
 async fn admin_routes_need_the_admin_key() {
     let (_h, state) = harness(|_| {}, MockConfig::default()).await;

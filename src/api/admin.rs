@@ -51,7 +51,7 @@ pub(super) async fn health(state: &AppState, call: &Call) -> Result<Response, Ap
 pub(super) async fn metrics(state: &AppState, call: &Call) -> Result<Response, ApiError> {
     state.admin(call)?;
     if let Some(pool) = state.service.pool() {
-        let _ = pool.snapshot().await; // refreshes the pool gauges
+        pool.refresh_gauges().await;
     }
     let mut text = state.service.metrics().render();
     if let Some(dispatcher) = state.service.dispatcher() {

@@ -40,6 +40,12 @@ pub struct Drain(pub oneshot::Sender<()>);
 #[rtype(result = "PoolSnapshot")]
 pub struct Snapshot;
 
+/// Sets the container gauges from the core's counts: what a `/metrics` scrape needs, without
+/// a view of every container.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct RefreshGauges;
+
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct ContainerSummary {
     pub id: u64,
@@ -440,16 +446,18 @@ impl Handler<Snapshot> for ContainerPool {
     type Result = MessageResult<Snapshot>;
 
     fn handle(&mut self, _: Snapshot, _: &mut Context<Self>) -> Self::Result {
-        let snapshot = self.snapshot();
-        for (state, n) in [
-            ("starting", snapshot.starting),
-            ("idle", snapshot.idle),
-            ("busy", snapshot.busy),
-            ("removing", snapshot.removing),
-        ] {
+        MessageResult(self.snapshot())
+    }
+}
+
+impl Handler<RefreshGauges> for ContainerPool {
+    type Result = ();
+
+    fn handle(&mut self, _: RefreshGauges, _: &mut Context<Self>) {
+        let PoolCounts { starting, idle, busy, removing, .. } = self.core.counts();
+        for (state, n) in [("starting", starting), ("idle", idle), ("busy", busy), ("removing", removing)] {
             self.metrics.containers.get_or_create(&crate::metrics::StateLabel { state: state.into() }).set(n as i64);
         }
-        MessageResult(snapshot)
     }
 }
 
@@ -562,6 +570,11 @@ impl PoolHandle {
 
     pub async fn snapshot(&self) -> Option<PoolSnapshot> {
         self.addr.send(Snapshot).await.ok()
+    }
+
+    /// Brings the container gauges up to date (before a `/metrics` scrape).
+    pub async fn refresh_gauges(&self) {
+        let _ = self.addr.send(RefreshGauges).await;
     }
 
     pub async fn drain(&self) {
