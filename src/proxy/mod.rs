@@ -107,8 +107,6 @@ pub struct ContainerProxy {
     init_failure: Option<Interpreted>,
     /// Why the container could not be resumed.
     resume_failure: String,
-    /// What kind of failure the factory's create was.
-    create_failure: Option<CreateFailure>,
     /// Started as a prewarm (stem) container: its first run is a prewarm start, whose path
     /// held no container creation.
     prewarmed: bool,
@@ -130,7 +128,6 @@ impl ContainerProxy {
             init_ms: None,
             init_failure: None,
             resume_failure: String::new(),
-            create_failure: None,
             prewarmed,
         }
     }
@@ -156,9 +153,8 @@ impl ContainerProxy {
                 Effect::Pause => self.pause(ctx),
                 Effect::Resume => self.resume(ctx),
                 Effect::Destroy => self.destroy(ctx),
-                Effect::ReportStarted { ok } => {
+                Effect::ReportStarted { failure } => {
                     let at = self.handle.as_ref().map(|h| h.ready_at).unwrap_or_default();
-                    let failure = (!ok).then(|| self.create_failure.unwrap_or(CreateFailure::Failed));
                     self.report(ProxyReport::Started { container: self.spec.id, failure, at });
                 }
                 Effect::ReportFinished { job, reusable } => {
@@ -364,20 +360,20 @@ impl Actor for ContainerProxy {
         let fut = async move { factory.create(&spec, &node).await };
         ctx.spawn(fut.into_actor(self).map(move |created, act, ctx| {
             act.create_ms = began.elapsed().as_millis() as u64;
-            match created {
+            let failure = match created {
                 Ok(handle) => {
                     let runtime = Runtime::new(act.protocol, &handle.transport, act.ctx.max_result_bytes);
                     act.runtime = Some(Arc::new(runtime));
                     act.handle = Some(handle);
+                    None
                 }
                 Err(reason) => {
                     let (id, path) = (act.spec.id.0, &act.spec.action_path);
                     act.ctx.discards.discarded(id, path, "create failed", &reason.to_string());
-                    act.create_failure = Some(reason.create_failure());
+                    Some(reason.create_failure())
                 }
-            }
-            let ok = act.handle.is_some();
-            act.apply(Event::Created { ok }, ctx);
+            };
+            act.apply(Event::Created { failure }, ctx);
         }));
     }
 }

@@ -11,7 +11,7 @@
 //! the pool, a `Finished`, or the container's `Removed` while it ran; a failed create ends with
 //! `Removed`, so that the pool forgets the container; nothing is reported after `Removed`.
 
-use crate::pool::core::JobId;
+use crate::pool::core::{CreateFailure, JobId};
 
 /// The OpenWhisk ContainerProxy states.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,8 +34,9 @@ pub enum ProxyState {
 /// What happened to the container, or what the pool's core decided for it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Event {
+    /// `failure`: `None` when the container is ready, otherwise why not.
     Created {
-        ok: bool,
+        failure: Option<CreateFailure>,
     },
     /// The pool sent a run here.
     RunArrived(JobId),
@@ -96,7 +97,7 @@ pub enum Effect {
     Resume,
     Destroy,
     ReportStarted {
-        ok: bool,
+        failure: Option<CreateFailure>,
     },
     ReportFinished {
         job: JobId,
@@ -168,7 +169,7 @@ impl ProxyCore {
             return fx;
         }
         match event {
-            Event::Created { ok } => self.on_created(ok, &mut fx),
+            Event::Created { failure } => self.on_created(failure, &mut fx),
             Event::RunArrived(job) => self.on_run(job, &mut fx),
             Event::InitAnswered { ok } => self.on_init(ok, &mut fx),
             Event::RunAnswered { job, reusable } => self.on_answered(job, reusable, &mut fx),
@@ -187,12 +188,12 @@ impl ProxyCore {
         fx
     }
 
-    fn on_created(&mut self, ok: bool, fx: &mut Effects) {
+    fn on_created(&mut self, failure: Option<CreateFailure>, fx: &mut Effects) {
         if self.state != ProxyState::Starting {
             return;
         }
-        fx.push(Effect::ReportStarted { ok });
-        if !ok {
+        fx.push(Effect::ReportStarted { failure });
+        if failure.is_some() {
             // Nothing to destroy; the pool holds the container until it hears it is gone.
             self.fail_waiting(FailCause::Removed, fx);
             self.state = ProxyState::Removed;
@@ -367,7 +368,7 @@ mod tests {
 
     fn created() -> ProxyCore {
         let mut core = ProxyCore::default();
-        assert_eq!(core.handle(Event::Created { ok: true }).to_vec(), [Effect::ReportStarted { ok: true }]);
+        assert_eq!(core.handle(Event::Created { failure: None }).to_vec(), [Effect::ReportStarted { failure: None }]);
         core
     }
 
@@ -382,7 +383,7 @@ mod tests {
         );
         assert_eq!(core.handle(Event::RunAnswered { job: job(1), reusable: true }).to_vec().len(), 1);
         assert_eq!(core.state(), ProxyState::Running);
-        core.handle(Event::RunAnswered { job: job(2), reusable: true }).to_vec();
+        core.handle(Event::RunAnswered { job: job(2), reusable: true });
         assert_eq!(core.state(), ProxyState::Ready);
         assert_eq!(core.handle(Event::RunArrived(job(3))).to_vec(), [Effect::Run { job: job(3), first: false }]);
     }
@@ -391,8 +392,8 @@ mod tests {
     fn a_failed_create_reports_removed_so_that_the_pool_forgets_it() {
         let mut core = ProxyCore::default();
         assert_eq!(
-            core.handle(Event::Created { ok: false }).to_vec(),
-            [Effect::ReportStarted { ok: false }, Effect::ReportRemoved, Effect::Stop]
+            core.handle(Event::Created { failure: Some(CreateFailure::Failed) }).to_vec(),
+            [Effect::ReportStarted { failure: Some(CreateFailure::Failed) }, Effect::ReportRemoved, Effect::Stop]
         );
         assert_eq!(core.handle(Event::RunArrived(job(1))).to_vec(), [], "nothing after Removed");
     }
@@ -400,8 +401,8 @@ mod tests {
     #[test]
     fn a_failed_init_fails_every_waiting_run_as_a_developer_error() {
         let mut core = created();
-        core.handle(Event::RunArrived(job(1))).to_vec();
-        core.handle(Event::RunArrived(job(2))).to_vec();
+        core.handle(Event::RunArrived(job(1)));
+        core.handle(Event::RunArrived(job(2)));
         let cause = FailCause::InitFailed;
         assert_eq!(
             core.handle(Event::InitAnswered { ok: false }).to_vec(),
@@ -412,9 +413,9 @@ mod tests {
     #[test]
     fn a_run_sent_while_pausing_waits_for_the_pause_then_the_resume() {
         let mut core = created();
-        core.handle(Event::RunArrived(job(1))).to_vec();
-        core.handle(Event::InitAnswered { ok: true }).to_vec();
-        core.handle(Event::RunAnswered { job: job(1), reusable: true }).to_vec();
+        core.handle(Event::RunArrived(job(1)));
+        core.handle(Event::InitAnswered { ok: true });
+        core.handle(Event::RunAnswered { job: job(1), reusable: true });
         assert_eq!(core.handle(Event::PauseDecided).to_vec(), [Effect::Pause]);
         assert_eq!(core.handle(Event::ResumeDecided).to_vec(), [], "still pausing");
         assert_eq!(core.handle(Event::RunArrived(job(2))).to_vec(), []);
@@ -425,11 +426,11 @@ mod tests {
     #[test]
     fn a_failed_resume_fails_the_parked_runs_as_whisk_errors() {
         let mut core = created();
-        core.handle(Event::RunArrived(job(1))).to_vec();
-        core.handle(Event::InitAnswered { ok: true }).to_vec();
-        core.handle(Event::RunAnswered { job: job(1), reusable: true }).to_vec();
-        core.handle(Event::PauseDecided).to_vec();
-        core.handle(Event::Paused { ok: true }).to_vec();
+        core.handle(Event::RunArrived(job(1)));
+        core.handle(Event::InitAnswered { ok: true });
+        core.handle(Event::RunAnswered { job: job(1), reusable: true });
+        core.handle(Event::PauseDecided);
+        core.handle(Event::Paused { ok: true });
         assert_eq!(core.handle(Event::RunArrived(job(2))).to_vec(), [Effect::Resume]);
         let cause = FailCause::ResumeFailed;
         assert_eq!(
@@ -441,7 +442,7 @@ mod tests {
     #[test]
     fn a_removal_fails_what_waits_and_destroys_once() {
         let mut core = created();
-        core.handle(Event::RunArrived(job(1))).to_vec();
+        core.handle(Event::RunArrived(job(1)));
         let cause = FailCause::Removed;
         assert_eq!(
             core.handle(Event::RemoveDecided).to_vec(),
@@ -457,7 +458,7 @@ mod tests {
         for event in [Event::RemoveDecided, Event::Gone] {
             let mut core = ProxyCore::default();
             assert_eq!(core.handle(event).to_vec(), [Effect::ReportRemoved, Effect::Stop], "{event:?}");
-            assert_eq!(core.handle(Event::Created { ok: true }).to_vec(), [], "nothing after Removed");
+            assert_eq!(core.handle(Event::Created { failure: None }).to_vec(), [], "nothing after Removed");
         }
     }
 
@@ -466,8 +467,8 @@ mod tests {
         let mut core = ProxyCore::new(false);
         assert_eq!(core.handle(Event::RunArrived(job(1))).to_vec(), [], "waits for the container");
         assert_eq!(
-            core.handle(Event::Created { ok: true }).to_vec(),
-            [Effect::ReportStarted { ok: true }, Effect::Run { job: job(1), first: true }]
+            core.handle(Event::Created { failure: None }).to_vec(),
+            [Effect::ReportStarted { failure: None }, Effect::Run { job: job(1), first: true }]
         );
         assert_eq!(core.handle(Event::RunArrived(job(2))).to_vec(), [Effect::Run { job: job(2), first: false }]);
     }

@@ -117,7 +117,7 @@ fn run(initialises: bool, ops: Vec<Op>) -> Result<(), TestCaseError> {
             break;
         }
         let event = match op {
-            Op::Create { ok } if w.creating => Event::Created { ok },
+            Op::Create { ok } if w.creating => Event::Created { failure: (!ok).then_some(CreateFailure::Failed) },
             Op::Arrive => {
                 let job = JobId(w.next_job);
                 w.next_job += 1;
@@ -154,7 +154,7 @@ fn run(initialises: bool, ops: Vec<Op>) -> Result<(), TestCaseError> {
             Op::AnswerDestroy if w.destroying => Event::Destroyed,
             _ => continue,
         };
-        let created_failed = event == Event::Created { ok: false };
+        let created_failed = matches!(event, Event::Created { failure: Some(_) });
         w.apply(core.handle(event))?;
         if created_failed {
             prop_assert!(w.removed, "a failed create ends with Removed");
@@ -163,7 +163,7 @@ fn run(initialises: bool, ops: Vec<Op>) -> Result<(), TestCaseError> {
     // Whatever is left under way answers, and the pool removes the container.
     if !w.removed {
         if w.creating {
-            w.apply(core.handle(Event::Created { ok: true }))?;
+            w.apply(core.handle(Event::Created { failure: None }))?;
         }
         w.apply(core.handle(Event::RemoveDecided))?;
         for _ in 0..64 {
