@@ -19,18 +19,20 @@ pub fn json_value(status: StatusCode, value: &serde_json::Value) -> Response {
     with_body(status, "application/json", value.to_string())
 }
 
-/// Why no connection was made: the TCP connect, or HTTP/1.1's handshake on it.
+/// How an HTTP/1.1 client connection failed: the connect (the address, socket or namespace
+/// was not there), or HTTP on it (the handshake, a request, an answer's body: a reset, a close
+/// before the answer ended). The cluster's clients and the runtime client share it.
 #[derive(Debug, thiserror::Error)]
-pub enum ConnectError {
+pub enum ConnectionError {
     #[error("{0}")]
-    Tcp(#[from] std::io::Error),
+    Connect(#[from] std::io::Error),
     #[error("{0}")]
-    Handshake(#[from] hyper::Error),
+    Http(#[from] hyper::Error),
 }
 
 /// An HTTP/1.1 connection to `authority` (`host:port`), without Nagle's delay; a task drives it
 /// until either side closes it. The cluster's clients (etcd, schedulers, invokers) share it.
-pub async fn connect<B>(authority: &str) -> Result<hyper::client::conn::http1::SendRequest<B>, ConnectError>
+pub async fn connect<B>(authority: &str) -> Result<hyper::client::conn::http1::SendRequest<B>, ConnectionError>
 where
     B: hyper::body::Body + Send + 'static,
     B::Data: Send,
@@ -38,7 +40,18 @@ where
 {
     let stream = tokio::net::TcpStream::connect(authority).await?;
     let _ = stream.set_nodelay(true);
-    let (sender, connection) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
+    handshake(hyper_util::rt::TokioIo::new(stream)).await
+}
+
+/// HTTP/1.1 over `stream`, driven by a task of its own until either side closes it.
+pub async fn handshake<S, B>(stream: S) -> Result<hyper::client::conn::http1::SendRequest<B>, ConnectionError>
+where
+    S: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let (sender, connection) = hyper::client::conn::http1::handshake(stream).await?;
     tokio::spawn(connection);
     Ok(sender)
 }

@@ -13,6 +13,7 @@
 //! more, on a fresh connection. A request on a fresh connection is never sent twice.
 
 use crate::factory::Transport;
+use crate::http::{handshake, ConnectionError};
 use crate::read_watched::ReadWatchedStream;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
@@ -36,18 +37,6 @@ pub enum RuntimeError {
     /// The answer ran past what may be read of it; reading stopped there.
     #[error("the answer is longer than {0} bytes")]
     TooLarge(usize),
-}
-
-/// How the connection to a runtime failed.
-#[derive(Debug, thiserror::Error)]
-pub enum ConnectionError {
-    /// No connection: the socket, the port or the namespace was not there to connect to.
-    #[error("{0}")]
-    Connect(#[from] std::io::Error),
-    /// HTTP failed on it: the handshake, the request, or the answer's body (a reset, a close
-    /// before the answer ended).
-    #[error("{0}")]
-    Http(#[from] hyper::Error),
 }
 
 /// A runtime's answer: its HTTP status and body (JSON when it parses), and the body's size.
@@ -264,14 +253,4 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Counted<S> {
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
     }
-}
-
-/// HTTP/1.1 on a connected stream; a task drives the connection until either side closes it.
-async fn handshake<S>(stream: S) -> Result<SendRequest<Full<Bytes>>, ConnectionError>
-where
-    S: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
-{
-    let (sender, connection) = hyper::client::conn::http1::handshake(stream).await?;
-    tokio::spawn(connection);
-    Ok(sender)
 }
