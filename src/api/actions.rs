@@ -132,15 +132,17 @@ fn validate_action(config: &Config, put: ActionPut, ns: &str, name: &str) -> Res
 fn check_code_fits(config: &Config, exec: &Exec, disk_mb: u32) -> Result<(), ApiError> {
     let bad = |m: String| ApiError::BadRequest(m);
     let disk = u64::from(disk_mb) * 1024 * 1024;
-    let code = exec.code.as_deref().unwrap_or_default();
-    if !exec.binary {
-        if code.len() as u64 > disk {
+    let fits = |len: usize| {
+        if len as u64 > disk {
             return Err(bad(format!(
-                "exec.code: {} bytes do not fit in limits.disk ({disk_mb} MB, what the container may write)",
-                code.len()
+                "exec.code: {len} bytes do not fit in limits.disk ({disk_mb} MB, what the container may write)"
             )));
         }
-        return Ok(());
+        Ok(())
+    };
+    let code = exec.code.as_deref().unwrap_or_default();
+    if !exec.binary {
+        return fits(code.len());
     }
     if !config.takes_zips(&exec.kind) {
         return Err(bad(format!(
@@ -159,11 +161,8 @@ fn check_code_fits(config: &Config, exec: &Exec, disk_mb: u32) -> Result<(), Api
             (configured, format!("limits.archive_unpacked_max_mb ({} MB)", config.limits.archive_unpacked_max_mb))
         };
         archive::check_zip(&bytes, max).map_err(|e| bad(format!("exec.code: {e}, {bound}")))?;
-    } else if bytes.len() as u64 > disk {
-        return Err(bad(format!(
-            "exec.code: {} bytes do not fit in limits.disk ({disk_mb} MB, what the container may write)",
-            bytes.len()
-        )));
+    } else {
+        fits(bytes.len())?;
     }
     Ok(())
 }

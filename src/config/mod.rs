@@ -125,9 +125,7 @@ impl Config {
             config.factory.kubernetes.kinds.entry(kind).or_insert(cfg);
         }
         let disk = config.limits.disk_default_mb;
-        for class in config.pool.prewarm.iter_mut().filter(|c| c.disk_mb == 0) {
-            class.disk_mb = disk;
-        }
+        config.pool.fill_prewarm_disk(disk);
         Ok(config)
     }
 

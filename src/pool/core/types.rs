@@ -284,6 +284,13 @@ impl Default for KeepAliveParams {
 }
 
 impl CoreConfig {
+    /// Gives every prewarm class that names no disk `default_mb` (the config's default).
+    pub fn fill_prewarm_disk(&mut self, default_mb: u32) {
+        for class in self.prewarm.iter_mut().filter(|c| c.disk_mb == 0) {
+            class.disk_mb = default_mb;
+        }
+    }
+
     /// The prewarm class a job of this kind, memory and disk may adopt.
     pub fn stem_for(&self, kind: &str, memory_mb: u32, disk_mb: u32) -> Option<StemId> {
         let index =
