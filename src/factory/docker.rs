@@ -156,7 +156,12 @@ impl ContainerFactory for DockerFactory {
         let network = kind.network(inner.config.network);
         let (transport, listen) = match network {
             Network::None => {
-                prepare_dir(&dir, inner.owner).map_err(|e| FactoryError::Create(format!("{}: {e}", dir.display())))?;
+                // A mount and a directory: file system work, off the async thread.
+                let (at, owner) = (dir.clone(), inner.owner);
+                let prepared = tokio::task::spawn_blocking(move || prepare_dir(&at, owner))
+                    .await
+                    .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+                prepared.map_err(|e| FactoryError::Create(format!("{}: {e}", dir.display())))?;
                 let listen = format!("unix:{SOCKET_DIR}/runtime.sock");
                 (Some(Transport::Unix(dir.join("runtime.sock"))), listen)
             }
@@ -383,8 +388,12 @@ impl DockerFactory {
 
     async fn forget(&self, id: ContainerId) {
         self.inner.live.lock().remove(&id);
-        own_disk::unmount(&self.container_dir(id));
-        let _ = tokio::fs::remove_dir_all(self.container_dir(id)).await;
+        let dir = self.container_dir(id);
+        let _ = tokio::task::spawn_blocking(move || {
+            own_disk::unmount(&dir);
+            let _ = std::fs::remove_dir_all(&dir);
+        })
+        .await;
         self.observe();
     }
 
