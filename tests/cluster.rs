@@ -58,7 +58,9 @@ async fn an_invoker_registers_its_tags_headroom_and_containers() {
     let Some(etcd) = EtcdServer::start() else { return };
     let dir = tempdir();
     let invoker_id = id("reg");
-    let inv = Invoker::start(dir.path(), &invoker_id, &cluster_config(&etcd, &["gpu", "ssd"]));
+    // Idle containers go after 2 s, so that their keys are seen to go with them.
+    let config = format!("{}[pool]\nidle_timeout = \"2s\"\n", cluster_config(&etcd, &["gpu", "ssd"]));
+    let inv = Invoker::start(dir.path(), &invoker_id, &config);
     let kv = etcd.kv();
     let r = record(&kv, &invoker_id, |r| !r.nodes.is_empty()).await;
     assert_eq!(r.api, inv.base);
@@ -70,20 +72,28 @@ async fn an_invoker_registers_its_tags_headroom_and_containers() {
     let (status, _) = inv.invoke("warm", "blocking=true", json!({})).await;
     assert_eq!(status, 200);
     let prefix = "/invoker/containers/guest/warm/";
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let held = loop {
-        let held = keys(&kv, prefix).await;
-        if !held.is_empty() {
-            break held;
-        }
-        assert!(Instant::now() < deadline, "no container key under {prefix}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let held = keys_until(&kv, prefix, |held| !held.is_empty()).await;
     assert_eq!(held.len(), 1, "{held:?}");
     assert!(held[0].starts_with(&format!("{prefix}1/invoker/{invoker_id}/container/")), "{held:?}");
     // Less headroom while the container holds its 256 MB.
     let r = record(&kv, &invoker_id, |r| !r.nodes.is_empty() && r.launchable_mb() < 2048).await;
     assert_eq!(r.launchable_mb(), 2048 - 256);
+    // The idle container goes, and its key with it.
+    keys_until(&kv, prefix, |held| held.is_empty()).await;
+    record(&kv, &invoker_id, |r| !r.nodes.is_empty() && r.launchable_mb() == 2048).await;
+}
+
+/// The keys under `prefix` once `until` holds of them (bounded wait).
+async fn keys_until(kv: &Etcd, prefix: &str, until: impl Fn(&[String]) -> bool) -> Vec<String> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let held = keys(kv, prefix).await;
+        if until(&held) {
+            return held;
+        }
+        assert!(Instant::now() < deadline, "keys under {prefix} not as expected: {held:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -156,6 +166,10 @@ async fn without_etcd_activations_go_on_and_the_registration_comes_back_with_it(
     let inv = Invoker::start(dir.path(), &invoker_id, &cluster_config(&etcd, &[]));
     inv.put_action("a", python("def main(a):\n    return {'ok': True}")).await;
     record(&etcd.kv(), &invoker_id, |_| true).await;
+    assert_eq!(inv.invoke("a", "blocking=true", json!({})).await.0, 200);
+    keys_until(&etcd.kv(), "/invoker/containers/guest/a/", |held| held.len() == 1).await;
+    let key = format!("/invoker/invokers/{invoker_id}");
+    let (_, lease) = etcd.kv().get(&key).await.unwrap().unwrap();
 
     etcd.stop();
     for _ in 0..10 {
@@ -168,6 +182,13 @@ async fn without_etcd_activations_go_on_and_the_registration_comes_back_with_it(
     etcd.resume();
     let r = record(&etcd.kv(), &invoker_id, |r| r.api == inv.base && !r.nodes.is_empty()).await;
     assert_eq!(r.health, Health::Healthy);
+    // The warm container's key goes with the lost lease; the new lease puts it again.
+    let deadline = Instant::now() + Duration::from_secs(45);
+    while etcd.kv().get(&key).await.ok().flatten().is_none_or(|(_, l)| l == lease) {
+        assert!(Instant::now() < deadline, "the invoker never took a new lease");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    keys_until(&etcd.kv(), "/invoker/containers/guest/a/", |held| held.len() == 1).await;
     assert!(inv.stderr().contains("cluster registration"), "the outage was logged: {}", inv.stderr());
 }
 

@@ -321,7 +321,7 @@ async fn a_prewarmed_container_is_adopted_without_a_create_and_replaced() {
     assert_eq!(cold.annotation("startKind"), Some(&json!("cold")));
     assert_eq!(h.mock.count(|c| matches!(c, MockCall::Refused(_))), 0);
     let snapshot = h.service().pool().unwrap().snapshot().await.unwrap();
-    assert_eq!(snapshot.prewarm, 1, "{snapshot:?}");
+    assert_eq!(snapshot.status.prewarm, 1, "{snapshot:?}");
 }
 
 #[actix_rt::test]
@@ -337,16 +337,21 @@ async fn the_pool_forgets_actions_it_no_longer_holds() {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let snapshot = h.service().pool().unwrap().snapshot().await.unwrap();
-        if snapshot.containers.is_empty() && snapshot.action_keys == 0 {
+        if snapshot.containers.is_empty() && snapshot.status.action_keys == 0 {
             break;
         }
-        assert!(Instant::now() < deadline, "{} containers, {} keys", snapshot.containers.len(), snapshot.action_keys);
+        assert!(
+            Instant::now() < deadline,
+            "{} containers, {} keys",
+            snapshot.containers.len(),
+            snapshot.status.action_keys
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // An action answered at once (larger than any node) leaves nothing behind either.
     let huge = action("huge", 2_000_000);
     assert_ne!(invoke(&h, &huge, json!({})).await.response.status_code, 0);
-    assert_eq!(h.service().pool().unwrap().snapshot().await.unwrap().action_keys, 0);
+    assert_eq!(h.service().pool().unwrap().status().await.unwrap().action_keys, 0);
     // An action seen again is tracked again, under a new key, and runs.
     assert_eq!(invoke(&h, &actions[0], json!({})).await.response.status_code, 0);
 }

@@ -8,7 +8,7 @@ pub mod slot;
 
 use crate::metrics::Metrics;
 use crate::model::{epoch_ms, Action, ActivationMeta, ActivationRecord};
-use crate::pool::actor::{Health, PoolHandle, PoolSnapshot};
+use crate::pool::actor::{Health, PoolHandle, PoolStatus};
 use crate::scheduler::Dispatcher;
 use crate::store::{Accepted, Store, StoreError};
 use job::{Completion, RunJob};
@@ -141,8 +141,8 @@ impl ActivationService {
     /// The invoker's health as `/health` and its cluster registration say it: the pool's,
     /// unless the store cannot write, when new work would be refused whatever the pool could
     /// run (draining is said as it is).
-    pub fn health(&self, snapshot: &PoolSnapshot, min_mb: u64) -> Health {
-        match snapshot.health(self.is_draining(), min_mb) {
+    pub fn health(&self, status: &PoolStatus, min_mb: u64) -> Health {
+        match status.health(self.is_draining(), min_mb) {
             Health::Draining => Health::Draining,
             _ if self.store.trouble().is_some() => Health::Unhealthy,
             health => health,

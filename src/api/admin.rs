@@ -14,14 +14,14 @@ pub(super) fn ping() -> Response {
 pub(super) async fn health(state: &AppState, call: &Call) -> Result<Response, ApiError> {
     let details = state.admin(call).is_ok();
     let Some(pool) = state.service.pool() else { return Ok(super::cluster::health(state, details)) };
-    let snapshot = pool.snapshot().await.ok_or(ApiError::Unavailable("the pool is gone".into()))?;
-    let launchable = snapshot.launchable_mb();
+    let status = pool.status().await.ok_or(ApiError::Unavailable("the pool is gone".into()))?;
+    let launchable = status.launchable_mb();
     let min_mb = u64::from(state.config.limits.memory_min_mb);
-    let status = state.service.health(&snapshot, min_mb).as_str();
+    let word = state.service.health(&status, min_mb).as_str();
     if !details {
-        return Ok(json(StatusCode::OK, &json!({ "status": status })));
+        return Ok(json(StatusCode::OK, &json!({ "status": word })));
     }
-    let nodes: Vec<_> = snapshot
+    let nodes: Vec<_> = status
         .nodes
         .iter()
         .map(|n| {
@@ -29,20 +29,20 @@ pub(super) async fn health(state: &AppState, call: &Call) -> Result<Response, Ap
                 "node": n.node, "stale": n.stale, "capacity_mb": n.capacity_mb,
                 "free_mb": n.free_mb, "reserved_mb": n.reserved_mb,
                 "used_mb": n.committed_mb, "removing_mb": n.removing_mb,
-                "launchable_mb": n.launchable_mb, "starts_in_flight": n.starts_in_flight,
+                "launchable_mb": n.launchable_mb, "idle_mb": n.idle_mb, "starts_in_flight": n.starts_in_flight,
             })
         })
         .collect();
     Ok(json(
         StatusCode::OK,
         &json!({
-        "status": status,
+        "status": word,
         "can_launch": launchable >= min_mb && !state.service.is_draining(),
         "launchable_mb": launchable,
         "nodes": nodes,
-        "containers": { "starting": snapshot.starting, "idle": snapshot.idle, "prewarm": snapshot.prewarm, "busy": snapshot.busy, "removing": snapshot.removing },
-        "waiting": snapshot.waiting,
-        "create_failures_in_a_row": snapshot.create_failures_in_a_row,
+        "containers": { "starting": status.starting, "idle": status.idle, "prewarm": status.prewarm, "busy": status.busy, "removing": status.removing },
+        "waiting": status.waiting,
+        "create_failures_in_a_row": status.create_failures_in_a_row,
         "store": state.service.store().trouble(),
         }),
     ))

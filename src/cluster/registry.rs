@@ -9,7 +9,7 @@ use super::etcd::LeaseId;
 use super::{boot_id, container_key, drain_key, invoker_key, ClusterKv, InvokerRecord, NodeHeadroom};
 use crate::activation::ActivationService;
 use crate::config::ClusterConfig;
-use crate::pool::actor::Health;
+use crate::pool::actor::{ContainerSummary, Health};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
@@ -45,6 +45,9 @@ pub struct Registrar<K: ClusterKv> {
     /// What etcd holds of this invoker, as last put under the current lease.
     published: Option<InvokerRecord>,
     containers: BTreeMap<u64, String>,
+    /// The pool's warm generation `containers` is in step with (`None`: not yet, or the
+    /// keys went with a lease), so that an unchanged pool costs no view of its containers.
+    synced: Option<u64>,
     /// When the last failure was logged (failures repeat every interval while etcd is away).
     last_complaint: Option<Instant>,
     /// This machine's boot, read once.
@@ -61,6 +64,7 @@ impl<K: ClusterKv> Registrar<K> {
             renewed: Instant::now(),
             published: None,
             containers: BTreeMap::new(),
+            synced: None,
             last_complaint: None,
             boot_id: boot_id(),
         }
@@ -82,6 +86,33 @@ impl<K: ClusterKv> Registrar<K> {
         }
     }
 
+    /// Puts a key for each container that runs an action (warm affinity for the schedulers)
+    /// and deletes the keys of those gone.
+    async fn sync_containers(&mut self, warm: &[ContainerSummary], lease: LeaseId) -> Result<(), RegistryError> {
+        let etcd = |e: K::Error| RegistryError::Etcd(e.to_string());
+        let mut now: BTreeMap<u64, (String, u32)> = BTreeMap::new();
+        for c in warm {
+            let Some((ns, action)) = c.action.split_once('/') else { continue };
+            let key = container_key(&self.config.prefix, ns, action, c.revision, &self.identity.invoker_id, c.id);
+            now.insert(c.id, (key, c.memory_mb));
+        }
+        let gone: Vec<(u64, String)> =
+            self.containers.iter().filter(|(id, _)| !now.contains_key(id)).map(|(id, k)| (*id, k.clone())).collect();
+        for (id, key) in gone {
+            self.kv.delete(&key).await.map_err(etcd)?;
+            self.containers.remove(&id);
+        }
+        for (id, (key, memory_mb)) in now {
+            if self.containers.contains_key(&id) {
+                continue;
+            }
+            let value = serde_json::json!({ "memory_mb": memory_mb });
+            self.kv.put(&key, &value.to_string(), Some(lease)).await.map_err(etcd)?;
+            self.containers.insert(id, key);
+        }
+        Ok(())
+    }
+
     /// Takes the invoker's key under a new lease. A key held by a live invoker is refused;
     /// one held by a dead run of this invoker on this machine (a crash, then a restart within
     /// the lease's TTL) is taken over.
@@ -100,6 +131,7 @@ impl<K: ClusterKv> Registrar<K> {
         self.renewed = Instant::now();
         self.published = Some(record);
         self.containers.clear();
+        self.synced = None;
         Ok(())
     }
 
@@ -153,19 +185,19 @@ impl<K: ClusterKv> Registrar<K> {
         }
         let lease = self.lease.expect("claimed above");
         let Some(pool) = service.pool() else { return Ok(()) };
-        let Some(snapshot) = pool.snapshot().await else { return Ok(()) };
+        let Some(status) = pool.status().await else { return Ok(()) };
         let drain = drain_key(&self.config.prefix, &self.identity.invoker_id);
         let health = if self.kv.get(&drain).await.map_err(etcd)?.is_some() {
             // An operator's drain: no scheduler sends new work; what runs finishes.
-            if snapshot.busy == 0 && snapshot.waiting == 0 {
+            if status.busy == 0 && status.waiting == 0 {
                 Health::Drained
             } else {
                 Health::Draining
             }
         } else {
-            service.health(&snapshot, self.identity.min_mb)
+            service.health(&status, self.identity.min_mb)
         };
-        let nodes = snapshot
+        let nodes = status
             .nodes
             .iter()
             .map(|n| NodeHeadroom {
@@ -173,32 +205,12 @@ impl<K: ClusterKv> Registrar<K> {
                 launchable_mb: n.launchable_mb,
                 free_mb: n.free_mb,
                 capacity_mb: n.capacity_mb,
-                idle_mb: snapshot.idle_mb_on(&n.node),
+                idle_mb: n.idle_mb,
             })
             .collect();
-        // The containers that run an action (not starting, not a prewarm, not going).
-        let mut now: BTreeMap<u64, (String, u32)> = BTreeMap::new();
-        for c in &snapshot.containers {
-            if !c.state.runs_an_action() {
-                continue;
-            }
-            let Some((ns, action)) = c.action.split_once('/') else { continue };
-            let key = container_key(&self.config.prefix, ns, action, c.revision, &self.identity.invoker_id, c.id);
-            now.insert(c.id, (key, c.memory_mb));
-        }
-        let gone: Vec<(u64, String)> =
-            self.containers.iter().filter(|(id, _)| !now.contains_key(id)).map(|(id, k)| (*id, k.clone())).collect();
-        for (id, key) in gone {
-            self.kv.delete(&key).await.map_err(etcd)?;
-            self.containers.remove(&id);
-        }
-        for (id, (key, memory_mb)) in now {
-            if self.containers.contains_key(&id) {
-                continue;
-            }
-            let value = serde_json::json!({ "memory_mb": memory_mb });
-            self.kv.put(&key, &value.to_string(), Some(lease)).await.map_err(etcd)?;
-            self.containers.insert(id, key);
+        if let Some(warm) = pool.warm_since(self.synced).await {
+            self.sync_containers(&warm.containers, lease).await?;
+            self.synced = Some(warm.generation);
         }
         // After the containers' keys: a record whose headroom counts a container is never
         // read before that container's key.

@@ -36,9 +36,21 @@ struct ContainerGone(ContainerId);
 #[rtype(result = "()")]
 pub struct Drain(pub oneshot::Sender<()>);
 
+/// Every container: the admin's pool view (O(containers), read on demand).
 #[derive(Message)]
 #[rtype(result = "PoolSnapshot")]
 pub struct Snapshot;
+
+/// The counts and the nodes: what health, `/health` and the registry read every few hundred
+/// ms, from what the core keeps (O(nodes), never a view of every container).
+#[derive(Message)]
+#[rtype(result = "PoolStatus")]
+pub struct Status;
+
+/// The containers that run an action, if that set changed since generation `since`.
+#[derive(Message)]
+#[rtype(result = "Option<WarmContainers>")]
+pub struct WarmSince(pub Option<u64>);
 
 /// Sets the container gauges from the core's counts: what a `/metrics` scrape needs, without
 /// a view of every container.
@@ -59,7 +71,7 @@ pub struct ContainerSummary {
 }
 
 #[derive(Clone, Debug, serde::Serialize)]
-pub struct PoolSnapshot {
+pub struct PoolStatus {
     pub draining: bool,
     pub starting: usize,
     pub idle: usize,
@@ -69,11 +81,24 @@ pub struct PoolSnapshot {
     pub removing: usize,
     pub waiting: usize,
     pub nodes: Vec<NodeView>,
-    pub containers: Vec<ContainerSummary>,
     /// Container creations that failed in a row (reset by one that succeeds).
     pub create_failures_in_a_row: u32,
     /// Action keys (action revision, kind, memory, concurrency) the pool tracks now.
     pub action_keys: usize,
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct PoolSnapshot {
+    #[serde(flatten)]
+    pub status: PoolStatus,
+    pub containers: Vec<ContainerSummary>,
+}
+
+/// The containers that run an action (idle, paused or busy), as of `generation`.
+#[derive(Clone, Debug)]
+pub struct WarmContainers {
+    pub generation: u64,
+    pub containers: Vec<ContainerSummary>,
 }
 
 pub struct ContainerPool {
@@ -272,12 +297,25 @@ impl ContainerPool {
         format!("prewarm/{}", self.config.prewarm[stem.0 as usize].kind)
     }
 
-    fn snapshot(&self) -> PoolSnapshot {
+    fn status(&self) -> PoolStatus {
         let PoolCounts { starting, idle, busy, removing, waiting, prewarm, .. } = self.core.counts();
-        let containers = self
-            .core
-            .containers()
-            .into_iter()
+        PoolStatus {
+            draining: self.core.is_draining(),
+            starting,
+            idle,
+            prewarm,
+            busy,
+            removing,
+            waiting,
+            nodes: self.core.nodes(self.epoch.now()),
+            create_failures_in_a_row: self.create_failures_in_a_row,
+            action_keys: self.key_actions.len(),
+        }
+    }
+
+    fn summaries(&self, keep: impl Fn(ContainerState) -> bool) -> Vec<ContainerSummary> {
+        let views = self.core.containers().into_iter().filter(|c| keep(c.state));
+        views
             .map(|c| ContainerSummary {
                 id: c.id.0,
                 action: match c.owner {
@@ -293,20 +331,7 @@ impl ContainerPool {
                 state: c.state,
                 running: c.running,
             })
-            .collect();
-        PoolSnapshot {
-            draining: self.core.is_draining(),
-            starting,
-            idle,
-            prewarm,
-            busy,
-            removing,
-            waiting,
-            nodes: self.core.nodes(self.epoch.now()),
-            containers,
-            create_failures_in_a_row: self.create_failures_in_a_row,
-            action_keys: self.key_actions.len(),
-        }
+            .collect()
     }
 }
 
@@ -446,7 +471,25 @@ impl Handler<Snapshot> for ContainerPool {
     type Result = MessageResult<Snapshot>;
 
     fn handle(&mut self, _: Snapshot, _: &mut Context<Self>) -> Self::Result {
-        MessageResult(self.snapshot())
+        MessageResult(PoolSnapshot { status: self.status(), containers: self.summaries(|_| true) })
+    }
+}
+
+impl Handler<Status> for ContainerPool {
+    type Result = MessageResult<Status>;
+
+    fn handle(&mut self, _: Status, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.status())
+    }
+}
+
+impl Handler<WarmSince> for ContainerPool {
+    type Result = Option<WarmContainers>;
+
+    fn handle(&mut self, WarmSince(since): WarmSince, _: &mut Context<Self>) -> Self::Result {
+        let generation = self.core.warm_generation();
+        (since != Some(generation))
+            .then(|| WarmContainers { generation, containers: self.summaries(ContainerState::runs_an_action) })
     }
 }
 
@@ -492,23 +535,16 @@ impl Health {
     }
 }
 
-impl PoolSnapshot {
+impl PoolStatus {
     /// The largest container any node could launch now.
     pub fn launchable_mb(&self) -> u64 {
         self.nodes.iter().map(|n| n.launchable_mb).max().unwrap_or(0)
     }
 
-    /// Memory held on `node` by idle (or paused) containers, which the pool removes when it
-    /// needs the room.
-    pub fn idle_mb_on(&self, node: &str) -> u64 {
-        let idle = self.containers.iter().filter(|c| c.node == node && c.state.is_idle());
-        idle.map(|c| u64::from(c.memory_mb)).sum()
-    }
-
     /// `draining` is the intake's; `min_mb` the smallest action's memory. A job waiting while
     /// idle containers are removed to make its room is not overload.
     pub fn health(&self, draining: bool, min_mb: u64) -> Health {
-        let room = self.nodes.iter().map(|n| n.launchable_mb + self.idle_mb_on(&n.node)).max().unwrap_or(0);
+        let room = self.nodes.iter().map(|n| n.launchable_mb + n.idle_mb).max().unwrap_or(0);
         if draining || self.draining {
             Health::Draining
         } else if self.create_failures_in_a_row >= UNHEALTHY_AFTER_FAILURES {
@@ -572,6 +608,16 @@ impl PoolHandle {
         self.addr.send(Snapshot).await.ok()
     }
 
+    pub async fn status(&self) -> Option<PoolStatus> {
+        self.addr.send(Status).await.ok()
+    }
+
+    /// `None` when the containers that run an action are still those of generation `since`
+    /// (or the pool is gone, which the next status says).
+    pub async fn warm_since(&self, since: Option<u64>) -> Option<WarmContainers> {
+        self.addr.send(WarmSince(since)).await.ok().flatten()
+    }
+
     /// Brings the container gauges up to date (before a `/metrics` scrape).
     pub async fn refresh_gauges(&self) {
         let _ = self.addr.send(RefreshGauges).await;
@@ -589,17 +635,8 @@ impl PoolHandle {
 mod tests {
     use super::*;
 
-    fn snapshot(waiting: usize, launchable_mb: u64, idle_mb: u32, busy_mb: u32) -> PoolSnapshot {
-        let container = |id, state, memory_mb| ContainerSummary {
-            id,
-            action: "guest/a".into(),
-            revision: 1,
-            node: "n".into(),
-            memory_mb,
-            state,
-            running: 0,
-        };
-        PoolSnapshot {
+    fn status(waiting: usize, launchable_mb: u64, idle_mb: u64) -> PoolStatus {
+        PoolStatus {
             draining: false,
             starting: 0,
             idle: 1,
@@ -617,8 +654,8 @@ mod tests {
                 starts_in_flight: 0,
                 stale: false,
                 launchable_mb,
+                idle_mb,
             }],
-            containers: vec![container(1, ContainerState::Idle, idle_mb), container(2, ContainerState::Busy, busy_mb)],
             create_failures_in_a_row: 0,
             action_keys: 1,
         }
@@ -626,9 +663,9 @@ mod tests {
 
     #[test]
     fn a_job_waiting_for_idle_containers_to_go_is_not_overload() {
-        assert_eq!(snapshot(1, 0, 256, 1792).health(false, 128), Health::Healthy, "an idle container makes room");
-        assert_eq!(snapshot(1, 0, 0, 2048).health(false, 128), Health::Overloaded, "all of it busy");
-        assert_eq!(snapshot(0, 0, 0, 2048).health(false, 128), Health::Healthy, "nothing waits");
-        assert_eq!(snapshot(1, 0, 0, 2048).health(true, 128), Health::Draining);
+        assert_eq!(status(1, 0, 256).health(false, 128), Health::Healthy, "an idle container makes room");
+        assert_eq!(status(1, 0, 0).health(false, 128), Health::Overloaded, "all of it busy");
+        assert_eq!(status(0, 0, 0).health(false, 128), Health::Healthy, "nothing waits");
+        assert_eq!(status(1, 0, 0).health(true, 128), Health::Draining);
     }
 }

@@ -192,6 +192,13 @@ pub struct PoolCore {
     /// searches it.
     keep_alive: Box<dyn KeepAlivePolicy>,
     idle_total: usize,
+    /// Containers starting and being removed, kept as phases change so that the counts are
+    /// O(1): health, metrics and the cluster registry read them every few hundred ms.
+    starting_total: usize,
+    removing_total: usize,
+    /// Bumped whenever a container starts or stops running an action (ready and a key's), so
+    /// that a reader of that set (the cluster registry) rebuilds it only when it changed.
+    warm_generation: u64,
     blocked: VecDeque<KeyId>,
     nodes: Nodes,
     stems: Stems,
@@ -237,6 +244,9 @@ impl PoolCore {
             deadlines: BTreeSet::new(),
             keep_alive,
             idle_total: 0,
+            starting_total: 0,
+            removing_total: 0,
+            warm_generation: 0,
             blocked: VecDeque::new(),
             next_idle_seq: 0,
             pauses: VecDeque::new(),
@@ -292,7 +302,28 @@ impl PoolCore {
         self.waiting.is_empty() && self.containers.values().all(|c| c.phase == Phase::Ready && c.running.is_empty())
     }
 
+    /// O(1): from totals kept as containers change phase.
     pub fn counts(&self) -> PoolCounts {
+        let (stems_ready, stems_starting) = self.stems.totals();
+        PoolCounts {
+            starting: self.starting_total,
+            idle: self.idle_total,
+            busy: self.containers.len() - self.starting_total - self.removing_total - self.idle_total - stems_ready,
+            removing: self.removing_total,
+            waiting: self.waiting.len(),
+            blocked_keys: self.blocked.len(),
+            prewarm: stems_ready + stems_starting,
+        }
+    }
+
+    /// Changes whenever the set of containers that run an action (ready, a key's) changes.
+    pub fn warm_generation(&self) -> u64 {
+        self.warm_generation
+    }
+
+    /// The counts by a scan of every container: what [`PoolCore::counts`] must equal.
+    #[cfg(test)]
+    pub(super) fn counts_scanned(&self) -> PoolCounts {
         let mut counts =
             PoolCounts { waiting: self.waiting.len(), blocked_keys: self.blocked.len(), ..PoolCounts::default() };
         for c in self.containers.values() {
@@ -410,6 +441,8 @@ impl PoolCore {
         if c.phase != Phase::Starting {
             return;
         }
+        // Ready now, or gone.
+        self.starting_total -= 1;
         let key_id = match c.owner {
             Owner::Key(key_id) => key_id,
             Owner::Stem(stem) => return self.on_stem_started(id, stem, failure.is_none(), at, now, fx),
@@ -438,6 +471,7 @@ impl PoolCore {
             key.start_time.add(took);
             self.start_time.add(took);
             c.phase = Phase::Ready;
+            self.warm_generation += 1;
             self.nodes.confirm_started(&node, id, at);
             if self.draining {
                 c.retiring = true;
@@ -492,6 +526,12 @@ impl PoolCore {
     fn on_removed(&mut self, id: ContainerId, now: Time, fx: &mut Effects) {
         self.unsettle(id);
         let Some(c) = self.containers.remove(&id) else { return };
+        match c.phase {
+            Phase::Starting => self.starting_total -= 1,
+            Phase::Removing => self.removing_total -= 1,
+            Phase::Ready if matches!(c.owner, Owner::Key(_)) => self.warm_generation += 1,
+            Phase::Ready => {}
+        }
         for (job, _) in c.running {
             fx.push(Effect::Reject { job, reason: RejectReason::ContainerLost });
         }
@@ -766,6 +806,7 @@ impl PoolCore {
             running: SmallVec::new(),
             created_at: micros(now),
         });
+        self.starting_total += 1;
         self.nodes.reserve(&node, id, memory_mb);
         fx.push(Effect::Create { container: id, owner, memory_mb, node, prewarm });
         id
@@ -888,6 +929,8 @@ impl PoolCore {
         if self.containers.take_mark(&id) {
             key.idle.ended();
             self.idle_total -= 1;
+            let c = &self.containers[&id];
+            self.nodes.idle_changed(&c.node, c.memory_mb, false);
         }
         key.partial.remove(&(running, id));
     }
@@ -900,6 +943,9 @@ impl PoolCore {
             return;
         }
         let (running, memory_mb, fresh) = (c.running.len(), c.memory_mb, !c.ran);
+        if running == 0 {
+            self.nodes.idle_changed(&c.node, memory_mb, true);
+        }
         let key = self.keys.get_mut(&key_id).expect("a container's key exists");
         let concurrency = key.concurrency as usize;
         if running == 0 {
@@ -951,8 +997,12 @@ impl PoolCore {
         if c.phase == Phase::Removing {
             return;
         }
+        if matches!(c.owner, Owner::Key(_)) && c.phase == Phase::Ready {
+            self.warm_generation += 1;
+        }
         c.phase = Phase::Removing;
         c.retiring = true;
+        self.removing_total += 1;
         self.nodes.removing(&c.node, id, c.memory_mb, now);
         fx.push(Effect::Remove { container: id });
     }

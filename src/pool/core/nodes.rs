@@ -31,6 +31,9 @@ struct NodeState {
     /// observed before the removal was decided cannot include it; later ones are taken to.
     freed_unseen: Vec<(Time, u64)>,
     freed_unseen_mb: u64,
+    /// Memory of our idle (or paused) containers here: what the pool may take back for a
+    /// start, which health and the cluster's headroom count as room.
+    idle_mb: u64,
 }
 
 /// One node as the pool sees it, for health and the pool view.
@@ -46,6 +49,8 @@ pub struct NodeView {
     pub stale: bool,
     /// What a new container could still take on this node now.
     pub launchable_mb: u64,
+    /// Memory held by idle (or paused) containers, which the pool removes when it needs room.
+    pub idle_mb: u64,
 }
 
 pub(super) enum Placement {
@@ -108,6 +113,7 @@ impl Nodes {
                 removal_decided: FxHashMap::default(),
                 freed_unseen: Vec::new(),
                 freed_unseen_mb: 0,
+                idle_mb: 0,
             };
             self.by_headroom.insert((raw_headroom(&n, self.buffer_mb), update.node.clone()));
             self.nodes.insert(update.node.clone(), n);
@@ -252,10 +258,23 @@ impl Nodes {
                 starts_in_flight: n.starts,
                 stale: !self.is_fresh(n, now),
                 launchable_mb: self.headroom(n, now).max(0) as u64,
+                idle_mb: n.idle_mb,
             })
             .collect();
         views.sort_by(|a, b| a.node.cmp(&b.node));
         views
+    }
+
+    /// A container on `node` became idle (`true`) or stopped being idle. Headroom does not
+    /// change: an idle container holds its memory until it is removed.
+    pub(super) fn idle_changed(&mut self, node: &NodeId, memory_mb: u32, idle: bool) {
+        if let Some(n) = self.nodes.get_mut(node) {
+            if idle {
+                n.idle_mb += u64::from(memory_mb);
+            } else {
+                n.idle_mb -= u64::from(memory_mb);
+            }
+        }
     }
 
     /// The headroom index holds exactly one entry per node, with its current headroom.

@@ -63,12 +63,16 @@ struct World {
     finished: HashSet<JobId>,
     rejected: HashSet<JobId>,
     paused: HashSet<ContainerId>,
+    /// The containers that ran an action after the last event, and the core's generation then.
+    warm: Vec<ContainerId>,
+    warm_generation: u64,
 }
 
 impl World {
     fn apply(&mut self, core: &mut PoolCore, event: Event) -> Result<(), TestCaseError> {
         let fx = core.handle(event, self.now);
         prop_assert!(core.nodes.index_matches(), "the headroom index drifted from the nodes");
+        self.check_kept_counts(core)?;
         let mut created_keys = Vec::new();
         let mut prewarmed_keys = Vec::new();
         let mut resumed = None;
@@ -139,6 +143,28 @@ impl World {
             let (waiting, _) = core.key_load(KeyId(k));
             prop_assert!(waiting == 0 || !core.has_free_container(KeyId(k)), "a job waits beside a free container");
         }
+        Ok(())
+    }
+
+    /// What the core keeps as containers change (counts, idle memory per node, the warm set's
+    /// generation) equals what a scan of every container finds.
+    fn check_kept_counts(&mut self, core: &PoolCore) -> Result<(), TestCaseError> {
+        prop_assert_eq!(core.counts(), core.counts_scanned());
+        let views = core.containers();
+        for node in core.nodes(self.now) {
+            let idle = views.iter().filter(|c| *c.node.0 == *node.node && c.state.is_idle());
+            prop_assert_eq!(node.idle_mb, idle.map(|c| u64::from(c.memory_mb)).sum::<u64>(), "node {}", node.node);
+        }
+        let warm: Vec<ContainerId> = views.iter().filter(|c| c.state.runs_an_action()).map(|c| c.id).collect();
+        if warm != self.warm {
+            prop_assert_ne!(
+                core.warm_generation(),
+                self.warm_generation,
+                "the warm set changed, its generation did not"
+            );
+        }
+        self.warm = warm;
+        self.warm_generation = core.warm_generation();
         Ok(())
     }
 

@@ -58,6 +58,11 @@ impl Stems {
         self.classes.iter().flat_map(|c| c.ready.iter().copied())
     }
 
+    /// Unadopted stem containers: (ready, starting), over every class.
+    pub(super) fn totals(&self) -> (usize, usize) {
+        self.classes.iter().fold((0, 0), |(r, s), c| (r + c.ready.len(), s + c.starting as usize))
+    }
+
     pub(super) fn take_all_ready(&mut self) -> Vec<ContainerId> {
         self.classes.iter_mut().flat_map(|c| std::mem::take(&mut c.ready)).collect()
     }
@@ -93,6 +98,7 @@ impl PoolCore {
         key.containers += 1;
         let c: &mut Container = self.containers.get_mut(&id).expect("a ready stem container exists");
         c.owner = Owner::Key(key_id);
+        self.warm_generation += 1;
         self.fill(id, now, fx);
         self.settle(id, now);
         self.replenish_stems(now, fx);
