@@ -113,6 +113,8 @@ impl World {
                 }
                 Effect::Remove { container } => {
                     prop_assert!(self.alive.contains_key(&container), "remove of a dead container");
+                    // Never one still starting: its proxy would have to drop the create.
+                    prop_assert!(self.ready.contains(&container), "remove of a container not started");
                     prop_assert!(!self.removing.contains(&container), "removed twice");
                     prop_assert!(!self.running.iter().any(|&(c, _)| c == container), "removing a busy container");
                     self.ready.remove(&container);

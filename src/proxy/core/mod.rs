@@ -342,10 +342,12 @@ impl ProxyCore {
         }
         self.fail_waiting(FailCause::Removed, fx);
         if self.state == ProxyState::Starting {
-            // Removed (or gone, the factory says) while the factory still creates it: the
-            // create is dropped with the actor, and the pool hears at once that it is gone. A
-            // wait for the create would hold the pool's memory for as long as the factory's
-            // bound when the create cannot end (a Mesos agent lost under a launch).
+            // Gone, the factory says, while it still creates it: the create is dropped with
+            // the actor, and the pool hears at once that it is gone. Nothing leaks: a factory
+            // reports gone only what it saw end (a pod deleted, a task lost), and the pool's
+            // core never decides to remove a container still starting (its property tests
+            // hold it to that). A wait for the create would hold the pool's memory for as long
+            // as the factory's bound when the create cannot end.
             self.state = ProxyState::Removed;
             fx.extend([Effect::ReportRemoved, Effect::Stop]);
             return;
