@@ -230,10 +230,16 @@ async fn an_evicted_pod_is_replaced_and_a_pod_that_cannot_start_fails_its_activa
     let log = std::fs::read_to_string(dir.path().join("stderr.log")).unwrap();
     assert!(log.contains("ErrImagePull"), "the operator sees why");
     until_pods(&api, "the failed pod deleted", |pods| pods.iter().all(|(n, _)| *n == now[0].0)).await;
+    // An image that keeps failing is a broken invoker, not a full one.
+    for _ in 0..2 {
+        assert!(inv.invoke("m", "blocking=true", json!({})).await.0 >= 500);
+    }
+    let (_, health) = inv.get_url("/health").await;
+    assert_eq!(health["status"], "unhealthy", "{health}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_pod_the_kubelet_refuses_is_answered_recorded_and_counted_and_failures_in_a_row_are_unhealthy() {
+async fn a_pod_the_kubelet_refuses_is_answered_recorded_and_counted_and_refusals_in_a_row_are_overload() {
     // The kubelet holds 896 MiB of n1 that the API does not show: the offer says 1024 free, the
     // kubelet admits 128. A 256 MB pod is refused (OutOfmemory).
     let api = cluster(&[("n1", 1024)]).await;
@@ -253,7 +259,9 @@ async fn a_pod_the_kubelet_refuses_is_answered_recorded_and_counted_and_failures
     assert_eq!(api.created_and_refused(), (3, 3), "each refusal counted by the kubelet");
     until_pods(&api, "the refused pods deleted", |pods| pods.is_empty()).await;
     let (_, health) = inv.get_url("/health").await;
-    assert_eq!(health["status"], "unhealthy", "creations keep failing: {health}");
+    // The kubelet has no room: the invoker is full, not broken (an image it cannot pull is
+    // unhealthy, below).
+    assert_eq!(health["status"], "overloaded", "creations keep being refused: {health}");
     let log = std::fs::read_to_string(dir.path().join("stderr.log")).unwrap();
     assert!(log.contains("OutOfmemory"), "the operator sees why");
 

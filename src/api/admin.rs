@@ -43,6 +43,7 @@ pub(super) async fn health(state: &AppState, call: &Call) -> Result<Response, Ap
         "containers": { "starting": status.starting, "idle": status.idle, "prewarm": status.prewarm, "busy": status.busy, "removing": status.removing },
         "waiting": status.waiting,
         "create_failures_in_a_row": status.create_failures_in_a_row,
+        "create_refusals_in_a_row": status.create_refusals_in_a_row,
         "store": state.service.store().trouble(),
         }),
     ))

@@ -2,8 +2,8 @@
 //! the effects it returns: starting proxies, handing them jobs, answering rejected jobs.
 
 use super::core::{
-    ContainerId, ContainerState, CoreConfig, Effect, Event, Job, JobId, KeyId, NodeStatsUpdate, NodeView, Owner,
-    PoolCore, PoolCounts, RejectReason, StemId,
+    ContainerId, ContainerState, CoreConfig, CreateFailure, Effect, Event, Job, JobId, KeyId, NodeStatsUpdate,
+    NodeView, Owner, PoolCore, PoolCounts, RejectReason, StemId,
 };
 use crate::activation::job::RunJob;
 use crate::config::{PoolConfig, ProxyConfig, RuntimeProtocol};
@@ -81,8 +81,12 @@ pub struct PoolStatus {
     pub removing: usize,
     pub waiting: usize,
     pub nodes: Vec<NodeView>,
-    /// Container creations that failed in a row (reset by one that succeeds).
+    /// Container creations that failed in a row, other than refusals (reset by one that
+    /// succeeds): the invoker or its runtime is broken.
     pub create_failures_in_a_row: u32,
+    /// Creations the cluster refused in a row (no room on the node after all): the invoker is
+    /// full, not broken.
+    pub create_refusals_in_a_row: u32,
     /// Action keys (action revision, kind, memory, concurrency) the pool tracks now.
     pub action_keys: usize,
 }
@@ -112,6 +116,7 @@ pub struct ContainerPool {
     metrics: Arc<Metrics>,
     proxies: HashMap<ContainerId, Addr<ContainerProxy>>,
     create_failures_in_a_row: u32,
+    create_refusals_in_a_row: u32,
     jobs: HashMap<JobId, RunJob>,
     keys: HashMap<String, KeyId>,
     /// Each key's action, and its entry in `keys`.
@@ -154,6 +159,7 @@ impl ContainerPool {
             metrics,
             proxies: HashMap::new(),
             create_failures_in_a_row: 0,
+            create_refusals_in_a_row: 0,
             jobs: HashMap::new(),
             keys: HashMap::new(),
             key_actions: HashMap::new(),
@@ -309,6 +315,7 @@ impl ContainerPool {
             waiting,
             nodes: self.core.nodes(self.epoch.now()),
             create_failures_in_a_row: self.create_failures_in_a_row,
+            create_refusals_in_a_row: self.create_refusals_in_a_row,
             action_keys: self.key_actions.len(),
         }
     }
@@ -421,9 +428,11 @@ impl Handler<ProxyReport> for ContainerPool {
     fn handle(&mut self, report: ProxyReport, ctx: &mut Context<Self>) {
         let event = match report {
             ProxyReport::Started { container, failure, at } => {
-                self.create_failures_in_a_row = match failure {
-                    None => 0,
-                    Some(_) => self.create_failures_in_a_row.saturating_add(1),
+                let (failures, refusals) = (self.create_failures_in_a_row, self.create_refusals_in_a_row);
+                (self.create_failures_in_a_row, self.create_refusals_in_a_row) = match failure {
+                    None => (0, 0),
+                    Some(CreateFailure::Refused) => (failures, refusals.saturating_add(1)),
+                    Some(_) => (failures.saturating_add(1), refusals),
                 };
                 Event::Started { container, failure, at }
             }
@@ -504,7 +513,8 @@ impl Handler<RefreshGauges> for ContainerPool {
     }
 }
 
-/// Creations failing in a row before the invoker calls itself unhealthy.
+/// Creations failing in a row before the invoker calls itself unhealthy (refused in a row:
+/// overloaded).
 const UNHEALTHY_AFTER_FAILURES: u32 = 3;
 
 /// What the invoker can take, as `/health`, its cluster registration and the schedulers
@@ -514,9 +524,10 @@ const UNHEALTHY_AFTER_FAILURES: u32 = 3;
 pub enum Health {
     Healthy,
     /// Work waits and no node can launch even the smallest action, even with its idle
-    /// containers removed.
+    /// containers removed; or the cluster refused creations several times in a row.
     Overloaded,
-    /// Container creations failed several times in a row, or the store cannot write.
+    /// Container creations failed several times in a row (not for want of room), or the store
+    /// cannot write.
     Unhealthy,
     Draining,
     /// An operator's drain (its key in etcd) that has nothing left running.
@@ -549,7 +560,7 @@ impl PoolStatus {
             Health::Draining
         } else if self.create_failures_in_a_row >= UNHEALTHY_AFTER_FAILURES {
             Health::Unhealthy
-        } else if self.waiting > 0 && room < min_mb {
+        } else if (self.waiting > 0 && room < min_mb) || self.create_refusals_in_a_row >= UNHEALTHY_AFTER_FAILURES {
             Health::Overloaded
         } else {
             Health::Healthy
@@ -657,6 +668,7 @@ mod tests {
                 idle_mb,
             }],
             create_failures_in_a_row: 0,
+            create_refusals_in_a_row: 0,
             action_keys: 1,
         }
     }
@@ -667,5 +679,15 @@ mod tests {
         assert_eq!(status(1, 0, 0).health(false, 128), Health::Overloaded, "all of it busy");
         assert_eq!(status(0, 0, 0).health(false, 128), Health::Healthy, "nothing waits");
         assert_eq!(status(1, 0, 0).health(true, 128), Health::Draining);
+    }
+
+    #[test]
+    fn creations_refused_in_a_row_are_overload_and_other_failures_in_a_row_unhealth() {
+        let refused = PoolStatus { create_refusals_in_a_row: 3, ..status(0, 2048, 0) };
+        assert_eq!(refused.health(false, 128), Health::Overloaded, "the cluster has no room, the invoker works");
+        let failed = PoolStatus { create_failures_in_a_row: 3, ..refused.clone() };
+        assert_eq!(failed.health(false, 128), Health::Unhealthy);
+        let few = PoolStatus { create_refusals_in_a_row: 2, create_failures_in_a_row: 2, ..refused };
+        assert_eq!(few.health(false, 128), Health::Healthy);
     }
 }
