@@ -18,6 +18,7 @@ use crate::read_watched::ReadWatchedStream;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::client::conn::http1::SendRequest;
+use hyper::header::{HeaderMap, HeaderValue, CONTENT_TYPE, HOST};
 use hyper_util::rt::TokioIo;
 use parking_lot::Mutex;
 use serde_json::Value;
@@ -39,12 +40,19 @@ pub enum RuntimeError {
     TooLarge(usize),
 }
 
-/// A runtime's answer: its HTTP status and body (JSON when it parses), and the body's size.
-#[derive(Debug)]
+/// A runtime's answer as it came: its HTTP status, headers and body.
+#[derive(Debug, Default)]
 pub struct RuntimeResponse {
     pub status: u16,
-    pub body: Result<Value, String>,
-    pub size: usize,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl RuntimeResponse {
+    /// The body as JSON, or (when it does not parse) its first 200 characters as text.
+    pub fn json(&self) -> Result<Value, String> {
+        serde_json::from_slice(&self.body).map_err(|_| String::from_utf8_lossy(&self.body).chars().take(200).collect())
+    }
 }
 
 /// Idle connections kept per container at most (more only while more runs are in flight).
@@ -129,7 +137,7 @@ impl RuntimeClient {
 
     /// One request and its answer on one connection. `Err(Retry)` says nothing of the answer
     /// came back on a connection that had served before: the request never reached the runtime.
-    async fn exchange(&self, path: &str, body: Bytes) -> Result<(u16, Bytes), Failed> {
+    async fn exchange(&self, path: &str, headers: &HeaderMap, body: Bytes) -> Result<RuntimeResponse, Failed> {
         let (mut c, reused) = self.connection().await.map_err(|e| Failed::Other(e.into()))?;
         let before = c.received.load(Ordering::Relaxed);
         let unanswered = |e: hyper::Error| {
@@ -142,15 +150,14 @@ impl RuntimeClient {
         let mut request = hyper::Request::new(Full::new(body));
         *request.method_mut() = hyper::Method::POST;
         *request.uri_mut() = hyper::Uri::try_from(path).unwrap_or_default();
-        let headers = request.headers_mut();
-        headers.insert(hyper::header::HOST, hyper::header::HeaderValue::from_static("localhost"));
-        headers.insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("application/json"));
+        *request.headers_mut() = headers.clone();
+        request.headers_mut().insert(HOST, HeaderValue::from_static("localhost"));
         let response = match c.sender.send_request(request).await {
             Ok(response) => response,
             Err(e) => return Err(unanswered(e)),
         };
-        let status = response.status().as_u16();
-        let bytes = match Limited::new(response.into_body(), self.max_body).collect().await {
+        let (parts, body) = response.into_parts();
+        let bytes = match Limited::new(body, self.max_body).collect().await {
             Ok(collected) => collected.to_bytes(),
             // The connection is dropped with the rest of the answer unread.
             Err(e) if e.is::<LengthLimitError>() => {
@@ -170,27 +177,37 @@ impl RuntimeClient {
         if idle.len() < MAX_IDLE {
             idle.push(c);
         }
-        Ok((status, bytes))
+        Ok(RuntimeResponse { status: parts.status.as_u16(), headers: parts.headers, body: bytes })
     }
 
-    /// `body` (JSON) to `path`; the answer's status and body, within `timeout`.
+    /// `body` (JSON) to `path`; the answer, within `timeout`.
     pub async fn post(&self, path: &str, body: Bytes, timeout: Duration) -> Result<RuntimeResponse, RuntimeError> {
+        let mut headers = HeaderMap::with_capacity(2);
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        self.send(path, &headers, body, timeout).await
+    }
+
+    /// `body` with `headers` to `path` (a `POST`); the answer, within `timeout`.
+    pub async fn send(
+        &self,
+        path: &str,
+        headers: &HeaderMap,
+        body: Bytes,
+        timeout: Duration,
+    ) -> Result<RuntimeResponse, RuntimeError> {
         let exchange = async {
-            match self.exchange(path, body.clone()).await {
+            match self.exchange(path, headers, body.clone()).await {
                 Err(Failed::Retry(e)) => {
                     tracing::debug!("a kept-alive runtime connection was closed under a request ({e}); sent again");
-                    self.exchange(path, body).await.map_err(Failed::into_error)
+                    self.exchange(path, headers, body).await.map_err(Failed::into_error)
                 }
                 other => other.map_err(Failed::into_error),
             }
         };
-        let (status, bytes) = match tokio::time::timeout(timeout, exchange).await {
-            Err(_) => return Err(RuntimeError::Timeout),
-            Ok(answer) => answer?,
-        };
-        let body =
-            serde_json::from_slice(&bytes).map_err(|_| String::from_utf8_lossy(&bytes).chars().take(200).collect());
-        Ok(RuntimeResponse { status, body, size: bytes.len() })
+        match tokio::time::timeout(timeout, exchange).await {
+            Err(_) => Err(RuntimeError::Timeout),
+            Ok(answer) => Ok(answer?),
+        }
     }
 }
 

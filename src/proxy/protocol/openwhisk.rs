@@ -115,7 +115,7 @@ pub(super) fn interpret(answer: Answer, timeout_ms: u64, oom: bool, max_result_b
         }
         Ok(r) => r,
     };
-    let body = match response.body {
+    let body = match response.json() {
         Ok(body) => body,
         Err(text) if oom => developer(format!("The action exhausted its memory and was aborted. {text}")).result,
         Err(text) => return developer(format!("The action did not produce a valid JSON response: {text}")),
@@ -125,7 +125,7 @@ pub(super) fn interpret(answer: Answer, timeout_ms: u64, oom: bool, max_result_b
     if !body.is_object() && !body.is_array() {
         return developer(NOT_A_RESULT.into());
     }
-    let size = response.size;
+    let size = response.body.len();
     if size > max_result_bytes {
         return developer(format!(
             "The action produced a response that exceeded the allowed length: {size} > {max_result_bytes} bytes."
@@ -147,8 +147,7 @@ mod tests {
     use super::*;
 
     fn ok(status: u16, body: Value) -> Answer {
-        let size = body.to_string().len();
-        Ok(RuntimeResponse { status, body: Ok(body), size })
+        Ok(RuntimeResponse { status, body: body.to_string().into(), ..RuntimeResponse::default() })
     }
 
     #[test]
