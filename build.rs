@@ -2,9 +2,9 @@
 //! needs no protoc) and prost, when the `mesos` feature is on.
 //!
 //! Also tells the test suites what this machine lacks, so that a suite that needs it shows as
-//! ignored rather than passed: `invoker_without_root` (the sandbox, cgroups, a tmpfs) and
-//! `invoker_without_etcd` (no `etcd` on the `PATH`). Under `CI=true` neither is set: there a
-//! missing part fails its tests.
+//! ignored rather than passed: `invoker_without_root` (the sandbox, cgroups, a tmpfs),
+//! `invoker_without_etcd` (no `etcd` on the `PATH`) and `invoker_without_fdk` (Fn's FDKs not
+//! installed). Under `CI=true` none is set: there a missing part fails its tests.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto");
@@ -12,12 +12,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-env-changed=PATH");
     println!("cargo::rustc-check-cfg=cfg(invoker_without_root)");
     println!("cargo::rustc-check-cfg=cfg(invoker_without_etcd)");
+    println!("cargo::rustc-check-cfg=cfg(invoker_without_fdk)");
     if std::env::var("CI").as_deref() != Ok("true") {
         if !is_root() {
             println!("cargo:rustc-cfg=invoker_without_root");
         }
         if !on_path("etcd") {
             println!("cargo:rustc-cfg=invoker_without_etcd");
+        }
+        // Fn's FDKs, where `scripts/fdk.sh` puts them (`config::kinds::FDK_DIR`).
+        let fdk = std::path::Path::new("/usr/local/lib/invoker-fdk");
+        if fdk.exists() {
+            println!("cargo:rerun-if-changed={}", fdk.display());
+        } else {
+            println!("cargo:rustc-cfg=invoker_without_fdk");
         }
     }
     #[cfg(feature = "mesos")]

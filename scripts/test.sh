@@ -15,5 +15,8 @@ if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
 fi
 
+# Fn's FDKs from PyPI and npm, for the fn: kinds' tests (tests/fn_protocol.rs).
+bash scripts/fdk.sh >/dev/null
+
 # Every backend and the mock factory (cargo features), so that every suite builds and runs.
 cargo test --all-targets --all-features "$@"

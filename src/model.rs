@@ -67,6 +67,20 @@ pub struct Action {
     pub revision: u64,
 }
 
+/// An Fn function's ids and configuration (its environment), kept in its action's `fn`
+/// annotation.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+pub struct FnFunction {
+    #[serde(default)]
+    pub fn_id: String,
+    #[serde(default)]
+    pub app_id: String,
+    #[serde(default)]
+    pub config: std::collections::BTreeMap<String, String>,
+    #[serde(default)]
+    pub app_config: std::collections::BTreeMap<String, String>,
+}
+
 impl Action {
     /// A `python:3` action of the `guest` namespace with `code`, for the unit tests.
     #[cfg(test)]
@@ -93,6 +107,21 @@ impl Action {
 
     pub fn path(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
+    }
+
+    /// What Fn says of the action (its `fn` annotation, which Fn's routes set): its ids and the
+    /// configuration of its app and its own. An action without one is its own app.
+    pub fn fn_function(&self) -> FnFunction {
+        let said = self.annotations.iter().find(|a| a.key == "fn");
+        let mut function: FnFunction =
+            said.and_then(|a| serde_json::from_value(a.value.clone()).ok()).unwrap_or_default();
+        if function.fn_id.is_empty() {
+            function.fn_id = self.path();
+        }
+        if function.app_id.is_empty() {
+            function.app_id = self.namespace.clone();
+        }
+        function
     }
 
     /// The default parameters merged under the invocation's (the invocation wins).

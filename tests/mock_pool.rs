@@ -63,6 +63,7 @@ fn action(name: &str, memory: u32) -> Arc<Action> {
 async fn invoke_with_id(h: &Harness, action: &Arc<Action>, params: Value, id: String) -> ActivationRecord {
     let Value::Object(params) = params else { panic!("params must be an object") };
     let req = InvokeRequest {
+        request: None,
         action: action.clone(),
         params,
         subject: "guest".into(),
@@ -366,6 +367,7 @@ async fn a_full_pool_mailbox_answers_at_once_and_every_activation_still_gets_its
     let mut answered = 0;
     for _ in 0..1200 {
         let req = InvokeRequest {
+            request: None,
             action: a.clone(),
             params: Default::default(),
             subject: "guest".into(),

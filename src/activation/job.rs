@@ -11,12 +11,23 @@ use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::oneshot;
 
+/// A call's own HTTP request, for a runtime that takes one as it came (Fn's functions): its
+/// headers and body.
+#[derive(Debug, Default)]
+pub struct CallRequest {
+    pub headers: Vec<(String, String)>,
+    pub body: bytes::Bytes,
+}
+
 /// What a proxy needs to run one activation.
 pub struct RunJob {
     /// Shared with the job's completion, which needs it only if the job is dropped unfinished.
     pub meta: Arc<ActivationMeta>,
     pub action: Arc<Action>,
     pub params: Map<String, Value>,
+    /// The caller's request as it came, where the route keeps it (Fn's); `None`: the runtime
+    /// gets `params`.
+    pub request: Option<Arc<CallRequest>>,
     pub api_key: Option<String>,
     pub transaction_id: String,
     /// When the invoker accepted it (for `waitTime`).

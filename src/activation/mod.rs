@@ -44,6 +44,8 @@ pub enum Invoked {
 pub struct InvokeRequest {
     pub action: Arc<Action>,
     pub params: Map<String, Value>,
+    /// The caller's request as it came (Fn's routes); `None`: the runtime gets `params`.
+    pub request: Option<Arc<job::CallRequest>>,
     pub subject: String,
     pub api_key: Option<String>,
     /// Given by the caller (the shim: checked for an earlier delivery), or `None` for a new one.
@@ -199,6 +201,7 @@ impl ActivationService {
             meta: meta.clone(),
             action,
             params,
+            request: req.request,
             api_key: req.api_key,
             transaction_id: req.transaction_id,
             accepted,

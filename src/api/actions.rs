@@ -99,9 +99,13 @@ fn validate_action(config: &Config, put: ActionPut, ns: &str, name: &str) -> Res
     range("concurrency", limits.concurrency.into(), 1, l.concurrency_max.into(), "")?;
     range("disk", limits.disk.into(), l.disk_min_mb.into(), l.disk_max_mb.into(), "MB")?;
     if limits.concurrency > kind_max {
+        let protocol = config.kinds.get(&exec.kind).map(|k| k.protocol).unwrap_or_default();
+        let why = match protocol.max_runs_at_once() {
+            Some(one) if one == kind_max => format!("its protocol, {protocol:?}, takes {one} call at a time"),
+            _ => format!("{kind_max}, its max_concurrency"),
+        };
         return Err(bad(format!(
-            "limits.concurrency: {} is above what a container of kind '{}' takes at once ({kind_max}, its \
-             max_concurrency)",
+            "limits.concurrency: {} is above what a container of kind '{}' takes at once ({why})",
             limits.concurrency, exec.kind
         )));
     }
@@ -276,6 +280,7 @@ pub(super) async fn invoke(state: &AppState, call: &Call, ns: &str, name: &str) 
     let invoked = state
         .service
         .invoke(InvokeRequest {
+            request: None,
             action,
             params,
             subject: ns.clone(),

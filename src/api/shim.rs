@@ -61,6 +61,7 @@ pub(super) async fn activation_message(state: &AppState, call: &Call) -> Result<
     let invoked = state
         .service
         .invoke(InvokeRequest {
+            request: None,
             action,
             params,
             subject: msg.user.subject.into_owned(),

@@ -103,6 +103,9 @@ pub enum RuntimeProtocol {
     /// OpenWhisk's action runtime protocol: `POST /init` once, `POST /run` per activation.
     #[default]
     OpenWhisk,
+    /// Fn's http-stream contract: the function serves `POST /call` on `lsnr.sock` in a socket
+    /// directory of its own, one call at a time, with its code already in the container.
+    Fn,
 }
 
 /// What the rest of the invoker asks of a protocol (the proxy, the pool, the API's checks):
@@ -113,6 +116,7 @@ impl RuntimeProtocol {
     pub fn initialises(self) -> bool {
         match self {
             RuntimeProtocol::OpenWhisk => true,
+            RuntimeProtocol::Fn => false,
         }
     }
 
@@ -122,6 +126,7 @@ impl RuntimeProtocol {
     pub fn marks_log_ends(self) -> bool {
         match self {
             RuntimeProtocol::OpenWhisk => true,
+            RuntimeProtocol::Fn => false,
         }
     }
 
@@ -130,6 +135,16 @@ impl RuntimeProtocol {
     pub fn max_runs_at_once(self) -> Option<u32> {
         match self {
             RuntimeProtocol::OpenWhisk => None,
+            RuntimeProtocol::Fn => Some(1),
+        }
+    }
+
+    /// Whether the invoker tells the runtime where to listen (`{listen}` in the command); Fn's
+    /// functions listen where their environment says (`FN_LISTENER`).
+    pub fn takes_listen_address(self) -> bool {
+        match self {
+            RuntimeProtocol::OpenWhisk => true,
+            RuntimeProtocol::Fn => false,
         }
     }
 }
@@ -158,9 +173,19 @@ pub struct KindConfig {
     /// visible read-only inside the container: at the same path, or `{ host, at }` at another.
     #[serde(default)]
     pub paths: Vec<KindPath>,
-    /// What the runtime speaks (`openwhisk`), whichever factory runs it.
+    /// What the runtime speaks (`openwhisk`, `fn`), whichever factory runs it.
     #[serde(default)]
     pub protocol: RuntimeProtocol,
+    /// For a kind whose protocol gives no code at start (`fn`): the file in the container's
+    /// work directory the action's code is written to before the command runs (`func.py`);
+    /// unset, the command (its image) holds the function.
+    #[serde(default)]
+    pub code_file: Option<String>,
+    /// How long a container of the kind may take to become ready before its creation fails.
+    /// Unset: 5 s for an `fn` kind (Fn's `FN_HOT_START_TIMEOUT_MSECS`), the factory's
+    /// `ready_timeout` for another.
+    #[serde(default, with = "humantime_serde")]
+    pub start_timeout: Option<std::time::Duration>,
     /// The most runs one container of the kind takes at once (an action's
     /// `limits.concurrency` above it is refused). Unset: `limits.concurrency_max` for the
     /// project's own runtime, 1 for any other (OpenWhisk's actionloop proxy loses answers to
@@ -213,10 +238,21 @@ impl KindConfig {
         self.protocol.max_runs_at_once().map_or(kind, |protocol| kind.min(protocol))
     }
 
-    /// The command line with `{invoker}` and `{listen}` filled in.
-    pub fn command_for(&self, invoker: &Path, listen: &str) -> Vec<String> {
+    /// How long a container may take to become ready; `factory` is the factory's own bound.
+    pub fn start_timeout_or(&self, factory: std::time::Duration) -> std::time::Duration {
+        match (self.start_timeout, self.protocol) {
+            (Some(set), _) => set,
+            (None, RuntimeProtocol::Fn) => std::time::Duration::from_secs(5),
+            (None, RuntimeProtocol::OpenWhisk) => factory,
+        }
+    }
+
+    /// The command line with `{invoker}`, `{listen}` and `{main}` (the action's handler, for
+    /// a kind that takes its code at start) filled in.
+    pub fn command_for(&self, invoker: &Path, listen: &str, main: &str) -> Vec<String> {
         let invoker = invoker.to_string_lossy();
-        self.command.iter().map(|a| a.replace("{invoker}", &invoker).replace("{listen}", listen)).collect()
+        let fill = |a: &String| a.replace("{invoker}", &invoker).replace("{listen}", listen).replace("{main}", main);
+        self.command.iter().map(fill).collect()
     }
 
     /// The kind's own environment with `{port}` and `{work_dir}` filled in.
@@ -246,18 +282,60 @@ fn builtin_runtime(launcher: &str) -> KindConfig {
         env: BTreeMap::new(),
         paths: Vec::new(),
         protocol: RuntimeProtocol::OpenWhisk,
+        code_file: None,
+        start_timeout: None,
         max_concurrency: None,
         zygote: None,
         snapshot: false,
     }
 }
 
-/// The project's own runtime serves every built-in kind; the launcher picks the language.
+/// Where `scripts/fdk.sh` installs Fn's function development kits from PyPI and npm, which
+/// the built-in `fn:` kinds show read-only in their containers.
+pub const FDK_DIR: &str = "/usr/local/lib/invoker-fdk";
+
+/// A built-in Fn kind: the action's code in `code_file`, run by the system's interpreter
+/// with the FDK on its module path.
+fn fn_kind(command: &[&str], code_file: &str, env: &[(&str, String)], fdk: &str) -> KindConfig {
+    KindConfig {
+        command: command.iter().map(|s| s.to_string()).collect(),
+        network: Network::None,
+        port: OPENWHISK_PORT,
+        env: env.iter().map(|(k, v)| (k.to_string(), v.clone())).collect(),
+        paths: vec![KindPath::Same(Path::new(FDK_DIR).join(fdk))],
+        protocol: RuntimeProtocol::Fn,
+        code_file: Some(code_file.into()),
+        start_timeout: None,
+        max_concurrency: None,
+        zygote: None,
+        snapshot: false,
+    }
+}
+
+/// The project's own runtime serves every built-in OpenWhisk kind (the launcher picks the
+/// language); Fn's FDKs serve the `fn:` kinds.
 pub fn default_kinds() -> BTreeMap<String, KindConfig> {
+    // The `fdk` console script's entry, run by the system's python (the script's own shebang
+    // names the interpreter pip ran under).
+    let fdk_main = "import sys; from fdk.scripts.fdk import main; sys.argv[0] = 'fdk'; main()";
+    let python = fn_kind(
+        &["/usr/bin/python3", "-c", fdk_main, "func.py", "{main}"],
+        "func.py",
+        &[("PYTHONPATH", format!("{FDK_DIR}/python")), ("PYTHONUNBUFFERED", "1".into())],
+        "python",
+    );
+    let node = fn_kind(
+        &["/usr/bin/node", "func.js"],
+        "func.js",
+        &[("NODE_PATH", format!("{FDK_DIR}/node/node_modules"))],
+        "node",
+    );
     BTreeMap::from([
         ("python:3".to_string(), builtin_runtime("python")),
         ("nodejs:20".to_string(), builtin_runtime("nodejs")),
         ("native".to_string(), builtin_runtime("native")),
+        ("fn:python".to_string(), python),
+        ("fn:node".to_string(), node),
     ])
 }
 
@@ -267,7 +345,23 @@ pub(super) fn validate(kinds: &BTreeMap<String, KindConfig>) -> Result<(), Confi
         if k.command.is_empty() {
             return Err(bad(&key("command"), "must be non-empty"));
         }
-        if k.network != Network::Isolated && !k.command.iter().any(|a| a.contains("{listen}")) {
+        if k.protocol == RuntimeProtocol::Fn && k.network != Network::None {
+            return Err(bad(
+                &key("network"),
+                "an fn kind serves on a unix socket in a directory of its own: its network must be \"none\"",
+            ));
+        }
+        if k.code_file.is_some() && k.protocol.initialises() {
+            return Err(bad(&key("code_file"), "only a kind whose protocol takes no code at start (fn) has one"));
+        }
+        let plain_name = |f: &str| !f.is_empty() && !f.contains(['/', '\0']) && f != "." && f != "..";
+        if let Some(file) = k.code_file.as_deref().filter(|f| !plain_name(f)) {
+            return Err(bad(&key("code_file"), format!("'{file}' must be a file name, without '/'")));
+        }
+        if k.protocol.takes_listen_address()
+            && k.network != Network::Isolated
+            && !k.command.iter().any(|a| a.contains("{listen}"))
+        {
             return Err(bad(
                 &key("command"),
                 "must pass '{listen}' (only a runtime in its own namespace, network = \"isolated\", may \
@@ -304,6 +398,9 @@ pub(super) fn validate(kinds: &BTreeMap<String, KindConfig>) -> Result<(), Confi
                 &key("snapshot"),
                 "only a kind running the invoker's own runtime with --launcher nodejs starts from a snapshot",
             ));
+        }
+        if k.start_timeout.is_some_and(|t| t.is_zero()) {
+            return Err(bad(&key("start_timeout"), "must be above 0"));
         }
         if k.max_concurrency == Some(0) {
             return Err(bad(&format!("kinds.\"{kind}\".max_concurrency"), "must be at least 1"));

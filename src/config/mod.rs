@@ -204,7 +204,9 @@ impl Config {
     /// Whether a kind's containers can run a zip (`binary`) action: every runtime can but our
     /// own with the nodejs launcher, which takes code as text only.
     pub fn takes_zips(&self, kind: &str) -> bool {
-        self.own_launcher(kind) != Some(Some("nodejs"))
+        // A kind whose code is written to one file (Fn's) takes text only.
+        let one_file = self.kinds.get(kind).is_some_and(|k| k.code_file.is_some());
+        !one_file && self.own_launcher(kind) != Some(Some("nodejs"))
     }
 
     /// The language of a kind: our runtime's launcher, else what the kind's name begins with

@@ -52,8 +52,18 @@ pub(super) fn validate(
     }
     for (i, w) in p.prewarm.iter().enumerate() {
         let at = |field: &str| format!("pool.prewarm[{i}].{field}");
-        if !kinds.contains_key(&w.kind) {
-            return Err(bad(&at("kind"), format!("'{}' is not a configured kind", w.kind)));
+        match kinds.get(&w.kind) {
+            None => return Err(bad(&at("kind"), format!("'{}' is not a configured kind", w.kind))),
+            Some(k) if !k.protocol.initialises() => {
+                return Err(bad(
+                    &at("kind"),
+                    format!(
+                        "'{}' starts each container with its function's code: no container of it fits any action",
+                        w.kind
+                    ),
+                ))
+            }
+            Some(_) => {}
         }
         if w.memory_mb < limits.memory_min_mb || w.memory_mb > limits.memory_max_mb {
             return Err(bad(&at("memory_mb"), "must be within limits.memory_min_mb..=memory_max_mb"));

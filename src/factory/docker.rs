@@ -150,6 +150,11 @@ impl ContainerFactory for DockerFactory {
 
     async fn create(&self, spec: &ContainerSpec, node: &NodeId) -> Result<ContainerHandle, FactoryError> {
         let inner = &self.inner;
+        if spec.function.is_some() {
+            return Err(FactoryError::Create(
+                "the docker factory runs no Fn function yet (the process factory does)".into(),
+            ));
+        }
         let kind = inner.config.kinds.get(&spec.kind).ok_or_else(|| FactoryError::UnknownKind(spec.kind.clone()))?;
         let _slot = inner.creates.acquire().await.map_err(|e| FactoryError::Create(e.to_string()))?;
         let dir = self.container_dir(spec.id);

@@ -251,8 +251,15 @@ impl LogBuffer {
         (pairs as u64 >= answered.max(1)).then(|| untagged[0][pairs - 1].max(untagged[1][pairs - 1]) + 1)
     }
 
-    /// See [`LogWindow::collect`].
-    async fn collect(&self, mut window: LogWindow, wait: Duration, limit_bytes: usize) -> Vec<String> {
+    /// See [`LogWindow::collect`]; with `quiet`, the wait also ends once no line came for that
+    /// long.
+    async fn collect(
+        &self,
+        mut window: LogWindow,
+        wait: Duration,
+        quiet: Option<Duration>,
+        limit_bytes: usize,
+    ) -> Vec<String> {
         let deadline = tokio::time::Instant::now() + wait;
         let answered = {
             let mut inner = self.inner.lock();
@@ -265,7 +272,8 @@ impl LogBuffer {
                 let inner = self.inner.lock();
                 (Self::window_end(&inner, &window, answered), inner.closed)
             };
-            if end.is_some() || closed || tokio::time::timeout_at(deadline, notified).await.is_err() {
+            let until = quiet.map_or(deadline, |q| deadline.min(tokio::time::Instant::now() + q));
+            if end.is_some() || closed || tokio::time::timeout_at(until, notified).await.is_err() {
                 break end;
             }
         };
@@ -328,7 +336,15 @@ impl LogWindow {
     /// `wait` for them, keeping at most `limit_bytes` (OpenWhisk's log limit) and noting the cut.
     pub async fn collect(self, wait: Duration, limit_bytes: usize) -> Vec<String> {
         let buffer = self.buffer.clone();
-        buffer.collect(self, wait, limit_bytes).await
+        buffer.collect(self, wait, None, limit_bytes).await
+    }
+
+    /// For a runtime that marks no ends (one run at a time, everything it writes meanwhile is
+    /// the run's): the lines until none came for `quiet` (what was written before the answer
+    /// is in the pipe already, and only waits for its reader), at most `wait`.
+    pub async fn collect_settled(self, quiet: Duration, wait: Duration, limit_bytes: usize) -> Vec<String> {
+        let buffer = self.buffer.clone();
+        buffer.collect(self, wait, Some(quiet), limit_bytes).await
     }
 }
 
@@ -366,13 +382,13 @@ mod tests {
         buf.push(Stream::Stdout, SENTINEL.into());
         buf.push(Stream::Stderr, SENTINEL.into());
         buf.push(Stream::Stdout, "next activation".into());
-        let lines = buf.collect(window, WAIT, 1000).await;
+        let lines = buf.collect(window, WAIT, None, 1000).await;
         assert_eq!(lines.len(), 2);
         assert!(lines[0].ends_with("stdout: hello") && lines[1].ends_with("stderr: oops"), "{lines:?}");
         let window = buf.open("b");
         buf.push(Stream::Stdout, SENTINEL.into());
         buf.push(Stream::Stderr, SENTINEL.into());
-        let lines = buf.collect(window, WAIT, 5).await;
+        let lines = buf.collect(window, WAIT, None, 5).await;
         assert!(lines[0].ends_with("next activation") || lines.last().unwrap().contains("truncated"), "{lines:?}");
     }
 
@@ -382,7 +398,7 @@ mod tests {
         for line in ["one", SENTINEL, "two", SENTINEL, "late"] {
             buf.push_merged(line.into());
         }
-        let lines = buf.collect(buf.open("a"), WAIT, 1000).await;
+        let lines = buf.collect(buf.open("a"), WAIT, None, 1000).await;
         assert!(lines.len() == 2 && lines[1].ends_with("stdout: two"), "{lines:?}");
         let window = buf.open("b");
         for line in ["next", SENTINEL, SENTINEL] {
@@ -404,7 +420,7 @@ mod tests {
         buf.push(Stream::Stdout, format!("x{SENTINEL}"));
         buf.push(Stream::Stderr, SENTINEL.into());
         let began = tokio::time::Instant::now();
-        let lines = buf.collect(window, Duration::from_secs(2), 1000).await;
+        let lines = buf.collect(window, Duration::from_secs(2), None, 1000).await;
         assert_eq!(began.elapsed(), Duration::ZERO, "no wait for a sentinel that came");
         assert!(lines.len() == 1 && lines[0].ends_with("stdout: x"), "{lines:?}");
         // A tagged sentinel after untagged output keeps its tag.
@@ -412,7 +428,7 @@ mod tests {
         let window = buf.open(id);
         buf.push(Stream::Stdout, format!("{id} y{id} {SENTINEL}"));
         buf.push(Stream::Stderr, format!("{id} {SENTINEL}"));
-        let lines = buf.collect(window, Duration::from_secs(2), 1000).await;
+        let lines = buf.collect(window, Duration::from_secs(2), None, 1000).await;
         assert_eq!(began.elapsed(), Duration::ZERO);
         assert!(lines.len() == 1 && lines[0].ends_with("stdout: y"), "{lines:?}");
     }
@@ -434,7 +450,7 @@ mod tests {
         }
         let began = tokio::time::Instant::now();
         for (window, id) in windows.into_iter().zip(&ids).rev() {
-            let lines = buf.collect(window, Duration::from_secs(2), 1000).await;
+            let lines = buf.collect(window, Duration::from_secs(2), None, 1000).await;
             assert_eq!(lines.len(), 2, "{lines:?}");
             assert!(lines[0].ends_with(&format!("stdout: line of {id}")), "{lines:?}");
             assert!(lines[1].ends_with(&format!("stderr: err of {id}")), "{lines:?}");
@@ -457,15 +473,15 @@ mod tests {
             buf.push(Stream::Stderr, SENTINEL.into());
         }
         let began = tokio::time::Instant::now();
-        let lines_b = buf.collect(b, Duration::from_secs(2), 1000).await;
-        let lines_a = buf.collect(a, Duration::from_secs(2), 1000).await;
+        let lines_b = buf.collect(b, Duration::from_secs(2), None, 1000).await;
+        let lines_a = buf.collect(a, Duration::from_secs(2), None, 1000).await;
         assert_eq!(began.elapsed(), Duration::ZERO);
         assert!(lines_b.len() == 1 && lines_b[0].ends_with("both"), "{lines_b:?}");
         assert!(lines_a.len() == 2 && lines_a[0].ends_with("early"), "{lines_a:?}");
         // A run whose sentinel never comes waits its bound, and no longer.
         let c = buf.open("c");
         buf.push(Stream::Stdout, "alone".into());
-        let lines = buf.collect(c, Duration::from_secs(2), 1000).await;
+        let lines = buf.collect(c, Duration::from_secs(2), None, 1000).await;
         assert_eq!(began.elapsed(), Duration::from_secs(2));
         assert!(lines.len() == 1 && lines[0].ends_with("alone"), "{lines:?}");
     }

@@ -6,6 +6,7 @@
 mod cgroup;
 #[cfg(feature = "docker")]
 pub mod docker;
+pub mod fn_socket;
 #[cfg(feature = "kubernetes")]
 pub mod kubernetes;
 pub mod logs;
@@ -43,6 +44,22 @@ pub struct ContainerSpec {
     pub disk_mb: u32,
     /// `namespace/name`, for labels and process names.
     pub action_path: String,
+    /// For a kind whose protocol gives no code at start (Fn's): what the container starts
+    /// with. `None` for every other kind.
+    pub function: Option<Arc<FunctionStart>>,
+}
+
+/// What a container of a protocol without `/init` (Fn's) starts with, since its runtime takes
+/// nothing from the invoker once it runs.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FunctionStart {
+    /// The action's code, written to the kind's `code_file`.
+    pub code: Option<String>,
+    /// The handler the kind's command names with `{main}`.
+    pub main: String,
+    /// The protocol's variables and the function's configuration; the factory adds where the
+    /// function listens.
+    pub env: Vec<(String, String)>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -11,6 +11,7 @@
 //! process groups whose environment names this invoker), and nothing else.
 
 use super::cgroup::ContainerCgroups;
+use super::fn_socket::ListenerWatch;
 use super::logs::{LogBuffer, Stream};
 use super::netns::NetNs;
 use super::one_host::OneHost;
@@ -19,9 +20,12 @@ use super::sandbox::{resolve_interpreter, SandboxArgs, ACTION_PATH};
 use super::uids::{HeldUid, UidRange};
 use super::watchdog::{remove_left, Watchdog, WatchdogArgs};
 use super::zygote::{ForkRequest, Zygote};
-use super::{ContainerFactory, ContainerHandle, ContainerSpec, Epoch, FactoryError, StatsReceiver, Transport};
-use crate::config::{Config, KindConfig, Network, ProcessFactoryConfig, TransportKind};
+use super::{
+    ContainerFactory, ContainerHandle, ContainerSpec, Epoch, FactoryError, FunctionStart, StatsReceiver, Transport,
+};
+use crate::config::{Config, KindConfig, Network, ProcessFactoryConfig, RuntimeProtocol, TransportKind};
 use crate::pool::core::{ContainerId, NodeId};
+use crate::proxy::protocol::fn_stream;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use parking_lot::Mutex;
@@ -276,7 +280,21 @@ impl ContainerFactory for ProcessFactory {
         let work = self.work_dir(spec.id);
         let adopt = self.dir(spec.id).join("launcher.sock");
         let zygote = inner.zygote.as_ref().filter(|_| kind.uses_zygote());
-        let env = self.container_env(spec.id, kind, zygote.map(|_| adopt.as_path()));
+        let env = match (&reach, &spec.function) {
+            (Reach::FnSocket { inside, .. }, Some(function)) => self.function_env(kind, function, inside),
+            _ => self.container_env(spec.id, kind, zygote.map(|_| adopt.as_path())),
+        };
+        // Set up before the function starts, so that its listener is never missed.
+        let (reach, listener) = match reach {
+            Reach::FnSocket { host, .. } => match ListenerWatch::on(&host) {
+                Ok(watch) => (Reach::At(Transport::Unix(host.join(fn_stream::LISTENER))), Some(watch)),
+                Err(e) => {
+                    self.kill(spec.id, None).await;
+                    return Err(FactoryError::Create(e.to_string()));
+                }
+            },
+            reach => (reach, None),
+        };
         let mut cmd = Command::new(&inner.executable);
         cmd.arg("sandbox")
             .args(sandbox.to_args())
@@ -322,7 +340,14 @@ impl ContainerFactory for ProcessFactory {
             };
             Some(zygote.fork(&request).await)
         };
-        let (ready, forked) = tokio::join!(wait_ready(&mut child, pid, reach, inner.settings.ready_timeout), forking);
+        let bound = kind.start_timeout_or(inner.settings.ready_timeout);
+        let ready = async {
+            match listener {
+                Some(watch) => wait_listener(&mut child, watch, bound).await,
+                None => wait_ready(&mut child, pid, reach, bound).await,
+            }
+        };
+        let (ready, forked) = tokio::join!(ready, forking);
         let transport = match ready {
             Ok(transport) => transport,
             Err(e) => {
@@ -421,11 +446,29 @@ impl ProcessFactory {
         if uid.is_some() {
             std::fs::create_dir(self.root(spec.id)).map_err(|e| create_err("container root", e))?;
         }
-        let (reach, listen) = match (kind.network, inner.settings.transport) {
-            (Network::Isolated, _) => {
+        if let Some(file) = &kind.code_file {
+            let code = spec.function.as_ref().and_then(|f| f.code.as_deref());
+            let code = code.ok_or_else(|| FactoryError::Create(format!("the action has no code for {file}")))?;
+            let path = work.join(file);
+            std::fs::write(&path, code).map_err(|e| create_err("the action's code", e))?;
+            own_file(&path, uid.map(|_| owner), 0o600).map_err(|e| create_err("the action's code", e))?;
+        }
+        let (reach, listen) = match (kind.protocol, kind.network, inner.settings.transport) {
+            (RuntimeProtocol::Fn, ..) => {
+                // Fresh and empty for each container (a socket left by an earlier process stops
+                // the FDKs from binding), open to the function's user as Fn's agent makes it.
+                let (host, inside) = match uid {
+                    Some(_) => (tmp.join("iofs"), fn_stream::SOCKET_DIR.to_string()),
+                    None => (dir.join("iofs"), dir.join("iofs").display().to_string()),
+                };
+                std::fs::create_dir(&host).map_err(|e| create_err("socket directory", e))?;
+                own_file(&host, uid.map(|_| owner), 0o777).map_err(|e| create_err("socket directory", e))?;
+                (Reach::FnSocket { host, inside }, String::new())
+            }
+            (_, Network::Isolated, _) => {
                 (Reach::Namespace(kind.port), SocketAddr::from(([0, 0, 0, 0], kind.port)).to_string())
             }
-            (Network::Host, TransportKind::Tcp) => {
+            (_, Network::Host, TransportKind::Tcp) => {
                 let addr = free_port()?;
                 (Reach::At(Transport::Tcp(addr)), crate::runtime::Listen::Tcp(addr).to_string())
             }
@@ -462,7 +505,11 @@ impl ProcessFactory {
             mask: inner.masked.clone(),
             tmp: uid.is_some().then(|| tmp.clone()),
             shm: uid.is_some().then(|| shm.clone()),
-            command: kind.command_for(&inner.executable, &listen).into_iter().map(Into::into).collect(),
+            command: kind
+                .command_for(&inner.executable, &listen, spec.function.as_ref().map_or("", |f| &f.main))
+                .into_iter()
+                .map(Into::into)
+                .collect(),
         };
         Ok((reach, sandbox))
     }
@@ -538,6 +585,19 @@ impl ProcessFactory {
             env.push((crate::runtime::NODE_SNAPSHOT.into(), blob.display().to_string()));
         }
         env.into_iter().collect()
+    }
+
+    /// An Fn function's whole environment: the system's few variables, its kind's, then what
+    /// Fn's agent gives (the protocol's variables, the function's configuration, where to
+    /// listen). Of the invoker's, only `INVOKER_ID`, which marks its processes for the watchdog
+    /// when no cgroup holds them.
+    fn function_env(&self, kind: &KindConfig, function: &FunctionStart, inside: &str) -> BTreeMap<String, String> {
+        let inner = &self.inner;
+        let work = std::path::Path::new("/");
+        let mut env: BTreeMap<String, String> = inner.env.iter().cloned().chain(kind.env_for(work)).collect();
+        env.extend(function.env.iter().cloned());
+        env.extend([fn_stream::listener_env(inside), ("INVOKER_ID".into(), inner.invoker_id.clone())]);
+        env
     }
 
     /// The runtime's working directory, inside the container's own.
@@ -662,6 +722,14 @@ fn runtime_env(kinds: &BTreeMap<String, KindConfig>, isolated: bool) -> Result<V
     Ok(env)
 }
 
+/// Gives `path` to `owner` (a container's uid, when isolated) with `mode`.
+fn own_file(path: &std::path::Path, owner: Option<(u32, u32)>, mode: u32) -> std::io::Result<()> {
+    if let Some((user, group)) = owner {
+        nix::unistd::chown(path, Some(nix::unistd::Uid::from_raw(user)), Some(nix::unistd::Gid::from_raw(group)))?;
+    }
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+}
+
 fn free_port() -> Result<SocketAddr, FactoryError> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| FactoryError::Create(e.to_string()))?;
     listener.local_addr().map_err(|e| FactoryError::Create(e.to_string()))
@@ -673,6 +741,24 @@ enum Reach {
     At(Transport),
     /// On this port of the network namespace the sandbox makes (known once it unshared).
     Namespace(u16),
+    /// Where an Fn function makes its listener: its socket directory on the host, and as the
+    /// container sees it.
+    FnSocket { host: PathBuf, inside: String },
+}
+
+/// Waits for an Fn function's listener (`fn_socket`): its path, or why the creation fails.
+async fn wait_listener(child: &mut Child, watch: ListenerWatch, bound: Duration) -> Result<Transport, FactoryError> {
+    tokio::select! {
+        ready = watch.ready() => match ready {
+            Ok(listener) => Ok(Transport::Unix(listener)),
+            Err(e) => Err(FactoryError::Create(format!("the function's socket: {e}"))),
+        },
+        status = child.wait() => {
+            let status = status.map_or_else(|e| e.to_string(), |s| s.to_string());
+            Err(FactoryError::Create(format!("the function exited before it was ready ({status})")))
+        }
+        () = tokio::time::sleep(bound) => Err(FactoryError::NotReady(bound)),
+    }
 }
 
 /// Waits until the runtime accepts connections; returns where.
@@ -682,6 +768,7 @@ async fn wait_ready(child: &mut Child, pid: u32, reach: Reach, bound: Duration) 
     loop {
         let transport = match &reach {
             Reach::At(transport) => Some(transport.clone()),
+            Reach::FnSocket { host, .. } => Some(Transport::Unix(host.join(fn_stream::LISTENER))),
             Reach::Namespace(port) => match NetNs::of_process(pid) {
                 Ok(ns) if !ns.is_invokers() => Some(Transport::Netns(Arc::new(ns), *port)),
                 _ => None,

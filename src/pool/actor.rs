@@ -225,17 +225,19 @@ impl ContainerPool {
         for effect in effects {
             match effect {
                 Effect::Create { container, owner, memory_mb, node, prewarm } => {
-                    let (kind, disk_mb, action_path) = match owner {
+                    let (kind, disk_mb, action_path, function) = match owner {
                         Owner::Key(key) => {
                             let (action, _) = &self.key_actions[&key];
-                            (action.exec.kind.clone(), action.limits.disk, action.path())
+                            let protocol = self.protocols.get(&action.exec.kind).copied().unwrap_or_default();
+                            let function = crate::proxy::protocol::function_start(protocol, action, memory_mb);
+                            (action.exec.kind.clone(), action.limits.disk, action.path(), function.map(Arc::new))
                         }
                         Owner::Stem(stem) => {
                             let class = &self.config.prewarm[stem.0 as usize];
-                            (class.kind.clone(), class.disk_mb, self.stem_label(stem))
+                            (class.kind.clone(), class.disk_mb, self.stem_label(stem), None)
                         }
                     };
-                    let spec = ContainerSpec { id: container, kind, memory_mb, disk_mb, action_path };
+                    let spec = ContainerSpec { id: container, kind, memory_mb, disk_mb, action_path, function };
                     let proxy_ctx = ProxyContext {
                         factory: self.factory.clone(),
                         config: self.proxy_config.clone(),

@@ -91,8 +91,14 @@ impl Invoker {
     }
 
     pub async fn put_action(&self, name: &str, body: Value) {
+        let (status, text) = self.try_put_action(name, body).await;
+        assert_eq!(status, 200, "create {name}: {text}");
+    }
+
+    /// A `PUT` of an action that may be refused: its status and body.
+    pub async fn try_put_action(&self, name: &str, body: Value) -> (u16, String) {
         let r = self.http.put(self.url(&format!("actions/{name}"))).basic_auth_key().json(&body).send().await.unwrap();
-        assert_eq!(r.status(), 200, "create {name}: {}", r.text().await.unwrap());
+        (r.status().as_u16(), r.text().await.unwrap())
     }
 
     /// Invokes `name` and returns the status and the JSON body.

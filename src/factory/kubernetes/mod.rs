@@ -170,6 +170,11 @@ impl ContainerFactory for KubernetesFactory {
 
     async fn create(&self, spec: &ContainerSpec, node: &NodeId) -> Result<ContainerHandle, FactoryError> {
         let inner = &self.inner;
+        if spec.function.is_some() {
+            return Err(FactoryError::Create(
+                "the kubernetes factory runs no Fn function yet (the process factory does)".into(),
+            ));
+        }
         let template = inner.templates.get(&spec.kind).ok_or_else(|| FactoryError::UnknownKind(spec.kind.clone()))?;
         let name = inner.pod_name(spec.id);
         let pod = build_pod(

@@ -88,7 +88,7 @@ impl MesosFactory {
             .kinds
             .iter()
             .map(|(kind, k)| {
-                let command = k.command_for(&agent_invoker, &listen);
+                let command = k.command_for(&agent_invoker, &listen, "");
                 (kind.clone(), TaskTemplate { command, image: m.images.get(kind).cloned() })
             })
             .collect();
@@ -167,6 +167,11 @@ impl ContainerFactory for MesosFactory {
 
     async fn create(&self, spec: &ContainerSpec, node: &NodeId) -> Result<ContainerHandle, FactoryError> {
         let inner = &self.inner;
+        if spec.function.is_some() {
+            return Err(FactoryError::Create(
+                "the mesos factory runs no Fn function yet (the process factory does)".into(),
+            ));
+        }
         let template = inner.templates.get(&spec.kind).ok_or_else(|| FactoryError::UnknownKind(spec.kind.clone()))?;
         let request = LaunchRequest {
             container: spec.id,

@@ -4,6 +4,7 @@
 //! Every protocol speaks HTTP/1.1 over the container's transport through [`RuntimeClient`].
 
 mod client;
+pub mod fn_stream;
 mod openwhisk;
 
 pub use client::{RuntimeClient, RuntimeError, RuntimeResponse};
@@ -11,10 +12,23 @@ pub use openwhisk::{EXITED_UNEXPECTEDLY, NOT_A_RESULT};
 
 use crate::activation::job::RunJob;
 use crate::config::RuntimeProtocol;
-use crate::factory::Transport;
+use crate::factory::{FunctionStart, Transport};
 use crate::model::{Action, Outcome};
 use serde_json::Value;
 use std::time::Duration;
+
+/// What a container of `protocol` starts with for `action`, when the protocol gives no code
+/// once it runs (Fn's); `None` for a protocol that initialises its containers.
+pub fn function_start(protocol: RuntimeProtocol, action: &Action, memory_mb: u32) -> Option<FunctionStart> {
+    match protocol {
+        RuntimeProtocol::OpenWhisk => None,
+        RuntimeProtocol::Fn => Some(FunctionStart {
+            code: action.exec.code.clone(),
+            main: action.exec.main.clone().unwrap_or_else(|| "handler".into()),
+            env: fn_stream::environment(action, memory_mb),
+        }),
+    }
+}
 
 /// A runtime's answer as it came, before it is interpreted.
 pub type Answer = Result<RuntimeResponse, RuntimeError>;
@@ -56,12 +70,15 @@ impl Runtime {
     pub async fn init(&self, action: &Action, api_host: &str, timeout: Duration) -> Result<(), Answer> {
         match self.protocol {
             RuntimeProtocol::OpenWhisk => openwhisk::init(&self.client, action, api_host, timeout).await,
+            // Its code is in the container from the start.
+            RuntimeProtocol::Fn => Ok(()),
         }
     }
 
     pub async fn run(&self, run: &RunJob, timeout: Duration) -> Answer {
         match self.protocol {
             RuntimeProtocol::OpenWhisk => openwhisk::run(&self.client, run, timeout).await,
+            RuntimeProtocol::Fn => fn_stream::call(&self.client, run, timeout).await,
         }
     }
 
@@ -70,6 +87,7 @@ impl Runtime {
     pub fn interpret(&self, answer: Answer, timeout_ms: u64, oom: bool, max_result_bytes: usize) -> Interpreted {
         match self.protocol {
             RuntimeProtocol::OpenWhisk => openwhisk::interpret(answer, timeout_ms, oom, max_result_bytes),
+            RuntimeProtocol::Fn => fn_stream::interpret(answer, oom, max_result_bytes),
         }
     }
 
@@ -78,6 +96,7 @@ impl Runtime {
     pub fn answered(&self, answer: &Answer) -> bool {
         match self.protocol {
             RuntimeProtocol::OpenWhisk => matches!(answer, Ok(RuntimeResponse { status: 200, .. })),
+            RuntimeProtocol::Fn => fn_stream::answered(answer),
         }
     }
 }

@@ -1,0 +1,265 @@
+//! Fn's http-stream contract (`../shared/reference/fn-http-stream.md`), as Fn's agent speaks
+//! it to an unmodified FDK: the container's environment, one `POST /call` per activation over
+//! the unix socket the function made, and the answer's status read as Fn's agent reads it.
+//! Where the function's socket appears and when it counts as ready is the factories' side
+//! (`factory::fn_socket`).
+
+use super::client::{RuntimeClient, RuntimeError, RuntimeResponse};
+use super::{Answer, Interpreted};
+use crate::activation::job::RunJob;
+use crate::model::{Action, Outcome};
+use base64::Engine;
+use bytes::Bytes;
+use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
+use serde_json::{json, Map, Value};
+use std::time::{Duration, SystemTime};
+
+/// Where the socket directory is inside a container (Fn's `iofs` mount).
+pub const SOCKET_DIR: &str = "/tmp/iofs";
+
+/// The socket (or relative symlink to one) a function makes when it is ready.
+pub const LISTENER: &str = "lsnr.sock";
+
+/// Headers that belong to one connection, never passed on (RFC 9110 §7.6.1, and what Go's
+/// reverse proxy strips); `content-length` is the new message's own.
+const HOP_BY_HOP: [&str; 9] = [
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "content-length",
+];
+
+pub fn is_hop_by_hop(name: &str) -> bool {
+    HOP_BY_HOP.iter().any(|h| name.eq_ignore_ascii_case(h))
+}
+
+/// The environment Fn's agent gives a function, less the listener (the factory says where the
+/// socket directory is): the app's configuration, then the function's (the function's wins),
+/// then the agent's own variables. An action that is not an Fn function is its own app.
+pub fn environment(action: &Action, memory_mb: u32) -> Vec<(String, String)> {
+    let fn_ = action.fn_function();
+    let mut env: Vec<(String, String)> = Vec::new();
+    for config in [&fn_.app_config, &fn_.config] {
+        for (k, v) in config {
+            env.retain(|(name, _)| name != k);
+            env.push((k.clone(), v.clone()));
+        }
+    }
+    let ours = [
+        ("FN_FORMAT", "http-stream".to_string()),
+        ("FN_MEMORY", memory_mb.to_string()),
+        ("FN_TYPE", "sync".into()),
+        ("FN_FN_ID", fn_.fn_id),
+        ("FN_APP_ID", fn_.app_id),
+    ];
+    env.retain(|(name, _)| !ours.iter().any(|(o, _)| o == name) && name != "FN_LISTENER");
+    env.extend(ours.into_iter().map(|(k, v)| (k.to_string(), v)));
+    env
+}
+
+/// `FN_LISTENER` for a socket directory at `dir` (as the container sees it).
+pub fn listener_env(dir: &str) -> (String, String) {
+    ("FN_LISTENER".into(), format!("unix:{dir}/{LISTENER}"))
+}
+
+/// `POST /call` with the caller's headers (hop-by-hop ones dropped), `Fn-Call-Id` and
+/// `Fn-Deadline`; the caller's body, or the activation's parameters as JSON when it came
+/// through OpenWhisk's API. Past `timeout` the connection is dropped (the FDKs do not enforce
+/// the deadline themselves).
+pub(super) async fn call(client: &RuntimeClient, run: &RunJob, timeout: Duration) -> Answer {
+    let mut headers = HeaderMap::new();
+    let body = match &run.request {
+        Some(request) => {
+            for (name, value) in &request.headers {
+                if is_hop_by_hop(name) || name.eq_ignore_ascii_case("host") || name.eq_ignore_ascii_case("expect") {
+                    continue;
+                }
+                if let (Ok(name), Ok(value)) = (HeaderName::try_from(name.as_str()), HeaderValue::try_from(value)) {
+                    headers.append(name, value);
+                }
+            }
+            request.body.clone()
+        }
+        None => {
+            headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            // A JSON map: serialising cannot fail.
+            Bytes::from(serde_json::to_vec(&run.params).expect("parameters serialise"))
+        }
+    };
+    let deadline = humantime::format_rfc3339_seconds(SystemTime::now() + timeout).to_string();
+    for (name, value) in [("fn-call-id", run.meta.activation_id.as_str()), ("fn-deadline", deadline.as_str())] {
+        if let Ok(value) = HeaderValue::try_from(value) {
+            headers.insert(HeaderName::from_static(name), value);
+        }
+    }
+    client.send("/call", &headers, body, timeout).await
+}
+
+/// The answer as a result: its status, headers (hop-by-hop ones dropped) and body, the body as
+/// text when it is UTF-8 and in base64 (`"encoding": "base64"`) when it is not.
+fn result_of(response: &RuntimeResponse) -> Map<String, Value> {
+    let mut headers = Map::new();
+    for (name, value) in &response.headers {
+        if is_hop_by_hop(name.as_str()) {
+            continue;
+        }
+        let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
+        match headers.get_mut(name.as_str()) {
+            Some(Value::String(first)) => {
+                first.push_str(", ");
+                first.push_str(&value);
+            }
+            _ => {
+                headers.insert(name.as_str().to_string(), Value::String(value));
+            }
+        }
+    }
+    let mut result = Map::new();
+    result.insert("statusCode".into(), json!(response.status));
+    result.insert("headers".into(), Value::Object(headers));
+    match std::str::from_utf8(&response.body) {
+        Ok(text) => {
+            result.insert("body".into(), Value::String(text.to_string()));
+        }
+        Err(_) => {
+            let encoded = base64::engine::general_purpose::STANDARD.encode(&response.body);
+            result.insert("body".into(), Value::String(encoded));
+            result.insert("encoding".into(), Value::String("base64".into()));
+        }
+    }
+    result
+}
+
+fn failed(outcome: Outcome, error: &str, reusable: bool, timed_out: bool) -> Interpreted {
+    Interpreted { outcome, result: json!({ "error": error }), reusable, timed_out }
+}
+
+/// Fn's agent's reading of an answer: 200 is the function's answer; 502 its failure and 504
+/// its own timeout, the container kept; any other status, a dropped connection or a deadline
+/// passed is the container's end.
+pub(super) fn interpret(answer: Answer, oom: bool, max_result_bytes: usize) -> Interpreted {
+    let response = match answer {
+        Err(RuntimeError::Timeout) => return failed(Outcome::DeveloperError, "Timed out", false, true),
+        Err(RuntimeError::TooLarge(_)) => {
+            return failed(Outcome::DeveloperError, "function response body too large", false, false)
+        }
+        Err(RuntimeError::Connection(_)) if oom => {
+            return failed(Outcome::DeveloperError, "The function exhausted its memory and was aborted.", false, false)
+        }
+        Err(RuntimeError::Connection(_)) => {
+            return failed(Outcome::DeveloperError, "error receiving function response", false, false)
+        }
+        Ok(response) => response,
+    };
+    if response.body.len() > max_result_bytes {
+        return failed(Outcome::DeveloperError, "function response body too large", false, false);
+    }
+    let mut result = result_of(&response);
+    let (outcome, timed_out) = match response.status {
+        200 => {
+            return Interpreted {
+                outcome: Outcome::Success,
+                result: Value::Object(result),
+                reusable: true,
+                timed_out: false,
+            }
+        }
+        502 => (Outcome::ApplicationError, false),
+        504 => (Outcome::ApplicationError, true),
+        _ if oom => {
+            return failed(Outcome::DeveloperError, "The function exhausted its memory and was aborted.", false, false)
+        }
+        status => {
+            let error = format!("invalid function response (HTTP {status})");
+            return Interpreted {
+                result: json!({ "error": error }),
+                ..failed(Outcome::DeveloperError, "", false, false)
+            };
+        }
+    };
+    let error = if timed_out { "Timed out" } else { "function failed" };
+    result.insert("error".into(), Value::String(error.into()));
+    Interpreted { outcome, result: Value::Object(result), reusable: true, timed_out }
+}
+
+/// Whether an answer is one of the contract's (200, 502, 504): anything else may mean the
+/// container died, and its OOM state is worth reading.
+pub(super) fn answered(answer: &Answer) -> bool {
+    matches!(answer, Ok(RuntimeResponse { status: 200 | 502 | 504, .. }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(status: u16, headers: &[(&str, &str)], body: &[u8]) -> Answer {
+        let mut map = HeaderMap::new();
+        for (k, v) in headers {
+            map.append(HeaderName::try_from(*k).unwrap(), HeaderValue::try_from(*v).unwrap());
+        }
+        Ok(RuntimeResponse { status, headers: map, body: Bytes::copy_from_slice(body) })
+    }
+
+    #[test]
+    fn a_200_passes_status_headers_and_body_and_keeps_the_container() {
+        let headers = [("content-type", "text/plain"), ("keep-alive", "75"), ("x-a", "1"), ("x-a", "2")];
+        let r = interpret(answer(200, &headers, b"hello"), false, 1000);
+        assert_eq!((r.outcome, r.reusable, r.timed_out), (Outcome::Success, true, false));
+        assert_eq!(
+            r.result,
+            json!({"statusCode": 200, "headers": {"content-type": "text/plain", "x-a": "1, 2"}, "body": "hello"})
+        );
+        let r = interpret(answer(200, &[], &[0xff, 0x00]), false, 1000);
+        assert_eq!((r.result["body"].as_str(), r.result["encoding"].as_str()), (Some("/wA="), Some("base64")));
+    }
+
+    #[test]
+    fn a_502_is_the_functions_failure_and_a_504_its_timeout_both_keep_the_container() {
+        let r = interpret(answer(502, &[], b"boom"), false, 1000);
+        assert_eq!((r.outcome, r.reusable, r.timed_out), (Outcome::ApplicationError, true, false));
+        assert_eq!((r.result["error"].as_str(), r.result["body"].as_str()), (Some("function failed"), Some("boom")));
+        let r = interpret(answer(504, &[], b""), false, 1000);
+        assert_eq!((r.outcome, r.reusable, r.timed_out), (Outcome::ApplicationError, true, true));
+    }
+
+    #[test]
+    fn another_status_a_broken_connection_a_deadline_or_too_much_removes_the_container() {
+        let r = interpret(answer(400, &[], b"{\"message\":\"Invalid method\"}"), false, 1000);
+        assert_eq!((r.outcome, r.reusable), (Outcome::DeveloperError, false));
+        assert_eq!(r.result["error"], "invalid function response (HTTP 400)");
+        let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+        let r = interpret(Err(RuntimeError::Connection(reset.into())), false, 1000);
+        assert_eq!((r.reusable, r.result["error"].as_str()), (false, Some("error receiving function response")));
+        let r = interpret(Err(RuntimeError::Timeout), false, 1000);
+        assert_eq!((r.reusable, r.timed_out, r.result["error"].as_str()), (false, true, Some("Timed out")));
+        let r = interpret(answer(200, &[], &[b'x'; 11]), false, 10);
+        assert_eq!((r.reusable, r.result["error"].as_str()), (false, Some("function response body too large")));
+        assert!(answered(&answer(502, &[], b"")) && !answered(&answer(503, &[], b"")));
+    }
+
+    #[test]
+    fn the_functions_config_wins_over_its_apps_and_the_agents_variables_over_both() {
+        let mut action = Action::for_test("f", "x");
+        let said = json!({"fn_id": "01F", "app_id": "01A",
+            "app_config": {"A": "app", "B": "app"}, "config": {"B": "fn", "FN_MEMORY": "9"}});
+        action.annotations.push(crate::model::KeyValue { key: "fn".into(), value: said });
+        let env = environment(&action, 256);
+        let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        assert_eq!((get("A"), get("B")), (Some("app"), Some("fn")));
+        assert_eq!(
+            (get("FN_MEMORY"), get("FN_FORMAT"), get("FN_TYPE")),
+            (Some("256"), Some("http-stream"), Some("sync"))
+        );
+        assert_eq!((get("FN_FN_ID"), get("FN_APP_ID")), (Some("01F"), Some("01A")));
+        assert_eq!(env.iter().filter(|(n, _)| n == "FN_MEMORY").count(), 1);
+        action.annotations.clear();
+        let env = environment(&action, 128);
+        let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        assert_eq!((get("FN_FN_ID"), get("FN_APP_ID")), (Some("guest/f"), Some("guest")), "an action is its own app");
+    }
+}
