@@ -443,6 +443,17 @@ pub struct ActivationMessage<'a> {
     /// The parameters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<Cow<'a, Map<String, Value>>>,
+    /// Ours, not OpenWhisk's: the caller's request as it came, for a runtime that takes one
+    /// (an Fn function called through a scheduler).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<MessageRequest<'a>>,
+}
+
+/// A call's headers, and its body in base64.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct MessageRequest<'a> {
+    pub headers: Vec<(Cow<'a, str>, Cow<'a, str>)>,
+    pub body: Cow<'a, str>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]

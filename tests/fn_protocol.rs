@@ -5,7 +5,7 @@
 mod support;
 
 use serde_json::{json, Value};
-use support::Invoker;
+use support::{Invoker, GUEST};
 
 fn tempdir() -> tempfile::TempDir {
     tempfile::Builder::new().prefix("invoker-fn-").tempdir().unwrap()
@@ -233,4 +233,132 @@ async fn a_function_that_never_makes_its_socket_or_links_it_from_elsewhere_fails
     let log = inv.stderr();
     assert!(log.contains("did not become ready within 1s"), "the operator sees the bound: {log}");
     assert!(log.contains("not in its own directory"), "the operator sees the absolute link: {log}");
+}
+
+/// A python function behind Fn's routes: it says what it got (raw body, headers, the gateway's
+/// method and URL, its configuration) and answers with a status and a header of its own.
+const PY_GATEWAY: &str = r#"import io, json, os
+from fdk import response
+def handler(ctx, data: io.BytesIO = None):
+    print("gateway call", ctx.CallID())
+    said = {"body": data.getvalue().decode(), "method": ctx.Method(), "url": ctx.RequestURL(),
+            "x_in": ctx.Headers().get("x-in"), "greeting": os.environ.get("GREETING"), "who": os.environ.get("WHO"),
+            "auth": ctx.Headers().get("authorization")}
+    return response.Response(ctx, response_data=json.dumps(said), headers={"X-Made": "yes", "Content-Type": "application/json"}, status_code=201)
+"#;
+
+/// The same in node: the gateway's method and a header in, a status and a header out.
+const JS_GATEWAY: &str = r#"const fdk = require('@fnproject/fdk');
+fdk.handle(function (input, ctx) {
+  const gw = ctx.httpGateway;
+  gw.statusCode = 202;
+  gw.setResponseHeader('X-Made', 'node');
+  return {body: input, method: gw.method, x_in: gw.getHeader('X-In'), greeting: process.env.GREETING};
+}, {inputMode: 'string'});
+"#;
+
+const OTHER: &str = "11111111-2222-3333-4444-555555555555:other-secret-key";
+
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_fdk, ignore = "needs Fn's FDKs (scripts/fdk.sh installs them; run by .ci/run)")]
+async fn fn_routes_make_an_app_a_function_and_a_trigger_and_call_it_through_invoke_and_http() {
+    let dir = tempdir();
+    let namespaces = format!("[namespaces]\nguest = \"{GUEST}\"\nother = \"{OTHER}\"\n");
+    let inv = Invoker::start(dir.path(), &id("fn-routes"), &namespaces);
+    let (status, app) = inv.send_json("POST", "/v2/apps", json!({"name": "myapp", "config": {"GREETING": "hi"}})).await;
+    assert_eq!(status, 200, "{app}");
+    let app_id = app["id"].as_str().unwrap().to_string();
+    let (status, again) = inv.send_json("POST", "/v2/apps", json!({"name": "myapp"})).await;
+    assert_eq!((status, again["message"].as_str()), (409, Some("App already exists")));
+    let new_fn = json!({"name": "hello", "app_id": app_id, "image": "fn:python", "code": PY_GATEWAY,
+                        "memory": 256, "timeout": 5, "config": {"WHO": "fn"}});
+    let (status, function) = inv.send_json("POST", "/v2/fns", new_fn).await;
+    assert_eq!(status, 200, "{function}");
+    let fn_id = function["id"].as_str().unwrap().to_string();
+    assert_eq!(
+        (function["memory"].as_u64(), function["timeout"].as_u64(), function["idle_timeout"].as_u64()),
+        (Some(256), Some(5), Some(30))
+    );
+    let (status, listed) = inv.send_json("GET", &format!("/v2/fns?app_id={app_id}"), Value::Null).await;
+    assert_eq!((status, listed["items"][0]["id"].as_str()), (200, Some(fn_id.as_str())));
+
+    // /invoke: the body as it came, the caller's headers but its key, the function's answer.
+    let headers = [("x-in", "1"), ("content-type", "text/plain")];
+    let (status, got, body) =
+        inv.send("POST", &format!("/invoke/{fn_id}"), GUEST, &headers, b"raw body".to_vec()).await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    let said: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!((said["body"].as_str(), said["x_in"].as_str()), (Some("raw body"), Some("1")));
+    assert_eq!(
+        (said["greeting"].as_str(), said["who"].as_str()),
+        (Some("hi"), Some("fn")),
+        "the app's and the fn's config"
+    );
+    assert!(said["auth"].is_null(), "the caller's key never reaches the function: {said}");
+    assert_eq!(got["x-made"], "yes", "the function's header, as it sent it");
+    let call_id = got["fn-call-id"].to_str().unwrap().to_string();
+
+    // An HTTP trigger: Fn's gateway both ways.
+    let trigger = json!({"name": "t", "app_id": app_id, "fn_id": fn_id, "type": "http", "source": "/hello/there"});
+    let (status, trigger) = inv.send_json("POST", "/v2/triggers", trigger).await;
+    assert_eq!(status, 200, "{trigger}");
+    let endpoint = trigger["annotations"]["fnproject.io/trigger/httpEndpoint"].as_str().unwrap();
+    assert!(endpoint.ends_with("/t/myapp/hello/there"), "{endpoint}");
+    let headers = [("x-in", "2")];
+    let (status, got, body) = inv.send("PUT", "/t/myapp/hello/there?q=1", GUEST, &headers, b"via http".to_vec()).await;
+    assert_eq!(status, 201, "Fn-Http-Status becomes the status: {}", String::from_utf8_lossy(&body));
+    assert_eq!(got["x-made"], "yes");
+    assert!(got.get("fn-fdk-version").is_none(), "the FDK's own headers stay behind: {got:?}");
+    let said: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(
+        (said["method"].as_str(), said["body"].as_str(), said["x_in"].as_str()),
+        (Some("PUT"), Some("via http"), Some("2"))
+    );
+    assert!(said["url"].as_str().unwrap().ends_with("/t/myapp/hello/there?q=1"), "{said}");
+
+    // The same with node's FDK.
+    let js = json!({"name": "hellojs", "app_id": app_id, "image": "fn:node", "code": JS_GATEWAY});
+    let (status, js) = inv.send_json("POST", "/v2/fns", js).await;
+    assert_eq!(status, 200, "{js}");
+    let js_id = js["id"].as_str().unwrap();
+    let trigger = json!({"name": "tjs", "app_id": app_id, "fn_id": js_id, "type": "http", "source": "/js"});
+    assert_eq!(inv.send_json("POST", "/v2/triggers", trigger).await.0, 200);
+    let (status, _, body) = inv.send("POST", &format!("/invoke/{js_id}"), GUEST, &[], b"direct".to_vec()).await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    let said: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!((said["body"].as_str(), said["greeting"].as_str()), (Some("direct"), Some("hi")));
+    let (status, got, body) = inv.send("DELETE", "/t/myapp/js", GUEST, &[("x-in", "3")], b"gw".to_vec()).await;
+    assert_eq!(status, 202, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(got["x-made"], "node");
+    let said: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(
+        (said["method"].as_str(), said["x_in"].as_str(), said["body"].as_str()),
+        (Some("DELETE"), Some("3"), Some("gw"))
+    );
+
+    // Each call is an activation with its record and logs.
+    let record = inv.record(&call_id).await;
+    assert_eq!(record["name"], "myapp.hello");
+    assert!(logs(&record).iter().any(|l| l.ends_with(&format!("gateway call {call_id}"))), "{record}");
+
+    // Fn's errors, and the tenant's walls.
+    let (status, missing) = inv.send_json("POST", "/invoke/NOSUCHFN", json!({})).await;
+    assert_eq!(status, 404);
+    assert!(missing["message"].as_str().unwrap().starts_with("Fn not found"), "{missing}");
+    let (status, bad) = inv.send_json("GET", "/v2/fns", Value::Null).await;
+    assert_eq!((status, bad["message"].as_str()), (400, Some("app_id: is required")));
+    let (status, _, body) = inv.send("POST", &format!("/invoke/{fn_id}"), OTHER, &[], Vec::new()).await;
+    assert_eq!(status, 404, "another namespace's key finds no such fn: {}", String::from_utf8_lossy(&body));
+    let (status, _, _) = inv.send("GET", &format!("/v2/apps/{app_id}"), OTHER, &[], Vec::new()).await;
+    assert_eq!(status, 404);
+    let (status, _, _) = inv.send("GET", "/t/myapp/hello/there", OTHER, &[], Vec::new()).await;
+    assert_eq!(status, 404);
+
+    // Deleting the app takes its function and trigger with it.
+    let (status, _) = inv.send_json("DELETE", &format!("/v2/apps/{app_id}"), Value::Null).await;
+    assert_eq!(status, 200);
+    let (status, _) = inv.send_json("GET", &format!("/v2/fns/{fn_id}"), Value::Null).await;
+    assert_eq!(status, 404);
+    let (status, _) = inv.get("actions/myapp.hello").await;
+    assert_eq!(status, 404, "its action went too");
 }

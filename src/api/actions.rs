@@ -62,6 +62,12 @@ struct LimitsPut {
     disk: Option<u32>,
 }
 
+/// An action from a `PUT` body built by another route (Fn's functions), validated as a `PUT`.
+pub(super) fn action_from_json(config: &Config, put: Value, ns: &str, name: &str) -> Result<Action, ApiError> {
+    let put: ActionPut = serde_json::from_value(put).map_err(|e| ApiError::Internal(format!("an action body: {e}")))?;
+    validate_action(config, put, ns, name)
+}
+
 fn validate_action(config: &Config, put: ActionPut, ns: &str, name: &str) -> Result<Action, ApiError> {
     let bad = |m: String| ApiError::BadRequest(m);
     let exec = put.exec.ok_or_else(|| bad("exec: is required".into()))?;

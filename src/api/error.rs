@@ -4,6 +4,7 @@ use super::Response;
 use crate::activation::IntakeError;
 use crate::cluster::fetch::FetchError;
 use crate::model::{ActivationRecord, Outcome, Rejection};
+use crate::pool::core::CreateFailure;
 use crate::store::StoreError;
 use hyper::header::{self, HeaderValue};
 use hyper::StatusCode;
@@ -19,6 +20,9 @@ pub enum ApiError {
     Forbidden(String),
     #[error("the requested resource does not exist")]
     NotFound,
+    /// A 404 that says what was not found (Fn's `Fn not found`).
+    #[error("{0}")]
+    NotFoundNamed(String),
     #[error("method {method} is not allowed here; allowed: {allowed}")]
     MethodNotAllowed { method: String, allowed: &'static str },
     #[error("{0}")]
@@ -71,7 +75,7 @@ impl ApiError {
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
-            ApiError::NotFound => StatusCode::NOT_FOUND,
+            ApiError::NotFound | ApiError::NotFoundNamed(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
@@ -82,10 +86,18 @@ impl ApiError {
     }
 
     pub fn into_response(self) -> Response {
-        let mut response = super::json(
-            self.status(),
-            &json!({ "error": self.to_string(), "code": crate::model::new_activation_id() }),
-        );
+        let body = json!({ "error": self.to_string(), "code": crate::model::new_activation_id() });
+        self.respond(&body)
+    }
+
+    /// The same status with Fn's body, `{"message": ...}`, for Fn's routes.
+    pub fn into_fn_response(self) -> Response {
+        let body = json!({ "message": self.to_string() });
+        self.respond(&body)
+    }
+
+    fn respond(self, body: &serde_json::Value) -> Response {
+        let mut response = super::json(self.status(), body);
         let headers = response.headers_mut();
         if matches!(self, ApiError::Unavailable(_) | ApiError::TooMany(_)) {
             headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
@@ -108,5 +120,34 @@ pub(super) fn record_status(record: &ActivationRecord, failed: StatusCode) -> St
         (Outcome::ApplicationError | Outcome::DeveloperError, _) => failed,
         (Outcome::WhiskError, Some(Rejection::NeverFits { .. })) => StatusCode::BAD_REQUEST,
         (Outcome::WhiskError, _) => StatusCode::SERVICE_UNAVAILABLE,
+    }
+}
+
+/// Fn's answer for a finished call: `Ok` when the function answered (its own status and body
+/// go back), else Fn's status and message: 504 for a deadline (the function's or ours) or a
+/// container that never became ready, 502 for a failed function or container, 400 for what
+/// can never fit, 503 when nothing ran and a retry may.
+pub(super) fn fn_record_status(record: &ActivationRecord) -> Result<(), (StatusCode, String)> {
+    let error = || record.response.result["error"].as_str().unwrap_or("function failed").to_string();
+    let timed_out = record.annotation("timeout") == Some(&serde_json::Value::Bool(true));
+    let rejected = record.annotation("rejected").and_then(|v| v.as_str());
+    let fdk = "please ensure you are using the latest fdk and check the logs";
+    match (record.outcome(), record.rejection) {
+        (Outcome::Success, _) => Ok(()),
+        (Outcome::ApplicationError | Outcome::DeveloperError, _) if timed_out => {
+            Err((StatusCode::GATEWAY_TIMEOUT, "Timed out".into()))
+        }
+        (Outcome::ApplicationError | Outcome::DeveloperError, _) => Err((StatusCode::BAD_GATEWAY, error())),
+        (Outcome::WhiskError, Some(Rejection::CreateFailed(CreateFailure::NotReady))) => {
+            Err((StatusCode::GATEWAY_TIMEOUT, format!("Container initialization timed out, {fdk}")))
+        }
+        (Outcome::WhiskError, Some(Rejection::CreateFailed(_))) => {
+            Err((StatusCode::BAD_GATEWAY, format!("Container failed to initialize, {fdk}")))
+        }
+        (Outcome::WhiskError, None) if rejected == Some("create_failed") => {
+            Err((StatusCode::BAD_GATEWAY, format!("Container failed to initialize, {fdk}")))
+        }
+        (Outcome::WhiskError, Some(Rejection::NeverFits { .. })) => Err((StatusCode::BAD_REQUEST, error())),
+        (Outcome::WhiskError, _) => Err((StatusCode::SERVICE_UNAVAILABLE, error())),
     }
 }

@@ -7,6 +7,7 @@ mod admin;
 mod archive;
 mod cluster;
 pub mod error;
+mod fn_routes;
 pub mod server;
 mod shim;
 mod wire;
@@ -123,19 +124,59 @@ impl Call {
 
 /// The routes: a path's segments after the prefix, percent-decoded.
 enum Route {
-    Action { ns: String, name: String },
-    Actions { ns: String },
-    Activations { ns: String },
-    Activation { ns: String, id: String },
-    ActivationPart { ns: String, id: String, part: String },
+    Action {
+        ns: String,
+        name: String,
+    },
+    Actions {
+        ns: String,
+    },
+    Activations {
+        ns: String,
+    },
+    Activation {
+        ns: String,
+        id: String,
+    },
+    ActivationPart {
+        ns: String,
+        id: String,
+        part: String,
+    },
     ActivationMessage,
     Invokers,
-    InvokerDrain { id: String, drain: bool },
-    InternalAction { ns: String, name: String },
+    InvokerDrain {
+        id: String,
+        drain: bool,
+    },
+    InternalAction {
+        ns: String,
+        name: String,
+    },
     Ping,
     Health,
     Metrics,
     Pool,
+    /// Fn's routes.
+    FnApps,
+    FnApp {
+        id: String,
+    },
+    FnFunctions,
+    FnFunction {
+        id: String,
+    },
+    FnTriggers,
+    FnTrigger {
+        id: String,
+    },
+    FnInvoke {
+        fn_id: String,
+    },
+    FnHttpTrigger {
+        app: String,
+        source: String,
+    },
 }
 
 impl Route {
@@ -147,6 +188,9 @@ impl Route {
             "/v1/pool" => Some(Route::Pool),
             "/v1/activations" => Some(Route::ActivationMessage),
             "/v1/invokers" => Some(Route::Invokers),
+            "/v2/apps" => Some(Route::FnApps),
+            "/v2/fns" => Some(Route::FnFunctions),
+            "/v2/triggers" => Some(Route::FnTriggers),
             _ => None,
         };
         if fixed.is_some() {
@@ -158,6 +202,27 @@ impl Route {
                 .map(|d| d.into_owned())
                 .map_err(|_| ApiError::BadRequest("path: a segment is not UTF-8 once decoded".into()))
         };
+        fn one(rest: &str) -> Option<&str> {
+            (!rest.is_empty() && !rest.contains('/')).then_some(rest)
+        }
+        for (prefix, route) in [
+            ("/v2/apps/", Route::fn_app as fn(String) -> Route),
+            ("/v2/fns/", Route::fn_function),
+            ("/v2/triggers/", Route::fn_trigger),
+            ("/invoke/", Route::fn_invoke),
+        ] {
+            if let Some(rest) = path.strip_prefix(prefix) {
+                return one(rest).map(|id| decoded(id).map(route)).transpose();
+            }
+        }
+        if let Some(rest) = path.strip_prefix("/t/") {
+            // The source is the rest of the path, `/` first, as the trigger names it.
+            let Some((app, source)) = rest.split_once('/') else { return Ok(None) };
+            if app.is_empty() {
+                return Ok(None);
+            }
+            return Ok(Some(Route::FnHttpTrigger { app: decoded(app)?, source: format!("/{}", decoded(source)?) }));
+        }
         if let Some(rest) = path.strip_prefix("/v1/invokers/") {
             return Ok(match rest.split('/').collect::<Vec<_>>().as_slice() {
                 [id, "drain"] if !id.is_empty() => Some(Route::InvokerDrain { id: decoded(id)?, drain: true }),
@@ -190,10 +255,46 @@ impl Route {
         }))
     }
 
+    fn fn_app(id: String) -> Route {
+        Route::FnApp { id }
+    }
+
+    fn fn_function(id: String) -> Route {
+        Route::FnFunction { id }
+    }
+
+    fn fn_trigger(id: String) -> Route {
+        Route::FnTrigger { id }
+    }
+
+    fn fn_invoke(fn_id: String) -> Route {
+        Route::FnInvoke { fn_id }
+    }
+
+    /// Fn's routes answer errors in Fn's words.
+    fn is_fn(&self) -> bool {
+        matches!(
+            self,
+            Route::FnApps
+                | Route::FnApp { .. }
+                | Route::FnFunctions
+                | Route::FnFunction { .. }
+                | Route::FnTriggers
+                | Route::FnTrigger { .. }
+                | Route::FnInvoke { .. }
+                | Route::FnHttpTrigger { .. }
+        )
+    }
+
     /// The methods the route serves, for a 405's `Allow`.
     fn allowed(&self) -> &'static str {
         match self {
             Route::Action { .. } => "POST, GET, HEAD, PUT, DELETE",
+            Route::FnApps | Route::FnFunctions | Route::FnTriggers => "GET, POST",
+            Route::FnApp { .. } | Route::FnFunction { .. } => "GET, PUT, DELETE",
+            Route::FnTrigger { .. } => "GET, DELETE",
+            Route::FnInvoke { .. } => "POST",
+            Route::FnHttpTrigger { .. } => "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS",
             Route::ActivationMessage | Route::InvokerDrain { .. } => "POST",
             _ => "GET, HEAD",
         }
@@ -208,7 +309,13 @@ impl AppState {
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
         let (head, body) = request.into_parts();
-        self.dispatch(head, body).await.unwrap_or_else(ApiError::into_response)
+        // Fn's routes answer errors as Fn does.
+        let fn_route = Route::find(head.uri.path()).ok().flatten().is_some_and(|r| r.is_fn());
+        match self.dispatch(head, body).await {
+            Ok(response) => response,
+            Err(e) if fn_route => e.into_fn_response(),
+            Err(e) => e.into_response(),
+        }
     }
 
     async fn dispatch<B>(&self, head: hyper::http::request::Parts, body: B) -> Result<Response, ApiError>
@@ -219,7 +326,11 @@ impl AppState {
         let route = Route::find(head.uri.path())?.ok_or(ApiError::NotFound)?;
         let takes_body = matches!(
             (&route, &head.method),
-            (Route::Action { .. }, &Method::POST | &Method::PUT) | (Route::ActivationMessage, &Method::POST)
+            (Route::Action { .. }, &Method::POST | &Method::PUT)
+                | (Route::ActivationMessage, &Method::POST)
+                | (Route::FnApps | Route::FnFunctions | Route::FnTriggers | Route::FnInvoke { .. }, &Method::POST)
+                | (Route::FnApp { .. } | Route::FnFunction { .. }, &Method::PUT)
+                | (Route::FnHttpTrigger { .. }, _)
         );
         let body = if takes_body {
             // Only a caller with a key gets its body read: a stranger cannot make the invoker
@@ -253,9 +364,29 @@ impl AppState {
             (Route::Health, &Method::GET) => admin::health(self, &call).await,
             (Route::Metrics, &Method::GET) => admin::metrics(self, &call).await,
             (Route::Pool, &Method::GET) => admin::pool(self, &call).await,
+            (route @ (Route::FnApps | Route::FnFunctions | Route::FnTriggers), &Method::GET | &Method::POST)
+            | (
+                route @ (Route::FnApp { .. } | Route::FnFunction { .. }),
+                &Method::GET | &Method::PUT | &Method::DELETE,
+            )
+            | (route @ Route::FnTrigger { .. }, &Method::GET | &Method::DELETE) => self.fn_entity(route, &call).await,
+            (Route::FnInvoke { fn_id }, &Method::POST) => fn_routes::invoke(self, &call, &fn_id).await,
+            (Route::FnHttpTrigger { app, source }, _) => fn_routes::trigger(self, &call, &app, &source).await,
             (route, _) => {
                 Err(ApiError::MethodNotAllowed { method: call.head.method.to_string(), allowed: route.allowed() })
             }
+        }
+    }
+
+    async fn fn_entity(&self, route: Route, call: &Call) -> Result<Response, ApiError> {
+        match route {
+            Route::FnApps => fn_routes::apps(self, call).await,
+            Route::FnApp { id } => fn_routes::app(self, call, &id).await,
+            Route::FnFunctions => fn_routes::functions(self, call).await,
+            Route::FnFunction { id } => fn_routes::function(self, call, &id).await,
+            Route::FnTriggers => fn_routes::triggers(self, call).await,
+            Route::FnTrigger { id } => fn_routes::trigger_doc(self, call, &id).await,
+            _ => Err(ApiError::NotFound),
         }
     }
 
@@ -267,7 +398,7 @@ impl AppState {
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
         let limits = &self.config.limits;
-        let limit = limits.code_max_bytes.max(limits.payload_max_bytes + shim::ENVELOPE_BYTES);
+        let limit = limits.code_max_bytes.max(shim::message_limit(limits.payload_max_bytes));
         let declared = head.headers.get(hyper::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse().ok());
         if declared.is_some_and(|n: usize| n > limit) {
             return Err(ApiError::TooLarge(limit));

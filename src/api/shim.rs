@@ -7,10 +7,12 @@ use super::actions::{accepted, record_response};
 use super::error::record_status;
 use super::error::ApiError;
 use super::{load_action, AppState, Call, Principal, Response};
+use crate::activation::job::CallRequest;
 use crate::activation::{InvokeRequest, Invoked};
 use crate::model::{is_activation_id, validate_entity_name, ActivationMessage, ActivationRecord, Outcome};
 use hyper::StatusCode;
 use serde_json::{json, Value};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// A scheduler of this cluster's message: its id and the action's cluster revision. `None` for
@@ -25,15 +27,33 @@ fn scheduler_revision<'m>(msg: &'m ActivationMessage<'_>) -> Result<Option<(&'m 
 /// What an `ActivationMessage` may hold beyond its parameters.
 pub(super) const ENVELOPE_BYTES: usize = 64 * 1024;
 
+/// The largest message: the payload limit in base64 (a call's body), and the envelope.
+pub(super) fn message_limit(payload_max_bytes: usize) -> usize {
+    payload_max_bytes.div_ceil(3) * 4 + ENVELOPE_BYTES
+}
+
+/// The caller's request a message carries, decoded and within the payload limit.
+fn call_request(msg: &ActivationMessage, payload_max_bytes: usize) -> Result<Option<Arc<CallRequest>>, ApiError> {
+    let Some(request) = &msg.request else { return Ok(None) };
+    let body = base64::Engine::decode(&base64::engine::general_purpose::STANDARD, request.body.as_bytes())
+        .map_err(|e| ApiError::BadRequest(format!("request.body: not base64 ({e})")))?;
+    if body.len() > payload_max_bytes {
+        return Err(ApiError::TooLarge(payload_max_bytes));
+    }
+    let headers = request.headers.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect();
+    Ok(Some(Arc::new(CallRequest { headers, body: body.into() })))
+}
+
 pub(super) async fn activation_message(state: &AppState, call: &Call) -> Result<Response, ApiError> {
     let caller = state.authenticate(&call.head.headers)?;
-    let limit = state.config.limits.payload_max_bytes + ENVELOPE_BYTES;
+    let limit = message_limit(state.config.limits.payload_max_bytes);
     if call.body.len() > limit {
         return Err(ApiError::TooLarge(limit));
     }
     let msg: ActivationMessage<'static> = super::parse_body(&call.body)?;
     let transaction_id = validate(&msg)?;
     authorize(&caller, &msg)?;
+    let request = call_request(&msg, state.config.limits.payload_max_bytes)?;
     let action = match (&caller, scheduler_revision(&msg)?, state.remote_actions()) {
         (Principal::Controller, Some((scheduler, revision)), Some(remote)) => {
             remote.action(scheduler, &msg.action.path, &msg.action.name, revision).await?
@@ -61,7 +81,7 @@ pub(super) async fn activation_message(state: &AppState, call: &Call) -> Result<
     let invoked = state
         .service
         .invoke(InvokeRequest {
-            request: None,
+            request,
             action,
             params,
             subject: msg.user.subject.into_owned(),

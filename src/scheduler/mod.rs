@@ -18,7 +18,7 @@ use crate::cluster::{cluster_revision, controller_wait, drain_key, ClusterKv, In
 use crate::config::Config;
 use crate::model::{
     epoch_ms, ActivationMessage, ActivationRecord, ControllerIndex, KeyValue, MessageAction, MessageKey,
-    MessageNamespace, MessageUser, Rejection,
+    MessageNamespace, MessageRequest, MessageUser, Rejection,
 };
 use bytes::Bytes;
 use metrics::SchedulerMetrics;
@@ -223,6 +223,14 @@ impl Dispatcher {
             }),
             blocking: true,
             content: Some(Cow::Borrowed(&run.params)),
+            request: run.request.as_deref().map(|r| MessageRequest {
+                headers: r
+                    .headers
+                    .iter()
+                    .map(|(n, v)| (Cow::Borrowed(n.as_str()), Cow::Borrowed(v.as_str())))
+                    .collect(),
+                body: Cow::Owned(base64::Engine::encode(&base64::engine::general_purpose::STANDARD, &r.body)),
+            }),
         };
         Bytes::from(serde_json::to_vec(&message).expect("a message serialises"))
     }

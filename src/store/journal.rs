@@ -17,7 +17,7 @@
 //! opens the database again if the error broke it); once both succeed it takes work again.
 
 use super::action_cache::ActionCache;
-use super::{Accepted, RedbStore, Store, StoreError};
+use super::{Accepted, DocKind, RedbStore, Store, StoreError};
 use crate::model::{Action, ActivationMeta, ActivationRecord};
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
@@ -522,6 +522,24 @@ impl Store for JournaledStore {
 
     fn put_setting(&self, key: &str, value: &str) -> Result<(), StoreError> {
         self.inner.db.put_setting(key, value).map_err(|e| self.inner.troubled(e))
+    }
+
+    fn get_doc(&self, namespace: &str, kind: DocKind, id: &str) -> Result<Option<String>, StoreError> {
+        self.inner.db.get_doc(namespace, kind, id).map_err(|e| self.inner.troubled(e))
+    }
+
+    fn list_docs(&self, namespace: &str, kind: DocKind) -> Result<Vec<String>, StoreError> {
+        self.inner.db.list_docs(namespace, kind).map_err(|e| self.inner.troubled(e))
+    }
+
+    fn put_doc(
+        &self,
+        namespace: &str,
+        kind: DocKind,
+        id: &str,
+        value: Option<&str>,
+    ) -> Result<Option<String>, StoreError> {
+        self.inner.db.put_doc(namespace, kind, id, value).map_err(|e| self.inner.troubled(e))
     }
 }
 

@@ -129,6 +129,48 @@ pub trait Store: Send + Sync + 'static {
     /// A small value the invoker keeps across restarts (a Mesos framework id), durably.
     fn get_setting(&self, key: &str) -> Result<Option<String>, StoreError>;
     fn put_setting(&self, key: &str, value: &str) -> Result<(), StoreError>;
+
+    /// A namespace's document of `kind` (Fn's apps, functions and triggers) by id, as JSON.
+    fn get_doc(&self, namespace: &str, kind: DocKind, id: &str) -> Result<Option<String>, StoreError>;
+    /// Every document of `kind` in `namespace`, by id.
+    fn list_docs(&self, namespace: &str, kind: DocKind) -> Result<Vec<String>, StoreError>;
+    /// Writes `value` at `id`, or (`None`) deletes it; answers the document it replaced.
+    fn put_doc(
+        &self,
+        namespace: &str,
+        kind: DocKind,
+        id: &str,
+        value: Option<&str>,
+    ) -> Result<Option<String>, StoreError>;
+}
+
+/// What a stored document is: Fn's entities, which live beside the actions (an Fn function's
+/// code and limits are its action's; its document holds what Fn's API says of it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DocKind {
+    FnApp,
+    FnFunction,
+    FnTrigger,
+}
+
+impl DocKind {
+    fn tag(self) -> &'static str {
+        match self {
+            DocKind::FnApp => "fn.app",
+            DocKind::FnFunction => "fn.fn",
+            DocKind::FnTrigger => "fn.trigger",
+        }
+    }
+
+    /// The key of a document: namespace and kind first, so that a namespace's documents of a
+    /// kind are one range.
+    pub(crate) fn key(self, namespace: &str, id: &str) -> String {
+        format!("{namespace}\0{}\0{id}", self.tag())
+    }
+
+    pub(crate) fn prefix(self, namespace: &str) -> String {
+        format!("{namespace}\0{}\0", self.tag())
+    }
 }
 
 /// Bumps the last component of a semantic version, as OpenWhisk does on update.

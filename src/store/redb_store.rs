@@ -1,7 +1,7 @@
 //! The embedded database under the journal: actions, records, pending entries and settings in
 //! one redb file, with the indexes the API lists by (namespace, then newest first).
 
-use super::{next_version, Accepted, Store, StoreError};
+use super::{next_version, Accepted, DocKind, Store, StoreError};
 use crate::model::{Action, ActivationMeta, ActivationRecord};
 use parking_lot::RwLock;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
@@ -28,6 +28,8 @@ const BY_END: TableDefinition<&str, &str> = TableDefinition::new("activations_by
 const EXPIRE_BATCH: usize = 10_000;
 /// Small values kept across restarts (a Mesos framework id).
 const SETTINGS: TableDefinition<&str, &str> = TableDefinition::new("settings");
+/// `namespace \0 kind \0 id` → JSON: Fn's apps, functions and triggers (`DocKind`).
+const DOCS: TableDefinition<&str, &str> = TableDefinition::new("documents");
 
 pub struct RedbStore {
     path: PathBuf,
@@ -407,6 +409,60 @@ impl Store for RedbStore {
     fn expire(&self, before_ms: u64) -> Result<usize, StoreError> {
         self.expire_in_batches(before_ms, EXPIRE_BATCH)
     }
+
+    fn get_doc(&self, namespace: &str, kind: DocKind, id: &str) -> Result<Option<String>, StoreError> {
+        self.run(|db| {
+            let txn = db.begin_read().map_err(db_err)?;
+            let table = match txn.open_table(DOCS) {
+                Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+                opened => opened.map_err(db_err)?,
+            };
+            Ok(table.get(kind.key(namespace, id).as_str()).map_err(db_err)?.map(|v| v.value().to_string()))
+        })
+    }
+
+    fn list_docs(&self, namespace: &str, kind: DocKind) -> Result<Vec<String>, StoreError> {
+        self.run(|db| {
+            let txn = db.begin_read().map_err(db_err)?;
+            let table = match txn.open_table(DOCS) {
+                Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+                opened => opened.map_err(db_err)?,
+            };
+            let prefix = kind.prefix(namespace);
+            let mut docs = Vec::new();
+            for entry in table.range(prefix.as_str()..).map_err(db_err)? {
+                let (key, value) = entry.map_err(db_err)?;
+                if !key.value().starts_with(&prefix) {
+                    break;
+                }
+                docs.push(value.value().to_string());
+            }
+            Ok(docs)
+        })
+    }
+
+    fn put_doc(
+        &self,
+        namespace: &str,
+        kind: DocKind,
+        id: &str,
+        value: Option<&str>,
+    ) -> Result<Option<String>, StoreError> {
+        self.run(|db| {
+            let txn = db.begin_write().map_err(db_err)?;
+            let before = {
+                let mut table = txn.open_table(DOCS).map_err(db_err)?;
+                let key = kind.key(namespace, id);
+                let before = match value {
+                    Some(value) => table.insert(key.as_str(), value).map_err(db_err)?,
+                    None => table.remove(key.as_str()).map_err(db_err)?,
+                };
+                before.map(|v| v.value().to_string())
+            };
+            txn.commit().map_err(db_err)?;
+            Ok(before)
+        })
+    }
 }
 
 impl RedbStore {
@@ -466,6 +522,29 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = RedbStore::open(&dir.path().join("invoker.redb")).unwrap();
         (dir, store)
+    }
+
+    #[test]
+    fn documents_are_kept_per_namespace_and_kind_and_survive_a_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db");
+        let store = RedbStore::open(&path).unwrap();
+        assert_eq!(store.list_docs("a", DocKind::FnApp).unwrap(), Vec::<String>::new());
+        assert_eq!(store.put_doc("a", DocKind::FnApp, "1", Some("{\"n\":1}")).unwrap(), None);
+        store.put_doc("a", DocKind::FnApp, "2", Some("{\"n\":2}")).unwrap();
+        store.put_doc("a", DocKind::FnFunction, "3", Some("{}")).unwrap();
+        store.put_doc("ab", DocKind::FnApp, "4", Some("{}")).unwrap();
+        assert_eq!(
+            store.list_docs("a", DocKind::FnApp).unwrap(),
+            ["{\"n\":1}", "{\"n\":2}"],
+            "another kind or namespace is not listed"
+        );
+        assert_eq!(store.put_doc("a", DocKind::FnApp, "1", None).unwrap().as_deref(), Some("{\"n\":1}"));
+        drop(store);
+        let again = RedbStore::open(&path).unwrap();
+        assert_eq!(again.get_doc("a", DocKind::FnApp, "2").unwrap().as_deref(), Some("{\"n\":2}"));
+        assert_eq!(again.get_doc("a", DocKind::FnApp, "1").unwrap(), None);
+        assert_eq!(again.get_doc("b", DocKind::FnApp, "2").unwrap(), None);
     }
 
     #[test]

@@ -123,6 +123,34 @@ impl Invoker {
         (status, r.json().await.unwrap_or(Value::Null))
     }
 
+    /// Any request to `path` (from the server's root) with `key` (`user:pass`), `headers` and
+    /// `body`: its status, headers and body.
+    pub async fn send(
+        &self,
+        method: &str,
+        path: &str,
+        key: &str,
+        headers: &[(&str, &str)],
+        body: Vec<u8>,
+    ) -> (u16, reqwest::header::HeaderMap, Vec<u8>) {
+        let (user, pass) = key.split_once(':').unwrap();
+        let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+        let mut request = self.http.request(method, format!("{}{path}", self.base)).basic_auth(user, Some(pass));
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let r = request.body(body).send().await.unwrap();
+        let (status, headers) = (r.status().as_u16(), r.headers().clone());
+        (status, headers, r.bytes().await.unwrap().to_vec())
+    }
+
+    /// A JSON request as the guest: its status and JSON body (`Null` when not JSON).
+    pub async fn send_json(&self, method: &str, path: &str, body: Value) -> (u16, Value) {
+        let body = if body.is_null() { Vec::new() } else { body.to_string().into_bytes() };
+        let (status, _, bytes) = self.send(method, path, GUEST, &[("content-type", "application/json")], body).await;
+        (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    }
+
     /// GET of an admin route (`/v1/pool`, `/health`), with the admin key.
     pub async fn get_url(&self, path: &str) -> (u16, Value) {
         let (user, pass) = self.admin.split_once(':').expect("the invoker printed its admin key");

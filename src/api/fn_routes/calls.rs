@@ -1,0 +1,266 @@
+//! Calls to Fn functions: `POST /invoke/{fn_id}` (the body in, the function's answer out) and
+//! HTTP triggers at `/t/{app}/{source}` with Fn's gateway mapping both ways. Each call is an
+//! activation with a record, as an OpenWhisk invoke is; its status is chosen in
+//! `api::error::fn_record_status`.
+
+use super::{fn_not_found, App, Docs, Function, Trigger};
+use crate::activation::job::CallRequest;
+use crate::activation::{InvokeRequest, Invoked};
+use crate::api::error::{fn_record_status, ApiError};
+use crate::api::{AppState, Call, Response};
+use crate::model::{new_activation_id, Action, ActivationRecord};
+use crate::proxy::protocol::fn_stream::is_hop_by_hop;
+use crate::store::DocKind;
+use base64::Engine as _;
+use bytes::Bytes;
+use hyper::header::{HeaderName, HeaderValue, CONTENT_TYPE};
+use hyper::StatusCode;
+use serde_json::{json, Map, Value};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Headers of the caller's that never reach a function: its key, and what belongs to the
+/// connection to us.
+fn kept_from_caller(name: &str) -> bool {
+    !(is_hop_by_hop(name) || name.eq_ignore_ascii_case("authorization") || name.eq_ignore_ascii_case("host"))
+}
+
+/// `POST /invoke/{fn_id}`: the caller's headers and body to the function; its status, headers
+/// and body back, with `Fn-Call-Id`.
+pub(in crate::api) async fn invoke(state: &AppState, call: &Call, fn_id: &str) -> Result<Response, ApiError> {
+    let (ns, key) = state.namespace(call, "_")?;
+    let action = {
+        let docs = Docs { store: state.service.store(), ns: &ns };
+        docs.action(&docs.function(fn_id)?)?
+    };
+    let headers = call.head.headers.iter().filter(|(n, _)| kept_from_caller(n.as_str()));
+    let headers = headers.map(|(n, v)| (n.as_str().to_string(), String::from_utf8_lossy(v.as_bytes()).into_owned()));
+    let request = CallRequest { headers: headers.collect(), body: call.body.clone() };
+    let record = match run(state, &ns, key, action, request).await? {
+        Invoked::Done(record) => record,
+        Invoked::Accepted(id) => return Ok(still_running(&id)),
+    };
+    Ok(answer(&record, Mapping::Invoke))
+}
+
+/// Any method at `/t/{app}/{source}`: the trigger of `app` with that source calls its function
+/// with Fn's gateway headers (`Fn-Http-Method`, `Fn-Http-Request-Url`, `Fn-Intent:
+/// httprequest`, every header `X` as `Fn-Http-H-X` but `Content-Type`); the function's
+/// `Fn-Http-Status` becomes the status and its `Fn-Http-H-X` headers `X`.
+pub(in crate::api) async fn trigger(
+    state: &AppState,
+    call: &Call,
+    app: &str,
+    source: &str,
+) -> Result<Response, ApiError> {
+    let (ns, key) = state.namespace(call, "_")?;
+    let action = {
+        let docs = Docs { store: state.service.store(), ns: &ns };
+        let apps: Vec<App> = docs.list(DocKind::FnApp)?;
+        let app = apps.into_iter().find(|a| a.name == app).ok_or_else(|| fn_not_found("app", app))?;
+        let triggers: Vec<Trigger> = docs.list(DocKind::FnTrigger)?;
+        let trigger = triggers.into_iter().find(|t| t.app_id == app.id && t.source == source);
+        let trigger = trigger.ok_or_else(|| ApiError::NotFoundNamed(format!("Trigger not found: {source}")))?;
+        let function: Function = docs.function(&trigger.fn_id)?;
+        docs.action(&function)?
+    };
+    let host = call.head.headers.get(hyper::header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("localhost");
+    let path = call.head.uri.path_and_query().map_or("/", |p| p.as_str());
+    let url = format!("http://{host}{path}");
+    let headers = call.head.headers.iter().map(|(n, v)| (n.as_str(), v.as_bytes()));
+    let request =
+        CallRequest { headers: gateway_request(call.head.method.as_str(), &url, headers), body: call.body.clone() };
+    let record = match run(state, &ns, key, action, request).await? {
+        Invoked::Done(record) => record,
+        Invoked::Accepted(id) => return Ok(still_running(&id)),
+    };
+    Ok(answer(&record, Mapping::Gateway))
+}
+
+/// One call, blocking: as long as the function may run, and the wait for a container.
+async fn run(
+    state: &AppState,
+    ns: &str,
+    key: String,
+    action: Arc<Action>,
+    request: CallRequest,
+) -> Result<Invoked, ApiError> {
+    let limits = &state.config.limits;
+    if request.body.len() > limits.payload_max_bytes {
+        return Err(ApiError::TooLarge(limits.payload_max_bytes));
+    }
+    let wait = Duration::from_millis(action.limits.timeout).max(limits.blocking_wait) + Duration::from_secs(5);
+    let api_key = action.provides_api_key().then_some(key);
+    let invoked = state
+        .service
+        .invoke(InvokeRequest {
+            request: Some(Arc::new(request)),
+            action,
+            params: Map::new(),
+            subject: ns.to_string(),
+            api_key,
+            activation_id: None,
+            transaction_id: new_activation_id(),
+            wait: Some(wait),
+        })
+        .await?;
+    Ok(invoked)
+}
+
+/// Past the wait the call still runs, and its record will say how it ended.
+fn still_running(id: &str) -> Response {
+    let mut response = crate::http::json_value(StatusCode::GATEWAY_TIMEOUT, &json!({ "message": "Timed out" }));
+    if let Ok(id) = HeaderValue::from_str(id) {
+        response.headers_mut().insert("fn-call-id", id);
+    }
+    response
+}
+
+/// How a function's answer goes back: as it is (`/invoke`), or through Fn's HTTP gateway.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mapping {
+    Invoke,
+    Gateway,
+}
+
+/// The response for a finished call: the function's own answer on success, Fn's
+/// `{"message": ...}` with Fn's status otherwise; `Fn-Call-Id` either way.
+fn answer(record: &ActivationRecord, mapping: Mapping) -> Response {
+    let mut response = match fn_record_status(record) {
+        Err((status, message)) => crate::http::json_value(status, &json!({ "message": message })),
+        Ok(()) => {
+            let result = &record.response.result;
+            let empty = Map::new();
+            let headers = result["headers"].as_object().unwrap_or(&empty);
+            let (status, headers) = match mapping {
+                Mapping::Invoke => (StatusCode::OK, headers.iter().map(|(k, v)| (k.clone(), v)).collect()),
+                Mapping::Gateway => gateway_response(headers),
+            };
+            let mut response = crate::http::with_body(status, "application/json", body_of(result));
+            response.headers_mut().remove(CONTENT_TYPE);
+            for (name, value) in headers {
+                let (Ok(name), Some(Ok(value))) =
+                    (HeaderName::try_from(name.as_str()), value.as_str().map(HeaderValue::try_from))
+                else {
+                    continue;
+                };
+                if !is_hop_by_hop(name.as_str()) {
+                    response.headers_mut().append(name, value);
+                }
+            }
+            response
+        }
+    };
+    if let Ok(id) = HeaderValue::from_str(&record.activation_id) {
+        response.headers_mut().insert("fn-call-id", id);
+    }
+    response
+}
+
+/// The function's body as it sent it (stored as text, or base64 when it was not UTF-8).
+fn body_of(result: &Value) -> Bytes {
+    let text = result["body"].as_str().unwrap_or_default();
+    if result["encoding"] == "base64" {
+        if let Ok(bytes) = base64::engine::general_purpose::STANDARD.decode(text) {
+            return bytes.into();
+        }
+    }
+    Bytes::copy_from_slice(text.as_bytes())
+}
+
+/// Go's canonical header name (`x-custom-thing` → `X-Custom-Thing`), as Fn's gateway writes
+/// the names it prefixes.
+fn canonical(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    let mut upper = true;
+    for c in name.chars() {
+        out.push(if upper { c.to_ascii_uppercase() } else { c.to_ascii_lowercase() });
+        upper = c == '-';
+    }
+    out
+}
+
+/// The headers a function behind an HTTP trigger gets: each of the caller's as
+/// `Fn-Http-H-<Name>` (`Content-Type` as it is), and the gateway's own three.
+fn gateway_request<'a>(
+    method: &str,
+    url: &str,
+    headers: impl Iterator<Item = (&'a str, &'a [u8])>,
+) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for (name, value) in headers {
+        if !kept_from_caller(name) {
+            continue;
+        }
+        let value = String::from_utf8_lossy(value).into_owned();
+        if name.eq_ignore_ascii_case("content-type") {
+            out.push(("Content-Type".to_string(), value));
+        } else {
+            out.push((format!("Fn-Http-H-{}", canonical(name)), value));
+        }
+    }
+    out.push(("Fn-Http-Method".into(), method.to_string()));
+    out.push(("Fn-Http-Request-Url".into(), url.to_string()));
+    out.push(("Fn-Intent".into(), "httprequest".into()));
+    out
+}
+
+/// Fn's gateway on the way back: `Fn-Http-Status` is the status (200 without one), each
+/// `Fn-Http-H-X` is `X`, `Content-Type` stays, the rest (the FDK's own) goes.
+fn gateway_response(headers: &Map<String, Value>) -> (StatusCode, Vec<(String, &Value)>) {
+    let status = headers.get("fn-http-status").and_then(Value::as_str).and_then(|s| s.trim().parse::<u16>().ok());
+    let status = status.and_then(|s| StatusCode::from_u16(s).ok()).unwrap_or(StatusCode::OK);
+    let mut out = Vec::new();
+    for (name, value) in headers {
+        let lower = name.to_ascii_lowercase();
+        if let Some(original) = lower.strip_prefix("fn-http-h-") {
+            out.push((original.to_string(), value));
+        } else if lower == "content-type" {
+            out.push((lower, value));
+        }
+    }
+    (status, out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_gateway_prefixes_the_callers_headers_but_content_type_and_drops_its_key() {
+        let headers = [
+            ("content-type", b"text/plain".as_slice()),
+            ("x-custom-thing", b"1"),
+            ("authorization", b"Basic secret"),
+            ("connection", b"keep-alive"),
+            ("host", b"example"),
+        ];
+        let out = gateway_request("PUT", "http://h/t/app/x?q=1", headers.into_iter());
+        let get = |k: &str| out.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        assert_eq!(get("Content-Type"), Some("text/plain"));
+        assert_eq!(get("Fn-Http-H-X-Custom-Thing"), Some("1"));
+        assert_eq!((get("Fn-Http-Method"), get("Fn-Intent")), (Some("PUT"), Some("httprequest")));
+        assert_eq!(get("Fn-Http-Request-Url"), Some("http://h/t/app/x?q=1"));
+        assert!(!out.iter().any(|(n, v)| n.to_ascii_lowercase().contains("authorization") || v.contains("secret")));
+        assert!(!out.iter().any(|(n, _)| n.to_ascii_lowercase().contains("connection") || n.ends_with("Host")));
+    }
+
+    #[test]
+    fn the_gateway_takes_the_functions_status_and_unprefixes_its_headers() {
+        let headers = json!({"fn-http-status": "201", "fn-http-h-x-made": "yes", "content-type": "text/html",
+                             "fn-fdk-version": "fdk-python/0.1.128"});
+        let (status, out) = gateway_response(headers.as_object().unwrap());
+        assert_eq!(status, StatusCode::CREATED);
+        let names: Vec<&str> = out.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["content-type", "x-made"], "the FDK's own headers stay behind");
+        let (status, _) = gateway_response(json!({"fn-http-status": "teapot"}).as_object().unwrap());
+        assert_eq!(status, StatusCode::OK);
+    }
+
+    #[test]
+    fn a_body_comes_back_as_the_function_sent_it() {
+        assert_eq!(body_of(&json!({"body": "hi"})), Bytes::from_static(b"hi"));
+        assert_eq!(body_of(&json!({"body": "/wA=", "encoding": "base64"})), Bytes::from_static(&[0xff, 0x00]));
+        assert_eq!(canonical("x-custom-THING"), "X-Custom-Thing");
+    }
+}
