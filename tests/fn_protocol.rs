@@ -362,3 +362,50 @@ async fn fn_routes_make_an_app_a_function_and_a_trigger_and_call_it_through_invo
     let (status, _) = inv.get("actions/myapp.hello").await;
     assert_eq!(status, 404, "its action went too");
 }
+
+const CONTROLLER: &str = "c0ffee00-0000-4000-8000-00000000c0de:the-fn-tests-controller-secret";
+
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_fdk, ignore = "needs Fn's FDKs (scripts/fdk.sh installs them; run by .ci/run)")]
+#[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
+async fn an_fn_function_runs_through_the_scheduler_on_an_invoker_of_the_cluster() {
+    let Some(etcd) = support::etcd::EtcdServer::start() else { return };
+    let keys = format!(
+        "[cluster]\netcd = [\"{}\"]\nlease_ttl = \"3s\"\npublish_interval = \"100ms\"\n\
+         controller_key = \"{CONTROLLER}\"\n[admin]\ncontroller_keys = [\"{CONTROLLER}\"]\n",
+        etcd.url()
+    );
+    let (invoker_dir, scheduler_dir) = (tempdir(), tempdir());
+    let invoker_id = id("fn-cluster");
+    let _invoker = Invoker::start(invoker_dir.path(), &invoker_id, &keys);
+    let scheduler = Invoker::start_scheduler(
+        scheduler_dir.path(),
+        &format!("{keys}[scheduler]\nid = \"s1\"\nrefresh_interval = \"50ms\"\n"),
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let (_, list) = scheduler.get_url("/v1/invokers").await;
+        if list.as_array().is_some_and(|l| l.iter().any(|i| i["nodes"][0]["capacity_mb"].as_u64() > Some(0))) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the scheduler never saw the invoker: {list}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let (status, app) =
+        scheduler.send_json("POST", "/v2/apps", json!({"name": "clustered", "config": {"GREETING": "hey"}})).await;
+    assert_eq!(status, 200, "{app}");
+    let new_fn = json!({"name": "hello", "app_id": app["id"], "image": "fn:python", "code": PY_GATEWAY});
+    let (status, function) = scheduler.send_json("POST", "/v2/fns", new_fn).await;
+    assert_eq!(status, 200, "{function}");
+    let path = format!("/invoke/{}", function["id"].as_str().unwrap());
+    let (status, got, body) =
+        scheduler.send("POST", &path, GUEST, &[("x-in", "9")], b"through the scheduler".to_vec()).await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    let said: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!((said["body"].as_str(), said["x_in"].as_str()), (Some("through the scheduler"), Some("9")));
+    assert_eq!(said["greeting"], "hey");
+    let record = scheduler.record(got["fn-call-id"].to_str().unwrap()).await;
+    let ran_on =
+        record["annotations"].as_array().unwrap().iter().find(|a| a["key"] == "invoker").map(|a| a["value"].clone());
+    assert_eq!(ran_on, Some(json!(invoker_id)), "{record}");
+}
