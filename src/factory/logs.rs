@@ -16,6 +16,7 @@
 //!   that many pairs and no more (never for the sentinel of a run still running), and takes
 //!   every pair already in: a sentinel says nothing of whose it is.
 
+use super::pipe_lines::PipeLines;
 use parking_lot::Mutex;
 use smallvec::SmallVec;
 use std::collections::VecDeque;
@@ -35,7 +36,7 @@ pub enum Stream {
 }
 
 impl Stream {
-    fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             Stream::Stdout => "stdout",
             Stream::Stderr => "stderr",
@@ -43,10 +44,17 @@ impl Stream {
     }
 }
 
-#[derive(Debug)]
 pub struct LogBuffer {
     inner: Mutex<Inner>,
     arrived: Notify,
+    /// The pipes read into it, for `drain`.
+    sources: Mutex<Vec<Arc<PipeLines>>>,
+}
+
+impl std::fmt::Debug for LogBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LogBuffer").field("inner", &self.inner).finish_non_exhaustive()
+    }
 }
 
 #[derive(Debug)]
@@ -161,11 +169,28 @@ const BUFFER_BYTES: usize = 16 * 1024 * 1024;
 
 impl Default for LogBuffer {
     fn default() -> Self {
-        LogBuffer { inner: Mutex::new(Inner::default()), arrived: Notify::new() }
+        LogBuffer { inner: Mutex::new(Inner::default()), arrived: Notify::new(), sources: Mutex::new(Vec::new()) }
     }
 }
 
 impl LogBuffer {
+    pub(super) fn add_source(&self, source: Arc<PipeLines>) {
+        self.sources.lock().push(source);
+    }
+
+    pub(super) fn remove_source(&self, source: &Arc<PipeLines>) {
+        self.sources.lock().retain(|s| !Arc::ptr_eq(s, source));
+    }
+
+    /// Reads what the container's pipes hold now: every line it wrote before this call is in
+    /// the buffer when it returns (a factory that reads no pipes has nothing to do).
+    pub fn drain(&self) {
+        let sources = self.sources.lock().clone();
+        for source in sources {
+            source.read_ready(self);
+        }
+    }
+
     pub fn push(&self, stream: Stream, line: String) {
         let mut inner = self.inner.lock();
         let (before, last) = inner.split(line);
@@ -273,7 +298,9 @@ impl LogBuffer {
                 (Self::window_end(&inner, &window, answered), inner.closed)
             };
             let until = quiet.map_or(deadline, |q| deadline.min(tokio::time::Instant::now() + q));
-            if end.is_some() || closed || tokio::time::timeout_at(until, notified).await.is_err() {
+            // No wait at all when none is allowed: a timer even at its deadline would take
+            // the timer wheel's next tick (a millisecond) to fire.
+            if end.is_some() || closed || wait.is_zero() || tokio::time::timeout_at(until, notified).await.is_err() {
                 break end;
             }
         };
@@ -340,11 +367,11 @@ impl LogWindow {
     }
 
     /// For a runtime that marks no ends (one run at a time, everything it writes meanwhile is
-    /// the run's): the lines until none came for `quiet` (what was written before the answer
-    /// is in the pipe already, and only waits for its reader), at most `wait`.
-    pub async fn collect_settled(self, quiet: Duration, wait: Duration, limit_bytes: usize) -> Vec<String> {
+    /// the run's): what its pipes hold when its answer came, read at once, and nothing after.
+    pub async fn collect_now(self, limit_bytes: usize) -> Vec<String> {
         let buffer = self.buffer.clone();
-        buffer.collect(self, wait, Some(quiet), limit_bytes).await
+        buffer.drain();
+        buffer.collect(self, Duration::ZERO, None, limit_bytes).await
     }
 }
 

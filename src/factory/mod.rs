@@ -17,6 +17,7 @@ pub mod mock;
 pub mod netns;
 mod one_host;
 mod own_disk;
+mod pipe_lines;
 pub mod process;
 pub mod sandbox;
 mod snapshot;

@@ -16,6 +16,7 @@ use super::logs::{LogBuffer, Stream};
 use super::netns::NetNs;
 use super::one_host::OneHost;
 use super::own_disk;
+use super::pipe_lines::PipeLines;
 use super::sandbox::{resolve_interpreter, SandboxArgs, ACTION_PATH};
 use super::uids::{HeldUid, UidRange};
 use super::watchdog::{remove_left, Watchdog, WatchdogArgs};
@@ -36,11 +37,7 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt as _, BufReader};
-use tokio::process::{Child, Command};
-
-/// Longest log line kept whole; longer ones are cut.
-const MAX_LINE: u64 = 64 * 1024;
+use tokio::process::{Child, ChildStderr, ChildStdout, Command};
 
 #[derive(Clone)]
 pub struct ProcessFactory {
@@ -319,8 +316,7 @@ impl ContainerFactory for ProcessFactory {
         let pgid = Pid::from_raw(pid as i32);
         let _ = std::fs::write(self.pid_file(spec.id), format!("{pid}\n"));
         let logs = Arc::new(LogBuffer::default());
-        spawn_reader(child.stdout.take(), Stream::Stdout, logs.clone());
-        spawn_reader(child.stderr.take(), Stream::Stderr, logs.clone());
+        follow_output(&mut child, &logs);
         let uid_number = uid.as_ref().map(|held| held.uid);
         inner.live.lock().insert(spec.id, Live { pgid, memory_mb: spec.memory_mb, child: None, uid });
         self.observe();
@@ -791,20 +787,18 @@ async fn wait_ready(child: &mut Child, pid: u32, reach: Reach, bound: Duration) 
     }
 }
 
-fn spawn_reader(stream: Option<impl AsyncRead + Unpin + Send + 'static>, which: Stream, logs: Arc<LogBuffer>) {
-    let Some(stream) = stream else { return };
-    tokio::spawn(async move {
-        let mut reader = BufReader::new(stream);
-        let mut line = Vec::new();
-        loop {
-            line.clear();
-            match (&mut reader).take(MAX_LINE).read_until(b'\n', &mut line).await {
-                Ok(0) | Err(_) => break,
-                Ok(_) => {
-                    let text = String::from_utf8_lossy(&line);
-                    logs.push(which, text.trim_end_matches(['\n', '\r']).to_string());
-                }
-            }
+/// Reads the container's stdout and stderr into `logs` (`PipeLines`: so that a run's last
+/// lines can be read at once when its answer comes).
+fn follow_output(child: &mut Child, logs: &Arc<LogBuffer>) {
+    let pipes = [
+        (child.stdout.take().map(ChildStdout::into_owned_fd), Stream::Stdout),
+        (child.stderr.take().map(ChildStderr::into_owned_fd), Stream::Stderr),
+    ];
+    for (fd, stream) in pipes {
+        match fd.map(|fd| fd.and_then(tokio::net::unix::pipe::Receiver::from_owned_fd)) {
+            Some(Ok(pipe)) => PipeLines::follow(pipe, stream, logs),
+            Some(Err(e)) => tracing::warn!("a container's {} is not read: {e}", stream.name()),
+            None => {}
         }
-    });
+    }
 }

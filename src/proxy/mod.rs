@@ -288,11 +288,7 @@ impl ContainerProxy {
             // A failed container may never write its sentinels: do not wait long for them.
             let wait = if interpreted.reusable { log_wait } else { log_wait.min(Duration::from_millis(200)) };
             let limit = run.meta.limits.logs as usize * 1024 * 1024;
-            let lines = if marks_ends {
-                window.collect(wait, limit).await
-            } else {
-                window.collect_settled(LOG_QUIET, wait, limit).await
-            };
+            let lines = if marks_ends { window.collect(wait, limit).await } else { window.collect_now(limit).await };
             (run, interpreted, lines)
         };
         ctx.spawn(fut.into_actor(self).map(move |(run, interpreted, lines), act, ctx| {
@@ -342,10 +338,6 @@ impl ContainerProxy {
         ctx.spawn(fut.into_actor(self).map(|(), act, ctx| act.apply(Event::Destroyed, ctx)));
     }
 }
-
-/// For a runtime without log end marks: a run's lines are those until none came for this long
-/// after its answer (its last lines are in the pipe by then, waiting for the reader).
-const LOG_QUIET: Duration = Duration::from_millis(2);
 
 /// The activation id a run's lines may start with: only where runs may overlap does `/init`
 /// ask the runtime to tag them (see `protocol::openwhisk::init`); elsewhere none, and the
