@@ -7,9 +7,13 @@
 //! its slices alternating with the process factory's: its invokes against direct `/run` calls
 //! to the runtimes inside its own warm containers, and its cold starts.
 //!
+//! And an Fn function (`fn_side.rs`): its warm call through `POST /invoke/{fn_id}` against its
+//! FDK called directly over the socket, and its cold start.
+//!
 //! Prints a report on stderr and one JSON line on stdout. `scripts/bench.sh` drives it.
 
 mod cold;
+mod fn_side;
 mod load;
 mod targets;
 
@@ -63,6 +67,12 @@ struct Args {
     /// invoker, against that invoker called directly, in the same run.
     #[arg(long)]
     etcd: Option<String>,
+    /// Measure only an Fn function's warm path and cold start.
+    #[arg(long)]
+    fn_only: bool,
+    /// Leave the Fn function out (it needs `scripts/fdk.sh`).
+    #[arg(long)]
+    no_fn: bool,
 }
 
 /// One factory under test: its invoker, K warm runtimes to call directly, and the figures.
@@ -153,6 +163,10 @@ async fn main() -> anyhow::Result<()> {
         return Ok(());
     }
 
+    if args.fn_only {
+        println!("{}", fn_side::fn_side(&exe, &http, k, slice, args.rounds, args.cold).await?);
+        return Ok(());
+    }
     let by_kind = match args.cold_kinds {
         0 => Value::Null,
         n => cold::cold_by_kind(&exe, &http, n, args.burst).await?,
@@ -262,7 +276,15 @@ async fn main() -> anyhow::Result<()> {
         None => None,
     };
 
+    let fn_figures = match args.no_fn {
+        true => Value::Null,
+        false => fn_side::fn_side(&exe, &http, k, slice, args.rounds, args.cold).await?,
+    };
+
     let mut last = runs.last().cloned().unwrap_or(Value::Null);
+    if let (Value::Object(figures), Some(last)) = (fn_figures, last.as_object_mut()) {
+        last.extend(figures);
+    }
     if let Some(hop) = hop {
         last["sched_added_p50_us_c1"] = hop[0]["added_p50_us"].clone();
         last["sched_rps_ratio_c8"] = hop.last().map_or(Value::Null, |r| r["rps_ratio"].clone());

@@ -1,0 +1,194 @@
+//! An Fn function's warm call through the invoker (`POST /invoke/{fn_id}`) against the same
+//! function's FDK called directly over its unix socket (`POST /call`), alternating slices in
+//! one run at c=1 and c=K; and its cold start (a new function's first call) against an FDK
+//! started by hand and called once.
+
+use crate::load::{measure, median, run_json, Samples};
+use crate::targets::{Invoker, GUEST};
+use anyhow::{bail, Context as _};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A no-op python function: it sleeps when asked (to hold K containers at once while warming).
+const NOOP: &str = "import io, json, time\ndef handler(ctx, data: io.BytesIO = None):\n    body = data.getvalue()\n    if body:\n        time.sleep(json.loads(body).get('sleep', 0))\n    return '{}'\n";
+
+/// Where `scripts/fdk.sh` installs the python FDK.
+fn fdk_python() -> PathBuf {
+    Path::new(invoker::config::FDK_DIR).join("python")
+}
+
+/// An FDK process the benchmark started, serving `NOOP` on its own socket directory.
+struct DirectFdk {
+    child: Child,
+    client: reqwest::Client,
+    _dir: tempfile::TempDir,
+}
+
+impl DirectFdk {
+    /// Starts the FDK as the invoker's `fn:python` kind does, waits for its listener and calls
+    /// it once; returns it with the time all that took.
+    async fn start() -> anyhow::Result<(DirectFdk, Duration)> {
+        let began = Instant::now();
+        let dir = tempfile::Builder::new().prefix("invoker-bench-fn-").tempdir()?;
+        std::fs::write(dir.path().join("func.py"), NOOP)?;
+        let listener = dir.path().join("lsnr.sock");
+        let child = Command::new("/usr/bin/python3")
+            .args([
+                "-c",
+                "import sys; from fdk.scripts.fdk import main; sys.argv[0] = 'fdk'; main()",
+                "func.py",
+                "handler",
+            ])
+            .current_dir(dir.path())
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .env("PYTHONPATH", fdk_python())
+            .env("FN_FORMAT", "http-stream")
+            .env("FN_LISTENER", format!("unix:{}", listener.display()))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting the python FDK")?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while listener.symlink_metadata().is_err() {
+            if Instant::now() > deadline {
+                bail!("the FDK made no listener in {}", dir.path().display());
+            }
+            tokio::time::sleep(Duration::from_micros(500)).await;
+        }
+        let client = reqwest::Client::builder().unix_socket(listener.as_path()).build()?;
+        let fdk = DirectFdk { child, client, _dir: dir };
+        fdk.call().await?;
+        Ok((fdk, began.elapsed()))
+    }
+
+    /// One call as the invoker makes it: `Fn-Call-Id` and `Fn-Deadline`, an empty body.
+    async fn call(&self) -> anyhow::Result<()> {
+        let deadline = humantime::format_rfc3339_seconds(std::time::SystemTime::now() + Duration::from_secs(60));
+        let r = self
+            .client
+            .post("http://localhost/call")
+            .header("fn-call-id", invoker::model::new_activation_id())
+            .header("fn-deadline", deadline.to_string())
+            .send()
+            .await?;
+        let status = r.status();
+        r.bytes().await?;
+        if status != 200 {
+            bail!("/call: {status}");
+        }
+        Ok(())
+    }
+}
+
+impl Drop for DirectFdk {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn send(http: &reqwest::Client, url: &str, body: Value) -> anyhow::Result<Value> {
+    let (user, pass) = GUEST.split_once(':').unwrap_or_default();
+    let r = http.post(url).basic_auth(user, Some(pass)).json(&body).send().await?;
+    let status = r.status();
+    let answer: Value = r.json().await?;
+    if status != 200 {
+        bail!("{url}: {status} {answer}");
+    }
+    Ok(answer)
+}
+
+/// A new no-op function in `app`; its `/invoke` URL.
+async fn new_function(http: &reqwest::Client, base: &str, app: &str, name: &str) -> anyhow::Result<String> {
+    let f =
+        send(http, &format!("{base}/v2/fns"), json!({"name": name, "app_id": app, "image": "fn:python", "code": NOOP}))
+            .await?;
+    Ok(format!("{base}/invoke/{}", f["id"].as_str().context("a function id")?))
+}
+
+async fn call(http: &reqwest::Client, url: &str, body: &'static str) -> anyhow::Result<()> {
+    let (user, pass) = GUEST.split_once(':').unwrap_or_default();
+    let r = http.post(url).basic_auth(user, Some(pass)).body(body).send().await?;
+    let status = r.status();
+    r.bytes().await?;
+    if status != 200 {
+        bail!("invoke: {status}");
+    }
+    Ok(())
+}
+
+/// The Fn figures: one `run_json` per concurrency (c=1, c=k), and the cold starts.
+pub async fn fn_side(
+    exe: &Path,
+    http: &reqwest::Client,
+    k: usize,
+    slice: Duration,
+    rounds: usize,
+    cold: usize,
+) -> anyhow::Result<Value> {
+    anyhow::ensure!(fdk_python().exists(), "the python FDK is not installed (scripts/fdk.sh)");
+    let invoker = Invoker::start(exe, "fn", "[proxy]\npause_grace = \"0s\"\n")?;
+    let app = send(http, &format!("{}/v2/apps", invoker.base), json!({"name": "bench"})).await?;
+    let app = app["id"].as_str().context("an app id")?.to_string();
+    let url = new_function(http, &invoker.base, &app, "noop").await?;
+    // K overlapping slow calls leave K warm containers behind.
+    let warm: Vec<_> = (0..k).map(|_| call(http, &url, "{\"sleep\": 1.0}")).collect();
+    for r in futures_util::future::join_all(warm).await {
+        r?;
+    }
+    let mut directs = Vec::new();
+    for _ in 0..k {
+        directs.push(DirectFdk::start().await?.0);
+    }
+    let directs = Arc::new(directs);
+    let direct_slice = |c: usize, slice: Duration| {
+        let d = directs.clone();
+        measure(c, slice, move |i| {
+            let d = d.clone();
+            async move { d[i % d.len()].call().await }
+        })
+    };
+    let invoke_slice = |c: usize, slice: Duration| {
+        let (h, u) = (http.clone(), url.clone());
+        measure(c, slice, move |_| {
+            let (h, u) = (h.clone(), u.clone());
+            async move { call(&h, &u, "").await }
+        })
+    };
+    let mut levels = vec![1, k];
+    levels.dedup();
+    let mut runs = Vec::new();
+    for c in levels {
+        direct_slice(c, Duration::from_millis(300)).await;
+        invoke_slice(c, Duration::from_millis(300)).await;
+        let (mut direct, mut invoked) = (Samples::default(), Samples::default());
+        for _ in 0..rounds {
+            direct.add(direct_slice(c, slice).await);
+            invoked.add(invoke_slice(c, slice).await);
+        }
+        eprintln!("fn (\"direct\": the FDK's /call on its socket; \"invoker\": POST /invoke/{{fn_id}}):");
+        runs.push(run_json(c, &mut direct, &mut invoked));
+    }
+    let (mut cold_invoker, mut cold_direct) = (Vec::new(), Vec::new());
+    for i in 0..cold {
+        let url = new_function(http, &invoker.base, &app, &format!("cold{i}")).await?;
+        let t = Instant::now();
+        call(http, &url, "").await?;
+        cold_invoker.push(t.elapsed());
+        cold_direct.push(DirectFdk::start().await?.1);
+    }
+    let (ci, cd) = (median(cold_invoker), median(cold_direct));
+    let ms = |d: Duration| (d.as_secs_f64() * 10_000.0).round() / 10.0;
+    eprintln!("fn cold: invoker {:.1} ms, the FDK started and called by hand {:.1} ms", ms(ci), ms(cd));
+    Ok(json!({
+        "fn_added_p50_us_c1": runs[0]["added_p50_us"],
+        "fn_rps_ratio_c8": runs.last().map_or(Value::Null, |r| r["rps_ratio"].clone()),
+        "cold_fn_python_ms_p50": ms(ci),
+        "cold_fn_direct_ms_p50": ms(cd),
+        "fn_runs": runs,
+    }))
+}
