@@ -16,7 +16,7 @@
 //!   that many pairs and no more (never for the sentinel of a run still running), and takes
 //!   every pair already in: a sentinel says nothing of whose it is.
 
-use super::pipe_lines::PipeLines;
+use super::pipe_lines::{PipeLines, Through};
 use parking_lot::Mutex;
 use smallvec::SmallVec;
 use std::collections::VecDeque;
@@ -183,12 +183,14 @@ impl LogBuffer {
     }
 
     /// Reads what the container's pipes hold now: every line it wrote before this call is in
-    /// the buffer when it returns (a factory that reads no pipes has nothing to do).
-    pub fn drain(&self) {
+    /// the buffer when it returns. False when the buffer reads no pipes (a factory that gets
+    /// its containers' output from elsewhere, Docker's log stream), which `drain` cannot hurry.
+    pub fn drain(&self) -> bool {
         let sources = self.sources.lock().clone();
-        for source in sources {
-            source.read_ready(self);
+        for source in &sources {
+            source.read_ready(self, Through::Syscall);
         }
+        !sources.is_empty()
     }
 
     pub fn push(&self, stream: Stream, line: String) {
@@ -345,6 +347,11 @@ impl LogBuffer {
     }
 }
 
+/// How long a factory's log stream must stay quiet after an answer before a run without end
+/// marks is taken to have all its lines, and the most it waits.
+const LOG_QUIET: Duration = Duration::from_millis(5);
+const LOG_QUIET_MAX: Duration = Duration::from_millis(200);
+
 /// One run's share of a container's logs, from when it was handed to the runtime; collected
 /// once with [`LogWindow::collect`]. One dropped uncollected (a run that never ran) gives up
 /// its place.
@@ -368,10 +375,15 @@ impl LogWindow {
 
     /// For a runtime that marks no ends (one run at a time, everything it writes meanwhile is
     /// the run's): what its pipes hold when its answer came, read at once, and nothing after.
+    /// Where the lines come through a stream of the factory's instead, those until the stream
+    /// was quiet for `LOG_QUIET` (at most `LOG_QUIET_MAX`).
     pub async fn collect_now(self, limit_bytes: usize) -> Vec<String> {
         let buffer = self.buffer.clone();
-        buffer.drain();
-        buffer.collect(self, Duration::ZERO, None, limit_bytes).await
+        if buffer.drain() {
+            buffer.collect(self, Duration::ZERO, None, limit_bytes).await
+        } else {
+            buffer.collect(self, LOG_QUIET_MAX, Some(LOG_QUIET), limit_bytes).await
+        }
     }
 }
 

@@ -12,6 +12,16 @@ use tokio::net::unix::pipe;
 /// Longer lines are cut into pieces of this many bytes.
 pub const MAX_LINE: usize = 64 * 1024;
 
+/// How a read reaches the pipe. The reading task goes through tokio, whose readiness it must
+/// see cleared when the pipe is empty (or its wait would return at once forever). A drain makes
+/// the syscall itself: tokio's `try_read` answers "would block" without reading while its driver
+/// has not yet seen the pipe readable, which is exactly the moment a drain is for.
+#[derive(Clone, Copy)]
+pub enum Through {
+    Tokio,
+    Syscall,
+}
+
 pub struct PipeLines {
     pipe: pipe::Receiver,
     stream: Stream,
@@ -27,7 +37,7 @@ impl PipeLines {
         let logs = logs.clone();
         tokio::spawn(async move {
             while source.pipe.readable().await.is_ok() {
-                if source.read_ready(&logs) {
+                if source.read_ready(&logs, Through::Tokio) {
                     break;
                 }
             }
@@ -36,11 +46,15 @@ impl PipeLines {
     }
 
     /// Reads what the pipe holds now into `logs`; true once it is closed (or broken).
-    pub fn read_ready(&self, logs: &LogBuffer) -> bool {
+    pub fn read_ready(&self, logs: &LogBuffer, through: Through) -> bool {
         let mut partial = self.partial.lock();
         let mut buf = [0u8; 8192];
         loop {
-            match self.pipe.try_read(&mut buf) {
+            let read = match through {
+                Through::Tokio => self.pipe.try_read(&mut buf),
+                Through::Syscall => nix::unistd::read(&self.pipe, &mut buf).map_err(std::io::Error::from),
+            };
+            match read {
                 Ok(0) => {
                     if !partial.is_empty() {
                         logs.push(self.stream, line_of(&partial));
