@@ -8,6 +8,7 @@
 #                          factory's `isolated` network is tested with it)
 #   invoker-python:latest  a Debian minbase root with python3 and its standard library (debootstrap, built once
 #                          and cached in INVOKER_IMAGE_CACHE), plus the binary
+#   invoker-fn-python:latest  the same root with Fn's python FDK (scripts/fdk.sh), for fn:python
 # An image is rebuilt only when the binary it holds changed (its sha256 is a label).
 #   scripts/build-images.sh [path/to/invoker]   (default: a debug build, built if missing)
 set -euo pipefail
@@ -88,5 +89,21 @@ if [ "$(current invoker-python:latest)" != "$sum" ]; then
     >"$work/python.Dockerfile"
   build invoker-python:latest "$work/python.Dockerfile" "$work/python"
   echo "built invoker-python:latest ($sum)"
+fi
+# Fn's python FDK (scripts/fdk.sh) on the python root: the image of the built-in fn:python
+# kind, whose command runs the FDK with the function's code at /function.
+fdk_dir=$(bash scripts/fdk.sh)
+fdk_sum=$(find "$fdk_dir/python" -name METADATA -path '*fdk-*' -exec sha256sum {} + | sha256sum | cut -c1-16)
+if [ "$(docker image inspect -f '{{ index .Config.Labels "invoker.fdk" }}' invoker-fn-python:latest 2>/dev/null || true)" != "$fdk_sum" ]; then
+  mkdir -p "$work/fn-python"
+  cp -a "$fdk_dir/python" "$work/fn-python/fdk"
+  printf 'FROM invoker-python-base:bookworm
+COPY fdk /usr/local/lib/invoker-fdk/python
+ENV PYTHONPATH=/usr/local/lib/invoker-fdk/python PYTHONUNBUFFERED=1
+LABEL invoker.fdk=%s
+' \
+    "$fdk_sum" >"$work/fn-python.Dockerfile"
+  build invoker-fn-python:latest "$work/fn-python.Dockerfile" "$work/fn-python"
+  echo "built invoker-fn-python:latest (fdk $fdk_sum)"
 fi
 docker image ls --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep '^invoker-' | sort

@@ -384,3 +384,46 @@ async fn an_image_serving_on_8080_of_its_own_network_runs_unchanged_with_no_host
     assert_eq!(container_id(&second), container_id(&first), "the paused container, resumed");
     stop(inv, &docker, &invoker_id).await;
 }
+
+/// An Fn function on Docker, as Fn's agent runs one: the python FDK in `invoker-fn-python`,
+/// the code read-only at /function, the socket directory at /tmp/iofs, no network.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs a Docker Engine and the runtime images: run by .ci/run"]
+async fn an_fn_function_runs_in_a_container_with_its_socket_directory_and_stays_warm() {
+    let docker = engine().await;
+    let dir = tempdir();
+    let invoker_id = id("dk-fn");
+    let inv = start(dir.path(), &invoker_id, None, "").await;
+    let code = "import io, json, os\ndef handler(ctx, data: io.BytesIO = None):\n    args = json.loads(data.getvalue())\n    print('fn call', ctx.CallID())\n    if args.get('raise'):\n        raise Exception('asked to fail')\n    return json.dumps({'uid': os.getuid(), 'cwd': os.getcwd(), 'listener': os.environ['FN_LISTENER'], 'echo': args.get('echo')})\n";
+    inv.put_action("f", json!({"exec": {"kind": "fn:python", "code": code}})).await;
+    let (status, first) = inv.invoke("f", "blocking=true", json!({"echo": "docker"})).await;
+    assert_eq!(status, 200, "{first}");
+    let said: Value = serde_json::from_str(first["response"]["result"]["body"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        said,
+        json!({"uid": 65534, "cwd": "/function", "listener": "unix:/tmp/iofs/lsnr.sock", "echo": "docker"})
+    );
+    let lines = first["logs"].as_array().unwrap();
+    assert!(
+        lines.len() == 1
+            && lines[0].as_str().unwrap().ends_with(&format!("fn call {}", first["activationId"].as_str().unwrap())),
+        "{first}"
+    );
+    let (status, failed) = inv.invoke("f", "blocking=true", json!({"raise": true})).await;
+    assert_eq!(status, 502, "{failed}");
+    assert_eq!(failed["response"]["result"]["error"], "function failed");
+    let (_, again) = inv.invoke("f", "blocking=true", json!({"echo": "again"})).await;
+    assert_eq!(annotation(&again, "startKind"), json!("warm"));
+    assert_eq!(annotation(&first, "containerId"), annotation(&again, "containerId"), "kept after the failure, warm");
+    let ids = containers_of(&docker, &invoker_id).await;
+    assert_eq!(ids.len(), 1);
+    let inspected = docker.inspect_container(&ids[0], None::<InspectContainerOptions>).await.unwrap();
+    let host = inspected.host_config.unwrap();
+    assert_eq!(host.network_mode.as_deref(), Some("none"));
+    let binds = host.binds.unwrap_or_default();
+    assert!(
+        binds.iter().any(|b| b.ends_with(":/tmp/iofs")) && binds.iter().any(|b| b.ends_with(":/function:ro")),
+        "{binds:?}"
+    );
+    stop(inv, &docker, &invoker_id).await;
+}

@@ -171,6 +171,11 @@ pub struct DockerKindConfig {
     /// The port the runtime serves on inside its own namespace (`isolated`).
     #[serde(default)]
     pub port: Option<u16>,
+    /// For an `fn` kind that takes its code as text: the file it is written to, shown
+    /// read-only at `/function` (the container's working directory); unset, the image holds
+    /// the function.
+    #[serde(default)]
+    pub code_file: Option<String>,
 }
 
 impl DockerKindConfig {
@@ -202,6 +207,19 @@ impl Default for DockerFactoryConfig {
                 .collect(),
             network: None,
             port: None,
+            code_file: None,
+        };
+        // Fn's python FDK on the python image (`scripts/build-images.sh`), the action's code in
+        // /function.
+        let fn_python = DockerKindConfig {
+            image: "invoker-fn-python:latest".into(),
+            command: ["/usr/bin/python3", "-c", super::kinds::FDK_MAIN, "func.py", "{main}"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+            network: Some(Network::None),
+            port: None,
+            code_file: Some("func.py".into()),
         };
         DockerFactoryConfig {
             socket: PathBuf::from("/run/invoker-docker/docker.sock"),
@@ -214,6 +232,7 @@ impl Default for DockerFactoryConfig {
             kinds: BTreeMap::from([
                 ("python:3".to_string(), kind("invoker-python:latest", "python")),
                 ("native".to_string(), kind("invoker-native:latest", "native")),
+                ("fn:python".to_string(), fn_python),
             ]),
         }
     }

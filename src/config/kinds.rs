@@ -294,6 +294,10 @@ fn builtin_runtime(launcher: &str) -> KindConfig {
 /// the built-in `fn:` kinds show read-only in their containers.
 pub const FDK_DIR: &str = "/usr/local/lib/invoker-fdk";
 
+/// The `fdk` console script's entry, run by the system's python (the script's own shebang
+/// names the interpreter pip ran under): `fdk <file> <handler>`.
+pub const FDK_MAIN: &str = "import sys; from fdk.scripts.fdk import main; sys.argv[0] = 'fdk'; main()";
+
 /// A built-in Fn kind: the action's code in `code_file`, run by the system's interpreter
 /// with the FDK on its module path.
 fn fn_kind(command: &[&str], code_file: &str, env: &[(&str, String)], fdk: &str) -> KindConfig {
@@ -315,11 +319,8 @@ fn fn_kind(command: &[&str], code_file: &str, env: &[(&str, String)], fdk: &str)
 /// The project's own runtime serves every built-in OpenWhisk kind (the launcher picks the
 /// language); Fn's FDKs serve the `fn:` kinds.
 pub fn default_kinds() -> BTreeMap<String, KindConfig> {
-    // The `fdk` console script's entry, run by the system's python (the script's own shebang
-    // names the interpreter pip ran under).
-    let fdk_main = "import sys; from fdk.scripts.fdk import main; sys.argv[0] = 'fdk'; main()";
     let python = fn_kind(
-        &["/usr/bin/python3", "-c", fdk_main, "func.py", "{main}"],
+        &["/usr/bin/python3", "-c", FDK_MAIN, "func.py", "{main}"],
         "func.py",
         &[("PYTHONPATH", format!("{FDK_DIR}/python")), ("PYTHONUNBUFFERED", "1".into())],
         "python",

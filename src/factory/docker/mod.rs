@@ -10,7 +10,10 @@
 //! are each a tmpfs of the action's `limits.disk`, and the socket directory bound from
 //! `data_dir` is a small disk of its own (`own_disk.rs`), so nothing it writes reaches the
 //! host's filesystem. Every container carries the `invoker_id` label; at start the factory removes
-//! what an earlier run of the same invoker left, and nothing else.
+//! what an earlier run of the same invoker left, and nothing else. An Fn function is made as
+//! Fn's agent makes one (`function.rs`).
+
+mod function;
 
 use super::logs::{LogBuffer, Stream};
 use super::netns::NetNs;
@@ -150,12 +153,10 @@ impl ContainerFactory for DockerFactory {
 
     async fn create(&self, spec: &ContainerSpec, node: &NodeId) -> Result<ContainerHandle, FactoryError> {
         let inner = &self.inner;
-        if spec.function.is_some() {
-            return Err(FactoryError::Create(
-                "the docker factory runs no Fn function yet (the process factory does)".into(),
-            ));
-        }
         let kind = inner.config.kinds.get(&spec.kind).ok_or_else(|| FactoryError::UnknownKind(spec.kind.clone()))?;
+        if let Some(function) = &spec.function {
+            return self.create_function(spec, function, kind, node).await;
+        }
         let _slot = inner.creates.acquire().await.map_err(|e| FactoryError::Create(e.to_string()))?;
         let dir = self.container_dir(spec.id);
         let network = kind.network(inner.config.network);
