@@ -152,9 +152,11 @@ impl RuntimeProtocol {
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct KindConfig {
-    /// The runtime's command line. `{invoker}` is this executable, `{listen}` the address the
+    /// The runtime's command line (an `fn` kind may have none: it runs only where an image
+    /// holds the function). `{invoker}` is this executable, `{listen}` the address the
     /// runtime must serve the OpenWhisk runtime protocol on (with `network = "isolated"`,
     /// `0.0.0.0:<port>`; a runtime that listens on its own port need not take it).
+    #[serde(default)]
     pub command: Vec<String>,
     /// `none`: a network namespace of the container's own, with only loopback, the runtime on a
     /// unix socket. `isolated`: the same namespace, the runtime on TCP `port` in it. `host`:
@@ -343,7 +345,8 @@ pub fn default_kinds() -> BTreeMap<String, KindConfig> {
 pub(super) fn validate(kinds: &BTreeMap<String, KindConfig>) -> Result<(), ConfigError> {
     for (kind, k) in kinds {
         let key = |field: &str| format!("kinds.\"{kind}\".{field}");
-        if k.command.is_empty() {
+        // An fn kind may be an image's alone (Docker, Kubernetes): its entry point is the function.
+        if k.command.is_empty() && k.protocol != RuntimeProtocol::Fn {
             return Err(bad(&key("command"), "must be non-empty"));
         }
         if k.protocol == RuntimeProtocol::Fn && k.network != Network::None {

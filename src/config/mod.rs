@@ -302,6 +302,22 @@ mod tests {
     }
 
     #[test]
+    fn fn_kinds_serve_on_a_socket_of_their_own_and_may_be_an_images_alone() {
+        let config = Config::default();
+        assert!(config.kinds["fn:python"].protocol == RuntimeProtocol::Fn && config.validate().is_ok());
+        let image_only = Config::from_toml("[kinds.\"fn:x\"]\nprotocol = \"fn\"\n").unwrap();
+        assert!(image_only.validate().is_ok(), "an fn kind needs no command");
+        let plain = Config::from_toml("[kinds.x]\nprotocol = \"openwhisk\"\n").unwrap();
+        assert_eq!(plain.validate().unwrap_err().key, "kinds.\"x\".command");
+        let networked = Config::from_toml("[kinds.\"fn:y\"]\nprotocol = \"fn\"\nnetwork = \"host\"\n").unwrap();
+        assert_eq!(networked.validate().unwrap_err().key, "kinds.\"fn:y\".network");
+        let code_file = Config::from_toml("[kinds.z]\ncommand = [\"{listen}\"]\ncode_file = \"f.py\"\n").unwrap();
+        assert_eq!(code_file.validate().unwrap_err().key, "kinds.\"z\".code_file", "only an fn kind has one");
+        let prewarm = "[[pool.prewarm]]\nkind = \"fn:python\"\nmemory_mb = 256\ncount = 1\n";
+        assert_eq!(Config::from_toml(prewarm).unwrap().validate().unwrap_err().key, "pool.prewarm[0].kind");
+    }
+
+    #[test]
     fn only_our_nodejs_runtime_may_start_from_a_snapshot_and_none_does_unless_set() {
         let config = Config::from_toml("").unwrap();
         assert!(config.kinds.values().all(|k| !k.snapshot));

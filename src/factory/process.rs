@@ -255,6 +255,12 @@ impl ContainerFactory for ProcessFactory {
     async fn create(&self, spec: &ContainerSpec, node: &NodeId) -> Result<ContainerHandle, FactoryError> {
         let inner = &self.inner;
         let kind = inner.kinds.get(&spec.kind).ok_or_else(|| FactoryError::UnknownKind(spec.kind.clone()))?;
+        if kind.command.is_empty() {
+            return Err(FactoryError::Create(format!(
+                "kind '{}' has no command: it runs only where an image holds its function (Docker, Kubernetes)",
+                spec.kind
+            )));
+        }
         let uid = match &inner.uids {
             Some(range) => Some(range.take().map_err(FactoryError::Create)?),
             None => None,
