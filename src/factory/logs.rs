@@ -16,7 +16,6 @@
 //!   that many pairs and no more (never for the sentinel of a run still running), and takes
 //!   every pair already in: a sentinel says nothing of whose it is.
 
-use super::pipe_lines::{PipeLines, Through};
 use parking_lot::Mutex;
 use smallvec::SmallVec;
 use std::collections::VecDeque;
@@ -44,11 +43,17 @@ impl Stream {
     }
 }
 
+/// Something that feeds a buffer and can be read at once (a container's pipe, `pipe_lines.rs`).
+pub trait LineSource: Send + Sync {
+    /// Pushes into `logs` every line the source holds now, without waiting.
+    fn read_now(&self, logs: &LogBuffer);
+}
+
 pub struct LogBuffer {
     inner: Mutex<Inner>,
     arrived: Notify,
     /// The pipes read into it, for `drain`.
-    sources: Mutex<Vec<Arc<PipeLines>>>,
+    sources: Mutex<Vec<Arc<dyn LineSource>>>,
 }
 
 impl std::fmt::Debug for LogBuffer {
@@ -174,11 +179,11 @@ impl Default for LogBuffer {
 }
 
 impl LogBuffer {
-    pub(super) fn add_source(&self, source: Arc<PipeLines>) {
+    pub(super) fn add_source(&self, source: Arc<dyn LineSource>) {
         self.sources.lock().push(source);
     }
 
-    pub(super) fn remove_source(&self, source: &Arc<PipeLines>) {
+    pub(super) fn remove_source(&self, source: &Arc<dyn LineSource>) {
         self.sources.lock().retain(|s| !Arc::ptr_eq(s, source));
     }
 
@@ -188,7 +193,7 @@ impl LogBuffer {
     pub fn drain(&self) -> bool {
         let sources = self.sources.lock().clone();
         for source in &sources {
-            source.read_ready(self, Through::Syscall);
+            source.read_now(self);
         }
         !sources.is_empty()
     }

@@ -3,7 +3,7 @@
 //! runtime that marks no ends (Fn's), whose last lines are in the pipe by then and must be the
 //! run's, not the next one's. Both read under one lock, without blocking.
 
-use super::logs::{LogBuffer, Stream};
+use super::logs::{LineSource, LogBuffer, Stream};
 use parking_lot::Mutex;
 use std::io::ErrorKind;
 use std::sync::Arc;
@@ -17,7 +17,7 @@ pub const MAX_LINE: usize = 64 * 1024;
 /// the syscall itself: tokio's `try_read` answers "would block" without reading while its driver
 /// has not yet seen the pipe readable, which is exactly the moment a drain is for.
 #[derive(Clone, Copy)]
-pub enum Through {
+enum Through {
     Tokio,
     Syscall,
 }
@@ -33,7 +33,8 @@ impl PipeLines {
     /// Reads `pipe` into `logs` until it closes; [`LogBuffer::drain`] reads it too meanwhile.
     pub fn follow(pipe: pipe::Receiver, stream: Stream, logs: &Arc<LogBuffer>) {
         let source = Arc::new(PipeLines { pipe, stream, partial: Mutex::new(Vec::new()) });
-        logs.add_source(source.clone());
+        let registered: Arc<dyn LineSource> = source.clone();
+        logs.add_source(registered.clone());
         let logs = logs.clone();
         tokio::spawn(async move {
             while source.pipe.readable().await.is_ok() {
@@ -41,12 +42,12 @@ impl PipeLines {
                     break;
                 }
             }
-            logs.remove_source(&source);
+            logs.remove_source(&registered);
         });
     }
 
     /// Reads what the pipe holds now into `logs`; true once it is closed (or broken).
-    pub fn read_ready(&self, logs: &LogBuffer, through: Through) -> bool {
+    fn read_ready(&self, logs: &LogBuffer, through: Through) -> bool {
         let mut partial = self.partial.lock();
         let mut buf = [0u8; 8192];
         loop {
@@ -85,6 +86,12 @@ impl PipeLines {
             start += MAX_LINE;
         }
         partial.drain(..start);
+    }
+}
+
+impl LineSource for PipeLines {
+    fn read_now(&self, logs: &LogBuffer) {
+        self.read_ready(logs, Through::Syscall);
     }
 }
 
