@@ -33,7 +33,7 @@ fn main() {
     assert!(count(&roomy["hybrid"], "cold_starts") < count(&roomy["fixed-10m"], "cold_starts"), "{roomy}");
 
     let dir = tempfile::tempdir().unwrap();
-    let (scenario, total) = Scenario::synthetic_fleet(dir.path(), 1000).unwrap();
+    let (scenario, total) = invoker::sim::synthetic_fleet(dir.path(), 1000).unwrap();
     let synthetic = replay("synthetic-1000", scenario);
     for r in synthetic["node_mb"]["16384"].as_object().unwrap().values() {
         assert_eq!(count(r, "activations"), total);

@@ -138,7 +138,7 @@ fn the_keep_alive_comparison_runs_every_policy_on_every_node_size_and_loses_noth
 #[test]
 fn a_synthetic_thousand_function_fleet_replays_with_nothing_lost() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut scenario, total) = Scenario::synthetic_fleet(dir.path(), 1000).unwrap();
+    let (mut scenario, total) = invoker::sim::synthetic_fleet(dir.path(), 1000).unwrap();
     assert!((500_000..700_000).contains(&total), "{total} calls in the day");
     scenario.replay_first_minutes(WINDOW_MINUTES);
     let s = invoker::sim::run(&scenario).unwrap();

@@ -134,26 +134,6 @@ impl Scenario {
         }
     }
 
-    /// A synthetic fleet of `functions` functions (written into `dir` by
-    /// [`write_synthetic_trace`](super::workload::write_synthetic_trace)) on one 16 GiB node, with
-    /// the fixed, greedy-dual and hybrid keep-alive policies; and the calls of its whole day.
-    pub fn synthetic_fleet(dir: &Path, functions: u32) -> Result<(Scenario, u64), ScenarioError> {
-        let calls = super::workload::write_synthetic_trace(dir, functions, 42)
-            .map_err(|e| ScenarioError::Trace { path: dir.display().to_string(), reason: e.to_string() })?;
-        let text = format!(
-            "name = \"synthetic-{functions}\"\nnode_sizes_mb = [16384]\n\
-             [[compare_keep_alive]]\nname = \"fixed-10m\"\nkeep_alive = \"fixed\"\n\
-             [[compare_keep_alive]]\nname = \"greedy_dual\"\nkeep_alive = \"greedy_dual\"\n\
-             [[compare_keep_alive]]\nname = \"hybrid\"\nkeep_alive = \"hybrid\"\n\
-             [cluster]\nnodes = 1\nnode_memory_mb = 16384\nstart_latency = \"500ms\"\nstats_every = \"1s\"\n\
-             [workload]\nkind = \"trace\"\ndir = \".\"\nfunctions = {functions}\n"
-        );
-        let path = dir.join("synthetic.toml");
-        std::fs::write(&path, text)
-            .map_err(|e| ScenarioError::Read { path: path.display().to_string(), reason: e.to_string() })?;
-        Ok((Scenario::load(&path)?, calls))
-    }
-
     /// Reads a scenario; a trace directory is resolved against the scenario's own folder.
     pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
         let text = std::fs::read_to_string(path)
