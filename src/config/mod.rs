@@ -19,7 +19,7 @@ pub use factory::{
     DockerFactoryConfig, DockerKindConfig, FactoryConfig, FactoryKind, MesosFactoryConfig, MockFactoryConfig,
     ProcessFactoryConfig, TransportKind,
 };
-pub use kinds::{default_kinds, KindConfig, Network, RuntimeProtocol, FDK_DIR, OPENWHISK_PORT};
+pub use kinds::{default_kinds, KindConfig, Network, RuntimeProtocol, FDK_DIR, FDK_MAIN, OPENWHISK_PORT};
 pub use kubernetes::{KubernetesFactoryConfig, KubernetesKindConfig, Toleration};
 pub use limits::LimitsConfig;
 pub use pool::{PoolConfig, PrewarmConfig};
