@@ -10,6 +10,7 @@ mod support;
 use invoker::cluster::ClusterKv;
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use support::etcd::EtcdServer;
 use support::Invoker;
@@ -497,4 +498,59 @@ async fn an_invoker_that_refuses_before_running_anything_is_skipped_for_the_next
         .and_then(|n| n.parse().ok())
         .unwrap_or(0);
     assert!(reschedules >= 1, "the stranger was never chosen for 20 actions, or never skipped: {metrics}");
+}
+
+/// etcd frozen past the invokers' leases under a paced load (a long fsync stall or a partition
+/// looks the same): what ran ends with the invokers' answers, and at resume the scheduler keeps
+/// placing on the invokers it last saw, while they register again.
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
+async fn an_etcd_frozen_past_the_leases_fails_nothing_that_ran_and_refuses_almost_nothing_at_resume() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let Some(etcd) = EtcdServer::start() else { return };
+    let p = platform(etcd, &[("fz1", &[], 4096), ("fz2", &[], 4096)], "").await;
+    p.scheduler.put_action("paced", action(128, json!([]))).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let scheduler = Arc::new(p.scheduler);
+    let workers: Vec<_> = (0..4)
+        .map(|_| {
+            let (scheduler, stop) = (scheduler.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut answers = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    answers.push(scheduler.try_invoke("paced", json!({ "sleep_ms": 50 })).await);
+                }
+                answers
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    p.etcd.freeze();
+    tokio::time::sleep(Duration::from_secs(20)).await; // past the 3 s lease, many times
+    p.etcd.thaw();
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut answers = Vec::new();
+    for worker in workers {
+        answers.extend(worker.await.unwrap());
+    }
+    let lost: Vec<&Value> = answers
+        .iter()
+        .map(|(_, body)| body)
+        .filter(|body| body["response"]["result"]["error"].as_str().is_some_and(|e| e.contains("was lost")))
+        .collect();
+    assert!(lost.is_empty(), "{} activations that ran ended as lost: {:?}", lost.len(), lost.first());
+    let refused = answers.iter().filter(|(status, _)| *status == 503).count();
+    let ok = answers.iter().filter(|(status, _)| *status == 200).count();
+    let why: BTreeSet<String> = answers
+        .iter()
+        .filter(|(status, _)| *status == 503)
+        .map(|(_, body)| {
+            let said = body["response"]["result"]["error"].as_str().or(body["error"].as_str()).unwrap_or_default();
+            said.chars().take(160).collect()
+        })
+        .collect();
+    eprintln!("etcd frozen 20 s: {} requests, {ok} ran, {refused} refused {why:?}, none lost", answers.len());
+    assert!(refused * 100 <= answers.len(), "{refused} of {} refused (503), {ok} ran: {why:?}", answers.len());
+    assert_eq!(ok + refused, answers.len(), "every answer ran or was refused");
 }

@@ -105,6 +105,11 @@ pub struct SchedulerConfig {
     /// Activations on their way to or running on invokers at most; past it a new one gets
     /// 503 (a record says so).
     pub max_in_flight: u32,
+    /// How long an invoker last read healthy is still placed on after its registration went
+    /// from etcd (its lease expired while etcd was away: an invoker that answers is not dead).
+    /// Unset: the cluster's `lease_ttl`, in which a live invoker registers again.
+    #[serde(default, with = "humantime_serde")]
+    pub registration_grace: Option<Duration>,
 }
 
 impl Default for SchedulerConfig {
@@ -116,6 +121,7 @@ impl Default for SchedulerConfig {
             max_reschedules: 3,
             refresh_interval: Duration::from_millis(200),
             max_in_flight: 10_000,
+            registration_grace: None,
         }
     }
 }

@@ -92,7 +92,7 @@ impl Dispatcher {
             placement: PlacementConfig { managed_fraction: s.managed_fraction, blackbox_fraction: s.blackbox_fraction },
             wait_deadline: config.pool.wait_deadline,
             init_timeout: config.proxy.init_timeout,
-            directory: Directory::default(),
+            directory: Directory::new(s.registration_grace.unwrap_or(config.cluster.lease_ttl)),
             client: InvokerClient::new(controller_key),
             in_flight: Mutex::default(),
             active: AtomicU32::new(0),

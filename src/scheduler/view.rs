@@ -2,13 +2,16 @@
 //! (by action revision) and the drains, read from the keys invokers and operators write, every
 //! `refresh_interval` (three prefix ranges), never on an activation's path. An entry that does
 //! not decode is skipped with a warning, never trusted. etcd away freezes the picture: the
-//! invokers last seen keep their work.
+//! invokers last seen keep their work, and those whose leases expired meanwhile are placed on
+//! for a grace after etcd answers again (`Directory`).
 
 use super::placement::InvokerView;
 use crate::cluster::{ClusterKv, InvokerRecord};
+use crate::pool::actor::Health;
 use parking_lot::{Mutex, RwLock};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 /// An action revision: namespace, name, cluster revision.
@@ -81,14 +84,21 @@ impl ClusterView {
     }
 }
 
-/// The view shared by every dispatch, and a token per invoker that is cancelled when the
-/// invoker leaves the cluster (its lease expired, or another process took its id): what was
-/// sent there and is still waiting ends then.
-#[derive(Default)]
+/// The view shared by every dispatch, and a token per invoker process that is cancelled when
+/// another process takes its id (the one it replaced is gone, and with it what it ran).
+///
+/// An invoker whose registration went from etcd is not taken for dead: its lease may have
+/// expired only because etcd was away (a partition, a long fsync stall), while it kept serving.
+/// What was sent to it ends with its answer, a broken connection or the activation's deadline;
+/// and one last read healthy stays in the view for `grace`, in which a live invoker registers
+/// again (placing on one that is gone is refused at the connection, and tried elsewhere).
 pub struct Directory {
     current: RwLock<Arc<ClusterView>>,
     /// Invoker id → (its process, as `boot_id:pid`; the token of that process).
     present: Mutex<HashMap<String, (String, CancellationToken)>>,
+    /// Every invoker read, as last read, and when a reading first missed it.
+    last_seen: Mutex<HashMap<String, (InvokerRecord, Option<Instant>)>>,
+    grace: Duration,
 }
 
 fn process_of(record: &InvokerRecord) -> String {
@@ -100,17 +110,46 @@ impl Directory {
         self.current.read().clone()
     }
 
-    /// Takes a new reading; cancels the tokens of invokers gone from it.
-    pub fn update(&self, view: ClusterView) {
-        let mut present = self.present.lock();
-        present.retain(|id, (process, token)| {
-            let same = view.invokers.get(id).is_some_and(|r| process_of(r) == *process);
-            if !same {
-                tracing::warn!(invoker = %id, "an invoker left the cluster; what it was running ends");
-                token.cancel();
+    pub fn new(grace: Duration) -> Self {
+        Directory { current: RwLock::default(), present: Mutex::default(), last_seen: Mutex::default(), grace }
+    }
+
+    /// Takes a new reading: keeps the invokers last read healthy that are gone from it for the
+    /// grace, and cancels the tokens of processes another took the id of.
+    pub fn update(&self, mut view: ClusterView) {
+        let now = Instant::now();
+        {
+            let mut seen = self.last_seen.lock();
+            for (id, record) in &view.invokers {
+                seen.insert(id.clone(), (record.clone(), None));
             }
-            same
+            // The grace counts from the first reading without it (etcd away reads nothing).
+            seen.retain(|id, (record, missed_since)| {
+                if view.invokers.contains_key(id) {
+                    return true;
+                }
+                let since = *missed_since.get_or_insert(now);
+                let within = record.health == Health::Healthy && now.duration_since(since) < self.grace;
+                if within {
+                    view.invokers.insert(id.clone(), record.clone());
+                } else {
+                    tracing::warn!(invoker = %id, "an invoker's registration is gone past the grace; nothing new goes there");
+                }
+                within
+            });
+        }
+        let mut present = self.present.lock();
+        present.retain(|id, (process, token)| match view.invokers.get(id) {
+            Some(r) if process_of(r) == *process => true,
+            Some(_) => {
+                tracing::warn!(invoker = %id, "another process holds the invoker's id; what the one before ran ends");
+                token.cancel();
+                false
+            }
+            // What it runs ends with its answer, a broken connection or its deadline.
+            None => false,
         });
+        drop(present);
         *self.current.write() = Arc::new(view);
     }
 

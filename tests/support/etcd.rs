@@ -62,6 +62,21 @@ impl EtcdServer {
         }
     }
 
+    /// SIGSTOP: etcd hangs as in a long fsync stall or a partition, its connections open.
+    pub fn freeze(&self) {
+        self.signal(nix::sys::signal::Signal::SIGSTOP);
+    }
+
+    /// SIGCONT after `freeze`.
+    pub fn thaw(&self) {
+        self.signal(nix::sys::signal::Signal::SIGCONT);
+    }
+
+    fn signal(&self, signal: nix::sys::signal::Signal) {
+        let child = self.child.as_ref().expect("etcd runs");
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), signal).unwrap();
+    }
+
     pub fn kv(&self) -> Etcd {
         Etcd::new(&[self.url()]).unwrap()
     }
@@ -69,6 +84,10 @@ impl EtcdServer {
 
 impl Drop for EtcdServer {
     fn drop(&mut self) {
+        // A frozen member would not die of SIGKILL until continued.
+        if self.child.is_some() {
+            self.thaw();
+        }
         self.stop();
     }
 }
