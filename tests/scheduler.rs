@@ -554,3 +554,62 @@ async fn an_etcd_frozen_past_the_leases_fails_nothing_that_ran_and_refuses_almos
     assert!(refused * 100 <= answers.len(), "{refused} of {} refused (503), {ok} ran: {why:?}", answers.len());
     assert_eq!(ok + refused, answers.len(), "every answer ran or was refused");
 }
+
+/// One invoker frozen (SIGSTOP: a GC pause, a stalled disk, a partition between it and the
+/// scheduler) under a paced load while the other has room: no request is refused, and what the
+/// frozen one had taken ends once, with its answer after SIGCONT.
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
+async fn one_frozen_invoker_never_blocks_the_other_and_its_taken_work_ends_once() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let Some(etcd) = EtcdServer::start() else { return };
+    let p = platform(etcd, &[("cold1", &[], 4096), ("cold2", &[], 4096)], "").await;
+    p.scheduler.put_action("paced", action(128, json!([]))).await;
+    let Platform { etcd: _etcd, scheduler, scheduler_dir: _scheduler_dir, invokers, _dirs } = p;
+    let frozen = invokers.iter().find(|i| i.invoker_id == "cold1").unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let scheduler = Arc::new(scheduler);
+    let workers: Vec<_> = (0..4)
+        .map(|_| {
+            let (scheduler, stop) = (scheduler.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut answers = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    let (status, body) = scheduler.try_invoke("paced", json!({ "sleep_ms": 50 })).await;
+                    answers.push((status, body, Instant::now()));
+                }
+                answers
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    frozen.signal(nix::sys::signal::Signal::SIGSTOP);
+    let froze = Instant::now();
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    frozen.signal(nix::sys::signal::Signal::SIGCONT);
+    let thawed = Instant::now();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut timed = Vec::new();
+    for worker in workers {
+        timed.extend(worker.await.unwrap());
+    }
+    // Answered while it was frozen, after the scheduler had a few seconds to notice.
+    let served_meanwhile =
+        timed.iter().filter(|(s, _, at)| *s == 200 && *at > froze + Duration::from_secs(3) && *at < thawed).count();
+    let answers: Vec<(u16, Value)> = timed.into_iter().map(|(s, b, _)| (s, b)).collect();
+    let refused = answers.iter().filter(|(status, _)| *status == 503).count();
+    let ok = answers.iter().filter(|(status, _)| *status == 200).count();
+    eprintln!(
+        "one invoker frozen 15 s: {} requests, {ok} ran, {refused} refused, {served_meanwhile} answered in the 12 s \
+         it stayed frozen after the first 3",
+        answers.len()
+    );
+    assert!(served_meanwhile > 100, "the other invoker served only {served_meanwhile} while one was frozen");
+    assert_eq!(refused, 0, "refused while the other invoker had room: {:?}", answers.iter().find(|(s, _)| *s == 503));
+    assert_eq!(ok, answers.len(), "every request ran: {:?}", answers.iter().find(|(s, _)| *s != 200));
+    let ids: BTreeSet<&str> = answers.iter().filter_map(|(_, r)| r["activationId"].as_str()).collect();
+    assert_eq!(ids.len(), answers.len(), "one answer per activation");
+    let on_frozen = answers.iter().filter(|(_, r)| ran_on(r) == "cold1").count();
+    assert!(on_frozen > 0, "the frozen invoker ran some before and after");
+}
