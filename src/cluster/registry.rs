@@ -118,7 +118,9 @@ impl<K: ClusterKv> Registrar<K> {
     /// the lease's TTL) is taken over.
     pub async fn claim(&mut self) -> Result<(), RegistryError> {
         let lease = self.kv.grant(self.config.lease_ttl).await.map_err(|e| RegistryError::Etcd(e.to_string()))?;
-        let record = self.record(Health::Healthy, Vec::new());
+        // Again after a lost lease: the record as last published, headroom and all, so that no
+        // scheduler reads this invoker without room between this put and the round's next.
+        let record = self.published.clone().unwrap_or_else(|| self.record(Health::Healthy, Vec::new()));
         let value = serde_json::to_string(&record).expect("a record serialises");
         if let Err(e) =
             claim_key(&self.kv, &self.key(), &value, lease, ("invoker", "--invoker-id", &self.identity.invoker_id))
