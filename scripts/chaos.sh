@@ -1,0 +1,161 @@
+#!/usr/bin/env bash
+# The cluster under faults, as an operator meets them: starts its own etcd (scripts/etcd.sh in a
+# directory of its own), two invokers and a scheduler on config/cluster.toml (loopback only), runs
+# a bounded load of blocking invokes through the scheduler (6 callers, a 50 ms python action), and
+# injects one fault per run:
+#   etcd frozen 20 s          SIGSTOP, then SIGCONT (a partition or a long fsync stall looks the same)
+#   one invoker frozen 15 s   SIGSTOP, then SIGCONT (a GC pause, a stalled disk)
+#   scheduler killed          SIGKILL, and started again at once on the same port and data
+# and prints a table per fault: requests, succeeded, 503s, failed records (an activation that
+# ran, or may have, ended in error), accepted without a record, and seconds in which no request
+# succeeded. Every run stops by itself (about 2 minutes in all).
+#
+#   scripts/chaos.sh           # release build; as root the invokers isolate their containers
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo build --release --bin invoker >&2
+work=$(mktemp -d /tmp/invoker-chaos-XXXXXX)
+trap 'pkill -P $$ 2>/dev/null || true; [ -f "$work/etcd/etcd.pid" ] && kill -CONT "$(cat "$work/etcd/etcd.pid")" 2>/dev/null; [ -f "$work/etcd/etcd.pid" ] && kill "$(cat "$work/etcd/etcd.pid")" 2>/dev/null; rm -rf "$work"' EXIT
+etcd=$(INVOKER_ETCD_DIR="$work/etcd" bash scripts/etcd.sh | tail -1 | cut -d= -f2)
+python3 - "${CARGO_TARGET_DIR:-target}/release/invoker" "$work" "$etcd" <<'PY'
+import base64, json, os, signal, socket, subprocess, sys, threading, time, urllib.error, urllib.request
+
+exe, work, etcd = sys.argv[1:4]
+guest = "23bc46b1-71f6-4ed5-8c54-816aa4f8c502:123zO3xZCLrMN6v2BKK1dXYFpXlPkccOFqm12CdAsMgRU4VrNZ9lyGVCGuMDGIwP"
+config = open("config/cluster.toml").read()
+if os.geteuid() != 0:
+    config = config.replace("[factory.process]\n", "[factory.process]\nunprivileged = false\n", 1)
+config_path = os.path.join(work, "cluster.toml")
+open(config_path, "w").write(config)
+
+def free_port():
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close(); return port
+
+def start(name, args, port):
+    out = open(os.path.join(work, name + ".out"), "w")
+    err = open(os.path.join(work, name + ".err"), "a")
+    cmd = [exe] + args + ["--config", config_path, "--etcd", etcd, "--listen", f"127.0.0.1:{port}",
+                          "--data-dir", os.path.join(work, name)]
+    return subprocess.Popen(cmd, stdout=out, stderr=err, start_new_session=True)
+
+def request(method, url, body=None, key=guest, timeout=70):
+    headers = {"Authorization": "Basic " + base64.b64encode(key.encode()).decode(), "Content-Type": "application/json"}
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.headers.get("x-openwhisk-activation-id"), r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers.get("x-openwhisk-activation-id"), e.read()
+    except Exception as e:
+        return 0, None, str(e).encode()
+
+ports = {"inv0": free_port(), "inv1": free_port(), "sched": free_port()}
+procs = {}
+for name in ("inv0", "inv1"):
+    procs[name] = start(name, ["--invoker-id", name], ports[name])
+procs["sched"] = start("sched", ["scheduler", "--scheduler-id", "chaos"], ports["sched"])
+base = f"http://127.0.0.1:{ports['sched']}"
+
+def admin_key():
+    for _ in range(200):
+        text = open(os.path.join(work, "sched.out")).read()
+        for line in text.splitlines():
+            if line.startswith("admin auth: "):
+                return line[len("admin auth: "):]
+        time.sleep(0.05)
+    sys.exit("the scheduler did not start: " + open(os.path.join(work, "sched.err")).read()[-2000:])
+
+def wait_healthy(count, bound=60):
+    key = admin_key()
+    deadline = time.time() + bound
+    while time.time() < deadline:
+        status, _, body = request("GET", base + "/v1/invokers", key=key, timeout=5)
+        # Healthy, and its headroom published (the record an invoker claims its key with has none).
+        ready = [i for i in json.loads(body) if i.get("health") == "healthy" and i.get("nodes")] if status == 200 else []
+        if len(ready) == count:
+            return
+        time.sleep(0.2)
+    sys.exit("the invokers never all registered healthy")
+
+wait_healthy(2)
+code = "import time\ndef main(a):\n    time.sleep(a.get('sleep', 0))\n    return {'ok': True}\n"
+status, _, body = request("PUT", base + "/api/v1/namespaces/_/actions/chaos?overwrite=true",
+                          {"exec": {"kind": "python:3", "code": code}, "limits": {"memory": 128}})
+assert status == 200, body
+
+def etcd_pid():
+    return int(open(os.path.join(work, "etcd", "etcd.pid")).read())
+
+def restart_scheduler():
+    procs["sched"].kill(); procs["sched"].wait()
+    procs["sched"] = start("sched", ["scheduler", "--scheduler-id", "chaos"], ports["sched"])
+
+faults = [
+    ("etcd frozen 20 s", lambda: os.kill(etcd_pid(), signal.SIGSTOP), 20, lambda: os.kill(etcd_pid(), signal.SIGCONT), 12),
+    ("one invoker frozen 15 s", lambda: os.killpg(procs["inv0"].pid, signal.SIGSTOP), 15,
+     lambda: os.killpg(procs["inv0"].pid, signal.SIGCONT), 12),
+    ("scheduler killed, restarted", restart_scheduler, 0, lambda: None, 15),
+]
+
+rows = []
+for name, inject, held, undo, after in faults:
+    wait_healthy(2)
+    results, lock, stop = [], threading.Lock(), threading.Event()
+    def caller():
+        while not stop.is_set():
+            started = time.time()
+            status, aid, body = request("POST", base + "/api/v1/namespaces/_/actions/chaos?blocking=true", {"sleep": 0.05})
+            with lock:
+                results.append((started, time.time(), status, aid, body))
+            if status in (0, 503):
+                time.sleep(0.05)  # a refused caller does not spin
+    threads = [threading.Thread(target=caller) for _ in range(6)]
+    began = time.time()
+    for t in threads: t.start()
+    time.sleep(5); inject(); time.sleep(held); undo(); time.sleep(after)
+    stop.set()
+    for t in threads: t.join()
+    ended = time.time()
+    ok = sum(1 for r in results if r[2] == 200)
+    refused = sum(1 for r in results if r[2] == 503)
+    failed, unrecorded = 0, 0
+    for r in results:
+        if r[3] is None:
+            continue
+        status, _, body = request("GET", base + f"/api/v1/namespaces/_/activations/{r[3]}", timeout=10)
+        if status != 200:
+            unrecorded += 1
+            continue
+        record = json.loads(body)
+        rejected = any(a.get("key") == "rejected" for a in record.get("annotations", []))
+        if record["response"]["statusCode"] != 0 and not rejected:
+            failed += 1
+    seconds = int(ended - began)
+    dark = sum(1 for s in range(seconds) if not any(r[2] == 200 and began + s <= r[1] < began + s + 1 for r in results))
+    rows.append((name, len(results), ok, refused, failed, unrecorded, dark))
+    reasons = {}
+    for r in results:
+        if r[2] not in (200,):
+            try:
+                said = json.loads(r[4])
+                said = said.get("error") or said.get("response", {}).get("result", {}).get("error") or str(said)[:120]
+            except Exception:
+                said = r[4][:120].decode(errors="replace")
+            key = (r[2], said[:140])
+            first, last, n = reasons.get(key, (r[0], r[0], 0))
+            reasons[key] = (min(first, r[0]), max(last, r[0]), n + 1)
+    for (status, said), (first, last, n) in sorted(reasons.items(), key=lambda kv: -kv[1][2])[:5]:
+        print(f"  {name}: {n} x {status} {said} (from {first - began - 5:.1f} s to {last - began - 5:.1f} s after the fault)",
+              file=sys.stderr)
+
+print()
+print(f"{'fault':<30} {'requests':>9} {'succeeded':>10} {'503s':>6} {'failed records':>15} {'no record':>10} {'s without success':>18}")
+for row in rows:
+    print(f"{row[0]:<30} {row[1]:>9} {row[2]:>10} {row[3]:>6} {row[4]:>15} {row[5]:>10} {row[6]:>18}")
+for p in procs.values():
+    try:
+        os.killpg(p.pid, signal.SIGCONT); p.terminate(); p.wait(timeout=30)
+    except Exception:
+        p.kill()
+PY
