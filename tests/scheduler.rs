@@ -565,6 +565,10 @@ async fn one_frozen_invoker_never_blocks_the_other_and_its_taken_work_ends_once(
     let Some(etcd) = EtcdServer::start() else { return };
     let p = platform(etcd, &[("cold1", &[], 4096), ("cold2", &[], 4096)], "").await;
     p.scheduler.put_action("paced", action(128, json!([]))).await;
+    // Warm containers on both invokers (a burst spreads), so that the load reaches both.
+    let warmed: BTreeSet<String> =
+        burst(&p.scheduler, "paced", 8, json!({ "sleep_ms": 1000 })).await.iter().map(|(_, r)| ran_on(r)).collect();
+    assert_eq!(warmed.len(), 2, "the burst spread over both invokers: {warmed:?}");
     let Platform { etcd: _etcd, scheduler, scheduler_dir: _scheduler_dir, invokers, _dirs } = p;
     let frozen = invokers.iter().find(|i| i.invoker_id == "cold1").unwrap();
     let stop = Arc::new(AtomicBool::new(false));
