@@ -11,6 +11,8 @@ use tokio::net::unix::pipe;
 
 /// Longer lines are cut into pieces of this many bytes.
 pub const MAX_LINE: usize = 64 * 1024;
+/// Room made for each read.
+const READ_CHUNK: usize = 4096;
 
 /// How a read reaches the pipe. The reading task goes through tokio, whose readiness it must
 /// see cleared when the pipe is empty (or its wait would return at once forever). A drain makes
@@ -49,11 +51,20 @@ impl PipeLines {
     /// Reads what the pipe holds now into `logs`; true once it is closed (or broken).
     fn read_ready(&self, logs: &LogBuffer, through: Through) -> bool {
         let mut partial = self.partial.lock();
-        let mut buf = [0u8; 8192];
         loop {
+            // Straight into the line's buffer (no zeroed scratch buffer per wake-up: a warm run
+            // wakes this twice).
+            partial.reserve(READ_CHUNK);
             let read = match through {
-                Through::Tokio => self.pipe.try_read(&mut buf),
-                Through::Syscall => nix::unistd::read(&self.pipe, &mut buf).map_err(std::io::Error::from),
+                Through::Tokio => self.pipe.try_read_buf(&mut *partial),
+                Through::Syscall => {
+                    let mut buf = [0u8; 1024];
+                    let read = nix::unistd::read(&self.pipe, &mut buf).map_err(std::io::Error::from);
+                    if let Ok(n) = read {
+                        partial.extend_from_slice(&buf[..n]);
+                    }
+                    read
+                }
             };
             match read {
                 Ok(0) => {
@@ -63,10 +74,7 @@ impl PipeLines {
                     }
                     return true;
                 }
-                Ok(n) => {
-                    partial.extend_from_slice(&buf[..n]);
-                    self.push_lines(&mut partial, logs);
-                }
+                Ok(_) => self.push_lines(&mut partial, logs),
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return false,
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(_) => return true,
