@@ -309,21 +309,27 @@ impl AppState {
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
         let (head, body) = request.into_parts();
+        let route = Route::find(head.uri.path());
         // Fn's routes answer errors as Fn does.
-        let fn_route = Route::find(head.uri.path()).ok().flatten().is_some_and(|r| r.is_fn());
-        match self.dispatch(head, body).await {
+        let fn_route = matches!(&route, Ok(Some(r)) if r.is_fn());
+        match self.dispatch(route, head, body).await {
             Ok(response) => response,
             Err(e) if fn_route => e.into_fn_response(),
             Err(e) => e.into_response(),
         }
     }
 
-    async fn dispatch<B>(&self, head: hyper::http::request::Parts, body: B) -> Result<Response, ApiError>
+    async fn dispatch<B>(
+        &self,
+        route: Result<Option<Route>, ApiError>,
+        head: hyper::http::request::Parts,
+        body: B,
+    ) -> Result<Response, ApiError>
     where
         B: hyper::body::Body<Data = Bytes>,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
-        let route = Route::find(head.uri.path())?.ok_or(ApiError::NotFound)?;
+        let route = route?.ok_or(ApiError::NotFound)?;
         let takes_body = matches!(
             (&route, &head.method),
             (Route::Action { .. }, &Method::POST | &Method::PUT)

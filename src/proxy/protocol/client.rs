@@ -137,7 +137,8 @@ impl RuntimeClient {
 
     /// One request and its answer on one connection. `Err(Retry)` says nothing of the answer
     /// came back on a connection that had served before: the request never reached the runtime.
-    async fn exchange(&self, path: &str, headers: &HeaderMap, body: Bytes) -> Result<RuntimeResponse, Failed> {
+    /// `headers`: the request's own; `None`, a JSON body's (OpenWhisk's, without a map built).
+    async fn exchange(&self, path: &str, headers: Option<&HeaderMap>, body: Bytes) -> Result<RuntimeResponse, Failed> {
         let (mut c, reused) = self.connection().await.map_err(|e| Failed::Other(e.into()))?;
         let before = c.received.load(Ordering::Relaxed);
         let unanswered = |e: hyper::Error| {
@@ -150,7 +151,12 @@ impl RuntimeClient {
         let mut request = hyper::Request::new(Full::new(body));
         *request.method_mut() = hyper::Method::POST;
         *request.uri_mut() = hyper::Uri::try_from(path).unwrap_or_default();
-        *request.headers_mut() = headers.clone();
+        match headers {
+            Some(headers) => *request.headers_mut() = headers.clone(),
+            None => {
+                request.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            }
+        }
         request.headers_mut().insert(HOST, HeaderValue::from_static("localhost"));
         let response = match c.sender.send_request(request).await {
             Ok(response) => response,
@@ -182,9 +188,7 @@ impl RuntimeClient {
 
     /// `body` (JSON) to `path`; the answer, within `timeout`.
     pub async fn post(&self, path: &str, body: Bytes, timeout: Duration) -> Result<RuntimeResponse, RuntimeError> {
-        let mut headers = HeaderMap::with_capacity(2);
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        self.send(path, &headers, body, timeout).await
+        self.exchange_within(path, None, body, timeout).await
     }
 
     /// `body` with `headers` to `path` (a `POST`); the answer, within `timeout`.
@@ -192,6 +196,16 @@ impl RuntimeClient {
         &self,
         path: &str,
         headers: &HeaderMap,
+        body: Bytes,
+        timeout: Duration,
+    ) -> Result<RuntimeResponse, RuntimeError> {
+        self.exchange_within(path, Some(headers), body, timeout).await
+    }
+
+    async fn exchange_within(
+        &self,
+        path: &str,
+        headers: Option<&HeaderMap>,
         body: Bytes,
         timeout: Duration,
     ) -> Result<RuntimeResponse, RuntimeError> {
