@@ -3,16 +3,14 @@
 //! kind that takes it) read-only at `/function`, Fn's environment, the kind's command or the
 //! image's entry point, no network; ready when `lsnr.sock` appears (`fn_socket`).
 
-use super::{own_disk, DockerFactory, Live, LABEL_ACTION, LABEL_CONTAINER, LABEL_INVOKER, SOCKET_DIR_MB};
+use super::{own_disk, DockerFactory, SOCKET_DIR_MB};
 use crate::config::DockerKindConfig;
 use crate::factory::fn_socket::ListenerWatch;
 use crate::factory::logs::LogBuffer;
-use crate::factory::{ContainerFactory as _, ContainerHandle, ContainerSpec, FactoryError, FunctionStart, Transport};
+use crate::factory::{ContainerHandle, ContainerSpec, FactoryError, FunctionStart, Transport};
 use crate::pool::core::NodeId;
 use crate::proxy::protocol::fn_stream;
 use bollard::models::{ContainerCreateBody, HostConfig};
-use bollard::query_parameters::CreateContainerOptions;
-use std::collections::HashMap;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
 use std::sync::Arc;
@@ -60,26 +58,7 @@ impl DockerFactory {
             }
         };
         let body = self.function_body(spec, function, kind, &dir, code.is_some());
-        let name = format!("invoker-{}-{}", inner.invoker_id, spec.id.0);
-        let options = CreateContainerOptions { name: Some(name), ..Default::default() };
-        inner.live.lock().insert(spec.id, Live { docker_id: String::new(), memory_mb: spec.memory_mb });
-        self.observe();
-        let docker_id = match inner.docker.create_container(Some(options), body).await {
-            Ok(c) => c.id,
-            Err(e) => {
-                self.forget(spec.id).await;
-                let no_image = matches!(e, bollard::errors::Error::DockerResponseServerError { status_code: 404, .. });
-                let said = format!("image {}: {e}", kind.image);
-                return Err(if no_image { FactoryError::Image(said) } else { FactoryError::Create(said) });
-            }
-        };
-        if let Some(live) = inner.live.lock().get_mut(&spec.id) {
-            live.docker_id = docker_id.clone();
-        }
-        if let Err(e) = inner.docker.start_container(&docker_id, None).await {
-            self.remove(spec.id).await;
-            return Err(FactoryError::Create(e.to_string()));
-        }
+        let docker_id = self.create_and_start(spec, &kind.image, body).await?;
         let logs = Arc::new(LogBuffer::default());
         self.follow_logs(&docker_id, logs.clone());
         let bound = inner.config.ready_timeout.min(Duration::from_secs(5));
@@ -125,34 +104,11 @@ impl DockerFactory {
         dir: &Path,
         with_code: bool,
     ) -> ContainerCreateBody {
-        let c = &self.inner.config;
-        let memory = i64::from(spec.memory_mb) * 1024 * 1024;
         let mut binds = vec![format!("{}:{}", dir.join("iofs").display(), fn_stream::SOCKET_DIR)];
         if with_code {
             binds.push(format!("{}:{CODE_DIR}:ro", dir.join("code").display()));
         }
-        let host = HostConfig {
-            memory: Some(memory),
-            memory_swap: Some(memory),
-            cpu_shares: Some((i64::from(spec.memory_mb) * 4).max(2)),
-            pids_limit: Some(c.pids_limit),
-            readonly_rootfs: Some(true),
-            tmpfs: Some(HashMap::from([(
-                "/tmp".into(),
-                format!("rw,exec,nosuid,nodev,mode=1777,size={}m", spec.disk_mb),
-            )])),
-            shm_size: Some(i64::from(spec.disk_mb) * 1024 * 1024),
-            security_opt: Some(vec!["no-new-privileges".into()]),
-            cap_drop: Some(vec!["ALL".into()]),
-            network_mode: Some("none".into()),
-            binds: Some(binds),
-            ..Default::default()
-        };
-        let labels = HashMap::from([
-            (LABEL_INVOKER.to_string(), self.inner.invoker_id.clone()),
-            (LABEL_CONTAINER.to_string(), spec.id.0.to_string()),
-            (LABEL_ACTION.to_string(), spec.action_path.clone()),
-        ]);
+        let host = HostConfig { binds: Some(binds), ..self.limited_host(spec) };
         let cmd = (!kind.command.is_empty())
             .then(|| kind.command.iter().map(|a| a.replace("{main}", &function.main)).collect());
         let (listener, listening) = fn_stream::listener_env(fn_stream::SOCKET_DIR);
@@ -161,8 +117,8 @@ impl DockerFactory {
         ContainerCreateBody {
             image: Some(kind.image.clone()),
             cmd,
-            user: Some(c.user.clone()),
-            labels: Some(labels),
+            user: Some(self.inner.config.user.clone()),
+            labels: Some(self.labels(spec)),
             env: Some(env),
             working_dir: with_code.then(|| CODE_DIR.into()),
             network_disabled: Some(true),

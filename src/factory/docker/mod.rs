@@ -181,28 +181,7 @@ impl ContainerFactory for DockerFactory {
             }
         };
         let body = self.container_body(spec, kind, network, &listen, &dir);
-        let name = format!("invoker-{}-{}", inner.invoker_id, spec.id.0);
-        let options = CreateContainerOptions { name: Some(name), ..Default::default() };
-        inner.live.lock().insert(spec.id, Live { docker_id: String::new(), memory_mb: spec.memory_mb });
-        self.observe();
-        let created = inner.docker.create_container(Some(options), body).await;
-        let docker_id = match created {
-            Ok(c) => c.id,
-            Err(e) => {
-                self.forget(spec.id).await;
-                // The engine answers 404 to a create whose image it does not hold.
-                let no_image = matches!(e, bollard::errors::Error::DockerResponseServerError { status_code: 404, .. });
-                let said = format!("image {}: {e}", kind.image);
-                return Err(if no_image { FactoryError::Image(said) } else { FactoryError::Create(said) });
-            }
-        };
-        if let Some(live) = inner.live.lock().get_mut(&spec.id) {
-            live.docker_id = docker_id.clone();
-        }
-        if let Err(e) = inner.docker.start_container(&docker_id, None).await {
-            self.remove(spec.id).await;
-            return Err(FactoryError::Create(e.to_string()));
-        }
+        let docker_id = self.create_and_start(spec, &kind.image, body).await?;
         let logs = Arc::new(LogBuffer::default());
         self.follow_logs(&docker_id, logs.clone());
         let ready = async {
@@ -272,23 +251,49 @@ impl DockerFactory {
         Ok(ns)
     }
 
-    fn container_body(
+    /// Creates the container (recorded as live first, so that its memory counts at once) and
+    /// starts it; answers its engine id. What failed is cleaned up.
+    async fn create_and_start(
         &self,
         spec: &ContainerSpec,
-        kind: &DockerKindConfig,
-        network: Network,
-        listen: &str,
-        dir: &Path,
-    ) -> ContainerCreateBody {
-        let (image, command) = (&kind.image, &kind.command);
-        let c = &self.inner.config;
+        image: &str,
+        body: ContainerCreateBody,
+    ) -> Result<String, FactoryError> {
+        let inner = &self.inner;
+        let name = format!("invoker-{}-{}", inner.invoker_id, spec.id.0);
+        let options = CreateContainerOptions { name: Some(name), ..Default::default() };
+        inner.live.lock().insert(spec.id, Live { docker_id: String::new(), memory_mb: spec.memory_mb });
+        self.observe();
+        let docker_id = match inner.docker.create_container(Some(options), body).await {
+            Ok(c) => c.id,
+            Err(e) => {
+                self.forget(spec.id).await;
+                // The engine answers 404 to a create whose image it does not hold.
+                let no_image = matches!(e, bollard::errors::Error::DockerResponseServerError { status_code: 404, .. });
+                let said = format!("image {image}: {e}");
+                return Err(if no_image { FactoryError::Image(said) } else { FactoryError::Create(said) });
+            }
+        };
+        if let Some(live) = inner.live.lock().get_mut(&spec.id) {
+            live.docker_id = docker_id.clone();
+        }
+        if let Err(e) = inner.docker.start_container(&docker_id, None).await {
+            self.remove(spec.id).await;
+            return Err(FactoryError::Create(e.to_string()));
+        }
+        Ok(docker_id)
+    }
+
+    /// Every action container's limits: memory, CPU in proportion, pids, a read-only root, the
+    /// writable places within the disk limit, no privileges, no network.
+    fn limited_host(&self, spec: &ContainerSpec) -> HostConfig {
         let memory = i64::from(spec.memory_mb) * 1024 * 1024;
-        let mut host = HostConfig {
+        HostConfig {
             memory: Some(memory),
             memory_swap: Some(memory),
             // Docker's default weight (1024) for a 256 MB action, in proportion for the others.
             cpu_shares: Some((i64::from(spec.memory_mb) * 4).max(2)),
-            pids_limit: Some(c.pids_limit),
+            pids_limit: Some(self.inner.config.pids_limit),
             readonly_rootfs: Some(true),
             // The writable places, each within the disk limit; `/tmp` `exec`, since a native
             // action is an uploaded executable.
@@ -299,26 +304,43 @@ impl DockerFactory {
             shm_size: Some(i64::from(spec.disk_mb) * 1024 * 1024),
             security_opt: Some(vec!["no-new-privileges".into()]),
             cap_drop: Some(vec!["ALL".into()]),
-            network_mode: Some(match network {
-                Network::None | Network::Isolated => "none".into(),
-                Network::Host => "host".into(),
-            }),
+            network_mode: Some("none".into()),
             ..Default::default()
-        };
-        if network == Network::None {
-            host.binds = Some(vec![format!("{}:{SOCKET_DIR}", dir.display())]);
         }
-        let labels = HashMap::from([
+    }
+
+    /// What marks a container as this invoker's (the start-up clean-up finds them by it).
+    fn labels(&self, spec: &ContainerSpec) -> HashMap<String, String> {
+        HashMap::from([
             (LABEL_INVOKER.to_string(), self.inner.invoker_id.clone()),
             (LABEL_CONTAINER.to_string(), spec.id.0.to_string()),
             (LABEL_ACTION.to_string(), spec.action_path.clone()),
-        ]);
+        ])
+    }
+
+    fn container_body(
+        &self,
+        spec: &ContainerSpec,
+        kind: &DockerKindConfig,
+        network: Network,
+        listen: &str,
+        dir: &Path,
+    ) -> ContainerCreateBody {
+        let (image, command) = (&kind.image, &kind.command);
+        let c = &self.inner.config;
+        let mut host = self.limited_host(spec);
+        if network == Network::Host {
+            host.network_mode = Some("host".into());
+        }
+        if network == Network::None {
+            host.binds = Some(vec![format!("{}:{SOCKET_DIR}", dir.display())]);
+        }
         let cmd = (!command.is_empty()).then(|| command.iter().map(|a| a.replace("{listen}", listen)).collect());
         ContainerCreateBody {
             image: Some(image.into()),
             cmd,
             user: Some(c.user.clone()),
-            labels: Some(labels),
+            labels: Some(self.labels(spec)),
             env: Some(vec![format!("INVOKER_ID={}", self.inner.invoker_id), "TMPDIR=/tmp".into()]),
             // `isolated` keeps the namespace's loopback, where the runtime serves.
             network_disabled: Some(network == Network::None),
