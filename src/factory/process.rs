@@ -284,7 +284,7 @@ impl ContainerFactory for ProcessFactory {
         let adopt = self.dir(spec.id).join("launcher.sock");
         let zygote = inner.zygote.as_ref().filter(|_| kind.uses_zygote());
         let env = match (&reach, &spec.function) {
-            (Reach::FnSocket { inside, .. }, Some(function)) => self.function_env(kind, function, inside),
+            (Reach::FnSocket { inside, .. }, Some(function)) => self.function_env(&work, kind, function, inside),
             _ => self.container_env(spec.id, kind, zygote.map(|_| adopt.as_path())),
         };
         // Set up before the function starts, so that its listener is never missed.
@@ -593,9 +593,14 @@ impl ProcessFactory {
     /// Fn's agent gives (the protocol's variables, the function's configuration, where to
     /// listen). Of the invoker's, only `INVOKER_ID`, which marks its processes for the watchdog
     /// when no cgroup holds them.
-    fn function_env(&self, kind: &KindConfig, function: &FunctionStart, inside: &str) -> BTreeMap<String, String> {
+    fn function_env(
+        &self,
+        work: &std::path::Path,
+        kind: &KindConfig,
+        function: &FunctionStart,
+        inside: &str,
+    ) -> BTreeMap<String, String> {
         let inner = &self.inner;
-        let work = std::path::Path::new("/");
         let mut env: BTreeMap<String, String> = inner.env.iter().cloned().chain(kind.env_for(work)).collect();
         env.extend(function.env.iter().cloned());
         env.extend([fn_stream::listener_env(inside), ("INVOKER_ID".into(), inner.invoker_id.clone())]);
