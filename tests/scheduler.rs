@@ -481,7 +481,13 @@ async fn an_invoker_that_refuses_before_running_anything_is_skipped_for_the_next
     let stranger = invoker_config(&p.etcd, &[], 2048).replace(&format!("controller_keys = [\"{CONTROLLER}\"]"), "");
     p.invokers.push(Invoker::start(dir.path(), "stranger", &stranger));
     p._dirs.push(dir);
-    p.wait_for(|list| list.len() == 2 && list.iter().all(|i| i["health"] == "healthy")).await;
+    // Healthy, and with its headroom published: the record an invoker claims its key with has
+    // none, and one without room is never chosen.
+    p.wait_for(|list| {
+        list.len() == 2
+            && list.iter().all(|i| i["health"] == "healthy" && i["nodes"][0]["capacity_mb"].as_u64() > Some(0))
+    })
+    .await;
     // New actions (no warm container to prefer): each goes to either invoker at random.
     for i in 0..20 {
         let name = format!("a{i}");
