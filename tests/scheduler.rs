@@ -110,6 +110,15 @@ fn annotation<'a>(record: &'a Value, key: &str) -> &'a Value {
     found.map_or(&Value::Null, |a| &a["value"])
 }
 
+/// A counter of the scheduler's `/metrics` (0 when it is not there).
+async fn counter(scheduler: &Invoker, name: &str) -> u64 {
+    let (user, pass) = scheduler.admin.split_once(':').unwrap();
+    let metrics = reqwest::Client::new().get(format!("{}/metrics", scheduler.base)).basic_auth(user, Some(pass));
+    let metrics = metrics.send().await.unwrap().text().await.unwrap();
+    let prefix = format!("{name} ");
+    metrics.lines().find_map(|l| l.strip_prefix(&prefix)).and_then(|n| n.parse().ok()).unwrap_or(0)
+}
+
 /// `n` blocking invokes of `name` at once; their statuses and records.
 async fn burst(scheduler: &Invoker, name: &str, n: usize, params: Value) -> Vec<(u16, Value)> {
     let calls = (0..n).map(|_| scheduler.invoke(name, "blocking=true", params.clone()));
@@ -495,15 +504,8 @@ async fn an_invoker_that_refuses_before_running_anything_is_skipped_for_the_next
         let (status, record) = p.scheduler.invoke(&name, "blocking=true", json!({})).await;
         assert_eq!((status, ran_on(&record).as_str()), (200, "good"), "{record}");
     }
-    let (user, pass) = p.scheduler.admin.split_once(':').unwrap();
-    let metrics = reqwest::Client::new().get(format!("{}/metrics", p.scheduler.base)).basic_auth(user, Some(pass));
-    let metrics = metrics.send().await.unwrap().text().await.unwrap();
-    let reschedules: u64 = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("scheduler_reschedules_total "))
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0);
-    assert!(reschedules >= 1, "the stranger was never chosen for 20 actions, or never skipped: {metrics}");
+    let reschedules = counter(&p.scheduler, "scheduler_reschedules_total").await;
+    assert!(reschedules >= 1, "the stranger was never chosen for 20 actions, or never skipped");
 }
 
 /// etcd frozen past the invokers' leases under a paced load (a long fsync stall or a partition
@@ -563,8 +565,9 @@ async fn an_etcd_frozen_past_the_leases_fails_nothing_that_ran_and_refuses_almos
 
 /// One invoker frozen (SIGSTOP: a GC pause, a stalled disk, a partition between it and the
 /// scheduler) under a paced load while the other has room: no request is refused, the other
-/// serves meanwhile (what preferred the frozen one too, once its registration went), and what
-/// the frozen one had taken ends once, with its answer after SIGCONT.
+/// serves meanwhile (new work that prefers the frozen one too, within the hand-over timeout,
+/// while the frozen one is still registered), the frozen one is stalled until it answers again,
+/// and what it had taken ends once, with its answer after SIGCONT.
 #[tokio::test(flavor = "multi_thread")]
 #[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
 async fn one_frozen_invoker_never_blocks_the_other_and_its_taken_work_ends_once() {
@@ -600,10 +603,27 @@ async fn one_frozen_invoker_never_blocks_the_other_and_its_taken_work_ends_once(
     tokio::time::sleep(Duration::from_secs(2)).await;
     frozen.signal(nix::sys::signal::Signal::SIGSTOP);
     let froze = Instant::now();
-    tokio::time::sleep(Duration::from_secs(15)).await;
+    // New work that prefers the frozen invoker, while it is still registered (its lease is
+    // 3 s): it never asks for the message, so each goes to the other within the hand-over
+    // timeout (1 s), and the frozen one is marked stalled.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let fresh = futures_util::future::join_all((0..3).map(|_| scheduler.try_invoke("paced1", json!({})))).await;
+    let fresh_answered = Instant::now();
+    eprintln!("3 new requests preferring the frozen invoker answered {:?} after the freeze", froze.elapsed());
+    let (status, list) = scheduler.get_url("/v1/invokers").await;
+    assert_eq!(status, 200);
+    let stalled = |list: &Value, id: &str| {
+        list.as_array().unwrap().iter().find(|i| i["id"] == id).map(|i| i["stalled"].clone()).unwrap_or(Value::Null)
+    };
+    assert_eq!(stalled(&list, "cold1"), json!(true), "{list}");
+    assert_eq!(stalled(&list, "cold2"), json!(false), "{list}");
+    tokio::time::sleep(Duration::from_secs(15).saturating_sub(froze.elapsed())).await;
     frozen.signal(nix::sys::signal::Signal::SIGCONT);
     let thawed = Instant::now();
     tokio::time::sleep(Duration::from_secs(4)).await;
+    let (_, list) = scheduler.get_url("/v1/invokers").await;
+    assert_eq!(stalled(&list, "cold1"), json!(false), "it answers again: taken back {list}");
+    assert!(counter(&scheduler, "scheduler_unheard_total").await >= 1, "no hand-over went unheard");
     stop.store(true, Ordering::Relaxed);
     let mut timed = Vec::new();
     for worker in workers {
@@ -627,4 +647,9 @@ async fn one_frozen_invoker_never_blocks_the_other_and_its_taken_work_ends_once(
     assert_eq!(ids.len(), answers.len(), "one answer per activation");
     let on_frozen = answers.iter().filter(|(_, r)| ran_on(r) == "cold1").count();
     assert!(on_frozen > 0, "the frozen invoker ran some before and after");
+    assert!(fresh_answered < thawed, "new work waited for the frozen invoker");
+    for (status, record) in &fresh {
+        assert_eq!(*status, 200, "{record}");
+        assert_eq!(ran_on(record), "cold2", "{record}");
+    }
 }

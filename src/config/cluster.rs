@@ -110,6 +110,12 @@ pub struct SchedulerConfig {
     /// Unset: the cluster's `lease_ttl`, in which a live invoker registers again.
     #[serde(default, with = "humantime_serde")]
     pub registration_grace: Option<Duration>,
+    /// How long an invoker has to ask for an activation's message (`100 Continue`) once the
+    /// request's head reached it. One that does not is stalled (frozen, or its process is not
+    /// scheduled): the message was never sent, so the activation goes elsewhere, and nothing
+    /// new goes there until it answers a ping. Apart from the activation's own duration.
+    #[serde(with = "humantime_serde")]
+    pub handover_timeout: Duration,
 }
 
 impl Default for SchedulerConfig {
@@ -122,6 +128,7 @@ impl Default for SchedulerConfig {
             refresh_interval: Duration::from_millis(200),
             max_in_flight: 10_000,
             registration_grace: None,
+            handover_timeout: Duration::from_secs(1),
         }
     }
 }
@@ -145,6 +152,9 @@ impl SchedulerConfig {
         }
         if self.max_in_flight == 0 {
             return Err(bad("scheduler.max_in_flight", "must be at least 1"));
+        }
+        if self.handover_timeout < Duration::from_millis(50) || self.handover_timeout > Duration::from_secs(60) {
+            return Err(bad("scheduler.handover_timeout", "between 50ms and 60s"));
         }
         Ok(())
     }

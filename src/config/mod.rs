@@ -420,6 +420,8 @@ mod tests {
         assert_eq!(config.scheduler.max_reschedules, 3);
         let err = Config::from_toml("[scheduler]\nmanaged_fraction = 1.5\n").unwrap().validate().unwrap_err();
         assert_eq!(err.key, "scheduler.managed_fraction");
+        let err = Config::from_toml("[scheduler]\nhandover_timeout = \"5ms\"\n").unwrap().validate().unwrap_err();
+        assert_eq!(err.key, "scheduler.handover_timeout");
     }
 
     #[test]

@@ -29,6 +29,7 @@ pub struct SchedulerMetrics {
     pub reschedules: Counter,
     unavailable: Family<ReasonLabel, Counter>,
     pub lost: Counter,
+    pub unheard: Counter,
     pub in_flight: Family<InvokerLabel, Gauge>,
 }
 
@@ -39,6 +40,7 @@ impl Default for SchedulerMetrics {
         let reschedules = Counter::default();
         let unavailable = Family::<ReasonLabel, Counter>::default();
         let lost = Counter::default();
+        let unheard = Counter::default();
         let in_flight = Family::<InvokerLabel, Gauge>::default();
         registry.register(
             "placements",
@@ -48,8 +50,13 @@ impl Default for SchedulerMetrics {
         registry.register("reschedules", "Activations sent to another invoker after one refused", reschedules.clone());
         registry.register("unavailable", "Activations answered 503 because no invoker took them", unavailable.clone());
         registry.register("lost", "Activations whose invoker was lost while they ran", lost.clone());
+        registry.register(
+            "unheard",
+            "Hand-overs an invoker did not ask for in time (it never received them; sent elsewhere)",
+            unheard.clone(),
+        );
         registry.register("in_flight", "Activations sent to an invoker and not yet answered", in_flight.clone());
-        SchedulerMetrics { registry, placements, reschedules, unavailable, lost, in_flight }
+        SchedulerMetrics { registry, placements, reschedules, unavailable, lost, unheard, in_flight }
     }
 }
 

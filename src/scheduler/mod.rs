@@ -10,6 +10,7 @@ pub mod metrics;
 pub mod placement;
 pub mod presence;
 pub mod send;
+pub mod stalls;
 pub mod view;
 
 use crate::activation::job::RunJob;
@@ -47,6 +48,8 @@ pub struct InvokerStatus {
     pub containers: u32,
     /// What this scheduler sent there that has not ended.
     pub in_flight: u32,
+    /// It took no hand-over in time and has not answered a ping since: nothing new goes there.
+    pub stalled: bool,
 }
 
 pub struct Dispatcher {
@@ -61,7 +64,10 @@ pub struct Dispatcher {
     /// ([`crate::cluster::controller_wait`], and 10 s more for the way back).
     wait_deadline: Duration,
     init_timeout: Duration,
+    /// How long an invoker has to ask for a message ([`send`]).
+    handover_timeout: Duration,
     directory: Directory,
+    stalls: stalls::Stalls,
     client: InvokerClient,
     in_flight: Mutex<InFlight>,
     /// Activations between `submit` and their end.
@@ -92,7 +98,9 @@ impl Dispatcher {
             placement: PlacementConfig { managed_fraction: s.managed_fraction, blackbox_fraction: s.blackbox_fraction },
             wait_deadline: config.pool.wait_deadline,
             init_timeout: config.proxy.init_timeout,
+            handover_timeout: s.handover_timeout,
             directory: Directory::new(s.registration_grace.unwrap_or(config.cluster.lease_ttl)),
+            stalls: stalls::Stalls::default(),
             client: InvokerClient::new(controller_key),
             in_flight: Mutex::default(),
             active: AtomicU32::new(0),
@@ -127,7 +135,7 @@ impl Dispatcher {
         Ok(())
     }
 
-    async fn dispatch(&self, run: RunJob) {
+    async fn dispatch(self: &Arc<Self>, run: RunJob) {
         let action = &run.action;
         let revision = cluster_revision(&self.id, action.revision, action.updated);
         let key: RevisionKey = (action.namespace.clone(), action.name.clone(), revision);
@@ -140,7 +148,7 @@ impl Dispatcher {
         for attempt in 0..=self.max_reschedules {
             let view = self.directory.current();
             let in_flight = self.in_flight.lock().per_revision.get(&key).cloned().unwrap_or_default();
-            let views = view.views(&key, &in_flight);
+            let views = view.views(&key, &in_flight, &self.stalls.ids());
             let chosen = match place(&views, &needs, &self.placement, &tried, &mut |n| self.draw(n)) {
                 Ok(chosen) => chosen,
                 Err(why) => {
@@ -168,7 +176,7 @@ impl Dispatcher {
             };
             self.enter(&invoker, &key);
             let sent = tokio::select! {
-                sent = self.client.send(authority, message.clone(), timeout) => sent,
+                sent = self.client.send(authority, message.clone(), self.handover_timeout, timeout) => sent,
                 _ = departure.cancelled() => Sent::Lost("it left the cluster (its lease expired)".into()),
             };
             self.leave(&invoker, &key);
@@ -178,6 +186,15 @@ impl Dispatcher {
                     return run.completion.finish(*record);
                 }
                 Sent::Refused(reason) => {
+                    refusals.push(format!("{invoker}: {reason}"));
+                    tried.insert(invoker);
+                }
+                Sent::Unheard(reason) => {
+                    self.metrics.unheard.inc();
+                    if self.stalls.mark(&invoker) {
+                        tracing::warn!(%invoker, "an invoker took no hand-over in {:?}; nothing new goes there until it answers", self.handover_timeout);
+                        self.probe(&invoker, authority);
+                    }
                     refusals.push(format!("{invoker}: {reason}"));
                     tried.insert(invoker);
                 }
@@ -264,6 +281,26 @@ impl Dispatcher {
         self.metrics.in_flight.get_or_create(&metrics::InvokerLabel { invoker: invoker.to_string() }).dec();
     }
 
+    /// Pings a stalled invoker until it answers (it is placed on again) or leaves the cluster.
+    fn probe(self: &Arc<Self>, invoker: &str, authority: &str) {
+        let (dispatcher, invoker, authority) = (self.clone(), invoker.to_string(), authority.to_string());
+        tokio::spawn(async move {
+            loop {
+                if !dispatcher.knows(&invoker) {
+                    dispatcher.stalls.clear(&invoker);
+                    return;
+                }
+                if dispatcher.client.ping(&authority, stalls::PING_TIMEOUT).await {
+                    if let Some(stalled) = dispatcher.stalls.clear(&invoker) {
+                        tracing::info!(%invoker, "a stalled invoker answers again after {stalled:?}");
+                    }
+                    return;
+                }
+                tokio::time::sleep(stalls::PING_INTERVAL).await;
+            }
+        });
+    }
+
     /// A random index below `n` (xorshift64*: placement needs spread, not secrecy).
     fn draw(&self, n: usize) -> usize {
         let mut x = self.draws.load(Ordering::Relaxed);
@@ -285,6 +322,7 @@ impl Dispatcher {
                 drained: view.drained.contains(&r.id),
                 containers: view.containers.get(&r.id).copied().unwrap_or(0),
                 in_flight: in_flight.get(&r.id).copied().unwrap_or(0),
+                stalled: self.stalls.contains(&r.id),
             })
             .collect()
     }
@@ -297,7 +335,11 @@ impl Dispatcher {
     /// Whether any invoker would take work now.
     pub fn any_healthy(&self) -> bool {
         let view = self.directory.current();
-        view.invokers.values().any(|r| r.health == crate::pool::actor::Health::Healthy && !view.drained.contains(&r.id))
+        view.invokers.values().any(|r| {
+            r.health == crate::pool::actor::Health::Healthy
+                && !view.drained.contains(&r.id)
+                && !self.stalls.contains(&r.id)
+        })
     }
 
     /// Marks `invoker` drained (`drain`) or takes it back, for every scheduler (the key lives in

@@ -1,18 +1,31 @@
 //! Handing an activation to an invoker: OpenWhisk's `ActivationMessage` to its shim
 //! (`POST /v1/activations`, the controller key) over kept-alive connections, one idle stack per
 //! invoker. What came back decides what happens next, and the line between "nothing ran" and
-//! "it may have run" is drawn here: a connection refused, a request never written, or a 503
-//! whose record says nothing ran may go to another invoker; anything after the request was
-//! written never does.
+//! "it may have run" is drawn here.
+//!
+//! The message goes in two steps: the request's head with `Expect: 100-continue`, and the
+//! message itself only when the invoker asks for it (hyper's server sends `100 Continue` when
+//! the shim starts reading the body). A frozen invoker (SIGSTOP, a stalled disk, a partition)
+//! still takes TCP connections and buffers what is written to them, and would run it when it
+//! thaws; an invoker that never asked never received the message, so the activation may go to
+//! another at once ([`Sent::Unheard`]) and is never run twice. Everything else that ran nothing
+//! (a connection refused, a 503 whose record says nothing ran) may go elsewhere too; once the
+//! message was released, the activation is the invoker's, whatever happens next.
 
 use crate::model::{ActivationRecord, Rejection};
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::{Body, Frame, SizeHint};
 use hyper::client::conn::http1::SendRequest;
 use parking_lot::Mutex;
 use serde_json::Value;
 use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
+use tokio::sync::oneshot;
 
 /// Idle connections kept per invoker at most.
 const MAX_IDLE: usize = 64;
@@ -26,6 +39,9 @@ pub enum Sent {
     Finished(Box<ActivationRecord>),
     /// Nothing ran there: another invoker may take it.
     Refused(String),
+    /// The invoker did not ask for the message within the hand-over timeout: it never received
+    /// it. Another invoker may take it, and this one is stalled.
+    Unheard(String),
     /// It may have started, and no record came back: it ends here, never run again.
     Lost(String),
 }
@@ -34,7 +50,59 @@ pub struct InvokerClient {
     /// `Basic <base64 of the controller key>`.
     authorization: String,
     /// Invoker address (`host:port`) → idle connections.
-    idle: Mutex<HashMap<String, Vec<SendRequest<Full<Bytes>>>>>,
+    idle: Mutex<HashMap<String, Vec<SendRequest<HeldMessage>>>>,
+}
+
+/// The message, and the invoker's request for it, until one side takes it: the `100 Continue`
+/// callback (it releases the message) or the hand-over timeout (it withdraws it). Whoever takes
+/// it first decides, so a message is either sent or provably not.
+type Release = Arc<Mutex<Option<Pending>>>;
+
+struct Pending {
+    message: Bytes,
+    body: oneshot::Sender<Bytes>,
+    asked: oneshot::Sender<()>,
+}
+
+/// A request body that yields the message once released, and fails (so that hyper drops the
+/// connection without sending a byte of it) once withdrawn.
+pub struct HeldMessage {
+    body: Option<oneshot::Receiver<Bytes>>,
+    len: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("the message was withdrawn: the invoker did not ask for it in time")]
+pub struct Withdrawn;
+
+impl Body for HeldMessage {
+    type Data = Bytes;
+    type Error = Withdrawn;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Withdrawn>>> {
+        let Some(body) = self.body.as_mut() else { return Poll::Ready(None) };
+        let polled = Pin::new(body).poll(cx);
+        match polled {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(released) => {
+                self.body = None;
+                Poll::Ready(Some(released.map(Frame::data).map_err(|_| Withdrawn)))
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_none()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.len)
+    }
+}
+
+/// Takes the message back if it was not released; true when it was (the invoker has it).
+fn withdraw(release: &Release) -> bool {
+    release.lock().take().is_none()
 }
 
 impl InvokerClient {
@@ -44,17 +112,37 @@ impl InvokerClient {
         InvokerClient { authorization, idle: Mutex::new(HashMap::new()) }
     }
 
-    /// `message` to the invoker at `authority`, answered within `timeout`.
-    pub async fn send(&self, authority: &str, message: Bytes, timeout: Duration) -> Sent {
-        match tokio::time::timeout(timeout, self.exchange(authority, message)).await {
+    /// `message` to the invoker at `authority`: asked for within `handover`, answered within
+    /// `timeout` (both counted from now).
+    pub async fn send(&self, authority: &str, message: Bytes, handover: Duration, timeout: Duration) -> Sent {
+        let (asked_tx, asked) = oneshot::channel();
+        let (body_tx, body) = oneshot::channel();
+        let len = message.len() as u64;
+        let release: Release = Arc::new(Mutex::new(Some(Pending { message, body: body_tx, asked: asked_tx })));
+        let request = match self.request(authority, HeldMessage { body: Some(body), len }, &release) {
+            Ok(request) => request,
+            Err(sent) => return sent,
+        };
+        let exchange = self.exchange(authority, request, &release, asked, handover);
+        match tokio::time::timeout(timeout, exchange).await {
+            Err(_) if !withdraw(&release) => Sent::Unheard(format!("it did not ask for the message in {timeout:?}")),
             Err(_) => Sent::Lost(format!("no answer within {timeout:?}")),
             Ok(Err(sent)) => sent,
             Ok(Ok((status, body))) => interpret(status, &body),
         }
     }
 
-    async fn exchange(&self, authority: &str, message: Bytes) -> Result<(u16, Bytes), Sent> {
-        let mut request = Some(self.request(authority, message)?);
+    async fn exchange(
+        &self,
+        authority: &str,
+        request: hyper::Request<HeldMessage>,
+        release: &Release,
+        mut asked: oneshot::Receiver<()>,
+        handover: Duration,
+    ) -> Result<(u16, Bytes), Sent> {
+        let handover = tokio::time::sleep(handover);
+        tokio::pin!(handover);
+        let mut request = Some(request);
         // A kept-alive connection the invoker closed meanwhile takes nothing: the request goes
         // on the next one, or a new one. A new one that takes nothing either ends the attempt:
         // nothing was sent, so another invoker may take it (looping would only wait for the
@@ -76,13 +164,36 @@ impl InvokerClient {
                 continue;
             }
             let fresh = request.take().expect("a request to send");
-            let response = match sender.try_send_request(fresh).await {
+            let answer = sender.try_send_request(fresh);
+            tokio::pin!(answer);
+            // Until the invoker asks for the message, it has nothing.
+            let answered = tokio::select! {
+                answered = &mut answer => Some(answered),
+                _ = &mut asked => None,
+                _ = &mut handover, if release.lock().is_some() => {
+                    if !withdraw(release) {
+                        return Err(Sent::Unheard("it did not ask for the message in time: it never received it".into()));
+                    }
+                    None
+                }
+            };
+            let answered = match answered {
+                Some(answered) => answered,
+                None => answer.await,
+            };
+            let response = match answered {
                 Ok(response) => response,
                 Err(mut e) => match e.take_message() {
                     Some(_) if is_new => return Err(unsent(e.error().to_string())),
                     Some(unsent) => {
                         request = Some(unsent);
                         continue;
+                    }
+                    None if !withdraw(release) => {
+                        return Err(Sent::Refused(format!(
+                            "the connection broke before it asked for the message: {}",
+                            e.error()
+                        )))
                     }
                     None => return Err(Sent::Lost(format!("the connection broke: {}", e.error()))),
                 },
@@ -93,22 +204,57 @@ impl InvokerClient {
                 .await
                 .map_err(|e| Sent::Lost(format!("the answer broke off: {e}")))?
                 .to_bytes();
-            let mut idle = self.idle.lock();
-            let stack = idle.entry(authority.to_string()).or_default();
-            if stack.len() < MAX_IDLE {
-                stack.push(sender);
+            // Answered without asking for the message (a refusal before the body was read):
+            // the connection still waits for a body it will never get.
+            if withdraw(release) {
+                let mut idle = self.idle.lock();
+                let stack = idle.entry(authority.to_string()).or_default();
+                if stack.len() < MAX_IDLE {
+                    stack.push(sender);
+                }
             }
             return Ok((status, body));
         }
     }
 
-    fn request(&self, authority: &str, message: Bytes) -> Result<hyper::Request<Full<Bytes>>, Sent> {
-        hyper::Request::post("/v1/activations")
+    fn request(
+        &self,
+        authority: &str,
+        body: HeldMessage,
+        release: &Release,
+    ) -> Result<hyper::Request<HeldMessage>, Sent> {
+        let mut request = hyper::Request::post("/v1/activations")
             .header(hyper::header::HOST, authority)
             .header(hyper::header::AUTHORIZATION, &self.authorization)
             .header(hyper::header::CONTENT_TYPE, "application/json")
-            .body(Full::new(message))
-            .map_err(|e| Sent::Refused(format!("the request could not be made: {e}")))
+            .header(hyper::header::EXPECT, "100-continue")
+            .body(body)
+            .map_err(|e| Sent::Refused(format!("the request could not be made: {e}")))?;
+        let release = release.clone();
+        hyper::ext::on_informational(&mut request, move |response| {
+            if response.status() == hyper::StatusCode::CONTINUE {
+                if let Some(pending) = release.lock().take() {
+                    let _ = pending.body.send(pending.message);
+                    let _ = pending.asked.send(());
+                }
+            }
+        });
+        Ok(request)
+    }
+
+    /// Whether the invoker at `authority` answers `GET /ping` within `timeout` (on a connection
+    /// of its own: the kept ones may be stuck behind a hand-over).
+    pub async fn ping(&self, authority: &str, timeout: Duration) -> bool {
+        let ping = async {
+            let mut sender = crate::http::connect::<http_body_util::Empty<Bytes>>(authority).await.ok()?;
+            let request = hyper::Request::get("/ping")
+                .header(hyper::header::HOST, authority)
+                .body(http_body_util::Empty::new())
+                .ok()?;
+            let response = sender.send_request(request).await.ok()?;
+            Some(response.status().is_success())
+        };
+        tokio::time::timeout(timeout, ping).await.ok().flatten().unwrap_or(false)
     }
 
     /// Forgets the connections of an invoker that left.
@@ -177,5 +323,136 @@ mod tests {
         assert!(matches!(interpret(503, &draining), Sent::Refused(m) if m.contains("shutting down")));
         assert!(matches!(interpret(500, b"oops"), Sent::Lost(_)), "a 500 may have run");
         assert!(matches!(interpret(202, b"{}"), Sent::Lost(_)));
+    }
+
+    /// The message's marker: a peer that saw it received the message.
+    const MARK: &str = "the-message-itself-0123456789";
+
+    fn message() -> Bytes {
+        Bytes::from(format!("{{\"marker\":\"{MARK}\"}}"))
+    }
+
+    /// A peer that takes connections and reads what comes, as a frozen process's kernel does,
+    /// but answers only as `answer` says: `answer(head_seen)` returns the bytes to write once
+    /// the request's head arrived, after `delay`. Everything read is kept.
+    async fn peer(answer: &'static [u8], delay: Duration) -> (String, Arc<Mutex<Vec<u8>>>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let authority = listener.local_addr().unwrap().to_string();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let kept = seen.clone();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let seen = kept.clone();
+                tokio::spawn(async move {
+                    let mut answered = false;
+                    let mut buf = [0u8; 4096];
+                    loop {
+                        let n = tokio::select! {
+                            n = stream.read(&mut buf) => n.unwrap_or(0),
+                            _ = tokio::time::sleep(delay), if !answered && seen.lock().windows(4).any(|w| w == b"\r\n\r\n") => {
+                                answered = true;
+                                let _ = stream.write_all(answer).await;
+                                continue;
+                            }
+                        };
+                        if n == 0 {
+                            return;
+                        }
+                        seen.lock().extend_from_slice(&buf[..n]);
+                    }
+                });
+            }
+        });
+        (authority, seen)
+    }
+
+    fn received(seen: &Mutex<Vec<u8>>) -> (bool, bool) {
+        let text = String::from_utf8_lossy(&seen.lock()).to_lowercase();
+        (text.contains("expect: 100-continue"), text.contains(&MARK.to_lowercase()))
+    }
+
+    #[tokio::test]
+    async fn an_invoker_that_never_asks_never_gets_the_message() {
+        let (authority, seen) = peer(b"", Duration::from_secs(3600)).await;
+        let client = InvokerClient::new("k:v");
+        let sent = client.send(&authority, message(), Duration::from_millis(100), Duration::from_secs(30)).await;
+        assert!(matches!(sent, Sent::Unheard(_)), "{sent:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(received(&seen), (true, false), "the head went, the message did not");
+        assert!(client.idle.lock().get(&authority).is_none_or(Vec::is_empty), "that connection is not kept");
+    }
+
+    #[tokio::test]
+    async fn a_late_ask_gets_nothing() {
+        let (authority, seen) = peer(b"HTTP/1.1 100 Continue\r\n\r\n", Duration::from_millis(300)).await;
+        let client = InvokerClient::new("k:v");
+        let sent = client.send(&authority, message(), Duration::from_millis(100), Duration::from_secs(30)).await;
+        assert!(matches!(sent, Sent::Unheard(_)), "{sent:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(received(&seen), (true, false), "asked after the hand-over timeout: withdrawn");
+    }
+
+    #[tokio::test]
+    async fn once_asked_for_the_activation_is_the_invokers() {
+        let (authority, seen) = peer(b"HTTP/1.1 100 Continue\r\n\r\n", Duration::ZERO).await;
+        let client = InvokerClient::new("k:v");
+        let sent = client.send(&authority, message(), Duration::from_millis(100), Duration::from_millis(400)).await;
+        assert!(matches!(sent, Sent::Lost(_)), "it has the message and never answered: {sent:?}");
+        assert_eq!(received(&seen), (true, true));
+    }
+
+    /// The shim's server: hyper's, which asks for the body when the handler reads it.
+    async fn server(refuse: bool) -> String {
+        use hyper::service::service_fn;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let authority = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let service = service_fn(move |request: hyper::Request<hyper::body::Incoming>| async move {
+                    if request.uri().path() == "/ping" {
+                        return Ok(crate::http::with_body(hyper::StatusCode::OK, "application/json", "{}"));
+                    }
+                    if refuse {
+                        let answer = json!({ "error": "the invoker is shutting down" }).to_string();
+                        return Ok::<_, std::convert::Infallible>(crate::http::with_body(
+                            hyper::StatusCode::SERVICE_UNAVAILABLE,
+                            "application/json",
+                            answer,
+                        ));
+                    }
+                    let body = request.into_body().collect().await.unwrap().to_bytes();
+                    assert!(String::from_utf8_lossy(&body).contains(MARK));
+                    let answer = record(json!([])).to_string();
+                    Ok(crate::http::with_body(hyper::StatusCode::OK, "application/json", answer))
+                });
+                let io = hyper_util::rt::TokioIo::new(stream);
+                tokio::spawn(hyper::server::conn::http1::Builder::new().serve_connection(io, service));
+            }
+        });
+        authority
+    }
+
+    #[tokio::test]
+    async fn a_live_invoker_asks_answers_and_keeps_the_connection() {
+        let authority = server(false).await;
+        let client = InvokerClient::new("k:v");
+        for _ in 0..3 {
+            let sent = client.send(&authority, message(), Duration::from_secs(5), Duration::from_secs(30)).await;
+            assert!(matches!(sent, Sent::Finished(_)), "{sent:?}");
+            assert_eq!(client.idle.lock()[&authority].len(), 1, "one connection, kept and used again");
+        }
+        assert!(client.ping(&authority, Duration::from_secs(5)).await);
+    }
+
+    #[tokio::test]
+    async fn a_refusal_before_asking_goes_elsewhere() {
+        let authority = server(true).await;
+        let client = InvokerClient::new("k:v");
+        let sent = client.send(&authority, message(), Duration::from_secs(5), Duration::from_secs(30)).await;
+        assert!(matches!(&sent, Sent::Refused(m) if m.contains("shutting down")), "{sent:?}");
+        assert!(client.idle.lock().get(&authority).is_none_or(Vec::is_empty), "it waits for a body it never gets");
+        let (frozen, _) = peer(b"", Duration::from_secs(3600)).await;
+        assert!(!client.ping(&frozen, Duration::from_millis(100)).await);
     }
 }

@@ -67,15 +67,23 @@ impl ClusterView {
     }
 
     /// The invokers as placement sees them for one action revision; `in_flight` says what this
-    /// scheduler has running there of it. A drained invoker is not healthy, whatever it says.
-    pub fn views(&self, revision: &RevisionKey, in_flight: &BTreeMap<String, u32>) -> Vec<InvokerView> {
+    /// scheduler has running there of it. A drained or stalled invoker is not healthy, whatever
+    /// it says.
+    pub fn views(
+        &self,
+        revision: &RevisionKey,
+        in_flight: &BTreeMap<String, u32>,
+        stalled: &BTreeSet<String>,
+    ) -> Vec<InvokerView> {
         let warm = self.warm.get(revision);
         self.invokers
             .values()
             .map(|r| InvokerView {
                 id: r.id.clone(),
                 tags: r.tags.clone(),
-                healthy: r.health == crate::pool::actor::Health::Healthy && !self.drained.contains(&r.id),
+                healthy: r.health == crate::pool::actor::Health::Healthy
+                    && !self.drained.contains(&r.id)
+                    && !stalled.contains(&r.id),
                 launchable_mb: r.room_mb(),
                 warm: warm.and_then(|w| w.get(&r.id)).copied().unwrap_or(0),
                 in_flight: in_flight.get(&r.id).copied().unwrap_or(0),
