@@ -22,17 +22,28 @@ fn tempdir() -> tempfile::TempDir {
 }
 
 fn cluster_keys(etcd: &EtcdServer, tags: &[&str]) -> String {
+    cluster_keys_at(&etcd.url(), tags)
+}
+
+fn cluster_keys_at(etcd_url: &str, tags: &[&str]) -> String {
     format!(
-        "[cluster]\netcd = [\"{}\"]\nlease_ttl = \"3s\"\npublish_interval = \"100ms\"\ntags = {}\n\
+        "[cluster]\netcd = [\"{etcd_url}\"]\nlease_ttl = \"3s\"\npublish_interval = \"100ms\"\ntags = {}\n\
          controller_key = \"{CONTROLLER}\"\n[admin]\ncontroller_keys = [\"{CONTROLLER}\"]\n",
-        etcd.url(),
         json!(tags)
     )
 }
 
 /// One invoker of the platform: the mock factory, one node of `memory_mb`.
 fn invoker_config(etcd: &EtcdServer, tags: &[&str], memory_mb: u64) -> String {
-    format!("{}[factory]\nkind = \"mock\"\n[factory.mock]\nnode_memory_mb = {memory_mb}\n", cluster_keys(etcd, tags))
+    invoker_config_at(&etcd.url(), tags, memory_mb)
+}
+
+/// The same, reaching etcd at `etcd_url` (a [`Partition`] in front of it).
+fn invoker_config_at(etcd_url: &str, tags: &[&str], memory_mb: u64) -> String {
+    format!(
+        "{}[factory]\nkind = \"mock\"\n[factory.mock]\nnode_memory_mb = {memory_mb}\n",
+        cluster_keys_at(etcd_url, tags)
+    )
 }
 
 struct Platform {
@@ -108,6 +119,55 @@ fn ran_on(record: &Value) -> String {
 fn annotation<'a>(record: &'a Value, key: &str) -> &'a Value {
     let found = record["annotations"].as_array().and_then(|a| a.iter().find(|x| x["key"] == key));
     found.map_or(&Value::Null, |a| &a["value"])
+}
+
+/// Two actions, `paced1` preferring the invoker tagged `one` and `paced2` the one tagged `two`
+/// (not strictly): a load of both surely reaches both invokers.
+async fn each_prefers_one(scheduler: &Invoker) {
+    for (name, tag) in [("paced1", "one"), ("paced2", "two")] {
+        let prefers = json!([
+            { "key": "invoker-resources", "value": [tag] },
+            { "key": "invoker-resources-strict-policy", "value": false }
+        ]);
+        scheduler.put_action(name, action(128, prefers)).await;
+    }
+}
+
+/// Callers invoking 50 ms activations one after another until stopped, each its own action of
+/// `names` in turn: every answer, with when it came.
+struct PacedLoad {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    workers: Vec<tokio::task::JoinHandle<Vec<(u16, Value, Instant)>>>,
+}
+
+impl PacedLoad {
+    fn start(scheduler: &Arc<Invoker>, names: &[&'static str], callers: usize) -> PacedLoad {
+        use std::sync::atomic::Ordering;
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let workers = (0..callers)
+            .map(|n| {
+                let (scheduler, stop, name) = (scheduler.clone(), stop.clone(), names[n % names.len()]);
+                tokio::spawn(async move {
+                    let mut answers = Vec::new();
+                    while !stop.load(Ordering::Relaxed) {
+                        let (status, body) = scheduler.try_invoke(name, json!({ "sleep_ms": 50 })).await;
+                        answers.push((status, body, Instant::now()));
+                    }
+                    answers
+                })
+            })
+            .collect();
+        PacedLoad { stop, workers }
+    }
+
+    async fn stop(self) -> Vec<(u16, Value, Instant)> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let mut answers = Vec::new();
+        for worker in self.workers {
+            answers.extend(worker.await.unwrap());
+        }
+        answers
+    }
 }
 
 /// A counter of the scheduler's `/metrics` (0 when it is not there).
@@ -571,35 +631,13 @@ async fn an_etcd_frozen_past_the_leases_fails_nothing_that_ran_and_refuses_almos
 #[tokio::test(flavor = "multi_thread")]
 #[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
 async fn one_frozen_invoker_never_blocks_the_other_and_its_taken_work_ends_once() {
-    use std::sync::atomic::{AtomicBool, Ordering};
     let Some(etcd) = EtcdServer::start() else { return };
     let p = platform(etcd, &[("cold1", &["one"], 4096), ("cold2", &["two"], 4096)], "").await;
-    // Two actions, each preferring one invoker (not strictly): the load surely reaches both.
-    for (name, tag) in [("paced1", "one"), ("paced2", "two")] {
-        let prefers = json!([
-            { "key": "invoker-resources", "value": [tag] },
-            { "key": "invoker-resources-strict-policy", "value": false }
-        ]);
-        p.scheduler.put_action(name, action(128, prefers)).await;
-    }
+    each_prefers_one(&p.scheduler).await;
     let Platform { etcd: _etcd, scheduler, scheduler_dir: _scheduler_dir, invokers, _dirs } = p;
     let frozen = invokers.iter().find(|i| i.invoker_id == "cold1").unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
     let scheduler = Arc::new(scheduler);
-    let workers: Vec<_> = (0..4)
-        .map(|n| {
-            let (scheduler, stop) = (scheduler.clone(), stop.clone());
-            let name = if n % 2 == 0 { "paced1" } else { "paced2" };
-            tokio::spawn(async move {
-                let mut answers = Vec::new();
-                while !stop.load(Ordering::Relaxed) {
-                    let (status, body) = scheduler.try_invoke(name, json!({ "sleep_ms": 50 })).await;
-                    answers.push((status, body, Instant::now()));
-                }
-                answers
-            })
-        })
-        .collect();
+    let load = PacedLoad::start(&scheduler, &["paced1", "paced2"], 4);
     tokio::time::sleep(Duration::from_secs(2)).await;
     frozen.signal(nix::sys::signal::Signal::SIGSTOP);
     let froze = Instant::now();
@@ -624,11 +662,7 @@ async fn one_frozen_invoker_never_blocks_the_other_and_its_taken_work_ends_once(
     let (_, list) = scheduler.get_url("/v1/invokers").await;
     assert_eq!(stalled(&list, "cold1"), json!(false), "it answers again: taken back {list}");
     assert!(counter(&scheduler, "scheduler_unheard_total").await >= 1, "no hand-over went unheard");
-    stop.store(true, Ordering::Relaxed);
-    let mut timed = Vec::new();
-    for worker in workers {
-        timed.extend(worker.await.unwrap());
-    }
+    let timed = load.stop().await;
     // Answered while it was frozen, after the scheduler had a few seconds to notice.
     let served_meanwhile =
         timed.iter().filter(|(s, _, at)| *s == 200 && *at > froze + Duration::from_secs(3) && *at < thawed).count();
@@ -652,4 +686,73 @@ async fn one_frozen_invoker_never_blocks_the_other_and_its_taken_work_ends_once(
         assert_eq!(*status, 200, "{record}");
         assert_eq!(ran_on(record), "cold2", "{record}");
     }
+}
+
+/// An invoker whose path to etcd alone is cut (the scheduler and the other invoker still reach
+/// etcd, and the scheduler still reaches it): its lease expires and its registration goes, but
+/// it keeps serving what it is sent, in the grace and after (what it holds ends with its
+/// answer), new work goes to the other once the grace is over, and when the path heals it
+/// registers again and takes work again. Nothing is refused, lost or run twice.
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
+async fn an_invoker_cut_from_etcd_alone_keeps_serving_what_it_is_sent_and_registers_again() {
+    let Some(etcd) = EtcdServer::start() else { return };
+    let partition = support::partition::Partition::to(etcd.url().trim_start_matches("http://")).await;
+    let (cut_dir, other_dir, scheduler_dir) = (tempdir(), tempdir(), tempdir());
+    let cut = Invoker::start(cut_dir.path(), "cut1", &invoker_config_at(&partition.url(), &["one"], 4096));
+    let other = Invoker::start(other_dir.path(), "cut2", &invoker_config(&etcd, &["two"], 4096));
+    let scheduler = Invoker::start_scheduler(scheduler_dir.path(), &scheduler_config(&etcd, ""));
+    let p = Platform { etcd, scheduler, scheduler_dir, invokers: vec![cut, other], _dirs: vec![cut_dir, other_dir] };
+    let listed = |list: &[Value], id: &str| list.iter().any(|i| i["id"] == id);
+    p.wait_for(|list| list.len() == 2 && list.iter().all(|i| i["nodes"][0]["capacity_mb"].as_u64() > Some(0))).await;
+    each_prefers_one(&p.scheduler).await;
+    let Platform { etcd: _etcd, scheduler, scheduler_dir: _scheduler_dir, invokers: _invokers, _dirs } = p;
+    let scheduler = Arc::new(scheduler);
+    let load = PacedLoad::start(&scheduler, &["paced1", "paced2"], 4);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    partition.cut();
+    let cut_at = Instant::now();
+    // The lease (3 s) and the scheduler's grace (one lease TTL) go by.
+    let deadline = cut_at + Duration::from_secs(20);
+    let gone = loop {
+        let (_, list) = scheduler.get_url("/v1/invokers").await;
+        if !listed(list.as_array().map_or(&[][..], Vec::as_slice), "cut1") {
+            break Instant::now();
+        }
+        assert!(Instant::now() < deadline, "the cut invoker never left the scheduler's view: {list}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    partition.heal();
+    let healed = Instant::now();
+    let deadline = healed + Duration::from_secs(20);
+    loop {
+        let (_, list) = scheduler.get_url("/v1/invokers").await;
+        if listed(list.as_array().map_or(&[][..], Vec::as_slice), "cut1") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the cut invoker never registered again: {list}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let back = Instant::now();
+    let timed = load.stop().await;
+    let on = |id: &str, from: Instant, to: Instant| {
+        timed.iter().filter(|(s, r, at)| *s == 200 && *at > from && *at < to && ran_on(r) == id).count()
+    };
+    let served_cut = on("cut1", cut_at + Duration::from_millis(500), gone);
+    let after_gone = on("cut1", gone + Duration::from_millis(500), healed);
+    let served_back = on("cut1", healed + Duration::from_secs(1), back);
+    eprintln!(
+        "cut from etcd: {} requests; the cut invoker answered {served_cut} in the {:?} it stayed in the view, \
+         {after_gone} after, {served_back} once back",
+        timed.len(),
+        gone - cut_at
+    );
+    assert!(timed.iter().all(|(s, _, _)| *s == 200), "{:?}", timed.iter().find(|(s, _, _)| *s != 200));
+    let ids: BTreeSet<&str> = timed.iter().filter_map(|(_, r, _)| r["activationId"].as_str()).collect();
+    assert_eq!(ids.len(), timed.len(), "one answer per activation");
+    assert!(served_cut > 0, "the cut invoker served nothing of what it was sent");
+    assert_eq!(after_gone, 0, "work went to an invoker the scheduler no longer lists");
+    assert!(served_back > 0, "the healed invoker got no work back");
 }

@@ -5,6 +5,7 @@
 pub mod etcd;
 #[cfg(feature = "kubernetes")]
 pub mod kube_api;
+pub mod partition;
 
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader};
