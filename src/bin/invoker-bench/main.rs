@@ -67,6 +67,9 @@ struct Args {
     /// invoker, against that invoker called directly, in the same run.
     #[arg(long)]
     etcd: Option<String>,
+    /// Measure only the scheduler hop (with `--etcd`).
+    #[arg(long)]
+    scheduler_only: bool,
     /// Measure only an Fn function's warm path and cold start.
     #[arg(long)]
     fn_only: bool,
@@ -163,6 +166,14 @@ async fn main() -> anyhow::Result<()> {
         return Ok(());
     }
 
+    if args.scheduler_only {
+        let etcd = args.etcd.as_deref().ok_or_else(|| anyhow::anyhow!("--scheduler-only needs --etcd"))?;
+        let hop = scheduler_hop(&exe, etcd, &http, k, slice, args.rounds).await?;
+        let ratio = hop.last().map_or(Value::Null, |r| r["rps_ratio"].clone());
+        let figures = json!({ "sched_added_p50_us_c1": hop[0]["added_p50_us"], "sched_rps_ratio_c8": ratio });
+        println!("{}", json!({ "scheduler": hop, "figures": figures }));
+        return Ok(());
+    }
     if args.fn_only {
         println!("{}", fn_side::fn_side(&exe, &http, k, slice, args.rounds, args.cold).await?);
         return Ok(());
