@@ -5,10 +5,12 @@
 # injects one fault per run:
 #   etcd frozen 20 s          SIGSTOP, then SIGCONT (a partition or a long fsync stall looks the same)
 #   one invoker frozen 15 s   SIGSTOP, then SIGCONT (a GC pause, a stalled disk)
+#   one invoker cut from etcd 25 s   its path to etcd alone black-holed, past its lease and the
+#                             scheduler's grace (a partition between it and etcd), then healed
 #   scheduler killed          SIGKILL, and started again at once on the same port and data
 # and prints a table per fault: requests, succeeded, 503s, failed records (an activation that
 # ran, or may have, ended in error), accepted without a record, and seconds in which no request
-# succeeded. Every run stops by itself (about 2 minutes in all).
+# succeeded. Every run stops by itself (about 3 minutes in all).
 #
 #   scripts/chaos.sh           # release build; as root the invokers isolate their containers
 set -euo pipefail
@@ -18,7 +20,7 @@ work=$(mktemp -d /tmp/invoker-chaos-XXXXXX)
 trap 'pkill -P $$ 2>/dev/null || true; [ -f "$work/etcd/etcd.pid" ] && kill -CONT "$(cat "$work/etcd/etcd.pid")" 2>/dev/null; [ -f "$work/etcd/etcd.pid" ] && kill "$(cat "$work/etcd/etcd.pid")" 2>/dev/null; rm -rf "$work"' EXIT
 etcd=$(INVOKER_ETCD_DIR="$work/etcd" bash scripts/etcd.sh | tail -1 | cut -d= -f2)
 python3 - "${CARGO_TARGET_DIR:-target}/release/invoker" "$work" "$etcd" <<'PY'
-import base64, json, os, signal, socket, subprocess, sys, threading, time, urllib.error, urllib.request
+import base64, json, os, select, signal, socket, subprocess, sys, threading, time, urllib.error, urllib.request
 
 exe, work, etcd = sys.argv[1:4]
 guest = "23bc46b1-71f6-4ed5-8c54-816aa4f8c502:123zO3xZCLrMN6v2BKK1dXYFpXlPkccOFqm12CdAsMgRU4VrNZ9lyGVCGuMDGIwP"
@@ -31,7 +33,59 @@ open(config_path, "w").write(config)
 def free_port():
     s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close(); return port
 
-def start(name, args, port):
+class Partition:
+    """A loopback path to etcd for one process, that can be cut: cut, nothing moves and nothing
+    closes (a network dropping packets; new connections are taken and left hanging); healed,
+    the connections held through the cut close and new ones go through."""
+
+    def __init__(self, target):
+        self.target = target
+        self.cut, self.epoch, self.held = False, 0, []
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(128)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        threading.Thread(target=self.accept, daemon=True).start()
+
+    def accept(self):
+        while True:
+            client, _ = self.sock.accept()
+            if self.cut:
+                self.held.append(client)
+                continue
+            try:
+                server = socket.create_connection(self.target)
+            except OSError:
+                client.close()
+                continue
+            threading.Thread(target=self.carry, args=(client, server, self.epoch), daemon=True).start()
+
+    def carry(self, client, server, epoch):
+        peer = {client: server, server: client}
+        while epoch == self.epoch:
+            if self.cut:
+                time.sleep(0.01)
+                continue
+            ready, _, _ = select.select([client, server], [], [], 0.05)
+            for s in ready:
+                data = s.recv(65536)
+                if not data:
+                    epoch = None
+                    break
+                peer[s].sendall(data)
+        client.close(); server.close()
+
+    def heal(self):
+        self.epoch += 1
+        held, self.held = self.held, []
+        for c in held:
+            c.close()
+        self.cut = False
+
+etcd_host, etcd_port = etcd.rsplit("/", 1)[-1].rsplit(":", 1)
+partition = Partition((etcd_host, int(etcd_port)))
+
+def start(name, args, port, etcd=etcd):
     out = open(os.path.join(work, name + ".out"), "w")
     err = open(os.path.join(work, name + ".err"), "a")
     cmd = [exe] + args + ["--config", config_path, "--etcd", etcd, "--listen", f"127.0.0.1:{port}",
@@ -52,8 +106,9 @@ def request(method, url, body=None, key=guest, timeout=70):
 
 ports = {"inv0": free_port(), "inv1": free_port(), "sched": free_port()}
 procs = {}
-for name in ("inv0", "inv1"):
-    procs[name] = start(name, ["--invoker-id", name], ports[name])
+procs["inv0"] = start("inv0", ["--invoker-id", "inv0"], ports["inv0"])
+# inv1 reaches etcd through the partition, open until its fault.
+procs["inv1"] = start("inv1", ["--invoker-id", "inv1"], ports["inv1"], etcd=partition.url)
 procs["sched"] = start("sched", ["scheduler", "--scheduler-id", "chaos"], ports["sched"])
 base = f"http://127.0.0.1:{ports['sched']}"
 
@@ -95,6 +150,7 @@ faults = [
     ("etcd frozen 20 s", lambda: os.kill(etcd_pid(), signal.SIGSTOP), 20, lambda: os.kill(etcd_pid(), signal.SIGCONT), 12),
     ("one invoker frozen 15 s", lambda: os.killpg(procs["inv0"].pid, signal.SIGSTOP), 15,
      lambda: os.killpg(procs["inv0"].pid, signal.SIGCONT), 12),
+    ("one invoker cut from etcd 25 s", lambda: setattr(partition, "cut", True), 25, partition.heal, 15),
     ("scheduler killed, restarted", restart_scheduler, 0, lambda: None, 15),
 ]
 

@@ -1,7 +1,8 @@
 //! The scheduler in front of invokers, against a real etcd (one per test, on loopback ports):
 //! placement by tags (strict and not), the managed/blackbox split, warm affinity and a burst
 //! that spreads, memory-exact placement, an invoker killed mid-activation, drain and activate,
-//! etcd going away and coming back, and a scheduler restart. The invokers run the mock factory
+//! etcd going away and coming back, and a scheduler restart; and the faults of a cluster: etcd
+//! frozen, one invoker frozen, one invoker cut from etcd alone. The invokers run the mock factory
 //! (real HTTP containers in the invoker's process), so node sizes are set per invoker. Skipped
 //! with a message when no `etcd` binary is installed; under `CI=true` that fails instead.
 
