@@ -442,7 +442,7 @@ async fn with_etcd_away_activations_go_on_and_registrations_come_back() {
 
 #[tokio::test(flavor = "multi_thread")]
 #[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
-async fn a_restarted_scheduler_recovers_the_invokers_from_etcd_and_serves_its_records() {
+async fn a_restarted_scheduler_recovers_the_invokers_from_etcd_and_gives_what_it_was_killed_with_a_record() {
     let Some(etcd) = EtcdServer::start() else { return };
     let mut p = platform(etcd, &[("one", &[], 2048)], "").await;
     p.scheduler.put_action("a", action(256, json!([]))).await;
@@ -463,12 +463,19 @@ async fn a_restarted_scheduler_recovers_the_invokers_from_etcd_and_serves_its_re
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && stderr.contains("scheduler id 's1' is held by a live scheduler"), "{stderr}");
 
+    // Killed with an activation accepted and running on the invoker: it gets a record anyway.
+    let (status, accepted) = p.scheduler.invoke("a", "", json!({ "sleep_ms": 5000 })).await;
+    assert_eq!(status, 202, "{accepted}");
+    let running = accepted["activationId"].as_str().unwrap().to_string();
+    tokio::time::sleep(Duration::from_millis(300)).await;
     p.scheduler.signal(nix::sys::signal::Signal::SIGKILL);
     p.scheduler.wait_exit(Duration::from_secs(10));
     let config = scheduler_config(&p.etcd, "");
     p.scheduler = Invoker::start_scheduler(p.scheduler_dir.path(), &config);
     p.wait_for(|list| list.len() == 1 && list[0]["id"] == "one").await;
     assert_eq!(p.scheduler.get(&format!("activations/{id}")).await.1["activationId"], id.as_str());
+    let (status, record) = p.scheduler.get(&format!("activations/{running}")).await;
+    assert_eq!((status, &record["response"]["statusCode"]), (200, &json!(3)), "{record}");
     let (status, record) = p.scheduler.invoke("a", "blocking=true", json!({})).await;
     assert_eq!((status, ran_on(&record).as_str()), (200, "one"), "{record}");
 }
