@@ -10,6 +10,7 @@
 pub mod activation;
 pub mod api;
 pub mod app;
+pub mod capacity;
 pub mod cluster;
 pub mod config;
 pub mod factory;

@@ -1,0 +1,562 @@
+//! The decision core of one invoker group: seed 002's control loop (Fn's capacity manager),
+//! pure and made safe. What the group has (its invokers and their states), what the predictor
+//! wants (a target in MB) and the clock go in; what the control plane must do comes out, each
+//! decision with its reason. It does no I/O and keeps no clock: the manager and the simulator
+//! drive it alike.
+//!
+//! From the seed: a target above what the group has (or has asked for) reactivates the most
+//! recently drained invokers first and provisions only what is still missing, `max_step` at
+//! most at once; a target an invoker below what is active drains the most recently added; a
+//! drained invoker is removed. What the seed left open, decided here:
+//! - **Bounds.** Never more invokers than `max` (draining ones count: they still run), never
+//!   fewer active ones than `min` (the target is clamped, and lost invokers are replaced).
+//! - **No flapping.** An invoker is drained only when the target stayed below the active count
+//!   for `scale_down_after`, and then down to the highest target of that stretch, not the last.
+//! - **No work dropped.** An invoker is removed only once it reports nothing in flight, or at
+//!   its `drain_deadline` (the seed killed at the deadline whatever it ran; so do we, since the
+//!   scheduler ends what a removed invoker held with a record).
+//! - **Lost invokers.** One the control plane or etcd lost is forgotten; if the group still
+//!   needs it, the next tick provisions another. One asked for that never registers within
+//!   `provision_timeout` is removed (the control plane may still hold it) and replaced.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+/// The group's bounds and pace (`[capacity.groups.<name>]`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct GroupSpec {
+    pub name: String,
+    pub min: u32,
+    pub max: u32,
+    /// What one invoker offers.
+    pub invoker_memory_mb: u64,
+    /// Invokers asked for at once at most (Fn: 20).
+    pub max_step: u32,
+    /// How long the target must stay below the active count before an invoker is drained.
+    pub scale_down_after: Duration,
+    /// A draining invoker is removed at the latest this long after its drain began (Fn: 50 s).
+    pub drain_deadline: Duration,
+    /// An invoker asked for that has not registered this long after is given up.
+    pub provision_timeout: Duration,
+}
+
+/// An invoker of the group, as the core sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemberState {
+    /// Asked for at `since`, not registered yet.
+    Provisioning { since: Duration },
+    /// Registered, and placed on.
+    Active,
+    /// Being drained (no new work): removed once idle, or at `deadline`.
+    Draining { since: Duration, deadline: Duration },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Member {
+    pub id: String,
+    /// Its place in the group's order: invokers are named `<group>-<ordinal>`, the lowest
+    /// free ordinal first (as a StatefulSet names its pods), and the highest is drained first.
+    pub ordinal: u32,
+    pub state: MemberState,
+}
+
+/// What the core learns.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    /// A decision round: the predictor's target for the group.
+    Tick { target_mb: u64 },
+    /// An invoker of the group registered (came up). One the core did not ask for (a restarted
+    /// manager finding what runs) is adopted as active.
+    Up { id: String },
+    /// A draining invoker reported that it has drained: nothing in flight since its drain
+    /// began (the caller sees to the "since": a report from before the drain is no proof).
+    Drained { id: String },
+    /// The control plane or etcd lost an invoker: it is forgotten.
+    Gone { id: String },
+}
+
+/// What the control plane must do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Start these invokers (the core named them).
+    Provision { ids: Vec<String> },
+    /// Stop placing on it; it finishes what it holds.
+    Drain { id: String },
+    /// Take a draining invoker back into service.
+    Reactivate { id: String },
+    /// Stop it and forget it.
+    Remove { id: String },
+}
+
+/// An action and why it was taken (shown by `GET /v1/capacity`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decision {
+    pub action: Action,
+    pub reason: String,
+}
+
+/// The group's counts, as `GET /v1/capacity` and the metrics show them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct GroupCounts {
+    pub provisioning: u32,
+    pub active: u32,
+    pub draining: u32,
+}
+
+impl GroupCounts {
+    pub fn total(&self) -> u32 {
+        self.provisioning + self.active + self.draining
+    }
+}
+
+pub struct GroupCore {
+    spec: GroupSpec,
+    members: BTreeMap<String, Member>,
+    /// When the target first fell below the active count, and the highest target since.
+    low: Option<(Duration, u32)>,
+    /// The last target, in invokers.
+    target: u32,
+}
+
+impl GroupCore {
+    pub fn new(spec: GroupSpec) -> Self {
+        let target = spec.min;
+        GroupCore { spec, members: BTreeMap::new(), low: None, target }
+    }
+
+    pub fn spec(&self) -> &GroupSpec {
+        &self.spec
+    }
+
+    pub fn members(&self) -> impl Iterator<Item = &Member> {
+        self.members.values()
+    }
+
+    /// The last target, in invokers (within `min` and `max`).
+    pub fn target(&self) -> u32 {
+        self.target
+    }
+
+    pub fn counts(&self) -> GroupCounts {
+        let mut counts = GroupCounts::default();
+        for m in self.members.values() {
+            match m.state {
+                MemberState::Provisioning { .. } => counts.provisioning += 1,
+                MemberState::Active => counts.active += 1,
+                MemberState::Draining { .. } => counts.draining += 1,
+            }
+        }
+        counts
+    }
+
+    /// Invokers for `target_mb`, within the group's bounds.
+    pub fn invokers_for(&self, target_mb: u64) -> u32 {
+        let per = self.spec.invoker_memory_mb.max(1);
+        let wanted = u32::try_from(target_mb.div_ceil(per)).unwrap_or(u32::MAX);
+        wanted.clamp(self.spec.min, self.spec.max)
+    }
+
+    pub fn handle(&mut self, event: Event, now: Duration) -> Vec<Decision> {
+        let mut out = Vec::new();
+        match event {
+            Event::Tick { target_mb } => self.tick(target_mb, now, &mut out),
+            Event::Up { id } => self.up(id),
+            Event::Drained { id } => {
+                if matches!(self.members.get(&id).map(|m| m.state), Some(MemberState::Draining { .. })) {
+                    self.members.remove(&id);
+                    out.push(Decision { action: Action::Remove { id }, reason: "drained: nothing in flight".into() });
+                }
+            }
+            Event::Gone { id } => {
+                self.members.remove(&id);
+            }
+        }
+        out
+    }
+
+    fn up(&mut self, id: String) {
+        match self.members.get_mut(&id) {
+            Some(m) => {
+                if matches!(m.state, MemberState::Provisioning { .. }) {
+                    m.state = MemberState::Active;
+                }
+            }
+            None => {
+                let ordinal = self.ordinal_of(&id).unwrap_or_else(|| self.free_ordinals(1)[0]);
+                self.members.insert(id.clone(), Member { id, ordinal, state: MemberState::Active });
+            }
+        }
+    }
+
+    fn tick(&mut self, target_mb: u64, now: Duration, out: &mut Vec<Decision>) {
+        self.give_up_late_provisions(now, out);
+        let target = self.invokers_for(target_mb);
+        self.target = target;
+        let counts = self.counts();
+        let have = counts.active + counts.provisioning;
+        if target > have {
+            self.low = None;
+            self.grow(target, have, target_mb, now, out);
+        } else if target < counts.active {
+            let (since, highest) = *self.low.get_or_insert((now, target));
+            let highest = highest.max(target);
+            self.low = Some((since, highest));
+            if now.saturating_sub(since) >= self.spec.scale_down_after {
+                let keep = highest.max(self.spec.min);
+                self.shrink(keep, counts.active, now, out);
+                self.low = None;
+            }
+        } else {
+            self.low = None;
+        }
+        self.remove_overdue(now, out);
+    }
+
+    /// Reactivates the most recently drained first, then provisions what is still missing.
+    fn grow(&mut self, target: u32, mut have: u32, target_mb: u64, now: Duration, out: &mut Vec<Decision>) {
+        let mut draining: Vec<&Member> =
+            self.members.values().filter(|m| matches!(m.state, MemberState::Draining { .. })).collect();
+        draining.sort_by_key(|m| match m.state {
+            MemberState::Draining { since, .. } => (std::cmp::Reverse(since), std::cmp::Reverse(m.ordinal)),
+            _ => unreachable!(),
+        });
+        let back: Vec<String> = draining.iter().take((target - have) as usize).map(|m| m.id.clone()).collect();
+        for id in back {
+            self.members.get_mut(&id).expect("a member").state = MemberState::Active;
+            let reason = format!(
+                "target {target} invokers ({target_mb} MB) above the {have} it had: the most recently drained first"
+            );
+            have += 1;
+            out.push(Decision { action: Action::Reactivate { id }, reason });
+        }
+        let room = self.spec.max.saturating_sub(self.counts().total());
+        let n = (target - have).min(self.spec.max_step).min(room);
+        if n == 0 {
+            return;
+        }
+        let ids: Vec<String> =
+            self.free_ordinals(n as usize).into_iter().map(|o| format!("{}-{o}", self.spec.name)).collect();
+        for id in &ids {
+            let ordinal = self.ordinal_of(id).expect("named by the core");
+            let state = MemberState::Provisioning { since: now };
+            self.members.insert(id.clone(), Member { id: id.clone(), ordinal, state });
+        }
+        let reason = format!(
+            "target {target} invokers ({target_mb} MB) above the {have} it has{}",
+            if target - have > n { format!("; {n} at once at most") } else { String::new() }
+        );
+        out.push(Decision { action: Action::Provision { ids }, reason });
+    }
+
+    /// Drains the most recently added active invokers down to `keep`.
+    fn shrink(&mut self, keep: u32, active: u32, now: Duration, out: &mut Vec<Decision>) {
+        let mut candidates: Vec<(u32, String)> = self
+            .members
+            .values()
+            .filter(|m| m.state == MemberState::Active)
+            .map(|m| (m.ordinal, m.id.clone()))
+            .collect();
+        candidates.sort_unstable_by(|a, b| b.cmp(a));
+        let deadline = now + self.spec.drain_deadline;
+        for (_, id) in candidates.into_iter().take(active.saturating_sub(keep) as usize) {
+            self.members.get_mut(&id).expect("a member").state = MemberState::Draining { since: now, deadline };
+            let reason = format!(
+                "the target stayed at {keep} invokers or below for {:?}, under the {active} active",
+                self.spec.scale_down_after
+            );
+            out.push(Decision { action: Action::Drain { id }, reason });
+        }
+    }
+
+    /// Removes the draining invokers past their deadline (those that drained went at once).
+    fn remove_overdue(&mut self, now: Duration, out: &mut Vec<Decision>) {
+        let overdue: Vec<String> = self
+            .members
+            .values()
+            .filter(|m| matches!(m.state, MemberState::Draining { deadline, .. } if now >= deadline))
+            .map(|m| m.id.clone())
+            .collect();
+        for id in overdue {
+            self.members.remove(&id);
+            let reason = format!("not drained by its drain deadline ({:?})", self.spec.drain_deadline);
+            out.push(Decision { action: Action::Remove { id }, reason });
+        }
+    }
+
+    fn give_up_late_provisions(&mut self, now: Duration, out: &mut Vec<Decision>) {
+        let late: Vec<String> = self
+            .members
+            .values()
+            .filter(|m| {
+                matches!(m.state, MemberState::Provisioning { since }
+                    if now.saturating_sub(since) >= self.spec.provision_timeout)
+            })
+            .map(|m| m.id.clone())
+            .collect();
+        for id in late {
+            self.members.remove(&id);
+            let reason = format!("not registered {:?} after it was asked for", self.spec.provision_timeout);
+            out.push(Decision { action: Action::Remove { id }, reason });
+        }
+    }
+
+    /// `<group>-<n>` → n.
+    fn ordinal_of(&self, id: &str) -> Option<u32> {
+        id.strip_prefix(&self.spec.name)?.strip_prefix('-')?.parse().ok()
+    }
+
+    fn free_ordinals(&self, n: usize) -> Vec<u32> {
+        let used: std::collections::BTreeSet<u32> = self.members.values().map(|m| m.ordinal).collect();
+        (0..).filter(|o| !used.contains(o)).take(n).collect()
+    }
+}
+
+impl fmt::Display for Action {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Action::Provision { ids } => write!(f, "provision {}", ids.join(", ")),
+            Action::Drain { id } => write!(f, "drain {id}"),
+            Action::Reactivate { id } => write!(f, "reactivate {id}"),
+            Action::Remove { id } => write!(f, "remove {id}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const MB: u64 = 1024;
+
+    fn spec() -> GroupSpec {
+        GroupSpec {
+            name: "g".into(),
+            min: 1,
+            max: 50,
+            invoker_memory_mb: MB,
+            max_step: 20,
+            scale_down_after: Duration::from_secs(60),
+            drain_deadline: Duration::from_secs(50),
+            provision_timeout: Duration::from_secs(30),
+        }
+    }
+
+    fn s(secs: u64) -> Duration {
+        Duration::from_secs(secs)
+    }
+
+    fn provisioned(decisions: &[Decision]) -> Vec<String> {
+        decisions
+            .iter()
+            .flat_map(|d| match &d.action {
+                Action::Provision { ids } => ids.clone(),
+                _ => Vec::new(),
+            })
+            .collect()
+    }
+
+    fn actions(decisions: &[Decision]) -> Vec<Action> {
+        decisions.iter().map(|d| d.action.clone()).collect()
+    }
+
+    /// A group with `n` active invokers, `g-0` to `g-{n-1}`.
+    fn group_of(n: u32) -> GroupCore {
+        let mut g = GroupCore::new(spec());
+        let ids = provisioned(&g.handle(Event::Tick { target_mb: u64::from(n) * MB }, s(0)));
+        assert_eq!(ids.len() as u32, n);
+        for id in ids {
+            g.handle(Event::Up { id }, s(1));
+        }
+        g
+    }
+
+    #[test]
+    fn a_burst_is_answered_in_one_tick_within_max_step() {
+        let mut g = group_of(1);
+        let ids = provisioned(&g.handle(Event::Tick { target_mb: 10 * MB }, s(2)));
+        assert_eq!(ids, (1..10).map(|o| format!("g-{o}")).collect::<Vec<_>>(), "nine more at once");
+        let ids = provisioned(&g.handle(Event::Tick { target_mb: 60 * MB }, s(3)));
+        assert_eq!(ids.len(), 20, "20 at once at most");
+        let ids = provisioned(&g.handle(Event::Tick { target_mb: 60 * MB }, s(4)));
+        assert_eq!(ids.len(), 20, "never past max: 10 + 20 + 20 = 50");
+        assert!(provisioned(&g.handle(Event::Tick { target_mb: 60 * MB }, s(5))).is_empty());
+        assert_eq!(g.counts().total(), 50);
+        assert_eq!(g.target(), 50);
+    }
+
+    #[test]
+    fn the_most_recently_added_is_drained_after_scale_down_after_and_only_to_the_stretchs_peak() {
+        let mut g = group_of(6);
+        assert!(g.handle(Event::Tick { target_mb: 2 * MB }, s(10)).is_empty());
+        assert!(g.handle(Event::Tick { target_mb: 4 * MB }, s(40)).is_empty(), "a bump in the stretch");
+        assert!(g.handle(Event::Tick { target_mb: 2 * MB }, s(69)).is_empty(), "not yet 60 s");
+        let drained = actions(&g.handle(Event::Tick { target_mb: 2 * MB }, s(70)));
+        let expected: Vec<Action> = ["g-5", "g-4"].iter().map(|id| Action::Drain { id: id.to_string() }).collect();
+        assert_eq!(drained, expected, "down to 4, the stretch's peak, the highest ordinals first");
+        assert_eq!(g.counts(), GroupCounts { provisioning: 0, active: 4, draining: 2 });
+    }
+
+    #[test]
+    fn a_draining_invoker_is_removed_when_idle_or_at_its_deadline() {
+        let mut g = group_of(3);
+        assert!(g.handle(Event::Drained { id: "g-2".into() }, s(5)).is_empty(), "not draining: nothing to do");
+        g.handle(Event::Tick { target_mb: MB }, s(10));
+        let drained = actions(&g.handle(Event::Tick { target_mb: MB }, s(70)));
+        assert_eq!(drained.len(), 2, "{drained:?}");
+        let removed = actions(&g.handle(Event::Drained { id: "g-2".into() }, s(80)));
+        assert_eq!(removed, vec![Action::Remove { id: "g-2".into() }]);
+        assert!(g.handle(Event::Tick { target_mb: MB }, s(119)).is_empty(), "g-1 still busy, before its deadline");
+        let removed = actions(&g.handle(Event::Tick { target_mb: MB }, s(120)));
+        assert_eq!(removed, vec![Action::Remove { id: "g-1".into() }], "at its deadline");
+        assert_eq!(g.counts(), GroupCounts { provisioning: 0, active: 1, draining: 0 });
+    }
+
+    #[test]
+    fn the_most_recently_drained_is_reactivated_before_anything_is_provisioned() {
+        let mut g = group_of(4);
+        g.spec.drain_deadline = Duration::from_secs(300);
+        g.handle(Event::Tick { target_mb: 3 * MB }, s(10));
+        assert_eq!(
+            actions(&g.handle(Event::Tick { target_mb: 3 * MB }, s(70))),
+            vec![Action::Drain { id: "g-3".into() }]
+        );
+        g.handle(Event::Tick { target_mb: 2 * MB }, s(71));
+        assert_eq!(
+            actions(&g.handle(Event::Tick { target_mb: 2 * MB }, s(131))),
+            vec![Action::Drain { id: "g-2".into() }]
+        );
+        let back = actions(&g.handle(Event::Tick { target_mb: 5 * MB }, s(132)));
+        assert_eq!(
+            back,
+            vec![
+                Action::Reactivate { id: "g-2".into() },
+                Action::Reactivate { id: "g-3".into() },
+                Action::Provision { ids: vec!["g-4".into()] }
+            ]
+        );
+    }
+
+    #[test]
+    fn a_lost_invoker_is_replaced_and_a_late_one_given_up() {
+        let mut g = group_of(2);
+        g.handle(Event::Gone { id: "g-0".into() }, s(5));
+        assert_eq!(provisioned(&g.handle(Event::Tick { target_mb: 2 * MB }, s(6))), vec!["g-0".to_string()]);
+        // It never registers: given up after provision_timeout, and asked for again.
+        assert!(g.handle(Event::Tick { target_mb: 2 * MB }, s(35)).is_empty());
+        let d = actions(&g.handle(Event::Tick { target_mb: 2 * MB }, s(36)));
+        assert_eq!(d, vec![Action::Remove { id: "g-0".into() }, Action::Provision { ids: vec!["g-0".into()] }]);
+    }
+
+    #[test]
+    fn a_restarted_manager_adopts_what_runs() {
+        let mut g = GroupCore::new(spec());
+        for id in ["g-0", "g-3", "other"] {
+            g.handle(Event::Up { id: id.into() }, s(0));
+        }
+        assert_eq!(g.counts().active, 3);
+        let ids = provisioned(&g.handle(Event::Tick { target_mb: 5 * MB }, s(1)));
+        assert_eq!(ids, vec!["g-2".to_string(), "g-4".to_string()], "the free ordinals ('other' took 1)");
+    }
+
+    #[test]
+    fn constant_demand_decides_nothing_after_the_fleet_is_up() {
+        let mut g = group_of(1);
+        let mut decisions = Vec::new();
+        for t in 0..2000u64 {
+            let now = Duration::from_millis(2000 + t * 500);
+            for d in g.handle(Event::Tick { target_mb: 7 * MB + 100 }, now) {
+                if let Action::Provision { ids } = &d.action {
+                    for id in ids {
+                        g.handle(Event::Up { id: id.clone() }, now);
+                    }
+                }
+                decisions.push(d);
+            }
+        }
+        assert_eq!(actions(&decisions), vec![Action::Provision { ids: (1..8).map(|o| format!("g-{o}")).collect() }]);
+    }
+
+    #[derive(Clone, Debug)]
+    enum Step {
+        Tick(u64),
+        Up(usize),
+        Drained(usize),
+        Gone(usize),
+    }
+
+    fn step() -> impl Strategy<Value = (Step, u64)> {
+        let step = prop_oneof![
+            4 => (0u64..80 * MB).prop_map(Step::Tick),
+            3 => any::<prop::sample::Index>().prop_map(|i| Step::Up(i.index(1 << 16))),
+            2 => any::<prop::sample::Index>().prop_map(|i| Step::Drained(i.index(1 << 16))),
+            1 => any::<prop::sample::Index>().prop_map(|i| Step::Gone(i.index(1 << 16))),
+        ];
+        (step, 0u64..20_000)
+    }
+
+    proptest! {
+        #[test]
+        fn bounds_drains_and_removals_hold_whatever_happens(
+            min in 0u32..4, extra in 0u32..12, max_step in 1u32..6,
+            steps in prop::collection::vec(step(), 1..300),
+        ) {
+            let spec = GroupSpec { min, max: min + extra.max(1), max_step, ..spec() };
+            let mut g = GroupCore::new(spec.clone());
+            let mut now = Duration::ZERO;
+            for (step, dt_ms) in steps {
+                now += Duration::from_millis(dt_ms);
+                let before: BTreeMap<String, Member> = g.members.clone();
+                let pick = |i: usize| {
+                    let ids: Vec<&String> = before.keys().collect();
+                    (!ids.is_empty()).then(|| ids[i % ids.len()].clone())
+                };
+                let event = match step {
+                    Step::Tick(target_mb) => Event::Tick { target_mb },
+                    // Only invokers the core asked for come up (adoption is its own test).
+                    Step::Up(i) => match pick(i) { Some(id) => Event::Up { id }, None => continue },
+                    Step::Drained(i) => match pick(i) { Some(id) => Event::Drained { id }, None => continue },
+                    Step::Gone(i) => match pick(i) { Some(id) => Event::Gone { id }, None => continue },
+                };
+                let is_tick = matches!(event, Event::Tick { .. });
+                let reported_drained = match &event { Event::Drained { id } => Some(id.clone()), _ => None };
+                let decisions = g.handle(event, now);
+                let counts = g.counts();
+                prop_assert!(counts.total() <= spec.max, "above max: {counts:?}");
+                let mut drained = 0;
+                let mut provisioned = 0;
+                for d in &decisions {
+                    match &d.action {
+                        Action::Remove { id } => {
+                            let m = &before[id];
+                            let ok = match m.state {
+                                MemberState::Draining { deadline, .. } => reported_drained.as_ref() == Some(id) || now >= deadline,
+                                MemberState::Provisioning { since } => now.saturating_sub(since) >= spec.provision_timeout,
+                                MemberState::Active => false,
+                            };
+                            prop_assert!(ok, "removed with work in flight before its deadline: {m:?}");
+                        }
+                        Action::Drain { .. } => drained += 1,
+                        Action::Provision { ids } => {
+                            provisioned += ids.len() as u32;
+                            prop_assert!(ids.len() as u32 <= spec.max_step);
+                        }
+                        Action::Reactivate { .. } => {}
+                    }
+                }
+                if provisioned > 0 {
+                    prop_assert_eq!(counts.draining, 0, "provisioned while an invoker was draining");
+                }
+                prop_assert!(drained == 0 || provisioned == 0, "drained and provisioned at once");
+                if drained > 0 {
+                    prop_assert!(counts.active >= spec.min, "drained below min");
+                }
+                if is_tick {
+                    let have = counts.active + counts.provisioning;
+                    prop_assert!(have >= spec.min || provisioned == spec.max_step, "below min after a tick: {counts:?}");
+                }
+            }
+        }
+    }
+}

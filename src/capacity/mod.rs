@@ -1,0 +1,6 @@
+//! The capacity manager: a fleet of invokers per group that grows and shrinks with demand
+//! (seed 002, Fn's capacity manager). [`core`] decides, purely, from the demand the schedulers
+//! report and the group's invokers; [`predictor`] turns demand into a target.
+
+pub mod core;
+pub mod predictor;
