@@ -4,6 +4,7 @@
 //! `[pool]` is the pure core's own config type.
 
 mod admin;
+mod capacity;
 mod cluster;
 mod factory;
 mod kinds;
@@ -14,6 +15,7 @@ mod proxy;
 mod store;
 
 pub use admin::AdminConfig;
+pub use capacity::{CapacityConfig, ControlPlaneKind, GroupConfig};
 pub use cluster::{ClusterConfig, SchedulerConfig};
 pub use factory::{
     DockerFactoryConfig, DockerKindConfig, FactoryConfig, FactoryKind, MesosFactoryConfig, MockFactoryConfig,
@@ -72,6 +74,8 @@ pub struct Config {
     pub store: StoreConfig,
     pub cluster: ClusterConfig,
     pub scheduler: SchedulerConfig,
+    /// `invoker capacity` only: the groups it sizes.
+    pub capacity: CapacityConfig,
     /// The file this was read from: hidden from action containers.
     #[serde(skip)]
     pub source: Option<PathBuf>,
@@ -95,6 +99,7 @@ impl Default for Config {
             store: StoreConfig::default(),
             cluster: ClusterConfig::default(),
             scheduler: SchedulerConfig::default(),
+            capacity: CapacityConfig::default(),
             source: None,
         }
     }
@@ -143,6 +148,7 @@ impl Config {
         self.store.validate()?;
         self.cluster.validate()?;
         self.scheduler.validate()?;
+        self.capacity.validate()?;
         self.factory.validate(&self.pool, &self.limits)?;
         kinds::validate(&self.kinds)
     }
