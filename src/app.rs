@@ -181,6 +181,7 @@ pub struct SchedulerApp {
     dispatcher: Arc<Dispatcher>,
     background: CancellationToken,
     presence: actix_rt::task::JoinHandle<()>,
+    demand: actix_rt::task::JoinHandle<()>,
 }
 
 impl SchedulerApp {
@@ -214,8 +215,17 @@ impl SchedulerApp {
         let background = CancellationToken::new();
         actix_rt::spawn(dispatcher.clone().refresh(background.clone()));
         let presence = actix_rt::spawn(presence.run(background.clone()));
+        let cluster = &config.cluster;
+        let demand = actix_rt::spawn(crate::scheduler::demand::report(
+            Etcd::new(&cluster.etcd)?,
+            cluster.prefix.clone(),
+            config.scheduler.id.clone(),
+            cluster.lease_ttl,
+            dispatcher.demand.clone(),
+            background.clone(),
+        ));
         let serving = serve(listener, addr, store, state, service, &config);
-        Ok(SchedulerApp { serving, config, dispatcher, background, presence })
+        Ok(SchedulerApp { serving, config, dispatcher, background, presence, demand })
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -237,6 +247,7 @@ impl SchedulerApp {
         }
         self.background.cancel();
         let _ = tokio::time::timeout(Duration::from_secs(5), self.presence).await;
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.demand).await;
         self.serving.stop().await
     }
 }

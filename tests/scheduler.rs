@@ -764,3 +764,52 @@ async fn an_invoker_cut_from_etcd_alone_keeps_serving_what_it_is_sent_and_regist
     assert_eq!(after_gone, 0, "work went to an invoker the scheduler no longer lists");
     assert!(served_back > 0, "the healed invoker got no work back");
 }
+
+/// With `wait_for_room`, an activation no invoker has room for waits for one instead of a 503,
+/// and the scheduler's demand report (for the capacity manager) counts it as waiting meanwhile,
+/// beside what it has in flight; both go back to zero when the work is done.
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
+async fn an_activation_without_room_waits_for_it_and_the_demand_report_says_so() {
+    let Some(etcd) = EtcdServer::start() else { return };
+    let p = platform(etcd, &[("small", &[], 256)], "wait_for_room = \"20s\"\n").await;
+    p.scheduler.put_action("slow", action(256, json!([]))).await;
+    let scheduler = Arc::new(p.scheduler);
+    let first = {
+        let s = scheduler.clone();
+        tokio::spawn(async move { s.try_invoke("slow", json!({ "sleep_ms": 2500 })).await })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let second = {
+        let s = scheduler.clone();
+        tokio::spawn(async move { s.try_invoke("slow", json!({ "sleep_ms": 10 })).await })
+    };
+    let kv = p.etcd.kv();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let needs = loop {
+        let reports = kv.get_prefix("/invoker/demand/").await.unwrap();
+        let needs: Option<Value> = reports.first().and_then(|(_, v)| serde_json::from_str::<Value>(v).ok());
+        let untagged =
+            needs.as_ref().and_then(|r| r["needs"].as_array()?.iter().find(|n| n["tags"] == json!([])).cloned());
+        if untagged.as_ref().is_some_and(|n| n["waiting_mb"] == 256 && n["in_flight_mb"] == 256) {
+            break untagged.unwrap();
+        }
+        assert!(Instant::now() < deadline, "no report of one waiting and one in flight: {reports:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(needs["refused_mb"], 0);
+    for call in [first, second] {
+        let (status, record) = call.await.unwrap();
+        assert_eq!(status, 200, "it waited for room instead of a 503: {record}");
+    }
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let reports = kv.get_prefix("/invoker/demand/").await.unwrap();
+        let report: Value = serde_json::from_str(&reports[0].1).unwrap();
+        if report["needs"].as_array().unwrap().iter().all(|n| n["in_flight_mb"] == 0 && n["waiting_mb"] == 0) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the demand never went back to zero: {report}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -65,6 +65,51 @@ pub fn drain_key(prefix: &str, invoker_id: &str) -> String {
     format!("{prefix}/drain/{invoker_id}")
 }
 
+/// `{prefix}/demand/{scheduler_id}`: what one scheduler needs of the fleet, under a lease of
+/// its own (a scheduler that dies takes its report with it).
+pub fn demand_key(prefix: &str, scheduler_id: &str) -> String {
+    format!("{prefix}/demand/{scheduler_id}")
+}
+
+/// `{prefix}/capacity/leader`: the active capacity manager, under its lease.
+pub fn capacity_leader_key(prefix: &str) -> String {
+    format!("{prefix}/capacity/leader")
+}
+
+/// Memory a scheduler needs for the actions of one tag set (their `invoker-resources`; none:
+/// the untagged invokers).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Needs {
+    /// Of the activations sent to invokers and not yet answered.
+    pub in_flight_mb: u64,
+    /// Of those waiting for an invoker with room.
+    pub waiting_mb: u64,
+    /// Of those refused for lack of room since the report before.
+    pub refused_mb: u64,
+}
+
+impl Needs {
+    pub fn total_mb(&self) -> u64 {
+        self.in_flight_mb + self.waiting_mb + self.refused_mb
+    }
+}
+
+/// The value of a scheduler's demand key.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DemandReport {
+    pub scheduler: String,
+    /// When it was written (the scheduler's clock, ms since the epoch).
+    pub at_ms: u64,
+    pub needs: Vec<TagNeeds>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TagNeeds {
+    pub tags: Vec<String>,
+    #[serde(flatten)]
+    pub needs: Needs,
+}
+
 /// The value of a scheduler's key.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SchedulerRecord {

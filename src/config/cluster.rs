@@ -116,6 +116,10 @@ pub struct SchedulerConfig {
     /// new goes there until it answers a ping. Apart from the activation's own duration.
     #[serde(with = "humantime_serde")]
     pub handover_timeout: Duration,
+    /// How long an activation no invoker has room for waits for one (a capacity manager adding
+    /// invokers, others finishing) before it is refused with 503. 0: refused at once.
+    #[serde(with = "humantime_serde")]
+    pub wait_for_room: Duration,
 }
 
 impl Default for SchedulerConfig {
@@ -129,6 +133,7 @@ impl Default for SchedulerConfig {
             max_in_flight: 10_000,
             registration_grace: None,
             handover_timeout: Duration::from_secs(1),
+            wait_for_room: Duration::ZERO,
         }
     }
 }
@@ -152,6 +157,9 @@ impl SchedulerConfig {
         }
         if self.max_in_flight == 0 {
             return Err(bad("scheduler.max_in_flight", "must be at least 1"));
+        }
+        if self.wait_for_room > Duration::from_secs(600) {
+            return Err(bad("scheduler.wait_for_room", "at most 10m"));
         }
         if self.handover_timeout < Duration::from_millis(50) || self.handover_timeout > Duration::from_secs(60) {
             return Err(bad("scheduler.handover_timeout", "between 50ms and 60s"));

@@ -6,6 +6,7 @@
 //! invoker returns (annotated with the invoker's id) or with a whisk-error record when the
 //! invoker was lost: every activation the scheduler accepts ends with a record it serves.
 
+pub mod demand;
 pub mod metrics;
 pub mod placement;
 pub mod presence;
@@ -66,6 +67,10 @@ pub struct Dispatcher {
     init_timeout: Duration,
     /// How long an invoker has to ask for a message ([`send`]).
     handover_timeout: Duration,
+    /// How long an activation waits for an invoker with room.
+    wait_for_room: Duration,
+    /// What this scheduler needs of the fleet, for the capacity manager.
+    pub demand: Arc<demand::DemandLedger>,
     directory: Directory,
     stalls: stalls::Stalls,
     client: InvokerClient,
@@ -99,6 +104,8 @@ impl Dispatcher {
             wait_deadline: config.pool.wait_deadline,
             init_timeout: config.proxy.init_timeout,
             handover_timeout: s.handover_timeout,
+            wait_for_room: s.wait_for_room,
+            demand: Arc::default(),
             directory: Directory::new(s.registration_grace.unwrap_or(config.cluster.lease_ttl)),
             stalls: stalls::Stalls::default(),
             client: InvokerClient::new(controller_key),
@@ -145,14 +152,14 @@ impl Dispatcher {
         let message = self.message(&run, revision);
         let mut tried = BTreeSet::new();
         let mut refusals = Vec::new();
+        let mut tags = needs.tags.clone();
+        tags.sort_unstable();
         for attempt in 0..=self.max_reschedules {
-            let view = self.directory.current();
-            let in_flight = self.in_flight.lock().per_revision.get(&key).cloned().unwrap_or_default();
-            let views = view.views(&key, &in_flight, &self.stalls.ids());
-            let chosen = match place(&views, &needs, &self.placement, &tried, &mut |n| self.draw(n)) {
-                Ok(chosen) => chosen,
+            let (view, chosen) = match self.place_or_wait(&key, &needs, &tags, &tried).await {
+                Ok(placed) => placed,
                 Err(why) => {
                     self.metrics.unavailable(Some(&why));
+                    self.demand.refused(&tags, needs.memory_mb);
                     let message = with_refusals(why.to_string(), &refusals);
                     return run.reject_because(Rejection::NoInvoker, &message);
                 }
@@ -175,11 +182,13 @@ impl Dispatcher {
                 continue;
             };
             self.enter(&invoker, &key);
+            self.demand.add(&tags, demand::Stage::InFlight, needs.memory_mb);
             let sent = tokio::select! {
                 sent = self.client.send(authority, message.clone(), self.handover_timeout, timeout) => sent,
                 _ = departure.cancelled() => Sent::Lost("it left the cluster (its lease expired)".into()),
             };
             self.leave(&invoker, &key);
+            self.demand.remove(&tags, demand::Stage::InFlight, needs.memory_mb);
             match sent {
                 Sent::Finished(mut record) => {
                     record.annotations.push(KeyValue { key: "invoker".into(), value: json!(invoker) });
@@ -213,6 +222,42 @@ impl Dispatcher {
         self.metrics.unavailable(None);
         let message = with_refusals(format!("no invoker took the activation in {} tries", tried.len()), &refusals);
         run.reject_because(Rejection::NoInvoker, &message);
+    }
+
+    /// An invoker for the activation, on the cluster as last read; when none has room (or none
+    /// has the tags, or none is healthy), the placement is tried again every refresh for
+    /// `wait_for_room`, the activation counted as waiting meanwhile.
+    async fn place_or_wait(
+        &self,
+        key: &RevisionKey,
+        needs: &ActionNeeds,
+        tags: &[String],
+        tried: &BTreeSet<String>,
+    ) -> Result<(Arc<ClusterView>, placement::Placement), placement::NoPlacement> {
+        let mut waiting_until: Option<Instant> = None;
+        let placed = loop {
+            let view = self.directory.current();
+            let in_flight = self.in_flight.lock().per_revision.get(key).cloned().unwrap_or_default();
+            let views = view.views(key, &in_flight, &self.stalls.ids());
+            match place(&views, needs, &self.placement, tried, &mut |n| self.draw(n)) {
+                Ok(chosen) => break Ok((view, chosen)),
+                Err(why) if self.wait_for_room.is_zero() => break Err(why),
+                Err(why) => {
+                    let until = *waiting_until.get_or_insert_with(|| {
+                        self.demand.add(tags, demand::Stage::Waiting, needs.memory_mb);
+                        Instant::now() + self.wait_for_room
+                    });
+                    if Instant::now() >= until {
+                        break Err(why);
+                    }
+                    tokio::time::sleep(self.refresh_interval.min(until - Instant::now())).await;
+                }
+            }
+        };
+        if waiting_until.is_some() {
+            self.demand.remove(tags, demand::Stage::Waiting, needs.memory_mb);
+        }
+        placed
     }
 
     /// OpenWhisk's `ActivationMessage`, naming this scheduler and the action's cluster revision

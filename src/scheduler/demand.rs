@@ -1,0 +1,156 @@
+//! What this scheduler needs of the fleet, per tag set, for the capacity manager: the memory
+//! of the activations it has in flight on invokers, of those waiting for an invoker with room,
+//! and of those it refused for lack of room since its last report. Counted as activations
+//! come and go (a map update under a lock), published by [`report`] every 500 ms at most, off
+//! the activation path, under a lease of its own.
+
+use crate::cluster::{demand_key, ClusterKv, DemandReport, Needs, TagNeeds};
+use crate::model::epoch_ms;
+use parking_lot::Mutex;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+/// How often the report is put at most.
+pub const REPORT_EVERY: Duration = Duration::from_millis(500);
+
+#[derive(Default)]
+pub struct DemandLedger {
+    by_tags: Mutex<BTreeMap<Vec<String>, Needs>>,
+}
+
+/// Which count an activation moves.
+#[derive(Clone, Copy, Debug)]
+pub enum Stage {
+    InFlight,
+    Waiting,
+}
+
+impl DemandLedger {
+    pub fn add(&self, tags: &[String], stage: Stage, mb: u64) {
+        let mut by_tags = self.by_tags.lock();
+        let needs = by_tags.entry(tags.to_vec()).or_default();
+        match stage {
+            Stage::InFlight => needs.in_flight_mb += mb,
+            Stage::Waiting => needs.waiting_mb += mb,
+        }
+    }
+
+    pub fn remove(&self, tags: &[String], stage: Stage, mb: u64) {
+        let mut by_tags = self.by_tags.lock();
+        if let Some(needs) = by_tags.get_mut(tags) {
+            match stage {
+                Stage::InFlight => needs.in_flight_mb = needs.in_flight_mb.saturating_sub(mb),
+                Stage::Waiting => needs.waiting_mb = needs.waiting_mb.saturating_sub(mb),
+            }
+        }
+    }
+
+    pub fn refused(&self, tags: &[String], mb: u64) {
+        self.by_tags.lock().entry(tags.to_vec()).or_default().refused_mb += mb;
+    }
+
+    /// The needs now; the refusals counted since the last call go into it and are reset, and
+    /// tag sets with nothing left are dropped.
+    pub fn take(&self) -> Vec<TagNeeds> {
+        let mut by_tags = self.by_tags.lock();
+        let needs = by_tags.iter().map(|(tags, needs)| TagNeeds { tags: tags.clone(), needs: *needs }).collect();
+        by_tags.retain(|_, n| {
+            n.refused_mb = 0;
+            n.in_flight_mb > 0 || n.waiting_mb > 0
+        });
+        needs
+    }
+}
+
+/// Puts `{prefix}/demand/{id}` whenever the needs changed, under a lease of its own kept alive,
+/// until `stop`; then revokes it.
+pub async fn report<K: ClusterKv>(
+    kv: K,
+    prefix: String,
+    id: String,
+    ttl: Duration,
+    ledger: std::sync::Arc<DemandLedger>,
+    stop: CancellationToken,
+) {
+    let key = demand_key(&prefix, &id);
+    let mut lease = None;
+    let mut renewed = Instant::now();
+    let mut last: Option<Vec<TagNeeds>> = None;
+    let mut complained: Option<Instant> = None;
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            _ = tokio::time::sleep(REPORT_EVERY) => {}
+        }
+        let needs = ledger.take();
+        let step = async {
+            if lease.is_some() && renewed.elapsed() >= ttl {
+                lease = None;
+                last = None;
+            }
+            if let Some(l) = lease {
+                if renewed.elapsed() >= ttl / 3 {
+                    match kv.keep_alive(l).await.map_err(|e| e.to_string())? {
+                        Some(_) => renewed = Instant::now(),
+                        None => {
+                            lease = None;
+                            last = None;
+                        }
+                    }
+                }
+            }
+            if last.as_ref() == Some(&needs) {
+                return Ok(());
+            }
+            let l = match lease {
+                Some(l) => l,
+                None => {
+                    let l = kv.grant(ttl).await.map_err(|e| e.to_string())?;
+                    renewed = Instant::now();
+                    lease = Some(l);
+                    l
+                }
+            };
+            let report = DemandReport { scheduler: id.clone(), at_ms: epoch_ms(), needs: needs.clone() };
+            let value = serde_json::to_string(&report).expect("a report serialises");
+            kv.put(&key, &value, Some(l)).await.map_err(|e| e.to_string())?;
+            last = Some(needs);
+            Ok::<(), String>(())
+        };
+        if let Err(e) = step.await {
+            if complained.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
+                tracing::warn!("the scheduler's demand report: {e} (retrying)");
+                complained = Some(Instant::now());
+            }
+        }
+    }
+    if let Some(l) = lease {
+        let _ = kv.revoke(l).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_are_reported_once_and_empty_tag_sets_go() {
+        let ledger = DemandLedger::default();
+        let gpu = vec!["gpu".to_string()];
+        ledger.add(&[], Stage::InFlight, 256);
+        ledger.add(&gpu, Stage::Waiting, 512);
+        ledger.refused(&gpu, 128);
+        let first = ledger.take();
+        assert_eq!(first.len(), 2);
+        let g = first.iter().find(|n| n.tags == gpu).unwrap();
+        assert_eq!(g.needs, Needs { in_flight_mb: 0, waiting_mb: 512, refused_mb: 128 });
+        ledger.remove(&gpu, Stage::Waiting, 512);
+        let second = ledger.take();
+        assert_eq!(second.iter().find(|n| n.tags == gpu).unwrap().needs, Needs::default(), "reported at zero once");
+        assert!(ledger.take().iter().all(|n| n.tags != gpu), "then gone");
+        ledger.remove(&[], Stage::InFlight, 256);
+        ledger.take();
+        assert!(ledger.take().is_empty());
+    }
+}
