@@ -230,7 +230,7 @@ async fn a_scheduler_reads_every_invoker_and_places_an_action_on_the_warm_one() 
     assert_eq!(view.invokers.keys().cloned().collect::<Vec<_>>(), ids);
     let revision = ("guest".to_string(), "hot".to_string(), 1);
     assert_eq!(view.warm[&revision].get(&id2), Some(&1), "{:?}", keys(&kv, "/invoker/containers/").await);
-    let views = view.views(&revision, &Default::default(), &Default::default());
+    let views = view.views(&revision, &Default::default(), &Default::default(), &Default::default());
     let needs = ActionNeeds { memory_mb: 256, strict: true, ..Default::default() };
     let config = PlacementConfig { managed_fraction: 1.0, blackbox_fraction: 0.1 };
     let p = place(&views, &needs, &config, &Default::default(), &mut |_| 0).unwrap();
@@ -261,7 +261,7 @@ async fn an_invoker_with_a_full_disk_is_unhealthy_in_etcd_and_no_placement_choos
     record(&kv, &invoker_id, |r| r.health == Health::Unhealthy).await;
     let view = ClusterView::read(&kv, "/invoker").await.unwrap();
     let revision = ("guest".to_string(), "big".to_string(), 1);
-    let views = view.views(&revision, &Default::default(), &Default::default());
+    let views = view.views(&revision, &Default::default(), &Default::default(), &Default::default());
     let needs = ActionNeeds { memory_mb: 256, ..Default::default() };
     let config = PlacementConfig { managed_fraction: 1.0, blackbox_fraction: 0.1 };
     let placed = place(&views, &needs, &config, &Default::default(), &mut |_| 0);

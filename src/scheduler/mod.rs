@@ -87,7 +87,14 @@ pub struct Dispatcher {
 struct InFlight {
     per_invoker: BTreeMap<String, u32>,
     per_revision: HashMap<RevisionKey, BTreeMap<String, u32>>,
+    /// Per invoker, the memory of each hand-over by when it was sent (and a number, to tell
+    /// two apart): placement takes what the invoker's record cannot show yet off its room.
+    sends: HashMap<String, BTreeMap<(Instant, u64), u64>>,
+    sent: u64,
 }
+
+/// One hand-over in [`InFlight::sends`].
+type SendKey = (Instant, u64);
 
 impl Dispatcher {
     /// `config.cluster.controller_key` must be set (the caller checks).
@@ -181,13 +188,13 @@ impl Dispatcher {
                 tried.insert(invoker);
                 continue;
             };
-            self.enter(&invoker, &key);
+            let send = self.enter(&invoker, &key, needs.memory_mb);
             self.demand.add(&tags, demand::Stage::InFlight, needs.memory_mb);
             let sent = tokio::select! {
                 sent = self.client.send(authority, message.clone(), self.handover_timeout, timeout) => sent,
                 _ = departure.cancelled() => Sent::Lost("it left the cluster (its lease expired)".into()),
             };
-            self.leave(&invoker, &key);
+            self.leave(&invoker, &key, send);
             self.demand.remove(&tags, demand::Stage::InFlight, needs.memory_mb);
             match sent {
                 Sent::Finished(mut record) => {
@@ -237,8 +244,11 @@ impl Dispatcher {
         let mut waiting_until: Option<Instant> = None;
         let placed = loop {
             let view = self.directory.current();
-            let in_flight = self.in_flight.lock().per_revision.get(key).cloned().unwrap_or_default();
-            let views = view.views(key, &in_flight, &self.stalls.ids());
+            let (in_flight, unseen) = {
+                let in_flight = self.in_flight.lock();
+                (in_flight.per_revision.get(key).cloned().unwrap_or_default(), self.unseen_mb(&in_flight, &view))
+            };
+            let views = view.views(key, &in_flight, &unseen, &self.stalls.ids());
             match place(&views, needs, &self.placement, tried, &mut |n| self.draw(n)) {
                 Ok(chosen) => break Ok((view, chosen)),
                 Err(why) if self.wait_for_room.is_zero() => break Err(why),
@@ -297,15 +307,41 @@ impl Dispatcher {
         Bytes::from(serde_json::to_vec(&message).expect("a message serialises"))
     }
 
-    fn enter(&self, invoker: &str, key: &RevisionKey) {
+    /// Per invoker, the memory of the hand-overs its record cannot show: those sent after
+    /// this scheduler first read the record as it is, less a refresh (the invoker published it
+    /// some time before it was read).
+    fn unseen_mb(&self, in_flight: &InFlight, view: &ClusterView) -> BTreeMap<String, u64> {
+        in_flight
+            .sends
+            .iter()
+            .filter_map(|(invoker, sends)| {
+                let changed = view.changed.get(invoker)?;
+                let since = changed.checked_sub(self.refresh_interval).unwrap_or(*changed);
+                let mb: u64 = sends.range((since, 0)..).map(|(_, mb)| mb).sum();
+                (mb > 0).then(|| (invoker.clone(), mb))
+            })
+            .collect()
+    }
+
+    fn enter(&self, invoker: &str, key: &RevisionKey, memory_mb: u64) -> SendKey {
         let mut in_flight = self.in_flight.lock();
+        in_flight.sent += 1;
+        let send = (Instant::now(), in_flight.sent);
+        in_flight.sends.entry(invoker.to_string()).or_default().insert(send, memory_mb);
         *in_flight.per_invoker.entry(invoker.to_string()).or_insert(0) += 1;
         *in_flight.per_revision.entry(key.clone()).or_default().entry(invoker.to_string()).or_insert(0) += 1;
         self.metrics.in_flight.get_or_create(&metrics::InvokerLabel { invoker: invoker.to_string() }).inc();
+        send
     }
 
-    fn leave(&self, invoker: &str, key: &RevisionKey) {
+    fn leave(&self, invoker: &str, key: &RevisionKey, send: SendKey) {
         let mut in_flight = self.in_flight.lock();
+        if let Some(sends) = in_flight.sends.get_mut(invoker) {
+            sends.remove(&send);
+            if sends.is_empty() {
+                in_flight.sends.remove(invoker);
+            }
+        }
         if let Some(n) = in_flight.per_invoker.get_mut(invoker) {
             *n -= 1;
             if *n == 0 {

@@ -27,6 +27,9 @@ pub struct ClusterView {
     pub warm: HashMap<RevisionKey, BTreeMap<String, u32>>,
     /// Containers per invoker, of every action.
     pub containers: BTreeMap<String, u32>,
+    /// When this scheduler first read each invoker's record as it now is ([`Directory`]): what
+    /// it sent there before (less a refresh) the record may show; what it sent since, not.
+    pub changed: BTreeMap<String, Instant>,
 }
 
 impl ClusterView {
@@ -67,12 +70,14 @@ impl ClusterView {
     }
 
     /// The invokers as placement sees them for one action revision; `in_flight` says what this
-    /// scheduler has running there of it. A drained or stalled invoker is not healthy, whatever
-    /// it says.
+    /// scheduler has running there of it, `unseen_mb` the memory of what it sent there that
+    /// the invoker's record cannot show yet (it comes off the room). A drained or stalled
+    /// invoker is not healthy, whatever it says.
     pub fn views(
         &self,
         revision: &RevisionKey,
         in_flight: &BTreeMap<String, u32>,
+        unseen_mb: &BTreeMap<String, u64>,
         stalled: &BTreeSet<String>,
     ) -> Vec<InvokerView> {
         let warm = self.warm.get(revision);
@@ -84,7 +89,7 @@ impl ClusterView {
                 healthy: r.health == crate::pool::actor::Health::Healthy
                     && !self.drained.contains(&r.id)
                     && !stalled.contains(&r.id),
-                launchable_mb: r.room_mb(),
+                launchable_mb: r.room_mb().saturating_sub(unseen_mb.get(&r.id).copied().unwrap_or(0)),
                 warm: warm.and_then(|w| w.get(&r.id)).copied().unwrap_or(0),
                 in_flight: in_flight.get(&r.id).copied().unwrap_or(0),
             })
@@ -104,9 +109,16 @@ pub struct Directory {
     current: RwLock<Arc<ClusterView>>,
     /// Invoker id → (its process, as `boot_id:pid`; the token of that process).
     present: Mutex<HashMap<String, (String, CancellationToken)>>,
-    /// Every invoker read, as last read, and when a reading first missed it.
-    last_seen: Mutex<HashMap<String, (InvokerRecord, Option<Instant>)>>,
+    /// Every invoker read, as last read, when that record was first read, and when a reading
+    /// first missed it.
+    last_seen: Mutex<HashMap<String, Seen>>,
     grace: Duration,
+}
+
+struct Seen {
+    record: InvokerRecord,
+    changed: Instant,
+    missed_since: Option<Instant>,
 }
 
 fn process_of(record: &InvokerRecord) -> String {
@@ -129,17 +141,23 @@ impl Directory {
         {
             let mut seen = self.last_seen.lock();
             for (id, record) in &view.invokers {
-                seen.insert(id.clone(), (record.clone(), None));
+                match seen.get_mut(id) {
+                    Some(s) if s.record == *record => s.missed_since = None,
+                    _ => {
+                        seen.insert(id.clone(), Seen { record: record.clone(), changed: now, missed_since: None });
+                    }
+                }
             }
             // The grace counts from the first reading without it (etcd away reads nothing).
-            seen.retain(|id, (record, missed_since)| {
+            seen.retain(|id, s| {
+                view.changed.insert(id.clone(), s.changed);
                 if view.invokers.contains_key(id) {
                     return true;
                 }
-                let since = *missed_since.get_or_insert(now);
-                let within = record.health == Health::Healthy && now.duration_since(since) < self.grace;
+                let since = *s.missed_since.get_or_insert(now);
+                let within = s.record.health == Health::Healthy && now.duration_since(since) < self.grace;
                 if within {
-                    view.invokers.insert(id.clone(), record.clone());
+                    view.invokers.insert(id.clone(), s.record.clone());
                 } else {
                     tracing::warn!(invoker = %id, "an invoker's registration is gone past the grace; nothing new goes there");
                 }
