@@ -34,9 +34,11 @@ pub enum AppError {
     Etcd(#[from] EtcdError),
     #[error(transparent)]
     Registry(#[from] RegistryError),
-    /// What a scheduler needs and its config lacks.
+    /// What a scheduler or a capacity manager needs and its config lacks.
     #[error("{0}")]
     Config(&'static str),
+    #[error("the capacity manager's invokers directory: {0}")]
+    Plane(std::io::Error),
 }
 
 /// What both commands share: the store, the API server and the record retention.
@@ -249,6 +251,73 @@ impl SchedulerApp {
         let _ = tokio::time::timeout(Duration::from_secs(5), self.presence).await;
         let _ = tokio::time::timeout(Duration::from_secs(5), self.demand).await;
         self.serving.stop().await
+    }
+}
+
+/// A running capacity manager (`invoker capacity`): the manager, leading or standby, and its
+/// small API.
+pub struct CapacityApp {
+    addr: SocketAddr,
+    config: Arc<Config>,
+    stop: CancellationToken,
+    manager: actix_rt::task::JoinHandle<()>,
+    api: actix_rt::task::JoinHandle<()>,
+}
+
+impl CapacityApp {
+    pub async fn start(mut config: Config) -> Result<Self, AppError> {
+        use crate::capacity::plane::{local::LocalPlane, AnyPlane};
+        if !config.cluster.enabled() {
+            return Err(AppError::Config("the capacity manager needs etcd: --etcd URL or [cluster] etcd"));
+        }
+        if config.capacity.groups.is_empty() {
+            return Err(AppError::Config("the capacity manager needs at least one [capacity.groups.<name>]"));
+        }
+        let Some(config_file) = config.source.clone() else {
+            return Err(AppError::Config("the capacity manager starts its invokers with its own config file"));
+        };
+        let (_store, listener) = open(&mut config, "capacity.redb")?;
+        let addr = listener.local_addr().map_err(|source| AppError::Listen { addr: config.listen, source })?;
+        let exe = std::env::current_exe().map_err(AppError::Plane)?;
+        // An invoker stopped has its shutdown grace to drain, and a little more to exit.
+        let stop_grace = config.shutdown_grace + Duration::from_secs(15);
+        let cluster = &config.cluster;
+        let plane = LocalPlane::new(exe, config_file, cluster.etcd.clone(), config.data_dir.clone(), stop_grace)
+            .map_err(AppError::Plane)?;
+        let api = cluster.advertise.clone().unwrap_or_else(|| format!("http://{addr}"));
+        let settings = crate::capacity::manager::ManagerSettings {
+            prefix: cluster.prefix.clone(),
+            capacity: config.capacity.clone(),
+            publish_interval: cluster.publish_interval,
+            lease_ttl: cluster.lease_ttl,
+            api,
+            // How long a local invoker takes to come up and register.
+            lead: Duration::from_secs(1),
+        };
+        let manager =
+            crate::capacity::manager::Manager::new(Etcd::new(&cluster.etcd)?, settings, AnyPlane::Local(plane));
+        let admin = config.admin.key.clone().unwrap_or_default();
+        let http = crate::capacity::http::CapacityApi::new(&admin, manager.status.clone(), manager.metrics.clone());
+        let stop = CancellationToken::new();
+        let manager = actix_rt::spawn(manager.run(stop.clone()));
+        let api = actix_rt::spawn(http.serve(listener, stop.clone()));
+        Ok(CapacityApp { addr, config: Arc::new(config), stop, manager, api })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn config(&self) -> &Arc<Config> {
+        &self.config
+    }
+
+    /// Steps down (the lease is revoked: a standby takes over at once); the invokers go on
+    /// serving, and a manager started again adopts them.
+    pub async fn stop(self) {
+        self.stop.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.manager).await;
+        let _ = self.api.await;
     }
 }
 

@@ -48,6 +48,10 @@ struct ServeArgs {
     /// What this invoker offers, comma-separated (overrides `[cluster] tags`).
     #[arg(long, value_delimiter = ',')]
     tags: Option<Vec<String>>,
+    /// The memory this invoker offers to actions, in MB (overrides the process factory's
+    /// `user_memory_mb`, or the mock factory's `node_memory_mb`); the capacity manager sets it.
+    #[arg(long)]
+    memory_mb: Option<u64>,
 }
 
 /// Running the scheduler: `invoker scheduler --etcd URL [FLAGS]`.
@@ -70,6 +74,21 @@ struct SchedulerArgs {
     scheduler_id: Option<String>,
 }
 
+#[derive(clap::Args)]
+struct CapacityArgs {
+    #[arg(long, env = "INVOKER_CONFIG", default_value = "config/cluster.toml")]
+    config: PathBuf,
+    /// Address to listen on (`GET /v1/capacity`, `/metrics`); port 0 picks a free one.
+    #[arg(long, default_value = "127.0.0.1:3234")]
+    listen: SocketAddr,
+    /// Directory for the manager's key and its invokers' data, logs and pid files.
+    #[arg(long, default_value = "data/capacity")]
+    data_dir: PathBuf,
+    /// etcd client URLs, comma-separated (overrides `[cluster] etcd`).
+    #[arg(long, env = "INVOKER_ETCD", value_delimiter = ',')]
+    etcd: Vec<String>,
+}
+
 #[derive(clap::Subcommand)]
 enum Command {
     /// Run the invoker (the same as no subcommand).
@@ -86,6 +105,9 @@ enum Command {
     /// Run the scheduler: the front door of the invokers registered in etcd (the same REST
     /// API, actions in its own store, each activation placed on an invoker).
     Scheduler(SchedulerArgs),
+    /// Run the capacity manager: invoker groups sized to the demand the schedulers report
+    /// (`[capacity]`), one active manager per cluster.
+    Capacity(CapacityArgs),
     /// Run the pool core in virtual time against a simulated cluster; prints a JSON summary.
     Simulate {
         #[arg(long)]
@@ -117,6 +139,7 @@ fn main() -> anyhow::Result<()> {
         }
         Some(Command::Serve(args)) => return serve_invoker(args),
         Some(Command::Scheduler(args)) => return serve_scheduler(args),
+        Some(Command::Capacity(args)) => return serve_capacity(args),
         None => {}
     }
     serve_invoker(cli.serve)
@@ -159,7 +182,11 @@ fn serve_invoker(cli: ServeArgs) -> anyhow::Result<()> {
         config.invoker_id = id;
     }
     if let Some(tags) = cli.tags {
-        config.cluster.tags = tags;
+        // `--tags=` is none.
+        config.cluster.tags = tags.into_iter().filter(|t| !t.is_empty()).collect();
+    }
+    if let Some(mb) = cli.memory_mb {
+        config.factory.set_memory_mb(mb)?;
     }
     config.validate()?;
     actix_rt::System::new().block_on(async {
@@ -201,5 +228,21 @@ fn serve_scheduler(cli: SchedulerArgs) -> anyhow::Result<()> {
         print_keys(app.config(), app.addr());
         terminated().await?;
         Ok(app.stop().await?)
+    })
+}
+
+fn serve_capacity(cli: CapacityArgs) -> anyhow::Result<()> {
+    init_tracing();
+    let config = load_config(&cli.config, Some(cli.listen), Some(cli.data_dir), cli.etcd)?;
+    config.validate()?;
+    actix_rt::System::new().block_on(async {
+        let app = invoker::app::CapacityApp::start(config).await?;
+        if let Some(key) = &app.config().admin.key {
+            println!("admin auth: {key}");
+        }
+        println!("listening on {}", app.addr());
+        terminated().await?;
+        app.stop().await;
+        Ok(())
     })
 }

@@ -50,6 +50,9 @@ pub enum MemberState {
     Active,
     /// Being drained (no new work): removed once idle, or at `deadline`.
     Draining { since: Duration, deadline: Duration },
+    /// Asked to stop; still running (it counts against `max`, and its name is not reused)
+    /// until the control plane says it is gone.
+    Removing,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -69,10 +72,14 @@ pub enum Event {
     /// An invoker of the group registered (came up). One the core did not ask for (a restarted
     /// manager finding what runs) is adopted as active.
     Up { id: String },
+    /// The control plane runs an invoker that has not registered (yet): one a manager before
+    /// this one asked for. It is counted as being provisioned, so it is not asked for again.
+    Starting { id: String },
     /// A draining invoker reported that it has drained: nothing in flight since its drain
     /// began (the caller sees to the "since": a report from before the drain is no proof).
     Drained { id: String },
-    /// The control plane or etcd lost an invoker: it is forgotten.
+    /// An invoker is gone: the control plane or etcd lost it, or one being removed stopped. It
+    /// is forgotten.
     Gone { id: String },
 }
 
@@ -85,7 +92,7 @@ pub enum Action {
     Drain { id: String },
     /// Take a draining invoker back into service.
     Reactivate { id: String },
-    /// Stop it and forget it.
+    /// Stop it (it is forgotten once [`Event::Gone`]).
     Remove { id: String },
 }
 
@@ -102,11 +109,13 @@ pub struct GroupCounts {
     pub provisioning: u32,
     pub active: u32,
     pub draining: u32,
+    pub removing: u32,
 }
 
 impl GroupCounts {
+    /// Every invoker that runs or may: what `max` bounds.
     pub fn total(&self) -> u32 {
-        self.provisioning + self.active + self.draining
+        self.provisioning + self.active + self.draining + self.removing
     }
 }
 
@@ -145,6 +154,7 @@ impl GroupCore {
                 MemberState::Provisioning { .. } => counts.provisioning += 1,
                 MemberState::Active => counts.active += 1,
                 MemberState::Draining { .. } => counts.draining += 1,
+                MemberState::Removing => counts.removing += 1,
             }
         }
         counts
@@ -162,9 +172,16 @@ impl GroupCore {
         match event {
             Event::Tick { target_mb } => self.tick(target_mb, now, &mut out),
             Event::Up { id } => self.up(id),
+            Event::Starting { id } => {
+                if !self.members.contains_key(&id) {
+                    let ordinal = self.ordinal_of(&id).unwrap_or_else(|| self.free_ordinals(1)[0]);
+                    let state = MemberState::Provisioning { since: now };
+                    self.members.insert(id.clone(), Member { id, ordinal, state });
+                }
+            }
             Event::Drained { id } => {
-                if matches!(self.members.get(&id).map(|m| m.state), Some(MemberState::Draining { .. })) {
-                    self.members.remove(&id);
+                if let Some(m) = self.members.get_mut(&id).filter(|m| matches!(m.state, MemberState::Draining { .. })) {
+                    m.state = MemberState::Removing;
                     out.push(Decision { action: Action::Remove { id }, reason: "drained: nothing in flight".into() });
                 }
             }
@@ -278,7 +295,7 @@ impl GroupCore {
             .map(|m| m.id.clone())
             .collect();
         for id in overdue {
-            self.members.remove(&id);
+            self.members.get_mut(&id).expect("a member").state = MemberState::Removing;
             let reason = format!("not drained by its drain deadline ({:?})", self.spec.drain_deadline);
             out.push(Decision { action: Action::Remove { id }, reason });
         }
@@ -295,7 +312,7 @@ impl GroupCore {
             .map(|m| m.id.clone())
             .collect();
         for id in late {
-            self.members.remove(&id);
+            self.members.get_mut(&id).expect("a member").state = MemberState::Removing;
             let reason = format!("not registered {:?} after it was asked for", self.spec.provision_timeout);
             out.push(Decision { action: Action::Remove { id }, reason });
         }
@@ -395,7 +412,7 @@ mod tests {
         let drained = actions(&g.handle(Event::Tick { target_mb: 2 * MB }, s(70)));
         let expected: Vec<Action> = ["g-5", "g-4"].iter().map(|id| Action::Drain { id: id.to_string() }).collect();
         assert_eq!(drained, expected, "down to 4, the stretch's peak, the highest ordinals first");
-        assert_eq!(g.counts(), GroupCounts { provisioning: 0, active: 4, draining: 2 });
+        assert_eq!(g.counts(), GroupCounts { provisioning: 0, active: 4, draining: 2, removing: 0 });
     }
 
     #[test]
@@ -410,7 +427,13 @@ mod tests {
         assert!(g.handle(Event::Tick { target_mb: MB }, s(119)).is_empty(), "g-1 still busy, before its deadline");
         let removed = actions(&g.handle(Event::Tick { target_mb: MB }, s(120)));
         assert_eq!(removed, vec![Action::Remove { id: "g-1".into() }], "at its deadline");
-        assert_eq!(g.counts(), GroupCounts { provisioning: 0, active: 1, draining: 0 });
+        assert_eq!(g.counts(), GroupCounts { provisioning: 0, active: 1, draining: 0, removing: 2 });
+        g.handle(Event::Up { id: "g-1".into() }, s(121));
+        assert_eq!(g.counts().removing, 2, "still registered while it stops: not taken back");
+        for id in ["g-1", "g-2"] {
+            g.handle(Event::Gone { id: id.into() }, s(125));
+        }
+        assert_eq!(g.counts(), GroupCounts { provisioning: 0, active: 1, draining: 0, removing: 0 });
     }
 
     #[test]
@@ -443,10 +466,11 @@ mod tests {
         let mut g = group_of(2);
         g.handle(Event::Gone { id: "g-0".into() }, s(5));
         assert_eq!(provisioned(&g.handle(Event::Tick { target_mb: 2 * MB }, s(6))), vec!["g-0".to_string()]);
-        // It never registers: given up after provision_timeout, and asked for again.
+        // It never registers: given up after provision_timeout, and another asked for (not
+        // under its name while it may still run).
         assert!(g.handle(Event::Tick { target_mb: 2 * MB }, s(35)).is_empty());
         let d = actions(&g.handle(Event::Tick { target_mb: 2 * MB }, s(36)));
-        assert_eq!(d, vec![Action::Remove { id: "g-0".into() }, Action::Provision { ids: vec!["g-0".into()] }]);
+        assert_eq!(d, vec![Action::Remove { id: "g-0".into() }, Action::Provision { ids: vec!["g-2".into()] }]);
     }
 
     #[test]
@@ -458,6 +482,9 @@ mod tests {
         assert_eq!(g.counts().active, 3);
         let ids = provisioned(&g.handle(Event::Tick { target_mb: 5 * MB }, s(1)));
         assert_eq!(ids, vec!["g-2".to_string(), "g-4".to_string()], "the free ordinals ('other' took 1)");
+        g.handle(Event::Starting { id: "g-5".into() }, s(2));
+        assert_eq!(g.counts(), GroupCounts { provisioning: 3, active: 3, draining: 0, removing: 0 });
+        assert!(provisioned(&g.handle(Event::Tick { target_mb: 6 * MB }, s(3))).is_empty(), "g-5 counts");
     }
 
     #[test]
@@ -533,7 +560,7 @@ mod tests {
                             let ok = match m.state {
                                 MemberState::Draining { deadline, .. } => reported_drained.as_ref() == Some(id) || now >= deadline,
                                 MemberState::Provisioning { since } => now.saturating_sub(since) >= spec.provision_timeout,
-                                MemberState::Active => false,
+                                MemberState::Active | MemberState::Removing => false,
                             };
                             prop_assert!(ok, "removed with work in flight before its deadline: {m:?}");
                         }
@@ -554,7 +581,11 @@ mod tests {
                 }
                 if is_tick {
                     let have = counts.active + counts.provisioning;
-                    prop_assert!(have >= spec.min || provisioned == spec.max_step, "below min after a tick: {counts:?}");
+                    // Short of min only while it asks for max_step, or while stopping ones fill max.
+                    prop_assert!(
+                        have >= spec.min || provisioned == spec.max_step || counts.total() == spec.max,
+                        "below min after a tick: {counts:?}"
+                    );
                 }
             }
         }

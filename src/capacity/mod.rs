@@ -3,4 +3,8 @@
 //! report and the group's invokers; [`predictor`] turns demand into a target.
 
 pub mod core;
+pub mod http;
+pub mod manager;
+pub mod metrics;
+pub mod plane;
 pub mod predictor;

@@ -28,11 +28,9 @@ impl Default for CapacityConfig {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ControlPlaneKind {
-    /// Child processes of the manager, on this machine.
+    /// Processes of the manager's machine.
     #[default]
     Local,
-    /// One StatefulSet per group.
-    Kubernetes,
 }
 
 #[derive(Clone, Debug, Deserialize)]

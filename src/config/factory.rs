@@ -316,6 +316,23 @@ impl Default for ProcessFactoryConfig {
 }
 
 impl FactoryConfig {
+    /// The memory the invoker offers to actions, for the factories where this file sets it
+    /// (the process factory's `user_memory_mb`, the mock factory's node); the others learn it
+    /// from their cluster manager.
+    pub fn set_memory_mb(&mut self, mb: u64) -> Result<(), ConfigError> {
+        match self.kind {
+            FactoryKind::Process => self.process.user_memory_mb = mb,
+            FactoryKind::Mock => self.mock.node_memory_mb = mb,
+            other => {
+                return Err(bad(
+                    "--memory-mb",
+                    format!("only the process and mock factories take it, not {other:?} (its cluster says)"),
+                ))
+            }
+        }
+        Ok(())
+    }
+
     pub(super) fn validate(&self, pool: &PoolConfig, limits: &LimitsConfig) -> Result<(), ConfigError> {
         if let Some(missing) = self.kind.missing_feature() {
             return Err(bad("factory.kind", missing.to_string()));

@@ -1,0 +1,448 @@
+//! `invoker capacity`: one active manager per cluster (a lease-held key in etcd; a second
+//! waits as standby and takes over within the lease's TTL). Every `[capacity] tick` it reads the
+//! cluster in one etcd range (the invokers' registrations and the schedulers' demand reports),
+//! turns each group's demand into a target with its predictor, lets the group's decision core
+//! decide, and carries the decisions out: the control plane starts and stops invokers; drains
+//! are the operators' drain keys, which every scheduler already honours.
+
+use super::core::{Action, Decision, Event, GroupCore, GroupCounts, MemberState};
+use super::metrics::{CapacityMetrics, DecisionLabel, GroupLabel, GroupState};
+use super::plane::{ControlPlane, InvokerSpec};
+use super::predictor::{AnyPredictor, Predictor};
+use crate::cluster::etcd::LeaseId;
+use crate::cluster::registry::{claim_key, RegistryError};
+use crate::cluster::{capacity_leader_key, drain_key, ClusterKv, DemandReport, InvokerRecord};
+use crate::config::{CapacityConfig, GroupConfig};
+use crate::model::epoch_ms;
+use crate::pool::actor::Health;
+use parking_lot::Mutex;
+use serde::Serialize;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+/// Decisions kept per group for `GET /v1/capacity`.
+const KEPT_DECISIONS: usize = 32;
+
+/// What `GET /v1/capacity` shows.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct CapacityStatus {
+    /// Whether this manager is the active one (else it waits as standby).
+    pub leader: bool,
+    pub groups: Vec<GroupStatus>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct GroupStatus {
+    pub name: String,
+    pub tags: Vec<String>,
+    pub predictor: &'static str,
+    pub control_plane: crate::config::ControlPlaneKind,
+    pub demand_mb: u64,
+    pub target_mb: u64,
+    pub target_invokers: u32,
+    pub counts: GroupCounts,
+    /// Invoker id → its state.
+    pub invokers: BTreeMap<String, &'static str>,
+    /// The last decisions, newest last.
+    pub decisions: VecDeque<DecisionLog>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct DecisionLog {
+    pub at_ms: u64,
+    pub action: String,
+    pub reason: String,
+}
+
+/// The identity a manager claims the leader key with (the fields [`claim_key`] reads).
+#[derive(Serialize)]
+struct LeaderRecord<'a> {
+    api: &'a str,
+    boot_id: String,
+    pid: u32,
+}
+
+struct GroupLoop {
+    name: String,
+    config: GroupConfig,
+    core: GroupCore,
+    predictor: AnyPredictor,
+    /// When each of its drains began (a drained report from before it is no proof).
+    drains: HashMap<String, Instant>,
+    /// When each invoker was asked for (for the provisioning latency).
+    asked: HashMap<String, Instant>,
+    /// Invokers being stopped by the control plane: a registration still there is not taken
+    /// for one that came up; [`Event::Gone`] once the plane is done and it left etcd.
+    stopping: Arc<Mutex<HashMap<String, bool>>>,
+    status: GroupStatus,
+}
+
+/// What a manager is told besides its etcd and control plane.
+pub struct ManagerSettings {
+    pub prefix: String,
+    pub capacity: CapacityConfig,
+    /// The invokers' `publish_interval`: a drained report is trusted two of these after the drain.
+    pub publish_interval: Duration,
+    pub lease_ttl: Duration,
+    /// This manager's API address, in the leader key.
+    pub api: String,
+    /// How long the control plane takes to bring an invoker up (the predictors plan that far
+    /// ahead).
+    pub lead: Duration,
+}
+
+pub struct Manager<K: ClusterKv, P: ControlPlane> {
+    kv: K,
+    settings: ManagerSettings,
+    plane: Arc<P>,
+    started: Instant,
+    groups: Vec<GroupLoop>,
+    pub status: Arc<Mutex<CapacityStatus>>,
+    pub metrics: Arc<CapacityMetrics>,
+}
+
+/// The group a tag set's demand belongs to: no tags, `default`; else the group whose tags
+/// hold them all, the one with the fewest tags first (the closest fit).
+pub fn group_for<'g>(tags: &[String], groups: &'g BTreeMap<String, GroupConfig>) -> Option<&'g str> {
+    if tags.is_empty() {
+        return groups.contains_key("default").then_some("default");
+    }
+    groups
+        .iter()
+        .filter(|(_, g)| tags.iter().all(|t| g.tags.contains(t)))
+        .min_by_key(|(_, g)| g.tags.len())
+        .map(|(name, _)| name.as_str())
+}
+
+impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
+    pub fn new(kv: K, settings: ManagerSettings, plane: P) -> Self {
+        Manager {
+            kv,
+            settings,
+            plane: Arc::new(plane),
+            started: Instant::now(),
+            groups: Vec::new(),
+            status: Arc::default(),
+            metrics: Arc::default(),
+        }
+    }
+
+    fn fresh_groups(&self) -> Vec<GroupLoop> {
+        self.settings
+            .capacity
+            .groups
+            .iter()
+            .map(|(name, g)| GroupLoop {
+                name: name.clone(),
+                config: g.clone(),
+                core: GroupCore::new(g.spec(name)),
+                predictor: g.predictor.build(self.settings.lead),
+                drains: HashMap::new(),
+                asked: HashMap::new(),
+                stopping: Arc::default(),
+                status: GroupStatus {
+                    name: name.clone(),
+                    tags: g.tags.clone(),
+                    predictor: g.predictor.name(),
+                    control_plane: g.control_plane,
+                    demand_mb: 0,
+                    target_mb: 0,
+                    target_invokers: 0,
+                    counts: GroupCounts::default(),
+                    invokers: BTreeMap::new(),
+                    decisions: VecDeque::new(),
+                },
+            })
+            .collect()
+    }
+
+    /// Leads when it can, standby otherwise, until `stop`.
+    pub async fn run(mut self, stop: CancellationToken) {
+        loop {
+            let Some(lease) = self.acquire(&stop).await else { return };
+            tracing::info!("the active capacity manager");
+            self.groups = self.fresh_groups();
+            for id in self.plane.found() {
+                for g in &mut self.groups {
+                    if owns(&g.name, &id) {
+                        g.core.handle(Event::Starting { id: id.clone() }, self.started.elapsed());
+                    }
+                }
+            }
+            self.status.lock().leader = true;
+            let lost = self.lead_until_lost(lease, &stop).await;
+            self.status.lock().leader = false;
+            if !lost {
+                let _ = self.kv.revoke(lease).await;
+                return;
+            }
+            tracing::warn!("lost the capacity manager's lease: standby");
+        }
+    }
+
+    /// Waits until this manager holds the leader key; `None` when stopped first.
+    async fn acquire(&self, stop: &CancellationToken) -> Option<LeaseId> {
+        let key = capacity_leader_key(&self.settings.prefix);
+        let record =
+            LeaderRecord { api: &self.settings.api, boot_id: crate::cluster::boot_id(), pid: std::process::id() };
+        let value = serde_json::to_string(&record).expect("a record serialises");
+        let mut said_standby = false;
+        loop {
+            let claimed = async {
+                let lease =
+                    self.kv.grant(self.settings.lease_ttl).await.map_err(|e| RegistryError::Etcd(e.to_string()))?;
+                match claim_key(&self.kv, &key, &value, lease, ("capacity manager", "[capacity]", "leader")).await {
+                    Ok(()) => Ok(lease),
+                    Err(e) => {
+                        let _ = self.kv.revoke(lease).await;
+                        Err(e)
+                    }
+                }
+            };
+            match claimed.await {
+                Ok(lease) => return Some(lease),
+                Err(RegistryError::IdTaken { api, pid, .. }) if !said_standby => {
+                    tracing::info!("standby: the active capacity manager is {api} (pid {pid})");
+                    said_standby = true;
+                }
+                Err(RegistryError::IdTaken { .. }) => {}
+                Err(e) => tracing::warn!("claiming the capacity manager's key: {e} (retrying)"),
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return None,
+                _ = tokio::time::sleep(self.settings.lease_ttl / 3) => {}
+            }
+        }
+    }
+
+    /// Decides every tick while the lease lives; true when it was lost, false when stopped.
+    async fn lead_until_lost(&mut self, lease: LeaseId, stop: &CancellationToken) -> bool {
+        let mut renewed = Instant::now();
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return false,
+                _ = tokio::time::sleep(self.settings.capacity.tick) => {}
+            }
+            if renewed.elapsed() >= self.settings.lease_ttl / 3 {
+                match self.kv.keep_alive(lease).await {
+                    Ok(Some(_)) => renewed = Instant::now(),
+                    Ok(None) => return true,
+                    Err(e) if renewed.elapsed() >= self.settings.lease_ttl => {
+                        tracing::warn!("etcd: {e}; the lease is past its TTL");
+                        return true;
+                    }
+                    Err(_) => {}
+                }
+            }
+            if let Err(e) = self.round().await {
+                tracing::warn!("reading the cluster: {e} (nothing decided this tick)");
+            }
+        }
+    }
+
+    /// One tick: read, decide, carry out, for every group.
+    async fn round(&mut self) -> Result<(), K::Error> {
+        let now = self.started.elapsed();
+        let (invokers_prefix, demand_prefix) =
+            (format!("{}/invokers/", self.settings.prefix), format!("{}/demand/", self.settings.prefix));
+        let mut records: BTreeMap<String, InvokerRecord> = BTreeMap::new();
+        let mut demand: BTreeMap<String, u64> = BTreeMap::new();
+        for (key, value) in self.kv.get_prefix(&format!("{}/", self.settings.prefix)).await? {
+            if key.starts_with(&invokers_prefix) {
+                if let Ok(record) = serde_json::from_str::<InvokerRecord>(&value) {
+                    records.insert(record.id.clone(), record);
+                }
+            } else if key.starts_with(&demand_prefix) {
+                let Ok(report) = serde_json::from_str::<DemandReport>(&value) else { continue };
+                for needs in report.needs {
+                    if let Some(group) = group_for(&needs.tags, &self.settings.capacity.groups) {
+                        *demand.entry(group.to_string()).or_insert(0) += needs.needs.total_mb();
+                    }
+                }
+            }
+        }
+        let mut groups = std::mem::take(&mut self.groups);
+        for g in &mut groups {
+            let demand_mb = demand.get(&g.name).copied().unwrap_or(0);
+            let decisions = self.decide(g, &records, demand_mb, now);
+            self.carry_out(g, decisions).await;
+            self.publish(g);
+        }
+        self.groups = groups;
+        let mut status = self.status.lock();
+        status.groups = self.groups.iter().map(|g| g.status.clone()).collect();
+        Ok(())
+    }
+
+    fn decide(
+        &self,
+        g: &mut GroupLoop,
+        records: &BTreeMap<String, InvokerRecord>,
+        demand_mb: u64,
+        now: Duration,
+    ) -> Vec<Decision> {
+        let mut decisions = Vec::new();
+        let stopping = g.stopping.lock().clone();
+        for (id, record) in records.iter().filter(|(id, _)| owns(&g.name, id)) {
+            if stopping.contains_key(id) {
+                continue;
+            }
+            if let Some(asked) = g.asked.remove(id) {
+                self.metrics.provisioning_seconds.observe(asked.elapsed().as_secs_f64());
+            }
+            decisions.extend(g.core.handle(Event::Up { id: id.clone() }, now));
+            let trusted = g.drains.get(id).is_some_and(|since| since.elapsed() >= 2 * self.settings.publish_interval);
+            if record.health == Health::Drained && trusted {
+                decisions.extend(g.core.handle(Event::Drained { id: id.clone() }, now));
+            }
+        }
+        let members: Vec<(String, MemberState)> = g.core.members().map(|m| (m.id.clone(), m.state)).collect();
+        for (id, state) in members {
+            let gone = match state {
+                // Done stopping, and out of etcd (or killed: its lease goes in a TTL).
+                MemberState::Removing => stopping.get(&id) == Some(&true) && !records.contains_key(&id),
+                MemberState::Provisioning { .. } => self.plane.running(&id) == Some(false),
+                MemberState::Active | MemberState::Draining { .. } => {
+                    !records.contains_key(&id) && self.plane.running(&id) != Some(true)
+                }
+            };
+            if gone {
+                if state != MemberState::Removing {
+                    tracing::warn!(invoker = %id, "an invoker of group {} is gone", g.name);
+                }
+                g.stopping.lock().remove(&id);
+                g.drains.remove(&id);
+                g.asked.remove(&id);
+                g.core.handle(Event::Gone { id }, now);
+            }
+        }
+        let active_mb = u64::from(g.core.counts().active) * g.config.invoker_memory_mb;
+        let target_mb = g.predictor.target_mb(now, demand_mb, active_mb);
+        decisions.extend(g.core.handle(Event::Tick { target_mb }, now));
+        g.status.demand_mb = demand_mb;
+        g.status.target_mb = target_mb;
+        decisions
+    }
+
+    async fn carry_out(&self, g: &mut GroupLoop, decisions: Vec<Decision>) {
+        for decision in decisions {
+            tracing::info!(group = %g.name, "{}: {}", decision.action, decision.reason);
+            let kind = match &decision.action {
+                Action::Provision { ids } => {
+                    for id in ids {
+                        g.asked.insert(id.clone(), Instant::now());
+                        let spec = InvokerSpec {
+                            id: id.clone(),
+                            group: g.name.clone(),
+                            tags: g.config.tags.clone(),
+                            memory_mb: g.config.invoker_memory_mb,
+                        };
+                        if let Err(e) = self.plane.provision(&spec).await {
+                            // Given up at the provision timeout, and asked for again.
+                            tracing::warn!("{e}");
+                        }
+                    }
+                    "provision"
+                }
+                Action::Drain { id } => {
+                    let value = serde_json::json!({ "since": epoch_ms(), "by": "capacity" }).to_string();
+                    if let Err(e) = self.kv.put(&drain_key(&self.settings.prefix, id), &value, None).await {
+                        tracing::warn!(invoker = %id, "draining: {e}");
+                    }
+                    g.drains.insert(id.clone(), Instant::now());
+                    "drain"
+                }
+                Action::Reactivate { id } => {
+                    if let Err(e) = self.kv.delete(&drain_key(&self.settings.prefix, id)).await {
+                        tracing::warn!(invoker = %id, "reactivating: {e}");
+                    }
+                    g.drains.remove(id);
+                    "reactivate"
+                }
+                Action::Remove { id } => {
+                    g.stopping.lock().insert(id.clone(), false);
+                    let (plane, kv, stopping) = (self.plane.clone(), self.kv.clone(), g.stopping.clone());
+                    let (id, drain) = (id.clone(), drain_key(&self.settings.prefix, id));
+                    tokio::spawn(async move {
+                        if let Err(e) = plane.remove(&id).await {
+                            tracing::warn!("{e}");
+                        }
+                        let _ = kv.delete(&drain).await;
+                        if let Some(done) = stopping.lock().get_mut(&id) {
+                            *done = true;
+                        }
+                    });
+                    "remove"
+                }
+            };
+            self.metrics.decisions.get_or_create(&DecisionLabel { group: g.name.clone(), kind }).inc();
+            g.status.decisions.push_back(DecisionLog {
+                at_ms: epoch_ms(),
+                action: decision.action.to_string(),
+                reason: decision.reason,
+            });
+            if g.status.decisions.len() > KEPT_DECISIONS {
+                g.status.decisions.pop_front();
+            }
+        }
+    }
+
+    fn publish(&self, g: &mut GroupLoop) {
+        let counts = g.core.counts();
+        g.status.counts = counts;
+        g.status.target_invokers = g.core.target();
+        g.status.invokers = g
+            .core
+            .members()
+            .map(|m| {
+                let state = match m.state {
+                    MemberState::Provisioning { .. } => "provisioning",
+                    MemberState::Active => "active",
+                    MemberState::Draining { .. } => "draining",
+                    MemberState::Removing => "removing",
+                };
+                (m.id.clone(), state)
+            })
+            .collect();
+        for (state, n) in [
+            ("provisioning", counts.provisioning),
+            ("active", counts.active),
+            ("draining", counts.draining),
+            ("removing", counts.removing),
+        ] {
+            let label = GroupState { group: g.name.clone(), state };
+            self.metrics.invokers.get_or_create(&label).set(i64::from(n));
+        }
+        let label = GroupLabel { group: g.name.clone() };
+        self.metrics.demand_mb.get_or_create(&label).set(g.status.demand_mb as i64);
+        self.metrics.target_mb.get_or_create(&label).set(g.status.target_mb as i64);
+    }
+}
+
+/// Whether `id` is an invoker of group `name` (`<name>-<n>`).
+fn owns(name: &str, id: &str) -> bool {
+    id.strip_prefix(name).and_then(|rest| rest.strip_prefix('-')).is_some_and(|n| n.parse::<u32>().is_ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn demand_goes_to_the_closest_group_that_holds_its_tags() {
+        let config = crate::config::Config::from_toml(
+            "[capacity.groups.default]\n[capacity.groups.gpu]\ntags = [\"gpu\"]\n\
+             [capacity.groups.gpu-ssd]\ntags = [\"gpu\", \"ssd\"]\n",
+        )
+        .unwrap();
+        let groups = &config.capacity.groups;
+        let tags = |t: &[&str]| t.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(group_for(&[], groups), Some("default"));
+        assert_eq!(group_for(&tags(&["gpu"]), groups), Some("gpu"));
+        assert_eq!(group_for(&tags(&["ssd"]), groups), Some("gpu-ssd"));
+        assert_eq!(group_for(&tags(&["tpu"]), groups), None);
+        assert!(owns("gpu", "gpu-3") && !owns("gpu", "gpu-ssd-3") && !owns("gpu", "gpu-") && !owns("gpu", "gpux-1"));
+    }
+}

@@ -1,0 +1,67 @@
+//! Control planes: where a group's invokers run, and how one is started and stopped. A trait,
+//! an enum over the real ones, and a fake for tests, as the container factories are. The
+//! manager only asks; an invoker it started is known to be up once it registers in etcd.
+
+pub mod local;
+
+use std::future::Future;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PlaneError {
+    #[error("starting invoker {id}: {reason}")]
+    Start { id: String, reason: String },
+    #[error("stopping invoker {id}: {reason}")]
+    Stop { id: String, reason: String },
+}
+
+/// One invoker to start.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InvokerSpec {
+    pub id: String,
+    pub group: String,
+    pub tags: Vec<String>,
+    pub memory_mb: u64,
+}
+
+pub trait ControlPlane: Send + Sync + 'static {
+    /// Starts an invoker; it registers in etcd when it is up.
+    fn provision(&self, spec: &InvokerSpec) -> impl Future<Output = Result<(), PlaneError>> + Send;
+    /// Stops it: it drains (what it holds finishes within its shutdown grace) and exits; after
+    /// a bound, it is killed.
+    fn remove(&self, id: &str) -> impl Future<Output = Result<(), PlaneError>> + Send;
+    /// Whether it runs: `Some(false)` once it exited, `None` when the plane does not know it.
+    fn running(&self, id: &str) -> Option<bool>;
+    /// The invokers it runs that this manager did not start (a manager started again finds
+    /// those of the one before), so that they are adopted rather than started twice.
+    fn found(&self) -> Vec<String>;
+}
+
+pub enum AnyPlane {
+    Local(local::LocalPlane),
+}
+
+impl ControlPlane for AnyPlane {
+    async fn provision(&self, spec: &InvokerSpec) -> Result<(), PlaneError> {
+        match self {
+            AnyPlane::Local(p) => p.provision(spec).await,
+        }
+    }
+
+    async fn remove(&self, id: &str) -> Result<(), PlaneError> {
+        match self {
+            AnyPlane::Local(p) => p.remove(id).await,
+        }
+    }
+
+    fn running(&self, id: &str) -> Option<bool> {
+        match self {
+            AnyPlane::Local(p) => p.running(id),
+        }
+    }
+
+    fn found(&self) -> Vec<String> {
+        match self {
+            AnyPlane::Local(p) => p.found(),
+        }
+    }
+}

@@ -1,0 +1,176 @@
+//! The capacity manager end to end, against a real etcd: `invoker capacity` on the local control
+//! plane (its invokers are real `invoker serve` processes on the mock factory, one node of the
+//! group's memory each) and a scheduler that waits for room. Skipped with a message when no
+//! `etcd` binary is installed; under `CI=true` that fails instead.
+
+mod support;
+
+use serde_json::{json, Value};
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use support::etcd::EtcdServer;
+use support::Invoker;
+
+const CONTROLLER: &str = "c0ffee00-0000-4000-8000-00000000c0de:the-capacity-tests-controller-secret";
+
+fn tempdir() -> tempfile::TempDir {
+    tempfile::Builder::new().prefix("invoker-capacity-").tempdir().unwrap()
+}
+
+fn cluster_keys(etcd: &EtcdServer) -> String {
+    format!(
+        "[cluster]\netcd = [\"{}\"]\nlease_ttl = \"3s\"\npublish_interval = \"100ms\"\n\
+         controller_key = \"{CONTROLLER}\"\n[admin]\ncontroller_keys = [\"{CONTROLLER}\"]\n",
+        etcd.url()
+    )
+}
+
+/// The manager's config (its invokers read the same file): the mock factory, and one group.
+fn manager_config(etcd: &EtcdServer, group: &str) -> String {
+    format!(
+        "{}[factory]\nkind = \"mock\"\n[capacity]\ntick = \"200ms\"\n[capacity.groups.default]\n{group}",
+        cluster_keys(etcd)
+    )
+}
+
+/// Kills every invoker the manager in `dir` left (its pid files), at the end of a test.
+struct Fleet(PathBuf);
+
+/// The pids in the pid files of the manager in `dir`.
+fn pids(dir: &Path) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir(dir.join("data/invokers")) else { return Vec::new() };
+    entries
+        .filter_map(|e| {
+            let path = e.ok()?.path();
+            path.extension().is_some_and(|x| x == "pid").then_some(())?;
+            std::fs::read_to_string(path).ok()?.split_whitespace().next()?.parse().ok()
+        })
+        .collect()
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        for pid in pids(&self.0) {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+}
+
+fn start_manager(dir: &Path, config: &str) -> Invoker {
+    Invoker::start_command(dir, "capacity", config, &["capacity"])
+}
+
+async fn capacity(manager: &Invoker) -> Value {
+    let (status, body) = manager.get_url("/v1/capacity").await;
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+/// The registered invokers, as the scheduler lists them.
+async fn registered(scheduler: &Invoker) -> BTreeSet<String> {
+    let (_, list) = scheduler.get_url("/v1/invokers").await;
+    list.as_array().map(|l| l.iter().filter_map(|i| i["id"].as_str().map(String::from)).collect()).unwrap_or_default()
+}
+
+async fn wait_until<F: std::future::Future<Output = bool>>(bound: Duration, what: &str, mut check: impl FnMut() -> F) {
+    let deadline = Instant::now() + bound;
+    while !check().await {
+        assert!(Instant::now() < deadline, "not within {bound:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A group at `min = 1` gets a burst one invoker cannot hold: the manager starts more (the
+/// scheduler holds the activations meanwhile), every activation completes, and when the load is
+/// gone the extra invokers are drained and removed after `scale_down_after`, back to `min`.
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
+async fn a_burst_grows_the_group_and_the_quiet_after_it_shrinks_it_back_to_min() {
+    let Some(etcd) = EtcdServer::start() else { return };
+    let (manager_dir, scheduler_dir) = (tempdir(), tempdir());
+    let group = "min = 1\nmax = 4\ninvoker_memory_mb = 256\nscale_down_after = \"3s\"\ndrain_deadline = \"20s\"\n\
+                 predictor = \"conservative\"\n";
+    let _fleet = Fleet(manager_dir.path().to_path_buf());
+    let manager = start_manager(manager_dir.path(), &manager_config(&etcd, group));
+    let scheduler_config = format!(
+        "{}[scheduler]\nid = \"s1\"\nrefresh_interval = \"50ms\"\nwait_for_room = \"60s\"\n",
+        cluster_keys(&etcd)
+    );
+    let scheduler = Arc::new(Invoker::start_scheduler(scheduler_dir.path(), &scheduler_config));
+    wait_until(Duration::from_secs(30), "the first invoker (min = 1) registered", || {
+        let s = scheduler.clone();
+        async move { registered(&s).await == BTreeSet::from(["default-0".to_string()]) }
+    })
+    .await;
+    scheduler
+        .put_action(
+            "work",
+            json!({ "exec": { "kind": "python:3", "code": "def main(a):\n    return a" }, "limits": { "memory": 256 } }),
+        )
+        .await;
+
+    // Six activations of 2 s at once; each invoker holds one.
+    let started = Instant::now();
+    let calls: Vec<_> = (0..6)
+        .map(|_| {
+            let s = scheduler.clone();
+            tokio::spawn(async move { s.try_invoke("work", json!({ "sleep_ms": 2000 })).await })
+        })
+        .collect();
+    let mut most = 0;
+    let watcher = {
+        let s = scheduler.clone();
+        tokio::spawn(async move {
+            let mut most = 0;
+            while started.elapsed() < Duration::from_secs(20) {
+                most = most.max(registered(&s).await.len());
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            most
+        })
+    };
+    let mut ran_on = BTreeSet::new();
+    for call in calls {
+        let (status, record) = call.await.unwrap();
+        assert_eq!(status, 200, "every activation completes: {record}");
+        let invoker = record["annotations"].as_array().unwrap().iter().find(|a| a["key"] == "invoker").unwrap();
+        ran_on.insert(invoker["value"].as_str().unwrap().to_string());
+    }
+    let took = started.elapsed();
+    most = most.max(watcher.await.unwrap());
+    eprintln!("the burst: 6 activations of 2 s in {took:?}, on {ran_on:?}; at most {most} invokers");
+    assert_eq!(most, 4, "the group grew to its max");
+    assert!(ran_on.len() >= 3, "new invokers took work: {ran_on:?}");
+    let status = capacity(&manager).await;
+    let decisions = status["groups"][0]["decisions"].as_array().unwrap().clone();
+    assert!(
+        decisions.iter().any(|d| d["action"].as_str().is_some_and(|a| a.starts_with("provision"))),
+        "{decisions:?}"
+    );
+
+    // Quiet: after scale_down_after the three are drained, and removed once drained.
+    wait_until(Duration::from_secs(40), "back to min: one invoker registered, the others stopped", || {
+        let (s, m) = (scheduler.clone(), &manager);
+        async move {
+            let counts = capacity(m).await["groups"][0]["counts"].clone();
+            registered(&s).await.len() == 1
+                && counts == json!({ "provisioning": 0, "active": 1, "draining": 0, "removing": 0 })
+        }
+    })
+    .await;
+    let status = capacity(&manager).await;
+    let actions: Vec<String> = status["groups"][0]["decisions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["action"].as_str().unwrap().to_string())
+        .collect();
+    for id in ["default-1", "default-2", "default-3"] {
+        assert!(actions.contains(&format!("drain {id}")), "{actions:?}");
+        assert!(actions.contains(&format!("remove {id}")), "{actions:?}");
+    }
+    assert!(!actions.contains(&"drain default-0".to_string()), "never below min: {actions:?}");
+    assert_eq!(pids(manager_dir.path()).len(), 1, "the removed invokers' pid files are gone");
+}
