@@ -276,8 +276,18 @@ impl CapacityApp {
         let Some(config_file) = config.source.clone() else {
             return Err(AppError::Config("the capacity manager starts its invokers with its own config file"));
         };
-        let (_store, listener) = open(&mut config, "capacity.redb")?;
-        let addr = listener.local_addr().map_err(|source| AppError::Listen { addr: config.listen, source })?;
+        // No store: managers of one machine may share a data dir (a standby adopts the
+        // invokers the active one started), so the admin key is a file of its own.
+        let data_dir = |source| AppError::DataDir { path: config.data_dir.display().to_string(), source };
+        std::fs::create_dir_all(&config.data_dir).map_err(data_dir)?;
+        if config.admin.key.is_none() {
+            config.admin.key = Some(shared_admin_key(&config.data_dir.join("admin_key")).map_err(data_dir)?);
+        }
+        let listen = |source| AppError::Listen { addr: config.listen, source };
+        let listener = std::net::TcpListener::bind(config.listen).map_err(listen)?;
+        listener.set_nonblocking(true).map_err(listen)?;
+        let listener = tokio::net::TcpListener::from_std(listener).map_err(listen)?;
+        let addr = listener.local_addr().map_err(listen)?;
         let exe = std::env::current_exe().map_err(AppError::Plane)?;
         // An invoker stopped has its shutdown grace to drain, and a little more to exit.
         let stop_grace = config.shutdown_grace + Duration::from_secs(15);
@@ -358,6 +368,32 @@ fn admin_key(config: &Config, store: &dyn Store) -> Result<String, StoreError> {
     let key = format!("{}:{}{}", uuid::Uuid::new_v4(), uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple());
     store.put_setting("admin_key", &key)?;
     Ok(key)
+}
+
+/// The key in `path`, or a new one written there (readable by its owner only) if there is
+/// none; two processes starting at once read the one that was written first.
+fn shared_admin_key(path: &std::path::Path) -> std::io::Result<String> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let key = format!("{}:{}{}", uuid::Uuid::new_v4(), uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple());
+    match std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path) {
+        Ok(mut file) => {
+            file.write_all(key.as_bytes())?;
+            file.sync_all()?;
+            Ok(key)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            let deadline = Instant::now() + Duration::from_secs(2);
+            loop {
+                let held = std::fs::read_to_string(path)?;
+                if held.contains(':') || Instant::now() > deadline {
+                    return Ok(held.trim().to_string());
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        Err(e) => Err(e),
+    }
 }
 
 fn action_cache_bytes(config: &Config) -> usize {

@@ -174,3 +174,117 @@ async fn a_burst_grows_the_group_and_the_quiet_after_it_shrinks_it_back_to_min()
     assert!(!actions.contains(&"drain default-0".to_string()), "never below min: {actions:?}");
     assert_eq!(pids(manager_dir.path()).len(), 1, "the removed invokers' pid files are gone");
 }
+
+/// Every `invoker serve` process whose command line names `dir` (the invokers a manager with
+/// that data dir started), by pid.
+fn serving_under(dir: &Path) -> BTreeSet<i32> {
+    let needle = dir.to_string_lossy().into_owned();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let text = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            text.contains(" serve ") && text.contains(&needle)
+        })
+        .collect()
+}
+
+/// A manager SIGKILLed while the invokers it asked for are still starting, then started again
+/// on the same data dir: it adopts them (from their pid files, then their registrations), asks
+/// for none again, and leaves no process it does not know.
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
+async fn a_manager_killed_mid_scale_and_started_again_adopts_what_runs() {
+    let Some(etcd) = EtcdServer::start() else { return };
+    let dir = tempdir();
+    let _fleet = Fleet(dir.path().to_path_buf());
+    let config = manager_config(&etcd, "min = 3\nmax = 3\ninvoker_memory_mb = 256\n");
+    let mut manager = start_manager(dir.path(), &config);
+    wait_until(Duration::from_secs(10), "three invokers asked for", || async { pids(dir.path()).len() == 3 }).await;
+    manager.signal(nix::sys::signal::Signal::SIGKILL);
+    manager.wait_exit(Duration::from_secs(10));
+    let manager = start_manager(dir.path(), &config);
+    wait_until(Duration::from_secs(30), "three active invokers", || {
+        let m = &manager;
+        async move {
+            let status = capacity(m).await;
+            status["leader"] == true && status["groups"][0]["counts"]["active"] == 3
+        }
+    })
+    .await;
+    let status = capacity(&manager).await;
+    let decisions = status["groups"][0]["decisions"].as_array().unwrap();
+    assert!(decisions.is_empty(), "it asked for nothing again: {decisions:?}");
+    let running = serving_under(dir.path());
+    assert_eq!(running.len(), 3, "three invoker processes, no more: {running:?}");
+    assert_eq!(running, pids(dir.path()).into_iter().collect(), "each one known by its pid file");
+}
+
+/// Two managers on one etcd (and one data dir): one leads, the other waits; the leader's
+/// SIGKILL hands the group to the other within the lease TTL, which adopts its invokers.
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
+async fn of_two_managers_one_leads_and_the_other_takes_over_when_it_dies() {
+    let Some(etcd) = EtcdServer::start() else { return };
+    let (dir, other) = (tempdir(), tempdir());
+    let _fleet = Fleet(dir.path().to_path_buf());
+    // Both use `dir`'s data (the second's is a link to it).
+    let config = manager_config(&etcd, "min = 2\nmax = 2\ninvoker_memory_mb = 256\n");
+    let mut first = start_manager(dir.path(), &config);
+    wait_until(Duration::from_secs(30), "the first leads with two active", || {
+        let m = &first;
+        async move { capacity(m).await["groups"][0]["counts"]["active"] == 2 }
+    })
+    .await;
+    std::os::unix::fs::symlink(dir.path().join("data"), other.path().join("data")).unwrap();
+    let second = start_manager(other.path(), &config);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let standby = capacity(&second).await;
+    assert_eq!(standby["leader"], false, "{standby}");
+    first.signal(nix::sys::signal::Signal::SIGKILL);
+    first.wait_exit(Duration::from_secs(10));
+    let killed = Instant::now();
+    wait_until(Duration::from_secs(10), "the second leads with the two adopted", || {
+        let m = &second;
+        async move {
+            let status = capacity(m).await;
+            status["leader"] == true && status["groups"][0]["counts"]["active"] == 2
+        }
+    })
+    .await;
+    eprintln!("the standby led {:?} after the leader's SIGKILL (lease TTL 3 s)", killed.elapsed());
+    let decisions = capacity(&second).await["groups"][0]["decisions"].clone();
+    assert_eq!(decisions, json!([]), "nothing asked for again");
+    assert_eq!(serving_under(dir.path()).len(), 2);
+}
+
+/// An invoker killed under the manager is replaced (its name is free once it is gone).
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
+async fn an_invoker_killed_under_the_manager_is_replaced() {
+    let Some(etcd) = EtcdServer::start() else { return };
+    let dir = tempdir();
+    let _fleet = Fleet(dir.path().to_path_buf());
+    let manager = start_manager(dir.path(), &manager_config(&etcd, "min = 2\nmax = 2\ninvoker_memory_mb = 256\n"));
+    wait_until(Duration::from_secs(30), "two active", || {
+        let m = &manager;
+        async move { capacity(m).await["groups"][0]["counts"]["active"] == 2 }
+    })
+    .await;
+    let before = serving_under(dir.path());
+    let victim = *before.iter().next().unwrap();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(victim), nix::sys::signal::Signal::SIGKILL).unwrap();
+    wait_until(Duration::from_secs(30), "two invokers again, one of them new", || {
+        let (m, d) = (&manager, dir.path());
+        async move {
+            let running = serving_under(d);
+            running.len() == 2 && !running.contains(&victim) && capacity(m).await["groups"][0]["counts"]["active"] == 2
+        }
+    })
+    .await;
+    let decisions = capacity(&manager).await["groups"][0]["decisions"].clone();
+    let provisions =
+        decisions.as_array().unwrap().iter().filter(|d| d["action"].as_str().unwrap().starts_with("provision"));
+    assert_eq!(provisions.count(), 2, "the first two, and one replacement: {decisions}");
+}

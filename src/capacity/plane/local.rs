@@ -49,27 +49,45 @@ impl LocalPlane {
     ) -> std::io::Result<LocalPlane> {
         let dir = data_dir.join("invokers");
         std::fs::create_dir_all(&dir)?;
-        let boot_id = crate::cluster::boot_id();
-        let mut procs = BTreeMap::new();
-        for entry in std::fs::read_dir(&dir)? {
+        let plane = LocalPlane {
+            exe,
+            config_file,
+            etcd,
+            dir,
+            stop_grace,
+            boot_id: crate::cluster::boot_id(),
+            procs: Mutex::new(BTreeMap::new()),
+        };
+        plane.adopt()?;
+        Ok(plane)
+    }
+
+    /// Reads the pid files: the invokers they name that run and this plane does not know are
+    /// adopted; the files of those that do not run are removed.
+    fn adopt(&self) -> std::io::Result<()> {
+        let mut procs = self.procs.lock();
+        for entry in std::fs::read_dir(&self.dir)? {
             let path = entry?.path();
             let Some(id) = path.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_suffix(".pid")) else {
                 continue;
             };
+            if procs.contains_key(id) {
+                continue;
+            }
             let text = std::fs::read_to_string(&path).unwrap_or_default();
             let mut parts = text.split_whitespace();
             let (Some(pid), Some(boot)) = (parts.next().and_then(|p| p.parse::<i32>().ok()), parts.next()) else {
                 continue;
             };
             let pid = Pid::from_raw(pid);
-            if boot == boot_id && is_invoker(pid, id) {
-                tracing::info!(invoker = %id, %pid, "an invoker of the manager before still runs: adopted");
+            if boot == self.boot_id && is_invoker(pid, id) {
+                tracing::info!(invoker = %id, %pid, "an invoker another manager started runs: adopted");
                 procs.insert(id.to_string(), Proc::Adopted(pid));
             } else {
                 let _ = std::fs::remove_file(&path);
             }
         }
-        Ok(LocalPlane { exe, config_file, etcd, dir, stop_grace, boot_id, procs: Mutex::new(procs) })
+        Ok(())
     }
 
     fn pid_file(&self, id: &str) -> PathBuf {
@@ -162,6 +180,9 @@ impl ControlPlane for LocalPlane {
     }
 
     fn found(&self) -> Vec<String> {
+        if let Err(e) = self.adopt() {
+            tracing::warn!("reading the invokers' pid files: {e}");
+        }
         self.procs.lock().iter().filter(|(_, p)| matches!(p, Proc::Adopted(_))).map(|(id, _)| id.clone()).collect()
     }
 }
