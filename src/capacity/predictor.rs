@@ -22,9 +22,10 @@ pub trait Predictor: Send {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum PredictorKind {
+    /// The default until the simulator has judged the others on the traces.
+    #[default]
     Conservative,
     Windowed,
-    #[default]
     Seasonal,
 }
 
