@@ -18,6 +18,9 @@
 //! - **Lost invokers.** One the control plane or etcd lost is forgotten; if the group still
 //!   needs it, the next tick provisions another. One asked for that never registers within
 //!   `provision_timeout` is removed (the control plane may still hold it) and replaced.
+//! - **Failing starts back off.** An invoker that is gone before it registered (it could not
+//!   start) holds the group's provisioning for 1 s, then 2, 4, ... up to a minute while starts
+//!   keep failing, instead of a start a tick; one that registers ends the back-off.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -119,6 +122,7 @@ impl GroupCounts {
     }
 }
 
+#[derive(Clone)]
 pub struct GroupCore {
     spec: GroupSpec,
     members: BTreeMap<String, Member>,
@@ -126,12 +130,18 @@ pub struct GroupCore {
     low: Option<(Duration, u32)>,
     /// The last target, in invokers.
     target: u32,
+    /// Starts that failed in a row, and no provisioning before this.
+    failures: u32,
+    hold_until: Duration,
 }
+
+/// The longest a group's provisioning is held after failed starts.
+const MAX_HOLD: Duration = Duration::from_secs(60);
 
 impl GroupCore {
     pub fn new(spec: GroupSpec) -> Self {
         let target = spec.min;
-        GroupCore { spec, members: BTreeMap::new(), low: None, target }
+        GroupCore { spec, members: BTreeMap::new(), low: None, target, failures: 0, hold_until: Duration::ZERO }
     }
 
     pub fn spec(&self) -> &GroupSpec {
@@ -186,10 +196,24 @@ impl GroupCore {
                 }
             }
             Event::Gone { id } => {
-                self.members.remove(&id);
+                if let Some(MemberState::Provisioning { .. }) = self.members.remove(&id).map(|m| m.state) {
+                    self.failed_start(now);
+                }
             }
         }
         out
+    }
+
+    /// Holds provisioning for twice as long as the last time, from 1 s up to [`MAX_HOLD`].
+    fn failed_start(&mut self, now: Duration) {
+        self.failures += 1;
+        let hold = Duration::from_secs(1 << (self.failures - 1).min(6)).min(MAX_HOLD);
+        self.hold_until = now + hold;
+    }
+
+    /// Until when provisioning is held after failed starts (the past when it is not).
+    pub fn held_until(&self) -> Duration {
+        self.hold_until
     }
 
     fn up(&mut self, id: String) {
@@ -197,6 +221,7 @@ impl GroupCore {
             Some(m) => {
                 if matches!(m.state, MemberState::Provisioning { .. }) {
                     m.state = MemberState::Active;
+                    self.failures = 0;
                 }
             }
             None => {
@@ -249,7 +274,7 @@ impl GroupCore {
         }
         let room = self.spec.max.saturating_sub(self.counts().total());
         let n = (target - have).min(self.spec.max_step).min(room);
-        if n == 0 {
+        if n == 0 || now < self.hold_until {
             return;
         }
         let ids: Vec<String> =
@@ -312,6 +337,7 @@ impl GroupCore {
             .map(|m| m.id.clone())
             .collect();
         for id in late {
+            self.failed_start(now);
             self.members.get_mut(&id).expect("a member").state = MemberState::Removing;
             let reason = format!("not registered {:?} after it was asked for", self.spec.provision_timeout);
             out.push(Decision { action: Action::Remove { id }, reason });
@@ -470,7 +496,30 @@ mod tests {
         // under its name while it may still run).
         assert!(g.handle(Event::Tick { target_mb: 2 * MB }, s(35)).is_empty());
         let d = actions(&g.handle(Event::Tick { target_mb: 2 * MB }, s(36)));
-        assert_eq!(d, vec![Action::Remove { id: "g-0".into() }, Action::Provision { ids: vec!["g-2".into()] }]);
+        assert_eq!(d, vec![Action::Remove { id: "g-0".into() }], "a failed start: held a second");
+        let d = actions(&g.handle(Event::Tick { target_mb: 2 * MB }, s(37)));
+        assert_eq!(d, vec![Action::Provision { ids: vec!["g-2".into()] }]);
+    }
+
+    #[test]
+    fn starts_that_fail_back_off_and_one_that_comes_up_ends_it() {
+        let mut g = GroupCore::new(spec());
+        let asked = |g: &mut GroupCore, at: u64| provisioned(&g.handle(Event::Tick { target_mb: MB }, s(at)));
+        let mut at = 0;
+        let mut holds = Vec::new();
+        for _ in 0..8 {
+            let ids = asked(&mut g, at);
+            assert_eq!(ids.len(), 1, "at {at}");
+            g.handle(Event::Gone { id: ids[0].clone() }, s(at));
+            let next = (at..at + 100).find(|t| !asked(&mut g.clone(), *t).is_empty()).unwrap();
+            holds.push(next - at);
+            at = next;
+        }
+        assert_eq!(holds, vec![1, 2, 4, 8, 16, 32, 60, 60], "doubling, a minute at most");
+        let ids = asked(&mut g, at);
+        g.handle(Event::Up { id: ids[0].clone() }, s(at));
+        g.handle(Event::Gone { id: ids[0].clone() }, s(at + 1));
+        assert_eq!(asked(&mut g, at + 1).len(), 1, "lost after it came up: replaced at once");
     }
 
     #[test]
@@ -581,9 +630,13 @@ mod tests {
                 }
                 if is_tick {
                     let have = counts.active + counts.provisioning;
-                    // Short of min only while it asks for max_step, or while stopping ones fill max.
+                    // Short of min only while it asks for max_step, while stopping ones fill max,
+                    // or while failed starts hold provisioning.
                     prop_assert!(
-                        have >= spec.min || provisioned == spec.max_step || counts.total() == spec.max,
+                        have >= spec.min
+                            || provisioned == spec.max_step
+                            || counts.total() == spec.max
+                            || now < g.held_until(),
                         "below min after a tick: {counts:?}"
                     );
                 }

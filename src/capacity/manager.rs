@@ -47,6 +47,8 @@ pub struct GroupStatus {
     pub invokers: BTreeMap<String, &'static str>,
     /// The last decisions, newest last.
     pub decisions: VecDeque<DecisionLog>,
+    /// The last invoker that could not start, and why (provisioning is held meanwhile).
+    pub last_failed_start: Option<DecisionLog>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -153,6 +155,7 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
                     counts: GroupCounts::default(),
                     invokers: BTreeMap::new(),
                     decisions: VecDeque::new(),
+                    last_failed_start: None,
                 },
             })
             .collect()
@@ -286,7 +289,9 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
         let mut decisions = Vec::new();
         let stopping = g.stopping.lock().clone();
         for (id, record) in records.iter().filter(|(id, _)| owns(&g.name, id)) {
-            if stopping.contains_key(id) {
+            // Up once it serves: an invoker claims its key before its factory starts, and
+            // publishes its headroom after.
+            if stopping.contains_key(id) || record.nodes.is_empty() {
                 continue;
             }
             if let Some(asked) = g.asked.remove(id) {
@@ -309,7 +314,12 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
                 }
             };
             if gone {
-                if state != MemberState::Removing {
+                if let MemberState::Provisioning { .. } = state {
+                    let why = self.plane.last_error(&id).unwrap_or_else(|| "no error it left".into());
+                    tracing::warn!(invoker = %id, "exited before it registered: {why}");
+                    let action = format!("{id} did not start");
+                    g.status.last_failed_start = Some(DecisionLog { at_ms: epoch_ms(), action, reason: why });
+                } else if state != MemberState::Removing {
                     tracing::warn!(invoker = %id, "an invoker of group {} is gone", g.name);
                 }
                 g.stopping.lock().remove(&id);

@@ -179,6 +179,17 @@ impl ControlPlane for LocalPlane {
         })
     }
 
+    fn last_error(&self, id: &str) -> Option<String> {
+        // The tail of its log: `invoker serve` ends with `Error: ...` when it cannot start.
+        use std::io::{Read as _, Seek as _};
+        let mut log = std::fs::File::open(self.dir.join(format!("{id}.log"))).ok()?;
+        let len = log.metadata().ok()?.len();
+        log.seek(std::io::SeekFrom::Start(len.saturating_sub(64 * 1024))).ok()?;
+        let mut tail = String::new();
+        log.take(64 * 1024).read_to_string(&mut tail).ok()?;
+        tail.lines().rev().find(|l| l.starts_with("Error: ")).map(|l| l.chars().take(500).collect())
+    }
+
     fn found(&self) -> Vec<String> {
         if let Err(e) = self.adopt() {
             tracing::warn!("reading the invokers' pid files: {e}");

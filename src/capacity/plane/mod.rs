@@ -31,6 +31,8 @@ pub trait ControlPlane: Send + Sync + 'static {
     fn remove(&self, id: &str) -> impl Future<Output = Result<(), PlaneError>> + Send;
     /// Whether it runs: `Some(false)` once it exited, `None` when the plane does not know it.
     fn running(&self, id: &str) -> Option<bool>;
+    /// Why an invoker that exited did (its last error), when the plane can tell.
+    fn last_error(&self, id: &str) -> Option<String>;
     /// The invokers it runs that this manager did not start (a manager started again finds
     /// those of the one before), so that they are adopted rather than started twice.
     fn found(&self) -> Vec<String>;
@@ -56,6 +58,12 @@ impl ControlPlane for AnyPlane {
     fn running(&self, id: &str) -> Option<bool> {
         match self {
             AnyPlane::Local(p) => p.running(id),
+        }
+    }
+
+    fn last_error(&self, id: &str) -> Option<String> {
+        match self {
+            AnyPlane::Local(p) => p.last_error(id),
         }
     }
 
