@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# How long the local control plane takes to answer a burst: from a burst's first waiting
+# activation (one the running invokers have no room for) to the first activation served by a new
+# invoker, 10 times. Starts its own etcd, a scheduler and `invoker capacity` on
+# config/cluster.toml (the shipped tick, refresh and process factory), with the group `default`
+# at min 1, max 2, 256 MB per invoker, and scale-down after 3 s, so that each sample begins
+# with one invoker. Prints each sample and the p50 (the start of the activation on the new
+# invoker, from its record, minus when it was sent). Stops by itself (about 2 minutes).
+#
+#   scripts/capacity-bench.sh        # release build
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo build --release --bin invoker >&2
+# Short: the invokers' runtime sockets live below it.
+work=$(mktemp -d /tmp/icb-XXXXXX)
+trap 'pkill -P $$ 2>/dev/null || true; for f in "$work"/capacity/invokers/*.pid; do [ -f "$f" ] && kill "$(cut -d" " -f1 "$f")" 2>/dev/null; done; [ -f "$work/etcd/etcd.pid" ] && kill "$(cat "$work/etcd/etcd.pid")" 2>/dev/null; sleep 1; [ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
+etcd=$(INVOKER_ETCD_DIR="$work/etcd" bash scripts/etcd.sh | tail -1 | cut -d= -f2)
+python3 - "${CARGO_TARGET_DIR:-target}/release/invoker" "$work" "$etcd" <<'PY'
+import base64, json, os, re, signal, socket, subprocess, sys, threading, time, urllib.error, urllib.request
+
+exe, work, etcd = sys.argv[1:4]
+guest = "23bc46b1-71f6-4ed5-8c54-816aa4f8c502:123zO3xZCLrMN6v2BKK1dXYFpXlPkccOFqm12CdAsMgRU4VrNZ9lyGVCGuMDGIwP"
+config = open("config/cluster.toml").read()
+if os.geteuid() != 0:
+    config = config.replace("[factory.process]\n", "[factory.process]\nunprivileged = false\n", 1)
+group = ("[capacity.groups.default]\nmin = 1\nmax = 2\ninvoker_memory_mb = 256\n"
+         "scale_down_after = \"3s\"\ndrain_deadline = \"10s\"\npredictor = \"conservative\"\n")
+config = re.sub(r"\[capacity\.groups\.default\]\n(?:[^\[\n].*\n|\n)*", group, config)
+path = os.path.join(work, "cluster.toml")
+open(path, "w").write(config)
+
+def free_port():
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close(); return port
+
+def start(name, args, port):
+    out = open(os.path.join(work, name + ".out"), "w")
+    err = open(os.path.join(work, name + ".err"), "a")
+    cmd = [exe] + args + ["--config", path, "--etcd", etcd, "--listen", f"127.0.0.1:{port}",
+                          "--data-dir", os.path.join(work, name)]
+    return subprocess.Popen(cmd, stdout=out, stderr=err, start_new_session=True)
+
+def request(method, url, body=None, key=guest, timeout=70):
+    headers = {"Authorization": "Basic " + base64.b64encode(key.encode()).decode(), "Content-Type": "application/json"}
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+ports = {"sched": free_port(), "capacity": free_port()}
+procs = {"sched": start("sched", ["scheduler"], ports["sched"]),
+         "capacity": start("capacity", ["capacity"], ports["capacity"])}
+base = f"http://127.0.0.1:{ports['sched']}"
+
+def admin_key(name):
+    for _ in range(200):
+        for line in open(os.path.join(work, name + ".out")).read().splitlines():
+            if line.startswith("admin auth: "):
+                return line[len("admin auth: "):]
+        time.sleep(0.05)
+    sys.exit(f"{name} did not start: " + open(os.path.join(work, name + ".err")).read()[-2000:])
+
+capacity_key = admin_key("capacity")
+
+def active():
+    status, body = request("GET", f"http://127.0.0.1:{ports['capacity']}/v1/capacity", key=capacity_key, timeout=5)
+    groups = json.loads(body)["groups"] if status == 200 else []
+    return groups[0]["counts"] if groups else {}
+
+def wait_for(pred, what, bound=60):
+    deadline = time.time() + bound
+    while time.time() < deadline:
+        if pred():
+            return
+        time.sleep(0.1)
+    sys.exit("not within %d s: %s" % (bound, what))
+
+admin_key("sched")
+code = "import time\ndef main(a):\n    time.sleep(a.get('sleep', 0))\n    return {'ok': True}\n"
+wait_for(lambda: active().get("active") == 1, "one invoker (min 1)")
+for name in ("hold", "burst"):
+    status, body = request("PUT", base + f"/api/v1/namespaces/_/actions/{name}?overwrite=true",
+                           {"exec": {"kind": "python:3", "code": code}, "limits": {"memory": 256}})
+    assert status == 200, body
+# Warm the running invoker with both actions, so that the sample measures the new invoker only.
+for name in ("hold", "burst"):
+    request("POST", base + f"/api/v1/namespaces/_/actions/{name}?blocking=true", {})
+
+samples = []
+for i in range(10):
+    wait_for(lambda: active() == {"provisioning": 0, "active": 1, "draining": 0, "removing": 0}, "back to one invoker")
+    time.sleep(1.5)  # the scheduler reads the one invoker's room again
+    holder = threading.Thread(target=request, args=("POST", base + "/api/v1/namespaces/_/actions/hold?blocking=true", {"sleep": 8}))
+    holder.start()
+    time.sleep(0.5)  # the hold runs; the invoker's record shows it full
+    sent = time.time()
+    status, body = request("POST", base + "/api/v1/namespaces/_/actions/burst?blocking=true", {})
+    record = json.loads(body)
+    ran_on = next((a["value"] for a in record.get("annotations", []) if a["key"] == "invoker"), None)
+    if status != 200 or ran_on == "default-0":
+        sys.exit(f"sample {i}: {status} on {ran_on}: {body[:300]}")
+    took = record["start"] / 1000.0 - sent
+    samples.append(took)
+    print(f"sample {i}: {took * 1000:.0f} ms from the waiting activation to its start on {ran_on}", file=sys.stderr)
+    holder.join()
+
+samples.sort()
+p50 = (samples[4] + samples[5]) / 2
+print(json.dumps({"burst_to_new_invoker_ms_p50": round(p50 * 1000), "samples_ms": [round(s * 1000) for s in samples]}))
+for p in procs.values():
+    p.terminate()
+    p.wait(timeout=30)
+PY
