@@ -83,6 +83,21 @@ async fn an_invoker_registers_its_tags_headroom_and_containers() {
     record(&kv, &invoker_id, |r| !r.nodes.is_empty() && r.launchable_mb() == 2048).await;
 }
 
+/// An invoker publishes its headroom as soon as it serves, not one `publish_interval` later:
+/// until then no scheduler or capacity manager counts it as serving. (With an interval of
+/// 100 s, the record the bounded wait reads would have had no nodes for 100 s.)
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
+async fn an_invoker_publishes_its_headroom_at_once() {
+    let Some(etcd) = EtcdServer::start() else { return };
+    let dir = tempdir();
+    let invoker_id = id("first");
+    let config = format!("[cluster]\netcd = [\"{}\"]\nlease_ttl = \"300s\"\npublish_interval = \"100s\"\n", etcd.url());
+    let _inv = Invoker::start(dir.path(), &invoker_id, &config);
+    let r = record(&etcd.kv(), &invoker_id, |r| !r.nodes.is_empty()).await;
+    assert_eq!(r.nodes[0].capacity_mb, 2048, "{r:?}");
+}
+
 /// The keys under `prefix` once `until` holds of them (bounded wait).
 async fn keys_until(kv: &Etcd, prefix: &str, until: impl Fn(&[String]) -> bool) -> Vec<String> {
     let deadline = Instant::now() + Duration::from_secs(20);

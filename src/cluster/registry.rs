@@ -142,12 +142,14 @@ impl<K: ClusterKv> Registrar<K> {
     pub async fn run(mut self, service: ActivationService, stop: CancellationToken) {
         let interval = self.config.publish_interval;
         loop {
+            // The first round at once: until it, the record has no headroom and no scheduler
+            // (or capacity manager) counts the invoker as serving.
+            if let Err(e) = self.step(&service).await {
+                self.complain(&e);
+            }
             tokio::select! {
                 _ = stop.cancelled() => break,
                 _ = tokio::time::sleep(interval) => {}
-            }
-            if let Err(e) = self.step(&service).await {
-                self.complain(&e);
             }
         }
         if let Some(lease) = self.lease.take() {
