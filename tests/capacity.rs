@@ -288,3 +288,124 @@ async fn an_invoker_killed_under_the_manager_is_replaced() {
         decisions.as_array().unwrap().iter().filter(|d| d["action"].as_str().unwrap().starts_with("provision"));
     assert_eq!(provisions.count(), 2, "the first two, and one replacement: {decisions}");
 }
+
+/// The manager step by step on the in-memory control plane, the test playing the invokers (it
+/// writes their records into etcd) and the schedulers (their demand reports): an invoker is up
+/// only once it publishes headroom; demand provisions; a start that fails is explained and
+/// held back; a quiet group drains its newest and removes each once it reports drained.
+#[cfg(feature = "test-util")]
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
+async fn the_manager_step_by_step_on_the_fake_control_plane() {
+    use invoker::capacity::manager::{Manager, ManagerSettings};
+    use invoker::capacity::plane::{fake::FakePlane, AnyPlane};
+    use invoker::cluster::{ClusterKv, DemandReport, InvokerRecord, Needs, NodeHeadroom, TagNeeds};
+    use invoker::pool::actor::Health;
+    let Some(etcd) = EtcdServer::start() else { return };
+    let kv = etcd.kv();
+    let config = invoker::config::Config::from_toml(
+        "[capacity]\ntick = \"100ms\"\n[capacity.groups.default]\nmin = 1\nmax = 3\ninvoker_memory_mb = 256\n\
+         scale_down_after = \"1s\"\ndrain_deadline = \"60s\"\npredictor = \"conservative\"\n",
+    )
+    .unwrap();
+    let settings = ManagerSettings {
+        prefix: "/invoker".into(),
+        capacity: config.capacity.clone(),
+        publish_interval: Duration::from_millis(100),
+        lease_ttl: Duration::from_secs(3),
+        api: "http://127.0.0.1:1".into(),
+        lead: Duration::from_secs(1),
+    };
+    let plane = FakePlane::default();
+    let manager = Manager::new(kv.clone(), settings, AnyPlane::Fake(plane.clone()));
+    let status = manager.status.clone();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let running = tokio::spawn(manager.run(stop.clone()));
+    let group = |field: &str| {
+        serde_json::to_value(status.lock().groups.first().cloned()).map(|g| g[field].clone()).unwrap_or(Value::Null)
+    };
+    let register = |id: &str, health: Health, with_nodes: bool| {
+        let nodes = with_nodes.then(|| NodeHeadroom {
+            node: "n".into(),
+            launchable_mb: 256,
+            free_mb: 256,
+            capacity_mb: 256,
+            idle_mb: 0,
+        });
+        let record = InvokerRecord {
+            id: id.into(),
+            api: "http://127.0.0.1:2".into(),
+            tags: vec![],
+            health,
+            nodes: nodes.into_iter().collect(),
+            boot_id: "b".into(),
+            pid: 1,
+        };
+        let (kv, id) = (kv.clone(), id.to_string());
+        async move {
+            kv.put(&format!("/invoker/invokers/{id}"), &serde_json::to_string(&record).unwrap(), None).await.unwrap()
+        }
+    };
+    let demand = |mb: u64| {
+        let report = DemandReport {
+            scheduler: "s1".into(),
+            at_ms: 0,
+            needs: vec![TagNeeds { tags: vec![], needs: Needs { in_flight_mb: mb, waiting_mb: 0, refused_mb: 0 } }],
+        };
+        let kv = kv.clone();
+        async move { kv.put("/invoker/demand/s1", &serde_json::to_string(&report).unwrap(), None).await.unwrap() }
+    };
+    let counts = |provisioning: u32, active: u32, draining: u32, removing: u32| json!({ "provisioning": provisioning, "active": active, "draining": draining, "removing": removing });
+
+    // min = 1: one asked for; claimed but without headroom it is not up yet.
+    wait_until(Duration::from_secs(10), "default-0 asked for", || async { plane.calls() == ["provision default-0"] })
+        .await;
+    register("default-0", Health::Healthy, false).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(group("counts"), counts(1, 0, 0, 0), "claimed without headroom: not up");
+    register("default-0", Health::Healthy, true).await;
+    wait_until(Duration::from_secs(10), "default-0 up", || async { group("counts") == counts(0, 1, 0, 0) }).await;
+
+    // 700 MB of demand: three invokers of 256 MB.
+    demand(700).await;
+    wait_until(Duration::from_secs(10), "two more asked for", || async { plane.started().len() == 3 }).await;
+    assert_eq!(plane.calls()[1..3], ["provision default-1", "provision default-2"]);
+    // default-2 cannot start: why is shown, and the next start waits a second.
+    plane.exit("default-2", "Error: the process directory is too long");
+    wait_until(Duration::from_secs(10), "the failed start explained", || async {
+        group("last_failed_start")["reason"] == "Error: the process directory is too long"
+    })
+    .await;
+    wait_until(Duration::from_secs(10), "default-2 asked for again", || async {
+        plane.calls().iter().filter(|c| *c == "provision default-2").count() == 2
+    })
+    .await;
+    for id in ["default-1", "default-2"] {
+        register(id, Health::Healthy, true).await;
+    }
+    wait_until(Duration::from_secs(10), "three up", || async { group("counts") == counts(0, 3, 0, 0) }).await;
+
+    // Quiet: after scale_down_after the two newest are drained (their drain keys written), and
+    // each is removed once its record says drained.
+    demand(0).await;
+    wait_until(Duration::from_secs(10), "two draining", || async { group("counts") == counts(0, 1, 2, 0) }).await;
+    for id in ["default-1", "default-2"] {
+        assert!(kv.get(&format!("/invoker/drain/{id}")).await.unwrap().is_some(), "{id}'s drain key");
+    }
+    assert!(kv.get("/invoker/drain/default-0").await.unwrap().is_none(), "never below min");
+    // A drained report is trusted two publish intervals after the drain began.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    register("default-2", Health::Drained, true).await;
+    wait_until(Duration::from_secs(10), "default-2 removed", || async {
+        plane.calls().last().map(String::as_str) == Some("remove default-2")
+    })
+    .await;
+    assert!(plane.started().contains_key("default-1"), "still draining: not removed");
+    // Gone from the plane and from etcd: forgotten, and its drain key deleted.
+    kv.delete("/invoker/invokers/default-2").await.unwrap();
+    wait_until(Duration::from_secs(10), "default-2 forgotten", || async { group("counts") == counts(0, 1, 1, 0) })
+        .await;
+    assert!(kv.get("/invoker/drain/default-2").await.unwrap().is_none());
+    stop.cancel();
+    running.await.unwrap();
+}

@@ -1,6 +1,6 @@
 //! `invoker capacity`: one active manager per cluster (a lease-held key in etcd; a second
 //! waits as standby and takes over within the lease's TTL). Every `[capacity] tick` it reads the
-//! cluster in one etcd range (the invokers' registrations and the schedulers' demand reports),
+//! invokers' registrations and the schedulers' demand reports (two etcd ranges),
 //! turns each group's demand into a target with its predictor, lets the group's decision core
 //! decide, and carries the decisions out: the control plane starts and stops invokers; drains
 //! are the operators' drain keys, which every scheduler already honours.
@@ -245,24 +245,24 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
         }
     }
 
-    /// One tick: read, decide, carry out, for every group.
+    /// One tick: read (the registrations and the demand reports), decide, carry out, for every
+    /// group.
     async fn round(&mut self) -> Result<(), K::Error> {
         let now = self.started.elapsed();
-        let (invokers_prefix, demand_prefix) =
-            (format!("{}/invokers/", self.settings.prefix), format!("{}/demand/", self.settings.prefix));
+        // Two ranges, not the whole prefix: the containers' keys (one per warm container of the
+        // cluster) are of no use here.
         let mut records: BTreeMap<String, InvokerRecord> = BTreeMap::new();
+        for (_, value) in self.kv.get_prefix(&format!("{}/invokers/", self.settings.prefix)).await? {
+            if let Ok(record) = serde_json::from_str::<InvokerRecord>(&value) {
+                records.insert(record.id.clone(), record);
+            }
+        }
         let mut demand: BTreeMap<String, u64> = BTreeMap::new();
-        for (key, value) in self.kv.get_prefix(&format!("{}/", self.settings.prefix)).await? {
-            if key.starts_with(&invokers_prefix) {
-                if let Ok(record) = serde_json::from_str::<InvokerRecord>(&value) {
-                    records.insert(record.id.clone(), record);
-                }
-            } else if key.starts_with(&demand_prefix) {
-                let Ok(report) = serde_json::from_str::<DemandReport>(&value) else { continue };
-                for needs in report.needs {
-                    if let Some(group) = group_for(&needs.tags, &self.settings.capacity.groups) {
-                        *demand.entry(group.to_string()).or_insert(0) += needs.needs.total_mb();
-                    }
+        for (_, value) in self.kv.get_prefix(&format!("{}/demand/", self.settings.prefix)).await? {
+            let Ok(report) = serde_json::from_str::<DemandReport>(&value) else { continue };
+            for needs in report.needs {
+                if let Some(group) = group_for(&needs.tags, &self.settings.capacity.groups) {
+                    *demand.entry(group.to_string()).or_insert(0) += needs.needs.total_mb();
                 }
             }
         }

@@ -2,6 +2,8 @@
 //! an enum over the real ones, and a fake for tests, as the container factories are. The
 //! manager only asks; an invoker it started is known to be up once it registers in etcd.
 
+#[cfg(any(test, feature = "test-util"))]
+pub mod fake;
 pub mod local;
 
 use std::future::Future;
@@ -40,36 +42,48 @@ pub trait ControlPlane: Send + Sync + 'static {
 
 pub enum AnyPlane {
     Local(local::LocalPlane),
+    #[cfg(any(test, feature = "test-util"))]
+    Fake(fake::FakePlane),
 }
 
 impl ControlPlane for AnyPlane {
     async fn provision(&self, spec: &InvokerSpec) -> Result<(), PlaneError> {
         match self {
             AnyPlane::Local(p) => p.provision(spec).await,
+            #[cfg(any(test, feature = "test-util"))]
+            AnyPlane::Fake(p) => p.provision(spec).await,
         }
     }
 
     async fn remove(&self, id: &str) -> Result<(), PlaneError> {
         match self {
             AnyPlane::Local(p) => p.remove(id).await,
+            #[cfg(any(test, feature = "test-util"))]
+            AnyPlane::Fake(p) => p.remove(id).await,
         }
     }
 
     fn running(&self, id: &str) -> Option<bool> {
         match self {
             AnyPlane::Local(p) => p.running(id),
+            #[cfg(any(test, feature = "test-util"))]
+            AnyPlane::Fake(p) => p.running(id),
         }
     }
 
     fn last_error(&self, id: &str) -> Option<String> {
         match self {
             AnyPlane::Local(p) => p.last_error(id),
+            #[cfg(any(test, feature = "test-util"))]
+            AnyPlane::Fake(p) => p.last_error(id),
         }
     }
 
     fn found(&self) -> Vec<String> {
         match self {
             AnyPlane::Local(p) => p.found(),
+            #[cfg(any(test, feature = "test-util"))]
+            AnyPlane::Fake(p) => p.found(),
         }
     }
 }
