@@ -16,56 +16,24 @@ work=$(mktemp -d /tmp/icb-XXXXXX)
 trap 'pkill -P $$ 2>/dev/null || true; for f in "$work"/capacity/invokers/*.pid; do [ -f "$f" ] && kill "$(cut -d" " -f1 "$f")" 2>/dev/null; done; [ -f "$work/etcd/etcd.pid" ] && kill "$(cat "$work/etcd/etcd.pid")" 2>/dev/null; sleep 1; [ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
 etcd=$(INVOKER_ETCD_DIR="$work/etcd" bash scripts/etcd.sh | tail -1 | cut -d= -f2)
 python3 - "${CARGO_TARGET_DIR:-target}/release/invoker" "$work" "$etcd" <<'PY'
-import base64, json, os, re, signal, socket, subprocess, sys, threading, time, urllib.error, urllib.request
+import json, re, sys, threading, time
+sys.path.insert(0, "scripts")
+from cluster_harness import Cluster, free_port, request
 
 exe, work, etcd = sys.argv[1:4]
-guest = "23bc46b1-71f6-4ed5-8c54-816aa4f8c502:123zO3xZCLrMN6v2BKK1dXYFpXlPkccOFqm12CdAsMgRU4VrNZ9lyGVCGuMDGIwP"
-config = open("config/cluster.toml").read()
-if os.geteuid() != 0:
-    config = config.replace("[factory.process]\n", "[factory.process]\nunprivileged = false\n", 1)
 group = ("[capacity.groups.default]\nmin = 1\nmax = 2\ninvoker_memory_mb = 256\n"
          "scale_down_after = \"3s\"\ndrain_deadline = \"10s\"\npredictor = \"conservative\"\n")
-config = re.sub(r"\[capacity\.groups\.default\]\n(?:[^\[\n].*\n|\n)*", group, config)
-path = os.path.join(work, "cluster.toml")
-open(path, "w").write(config)
-
-def free_port():
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close(); return port
-
-def start(name, args, port):
-    out = open(os.path.join(work, name + ".out"), "w")
-    err = open(os.path.join(work, name + ".err"), "a")
-    cmd = [exe] + args + ["--config", path, "--etcd", etcd, "--listen", f"127.0.0.1:{port}",
-                          "--data-dir", os.path.join(work, name)]
-    return subprocess.Popen(cmd, stdout=out, stderr=err, start_new_session=True)
-
-def request(method, url, body=None, key=guest, timeout=70):
-    headers = {"Authorization": "Basic " + base64.b64encode(key.encode()).decode(), "Content-Type": "application/json"}
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method, headers=headers)
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
+config = re.sub(r"\[capacity\.groups\.default\]\n(?:[^\[\n].*\n|\n)*", group, open("config/cluster.toml").read())
+cluster = Cluster(exe, work, etcd, config)
 
 ports = {"sched": free_port(), "capacity": free_port()}
-procs = {"sched": start("sched", ["scheduler"], ports["sched"]),
-         "capacity": start("capacity", ["capacity"], ports["capacity"])}
+procs = {"sched": cluster.start("sched", ["scheduler"], ports["sched"]),
+         "capacity": cluster.start("capacity", ["capacity"], ports["capacity"])}
 base = f"http://127.0.0.1:{ports['sched']}"
-
-def admin_key(name):
-    for _ in range(200):
-        for line in open(os.path.join(work, name + ".out")).read().splitlines():
-            if line.startswith("admin auth: "):
-                return line[len("admin auth: "):]
-        time.sleep(0.05)
-    sys.exit(f"{name} did not start: " + open(os.path.join(work, name + ".err")).read()[-2000:])
-
-capacity_key = admin_key("capacity")
+capacity_key = cluster.admin_key("capacity")
 
 def active():
-    status, body = request("GET", f"http://127.0.0.1:{ports['capacity']}/v1/capacity", key=capacity_key, timeout=5)
+    status, _, body = request("GET", f"http://127.0.0.1:{ports['capacity']}/v1/capacity", key=capacity_key, timeout=5)
     groups = json.loads(body)["groups"] if status == 200 else []
     return groups[0]["counts"] if groups else {}
 
@@ -77,11 +45,11 @@ def wait_for(pred, what, bound=60):
         time.sleep(0.1)
     sys.exit("not within %d s: %s" % (bound, what))
 
-admin_key("sched")
+cluster.admin_key("sched")
 code = "import time\ndef main(a):\n    time.sleep(a.get('sleep', 0))\n    return {'ok': True}\n"
 wait_for(lambda: active().get("active") == 1, "one invoker (min 1)")
 for name in ("hold", "burst"):
-    status, body = request("PUT", base + f"/api/v1/namespaces/_/actions/{name}?overwrite=true",
+    status, _, body = request("PUT", base + f"/api/v1/namespaces/_/actions/{name}?overwrite=true",
                            {"exec": {"kind": "python:3", "code": code}, "limits": {"memory": 256}})
     assert status == 200, body
 # Warm the running invoker with both actions, so that the sample measures the new invoker only.
@@ -96,7 +64,7 @@ for i in range(10):
     holder.start()
     time.sleep(0.5)  # the hold runs; the invoker's record shows it full
     sent = time.time()
-    status, body = request("POST", base + "/api/v1/namespaces/_/actions/burst?blocking=true", {})
+    status, _, body = request("POST", base + "/api/v1/namespaces/_/actions/burst?blocking=true", {})
     record = json.loads(body)
     ran_on = next((a["value"] for a in record.get("annotations", []) if a["key"] == "invoker"), None)
     if status != 200 or ran_on == "default-0":

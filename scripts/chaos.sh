@@ -20,18 +20,13 @@ work=$(mktemp -d /tmp/invoker-chaos-XXXXXX)
 trap 'pkill -P $$ 2>/dev/null || true; [ -f "$work/etcd/etcd.pid" ] && kill -CONT "$(cat "$work/etcd/etcd.pid")" 2>/dev/null; [ -f "$work/etcd/etcd.pid" ] && kill "$(cat "$work/etcd/etcd.pid")" 2>/dev/null; rm -rf "$work"' EXIT
 etcd=$(INVOKER_ETCD_DIR="$work/etcd" bash scripts/etcd.sh | tail -1 | cut -d= -f2)
 python3 - "${CARGO_TARGET_DIR:-target}/release/invoker" "$work" "$etcd" <<'PY'
-import base64, json, os, select, signal, socket, subprocess, sys, threading, time, urllib.error, urllib.request
+import json, os, select, signal, socket, sys, threading, time
+sys.path.insert(0, "scripts")
+from cluster_harness import Cluster, free_port, request
 
 exe, work, etcd = sys.argv[1:4]
-guest = "23bc46b1-71f6-4ed5-8c54-816aa4f8c502:123zO3xZCLrMN6v2BKK1dXYFpXlPkccOFqm12CdAsMgRU4VrNZ9lyGVCGuMDGIwP"
-config = open("config/cluster.toml").read()
-if os.geteuid() != 0:
-    config = config.replace("[factory.process]\n", "[factory.process]\nunprivileged = false\n", 1)
-config_path = os.path.join(work, "cluster.toml")
-open(config_path, "w").write(config)
-
-def free_port():
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close(); return port
+cluster = Cluster(exe, work, etcd, open("config/cluster.toml").read())
+start = cluster.start
 
 class Partition:
     """A loopback path to etcd for one process, that can be cut: cut, nothing moves and nothing
@@ -85,25 +80,6 @@ class Partition:
 etcd_host, etcd_port = etcd.rsplit("/", 1)[-1].rsplit(":", 1)
 partition = Partition((etcd_host, int(etcd_port)))
 
-def start(name, args, port, etcd=etcd):
-    out = open(os.path.join(work, name + ".out"), "w")
-    err = open(os.path.join(work, name + ".err"), "a")
-    cmd = [exe] + args + ["--config", config_path, "--etcd", etcd, "--listen", f"127.0.0.1:{port}",
-                          "--data-dir", os.path.join(work, name)]
-    return subprocess.Popen(cmd, stdout=out, stderr=err, start_new_session=True)
-
-def request(method, url, body=None, key=guest, timeout=70):
-    headers = {"Authorization": "Basic " + base64.b64encode(key.encode()).decode(), "Content-Type": "application/json"}
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method, headers=headers)
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, r.headers.get("x-openwhisk-activation-id"), r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.headers.get("x-openwhisk-activation-id"), e.read()
-    except Exception as e:
-        return 0, None, str(e).encode()
-
 ports = {"inv0": free_port(), "inv1": free_port(), "sched": free_port()}
 procs = {}
 procs["inv0"] = start("inv0", ["--invoker-id", "inv0"], ports["inv0"])
@@ -112,17 +88,8 @@ procs["inv1"] = start("inv1", ["--invoker-id", "inv1"], ports["inv1"], etcd=part
 procs["sched"] = start("sched", ["scheduler", "--scheduler-id", "chaos"], ports["sched"])
 base = f"http://127.0.0.1:{ports['sched']}"
 
-def admin_key():
-    for _ in range(200):
-        text = open(os.path.join(work, "sched.out")).read()
-        for line in text.splitlines():
-            if line.startswith("admin auth: "):
-                return line[len("admin auth: "):]
-        time.sleep(0.05)
-    sys.exit("the scheduler did not start: " + open(os.path.join(work, "sched.err")).read()[-2000:])
-
 def wait_healthy(count, bound=60):
-    key = admin_key()
+    key = cluster.admin_key("sched")
     deadline = time.time() + bound
     while time.time() < deadline:
         status, _, body = request("GET", base + "/v1/invokers", key=key, timeout=5)
