@@ -290,8 +290,8 @@ async fn an_invoker_killed_under_the_manager_is_replaced() {
 }
 
 /// The manager step by step on the in-memory control plane, the test playing the invokers (it
-/// writes their records into etcd) and the schedulers (their demand reports): an invoker is up
-/// only once it publishes headroom; demand provisions; a start that fails is explained and
+/// writes their records into etcd) and the schedulers (their demand reports): the drains a
+/// manager before left are taken back; an invoker is up only once it publishes headroom; demand provisions; a start that fails is explained and
 /// held back; a quiet group drains its newest and removes each once it reports drained.
 #[cfg(feature = "test-util")]
 #[tokio::test(flavor = "multi_thread")]
@@ -316,6 +316,9 @@ async fn the_manager_step_by_step_on_the_fake_control_plane() {
         api: "http://127.0.0.1:1".into(),
         lead: Duration::from_secs(1),
     };
+    // Drains a manager before this one left: its own are taken back, an operator's stay.
+    kv.put("/invoker/drain/default-7", r#"{"since":1,"by":"capacity"}"#, None).await.unwrap();
+    kv.put("/invoker/drain/default-8", r#"{"since":1}"#, None).await.unwrap();
     let plane = FakePlane::default();
     let manager = Manager::new(kv.clone(), settings, AnyPlane::Fake(plane.clone()));
     let status = manager.status.clone();
@@ -360,6 +363,8 @@ async fn the_manager_step_by_step_on_the_fake_control_plane() {
     // min = 1: one asked for; claimed but without headroom it is not up yet.
     wait_until(Duration::from_secs(10), "default-0 asked for", || async { plane.calls() == ["provision default-0"] })
         .await;
+    assert!(kv.get("/invoker/drain/default-7").await.unwrap().is_none(), "the manager before's drain");
+    assert!(kv.get("/invoker/drain/default-8").await.unwrap().is_some(), "an operator's drain");
     register("default-0", Health::Healthy, false).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(group("counts"), counts(1, 0, 0, 0), "claimed without headroom: not up");

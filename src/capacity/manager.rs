@@ -174,6 +174,7 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
                     }
                 }
             }
+            self.take_back_drains().await;
             self.status.lock().leader = true;
             let lost = self.lead_until_lost(lease, &stop).await;
             self.status.lock().leader = false;
@@ -182,6 +183,23 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
                 return;
             }
             tracing::warn!("lost the capacity manager's lease: standby");
+        }
+    }
+
+    /// Deletes the drain keys a manager before this one wrote for its groups' invokers: this
+    /// one starts with every invoker it finds active (it drains again what it still finds
+    /// too many, after `scale_down_after`), and one left drained would take no work while
+    /// counted as serving. An operator's drains (without `"by": "capacity"`) stay.
+    async fn take_back_drains(&self) {
+        let prefix = format!("{}/drain/", self.settings.prefix);
+        let Ok(drains) = self.kv.get_prefix(&prefix).await else { return };
+        for (key, value) in drains {
+            let id = key.trim_start_matches(&prefix);
+            let ours = serde_json::from_str::<serde_json::Value>(&value).is_ok_and(|v| v["by"] == "capacity");
+            if ours && self.groups.iter().any(|g| owns(&g.name, id)) {
+                tracing::info!(invoker = %id, "taking back a drain the manager before left");
+                let _ = self.kv.delete(&key).await;
+            }
         }
     }
 
