@@ -291,7 +291,8 @@ async fn an_invoker_killed_under_the_manager_is_replaced() {
 
 /// The manager step by step on the in-memory control plane, the test playing the invokers (it
 /// writes their records into etcd) and the schedulers (their demand reports): the drains a
-/// manager before left are taken back; an invoker is up only once it publishes headroom; demand provisions; a start that fails is explained and
+/// manager before left are taken back; an invoker is up only once it publishes headroom; an
+/// unhealthy one is no capacity and the first drained; demand provisions; a start that fails is explained and
 /// held back; a quiet group drains its newest and removes each once it reports drained.
 #[cfg(feature = "test-util")]
 #[tokio::test(flavor = "multi_thread")]
@@ -390,8 +391,21 @@ async fn the_manager_step_by_step_on_the_fake_control_plane() {
     }
     wait_until(Duration::from_secs(10), "three up", || async { group("counts") == counts(0, 3, 0, 0) }).await;
 
-    // Quiet: after scale_down_after the two newest are drained (their drain keys written), and
-    // each is removed once its record says drained.
+    // default-1 turns unhealthy: no capacity, so with 512 MB wanted (two invokers) it is the
+    // one drained, not the newest.
+    register("default-1", Health::Unhealthy, true).await;
+    demand(512).await;
+    let state = |id: &'static str| {
+        let invokers = group("invokers");
+        async move { invokers[id].as_str().map(String::from) }
+    };
+    wait_until(Duration::from_secs(10), "default-1 draining", || async {
+        state("default-1").await.as_deref() == Some("draining")
+    })
+    .await;
+    assert_eq!(state("default-2").await.as_deref(), Some("active"));
+    // Quiet: after scale_down_after default-2 is drained too (the drain keys written), and each
+    // is removed once its record says drained.
     demand(0).await;
     wait_until(Duration::from_secs(10), "two draining", || async { group("counts") == counts(0, 1, 2, 0) }).await;
     for id in ["default-1", "default-2"] {

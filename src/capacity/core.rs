@@ -65,6 +65,9 @@ pub struct Member {
     /// free ordinal first (as a StatefulSet names its pods), and the highest is drained first.
     pub ordinal: u32,
     pub state: MemberState,
+    /// An active invoker that does not take work (unhealthy, or drained by an operator) is no
+    /// capacity: the group grows past it, and it is the first drained when it shrinks.
+    pub serving: bool,
 }
 
 /// What the core learns.
@@ -78,6 +81,8 @@ pub enum Event {
     /// The control plane runs an invoker that has not registered (yet): one a manager before
     /// this one asked for. It is counted as being provisioned, so it is not asked for again.
     Starting { id: String },
+    /// Whether an active invoker takes work, as its registration last said.
+    Serving { id: String, serving: bool },
     /// A draining invoker reported that it has drained: nothing in flight since its drain
     /// began (the caller sees to the "since": a report from before the drain is no proof).
     Drained { id: String },
@@ -186,7 +191,12 @@ impl GroupCore {
                 if !self.members.contains_key(&id) {
                     let ordinal = self.ordinal_of(&id).unwrap_or_else(|| self.free_ordinals(1)[0]);
                     let state = MemberState::Provisioning { since: now };
-                    self.members.insert(id.clone(), Member { id, ordinal, state });
+                    self.members.insert(id.clone(), Member { id, ordinal, state, serving: true });
+                }
+            }
+            Event::Serving { id, serving } => {
+                if let Some(m) = self.members.get_mut(&id).filter(|m| m.state == MemberState::Active) {
+                    m.serving = serving;
                 }
             }
             Event::Drained { id } => {
@@ -226,7 +236,7 @@ impl GroupCore {
             }
             None => {
                 let ordinal = self.ordinal_of(&id).unwrap_or_else(|| self.free_ordinals(1)[0]);
-                self.members.insert(id.clone(), Member { id, ordinal, state: MemberState::Active });
+                self.members.insert(id.clone(), Member { id, ordinal, state: MemberState::Active, serving: true });
             }
         }
     }
@@ -236,7 +246,8 @@ impl GroupCore {
         let target = self.invokers_for(target_mb);
         self.target = target;
         let counts = self.counts();
-        let have = counts.active + counts.provisioning;
+        let serving = self.members.values().filter(|m| m.state == MemberState::Active && m.serving).count() as u32;
+        let have = serving + counts.provisioning;
         if target > have {
             self.low = None;
             self.grow(target, have, target_mb, now, out);
@@ -265,7 +276,9 @@ impl GroupCore {
         });
         let back: Vec<String> = draining.iter().take((target - have) as usize).map(|m| m.id.clone()).collect();
         for id in back {
-            self.members.get_mut(&id).expect("a member").state = MemberState::Active;
+            let m = self.members.get_mut(&id).expect("a member");
+            m.state = MemberState::Active;
+            m.serving = true;
             let reason = format!(
                 "target {target} invokers ({target_mb} MB) above the {have} it had: the most recently drained first"
             );
@@ -282,7 +295,7 @@ impl GroupCore {
         for id in &ids {
             let ordinal = self.ordinal_of(id).expect("named by the core");
             let state = MemberState::Provisioning { since: now };
-            self.members.insert(id.clone(), Member { id: id.clone(), ordinal, state });
+            self.members.insert(id.clone(), Member { id: id.clone(), ordinal, state, serving: true });
         }
         let reason = format!(
             "target {target} invokers ({target_mb} MB) above the {have} it has{}",
@@ -293,15 +306,16 @@ impl GroupCore {
 
     /// Drains the most recently added active invokers down to `keep`.
     fn shrink(&mut self, keep: u32, active: u32, now: Duration, out: &mut Vec<Decision>) {
-        let mut candidates: Vec<(u32, String)> = self
+        // Those that take no work first, then the most recently added.
+        let mut candidates: Vec<(bool, u32, String)> = self
             .members
             .values()
             .filter(|m| m.state == MemberState::Active)
-            .map(|m| (m.ordinal, m.id.clone()))
+            .map(|m| (m.serving, m.ordinal, m.id.clone()))
             .collect();
-        candidates.sort_unstable_by(|a, b| b.cmp(a));
+        candidates.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
         let deadline = now + self.spec.drain_deadline;
-        for (_, id) in candidates.into_iter().take(active.saturating_sub(keep) as usize) {
+        for (_, _, id) in candidates.into_iter().take(active.saturating_sub(keep) as usize) {
             self.members.get_mut(&id).expect("a member").state = MemberState::Draining { since: now, deadline };
             let reason = format!(
                 "the target stayed at {keep} invokers or below for {:?}, under the {active} active",
@@ -502,6 +516,18 @@ mod tests {
     }
 
     #[test]
+    fn an_invoker_that_takes_no_work_is_no_capacity_and_the_first_drained() {
+        let mut g = group_of(3);
+        g.handle(Event::Serving { id: "g-0".into(), serving: false }, s(2));
+        let ids = provisioned(&g.handle(Event::Tick { target_mb: 3 * MB }, s(3)));
+        assert_eq!(ids, vec!["g-3".to_string()], "two serve: one more");
+        g.handle(Event::Up { id: "g-3".into() }, s(4));
+        assert!(g.handle(Event::Tick { target_mb: 3 * MB }, s(5)).is_empty());
+        let drained = actions(&g.handle(Event::Tick { target_mb: 3 * MB }, s(65)));
+        assert_eq!(drained, vec![Action::Drain { id: "g-0".into() }], "the one that takes no work, not g-3");
+    }
+
+    #[test]
     fn starts_that_fail_back_off_and_one_that_comes_up_ends_it() {
         let mut g = GroupCore::new(spec());
         let asked = |g: &mut GroupCore, at: u64| provisioned(&g.handle(Event::Tick { target_mb: MB }, s(at)));
@@ -559,6 +585,7 @@ mod tests {
         Tick(u64),
         Up(usize),
         Drained(usize),
+        Serving(usize, bool),
         Gone(usize),
     }
 
@@ -568,6 +595,7 @@ mod tests {
             3 => any::<prop::sample::Index>().prop_map(|i| Step::Up(i.index(1 << 16))),
             2 => any::<prop::sample::Index>().prop_map(|i| Step::Drained(i.index(1 << 16))),
             1 => any::<prop::sample::Index>().prop_map(|i| Step::Gone(i.index(1 << 16))),
+            1 => (any::<prop::sample::Index>(), any::<bool>()).prop_map(|(i, b)| Step::Serving(i.index(1 << 16), b)),
         ];
         (step, 0u64..20_000)
     }
@@ -594,6 +622,7 @@ mod tests {
                     Step::Up(i) => match pick(i) { Some(id) => Event::Up { id }, None => continue },
                     Step::Drained(i) => match pick(i) { Some(id) => Event::Drained { id }, None => continue },
                     Step::Gone(i) => match pick(i) { Some(id) => Event::Gone { id }, None => continue },
+                    Step::Serving(i, serving) => match pick(i) { Some(id) => Event::Serving { id, serving }, None => continue },
                 };
                 let is_tick = matches!(event, Event::Tick { .. });
                 let reported_drained = match &event { Event::Drained { id } => Some(id.clone()), _ => None };

@@ -73,6 +73,8 @@ struct GroupLoop {
     predictor: AnyPredictor,
     /// When each of its drains began (a drained report from before it is no proof).
     drains: HashMap<String, Instant>,
+    /// When each reactivation was decided (a record that still says drained is older).
+    reactivated: HashMap<String, Instant>,
     /// When each invoker was asked for (for the provisioning latency).
     asked: HashMap<String, Instant>,
     /// Invokers being stopped by the control plane: a registration still there is not taken
@@ -142,6 +144,7 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
                 core: GroupCore::new(g.spec(name)),
                 predictor: g.predictor.build(self.settings.lead),
                 drains: HashMap::new(),
+                reactivated: HashMap::new(),
                 asked: HashMap::new(),
                 stopping: Arc::default(),
                 status: GroupStatus {
@@ -316,6 +319,9 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
                 self.metrics.provisioning_seconds.observe(asked.elapsed().as_secs_f64());
             }
             decisions.extend(g.core.handle(Event::Up { id: id.clone() }, now));
+            let settling = g.reactivated.get(id).is_some_and(|at| at.elapsed() < 2 * self.settings.publish_interval);
+            let serving = matches!(record.health, Health::Healthy | Health::Overloaded) || settling;
+            decisions.extend(g.core.handle(Event::Serving { id: id.clone(), serving }, now));
             let trusted = g.drains.get(id).is_some_and(|since| since.elapsed() >= 2 * self.settings.publish_interval);
             if record.health == Health::Drained && trusted {
                 decisions.extend(g.core.handle(Event::Drained { id: id.clone() }, now));
@@ -342,6 +348,7 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
                 }
                 g.stopping.lock().remove(&id);
                 g.drains.remove(&id);
+                g.reactivated.remove(&id);
                 g.asked.remove(&id);
                 g.core.handle(Event::Gone { id }, now);
             }
@@ -387,6 +394,7 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
                         tracing::warn!(invoker = %id, "reactivating: {e}");
                     }
                     g.drains.remove(id);
+                    g.reactivated.insert(id.clone(), Instant::now());
                     "reactivate"
                 }
                 Action::Remove { id } => {
