@@ -428,3 +428,44 @@ async fn the_manager_step_by_step_on_the_fake_control_plane() {
     stop.cancel();
     running.await.unwrap();
 }
+
+/// Neither `min` nor a burst waits for a tick: with a tick of a minute, the first round runs at
+/// once, and demand past what the group has is answered at the next burst check (within the
+/// bounded wait; a minute on the code before).
+#[cfg(feature = "test-util")]
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
+async fn a_burst_is_answered_between_ticks() {
+    use invoker::capacity::manager::{Manager, ManagerSettings};
+    use invoker::capacity::plane::{fake::FakePlane, AnyPlane};
+    use invoker::cluster::{ClusterKv, DemandReport, Needs, TagNeeds};
+    let Some(etcd) = EtcdServer::start() else { return };
+    let kv = etcd.kv();
+    let config = invoker::config::Config::from_toml(
+        "[capacity]\ntick = \"60s\"\n[capacity.groups.default]\nmin = 1\nmax = 3\ninvoker_memory_mb = 256\n\
+         predictor = \"conservative\"\n",
+    )
+    .unwrap();
+    let settings = ManagerSettings {
+        prefix: "/invoker".into(),
+        capacity: config.capacity.clone(),
+        publish_interval: Duration::from_millis(100),
+        lease_ttl: Duration::from_secs(3),
+        api: "http://127.0.0.1:1".into(),
+        lead: Duration::from_secs(1),
+    };
+    let plane = FakePlane::default();
+    let manager = Manager::new(kv.clone(), settings, AnyPlane::Fake(plane.clone()));
+    let stop = tokio_util::sync::CancellationToken::new();
+    let running = tokio::spawn(manager.run(stop.clone()));
+    wait_until(Duration::from_secs(10), "min = 1 at once", || async { plane.calls() == ["provision default-0"] }).await;
+    let needs = Needs { in_flight_mb: 0, waiting_mb: 700, refused_mb: 0 };
+    let report = DemandReport { scheduler: "s1".into(), at_ms: 0, needs: vec![TagNeeds { tags: vec![], needs }] };
+    kv.put("/invoker/demand/s1", &serde_json::to_string(&report).unwrap(), None).await.unwrap();
+    wait_until(Duration::from_secs(10), "two invokers asked for, long before the tick", || async {
+        plane.calls() == ["provision default-0", "provision default-1", "provision default-2"]
+    })
+    .await;
+    stop.cancel();
+    running.await.unwrap();
+}

@@ -175,6 +175,17 @@ impl GroupCore {
         counts
     }
 
+    /// What the group has or has asked for: its active invokers that take work, and those
+    /// being provisioned.
+    pub fn have(&self) -> u32 {
+        let taking = |m: &&Member| match m.state {
+            MemberState::Active => m.serving,
+            MemberState::Provisioning { .. } => true,
+            _ => false,
+        };
+        self.members.values().filter(taking).count() as u32
+    }
+
     /// Invokers for `target_mb`, within the group's bounds.
     pub fn invokers_for(&self, target_mb: u64) -> u32 {
         let per = self.spec.invoker_memory_mb.max(1);
@@ -246,8 +257,7 @@ impl GroupCore {
         let target = self.invokers_for(target_mb);
         self.target = target;
         let counts = self.counts();
-        let serving = self.members.values().filter(|m| m.state == MemberState::Active && m.serving).count() as u32;
-        let have = serving + counts.provisioning;
+        let have = self.have();
         if target > have {
             self.low = None;
             self.grow(target, have, target_mb, now, out);

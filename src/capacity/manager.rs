@@ -25,6 +25,10 @@ use tokio_util::sync::CancellationToken;
 /// Decisions kept per group for `GET /v1/capacity`.
 const KEPT_DECISIONS: usize = 32;
 
+/// Between ticks, how often the demand reports are read for a burst: a group whose demand is
+/// past what it has (or has asked for) gets its round at once, not at the next tick.
+const BURST_CHECK: Duration = Duration::from_millis(200);
+
 /// What `GET /v1/capacity` shows.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct CapacityStatus {
@@ -244,10 +248,15 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
     /// Decides every tick while the lease lives; true when it was lost, false when stopped.
     async fn lead_until_lost(&mut self, lease: LeaseId, stop: &CancellationToken) -> bool {
         let mut renewed = Instant::now();
+        let tick = self.settings.capacity.tick;
+        // The first round at once (a group below its min gets its invokers now).
+        let mut last_round: Option<Instant> = None;
         loop {
+            let until_tick =
+                last_round.map_or(Duration::ZERO, |t| (t + tick).saturating_duration_since(Instant::now()));
             tokio::select! {
                 _ = stop.cancelled() => return false,
-                _ = tokio::time::sleep(self.settings.capacity.tick) => {}
+                _ = tokio::time::sleep(until_tick.min(BURST_CHECK)) => {}
             }
             if renewed.elapsed() >= self.settings.lease_ttl / 3 {
                 match self.kv.keep_alive(lease).await {
@@ -260,10 +269,37 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
                     Err(_) => {}
                 }
             }
+            if last_round.is_some_and(|t| t.elapsed() < tick) && !self.a_burst_waits().await {
+                continue;
+            }
+            last_round = Some(Instant::now());
             if let Err(e) = self.round().await {
                 tracing::warn!("reading the cluster: {e} (nothing decided this tick)");
             }
         }
+    }
+
+    /// Whether a group's demand is past the memory of what it has or has asked for.
+    async fn a_burst_waits(&self) -> bool {
+        let Ok(demand) = self.demand().await else { return false };
+        self.groups.iter().any(|g| {
+            let have_mb = u64::from(g.core.have()) * g.config.invoker_memory_mb;
+            demand.get(&g.name).is_some_and(|mb| *mb > have_mb)
+        })
+    }
+
+    /// Each group's demand, from the schedulers' reports.
+    async fn demand(&self) -> Result<BTreeMap<String, u64>, K::Error> {
+        let mut demand: BTreeMap<String, u64> = BTreeMap::new();
+        for (_, value) in self.kv.get_prefix(&format!("{}/demand/", self.settings.prefix)).await? {
+            let Ok(report) = serde_json::from_str::<DemandReport>(&value) else { continue };
+            for needs in report.needs {
+                if let Some(group) = group_for(&needs.tags, &self.settings.capacity.groups) {
+                    *demand.entry(group.to_string()).or_insert(0) += needs.needs.total_mb();
+                }
+            }
+        }
+        Ok(demand)
     }
 
     /// One tick: read (the registrations and the demand reports), decide, carry out, for every
@@ -278,15 +314,7 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
                 records.insert(record.id.clone(), record);
             }
         }
-        let mut demand: BTreeMap<String, u64> = BTreeMap::new();
-        for (_, value) in self.kv.get_prefix(&format!("{}/demand/", self.settings.prefix)).await? {
-            let Ok(report) = serde_json::from_str::<DemandReport>(&value) else { continue };
-            for needs in report.needs {
-                if let Some(group) = group_for(&needs.tags, &self.settings.capacity.groups) {
-                    *demand.entry(group.to_string()).or_insert(0) += needs.needs.total_mb();
-                }
-            }
-        }
+        let demand = self.demand().await?;
         let mut groups = std::mem::take(&mut self.groups);
         for g in &mut groups {
             let demand_mb = demand.get(&g.name).copied().unwrap_or(0);

@@ -1,8 +1,9 @@
 //! What this scheduler needs of the fleet, per tag set, for the capacity manager: the memory
 //! of the activations it has in flight on invokers, of those waiting for an invoker with room,
 //! and of those it refused for lack of room since its last report. Counted as activations
-//! come and go (a map update under a lock), published by [`report`] every 500 ms at most, off
-//! the activation path, under a lease of its own.
+//! come and go (a map update under a lock), published by [`report`] every 500 ms at most (at
+//! once, within that bound, when an activation starts waiting), off the activation path, under
+//! a lease of its own.
 
 use crate::cluster::{demand_key, ClusterKv, DemandReport, Needs, TagNeeds};
 use crate::model::epoch_ms;
@@ -17,6 +18,9 @@ pub const REPORT_EVERY: Duration = Duration::from_millis(500);
 #[derive(Default)]
 pub struct DemandLedger {
     by_tags: Mutex<BTreeMap<Vec<String>, Needs>>,
+    /// An activation started waiting for room: the report goes out as soon as the 500 ms
+    /// since the last one allow, not at the next period.
+    waiting: tokio::sync::Notify,
 }
 
 /// Which count an activation moves.
@@ -32,7 +36,10 @@ impl DemandLedger {
         let needs = by_tags.entry(tags.to_vec()).or_default();
         match stage {
             Stage::InFlight => needs.in_flight_mb += mb,
-            Stage::Waiting => needs.waiting_mb += mb,
+            Stage::Waiting => {
+                needs.waiting_mb += mb;
+                self.waiting.notify_one();
+            }
         }
     }
 
@@ -78,10 +85,19 @@ pub async fn report<K: ClusterKv>(
     let mut renewed = Instant::now();
     let mut last: Option<Vec<TagNeeds>> = None;
     let mut complained: Option<Instant> = None;
+    let mut put_at: Option<Instant> = None;
     loop {
         tokio::select! {
             _ = stop.cancelled() => break,
             _ = tokio::time::sleep(REPORT_EVERY) => {}
+            _ = ledger.waiting.notified() => {
+                // At most one report every REPORT_EVERY.
+                let since = put_at.map_or(REPORT_EVERY, |t| t.elapsed());
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    _ = tokio::time::sleep(REPORT_EVERY.saturating_sub(since)) => {}
+                }
+            }
         }
         let needs = ledger.take();
         let step = async {
@@ -115,6 +131,7 @@ pub async fn report<K: ClusterKv>(
             let report = DemandReport { scheduler: id.clone(), at_ms: epoch_ms(), needs: needs.clone() };
             let value = serde_json::to_string(&report).expect("a report serialises");
             kv.put(&key, &value, Some(l)).await.map_err(|e| e.to_string())?;
+            put_at = Some(Instant::now());
             last = Some(needs);
             Ok::<(), String>(())
         };
