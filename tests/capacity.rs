@@ -289,6 +289,45 @@ async fn an_invoker_killed_under_the_manager_is_replaced() {
     assert_eq!(provisions.count(), 2, "the first two, and one replacement: {decisions}");
 }
 
+/// A manager on the in-memory control plane with `capacity` (TOML of `[capacity]`), leading
+/// against `kv` (the test writes the invokers' records and the demand reports itself).
+#[cfg(feature = "test-util")]
+struct FakeManaged {
+    plane: invoker::capacity::plane::fake::FakePlane,
+    status: Arc<parking_lot::Mutex<invoker::capacity::manager::CapacityStatus>>,
+    stop: tokio_util::sync::CancellationToken,
+    running: tokio::task::JoinHandle<()>,
+}
+
+#[cfg(feature = "test-util")]
+impl FakeManaged {
+    fn start(kv: &invoker::cluster::etcd::Etcd, capacity: &str) -> FakeManaged {
+        use invoker::capacity::manager::{Manager, ManagerSettings};
+        use invoker::capacity::plane::{fake::FakePlane, AnyPlane};
+        let config = invoker::config::Config::from_toml(capacity).unwrap();
+        config.validate().unwrap();
+        let settings = ManagerSettings {
+            prefix: "/invoker".into(),
+            capacity: config.capacity.clone(),
+            publish_interval: Duration::from_millis(100),
+            lease_ttl: Duration::from_secs(3),
+            api: "http://127.0.0.1:1".into(),
+            lead: Duration::from_secs(1),
+        };
+        let plane = FakePlane::default();
+        let manager = Manager::new(kv.clone(), settings, AnyPlane::Fake(plane.clone()));
+        let status = manager.status.clone();
+        let stop = tokio_util::sync::CancellationToken::new();
+        let running = tokio::spawn(manager.run(stop.clone()));
+        FakeManaged { plane, status, stop, running }
+    }
+
+    async fn stop(self) {
+        self.stop.cancel();
+        self.running.await.unwrap();
+    }
+}
+
 /// The manager step by step on the in-memory control plane, the test playing the invokers (it
 /// writes their records into etcd) and the schedulers (their demand reports): the drains a
 /// manager before left are taken back; an invoker is up only once it publishes headroom; an
@@ -298,33 +337,19 @@ async fn an_invoker_killed_under_the_manager_is_replaced() {
 #[tokio::test(flavor = "multi_thread")]
 #[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
 async fn the_manager_step_by_step_on_the_fake_control_plane() {
-    use invoker::capacity::manager::{Manager, ManagerSettings};
-    use invoker::capacity::plane::{fake::FakePlane, AnyPlane};
     use invoker::cluster::{ClusterKv, DemandReport, InvokerRecord, Needs, NodeHeadroom, TagNeeds};
     use invoker::pool::actor::Health;
     let Some(etcd) = EtcdServer::start() else { return };
     let kv = etcd.kv();
-    let config = invoker::config::Config::from_toml(
-        "[capacity]\ntick = \"100ms\"\n[capacity.groups.default]\nmin = 1\nmax = 3\ninvoker_memory_mb = 256\n\
-         scale_down_after = \"1s\"\ndrain_deadline = \"60s\"\npredictor = \"conservative\"\n",
-    )
-    .unwrap();
-    let settings = ManagerSettings {
-        prefix: "/invoker".into(),
-        capacity: config.capacity.clone(),
-        publish_interval: Duration::from_millis(100),
-        lease_ttl: Duration::from_secs(3),
-        api: "http://127.0.0.1:1".into(),
-        lead: Duration::from_secs(1),
-    };
     // Drains a manager before this one left: its own are taken back, an operator's stay.
     kv.put("/invoker/drain/default-7", r#"{"since":1,"by":"capacity"}"#, None).await.unwrap();
     kv.put("/invoker/drain/default-8", r#"{"since":1}"#, None).await.unwrap();
-    let plane = FakePlane::default();
-    let manager = Manager::new(kv.clone(), settings, AnyPlane::Fake(plane.clone()));
-    let status = manager.status.clone();
-    let stop = tokio_util::sync::CancellationToken::new();
-    let running = tokio::spawn(manager.run(stop.clone()));
+    let managed = FakeManaged::start(
+        &kv,
+        "[capacity]\ntick = \"100ms\"\n[capacity.groups.default]\nmin = 1\nmax = 3\ninvoker_memory_mb = 256\n\
+         scale_down_after = \"1s\"\ndrain_deadline = \"60s\"\npredictor = \"conservative\"\n",
+    );
+    let (plane, status) = (managed.plane.clone(), managed.status.clone());
     let group = |field: &str| {
         serde_json::to_value(status.lock().groups.first().cloned()).map(|g| g[field].clone()).unwrap_or(Value::Null)
     };
@@ -425,8 +450,7 @@ async fn the_manager_step_by_step_on_the_fake_control_plane() {
     wait_until(Duration::from_secs(10), "default-2 forgotten", || async { group("counts") == counts(0, 1, 1, 0) })
         .await;
     assert!(kv.get("/invoker/drain/default-2").await.unwrap().is_none());
-    stop.cancel();
-    running.await.unwrap();
+    managed.stop().await;
 }
 
 /// Neither `min` nor a burst waits for a tick: with a tick of a minute, the first round runs at
@@ -436,28 +460,15 @@ async fn the_manager_step_by_step_on_the_fake_control_plane() {
 #[tokio::test(flavor = "multi_thread")]
 #[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
 async fn a_burst_is_answered_between_ticks() {
-    use invoker::capacity::manager::{Manager, ManagerSettings};
-    use invoker::capacity::plane::{fake::FakePlane, AnyPlane};
     use invoker::cluster::{ClusterKv, DemandReport, Needs, TagNeeds};
     let Some(etcd) = EtcdServer::start() else { return };
     let kv = etcd.kv();
-    let config = invoker::config::Config::from_toml(
+    let managed = FakeManaged::start(
+        &kv,
         "[capacity]\ntick = \"60s\"\n[capacity.groups.default]\nmin = 1\nmax = 3\ninvoker_memory_mb = 256\n\
          predictor = \"conservative\"\n",
-    )
-    .unwrap();
-    let settings = ManagerSettings {
-        prefix: "/invoker".into(),
-        capacity: config.capacity.clone(),
-        publish_interval: Duration::from_millis(100),
-        lease_ttl: Duration::from_secs(3),
-        api: "http://127.0.0.1:1".into(),
-        lead: Duration::from_secs(1),
-    };
-    let plane = FakePlane::default();
-    let manager = Manager::new(kv.clone(), settings, AnyPlane::Fake(plane.clone()));
-    let stop = tokio_util::sync::CancellationToken::new();
-    let running = tokio::spawn(manager.run(stop.clone()));
+    );
+    let plane = managed.plane.clone();
     wait_until(Duration::from_secs(10), "min = 1 at once", || async { plane.calls() == ["provision default-0"] }).await;
     let needs = Needs { in_flight_mb: 0, waiting_mb: 700, refused_mb: 0 };
     let report = DemandReport { scheduler: "s1".into(), at_ms: 0, needs: vec![TagNeeds { tags: vec![], needs }] };
@@ -466,6 +477,5 @@ async fn a_burst_is_answered_between_ticks() {
         plane.calls() == ["provision default-0", "provision default-1", "provision default-2"]
     })
     .await;
-    stop.cancel();
-    running.await.unwrap();
+    managed.stop().await;
 }
