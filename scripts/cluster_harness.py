@@ -2,7 +2,7 @@
 cluster, processes of the invoker binary on loopback ports, their admin keys, and HTTP calls
 with a key. Imported by the python the scripts run from the repository's root."""
 
-import base64, json, os, socket, subprocess, sys, time, urllib.error, urllib.request
+import atexit, base64, json, os, signal, socket, subprocess, sys, time, urllib.error, urllib.request
 
 GUEST = "23bc46b1-71f6-4ed5-8c54-816aa4f8c502:123zO3xZCLrMN6v2BKK1dXYFpXlPkccOFqm12CdAsMgRU4VrNZ9lyGVCGuMDGIwP"
 
@@ -38,6 +38,9 @@ class Cluster:
             # Not root: the invokers cannot isolate their containers.
             config = config.replace("[factory.process]\n", "[factory.process]\nunprivileged = false\n", 1)
         self.exe, self.work, self.etcd = exe, work, etcd
+        self.procs = []
+        # However the script ends (a failed step exits early), nothing it started outlives it.
+        atexit.register(self.stop_all)
         self.config_path = os.path.join(work, "cluster.toml")
         with open(self.config_path, "w") as f:
             f.write(config)
@@ -49,7 +52,19 @@ class Cluster:
         err = open(os.path.join(self.work, name + ".err"), "a")
         cmd = [self.exe] + args + ["--config", self.config_path, "--etcd", etcd or self.etcd,
                                    "--listen", f"127.0.0.1:{port}", "--data-dir", os.path.join(self.work, name)]
-        return subprocess.Popen(cmd, stdout=out, stderr=err, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, start_new_session=True)
+        self.procs.append(proc)
+        return proc
+
+    def stop_all(self):
+        for proc in self.procs:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGCONT)
+                    os.killpg(proc.pid, signal.SIGTERM)
+                    proc.wait(timeout=30)
+                except Exception:
+                    proc.kill()
 
     def admin_key(self, name):
         """The admin key process `name` printed (exits when it did not start)."""
