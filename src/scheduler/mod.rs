@@ -85,10 +85,10 @@ pub struct Dispatcher {
 /// What this scheduler has sent and not seen end, per invoker and per action revision there.
 #[derive(Default)]
 struct InFlight {
-    per_invoker: BTreeMap<String, u32>,
     per_revision: HashMap<RevisionKey, BTreeMap<String, u32>>,
     /// Per invoker, the memory of each hand-over by when it was sent (and a number, to tell
-    /// two apart): placement takes what the invoker's record cannot show yet off its room.
+    /// two apart): placement takes what the invoker's record cannot show yet off its room, and
+    /// `GET /v1/invokers` counts them.
     sends: HashMap<String, BTreeMap<(Instant, u64), u64>>,
     sent: u64,
 }
@@ -328,7 +328,6 @@ impl Dispatcher {
         in_flight.sent += 1;
         let send = (Instant::now(), in_flight.sent);
         in_flight.sends.entry(invoker.to_string()).or_default().insert(send, memory_mb);
-        *in_flight.per_invoker.entry(invoker.to_string()).or_insert(0) += 1;
         *in_flight.per_revision.entry(key.clone()).or_default().entry(invoker.to_string()).or_insert(0) += 1;
         self.metrics.in_flight.get_or_create(&metrics::InvokerLabel { invoker: invoker.to_string() }).inc();
         send
@@ -340,12 +339,6 @@ impl Dispatcher {
             sends.remove(&send);
             if sends.is_empty() {
                 in_flight.sends.remove(invoker);
-            }
-        }
-        if let Some(n) = in_flight.per_invoker.get_mut(invoker) {
-            *n -= 1;
-            if *n == 0 {
-                in_flight.per_invoker.remove(invoker);
             }
         }
         if let Some(per) = in_flight.per_revision.get_mut(key) {
@@ -395,7 +388,8 @@ impl Dispatcher {
     /// The registered invokers, as last read, with what this scheduler has in flight there.
     pub fn invokers(&self) -> Vec<InvokerStatus> {
         let view = self.directory.current();
-        let in_flight = self.in_flight.lock().per_invoker.clone();
+        let in_flight: HashMap<String, u32> =
+            self.in_flight.lock().sends.iter().map(|(id, sends)| (id.clone(), sends.len() as u32)).collect();
         view.invokers
             .values()
             .map(|r| InvokerStatus {
