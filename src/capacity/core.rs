@@ -368,15 +368,19 @@ impl GroupCore {
         }
     }
 
-    /// `<group>-<n>` → n.
     fn ordinal_of(&self, id: &str) -> Option<u32> {
-        id.strip_prefix(&self.spec.name)?.strip_prefix('-')?.parse().ok()
+        ordinal_in(&self.spec.name, id)
     }
 
     fn free_ordinals(&self, n: usize) -> Vec<u32> {
         let used: std::collections::BTreeSet<u32> = self.members.values().map(|m| m.ordinal).collect();
         (0..).filter(|o| !used.contains(o)).take(n).collect()
     }
+}
+
+/// The ordinal of invoker `id` in group `group` (`<group>-<n>` → n); `None`: not one of its.
+pub fn ordinal_in(group: &str, id: &str) -> Option<u32> {
+    id.strip_prefix(group)?.strip_prefix('-')?.parse().ok()
 }
 
 impl fmt::Display for Action {

@@ -487,7 +487,7 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
 
 /// Whether `id` is an invoker of group `name` (`<name>-<n>`).
 fn owns(name: &str, id: &str) -> bool {
-    id.strip_prefix(name).and_then(|rest| rest.strip_prefix('-')).is_some_and(|n| n.parse::<u32>().is_ok())
+    super::core::ordinal_in(name, id).is_some()
 }
 
 #[cfg(test)]
