@@ -283,11 +283,8 @@ impl CapacityApp {
         if config.admin.key.is_none() {
             config.admin.key = Some(shared_admin_key(&config.data_dir.join("admin_key")).map_err(data_dir)?);
         }
-        let listen = |source| AppError::Listen { addr: config.listen, source };
-        let listener = std::net::TcpListener::bind(config.listen).map_err(listen)?;
-        listener.set_nonblocking(true).map_err(listen)?;
-        let listener = tokio::net::TcpListener::from_std(listener).map_err(listen)?;
-        let addr = listener.local_addr().map_err(listen)?;
+        let listener = bind(&config)?;
+        let addr = listener.local_addr().map_err(|source| AppError::Listen { addr: config.listen, source })?;
         let exe = std::env::current_exe().map_err(AppError::Plane)?;
         // An invoker stopped has its shutdown grace to drain, and a little more to exit.
         let stop_grace = config.shutdown_grace + Duration::from_secs(15);
@@ -350,10 +347,20 @@ fn open(config: &mut Config, file: &str) -> Result<(Arc<dyn Store>, tokio::net::
     }
     let store: Arc<dyn Store> = Arc::new(store);
     config.admin.key = Some(admin_key(config, store.as_ref())?);
+    Ok((store, bind(config)?))
+}
+
+/// The listener on `config.listen`.
+fn bind(config: &Config) -> Result<tokio::net::TcpListener, AppError> {
     let listen = |source| AppError::Listen { addr: config.listen, source };
     let listener = std::net::TcpListener::bind(config.listen).map_err(listen)?;
     listener.set_nonblocking(true).map_err(listen)?;
-    Ok((store, tokio::net::TcpListener::from_std(listener).map_err(listen)?))
+    tokio::net::TcpListener::from_std(listener).map_err(listen)
+}
+
+/// A fresh admin key (`uuid:secret`, as OpenWhisk's keys).
+fn new_admin_key() -> String {
+    format!("{}:{}{}", uuid::Uuid::new_v4(), uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple())
 }
 
 /// The admin key: the configured one, else the one generated at first start and kept in the
@@ -365,7 +372,7 @@ fn admin_key(config: &Config, store: &dyn Store) -> Result<String, StoreError> {
     if let Some(key) = store.get_setting("admin_key")? {
         return Ok(key);
     }
-    let key = format!("{}:{}{}", uuid::Uuid::new_v4(), uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple());
+    let key = new_admin_key();
     store.put_setting("admin_key", &key)?;
     Ok(key)
 }
@@ -375,7 +382,7 @@ fn admin_key(config: &Config, store: &dyn Store) -> Result<String, StoreError> {
 fn shared_admin_key(path: &std::path::Path) -> std::io::Result<String> {
     use std::io::Write as _;
     use std::os::unix::fs::OpenOptionsExt as _;
-    let key = format!("{}:{}{}", uuid::Uuid::new_v4(), uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple());
+    let key = new_admin_key();
     match std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path) {
         Ok(mut file) => {
             file.write_all(key.as_bytes())?;
