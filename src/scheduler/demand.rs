@@ -33,7 +33,11 @@ pub enum Stage {
 impl DemandLedger {
     pub fn add(&self, tags: &[String], stage: Stage, mb: u64) {
         let mut by_tags = self.by_tags.lock();
-        let needs = by_tags.entry(tags.to_vec()).or_default();
+        // The tag set is copied only the first time it is seen (not once per activation).
+        if !by_tags.contains_key(tags) {
+            by_tags.insert(tags.to_vec(), Needs::default());
+        }
+        let needs = by_tags.get_mut(tags).expect("inserted above");
         match stage {
             Stage::InFlight => needs.in_flight_mb += mb,
             Stage::Waiting => {
