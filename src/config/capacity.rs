@@ -121,26 +121,35 @@ impl CapacityConfig {
             if let Some(other) = tag_sets.insert(tags, name) {
                 return Err(bad(&key("tags"), format!("the same tags as the group '{other}'")));
             }
-            if g.max == 0 || g.max > 1000 {
-                return Err(bad(&key("max"), "between 1 and 1000"));
-            }
-            if g.min > g.max {
-                return Err(bad(&key("min"), format!("at most max ({})", g.max)));
-            }
-            if g.invoker_memory_mb < 128 {
-                return Err(bad(&key("invoker_memory_mb"), "at least 128"));
-            }
-            if g.max_step == 0 {
-                return Err(bad(&key("max_step"), "at least 1"));
-            }
-            for (field, d) in [
-                ("scale_down_after", g.scale_down_after),
-                ("drain_deadline", g.drain_deadline),
-                ("provision_timeout", g.provision_timeout),
-            ] {
-                if d < Duration::from_secs(1) || d > Duration::from_secs(24 * 3600) {
-                    return Err(bad(&key(field), "between 1s and 24h"));
-                }
+            g.validate(name)?;
+        }
+        Ok(())
+    }
+}
+
+impl GroupConfig {
+    /// The checks of one group's own keys (`capacity.groups.<name>.*`).
+    pub fn validate(&self, name: &str) -> Result<(), ConfigError> {
+        let key = |field: &str| format!("capacity.groups.{name}.{field}");
+        if self.max == 0 || self.max > 1000 {
+            return Err(bad(&key("max"), "between 1 and 1000"));
+        }
+        if self.min > self.max {
+            return Err(bad(&key("min"), format!("at most max ({})", self.max)));
+        }
+        if self.invoker_memory_mb < 128 {
+            return Err(bad(&key("invoker_memory_mb"), "at least 128"));
+        }
+        if self.max_step == 0 {
+            return Err(bad(&key("max_step"), "at least 1"));
+        }
+        for (field, d) in [
+            ("scale_down_after", self.scale_down_after),
+            ("drain_deadline", self.drain_deadline),
+            ("provision_timeout", self.provision_timeout),
+        ] {
+            if d < Duration::from_secs(1) || d > Duration::from_secs(24 * 3600) {
+                return Err(bad(&key(field), "between 1s and 24h"));
             }
         }
         Ok(())
