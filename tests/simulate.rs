@@ -171,3 +171,28 @@ fn the_200_function_comparison_loses_nothing_and_the_hybrid_policy_starts_fewer_
     assert!(count(&roomy["hybrid"], "cold_starts") < count(&roomy["fixed-10m"], "cold_starts"), "{roomy}");
     assert!(count(&roomy["hybrid"], "prewarms_used") > 10 * count(&roomy["hybrid"], "prewarms_wasted"), "{roomy}");
 }
+
+#[test]
+fn the_fleet_comparison_loses_nothing_and_a_managed_fleet_costs_less_than_one_sized_for_the_peak() {
+    let s = run_window("fleet-200");
+    assert_eq!(count(&s["trace"], "activations"), AZURE_200_WINDOW_CALLS, "{s}");
+    let planes = s["planes"].as_object().unwrap();
+    assert_eq!(planes.len(), 2, "local and kubernetes: {s}");
+    for (plane, runs) in planes {
+        let fixed_peak = &runs["fixed-peak"];
+        assert_eq!(count(fixed_peak, "delayed_over_1s"), 0, "{plane}: {s}");
+        for policy in ["fixed-peak", "fixed-mean", "conservative", "windowed", "seasonal"] {
+            let run = &runs[policy];
+            assert_eq!(count(run, "lost"), 0, "{plane} {policy}: {s}");
+            assert_eq!(count(run, "failed"), 0, "{plane} {policy}: {s}");
+            assert_eq!(count(run, "killed_at_drain_deadline"), 0, "{plane} {policy}: {s}");
+        }
+        for policy in ["conservative", "windowed", "seasonal"] {
+            let run = &runs[policy];
+            assert_eq!(count(run, "refused"), 0, "{plane} {policy}: {s}");
+            assert_eq!(count(run, "completed"), AZURE_200_WINDOW_CALLS, "{plane} {policy}: {s}");
+            assert!(count(run, "provisioned") > 0 && count(run, "removed") > 0, "{plane} {policy}: {s}");
+            assert!(count(run, "invoker_seconds") < count(fixed_peak, "invoker_seconds"), "{plane} {policy}: {s}");
+        }
+    }
+}

@@ -5,6 +5,7 @@
 //!
 //! `invoker simulate --scenario scenarios/<name>.toml`
 
+pub mod fleet;
 pub mod scenario;
 pub mod workload;
 
@@ -133,6 +134,9 @@ struct Sim<'a> {
 /// Runs a scenario to the end and returns its JSON summary; with `compare_start_rules`, one
 /// summary per rule under `rules`.
 pub fn run(scenario: &Scenario) -> Result<Value, ScenarioError> {
+    if let Some(fleet) = &scenario.fleet {
+        return fleet::compare(scenario, fleet);
+    }
     if let Some(choices) = &scenario.compare_keep_alive {
         return compare_keep_alive(scenario, choices);
     }

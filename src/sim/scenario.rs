@@ -27,6 +27,48 @@ pub struct Scenario {
     pub node_sizes_mb: Option<Vec<u64>>,
     pub cluster: Cluster,
     pub workload: Workload,
+    /// A fleet of invokers under the capacity manager instead of one invoker: `[cluster]`
+    /// then describes one invoker's node.
+    #[serde(default)]
+    pub fleet: Option<Fleet>,
+}
+
+/// The fleet comparison: one invoker group, replayed under each predictor (and the fixed
+/// fleets and the oracle) once per control plane's provisioning latency.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Fleet {
+    /// The group, as a `[capacity.groups.<name>]` section says it (its `predictor` is
+    /// ignored: every one in `predictors` is run).
+    pub group: crate::config::GroupConfig,
+    #[serde(default = "all_predictors")]
+    pub predictors: Vec<crate::capacity::predictor::PredictorKind>,
+    pub planes: Vec<Plane>,
+    /// The scheduler's `wait_for_room`: an activation no invoker has room for waits this long
+    /// before it is refused.
+    #[serde(with = "humantime_serde")]
+    pub wait_for_room: Duration,
+    /// The capacity manager's `[capacity] tick`.
+    #[serde(default = "default_capacity_tick", with = "humantime_serde")]
+    pub tick: Duration,
+}
+
+/// A control plane, as the fleet comparison sees it: how long an invoker takes to come up.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Plane {
+    pub name: String,
+    #[serde(with = "humantime_serde")]
+    pub provision_latency: Duration,
+}
+
+fn all_predictors() -> Vec<crate::capacity::predictor::PredictorKind> {
+    use crate::capacity::predictor::PredictorKind;
+    vec![PredictorKind::Conservative, PredictorKind::Windowed, PredictorKind::Seasonal]
+}
+
+fn default_capacity_tick() -> Duration {
+    Duration::from_secs(1)
 }
 
 /// One policy of a keep-alive comparison: a name, and the `[pool]` keys it changes.
@@ -150,6 +192,18 @@ impl Scenario {
         if scenario.cluster.nodes == 0 || scenario.cluster.node_memory_mb == 0 {
             let reason = "cluster.nodes and cluster.node_memory_mb must be above 0".into();
             return Err(ScenarioError::Read { path: path.display().to_string(), reason });
+        }
+        if let Some(fleet) = &scenario.fleet {
+            let bad = |reason: String| ScenarioError::Read { path: path.display().to_string(), reason };
+            if scenario.cluster.nodes != 1 || scenario.cluster.node_memory_mb != fleet.group.invoker_memory_mb {
+                return Err(bad("a fleet's invoker is one node: cluster.nodes = 1 and cluster.node_memory_mb = \
+                     fleet.group.invoker_memory_mb"
+                    .into()));
+            }
+            fleet.group.validate("default").map_err(|e| bad(format!("fleet.group: {e}")))?;
+            if fleet.planes.is_empty() || fleet.predictors.is_empty() {
+                return Err(bad("fleet.planes and fleet.predictors: at least one each".into()));
+            }
         }
         Ok(scenario)
     }

@@ -1,0 +1,775 @@
+//! The fleet simulator: a whole cluster in virtual time. The scheduler's placement
+//! ([`crate::scheduler::placement::place`]) spreads a trace's calls over invokers, each running
+//! the pool core the invoker runs on one node, and the capacity manager's decision core
+//! ([`crate::capacity::core::GroupCore`]) with a predictor grows and shrinks the fleet from the
+//! demand the scheduler reports, through a control plane that takes `provision_latency` to
+//! bring an invoker up. Beside those policies, in the same run: fixed fleets sized for the
+//! trace's peak and for its mean, and the oracle (see [`oracle`]).
+//!
+//! What it models of the real parts, and what it leaves out:
+//! - the scheduler places only where an invoker has room (idle containers count as room, as
+//!   [`crate::cluster::InvokerRecord::room_mb`] does), keeps what fits nowhere waiting for
+//!   `wait_for_room` and then refuses it, and reports its demand (in flight, waiting, refused
+//!   since the last report) at most every 500 ms, as [`crate::scheduler::demand`] does;
+//! - the manager runs a round every `tick`, and between ticks at once when the reported demand
+//!   is past what the group has, checked every 200 ms, as `invoker capacity` does;
+//! - an invoker costs from the moment it is asked for until it is removed; a draining one takes
+//!   no new work and is removed once idle (or at its drain deadline: what it still runs is
+//!   counted as killed, as the scheduler ends it with a record);
+//! - the scheduler sees every invoker's room at once (no etcd lag), and each invoker is one
+//!   node whose stats its pool sees every pool tick.
+
+pub mod oracle;
+
+use super::scenario::{Fleet, Scenario, ScenarioError};
+use super::workload::{self, Call, Rng};
+use crate::capacity::core::{Action, Event as GroupEvent, GroupCore, MemberState};
+use crate::capacity::predictor::{AnyPredictor, Predictor, PredictorKind};
+use crate::pool::core::{
+    ContainerId, CoreConfig, CreateFailure, Effect, Event, Job, JobId, KeyId, NodeId, NodeStatsUpdate, Owner, PoolCore,
+    RejectReason,
+};
+use crate::scheduler::placement::{place, ActionNeeds, InvokerView, PlacementConfig};
+use oracle::DemandProfile;
+use serde_json::{json, Value};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
+use std::time::{Duration, Instant};
+
+/// How often a scheduler reports its demand at most.
+const REPORT_EVERY: Duration = crate::scheduler::demand::REPORT_EVERY;
+/// How often the manager looks for a burst between ticks.
+const BURST_CHECK: Duration = Duration::from_millis(200);
+/// A call that waited longer than this before it ran is counted as delayed.
+const DELAYED: Duration = Duration::from_secs(1);
+/// A drain this soon after the invoker was asked for (or taken back) undoes a scale-up.
+const REVERSAL: Duration = Duration::from_secs(60);
+
+/// How a run sizes its fleet.
+#[derive(Clone, Copy, Debug)]
+enum Sizing {
+    Fixed(u32),
+    Managed(PredictorKind),
+}
+
+/// The whole comparison: the trace's profile, then per control plane one entry per policy.
+pub fn compare(scenario: &Scenario, fleet: &Fleet) -> Result<Value, ScenarioError> {
+    let (calls, _) = workload::calls(&scenario.workload, scenario.seed)?;
+    let minutes = calls.last().map_or(0, |c| c.at.as_secs() / 60 + 1) as usize;
+    let profile = DemandProfile::of(&calls, minutes);
+    let invoker_mb = fleet.group.invoker_memory_mb;
+    let oracle_invokers = profile.oracle_invokers(invoker_mb);
+    let oracle_seconds: u64 = oracle_invokers.iter().map(|&n| u64::from(n) * 60).sum();
+    let mut fixed = BTreeMap::new();
+    for (name, n) in
+        [("fixed-peak", profile.fixed_for_peak(invoker_mb)), ("fixed-mean", profile.fixed_for_mean(invoker_mb))]
+    {
+        fixed.insert(name, run(scenario, fleet, &calls, minutes, Sizing::Fixed(n), Duration::ZERO));
+    }
+    let mut planes = serde_json::Map::new();
+    for plane in &fleet.planes {
+        let mut section = serde_json::Map::new();
+        section.insert(
+            "oracle".into(),
+            json!({
+                "invoker_seconds": oracle_seconds,
+                "vs_oracle": 1.0,
+                "invokers_max": oracle_invokers.iter().max().copied().unwrap_or(0),
+            }),
+        );
+        for (name, result) in &fixed {
+            section.insert((*name).into(), result.summary(oracle_seconds));
+        }
+        let mut windowed = None;
+        for &kind in &fleet.predictors {
+            let result = run(scenario, fleet, &calls, minutes, Sizing::Managed(kind), plane.provision_latency);
+            if kind == PredictorKind::Windowed {
+                windowed = Some((result.invoker_seconds(), result.counts.delayed));
+            }
+            section.insert(kind.name().into(), result.summary(oracle_seconds));
+        }
+        for &kind in &fleet.predictors {
+            let entry = section.get_mut(kind.name()).expect("inserted above");
+            let ratio = entry["vs_oracle"].as_f64().unwrap_or(f64::MAX);
+            let delayed_pct = entry["delayed_over_1s_pct"].as_f64().unwrap_or(100.0);
+            let clean = entry["refused"] == 0 && entry["lost"] == 0 && entry["killed_at_drain_deadline"] == 0;
+            entry["meets_goal"] = json!(ratio <= 1.5 && delayed_pct <= 1.0 && clean);
+            if let Some((seconds, delayed)) = windowed.filter(|_| kind != PredictorKind::Windowed) {
+                let (mine, my_delayed) = (entry["invoker_seconds"].as_u64(), entry["delayed_over_1s"].as_u64());
+                entry["beats_windowed"] =
+                    json!(mine.is_some_and(|s| s < seconds) && my_delayed.is_some_and(|d| d < delayed));
+            }
+        }
+        let name = format!("{} ({:?})", plane.name, plane.provision_latency);
+        planes.insert(name, Value::Object(section));
+    }
+    Ok(json!({
+        "scenario": scenario.name,
+        "trace": {
+            "minutes": minutes,
+            "activations": calls.len(),
+            "mean_mb": profile.mean_mb.round(),
+            "peak_mb": profile.peak_mb_per_minute.iter().max().copied().unwrap_or(0),
+        },
+        "invoker_memory_mb": invoker_mb,
+        "planes": planes,
+    }))
+}
+
+fn run<'a>(
+    scenario: &'a Scenario,
+    fleet: &'a Fleet,
+    calls: &'a [Call],
+    minutes: usize,
+    sizing: Sizing,
+    latency: Duration,
+) -> FleetSim<'a> {
+    let began = Instant::now();
+    let group = match sizing {
+        Sizing::Fixed(_) => None,
+        Sizing::Managed(kind) => {
+            Some((GroupCore::new(fleet.group.spec("default")), kind.build(latency.max(Duration::from_secs(1)))))
+        }
+    };
+    let mut sim = FleetSim {
+        scenario,
+        fleet,
+        calls,
+        latency,
+        horizon: Duration::from_secs(minutes as u64 * 60),
+        now: Duration::ZERO,
+        seq: 0,
+        queue: BinaryHeap::new(),
+        invokers: Vec::new(),
+        by_id: HashMap::new(),
+        jobs: HashMap::new(),
+        waiting: BTreeMap::new(),
+        ledger: Ledger::default(),
+        group,
+        last_round: None,
+        rng: Rng::new(scenario.seed),
+        arrived: 0,
+        counts: Counts::default(),
+    };
+    if let Sizing::Fixed(n) = sizing {
+        for i in 0..n {
+            let index = sim.add_invoker(format!("fixed-{i}"));
+            sim.up(index);
+        }
+    }
+    sim.run();
+    sim.counts.wall = began.elapsed();
+    sim
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Ev {
+    Arrive(usize),
+    Ready(usize, ContainerId),
+    Done(usize, ContainerId, JobId),
+    Removed(usize, ContainerId),
+    /// A provisioned invoker registered.
+    Up(usize),
+    /// The manager's look at the demand (a round when a tick passed or a burst waits).
+    Check,
+    Report,
+    PoolTick,
+    GiveUp(JobId),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    Provisioning,
+    Active,
+    Draining,
+    Removed,
+}
+
+struct SimContainer {
+    action: Option<u32>,
+    memory_mb: u64,
+    ran: bool,
+}
+
+struct SimInvoker {
+    id: String,
+    phase: Phase,
+    core: PoolCore,
+    node: NodeId,
+    used_mb: u64,
+    containers: HashMap<ContainerId, SimContainer>,
+    /// Containers per action, and this scheduler's calls per action there (placement's view).
+    containers_of: HashMap<u32, u32>,
+    running_of: HashMap<u32, u32>,
+    jobs: u32,
+    asked_at: Duration,
+    removed_at: Option<Duration>,
+    /// When it was last asked for or taken back (a drain soon after undoes that).
+    grown_at: Duration,
+    /// The manager has been told it is gone.
+    forgotten: bool,
+}
+
+struct FleetJob {
+    call: usize,
+    arrived: Duration,
+    /// Its place in the scheduler's queue (arrival order) while it waits.
+    seq: u64,
+    on: Option<usize>,
+    tried: BTreeSet<String>,
+}
+
+/// The scheduler's demand ledger, and what it last reported.
+#[derive(Default)]
+struct Ledger {
+    in_flight_mb: u64,
+    waiting_mb: u64,
+    refused_mb: u64,
+    reported_mb: u64,
+    last_report: Option<Duration>,
+    report_due: bool,
+}
+
+#[derive(Default)]
+struct Counts {
+    completed: u64,
+    refused: u64,
+    killed: u64,
+    failed: u64,
+    delayed: u64,
+    cold: u64,
+    waits_us: Vec<u64>,
+    provisioned: u64,
+    drained: u64,
+    reactivated: u64,
+    removed: u64,
+    reversals: u64,
+    invokers_max: usize,
+    wall: Duration,
+}
+
+struct FleetSim<'a> {
+    scenario: &'a Scenario,
+    fleet: &'a Fleet,
+    calls: &'a [Call],
+    latency: Duration,
+    horizon: Duration,
+    now: Duration,
+    seq: u64,
+    queue: BinaryHeap<Reverse<(Duration, u64, Ev)>>,
+    invokers: Vec<SimInvoker>,
+    /// The latest invoker of each name (a name is reused once its invoker is gone).
+    by_id: HashMap<String, usize>,
+    jobs: HashMap<JobId, FleetJob>,
+    /// Calls waiting for room, in arrival order.
+    waiting: BTreeMap<u64, JobId>,
+    ledger: Ledger,
+    group: Option<(GroupCore, AnyPredictor)>,
+    last_round: Option<Duration>,
+    rng: Rng,
+    arrived: usize,
+    counts: Counts,
+}
+
+impl FleetSim<'_> {
+    fn at(&mut self, when: Duration, ev: Ev) {
+        self.seq += 1;
+        self.queue.push(Reverse((when, self.seq, ev)));
+    }
+
+    fn run(&mut self) {
+        for (i, call) in self.calls.iter().enumerate() {
+            self.seq += 1;
+            self.queue.push(Reverse((call.at, self.seq, Ev::Arrive(i))));
+        }
+        self.at(Duration::ZERO, Ev::PoolTick);
+        if self.group.is_some() {
+            self.at(Duration::ZERO, Ev::Check);
+        }
+        while let Some(Reverse((when, _, ev))) = self.queue.pop() {
+            self.now = when;
+            match ev {
+                Ev::Arrive(i) => self.arrive(i),
+                Ev::Ready(i, c) => self.ready(i, c),
+                Ev::Done(i, c, job) => self.done(i, c, job),
+                Ev::Removed(i, c) => self.container_removed(i, c),
+                Ev::Up(i) => self.up(i),
+                Ev::Check => {
+                    let burst = self.group.as_ref().is_some_and(|(core, _)| {
+                        self.ledger.reported_mb > u64::from(core.have()) * self.fleet.group.invoker_memory_mb
+                    });
+                    if burst || self.last_round.is_none_or(|at| self.now >= at + self.fleet.tick) {
+                        self.round();
+                    }
+                    if !self.finished() {
+                        self.at(self.now + BURST_CHECK, Ev::Check);
+                    }
+                }
+                Ev::Report => self.report(),
+                Ev::PoolTick => {
+                    for i in 0..self.invokers.len() {
+                        if matches!(self.invokers[i].phase, Phase::Active | Phase::Draining) {
+                            self.publish_stats(i);
+                            self.apply(i, Event::Tick);
+                        }
+                    }
+                    if !self.finished() {
+                        self.at(self.now + self.scenario.pool.tick, Ev::PoolTick);
+                    }
+                }
+                Ev::GiveUp(job) => self.give_up(job),
+            }
+        }
+    }
+
+    fn finished(&self) -> bool {
+        self.arrived == self.calls.len() && self.jobs.is_empty()
+    }
+
+    fn add_invoker(&mut self, id: String) -> usize {
+        let config = CoreConfig { pause_grace: self.scenario.cluster.pause_grace, ..self.scenario.pool.clone() };
+        let index = self.invokers.len();
+        self.invokers.push(SimInvoker {
+            node: NodeId::new(&format!("{id}/node")),
+            id: id.clone(),
+            phase: Phase::Provisioning,
+            core: PoolCore::new(config),
+            used_mb: 0,
+            containers: HashMap::new(),
+            containers_of: HashMap::new(),
+            running_of: HashMap::new(),
+            jobs: 0,
+            asked_at: self.now,
+            removed_at: None,
+            grown_at: self.now,
+            forgotten: false,
+        });
+        self.by_id.insert(id, index);
+        let live = self.invokers.iter().filter(|i| i.phase != Phase::Removed).count();
+        self.counts.invokers_max = self.counts.invokers_max.max(live);
+        index
+    }
+
+    fn up(&mut self, i: usize) {
+        if self.invokers[i].phase != Phase::Provisioning {
+            return;
+        }
+        self.invokers[i].phase = Phase::Active;
+        self.publish_stats(i);
+        self.place_waiting();
+    }
+
+    fn publish_stats(&mut self, i: usize) {
+        let inv = &self.invokers[i];
+        let capacity_mb = self.scenario.cluster.node_memory_mb;
+        let update = NodeStatsUpdate {
+            node: inv.node.clone(),
+            capacity_mb,
+            free_mb: capacity_mb.saturating_sub(inv.used_mb),
+            observed_at: self.now,
+        };
+        self.apply(i, Event::NodeStats(update));
+    }
+
+    // --- the scheduler -------------------------------------------------------------------
+
+    fn arrive(&mut self, index: usize) {
+        self.arrived += 1;
+        let id = JobId(index as u64);
+        let job = FleetJob { call: index, arrived: self.now, seq: index as u64, on: None, tried: BTreeSet::new() };
+        self.jobs.insert(id, job);
+        if !self.try_place(id) {
+            self.start_waiting(id);
+        }
+        self.ledger_changed();
+    }
+
+    /// Sends the call to an invoker with room, if one has it.
+    fn try_place(&mut self, id: JobId) -> bool {
+        let Some(job) = self.jobs.get(&id) else { return true };
+        let call = self.calls[job.call];
+        let views: Vec<InvokerView> = self
+            .invokers
+            .iter()
+            .filter(|inv| inv.phase == Phase::Active)
+            .map(|inv| {
+                let room = inv.core.nodes(self.now).iter().map(|n| n.launchable_mb + n.idle_mb).max().unwrap_or(0);
+                InvokerView {
+                    id: inv.id.clone(),
+                    tags: Vec::new(),
+                    healthy: true,
+                    launchable_mb: room,
+                    warm: inv.containers_of.get(&call.action).copied().unwrap_or(0),
+                    in_flight: inv.running_of.get(&call.action).copied().unwrap_or(0),
+                }
+            })
+            .collect();
+        let needs = ActionNeeds { memory_mb: u64::from(call.memory_mb), ..ActionNeeds::default() };
+        let config = PlacementConfig { managed_fraction: 1.0, blackbox_fraction: 0.0 };
+        let rng = &mut self.rng;
+        let Ok(placement) = place(&views, &needs, &config, &job.tried, &mut |n| rng.between(0, n as u64 - 1) as usize)
+        else {
+            return false;
+        };
+        let i = self.by_id[&placement.invoker];
+        let inv = &mut self.invokers[i];
+        inv.jobs += 1;
+        *inv.running_of.entry(call.action).or_insert(0) += 1;
+        self.ledger.in_flight_mb += u64::from(call.memory_mb);
+        self.jobs.get_mut(&id).expect("checked above").on = Some(i);
+        let job = Job {
+            id,
+            key: KeyId(call.action),
+            memory_mb: call.memory_mb,
+            concurrency: 1,
+            deadline: self.now + self.scenario.pool.wait_deadline,
+            stem: None,
+        };
+        self.apply(i, Event::Arrived(job));
+        true
+    }
+
+    fn start_waiting(&mut self, id: JobId) {
+        let job = &self.jobs[&id];
+        let mb = u64::from(self.calls[job.call].memory_mb);
+        self.waiting.insert(job.seq, id);
+        self.ledger.waiting_mb += mb;
+        self.at(self.now + self.fleet.wait_for_room, Ev::GiveUp(id));
+    }
+
+    /// Room may have appeared: the waiting calls go, in order, while they find room.
+    fn place_waiting(&mut self) {
+        while let Some((&seq, &id)) = self.waiting.first_key_value() {
+            if !self.try_place(id) {
+                break;
+            }
+            self.waiting.remove(&seq);
+            let mb = u64::from(self.calls[self.jobs[&id].call].memory_mb);
+            self.ledger.waiting_mb -= mb;
+            self.ledger_changed();
+        }
+    }
+
+    fn give_up(&mut self, id: JobId) {
+        let Some(job) = self.jobs.get(&id).filter(|j| j.on.is_none()) else { return };
+        if self.waiting.remove(&job.seq).is_none() {
+            return;
+        }
+        let mb = u64::from(self.calls[job.call].memory_mb);
+        self.jobs.remove(&id);
+        self.ledger.waiting_mb -= mb;
+        self.ledger.refused_mb += mb;
+        self.counts.refused += 1;
+        self.ledger_changed();
+    }
+
+    /// The ledger changed: a report goes out as soon as the last one allows.
+    fn ledger_changed(&mut self) {
+        if self.group.is_none() || self.ledger.report_due {
+            return;
+        }
+        self.ledger.report_due = true;
+        let when = self.ledger.last_report.map_or(self.now, |last| (last + REPORT_EVERY).max(self.now));
+        self.at(when, Ev::Report);
+    }
+
+    fn report(&mut self) {
+        let l = &mut self.ledger;
+        l.reported_mb = l.in_flight_mb + l.waiting_mb + l.refused_mb;
+        l.refused_mb = 0;
+        l.last_report = Some(self.now);
+        l.report_due = false;
+    }
+
+    /// The call leaves invoker `i` unrun (refused there) or done.
+    fn leave(&mut self, i: usize, id: JobId) -> Option<FleetJob> {
+        let mut job = self.jobs.remove(&id)?;
+        let call = self.calls[job.call];
+        let inv = &mut self.invokers[i];
+        inv.jobs -= 1;
+        if let Some(n) = inv.running_of.get_mut(&call.action) {
+            *n -= 1;
+        }
+        self.ledger.in_flight_mb -= u64::from(call.memory_mb);
+        job.on = None;
+        self.ledger_changed();
+        Some(job)
+    }
+
+    // --- the invokers ----------------------------------------------------------------------
+
+    fn apply(&mut self, i: usize, event: Event) {
+        let effects = self.invokers[i].core.handle(event, self.now);
+        for effect in effects {
+            match effect {
+                Effect::Create { container, owner, memory_mb, .. } => self.create(i, container, owner, memory_mb),
+                Effect::Dispatch { job, container } => self.dispatch(i, job, container),
+                Effect::Pause { .. } | Effect::Resume { .. } => {}
+                Effect::Remove { container } => {
+                    self.at(self.now + self.scenario.cluster.remove_latency, Ev::Removed(i, container))
+                }
+                Effect::Reject { job, reason } => {
+                    let Some(mut left) = self.leave(i, job) else { continue };
+                    if let RejectReason::NeverFits { .. } = reason {
+                        self.counts.failed += 1;
+                        continue;
+                    }
+                    left.tried.insert(self.invokers[i].id.clone());
+                    self.jobs.insert(job, left);
+                    if !self.try_place(job) {
+                        self.start_waiting(job);
+                    }
+                }
+            }
+        }
+    }
+
+    fn create(&mut self, i: usize, container: ContainerId, owner: Owner, memory_mb: u32) {
+        let capacity = self.scenario.cluster.node_memory_mb;
+        let inv = &mut self.invokers[i];
+        let memory_mb = u64::from(memory_mb);
+        if inv.used_mb + memory_mb > capacity {
+            let refused = Event::Started { container, failure: Some(CreateFailure::Refused), at: self.now };
+            self.apply(i, refused);
+            return;
+        }
+        inv.used_mb += memory_mb;
+        let action = match owner {
+            Owner::Key(KeyId(action)) => Some(action),
+            Owner::Stem(_) => None,
+        };
+        if let Some(action) = action {
+            *inv.containers_of.entry(action).or_insert(0) += 1;
+        }
+        inv.containers.insert(container, SimContainer { action, memory_mb, ran: false });
+        self.at(self.now + self.scenario.cluster.start_latency, Ev::Ready(i, container));
+    }
+
+    fn ready(&mut self, i: usize, container: ContainerId) {
+        if self.invokers[i].phase != Phase::Removed {
+            self.apply(i, Event::Started { container, failure: None, at: self.now });
+        }
+    }
+
+    fn dispatch(&mut self, i: usize, id: JobId, container: ContainerId) {
+        let Some(job) = self.jobs.get(&id) else { return };
+        let call = self.calls[job.call];
+        let waited = self.now - job.arrived;
+        self.counts.waits_us.push(waited.as_micros() as u64);
+        if waited > DELAYED {
+            self.counts.delayed += 1;
+        }
+        if let Some(c) = self.invokers[i].containers.get_mut(&container) {
+            if !c.ran {
+                c.ran = true;
+                self.counts.cold += 1;
+            }
+        }
+        self.at(self.now + call.run, Ev::Done(i, container, id));
+    }
+
+    fn done(&mut self, i: usize, container: ContainerId, id: JobId) {
+        if self.invokers[i].phase == Phase::Removed || self.leave(i, id).is_none() {
+            return;
+        }
+        self.counts.completed += 1;
+        self.apply(i, Event::Finished { container, job: id, reusable: true });
+        self.place_waiting();
+    }
+
+    fn container_removed(&mut self, i: usize, container: ContainerId) {
+        let inv = &mut self.invokers[i];
+        if inv.phase == Phase::Removed {
+            return;
+        }
+        if let Some(c) = inv.containers.remove(&container) {
+            inv.used_mb -= c.memory_mb;
+            if let Some(n) = c.action.and_then(|a| inv.containers_of.get_mut(&a)) {
+                *n -= 1;
+            }
+        }
+        self.apply(i, Event::Removed(container));
+        self.place_waiting();
+    }
+
+    // --- the capacity manager ------------------------------------------------------------
+
+    fn round(&mut self) {
+        self.last_round = Some(self.now);
+        let Some((mut core, mut predictor)) = self.group.take() else { return };
+        let now = self.now;
+        let mut decisions = Vec::new();
+        for inv in self.invokers.iter_mut().filter(|inv| !inv.forgotten) {
+            let id = inv.id.clone();
+            match inv.phase {
+                Phase::Provisioning => {}
+                Phase::Active => decisions.extend(core.handle(GroupEvent::Up { id }, now)),
+                Phase::Draining => {
+                    let draining =
+                        core.members().any(|m| m.id == id && matches!(m.state, MemberState::Draining { .. }));
+                    if inv.jobs == 0 && draining {
+                        decisions.extend(core.handle(GroupEvent::Drained { id }, now));
+                    }
+                }
+                Phase::Removed => {
+                    inv.forgotten = true;
+                    decisions.extend(core.handle(GroupEvent::Gone { id }, now));
+                }
+            }
+        }
+        let active_mb = u64::from(core.counts().active) * self.fleet.group.invoker_memory_mb;
+        let target_mb = predictor.target_mb(now, self.ledger.reported_mb, active_mb);
+        decisions.extend(core.handle(GroupEvent::Tick { target_mb }, now));
+        self.group = Some((core, predictor));
+        for decision in decisions {
+            self.carry_out(decision.action);
+        }
+        self.place_waiting();
+    }
+
+    fn carry_out(&mut self, action: Action) {
+        match action {
+            Action::Provision { ids } => {
+                for id in ids {
+                    self.counts.provisioned += 1;
+                    let i = self.add_invoker(id);
+                    self.at(self.now + self.latency, Ev::Up(i));
+                }
+            }
+            Action::Drain { id } => {
+                let inv = &mut self.invokers[self.by_id[&id]];
+                inv.phase = Phase::Draining;
+                self.counts.drained += 1;
+                if self.now < inv.grown_at + REVERSAL {
+                    self.counts.reversals += 1;
+                }
+            }
+            Action::Reactivate { id } => {
+                let inv = &mut self.invokers[self.by_id[&id]];
+                inv.phase = Phase::Active;
+                inv.grown_at = self.now;
+                self.counts.reactivated += 1;
+            }
+            Action::Remove { id } => {
+                let i = self.by_id[&id];
+                self.invokers[i].phase = Phase::Removed;
+                self.invokers[i].removed_at = Some(self.now);
+                self.counts.removed += 1;
+                let killed: Vec<JobId> = self.jobs.iter().filter(|(_, j)| j.on == Some(i)).map(|(id, _)| *id).collect();
+                for id in killed {
+                    self.leave(i, id);
+                    self.counts.killed += 1;
+                }
+            }
+        }
+    }
+
+    // --- the summary -----------------------------------------------------------------------
+
+    fn invoker_seconds(&self) -> u64 {
+        let micros: u128 = self
+            .invokers
+            .iter()
+            .map(|inv| {
+                let end = inv.removed_at.unwrap_or(self.horizon).min(self.horizon);
+                end.saturating_sub(inv.asked_at).as_micros()
+            })
+            .sum();
+        (micros / 1_000_000) as u64
+    }
+
+    fn summary(&self, oracle_seconds: u64) -> Value {
+        let c = &self.counts;
+        let mut waits = c.waits_us.clone();
+        waits.sort_unstable();
+        let pct = |p: f64| -> f64 {
+            if waits.is_empty() {
+                return 0.0;
+            }
+            let i = ((waits.len() as f64 * p).ceil() as usize).clamp(1, waits.len()) - 1;
+            (waits[i] as f64 / 100.0).round() / 10.0
+        };
+        let activations = self.calls.len() as u64;
+        let lost = activations - c.completed - c.refused - c.killed - c.failed;
+        let seconds = self.invoker_seconds();
+        let round2 = |x: f64| (x * 100.0).round() / 100.0;
+        json!({
+            "invoker_seconds": seconds,
+            "vs_oracle": round2(seconds as f64 / oracle_seconds.max(1) as f64),
+            "invokers_max": c.invokers_max,
+            "completed": c.completed,
+            "refused": c.refused,
+            "killed_at_drain_deadline": c.killed,
+            "failed": c.failed,
+            "lost": lost,
+            "delayed_over_1s": c.delayed,
+            "delayed_over_1s_pct": round2(c.delayed as f64 / activations.max(1) as f64 * 100.0),
+            "wait_p50_ms": pct(0.5),
+            "wait_p99_ms": pct(0.99),
+            "cold_starts": c.cold,
+            "provisioned": c.provisioned,
+            "drained": c.drained,
+            "reactivated": c.reactivated,
+            "removed": c.removed,
+            "reversals": c.reversals,
+            "wall_ms": c.wall.as_millis() as u64,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Twelve 256 MB calls of 5 s at once, then nothing for ten minutes; invokers of 1 GiB.
+    fn burst(predictors: &str, min: u32) -> Value {
+        let text = format!(
+            "name = \"burst\"\n[cluster]\nnodes = 1\nnode_memory_mb = 1024\nstart_latency = \"500ms\"\n\
+             [workload]\nkind = \"bursts\"\nactions = 12\nmemory_mb = [256, 256]\nrun_ms = [5000, 5000]\n\
+             bursts = 2\nburst_size = 12\nburst_every = \"10m\"\nburst_spread = \"1ms\"\n\
+             [fleet]\nwait_for_room = \"30s\"\npredictors = {predictors}\n\
+             [fleet.group]\nmin = {min}\nmax = 8\ninvoker_memory_mb = 1024\n\
+             [[fleet.planes]]\nname = \"local\"\nprovision_latency = \"1s\"\n"
+        );
+        let scenario: Scenario = toml::from_str(&text).unwrap();
+        let fleet = scenario.fleet.as_ref().unwrap();
+        compare(&scenario, fleet).unwrap()
+    }
+
+    #[test]
+    fn a_burst_gets_its_invokers_at_once_and_gives_them_back_after_scale_down_after() {
+        let s = burst("[\"conservative\"]", 0);
+        let plane = &s["planes"]["local (1s)"];
+        let run = &plane["conservative"];
+        assert_eq!(run["completed"], 24, "{s}");
+        assert_eq!((run["lost"].as_u64(), run["refused"].as_u64()), (Some(0), Some(0)), "{s}");
+        // 12 × 256 MB = three invokers, asked for in one round, for each of the two bursts.
+        assert_eq!(run["provisioned"], 6, "{s}");
+        assert_eq!(run["invokers_max"], 3, "{s}");
+        // The first burst's are drained and removed once `scale_down_after` passed; the trace
+        // ends with the second's.
+        assert_eq!((run["drained"].as_u64(), run["removed"].as_u64()), (Some(3), Some(3)), "{s}");
+        // Every call waited for an invoker (1 s) and its container (0.5 s).
+        assert_eq!(run["delayed_over_1s"], 24, "{s}");
+        // Three invokers from the first burst to 60 s after its calls ended, and three from the
+        // second to the trace's end (its eleventh minute).
+        let seconds = run["invoker_seconds"].as_u64().unwrap();
+        assert!((3 * 65 + 3 * 60..=3 * 68 + 3 * 60).contains(&seconds), "{seconds}: {s}");
+        // The oracle holds three invokers in each burst's minute, the fixed fleet all the time,
+        // and no call waits for an invoker there.
+        assert_eq!(plane["oracle"]["invoker_seconds"], 2 * 3 * 60, "{s}");
+        assert_eq!(plane["fixed-peak"]["invoker_seconds"], 3 * 11 * 60, "{s}");
+        assert!(plane["fixed-peak"]["delayed_over_1s"].as_u64().unwrap() < 24, "{s}");
+    }
+
+    #[test]
+    fn with_min_invokers_up_only_the_first_burst_waits_for_them() {
+        let s = burst("[\"conservative\"]", 3);
+        let run = &s["planes"]["local (1s)"]["conservative"];
+        assert_eq!((run["completed"].as_u64(), run["provisioned"].as_u64()), (Some(24), Some(3)), "{s}");
+        assert_eq!(run["removed"], 0, "{s}");
+        // Asked for at the first round, with the first burst: the second finds them up.
+        let delayed = run["delayed_over_1s"].as_u64().unwrap();
+        assert!((12..24).contains(&delayed), "{s}");
+    }
+}
