@@ -148,12 +148,12 @@ impl Predictor for Windowed {
 ///   *both* of the last two periods needed there (the lower of the two peaks). A burst that
 ///   recurs each minute has its invokers up before it from its third minute on; one that does
 ///   not recur never raises the target beyond its own minute (a decayed profile, tried first,
-///   held every one-off burst's invokers for minutes: 8 % more invoker-seconds than `windowed`).
+///   held every one-off burst's invokers for minutes: 5 % more invoker-seconds than `windowed`).
 /// - **What lasts.** The lowest demand of the last second ([`LASTING`]), not the demand now: a
 ///   call that waits a fraction of a second for a container's next turn asks for an invoker that
 ///   would come up after it ran and then cost a minute of `scale_down_after`. Following only
 ///   rises that last a second (or any, when nothing is active) took 2 % off the invoker-seconds on the 200-function sample, for
-///   a few more calls delayed (0.94 % against 0.51 %; `windowed`: 1.0 %).
+///   a few more calls delayed (0.91 % against 0.51 %; `windowed`: 1.0 %).
 ///
 /// `scenarios/fleet-200.toml` and `fleet-50.toml` compare them (`BENCHMARKS.md`).
 pub struct Seasonal {
