@@ -84,6 +84,11 @@ struct GroupLoop {
     /// Invokers being stopped by the control plane: a registration still there is not taken
     /// for one that came up; [`Event::Gone`] once the plane is done and it left etcd.
     stopping: Arc<Mutex<HashMap<String, bool>>>,
+    /// Invokers this manager drained that are now forgotten: their drain keys go before the
+    /// round's decisions are carried out (their names may be asked for again in it). Not
+    /// before they are gone: a control plane may have to keep one running a while after its
+    /// removal (a StatefulSet's pod below the highest), and it must stay drained meanwhile.
+    forgotten_drains: Vec<String>,
     status: GroupStatus,
 }
 
@@ -151,6 +156,7 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
                 reactivated: HashMap::new(),
                 asked: HashMap::new(),
                 stopping: Arc::default(),
+                forgotten_drains: Vec::new(),
                 status: GroupStatus {
                     name: name.clone(),
                     tags: g.tags.clone(),
@@ -375,7 +381,9 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
                     tracing::warn!(invoker = %id, "an invoker of group {} is gone", g.name);
                 }
                 g.stopping.lock().remove(&id);
-                g.drains.remove(&id);
+                if g.drains.remove(&id).is_some() {
+                    g.forgotten_drains.push(id.clone());
+                }
                 g.reactivated.remove(&id);
                 g.asked.remove(&id);
                 g.core.handle(Event::Gone { id }, now);
@@ -390,6 +398,11 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
     }
 
     async fn carry_out(&self, g: &mut GroupLoop, decisions: Vec<Decision>) {
+        for id in std::mem::take(&mut g.forgotten_drains) {
+            if let Err(e) = self.kv.delete(&drain_key(&self.settings.prefix, &id)).await {
+                tracing::warn!(invoker = %id, "taking back its drain: {e}");
+            }
+        }
         for decision in decisions {
             tracing::info!(group = %g.name, "{}: {}", decision.action, decision.reason);
             let kind = match &decision.action {
@@ -427,13 +440,11 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
                 }
                 Action::Remove { id } => {
                     g.stopping.lock().insert(id.clone(), false);
-                    let (plane, kv, stopping) = (self.plane.clone(), self.kv.clone(), g.stopping.clone());
-                    let (id, drain) = (id.clone(), drain_key(&self.settings.prefix, id));
+                    let (plane, stopping, id) = (self.plane.clone(), g.stopping.clone(), id.clone());
                     tokio::spawn(async move {
                         if let Err(e) = plane.remove(&id).await {
                             tracing::warn!("{e}");
                         }
-                        let _ = kv.delete(&drain).await;
                         if let Some(done) = stopping.lock().get_mut(&id) {
                             *done = true;
                         }
