@@ -289,8 +289,28 @@ impl CapacityApp {
         // An invoker stopped has its shutdown grace to drain, and a little more to exit.
         let stop_grace = config.shutdown_grace + Duration::from_secs(15);
         let cluster = &config.cluster;
-        let plane = LocalPlane::new(exe, config_file, cluster.etcd.clone(), config.data_dir.clone(), stop_grace)
-            .map_err(AppError::Plane)?;
+        let (plane, lead) = match config.capacity.groups.values().next().map(|g| g.control_plane) {
+            #[cfg(feature = "kubernetes")]
+            Some(crate::config::ControlPlaneKind::Kubernetes) => {
+                let plane = crate::capacity::plane::kubernetes::KubernetesPlane::new(
+                    config.capacity.kubernetes.clone(),
+                    cluster.etcd.clone(),
+                    config.capacity.groups.clone(),
+                )
+                .await
+                .map_err(|e| AppError::Plane(std::io::Error::other(e)))?;
+                // A pod is scheduled, its image pulled and its invoker started: seconds.
+                (AnyPlane::Kubernetes(Box::new(plane)), Duration::from_secs(10))
+            }
+            // Local (a build without a plane a group names was refused by the config's checks).
+            _ => {
+                let plane =
+                    LocalPlane::new(exe, config_file, cluster.etcd.clone(), config.data_dir.clone(), stop_grace)
+                        .map_err(AppError::Plane)?;
+                // How long a local invoker takes to come up and register.
+                (AnyPlane::Local(plane), Duration::from_secs(1))
+            }
+        };
         let api = cluster.advertise.clone().unwrap_or_else(|| format!("http://{addr}"));
         let settings = crate::capacity::manager::ManagerSettings {
             prefix: cluster.prefix.clone(),
@@ -298,11 +318,9 @@ impl CapacityApp {
             publish_interval: cluster.publish_interval,
             lease_ttl: cluster.lease_ttl,
             api,
-            // How long a local invoker takes to come up and register.
-            lead: Duration::from_secs(1),
+            lead,
         };
-        let manager =
-            crate::capacity::manager::Manager::new(Etcd::new(&cluster.etcd)?, settings, AnyPlane::Local(plane));
+        let manager = crate::capacity::manager::Manager::new(Etcd::new(&cluster.etcd)?, settings, plane);
         let admin = config.admin.key.clone().unwrap_or_default();
         let http = crate::capacity::http::CapacityApi::new(&admin, manager.status.clone(), manager.metrics.clone());
         let stop = CancellationToken::new();

@@ -68,6 +68,13 @@ async fn capacity(manager: &Invoker) -> Value {
     body
 }
 
+/// The actions of the group's last decisions (`provision default-1`, `drain default-2`, ...).
+async fn decisions(manager: &Invoker) -> Vec<String> {
+    let status = capacity(manager).await;
+    let decisions = status["groups"][0]["decisions"].as_array().cloned().unwrap_or_default();
+    decisions.iter().map(|d| d["action"].as_str().unwrap_or_default().to_string()).collect()
+}
+
 /// The registered invokers, as the scheduler lists them.
 async fn registered(scheduler: &Invoker) -> BTreeSet<String> {
     let (_, list) = scheduler.get_url("/v1/invokers").await;
@@ -143,12 +150,8 @@ async fn a_burst_grows_the_group_and_the_quiet_after_it_shrinks_it_back_to_min()
     eprintln!("the burst: 6 activations of 2 s in {took:?}, on {ran_on:?}; at most {most} invokers");
     assert_eq!(most, 4, "the group grew to its max");
     assert!(ran_on.len() >= 3, "new invokers took work: {ran_on:?}");
-    let status = capacity(&manager).await;
-    let decisions = status["groups"][0]["decisions"].as_array().unwrap().clone();
-    assert!(
-        decisions.iter().any(|d| d["action"].as_str().is_some_and(|a| a.starts_with("provision"))),
-        "{decisions:?}"
-    );
+    let asked = decisions(&manager).await;
+    assert!(asked.iter().any(|a| a.starts_with("provision")), "{asked:?}");
 
     // Quiet: after scale_down_after the three are drained, and removed once drained.
     wait_until(Duration::from_secs(40), "back to min: one invoker registered, the others stopped", || {
@@ -160,13 +163,7 @@ async fn a_burst_grows_the_group_and_the_quiet_after_it_shrinks_it_back_to_min()
         }
     })
     .await;
-    let status = capacity(&manager).await;
-    let actions: Vec<String> = status["groups"][0]["decisions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|d| d["action"].as_str().unwrap().to_string())
-        .collect();
+    let actions = decisions(&manager).await;
     for id in ["default-1", "default-2", "default-3"] {
         assert!(actions.contains(&format!("drain {id}")), "{actions:?}");
         assert!(actions.contains(&format!("remove {id}")), "{actions:?}");
@@ -478,4 +475,100 @@ async fn a_burst_is_answered_between_ticks() {
     })
     .await;
     managed.stop().await;
+}
+
+/// The burst of the first test through the Kubernetes control plane: the group is a StatefulSet
+/// on the fake API server, whose controller makes a pod per ordinal and whose fake kubelet runs
+/// each as a real `invoker serve` process against the test's etcd. The manager scales it through
+/// its `scale` subresource, up for the burst and back down to `min` after it; the pods above
+/// go (SIGTERM, as a kubelet ends a pod), the highest ordinals first.
+#[cfg(feature = "kubernetes")]
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
+async fn the_burst_through_the_kubernetes_control_plane_scales_a_statefulset_up_and_back() {
+    let Some(etcd) = EtcdServer::start() else { return };
+    let api = support::kube_api::FakeApiServer::start().await;
+    api.add_node("node-a", 64 * 1024);
+    api.add_image("invoker:test");
+    let (manager_dir, scheduler_dir, pods_dir) = (tempdir(), tempdir(), tempdir());
+    let config_file = manager_dir.path().join("invoker.toml");
+    let command = json!([
+        env!("CARGO_BIN_EXE_invoker"),
+        "serve",
+        "--config",
+        config_file,
+        "--etcd",
+        "{etcd}",
+        "--invoker-id",
+        "$(POD_NAME)",
+        "--tags={tags}",
+        "--memory-mb={memory_mb}",
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        pods_dir.path().join("$(POD_NAME)"),
+    ]);
+    let group = format!(
+        "min = 1\nmax = 3\ninvoker_memory_mb = 256\nscale_down_after = \"3s\"\ndrain_deadline = \"20s\"\n\
+         predictor = \"conservative\"\ncontrol_plane = \"kubernetes\"\n\
+         [capacity.kubernetes]\napi_server = \"{}\"\nnamespace = \"invokers\"\nimage = \"invoker:test\"\n\
+         termination_grace = \"20s\"\ncommand = {command}\n",
+        api.url
+    );
+    let manager = start_manager(manager_dir.path(), &manager_config(&etcd, &group));
+    let scheduler_config = format!(
+        "{}[scheduler]\nid = \"s1\"\nrefresh_interval = \"50ms\"\nwait_for_room = \"60s\"\n",
+        cluster_keys(&etcd)
+    );
+    let scheduler = Arc::new(Invoker::start_scheduler(scheduler_dir.path(), &scheduler_config));
+    let replicas = |api: &support::kube_api::FakeApiServer| {
+        api.statefulset("invokers", "default").and_then(|s| s["spec"]["replicas"].as_u64())
+    };
+    wait_until(Duration::from_secs(30), "the StatefulSet at 1 and its pod's invoker registered", || {
+        let (s, r) = (scheduler.clone(), replicas(&api));
+        async move { r == Some(1) && registered(&s).await == BTreeSet::from(["default-0".to_string()]) }
+    })
+    .await;
+    let template = api.statefulset("invokers", "default").unwrap()["spec"]["template"].clone();
+    assert_eq!(template["spec"]["containers"][0]["resources"]["limits"]["memory"], "512Mi", "{template}");
+    scheduler
+        .put_action(
+            "work",
+            json!({ "exec": { "kind": "python:3", "code": "def main(a):\n    return a" }, "limits": { "memory": 256 } }),
+        )
+        .await;
+
+    // Four activations of 2 s at once; each invoker holds one.
+    let calls: Vec<_> = (0..4)
+        .map(|_| {
+            let s = scheduler.clone();
+            tokio::spawn(async move { s.try_invoke("work", json!({ "sleep_ms": 2000 })).await })
+        })
+        .collect();
+    let mut ran_on = BTreeSet::new();
+    for call in calls {
+        let (status, record) = call.await.unwrap();
+        assert_eq!(status, 200, "every activation completes: {record}");
+        let invoker = record["annotations"].as_array().unwrap().iter().find(|a| a["key"] == "invoker").unwrap();
+        ran_on.insert(invoker["value"].as_str().unwrap().to_string());
+    }
+    assert!(ran_on.len() >= 2, "pods the manager asked for took work: {ran_on:?}");
+
+    // Quiet: after scale_down_after the StatefulSet is back at 1, its pods above gone.
+    wait_until(Duration::from_secs(60), "back to min: replicas 1, one pod, one invoker registered", || {
+        let (s, m, r, pods) = (scheduler.clone(), &manager, replicas(&api), api.pods("invokers"));
+        async move {
+            let counts = capacity(m).await["groups"][0]["counts"].clone();
+            r == Some(1)
+                && pods.iter().map(|(name, _)| name.as_str()).collect::<Vec<_>>() == ["default-0"]
+                && registered(&s).await.len() == 1
+                && counts == json!({ "provisioning": 0, "active": 1, "draining": 0, "removing": 0 })
+        }
+    })
+    .await;
+    assert!(api.scale_changes() >= 2, "up and down through the scale subresource: {}", api.scale_changes());
+    let actions = decisions(&manager).await;
+    assert!(actions.iter().any(|a| a.starts_with("provision")), "{actions:?}");
+    assert!(actions.contains(&"drain default-2".to_string()), "the highest ordinal went: {actions:?}");
+    assert!(!actions.contains(&"drain default-0".to_string()), "never below min: {actions:?}");
 }

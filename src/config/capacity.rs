@@ -6,6 +6,7 @@ use crate::capacity::core::GroupSpec;
 use crate::capacity::predictor::PredictorKind;
 use serde::Deserialize;
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::Duration;
 
 #[derive(Clone, Debug, Deserialize)]
@@ -16,11 +17,17 @@ pub struct CapacityConfig {
     pub tick: Duration,
     /// Group name → its bounds and pace. The untagged invokers are the group `default`.
     pub groups: BTreeMap<String, GroupConfig>,
+    /// Where the groups with `control_plane = "kubernetes"` run their invokers.
+    pub kubernetes: KubernetesPlaneConfig,
 }
 
 impl Default for CapacityConfig {
     fn default() -> Self {
-        CapacityConfig { tick: Duration::from_secs(1), groups: BTreeMap::new() }
+        CapacityConfig {
+            tick: Duration::from_secs(1),
+            groups: BTreeMap::new(),
+            kubernetes: KubernetesPlaneConfig::default(),
+        }
     }
 }
 
@@ -31,6 +38,98 @@ pub enum ControlPlaneKind {
     /// Processes of the manager's machine.
     #[default]
     Local,
+    /// A StatefulSet per group (`[capacity.kubernetes]`; built with `--features kubernetes`).
+    Kubernetes,
+}
+
+/// `[capacity.kubernetes]`: each group is a StatefulSet named after it (its pods, and so its
+/// invokers, are `<group>-<ordinal>`), scaled through its `scale` subresource.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KubernetesPlaneConfig {
+    /// The API server, as `[factory.kubernetes] api_server` says it; unset: `kubeconfig`, else
+    /// `$KUBECONFIG` or `~/.kube/config`, else the pod's service account.
+    pub api_server: Option<String>,
+    pub kubeconfig: Option<PathBuf>,
+    /// Where the StatefulSets are.
+    pub namespace: String,
+    pub image: String,
+    pub image_pull_policy: String,
+    /// The invoker's command in the image. `{etcd}`, `{tags}` and `{memory_mb}` are the group's;
+    /// `$(POD_NAME)` (the invoker's id) and `$(POD_IP)` Kubernetes fills in for each pod.
+    pub command: Vec<String>,
+    /// A ConfigMap with the invokers' config file, mounted read-only at `/etc/invoker`.
+    pub config_map: Option<String>,
+    /// Memory a pod asks for beyond its invoker's memory for actions (the invoker itself).
+    pub overhead_mb: u64,
+    /// A removed invoker's pod has this long to drain and exit (`terminationGracePeriodSeconds`).
+    #[serde(with = "humantime_serde")]
+    pub termination_grace: Duration,
+    /// Bound on one call to the API server.
+    #[serde(with = "humantime_serde")]
+    pub call_timeout: Duration,
+}
+
+impl Default for KubernetesPlaneConfig {
+    fn default() -> Self {
+        let command = [
+            "/invoker",
+            "serve",
+            "--config",
+            "/etc/invoker/invoker.toml",
+            "--etcd",
+            "{etcd}",
+            "--invoker-id",
+            "$(POD_NAME)",
+            "--tags={tags}",
+            "--memory-mb={memory_mb}",
+            "--listen",
+            "$(POD_IP):3233",
+            "--data-dir",
+            "/data",
+        ];
+        KubernetesPlaneConfig {
+            api_server: None,
+            kubeconfig: None,
+            namespace: "invoker".into(),
+            image: "invoker:latest".into(),
+            image_pull_policy: "IfNotPresent".into(),
+            command: command.iter().map(|s| s.to_string()).collect(),
+            config_map: Some("invoker-config".into()),
+            overhead_mb: 256,
+            termination_grace: Duration::from_secs(60),
+            call_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl KubernetesPlaneConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let key = |k: &str| format!("capacity.kubernetes.{k}");
+        super::kubernetes::check_api_server(self.api_server.as_deref(), &key("api_server"))?;
+        if !super::kubernetes::dns_label(&self.namespace) {
+            return Err(bad(&key("namespace"), "must be a DNS-1123 label (a-z, 0-9, '-', at most 63)"));
+        }
+        if self.image.trim().is_empty() {
+            return Err(bad(&key("image"), "must name an image"));
+        }
+        if !["Always", "IfNotPresent", "Never"].contains(&self.image_pull_policy.as_str()) {
+            return Err(bad(&key("image_pull_policy"), "Always, IfNotPresent or Never"));
+        }
+        if !self.command.iter().any(|a| a.contains("$(POD_NAME)")) {
+            return Err(bad(&key("command"), "must pass $(POD_NAME) as the invoker's id (--invoker-id)"));
+        }
+        if self.config_map.as_deref().is_some_and(|m| !super::kubernetes::dns_label(m)) {
+            return Err(bad(&key("config_map"), "must be a DNS-1123 label"));
+        }
+        if self.termination_grace < Duration::from_secs(1) || self.termination_grace > Duration::from_secs(3600) {
+            return Err(bad(&key("termination_grace"), "between 1s and 1h"));
+        }
+        if self.call_timeout.is_zero() {
+            return Err(bad(&key("call_timeout"), "must be positive"));
+        }
+        Ok(())
+    }
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -123,6 +222,22 @@ impl CapacityConfig {
             }
             g.validate(name)?;
         }
+        // One manager drives one control plane.
+        let mut planes = self.groups.iter().map(|(name, g)| (name, g.control_plane));
+        if let Some((_, first)) = planes.next() {
+            if let Some((name, other)) = planes.find(|(_, p)| *p != first) {
+                let reason = format!("every group of a manager uses one control plane: {first:?} or {other:?}");
+                return Err(bad(&format!("capacity.groups.{name}.control_plane"), reason));
+            }
+            if first == ControlPlaneKind::Kubernetes {
+                if !cfg!(feature = "kubernetes") {
+                    let (name, _) = self.groups.iter().next().expect("a group");
+                    let reason = "this build has no Kubernetes control plane (cargo build --features kubernetes)";
+                    return Err(bad(&format!("capacity.groups.{name}.control_plane"), reason));
+                }
+                self.kubernetes.validate()?;
+            }
+        }
         Ok(())
     }
 }
@@ -198,5 +313,29 @@ mod tests {
         assert!(unknown.reason.contains("predicter"), "{unknown}");
         let bad_predictor = Config::from_toml("[capacity.groups.default]\npredictor = \"psychic\"\n").unwrap_err();
         assert!(bad_predictor.reason.contains("psychic"), "{bad_predictor}");
+    }
+
+    #[test]
+    fn one_control_plane_per_manager_and_the_kubernetes_keys_are_checked() {
+        let mixed =
+            "[capacity.groups.default]\n[capacity.groups.gpu]\ntags = [\"gpu\"]\ncontrol_plane = \"kubernetes\"\n";
+        assert_eq!(error(mixed), "capacity.groups.gpu.control_plane");
+        let k8s = |extra: &str| {
+            format!("[capacity.groups.default]\ncontrol_plane = \"kubernetes\"\n[capacity.kubernetes]\n{extra}")
+        };
+        if !cfg!(feature = "kubernetes") {
+            assert_eq!(error(&k8s("")), "capacity.groups.default.control_plane");
+            return;
+        }
+        Config::from_toml(&k8s("")).unwrap().validate().unwrap();
+        assert_eq!(error(&k8s("namespace = \"Invokers\"\n")), "capacity.kubernetes.namespace");
+        assert_eq!(error(&k8s("image = \" \"\n")), "capacity.kubernetes.image");
+        assert_eq!(error(&k8s("image_pull_policy = \"Sometimes\"\n")), "capacity.kubernetes.image_pull_policy");
+        assert_eq!(error(&k8s("command = [\"/invoker\", \"serve\"]\n")), "capacity.kubernetes.command");
+        assert_eq!(error(&k8s("termination_grace = \"0s\"\n")), "capacity.kubernetes.termination_grace");
+        assert_eq!(error(&k8s("api_server = \"kube:6443\"\n")), "capacity.kubernetes.api_server");
+        // The section is read only for a manager on Kubernetes.
+        let local = "[capacity.groups.default]\n[capacity.kubernetes]\nnamespace = \"Invokers\"\n";
+        Config::from_toml(local).unwrap().validate().unwrap();
     }
 }

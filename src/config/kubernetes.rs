@@ -106,8 +106,18 @@ impl Default for KubernetesFactoryConfig {
     }
 }
 
+/// An API server's URL as the config gives it: `https://host:port` or `http://host:port`.
+pub(super) fn check_api_server(url: Option<&str>, key: &str) -> Result<(), ConfigError> {
+    let Some(url) = url else { return Ok(()) };
+    let authority = url.strip_prefix("https://").or_else(|| url.strip_prefix("http://")).unwrap_or_default();
+    if authority.is_empty() || authority.contains(' ') {
+        return Err(bad(key, "must be https://host:port or http://host:port"));
+    }
+    Ok(())
+}
+
 /// A DNS-1123 label (what a namespace's name must be).
-fn dns_label(s: &str) -> bool {
+pub(super) fn dns_label(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
         && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
@@ -118,12 +128,7 @@ fn dns_label(s: &str) -> bool {
 impl KubernetesFactoryConfig {
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
         let key = |k: &str| format!("factory.kubernetes.{k}");
-        if let Some(url) = &self.api_server {
-            let authority = url.strip_prefix("https://").or_else(|| url.strip_prefix("http://")).unwrap_or_default();
-            if authority.is_empty() || authority.contains(' ') {
-                return Err(bad(&key("api_server"), "must be https://host:port or http://host:port"));
-            }
-        }
+        check_api_server(self.api_server.as_deref(), &key("api_server"))?;
         if !dns_label(&self.namespace) {
             return Err(bad(&key("namespace"), "must be a DNS-1123 label (a-z, 0-9, '-', at most 63)"));
         }

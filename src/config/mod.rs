@@ -15,7 +15,7 @@ mod proxy;
 mod store;
 
 pub use admin::AdminConfig;
-pub use capacity::{CapacityConfig, ControlPlaneKind, GroupConfig};
+pub use capacity::{CapacityConfig, ControlPlaneKind, GroupConfig, KubernetesPlaneConfig};
 pub use cluster::{ClusterConfig, SchedulerConfig};
 pub use factory::{
     DockerFactoryConfig, DockerKindConfig, FactoryConfig, FactoryKind, MesosFactoryConfig, MockFactoryConfig,

@@ -4,6 +4,8 @@
 
 #[cfg(any(test, feature = "test-util"))]
 pub mod fake;
+#[cfg(feature = "kubernetes")]
+pub mod kubernetes;
 pub mod local;
 
 use std::future::Future;
@@ -42,48 +44,43 @@ pub trait ControlPlane: Send + Sync + 'static {
 
 pub enum AnyPlane {
     Local(local::LocalPlane),
+    #[cfg(feature = "kubernetes")]
+    Kubernetes(Box<kubernetes::KubernetesPlane>),
     #[cfg(any(test, feature = "test-util"))]
     Fake(fake::FakePlane),
 }
 
+/// `$body` with `$p` bound to the plane that runs: the one list of planes to delegate to.
+macro_rules! each_plane {
+    ($plane:expr, $p:ident => $body:expr) => {
+        match $plane {
+            AnyPlane::Local($p) => $body,
+            #[cfg(feature = "kubernetes")]
+            AnyPlane::Kubernetes($p) => $body,
+            #[cfg(any(test, feature = "test-util"))]
+            AnyPlane::Fake($p) => $body,
+        }
+    };
+}
+
 impl ControlPlane for AnyPlane {
     async fn provision(&self, spec: &InvokerSpec) -> Result<(), PlaneError> {
-        match self {
-            AnyPlane::Local(p) => p.provision(spec).await,
-            #[cfg(any(test, feature = "test-util"))]
-            AnyPlane::Fake(p) => p.provision(spec).await,
-        }
+        each_plane!(self, p => p.provision(spec).await)
     }
 
     async fn remove(&self, id: &str) -> Result<(), PlaneError> {
-        match self {
-            AnyPlane::Local(p) => p.remove(id).await,
-            #[cfg(any(test, feature = "test-util"))]
-            AnyPlane::Fake(p) => p.remove(id).await,
-        }
+        each_plane!(self, p => p.remove(id).await)
     }
 
     fn running(&self, id: &str) -> Option<bool> {
-        match self {
-            AnyPlane::Local(p) => p.running(id),
-            #[cfg(any(test, feature = "test-util"))]
-            AnyPlane::Fake(p) => p.running(id),
-        }
+        each_plane!(self, p => p.running(id))
     }
 
     fn last_error(&self, id: &str) -> Option<String> {
-        match self {
-            AnyPlane::Local(p) => p.last_error(id),
-            #[cfg(any(test, feature = "test-util"))]
-            AnyPlane::Fake(p) => p.last_error(id),
-        }
+        each_plane!(self, p => p.last_error(id))
     }
 
     fn found(&self) -> Vec<String> {
-        match self {
-            AnyPlane::Local(p) => p.found(),
-            #[cfg(any(test, feature = "test-util"))]
-            AnyPlane::Fake(p) => p.found(),
-        }
+        each_plane!(self, p => p.found())
     }
 }

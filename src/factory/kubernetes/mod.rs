@@ -75,19 +75,27 @@ fn setup(reason: String) -> FactoryError {
 /// The client `[factory.kubernetes]` names: an API server URL, a kubeconfig, or what kube
 /// infers (`$KUBECONFIG`, `~/.kube/config`, the pod's service account).
 async fn client(c: &KubernetesFactoryConfig) -> Result<(kube::Client, String), FactoryError> {
-    let config = match (&c.api_server, &c.kubeconfig) {
-        (Some(url), _) => kube::Config::new(url.parse().map_err(|e| setup(format!("api_server {url}: {e}")))?),
+    kube_client(c.api_server.as_deref(), c.kubeconfig.as_deref()).await.map_err(setup)
+}
+
+/// A client for `api_server`, else the `kubeconfig` file's current context, else what kube
+/// infers; and the server's URL. Shared with the capacity manager's control plane.
+pub async fn kube_client(
+    api_server: Option<&str>,
+    kubeconfig: Option<&std::path::Path>,
+) -> Result<(kube::Client, String), String> {
+    let config = match (api_server, kubeconfig) {
+        (Some(url), _) => kube::Config::new(url.parse().map_err(|e| format!("api_server {url}: {e}"))?),
         (None, Some(path)) => {
-            let file =
-                kube::config::Kubeconfig::read_from(path).map_err(|e| setup(format!("{}: {e}", path.display())))?;
+            let file = kube::config::Kubeconfig::read_from(path).map_err(|e| format!("{}: {e}", path.display()))?;
             kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
                 .await
-                .map_err(|e| setup(format!("{}: {e}", path.display())))?
+                .map_err(|e| format!("{}: {e}", path.display()))?
         }
-        (None, None) => kube::Config::infer().await.map_err(|e| setup(format!("no cluster configured: {e}")))?,
+        (None, None) => kube::Config::infer().await.map_err(|e| format!("no cluster configured: {e}"))?,
     };
     let server = config.cluster_url.to_string();
-    let client = kube::Client::try_from(config).map_err(|e| setup(e.to_string()))?;
+    let client = kube::Client::try_from(config).map_err(|e| e.to_string())?;
     Ok((client, server))
 }
 

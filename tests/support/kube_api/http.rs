@@ -2,6 +2,7 @@
 //! policies, a pod's log; every answer in the API server's JSON and Status shapes.
 
 use super::kubelet::kubelet;
+use super::statefulset;
 use super::{Change, Kind, Shared};
 use bytes::Bytes;
 use http_body_util::{combinators::BoxBody, BodyExt, Full, StreamBody};
@@ -12,9 +13,9 @@ use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::sync::Arc;
 
-type Body = BoxBody<Bytes, Infallible>;
+pub(super) type Body = BoxBody<Bytes, Infallible>;
 
-fn json_response(status: u16, body: Value) -> hyper::Response<Body> {
+pub(super) fn json_response(status: u16, body: Value) -> hyper::Response<Body> {
     hyper::Response::builder()
         .status(status)
         .header("content-type", "application/json")
@@ -22,7 +23,7 @@ fn json_response(status: u16, body: Value) -> hyper::Response<Body> {
         .unwrap()
 }
 
-fn status(code: u16, reason: &str, message: &str) -> Value {
+pub(super) fn status(code: u16, reason: &str, message: &str) -> Value {
     json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
            "message": message, "reason": reason, "code": code})
 }
@@ -118,6 +119,31 @@ pub(super) async fn serve(
                 Err(e) => json_response(400, status(400, "BadRequest", &format!("the body is not JSON: {e}"))),
             }
         }
+        (&Method::POST, ["apis", "apps", "v1", "namespaces", ns, "statefulsets"]) => {
+            let ns = ns.to_string();
+            match read_json(request).await {
+                Ok(set) => statefulset::create(&shared, &ns, set),
+                Err(response) => response,
+            }
+        }
+        (&Method::GET, ["apis", "apps", "v1", "namespaces", ns, "statefulsets", name]) => {
+            statefulset::get(&shared, ns, name)
+        }
+        (&Method::GET, ["apis", "apps", "v1", "namespaces", ns, "statefulsets", name, "scale"]) => {
+            statefulset::get_scale(&shared, ns, name)
+        }
+        (&Method::PATCH | &Method::PUT, ["apis", "apps", "v1", "namespaces", ns, "statefulsets", name, "scale"]) => {
+            let merge = request.headers().get("content-type").is_some_and(|t| t == "application/merge-patch+json");
+            if method == Method::PATCH && !merge {
+                let message = "the fake takes merge patches (application/merge-patch+json) of a scale only";
+                return json_response(415, status(415, "UnsupportedMediaType", message));
+            }
+            let (ns, name) = (ns.to_string(), name.to_string());
+            match read_json(request).await {
+                Ok(body) => statefulset::set_scale(&shared, &ns, &name, &body),
+                Err(response) => response,
+            }
+        }
         (&Method::GET, ["apis", "networking.k8s.io", "v1", "namespaces", ns, "networkpolicies", name]) => {
             match shared.cluster.lock().policies.get(&format!("{ns}/{name}")) {
                 Some(policy) => json_response(200, policy.clone()),
@@ -126,6 +152,18 @@ pub(super) async fn serve(
         }
         (_, _) => json_response(404, status(404, "NotFound", &format!("the fake serves no {method} {path}"))),
     }
+}
+
+/// The request's body as JSON, or the 400 that says why not.
+async fn read_json(request: hyper::Request<hyper::body::Incoming>) -> Result<Value, hyper::Response<Body>> {
+    let body = request
+        .into_body()
+        .collect()
+        .await
+        .map_err(|_| json_response(400, status(400, "BadRequest", "unreadable body")))?
+        .to_bytes();
+    serde_json::from_slice(&body)
+        .map_err(|e| json_response(400, status(400, "BadRequest", &format!("the body is not JSON: {e}"))))
 }
 
 fn list_or_watch(
@@ -218,7 +256,7 @@ fn streaming(
 }
 
 /// A DNS-1123 subdomain, as the API server requires of a pod's name.
-fn valid_name(name: &str) -> bool {
+pub(super) fn valid_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 253
         && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
@@ -226,7 +264,7 @@ fn valid_name(name: &str) -> bool {
         && name.ends_with(|c: char| c.is_ascii_alphanumeric())
 }
 
-fn create_pod(shared: &Arc<Shared>, ns: &str, mut pod: Value) -> hyper::Response<Body> {
+pub(super) fn create_pod(shared: &Arc<Shared>, ns: &str, mut pod: Value) -> hyper::Response<Body> {
     let name = pod["metadata"]["name"].as_str().unwrap_or("").to_string();
     let invalid = |field: &str, why: &str| {
         let message = format!("Pod \"{name}\" is invalid: {field}: {why}");

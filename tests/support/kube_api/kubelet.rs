@@ -261,3 +261,18 @@ async fn copy_into(pipe: Option<impl tokio::io::AsyncRead + Unpin>, log: Arc<Pod
         line.clear();
     }
 }
+
+/// A pod deleted with a grace period, as a kubelet ends it: SIGTERM to its processes, `grace`
+/// to exit, then SIGKILL; the pod object goes once they are gone.
+pub(super) async fn terminate(shared: Arc<Shared>, key: String, grace: Duration) {
+    let pgid = shared.cluster.lock().processes.get(&key).copied();
+    if let Some(pgid) = pgid {
+        let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), nix::sys::signal::Signal::SIGTERM);
+        let deadline = tokio::time::Instant::now() + grace;
+        while shared.cluster.lock().processes.contains_key(&key) && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let (ns, name) = key.split_once('/').expect("namespace/name");
+    shared.remove_pod(ns, name);
+}

@@ -27,12 +27,14 @@ use tokio::sync::broadcast;
 
 mod http;
 mod kubelet;
+mod statefulset;
 use kubelet::PodLog;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Kind {
     Node,
     Pod,
+    StatefulSet,
 }
 
 struct Change {
@@ -76,6 +78,8 @@ struct Cluster {
     throttled: usize,
     /// How long a pod creation takes before the server acts on it (a slow API server).
     slow_creates: Duration,
+    /// Changes of a StatefulSet's replicas through its `scale` subresource.
+    scale_changes: usize,
 }
 
 /// What the server's tasks and the kubelet share.
@@ -176,6 +180,7 @@ impl FakeApiServer {
                 });
             }
         });
+        tokio::spawn(statefulset::controller(shared.clone()));
         FakeApiServer { url, shared, _server: server }
     }
 
@@ -337,6 +342,16 @@ impl FakeApiServer {
         if down {
             self.drop_watches();
         }
+    }
+
+    /// The StatefulSet `namespace/name` as stored (its spec's and status's replicas).
+    pub fn statefulset(&self, namespace: &str, name: &str) -> Option<Value> {
+        self.shared.get(Kind::StatefulSet, &format!("{namespace}/{name}"))
+    }
+
+    /// Changes of replicas made through the `scale` subresource.
+    pub fn scale_changes(&self) -> usize {
+        self.shared.cluster.lock().scale_changes
     }
 
     /// Lists, watches (each resumed or restarted watch is one) and watches refused with 410.
