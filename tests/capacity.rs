@@ -442,6 +442,10 @@ async fn the_manager_step_by_step_on_the_fake_control_plane() {
     })
     .await;
     assert!(plane.started().contains_key("default-1"), "still draining: not removed");
+    // Removed but still registered (a plane may keep it running a while, as a StatefulSet keeps
+    // a pod below its highest): it stays drained.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(kv.get("/invoker/drain/default-2").await.unwrap().is_some(), "drained until it is gone");
     // Gone from the plane and from etcd: forgotten, and its drain key deleted.
     kv.delete("/invoker/invokers/default-2").await.unwrap();
     wait_until(Duration::from_secs(10), "default-2 forgotten", || async { group("counts") == counts(0, 1, 1, 0) })
