@@ -108,6 +108,9 @@ enum Command {
     /// Run the capacity manager: invoker groups sized to the demand the schedulers report
     /// (`[capacity]`), one active manager per cluster.
     Capacity(CapacityArgs),
+    /// Offer an Fn function's unix socket on TCP, from a container beside it in its pod (the
+    /// Kubernetes factory's Fn pods); listens once the function is ready.
+    FnBridge(invoker::factory::fn_bridge::FnBridgeArgs),
     /// Run the pool core in virtual time against a simulated cluster; prints a JSON summary.
     Simulate {
         #[arg(long)]
@@ -130,6 +133,15 @@ fn main() -> anyhow::Result<()> {
         }
         Some(Command::Watchdog(args)) => {
             invoker::factory::watchdog::watch(args)?;
+            return Ok(());
+        }
+        Some(Command::FnBridge(args)) => {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            if let Err(e) = runtime.block_on(invoker::factory::fn_bridge::run(args)) {
+                // The last line: the pod's termination message says why.
+                eprintln!("Error: {e}");
+                std::process::exit(1);
+            }
             return Ok(());
         }
         Some(Command::Simulate { scenario }) => {

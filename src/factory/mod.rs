@@ -6,6 +6,7 @@
 mod cgroup;
 #[cfg(feature = "docker")]
 pub mod docker;
+pub mod fn_bridge;
 pub mod fn_socket;
 #[cfg(feature = "kubernetes")]
 pub mod kubernetes;
