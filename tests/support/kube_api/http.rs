@@ -345,7 +345,13 @@ fn put_policy(shared: &Arc<Shared>, ns: &str, key: Option<String>, mut policy: V
 /// behind its RFC 3339 time when `timestamps`; with `follow`, new lines as they come, until the
 /// container ends or the server drops its streams.
 fn pod_log(shared: &Arc<Shared>, key: &str, query: &BTreeMap<String, String>) -> hyper::Response<Body> {
-    let log = shared.cluster.lock().logs.get(key).cloned();
+    let log = {
+        let logs = &shared.cluster.lock().logs;
+        match query.get("container") {
+            Some(c) => logs.get(&format!("{key}#{c}")).or(logs.get(key)).cloned(),
+            None => logs.get(key).cloned(),
+        }
+    };
     let Some(log) = log else {
         let name = key.split('/').nth(1).unwrap_or_default();
         let message = format!("container \"main\" in pod \"{name}\" is waiting to start");

@@ -1,7 +1,7 @@
 //! The fake kubelet: runs a bound pod as a local process, after admitting it within its node's
 //! allocatable memory, and keeps its status and its log as a kubelet would.
 
-use super::{Kind, Shared};
+use super::{kill_group, Kind, Shared};
 use k8s_openapi::chrono::{self, DateTime, Utc};
 use parking_lot::Mutex;
 use serde_json::{json, Value};
@@ -79,7 +79,105 @@ fn expand(arg: &str, env: &BTreeMap<String, String>) -> String {
     out
 }
 
-/// The fake kubelet for one pod: admission, "pull", start, readiness, end.
+/// A pod's volumes as directories of this machine: an `emptyDir` is a fresh directory, a
+/// `downwardAPI` volume one holding its items' files (annotations, labels, name, namespace).
+/// The fake has no mount namespace: a container sees a volume through its mount path being
+/// rewritten to the directory in its command, environment and working directory.
+struct Volumes {
+    dirs: BTreeMap<String, tempfile::TempDir>,
+}
+
+impl Volumes {
+    fn make(pod: &Value) -> Result<Volumes, String> {
+        let mut dirs = BTreeMap::new();
+        for v in pod["spec"]["volumes"].as_array().cloned().unwrap_or_default() {
+            let name = v["name"].as_str().unwrap_or_default().to_string();
+            // Short: a unix socket's path in it must stay under 108 bytes.
+            let dir = tempfile::Builder::new().prefix("kv").tempdir_in("/tmp").map_err(|e| e.to_string())?;
+            std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o777))
+                .map_err(|e| e.to_string())?;
+            for item in v["downwardAPI"]["items"].as_array().cloned().unwrap_or_default() {
+                let field = item["fieldRef"]["fieldPath"].as_str().unwrap_or_default();
+                let value = field_value(pod, field).ok_or_else(|| format!("downwardAPI: no field {field}"))?;
+                let path = dir.path().join(item["path"].as_str().unwrap_or_default());
+                std::fs::write(&path, value).map_err(|e| e.to_string())?;
+            }
+            dirs.insert(name, dir);
+        }
+        Ok(Volumes { dirs })
+    }
+
+    /// A container's mounts as (mount path, directory), the longest path first (nested
+    /// mounts are rewritten before the one they are in).
+    fn mounts(&self, container: &Value) -> Vec<(String, String)> {
+        let mut mounts: Vec<(String, String)> = container["volumeMounts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|m| {
+                let dir = self.dirs.get(m["name"].as_str()?)?;
+                Some((m["mountPath"].as_str()?.to_string(), dir.path().display().to_string()))
+            })
+            .collect();
+        mounts.sort_by_key(|(path, _)| std::cmp::Reverse(path.len()));
+        mounts
+    }
+}
+
+/// A downward API field of `pod`: `metadata.name`, `metadata.namespace`,
+/// `metadata.annotations['k']`, `metadata.labels['k']`.
+fn field_value(pod: &Value, field: &str) -> Option<String> {
+    let meta = &pod["metadata"];
+    let keyed = |prefix: &str| field.strip_prefix(prefix)?.strip_suffix("']").map(str::to_string);
+    match field {
+        "metadata.name" | "metadata.namespace" => meta[&field[9..]].as_str().map(str::to_string),
+        _ => {
+            if let Some(k) = keyed("metadata.annotations['") {
+                return meta["annotations"][&k].as_str().map(str::to_string);
+            }
+            keyed("metadata.labels['").and_then(|k| meta["labels"][&k].as_str().map(str::to_string))
+        }
+    }
+}
+
+/// `text` with each mount path that stands as a path of its own (not inside a longer name,
+/// and followed by `/` or nothing) replaced by its directory, in one pass, the longest mount
+/// path first where several start at one place.
+fn remount(text: &str, mounts: &[(String, String)]) -> String {
+    let name_char = |c: char| c.is_ascii_alphanumeric() || "._-/".contains(c);
+    let mut out = String::new();
+    let mut i = 0;
+    while i < text.len() {
+        let rest = &text[i..];
+        let starts = i == 0 || !text[..i].chars().next_back().is_some_and(name_char);
+        let hit = mounts.iter().find(|(path, _)| {
+            starts && rest.starts_with(path.as_str()) && {
+                let after = &rest[path.len()..];
+                after.is_empty() || after.starts_with('/')
+            }
+        });
+        match hit {
+            Some((path, dir)) => {
+                out.push_str(dir);
+                i += path.len();
+            }
+            None => {
+                let c = rest.chars().next().expect("within the text");
+                out.push(c);
+                i += c.len_utf8();
+            }
+        }
+    }
+    out
+}
+
+/// A container's status, as a kubelet writes it.
+fn container_status(name: &Value, image: &str, ready: bool, state: Value) -> Value {
+    json!({"name": name, "ready": ready, "restartCount": 0, "image": image, "imageID": "", "state": state})
+}
+
+/// The fake kubelet for one pod: admission, "pull", start (each container in order, one
+/// process group), readiness, end.
 pub(super) async fn kubelet(shared: Arc<Shared>, key: String) {
     let Some(pod) = shared.get(Kind::Pod, &key) else { return };
     let uid = pod["metadata"]["uid"].as_str().unwrap_or_default().to_string();
@@ -115,136 +213,232 @@ pub(super) async fn kubelet(shared: Arc<Shared>, key: String) {
         });
         return;
     }
-    let container = pod["spec"]["containers"][0].clone();
-    let image = container["image"].as_str().unwrap_or_default().to_string();
-    if !shared.cluster.lock().images.contains(&image) {
+    let containers = pod["spec"]["containers"].as_array().cloned().unwrap_or_default();
+    let images: Vec<String> = containers.iter().map(|c| c["image"].as_str().unwrap_or_default().to_string()).collect();
+    if let Some((i, image)) =
+        images.iter().enumerate().find(|(_, image)| !shared.cluster.lock().images.contains(*image))
+    {
+        let image = image.clone();
         shared.update_pod(&key, &uid, |p| {
-            p["status"]["containerStatuses"] = json!([{"name": container["name"], "ready": false, "restartCount": 0,
-                "image": image, "imageID": "",
-                "state": {"waiting": {"reason": "ErrImagePull", "message": format!("pull access denied for {image}")}}}]);
+            p["status"]["containerStatuses"] = json!([container_status(
+                &containers[i]["name"],
+                &image,
+                false,
+                json!({"waiting": {"reason": "ErrImagePull", "message": format!("pull access denied for {image}")}})
+            )]);
         });
         return;
     }
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let mut env = BTreeMap::new();
-    for var in container["env"].as_array().cloned().unwrap_or_default() {
-        let name = var["name"].as_str().unwrap_or_default().to_string();
-        let value = match var["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
-            Some("status.podIP") | Some("status.hostIP") => "127.0.0.1".to_string(),
-            Some("metadata.name") => pod["metadata"]["name"].as_str().unwrap_or_default().to_string(),
-            Some("metadata.namespace") => pod["metadata"]["namespace"].as_str().unwrap_or_default().to_string(),
-            _ if name == "PORT" => port.to_string(),
-            _ => var["value"].as_str().unwrap_or_default().to_string(),
-        };
-        env.insert(name, value);
-    }
-    let argv: Vec<String> = container["command"]
-        .as_array()
-        .into_iter()
-        .chain(container["args"].as_array())
-        .flatten()
-        .filter_map(|a| a.as_str())
-        .map(|a| expand(a, &env))
-        .collect();
-    // The pod's own /tmp (its emptyDir), gone with the pod: the fake has no mount namespace, so
-    // the process gets it as TMPDIR.
-    let tmp = tempfile::Builder::new().prefix("fake-pod-tmp-").tempdir().unwrap();
-    let started = match argv.split_first() {
-        Some((program, args)) => tokio::process::Command::new(program)
-            .args(args)
-            .env_clear()
-            .envs(&env)
-            .env("TMPDIR", tmp.path())
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .process_group(0)
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| e.to_string()),
-        None => Err("the fake kubelet runs only pods with a command".to_string()),
-    };
-    let mut child = match started {
-        Ok(child) => child,
+    let volumes = match Volumes::make(&pod) {
+        Ok(v) => v,
         Err(e) => {
             shared.cluster.lock().admitted.remove(&key);
             shared.update_pod(&key, &uid, |p| {
-                p["status"] = json!({"phase": "Failed", "containerStatuses": [{"name": container["name"], "ready": false,
-                    "state": {"terminated": {"exitCode": 128, "reason": "StartError", "message": e}}}]});
+                p["status"] = json!({"phase": "Failed", "reason": "CreateContainerConfigError", "message": e});
             });
             return;
         }
     };
-    let log = Arc::new(PodLog::default());
+    // The one container with a port gets a port of its own (the fake has no pod network).
+    let served = containers.iter().position(|c| c["ports"].as_array().is_some_and(|p| !p.is_empty()));
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    // The pod's own /tmp (its emptyDir), gone with the pod, for a container without one.
+    let tmp = tempfile::Builder::new().prefix("fake-pod-tmp-").tempdir().unwrap();
+    let mut children = Vec::new();
+    let mut logs = Vec::new();
+    let mut group: Option<i32> = None;
+    for (i, container) in containers.iter().enumerate() {
+        let mounts = volumes.mounts(container);
+        let mut env = BTreeMap::new();
+        for var in container["env"].as_array().cloned().unwrap_or_default() {
+            let name = var["name"].as_str().unwrap_or_default().to_string();
+            let value = match var["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
+                Some("status.podIP") | Some("status.hostIP") => "127.0.0.1".to_string(),
+                Some(field) => field_value(&pod, field).unwrap_or_default(),
+                _ if name == "PORT" && served == Some(i) => port.to_string(),
+                _ => remount(var["value"].as_str().unwrap_or_default(), &mounts),
+            };
+            env.insert(name, value);
+        }
+        let argv: Vec<String> = container["command"]
+            .as_array()
+            .into_iter()
+            .chain(container["args"].as_array())
+            .flatten()
+            .filter_map(|a| a.as_str())
+            .map(|a| remount(&expand(a, &env), &mounts))
+            .collect();
+        let tmpdir =
+            mounts.iter().find(|(path, _)| path == "/tmp").map_or(tmp.path().display().to_string(), |(_, d)| d.clone());
+        let started = match argv.split_first() {
+            Some((program, args)) => {
+                let mut command = tokio::process::Command::new(program);
+                command
+                    .args(args)
+                    .env_clear()
+                    .envs(&env)
+                    .env("TMPDIR", &tmpdir)
+                    .stdin(std::process::Stdio::null())
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped())
+                    .process_group(group.unwrap_or(0))
+                    .kill_on_drop(true);
+                if let Some(dir) = container["workingDir"].as_str() {
+                    command.current_dir(remount(dir, &mounts));
+                }
+                command.spawn().map_err(|e| e.to_string())
+            }
+            None => Err("the fake kubelet runs only containers with a command".to_string()),
+        };
+        let mut child = match started {
+            Ok(child) => child,
+            Err(e) => {
+                shared.cluster.lock().admitted.remove(&key);
+                if let Some(pgid) = group {
+                    kill_group(pgid);
+                }
+                shared.update_pod(&key, &uid, |p| {
+                    p["status"] = json!({"phase": "Failed", "containerStatuses": [container_status(&container["name"],
+                        &images[i], false, json!({"terminated": {"exitCode": 128, "reason": "StartError", "message": e}}))]});
+                });
+                return;
+            }
+        };
+        group.get_or_insert(child.id().unwrap_or_default() as i32);
+        let log = Arc::new(PodLog::default());
+        let readers = [
+            tokio::spawn(copy_into(child.stdout.take(), log.clone())),
+            tokio::spawn(copy_into(child.stderr.take(), log.clone())),
+        ];
+        logs.push(log);
+        children.push((child, readers));
+    }
     {
         let mut cluster = shared.cluster.lock();
         if !cluster.objects.contains_key(&(Kind::Pod, key.clone())) {
-            return; // deleted meanwhile: the child is killed on drop
+            return; // deleted meanwhile: the children are killed on drop
         }
-        cluster.processes.insert(key.clone(), child.id().unwrap_or_default() as i32);
-        cluster.logs.insert(key.clone(), log.clone());
+        cluster.processes.insert(key.clone(), group.unwrap_or_default());
+        // The pod's log is its first container's; each container's under `<key>#<name>`.
+        cluster.logs.insert(key.clone(), logs[0].clone());
+        for (c, log) in containers.iter().zip(&logs) {
+            cluster.logs.insert(format!("{key}#{}", c["name"].as_str().unwrap_or_default()), log.clone());
+        }
     }
-    let readers = [
-        tokio::spawn(copy_into(child.stdout.take(), log.clone())),
-        tokio::spawn(copy_into(child.stderr.take(), log.clone())),
-    ];
-    let running = |ready: bool| {
-        move |p: &mut Value| {
-            if let Some(ports) = p["spec"]["containers"][0]["ports"].as_array_mut() {
-                if let Some(first) = ports.first_mut() {
-                    first["containerPort"] = json!(port);
-                }
-            }
-            if let Some(vars) = p["spec"]["containers"][0]["env"].as_array_mut() {
-                for var in vars.iter_mut().filter(|v| v["name"] == "PORT") {
-                    var["value"] = json!(port.to_string());
-                }
-            }
-            let name = p["spec"]["containers"][0]["name"].clone();
-            p["status"] = json!({"phase": "Running", "podIP": "127.0.0.1", "hostIP": "127.0.0.1",
+    // Each container's state: running, or terminated with its exit code (and, under
+    // `FallbackToLogsOnError`, its log's last lines as the message).
+    let states: Arc<Mutex<Vec<Value>>> =
+        Arc::new(Mutex::new(vec![json!({"running": {"startedAt": "2026-01-01T00:00:00Z"}}); containers.len()]));
+    let status_of = {
+        let (containers, images, states) = (containers.clone(), images.clone(), states.clone());
+        move |ready: bool| {
+            let states = states.lock().clone();
+            let all_ended = states.iter().all(|s| !s["terminated"].is_null());
+            let failed = states.iter().any(|s| s["terminated"]["exitCode"].as_i64().is_some_and(|c| c != 0));
+            let statuses: Vec<Value> = containers
+                .iter()
+                .zip(&images)
+                .zip(&states)
+                .map(|((c, image), state)| {
+                    container_status(&c["name"], image, ready && state["terminated"].is_null(), state.clone())
+                })
+                .collect();
+            let phase = match (all_ended, failed) {
+                (false, _) => "Running",
+                (true, true) => "Failed",
+                (true, false) => "Succeeded",
+            };
+            let ready = ready && !all_ended && statuses.iter().all(|s| s["ready"] == true);
+            json!({"phase": phase, "podIP": "127.0.0.1", "hostIP": "127.0.0.1",
                 "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}],
-                "containerStatuses": [{"name": name, "ready": ready, "restartCount": 0,
-                    "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}]});
+                "containerStatuses": statuses})
         }
     };
-    if !shared.update_pod(&key, &uid, running(false)) {
+    let running = |ready: bool, status_of: &dyn Fn(bool) -> Value| {
+        let status = status_of(ready);
+        move |p: &mut Value| {
+            if let Some(i) = served {
+                if let Some(first) =
+                    p["spec"]["containers"][i]["ports"].as_array_mut().and_then(|ports| ports.first_mut())
+                {
+                    first["containerPort"] = json!(port);
+                }
+                if let Some(vars) = p["spec"]["containers"][i]["env"].as_array_mut() {
+                    for var in vars.iter_mut().filter(|v| v["name"] == "PORT") {
+                        var["value"] = json!(port.to_string());
+                    }
+                }
+            }
+            p["status"] = status;
+        }
+    };
+    if !shared.update_pod(&key, &uid, running(served.is_none(), &status_of)) {
         return;
     }
-    // Readiness: a TCP probe on the port until it answers or the process ends.
-    let mut ready = false;
-    let status = loop {
+    // Readiness: a TCP probe on the served port until it answers; each container's end noted.
+    let mut ready = served.is_none();
+    let mut waits: Vec<_> = children
+        .into_iter()
+        .enumerate()
+        .map(|(i, (mut child, readers))| {
+            let (states, log) = (states.clone(), logs[i].clone());
+            let fallback = containers[i]["terminationMessagePolicy"] == "FallbackToLogsOnError";
+            tokio::spawn(async move {
+                let status = child.wait().await;
+                for reader in readers {
+                    let _ = reader.await;
+                }
+                log.end();
+                let code = status.ok().and_then(|s| s.code()).unwrap_or(137);
+                let message = (fallback && code != 0).then(|| {
+                    let data = log.data.lock();
+                    let tail: Vec<String> = data
+                        .0
+                        .iter()
+                        .rev()
+                        .take(80)
+                        .rev()
+                        .map(|(_, l)| String::from_utf8_lossy(l).into_owned())
+                        .collect();
+                    tail.concat()
+                });
+                let reason = if code == 0 { "Completed" } else { "Error" };
+                let mut terminated = json!({"terminated": {"exitCode": code, "reason": reason}});
+                if let Some(m) = message {
+                    terminated["terminated"]["message"] = json!(m);
+                }
+                states.lock()[i] = terminated;
+            })
+        })
+        .collect();
+    while !waits.is_empty() {
         if !ready && tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
             ready = true;
-            if !shared.update_pod(&key, &uid, running(true)) {
+            if !shared.update_pod(&key, &uid, running(true, &status_of)) {
                 return;
             }
         }
         let wait = if ready { Duration::from_secs(3600) } else { Duration::from_millis(20) };
-        if let Ok(status) = tokio::time::timeout(wait, child.wait()).await {
-            break status;
+        let any = futures_util::future::select_all(waits.iter_mut());
+        if tokio::time::timeout(wait, any).await.is_ok() {
+            waits.retain(|w| !w.is_finished());
+            if !waits.is_empty() && !shared.update_pod(&key, &uid, running(ready, &status_of)) {
+                return;
+            }
         }
-    };
-    for reader in readers {
-        let _ = reader.await;
     }
-    log.end();
     let evicted = {
         let mut cluster = shared.cluster.lock();
         cluster.admitted.remove(&key);
         cluster.processes.remove(&key);
         cluster.evicting.remove(&key)
     };
-    let code = status.ok().and_then(|s| s.code()).unwrap_or(137);
+    let last = status_of(false);
     shared.update_pod(&key, &uid, |p| {
-        let name = p["spec"]["containers"][0]["name"].clone();
-        let terminated =
-            json!({"terminated": {"exitCode": code, "reason": if code == 0 { "Completed" } else { "Error" }}});
         p["status"] = if evicted {
             json!({"phase": "Failed", "reason": "Evicted", "message": "The node was low on resource: memory."})
         } else {
-            json!({"phase": if code == 0 { "Succeeded" } else { "Failed" }, "podIP": "127.0.0.1",
-                "conditions": [{"type": "Ready", "status": "False"}],
-                "containerStatuses": [{"name": name, "ready": false, "restartCount": 0, "state": terminated}]})
+            last
         };
     });
 }
