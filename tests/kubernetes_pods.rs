@@ -370,3 +370,95 @@ async fn a_throttled_or_slow_api_server_fails_creations_in_bounded_time_and_leav
     let (status, record) = inv.invoke("t", "blocking=true", json!({})).await;
     assert_eq!(status, 200, "{record}");
 }
+
+const FN_IMAGE: &str = "invoker-fn-python:test";
+const BRIDGE_IMAGE: &str = "invoker-native:test";
+
+/// A python function that says which process it runs in and fails when asked.
+const FN_PY: &str = r#"import io, json, uuid
+TOKEN = uuid.uuid4().hex
+def handler(ctx, data: io.BytesIO = None):
+    args = json.loads(data.getvalue() or b"{}")
+    print("call", ctx.CallID())
+    if args.get("raise"):
+        raise Exception("asked to fail")
+    return json.dumps({"token": TOKEN, "echo": args.get("echo"), "call_id": ctx.CallID()})
+"#;
+
+/// The invoker's config with Fn kinds: Fn's python FDK (on this machine: the fake's "image"
+/// is this machine, so the FDK `scripts/fdk.sh` installed), one that links its listener from
+/// outside its directory, and the bridge (the test's binary).
+fn fn_config(api: &FakeApiServer) -> String {
+    let fdk_main = "import sys; from fdk.scripts.fdk import main; sys.argv[0] = 'fdk'; main()";
+    let absolute =
+        "import os, socket, time; s = socket.socket(socket.AF_UNIX); s.bind('/tmp/iofs/phony'); s.listen(); \
+                    os.symlink('/tmp/iofs/phony', '/tmp/iofs/lsnr.sock'); time.sleep(30)";
+    format!(
+        "{}[factory.kubernetes.kinds.\"fn:python\"]\nimage = \"{FN_IMAGE}\"\ncode_file = \"func.py\"\n\
+         command = [\"/usr/bin/env\", \"PYTHONPATH=/usr/local/lib/invoker-fdk/python\", \"PYTHONUNBUFFERED=1\", \
+         \"/usr/bin/python3\", \"-c\", \"{fdk_main}\", \"func.py\", \"{{main}}\"]\n\
+         [factory.kubernetes.kinds.\"fn:absolute\"]\nimage = \"{FN_IMAGE}\"\ncommand = [\"/usr/bin/python3\", \"-c\", \"{absolute}\"]\n\
+         [factory.kubernetes.fn_bridge]\nimage = \"{BRIDGE_IMAGE}\"\ncommand = [\"{}\", \"fn-bridge\"]\n\
+         [kinds.\"fn:absolute\"]\nprotocol = \"fn\"\n",
+        config(api, ""),
+        env!("CARGO_BIN_EXE_invoker")
+    )
+}
+
+/// An Fn function on Kubernetes: a pod of the function and `invoker fn-bridge`, which offers
+/// the function's socket on the pod's port once Fn's readiness rule holds. Calls go through it
+/// (each with its own logs, a failure keeping the pod); a function that links its listener
+/// from outside its directory fails its creation, the bridge's reason in the invoker's log.
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_fdk, ignore = "needs Fn's FDKs (scripts/fdk.sh installs them; run by .ci/run)")]
+async fn an_fn_function_runs_in_a_pod_beside_its_bridge_and_a_broken_one_fails_with_the_reason() {
+    let api = cluster(&[("n1", 4096)]).await;
+    api.add_image(FN_IMAGE);
+    api.add_image(BRIDGE_IMAGE);
+    let dir = tempdir();
+    let inv = Invoker::start(dir.path(), &id("k8s-fn"), &fn_config(&api));
+    inv.put_action("py", json!({"exec": {"kind": "fn:python", "code": FN_PY}, "limits": {"memory": 256}})).await;
+
+    let (status, first) = inv.invoke("py", "blocking=true", json!({"echo": "one"})).await;
+    assert_eq!(status, 200, "{first}");
+    assert_eq!(first["response"]["result"]["statusCode"], 200, "{first}");
+    let body = |record: &Value| -> Value {
+        serde_json::from_str(record["response"]["result"]["body"].as_str().unwrap()).unwrap()
+    };
+    let said = body(&first);
+    assert_eq!((said["echo"].as_str(), &said["call_id"]), (Some("one"), &first["activationId"]), "{said}");
+    let logs = first["logs"].to_string();
+    assert!(logs.contains(&format!("stdout: call {}", first["activationId"].as_str().unwrap())), "{logs}");
+
+    let (status, failed) = inv.invoke("py", "blocking=true", json!({"raise": true})).await;
+    assert_eq!(status, 502, "{failed}");
+    assert_eq!(failed["response"]["result"]["error"], "function failed", "{failed}");
+    let (status, after) = inv.invoke("py", "blocking=true", json!({"echo": "two"})).await;
+    assert_eq!(status, 200, "{after}");
+    assert_eq!(body(&after)["token"], said["token"], "the pod was kept");
+    let logs = after["logs"].to_string();
+    let own = |record: &Value| format!("stdout: call {}", record["activationId"].as_str().unwrap());
+    assert!(logs.contains(&own(&after)) && !logs.contains(&own(&first)), "each call its own lines: {logs}");
+
+    // The pod: the function (its code from the pod's annotation, read-only at /function) and
+    // the bridge, which alone has a port; the bridge's memory out of the action's.
+    let pod = api.pod_labeled(NAMESPACE, "invoker-action", "_py").expect("the pod");
+    let containers = pod["spec"]["containers"].as_array().unwrap();
+    let names: Vec<&str> = containers.iter().map(|c| c["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["main", "fn-bridge"]);
+    assert_eq!(containers[0]["resources"]["limits"]["memory"], "240Mi");
+    assert_eq!(containers[1]["resources"]["limits"]["memory"], "16Mi");
+    assert!(containers[0]["ports"].is_null() && containers[1]["ports"][0]["name"] == "http", "{pod}");
+    assert_eq!(containers[0]["workingDir"], "/function");
+    assert_eq!(pod["metadata"]["annotations"]["invoker.dev/code"], FN_PY);
+    let volumes = pod["spec"]["volumes"].to_string();
+    assert!(volumes.contains("\"medium\":\"Memory\"") && volumes.contains("downwardAPI"), "{volumes}");
+
+    inv.put_action("absolute", json!({"exec": {"kind": "fn:absolute", "code": "unused"}, "limits": {"memory": 256}}))
+        .await;
+    let (status, record) = inv.invoke("absolute", "blocking=true", json!({})).await;
+    assert!(status >= 500, "{status} {record}");
+    assert!(record["annotations"].to_string().contains("create_failed"), "{record}");
+    let log = inv.stderr();
+    assert!(log.contains("not in its own directory"), "the bridge's reason reaches the invoker's log: {log}");
+}

@@ -50,6 +50,30 @@ pub struct KubernetesFactoryConfig {
     pub network_policy: bool,
     /// Action kind → the image and command that serve it.
     pub kinds: BTreeMap<String, KubernetesKindConfig>,
+    /// What offers an Fn function's socket on the pod's network (`invoker fn-bridge`).
+    pub fn_bridge: FnBridgeConfig,
+}
+
+/// The container beside an Fn function in its pod: the project's binary, `fn-bridge`.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct FnBridgeConfig {
+    /// An image with the invoker's binary.
+    pub image: String,
+    /// The binary and its subcommand; `--dir`, `--listen` and `--start-timeout` are added.
+    pub command: Vec<String>,
+    /// The bridge's memory, taken from the function's (the pod holds the action's memory).
+    pub memory_mb: u32,
+}
+
+impl Default for FnBridgeConfig {
+    fn default() -> Self {
+        FnBridgeConfig {
+            image: "invoker-native:latest".into(),
+            command: vec!["/invoker".into(), "fn-bridge".into()],
+            memory_mb: 16,
+        }
+    }
 }
 
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
@@ -64,6 +88,11 @@ pub struct KubernetesKindConfig {
     /// The port the runtime serves on, on the pod's IP.
     #[serde(default)]
     pub port: Option<u16>,
+    /// For an `fn` kind that takes its code as text: the file it is written to, shown
+    /// read-only at `/function` (the function's working directory); unset, the image holds
+    /// the function.
+    #[serde(default)]
+    pub code_file: Option<String>,
 }
 
 impl KubernetesKindConfig {
@@ -86,6 +115,17 @@ impl Default for KubernetesFactoryConfig {
                 .map(|s| s.to_string())
                 .collect(),
             port: None,
+            code_file: None,
+        };
+        // Fn's python FDK on the python image, as on Docker (`scripts/build-images.sh`).
+        let fn_python = KubernetesKindConfig {
+            image: "invoker-fn-python:latest".into(),
+            command: ["/usr/bin/python3", "-c", super::kinds::FDK_MAIN, "func.py", "{main}"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+            port: None,
+            code_file: Some("func.py".into()),
         };
         KubernetesFactoryConfig {
             api_server: None,
@@ -101,7 +141,9 @@ impl Default for KubernetesFactoryConfig {
             kinds: BTreeMap::from([
                 ("python:3".to_string(), kind("invoker-python:latest", "python")),
                 ("native".to_string(), kind("invoker-native:latest", "native")),
+                ("fn:python".to_string(), fn_python),
             ]),
+            fn_bridge: FnBridgeConfig::default(),
         }
     }
 }
@@ -154,6 +196,17 @@ impl KubernetesFactoryConfig {
             if kind.port == Some(0) {
                 return Err(bad(&key(&format!("kinds.\"{name}\".port")), "must be 1 to 65535"));
             }
+            let plain = |f: &str| !f.is_empty() && !f.contains('/') && f != "." && f != "..";
+            if kind.code_file.as_deref().is_some_and(|f| !plain(f)) {
+                return Err(bad(&key(&format!("kinds.\"{name}\".code_file")), "must be a plain file name"));
+            }
+        }
+        let bridge = &self.fn_bridge;
+        if bridge.image.is_empty() || bridge.command.is_empty() {
+            return Err(bad(&key("fn_bridge"), "image and command must be set"));
+        }
+        if !(4..=1024).contains(&bridge.memory_mb) {
+            return Err(bad(&key("fn_bridge.memory_mb"), "must be 4 to 1024"));
         }
         Ok(())
     }

@@ -22,7 +22,7 @@ pub use factory::{
     ProcessFactoryConfig, TransportKind,
 };
 pub use kinds::{default_kinds, KindConfig, Network, RuntimeProtocol, FDK_DIR, FDK_MAIN, OPENWHISK_PORT};
-pub use kubernetes::{KubernetesFactoryConfig, KubernetesKindConfig, Toleration};
+pub use kubernetes::{FnBridgeConfig, KubernetesFactoryConfig, KubernetesKindConfig, Toleration};
 pub use limits::LimitsConfig;
 pub use pool::{PoolConfig, PrewarmConfig};
 pub use proxy::ProxyConfig;
@@ -389,8 +389,15 @@ mod tests {
         assert_eq!(config.factory.kind, FactoryKind::Kubernetes);
         assert_eq!(config.factory.kubernetes.namespace, "invoker-actions");
         let kinds: Vec<&str> = config.action_kinds().into_keys().collect();
-        assert_eq!(kinds, ["native", "python:3"], "the kinds with an image");
+        assert_eq!(kinds, ["fn:python", "native", "python:3"], "the kinds with an image");
+        assert_eq!(config.factory.kubernetes.fn_bridge, crate::config::FnBridgeConfig::default());
         for (text, key) in [
+            (
+                "[factory.kubernetes.kinds.x]\nimage = \"i\"\ncode_file = \"../f.py\"\n",
+                "factory.kubernetes.kinds.\"x\".code_file",
+            ),
+            ("[factory.kubernetes.fn_bridge]\nmemory_mb = 2\n", "factory.kubernetes.fn_bridge.memory_mb"),
+            ("[factory.kubernetes.fn_bridge]\ncommand = []\n", "factory.kubernetes.fn_bridge"),
             ("[factory.kubernetes]\nnamespace = \"Actions\"\n", "factory.kubernetes.namespace"),
             ("[factory.kubernetes]\napi_server = \"k8s:6443\"\n", "factory.kubernetes.api_server"),
             ("[factory.kubernetes]\ncpus_per_gb = 0.0\n", "factory.kubernetes.cpus_per_gb"),

@@ -108,12 +108,16 @@ impl KubernetesFactory {
             .kinds
             .iter()
             .map(|(kind, c)| {
+                let start_timeout =
+                    config.kinds.get(kind).map_or(k.create_timeout, |kc| kc.start_timeout_or(k.create_timeout));
                 let template = PodTemplate {
                     image: c.image.clone(),
                     command: c.command.clone(),
                     port: c.port(),
                     pull_policy: k.image_pull_policy.clone(),
                     tolerations: tolerations.clone(),
+                    code_file: c.code_file.clone(),
+                    start_timeout,
                 };
                 (kind.clone(), template)
             })
@@ -178,27 +182,39 @@ impl ContainerFactory for KubernetesFactory {
 
     async fn create(&self, spec: &ContainerSpec, node: &NodeId) -> Result<ContainerHandle, FactoryError> {
         let inner = &self.inner;
-        if spec.function.is_some() {
-            return Err(FactoryError::Create(
-                "the kubernetes factory runs no Fn function yet (the process factory does)".into(),
-            ));
-        }
         let template = inner.templates.get(&spec.kind).ok_or_else(|| FactoryError::UnknownKind(spec.kind.clone()))?;
         let name = inner.pod_name(spec.id);
-        let pod = build_pod(
-            template,
-            &PodRequest {
-                name: &name,
-                node: &node.0,
-                memory_mb: spec.memory_mb,
-                disk_mb: spec.disk_mb,
-                cpus_per_gb: inner.config.cpus_per_gb,
-                invoker_id: &inner.invoker_id,
-                run: &inner.run,
-                kind: &spec.kind,
-                action: &spec.action_path,
-            },
-        );
+        let request = PodRequest {
+            name: &name,
+            node: &node.0,
+            memory_mb: spec.memory_mb,
+            disk_mb: spec.disk_mb,
+            cpus_per_gb: inner.config.cpus_per_gb,
+            invoker_id: &inner.invoker_id,
+            run: &inner.run,
+            kind: &spec.kind,
+            action: &spec.action_path,
+        };
+        let pod = match &spec.function {
+            None => build_pod(template, &request),
+            Some(function) => {
+                let bridge = &inner.config.fn_bridge;
+                if spec.memory_mb <= bridge.memory_mb {
+                    let reason =
+                        format!("an Fn function on Kubernetes needs more than its bridge's {} MB", bridge.memory_mb);
+                    return Err(FactoryError::Create(reason));
+                }
+                if function.code.as_ref().is_some_and(|c| c.len() > pod::CODE_MAX_BYTES) {
+                    let reason =
+                        format!("an Fn function's code on Kubernetes is at most {} bytes", pod::CODE_MAX_BYTES);
+                    return Err(FactoryError::Create(reason));
+                }
+                if template.code_file.is_some() && function.code.is_none() {
+                    return Err(FactoryError::Create("the action has no code for its kind's code_file".into()));
+                }
+                pod::build_function_pod(template, &request, function, bridge)
+            }
+        };
         let bound = inner.config.create_timeout;
         let deadline = tokio::time::Instant::now() + bound;
         let mut isolated = inner.isolated.subscribe();

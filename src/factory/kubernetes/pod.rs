@@ -3,9 +3,9 @@
 //! server shows says about it (pending, ready at an address, failed and why).
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, ObjectFieldSelector, Pod,
-    PodSecurityContext, PodSpec, Probe, ResourceRequirements, SeccompProfile, SecurityContext, TCPSocketAction,
-    Toleration, Volume, VolumeMount,
+    Capabilities, Container, ContainerPort, DownwardAPIVolumeFile, DownwardAPIVolumeSource, EmptyDirVolumeSource,
+    EnvVar, EnvVarSource, ObjectFieldSelector, Pod, PodSecurityContext, PodSpec, Probe, ResourceRequirements,
+    SeccompProfile, SecurityContext, TCPSocketAction, Toleration, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -37,6 +37,10 @@ pub struct PodTemplate {
     pub port: u16,
     pub pull_policy: String,
     pub tolerations: Vec<Toleration>,
+    /// For an Fn kind that takes its code as text: the file it goes to in `/function`.
+    pub code_file: Option<String>,
+    /// For an Fn kind: how long the function has to make its listener.
+    pub start_timeout: std::time::Duration,
 }
 
 /// What one pod is made for.
@@ -179,6 +183,108 @@ pub fn build_pod(template: &PodTemplate, r: &PodRequest<'_>) -> Pod {
 /// The variable holding the runtime's port (`{listen}` is `$(POD_IP):$(PORT)`).
 const PORT_VAR: &str = "PORT";
 
+/// The annotation an Fn function's code travels in, shown to it as a file by the downward API.
+pub const CODE_ANNOTATION: &str = "invoker.dev/code";
+/// The most code an Fn function may have on Kubernetes: a pod's annotations are 256 KiB at most.
+pub const CODE_MAX_BYTES: usize = 200 * 1024;
+/// The bridge's container in an Fn pod.
+pub const BRIDGE: &str = "fn-bridge";
+/// Where the function's code is, inside its container.
+const CODE_DIR: &str = "/function";
+
+/// An Fn function's pod: the function in `main` (its log is the one followed), its socket
+/// directory an in-memory `emptyDir` at `/tmp/iofs` that `invoker fn-bridge` shares beside it
+/// and offers on the pod's port once the function is ready (the pod is Ready then, not
+/// before); its code, for a kind that takes it, a read-only file in `/function` from the pod's
+/// own annotation. The bridge's memory comes out of the action's: the pod holds no more than
+/// the pool reserved. Everything else (binding, QoS, lockdown, labels) as any action pod.
+pub fn build_function_pod(
+    template: &PodTemplate,
+    r: &PodRequest<'_>,
+    function: &crate::factory::FunctionStart,
+    bridge: &crate::config::FnBridgeConfig,
+) -> Pod {
+    use crate::proxy::protocol::fn_stream::{LISTENER, SOCKET_DIR};
+    let mut pod = build_pod(template, &PodRequest { memory_mb: r.memory_mb.saturating_sub(bridge.memory_mb), ..*r });
+    let spec = pod.spec.as_mut().expect("built with a spec");
+    let mut bridge_container = spec.containers[0].clone();
+    let main = &mut spec.containers[0];
+    let command: Vec<String> = template.command.iter().map(|a| a.replace("{main}", &function.main)).collect();
+    main.command = (!command.is_empty()).then_some(command);
+    let mut env: Vec<EnvVar> = function
+        .env
+        .iter()
+        .map(|(k, v)| EnvVar { name: k.clone(), value: Some(v.clone()), ..Default::default() })
+        .collect();
+    env.push(EnvVar {
+        name: "FN_LISTENER".into(),
+        value: Some(format!("unix:{SOCKET_DIR}/{LISTENER}")),
+        ..Default::default()
+    });
+    main.env = Some(env);
+    main.ports = None;
+    main.readiness_probe = None;
+    let iofs = VolumeMount { name: "iofs".into(), mount_path: SOCKET_DIR.into(), ..Default::default() };
+    let mounts = main.volume_mounts.get_or_insert_with(Vec::new);
+    mounts.push(iofs.clone());
+    let volumes = spec.volumes.get_or_insert_with(Vec::new);
+    volumes.push(Volume {
+        name: "iofs".into(),
+        empty_dir: Some(EmptyDirVolumeSource {
+            medium: Some("Memory".into()),
+            size_limit: Some(Quantity("1Mi".into())),
+        }),
+        ..Default::default()
+    });
+    if let (Some(file), Some(code)) = (&template.code_file, &function.code) {
+        main.working_dir = Some(CODE_DIR.into());
+        mounts.push(VolumeMount {
+            name: "function".into(),
+            mount_path: CODE_DIR.into(),
+            read_only: Some(true),
+            ..Default::default()
+        });
+        volumes.push(Volume {
+            name: "function".into(),
+            downward_api: Some(DownwardAPIVolumeSource {
+                items: Some(vec![DownwardAPIVolumeFile {
+                    path: file.clone(),
+                    field_ref: Some(ObjectFieldSelector {
+                        field_path: format!("metadata.annotations['{CODE_ANNOTATION}']"),
+                        ..Default::default()
+                    }),
+                    mode: Some(0o444),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        pod.metadata.annotations = Some(BTreeMap::from([(CODE_ANNOTATION.to_string(), code.clone())]));
+    }
+    // The bridge: the runtime container's port, probe and lockdown, its own command and memory.
+    bridge_container.name = BRIDGE.into();
+    bridge_container.image = Some(bridge.image.clone());
+    let timeout = humantime::format_duration(template.start_timeout).to_string();
+    let listen = format!("$(POD_IP):$({PORT_VAR})");
+    let mut command = bridge.command.clone();
+    command.extend(["--dir", SOCKET_DIR, "--listen", &listen, "--start-timeout", &timeout].map(String::from));
+    bridge_container.command = Some(command);
+    bridge_container.volume_mounts = Some(vec![iofs]);
+    bridge_container.termination_message_policy = Some("FallbackToLogsOnError".into());
+    let small = BTreeMap::from([
+        ("memory".to_string(), Quantity(format!("{}Mi", bridge.memory_mb))),
+        ("cpu".to_string(), Quantity("10m".into())),
+        ("ephemeral-storage".to_string(), Quantity("1Mi".into())),
+    ]);
+    bridge_container.resources =
+        Some(ResourceRequirements { requests: Some(small.clone()), limits: Some(small), ..Default::default() });
+    // After the function: a kubelet starts them in order, so the bridge's wait for the
+    // listener begins once the function runs.
+    spec.containers.push(bridge_container);
+    pod
+}
+
 /// What the API server's copy of a pod says.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PodState {
@@ -229,15 +335,18 @@ pub fn pod_state(pod: Option<&Pod>) -> PodState {
         }
         if let Some(t) = state.and_then(|s| s.terminated.as_ref()) {
             let reason = t.reason.as_deref().unwrap_or("Terminated");
-            return PodState::Failed(format!("the runtime exited ({reason}, exit code {})", t.exit_code));
+            let who = if c.name == CONTAINER { "the runtime".to_string() } else { format!("its {}", c.name) };
+            let said = t.message.as_deref().map(|m| format!(": {}", m.trim())).unwrap_or_default();
+            return PodState::Failed(format!("{who} exited ({reason}, exit code {}){said}", t.exit_code));
         }
     }
     let ready = status.conditions.iter().flatten().any(|c| c.type_ == "Ready" && c.status == "True");
     let ip = status.pod_ip.as_deref().and_then(|ip| ip.parse::<IpAddr>().ok());
+    // The runtime's port, or (an Fn pod) its bridge's: the one container that has one.
     let port = pod
         .spec
         .as_ref()
-        .and_then(|s| s.containers.iter().find(|c| c.name == CONTAINER))
+        .and_then(|s| s.containers.iter().find(|c| c.ports.as_ref().is_some_and(|p| !p.is_empty())))
         .and_then(|c| c.ports.as_ref()?.first())
         .and_then(|p| u16::try_from(p.container_port).ok());
     match (ready, ip, port) {
@@ -257,6 +366,8 @@ mod tests {
             port: 8080,
             pull_policy: "IfNotPresent".into(),
             tolerations: Vec::new(),
+            code_file: None,
+            start_timeout: std::time::Duration::from_secs(5),
         }
     }
 
@@ -300,6 +411,46 @@ mod tests {
         let labels = pod.metadata.labels.unwrap();
         assert_eq!(labels["invoker-id"], "Invoker_0");
         assert_eq!(labels["invoker-action"], "guest_hello_world");
+    }
+
+    #[test]
+    fn an_fn_pods_address_is_its_bridges_and_a_bridge_that_ended_says_why() {
+        let function = crate::factory::FunctionStart {
+            code: Some("def handler(ctx, data=None):\n    return 'hi'\n".into()),
+            main: "handler".into(),
+            env: vec![("FN_FORMAT".into(), "http-stream".into())],
+        };
+        let template = PodTemplate {
+            command: vec!["python3".into(), "-m".into(), "fdk".into(), "func.py".into(), "{main}".into()],
+            code_file: Some("func.py".into()),
+            ..template()
+        };
+        let mut pod = build_function_pod(&template, &request(), &function, &crate::config::FnBridgeConfig::default());
+        let spec = pod.spec.as_ref().unwrap();
+        let (main, bridge) = (&spec.containers[0], &spec.containers[1]);
+        assert_eq!(main.command.as_ref().unwrap()[4], "handler");
+        assert!(main.ports.is_none() && main.readiness_probe.is_none());
+        let listener = main.env.as_ref().unwrap().iter().find(|e| e.name == "FN_LISTENER").unwrap();
+        assert_eq!(listener.value.as_deref(), Some("unix:/tmp/iofs/lsnr.sock"));
+        assert_eq!(bridge.command.as_ref().unwrap()[..2], ["/invoker".to_string(), "fn-bridge".to_string()]);
+        assert_eq!(bridge.command.as_ref().unwrap().last().map(String::as_str), Some("5s"));
+        let memory = |c: &Container| c.resources.as_ref().unwrap().limits.as_ref().unwrap()["memory"].clone();
+        assert_eq!((memory(main), memory(bridge)), (Quantity("240Mi".into()), Quantity("16Mi".into())));
+        pod.status = Some(
+            serde_json::from_value(serde_json::json!({"phase": "Running", "podIP": "10.0.0.9",
+                "conditions": [{"type": "Ready", "status": "True"}]}))
+            .unwrap(),
+        );
+        assert_eq!(pod_state(Some(&pod)), PodState::Ready("10.0.0.9:8080".parse().unwrap()));
+        pod.status = Some(
+            serde_json::from_value(serde_json::json!({"phase": "Running", "containerStatuses": [
+                {"name": "main", "ready": false, "restartCount": 0, "image": "x", "imageID": "", "state": {"running": {}}},
+                {"name": "fn-bridge", "ready": false, "restartCount": 0, "image": "x", "imageID": "",
+                 "state": {"terminated": {"exitCode": 1, "reason": "Error", "message": "Error: lsnr.sock links out\n"}}}]}))
+            .unwrap(),
+        );
+        let PodState::Failed(why) = pod_state(Some(&pod)) else { panic!("failed") };
+        assert_eq!(why, "its fn-bridge exited (Error, exit code 1): Error: lsnr.sock links out");
     }
 
     #[test]
