@@ -47,6 +47,7 @@ fn warm_core(containers: usize, keys: u32) -> PoolCore {
             concurrency: 1,
             deadline,
             stem: None,
+            idle_timeout: None,
         };
         for effect in core.handle(Event::Arrived(job), t0) {
             if let Effect::Create { container, .. } = effect {
@@ -100,6 +101,7 @@ fn decision(c: &mut Criterion) {
                     concurrency: 1,
                     deadline,
                     stem: None,
+                    idle_timeout: None,
                 };
                 let effects = core.handle(Event::Arrived(job), now);
                 let Some(Effect::Dispatch { job, container }) = effects.first().cloned() else {

@@ -79,6 +79,9 @@ pub struct FnFunction {
     pub config: std::collections::BTreeMap<String, String>,
     #[serde(default)]
     pub app_config: std::collections::BTreeMap<String, String>,
+    /// Fn's `idle_timeout`: its idle containers go after this many seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout_s: Option<u32>,
 }
 
 impl Action {

@@ -409,3 +409,34 @@ async fn an_fn_function_runs_through_the_scheduler_on_an_invoker_of_the_cluster(
         record["annotations"].as_array().unwrap().iter().find(|a| a["key"] == "invoker").map(|a| a["value"].clone());
     assert_eq!(ran_on, Some(json!(invoker_id)), "{record}");
 }
+
+/// Fn's `idle_timeout`: a function's idle container goes once idle that long (the pool's own
+/// keep-alive would keep it ten minutes), and the next call starts a new one.
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_fdk, ignore = "needs Fn's FDKs (scripts/fdk.sh installs them; run by .ci/run)")]
+async fn a_functions_idle_timeout_ends_its_idle_container() {
+    let dir = tempdir();
+    let inv = Invoker::start(dir.path(), &id("fn-idle"), "");
+    let (_, app) = inv.send_json("POST", "/v2/apps", json!({"name": "idleapp"})).await;
+    let app_id = app["id"].as_str().unwrap().to_string();
+    let call = |fn_id: String| {
+        let inv = &inv;
+        async move {
+            let (status, _, body) = inv.send("POST", &format!("/invoke/{fn_id}"), GUEST, &[], b"{}".to_vec()).await;
+            assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+            serde_json::from_slice::<Value>(&body).unwrap()["token"].clone()
+        }
+    };
+    let mut tokens = Vec::new();
+    for (name, idle) in [("brief", 1), ("kept", 3600)] {
+        let spec = json!({"name": name, "app_id": app_id, "image": "fn:python", "code": PY, "idle_timeout": idle});
+        let (status, function) = inv.send_json("POST", "/v2/fns", spec).await;
+        assert_eq!(status, 200, "{function}");
+        let fn_id = function["id"].as_str().unwrap().to_string();
+        tokens.push((fn_id.clone(), call(fn_id).await));
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+    let (brief, kept) = (&tokens[0], &tokens[1]);
+    assert_ne!(call(brief.0.clone()).await, brief.1, "idle past its 1 s: a new container");
+    assert_eq!(call(kept.0.clone()).await, kept.1, "idle within its hour: the same container");
+}

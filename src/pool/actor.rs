@@ -119,8 +119,8 @@ pub struct ContainerPool {
     create_refusals_in_a_row: u32,
     jobs: HashMap<JobId, RunJob>,
     keys: HashMap<String, KeyId>,
-    /// Each key's action, and its entry in `keys`.
-    key_actions: HashMap<KeyId, (Arc<Action>, String)>,
+    /// Each key's action, its entry in `keys`, and its own idle bound.
+    key_actions: HashMap<KeyId, (Arc<Action>, String, Option<std::time::Duration>)>,
     /// Never reused: a key the core forgot may be interned again, as a new id.
     next_key: u32,
     next_job: u64,
@@ -194,7 +194,9 @@ impl ContainerPool {
 
     /// Containers of one key are interchangeable: same action revision, kind, memory, disk,
     /// concurrency.
-    fn intern(&mut self, action: &Arc<Action>, concurrency: u32) -> KeyId {
+    /// The action revision's key, and its own idle bound (an Fn function's `idle_timeout`,
+    /// read from its annotation once per key).
+    fn intern(&mut self, action: &Arc<Action>, concurrency: u32) -> (KeyId, Option<std::time::Duration>) {
         let (l, exec) = (&action.limits, &action.exec);
         let spec = format!(
             "{}\0{}\0{}\0{}\0{}\0{}\0{}",
@@ -205,8 +207,11 @@ impl ContainerPool {
         if id == next {
             self.next_key = self.next_key.wrapping_add(1);
         }
-        self.key_actions.entry(id).or_insert_with(|| (action.clone(), spec));
-        id
+        let (_, _, idle) = self.key_actions.entry(id).or_insert_with(|| {
+            let idle = action.fn_function().idle_timeout_s.map(|s| std::time::Duration::from_secs(u64::from(s)));
+            (action.clone(), spec, idle)
+        });
+        (id, *idle)
     }
 
     /// Forgets what it keeps of the keys the core no longer holds (no container, no waiting
@@ -214,7 +219,7 @@ impl ContainerPool {
     /// one, with its code.
     fn forget_keys(&mut self, keys: impl IntoIterator<Item = KeyId>) {
         for key in keys {
-            if let Some((_, spec)) = self.key_actions.remove(&key) {
+            if let Some((_, spec, _)) = self.key_actions.remove(&key) {
                 self.keys.remove(&spec);
             }
         }
@@ -227,7 +232,7 @@ impl ContainerPool {
                 Effect::Create { container, owner, memory_mb, node, prewarm } => {
                     let (kind, disk_mb, action_path, function) = match owner {
                         Owner::Key(key) => {
-                            let (action, _) = &self.key_actions[&key];
+                            let (action, _, _) = &self.key_actions[&key];
                             let protocol = self.protocols.get(&action.exec.kind).copied().unwrap_or_default();
                             let function = crate::proxy::protocol::function_start(protocol, action, memory_mb);
                             (action.exec.kind.clone(), action.limits.disk, action.path(), function.map(Arc::new))
@@ -328,11 +333,11 @@ impl ContainerPool {
             .map(|c| ContainerSummary {
                 id: c.id.0,
                 action: match c.owner {
-                    Owner::Key(key) => self.key_actions.get(&key).map(|(a, _)| a.path()).unwrap_or_default(),
+                    Owner::Key(key) => self.key_actions.get(&key).map(|(a, _, _)| a.path()).unwrap_or_default(),
                     Owner::Stem(stem) => self.stem_label(stem),
                 },
                 revision: match c.owner {
-                    Owner::Key(key) => self.key_actions.get(&key).map_or(0, |(a, _)| a.revision),
+                    Owner::Key(key) => self.key_actions.get(&key).map_or(0, |(a, _, _)| a.revision),
                     Owner::Stem(_) => 0,
                 },
                 node: c.node.to_string(),
@@ -404,7 +409,7 @@ impl Handler<Submit> for ContainerPool {
 
     fn handle(&mut self, Submit(run): Submit, ctx: &mut Context<Self>) {
         let concurrency = self.runs_at_once(&run.action);
-        let key = self.intern(&run.action, concurrency);
+        let (key, idle_timeout) = self.intern(&run.action, concurrency);
         let id = JobId(self.next_job);
         self.next_job += 1;
         let job = Job {
@@ -414,6 +419,7 @@ impl Handler<Submit> for ContainerPool {
             concurrency,
             deadline: self.epoch.now() + self.config.wait_deadline,
             stem: self.config.stem_for(&run.action.exec.kind, run.action.limits.memory, run.action.limits.disk),
+            idle_timeout,
         };
         self.jobs.insert(id, run);
         self.apply(Event::Arrived(job), ctx);

@@ -320,6 +320,7 @@ impl Sim<'_> {
             concurrency: 1,
             deadline: self.now + self.pool.wait_deadline,
             stem: self.pool.stem_for(SIM_KIND, call.memory_mb, crate::model::Limits::DEFAULT_DISK_MB),
+            idle_timeout: None,
         };
         self.apply(Event::Arrived(job));
     }

@@ -221,6 +221,7 @@ fn function_action(
         app_id: app.id.clone(),
         config: f.config.clone(),
         app_config: app.config.clone(),
+        idle_timeout_s: Some(f.idle_timeout),
     };
     let put = json!({
         "exec": { "kind": f.image, "code": code, "main": main },

@@ -109,6 +109,8 @@ struct KeyState {
     recheck_pending: bool,
     /// Activations since the key was last forgotten (for the keep-alive policy).
     activations: u32,
+    /// Its jobs' own idle bound ([`Job::idle_timeout`]).
+    idle_timeout: Option<std::time::Duration>,
 }
 
 impl KeyState {
@@ -213,6 +215,9 @@ pub struct PoolCore {
     /// Idle spells to pause when they last `pause_grace`: (due, container, the spell's mark),
     /// in due order since the grace is one for all; a spell that ended is skipped when due.
     pauses: VecDeque<(Time, ContainerId, u64)>,
+    /// Idle spells of keys with their own idle bound, to end when it passes: (due, container,
+    /// the spell's mark), in due order; a spell that ended is skipped when due.
+    own_expiries: BTreeSet<(Time, ContainerId, u64)>,
     draining: bool,
     /// Idle containers removed to make room for another action's start.
     evictions: u64,
@@ -250,6 +255,7 @@ impl PoolCore {
             blocked: VecDeque::new(),
             next_idle_seq: 0,
             pauses: VecDeque::new(),
+            own_expiries: BTreeSet::new(),
             draining: false,
             evictions: 0,
             prewarms_started: 0,
@@ -416,6 +422,7 @@ impl PoolCore {
         key.memory_mb = job.memory_mb;
         key.concurrency = job.concurrency.max(1);
         key.stem = job.stem;
+        key.idle_timeout = job.idle_timeout;
         key.activations = key.activations.saturating_add(1);
         let containers = &self.containers;
         let free =
@@ -576,6 +583,15 @@ impl PoolCore {
             let live = |s: &IdleSpell| containers.has_mark(&s.container, s.seq);
             let Some(spell) = self.keep_alive.expired(now, &live) else { break };
             self.retire(spell.container, now, fx);
+        }
+        while let Some(&(due, id, seq)) = self.own_expiries.first() {
+            if due > now {
+                break;
+            }
+            self.own_expiries.pop_first();
+            if self.containers.has_mark(&id, seq) {
+                self.retire(id, now, fx);
+            }
         }
         for key in std::mem::take(&mut self.prewarm_retries) {
             self.prewarm_key(key, false, now, fx);
@@ -972,6 +988,9 @@ impl PoolCore {
             let grace = self.config.pause_grace;
             if !grace.is_zero() {
                 self.pauses.push_back((now + grace, id, seq));
+            }
+            if let Some(bound) = key.idle_timeout {
+                self.own_expiries.insert((now + bound, id, seq));
             }
             let containers = &self.containers;
             self.keep_alive.compact(self.idle_total, &|s: &IdleSpell| containers.has_mark(&s.container, s.seq));

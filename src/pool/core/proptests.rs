@@ -190,7 +190,7 @@ impl World {
                 self.arrived.insert(id);
                 let deadline = self.now + Duration::from_millis(deadline_ms);
                 let stem = (memory_mb == STEM_MB).then_some(StemId(0));
-                let job = Job { id, key: KeyId(key), memory_mb, concurrency, deadline, stem };
+                let job = Job { id, key: KeyId(key), memory_mb, concurrency, deadline, stem, idle_timeout: None };
                 self.apply(core, Event::Arrived(job))?;
             }
             Op::FinishCreate { pick, ok } if !self.creating.is_empty() => {

@@ -9,7 +9,15 @@ fn ms(n: u64) -> Time {
 }
 
 fn job(id: u64, key: u32, memory_mb: u32) -> Job {
-    Job { id: JobId(id), key: KeyId(key), memory_mb, concurrency: 1, deadline: ms(10_000), stem: None }
+    Job {
+        id: JobId(id),
+        key: KeyId(key),
+        memory_mb,
+        concurrency: 1,
+        deadline: ms(10_000),
+        stem: None,
+        idle_timeout: None,
+    }
 }
 
 fn stats(node: &str, capacity_mb: u64, free_mb: u64, at: u64) -> Event {
@@ -117,6 +125,27 @@ fn a_container_that_failed_is_removed_not_reused() {
     assert_eq!(fx.as_slice(), &[Effect::Remove { container: a }]);
     let fx = core.handle(Event::Arrived(job(2, 1, 256)), ms(4));
     assert_eq!(created(&fx).len(), 1);
+}
+
+#[test]
+fn a_key_with_its_own_idle_bound_loses_its_idle_containers_then_and_the_others_keep_the_pools() {
+    let mut core = core_with(1024);
+    let own = |id: u64| Job { idle_timeout: Some(Duration::from_secs(30)), ..job(id, 1, 256) };
+    let a = created(&core.handle(Event::Arrived(own(1)), ms(1)))[0];
+    let b = created(&core.handle(Event::Arrived(job(2, 2, 256)), ms(1)))[0];
+    for (c, j) in [(a, 1), (b, 2)] {
+        core.handle(Event::Started { container: c, failure: None, at: Time::ZERO }, ms(2));
+        core.handle(Event::Finished { container: c, job: JobId(j), reusable: true }, ms(3));
+    }
+    // A call at 20 s makes a fresh idle spell: the bound counts from its end.
+    core.handle(Event::Arrived(own(3)), ms(20_000));
+    core.handle(Event::Finished { container: a, job: JobId(3), reusable: true }, ms(20_001));
+    assert!(core.handle(Event::Tick, ms(40_000)).is_empty(), "30 s from the first spell's start is not the bound");
+    let fx = core.handle(Event::Tick, ms(50_001));
+    assert_eq!(fx.as_slice(), &[Effect::Remove { container: a }], "30 s after its last call");
+    assert!(core.handle(Event::Tick, ms(3) + Duration::from_secs(599)).is_empty(), "the other key keeps the pool's");
+    let fx = core.handle(Event::Tick, ms(3) + Duration::from_secs(600));
+    assert_eq!(fx.as_slice(), &[Effect::Remove { container: b }]);
 }
 
 #[test]

@@ -65,6 +65,9 @@ pub struct Job {
     pub deadline: Time,
     /// The prewarm class whose containers this job's action may adopt (same kind and memory).
     pub stem: Option<StemId>,
+    /// The action's own bound on an idle container's life (an Fn function's `idle_timeout`):
+    /// its containers go once idle this long, whatever the keep-alive policy would keep.
+    pub idle_timeout: Option<Duration>,
 }
 
 /// A full snapshot of one node, as the cluster manager last reported it.

@@ -424,6 +424,7 @@ impl FleetSim<'_> {
             concurrency: 1,
             deadline: self.now + self.scenario.pool.wait_deadline,
             stem: None,
+            idle_timeout: None,
         };
         self.apply(i, Event::Arrived(job));
         true
