@@ -151,6 +151,9 @@ pub enum DocKind {
     FnApp,
     FnFunction,
     FnTrigger,
+    /// An HTTP trigger's route (`<app name><source>`) → its trigger's id: `/t/` finds a
+    /// trigger without reading them all.
+    FnRoute,
 }
 
 impl DocKind {
@@ -159,6 +162,7 @@ impl DocKind {
             DocKind::FnApp => "fn.app",
             DocKind::FnFunction => "fn.fn",
             DocKind::FnTrigger => "fn.trigger",
+            DocKind::FnRoute => "fn.route",
         }
     }
 

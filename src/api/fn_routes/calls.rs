@@ -3,14 +3,13 @@
 //! activation with a record, as an OpenWhisk invoke is; its status is chosen in
 //! `api::error::fn_record_status`.
 
-use super::{fn_not_found, App, Docs, Function, Trigger};
+use super::{Docs, Function};
 use crate::activation::job::CallRequest;
 use crate::activation::{InvokeRequest, Invoked};
 use crate::api::error::{fn_record_status, ApiError};
 use crate::api::{AppState, Call, Response};
 use crate::model::{new_activation_id, Action, ActivationRecord};
 use crate::proxy::protocol::fn_stream::is_hop_by_hop;
-use crate::store::DocKind;
 use base64::Engine as _;
 use bytes::Bytes;
 use hyper::header::{HeaderName, HeaderValue, CONTENT_TYPE};
@@ -56,11 +55,9 @@ pub(in crate::api) async fn trigger(
     let (ns, key) = state.namespace(call, "_")?;
     let action = {
         let docs = Docs { store: state.service.store(), ns: &ns };
-        let apps: Vec<App> = docs.list(DocKind::FnApp)?;
-        let app = apps.into_iter().find(|a| a.name == app).ok_or_else(|| fn_not_found("app", app))?;
-        let triggers: Vec<Trigger> = docs.list(DocKind::FnTrigger)?;
-        let trigger = triggers.into_iter().find(|t| t.app_id == app.id && t.source == source);
-        let trigger = trigger.ok_or_else(|| ApiError::NotFoundNamed(format!("Trigger not found: {source}")))?;
+        let (_, trigger) = docs
+            .trigger_at(app, source)?
+            .ok_or_else(|| ApiError::NotFoundNamed(format!("Trigger not found: {source}")))?;
         let function: Function = docs.function(&trigger.fn_id)?;
         docs.action(&function)?
     };

@@ -233,7 +233,7 @@ fn function_action(
 
 fn delete_function(docs: &Docs, app: &App, f: &Function) -> Result<(), ApiError> {
     for t in docs.list::<Trigger>(DocKind::FnTrigger)?.into_iter().filter(|t| t.fn_id == f.id) {
-        docs.delete(DocKind::FnTrigger, &t.id)?;
+        docs.delete_trigger(Some(&app.name), &t)?;
     }
     docs.store.delete_action(docs.ns, &f.action_name(app))?;
     docs.delete(DocKind::FnFunction, &f.id)
@@ -451,7 +451,7 @@ pub(in crate::api) async fn triggers(state: &AppState, call: &Call) -> Result<Re
             created_at: at.clone(),
             updated_at: at,
         };
-        docs.put(DocKind::FnTrigger, &t.id, &t)?;
+        docs.put_trigger(&app, &t)?;
         Ok(shown(t, &app, &host))
     })
     .await??;
@@ -471,7 +471,12 @@ pub(in crate::api) async fn trigger_doc(state: &AppState, call: &Call, id: &str)
             Ok(json(StatusCode::OK, &shown(t, &app, &host)))
         }
         Method::DELETE => {
-            blocking(move || Docs { store: &store, ns: &ns }.delete(DocKind::FnTrigger, &id)).await??;
+            blocking(move || {
+                let docs = Docs { store: &store, ns: &ns };
+                let app: Option<App> = docs.get(DocKind::FnApp, &t.app_id)?;
+                docs.delete_trigger(app.as_ref().map(|a| a.name.as_str()), &t)
+            })
+            .await??;
             Ok(json(StatusCode::OK, &json!({ "message": "Trigger deleted" })))
         }
         _ => Err(ApiError::MethodNotAllowed { method: call.head.method.to_string(), allowed: "GET, DELETE" }),

@@ -45,8 +45,8 @@ pub(super) struct Function {
     memory: u32,
     /// Seconds.
     timeout: u32,
-    /// Seconds. Kept and shown; the pool's keep-alive policy, not the function, decides when
-    /// an idle container goes.
+    /// Seconds: an idle container of the function goes after this (its action's annotation
+    /// carries it to the pool).
     idle_timeout: u32,
     #[serde(default)]
     config: BTreeMap<String, String>,
@@ -106,6 +106,12 @@ fn new_id() -> String {
     crate::model::new_activation_id().to_uppercase()
 }
 
+/// A route's id: an app's name has no `/` and a source begins with one, so the two never run
+/// together ambiguously.
+fn route_id(app_name: &str, source: &str) -> String {
+    format!("{app_name}{source}")
+}
+
 /// The stored documents of one namespace, typed.
 struct Docs<'a> {
     store: &'a Arc<dyn Store>,
@@ -135,6 +141,43 @@ impl Docs<'_> {
     fn delete(&self, kind: DocKind, id: &str) -> Result<(), ApiError> {
         self.store.put_doc(self.ns, kind, id, None)?;
         Ok(())
+    }
+
+    /// Stores a trigger and its route.
+    fn put_trigger(&self, app: &App, t: &Trigger) -> Result<(), ApiError> {
+        self.put(DocKind::FnTrigger, &t.id, t)?;
+        self.put(DocKind::FnRoute, &route_id(&app.name, &t.source), &t.id)
+    }
+
+    /// Deletes a trigger and its route (`app_name` none: its app is gone; a route left
+    /// behind leads nowhere, since [`Docs::trigger_at`] checks what it finds).
+    fn delete_trigger(&self, app_name: Option<&str>, t: &Trigger) -> Result<(), ApiError> {
+        self.delete(DocKind::FnTrigger, &t.id)?;
+        match app_name {
+            Some(name) => self.delete(DocKind::FnRoute, &route_id(name, &t.source)),
+            None => Ok(()),
+        }
+    }
+
+    /// The trigger at `/t/{app_name}{source}`, with its app: by its route, three reads. A
+    /// trigger stored before routes were kept is found by reading them all, and gets its route;
+    /// no app of that name is Fn's 404 for the app.
+    fn trigger_at(&self, app_name: &str, source: &str) -> Result<Option<(App, Trigger)>, ApiError> {
+        let route = route_id(app_name, source);
+        if let Some(id) = self.get::<String>(DocKind::FnRoute, &route)? {
+            let trigger: Option<Trigger> = self.get(DocKind::FnTrigger, &id)?;
+            if let Some(t) = trigger.filter(|t| t.source == source) {
+                if let Some(app) = self.get::<App>(DocKind::FnApp, &t.app_id)?.filter(|a| a.name == app_name) {
+                    return Ok(Some((app, t)));
+                }
+            }
+        }
+        let apps: Vec<App> = self.list(DocKind::FnApp)?;
+        let app = apps.into_iter().find(|a| a.name == app_name).ok_or_else(|| fn_not_found("app", app_name))?;
+        let triggers: Vec<Trigger> = self.list(DocKind::FnTrigger)?;
+        let Some(t) = triggers.into_iter().find(|t| t.app_id == app.id && t.source == source) else { return Ok(None) };
+        self.put(DocKind::FnRoute, &route, &t.id)?;
+        Ok(Some((app, t)))
     }
 
     fn app(&self, id: &str) -> Result<App, ApiError> {
@@ -183,4 +226,65 @@ fn merge_config(config: &mut BTreeMap<String, String>, update: BTreeMap<String, 
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn app(id: &str, name: &str) -> App {
+        App {
+            id: id.into(),
+            name: name.into(),
+            config: BTreeMap::new(),
+            annotations: Map::new(),
+            created_at: now(),
+            updated_at: now(),
+        }
+    }
+
+    fn trigger(id: &str, app_id: &str, source: &str) -> Trigger {
+        Trigger {
+            id: id.into(),
+            name: id.into(),
+            app_id: app_id.into(),
+            fn_id: "F".into(),
+            kind: "http".into(),
+            source: source.into(),
+            annotations: Map::new(),
+            created_at: now(),
+            updated_at: now(),
+        }
+    }
+
+    #[test]
+    fn a_trigger_is_found_by_its_route_without_reading_the_others() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> = Arc::new(crate::store::RedbStore::open(&dir.path().join("s.redb")).unwrap());
+        let docs = Docs { store: &store, ns: "guest" };
+        let (a, b) = (app("A", "shop"), app("B", "blog"));
+        docs.put(DocKind::FnApp, &a.id, &a).unwrap();
+        docs.put(DocKind::FnApp, &b.id, &b).unwrap();
+        docs.put_trigger(&a, &trigger("T1", "A", "/cart")).unwrap();
+        docs.put_trigger(&b, &trigger("T2", "B", "/cart")).unwrap();
+        // A document that cannot be read: any listing of the triggers would fail on it.
+        store.put_doc("guest", DocKind::FnTrigger, "BAD", Some("not json")).unwrap();
+        let (found_app, found) = docs.trigger_at("shop", "/cart").unwrap().unwrap();
+        assert_eq!((found_app.id.as_str(), found.id.as_str()), ("A", "T1"));
+        assert_eq!(docs.trigger_at("blog", "/cart").unwrap().unwrap().1.id, "T2");
+        // Another namespace sees none of them.
+        let other = Docs { store: &store, ns: "other" };
+        assert!(matches!(other.trigger_at("shop", "/cart"), Err(ApiError::NotFoundNamed(_))));
+        store.put_doc("guest", DocKind::FnTrigger, "BAD", None).unwrap();
+
+        // Deleted: its route goes too, and the lookup finds nothing.
+        docs.delete_trigger(Some("shop"), &trigger("T1", "A", "/cart")).unwrap();
+        assert!(docs.trigger_at("shop", "/cart").unwrap().is_none());
+        assert!(store.get_doc("guest", DocKind::FnRoute, "shop/cart").unwrap().is_none());
+        // A trigger stored before routes were kept is found by reading them all, and gets one.
+        docs.put(DocKind::FnTrigger, "T3", &trigger("T3", "A", "/old")).unwrap();
+        assert_eq!(docs.trigger_at("shop", "/old").unwrap().unwrap().1.id, "T3");
+        assert_eq!(store.get_doc("guest", DocKind::FnRoute, "shop/old").unwrap().as_deref(), Some("\"T3\""));
+        assert!(matches!(docs.trigger_at("nope", "/old"), Err(ApiError::NotFoundNamed(_))));
+    }
 }
