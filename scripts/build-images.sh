@@ -9,6 +9,8 @@
 #   invoker-python:latest  a Debian minbase root with python3 and its standard library (debootstrap, built once
 #                          and cached in INVOKER_IMAGE_CACHE), plus the binary
 #   invoker-fn-python:latest  the same root with Fn's python FDK (scripts/fdk.sh), for fn:python
+#   invoker-fn-node:latest  FROM scratch: this machine's node with its libraries, and Fn's node
+#                          FDK (scripts/fdk.sh), for fn:node
 # An image is rebuilt only when the binary it holds changed (its sha256 is a label).
 #   scripts/build-images.sh [path/to/invoker]   (default: a debug build, built if missing)
 set -euo pipefail
@@ -105,5 +107,28 @@ LABEL invoker.fdk=%s
     "$fdk_sum" >"$work/fn-python.Dockerfile"
   build invoker-fn-python:latest "$work/fn-python.Dockerfile" "$work/fn-python"
   echo "built invoker-fn-python:latest (fdk $fdk_sum)"
+fi
+# Fn's node FDK with this machine's node (installed by scripts/test.sh; its libraries as ldd
+# lists them): the image of the built-in fn:node kind, the code at /function.
+node_bin=$(command -v node || true)
+if [ -n "$node_bin" ]; then
+  node_bin=$(readlink -f "$node_bin")
+  node_sum=$( { sha256sum "$node_bin"; find "$fdk_dir/node" -name package.json -path '*fdk*' -exec sha256sum {} +; } | sha256sum | cut -c1-16)
+  if [ "$(docker image inspect -f '{{ index .Config.Labels "invoker.fdk" }}' invoker-fn-node:latest 2>/dev/null || true)" != "$node_sum" ]; then
+    root="$work/fn-node"
+    mkdir -p "$root/usr/bin" "$root/tmp" "$root/usr/local/lib/invoker-fdk" && chmod 1777 "$root/tmp"
+    cp "$node_bin" "$root/usr/bin/node"
+    for lib in $(ldd "$node_bin" | grep -o '/[^ ]*'); do
+      mkdir -p "$root$(dirname "$lib")"
+      cp -L "$lib" "$root$lib"
+    done
+    cp -a "$fdk_dir/node" "$root/usr/local/lib/invoker-fdk/node"
+    printf 'FROM scratch\nCOPY . /\nENV NODE_PATH=/usr/local/lib/invoker-fdk/node/node_modules\nLABEL invoker.fdk=%s\n' \
+      "$node_sum" >"$work/fn-node.Dockerfile"
+    build invoker-fn-node:latest "$work/fn-node.Dockerfile" "$root"
+    echo "built invoker-fn-node:latest (node and fdk $node_sum)"
+  fi
+else
+  echo "build-images.sh: no node on this machine: invoker-fn-node not built" >&2
 fi
 docker image ls --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep '^invoker-' | sort

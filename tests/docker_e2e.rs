@@ -427,3 +427,30 @@ async fn an_fn_function_runs_in_a_container_with_its_socket_directory_and_stays_
     );
     stop(inv, &docker, &invoker_id).await;
 }
+
+/// The same for Fn's node FDK: `invoker-fn-node` (this machine's node and the FDK), the code
+/// read-only at /function as `func.js`.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs a Docker Engine and the runtime images: run by .ci/run"]
+async fn an_fn_node_function_runs_in_a_container_of_its_image() {
+    let docker = engine().await;
+    let dir = tempdir();
+    let invoker_id = id("dk-fn-node");
+    let inv = start(dir.path(), &invoker_id, None, "").await;
+    let code = "const fdk = require('@fnproject/fdk');\n\
+                fdk.handle(function (input, ctx) {\n  console.log('node call ' + ctx.callID);\n  \
+                return {uid: process.getuid(), cwd: process.cwd(), echo: input.echo};\n}, {inputMode: 'json'});\n";
+    inv.put_action("f", json!({"exec": {"kind": "fn:node", "code": code}})).await;
+    let (status, first) = inv.invoke("f", "blocking=true", json!({"echo": "node"})).await;
+    assert_eq!(status, 200, "{first}");
+    let said: Value = serde_json::from_str(first["response"]["result"]["body"].as_str().unwrap()).unwrap();
+    assert_eq!(said, json!({"uid": 65534, "cwd": "/function", "echo": "node"}));
+    let logs = first["logs"].to_string();
+    assert!(logs.contains(&format!("node call {}", first["activationId"].as_str().unwrap())), "{logs}");
+    let (_, again) = inv.invoke("f", "blocking=true", json!({"echo": "again"})).await;
+    assert_eq!(annotation(&again, "startKind"), json!("warm"));
+    let ids = containers_of(&docker, &invoker_id).await;
+    let inspected = docker.inspect_container(&ids[0], None::<InspectContainerOptions>).await.unwrap();
+    assert_eq!(inspected.config.unwrap().image.as_deref(), Some("invoker-fn-node:latest"));
+    stop(inv, &docker, &invoker_id).await;
+}

@@ -221,6 +221,14 @@ impl Default for DockerFactoryConfig {
             port: None,
             code_file: Some("func.py".into()),
         };
+        // Fn's node FDK with this machine's node (`scripts/build-images.sh`).
+        let fn_node = DockerKindConfig {
+            image: "invoker-fn-node:latest".into(),
+            command: vec!["/usr/bin/node".into(), "func.js".into()],
+            network: Some(Network::None),
+            port: None,
+            code_file: Some("func.js".into()),
+        };
         DockerFactoryConfig {
             socket: PathBuf::from("/run/invoker-docker/docker.sock"),
             network: Network::None,
@@ -233,6 +241,7 @@ impl Default for DockerFactoryConfig {
                 ("python:3".to_string(), kind("invoker-python:latest", "python")),
                 ("native".to_string(), kind("invoker-native:latest", "native")),
                 ("fn:python".to_string(), fn_python),
+                ("fn:node".to_string(), fn_node),
             ]),
         }
     }
