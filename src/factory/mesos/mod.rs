@@ -169,7 +169,7 @@ impl ContainerFactory for MesosFactory {
         let inner = &self.inner;
         if spec.function.is_some() {
             return Err(FactoryError::Create(
-                "the mesos factory runs no Fn function yet (the process factory does)".into(),
+                "the mesos factory runs no Fn function (the process, Docker and Kubernetes factories do)".into(),
             ));
         }
         let template = inner.templates.get(&spec.kind).ok_or_else(|| FactoryError::UnknownKind(spec.kind.clone()))?;

@@ -260,13 +260,16 @@ pub(super) async fn kubelet(shared: Arc<Shared>, key: String) {
             };
             env.insert(name, value);
         }
+        // The program is the image's (this machine's, in the fake): never a volume's, so its
+        // path is taken as it is, even under a mount path (a test binary under /tmp).
         let argv: Vec<String> = container["command"]
             .as_array()
             .into_iter()
             .chain(container["args"].as_array())
             .flatten()
             .filter_map(|a| a.as_str())
-            .map(|a| remount(&expand(a, &env), &mounts))
+            .enumerate()
+            .map(|(i, a)| if i == 0 { expand(a, &env) } else { remount(&expand(a, &env), &mounts) })
             .collect();
         let tmpdir =
             mounts.iter().find(|(path, _)| path == "/tmp").map_or(tmp.path().display().to_string(), |(_, d)| d.clone());
