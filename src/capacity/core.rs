@@ -42,6 +42,9 @@ pub struct GroupSpec {
     pub drain_deadline: Duration,
     /// An invoker asked for that has not registered this long after is given up.
     pub provision_timeout: Duration,
+    /// Memory kept beyond any target above zero, so that a rise is served by invokers already
+    /// up rather than waiting for new ones (a group at rest still goes down to `min`).
+    pub headroom_mb: u64,
 }
 
 /// An invoker of the group, as the core sees it.
@@ -186,8 +189,9 @@ impl GroupCore {
         self.members.values().filter(taking).count() as u32
     }
 
-    /// Invokers for `target_mb`, within the group's bounds.
+    /// Invokers for `target_mb` and the headroom beside it, within the group's bounds.
     pub fn invokers_for(&self, target_mb: u64) -> u32 {
+        let target_mb = if target_mb == 0 { 0 } else { target_mb.saturating_add(self.spec.headroom_mb) };
         let per = self.spec.invoker_memory_mb.max(1);
         let wanted = u32::try_from(target_mb.div_ceil(per)).unwrap_or(u32::MAX);
         wanted.clamp(self.spec.min, self.spec.max)
@@ -411,6 +415,7 @@ mod tests {
             scale_down_after: Duration::from_secs(60),
             drain_deadline: Duration::from_secs(50),
             provision_timeout: Duration::from_secs(30),
+            headroom_mb: 0,
         }
     }
 
@@ -441,6 +446,18 @@ mod tests {
             g.handle(Event::Up { id }, s(1));
         }
         g
+    }
+
+    #[test]
+    fn headroom_adds_invokers_beside_a_target_and_none_at_rest() {
+        let mut g = GroupCore::new(GroupSpec { min: 0, headroom_mb: MB / 2, ..spec() });
+        assert!(provisioned(&g.handle(Event::Tick { target_mb: 0 }, s(0))).is_empty(), "at rest: min");
+        // 1.5 invokers' worth of demand and half an invoker beside it: two.
+        let ids = provisioned(&g.handle(Event::Tick { target_mb: MB + MB / 2 }, s(1)));
+        assert_eq!(ids, ["g-0", "g-1"]);
+        let ids = provisioned(&g.handle(Event::Tick { target_mb: 2 * MB }, s(2)));
+        assert_eq!(ids, ["g-2"], "a full two: a third for the headroom");
+        assert_eq!(g.invokers_for(0), 0);
     }
 
     #[test]

@@ -152,6 +152,10 @@ pub struct GroupConfig {
     /// An invoker asked for that has not registered by then is given up and replaced.
     #[serde(with = "humantime_serde")]
     pub provision_timeout: Duration,
+    /// Memory kept beyond the predictor's target whenever it is above zero: calls that need
+    /// more than is up wait for an invoker to start, and this trades invoker-seconds for fewer
+    /// of them (`scenarios/fleet-*.toml` measure it).
+    pub headroom_mb: u64,
     pub predictor: PredictorKind,
     pub control_plane: ControlPlaneKind,
 }
@@ -167,6 +171,7 @@ impl Default for GroupConfig {
             scale_down_after: Duration::from_secs(60),
             drain_deadline: Duration::from_secs(50),
             provision_timeout: Duration::from_secs(60),
+            headroom_mb: 0,
             predictor: PredictorKind::default(),
             control_plane: ControlPlaneKind::default(),
         }
@@ -184,6 +189,7 @@ impl GroupConfig {
             scale_down_after: self.scale_down_after,
             drain_deadline: self.drain_deadline,
             provision_timeout: self.provision_timeout,
+            headroom_mb: self.headroom_mb,
         }
     }
 }
@@ -252,6 +258,9 @@ impl GroupConfig {
         if self.min > self.max {
             return Err(bad(&key("min"), format!("at most max ({})", self.max)));
         }
+        if self.headroom_mb > self.invoker_memory_mb.saturating_mul(u64::from(self.max)) {
+            return Err(bad(&key("headroom_mb"), "at most what max invokers hold"));
+        }
         if self.invoker_memory_mb < 128 {
             return Err(bad(&key("invoker_memory_mb"), "at least 128"));
         }
@@ -304,6 +313,10 @@ mod tests {
             "capacity.groups.default.invoker_memory_mb"
         );
         assert_eq!(error("[capacity.groups.default]\nmax_step = 0\n"), "capacity.groups.default.max_step");
+        assert_eq!(
+            error("[capacity.groups.default]\nmax = 2\nheadroom_mb = 4096\n"),
+            "capacity.groups.default.headroom_mb"
+        );
         assert_eq!(
             error("[capacity.groups.default]\nscale_down_after = \"10ms\"\n"),
             "capacity.groups.default.scale_down_after"

@@ -51,6 +51,19 @@ pub struct Fleet {
     /// The capacity manager's `[capacity] tick`.
     #[serde(default = "default_capacity_tick", with = "humantime_serde")]
     pub tick: Duration,
+    /// Each predictor is also run with these `headroom_mb` (entries `<predictor>+<n>MB`),
+    /// beside the group's own.
+    #[serde(default)]
+    pub compare_headroom_mb: Vec<u64>,
+}
+
+impl Fleet {
+    /// The headrooms each predictor runs with: the group's, then the compared ones.
+    pub fn headrooms_mb(&self) -> Vec<u64> {
+        let mut all = vec![self.group.headroom_mb];
+        all.extend(self.compare_headroom_mb.iter().filter(|h| **h != self.group.headroom_mb));
+        all
+    }
 }
 
 /// A control plane, as the fleet comparison sees it: how long an invoker takes to come up.

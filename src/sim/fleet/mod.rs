@@ -23,7 +23,7 @@ pub mod oracle;
 
 use super::scenario::{Fleet, Scenario, ScenarioError};
 use super::workload::{self, Call, Rng};
-use crate::capacity::core::{Action, Event as GroupEvent, GroupCore, MemberState};
+use crate::capacity::core::{Action, Event as GroupEvent, GroupCore, GroupSpec, MemberState};
 use crate::capacity::predictor::{AnyPredictor, Predictor, PredictorKind};
 use crate::pool::core::{
     ContainerId, CoreConfig, CreateFailure, Effect, Event, Job, JobId, KeyId, NodeId, NodeStatsUpdate, Owner, PoolCore,
@@ -49,7 +49,8 @@ const REVERSAL: Duration = Duration::from_secs(60);
 #[derive(Clone, Copy, Debug)]
 enum Sizing {
     Fixed(u32),
-    Managed(PredictorKind),
+    /// A predictor, and the group's headroom (MB).
+    Managed(PredictorKind, u64),
 }
 
 /// The whole comparison: the trace's profile, then per control plane one entry per policy.
@@ -81,15 +82,24 @@ pub fn compare(scenario: &Scenario, fleet: &Fleet) -> Result<Value, ScenarioErro
             section.insert((*name).into(), result.summary(oracle_seconds));
         }
         let mut windowed = None;
+        let mut managed = Vec::new();
         for &kind in &fleet.predictors {
-            let result = run(scenario, fleet, &calls, minutes, Sizing::Managed(kind), plane.provision_latency);
-            if kind == PredictorKind::Windowed {
-                windowed = Some((result.invoker_seconds(), result.counts.delayed));
+            for &headroom in &fleet.headrooms_mb() {
+                let sizing = Sizing::Managed(kind, headroom);
+                let result = run(scenario, fleet, &calls, minutes, sizing, plane.provision_latency);
+                if kind == PredictorKind::Windowed && headroom == fleet.group.headroom_mb {
+                    windowed = Some((result.invoker_seconds(), result.counts.delayed));
+                }
+                let name = match headroom {
+                    h if h == fleet.group.headroom_mb => kind.name().to_string(),
+                    h => format!("{}+{h}MB", kind.name()),
+                };
+                section.insert(name.clone(), result.summary(oracle_seconds));
+                managed.push((kind, name));
             }
-            section.insert(kind.name().into(), result.summary(oracle_seconds));
         }
-        for &kind in &fleet.predictors {
-            let entry = section.get_mut(kind.name()).expect("inserted above");
+        for (kind, name) in managed {
+            let entry = section.get_mut(&name).expect("inserted above");
             let ratio = entry["vs_oracle"].as_f64().unwrap_or(f64::MAX);
             let delayed_pct = entry["delayed_over_1s_pct"].as_f64().unwrap_or(100.0);
             let clean = entry["refused"] == 0 && entry["lost"] == 0 && entry["killed_at_drain_deadline"] == 0;
@@ -127,8 +137,9 @@ fn run<'a>(
     let began = Instant::now();
     let group = match sizing {
         Sizing::Fixed(_) => None,
-        Sizing::Managed(kind) => {
-            Some((GroupCore::new(fleet.group.spec("default")), kind.build(latency.max(Duration::from_secs(1)))))
+        Sizing::Managed(kind, headroom_mb) => {
+            let spec = GroupSpec { headroom_mb, ..fleet.group.spec("default") };
+            Some((GroupCore::new(spec), kind.build(latency.max(Duration::from_secs(1)))))
         }
     };
     let mut sim = FleetSim {
