@@ -806,6 +806,10 @@ async fn an_activation_without_room_waits_for_it_and_the_demand_report_says_so()
         let (status, record) = call.await.unwrap();
         assert_eq!(status, 200, "it waited for room instead of a 503: {record}");
     }
+    // One activation waited, about two seconds: the histogram of waits for room says so.
+    assert_eq!(counter(&scheduler, "scheduler_room_wait_seconds_count").await, 1);
+    assert_eq!(counter(&scheduler, "scheduler_room_wait_seconds_bucket{le=\"1.0\"}").await, 0);
+    assert_eq!(counter(&scheduler, "scheduler_room_wait_seconds_bucket{le=\"5.0\"}").await, 1);
     let deadline = Instant::now() + Duration::from_secs(3);
     loop {
         let reports = kv.get_prefix("/invoker/demand/").await.unwrap();

@@ -1,11 +1,13 @@
-//! The scheduler's Prometheus metrics: placements by rule, reschedules, 503s by reason, and
-//! (read at scrape time) activations in flight per invoker.
+//! The scheduler's Prometheus metrics: placements by rule, reschedules, 503s by reason, how long
+//! activations waited for an invoker with room, and (read at scrape time) activations in flight
+//! per invoker.
 
 use super::placement::{NoPlacement, Rule};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -31,6 +33,9 @@ pub struct SchedulerMetrics {
     pub lost: Counter,
     pub unheard: Counter,
     pub in_flight: Family<InvokerLabel, Gauge>,
+    /// Each activation that found no invoker with room: how long it waited for one (until
+    /// placed, or refused at `wait_for_room`). What a growing fleet costs its callers.
+    pub room_wait_seconds: Histogram,
 }
 
 impl Default for SchedulerMetrics {
@@ -42,6 +47,7 @@ impl Default for SchedulerMetrics {
         let lost = Counter::default();
         let unheard = Counter::default();
         let in_flight = Family::<InvokerLabel, Gauge>::default();
+        let room_wait_seconds = Histogram::new([0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0]);
         registry.register(
             "placements",
             "Activations sent to an invoker, by the rule that chose it",
@@ -56,7 +62,12 @@ impl Default for SchedulerMetrics {
             unheard.clone(),
         );
         registry.register("in_flight", "Activations sent to an invoker and not yet answered", in_flight.clone());
-        SchedulerMetrics { registry, placements, reschedules, unavailable, lost, unheard, in_flight }
+        registry.register(
+            "room_wait_seconds",
+            "How long activations that found no invoker with room waited for one",
+            room_wait_seconds.clone(),
+        );
+        SchedulerMetrics { registry, placements, reschedules, unavailable, lost, unheard, in_flight, room_wait_seconds }
     }
 }
 

@@ -241,7 +241,7 @@ impl Dispatcher {
         tags: &[String],
         tried: &BTreeSet<String>,
     ) -> Result<(Arc<ClusterView>, placement::Placement), placement::NoPlacement> {
-        let mut waiting_until: Option<Instant> = None;
+        let mut waiting: Option<(Instant, Instant)> = None;
         let placed = loop {
             let view = self.directory.current();
             let (in_flight, unseen) = {
@@ -253,9 +253,10 @@ impl Dispatcher {
                 Ok(chosen) => break Ok((view, chosen)),
                 Err(why) if self.wait_for_room.is_zero() => break Err(why),
                 Err(why) => {
-                    let until = *waiting_until.get_or_insert_with(|| {
+                    let (_, until) = *waiting.get_or_insert_with(|| {
                         self.demand.add(tags, demand::Stage::Waiting, needs.memory_mb);
-                        Instant::now() + self.wait_for_room
+                        let now = Instant::now();
+                        (now, now + self.wait_for_room)
                     });
                     if Instant::now() >= until {
                         break Err(why);
@@ -264,8 +265,9 @@ impl Dispatcher {
                 }
             }
         };
-        if waiting_until.is_some() {
+        if let Some((since, _)) = waiting {
             self.demand.remove(tags, demand::Stage::Waiting, needs.memory_mb);
+            self.metrics.room_wait_seconds.observe(since.elapsed().as_secs_f64());
         }
         placed
     }
