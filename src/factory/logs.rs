@@ -353,8 +353,11 @@ impl LogBuffer {
 }
 
 /// How long a factory's log stream must stay quiet after an answer before a run without end
-/// marks is taken to have all its lines, and the most it waits.
-const LOG_QUIET: Duration = Duration::from_millis(5);
+/// marks is taken to have all its lines, and the most it waits. A line reaches such a stream
+/// through the engine (Docker's daemon, a kubelet's log), not straight from the function: with
+/// 5 ms, a node function's line on Docker came after its run's window had closed on a loaded
+/// CI machine, and was lost. A silent call pays this once.
+const LOG_QUIET: Duration = Duration::from_millis(20);
 const LOG_QUIET_MAX: Duration = Duration::from_millis(200);
 
 /// One run's share of a container's logs, from when it was handed to the runtime; collected
