@@ -7,6 +7,7 @@
 
 pub mod fleet;
 pub mod scenario;
+mod timeline;
 pub mod workload;
 
 use crate::config::PoolConfig;
@@ -17,10 +18,10 @@ use crate::pool::core::{
 };
 use scenario::{KeepAliveChoice, Scenario, ScenarioError};
 use serde_json::{json, Value};
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::path::Path;
 use std::time::{Duration, Instant};
+use timeline::Timeline;
 use workload::Call;
 
 /// A synthetic fleet of `functions` functions (written into `dir` by
@@ -46,7 +47,7 @@ pub fn synthetic_fleet(dir: &Path, functions: u32) -> Result<(Scenario, u64), Sc
 /// Every simulated action is of this kind, so a scenario's `[[pool.prewarm]]` entries name it.
 pub const SIM_KIND: &str = "native";
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug)]
 enum Ev {
     Arrive(usize),
     /// A start finishing; the number is the start's version (a later start on the node slows
@@ -117,8 +118,7 @@ struct Sim<'a> {
     calls: Vec<Call>,
     core: PoolCore,
     now: Duration,
-    seq: u64,
-    queue: BinaryHeap<Reverse<(Duration, u64, Ev)>>,
+    timeline: Timeline<Ev>,
     nodes: Vec<SimNode>,
     node_index: HashMap<NodeId, usize>,
     containers: HashMap<ContainerId, SimContainer>,
@@ -210,8 +210,7 @@ fn run_with(scenario: &Scenario, pool: PoolConfig, node_memory_mb: u64) -> Resul
         calls,
         core,
         now: Duration::ZERO,
-        seq: 0,
-        queue: BinaryHeap::new(),
+        timeline: Timeline::default(),
         nodes,
         node_index,
         containers: HashMap::new(),
@@ -227,18 +226,17 @@ fn run_with(scenario: &Scenario, pool: PoolConfig, node_memory_mb: u64) -> Resul
 
 impl Sim<'_> {
     fn at(&mut self, when: Duration, ev: Ev) {
-        self.seq += 1;
-        self.queue.push(Reverse((when, self.seq, ev)));
+        self.timeline.at(when, ev);
     }
 
     fn run(&mut self) {
         self.publish_stats();
         self.at(Duration::ZERO, Ev::Stats);
         self.at(Duration::ZERO, Ev::Tick);
-        for (i, call) in self.calls.iter().enumerate().map(|(i, c)| (i, c.at)).collect::<Vec<_>>() {
-            self.at(call, Ev::Arrive(i));
+        for (i, call) in self.calls.iter().enumerate() {
+            self.timeline.at(call.at, Ev::Arrive(i));
         }
-        while let Some(Reverse((when, _, ev))) = self.queue.pop() {
+        while let Some((when, ev)) = self.timeline.next() {
             self.now = when;
             match ev {
                 Ev::Arrive(i) => self.arrive(i),

@@ -22,6 +22,7 @@
 pub mod oracle;
 
 use super::scenario::{Fleet, Scenario, ScenarioError};
+use super::timeline::Timeline;
 use super::workload::{self, Call, Rng};
 use crate::capacity::core::{Action, Event as GroupEvent, GroupCore, GroupSpec, MemberState};
 use crate::capacity::predictor::{AnyPredictor, Predictor, PredictorKind};
@@ -32,8 +33,7 @@ use crate::pool::core::{
 use crate::scheduler::placement::{place, ActionNeeds, InvokerView, PlacementConfig};
 use oracle::DemandProfile;
 use serde_json::{json, Value};
-use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 /// How often a scheduler reports its demand at most.
@@ -149,8 +149,7 @@ fn run<'a>(
         latency,
         horizon: Duration::from_secs(minutes as u64 * 60),
         now: Duration::ZERO,
-        seq: 0,
-        queue: BinaryHeap::new(),
+        timeline: Timeline::default(),
         invokers: Vec::new(),
         by_id: HashMap::new(),
         jobs: HashMap::new(),
@@ -173,7 +172,7 @@ fn run<'a>(
     sim
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug)]
 enum Ev {
     Arrive(usize),
     Ready(usize, ContainerId),
@@ -266,8 +265,7 @@ struct FleetSim<'a> {
     latency: Duration,
     horizon: Duration,
     now: Duration,
-    seq: u64,
-    queue: BinaryHeap<Reverse<(Duration, u64, Ev)>>,
+    timeline: Timeline<Ev>,
     invokers: Vec<SimInvoker>,
     /// The latest invoker of each name (a name is reused once its invoker is gone).
     by_id: HashMap<String, usize>,
@@ -284,20 +282,18 @@ struct FleetSim<'a> {
 
 impl FleetSim<'_> {
     fn at(&mut self, when: Duration, ev: Ev) {
-        self.seq += 1;
-        self.queue.push(Reverse((when, self.seq, ev)));
+        self.timeline.at(when, ev);
     }
 
     fn run(&mut self) {
         for (i, call) in self.calls.iter().enumerate() {
-            self.seq += 1;
-            self.queue.push(Reverse((call.at, self.seq, Ev::Arrive(i))));
+            self.timeline.at(call.at, Ev::Arrive(i));
         }
         self.at(Duration::ZERO, Ev::PoolTick);
         if self.group.is_some() {
             self.at(Duration::ZERO, Ev::Check);
         }
-        while let Some(Reverse((when, _, ev))) = self.queue.pop() {
+        while let Some((when, ev)) = self.timeline.next() {
             self.now = when;
             match ev {
                 Ev::Arrive(i) => self.arrive(i),
