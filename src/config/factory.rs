@@ -213,10 +213,7 @@ impl Default for DockerFactoryConfig {
         // /function.
         let fn_python = DockerKindConfig {
             image: "invoker-fn-python:latest".into(),
-            command: ["/usr/bin/python3", "-c", super::kinds::FDK_MAIN, "func.py", "{main}"]
-                .iter()
-                .map(|s| s.to_string())
-                .collect(),
+            command: super::kinds::FDK_PYTHON_COMMAND.map(String::from).to_vec(),
             network: Some(Network::None),
             port: None,
             code_file: Some("func.py".into()),

@@ -300,6 +300,10 @@ pub const FDK_DIR: &str = "/usr/local/lib/invoker-fdk";
 /// names the interpreter pip ran under): `fdk <file> <handler>`.
 pub const FDK_MAIN: &str = "import sys; from fdk.scripts.fdk import main; sys.argv[0] = 'fdk'; main()";
 
+/// The built-in `fn:python` kind's command on every factory: Fn's python FDK on the function's
+/// code in `func.py` (its working directory), `{main}` its handler.
+pub const FDK_PYTHON_COMMAND: [&str; 5] = ["/usr/bin/python3", "-c", FDK_MAIN, "func.py", "{main}"];
+
 /// A built-in Fn kind: the action's code in `code_file`, run by the system's interpreter
 /// with the FDK on its module path.
 fn fn_kind(command: &[&str], code_file: &str, env: &[(&str, String)], fdk: &str) -> KindConfig {
@@ -322,7 +326,7 @@ fn fn_kind(command: &[&str], code_file: &str, env: &[(&str, String)], fdk: &str)
 /// language); Fn's FDKs serve the `fn:` kinds.
 pub fn default_kinds() -> BTreeMap<String, KindConfig> {
     let python = fn_kind(
-        &["/usr/bin/python3", "-c", FDK_MAIN, "func.py", "{main}"],
+        &FDK_PYTHON_COMMAND,
         "func.py",
         &[("PYTHONPATH", format!("{FDK_DIR}/python")), ("PYTHONUNBUFFERED", "1".into())],
         "python",

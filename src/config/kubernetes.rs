@@ -120,10 +120,7 @@ impl Default for KubernetesFactoryConfig {
         // Fn's python FDK on the python image, as on Docker (`scripts/build-images.sh`).
         let fn_python = KubernetesKindConfig {
             image: "invoker-fn-python:latest".into(),
-            command: ["/usr/bin/python3", "-c", super::kinds::FDK_MAIN, "func.py", "{main}"]
-                .iter()
-                .map(|s| s.to_string())
-                .collect(),
+            command: super::kinds::FDK_PYTHON_COMMAND.map(String::from).to_vec(),
             port: None,
             code_file: Some("func.py".into()),
         };
