@@ -68,6 +68,41 @@ async fn capacity(manager: &Invoker) -> Value {
     body
 }
 
+/// A scheduler that holds what finds no invoker with room (`wait_for_room`), with the action
+/// `work` (256 MB, answering with what it was given) created on it.
+async fn waiting_scheduler_with_work(etcd: &EtcdServer, dir: &Path) -> Arc<Invoker> {
+    let config = format!(
+        "{}[scheduler]\nid = \"s1\"\nrefresh_interval = \"50ms\"\nwait_for_room = \"60s\"\n",
+        cluster_keys(etcd)
+    );
+    let scheduler = Invoker::start_scheduler(dir, &config);
+    scheduler
+        .put_action(
+            "work",
+            json!({ "exec": { "kind": "python:3", "code": "def main(a):\n    return a" }, "limits": { "memory": 256 } }),
+        )
+        .await;
+    Arc::new(scheduler)
+}
+
+/// `n` activations of `work` that run 2 s, at once; each must complete. The invokers they ran on.
+async fn burst_of_work(scheduler: &Arc<Invoker>, n: usize) -> BTreeSet<String> {
+    let calls: Vec<_> = (0..n)
+        .map(|_| {
+            let s = scheduler.clone();
+            tokio::spawn(async move { s.try_invoke("work", json!({ "sleep_ms": 2000 })).await })
+        })
+        .collect();
+    let mut ran_on = BTreeSet::new();
+    for call in calls {
+        let (status, record) = call.await.unwrap();
+        assert_eq!(status, 200, "every activation completes: {record}");
+        let invoker = record["annotations"].as_array().unwrap().iter().find(|a| a["key"] == "invoker").unwrap();
+        ran_on.insert(invoker["value"].as_str().unwrap().to_string());
+    }
+    ran_on
+}
+
 /// The actions of the group's last decisions (`provision default-1`, `drain default-2`, ...).
 async fn decisions(manager: &Invoker) -> Vec<String> {
     let status = capacity(manager).await;
@@ -101,32 +136,15 @@ async fn a_burst_grows_the_group_and_the_quiet_after_it_shrinks_it_back_to_min()
                  predictor = \"conservative\"\n";
     let _fleet = Fleet(manager_dir.path().to_path_buf());
     let manager = start_manager(manager_dir.path(), &manager_config(&etcd, group));
-    let scheduler_config = format!(
-        "{}[scheduler]\nid = \"s1\"\nrefresh_interval = \"50ms\"\nwait_for_room = \"60s\"\n",
-        cluster_keys(&etcd)
-    );
-    let scheduler = Arc::new(Invoker::start_scheduler(scheduler_dir.path(), &scheduler_config));
+    let scheduler = waiting_scheduler_with_work(&etcd, scheduler_dir.path()).await;
     wait_until(Duration::from_secs(30), "the first invoker (min = 1) registered", || {
         let s = scheduler.clone();
         async move { registered(&s).await == BTreeSet::from(["default-0".to_string()]) }
     })
     .await;
-    scheduler
-        .put_action(
-            "work",
-            json!({ "exec": { "kind": "python:3", "code": "def main(a):\n    return a" }, "limits": { "memory": 256 } }),
-        )
-        .await;
 
     // Six activations of 2 s at once; each invoker holds one.
     let started = Instant::now();
-    let calls: Vec<_> = (0..6)
-        .map(|_| {
-            let s = scheduler.clone();
-            tokio::spawn(async move { s.try_invoke("work", json!({ "sleep_ms": 2000 })).await })
-        })
-        .collect();
-    let mut most = 0;
     let watcher = {
         let s = scheduler.clone();
         tokio::spawn(async move {
@@ -138,15 +156,9 @@ async fn a_burst_grows_the_group_and_the_quiet_after_it_shrinks_it_back_to_min()
             most
         })
     };
-    let mut ran_on = BTreeSet::new();
-    for call in calls {
-        let (status, record) = call.await.unwrap();
-        assert_eq!(status, 200, "every activation completes: {record}");
-        let invoker = record["annotations"].as_array().unwrap().iter().find(|a| a["key"] == "invoker").unwrap();
-        ran_on.insert(invoker["value"].as_str().unwrap().to_string());
-    }
+    let ran_on = burst_of_work(&scheduler, 6).await;
     let took = started.elapsed();
-    most = most.max(watcher.await.unwrap());
+    let most = watcher.await.unwrap();
     eprintln!("the burst: 6 activations of 2 s in {took:?}, on {ran_on:?}; at most {most} invokers");
     assert_eq!(most, 4, "the group grew to its max");
     assert!(ran_on.len() >= 3, "new invokers took work: {ran_on:?}");
@@ -520,11 +532,7 @@ async fn the_burst_through_the_kubernetes_control_plane_scales_a_statefulset_up_
         api.url
     );
     let manager = start_manager(manager_dir.path(), &manager_config(&etcd, &group));
-    let scheduler_config = format!(
-        "{}[scheduler]\nid = \"s1\"\nrefresh_interval = \"50ms\"\nwait_for_room = \"60s\"\n",
-        cluster_keys(&etcd)
-    );
-    let scheduler = Arc::new(Invoker::start_scheduler(scheduler_dir.path(), &scheduler_config));
+    let scheduler = waiting_scheduler_with_work(&etcd, scheduler_dir.path()).await;
     let replicas = |api: &support::kube_api::FakeApiServer| {
         api.statefulset("invokers", "default").and_then(|s| s["spec"]["replicas"].as_u64())
     };
@@ -535,27 +543,9 @@ async fn the_burst_through_the_kubernetes_control_plane_scales_a_statefulset_up_
     .await;
     let template = api.statefulset("invokers", "default").unwrap()["spec"]["template"].clone();
     assert_eq!(template["spec"]["containers"][0]["resources"]["limits"]["memory"], "512Mi", "{template}");
-    scheduler
-        .put_action(
-            "work",
-            json!({ "exec": { "kind": "python:3", "code": "def main(a):\n    return a" }, "limits": { "memory": 256 } }),
-        )
-        .await;
 
     // Four activations of 2 s at once; each invoker holds one.
-    let calls: Vec<_> = (0..4)
-        .map(|_| {
-            let s = scheduler.clone();
-            tokio::spawn(async move { s.try_invoke("work", json!({ "sleep_ms": 2000 })).await })
-        })
-        .collect();
-    let mut ran_on = BTreeSet::new();
-    for call in calls {
-        let (status, record) = call.await.unwrap();
-        assert_eq!(status, 200, "every activation completes: {record}");
-        let invoker = record["annotations"].as_array().unwrap().iter().find(|a| a["key"] == "invoker").unwrap();
-        ran_on.insert(invoker["value"].as_str().unwrap().to_string());
-    }
+    let ran_on = burst_of_work(&scheduler, 4).await;
     assert!(ran_on.len() >= 2, "pods the manager asked for took work: {ran_on:?}");
 
     // Quiet: after scale_down_after the StatefulSet is back at 1, its pods above gone.
