@@ -10,7 +10,7 @@
 
 use super::fn_socket::ListenerWatch;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 #[derive(clap::Args, Debug)]
@@ -47,8 +47,13 @@ pub async fn run(args: FnBridgeArgs) -> Result<(), BridgeError> {
         .map_err(|source| BridgeError::Listen { addr: args.listen, source })?;
     eprintln!("the function is ready: {} on {}", listener.display(), args.listen);
     loop {
-        let Ok((conn, _)) = tcp.accept().await else { continue };
-        tokio::spawn(splice(conn, listener.clone()));
+        match tcp.accept().await {
+            Ok((conn, _)) => {
+                tokio::spawn(splice(conn, listener.clone()));
+            }
+            // Out of descriptors, say: a pause rather than a spin until some are given back.
+            Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+        }
     }
 }
 
@@ -56,12 +61,8 @@ pub async fn run(args: FnBridgeArgs) -> Result<(), BridgeError> {
 /// closes the caller's connection at once.
 async fn splice(mut conn: tokio::net::TcpStream, listener: PathBuf) {
     let _ = conn.set_nodelay(true);
-    let Ok(mut function) = connect(&listener).await else { return };
+    let Ok(mut function) = tokio::net::UnixStream::connect(&listener).await else { return };
     let _ = tokio::io::copy_bidirectional(&mut conn, &mut function).await;
-}
-
-async fn connect(listener: &Path) -> std::io::Result<tokio::net::UnixStream> {
-    tokio::net::UnixStream::connect(listener).await
 }
 
 #[cfg(test)]
