@@ -241,7 +241,7 @@ impl Dispatcher {
         tags: &[String],
         tried: &BTreeSet<String>,
     ) -> Result<(Arc<ClusterView>, placement::Placement), placement::NoPlacement> {
-        let mut waiting: Option<(Instant, Instant)> = None;
+        let mut waiting_since: Option<Instant> = None;
         let placed = loop {
             let view = self.directory.current();
             let (in_flight, unseen) = {
@@ -253,11 +253,11 @@ impl Dispatcher {
                 Ok(chosen) => break Ok((view, chosen)),
                 Err(why) if self.wait_for_room.is_zero() => break Err(why),
                 Err(why) => {
-                    let (_, until) = *waiting.get_or_insert_with(|| {
+                    let since = *waiting_since.get_or_insert_with(|| {
                         self.demand.add(tags, demand::Stage::Waiting, needs.memory_mb);
-                        let now = Instant::now();
-                        (now, now + self.wait_for_room)
+                        Instant::now()
                     });
+                    let until = since + self.wait_for_room;
                     if Instant::now() >= until {
                         break Err(why);
                     }
@@ -265,7 +265,7 @@ impl Dispatcher {
                 }
             }
         };
-        if let Some((since, _)) = waiting {
+        if let Some(since) = waiting_since {
             self.demand.remove(tags, demand::Stage::Waiting, needs.memory_mb);
             self.metrics.room_wait_seconds.observe(since.elapsed().as_secs_f64());
         }
