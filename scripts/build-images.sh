@@ -28,6 +28,8 @@ fi
 
 need=()
 command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
+# The fn:node image holds this machine's node.
+command -v node >/dev/null 2>&1 || need+=(nodejs)
 [ -x /bin/busybox ] && /bin/busybox --help 2>&1 | grep -q static || dpkg -s busybox-static >/dev/null 2>&1 || need+=(busybox-static)
 if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq
@@ -110,25 +112,20 @@ LABEL invoker.fdk=%s
 fi
 # Fn's node FDK with this machine's node (installed by scripts/test.sh; its libraries as ldd
 # lists them): the image of the built-in fn:node kind, the code at /function.
-node_bin=$(command -v node || true)
-if [ -n "$node_bin" ]; then
-  node_bin=$(readlink -f "$node_bin")
-  node_sum=$( { sha256sum "$node_bin"; find "$fdk_dir/node" -name package.json -path '*fdk*' -exec sha256sum {} +; } | sha256sum | cut -c1-16)
-  if [ "$(docker image inspect -f '{{ index .Config.Labels "invoker.fdk" }}' invoker-fn-node:latest 2>/dev/null || true)" != "$node_sum" ]; then
-    root="$work/fn-node"
-    mkdir -p "$root/usr/bin" "$root/tmp" "$root/usr/local/lib/invoker-fdk" && chmod 1777 "$root/tmp"
-    cp "$node_bin" "$root/usr/bin/node"
-    for lib in $(ldd "$node_bin" | grep -o '/[^ ]*'); do
-      mkdir -p "$root$(dirname "$lib")"
-      cp -L "$lib" "$root$lib"
-    done
-    cp -a "$fdk_dir/node" "$root/usr/local/lib/invoker-fdk/node"
-    printf 'FROM scratch\nCOPY . /\nENV NODE_PATH=/usr/local/lib/invoker-fdk/node/node_modules\nLABEL invoker.fdk=%s\n' \
-      "$node_sum" >"$work/fn-node.Dockerfile"
-    build invoker-fn-node:latest "$work/fn-node.Dockerfile" "$root"
-    echo "built invoker-fn-node:latest (node and fdk $node_sum)"
-  fi
-else
-  echo "build-images.sh: no node on this machine: invoker-fn-node not built" >&2
+node_bin=$(readlink -f "$(command -v node)")
+node_sum=$( { sha256sum "$node_bin"; find "$fdk_dir/node" -name package.json -path '*fdk*' -exec sha256sum {} +; } | sha256sum | cut -c1-16)
+if [ "$(docker image inspect -f '{{ index .Config.Labels "invoker.fdk" }}' invoker-fn-node:latest 2>/dev/null || true)" != "$node_sum" ]; then
+  root="$work/fn-node"
+  mkdir -p "$root/usr/bin" "$root/tmp" "$root/usr/local/lib/invoker-fdk" && chmod 1777 "$root/tmp"
+  cp "$node_bin" "$root/usr/bin/node"
+  for lib in $(ldd "$node_bin" | grep -o '/[^ ]*'); do
+    mkdir -p "$root$(dirname "$lib")"
+    cp -L "$lib" "$root$lib"
+  done
+  cp -a "$fdk_dir/node" "$root/usr/local/lib/invoker-fdk/node"
+  printf 'FROM scratch\nCOPY . /\nENV NODE_PATH=/usr/local/lib/invoker-fdk/node/node_modules\nLABEL invoker.fdk=%s\n' \
+    "$node_sum" >"$work/fn-node.Dockerfile"
+  build invoker-fn-node:latest "$work/fn-node.Dockerfile" "$root"
+  echo "built invoker-fn-node:latest (node and fdk $node_sum)"
 fi
 docker image ls --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep '^invoker-' | sort
