@@ -91,8 +91,20 @@ struct Shared {
 
 impl Shared {
     /// Stores `object` at a new resourceVersion and tells the watches; returns it as stored.
-    fn put(&self, kind: Kind, key: &str, mut object: Value, kind_of_event: &'static str) -> Value {
-        let mut cluster = self.cluster.lock();
+    fn put(&self, kind: Kind, key: &str, object: Value, kind_of_event: &'static str) -> Value {
+        self.put_locked(&mut self.cluster.lock(), kind, key, object, kind_of_event)
+    }
+
+    /// `put` for a caller that holds the lock: a read, its change and its store are one step, as
+    /// the API server's are (a change read before a deletion must not bring the object back).
+    fn put_locked(
+        &self,
+        cluster: &mut Cluster,
+        kind: Kind,
+        key: &str,
+        mut object: Value,
+        kind_of_event: &'static str,
+    ) -> Value {
         cluster.rv += 1;
         let rv = cluster.rv;
         object["metadata"]["resourceVersion"] = json!(rv.to_string());
@@ -112,29 +124,43 @@ impl Shared {
         self.cluster.lock().objects.get(&(kind, key.to_string())).cloned()
     }
 
-    /// Changes a pod's status if it is still the pod `uid` (not deleted, not replaced).
-    fn update_pod(&self, key: &str, uid: &str, change: impl FnOnce(&mut Value)) -> bool {
-        let Some(mut pod) = self.get(Kind::Pod, key) else { return false };
-        if pod["metadata"]["uid"] != uid {
-            return false;
+    /// Changes an object that exists, atomically; `change` may decline (false). Returns the
+    /// object as stored.
+    fn update(&self, kind: Kind, key: &str, change: impl FnOnce(&mut Value) -> bool) -> Option<Value> {
+        let mut cluster = self.cluster.lock();
+        let mut object = cluster.objects.get(&(kind, key.to_string()))?.clone();
+        if !change(&mut object) {
+            return None;
         }
-        change(&mut pod);
-        self.put(Kind::Pod, key, pod, "MODIFIED");
-        true
+        Some(self.put_locked(&mut cluster, kind, key, object, "MODIFIED"))
     }
 
-    /// Deletes a pod at once (grace 0): its processes are killed, its memory freed.
+    /// Changes a pod's status if it is still the pod `uid` (not deleted, not replaced).
+    fn update_pod(&self, key: &str, uid: &str, change: impl FnOnce(&mut Value)) -> bool {
+        self.update(Kind::Pod, key, |pod| {
+            if pod["metadata"]["uid"] != uid {
+                return false;
+            }
+            change(pod);
+            true
+        })
+        .is_some()
+    }
+
+    /// Deletes a pod at once (grace 0): its processes are killed, its memory freed, and the
+    /// object is gone before any of its processes' ends is reported.
     fn remove_pod(&self, ns: &str, name: &str) -> Option<Value> {
         let key = format!("{ns}/{name}");
-        let pod = self.get(Kind::Pod, &key)?;
-        {
-            let mut cluster = self.cluster.lock();
-            cluster.admitted.remove(&key);
-            if let Some(pgid) = cluster.processes.remove(&key) {
-                kill_group(pgid);
-            }
+        let mut cluster = self.cluster.lock();
+        let pod = cluster.objects.get(&(Kind::Pod, key.clone()))?.clone();
+        cluster.admitted.remove(&key);
+        let process = cluster.processes.remove(&key);
+        let deleted = self.put_locked(&mut cluster, Kind::Pod, &key, pod, "DELETED");
+        drop(cluster);
+        if let Some(pgid) = process {
+            kill_group(pgid);
         }
-        Some(self.put(Kind::Pod, &key, pod, "DELETED"))
+        Some(deleted)
     }
 }
 
@@ -184,8 +210,13 @@ impl FakeApiServer {
         FakeApiServer { url, shared, _server: server }
     }
 
-    fn get(&self, kind: Kind, key: &str) -> Value {
-        self.shared.get(kind, key).expect("no such object")
+    /// Changes an object the test made (it must exist).
+    fn update(&self, kind: Kind, key: &str, change: impl FnOnce(&mut Value)) {
+        let updated = self.shared.update(kind, key, |object| {
+            change(object);
+            true
+        });
+        assert!(updated.is_some(), "no such object: {key}");
     }
 
     fn put(&self, kind: Kind, key: &str, object: Value, kind_of_event: &'static str) {
@@ -208,15 +239,12 @@ impl FakeApiServer {
     }
 
     pub fn set_ready(&self, name: &str, ready: bool) {
-        let mut node = self.get(Kind::Node, name);
-        node["status"]["conditions"] = json!([{"type": "Ready", "status": if ready { "True" } else { "Unknown" }}]);
-        self.put(Kind::Node, name, node, "MODIFIED");
+        let conditions = json!([{"type": "Ready", "status": if ready { "True" } else { "Unknown" }}]);
+        self.update(Kind::Node, name, |node| node["status"]["conditions"] = conditions);
     }
 
     pub fn cordon(&self, name: &str, cordoned: bool) {
-        let mut node = self.get(Kind::Node, name);
-        node["spec"]["unschedulable"] = json!(cordoned);
-        self.put(Kind::Node, name, node, "MODIFIED");
+        self.update(Kind::Node, name, |node| node["spec"]["unschedulable"] = json!(cordoned));
     }
 
     /// A running pod of another tenant, bound to `node`, requesting `memory_mi` MiB (admitted:
@@ -237,10 +265,7 @@ impl FakeApiServer {
     /// A running pod with `labels` (as another invoker's action pod would carry).
     pub fn add_labeled_pod(&self, namespace: &str, name: &str, node: &str, labels: Value) {
         self.add_pod(namespace, name, node, 1);
-        let key = format!("{namespace}/{name}");
-        let mut pod = self.get(Kind::Pod, &key);
-        pod["metadata"]["labels"] = labels;
-        self.put(Kind::Pod, &key, pod, "MODIFIED");
+        self.update(Kind::Pod, &format!("{namespace}/{name}"), |pod| pod["metadata"]["labels"] = labels);
     }
 
     /// Memory of `node` the kubelet holds but the API does not show (a static pod, a system

@@ -94,7 +94,7 @@ pub(super) fn get_scale(shared: &Arc<Shared>, ns: &str, name: &str) -> hyper::Re
 /// A merge patch of the Scale (PATCH) or a whole Scale (PUT): only `spec.replicas` counts.
 pub(super) fn set_scale(shared: &Arc<Shared>, ns: &str, name: &str, body: &Value) -> hyper::Response<Body> {
     let key = format!("{ns}/{name}");
-    let Some(mut set) = shared.get(Kind::StatefulSet, &key) else { return not_found(name) };
+    let Some(set) = shared.get(Kind::StatefulSet, &key) else { return not_found(name) };
     let replicas = match &body["spec"]["replicas"] {
         Value::Null => return json_response(200, scale_of(&set)),
         r => r.as_i64(),
@@ -104,9 +104,12 @@ pub(super) fn set_scale(shared: &Arc<Shared>, ns: &str, name: &str, body: &Value
             format!("Scale.autoscaling \"{name}\" is invalid: spec.replicas: must be greater than or equal to 0");
         return json_response(422, status(422, "Invalid", &message));
     };
+    let stored = shared.update(Kind::StatefulSet, &key, |set| {
+        set["spec"]["replicas"] = json!(replicas);
+        true
+    });
+    let Some(stored) = stored else { return not_found(name) };
     shared.cluster.lock().scale_changes += 1;
-    set["spec"]["replicas"] = json!(replicas);
-    let stored = shared.put(Kind::StatefulSet, &key, set, "MODIFIED");
     json_response(200, scale_of(&stored))
 }
 
@@ -203,9 +206,9 @@ fn reconcile(shared: &Arc<Shared>, set: &Value) {
     let counted = pods.len() as u64;
     if set["status"]["replicas"].as_u64() != Some(counted) {
         let key = format!("{ns}/{name}");
-        if let Some(mut current) = shared.get(Kind::StatefulSet, &key) {
+        shared.update(Kind::StatefulSet, &key, |current| {
             current["status"]["replicas"] = json!(counted);
-            shared.put(Kind::StatefulSet, &key, current, "MODIFIED");
-        }
+            true
+        });
     }
 }
