@@ -355,18 +355,23 @@ async fn a_throttled_or_slow_api_server_fails_creations_in_bounded_time_and_leav
     assert!(log.contains("429"), "the operator sees the API server's answer");
 
     // A server slower than call_timeout: the creation is given up; the pod the server makes
-    // afterwards is deleted once the watch shows it.
+    // afterwards is deleted once the watch shows it, and its deletion, refused once by the
+    // server, is tried again.
     api.slow_creates(Duration::from_secs(3));
     let (status, record) = inv.invoke("t", "blocking=true", json!({})).await;
     assert!(status >= 500 && record["annotations"].to_string().contains("create_failed"), "{status} {record}");
     let created = api.created_and_refused().0;
     api.slow_creates(Duration::ZERO);
+    api.fail_deletes(1);
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     while api.created_and_refused().0 == created {
         assert!(std::time::Instant::now() < deadline, "the slow server never made the pod");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     until_pods(&api, "the late pod deleted", |pods| pods.is_empty()).await;
+    assert_eq!(api.failed_deletes(), 1, "the late pod's first deletion was refused");
+    let log = std::fs::read_to_string(dir.path().join("stderr.log")).unwrap();
+    assert!(log.contains("500"), "the operator sees the refused deletion");
     let (status, record) = inv.invoke("t", "blocking=true", json!({})).await;
     assert_eq!(status, 200, "{record}");
 }

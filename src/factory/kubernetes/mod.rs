@@ -6,6 +6,7 @@
 //! There is no pause: an idle pod keeps running (as on Mesos). A start deletes the pods an
 //! earlier run of the same `invoker_id` left in the namespace, and nothing else.
 
+mod doomed;
 pub mod offers;
 pub mod pod;
 mod pod_log;
@@ -16,6 +17,7 @@ use super::logs::LogBuffer;
 use super::{ContainerFactory, ContainerHandle, ContainerSpec, Epoch, FactoryError, StatsReceiver, Transport};
 use crate::config::{Config, KubernetesFactoryConfig};
 use crate::pool::core::{ContainerId, NodeId, NodeStatsUpdate};
+use doomed::{DoomedPods, Why};
 use k8s_openapi::api::core::v1::{Pod, Toleration};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{DeleteParams, ListParams, PostParams};
@@ -30,8 +32,6 @@ use watch::{watch_cluster, ClusterView};
 
 /// Containers reported gone at most before the pool reads them.
 const GONE_QUEUE: usize = 4096;
-/// Unanswered creations remembered at most (see `Inner::unanswered`).
-const UNANSWERED: usize = 1024;
 
 #[derive(Clone)]
 pub struct KubernetesFactory {
@@ -56,9 +56,8 @@ struct Inner {
     /// Where the client points, for `describe`.
     server: String,
     policies: Api<NetworkPolicy>,
-    /// Pods whose creation went unanswered: the API server may still make them, so each is
-    /// deleted when the watch shows it (at most `UNANSWERED` remembered, the oldest dropped).
-    unanswered: Mutex<std::collections::VecDeque<String>>,
+    /// Pods to delete (again) when the watch shows them: unanswered creations, failed deletions.
+    doomed: Mutex<DoomedPods>,
     /// True once the network policy is in place (or not wanted): no pod is created before.
     isolated: tokio::sync::watch::Sender<bool>,
 }
@@ -134,7 +133,7 @@ impl KubernetesFactory {
             pods: Api::namespaced(client.clone(), &k.namespace),
             policies: Api::namespaced(client.clone(), &k.namespace),
             isolated: tokio::sync::watch::channel(!k.network_policy).0,
-            unanswered: Mutex::new(std::collections::VecDeque::new()),
+            doomed: Mutex::new(DoomedPods::default()),
             view: watch_cluster(client, tolerations),
             config: k,
             invoker_id: config.invoker_id.clone(),
@@ -226,7 +225,7 @@ impl ContainerFactory for KubernetesFactory {
             Ok(Err(e)) => return Err(FactoryError::Create(api_error("creating the pod", &e))),
             Err(_) => {
                 // It may exist all the same, now or later: it goes when it shows.
-                inner.remember_unanswered(&name);
+                inner.doom(&name, Why::Unanswered);
                 self.delete(&name).await;
                 return Err(FactoryError::Create("the API server did not answer the pod's creation in time".into()));
             }
@@ -273,21 +272,28 @@ impl KubernetesFactory {
     }
 
     /// Deletes the pod at once (grace 0) and waits, bounded, for the watch to show it gone:
-    /// only then is its memory free on the node.
+    /// only then is its memory free on the node. A deletion that fails is tried again (see
+    /// `doomed`).
     async fn delete(&self, name: &str) {
         let inner = &self.inner;
         let params = DeleteParams { grace_period_seconds: Some(0), ..DeleteParams::default() };
-        match tokio::time::timeout(inner.config.call_timeout, inner.pods.delete(name, &params)).await {
-            Ok(Ok(_)) => {}
+        let failed = match tokio::time::timeout(inner.config.call_timeout, inner.pods.delete(name, &params)).await {
+            Ok(Ok(_)) => None,
             Ok(Err(kube::Error::Api(e))) if e.code == 404 => return,
-            Ok(Err(e)) => tracing::warn!(pod = name, "kubernetes: {}", api_error("deleting the pod", &e)),
-            Err(_) => tracing::warn!(pod = name, "kubernetes: the API server did not answer a deletion in time"),
+            Ok(Err(e)) => Some(api_error("deleting the pod", &e)),
+            Err(_) => Some("the API server did not answer a deletion in time".to_string()),
+        };
+        if let Some(why) = failed {
+            tracing::warn!(pod = name, "kubernetes: {why}; tried again while the pod shows");
+            inner.doom(name, Why::DeleteFailed);
+            return;
         }
         let mut changes = inner.view.changes.clone();
         let deadline = tokio::time::Instant::now() + inner.config.delete_timeout;
         while inner.view.pod(&inner.config.namespace, name).is_some() {
             if !matches!(tokio::time::timeout_at(deadline, changes.changed()).await, Ok(Ok(()))) {
-                tracing::warn!(pod = name, "kubernetes: the pod's deletion was not seen in time");
+                tracing::warn!(pod = name, "kubernetes: the pod's deletion was not seen in time; tried again");
+                inner.doom(name, Why::DeleteFailed);
                 return;
             }
         }
@@ -295,12 +301,10 @@ impl KubernetesFactory {
 }
 
 impl Inner {
-    fn remember_unanswered(&self, name: &str) {
-        let mut unanswered = self.unanswered.lock();
-        if unanswered.len() == UNANSWERED {
-            unanswered.pop_front();
+    fn doom(&self, name: &str, why: Why) {
+        if let Some(dropped) = self.doomed.lock().remember(name, why) {
+            tracing::warn!(pod = %dropped, "kubernetes: too many pods to delete again; this one is no longer followed");
         }
-        unanswered.push_back(name.to_string());
     }
 
     fn pod_name(&self, id: ContainerId) -> String {
@@ -374,19 +378,16 @@ impl Inner {
 }
 
 /// Tells the pool of ready pods that ended on their own (evicted, crashed, deleted by someone),
-/// and deletes the pods of unanswered creations as they show.
+/// and deletes the doomed pods the watch shows (at every change, and every `doomed::RETRY`).
 async fn watch_live(inner: std::sync::Weak<Inner>, mut changes: tokio::sync::watch::Receiver<u64>) {
-    while changes.changed().await.is_ok() {
+    loop {
+        if let Ok(Err(_)) = tokio::time::timeout(doomed::RETRY, changes.changed()).await {
+            return;
+        }
         let Some(inner) = inner.upgrade() else { return };
-        let shown: std::collections::VecDeque<String> = {
-            let mut unanswered = inner.unanswered.lock();
-            let namespace = &inner.config.namespace;
-            let (shown, waiting) = unanswered.drain(..).partition(|name| inner.view.pod(namespace, name).is_some());
-            *unanswered = waiting;
-            shown
-        };
-        for name in shown {
-            tracing::info!(pod = %name, "kubernetes: deleting a pod whose creation went unanswered");
+        let due = inner.doomed.lock().due(|name| inner.view.pod(&inner.config.namespace, name).is_some());
+        for name in due {
+            tracing::info!(pod = %name, "kubernetes: deleting a pod whose creation or deletion went wrong");
             let factory = KubernetesFactory { inner: inner.clone() };
             tokio::spawn(async move { factory.delete(&name).await });
         }

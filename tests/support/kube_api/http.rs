@@ -93,10 +93,24 @@ pub(super) async fn serve(
                 None => json_response(404, status(404, "NotFound", &format!("pods \"{name}\" not found"))),
             }
         }
-        (&Method::DELETE, ["api", "v1", "namespaces", ns, "pods", name]) => match shared.remove_pod(ns, name) {
-            Some(pod) => json_response(200, pod),
-            None => json_response(404, status(404, "NotFound", &format!("pods \"{name}\" not found"))),
-        },
+        (&Method::DELETE, ["api", "v1", "namespaces", ns, "pods", name]) => {
+            let failing = {
+                let mut cluster = shared.cluster.lock();
+                let failing = cluster.failing_deletes > 0;
+                if failing {
+                    cluster.failing_deletes -= 1;
+                    cluster.failed_deletes += 1;
+                }
+                failing
+            };
+            if failing {
+                return json_response(500, status(500, "InternalError", "etcdserver: request timed out"));
+            }
+            match shared.remove_pod(ns, name) {
+                Some(pod) => json_response(200, pod),
+                None => json_response(404, status(404, "NotFound", &format!("pods \"{name}\" not found"))),
+            }
+        }
         (&Method::GET, ["api", "v1", "namespaces", ns, "pods", name, "log"]) => {
             pod_log(&shared, &format!("{ns}/{name}"), &query)
         }

@@ -78,6 +78,9 @@ struct Cluster {
     throttled: usize,
     /// How long a pod creation takes before the server acts on it (a slow API server).
     slow_creates: Duration,
+    /// Pod deletions still to answer 500 (an API server failing), and those answered so.
+    failing_deletes: usize,
+    failed_deletes: usize,
     /// Changes of a StatefulSet's replicas through its `scale` subresource.
     scale_changes: usize,
 }
@@ -347,6 +350,16 @@ impl FakeApiServer {
     /// Each pod creation takes `delay` before the server acts on it (and answers).
     pub fn slow_creates(&self, delay: Duration) {
         self.shared.cluster.lock().slow_creates = delay;
+    }
+
+    /// The next `n` pod deletions are answered 500, the pod left as it is.
+    pub fn fail_deletes(&self, n: usize) {
+        self.shared.cluster.lock().failing_deletes = n;
+    }
+
+    /// Pod deletions answered 500 so far.
+    pub fn failed_deletes(&self) -> usize {
+        self.shared.cluster.lock().failed_deletes
     }
 
     /// Ends every open watch and log stream (an API server restarting, a proxy timing out).
