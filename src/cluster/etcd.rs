@@ -6,7 +6,7 @@ use super::ClusterKv;
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine as _;
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Full};
 use serde_json::{json, Value};
 use std::time::Duration;
 
@@ -57,28 +57,73 @@ impl Etcd {
         Ok(Etcd { endpoints: parsed })
     }
 
+    /// Every key under `prefix` with its value, and the store's revision they were read at
+    /// (a watch from the next revision misses nothing and repeats nothing).
+    pub async fn get_prefix_at(&self, prefix: &str) -> Result<(Vec<(String, String)>, i64), EtcdError> {
+        let range_end = B64.encode(prefix_end(prefix));
+        let answer = self.call("/v3/kv/range", json!({ "key": b64(prefix), "range_end": range_end })).await?;
+        let kvs = answer["kvs"].as_array().map(Vec::as_slice).unwrap_or_default();
+        let pairs = kvs.iter().map(|kv| (unb64(&kv["key"]), unb64(&kv["value"]))).collect();
+        Ok((pairs, int(&answer["header"]["revision"])))
+    }
+
+    /// Whether a member answers at all (a cheap status call), for a watch that has been quiet.
+    pub async fn answers(&self) -> bool {
+        self.call("/v3/maintenance/status", json!({})).await.is_ok()
+    }
+
+    /// Opens the gateway's watch stream of every change under `prefix` from `revision`, on the
+    /// first member that answers.
+    pub async fn watch_prefix(&self, prefix: &str, revision: i64) -> Result<JsonStream, EtcdError> {
+        let create = json!({ "create_request": {
+            "key": b64(prefix), "range_end": B64.encode(prefix_end(prefix)), "start_revision": revision.to_string(),
+        }});
+        match self.on_first_answering(|authority| post_for_stream(authority, "/v3/watch", &create)).await? {
+            (200, stream) => Ok(stream),
+            (status, mut stream) => {
+                let answer = stream.next().await.unwrap_or_default();
+                Err(EtcdError::Refused { status, message: answer["message"].as_str().unwrap_or("").to_string() })
+            }
+        }
+    }
+
     async fn call(&self, path: &str, body: Value) -> Result<Value, EtcdError> {
+        match self.on_first_answering(|authority| post(authority, path, &body)).await? {
+            (200, answer) => Ok(answer),
+            (status, answer) => {
+                let message = answer["message"].as_str().unwrap_or("").to_string();
+                Err(EtcdError::Refused { status, message })
+            }
+        }
+    }
+
+    /// `request` to each member in turn (each within `CALL_TIMEOUT`) until one answers.
+    async fn on_first_answering<'a, T, F>(&'a self, request: impl Fn(&'a str) -> F) -> Result<(u16, T), EtcdError>
+    where
+        F: std::future::Future<Output = Result<(u16, T), String>>,
+    {
         let mut last = None;
         for (endpoint, authority) in &self.endpoints {
-            match tokio::time::timeout(CALL_TIMEOUT, post(authority, path, &body)).await {
-                Ok(Ok((200, answer))) => return Ok(answer),
-                Ok(Ok((status, answer))) => {
-                    let message = answer["message"].as_str().unwrap_or("").to_string();
-                    return Err(EtcdError::Refused { status, message });
-                }
-                Ok(Err(reason)) => last = Some(EtcdError::Unreachable { endpoint: endpoint.clone(), reason }),
-                Err(_) => {
-                    let reason = format!("no answer within {CALL_TIMEOUT:?}");
-                    last = Some(EtcdError::Unreachable { endpoint: endpoint.clone(), reason });
-                }
-            }
+            let reason = match tokio::time::timeout(CALL_TIMEOUT, request(authority)).await {
+                Ok(Ok(answer)) => return Ok(answer),
+                Ok(Err(reason)) => reason,
+                Err(_) => format!("no answer within {CALL_TIMEOUT:?}"),
+            };
+            last = Some(EtcdError::Unreachable { endpoint: endpoint.clone(), reason });
         }
         Err(last.expect("at least one endpoint"))
     }
 }
 
-/// One POST of JSON on a new connection (calls are rare: a few per publish interval).
+/// One POST of JSON on a new connection (calls are rare: a few per publish interval); the
+/// answer is the first JSON object (a keep-alive answer is a stream that stays open).
 async fn post(authority: &str, path: &str, body: &Value) -> Result<(u16, Value), String> {
+    let (status, mut stream) = post_for_stream(authority, path, body).await?;
+    Ok((status, stream.next().await?))
+}
+
+/// A POST of JSON whose answer is read as a stream of JSON objects.
+async fn post_for_stream(authority: &str, path: &str, body: &Value) -> Result<(u16, JsonStream), String> {
     let mut sender = crate::http::connect(authority).await.map_err(|e| e.to_string())?;
     let request = hyper::Request::post(path)
         .header(hyper::header::HOST, authority)
@@ -87,32 +132,56 @@ async fn post(authority: &str, path: &str, body: &Value) -> Result<(u16, Value),
         .map_err(|e| e.to_string())?;
     let response = sender.send_request(request).await.map_err(|e| e.to_string())?;
     let status = response.status().as_u16();
-    // A keep-alive answer is a stream that stays open: its first JSON object is the answer.
-    let mut body = Limited::new(response.into_body(), MAX_ANSWER);
-    let mut bytes = Vec::new();
-    while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| e.to_string())?;
-        if let Some(data) = frame.data_ref() {
-            bytes.extend_from_slice(data);
-        }
-        if let Ok(value) = serde_json::from_slice::<Value>(&bytes) {
-            return Ok((status, value));
+    Ok((status, JsonStream { body: response.into_body(), buffer: Vec::new() }))
+}
+
+/// The gateway's answer: JSON objects, one after another, for as long as the call lasts (one
+/// for a plain call, a watch's news for a watch).
+pub struct JsonStream {
+    body: hyper::body::Incoming,
+    buffer: Vec<u8>,
+}
+
+impl JsonStream {
+    /// The next object, or why there is none (closed, broken, or an object past the bound).
+    pub async fn next(&mut self) -> Result<Value, String> {
+        loop {
+            let mut objects = serde_json::Deserializer::from_slice(&self.buffer).into_iter::<Value>();
+            match objects.next() {
+                Some(Ok(value)) => {
+                    let used = objects.byte_offset();
+                    self.buffer.drain(..used);
+                    return Ok(value);
+                }
+                Some(Err(e)) if !e.is_eof() => return Err(format!("not JSON: {e}")),
+                _ => {}
+            }
+            if self.buffer.len() > MAX_ANSWER {
+                return Err(format!("an object past {MAX_ANSWER} bytes"));
+            }
+            match self.body.frame().await {
+                Some(Ok(frame)) => {
+                    if let Some(data) = frame.data_ref() {
+                        self.buffer.extend_from_slice(data);
+                    }
+                }
+                Some(Err(e)) => return Err(e.to_string()),
+                None => return Err("etcd closed the stream".to_string()),
+            }
         }
     }
-    let value = serde_json::from_slice(&bytes).map_err(|e| format!("not JSON: {e}"))?;
-    Ok((status, value))
 }
 
 fn b64(s: &str) -> String {
     B64.encode(s)
 }
 
-fn unb64(v: &Value) -> String {
+pub(super) fn unb64(v: &Value) -> String {
     v.as_str().and_then(|s| B64.decode(s).ok()).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default()
 }
 
 /// The gateway writes 64-bit numbers as strings.
-fn int(v: &Value) -> i64 {
+pub(super) fn int(v: &Value) -> i64 {
     v.as_str().and_then(|s| s.parse().ok()).or_else(|| v.as_i64()).unwrap_or(0)
 }
 
@@ -175,10 +244,7 @@ impl ClusterKv for Etcd {
     }
 
     async fn get_prefix(&self, prefix: &str) -> Result<Vec<(String, String)>, EtcdError> {
-        let range_end = B64.encode(prefix_end(prefix));
-        let answer = self.call("/v3/kv/range", json!({ "key": b64(prefix), "range_end": range_end })).await?;
-        let kvs = answer["kvs"].as_array().map(Vec::as_slice).unwrap_or_default();
-        Ok(kvs.iter().map(|kv| (unb64(&kv["key"]), unb64(&kv["value"]))).collect())
+        self.get_prefix_at(prefix).await.map(|(pairs, _)| pairs)
     }
 
     async fn delete(&self, key: &str) -> Result<(), EtcdError> {

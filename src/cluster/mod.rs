@@ -6,6 +6,7 @@
 
 pub mod etcd;
 pub mod fetch;
+pub mod mirror;
 pub mod registry;
 
 use etcd::LeaseId;

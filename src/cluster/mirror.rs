@@ -1,0 +1,190 @@
+//! A prefix of etcd kept in memory: one range, then the gateway's watch from the revision the
+//! range was read at, each change applied as it comes. A scheduler used to range its whole
+//! prefix (every invoker and every container) five times a second; now it ranges once, and
+//! again only when the watch breaks or etcd compacted past it, and it sees a change within a
+//! round trip instead of within a refresh.
+//!
+//! While etcd cannot be read the entries stay as last seen and the snapshot says so
+//! (`current` false): a reader freezes its picture as it did on a failed range. A watch that
+//! says nothing for `QUIET_CHECK` is checked with a status call, so a member that hangs with
+//! its connection open (a partition, a stall) is noticed, not waited on.
+
+use super::etcd::{int, unb64, Etcd};
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+/// A watch quiet this long is checked with a status call.
+const QUIET_CHECK: Duration = Duration::from_secs(5);
+/// The longest pause between two ranges while etcd does not answer.
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+/// The prefix as last seen.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    pub entries: Arc<BTreeMap<String, String>>,
+    /// False while etcd cannot be read (the entries are as last seen) and before the first range.
+    pub current: bool,
+    /// Ranges made: one at the start, one more for each broken or compacted watch.
+    pub ranges: u64,
+    /// Counts every change of the snapshot: a later one has a higher number.
+    pub seq: u64,
+}
+
+/// One change under the prefix.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Change {
+    Put { key: String, value: String },
+    Delete { key: String },
+}
+
+/// What one object of the watch stream says.
+#[derive(Debug, PartialEq, Eq)]
+pub enum WatchNews {
+    /// The watch is in place (or, with no events, a progress report).
+    Nothing,
+    Changes(Vec<Change>),
+    /// The watch is over (etcd compacted past its revision, or cancelled it): range again.
+    Ended(String),
+}
+
+/// Reads one object of the gateway's watch stream.
+pub fn news(object: &Value) -> WatchNews {
+    if !object["error"].is_null() {
+        return WatchNews::Ended(format!("etcd: {}", object["error"]["message"].as_str().unwrap_or("an error")));
+    }
+    let result = &object["result"];
+    if result["canceled"].as_bool() == Some(true) {
+        let compacted = int(&result["compact_revision"]);
+        return WatchNews::Ended(if compacted > 0 {
+            format!("etcd compacted its history past the watch (to revision {compacted})")
+        } else {
+            format!("etcd cancelled the watch: {}", result["cancel_reason"].as_str().unwrap_or("no reason given"))
+        });
+    }
+    let Some(events) = result["events"].as_array() else { return WatchNews::Nothing };
+    let changes = events
+        .iter()
+        .map(|event| {
+            let key = unb64(&event["kv"]["key"]);
+            // A put is the protocol's default, so the gateway leaves its type out.
+            match event["type"].as_str() {
+                Some("DELETE") => Change::Delete { key },
+                _ => Change::Put { key, value: unb64(&event["kv"]["value"]) },
+            }
+        })
+        .collect();
+    WatchNews::Changes(changes)
+}
+
+/// Keeps `prefix` of `etcd` in the returned receiver until `stop`.
+pub fn mirror(etcd: Etcd, prefix: String, stop: CancellationToken) -> watch::Receiver<Snapshot> {
+    let (sender, receiver) = watch::channel(Snapshot::default());
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = stop.cancelled() => {}
+            _ = follow(&etcd, &prefix, &sender) => {}
+        }
+    });
+    receiver
+}
+
+async fn follow(etcd: &Etcd, prefix: &str, sender: &watch::Sender<Snapshot>) {
+    let mut backoff = Duration::from_millis(100);
+    let mut complained: Option<Instant> = None;
+    loop {
+        let revision = match etcd.get_prefix_at(prefix).await {
+            Ok((pairs, revision)) => {
+                sender.send_modify(|s| {
+                    s.entries = Arc::new(pairs.into_iter().collect());
+                    s.current = true;
+                    s.ranges += 1;
+                    s.seq += 1;
+                });
+                complained = None;
+                revision
+            }
+            Err(e) => {
+                sender.send_if_modified(|s| std::mem::replace(&mut s.current, false));
+                if complained.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
+                    tracing::warn!(%prefix, "reading etcd: {e}; again in {backoff:?} (the picture as last seen meanwhile)");
+                    complained = Some(Instant::now());
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+                continue;
+            }
+        };
+        let watched = Instant::now();
+        let why = watch_from(etcd, prefix, revision + 1, sender).await;
+        tracing::debug!(%prefix, "the etcd watch ended: {why}; ranging again");
+        // A watch that cannot stay up must not turn into a range after range.
+        if watched.elapsed() < Duration::from_secs(1) {
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        } else {
+            backoff = Duration::from_millis(100);
+        }
+    }
+}
+
+/// Applies the watch's changes until it ends; returns why it did.
+async fn watch_from(etcd: &Etcd, prefix: &str, revision: i64, sender: &watch::Sender<Snapshot>) -> String {
+    let mut stream = match etcd.watch_prefix(prefix, revision).await {
+        Ok(stream) => stream,
+        Err(e) => return e.to_string(),
+    };
+    loop {
+        let object = match tokio::time::timeout(QUIET_CHECK, stream.next()).await {
+            Ok(Ok(object)) => object,
+            Ok(Err(why)) => return why,
+            Err(_) if etcd.answers().await => continue,
+            Err(_) => return format!("quiet for {QUIET_CHECK:?} and etcd does not answer"),
+        };
+        match news(&object) {
+            WatchNews::Nothing => {}
+            WatchNews::Ended(why) => return why,
+            WatchNews::Changes(changes) => sender.send_modify(|s| {
+                let entries = Arc::make_mut(&mut s.entries);
+                for change in changes {
+                    match change {
+                        Change::Put { key, value } => entries.insert(key, value),
+                        Change::Delete { key } => entries.remove(&key),
+                    };
+                }
+                s.seq += 1;
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_gateways_objects_read_as_changes_or_as_the_end_of_the_watch() {
+        let created = json!({"result": {"header": {"revision": "7"}, "created": true}});
+        assert_eq!(news(&created), WatchNews::Nothing);
+        // "L2Ev" is "/a/", "djE=" is "v1".
+        let events = json!({"result": {"header": {"revision": "9"}, "events": [
+            {"kv": {"key": "L2Ev", "mod_revision": "8", "value": "djE="}},
+            {"type": "DELETE", "kv": {"key": "L2Ev", "mod_revision": "9"}}
+        ]}});
+        assert_eq!(
+            news(&events),
+            WatchNews::Changes(vec![
+                Change::Put { key: "/a/".into(), value: "v1".into() },
+                Change::Delete { key: "/a/".into() }
+            ])
+        );
+        let compacted = json!({"result": {"header": {}, "canceled": true, "compact_revision": "40"}});
+        assert!(matches!(news(&compacted), WatchNews::Ended(why) if why.contains("revision 40")));
+        let error = json!({"error": {"grpc_code": 14, "message": "etcdserver: no leader"}});
+        assert!(matches!(news(&error), WatchNews::Ended(why) if why.contains("no leader")));
+    }
+}

@@ -1,0 +1,118 @@
+//! `cluster::mirror` against a real etcd (one per test, on loopback ports): a prefix kept by
+//! one range and the gateway's watch, through puts, deletes, a lease's end, etcd stopped and
+//! started again, frozen, and a history compacted past a watch's revision.
+
+mod support;
+
+use invoker::cluster::mirror::{mirror, news, Snapshot, WatchNews};
+use invoker::cluster::ClusterKv;
+use std::time::Duration;
+use support::etcd::EtcdServer;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+/// Waits (bounded) until the snapshot satisfies `check`; returns it.
+async fn until(snapshots: &mut watch::Receiver<Snapshot>, what: &str, check: impl Fn(&Snapshot) -> bool) -> Snapshot {
+    let waited = tokio::time::timeout(Duration::from_secs(30), snapshots.wait_for(|s| check(s))).await;
+    let seen = waited.ok().and_then(|r| r.ok()).map(|s| s.clone());
+    seen.unwrap_or_else(|| panic!("{what}: {:?}", *snapshots.borrow()))
+}
+
+fn has(s: &Snapshot, key: &str, value: &str) -> bool {
+    s.entries.get(key).map(String::as_str) == Some(value)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
+async fn a_mirror_follows_puts_deletes_and_leases_with_one_range_and_ranges_again_after_etcd_restarts() {
+    let Some(mut etcd) = EtcdServer::start() else { return };
+    let kv = etcd.kv();
+    kv.put("/m/before", "1", None).await.unwrap();
+    kv.put("/other/x", "not ours", None).await.unwrap();
+    let stop = CancellationToken::new();
+    let mut snapshots = mirror(kv.clone(), "/m/".into(), stop.clone());
+    let first = until(&mut snapshots, "the first range", |s| s.current).await;
+    assert_eq!(first.entries.keys().collect::<Vec<_>>(), vec!["/m/before"], "only the prefix");
+
+    for i in 0..50 {
+        kv.put(&format!("/m/k{i}"), &i.to_string(), None).await.unwrap();
+    }
+    kv.put("/m/k7", "changed", None).await.unwrap();
+    kv.delete("/m/before").await.unwrap();
+    let lease = kv.grant(Duration::from_secs(30)).await.unwrap();
+    kv.put("/m/leased", "x", Some(lease)).await.unwrap();
+    let seen = until(&mut snapshots, "every change", |s| {
+        s.entries.len() == 51 && has(s, "/m/k7", "changed") && has(s, "/m/leased", "x")
+    })
+    .await;
+    assert!(!seen.entries.contains_key("/m/before"));
+    kv.revoke(lease).await.unwrap();
+    let seen = until(&mut snapshots, "the lease's key gone", |s| !s.entries.contains_key("/m/leased")).await;
+    assert_eq!(seen.ranges, 1, "53 changes, one range");
+
+    // Stopped: the entries stay as last seen, not current. Started again: one more range.
+    etcd.stop();
+    let away = until(&mut snapshots, "etcd away", |s| !s.current).await;
+    assert_eq!(away.entries.len(), 50, "the picture as last seen");
+    etcd.resume();
+    kv.put("/m/after", "1", None).await.unwrap();
+    let back = until(&mut snapshots, "etcd back", |s| s.current && has(s, "/m/after", "1")).await;
+    assert_eq!(back.ranges, 2);
+    stop.cancel();
+}
+
+/// A member that hangs with its connections open (SIGSTOP) sends nothing: the quiet watch is
+/// checked, found unanswered, and the snapshot stops being current until etcd answers again.
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
+async fn a_frozen_etcd_is_noticed_by_a_quiet_watch_and_followed_again_once_thawed() {
+    let Some(etcd) = EtcdServer::start() else { return };
+    let kv = etcd.kv();
+    let stop = CancellationToken::new();
+    let mut snapshots = mirror(kv.clone(), "/m/".into(), stop.clone());
+    until(&mut snapshots, "the first range", |s| s.current).await;
+    etcd.freeze();
+    until(&mut snapshots, "the frozen member noticed", |s| !s.current).await;
+    etcd.thaw();
+    kv.put("/m/thawed", "1", None).await.unwrap();
+    until(&mut snapshots, "followed again", |s| s.current && has(s, "/m/thawed", "1")).await;
+    stop.cancel();
+}
+
+/// A watch from a revision etcd compacted away ends at once, saying so; the mirror ranges
+/// again instead of missing what was compacted.
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
+async fn a_watch_from_a_compacted_revision_ends_with_the_compaction_named() {
+    let Some(etcd) = EtcdServer::start() else { return };
+    let kv = etcd.kv();
+    kv.put("/m/a", "1", None).await.unwrap();
+    let (_, old) = kv.get_prefix_at("/m/").await.unwrap();
+    for i in 0..5 {
+        kv.put("/m/a", &i.to_string(), None).await.unwrap();
+    }
+    let (_, now) = kv.get_prefix_at("/m/").await.unwrap();
+    compact(&etcd, now).await;
+    let mut stream = kv.watch_prefix("/m/", old).await.unwrap();
+    let mut ended = None;
+    for _ in 0..3 {
+        let object = tokio::time::timeout(Duration::from_secs(10), stream.next()).await.unwrap().unwrap();
+        if let WatchNews::Ended(why) = news(&object) {
+            ended = Some(why);
+            break;
+        }
+    }
+    let why = ended.expect("the watch ended");
+    assert!(why.contains(&format!("revision {now}")), "{why}");
+}
+
+/// Compacts etcd's history up to `revision` (the gateway's `/v3/kv/compaction`).
+async fn compact(etcd: &EtcdServer, revision: i64) {
+    let answer = reqwest::Client::new()
+        .post(format!("{}/v3/kv/compaction", etcd.url()))
+        .json(&serde_json::json!({ "revision": revision.to_string(), "physical": true }))
+        .send()
+        .await
+        .unwrap();
+    assert!(answer.status().is_success(), "{:?}", answer.text().await);
+}
