@@ -272,6 +272,8 @@ async fn through_the_scheduler_actions_run_on_invokers_by_tags_and_warmth_and_ev
     ] {
         assert!(metrics.contains(family), "{family} in {metrics}");
     }
+    // Every registration, container and drain the run saw came through one range and a watch.
+    assert_eq!(counter(s, "scheduler_etcd_ranges_total").await, 1, "{metrics}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -99,7 +99,8 @@ pub struct SchedulerConfig {
     pub blackbox_fraction: f64,
     /// Invokers tried for one activation after the first refused it or could not be reached.
     pub max_reschedules: u32,
-    /// How often the invokers, their containers and drains are read from etcd.
+    /// The invokers, their containers and drains come from a watch of etcd: a change is taken
+    /// at once after a quiet spell, then at most once per this interval.
     #[serde(with = "humantime_serde")]
     pub refresh_interval: Duration,
     /// Activations on their way to or running on invokers at most; past it a new one gets

@@ -36,6 +36,8 @@ pub struct SchedulerMetrics {
     /// Each activation that found no invoker with room: how long it waited for one (until
     /// placed, or refused at `wait_for_room`). What a growing fleet costs its callers.
     pub room_wait_seconds: Histogram,
+    /// Ranges of the cluster's prefix: one at the start, one per broken or compacted watch.
+    pub etcd_ranges: Counter,
 }
 
 impl Default for SchedulerMetrics {
@@ -48,6 +50,7 @@ impl Default for SchedulerMetrics {
         let unheard = Counter::default();
         let in_flight = Family::<InvokerLabel, Gauge>::default();
         let room_wait_seconds = Histogram::new([0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0]);
+        let etcd_ranges = Counter::default();
         registry.register(
             "placements",
             "Activations sent to an invoker, by the rule that chose it",
@@ -67,7 +70,22 @@ impl Default for SchedulerMetrics {
             "How long activations that found no invoker with room waited for one",
             room_wait_seconds.clone(),
         );
-        SchedulerMetrics { registry, placements, reschedules, unavailable, lost, unheard, in_flight, room_wait_seconds }
+        registry.register(
+            "etcd_ranges",
+            "Ranges of the cluster's prefix in etcd (one at the start, then one per broken or compacted watch)",
+            etcd_ranges.clone(),
+        );
+        SchedulerMetrics {
+            registry,
+            placements,
+            reschedules,
+            unavailable,
+            lost,
+            unheard,
+            in_flight,
+            room_wait_seconds,
+            etcd_ranges,
+        }
     }
 }
 

@@ -16,6 +16,7 @@ pub mod view;
 
 use crate::activation::job::RunJob;
 use crate::cluster::etcd::Etcd;
+use crate::cluster::mirror::{mirror, Snapshot};
 use crate::cluster::{cluster_revision, controller_wait, drain_key, ClusterKv, InvokerRecord};
 use crate::config::Config;
 use crate::model::{
@@ -35,6 +36,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use view::{ClusterView, Directory, RevisionKey};
+
+/// A quiet prefix is still read into the directory this often (the grace of a registration
+/// that went ends with time).
+const QUIET_READING: Duration = Duration::from_secs(1);
+/// How long a drain this scheduler wrote may take to come back through its watch before it
+/// reads the prefix itself.
+const OWN_WRITE_SEEN: Duration = Duration::from_secs(2);
 
 /// The scheduler is at its `max_in_flight`: the activation was answered with a record.
 #[derive(Debug)]
@@ -72,6 +80,10 @@ pub struct Dispatcher {
     /// What this scheduler needs of the fleet, for the capacity manager.
     pub demand: Arc<demand::DemandLedger>,
     directory: Directory,
+    /// The prefix as this scheduler's watch keeps it, once `refresh` runs.
+    snapshots: Mutex<Option<tokio::sync::watch::Receiver<Snapshot>>>,
+    /// The `seq` of the snapshot last taken into the directory: an older one is not taken.
+    taken: Mutex<u64>,
     stalls: stalls::Stalls,
     client: InvokerClient,
     in_flight: Mutex<InFlight>,
@@ -114,6 +126,8 @@ impl Dispatcher {
             wait_for_room: s.wait_for_room,
             demand: Arc::default(),
             directory: Directory::new(s.registration_grace.unwrap_or(config.cluster.lease_ttl)),
+            snapshots: Mutex::default(),
+            taken: Mutex::default(),
             stalls: stalls::Stalls::default(),
             client: InvokerClient::new(controller_key),
             in_flight: Mutex::default(),
@@ -242,6 +256,7 @@ impl Dispatcher {
         tried: &BTreeSet<String>,
     ) -> Result<(Arc<ClusterView>, placement::Placement), placement::NoPlacement> {
         let mut waiting_since: Option<Instant> = None;
+        let mut readings = self.directory.readings();
         let placed = loop {
             let view = self.directory.current();
             let (in_flight, unseen) = {
@@ -261,7 +276,10 @@ impl Dispatcher {
                     if Instant::now() >= until {
                         break Err(why);
                     }
-                    tokio::time::sleep(self.refresh_interval.min(until - Instant::now())).await;
+                    // A new reading (an invoker with room, one more invoker) or, at the latest
+                    // after a refresh interval, what this scheduler's own sends freed.
+                    let wait = self.refresh_interval.min(until - Instant::now());
+                    let _ = tokio::time::timeout(wait, readings.changed()).await;
                 }
             }
         };
@@ -428,11 +446,33 @@ impl Dispatcher {
         } else {
             self.kv.delete(&key).await?;
         }
-        self.refresh_once().await
+        let snapshots = self.snapshots.lock().clone();
+        if let Some(mut snapshots) = snapshots {
+            let seen = |s: &Snapshot| s.current && s.entries.contains_key(&key) == drain;
+            if let Ok(Ok(snapshot)) = tokio::time::timeout(OWN_WRITE_SEEN, snapshots.wait_for(seen)).await {
+                let snapshot = snapshot.clone();
+                self.take(&snapshot);
+                return Ok(());
+            }
+        }
+        // No watch yet, or it lags: read the prefix once.
+        let view = ClusterView::read(&self.kv, &self.prefix).await?;
+        self.take_view(view);
+        Ok(())
     }
 
-    async fn refresh_once(&self) -> Result<(), crate::cluster::etcd::EtcdError> {
-        let view = ClusterView::read(&self.kv, &self.prefix).await?;
+    /// Takes a snapshot of the watch into the directory, unless a later one was taken.
+    fn take(&self, snapshot: &Snapshot) {
+        let mut taken = self.taken.lock();
+        if snapshot.seq < *taken {
+            return;
+        }
+        *taken = snapshot.seq;
+        let entries = snapshot.entries.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+        self.take_view(ClusterView::from_entries(&self.prefix, entries));
+    }
+
+    fn take_view(&self, view: ClusterView) {
         let before = self.directory.current();
         for (id, record) in &before.invokers {
             if view.invokers.get(id).is_none_or(|r| r.api != record.api) {
@@ -442,24 +482,32 @@ impl Dispatcher {
             }
         }
         self.directory.update(view);
-        Ok(())
     }
 
-    /// Reads the cluster every `refresh_interval` until `stop`. A failed read keeps the last
-    /// picture (activations go on to the invokers already known) and is logged at most every
-    /// ten seconds.
+    /// Watches the cluster's prefix until `stop`, and takes each change into the directory: at
+    /// once after a quiet spell, then at most once per `refresh_interval` (a busy cluster's
+    /// changes cost a bounded CPU), and at least every `QUIET_READING` (a registration's grace
+    /// ends with time, not with a change). While etcd cannot be read the picture stays as
+    /// last seen (activations go on to the invokers already known).
     pub async fn refresh(self: Arc<Self>, stop: CancellationToken) {
-        let mut complained: Option<Instant> = None;
+        let mut snapshots = mirror(self.kv.clone(), format!("{}/", self.prefix), stop.clone());
+        *self.snapshots.lock() = Some(snapshots.clone());
+        let mut counted_ranges = 0;
         loop {
-            match self.refresh_once().await {
-                Ok(()) => complained = None,
-                Err(e) => {
-                    if complained.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
-                        tracing::warn!("reading the cluster from etcd: {e} (placing on the invokers last seen)");
-                        complained = Some(Instant::now());
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                changed = tokio::time::timeout(QUIET_READING, snapshots.changed()) => {
+                    if let Ok(Err(_)) = changed {
+                        return;
                     }
                 }
             }
+            let snapshot = snapshots.borrow_and_update().clone();
+            if snapshot.current {
+                self.take(&snapshot);
+            }
+            self.metrics.etcd_ranges.inc_by(snapshot.ranges - counted_ranges);
+            counted_ranges = snapshot.ranges;
             tokio::select! {
                 _ = stop.cancelled() => return,
                 _ = tokio::time::sleep(self.refresh_interval) => {}

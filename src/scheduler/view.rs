@@ -1,9 +1,9 @@
 //! What a scheduler knows of the cluster: every registered invoker, the containers each holds
-//! (by action revision) and the drains, read from the keys invokers and operators write, every
-//! `refresh_interval` (three prefix ranges), never on an activation's path. An entry that does
-//! not decode is skipped with a warning, never trusted. etcd away freezes the picture: the
-//! invokers last seen keep their work, and those whose leases expired meanwhile are placed on
-//! for a grace after etcd answers again (`Directory`).
+//! (by action revision) and the drains, from the keys invokers and operators write, as the
+//! scheduler's watch of its prefix keeps them (`cluster::mirror`), never read on an
+//! activation's path. An entry that does not decode is skipped with a warning, never trusted.
+//! etcd away freezes the picture: the invokers last seen keep their work, and those whose
+//! leases expired meanwhile are placed on for a grace after etcd answers again (`Directory`).
 
 use super::placement::InvokerView;
 use crate::cluster::{ClusterKv, InvokerRecord};
@@ -33,15 +33,20 @@ pub struct ClusterView {
 }
 
 impl ClusterView {
-    /// Reads it whole, in one range over the prefix (invokers, drains, containers: one etcd
-    /// call per refresh); a failed read keeps nothing of it.
+    /// Reads it whole, in one range over the prefix; a failed read keeps nothing of it.
     pub async fn read<K: ClusterKv>(kv: &K, prefix: &str) -> Result<ClusterView, K::Error> {
+        let pairs = kv.get_prefix(&format!("{prefix}/")).await?;
+        Ok(ClusterView::from_entries(prefix, pairs.iter().map(|(k, v)| (k.as_str(), v.as_str()))))
+    }
+
+    /// The view of the keys under `prefix` (invokers, drains, containers).
+    pub fn from_entries<'a>(prefix: &str, entries: impl Iterator<Item = (&'a str, &'a str)>) -> ClusterView {
         let mut view = ClusterView::default();
         let (invokers, drains, containers) =
             (format!("{prefix}/invokers/"), format!("{prefix}/drain/"), format!("{prefix}/containers/"));
-        for (key, value) in kv.get_prefix(&format!("{prefix}/")).await? {
+        for (key, value) in entries {
             if key.starts_with(&invokers) {
-                match serde_json::from_str::<InvokerRecord>(&value) {
+                match serde_json::from_str::<InvokerRecord>(value) {
                     Ok(record) => {
                         view.invokers.insert(record.id.clone(), record);
                     }
@@ -50,10 +55,10 @@ impl ClusterView {
             } else if let Some(id) = key.strip_prefix(&drains) {
                 view.drained.insert(id.to_string());
             } else if let Some(rest) = key.strip_prefix(&containers) {
-                view.add_container(&key, rest);
+                view.add_container(key, rest);
             }
         }
-        Ok(view)
+        view
     }
 
     /// `rest`: `{ns}/{action}/{revision}/invoker/{id}/container/{cid}`.
@@ -113,6 +118,8 @@ pub struct Directory {
     /// first missed it.
     last_seen: Mutex<HashMap<String, Seen>>,
     grace: Duration,
+    /// Counts the readings taken, for those waiting for the picture to change.
+    readings: tokio::sync::watch::Sender<u64>,
 }
 
 struct Seen {
@@ -131,7 +138,18 @@ impl Directory {
     }
 
     pub fn new(grace: Duration) -> Self {
-        Directory { current: RwLock::default(), present: Mutex::default(), last_seen: Mutex::default(), grace }
+        Directory {
+            current: RwLock::default(),
+            present: Mutex::default(),
+            last_seen: Mutex::default(),
+            grace,
+            readings: tokio::sync::watch::Sender::new(0),
+        }
+    }
+
+    /// Changes with every reading taken from now on.
+    pub fn readings(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.readings.subscribe()
     }
 
     /// Takes a new reading: keeps the invokers last read healthy that are gone from it for the
@@ -177,6 +195,7 @@ impl Directory {
         });
         drop(present);
         *self.current.write() = Arc::new(view);
+        self.readings.send_modify(|n| *n += 1);
     }
 
     /// Cancelled when `id`, as the current view knows it, leaves; `None` when it already has.
