@@ -1,7 +1,7 @@
 //! `invoker capacity`: one active manager per cluster (a lease-held key in etcd; a second
 //! waits as standby and takes over within the lease's TTL). Every `[capacity] tick` it reads the
-//! invokers' registrations and the schedulers' demand reports (two etcd ranges),
-//! turns each group's demand into a target with its predictor, lets the group's decision core
+//! invokers' registrations and the schedulers' demand reports (two etcd ranges; between ticks
+//! the reports are watched, for a burst), turns each group's demand into a target with its predictor, lets the group's decision core
 //! decide, and carries the decisions out: the control plane starts and stops invokers; drains
 //! are the operators' drain keys, which every scheduler already honours.
 
@@ -10,6 +10,7 @@ use super::metrics::{CapacityMetrics, DecisionLabel, GroupLabel, GroupState};
 use super::plane::{ControlPlane, InvokerSpec};
 use super::predictor::{AnyPredictor, Predictor};
 use crate::cluster::etcd::LeaseId;
+use crate::cluster::mirror::Snapshot;
 use crate::cluster::registry::{claim_key, RegistryError};
 use crate::cluster::{capacity_leader_key, drain_key, ClusterKv, DemandReport, InvokerRecord};
 use crate::config::{CapacityConfig, GroupConfig};
@@ -24,10 +25,6 @@ use tokio_util::sync::CancellationToken;
 
 /// Decisions kept per group for `GET /v1/capacity`.
 const KEPT_DECISIONS: usize = 32;
-
-/// Between ticks, how often the demand reports are read for a burst: a group whose demand is
-/// past what it has (or has asked for) gets its round at once, not at the next tick.
-const BURST_CHECK: Duration = Duration::from_millis(200);
 
 /// What `GET /v1/capacity` shows.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -252,18 +249,29 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
     }
 
     /// Decides every tick while the lease lives; true when it was lost, false when stopped.
+    /// Between ticks the demand reports are watched: a group whose demand is past what it has
+    /// (or has asked for) gets its round at once, not at the next tick.
     async fn lead_until_lost(&mut self, lease: LeaseId, stop: &CancellationToken) -> bool {
         let mut renewed = Instant::now();
         let tick = self.settings.capacity.tick;
+        let watching = stop.child_token();
+        let _watched = watching.clone().drop_guard();
+        let mut reports = self.kv.mirror(&format!("{}/demand/", self.settings.prefix), watching);
+        let mut reports_open = true;
         // The first round at once (a group below its min gets its invokers now).
         let mut last_round: Option<Instant> = None;
         loop {
-            let until_tick =
-                last_round.map_or(Duration::ZERO, |t| (t + tick).saturating_duration_since(Instant::now()));
-            tokio::select! {
+            let now = Instant::now();
+            let until_tick = last_round.map_or(Duration::ZERO, |t| (t + tick).saturating_duration_since(now));
+            let until_renewal = (renewed + self.settings.lease_ttl / 3).saturating_duration_since(now);
+            let reported = tokio::select! {
                 _ = stop.cancelled() => return false,
-                _ = tokio::time::sleep(until_tick.min(BURST_CHECK)) => {}
-            }
+                _ = tokio::time::sleep(until_tick.min(until_renewal)) => false,
+                changed = reports.changed(), if reports_open => {
+                    reports_open = changed.is_ok();
+                    reports_open
+                }
+            };
             if renewed.elapsed() >= self.settings.lease_ttl / 3 {
                 match self.kv.keep_alive(lease).await {
                     Ok(Some(_)) => renewed = Instant::now(),
@@ -275,7 +283,11 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
                     Err(_) => {}
                 }
             }
-            if last_round.is_some_and(|t| t.elapsed() < tick) && !self.a_burst_waits().await {
+            let bursting = reported && {
+                let snapshot = reports.borrow_and_update().clone();
+                snapshot.current && self.a_burst_waits(&snapshot)
+            };
+            if last_round.is_some_and(|t| t.elapsed() < tick) && !bursting {
                 continue;
             }
             last_round = Some(Instant::now());
@@ -285,9 +297,10 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
         }
     }
 
-    /// Whether a group's demand is past the memory of what it has or has asked for.
-    async fn a_burst_waits(&self) -> bool {
-        let Ok(demand) = self.demand().await else { return false };
+    /// Whether a group's demand, as `reports` say, is past the memory of what it has or has
+    /// asked for.
+    fn a_burst_waits(&self, reports: &Snapshot) -> bool {
+        let demand = self.demand_of(reports.entries.values().map(String::as_str));
         self.groups.iter().any(|g| {
             let have_mb = u64::from(g.core.have()) * g.config.invoker_memory_mb;
             demand.get(&g.name).is_some_and(|mb| *mb > have_mb)
@@ -296,16 +309,21 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
 
     /// Each group's demand, from the schedulers' reports.
     async fn demand(&self) -> Result<BTreeMap<String, u64>, K::Error> {
+        let reports = self.kv.get_prefix(&format!("{}/demand/", self.settings.prefix)).await?;
+        Ok(self.demand_of(reports.iter().map(|(_, value)| value.as_str())))
+    }
+
+    fn demand_of<'a>(&self, reports: impl Iterator<Item = &'a str>) -> BTreeMap<String, u64> {
         let mut demand: BTreeMap<String, u64> = BTreeMap::new();
-        for (_, value) in self.kv.get_prefix(&format!("{}/demand/", self.settings.prefix)).await? {
-            let Ok(report) = serde_json::from_str::<DemandReport>(&value) else { continue };
+        for value in reports {
+            let Ok(report) = serde_json::from_str::<DemandReport>(value) else { continue };
             for needs in report.needs {
                 if let Some(group) = group_for(&needs.tags, &self.settings.capacity.groups) {
                     *demand.entry(group.to_string()).or_insert(0) += needs.needs.total_mb();
                 }
             }
         }
-        Ok(demand)
+        demand
     }
 
     /// One tick: read (the registrations and the demand reports), decide, carry out, for every

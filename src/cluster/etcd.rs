@@ -250,6 +250,14 @@ impl ClusterKv for Etcd {
     async fn delete(&self, key: &str) -> Result<(), EtcdError> {
         self.call("/v3/kv/deleterange", json!({ "key": b64(key) })).await.map(|_| ())
     }
+
+    fn mirror(
+        &self,
+        prefix: &str,
+        stop: tokio_util::sync::CancellationToken,
+    ) -> tokio::sync::watch::Receiver<super::mirror::Snapshot> {
+        super::mirror::mirror(self.clone(), prefix.to_string(), stop)
+    }
 }
 
 #[cfg(test)]

@@ -35,6 +35,12 @@ pub trait ClusterKv: Send + Sync + 'static {
     fn get(&self, key: &str) -> impl Future<Output = Result<Option<(String, LeaseId)>, Self::Error>> + Send;
     fn get_prefix(&self, prefix: &str) -> impl Future<Output = Result<Vec<(String, String)>, Self::Error>> + Send;
     fn delete(&self, key: &str) -> impl Future<Output = Result<(), Self::Error>> + Send;
+    /// `prefix` kept in memory until `stop` ([`mirror::mirror`]).
+    fn mirror(
+        &self,
+        prefix: &str,
+        stop: tokio_util::sync::CancellationToken,
+    ) -> tokio::sync::watch::Receiver<mirror::Snapshot>;
 }
 
 /// How long an invoker keeps a controller's blocking call before answering 202: beyond the
