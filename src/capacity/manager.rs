@@ -26,6 +26,9 @@ use tokio_util::sync::CancellationToken;
 /// Decisions kept per group for `GET /v1/capacity`.
 const KEPT_DECISIONS: usize = 32;
 
+/// While a group's reported demand is past what it has, how often its round is run again.
+const BURST_RECHECK: Duration = Duration::from_millis(200);
+
 /// What `GET /v1/capacity` shows.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct CapacityStatus {
@@ -250,7 +253,8 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
 
     /// Decides every tick while the lease lives; true when it was lost, false when stopped.
     /// Between ticks the demand reports are watched: a group whose demand is past what it has
-    /// (or has asked for) gets its round at once, not at the next tick.
+    /// (or has asked for) gets its round as the report comes, and again every `BURST_RECHECK`
+    /// while that lasts (a predictor may follow a rise only once it has lasted).
     async fn lead_until_lost(&mut self, lease: LeaseId, stop: &CancellationToken) -> bool {
         let mut renewed = Instant::now();
         let tick = self.settings.capacity.tick;
@@ -258,20 +262,22 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
         let _watched = watching.clone().drop_guard();
         let mut reports = self.kv.mirror(&format!("{}/demand/", self.settings.prefix), watching);
         let mut reports_open = true;
+        let mut bursting = false;
         // The first round at once (a group below its min gets its invokers now).
         let mut last_round: Option<Instant> = None;
         loop {
             let now = Instant::now();
             let until_tick = last_round.map_or(Duration::ZERO, |t| (t + tick).saturating_duration_since(now));
             let until_renewal = (renewed + self.settings.lease_ttl / 3).saturating_duration_since(now);
-            let reported = tokio::select! {
+            let mut wait = until_tick.min(until_renewal);
+            if bursting {
+                wait = wait.min(BURST_RECHECK);
+            }
+            tokio::select! {
                 _ = stop.cancelled() => return false,
-                _ = tokio::time::sleep(until_tick.min(until_renewal)) => false,
-                changed = reports.changed(), if reports_open => {
-                    reports_open = changed.is_ok();
-                    reports_open
-                }
-            };
+                _ = tokio::time::sleep(wait) => {}
+                changed = reports.changed(), if reports_open => reports_open = changed.is_ok(),
+            }
             if renewed.elapsed() >= self.settings.lease_ttl / 3 {
                 match self.kv.keep_alive(lease).await {
                     Ok(Some(_)) => renewed = Instant::now(),
@@ -283,10 +289,7 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
                     Err(_) => {}
                 }
             }
-            let bursting = reported && {
-                let snapshot = reports.borrow_and_update().clone();
-                snapshot.current && self.a_burst_waits(&snapshot)
-            };
+            bursting = self.a_burst_waits(&reports.borrow_and_update());
             if last_round.is_some_and(|t| t.elapsed() < tick) && !bursting {
                 continue;
             }
@@ -294,12 +297,16 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
             if let Err(e) = self.round().await {
                 tracing::warn!("reading the cluster: {e} (nothing decided this tick)");
             }
+            bursting = self.a_burst_waits(&reports.borrow());
         }
     }
 
     /// Whether a group's demand, as `reports` say, is past the memory of what it has or has
     /// asked for.
     fn a_burst_waits(&self, reports: &Snapshot) -> bool {
+        if !reports.current {
+            return false;
+        }
         let demand = self.demand_of(reports.entries.values().map(String::as_str));
         self.groups.iter().any(|g| {
             let have_mb = u64::from(g.core.have()) * g.config.invoker_memory_mb;

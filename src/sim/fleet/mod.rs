@@ -11,8 +11,9 @@
 //!   [`crate::cluster::InvokerRecord::room_mb`] does), keeps what fits nowhere waiting for
 //!   `wait_for_room` and then refuses it, and reports its demand (in flight, waiting, refused
 //!   since the last report) at most every 500 ms, as [`crate::scheduler::demand`] does;
-//! - the manager runs a round every `tick`, and between ticks at once when the reported demand
-//!   is past what the group has, checked every 200 ms, as `invoker capacity` does;
+//! - the manager runs a round every `tick`, and between ticks as a report comes that puts the
+//!   demand past what the group has, and every 200 ms while that lasts, as `invoker capacity`
+//!   (which watches the reports) does;
 //! - an invoker costs from the moment it is asked for until it is removed; a draining one takes
 //!   no new work and is removed once idle (or at its drain deadline: what it still runs is
 //!   counted as killed, as the scheduler ends it with a record);
@@ -38,8 +39,8 @@ use std::time::{Duration, Instant};
 
 /// How often a scheduler reports its demand at most.
 const REPORT_EVERY: Duration = crate::scheduler::demand::REPORT_EVERY;
-/// How often the manager looks for a burst between ticks.
-const BURST_CHECK: Duration = Duration::from_millis(200);
+/// While the reported demand is past what the group has, how often the manager's round runs.
+const BURST_RECHECK: Duration = Duration::from_millis(200);
 /// A call that waited longer than this before it ran is counted as delayed.
 const DELAYED: Duration = Duration::from_secs(1);
 /// A drain this soon after the invoker was asked for (or taken back) undoes a scale-up.
@@ -157,6 +158,7 @@ fn run<'a>(
         ledger: Ledger::default(),
         group,
         last_round: None,
+        next_check: None,
         rng: Rng::new(scenario.seed),
         arrived: 0,
         counts: Counts::default(),
@@ -275,6 +277,8 @@ struct FleetSim<'a> {
     ledger: Ledger,
     group: Option<(GroupCore, AnyPredictor)>,
     last_round: Option<Duration>,
+    /// When the manager looks next (an earlier look it moved is stale).
+    next_check: Option<Duration>,
     rng: Rng,
     arrived: usize,
     counts: Counts,
@@ -291,6 +295,7 @@ impl FleetSim<'_> {
         }
         self.at(Duration::ZERO, Ev::PoolTick);
         if self.group.is_some() {
+            self.next_check = Some(Duration::ZERO);
             self.at(Duration::ZERO, Ev::Check);
         }
         while let Some((when, ev)) = self.timeline.next() {
@@ -301,18 +306,15 @@ impl FleetSim<'_> {
                 Ev::Done(i, c, job) => self.done(i, c, job),
                 Ev::Removed(i, c) => self.container_removed(i, c),
                 Ev::Up(i) => self.up(i),
-                Ev::Check => {
-                    let burst = self.group.as_ref().is_some_and(|(core, _)| {
-                        self.ledger.reported_mb > u64::from(core.have()) * self.fleet.group.invoker_memory_mb
-                    });
-                    if burst || self.last_round.is_none_or(|at| self.now >= at + self.fleet.tick) {
-                        self.round();
-                    }
-                    if !self.finished() {
-                        self.at(self.now + BURST_CHECK, Ev::Check);
+                // Stale: a report moved the manager's next look.
+                Ev::Check if self.next_check != Some(self.now) => {}
+                Ev::Check => self.check(),
+                Ev::Report => {
+                    self.report();
+                    if self.bursting() {
+                        self.check();
                     }
                 }
-                Ev::Report => self.report(),
                 Ev::PoolTick => {
                     for i in 0..self.invokers.len() {
                         if matches!(self.invokers[i].phase, Phase::Active | Phase::Draining) {
@@ -601,6 +603,30 @@ impl FleetSim<'_> {
     }
 
     // --- the capacity manager ------------------------------------------------------------
+
+    /// The manager wakes: a round when the tick is due or a burst waits; its next look at the
+    /// next tick, or sooner while the burst lasts.
+    fn check(&mut self) {
+        if self.bursting() || self.last_round.is_none_or(|at| self.now >= at + self.fleet.tick) {
+            self.round();
+        }
+        if self.finished() {
+            return;
+        }
+        let mut next = self.last_round.map_or(self.now, |at| at + self.fleet.tick).max(self.now);
+        if self.bursting() {
+            next = next.min(self.now + BURST_RECHECK);
+        }
+        self.next_check = Some(next);
+        self.at(next, Ev::Check);
+    }
+
+    /// Whether the reported demand is past the memory of what the group has or asked for.
+    fn bursting(&self) -> bool {
+        self.group.as_ref().is_some_and(|(core, _)| {
+            self.ledger.reported_mb > u64::from(core.have()) * self.fleet.group.invoker_memory_mb
+        })
+    }
 
     fn round(&mut self) {
         self.last_round = Some(self.now);
