@@ -4,7 +4,7 @@
 
 mod support;
 
-use invoker::cluster::mirror::{mirror, news, Snapshot, WatchNews};
+use invoker::cluster::mirror::{mirror, Snapshot, Watch, WatchNews};
 use invoker::cluster::ClusterKv;
 use std::time::Duration;
 use support::etcd::EtcdServer;
@@ -96,8 +96,8 @@ async fn a_watch_from_a_compacted_revision_ends_with_the_compaction_named() {
     let mut stream = kv.watch_prefix("/m/", old).await.unwrap();
     let mut ended = None;
     for _ in 0..3 {
-        let object = tokio::time::timeout(Duration::from_secs(10), stream.next()).await.unwrap().unwrap();
-        if let WatchNews::Ended(why) = news(&object) {
+        let news = tokio::time::timeout(Duration::from_secs(10), stream.next()).await.unwrap().unwrap();
+        if let WatchNews::Ended(why) = news {
             ended = Some(why);
             break;
         }

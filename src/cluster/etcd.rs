@@ -2,6 +2,7 @@
 //! over the hyper client the invoker already has: no gRPC stack and no `protoc` for a few calls
 //! every half second. Keys and values travel base64-encoded, as the gateway wants.
 
+use super::mirror::{Change, Ranged, Source, Watch, WatchNews};
 use super::ClusterKv;
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine as _;
@@ -59,7 +60,7 @@ impl Etcd {
 
     /// Every key under `prefix` with its value, and the store's revision they were read at
     /// (a watch from the next revision misses nothing and repeats nothing).
-    pub async fn get_prefix_at(&self, prefix: &str) -> Result<(Vec<(String, String)>, i64), EtcdError> {
+    pub async fn get_prefix_at(&self, prefix: &str) -> Result<Ranged, EtcdError> {
         let range_end = B64.encode(prefix_end(prefix));
         let answer = self.call("/v3/kv/range", json!({ "key": b64(prefix), "range_end": range_end })).await?;
         let kvs = answer["kvs"].as_array().map(Vec::as_slice).unwrap_or_default();
@@ -74,12 +75,12 @@ impl Etcd {
 
     /// Opens the gateway's watch stream of every change under `prefix` from `revision`, on the
     /// first member that answers.
-    pub async fn watch_prefix(&self, prefix: &str, revision: i64) -> Result<JsonStream, EtcdError> {
+    pub async fn watch_prefix(&self, prefix: &str, revision: i64) -> Result<WatchStream, EtcdError> {
         let create = json!({ "create_request": {
             "key": b64(prefix), "range_end": B64.encode(prefix_end(prefix)), "start_revision": revision.to_string(),
         }});
         match self.on_first_answering(|authority| post_for_stream(authority, "/v3/watch", &create)).await? {
-            (200, stream) => Ok(stream),
+            (200, json) => Ok(WatchStream { json }),
             (status, mut stream) => {
                 let answer = stream.next().await.unwrap_or_default();
                 Err(EtcdError::Refused { status, message: answer["message"].as_str().unwrap_or("").to_string() })
@@ -172,16 +173,73 @@ impl JsonStream {
     }
 }
 
+/// The gateway's watch stream, read as a watch's news.
+pub struct WatchStream {
+    json: JsonStream,
+}
+
+impl Watch for WatchStream {
+    async fn next(&mut self) -> Result<WatchNews, String> {
+        self.json.next().await.map(|object| watch_news(&object))
+    }
+}
+
+/// Reads one object of the gateway's watch stream.
+pub fn watch_news(object: &Value) -> WatchNews {
+    if !object["error"].is_null() {
+        return WatchNews::Ended(format!("etcd: {}", object["error"]["message"].as_str().unwrap_or("an error")));
+    }
+    let result = &object["result"];
+    if result["canceled"].as_bool() == Some(true) {
+        let compacted = int(&result["compact_revision"]);
+        return WatchNews::Ended(if compacted > 0 {
+            format!("etcd compacted its history past the watch (to revision {compacted})")
+        } else {
+            format!("etcd cancelled the watch: {}", result["cancel_reason"].as_str().unwrap_or("no reason given"))
+        });
+    }
+    let Some(events) = result["events"].as_array() else { return WatchNews::Nothing };
+    let changes = events
+        .iter()
+        .map(|event| {
+            let key = unb64(&event["kv"]["key"]);
+            // A put is the protocol's default, so the gateway leaves its type out.
+            match event["type"].as_str() {
+                Some("DELETE") => Change::Delete { key },
+                _ => Change::Put { key, value: unb64(&event["kv"]["value"]) },
+            }
+        })
+        .collect();
+    WatchNews::Changes(changes)
+}
+
+impl Source for Etcd {
+    type Error = EtcdError;
+    type Watch = WatchStream;
+
+    async fn get_prefix_at(&self, prefix: &str) -> Result<Ranged, EtcdError> {
+        Etcd::get_prefix_at(self, prefix).await
+    }
+
+    async fn watch_prefix(&self, prefix: &str, revision: i64) -> Result<WatchStream, EtcdError> {
+        Etcd::watch_prefix(self, prefix, revision).await
+    }
+
+    async fn answers(&self) -> bool {
+        Etcd::answers(self).await
+    }
+}
+
 fn b64(s: &str) -> String {
     B64.encode(s)
 }
 
-pub(super) fn unb64(v: &Value) -> String {
+fn unb64(v: &Value) -> String {
     v.as_str().and_then(|s| B64.decode(s).ok()).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default()
 }
 
 /// The gateway writes 64-bit numbers as strings.
-pub(super) fn int(v: &Value) -> i64 {
+fn int(v: &Value) -> i64 {
     v.as_str().and_then(|s| s.parse().ok()).or_else(|| v.as_i64()).unwrap_or(0)
 }
 
@@ -263,6 +321,28 @@ impl ClusterKv for Etcd {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_gateways_watch_objects_read_as_changes_or_as_the_end_of_the_watch() {
+        let created = json!({"result": {"header": {"revision": "7"}, "created": true}});
+        assert_eq!(watch_news(&created), WatchNews::Nothing);
+        // "L2Ev" is "/a/", "djE=" is "v1".
+        let events = json!({"result": {"header": {"revision": "9"}, "events": [
+            {"kv": {"key": "L2Ev", "mod_revision": "8", "value": "djE="}},
+            {"type": "DELETE", "kv": {"key": "L2Ev", "mod_revision": "9"}}
+        ]}});
+        assert_eq!(
+            watch_news(&events),
+            WatchNews::Changes(vec![
+                Change::Put { key: "/a/".into(), value: "v1".into() },
+                Change::Delete { key: "/a/".into() }
+            ])
+        );
+        let compacted = json!({"result": {"header": {}, "canceled": true, "compact_revision": "40"}});
+        assert!(matches!(watch_news(&compacted), WatchNews::Ended(why) if why.contains("revision 40")));
+        let error = json!({"error": {"grpc_code": 14, "message": "etcdserver: no leader"}});
+        assert!(matches!(watch_news(&error), WatchNews::Ended(why) if why.contains("no leader")));
+    }
 
     #[test]
     fn a_prefix_range_ends_after_every_key_that_starts_with_it() {

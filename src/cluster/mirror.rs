@@ -9,9 +9,8 @@
 //! says nothing for `QUIET_CHECK` is checked with a status call, so a member that hangs with
 //! its connection open (a partition, a stall) is noticed, not waited on.
 
-use super::etcd::{int, unb64, Etcd};
-use serde_json::Value;
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -51,37 +50,32 @@ pub enum WatchNews {
     Ended(String),
 }
 
-/// Reads one object of the gateway's watch stream.
-pub fn news(object: &Value) -> WatchNews {
-    if !object["error"].is_null() {
-        return WatchNews::Ended(format!("etcd: {}", object["error"]["message"].as_str().unwrap_or("an error")));
-    }
-    let result = &object["result"];
-    if result["canceled"].as_bool() == Some(true) {
-        let compacted = int(&result["compact_revision"]);
-        return WatchNews::Ended(if compacted > 0 {
-            format!("etcd compacted its history past the watch (to revision {compacted})")
-        } else {
-            format!("etcd cancelled the watch: {}", result["cancel_reason"].as_str().unwrap_or("no reason given"))
-        });
-    }
-    let Some(events) = result["events"].as_array() else { return WatchNews::Nothing };
-    let changes = events
-        .iter()
-        .map(|event| {
-            let key = unb64(&event["kv"]["key"]);
-            // A put is the protocol's default, so the gateway leaves its type out.
-            match event["type"].as_str() {
-                Some("DELETE") => Change::Delete { key },
-                _ => Change::Put { key, value: unb64(&event["kv"]["value"]) },
-            }
-        })
-        .collect();
-    WatchNews::Changes(changes)
+/// The keys and values of a range, and the revision it was read at.
+pub type Ranged = (Vec<(String, String)>, i64);
+
+/// What a mirror needs of etcd (the cluster layer's `Etcd` client is the real one).
+pub trait Source: Clone + Send + Sync + 'static {
+    type Error: std::fmt::Display + Send;
+    type Watch: Watch;
+    /// Every key under `prefix` with its value, and the revision they were read at.
+    fn get_prefix_at(&self, prefix: &str) -> impl Future<Output = Result<Ranged, Self::Error>> + Send;
+    /// The changes under `prefix` from `revision` on.
+    fn watch_prefix(
+        &self,
+        prefix: &str,
+        revision: i64,
+    ) -> impl Future<Output = Result<Self::Watch, Self::Error>> + Send;
+    /// Whether a member answers at all.
+    fn answers(&self) -> impl Future<Output = bool> + Send;
+}
+
+/// A watch's news, one after another, until it ends (`Err`: why).
+pub trait Watch: Send {
+    fn next(&mut self) -> impl Future<Output = Result<WatchNews, String>> + Send;
 }
 
 /// Keeps `prefix` of `etcd` in the returned receiver until `stop`.
-pub fn mirror(etcd: Etcd, prefix: String, stop: CancellationToken) -> watch::Receiver<Snapshot> {
+pub fn mirror<S: Source>(etcd: S, prefix: String, stop: CancellationToken) -> watch::Receiver<Snapshot> {
     let (sender, receiver) = watch::channel(Snapshot::default());
     tokio::spawn(async move {
         tokio::select! {
@@ -92,7 +86,7 @@ pub fn mirror(etcd: Etcd, prefix: String, stop: CancellationToken) -> watch::Rec
     receiver
 }
 
-async fn follow(etcd: &Etcd, prefix: &str, sender: &watch::Sender<Snapshot>) {
+async fn follow<S: Source>(etcd: &S, prefix: &str, sender: &watch::Sender<Snapshot>) {
     let mut backoff = Duration::from_millis(100);
     let mut complained: Option<Instant> = None;
     loop {
@@ -132,19 +126,19 @@ async fn follow(etcd: &Etcd, prefix: &str, sender: &watch::Sender<Snapshot>) {
 }
 
 /// Applies the watch's changes until it ends; returns why it did.
-async fn watch_from(etcd: &Etcd, prefix: &str, revision: i64, sender: &watch::Sender<Snapshot>) -> String {
+async fn watch_from<S: Source>(etcd: &S, prefix: &str, revision: i64, sender: &watch::Sender<Snapshot>) -> String {
     let mut stream = match etcd.watch_prefix(prefix, revision).await {
         Ok(stream) => stream,
         Err(e) => return e.to_string(),
     };
     loop {
-        let object = match tokio::time::timeout(QUIET_CHECK, stream.next()).await {
-            Ok(Ok(object)) => object,
+        let news = match tokio::time::timeout(QUIET_CHECK, stream.next()).await {
+            Ok(Ok(news)) => news,
             Ok(Err(why)) => return why,
             Err(_) if etcd.answers().await => continue,
             Err(_) => return format!("quiet for {QUIET_CHECK:?} and etcd does not answer"),
         };
-        match news(&object) {
+        match news {
             WatchNews::Nothing => {}
             WatchNews::Ended(why) => return why,
             WatchNews::Changes(changes) => sender.send_modify(|s| {
@@ -158,33 +152,5 @@ async fn watch_from(etcd: &Etcd, prefix: &str, revision: i64, sender: &watch::Se
                 s.seq += 1;
             }),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn the_gateways_objects_read_as_changes_or_as_the_end_of_the_watch() {
-        let created = json!({"result": {"header": {"revision": "7"}, "created": true}});
-        assert_eq!(news(&created), WatchNews::Nothing);
-        // "L2Ev" is "/a/", "djE=" is "v1".
-        let events = json!({"result": {"header": {"revision": "9"}, "events": [
-            {"kv": {"key": "L2Ev", "mod_revision": "8", "value": "djE="}},
-            {"type": "DELETE", "kv": {"key": "L2Ev", "mod_revision": "9"}}
-        ]}});
-        assert_eq!(
-            news(&events),
-            WatchNews::Changes(vec![
-                Change::Put { key: "/a/".into(), value: "v1".into() },
-                Change::Delete { key: "/a/".into() }
-            ])
-        );
-        let compacted = json!({"result": {"header": {}, "canceled": true, "compact_revision": "40"}});
-        assert!(matches!(news(&compacted), WatchNews::Ended(why) if why.contains("revision 40")));
-        let error = json!({"error": {"grpc_code": 14, "message": "etcdserver: no leader"}});
-        assert!(matches!(news(&error), WatchNews::Ended(why) if why.contains("no leader")));
     }
 }
