@@ -130,7 +130,7 @@ impl Default for SchedulerConfig {
             managed_fraction: 0.9,
             blackbox_fraction: 0.1,
             max_reschedules: 3,
-            refresh_interval: Duration::from_millis(200),
+            refresh_interval: Duration::from_millis(50),
             max_in_flight: 10_000,
             registration_grace: None,
             handover_timeout: Duration::from_secs(1),

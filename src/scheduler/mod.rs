@@ -35,7 +35,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
-use view::{ClusterView, Directory, RevisionKey};
+use view::{ClusterView, Directory, RecordCache, RevisionKey};
 
 /// A quiet prefix is still read into the directory this often (the grace of a registration
 /// that went ends with time).
@@ -82,8 +82,9 @@ pub struct Dispatcher {
     directory: Directory,
     /// The prefix as this scheduler's watch keeps it, once `refresh` runs.
     snapshots: Mutex<Option<tokio::sync::watch::Receiver<Snapshot>>>,
-    /// The `seq` of the snapshot last taken into the directory: an older one is not taken.
-    taken: Mutex<u64>,
+    /// The `seq` of the snapshot last taken into the directory (an older one is not taken),
+    /// and the registrations as then decoded.
+    taken: Mutex<(u64, RecordCache)>,
     stalls: stalls::Stalls,
     client: InvokerClient,
     in_flight: Mutex<InFlight>,
@@ -464,12 +465,13 @@ impl Dispatcher {
     /// Takes a snapshot of the watch into the directory, unless a later one was taken.
     fn take(&self, snapshot: &Snapshot) {
         let mut taken = self.taken.lock();
-        if snapshot.seq < *taken {
+        let (seq, cache) = &mut *taken;
+        if snapshot.seq < *seq {
             return;
         }
-        *taken = snapshot.seq;
+        *seq = snapshot.seq;
         let entries = snapshot.entries.iter().map(|(k, v)| (k.as_str(), v.as_str()));
-        self.take_view(ClusterView::from_entries(&self.prefix, entries));
+        self.take_view(ClusterView::from_entries(&self.prefix, entries, cache));
     }
 
     fn take_view(&self, view: ClusterView) {

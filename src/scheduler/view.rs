@@ -14,6 +14,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
+/// The invokers' registrations as last decoded, by key: the text and what it decoded to (none
+/// when it did not, so that a bad one is warned of once, not at every view).
+#[derive(Debug, Default)]
+pub struct RecordCache(HashMap<String, (String, Option<InvokerRecord>)>);
+
 /// An action revision: namespace, name, cluster revision.
 pub type RevisionKey = (String, String, u64);
 
@@ -36,28 +41,40 @@ impl ClusterView {
     /// Reads it whole, in one range over the prefix; a failed read keeps nothing of it.
     pub async fn read<K: ClusterKv>(kv: &K, prefix: &str) -> Result<ClusterView, K::Error> {
         let pairs = kv.get_prefix(&format!("{prefix}/")).await?;
-        Ok(ClusterView::from_entries(prefix, pairs.iter().map(|(k, v)| (k.as_str(), v.as_str()))))
+        let entries = pairs.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+        Ok(ClusterView::from_entries(prefix, entries, &mut RecordCache::default()))
     }
 
-    /// The view of the keys under `prefix` (invokers, drains, containers).
-    pub fn from_entries<'a>(prefix: &str, entries: impl Iterator<Item = (&'a str, &'a str)>) -> ClusterView {
+    /// The view of the keys under `prefix` (invokers, drains, containers); a registration read
+    /// as it was at the last view is taken from `cache`, not decoded again.
+    pub fn from_entries<'a>(
+        prefix: &str,
+        entries: impl Iterator<Item = (&'a str, &'a str)>,
+        cache: &mut RecordCache,
+    ) -> ClusterView {
         let mut view = ClusterView::default();
         let (invokers, drains, containers) =
             (format!("{prefix}/invokers/"), format!("{prefix}/drain/"), format!("{prefix}/containers/"));
+        let mut decoded = HashMap::with_capacity(cache.0.len());
         for (key, value) in entries {
             if key.starts_with(&invokers) {
-                match serde_json::from_str::<InvokerRecord>(value) {
-                    Ok(record) => {
-                        view.invokers.insert(record.id.clone(), record);
-                    }
-                    Err(e) => tracing::warn!(%key, "an invoker's registration does not decode: {e}"),
+                let record = match cache.0.remove(key) {
+                    Some((text, record)) if text == value => record,
+                    _ => serde_json::from_str::<InvokerRecord>(value)
+                        .map_err(|e| tracing::warn!(%key, "an invoker's registration does not decode: {e}"))
+                        .ok(),
+                };
+                if let Some(record) = &record {
+                    view.invokers.insert(record.id.clone(), record.clone());
                 }
+                decoded.insert(key.to_string(), (value.to_string(), record));
             } else if let Some(id) = key.strip_prefix(&drains) {
                 view.drained.insert(id.to_string());
             } else if let Some(rest) = key.strip_prefix(&containers) {
                 view.add_container(key, rest);
             }
         }
+        cache.0 = decoded;
         view
     }
 
@@ -205,5 +222,48 @@ impl Directory {
         let mut present = self.present.lock();
         let entry = present.entry(id.to_string()).or_insert_with(|| (process_of(record), CancellationToken::new()));
         Some(entry.1.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(id: &str, launchable_mb: u64) -> String {
+        serde_json::json!({"id": id, "api": "http://127.0.0.1:1", "tags": [], "health": "healthy",
+            "nodes": [{"node": "n", "launchable_mb": launchable_mb, "free_mb": 0, "capacity_mb": 0, "idle_mb": 0}],
+            "boot_id": "b", "pid": 1})
+        .to_string()
+    }
+
+    fn view(entries: &[(&str, String)], cache: &mut RecordCache) -> ClusterView {
+        ClusterView::from_entries("/p", entries.iter().map(|(k, v)| (*k, v.as_str())), cache)
+    }
+
+    #[test]
+    fn a_view_decodes_only_the_registrations_that_changed_and_forgets_those_that_went() {
+        let mut cache = RecordCache::default();
+        let first = [
+            ("/p/invokers/a", record("a", 512)),
+            ("/p/invokers/b", record("b", 256)),
+            ("/p/invokers/bad", "{not json".to_string()),
+            ("/p/drain/b", "{}".to_string()),
+            ("/p/containers/guest/f/1/invoker/a/container/7", "{}".to_string()),
+        ];
+        let v = view(&first, &mut cache);
+        assert_eq!(v.invokers.keys().collect::<Vec<_>>(), vec!["a", "b"], "the bad one is skipped");
+        assert!(v.drained.contains("b"));
+        assert_eq!(v.warm[&("guest".to_string(), "f".to_string(), 1)]["a"], 1);
+        assert_eq!(cache.0.len(), 3, "the bad one is remembered as bad");
+        assert!(cache.0["/p/invokers/bad"].1.is_none());
+
+        let second = [("/p/invokers/a", record("a", 128)), ("/p/invokers/bad", "{not json".to_string())];
+        let v = view(&second, &mut cache);
+        assert_eq!(v.invokers["a"].launchable_mb(), 128, "a changed record is decoded again");
+        assert!(!v.invokers.contains_key("b") && v.drained.is_empty() && v.warm.is_empty());
+        assert_eq!(
+            cache.0.keys().collect::<BTreeSet<_>>(),
+            BTreeSet::from([&"/p/invokers/a".to_string(), &"/p/invokers/bad".to_string()])
+        );
     }
 }
