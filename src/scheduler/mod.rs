@@ -16,7 +16,7 @@ pub mod view;
 
 use crate::activation::job::RunJob;
 use crate::cluster::etcd::Etcd;
-use crate::cluster::mirror::{mirror, Snapshot};
+use crate::cluster::mirror::Snapshot;
 use crate::cluster::{cluster_revision, controller_wait, drain_key, ClusterKv, InvokerRecord};
 use crate::config::Config;
 use crate::model::{
@@ -492,7 +492,7 @@ impl Dispatcher {
     /// ends with time, not with a change). While etcd cannot be read the picture stays as
     /// last seen (activations go on to the invokers already known).
     pub async fn refresh(self: Arc<Self>, stop: CancellationToken) {
-        let mut snapshots = mirror(self.kv.clone(), format!("{}/", self.prefix), stop.clone());
+        let mut snapshots = self.kv.mirror(&format!("{}/", self.prefix), stop.clone());
         *self.snapshots.lock() = Some(snapshots.clone());
         let mut counted_ranges = 0;
         loop {
