@@ -1,9 +1,10 @@
 //! `invoker capacity`: one active manager per cluster (a lease-held key in etcd; a second
-//! waits as standby and takes over within the lease's TTL). Every `[capacity] tick` it reads the
-//! invokers' registrations and the schedulers' demand reports (two etcd ranges; between ticks
-//! the reports are watched, for a burst), turns each group's demand into a target with its predictor, lets the group's decision core
-//! decide, and carries the decisions out: the control plane starts and stops invokers; drains
-//! are the operators' drain keys, which every scheduler already honours.
+//! waits as standby and takes over within the lease's TTL). It watches the invokers'
+//! registrations and the schedulers' demand reports (`cluster::mirror`: a range each, then
+//! etcd's watch). Every `[capacity] tick`, and at once when a report shows a burst, it turns
+//! each group's demand into a target with its predictor, lets the group's decision core decide,
+//! and carries the decisions out: the control plane starts and stops invokers; drains are the
+//! operators' drain keys, which every scheduler already honours.
 
 use super::core::{Action, Decision, Event, GroupCore, GroupCounts, MemberState};
 use super::metrics::{CapacityMetrics, DecisionLabel, GroupLabel, GroupState};
@@ -260,8 +261,17 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
         let tick = self.settings.capacity.tick;
         let watching = stop.child_token();
         let _watched = watching.clone().drop_guard();
-        let mut reports = self.kv.mirror(&format!("{}/demand/", self.settings.prefix), watching);
+        let prefix = &self.settings.prefix;
+        let mut reports = self.kv.mirror(&format!("{prefix}/demand/"), watching.clone());
+        let mut registrations = self.kv.mirror(&format!("{prefix}/invokers/"), watching);
+        // The first round once both are read (bounded: a round on what is known beats none).
+        let both_read = async {
+            let _ = reports.wait_for(|s| s.current).await;
+            let _ = registrations.wait_for(|s| s.current).await;
+        };
+        let _ = tokio::time::timeout(tick, both_read).await;
         let mut reports_open = true;
+        let mut complained: Option<Instant> = None;
         let mut bursting = false;
         // The first round at once (a group below its min gets its invokers now).
         let mut last_round: Option<Instant> = None;
@@ -294,8 +304,13 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
                 continue;
             }
             last_round = Some(Instant::now());
-            if let Err(e) = self.round().await {
-                tracing::warn!("reading the cluster: {e} (nothing decided this tick)");
+            let (demand, invokers) = (reports.borrow().clone(), registrations.borrow().clone());
+            if demand.current && invokers.current {
+                self.round(&demand, &invokers).await;
+                complained = None;
+            } else if complained.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
+                tracing::warn!("etcd cannot be read: nothing decided until it can");
+                complained = Some(Instant::now());
             }
             bursting = self.a_burst_waits(&reports.borrow());
         }
@@ -315,11 +330,6 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
     }
 
     /// Each group's demand, from the schedulers' reports.
-    async fn demand(&self) -> Result<BTreeMap<String, u64>, K::Error> {
-        let reports = self.kv.get_prefix(&format!("{}/demand/", self.settings.prefix)).await?;
-        Ok(self.demand_of(reports.iter().map(|(_, value)| value.as_str())))
-    }
-
     fn demand_of<'a>(&self, reports: impl Iterator<Item = &'a str>) -> BTreeMap<String, u64> {
         let mut demand: BTreeMap<String, u64> = BTreeMap::new();
         for value in reports {
@@ -333,19 +343,17 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
         demand
     }
 
-    /// One tick: read (the registrations and the demand reports), decide, carry out, for every
-    /// group.
-    async fn round(&mut self) -> Result<(), K::Error> {
+    /// One round, on the registrations and the demand reports as watched: decide and carry
+    /// out, for every group.
+    async fn round(&mut self, reports: &Snapshot, registrations: &Snapshot) {
         let now = self.started.elapsed();
-        // Two ranges, not the whole prefix: the containers' keys (one per warm container of the
-        // cluster) are of no use here.
         let mut records: BTreeMap<String, InvokerRecord> = BTreeMap::new();
-        for (_, value) in self.kv.get_prefix(&format!("{}/invokers/", self.settings.prefix)).await? {
-            if let Ok(record) = serde_json::from_str::<InvokerRecord>(&value) {
+        for value in registrations.entries.values() {
+            if let Ok(record) = serde_json::from_str::<InvokerRecord>(value) {
                 records.insert(record.id.clone(), record);
             }
         }
-        let demand = self.demand().await?;
+        let demand = self.demand_of(reports.entries.values().map(String::as_str));
         let mut groups = std::mem::take(&mut self.groups);
         for g in &mut groups {
             let demand_mb = demand.get(&g.name).copied().unwrap_or(0);
@@ -356,7 +364,6 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
         self.groups = groups;
         let mut status = self.status.lock();
         status.groups = self.groups.iter().map(|g| g.status.clone()).collect();
-        Ok(())
     }
 
     fn decide(
