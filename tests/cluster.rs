@@ -98,6 +98,26 @@ async fn an_invoker_publishes_its_headroom_at_once() {
     assert_eq!(r.nodes[0].capacity_mb, 2048, "{r:?}");
 }
 
+/// An operator's drain, and its end, are published as they come: the invoker watches its
+/// drain key instead of reading it at each publish. (With a publish interval of 100 s, the
+/// bounded wait would see neither before the next publish.)
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
+async fn an_invoker_publishes_a_drain_and_its_end_as_they_come() {
+    let Some(etcd) = EtcdServer::start() else { return };
+    let dir = tempdir();
+    let invoker_id = id("drained");
+    let config = format!("[cluster]\netcd = [\"{}\"]\nlease_ttl = \"300s\"\npublish_interval = \"100s\"\n", etcd.url());
+    let _inv = Invoker::start(dir.path(), &invoker_id, &config);
+    let kv = etcd.kv();
+    record(&kv, &invoker_id, |r| r.health == Health::Healthy && !r.nodes.is_empty()).await;
+    let drain = invoker::cluster::drain_key("/invoker", &invoker_id);
+    kv.put(&drain, "{}", None).await.unwrap();
+    record(&kv, &invoker_id, |r| r.health == Health::Drained).await;
+    kv.delete(&drain).await.unwrap();
+    record(&kv, &invoker_id, |r| r.health == Health::Healthy).await;
+}
+
 /// The keys under `prefix` once `until` holds of them (bounded wait).
 async fn keys_until(kv: &Etcd, prefix: &str, until: impl Fn(&[String]) -> bool) -> Vec<String> {
     let deadline = Instant::now() + Duration::from_secs(20);

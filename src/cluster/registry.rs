@@ -141,15 +141,23 @@ impl<K: ClusterKv> Registrar<K> {
     /// the lease (every key goes at once).
     pub async fn run(mut self, service: ActivationService, stop: CancellationToken) {
         let interval = self.config.publish_interval;
+        let drain = drain_key(&self.config.prefix, &self.identity.invoker_id);
+        let mut drains = self.kv.mirror(&drain, stop.child_token());
         loop {
             // The first round at once: until it, the record has no headroom and no scheduler
             // (or capacity manager) counts the invoker as serving.
-            if let Err(e) = self.step(&service).await {
+            let drained = {
+                let watched = drains.borrow_and_update();
+                watched.current.then(|| watched.entries.contains_key(&drain))
+            };
+            if let Err(e) = self.step(&service, drained).await {
                 self.complain(&e);
             }
+            // A drain (or its end) is published as it comes, not at the next interval.
             tokio::select! {
                 _ = stop.cancelled() => break,
                 _ = tokio::time::sleep(interval) => {}
+                _ = drains.changed() => {}
             }
         }
         if let Some(lease) = self.lease.take() {
@@ -166,8 +174,9 @@ impl<K: ClusterKv> Registrar<K> {
     }
 
     /// One round: (re)claim when there is no live lease, renew it when a third of the TTL
-    /// passed, put what changed.
-    async fn step(&mut self, service: &ActivationService) -> Result<(), RegistryError> {
+    /// passed, put what changed. `drained`: whether an operator drained this invoker, as the
+    /// watch of its drain key says (none while the watch is not current: read it).
+    async fn step(&mut self, service: &ActivationService, drained: Option<bool>) -> Result<(), RegistryError> {
         let etcd = |e: K::Error| RegistryError::Etcd(e.to_string());
         let ttl = self.config.lease_ttl;
         if self.lease.is_some() && self.renewed.elapsed() >= ttl {
@@ -190,8 +199,14 @@ impl<K: ClusterKv> Registrar<K> {
         let lease = self.lease.expect("claimed above");
         let Some(pool) = service.pool() else { return Ok(()) };
         let Some(status) = pool.status().await else { return Ok(()) };
-        let drain = drain_key(&self.config.prefix, &self.identity.invoker_id);
-        let health = if self.kv.get(&drain).await.map_err(etcd)?.is_some() {
+        let drained = match drained {
+            Some(drained) => drained,
+            None => {
+                let drain = drain_key(&self.config.prefix, &self.identity.invoker_id);
+                self.kv.get(&drain).await.map_err(etcd)?.is_some()
+            }
+        };
+        let health = if drained {
             // An operator's drain: no scheduler sends new work; what runs finishes.
             if status.busy == 0 && status.waiting == 0 {
                 Health::Drained
