@@ -268,6 +268,34 @@ async fn of_two_managers_one_leads_and_the_other_takes_over_when_it_dies() {
     assert_eq!(serving_under(dir.path()).len(), 2);
 }
 
+/// A leader that stops (SIGTERM) revokes its lease, and the standby, watching the leader's
+/// key, claims it as it goes: not a third of a TTL later (40 s with this 120 s TTL, past the
+/// bounded wait).
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
+async fn a_standby_leads_as_soon_as_the_leader_stops() {
+    let Some(etcd) = EtcdServer::start() else { return };
+    let (dir, other) = (tempdir(), tempdir());
+    let config = manager_config(&etcd, "min = 0\nmax = 1\ninvoker_memory_mb = 256\n")
+        .replace("lease_ttl = \"3s\"", "lease_ttl = \"120s\"");
+    let mut first = start_manager(dir.path(), &config);
+    wait_until(Duration::from_secs(30), "the first leads", || {
+        let m = &first;
+        async move { capacity(m).await["leader"] == true }
+    })
+    .await;
+    let second = start_manager(other.path(), &config);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(capacity(&second).await["leader"], false, "one leader at a time");
+    first.signal(nix::sys::signal::Signal::SIGTERM);
+    first.wait_exit(Duration::from_secs(20));
+    wait_until(Duration::from_secs(15), "the standby leads", || {
+        let m = &second;
+        async move { capacity(m).await["leader"] == true }
+    })
+    .await;
+}
+
 /// An invoker killed under the manager is replaced (its name is free once it is gone).
 #[tokio::test(flavor = "multi_thread")]
 #[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]

@@ -224,6 +224,11 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
             LeaderRecord { api: &self.settings.api, boot_id: crate::cluster::boot_id(), pid: std::process::id() };
         let value = serde_json::to_string(&record).expect("a record serialises");
         let mut said_standby = false;
+        // A standby claims again as soon as the leader's key goes (its lease revoked or
+        // expired), and every third of a TTL besides.
+        let watching = stop.child_token();
+        let _watched = watching.clone().drop_guard();
+        let mut leader = self.kv.mirror(&key, watching);
         loop {
             let claimed = async {
                 let lease =
@@ -236,18 +241,32 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
                     }
                 }
             };
-            match claimed.await {
+            let taken = match claimed.await {
                 Ok(lease) => return Some(lease),
-                Err(RegistryError::IdTaken { api, pid, .. }) if !said_standby => {
-                    tracing::info!("standby: the active capacity manager is {api} (pid {pid})");
-                    said_standby = true;
+                Err(RegistryError::IdTaken { api, pid, .. }) => {
+                    if !said_standby {
+                        tracing::info!("standby: the active capacity manager is {api} (pid {pid})");
+                        said_standby = true;
+                    }
+                    true
                 }
-                Err(RegistryError::IdTaken { .. }) => {}
-                Err(e) => tracing::warn!("claiming the capacity manager's key: {e} (retrying)"),
-            }
+                Err(e) => {
+                    tracing::warn!("claiming the capacity manager's key: {e} (retrying)");
+                    false
+                }
+            };
+            let gone = async {
+                if !taken {
+                    return std::future::pending().await;
+                }
+                // Not before a moment: the watch may not show the leader's claim yet.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                let _ = leader.wait_for(|s| s.current && !s.entries.contains_key(&key)).await;
+            };
             tokio::select! {
                 _ = stop.cancelled() => return None,
                 _ = tokio::time::sleep(self.settings.lease_ttl / 3) => {}
+                _ = gone => {}
             }
         }
     }
