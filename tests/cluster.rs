@@ -257,7 +257,10 @@ async fn a_scheduler_reads_every_invoker_and_places_an_action_on_the_warm_one() 
     assert_eq!(two.invoke("hot", "blocking=true", json!({})).await.0, 200);
     let kv = etcd.kv();
     record(&kv, &id1, |r| !r.nodes.is_empty()).await;
-    record(&kv, &id2, |r| !r.nodes.is_empty() && r.launchable_mb() < 2048).await; // its container is registered
+    record(&kv, &id2, |r| !r.nodes.is_empty() && r.launchable_mb() < 2048).await;
+    // The record counts the container from its start; its key is put once it is warm, at the
+    // registration's next round.
+    keys_until(&kv, "/invoker/containers/guest/hot/", |held| !held.is_empty()).await;
 
     let view = ClusterView::read(&kv, "/invoker").await.unwrap();
     let mut ids = vec![id1.clone(), id2.clone()];
