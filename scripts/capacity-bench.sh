@@ -5,7 +5,8 @@
 # config/cluster.toml (the shipped tick, refresh and process factory), with the group `default`
 # at min 1, max 2, 256 MB per invoker, and scale-down after 3 s, so that each sample begins
 # with one invoker. Prints each sample and the p50 (the start of the activation on the new
-# invoker, from its record, minus when it was sent). Stops by itself (about 2 minutes).
+# invoker, from its record, minus when it was sent), and first what the cluster at rest asks of
+# etcd per second (etcd's own request counters over 10 s). Stops by itself (about 2 minutes).
 #
 #   scripts/capacity-bench.sh        # release build
 set -euo pipefail
@@ -16,7 +17,7 @@ work=$(mktemp -d /tmp/icb-XXXXXX)
 trap 'pkill -P $$ 2>/dev/null || true; for f in "$work"/capacity/invokers/*.pid; do [ -f "$f" ] && kill "$(cut -d" " -f1 "$f")" 2>/dev/null; done; [ -f "$work/etcd/etcd.pid" ] && kill "$(cat "$work/etcd/etcd.pid")" 2>/dev/null; sleep 1; [ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
 etcd=$(INVOKER_ETCD_DIR="$work/etcd" bash scripts/etcd.sh | tail -1 | cut -d= -f2)
 python3 - "${CARGO_TARGET_DIR:-target}/release/invoker" "$work" "$etcd" <<'PY'
-import json, re, sys, threading, time
+import json, re, sys, threading, time, urllib.request
 sys.path.insert(0, "scripts")
 from cluster_harness import Cluster, free_port, request
 
@@ -56,6 +57,24 @@ for name in ("hold", "burst"):
 for name in ("hold", "burst"):
     request("POST", base + f"/api/v1/namespaces/_/actions/{name}?blocking=true", {})
 
+def etcd_requests():
+    """etcd's requests so far, by gRPC method (the JSON gateway's calls included)."""
+    counts = {}
+    for line in urllib.request.urlopen(etcd + "/metrics", timeout=5).read().decode().splitlines():
+        m = re.match(r'grpc_server_started_total\{.*grpc_method="(\w+)".*\} (\S+)', line)
+        if m:
+            counts[m.group(1)] = counts.get(m.group(1), 0) + float(m.group(2))
+    return counts
+
+# The cluster at rest (one invoker, the scheduler, the manager, nothing running): what it asks
+# of etcd by itself, over 10 s.
+wait_for(lambda: active() == {"provisioning": 0, "active": 1, "draining": 0, "removing": 0}, "one invoker at rest")
+before, rest_started = etcd_requests(), time.time()
+time.sleep(10)
+after, rest_took = etcd_requests(), time.time() - rest_started
+at_rest = {m: round((after.get(m, 0) - before.get(m, 0)) / rest_took, 1) for m in after if after.get(m, 0) > before.get(m, 0)}
+print(f"etcd requests per second at rest, by method: {at_rest}", file=sys.stderr)
+
 samples = []
 for i in range(10):
     wait_for(lambda: active() == {"provisioning": 0, "active": 1, "draining": 0, "removing": 0}, "back to one invoker")
@@ -76,7 +95,8 @@ for i in range(10):
 
 samples.sort()
 p50 = (samples[4] + samples[5]) / 2
-print(json.dumps({"burst_to_new_invoker_ms_p50": round(p50 * 1000), "samples_ms": [round(s * 1000) for s in samples]}))
+print(json.dumps({"burst_to_new_invoker_ms_p50": round(p50 * 1000), "samples_ms": [round(s * 1000) for s in samples],
+                  "etcd_at_rest_requests_per_s": round(sum(at_rest.values()), 1), "etcd_at_rest_by_method": at_rest}))
 for p in procs.values():
     p.terminate()
     p.wait(timeout=30)
