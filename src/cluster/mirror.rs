@@ -2,7 +2,8 @@
 //! range was read at, each change applied as it comes. A scheduler used to range its whole
 //! prefix (every invoker and every container) five times a second; now it ranges once, and
 //! again only when the watch breaks or etcd compacted past it, and it sees a change within a
-//! round trip instead of within a refresh.
+//! round trip instead of within a refresh. The capacity manager follows the registrations, the
+//! demand reports and its leader key the same way, and each invoker its drain key.
 //!
 //! While etcd cannot be read the entries stay as last seen and the snapshot says so
 //! (`current` false): a reader freezes its picture as it did on a failed range. A watch that
