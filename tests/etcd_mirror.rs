@@ -57,7 +57,7 @@ async fn a_mirror_follows_puts_deletes_and_leases_with_one_range_and_ranges_agai
     etcd.resume();
     kv.put("/m/after", "1", None).await.unwrap();
     let back = until(&mut snapshots, "etcd back", |s| s.current && has(s, "/m/after", "1")).await;
-    assert_eq!(back.ranges, 2);
+    assert!(back.ranges >= 2, "ranged again after the restart: {back:?}");
     stop.cancel();
 }
 
