@@ -4,7 +4,7 @@
 
 mod support;
 
-use invoker::cluster::mirror::{mirror, Snapshot, Watch, WatchNews};
+use invoker::cluster::mirror::{mirror, Snapshot, Source, Watch, WatchNews};
 use invoker::cluster::ClusterKv;
 use std::time::Duration;
 use support::etcd::EtcdServer;

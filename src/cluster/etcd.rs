@@ -58,43 +58,10 @@ impl Etcd {
         Ok(Etcd { endpoints: parsed })
     }
 
-    /// Every key under `prefix` with its value, and the store's revision they were read at
-    /// (a watch from the next revision misses nothing and repeats nothing).
-    pub async fn get_prefix_at(&self, prefix: &str) -> Result<Ranged, EtcdError> {
-        let range_end = B64.encode(prefix_end(prefix));
-        let answer = self.call("/v3/kv/range", json!({ "key": b64(prefix), "range_end": range_end })).await?;
-        let kvs = answer["kvs"].as_array().map(Vec::as_slice).unwrap_or_default();
-        let pairs = kvs.iter().map(|kv| (unb64(&kv["key"]), unb64(&kv["value"]))).collect();
-        Ok((pairs, int(&answer["header"]["revision"])))
-    }
-
-    /// Whether a member answers at all (a cheap status call), for a watch that has been quiet.
-    pub async fn answers(&self) -> bool {
-        self.call("/v3/maintenance/status", json!({})).await.is_ok()
-    }
-
-    /// Opens the gateway's watch stream of every change under `prefix` from `revision`, on the
-    /// first member that answers.
-    pub async fn watch_prefix(&self, prefix: &str, revision: i64) -> Result<WatchStream, EtcdError> {
-        let create = json!({ "create_request": {
-            "key": b64(prefix), "range_end": B64.encode(prefix_end(prefix)), "start_revision": revision.to_string(),
-        }});
-        match self.on_first_answering(|authority| post_for_stream(authority, "/v3/watch", &create)).await? {
-            (200, json) => Ok(WatchStream { json }),
-            (status, mut stream) => {
-                let answer = stream.next().await.unwrap_or_default();
-                Err(EtcdError::Refused { status, message: answer["message"].as_str().unwrap_or("").to_string() })
-            }
-        }
-    }
-
     async fn call(&self, path: &str, body: Value) -> Result<Value, EtcdError> {
         match self.on_first_answering(|authority| post(authority, path, &body)).await? {
             (200, answer) => Ok(answer),
-            (status, answer) => {
-                let message = answer["message"].as_str().unwrap_or("").to_string();
-                Err(EtcdError::Refused { status, message })
-            }
+            (status, answer) => Err(refused(status, &answer)),
         }
     }
 
@@ -114,6 +81,11 @@ impl Etcd {
         }
         Err(last.expect("at least one endpoint"))
     }
+}
+
+/// A status other than 200, with the gateway's message.
+fn refused(status: u16, answer: &Value) -> EtcdError {
+    EtcdError::Refused { status, message: answer["message"].as_str().unwrap_or("").to_string() }
 }
 
 /// One POST of JSON on a new connection (calls are rare: a few per publish interval); the
@@ -217,16 +189,31 @@ impl Source for Etcd {
     type Error = EtcdError;
     type Watch = WatchStream;
 
+    /// Every key under `prefix` with its value, and the store's revision they were read at
+    /// (a watch from the next revision misses nothing and repeats nothing).
     async fn get_prefix_at(&self, prefix: &str) -> Result<Ranged, EtcdError> {
-        Etcd::get_prefix_at(self, prefix).await
+        let range_end = B64.encode(prefix_end(prefix));
+        let answer = self.call("/v3/kv/range", json!({ "key": b64(prefix), "range_end": range_end })).await?;
+        let kvs = answer["kvs"].as_array().map(Vec::as_slice).unwrap_or_default();
+        let pairs = kvs.iter().map(|kv| (unb64(&kv["key"]), unb64(&kv["value"]))).collect();
+        Ok((pairs, int(&answer["header"]["revision"])))
     }
 
-    async fn watch_prefix(&self, prefix: &str, revision: i64) -> Result<WatchStream, EtcdError> {
-        Etcd::watch_prefix(self, prefix, revision).await
-    }
-
+    /// Whether a member answers at all (a cheap status call), for a watch that has been quiet.
     async fn answers(&self) -> bool {
-        Etcd::answers(self).await
+        self.call("/v3/maintenance/status", json!({})).await.is_ok()
+    }
+
+    /// Opens the gateway's watch stream of every change under `prefix` from `revision`, on the
+    /// first member that answers.
+    async fn watch_prefix(&self, prefix: &str, revision: i64) -> Result<WatchStream, EtcdError> {
+        let create = json!({ "create_request": {
+            "key": b64(prefix), "range_end": B64.encode(prefix_end(prefix)), "start_revision": revision.to_string(),
+        }});
+        match self.on_first_answering(|authority| post_for_stream(authority, "/v3/watch", &create)).await? {
+            (200, json) => Ok(WatchStream { json }),
+            (status, mut stream) => Err(refused(status, &stream.next().await.unwrap_or_default())),
+        }
     }
 }
 
