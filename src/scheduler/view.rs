@@ -58,16 +58,20 @@ impl ClusterView {
         let mut decoded = HashMap::with_capacity(cache.0.len());
         for (key, value) in entries {
             if key.starts_with(&invokers) {
-                let record = match cache.0.remove(key) {
-                    Some((text, record)) if text == value => record,
-                    _ => serde_json::from_str::<InvokerRecord>(value)
-                        .map_err(|e| tracing::warn!(%key, "an invoker's registration does not decode: {e}"))
-                        .ok(),
+                // Unchanged: the cached key, text and record move over as they are.
+                let (owned_key, entry) = match cache.0.remove_entry(key) {
+                    Some(cached) if cached.1 .0 == value => cached,
+                    _ => {
+                        let record = serde_json::from_str::<InvokerRecord>(value)
+                            .map_err(|e| tracing::warn!(%key, "an invoker's registration does not decode: {e}"))
+                            .ok();
+                        (key.to_string(), (value.to_string(), record))
+                    }
                 };
-                if let Some(record) = &record {
+                if let Some(record) = &entry.1 {
                     view.invokers.insert(record.id.clone(), record.clone());
                 }
-                decoded.insert(key.to_string(), (value.to_string(), record));
+                decoded.insert(owned_key, entry);
             } else if let Some(id) = key.strip_prefix(&drains) {
                 view.drained.insert(id.to_string());
             } else if let Some(rest) = key.strip_prefix(&containers) {
