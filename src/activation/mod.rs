@@ -128,6 +128,16 @@ impl ActivationService {
         }
     }
 
+    /// The action `namespace/name` was deleted (`kept: None`) or saved as `kept`: no container
+    /// of another revision runs anything again, and the idle ones are removed now, here or (a
+    /// scheduler) on every invoker.
+    pub async fn retire_action(&self, namespace: &str, name: &str, kept: Option<&crate::model::Action>) {
+        match &self.runner {
+            Runner::Pool(pool) => pool.retire_action(namespace, name, kept.map(|a| a.revision)).await,
+            Runner::Cluster(dispatcher) => dispatcher.retire_action(namespace, name, kept).await,
+        }
+    }
+
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
     }

@@ -228,6 +228,7 @@ pub(super) async fn put(state: &AppState, call: &Call, ns: &str, name: &str) -> 
     let action = validate_action(&state.config, put, &ns, name)?;
     let store = state.service.store().clone();
     let saved = blocking(move || store.put_action(action, overwrite)).await??;
+    state.service.retire_action(&saved.namespace, &saved.name, Some(&saved)).await;
     Ok(json(StatusCode::OK, &action_json(&saved)))
 }
 
@@ -243,6 +244,7 @@ pub(super) async fn delete(state: &AppState, call: &Call, ns: &str, name: &str) 
     let store = state.service.store().clone();
     let name = name.to_string();
     let deleted = blocking(move || store.delete_action(&ns, &name)).await??.ok_or(ApiError::NotFound)?;
+    state.service.retire_action(&deleted.namespace, &deleted.name, None).await;
     Ok(json(StatusCode::OK, &action_json(&deleted)))
 }
 

@@ -59,6 +59,29 @@ pub(super) async fn internal_action(state: &AppState, call: &Call, ns: &str, nam
     Ok(json(StatusCode::OK, action.as_ref()))
 }
 
+#[derive(Deserialize)]
+struct KeepQuery {
+    keep: Option<String>,
+}
+
+/// `DELETE /v1/internal/actions/{ns}/{name}[?keep=R]` on an invoker: a scheduler's action was
+/// deleted (or saved at cluster revision `R`); its idle containers of other revisions go now.
+/// The controller key only.
+pub(super) async fn retire_action(state: &AppState, call: &Call, ns: &str, name: &str) -> Result<Response, ApiError> {
+    if state.authenticate(&call.head.headers)? != Principal::Controller {
+        return Err(ApiError::Forbidden(call.head.uri.path().chars().take(256).collect()));
+    }
+    let pool = state.service.pool().ok_or(ApiError::NotFound)?;
+    let query: KeepQuery = call.query()?;
+    let keep = match query.keep {
+        Some(keep) => Some(keep.parse().map_err(|_| ApiError::BadRequest("keep: must be an unsigned integer".into()))?),
+        None => None,
+    };
+    validate_entity_name("namespace", ns).map_err(ApiError::BadRequest)?;
+    pool.retire_action(ns, name, keep).await;
+    Ok(json(StatusCode::OK, &json!({ "retired": format!("{ns}/{name}") })))
+}
+
 /// A scheduler's health: healthy while some invoker would take work.
 pub(super) fn health(state: &AppState, details: bool) -> Response {
     let Some(dispatcher) = state.service.dispatcher() else {

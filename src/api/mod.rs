@@ -296,6 +296,7 @@ impl Route {
             Route::FnInvoke { .. } => "POST",
             Route::FnHttpTrigger { .. } => "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS",
             Route::ActivationMessage | Route::InvokerDrain { .. } => "POST",
+            Route::InternalAction { .. } => "GET, HEAD, DELETE",
             _ => "GET, HEAD",
         }
     }
@@ -365,6 +366,9 @@ impl AppState {
             (Route::InvokerDrain { id, drain }, &Method::POST) => cluster::drain(self, &call, &id, drain).await,
             (Route::InternalAction { ns, name }, &Method::GET) => {
                 cluster::internal_action(self, &call, &ns, &name).await
+            }
+            (Route::InternalAction { ns, name }, &Method::DELETE) => {
+                cluster::retire_action(self, &call, &ns, &name).await
             }
             (Route::Ping, &Method::GET) => Ok(admin::ping()),
             (Route::Health, &Method::GET) => admin::health(self, &call).await,

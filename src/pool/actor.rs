@@ -31,6 +31,16 @@ struct StatsChanged(Vec<NodeStatsUpdate>);
 #[rtype(result = "()")]
 struct ContainerGone(ContainerId);
 
+/// An action was deleted (`keep: None`) or replaced by revision `keep`: the containers of its
+/// other revisions are never used again, and their idle ones go now.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct RetireAction {
+    namespace: String,
+    name: String,
+    keep: Option<u64>,
+}
+
 /// Stop taking work; answers when every container is gone.
 #[derive(Message)]
 #[rtype(result = "()")]
@@ -198,9 +208,11 @@ impl ContainerPool {
     /// read from its annotation once per key).
     fn intern(&mut self, action: &Arc<Action>, concurrency: u32) -> (KeyId, Option<std::time::Duration>) {
         let (l, exec) = (&action.limits, &action.exec);
+        // The revision never repeats in a store; `updated` keeps it so across a store restored
+        // from an older copy (or another scheduler's).
         let spec = format!(
-            "{}\0{}\0{}\0{}\0{}\0{}\0{}",
-            action.namespace, action.name, action.revision, exec.kind, l.memory, l.disk, concurrency
+            "{}\0{}\0{}\0{}\0{}\0{}\0{}\0{}",
+            action.namespace, action.name, action.revision, action.updated, exec.kind, l.memory, l.disk, concurrency
         );
         let next = KeyId(self.next_key);
         let id = *self.keys.entry(spec.clone()).or_insert(next);
@@ -467,6 +479,28 @@ impl Handler<ContainerGone> for ContainerPool {
     }
 }
 
+impl Handler<RetireAction> for ContainerPool {
+    type Result = ();
+
+    fn handle(&mut self, retired: RetireAction, ctx: &mut Context<Self>) {
+        let keys: Vec<KeyId> = self
+            .key_actions
+            .iter()
+            .filter(|(_, (a, _, _))| {
+                a.namespace == retired.namespace && a.name == retired.name && Some(a.revision) != retired.keep
+            })
+            .map(|(&key, _)| key)
+            .collect();
+        for key in keys {
+            tracing::info!(
+                action = %format_args!("{}/{}", retired.namespace, retired.name),
+                "the action was deleted or updated: its containers of an older revision are removed"
+            );
+            self.apply(Event::Retire(key), ctx);
+        }
+    }
+}
+
 impl Handler<StatsChanged> for ContainerPool {
     type Result = ();
 
@@ -640,6 +674,13 @@ impl PoolHandle {
     /// Brings the container gauges up to date (before a `/metrics` scrape).
     pub async fn refresh_gauges(&self) {
         let _ = self.addr.send(RefreshGauges).await;
+    }
+
+    /// The action `namespace/name` was deleted (`keep: None`) or is now at revision `keep`:
+    /// its other revisions' containers are not used again and its idle ones are removed now.
+    pub async fn retire_action(&self, namespace: &str, name: &str, keep: Option<u64>) {
+        let retire = RetireAction { namespace: namespace.to_string(), name: name.to_string(), keep };
+        let _ = self.addr.send(retire).await;
     }
 
     pub async fn drain(&self) {

@@ -423,6 +423,32 @@ impl Dispatcher {
             .collect()
     }
 
+    /// Tells every registered invoker that `ns/name` was deleted (`kept: None`) or saved as
+    /// `kept`, so that its idle containers of other revisions go now. Best effort and bounded:
+    /// an invoker that misses it never reuses them anyway (a revision never repeats), it only
+    /// keeps them until its keep-alive ends.
+    pub async fn retire_action(&self, ns: &str, name: &str, kept: Option<&crate::model::Action>) {
+        let view = self.directory.current();
+        let keep = kept.map(|a| cluster_revision(&self.id, a.revision, a.updated));
+        let mut path = format!(
+            "/v1/internal/actions/{}/{}",
+            percent_encoding::utf8_percent_encode(ns, percent_encoding::NON_ALPHANUMERIC),
+            percent_encoding::utf8_percent_encode(name, percent_encoding::NON_ALPHANUMERIC)
+        );
+        if let Some(keep) = keep {
+            path.push_str(&format!("?keep={keep}"));
+        }
+        let told = view.invokers.values().filter_map(|r| crate::cluster::etcd::authority(&r.api)).map(|authority| {
+            let path = path.as_str();
+            async move {
+                if !self.client.retire(authority, path, Duration::from_secs(2)).await {
+                    tracing::info!(invoker = authority, "an invoker was not told of a deleted or updated action");
+                }
+            }
+        });
+        futures_util::future::join_all(told).await;
+    }
+
     /// Whether `id` is registered, as last read.
     pub fn knows(&self, id: &str) -> bool {
         self.directory.current().invokers.contains_key(id)

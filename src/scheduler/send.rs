@@ -257,6 +257,22 @@ impl InvokerClient {
         tokio::time::timeout(timeout, ping).await.ok().flatten().unwrap_or(false)
     }
 
+    /// `DELETE path` on the invoker at `authority` (an action's retirement, on a connection of
+    /// its own); whether it answered with success within `timeout`.
+    pub async fn retire(&self, authority: &str, path: &str, timeout: Duration) -> bool {
+        let retire = async {
+            let mut sender = crate::http::connect::<http_body_util::Empty<Bytes>>(authority).await.ok()?;
+            let request = hyper::Request::delete(path)
+                .header(hyper::header::HOST, authority)
+                .header(hyper::header::AUTHORIZATION, &self.authorization)
+                .body(http_body_util::Empty::new())
+                .ok()?;
+            let response = sender.send_request(request).await.ok()?;
+            Some(response.status().is_success())
+        };
+        tokio::time::timeout(timeout, retire).await.ok().flatten().unwrap_or(false)
+    }
+
     /// Forgets the connections of an invoker that left.
     pub fn forget(&self, authority: &str) {
         self.idle.lock().remove(authority);

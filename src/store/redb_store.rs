@@ -13,6 +13,8 @@ use std::sync::Arc;
 const SCHEMA_VERSION: u64 = 1;
 
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+/// The last revision any action got, in `META`.
+const LAST_REVISION: &str = "last_action_revision";
 /// `namespace \0 name` → action JSON.
 const ACTIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("actions");
 /// activation id → record JSON.
@@ -215,6 +217,18 @@ impl<'txn> RecordTables<'txn> {
     }
 }
 
+/// The highest revision of the actions stored: where the store-wide counter starts in a store
+/// written before it had one (deleted actions' revisions are gone with them, so a store made
+/// before the counter may still repeat one of those, once).
+fn highest_revision(table: &redb::Table<&str, &[u8]>) -> Result<u64, StoreError> {
+    let mut highest = 0;
+    for entry in table.iter().map_err(db_err)? {
+        let (k, v) = entry.map_err(db_err)?;
+        highest = highest.max(decode::<Action>(k.value(), v.value())?.revision);
+    }
+    Ok(highest)
+}
+
 impl Store for RedbStore {
     fn put_action(&self, mut action: Action, overwrite: bool) -> Result<Action, StoreError> {
         self.run(|db| {
@@ -226,17 +240,20 @@ impl Store for RedbStore {
                     Some(v) => Some(decode(&key, v.value())?),
                     None => None,
                 };
-                match old {
+                action.version = match &old {
                     Some(_) if !overwrite => return Err(StoreError::ActionExists(action.path())),
-                    Some(old) => {
-                        action.version = next_version(&old.version);
-                        action.revision = old.revision + 1;
-                    }
-                    None => {
-                        action.version = "0.0.1".into();
-                        action.revision = 1;
-                    }
-                }
+                    Some(old) => next_version(&old.version),
+                    None => "0.0.1".into(),
+                };
+                // One counter for the whole store: a name deleted and created again gets a
+                // revision no container was ever started for (the pool's key never repeats).
+                let mut meta = txn.open_table(META).map_err(db_err)?;
+                let last = match meta.get(LAST_REVISION).map_err(db_err)?.map(|v| v.value()) {
+                    Some(last) => last,
+                    None => highest_revision(&table)?,
+                };
+                action.revision = last.max(old.map_or(0, |o| o.revision)) + 1;
+                meta.insert(LAST_REVISION, action.revision).map_err(db_err)?;
                 table.insert(key.as_str(), encode(&action).as_slice()).map_err(db_err)?;
             }
             txn.commit().map_err(db_err)?;
@@ -599,6 +616,23 @@ mod tests {
         assert_eq!(names, ["a", "b"]);
         assert!(s.delete_action("guest", "a").unwrap().is_some());
         assert!(s.get_action("guest", "a").unwrap().is_none());
+    }
+
+    #[test]
+    fn a_name_deleted_and_created_again_never_gets_a_revision_it_had() {
+        let (dir, s) = store();
+        let first = s.put_action(action("a"), false).unwrap();
+        let second = s.put_action(action("a"), true).unwrap();
+        s.delete_action("guest", "a").unwrap();
+        let again = s.put_action(action("a"), false).unwrap();
+        assert_eq!(again.version, "0.0.1", "the version starts again, as OpenWhisk's");
+        assert!(again.revision > second.revision && second.revision > first.revision, "{again:?}");
+        // And after a restart of the store.
+        s.delete_action("guest", "a").unwrap();
+        drop(s);
+        let s = RedbStore::open(&dir.path().join("invoker.redb")).unwrap();
+        let reopened = s.put_action(action("a"), false).unwrap();
+        assert!(reopened.revision > again.revision, "{reopened:?}");
     }
 
     #[test]

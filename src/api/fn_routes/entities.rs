@@ -100,7 +100,7 @@ pub(in crate::api) async fn app(state: &AppState, call: &Call, id: &str) -> Resu
         Method::PUT => {
             let put: AppPut = body(&call.body)?;
             let config = state.config.clone();
-            let updated = blocking(move || {
+            let (updated, saved) = blocking(move || {
                 let docs = Docs { store: &store, ns: &ns };
                 let mut app = docs.app(&id)?;
                 if put.name.as_ref().is_some_and(|n| *n != app.name) {
@@ -111,25 +111,34 @@ pub(in crate::api) async fn app(state: &AppState, call: &Call, id: &str) -> Resu
                 app.updated_at = now();
                 docs.put(DocKind::FnApp, &app.id, &app)?;
                 // Its functions see the new configuration in new containers.
+                let mut saved = Vec::new();
                 for f in docs.list::<Function>(DocKind::FnFunction)?.into_iter().filter(|f| f.app_id == app.id) {
                     let action = docs.action(&f)?;
-                    store.put_action(function_action(&config, &ns, &app, &f, action_code(&action))?, true)?;
+                    saved.push(store.put_action(function_action(&config, &ns, &app, &f, action_code(&action))?, true)?);
                 }
-                Ok(app)
+                Ok((app, saved))
             })
             .await??;
+            for action in saved {
+                state.service.retire_action(&action.namespace, &action.name, Some(&action)).await;
+            }
             Ok(json(StatusCode::OK, &updated))
         }
         Method::DELETE => {
-            blocking(move || {
+            let (ns, deleted) = blocking(move || {
                 let docs = Docs { store: &store, ns: &ns };
                 let app = docs.app(&id)?;
+                let mut deleted = Vec::new();
                 for f in docs.list::<Function>(DocKind::FnFunction)?.into_iter().filter(|f| f.app_id == app.id) {
-                    delete_function(&docs, &app, &f)?;
+                    deleted.push(delete_function(&docs, &app, &f)?);
                 }
-                docs.delete(DocKind::FnApp, &app.id)
+                docs.delete(DocKind::FnApp, &app.id)?;
+                Ok::<_, ApiError>((ns, deleted))
             })
             .await??;
+            for name in deleted {
+                state.service.retire_action(&ns, &name, None).await;
+            }
             Ok(json(StatusCode::OK, &json!({ "message": "App deleted" })))
         }
         _ => Err(ApiError::MethodNotAllowed { method: call.head.method.to_string(), allowed: "GET, PUT, DELETE" }),
@@ -231,12 +240,15 @@ fn function_action(
     actions::action_from_json(config, put, ns, &f.action_name(app))
 }
 
-fn delete_function(docs: &Docs, app: &App, f: &Function) -> Result<(), ApiError> {
+/// Deletes the function, its triggers and its action; returns the action's name.
+fn delete_function(docs: &Docs, app: &App, f: &Function) -> Result<String, ApiError> {
     for t in docs.list::<Trigger>(DocKind::FnTrigger)?.into_iter().filter(|t| t.fn_id == f.id) {
         docs.delete_trigger(Some(&app.name), &t)?;
     }
-    docs.store.delete_action(docs.ns, &f.action_name(app))?;
-    docs.delete(DocKind::FnFunction, &f.id)
+    let name = f.action_name(app);
+    docs.store.delete_action(docs.ns, &name)?;
+    docs.delete(DocKind::FnFunction, &f.id)?;
+    Ok(name)
 }
 
 /// `POST /v2/fns` and `GET /v2/fns?app_id=[&name=]`.
@@ -298,7 +310,7 @@ pub(in crate::api) async fn function(state: &AppState, call: &Call, id: &str) ->
         Method::PUT => {
             let put: FunctionPut = body(&call.body)?;
             let config = state.config.clone();
-            let updated = blocking(move || {
+            let (updated, saved) = blocking(move || {
                 let docs = Docs { store: &store, ns: &ns };
                 let mut f = docs.function(&id)?;
                 if put.name.as_ref().is_some_and(|n| *n != f.name) {
@@ -317,21 +329,23 @@ pub(in crate::api) async fn function(state: &AppState, call: &Call, id: &str) ->
                 f.annotations.extend(put.annotations);
                 f.updated_at = now();
                 let action = function_action(&config, &ns, &app, &f, (put.code.or(code), put.main.or(main)))?;
-                store.put_action(action, true)?;
+                let saved = store.put_action(action, true)?;
                 docs.put(DocKind::FnFunction, &f.id, &f)?;
-                Ok(f)
+                Ok((f, saved))
             })
             .await??;
+            state.service.retire_action(&saved.namespace, &saved.name, Some(&saved)).await;
             Ok(json(StatusCode::OK, &updated))
         }
         Method::DELETE => {
-            blocking(move || {
+            let (ns, name) = blocking(move || {
                 let docs = Docs { store: &store, ns: &ns };
                 let f = docs.function(&id)?;
                 let app = docs.app(&f.app_id)?;
-                delete_function(&docs, &app, &f)
+                Ok::<_, ApiError>((ns.clone(), delete_function(&docs, &app, &f)?))
             })
             .await??;
+            state.service.retire_action(&ns, &name, None).await;
             Ok(json(StatusCode::OK, &json!({ "message": "Fn deleted" })))
         }
         _ => Err(ApiError::MethodNotAllowed { method: call.head.method.to_string(), allowed: "GET, PUT, DELETE" }),

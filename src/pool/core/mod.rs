@@ -111,6 +111,8 @@ struct KeyState {
     activations: u32,
     /// Its jobs' own idle bound ([`Job::idle_timeout`]).
     idle_timeout: Option<std::time::Duration>,
+    /// Its action is gone ([`Event::Retire`]): none of its containers is kept idle.
+    retired: bool,
 }
 
 impl KeyState {
@@ -281,6 +283,7 @@ impl PoolCore {
             }
             Event::Tick => self.on_tick(now, &mut fx),
             Event::Drain => self.on_drain(now, &mut fx),
+            Event::Retire(key) => self.on_retire(key, now, &mut fx),
         }
         fx
     }
@@ -687,6 +690,25 @@ impl PoolCore {
         }
     }
 
+    /// Removes the key's idle containers and marks the rest to go once their runs end: no
+    /// container of a deleted action or an older revision takes a job after its waiting ones.
+    fn on_retire(&mut self, key_id: KeyId, now: Time, fx: &mut Effects) {
+        let Some(key) = self.keys.get_mut(&key_id) else { return };
+        key.retired = true;
+        let owned: Vec<ContainerId> =
+            self.containers.iter().filter(|(_, c)| c.owner == Owner::Key(key_id)).map(|(id, _)| id).collect();
+        for id in owned {
+            let c = self.containers.get_mut(&id).expect("listed above");
+            if c.phase == Phase::Ready && c.running.is_empty() {
+                self.retire(id, now, fx);
+            } else {
+                c.retiring = true;
+            }
+        }
+        self.keep_alive.forget(key_id);
+        self.gc_key(key_id);
+    }
+
     /// Starts containers for `key` while its waiting jobs outnumber what is already starting,
     /// within the start caps, making room by eviction if that alone makes it fit.
     fn maybe_start(&mut self, key_id: KeyId, now: Time, fx: &mut Effects) {
@@ -783,7 +805,8 @@ impl PoolCore {
     /// tried once more at the next tick (`first_try`); then it is dropped.
     fn prewarm_key(&mut self, key_id: KeyId, first_try: bool, now: Time, fx: &mut Effects) {
         let Some(key) = self.keys.get(&key_id) else { return };
-        let wanted = !self.draining && self.blocked.is_empty() && key.waiting_live == 0 && key.memory_mb > 0;
+        let wanted =
+            !self.draining && !key.retired && self.blocked.is_empty() && key.waiting_live == 0 && key.memory_mb > 0;
         let memory_mb = key.memory_mb;
         if wanted {
             match self.nodes.place(memory_mb, now, self.claimed_against(Some(key_id))) {
@@ -1001,7 +1024,8 @@ impl PoolCore {
 
     fn settle_or_retire(&mut self, id: ContainerId, now: Time, fx: &mut Effects) {
         let c = &self.containers[&id];
-        if c.retiring {
+        let retired = matches!(c.owner, Owner::Key(key) if self.keys.get(&key).is_some_and(|k| k.retired));
+        if c.retiring || retired {
             if c.running.is_empty() {
                 self.retire(id, now, fx);
             }

@@ -27,6 +27,8 @@ enum Op {
     DeliverStats { pick: usize },
     Advance { ms: u64 },
     Drain,
+    /// The key's action was deleted or updated.
+    Retire { key: u32 },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -40,6 +42,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => any::<usize>().prop_map(|pick| Op::DeliverStats { pick }),
         3 => (1u64..2_000).prop_map(|ms| Op::Advance { ms }),
         1 => Just(Op::Drain),
+        1 => (0u32..6).prop_map(|key| Op::Retire { key }),
     ]
 }
 
@@ -240,6 +243,7 @@ impl World {
                 self.apply(core, Event::Tick)?;
             }
             Op::Drain => self.apply(core, Event::Drain)?,
+            Op::Retire { key } => self.apply(core, Event::Retire(KeyId(key)))?,
             _ => {}
         }
         Ok(())

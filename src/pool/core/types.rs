@@ -109,6 +109,9 @@ pub enum Event {
     Tick,
     /// Stop taking work: reject what waits, remove idle containers, retire the rest when done.
     Drain,
+    /// The key's action is gone (deleted, or replaced by a newer revision): its idle containers
+    /// go now, its busy ones once their runs end; jobs already waiting still run.
+    Retire(KeyId),
 }
 
 /// Why a container could not be had: different things to the user (what to fix, or to wait
