@@ -8,18 +8,7 @@ use nix::sys::signal::Signal;
 use serde_json::{json, Value};
 use std::os::unix::fs::PermissionsExt as _;
 use std::time::Duration;
-use support::{alive, python, wait_gone, Invoker, DISK_FILLER, GUEST};
-
-const OTHER: &str = "11111111-2222-3333-4444-555555555555:other-secret-key";
-
-fn root_or_skip() -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
-    }
-    assert!(std::env::var("CI").as_deref() != Ok("true"), "the isolation tests need root under CI");
-    eprintln!("skipped: the process factory's isolation needs root");
-    false
-}
+use support::{alive, python, root_or_skip, wait_gone, Invoker, DISK_FILLER, GUEST, OTHER};
 
 /// A world-readable test directory (as an operator's often is) with a 0644 config naming a
 /// second namespace, `other`.

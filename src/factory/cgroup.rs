@@ -87,6 +87,11 @@ impl ContainerCgroups {
         format!("c{}", id.0)
     }
 
+    /// Where the container's processes are listed (its memory group's `cgroup.procs`).
+    pub fn procs_file(&self, id: ContainerId) -> PathBuf {
+        self.memory.join(Self::name(id)).join("cgroup.procs")
+    }
+
     /// The container's groups, memory first (where its processes are listed).
     fn dirs(&self, name: &str) -> Vec<PathBuf> {
         let mut dirs = vec![self.memory.join(name)];

@@ -45,7 +45,8 @@ pub async fn run(args: FnBridgeArgs) -> Result<(), BridgeError> {
     let tcp = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|source| BridgeError::Listen { addr: args.listen, source })?;
-    eprintln!("the function is ready: {} on {}", listener.display(), args.listen);
+    eprintln!("the function is ready: {} on {}", listener.path().display(), args.listen);
+    let listener = std::sync::Arc::new(listener);
     loop {
         match tcp.accept().await {
             Ok((conn, _)) => {
@@ -59,9 +60,9 @@ pub async fn run(args: FnBridgeArgs) -> Result<(), BridgeError> {
 
 /// One connection, both ways, until either side closes; a function that no longer accepts
 /// closes the caller's connection at once.
-async fn splice(mut conn: tokio::net::TcpStream, listener: PathBuf) {
+async fn splice(mut conn: tokio::net::TcpStream, listener: std::sync::Arc<super::peer::ContainerSocket>) {
     let _ = conn.set_nodelay(true);
-    let Ok(mut function) = tokio::net::UnixStream::connect(&listener).await else { return };
+    let Ok(mut function) = listener.connect().await else { return };
     let _ = tokio::io::copy_bidirectional(&mut conn, &mut function).await;
 }
 

@@ -3,11 +3,18 @@
 //! symlink to a socket in that same directory (the FDKs bind a phony socket, serve on it, then
 //! link the listener to it). The directory is watched with inotify from before the container
 //! starts, so the creation is never missed and nothing polls.
+//!
+//! The directory is the function's to write, so the rule is checked without following anything
+//! (one link to a sibling that is itself a socket: never a chain), and what was verified is what
+//! the invoker connects to from then on: the sibling, in the directory opened before the
+//! function started ([`ContainerSocket`]), whatever the function does to `lsnr.sock` later.
 
+use super::peer::ContainerSocket;
 use crate::proxy::protocol::fn_stream::LISTENER;
 use futures_util::StreamExt;
 use inotify::{EventStream, Inotify, WatchMask};
-use std::os::unix::fs::FileTypeExt;
+use nix::sys::stat::SFlag;
+use std::ffi::OsStr;
 use std::path::{Component, Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
@@ -22,54 +29,63 @@ pub enum ListenerError {
     Dangling(PathBuf),
     #[error("{LISTENER} is not a socket")]
     NotASocket,
+    #[error("{LISTENER} links to '{0}', which is not a socket itself (a chain of links is refused)")]
+    Chain(PathBuf),
 }
 
 /// A watch on one container's socket directory, set up before the container starts.
 pub struct ListenerWatch {
     events: EventStream<Vec<u8>>,
-    listener: PathBuf,
+    dir: ContainerSocket,
 }
 
 impl ListenerWatch {
+    /// Opens `dir` and watches it: call before the function can touch it.
     pub fn on(dir: &Path) -> Result<Self, ListenerError> {
         let inotify = Inotify::init()?;
         inotify.watches().add(dir, WatchMask::CREATE | WatchMask::MOVED_TO)?;
-        Ok(ListenerWatch { events: inotify.into_event_stream(vec![0u8; 4096])?, listener: dir.join(LISTENER) })
+        let dir = ContainerSocket::in_dir(dir, LISTENER)?;
+        Ok(ListenerWatch { events: inotify.into_event_stream(vec![0u8; 4096])?, dir })
     }
 
-    /// The listener's path once it appears and fits the rule; bounded by the caller.
-    pub async fn ready(mut self) -> Result<PathBuf, ListenerError> {
+    /// The socket to connect to once the listener appears and fits the rule; bounded by the
+    /// caller.
+    pub async fn ready(mut self) -> Result<ContainerSocket, ListenerError> {
         // Whatever came before the watch (nothing, in a fresh directory).
-        if self.listener.symlink_metadata().is_ok() {
-            return check(&self.listener).map(|()| self.listener);
+        if self.dir.kind_of(OsStr::new(LISTENER)).is_ok() {
+            return check(&self.dir);
         }
         while let Some(event) = self.events.next().await {
             if event?.name.is_some_and(|name| name == LISTENER) {
-                return check(&self.listener).map(|()| self.listener);
+                return check(&self.dir);
             }
         }
         Err(ListenerError::Watch(std::io::Error::other("the watch ended")))
     }
 }
 
-/// Fn's `checkSocketDestination`: a socket, or a link whose target is a bare name (a sibling)
-/// that is a socket.
-pub fn check(listener: &Path) -> Result<(), ListenerError> {
-    let meta = listener.symlink_metadata()?;
-    if meta.file_type().is_symlink() {
-        let target = std::fs::read_link(listener)?;
-        let mut names = target.components().filter(|c| *c != Component::CurDir);
-        if !matches!((names.next(), names.next()), (Some(Component::Normal(_)), None)) {
-            return Err(ListenerError::LinkOutside(target));
+/// Fn's `checkSocketDestination`, on the directory as opened: `lsnr.sock` is a socket, or a
+/// link whose target is a bare name (a sibling) that is a socket itself, not another link.
+/// Returns the socket that was verified.
+pub fn check(dir: &ContainerSocket) -> Result<ContainerSocket, ListenerError> {
+    let listener = OsStr::new(LISTENER);
+    match dir.kind_of(listener)? {
+        SFlag::S_IFSOCK => Ok(dir.sibling(listener)),
+        SFlag::S_IFLNK => {
+            let target = dir.link_target(listener)?;
+            let mut names = target.components().filter(|c| *c != Component::CurDir);
+            let (Some(Component::Normal(sibling)), None) = (names.next(), names.next()) else {
+                return Err(ListenerError::LinkOutside(target));
+            };
+            match dir.kind_of(sibling) {
+                Ok(SFlag::S_IFSOCK) => Ok(dir.sibling(sibling)),
+                Ok(SFlag::S_IFLNK) => Err(ListenerError::Chain(target)),
+                Ok(_) => Err(ListenerError::NotASocket),
+                Err(_) => Err(ListenerError::Dangling(target)),
+            }
         }
-        let followed = listener.metadata().map_err(|_| ListenerError::Dangling(target))?;
-        if !followed.file_type().is_socket() {
-            return Err(ListenerError::NotASocket);
-        }
-    } else if !meta.file_type().is_socket() {
-        return Err(ListenerError::NotASocket);
+        _ => Err(ListenerError::NotASocket),
     }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -81,6 +97,10 @@ mod tests {
 
     async fn bounded<T>(f: impl std::future::Future<Output = T>) -> T {
         tokio::time::timeout(Duration::from_secs(5), f).await.expect("the watch answered")
+    }
+
+    fn checked(dir: &Path) -> Result<ContainerSocket, ListenerError> {
+        check(&ContainerSocket::in_dir(dir, LISTENER).unwrap())
     }
 
     #[tokio::test]
@@ -95,12 +115,12 @@ mod tests {
             socket
         });
         let ready = bounded(watch.ready()).await.unwrap();
-        assert_eq!(ready, dir.path().join(LISTENER));
+        assert_eq!(ready.path(), dir.path().join("phonylsnr.sock"), "the sibling that was verified");
         drop(maker.join());
     }
 
     #[tokio::test]
-    async fn an_absolute_or_dangling_link_or_a_plain_file_is_refused() {
+    async fn an_absolute_or_dangling_or_chained_link_or_a_plain_file_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let _socket = UnixListener::bind(dir.path().join("phony")).unwrap();
         let watch = ListenerWatch::on(dir.path()).unwrap();
@@ -109,15 +129,36 @@ mod tests {
 
         let dir = tempfile::tempdir().unwrap();
         symlink("../elsewhere/phony", dir.path().join(LISTENER)).unwrap();
-        assert!(matches!(check(&dir.path().join(LISTENER)), Err(ListenerError::LinkOutside(_))));
+        assert!(matches!(checked(dir.path()), Err(ListenerError::LinkOutside(_))));
         let dir = tempfile::tempdir().unwrap();
         symlink("./phony", dir.path().join(LISTENER)).unwrap();
-        assert!(matches!(check(&dir.path().join(LISTENER)), Err(ListenerError::Dangling(_))));
+        assert!(matches!(checked(dir.path()), Err(ListenerError::Dangling(_))));
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join(LISTENER), "").unwrap();
-        assert!(matches!(check(&dir.path().join(LISTENER)), Err(ListenerError::NotASocket)));
+        assert!(matches!(checked(dir.path()), Err(ListenerError::NotASocket)));
         let dir = tempfile::tempdir().unwrap();
         let _socket = UnixListener::bind(dir.path().join(LISTENER)).unwrap();
-        assert!(check(&dir.path().join(LISTENER)).is_ok(), "a socket itself");
+        assert!(checked(dir.path()).is_ok(), "a socket itself");
+
+        // lsnr.sock -> phony.sock -> another tenant's socket: each link alone looks harmless.
+        let (dir, elsewhere) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let _theirs = UnixListener::bind(elsewhere.path().join("lsnr.sock")).unwrap();
+        symlink(elsewhere.path().join("lsnr.sock"), dir.path().join("phony.sock")).unwrap();
+        symlink("phony.sock", dir.path().join(LISTENER)).unwrap();
+        assert!(matches!(checked(dir.path()), Err(ListenerError::Chain(_))));
+    }
+
+    #[tokio::test]
+    async fn a_listener_swapped_after_it_was_verified_is_not_followed() {
+        let (dir, elsewhere) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let _mine = UnixListener::bind(dir.path().join("phony.sock")).unwrap();
+        symlink("phony.sock", dir.path().join(LISTENER)).unwrap();
+        let verified = checked(dir.path()).unwrap();
+        let theirs = UnixListener::bind(elsewhere.path().join("lsnr.sock")).unwrap();
+        std::fs::remove_file(dir.path().join(LISTENER)).unwrap();
+        symlink(elsewhere.path().join("lsnr.sock"), dir.path().join(LISTENER)).unwrap();
+        let _stream = verified.connect().await.unwrap();
+        theirs.set_nonblocking(true).unwrap();
+        assert!(theirs.accept().is_err(), "the other tenant's socket got no connection");
     }
 }

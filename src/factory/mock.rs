@@ -246,7 +246,8 @@ impl ContainerFactory for MockFactory {
                 drop(state);
                 let ready_at = self.inner.epoch.now();
                 self.publish();
-                Ok(ContainerHandle { id: spec.id, node: node.clone(), transport: Transport::Tcp(addr), logs, ready_at })
+                let (transport, peer) = (Transport::Tcp(addr), Arc::default());
+                Ok(ContainerHandle { id: spec.id, node: node.clone(), transport, peer, logs, ready_at })
             }
             Err(e) => {
                 {

@@ -18,6 +18,7 @@ pub mod mock;
 pub mod netns;
 mod one_host;
 mod own_disk;
+pub mod peer;
 mod pipe_lines;
 pub mod process;
 pub mod sandbox;
@@ -30,7 +31,6 @@ use crate::pool::core::{ContainerId, NodeId, NodeStatsUpdate, Time};
 use logs::LogBuffer;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::watch;
@@ -67,7 +67,8 @@ pub struct FunctionStart {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Transport {
     Tcp(SocketAddr),
-    Unix(PathBuf),
+    /// A socket in a directory the container can write: reached only as [`peer`] allows.
+    Unix(Arc<peer::ContainerSocket>),
     /// A port on the loopback of the container's own network namespace (see `netns.rs`).
     Netns(Arc<netns::NetNs>, u16),
 }
@@ -77,7 +78,7 @@ impl Transport {
     pub async fn accepts(&self) -> bool {
         match self {
             Transport::Tcp(addr) => tokio::net::TcpStream::connect(addr).await.is_ok(),
-            Transport::Unix(path) => tokio::net::UnixStream::connect(path).await.is_ok(),
+            Transport::Unix(socket) => socket.connect().await.is_ok(),
             Transport::Netns(ns, port) => ns.connect(*port).await.is_ok(),
         }
     }
@@ -101,6 +102,8 @@ pub struct ContainerHandle {
     pub id: ContainerId,
     pub node: NodeId,
     pub transport: Transport,
+    /// Who may answer a connection on `transport` (checked on each new one).
+    pub peer: Arc<peer::Peer>,
     pub logs: Arc<LogBuffer>,
     /// When it became ready; stats the factory observes from then on include it.
     pub ready_at: Time,

@@ -16,6 +16,7 @@ use super::logs::{LogBuffer, Stream};
 use super::netns::NetNs;
 use super::one_host::OneHost;
 use super::own_disk;
+use super::peer::{ContainerSocket, Peer, RuntimeLife};
 use super::pipe_lines::PipeLines;
 use super::sandbox::{resolve_interpreter, SandboxArgs, ACTION_PATH};
 use super::uids::{HeldUid, UidRange};
@@ -38,6 +39,7 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::process::{Child, ChildStderr, ChildStdout, Command};
+use tokio::sync::{mpsc, watch};
 
 #[derive(Clone)]
 pub struct ProcessFactory {
@@ -70,15 +72,24 @@ struct Inner {
     node_snapshot: Option<PathBuf>,
     /// Whether each container gets a disk of its own (`own_disk.rs`; needs root).
     own_disks: bool,
+    /// Containers whose runtime exited on its own, for the pool to remove.
+    gone: mpsc::Sender<ContainerId>,
+    gone_rx: Mutex<Option<mpsc::Receiver<ContainerId>>>,
 }
 
 struct Live {
     pgid: Pid,
     memory_mb: u32,
-    child: Option<Child>,
+    /// How the runtime's exit is said: its status, once it exited.
+    exit: watch::Receiver<Option<String>>,
+    /// Ready: an exit from now on is the container's end, for the pool to hear of.
+    ready: bool,
     /// Given back once every process of the container is gone.
     uid: Option<HeldUid>,
 }
+
+/// Containers whose runtime exited, not yet taken by the pool (it takes them at once).
+const GONE_BACKLOG: usize = 1024;
 
 fn setup_error(reason: String) -> FactoryError {
     FactoryError::Operation { op: "process factory setup", reason }
@@ -204,6 +215,7 @@ impl ProcessFactory {
             );
         }
         let host = OneHost::new(NodeId::new("local"), settings.user_memory_mb, epoch);
+        let (gone, gone_rx) = mpsc::channel(GONE_BACKLOG);
         let factory = ProcessFactory {
             inner: Arc::new(Inner {
                 invoker_id: config.invoker_id.clone(),
@@ -222,6 +234,8 @@ impl ProcessFactory {
                 zygote,
                 node_snapshot,
                 own_disks,
+                gone,
+                gone_rx: Mutex::new(Some(gone_rx)),
             }),
         };
         factory.observe();
@@ -244,6 +258,10 @@ impl ContainerFactory for ProcessFactory {
 
     fn stats(&self) -> StatsReceiver {
         self.inner.host.subscribe()
+    }
+
+    fn take_gone(&self) -> Option<mpsc::Receiver<ContainerId>> {
+        self.inner.gone_rx.lock().take()
     }
 
     /// Publishes a fresh snapshot: user memory minus the declared limits of live containers.
@@ -276,7 +294,7 @@ impl ContainerFactory for ProcessFactory {
             Ok(prepared) => prepared,
             Err(e) => {
                 // Whatever was made of the container (its directories, its cgroups) goes.
-                self.kill(spec.id, None).await;
+                self.kill(spec.id).await;
                 return Err(e);
             }
         };
@@ -290,9 +308,9 @@ impl ContainerFactory for ProcessFactory {
         // Set up before the function starts, so that its listener is never missed.
         let (reach, listener) = match reach {
             Reach::FnSocket { host, .. } => match ListenerWatch::on(&host) {
-                Ok(watch) => (Reach::At(Transport::Unix(host.join(fn_stream::LISTENER))), Some(watch)),
+                Ok(watch) => (Reach::Listener, Some(watch)),
                 Err(e) => {
-                    self.kill(spec.id, None).await;
+                    self.kill(spec.id).await;
                     return Err(FactoryError::Create(e.to_string()));
                 }
             },
@@ -315,7 +333,7 @@ impl ContainerFactory for ProcessFactory {
         }) {
             Ok(started) => started,
             Err(e) => {
-                self.kill(spec.id, None).await;
+                self.kill(spec.id).await;
                 return Err(e);
             }
         };
@@ -324,7 +342,12 @@ impl ContainerFactory for ProcessFactory {
         let logs = Arc::new(LogBuffer::default());
         follow_output(&mut child, &logs);
         let uid_number = uid.as_ref().map(|held| held.uid);
-        inner.live.lock().insert(spec.id, Live { pgid, memory_mb: spec.memory_mb, child: None, uid });
+        let life = Arc::new(RuntimeLife::new(pid as i32));
+        let mut exit = self.wait_for_exit(spec.id, child, life.clone());
+        inner
+            .live
+            .lock()
+            .insert(spec.id, Live { pgid, memory_mb: spec.memory_mb, exit: exit.clone(), ready: false, uid });
         self.observe();
 
         // The zygote forks the launcher while the sandbox sets up; the child joins the
@@ -345,15 +368,15 @@ impl ContainerFactory for ProcessFactory {
         let bound = kind.start_timeout_or(inner.settings.ready_timeout);
         let ready = async {
             match listener {
-                Some(watch) => wait_listener(&mut child, watch, bound).await,
-                None => wait_ready(&mut child, pid, reach, bound).await,
+                Some(watch) => wait_listener(&mut exit, watch, bound).await,
+                None => wait_ready(&mut exit, pid, reach, bound).await,
             }
         };
         let (ready, forked) = tokio::join!(ready, forking);
         let transport = match ready {
             Ok(transport) => transport,
             Err(e) => {
-                self.kill(spec.id, Some(child)).await;
+                self.kill(spec.id).await;
                 // The sandbox says on stderr which step failed.
                 tokio::time::sleep(Duration::from_millis(20)).await;
                 let said = logs.last_stderr();
@@ -368,12 +391,23 @@ impl ContainerFactory for ProcessFactory {
             // As root: the runtime tells the invoker from a launcher and stops waiting.
             drop(tokio::net::UnixStream::connect(&adopt).await);
         }
-        if let Some(live) = inner.live.lock().get_mut(&spec.id) {
-            live.child = Some(child);
+        match inner.live.lock().get_mut(&spec.id) {
+            Some(live) if live.exit.borrow().is_none() => live.ready = true,
+            _ => return Err(FactoryError::Create("the runtime exited as it became ready".into())),
         }
         let ready_at = inner.host.now();
         self.observe();
-        Ok(ContainerHandle { id: spec.id, node: node.clone(), transport, logs, ready_at })
+        let peer = Peer {
+            uid: uid_number,
+            // Containers that share the invoker's uid are told apart by their cgroup.
+            procs: match (&inner.cgroups, uid_number) {
+                (Ok(cg), None) => Some(cg.procs_file(spec.id)),
+                _ => None,
+            },
+            cgroup_name: None,
+            runtime: Some(life),
+        };
+        Ok(ContainerHandle { id: spec.id, node: node.clone(), transport, peer: Arc::new(peer), logs, ready_at })
     }
 
     async fn pause(&self, c: &ContainerHandle) -> Result<(), FactoryError> {
@@ -385,7 +419,7 @@ impl ContainerFactory for ProcessFactory {
     }
 
     async fn destroy(&self, c: &ContainerHandle) -> Result<(), FactoryError> {
-        self.kill(c.id, None).await;
+        self.kill(c.id).await;
         c.logs.close();
         Ok(())
     }
@@ -401,7 +435,7 @@ impl ContainerFactory for ProcessFactory {
         }
         let ids: Vec<ContainerId> = self.inner.live.lock().keys().copied().collect();
         for id in ids {
-            self.kill(id, None).await;
+            self.kill(id).await;
         }
     }
 }
@@ -476,7 +510,9 @@ impl ProcessFactory {
             }
             _ => {
                 let path = dir.join("sock");
-                (Reach::At(Transport::Unix(path.clone())), crate::runtime::Listen::Unix(path).to_string())
+                // Opened before the runtime starts: see `peer.rs`.
+                let socket = ContainerSocket::in_dir(&dir, "sock").map_err(|e| create_err("container directory", e))?;
+                (Reach::At(Transport::Unix(Arc::new(socket))), crate::runtime::Listen::Unix(path).to_string())
             }
         };
         let cgroup_procs = match &inner.cgroups {
@@ -524,17 +560,17 @@ impl ProcessFactory {
 
     /// Kills the container's process group, then every process left in its cgroups (what left
     /// the group), then removes its files; its uid goes back last.
-    async fn kill(&self, id: ContainerId, child: Option<Child>) {
+    async fn kill(&self, id: ContainerId) {
         let live = self.inner.live.lock().remove(&id);
         if let Some(live) = &live {
             let _ = killpg(live.pgid, Signal::SIGKILL);
         }
-        let (child, uid) = match live {
-            Some(live) => (child.or(live.child), live.uid),
-            None => (child, None),
+        let (exit, uid) = match live {
+            Some(live) => (Some(live.exit), live.uid),
+            None => (None, None),
         };
-        if let Some(mut child) = child {
-            let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
+        if let Some(mut exit) = exit {
+            let _ = tokio::time::timeout(Duration::from_secs(5), exit.wait_for(Option::is_some)).await;
         }
         // File system work, off the async thread.
         let factory = self.clone();
@@ -549,6 +585,36 @@ impl ProcessFactory {
         .await;
         drop(uid);
         self.observe();
+    }
+
+    /// Waits for the runtime's exit in a task of its own, and says it: to `life` (so that no
+    /// connection is trusted from then on), on the returned channel, and, when the container was
+    /// ready and not being removed, to the pool (its runtime died, or its action killed it).
+    fn wait_for_exit(
+        &self,
+        id: ContainerId,
+        mut child: Child,
+        life: Arc<RuntimeLife>,
+    ) -> watch::Receiver<Option<String>> {
+        let (said, exit) = watch::channel(None);
+        let factory = Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            let status = child.wait().await.map_or_else(|e| e.to_string(), |s| s.to_string());
+            life.mark_exited();
+            let _ = said.send(Some(status.clone()));
+            let Some(inner) = factory.upgrade() else { return };
+            if inner.live.lock().get(&id).is_some_and(|l| l.ready) {
+                tracing::warn!(
+                    container = id.0,
+                    "the runtime exited ({status}) while its container was live: the container is removed, and no \
+                     connection to it is trusted any more"
+                );
+                if inner.gone.try_send(id).is_err() {
+                    tracing::warn!(container = id.0, "the pool was not told of a container whose runtime exited");
+                }
+            }
+        });
+        exit
     }
 
     fn remove_files(&self, id: ContainerId) {
@@ -746,6 +812,8 @@ fn free_port() -> Result<SocketAddr, FactoryError> {
 enum Reach {
     /// At an address known before it starts (a unix socket, a host port).
     At(Transport),
+    /// Where an Fn function's listener, once verified, says (see `fn_socket.rs`).
+    Listener,
     /// On this port of the network namespace the sandbox makes (known once it unshared).
     Namespace(u16),
     /// Where an Fn function makes its listener: its socket directory on the host, and as the
@@ -753,15 +821,20 @@ enum Reach {
     FnSocket { host: PathBuf, inside: String },
 }
 
-/// Waits for an Fn function's listener (`fn_socket`): its path, or why the creation fails.
-async fn wait_listener(child: &mut Child, watch: ListenerWatch, bound: Duration) -> Result<Transport, FactoryError> {
+/// Waits for an Fn function's listener (`fn_socket`): the socket verified, or why the
+/// creation fails.
+async fn wait_listener(
+    exit: &mut watch::Receiver<Option<String>>,
+    watch: ListenerWatch,
+    bound: Duration,
+) -> Result<Transport, FactoryError> {
     tokio::select! {
         ready = watch.ready() => match ready {
-            Ok(listener) => Ok(Transport::Unix(listener)),
+            Ok(listener) => Ok(Transport::Unix(Arc::new(listener))),
             Err(e) => Err(FactoryError::Create(format!("the function's socket: {e}"))),
         },
-        status = child.wait() => {
-            let status = status.map_or_else(|e| e.to_string(), |s| s.to_string());
+        status = exit.wait_for(Option::is_some) => {
+            let status = status.ok().and_then(|s| s.clone()).unwrap_or_default();
             Err(FactoryError::Create(format!("the function exited before it was ready ({status})")))
         }
         () = tokio::time::sleep(bound) => Err(FactoryError::NotReady(bound)),
@@ -769,13 +842,18 @@ async fn wait_listener(child: &mut Child, watch: ListenerWatch, bound: Duration)
 }
 
 /// Waits until the runtime accepts connections; returns where.
-async fn wait_ready(child: &mut Child, pid: u32, reach: Reach, bound: Duration) -> Result<Transport, FactoryError> {
+async fn wait_ready(
+    exit: &mut watch::Receiver<Option<String>>,
+    pid: u32,
+    reach: Reach,
+    bound: Duration,
+) -> Result<Transport, FactoryError> {
     let deadline = tokio::time::Instant::now() + bound;
     let mut attempt = 0u32;
     loop {
         let transport = match &reach {
             Reach::At(transport) => Some(transport.clone()),
-            Reach::FnSocket { host, .. } => Some(Transport::Unix(host.join(fn_stream::LISTENER))),
+            Reach::FnSocket { .. } | Reach::Listener => None,
             Reach::Namespace(port) => match NetNs::of_process(pid) {
                 Ok(ns) if !ns.is_invokers() => Some(Transport::Netns(Arc::new(ns), *port)),
                 _ => None,
@@ -786,7 +864,7 @@ async fn wait_ready(child: &mut Child, pid: u32, reach: Reach, bound: Duration) 
                 return Ok(transport);
             }
         }
-        if let Ok(Some(status)) = child.try_wait() {
+        if let Some(status) = exit.borrow().clone() {
             return Err(FactoryError::Create(format!("the runtime exited before it was ready ({status})")));
         }
         if tokio::time::Instant::now() >= deadline {

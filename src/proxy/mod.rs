@@ -362,7 +362,8 @@ impl Actor for ContainerProxy {
             act.create_ms = began.elapsed().as_millis() as u64;
             let failure = match created {
                 Ok(handle) => {
-                    let runtime = Runtime::new(act.protocol, &handle.transport, act.ctx.max_result_bytes);
+                    let runtime =
+                        Runtime::new(act.protocol, &handle.transport, handle.peer.clone(), act.ctx.max_result_bytes);
                     act.runtime = Some(Arc::new(runtime));
                     act.handle = Some(handle);
                     None

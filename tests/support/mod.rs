@@ -16,6 +16,20 @@ use std::time::{Duration, Instant};
 pub const GUEST: &str =
     "23bc46b1-71f6-4ed5-8c54-816aa4f8c502:123zO3xZCLrMN6v2BKK1dXYFpXlPkccOFqm12CdAsMgRU4VrNZ9lyGVCGuMDGIwP";
 
+/// A second namespace's key, for tests of what one tenant can reach of another's.
+pub const OTHER: &str = "11111111-2222-3333-4444-555555555555:other-secret-key";
+
+/// True as root; otherwise says the test is skipped, or fails it under `CI=true` (where the
+/// tests run as root and the sandbox must be tried).
+pub fn root_or_skip() -> bool {
+    if nix::unistd::geteuid().is_root() {
+        return true;
+    }
+    assert!(std::env::var("CI").as_deref() != Ok("true"), "the sandbox's tests need root under CI");
+    eprintln!("skipped: the process factory's isolation needs root");
+    false
+}
+
 pub struct Invoker {
     pub child: Child,
     pub base: String,

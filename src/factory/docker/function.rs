@@ -73,7 +73,8 @@ impl DockerFactory {
             Ok(listener) => Ok(ContainerHandle {
                 id: spec.id,
                 node: node.clone(),
-                transport: Transport::Unix(listener),
+                transport: Transport::Unix(Arc::new(listener)),
+                peer: Arc::new(super::super::peer::Peer { cgroup_name: Some(docker_id), ..Default::default() }),
                 logs,
                 ready_at: inner.host.now(),
             }),

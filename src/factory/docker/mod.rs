@@ -19,6 +19,7 @@ use super::logs::{LogBuffer, Stream};
 use super::netns::NetNs;
 use super::one_host::OneHost;
 use super::own_disk;
+use super::peer::{ContainerSocket, Peer};
 use super::{ContainerFactory, ContainerHandle, ContainerSpec, Epoch, FactoryError, StatsReceiver, Transport};
 use crate::config::{Config, DockerFactoryConfig, DockerKindConfig, Network};
 use crate::pool::core::{ContainerId, NodeId};
@@ -169,7 +170,10 @@ impl ContainerFactory for DockerFactory {
                     .unwrap_or_else(|e| Err(std::io::Error::other(e)));
                 prepared.map_err(|e| FactoryError::Create(format!("{}: {e}", dir.display())))?;
                 let listen = format!("unix:{SOCKET_DIR}/runtime.sock");
-                (Some(Transport::Unix(dir.join("runtime.sock"))), listen)
+                // Opened before the container starts: see `peer.rs`.
+                let socket = ContainerSocket::in_dir(&dir, "runtime.sock")
+                    .map_err(|e| FactoryError::Create(format!("{}: {e}", dir.display())))?;
+                (Some(Transport::Unix(Arc::new(socket))), listen)
             }
             // Known once the container runs: its namespace.
             Network::Isolated => (None, std::net::SocketAddr::from(([0, 0, 0, 0], kind.port())).to_string()),
@@ -198,7 +202,9 @@ impl ContainerFactory for DockerFactory {
                 return Err(e);
             }
         };
-        Ok(ContainerHandle { id: spec.id, node: node.clone(), transport, logs, ready_at: inner.host.now() })
+        // Its processes, and no other container's, are in cgroups that name it.
+        let peer = Arc::new(Peer { cgroup_name: Some(docker_id), ..Peer::default() });
+        Ok(ContainerHandle { id: spec.id, node: node.clone(), transport, peer, logs, ready_at: inner.host.now() })
     }
 
     async fn pause(&self, c: &ContainerHandle) -> Result<(), FactoryError> {

@@ -247,7 +247,9 @@ impl ContainerFactory for KubernetesFactory {
         let live = move || weak.upgrade().is_some_and(|i| i.live.lock().contains_key(&id));
         let follower = tokio::spawn(pod_log::follow(inner.pods.clone(), name, logs.clone(), live)).abort_handle();
         inner.live.lock().insert(spec.id, LivePod { logs: logs.clone(), follower });
-        Ok(ContainerHandle { id: spec.id, node: node.clone(), transport, logs, ready_at: inner.epoch.now() })
+        // A pod's IP: nothing in the pod can move it elsewhere.
+        let peer = Arc::default();
+        Ok(ContainerHandle { id: spec.id, node: node.clone(), transport, peer, logs, ready_at: inner.epoch.now() })
     }
 
     async fn destroy(&self, c: &ContainerHandle) -> Result<(), FactoryError> {

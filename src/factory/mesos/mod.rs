@@ -215,7 +215,15 @@ impl ContainerFactory for MesosFactory {
                 let logs = Arc::new(LogBuffer::default());
                 logs.close();
                 inner.state.lock().live.insert(spec.id, logs.clone());
-                Ok(ContainerHandle { id: spec.id, node: node.clone(), transport, logs, ready_at: inner.epoch.now() })
+                let peer = Arc::default();
+                Ok(ContainerHandle {
+                    id: spec.id,
+                    node: node.clone(),
+                    transport,
+                    peer,
+                    logs,
+                    ready_at: inner.epoch.now(),
+                })
             }
             Err(e) => {
                 self.kill(spec.id).await;

@@ -12,6 +12,7 @@
 //! byte of an answer came back provably never reached the runtime's handler: it is sent once
 //! more, on a fresh connection. A request on a fresh connection is never sent twice.
 
+use crate::factory::peer::{Peer, StrangerError};
 use crate::factory::Transport;
 use crate::http::{handshake, ConnectionError};
 use crate::read_watched::ReadWatchedStream;
@@ -38,6 +39,9 @@ pub enum RuntimeError {
     /// The answer ran past what may be read of it; reading stopped there.
     #[error("the answer is longer than {0} bytes")]
     TooLarge(usize),
+    /// What answered is not the container's own runtime (see `factory::peer`).
+    #[error("{0}")]
+    Stranger(#[from] StrangerError),
 }
 
 /// A runtime's answer as it came: its HTTP status, headers and body.
@@ -75,6 +79,7 @@ struct Connection {
 
 pub struct RuntimeClient {
     transport: Transport,
+    peer: Arc<Peer>,
     idle: Mutex<Vec<Connection>>,
     /// The most of an answer's body read before giving up on it.
     max_body: usize,
@@ -82,28 +87,36 @@ pub struct RuntimeClient {
 
 impl RuntimeClient {
     /// `max_result` is the largest result an answer may carry (the payload limit).
-    pub fn new(transport: &Transport, max_result: usize) -> Self {
+    /// Every new connection is checked against `peer`.
+    pub fn new(transport: &Transport, peer: Arc<Peer>, max_result: usize) -> Self {
         RuntimeClient {
             transport: transport.clone(),
+            peer,
             idle: Mutex::new(Vec::new()),
             max_body: max_result.saturating_add(ENVELOPE_BYTES),
         }
     }
 
-    async fn connect(&self) -> Result<Connection, ConnectionError> {
+    /// A new connection, once its peer proved to be the container's own.
+    async fn connect(&self) -> Result<Connection, RuntimeError> {
         let received = Arc::new(AtomicU64::new(0));
+        let connect_err = |e: std::io::Error| RuntimeError::Connection(e.into());
         let sender = match &self.transport {
             Transport::Tcp(addr) => {
-                let stream = tokio::net::TcpStream::connect(addr).await?;
+                let stream = tokio::net::TcpStream::connect(addr).await.map_err(connect_err)?;
                 let _ = stream.set_nodelay(true);
+                self.peer.check(None)?;
                 handshake(TokioIo::new(Counted { inner: stream, received: received.clone() })).await
             }
-            Transport::Unix(path) => {
-                let stream = ReadWatchedStream::connect(path).await?;
+            Transport::Unix(socket) => {
+                let stream = socket.connect().await?;
+                self.peer.check(Some(stream.peer_cred().map_err(connect_err)?))?;
+                let stream = ReadWatchedStream::from_tokio(stream).map_err(connect_err)?;
                 handshake(stream.counting_into(received.clone())).await
             }
             Transport::Netns(ns, port) => {
-                let stream = ns.connect(*port).await?;
+                let stream = ns.connect(*port).await.map_err(connect_err)?;
+                self.peer.check(None)?;
                 handshake(TokioIo::new(Counted { inner: stream, received: received.clone() })).await
             }
         }?;
@@ -111,7 +124,7 @@ impl RuntimeClient {
     }
 
     /// A kept-alive connection ready for a request (and `true`), or a new one.
-    async fn connection(&self) -> Result<(Connection, bool), ConnectionError> {
+    async fn connection(&self) -> Result<(Connection, bool), RuntimeError> {
         loop {
             let idle = {
                 let mut idle = self.idle.lock();
@@ -139,7 +152,7 @@ impl RuntimeClient {
     /// came back on a connection that had served before: the request never reached the runtime.
     /// `headers`: the request's own; `None`, a JSON body's (OpenWhisk's, without a map built).
     async fn exchange(&self, path: &str, headers: Option<&HeaderMap>, body: Bytes) -> Result<RuntimeResponse, Failed> {
-        let (mut c, reused) = self.connection().await.map_err(|e| Failed::Other(e.into()))?;
+        let (mut c, reused) = self.connection().await.map_err(Failed::Other)?;
         let before = c.received.load(Ordering::Relaxed);
         let unanswered = |e: hyper::Error| {
             if reused && c.received.load(Ordering::Relaxed) == before {

@@ -154,6 +154,10 @@ pub(super) fn interpret(answer: Answer, oom: bool, max_result_bytes: usize) -> I
         Err(RuntimeError::Connection(_)) => {
             return failed(Outcome::DeveloperError, "error receiving function response", false, false)
         }
+        Err(RuntimeError::Stranger(why)) => {
+            let said = format!("The function's container was removed: {why}.");
+            return failed(Outcome::DeveloperError, &said, false, false);
+        }
         Ok(response) => response,
     };
     if response.body.len() > max_result_bytes {

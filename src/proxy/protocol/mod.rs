@@ -12,9 +12,11 @@ pub use openwhisk::{EXITED_UNEXPECTEDLY, NOT_A_RESULT};
 
 use crate::activation::job::RunJob;
 use crate::config::RuntimeProtocol;
+use crate::factory::peer::Peer;
 use crate::factory::{FunctionStart, Transport};
 use crate::model::{Action, Outcome};
 use serde_json::Value;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// What a container of `protocol` starts with for `action`, when the protocol gives no code
@@ -40,6 +42,7 @@ pub fn discard_reason(answer: &Answer, oom: bool) -> &'static str {
         Err(RuntimeError::Timeout) => "timeout",
         Err(RuntimeError::Connection(_)) => "runtime connection error",
         Err(RuntimeError::TooLarge(_)) => "answer too large",
+        Err(RuntimeError::Stranger(_)) => "its runtime socket was not its own runtime's",
         Ok(_) => "developer error",
     }
 }
@@ -62,8 +65,9 @@ pub struct Runtime {
 
 impl Runtime {
     /// `max_result` is the payload limit: no more of an answer is read than it allows.
-    pub fn new(protocol: RuntimeProtocol, transport: &Transport, max_result: usize) -> Self {
-        Runtime { protocol, client: RuntimeClient::new(transport, max_result) }
+    /// Every connection to `transport` is checked against `peer`.
+    pub fn new(protocol: RuntimeProtocol, transport: &Transport, peer: Arc<Peer>, max_result: usize) -> Self {
+        Runtime { protocol, client: RuntimeClient::new(transport, peer, max_result) }
     }
 
     /// Gives the runtime the action's code; `Err` holds the answer of a failed initialisation.

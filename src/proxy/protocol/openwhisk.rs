@@ -109,6 +109,9 @@ pub(super) fn interpret(answer: Answer, timeout_ms: u64, oom: bool, max_result_b
         Err(RuntimeError::Connection(_)) if oom => {
             return developer("The action exhausted its memory and was aborted.".into());
         }
+        Err(RuntimeError::Stranger(why)) => {
+            return developer(format!("The action's container was removed: {why}."));
+        }
         // OpenWhisk's words exactly; what the connection said goes to the invoker's log.
         Err(RuntimeError::Connection(_)) => {
             return developer(EXITED_UNEXPECTEDLY.into());
