@@ -162,6 +162,23 @@ fn init_tracing() {
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
         .init();
+    raise_open_files();
+}
+
+/// Every container holds a few descriptors of the invoker's (its pipes, sockets, locks): with
+/// a soft limit of 1,024 a few hundred containers would exhaust it. The hard limit is what the
+/// operator allows; the soft one is raised to it (containers get their own bound, see
+/// `sandbox::CONTAINER_OPEN_FILES`).
+fn raise_open_files() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => tracing::info!(from = soft, to = hard, "raised the soft limit of open files"),
+            Err(e) => tracing::warn!(soft, hard, "the soft limit of open files could not be raised: {e}"),
+        },
+        Ok((soft, _)) => tracing::info!(open_files = soft, "the limit of open files"),
+        Err(e) => tracing::warn!("the limit of open files could not be read: {e}"),
+    }
 }
 
 /// The file, then the flags both commands take, then the guest key from the environment.

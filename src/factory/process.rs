@@ -361,6 +361,7 @@ impl ContainerFactory for ProcessFactory {
                 work: &work,
                 socket: &adopt,
                 wait_ms: inner.settings.ready_timeout.as_millis() as u64,
+                open_files: super::sandbox::CONTAINER_OPEN_FILES,
                 env: env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect(),
             };
             Some(zygote.fork(&request).await)

@@ -211,6 +211,7 @@ fn setup(args: &SandboxArgs) -> std::io::Result<()> {
     for procs in &args.cgroup_procs {
         step(&procs.display().to_string(), std::fs::write(procs, "0"))?;
     }
+    step("open files limit", bound_open_files())?;
     if !args.isolate {
         return enter_work_dir(args);
     }
@@ -227,6 +228,18 @@ fn setup(args: &SandboxArgs) -> std::io::Result<()> {
     step("chdir /", std::env::set_current_dir("/"))?;
     drop_privileges(args.uid)?;
     enter_work_dir(args)
+}
+
+/// Descriptors a container's processes may hold each, soft and hard (Docker's and OpenWhisk's
+/// usual 1024): the invoker raises its own limit to serve many containers, and an action must
+/// not inherit that.
+pub const CONTAINER_OPEN_FILES: u64 = 1024;
+
+fn bound_open_files() -> std::io::Result<()> {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
+    let bound = CONTAINER_OPEN_FILES.min(hard);
+    Ok(setrlimit(Resource::RLIMIT_NOFILE, bound, bound)?)
 }
 
 /// Into the working directory, as the container's own user where it is isolated.

@@ -49,8 +49,12 @@ impl UidRange {
                 continue;
             }
             let path = self.dir.join(uid.to_string());
-            let Ok(file) = std::fs::File::options().create(true).truncate(false).write(true).open(&path) else {
-                continue;
+            let file = match std::fs::File::options().create(true).truncate(false).write(true).open(&path) {
+                Ok(file) => file,
+                Err(e) if out_of_descriptors(&e) => {
+                    return Err(format!("the invoker is out of file descriptors ({e})"))
+                }
+                Err(_) => continue,
             };
             if let Ok(lock) = Flock::lock(file, FlockArg::LockExclusiveNonblock) {
                 *next = (offset + 1) % self.count;
@@ -59,6 +63,12 @@ impl UidRange {
         }
         Err(format!("every uid of {}..{} is in use", self.base, u64::from(self.base) + u64::from(self.count)))
     }
+}
+
+/// Whether `e` says this process (EMFILE) or the machine (ENFILE) has no descriptor left: not
+/// a uid in use, and worth saying as what it is.
+pub fn out_of_descriptors(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
 }
 
 /// The uids of every process on the machine (the owner of its `/proc` entry).

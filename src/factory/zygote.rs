@@ -42,6 +42,8 @@ pub struct ForkRequest<'a> {
     /// sandbox has then finished), within `wait_ms`.
     pub socket: &'a Path,
     pub wait_ms: u64,
+    /// The container's bound on open files, soft and hard (see `sandbox::CONTAINER_OPEN_FILES`).
+    pub open_files: u64,
     pub env: BTreeMap<&'a str, &'a str>,
 }
 

@@ -22,6 +22,7 @@ import fcntl
 import json
 import os
 import random
+import resource
 import signal
 import socket
 import sys
@@ -78,6 +79,9 @@ def become(request):
     # As a child of the runtime would: its scheduling policy (SCHED_BATCH unless the kind says).
     os.sched_setscheduler(0, os.sched_getscheduler(runtime), os.sched_getparam(runtime))
     os.chdir(request["work"])
+    # The container's bound on open files, as the sandbox sets it on the runtime.
+    bound = min(int(request["open_files"]), resource.getrlimit(resource.RLIMIT_NOFILE)[1])
+    resource.setrlimit(resource.RLIMIT_NOFILE, (bound, bound))
     uid = int(request["uid"])
     if uid == 0:
         raise PermissionError("refusing to run a container as uid 0")
