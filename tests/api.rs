@@ -260,6 +260,7 @@ async fn bad_input_gets_a_4xx_naming_the_field() {
         (json!({"exec": {"kind": "nodejs:20", "code": "x", "main": "9lives"}}), "exec.main"),
         (json!({"exec": {"kind": "nodejs:20", "code": "x", "main": "a.b"}}), "exec.main"),
         (json!({"exec": {"kind": "native", "code": "x", "main": "line\nbreak"}}), "exec.main"),
+        (json!({"exec": {"kind": "python:3", "code": "x", "main": ""}}), "exec.main"),
     ];
     for (body, field) in cases {
         let (s, answer, _) = send(&app, put(url, body.clone())).await;
@@ -297,7 +298,7 @@ async fn bad_input_gets_a_4xx_naming_the_field() {
     let (s, answer, _) = send(&app, put("/api/v1/namespaces/_/actions/b", not_base64)).await;
     assert!(s == 400 && answer["error"].as_str().unwrap().contains("exec.code"), "{answer}");
     assert_eq!(send(&app, get("/api/v1/namespaces/_/actions/b")).await.0, 404, "nothing was stored");
-    for main in ["handler", "_h1", ""] {
+    for main in ["handler", "_h1"] {
         let body = json!({"exec": {"kind": "python:3", "code": "def handler(a): return a", "main": main}});
         let (s, answer, _) = send(&app, put(&format!("{url}?overwrite=true"), body)).await;
         assert_eq!(s, 200, "{main}: {answer}");

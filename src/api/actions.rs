@@ -179,15 +179,16 @@ fn check_code_fits(config: &Config, exec: &Exec, disk_mb: u32) -> Result<(), Api
 
 /// Whether `main` names a function as the kind's language does: an ASCII identifier in
 /// python and node (`$` too in node; for a node zip also `file.function`, as OpenWhisk's
-/// runtime splits it), and for any other kind a path without control characters. Empty is the
-/// default, `main`.
+/// runtime splits it), and for any other kind a path without control characters. Empty is
+/// refused (a runtime would run its default instead of what the user thought they named); left
+/// out, it is the default, `main`.
 fn check_main(language: KindLanguage, binary: bool, main: &str) -> Result<(), String> {
     let identifier = |s: &str, dollar: bool| {
         let word = |c: char| c == '_' || c.is_ascii_alphanumeric() || (dollar && c == '$');
         s.chars().next().is_some_and(|c| word(c) && !c.is_ascii_digit()) && s.chars().all(word)
     };
     if main.is_empty() {
-        return Ok(());
+        return Err("must not be empty (leave it out for the default, main)".into());
     }
     let (ok, what) = match language {
         KindLanguage::Python => (identifier(main, false), "a python function name (letters, digits and _)"),
