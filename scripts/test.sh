@@ -10,6 +10,8 @@ need=()
 [ -x /usr/bin/node ] || need+=(nodejs)
 # The cluster tests start etcd members of their own from Debian's binary.
 command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
+# The clock test moves the invoker's wall clock with libfaketime (tests/wall_clock.rs).
+[ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1 ] || need+=(libfaketime)
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing ${need[*]} for the action kinds' and the cluster's tests"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"

@@ -377,9 +377,40 @@ pub fn is_activation_id(s: &str) -> bool {
     s.len() == 32 && s.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
-/// Milliseconds since the Unix epoch.
+/// Milliseconds since the Unix epoch, as records and lists show them: the wall clock, except
+/// that it never goes back within a run ([`WallClock`]).
 pub fn epoch_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    static CLOCK: std::sync::OnceLock<WallClock> = std::sync::OnceLock::new();
+    let clock = CLOCK.get_or_init(WallClock::default);
+    let wall = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    clock.at(wall, clock.base.elapsed().as_millis() as u64)
+}
+
+/// The wall clock made monotonic: the time is the monotonic clock's, projected from the wall
+/// clock's latest reading ahead of it. A wall clock set forward is followed at once; one set
+/// back is not (the time goes on from where it was, until the wall clock catches up), so a
+/// record never ends before it starts and the newest records stay at the head of a list.
+#[derive(Debug)]
+pub struct WallClock {
+    base: std::time::Instant,
+    /// Wall time at `base`, as last projected (only ever raised).
+    offset: std::sync::atomic::AtomicU64,
+}
+
+impl Default for WallClock {
+    fn default() -> Self {
+        WallClock { base: std::time::Instant::now(), offset: std::sync::atomic::AtomicU64::new(0) }
+    }
+}
+
+impl WallClock {
+    /// The time when the wall clock reads `wall` and `mono` ms passed since `base`.
+    pub fn at(&self, wall: u64, mono: u64) -> u64 {
+        use std::sync::atomic::Ordering;
+        let offset = wall.saturating_sub(mono);
+        let raised = self.offset.fetch_max(offset, Ordering::AcqRel).max(offset);
+        raised + mono
+    }
 }
 
 /// OpenWhisk's entity name rule: word characters, then word characters, `@`, `.`, `-` or
@@ -404,6 +435,36 @@ pub fn validate_entity_name(field: &str, name: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn the_clock_follows_a_wall_clock_set_forward_and_not_one_set_back() {
+        let clock = WallClock::default();
+        let hour = 3_600_000;
+        assert_eq!(clock.at(1_000_000, 0), 1_000_000);
+        assert_eq!(clock.at(1_002_000, 2_000), 1_002_000);
+        assert_eq!(clock.at(1_004_000 + hour, 4_000), 1_004_000 + hour, "set forward: followed at once");
+        assert_eq!(clock.at(1_006_000, 6_000), 1_006_000 + hour, "set back: the time goes on");
+        assert_eq!(clock.at(1_008_000 + hour + 5, 8_000), 1_008_000 + hour + 5, "caught up");
+    }
+
+    proptest! {
+        /// Whatever the wall clock does, the time moves at least as far as the monotonic clock
+        /// and is never behind the wall clock.
+        #[test]
+        fn the_clock_never_goes_back(steps in proptest::collection::vec((0u64..10_000, -7_200_000i64..7_200_000), 1..50)) {
+            let clock = WallClock::default();
+            let (mut mono, mut wall, mut last) = (0u64, 1_800_000_000_000i64, 0u64);
+            for (elapsed, jump) in steps {
+                mono += elapsed;
+                wall += elapsed as i64 + jump;
+                let now = clock.at(wall as u64, mono);
+                prop_assert!(now >= last + elapsed, "{now} after {last}, {elapsed} ms later");
+                prop_assert!(now >= wall as u64, "never behind the wall clock");
+                last = now;
+            }
+        }
+    }
 
     #[test]
     fn entity_names_follow_openwhisk() {

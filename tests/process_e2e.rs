@@ -490,7 +490,7 @@ async fn the_action_sees_the_run_context_of_the_runtime_protocol() {
     assert!(seen["transaction_id"].as_str().is_some_and(|t| !t.is_empty()), "{seen}");
     let deadline: u64 = seen["deadline"].as_str().unwrap().parse().unwrap();
     let start = record["start"].as_u64().unwrap();
-    assert!(deadline >= start + 59_000 && deadline <= start + 61_000, "the default 60 s timeout: {seen}");
+    assert!(deadline >= start + 59_000 && deadline <= start + 61_000, "the default 60 s timeout: {seen} {record}");
     assert!(seen["api_key"].as_str().unwrap().starts_with("23bc46b1-"), "provide-api-key: {seen}");
 }
 

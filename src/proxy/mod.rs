@@ -258,7 +258,8 @@ impl ContainerProxy {
             create_ms: (first && !self.prewarmed).then_some(self.create_ms),
             init_ms: if first { self.init_ms } else { None },
             wait_ms: began.duration_since(run.accepted).as_millis() as u64,
-            start: epoch_ms() - began.elapsed().as_millis() as u64,
+            start: epoch_ms().saturating_sub(began.elapsed().as_millis() as u64),
+            began,
         }
     }
 

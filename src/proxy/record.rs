@@ -2,7 +2,7 @@
 //! annotations (`waitTime`, `initTime`, `startKind`, ...) from what the proxy measured.
 
 use crate::activation::job::RunJob;
-use crate::model::{epoch_ms, ActivationRecord, ActivationResponse, KeyValue, Outcome, StartKind};
+use crate::model::{ActivationRecord, ActivationResponse, KeyValue, Outcome, StartKind};
 use crate::pool::core::ContainerId;
 use serde_json::{json, Value};
 
@@ -13,7 +13,9 @@ pub(super) struct RecordFields {
     pub create_ms: Option<u64>,
     pub init_ms: Option<u64>,
     pub wait_ms: u64,
+    /// When it began, on the wall clock and on the monotonic one (its duration's).
     pub start: u64,
+    pub began: std::time::Instant,
 }
 
 pub(super) fn build_record(
@@ -24,7 +26,9 @@ pub(super) fn build_record(
     logs: Vec<String>,
     timed_out: bool,
 ) -> ActivationRecord {
-    let end = epoch_ms();
+    // Measured, not read off the wall clock twice: a clock set in between changes neither.
+    let duration = f.began.elapsed().as_millis() as u64;
+    let end = f.start + duration;
     let mut annotations = run.meta.base_annotations();
     annotations.push(KeyValue { key: "timeout".into(), value: json!(timed_out) });
     annotations.push(KeyValue { key: "waitTime".into(), value: json!(f.wait_ms) });
@@ -44,7 +48,7 @@ pub(super) fn build_record(
         activation_id: run.meta.activation_id.clone(),
         start: f.start,
         end,
-        duration: end.saturating_sub(f.start),
+        duration,
         status_code: outcome.status_code(),
         response: ActivationResponse::new(outcome, result),
         logs,

@@ -54,6 +54,17 @@ impl Invoker {
 
     /// The binary with `subcommand` (none: the invoker), on a free port.
     pub fn start_command(dir: &Path, invoker_id: &str, extra: &str, subcommand: &[&str]) -> Invoker {
+        Self::start_with_env(dir, invoker_id, extra, subcommand, &[])
+    }
+
+    /// As [`Self::start_command`], with `env` added to the binary's environment.
+    pub fn start_with_env(
+        dir: &Path,
+        invoker_id: &str,
+        extra: &str,
+        subcommand: &[&str],
+        env: &[(&str, &str)],
+    ) -> Invoker {
         let config = dir.join("invoker.toml");
         std::fs::write(&config, format!("invoker_id = \"{invoker_id}\"\n{extra}")).unwrap();
         let stderr = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("stderr.log")).unwrap();
@@ -63,6 +74,7 @@ impl Invoker {
             .arg(&config)
             .args(["--listen", "127.0.0.1:0", "--data-dir"])
             .arg(dir.join("data"))
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(stderr)
             .spawn()
