@@ -27,7 +27,6 @@ enum Op {
     DeliverStats { pick: usize },
     Advance { ms: u64 },
     Drain,
-    /// The key's action was deleted or updated.
     Retire { key: u32 },
 }
 
