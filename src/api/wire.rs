@@ -8,11 +8,24 @@
 //! which none of our own answers has) is replaced with the same status and a body, and a
 //! connection that opens with the HTTP/2 preface gets a 505 and is closed. Every other byte
 //! passes through untouched, so the warm path pays one prefix check per write.
+//!
+//! It also bounds how long a client may leave an answer unread: a write that makes no progress
+//! for the write timeout fails, and hyper closes the connection (and frees the answer). And it
+//! gives back the connection's share of the unread-answers budget once hyper flushed (hyper
+//! flushes the stream only when its own buffer is written out).
 
+use std::cell::RefCell;
+use std::future::Future as _;
 use std::io::{self, IoSlice};
 use std::pin::Pin;
+use std::rc::Rc;
 use std::task::{ready, Context, Poll};
+use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::OwnedSemaphorePermit;
+
+/// What the connection's answer in writing holds of the unread-answers budget.
+pub type HeldAnswer = Rc<RefCell<Option<OwnedSemaphorePermit>>>;
 
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0";
 
@@ -27,11 +40,35 @@ pub struct ApiStream<S> {
     pending: Vec<u8>,
     /// Reads end: the connection was answered here and is closing.
     closed: bool,
+    /// How long a write may wait for the client to take anything.
+    write_timeout: Duration,
+    /// Since when writes wait (armed by the first write that could not go through).
+    stalled: Option<Pin<Box<tokio::time::Sleep>>>,
+    held: HeldAnswer,
 }
 
 impl<S> ApiStream<S> {
-    pub fn new(inner: S) -> Self {
-        ApiStream { inner, first_read: true, pending: Vec::new(), closed: false }
+    pub fn new(inner: S, write_timeout: Duration, held: HeldAnswer) -> Self {
+        ApiStream { inner, first_read: true, pending: Vec::new(), closed: false, write_timeout, stalled: None, held }
+    }
+
+    /// What a write that could not go through answers: wait, until the client took nothing for
+    /// the write timeout; then an error, which closes the connection. `done` is the write's
+    /// own answer when it went through.
+    fn deadline<T>(&mut self, cx: &mut Context<'_>, done: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
+        if done.is_ready() {
+            self.stalled = None;
+            return done;
+        }
+        let timeout = self.write_timeout;
+        let stalled = self.stalled.get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+        match stalled.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("the client took nothing of its answer for {timeout:?}"),
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
     }
 }
 
@@ -39,7 +76,8 @@ impl<S: AsyncWrite + Unpin> ApiStream<S> {
     /// Writes what is pending; ready once none is.
     fn poll_pending(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         while !self.pending.is_empty() {
-            let n = ready!(Pin::new(&mut self.inner).poll_write(cx, &self.pending))?;
+            let written = Pin::new(&mut self.inner).poll_write(cx, &self.pending);
+            let n = ready!(self.deadline(cx, written))?;
             if n == 0 {
                 return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
             }
@@ -77,7 +115,8 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for ApiStream<S> {
             let _ = this.poll_pending(cx);
             return Poll::Ready(Ok(data.len()));
         }
-        Pin::new(&mut this.inner).poll_write(cx, data)
+        let written = Pin::new(&mut this.inner).poll_write(cx, data);
+        this.deadline(cx, written)
     }
 
     fn poll_write_vectored(
@@ -95,7 +134,8 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for ApiStream<S> {
                 return Poll::Ready(Ok(first.len()));
             }
         }
-        Pin::new(&mut this.inner).poll_write_vectored(cx, bufs)
+        let written = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        this.deadline(cx, written)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -104,7 +144,13 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for ApiStream<S> {
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         ready!(self.poll_pending(cx))?;
-        Pin::new(&mut self.inner).poll_flush(cx)
+        let flushed = Pin::new(&mut self.inner).poll_flush(cx);
+        let flushed = self.deadline(cx, flushed);
+        if let Poll::Ready(Ok(())) = flushed {
+            // Everything hyper had to write is the kernel's now.
+            self.held.borrow_mut().take();
+        }
+        flushed
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {

@@ -4,6 +4,7 @@
 //! `[pool]` is the pure core's own config type.
 
 mod admin;
+mod api;
 mod capacity;
 mod cluster;
 mod factory;
@@ -15,6 +16,7 @@ mod proxy;
 mod store;
 
 pub use admin::AdminConfig;
+pub use api::ApiConfig;
 pub use capacity::{CapacityConfig, ControlPlaneKind, GroupConfig, KubernetesPlaneConfig};
 pub use cluster::{ClusterConfig, SchedulerConfig};
 pub use factory::{
@@ -59,6 +61,7 @@ pub struct Config {
     /// Namespace → API key (`uuid:secret`), checked with basic auth.
     pub namespaces: BTreeMap<String, String>,
     pub admin: AdminConfig,
+    pub api: ApiConfig,
     pub limits: LimitsConfig,
     pub pool: PoolConfig,
     pub proxy: ProxyConfig,
@@ -89,6 +92,7 @@ impl Default for Config {
             data_dir: PathBuf::from("data"),
             namespaces: BTreeMap::from([("guest".to_string(), GUEST_KEY.to_string())]),
             admin: AdminConfig::default(),
+            api: ApiConfig::default(),
             limits: LimitsConfig::default(),
             pool: PoolConfig::default(),
             proxy: ProxyConfig::default(),
@@ -142,6 +146,7 @@ impl Config {
             return Err(bad("invoker_id", "must be 1 to 32 letters, digits, '-' or '_'"));
         }
         admin::validate_keys(&self.namespaces, &self.admin)?;
+        self.api.validate()?;
         self.limits.validate()?;
         pool::validate(&self.pool, &self.kinds, &self.limits)?;
         self.proxy.validate()?;
