@@ -807,4 +807,29 @@ async fn the_disk_limit_defaults_from_the_config_and_bounds_a_zip_unpacked() {
     let (s, answer, _) = send(&app, put("/api/v1/namespaces/_/actions/long", text)).await;
     assert_eq!(s, 400, "{answer}");
     assert!(answer["error"].as_str().unwrap().contains("limits.disk (1 MB"), "{answer}");
+
+    // Many empty files: nothing of the disk's bytes, all of its files (one inode per 2 KiB).
+    let many = |files: usize, bytes: &[u8]| {
+        let mut writer = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+        let options = zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored);
+        writer.start_file("__main__.py", options).unwrap();
+        writer.write_all(b"def main(a):\n    return a\n").unwrap();
+        for i in 0..files {
+            writer.start_file(format!("d{}/f{i}", i % 10), options).unwrap();
+            writer.write_all(bytes).unwrap();
+        }
+        let code = base64::engine::general_purpose::STANDARD.encode(writer.finish().unwrap().into_inner());
+        json!({"exec": {"kind": "python:3", "code": code, "binary": true}, "limits": {"disk": 4}})
+    };
+    let (s, answer, _) = send(&app, put("/api/v1/namespaces/_/actions/inodes", many(3_000, b""))).await;
+    let message = answer["error"].as_str().unwrap_or_default();
+    assert_eq!(s, 400, "{answer}");
+    assert!(message.contains("3011 files and directories") && message.contains("limits.disk (4 MB)"), "{message}");
+    // A byte each: every file takes a 4 KiB page.
+    let (s, answer, _) = send(&app, put("/api/v1/namespaces/_/actions/pages", many(1_500, b"x"))).await;
+    let message = answer["error"].as_str().unwrap_or_default();
+    assert_eq!(s, 400, "{answer}");
+    assert!(message.contains("whole 4 KiB pages") && message.contains("limits.disk (4 MB)"), "{message}");
+    let (s, answer, _) = send(&app, put("/api/v1/namespaces/_/actions/few", many(100, b"x"))).await;
+    assert_eq!(s, 200, "{answer}");
 }

@@ -170,7 +170,24 @@ fn check_code_fits(config: &Config, exec: &Exec, disk_mb: u32) -> Result<(), Api
         } else {
             (configured, format!("limits.archive_unpacked_max_mb ({} MB)", config.limits.archive_unpacked_max_mb))
         };
-        archive::check_zip(&bytes, max).map_err(|e| bad(format!("exec.code: {e}, {bound}")))?;
+        let unpacked = archive::check_zip(&bytes, max).map_err(|e| bad(format!("exec.code: {e}, {bound}")))?;
+        // As the container's disk keeps them: whole pages, and a file each (the disk's files
+        // run out before its bytes when they are many and small).
+        let files = crate::config::disk_inodes(disk_mb).saturating_sub(crate::config::DISK_INODES_RESERVED);
+        if unpacked.files > files {
+            return Err(bad(format!(
+                "exec.code: the archive unpacks to {} files and directories, more than the {files} a disk of limits.disk \
+                 ({disk_mb} MB) holds",
+                unpacked.files
+            )));
+        }
+        if unpacked.disk_bytes > disk {
+            return Err(bad(format!(
+                "exec.code: the archive takes {} bytes of disk unpacked (each file in whole 4 KiB pages), more than \
+                 limits.disk ({disk_mb} MB)",
+                unpacked.disk_bytes
+            )));
+        }
     } else {
         fits(bytes.len())?;
     }

@@ -25,7 +25,7 @@ pub use factory::{
 };
 pub use kinds::{default_kinds, KindConfig, Network, RuntimeProtocol, FDK_DIR, FDK_MAIN, OPENWHISK_PORT};
 pub use kubernetes::{FnBridgeConfig, KubernetesFactoryConfig, KubernetesKindConfig, Toleration};
-pub use limits::LimitsConfig;
+pub use limits::{disk_bytes_of, disk_inodes, LimitsConfig, DISK_INODES_RESERVED};
 pub use pool::{PoolConfig, PrewarmConfig};
 pub use proxy::ProxyConfig;
 pub use store::StoreConfig;

@@ -24,10 +24,10 @@ pub fn can_mount() -> bool {
 }
 
 /// Mounts a tmpfs of `size_mb` on `dir` (an existing, empty directory), its root owned by
-/// `owner` with `mode`. Files are bounded too: one inode per 2 KiB of the size (a non-empty
-/// file takes a 4 KiB page at least), so a flood of empty files fails as a large file does.
+/// `owner` with `mode`. Files are bounded too (`config::disk_inodes`), so a flood of empty
+/// files fails as a large file does.
 pub fn mount_on(dir: &Path, size_mb: u32, owner: (u32, u32), mode: u32) -> std::io::Result<()> {
-    let inodes = u64::from(size_mb).saturating_mul(512).max(1024);
+    let inodes = crate::config::disk_inodes(size_mb);
     let options = format!("size={size_mb}m,nr_inodes={inodes},mode={mode:o},uid={},gid={}", owner.0, owner.1);
     let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
     mount(Some("tmpfs"), dir, Some("tmpfs"), flags, Some(options.as_str()))
