@@ -14,7 +14,7 @@ use crate::metrics::Metrics;
 use crate::pool::actor::{ContainerPool, PoolHandle};
 use crate::scheduler::presence::Presence;
 use crate::scheduler::Dispatcher;
-use crate::store::{JournaledStore, Store, StoreError};
+use crate::store::{JournalOptions, JournaledStore, Store, StoreError};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -54,14 +54,24 @@ struct Serving {
 
 impl Serving {
     /// Stops the API (requests in flight finish), then gives whatever is still unfinished its
-    /// whisk-error record: the last step of both commands.
-    async fn stop(self) -> Result<(), AppError> {
+    /// whisk-error record, and waits up to `within` for a full disk to take what is held in
+    /// memory alone, saying what it could not write: the last step of every command.
+    async fn stop(self, within: Duration) -> Result<(), AppError> {
         self.stop.cancel();
         let _ = self.server.await;
         self.expiry.abort();
         let unfinished = self.store.recover_unfinished(crate::model::epoch_ms())?;
         if unfinished > 0 {
             tracing::warn!(unfinished, "activations that could not finish got whisk-error records");
+        }
+        let store = self.store.clone();
+        let unwritten = tokio::task::spawn_blocking(move || store.write_out(within)).await.unwrap_or_default();
+        if !unwritten.is_empty() {
+            tracing::error!(
+                count = unwritten.len(),
+                activations = %unwritten.join(","),
+                "records the disk had no room for within {within:?}: lost with this stop"
+            );
         }
         Ok(())
     }
@@ -161,6 +171,7 @@ impl InvokerApp {
     /// finish, every container is removed, what could not finish gets its record.
     pub async fn stop(self) -> Result<(), AppError> {
         let grace = self.config.shutdown_grace;
+        let began = std::time::Instant::now();
         tracing::info!("draining: new work gets 503, running work has {grace:?} to finish");
         self.serving.service.set_draining();
         if tokio::time::timeout(grace, self.pool.drain()).await.is_err() {
@@ -171,7 +182,7 @@ impl InvokerApp {
             stop.cancel();
             let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
         }
-        self.serving.stop().await
+        self.serving.stop(grace.saturating_sub(began.elapsed()).max(Duration::from_secs(5))).await
     }
 }
 
@@ -250,7 +261,7 @@ impl SchedulerApp {
         self.background.cancel();
         let _ = tokio::time::timeout(Duration::from_secs(5), self.presence).await;
         let _ = tokio::time::timeout(Duration::from_secs(5), self.demand).await;
-        self.serving.stop().await
+        self.serving.stop(deadline.saturating_duration_since(Instant::now()).max(Duration::from_secs(5))).await
     }
 }
 
@@ -354,11 +365,11 @@ fn open(config: &mut Config, file: &str) -> Result<(Arc<dyn Store>, tokio::net::
     // Traversable (a container's directory lies under it), not listable.
     use std::os::unix::fs::PermissionsExt as _;
     std::fs::set_permissions(&config.data_dir, std::fs::Permissions::from_mode(0o711)).map_err(data_dir)?;
-    let store = JournaledStore::open_with_cache(
-        &config.data_dir.join(file),
-        &config.data_dir.join("journal"),
-        action_cache_bytes(config),
-    )?;
+    let options = JournalOptions {
+        action_cache_bytes: action_cache_bytes(config),
+        end_reserve_bytes: config.store.end_reserve_mb.saturating_mul(1024 * 1024),
+    };
+    let store = JournaledStore::open_with(&config.data_dir.join(file), &config.data_dir.join("journal"), options)?;
     let recovered = store.recover_unfinished(crate::model::epoch_ms())?;
     if recovered > 0 {
         tracing::warn!(recovered, "activations left unfinished by an earlier run got whisk-error records");

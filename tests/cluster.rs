@@ -287,7 +287,9 @@ async fn an_invoker_with_a_full_disk_is_unhealthy_in_etcd_and_no_placement_choos
     let dir = tempdir();
     let Some(disk) = SmallDisk::mount(&dir.path().join("data"), 16) else { return };
     let invoker_id = id("full");
-    let inv = Invoker::start(dir.path(), &invoker_id, &cluster_config(&etcd, &[]));
+    // A reserve for endings that fits the small disk (the default is 32 MB).
+    let config = format!("{}\n[store]\nend_reserve_mb = 2\n", cluster_config(&etcd, &[]));
+    let inv = Invoker::start(dir.path(), &invoker_id, &config);
     inv.put_action("big", python("def main(a):\n    return {'data': 'x' * 100000}\n")).await;
     let kv = etcd.kv();
     record(&kv, &invoker_id, |r| r.health == Health::Healthy).await;

@@ -561,7 +561,8 @@ async fn a_full_disk_is_answered_503_nothing_accepted_is_lost_and_the_invoker_re
     let dir = tempdir();
     let data = dir.path().join("data");
     let Some(disk) = SmallDisk::mount(&data, 32) else { return };
-    let inv = Invoker::start(dir.path(), &id("diskfull"), "");
+    // A reserve for endings that fits the small disk (the default is 32 MB).
+    let inv = Invoker::start(dir.path(), &id("diskfull"), "[store]\nend_reserve_mb = 4\n");
     inv.put_action("big", python("def main(a):\n    return {'data': 'x' * 200000}\n")).await;
     let (status, body) = inv.invoke("big", "blocking=true", json!({})).await;
     assert_eq!(status, 200, "{body}");

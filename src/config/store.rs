@@ -14,6 +14,9 @@ pub struct StoreConfig {
     /// How often records older than `record_retention` are removed.
     #[serde(with = "humantime_serde")]
     pub expire_every: Duration,
+    /// Disk the journal keeps allocated for the records of accepted work, given back when the
+    /// disk is full so that work that ran always gets its record written.
+    pub end_reserve_mb: u64,
 }
 
 impl Default for StoreConfig {
@@ -21,6 +24,7 @@ impl Default for StoreConfig {
         StoreConfig {
             action_cache_mb: (crate::store::DEFAULT_ACTION_CACHE_BYTES / (1024 * 1024)) as u64,
             expire_every: Duration::from_secs(3600),
+            end_reserve_mb: crate::store::DEFAULT_END_RESERVE_BYTES >> 20,
         }
     }
 }
@@ -29,6 +33,9 @@ impl StoreConfig {
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
         if self.action_cache_mb > 1024 * 1024 {
             return Err(bad("store.action_cache_mb", "must be at most 1048576 (1 TiB)"));
+        }
+        if self.end_reserve_mb > 1024 * 1024 {
+            return Err(bad("store.end_reserve_mb", "must be at most 1048576 (1 TiB)"));
         }
         if self.expire_every < Duration::from_secs(1) {
             return Err(bad("store.expire_every", "must be at least 1s"));

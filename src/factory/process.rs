@@ -185,8 +185,13 @@ impl ProcessFactory {
         };
         let watchdog = Watchdog::start(&executable, &watchdog_args)
             .map_err(|e| setup_error(format!("the watchdog (invoker watchdog): {e}")))?;
+        // Without it python containers start their own launcher, a little slower: no reason to
+        // refuse the start (a full disk, say).
         let zygote = match uids {
-            Some(_) => start_zygote(&env, &config.invoker_id, &pid_dir, &config.kinds)?,
+            Some(_) => start_zygote(&env, &config.invoker_id, &pid_dir, &config.kinds).unwrap_or_else(|e| {
+                tracing::warn!("{e}; python containers start without it");
+                None
+            }),
             None => None,
         };
         let node_snapshot = build_node_snapshot(&env, &pid_dir, &config.kinds)?;

@@ -106,7 +106,11 @@ impl Watchdog {
         command.env_clear().env("INVOKER_ID", &args.invoker_id).stdin(Stdio::piped()).stdout(Stdio::null());
         let mut child = command.process_group(0).spawn()?;
         let pipe = child.stdin.take().ok_or_else(|| std::io::Error::other("no pipe to the watchdog"))?;
-        std::fs::write(args.pid_dir.join("watchdog.pid"), format!("{}\n", child.id()))?;
+        // Not a reason to refuse the start (a full disk): the watchdog ends with this run's pipe
+        // anyway, the file only lets a restart after a crash make sure of it.
+        if let Err(e) = std::fs::write(args.pid_dir.join("watchdog.pid"), format!("{}\n", child.id())) {
+            tracing::warn!("the watchdog's pid could not be recorded in {}: {e}", args.pid_dir.display());
+        }
         Ok(Watchdog { child, _pipe: pipe })
     }
 

@@ -72,8 +72,13 @@ impl Zygote {
         use std::os::unix::fs::PermissionsExt as _;
         std::fs::create_dir_all(&dir)?;
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
-        std::fs::write(dir.join("zygote.py"), ZYGOTE)?;
-        std::fs::write(dir.join("launcher.py"), LAUNCHER)?;
+        // As an earlier run left them, most often: then nothing is written (a full disk).
+        for (name, text) in [("zygote.py", ZYGOTE), ("launcher.py", LAUNCHER)] {
+            let path = dir.join(name);
+            if std::fs::read(&path).ok().as_deref() != Some(text.as_bytes()) {
+                std::fs::write(&path, text)?;
+            }
+        }
         let zygote = Zygote { python, dir, env, running: tokio::sync::Mutex::new(None) };
         let running = zygote.spawn()?;
         *zygote.running.try_lock().expect("not shared yet") = Some(running);

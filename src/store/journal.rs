@@ -15,6 +15,14 @@
 //! new is) and reaches redb with the next flush that succeeds. Every `FLUSH_EVERY` the store
 //! tries a write of each kind (a scratch file beside the journal, a redb transaction, which
 //! opens the database again if the error broke it); once both succeed it takes work again.
+//!
+//! So that a full disk never turns a finished result into a failure, the journal keeps a
+//! reserve: a file of `end_reserve` bytes allocated beside the segments while the disk has room.
+//! When a record's line finds the disk full, the reserve gives back what the line needs and the
+//! line is written after all; only endings may use it (an acceptance finds the disk full and is
+//! refused). The reserve is allocated whole again before the store takes work again. A start
+//! on a full disk does not fail: what the journal holds that redb cannot take is kept in memory
+//! (and in its segments) until a flush succeeds, and the store starts in trouble.
 
 use super::action_cache::ActionCache;
 use super::{Accepted, DocKind, RedbStore, Store, StoreError};
@@ -32,6 +40,77 @@ const FLUSH_EVERY: Duration = Duration::from_millis(200);
 /// The action cache's budget unless configured (`[store] action_cache_mb`).
 pub const DEFAULT_ACTION_CACHE_BYTES: usize = 256 * 1024 * 1024;
 
+/// The journal's reserve for endings unless configured (`[store] end_reserve_mb`).
+pub const DEFAULT_END_RESERVE_BYTES: u64 = 32 * 1024 * 1024;
+
+/// The reserve's file in the journal directory.
+const RESERVE: &str = "reserve";
+
+/// What the reserve gives back at least when a line needs room: a few lines' worth.
+const RESERVE_STEP: u64 = 1024 * 1024;
+
+/// How a journaled store is set up besides its paths.
+#[derive(Clone, Copy, Debug)]
+pub struct JournalOptions {
+    pub action_cache_bytes: usize,
+    pub end_reserve_bytes: u64,
+}
+
+impl Default for JournalOptions {
+    fn default() -> Self {
+        JournalOptions { action_cache_bytes: DEFAULT_ACTION_CACHE_BYTES, end_reserve_bytes: DEFAULT_END_RESERVE_BYTES }
+    }
+}
+
+/// Disk kept for the lines of records, given back a step at a time when the disk is full.
+struct Reserve {
+    file: File,
+    /// What is allocated now, and what it should be.
+    size: u64,
+    target: u64,
+}
+
+impl Reserve {
+    fn open(dir: &Path, target: u64) -> Result<Self, StoreError> {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        let file = File::options()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .mode(0o600)
+            .open(dir.join(RESERVE))
+            .map_err(|e| io_err("journal reserve", e))?;
+        let size = file.metadata().map_err(|e| io_err("journal reserve", e))?.len();
+        Ok(Reserve { file, size, target })
+    }
+
+    /// Allocates the reserve whole (real blocks, not a sparse file); `Err` when the disk has
+    /// not the room.
+    fn fill(&mut self) -> Result<(), StoreError> {
+        if self.size >= self.target {
+            return Ok(());
+        }
+        let len = i64::try_from(self.target).unwrap_or(i64::MAX);
+        nix::fcntl::posix_fallocate(&self.file, 0, len).map_err(|e| io_err("journal reserve", e.into()))?;
+        self.size = self.target;
+        Ok(())
+    }
+
+    /// Gives back at least `need` bytes (a step at least) to the disk; false once it is empty.
+    fn release(&mut self, need: u64) -> bool {
+        if self.size == 0 {
+            return false;
+        }
+        let size = self.size.saturating_sub(need.max(RESERVE_STEP));
+        if self.file.set_len(size).is_err() {
+            return false;
+        }
+        self.size = size;
+        true
+    }
+}
+
 pub struct JournaledStore {
     inner: Arc<Inner>,
 }
@@ -47,6 +126,7 @@ struct Inner {
     flushing: Mutex<()>,
     /// Why writes fail now; `None` while they succeed.
     trouble: Mutex<Option<String>>,
+    reserve: Mutex<Reserve>,
 }
 
 struct State {
@@ -67,6 +147,9 @@ struct State {
 struct Finished {
     record: Arc<ActivationRecord>,
     json: Box<[u8]>,
+    /// In the journal (or in a segment an earlier run left): a restart finds it. False only
+    /// for a record the disk had no room for at all, held in memory alone.
+    journaled: bool,
 }
 
 fn io_err(what: &str, source: std::io::Error) -> StoreError {
@@ -111,7 +194,8 @@ fn survey(dir: &Path) -> Result<u64, StoreError> {
         next = next.max(number.map_or(0, |n| n + 1));
         let is_file = entry.file_type().is_ok_and(|t| t.is_file());
         let kept_aside = path.extension().is_some_and(|e| e == DAMAGED);
-        if !(kept_aside || is_file && number.is_some()) {
+        let reserve = path.file_name().is_some_and(|n| n == RESERVE);
+        if !(kept_aside || reserve || is_file && number.is_some()) {
             tracing::warn!(path = %path.display(), "skipped an entry of the journal directory that is not a segment");
         }
     }
@@ -144,13 +228,13 @@ enum LineRef<'a> {
 
 impl JournaledStore {
     /// Opens redb at `db_path`, replays the journal segments in `dir` into it, and starts the
-    /// flusher thread; actions are cached within [`DEFAULT_ACTION_CACHE_BYTES`].
+    /// flusher thread, with the default [`JournalOptions`].
     pub fn open(db_path: &Path, dir: &Path) -> Result<Self, StoreError> {
-        Self::open_with_cache(db_path, dir, DEFAULT_ACTION_CACHE_BYTES)
+        Self::open_with(db_path, dir, JournalOptions::default())
     }
 
-    /// As [`open`](Self::open), with the action cache's budget in bytes.
-    pub fn open_with_cache(db_path: &Path, dir: &Path, action_cache_bytes: usize) -> Result<Self, StoreError> {
+    /// As [`open`](Self::open), with `options`.
+    pub fn open_with(db_path: &Path, dir: &Path, options: JournalOptions) -> Result<Self, StoreError> {
         let db = RedbStore::open(db_path)?;
         std::fs::create_dir_all(dir).map_err(|e| io_err("journal directory", e))?;
         use std::os::unix::fs::PermissionsExt as _;
@@ -158,14 +242,43 @@ impl JournaledStore {
             .map_err(|e| io_err("journal directory", e))?;
         let segment = survey(dir)?;
         let found = segments(dir)?;
-        // Every segment replayed before any is removed: a failure leaves them all for the next
-        // start.
-        let unread = found.iter().map(|(_, path)| replay(&db, path)).collect::<Result<Vec<usize>, _>>()?;
-        for ((_, path), unread) in found.iter().zip(unread) {
-            if unread == 0 {
-                let _ = std::fs::remove_file(path);
+        let read = found.iter().map(|(_, path)| read_segment(path)).collect::<Result<Vec<_>, _>>()?;
+        // Every segment applied before any is removed: a failure leaves them all for the next
+        // start. A full disk leaves them too, and what they hold waits in memory.
+        let applied = read.iter().try_for_each(|segment| segment.apply_to(&db));
+        let mut state = State {
+            file: open_segment(dir, segment)?,
+            segment,
+            len: 0,
+            pending: FxHashMap::default(),
+            finished: FxHashMap::default(),
+            in_flight: Arc::default(),
+        };
+        let mut trouble = None;
+        match applied {
+            Ok(()) => {}
+            Err(e) if e.is_storage() => {
+                let reason = format!(
+                    "the store cannot write what the journal holds into {} ({e}); it is kept in memory and new work \
+                     is refused until the disk takes it",
+                    db_path.display()
+                );
+                tracing::error!("{reason}");
+                trouble = Some(reason);
+                for segment in &read {
+                    segment.load_into(&mut state);
+                }
+            }
+            Err(e) => return Err(e),
+        }
+        for ((_, path), segment) in found.iter().zip(&read) {
+            if segment.unread == 0 {
+                if trouble.is_none() {
+                    let _ = std::fs::remove_file(path);
+                }
                 continue;
             }
+            let unread = segment.unread;
             // Kept aside, not deleted: what could not be read may still be read by hand.
             let mut aside = path.as_os_str().to_owned();
             aside.push(format!(".{DAMAGED}"));
@@ -179,21 +292,25 @@ impl JournaledStore {
                 "a journal segment could not be read whole: replayed what was sound"
             );
         }
-        let state = State {
-            file: open_segment(dir, segment)?,
-            segment,
-            len: 0,
-            pending: FxHashMap::default(),
-            finished: FxHashMap::default(),
-            in_flight: Arc::default(),
-        };
+        let mut reserve = Reserve::open(dir, options.end_reserve_bytes)?;
+        if let Err(e) = reserve.fill() {
+            let reason = format!(
+                "the journal's reserve for endings ({} MB) cannot be allocated in {} ({e}); new work is refused \
+                 until it can",
+                options.end_reserve_bytes >> 20,
+                dir.display()
+            );
+            tracing::error!("{reason}");
+            trouble.get_or_insert(reason);
+        }
         let inner = Arc::new(Inner {
             db,
-            actions: Mutex::new(ActionCache::new(action_cache_bytes)),
+            actions: Mutex::new(ActionCache::new(options.action_cache_bytes)),
             dir: dir.to_path_buf(),
             state: Mutex::new(state),
             flushing: Mutex::new(()),
-            trouble: Mutex::new(None),
+            trouble: Mutex::new(trouble),
+            reserve: Mutex::new(reserve),
         });
         let weak = Arc::downgrade(&inner);
         std::thread::Builder::new()
@@ -209,30 +326,53 @@ impl JournaledStore {
     }
 }
 
-/// Applies what can be read of one segment to redb: every line that parses, up to where the
-/// file can be read at all. Returns how many lines could not be read (a torn last line where
-/// the invoker died mid-write, a corrupt one, the rest of a file that fails to read).
-fn replay(db: &RedbStore, path: &Path) -> Result<usize, StoreError> {
+/// What can be read of one segment: every line that parses, up to where the file can be read
+/// at all, and how many lines could not be read (a torn last line where the invoker died
+/// mid-write, a corrupt one, the rest of a file that fails to read).
+struct SegmentRead {
+    accepted: Vec<ActivationMeta>,
+    finished: Vec<(ActivationRecord, Vec<u8>)>,
+    unread: usize,
+}
+
+fn read_segment(path: &Path) -> Result<SegmentRead, StoreError> {
     let file = File::open(path).map_err(|e| io_err("journal segment", e))?;
-    let (mut accepted, mut finished): (Vec<ActivationMeta>, Vec<ActivationRecord>) = (Vec::new(), Vec::new());
-    let mut unread = 0;
+    let mut read = SegmentRead { accepted: Vec::new(), finished: Vec::new(), unread: 0 };
     for line in BufReader::new(file).split(b'\n') {
         let Ok(line) = line else {
-            unread += 1;
+            read.unread += 1;
             break;
         };
         match serde_json::from_slice::<Line>(&line) {
-            Ok(Line::A(meta)) => accepted.push(meta),
-            Ok(Line::F(record)) => finished.push(*record),
-            Err(_) => unread += 1,
+            Ok(Line::A(meta)) => read.accepted.push(meta),
+            Ok(Line::F(record)) => {
+                // A record is strings, numbers and JSON values: encoding it cannot fail.
+                let json = serde_json::to_vec(&record).expect("a record serialises");
+                read.finished.push((*record, json));
+            }
+            Err(_) => read.unread += 1,
         }
     }
-    // A record is strings, numbers and JSON values: encoding it cannot fail.
-    let encoded: Vec<Vec<u8>> = finished.iter().map(|r| serde_json::to_vec(r).expect("a record serialises")).collect();
-    let batch: Vec<(&ActivationRecord, &[u8])> =
-        finished.iter().zip(&encoded).map(|(r, j)| (r, j.as_slice())).collect();
-    db.apply(&accepted, &batch)?;
-    Ok(unread)
+    Ok(read)
+}
+
+impl SegmentRead {
+    fn apply_to(&self, db: &RedbStore) -> Result<(), StoreError> {
+        let batch: Vec<(&ActivationRecord, &[u8])> = self.finished.iter().map(|(r, j)| (r, j.as_slice())).collect();
+        db.apply(&self.accepted, &batch)
+    }
+
+    /// Into memory, as if this run had journaled it (segments are read oldest first).
+    fn load_into(&self, state: &mut State) {
+        for meta in &self.accepted {
+            state.pending.insert(meta.activation_id.clone(), (meta.clone(), false));
+        }
+        for (record, json) in &self.finished {
+            state.pending.remove(&record.activation_id);
+            let finished = Finished { record: Arc::new(record.clone()), json: json.clone().into(), journaled: true };
+            state.finished.insert(record.activation_id.clone(), finished);
+        }
+    }
 }
 
 fn flush_loop(inner: Weak<Inner>) {
@@ -304,7 +444,8 @@ impl Inner {
         }
     }
 
-    /// Tries a write of each kind the store makes; when both succeed, the trouble is over.
+    /// Tries a write of each kind the store makes, and allocates the reserve whole again; when
+    /// all succeed, the trouble is over.
     fn try_recover(&self) {
         let scratch = self.dir.join("probe.tmp");
         let journal = std::fs::write(&scratch, vec![0u8; PROBE_BYTES]);
@@ -313,6 +454,7 @@ impl Inner {
             Ok(()) => self.db.put_setting("store.probe", &crate::model::epoch_ms().to_string()),
             Err(e) => Err(io_err("journal directory", e)),
         };
+        let probed = probed.and_then(|()| self.reserve.lock().fill());
         match probed {
             Ok(()) => {
                 if let Some(reason) = self.trouble.lock().take() {
@@ -323,6 +465,45 @@ impl Inner {
                 self.troubled(e);
             }
         }
+    }
+
+    /// A record's line, written with room from the reserve when the disk has none left.
+    fn append_ending(&self, state: &mut State, record: &ActivationRecord) -> Result<Vec<u8>, StoreError> {
+        loop {
+            match Inner::append(state, &LineRef::F(record)) {
+                Err(e) if e.is_disk_full() => {
+                    // The store refuses new work from the first line that found the disk full.
+                    self.troubled(io_err("journal append", std::io::Error::from_raw_os_error(libc::ENOSPC)));
+                    let need = serde_json::to_vec(record).map_or(0, |j| j.len() as u64) + 16;
+                    if !self.reserve.lock().release(need) {
+                        return Err(e);
+                    }
+                }
+                done => return done,
+            }
+        }
+    }
+
+    /// Journals the records held in memory alone (the reserve may have room again), then
+    /// flushes; the ids of those still in memory alone.
+    fn write_out_once(&self) -> Vec<String> {
+        {
+            let mut state = self.state.lock();
+            let alone: Vec<Arc<ActivationRecord>> =
+                state.finished.values().filter(|f| !f.journaled).map(|f| f.record.clone()).collect();
+            for record in alone {
+                if self.append_ending(&mut state, &record).is_ok() {
+                    if let Some(f) = state.finished.get_mut(&record.activation_id) {
+                        f.journaled = true;
+                    }
+                }
+            }
+        }
+        if self.flush().is_ok() {
+            return Vec::new();
+        }
+        let state = self.state.lock();
+        state.finished.values().filter(|f| !f.journaled).map(|f| f.record.activation_id.clone()).collect()
     }
 
     fn flush(&self) -> Result<(), StoreError> {
@@ -447,24 +628,25 @@ impl Store for JournaledStore {
         Ok(())
     }
 
-    /// Never loses an accepted activation's record: one whose journal line cannot be written
-    /// is kept in memory until a flush moves it into redb.
+    /// Never loses an accepted activation's record: a line the disk has no room for takes it
+    /// from the journal's reserve; one that finds the reserve spent too is kept in memory until
+    /// a flush moves it into redb (and `write_out` says so if none does before the end).
     fn finish(&self, record: &Arc<ActivationRecord>) -> Result<(), StoreError> {
         let inner = &self.inner;
         let mut state = inner.state.lock();
-        let json: Box<[u8]> = match Inner::append(&mut state, &LineRef::F(record)) {
+        let (json, journaled) = match inner.append_ending(&mut state, record) {
             // The line is `{"F":<record>}`: the record's own JSON is inside.
-            Ok(line) => line.get(5..line.len().saturating_sub(1)).unwrap_or_default().into(),
+            Ok(line) => (line.get(5..line.len().saturating_sub(1)).unwrap_or_default().into(), true),
             Err(e) => {
                 drop(state);
                 let e = inner.troubled(e);
                 tracing::warn!(activation = %record.activation_id, "record kept in memory until the store writes: {e}");
                 state = inner.state.lock();
-                serde_json::to_vec(&**record).expect("a record serialises").into()
+                (serde_json::to_vec(&**record).expect("a record serialises").into(), false)
             }
         };
         state.pending.remove(&record.activation_id);
-        state.finished.insert(record.activation_id.clone(), Finished { record: Arc::clone(record), json });
+        state.finished.insert(record.activation_id.clone(), Finished { record: Arc::clone(record), json, journaled });
         Ok(())
     }
 
@@ -503,9 +685,39 @@ impl Store for JournaledStore {
         Ok(records.into_iter().skip(skip).take(limit).collect())
     }
 
+    /// The earlier run's unfinished activations (in redb's pending table, and in memory when
+    /// the journal could not be applied at open) get whisk-error records at once, in memory
+    /// first: on a full disk they reach redb with the first flush that succeeds.
     fn recover_unfinished(&self, now_ms: u64) -> Result<usize, StoreError> {
-        self.inner.flush()?;
-        self.inner.db.recover_unfinished(now_ms)
+        let inner = &self.inner;
+        let mut left: FxHashMap<String, ActivationMeta> =
+            inner.db.pending()?.into_iter().map(|m| (m.activation_id.clone(), m)).collect();
+        let mut state = inner.state.lock();
+        left.extend(state.pending.drain().map(|(id, (meta, _))| (id, meta)));
+        // Finished already, on its way to redb: not unfinished.
+        left.retain(|id, _| !state.finished.contains_key(id) && !state.in_flight.contains_key(id));
+        for (id, meta) in &left {
+            let record =
+                ActivationRecord::whisk_error(meta, "the invoker stopped before this activation finished", now_ms);
+            let json = serde_json::to_vec(&record).expect("a record serialises").into();
+            state.finished.insert(id.clone(), Finished { record: Arc::new(record), json, journaled: false });
+        }
+        drop(state);
+        if let Err(e) = inner.flush() {
+            tracing::warn!("the records of unfinished activations are kept in memory until the store writes: {e}");
+        }
+        Ok(left.len())
+    }
+
+    fn write_out(&self, within: Duration) -> Vec<String> {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let alone = self.inner.write_out_once();
+            if alone.is_empty() || std::time::Instant::now() >= deadline {
+                return alone;
+            }
+            std::thread::sleep(FLUSH_EVERY);
+        }
     }
 
     fn expire(&self, before_ms: u64) -> Result<usize, StoreError> {
@@ -680,7 +892,9 @@ mod tests {
             }
         }
         let _unmount = Unmount(dir.path());
-        let store = open(dir.path());
+        let options = JournalOptions { end_reserve_bytes: 1 << 20, ..JournalOptions::default() };
+        let store =
+            JournaledStore::open_with(&dir.path().join("s.redb"), &dir.path().join("journal"), options).unwrap();
         let big = |id: &str| {
             let mut r = record(id);
             r.response.result = serde_json::json!({ "data": "x".repeat(64 * 1024) });
@@ -702,12 +916,22 @@ mod tests {
             Err(StoreError::Unavailable(reason)) => assert_eq!(reason, trouble),
             other => panic!("new work is refused: {other:?}"),
         }
+        // What the reserve gave back beyond the line, taken too.
+        let mut more = File::create(dir.path().join("ballast2")).unwrap();
+        while more.write_all(&[7u8; 4096]).is_ok() {}
+        drop(more);
         assert!(store.flush().is_err(), "nothing can be written");
         let put = store.put_action(Action { version: String::new(), ..Action::for_test("b", "x") }, false);
         assert!(put.as_ref().is_err_and(StoreError::is_storage), "{put:?}");
         assert_eq!(store.get_activation("a1").unwrap().unwrap().activation_id, "a1", "kept in memory");
+        // And journaled, with room from the reserve: a stop now would not lose it.
+        let journaled = segments(&dir.path().join("journal")).unwrap().iter().any(|(_, path)| {
+            std::fs::read_to_string(path).unwrap().lines().any(|l| l.starts_with("{\"F\"") && l.contains("\"a1\""))
+        });
+        assert!(journaled, "a1's line is in the journal");
 
         std::fs::remove_file(&ballast).unwrap();
+        std::fs::remove_file(dir.path().join("ballast2")).unwrap();
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         while store.trouble().is_some() {
             assert!(std::time::Instant::now() < deadline, "the store never recovered: {:?}", store.trouble());

@@ -8,7 +8,7 @@ pub mod action_cache;
 mod journal;
 mod redb_store;
 
-pub use journal::{JournaledStore, DEFAULT_ACTION_CACHE_BYTES};
+pub use journal::{JournalOptions, JournaledStore, DEFAULT_ACTION_CACHE_BYTES, DEFAULT_END_RESERVE_BYTES};
 pub use redb_store::RedbStore;
 
 use crate::model::{Action, ActivationMeta, ActivationRecord};
@@ -117,6 +117,11 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<Vec<ActivationRecord>, StoreError>;
     /// Gives every activation an earlier run left unfinished a whisk-error record.
     fn recover_unfinished(&self, now_ms: u64) -> Result<usize, StoreError>;
+    /// At the end of a run: writes what is held in memory alone (a disk that was full), for at
+    /// most `within`; returns the ids of the records that could not be written anywhere.
+    fn write_out(&self, _within: std::time::Duration) -> Vec<String> {
+        Vec::new()
+    }
     /// Deletes records that ended before `before_ms`.
     fn expire(&self, before_ms: u64) -> Result<usize, StoreError>;
 

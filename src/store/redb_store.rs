@@ -137,6 +137,20 @@ impl RedbStore {
         Ok(db)
     }
 
+    /// The activations accepted and not finished, as the pending table holds them (a read).
+    pub fn pending(&self) -> Result<Vec<ActivationMeta>, StoreError> {
+        self.run(|db| {
+            let txn = db.begin_read().map_err(db_err)?;
+            let table = txn.open_table(PENDING).map_err(db_err)?;
+            let mut out = Vec::new();
+            for entry in table.iter().map_err(db_err)? {
+                let (k, v) = entry.map_err(db_err)?;
+                out.push(decode(k.value(), v.value())?);
+            }
+            Ok(out)
+        })
+    }
+
     /// Whether an activation id was seen before (finished or pending), without writing.
     pub fn seen(&self, id: &str) -> Result<Accepted, StoreError> {
         self.run(|db| {

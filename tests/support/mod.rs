@@ -320,7 +320,8 @@ impl SmallDisk {
     pub fn fill(&self, spare_bytes: u64) -> PathBuf {
         let free = nix::sys::statvfs::statvfs(&self.0).unwrap();
         let available = free.blocks_available() as u64 * free.fragment_size() as u64;
-        let ballast = self.0.join("ballast");
+        // A new file each time: a second fill adds to the first.
+        let ballast = (0..).map(|n| self.0.join(format!("ballast{n}"))).find(|p| !p.exists()).unwrap();
         let mut file = std::fs::File::create(&ballast).unwrap();
         let mut left = available.saturating_sub(spare_bytes);
         // The invoker writes too: a full disk before the target is as good.
