@@ -390,20 +390,11 @@ impl Store for RedbStore {
     }
 
     fn recover_unfinished(&self, now_ms: u64) -> Result<usize, StoreError> {
+        let pending = self.pending()?;
+        if pending.is_empty() {
+            return Ok(0);
+        }
         self.run(|db| {
-            let pending: Vec<ActivationMeta> = {
-                let txn = db.begin_read().map_err(db_err)?;
-                let table = txn.open_table(PENDING).map_err(db_err)?;
-                let mut out = Vec::new();
-                for entry in table.iter().map_err(db_err)? {
-                    let (k, v) = entry.map_err(db_err)?;
-                    out.push(decode(k.value(), v.value())?);
-                }
-                out
-            };
-            if pending.is_empty() {
-                return Ok(0);
-            }
             let txn = db.begin_write().map_err(db_err)?;
             {
                 let mut tables = RecordTables::open(&txn)?;
