@@ -14,6 +14,8 @@ pub mod capacity;
 pub mod cluster;
 pub mod config;
 pub mod factory;
+#[cfg(feature = "test-util")]
+pub mod fuzz;
 pub mod http;
 pub mod metrics;
 pub mod model;

@@ -4,12 +4,12 @@
 mod actions;
 mod activations;
 mod admin;
-mod archive;
+pub(crate) mod archive;
 mod cluster;
 pub mod error;
 mod fn_routes;
 pub mod server;
-mod shim;
+pub(crate) mod shim;
 mod wire;
 
 use crate::activation::ActivationService;

@@ -24,6 +24,17 @@ fn scheduler_revision<'m>(msg: &'m ActivationMessage<'_>) -> Result<Option<(&'m 
     Ok(Some((&index.as_string, revision)))
 }
 
+/// Reads a message as the shim does before it looks for the action (what the fuzz targets
+/// feed with arbitrary bytes).
+#[cfg(feature = "test-util")]
+pub(crate) fn read_message(body: &[u8], payload_max_bytes: usize) -> Result<(), ApiError> {
+    let msg: ActivationMessage<'static> = super::parse_body(body)?;
+    validate(&msg)?;
+    scheduler_revision(&msg)?;
+    call_request(&msg, payload_max_bytes)?;
+    Ok(())
+}
+
 /// What an `ActivationMessage` may hold beyond its parameters.
 pub(super) const ENVELOPE_BYTES: usize = 64 * 1024;
 

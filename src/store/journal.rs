@@ -219,6 +219,16 @@ enum Line {
     F(Box<ActivationRecord>),
 }
 
+/// A journal line as a restart reads it, written again as the journal writes it: `None` when
+/// it does not parse (what the fuzz targets feed with arbitrary bytes).
+#[cfg(any(test, feature = "test-util"))]
+pub(crate) fn reread_line(bytes: &[u8]) -> Option<Vec<u8>> {
+    match serde_json::from_slice::<Line>(bytes).ok()? {
+        Line::A(meta) => serde_json::to_vec(&LineRef::A(&meta)).ok(),
+        Line::F(record) => serde_json::to_vec(&LineRef::F(&record)).ok(),
+    }
+}
+
 /// What `Line` reads, written without a copy.
 #[derive(serde::Serialize)]
 enum LineRef<'a> {
@@ -870,6 +880,15 @@ mod tests {
         assert_eq!(aside.len(), 1, "kept aside: {aside:?}");
         assert_eq!(std::fs::read(journal.join(&aside[0])).unwrap(), damaged, "as it was");
         assert!(journal.join("journal.00000000000000000099").is_dir() && journal.join("notes.txt").exists());
+    }
+
+    /// Found by the fuzz targets: a number past u64 in a result came back from the journal
+    /// (and redb) as another number, a little different each time it was read and written.
+    #[test]
+    fn a_large_number_in_a_result_reads_back_as_written() {
+        let line = br#"{"F":{"namespace":"guest","name":"echo","version":"0.0.1","subject":"guest","activationId":"0123456789abcdef0123456789abcdef","start":1,"end":2,"duration":1,"statusCode":0,"response":{"status":"success","statusCode":0,"success":true,"result":{"x":[118446744073709551616]}},"logs":[],"annotations":[],"publish":false}}"#;
+        let once = reread_line(line).expect("a journal line");
+        assert_eq!(reread_line(&once).as_deref(), Some(once.as_slice()));
     }
 
     /// A store on a small filesystem that fills up: new work is refused with the disk named,

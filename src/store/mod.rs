@@ -5,7 +5,7 @@
 //! `recover_unfinished` turns whatever an earlier run left pending into whisk-error records.
 
 pub mod action_cache;
-mod journal;
+pub(crate) mod journal;
 mod redb_store;
 
 pub use journal::{JournalOptions, JournaledStore, DEFAULT_ACTION_CACHE_BYTES, DEFAULT_END_RESERVE_BYTES};
