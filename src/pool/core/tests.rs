@@ -450,3 +450,40 @@ fn without_a_pause_grace_nothing_is_ever_paused() {
     core.handle(Event::Finished { container: c, job: JobId(1), reusable: true }, ms(10));
     assert!(core.handle(Event::Tick, ms(500_000)).is_empty());
 }
+
+#[test]
+fn a_retired_key_loses_its_idle_containers_at_once_and_its_busy_ones_after_their_runs() {
+    let mut core = core_with(4096);
+    let a = created(&core.handle(Event::Arrived(job(1, 1, 256)), ms(1)))[0];
+    let b = created(&core.handle(Event::Arrived(job(2, 1, 256)), ms(1)))[0];
+    core.handle(Event::Started { container: a, failure: None, at: Time::ZERO }, ms(2));
+    core.handle(Event::Started { container: b, failure: None, at: Time::ZERO }, ms(2));
+    core.handle(Event::Finished { container: a, job: JobId(1), reusable: true }, ms(3));
+    let fx = core.handle(Event::Retire(KeyId(1)), ms(4));
+    assert_eq!(fx.as_slice(), &[Effect::Remove { container: a }], "the idle one at once, the busy one runs on");
+    let fx = core.handle(Event::Finished { container: b, job: JobId(2), reusable: true }, ms(5));
+    assert_eq!(fx.as_slice(), &[Effect::Remove { container: b }], "then goes instead of idling");
+}
+
+#[test]
+fn a_job_waiting_for_a_retired_key_still_runs_and_its_container_then_goes() {
+    // Room for two containers: the third job waits.
+    let mut core = core_with(512 + CoreConfig::default().buffer_mb);
+    let a = created(&core.handle(Event::Arrived(job(1, 1, 256)), ms(1)))[0];
+    let b = created(&core.handle(Event::Arrived(job(2, 1, 256)), ms(1)))[0];
+    core.handle(Event::Started { container: a, failure: None, at: Time::ZERO }, ms(2));
+    core.handle(Event::Started { container: b, failure: None, at: Time::ZERO }, ms(2));
+    let mut waiting = job(3, 1, 256);
+    waiting.deadline = ms(60_000);
+    assert!(created(&core.handle(Event::Arrived(waiting), ms(3))).is_empty(), "no room for a third");
+    core.handle(Event::Retire(KeyId(1)), ms(4));
+    let fx = core.handle(Event::Finished { container: a, job: JobId(1), reusable: true }, ms(5));
+    assert_eq!(fx.as_slice(), &[Effect::Remove { container: a }], "a retired container takes no waiting job");
+    let fx = core.handle(Event::Removed(a), ms(6));
+    let c = created(&fx);
+    assert_eq!(c.len(), 1, "the waiting job gets a container of its own: {fx:?}");
+    let fx = core.handle(Event::Started { container: c[0], failure: None, at: Time::ZERO }, ms(7));
+    assert_eq!(fx.as_slice(), &[Effect::Dispatch { job: JobId(3), container: c[0] }]);
+    let fx = core.handle(Event::Finished { container: c[0], job: JobId(3), reusable: true }, ms(8));
+    assert_eq!(fx.as_slice(), &[Effect::Remove { container: c[0] }], "and goes after it");
+}
