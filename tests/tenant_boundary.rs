@@ -294,3 +294,47 @@ async fn an_fn_listener_that_is_a_chain_of_links_to_another_tenants_is_refused_a
     assert!(a["annotations"].to_string().contains("create_failed"), "{a}");
     assert!(inv.stderr().contains("chain of links"), "the operator's log says why: {}", inv.stderr());
 }
+
+const CONTROLLER: &str = "cccccccc-0000-0000-0000-000000000000:controller-secret";
+
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_root, ignore = "needs root: the sandbox (run by .ci/run)")]
+#[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
+async fn a_delete_through_the_scheduler_removes_the_idle_containers_on_its_invokers() {
+    if !root_or_skip() {
+        return;
+    }
+    let Some(etcd) = support::etcd::EtcdServer::start() else { return };
+    let keys = format!(
+        "[cluster]\netcd = [\"{}\"]\nlease_ttl = \"3s\"\npublish_interval = \"100ms\"\n\
+         controller_key = \"{CONTROLLER}\"\n[admin]\ncontroller_keys = [\"{CONTROLLER}\"]\n[proxy]\npause_grace = \"60s\"\n",
+        etcd.url()
+    );
+    let (invoker_dir, scheduler_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let invoker = Invoker::start(invoker_dir.path(), &format!("ten-cluster-{}", std::process::id()), &keys);
+    let scheduler = Invoker::start_scheduler(
+        scheduler_dir.path(),
+        &format!("{keys}[scheduler]\nid = \"s1\"\nrefresh_interval = \"50ms\"\n"),
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, list) = scheduler.get_url("/v1/invokers").await;
+        if list.as_array().is_some_and(|l| l.iter().any(|i| i["nodes"][0]["capacity_mb"].as_u64() > Some(0))) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the scheduler never saw the invoker: {list}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let version = |v: u32| python(&format!("def main(a):\n    return {{'version': {v}}}\n"));
+    scheduler.put_action("again", version(1)).await;
+    let (status, r) = scheduler.invoke("again", "blocking=true", json!({})).await;
+    assert_eq!((status, &r["response"]["result"]["version"]), (200, &json!(1)), "{r}");
+    assert_eq!(containers_of(&invoker, "guest/again").await.len(), 1, "warm on the invoker");
+
+    let (status, _) = scheduler.send_json("DELETE", "/api/v1/namespaces/_/actions/again", Value::Null).await;
+    assert_eq!(status, 200);
+    assert!(containers_of(&invoker, "guest/again").await.is_empty(), "the delete reached the invoker's pool");
+    scheduler.put_action("again", version(2)).await;
+    let (status, r) = scheduler.invoke("again", "blocking=true", json!({})).await;
+    assert_eq!((status, &r["response"]["result"]["version"]), (200, &json!(2)), "the deleted code ran: {r}");
+}
