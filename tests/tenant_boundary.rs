@@ -338,3 +338,43 @@ async fn a_delete_through_the_scheduler_removes_the_idle_containers_on_its_invok
     let (status, r) = scheduler.invoke("again", "blocking=true", json!({})).await;
     assert_eq!((status, &r["response"]["result"]["version"]), (200, &json!(2)), "the deleted code ran: {r}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_root, ignore = "needs root: the sandbox (run by .ci/run)")]
+#[cfg_attr(invoker_without_fdk, ignore = "needs Fn's FDKs (scripts/fdk.sh installs them; run by .ci/run)")]
+async fn an_fn_app_deleted_and_created_again_never_runs_the_deleted_functions_code() {
+    if !root_or_skip() {
+        return;
+    }
+    let (_dir, inv) = start("ten-fn-again", "");
+    let code = |v: u32| {
+        format!(
+            "import io, json, os\ndef handler(ctx, data: io.BytesIO = None):\n    \
+             return json.dumps({{'version': {v}, 'fn_id': os.environ.get('FN_FN_ID')}})\n"
+        )
+    };
+    let mut seen = Vec::new();
+    for v in [1, 2] {
+        let (status, app) = inv.send_json("POST", "/v2/apps", json!({"name": "again"})).await;
+        assert_eq!(status, 200, "{app}");
+        let new_fn = json!({"name": "f", "app_id": app["id"], "image": "fn:python", "code": code(v)});
+        let (status, function) = inv.send_json("POST", "/v2/fns", new_fn).await;
+        assert_eq!(status, 200, "{function}");
+        let fn_id = function["id"].as_str().unwrap().to_string();
+        let (status, _, body) = inv.send("POST", &format!("/invoke/{fn_id}"), support::GUEST, &[], Vec::new()).await;
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+        let said: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            (said["version"].as_u64(), said["fn_id"].as_str()),
+            (Some(u64::from(v)), Some(fn_id.as_str())),
+            "{said}"
+        );
+        seen.push(fn_id);
+        assert_eq!(containers_of(&inv, "guest/again.f").await.len(), 1, "warm");
+        let (status, _) =
+            inv.send_json("DELETE", &format!("/v2/apps/{}", app["id"].as_str().unwrap()), Value::Null).await;
+        assert!(status == 200 || status == 204, "{status}");
+        assert!(containers_of(&inv, "guest/again.f").await.is_empty(), "the delete removed the idle container");
+    }
+    assert_ne!(seen[0], seen[1]);
+}
