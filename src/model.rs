@@ -257,6 +257,7 @@ impl Rejection {
     }
 
     /// The codes of rejections that ran nothing: another invoker may take the activation.
+    /// `container_lost` is not one: its run may have started.
     pub fn ran_nothing(code: &str) -> bool {
         matches!(code, "never_fits" | "deadline" | "queue_full" | "create_failed" | "draining" | "no_invoker")
     }
@@ -291,6 +292,16 @@ impl ActivationResponse {
 }
 
 impl ActivationRecord {
+    /// Whether the record says its action provably never started (a rejection of the kinds
+    /// that run nothing, from this process or from the `rejected` annotation of a record read
+    /// back or sent by an invoker). Any other whisk error may have run.
+    pub fn ran_nothing(&self) -> bool {
+        match &self.rejection {
+            Some(rejection) => Rejection::ran_nothing(rejection.code()),
+            None => self.annotation("rejected").and_then(Value::as_str).is_some_and(Rejection::ran_nothing),
+        }
+    }
+
     pub fn outcome(&self) -> Outcome {
         self.response.outcome()
     }

@@ -114,12 +114,18 @@ impl ApiError {
 
 /// The status for a finished activation: `failed` when the action ran and failed; 503 when
 /// nothing ran (retrying may help), 400 when it can never fit.
+///
+/// A whisk error is 503 (safe to retry) only when the record says nothing ran: an activation
+/// that may have started (its container or invoker lost under it, an invoker stopped before it
+/// ended) is 502 with its whisk-error record, as OpenWhisk answers there, so that a client that
+/// retries a 503 never runs an action twice.
 pub(super) fn record_status(record: &ActivationRecord, failed: StatusCode) -> StatusCode {
     match (record.outcome(), record.rejection) {
         (Outcome::Success, _) => StatusCode::OK,
         (Outcome::ApplicationError | Outcome::DeveloperError, _) => failed,
         (Outcome::WhiskError, Some(Rejection::NeverFits { .. })) => StatusCode::BAD_REQUEST,
-        (Outcome::WhiskError, _) => StatusCode::SERVICE_UNAVAILABLE,
+        (Outcome::WhiskError, _) if record.ran_nothing() => StatusCode::SERVICE_UNAVAILABLE,
+        (Outcome::WhiskError, _) => StatusCode::BAD_GATEWAY,
     }
 }
 
@@ -148,6 +154,42 @@ pub(super) fn fn_record_status(record: &ActivationRecord) -> Result<(), (StatusC
             Err((StatusCode::BAD_GATEWAY, format!("Container failed to initialize, {fdk}")))
         }
         (Outcome::WhiskError, Some(Rejection::NeverFits { .. })) => Err((StatusCode::BAD_REQUEST, error())),
-        (Outcome::WhiskError, _) => Err((StatusCode::SERVICE_UNAVAILABLE, error())),
+        (Outcome::WhiskError, _) if record.ran_nothing() => Err((StatusCode::SERVICE_UNAVAILABLE, error())),
+        // It may have started: never "retry me".
+        (Outcome::WhiskError, _) => Err((StatusCode::BAD_GATEWAY, error())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{ActivationMeta, Limits};
+
+    fn meta() -> ActivationMeta {
+        ActivationMeta {
+            activation_id: "0123456789abcdef0123456789abcdef".into(),
+            namespace: "guest".into(),
+            name: "a".into(),
+            version: "0.0.1".into(),
+            subject: "guest".into(),
+            kind: "python:3".into(),
+            limits: Limits { timeout: 1000, memory: 256, logs: 10, concurrency: 1, disk: 256 },
+            accepted_at: 1,
+        }
+    }
+
+    #[test]
+    fn a_whisk_error_is_503_only_when_nothing_ran() {
+        let refused = ActivationRecord::rejected(&meta(), Rejection::Deadline, 5, 10);
+        assert_eq!(record_status(&refused, StatusCode::BAD_GATEWAY), StatusCode::SERVICE_UNAVAILABLE);
+        // Read back from the store or sent by an invoker: the annotation says it.
+        let read_back = ActivationRecord { rejection: None, ..refused };
+        assert_eq!(record_status(&read_back, StatusCode::BAD_GATEWAY), StatusCode::SERVICE_UNAVAILABLE);
+        let lost = ActivationRecord::rejected(&meta(), Rejection::ContainerLost, 5, 10);
+        assert_eq!(record_status(&lost, StatusCode::BAD_GATEWAY), StatusCode::BAD_GATEWAY, "it may have run");
+        let stopped = ActivationRecord::whisk_error(&meta(), "the invoker stopped before this activation finished", 10);
+        assert_eq!(record_status(&stopped, StatusCode::BAD_GATEWAY), StatusCode::BAD_GATEWAY);
+        assert_eq!(fn_record_status(&stopped).unwrap_err().0, StatusCode::BAD_GATEWAY);
+        assert_eq!(fn_record_status(&read_back).unwrap_err().0, StatusCode::SERVICE_UNAVAILABLE);
     }
 }
