@@ -162,6 +162,41 @@ async fn a_second_invoker_with_a_live_ones_id_refuses_to_start_and_touches_nothi
     assert_eq!((status, &again["pid"]), (200, &first["pid"]));
 }
 
+/// The same with etcd unreachable, so that no claim there can refuse the second one: the id is
+/// held on the machine, and the second start stops before it touches anything of the first's.
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_root, ignore = "needs root: the sandbox, cgroups (run by .ci/run)")]
+async fn with_etcd_unreachable_a_second_invoker_with_a_live_ones_id_refuses_to_start_and_kills_nothing() {
+    let (dir, other) = (tempdir(), tempdir());
+    let invoker_id = id("dup-away");
+    let nowhere = support::etcd::free_port();
+    let config = format!("[cluster]\netcd = [\"http://127.0.0.1:{nowhere}\"]\nlease_ttl = \"3s\"\n");
+    let inv = Invoker::start(dir.path(), &invoker_id, &config);
+    inv.put_action("pid", python("import os\ndef main(a):\n    return {'pid': os.getpid()}")).await;
+    let (_, first) = inv.invoke("pid", "blocking=true&result=true", json!({})).await;
+
+    let config_file = other.path().join("invoker.toml");
+    std::fs::write(&config_file, format!("invoker_id = \"{invoker_id}\"\n{config}")).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_invoker"))
+        .arg("--config")
+        .arg(&config_file)
+        .args(["--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(other.path().join("data"))
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the duplicate started: {stderr}");
+    assert!(
+        stderr.contains(&format!("invoker id '{invoker_id}' is held by a live invoker on this machine")),
+        "{stderr}"
+    );
+    assert!(stderr.contains(&inv.child.id().to_string()), "names the live one's pid: {stderr}");
+    // The first one's container is the same process: nothing of it was killed.
+    let (status, again) = inv.invoke("pid", "blocking=true&result=true", json!({})).await;
+    assert_eq!((status, &again["pid"]), (200, &first["pid"]));
+}
+
 #[tokio::test(flavor = "multi_thread")]
 #[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
 async fn a_killed_invokers_keys_go_with_its_lease_and_a_restart_takes_its_id_over() {

@@ -8,6 +8,7 @@ mod cgroup;
 pub mod docker;
 pub mod fn_bridge;
 pub mod fn_socket;
+mod id_lock;
 #[cfg(feature = "kubernetes")]
 pub mod kubernetes;
 pub mod logs;

@@ -12,6 +12,7 @@
 
 use super::cgroup::ContainerCgroups;
 use super::fn_socket::ListenerWatch;
+use super::id_lock::IdLock;
 use super::logs::{LogBuffer, Stream};
 use super::netns::NetNs;
 use super::one_host::OneHost;
@@ -75,6 +76,8 @@ struct Inner {
     /// Containers whose runtime exited on its own, for the pool to remove.
     gone: mpsc::Sender<ContainerId>,
     gone_rx: Mutex<Option<mpsc::Receiver<ContainerId>>>,
+    /// This invoker id, held on this machine for the life of the factory.
+    _id: IdLock,
 }
 
 struct Live {
@@ -98,6 +101,8 @@ fn setup_error(reason: String) -> FactoryError {
 impl ProcessFactory {
     /// Sets up the factory and kills what an earlier run of this invoker left behind.
     pub fn new(config: &Config, epoch: Epoch) -> Result<Self, FactoryError> {
+        // Before anything of an earlier run of this id is touched: see `id_lock.rs`.
+        let id = IdLock::take(&config.invoker_id).map_err(setup_error)?;
         let settings = config.factory.process.clone();
         let pid_dir = config.data_dir.join("processes").join(&config.invoker_id);
         let pid_dir = std::path::absolute(&pid_dir).map_err(|e| setup_error(format!("{}: {e}", pid_dir.display())))?;
@@ -241,6 +246,7 @@ impl ProcessFactory {
                 own_disks,
                 gone,
                 gone_rx: Mutex::new(Some(gone_rx)),
+                _id: id,
             }),
         };
         factory.observe();

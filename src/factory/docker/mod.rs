@@ -54,6 +54,8 @@ struct Inner {
     docker: Docker,
     config: DockerFactoryConfig,
     invoker_id: String,
+    /// This invoker id, held on this machine for the life of the factory (`id_lock.rs`).
+    _id: super::id_lock::IdLock,
     host: OneHost,
     dir: PathBuf,
     owner: (u32, u32),
@@ -79,6 +81,8 @@ impl DockerFactory {
     /// than bollard's default), reads the host's memory, and removes what an earlier run of this
     /// invoker left.
     pub async fn new(config: &Config, epoch: Epoch) -> Result<Self, FactoryError> {
+        // Before the clean-up of an earlier run's containers: see `id_lock.rs`.
+        let id = super::id_lock::IdLock::take(&config.invoker_id).map_err(setup)?;
         let dc = config.factory.docker.clone();
         let socket = dc.socket.to_string_lossy().to_string();
         let docker = Docker::connect_with_unix(&socket, 120, bollard::API_DEFAULT_VERSION)
@@ -113,6 +117,7 @@ impl DockerFactory {
                 creates: Semaphore::new(dc.max_concurrent_creates.max(1)),
                 config: dc,
                 invoker_id: config.invoker_id.clone(),
+                _id: id,
                 host: OneHost::new(node, capacity_mb, epoch),
                 dir,
                 owner,
