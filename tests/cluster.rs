@@ -177,16 +177,32 @@ async fn with_etcd_unreachable_a_second_invoker_with_a_live_ones_id_refuses_to_s
 
     let config_file = other.path().join("invoker.toml");
     std::fs::write(&config_file, format!("invoker_id = \"{invoker_id}\"\n{config}")).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_invoker"))
+    let log = other.path().join("stderr.log");
+    let mut duplicate = Command::new(env!("CARGO_BIN_EXE_invoker"))
         .arg("--config")
         .arg(&config_file)
         .args(["--listen", "127.0.0.1:0", "--data-dir"])
         .arg(other.path().join("data"))
         .env("RUST_BACKTRACE", "0")
-        .output()
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
         .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "the duplicate started: {stderr}");
+    // Bounded: a duplicate that starts serves until it is stopped.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = duplicate.try_wait().unwrap() {
+            break Some(status);
+        }
+        if Instant::now() > deadline {
+            let _ = duplicate.kill();
+            let _ = duplicate.wait();
+            break None;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let stderr = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(status.is_some_and(|s| !s.success()), "the duplicate started: {stderr}");
     assert!(
         stderr.contains(&format!("invoker id '{invoker_id}' is held by a live invoker on this machine")),
         "{stderr}"
