@@ -403,9 +403,17 @@ impl ContainerFactory for ProcessFactory {
             // As root: the runtime tells the invoker from a launcher and stops waiting.
             drop(tokio::net::UnixStream::connect(&adopt).await);
         }
-        match inner.live.lock().get_mut(&spec.id) {
-            Some(live) if live.exit.borrow().is_none() => live.ready = true,
-            _ => return Err(FactoryError::Create("the runtime exited as it became ready".into())),
+        let exited = match inner.live.lock().get_mut(&spec.id) {
+            Some(live) if live.exit.borrow().is_none() => {
+                live.ready = true;
+                false
+            }
+            _ => true,
+        };
+        if exited {
+            // Whatever was made of it goes, as for any failed create.
+            self.kill(spec.id).await;
+            return Err(FactoryError::Create("the runtime exited as it became ready".into()));
         }
         let ready_at = inner.host.now();
         self.observe();
