@@ -368,6 +368,21 @@ pub struct ActivationMeta {
 }
 
 impl ActivationMeta {
+    /// An activation of `guest/a` (`python:3`, 256 MB), for the unit tests.
+    #[cfg(test)]
+    pub(crate) fn for_test(id: &str) -> ActivationMeta {
+        ActivationMeta {
+            activation_id: id.into(),
+            namespace: "guest".into(),
+            name: "a".into(),
+            version: "0.0.1".into(),
+            subject: "guest".into(),
+            kind: "python:3".into(),
+            limits: Limits { timeout: 1000, memory: 256, logs: 10, concurrency: 1, disk: 256 },
+            accepted_at: 1,
+        }
+    }
+
     pub fn base_annotations(&self) -> Vec<KeyValue> {
         vec![
             KeyValue { key: "path".into(), value: json!(format!("{}/{}", self.namespace, self.name)) },

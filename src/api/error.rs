@@ -163,19 +163,10 @@ pub(super) fn fn_record_status(record: &ActivationRecord) -> Result<(), (StatusC
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{ActivationMeta, Limits};
+    use crate::model::ActivationMeta;
 
     fn meta() -> ActivationMeta {
-        ActivationMeta {
-            activation_id: "0123456789abcdef0123456789abcdef".into(),
-            namespace: "guest".into(),
-            name: "a".into(),
-            version: "0.0.1".into(),
-            subject: "guest".into(),
-            kind: "python:3".into(),
-            limits: Limits { timeout: 1000, memory: 256, logs: 10, concurrency: 1, disk: 256 },
-            accepted_at: 1,
-        }
+        ActivationMeta::for_test("0123456789abcdef0123456789abcdef")
     }
 
     #[test]

@@ -69,15 +69,6 @@ impl ContainerSocket {
         ContainerSocket { dir: self.dir.clone(), name: name.into(), shown: self.shown.clone() }
     }
 
-    /// The directory, as opened.
-    pub fn dir(&self) -> &OwnedFd {
-        &self.dir
-    }
-
-    pub fn name(&self) -> &OsStr {
-        &self.name
-    }
-
     /// Where it was, for messages and logs.
     pub fn path(&self) -> PathBuf {
         self.shown.join(&self.name)

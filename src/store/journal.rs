@@ -768,19 +768,10 @@ impl Store for JournaledStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Limits, Outcome};
+    use crate::model::Outcome;
 
     fn meta(id: &str) -> ActivationMeta {
-        ActivationMeta {
-            activation_id: id.into(),
-            namespace: "guest".into(),
-            name: "a".into(),
-            version: "0.0.1".into(),
-            subject: "guest".into(),
-            kind: "python:3".into(),
-            limits: Limits { timeout: 1000, memory: 256, logs: 10, concurrency: 1, disk: 256 },
-            accepted_at: 1,
-        }
+        ActivationMeta::for_test(id)
     }
 
     fn open(dir: &Path) -> JournaledStore {
