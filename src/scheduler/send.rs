@@ -245,38 +245,40 @@ impl InvokerClient {
     /// Whether the invoker at `authority` answers `GET /ping` within `timeout` (on a connection
     /// of its own: the kept ones may be stuck behind a hand-over).
     pub async fn ping(&self, authority: &str, timeout: Duration) -> bool {
-        let ping = async {
-            let mut sender = crate::http::connect::<http_body_util::Empty<Bytes>>(authority).await.ok()?;
-            let request = hyper::Request::get("/ping")
-                .header(hyper::header::HOST, authority)
-                .body(http_body_util::Empty::new())
-                .ok()?;
-            let response = sender.send_request(request).await.ok()?;
-            Some(response.status().is_success())
-        };
-        tokio::time::timeout(timeout, ping).await.ok().flatten().unwrap_or(false)
+        one_request(authority, hyper::Method::GET, "/ping", None, timeout).await
     }
 
     /// `DELETE path` on the invoker at `authority` (an action's retirement, on a connection of
     /// its own); whether it answered with success within `timeout`.
     pub async fn retire(&self, authority: &str, path: &str, timeout: Duration) -> bool {
-        let retire = async {
-            let mut sender = crate::http::connect::<http_body_util::Empty<Bytes>>(authority).await.ok()?;
-            let request = hyper::Request::delete(path)
-                .header(hyper::header::HOST, authority)
-                .header(hyper::header::AUTHORIZATION, &self.authorization)
-                .body(http_body_util::Empty::new())
-                .ok()?;
-            let response = sender.send_request(request).await.ok()?;
-            Some(response.status().is_success())
-        };
-        tokio::time::timeout(timeout, retire).await.ok().flatten().unwrap_or(false)
+        one_request(authority, hyper::Method::DELETE, path, Some(&self.authorization), timeout).await
     }
 
     /// Forgets the connections of an invoker that left.
     pub fn forget(&self, authority: &str) {
         self.idle.lock().remove(authority);
     }
+}
+
+/// One bodiless request on a connection of its own; whether it was answered with success
+/// within `timeout`.
+async fn one_request(
+    authority: &str,
+    method: hyper::Method,
+    path: &str,
+    authorization: Option<&str>,
+    timeout: Duration,
+) -> bool {
+    let exchange = async {
+        let mut sender = crate::http::connect::<http_body_util::Empty<Bytes>>(authority).await.ok()?;
+        let mut request = hyper::Request::builder().method(method).uri(path).header(hyper::header::HOST, authority);
+        if let Some(authorization) = authorization {
+            request = request.header(hyper::header::AUTHORIZATION, authorization);
+        }
+        let response = sender.send_request(request.body(http_body_util::Empty::new()).ok()?).await.ok()?;
+        Some(response.status().is_success())
+    };
+    tokio::time::timeout(timeout, exchange).await.ok().flatten().unwrap_or(false)
 }
 
 /// The part of a `CombinedCompletionAndResultMessage` the scheduler keeps: the record, read in
