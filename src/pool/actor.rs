@@ -491,11 +491,13 @@ impl Handler<RetireAction> for ContainerPool {
             })
             .map(|(&key, _)| key)
             .collect();
-        for key in keys {
+        if !keys.is_empty() {
             tracing::info!(
                 action = %format_args!("{}/{}", retired.namespace, retired.name),
                 "the action was deleted or updated: its containers of an older revision are removed"
             );
+        }
+        for key in keys {
             self.apply(Event::Retire(key), ctx);
         }
     }
