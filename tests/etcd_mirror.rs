@@ -1,6 +1,7 @@
 //! `cluster::mirror` against a real etcd (one per test, on loopback ports): a prefix kept by
 //! one range and the gateway's watch, through puts, deletes, a lease's end, etcd stopped and
-//! started again, frozen, and a history compacted past a watch's revision.
+//! started again, frozen, a history compacted past a watch's revision, and, with three members,
+//! the watch's own member frozen while the others serve.
 
 mod support;
 
@@ -81,6 +82,46 @@ async fn a_frozen_etcd_is_noticed_by_a_quiet_watch_and_followed_again_once_thawe
 
 /// A watch from a revision etcd compacted away ends at once, saying so; the mirror ranges
 /// again instead of missing what was compacted.
+/// Three members; the mirror's watch is on the first. Frozen, that member says nothing while the
+/// other two serve every call, including the old quiet check: the watch must be replaced on a
+/// member that serves, or the mirror never sees another change until the member thaws.
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
+async fn a_watch_on_a_frozen_member_of_three_is_replaced_on_a_member_that_serves() {
+    let Some(members) = EtcdServer::start_cluster(3) else { return };
+    let urls: Vec<String> = members.iter().map(EtcdServer::url).collect();
+    let kv = invoker::cluster::etcd::Etcd::new(&urls).unwrap();
+    put_until_done(&kv, "/m/before", "1").await;
+    let stop = CancellationToken::new();
+    let mut snapshots = mirror(kv.clone(), "/m/".into(), stop.clone());
+    until(&mut snapshots, "the first range", |s| s.current && has(s, "/m/before", "1")).await;
+    put_until_done(&kv, "/m/watched", "1").await;
+    let seen = until(&mut snapshots, "a change by the watch", |s| has(s, "/m/watched", "1")).await;
+    assert_eq!(seen.ranges, 1, "the first member serves the watch");
+
+    members[0].freeze();
+    let second = members[1].kv();
+    put_until_done(&second, "/m/during", "1").await;
+    let seen =
+        until(&mut snapshots, "a change made while the watch's member is frozen", |s| has(s, "/m/during", "1")).await;
+    assert!(seen.ranges >= 2, "the watch was replaced: {seen:?}");
+    second.delete("/m/before").await.unwrap();
+    until(&mut snapshots, "a delete through the new watch", |s| !s.entries.contains_key("/m/before")).await;
+    members[0].thaw();
+    stop.cancel();
+}
+
+/// A put retried while the cluster elects a leader (a frozen leader's followers take a second).
+async fn put_until_done(kv: &invoker::cluster::etcd::Etcd, key: &str, value: &str) {
+    for _ in 0..40 {
+        if kv.put(key, value, None).await.is_ok() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    panic!("etcd took no put of {key}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 #[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
 async fn a_watch_from_a_compacted_revision_ends_with_the_compaction_named() {

@@ -9,6 +9,8 @@ use base64::Engine as _;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use serde_json::{json, Value};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Bound on one call, connecting included.
@@ -36,10 +38,13 @@ pub fn authority(endpoint: &str) -> Option<&str> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LeaseId(pub i64);
 
-/// One etcd cluster, reached through the first of its endpoints that answers.
+/// One etcd cluster, reached through the member that answered last, or the next one that
+/// answers: a member that hangs costs one call's bound once, not on every call after it.
 #[derive(Clone, Debug)]
 pub struct Etcd {
-    endpoints: Vec<(String, String)>,
+    endpoints: Arc<[(String, String)]>,
+    /// The index of the member that answered last.
+    preferred: Arc<AtomicUsize>,
 }
 
 impl Etcd {
@@ -55,31 +60,57 @@ impl Etcd {
         if parsed.is_empty() {
             return Err(EtcdError::BadEndpoint(String::new()));
         }
-        Ok(Etcd { endpoints: parsed })
+        Ok(Etcd { endpoints: parsed.into(), preferred: Arc::new(AtomicUsize::new(0)) })
     }
 
     async fn call(&self, path: &str, body: Value) -> Result<Value, EtcdError> {
         match self.on_first_answering(|authority| post(authority, path, &body)).await? {
-            (200, answer) => Ok(answer),
-            (status, answer) => Err(refused(status, &answer)),
+            (_, (200, answer)) => Ok(answer),
+            (_, (status, answer)) => Err(refused(status, &answer)),
         }
     }
 
-    /// `request` to each member in turn (each within `CALL_TIMEOUT`) until one answers.
-    async fn on_first_answering<'a, T, F>(&'a self, request: impl Fn(&'a str) -> F) -> Result<(u16, T), EtcdError>
+    /// `request` to each member in turn (each within `CALL_TIMEOUT`), from the one that
+    /// answered last, until one answers; with the index of the member that did.
+    async fn on_first_answering<'a, T, F>(
+        &'a self,
+        request: impl Fn(&'a str) -> F,
+    ) -> Result<(usize, (u16, T)), EtcdError>
     where
         F: std::future::Future<Output = Result<(u16, T), String>>,
     {
+        let first = self.preferred.load(Ordering::Relaxed);
         let mut last = None;
-        for (endpoint, authority) in &self.endpoints {
+        for member in (0..self.endpoints.len()).map(|i| (first + i) % self.endpoints.len()) {
+            let (endpoint, authority) = &self.endpoints[member];
             let reason = match tokio::time::timeout(CALL_TIMEOUT, request(authority)).await {
-                Ok(Ok(answer)) => return Ok(answer),
+                Ok(Ok(answer)) => {
+                    self.preferred.store(member, Ordering::Relaxed);
+                    return Ok((member, answer));
+                }
                 Ok(Err(reason)) => reason,
                 Err(_) => format!("no answer within {CALL_TIMEOUT:?}"),
             };
             last = Some(EtcdError::Unreachable { endpoint: endpoint.clone(), reason });
         }
         Err(last.expect("at least one endpoint"))
+    }
+
+    /// Whether `member` itself serves a linearizable read now: a member frozen, or cut off
+    /// from its cluster's leader, does not, though the others do.
+    async fn member_serves(&self, member: usize, prefix: &str) -> bool {
+        let (endpoint, authority) = &self.endpoints[member];
+        let body = json!({ "key": b64(prefix), "count_only": true, "limit": 1 });
+        match tokio::time::timeout(CALL_TIMEOUT, post(authority, "/v3/kv/range", &body)).await {
+            Ok(Ok((200, _))) => true,
+            outcome => {
+                tracing::debug!(%endpoint, "etcd member does not serve a read: {outcome:?}");
+                if self.preferred.load(Ordering::Relaxed) == member {
+                    self.preferred.store((member + 1) % self.endpoints.len(), Ordering::Relaxed);
+                }
+                false
+            }
+        }
     }
 }
 
@@ -145,14 +176,22 @@ impl JsonStream {
     }
 }
 
-/// The gateway's watch stream, read as a watch's news.
+/// The gateway's watch stream, read as a watch's news, and the member that serves it.
 pub struct WatchStream {
     json: JsonStream,
+    etcd: Etcd,
+    member: usize,
+    prefix: String,
 }
 
 impl Watch for WatchStream {
     async fn next(&mut self) -> Result<WatchNews, String> {
         self.json.next().await.map(|object| watch_news(&object))
+    }
+
+    /// Asks the watch's own member: another member's answer says nothing of this stream.
+    async fn still_served(&self) -> bool {
+        self.etcd.member_serves(self.member, &self.prefix).await
     }
 }
 
@@ -199,11 +238,6 @@ impl Source for Etcd {
         Ok((pairs, int(&answer["header"]["revision"])))
     }
 
-    /// Whether a member answers at all (a cheap status call), for a watch that has been quiet.
-    async fn answers(&self) -> bool {
-        self.call("/v3/maintenance/status", json!({})).await.is_ok()
-    }
-
     /// Opens the gateway's watch stream of every change under `prefix` from `revision`, on the
     /// first member that answers.
     async fn watch_prefix(&self, prefix: &str, revision: i64) -> Result<WatchStream, EtcdError> {
@@ -211,8 +245,8 @@ impl Source for Etcd {
             "key": b64(prefix), "range_end": B64.encode(prefix_end(prefix)), "start_revision": revision.to_string(),
         }});
         match self.on_first_answering(|authority| post_for_stream(authority, "/v3/watch", &create)).await? {
-            (200, json) => Ok(WatchStream { json }),
-            (status, mut stream) => Err(refused(status, &stream.next().await.unwrap_or_default())),
+            (member, (200, json)) => Ok(WatchStream { json, etcd: self.clone(), member, prefix: prefix.to_string() }),
+            (_, (status, mut stream)) => Err(refused(status, &stream.next().await.unwrap_or_default())),
         }
     }
 }

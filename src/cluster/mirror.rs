@@ -7,8 +7,9 @@
 //!
 //! While etcd cannot be read the entries stay as last seen and the snapshot says so
 //! (`current` false): a reader freezes its picture as it did on a failed range. A watch that
-//! says nothing for `QUIET_CHECK` is checked with a status call, so a member that hangs with
-//! its connection open (a partition, a stall) is noticed, not waited on.
+//! says nothing for `QUIET_CHECK` is checked with a linearizable read on the member that serves
+//! it, so a member that hangs with its connection open (a stall), or that lost its cluster (a
+//! partition), is noticed and the watch replaced on another member, while the others answer.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -17,7 +18,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-/// A watch quiet this long is checked with a status call.
+/// A watch quiet this long is checked with a read on its own member.
 const QUIET_CHECK: Duration = Duration::from_secs(5);
 /// The longest pause between two ranges while etcd does not answer.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
@@ -66,13 +67,14 @@ pub trait Source: Clone + Send + Sync + 'static {
         prefix: &str,
         revision: i64,
     ) -> impl Future<Output = Result<Self::Watch, Self::Error>> + Send;
-    /// Whether a member answers at all.
-    fn answers(&self) -> impl Future<Output = bool> + Send;
 }
 
 /// A watch's news, one after another, until it ends (`Err`: why).
 pub trait Watch: Send {
     fn next(&mut self) -> impl Future<Output = Result<WatchNews, String>> + Send;
+    /// Whether the member serving this watch still serves reads: asked of that member itself,
+    /// since a frozen member's watch is silent while the others answer for the cluster.
+    fn still_served(&self) -> impl Future<Output = bool> + Send;
 }
 
 /// Keeps `prefix` of `etcd` in the returned receiver until `stop`.
@@ -136,8 +138,8 @@ async fn watch_from<S: Source>(etcd: &S, prefix: &str, revision: i64, sender: &w
         let news = match tokio::time::timeout(QUIET_CHECK, stream.next()).await {
             Ok(Ok(news)) => news,
             Ok(Err(why)) => return why,
-            Err(_) if etcd.answers().await => continue,
-            Err(_) => return format!("quiet for {QUIET_CHECK:?} and etcd does not answer"),
+            Err(_) if stream.still_served().await => continue,
+            Err(_) => return format!("quiet for {QUIET_CHECK:?} and its member does not serve a read"),
         };
         match news {
             WatchNews::Nothing => {}

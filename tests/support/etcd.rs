@@ -15,20 +15,44 @@ pub struct EtcdServer {
     client: u16,
     peer: u16,
     child: Option<Child>,
+    name: String,
+    /// `--initial-cluster`: this member alone, or every member of a cluster.
+    cluster: String,
 }
 
 impl EtcdServer {
     /// `None` (the test is skipped) when no etcd is installed, outside CI.
     pub fn start() -> Option<EtcdServer> {
+        Self::start_cluster(1).map(|mut members| members.remove(0))
+    }
+
+    /// `size` members of one cluster, each on ports of its own, all started.
+    pub fn start_cluster(size: usize) -> Option<Vec<EtcdServer>> {
         if Command::new("etcd").arg("--version").output().is_err() {
             assert!(std::env::var("CI").is_err(), "no etcd binary under CI: scripts/etcd.sh installs it");
             eprintln!("skipped: no etcd binary (scripts/etcd.sh installs one)");
             return None;
         }
-        let dir = tempfile::Builder::new().prefix("invoker-etcd-").tempdir().unwrap();
-        let mut server = EtcdServer { dir, client: free_port(), peer: free_port(), child: None };
-        server.resume();
-        Some(server)
+        let mut members: Vec<EtcdServer> = (0..size)
+            .map(|i| EtcdServer {
+                dir: tempfile::Builder::new().prefix("invoker-etcd-").tempdir().unwrap(),
+                client: free_port(),
+                peer: free_port(),
+                child: None,
+                name: format!("m{i}"),
+                cluster: String::new(),
+            })
+            .collect();
+        let cluster =
+            members.iter().map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer)).collect::<Vec<_>>().join(",");
+        for member in &mut members {
+            member.cluster = cluster.clone();
+            member.spawn();
+        }
+        for member in &members {
+            member.wait_listening();
+        }
+        Some(members)
     }
 
     pub fn url(&self) -> String {
@@ -36,18 +60,26 @@ impl EtcdServer {
     }
 
     pub fn resume(&mut self) {
+        self.spawn();
+        self.wait_listening();
+    }
+
+    fn spawn(&mut self) {
         let peer = format!("http://127.0.0.1:{}", self.peer);
         let child = Command::new("etcd")
-            .args(["--name", "t", "--data-dir"])
+            .args(["--name", &self.name, "--data-dir"])
             .arg(self.dir.path().join("data"))
             .args(["--listen-client-urls", &self.url(), "--advertise-client-urls", &self.url()])
             .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
-            .args(["--initial-cluster", &format!("t={peer}")])
+            .args(["--initial-cluster", &self.cluster])
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(self.dir.path().join("etcd.log")).unwrap())
             .spawn()
             .unwrap();
         self.child = Some(child);
+    }
+
+    fn wait_listening(&self) {
         let deadline = Instant::now() + Duration::from_secs(20);
         while std::net::TcpStream::connect(("127.0.0.1", self.client)).is_err() {
             assert!(Instant::now() < deadline, "etcd did not start");
