@@ -465,7 +465,8 @@ async fn register(config: &Config, addr: SocketAddr) -> Result<Option<Registrar<
         tags: cluster.tags.clone(),
         min_mb: u64::from(config.limits.memory_min_mb),
     };
-    let mut registrar = Registrar::new(Etcd::new(&cluster.etcd)?, cluster.clone(), identity);
+    let mut registrar = Registrar::new(Etcd::new(&cluster.etcd)?, cluster.clone(), identity)
+        .with_drain_file(config.data_dir.join("operator-drain"));
     match registrar.claim().await {
         Ok(()) => tracing::info!(etcd = cluster.etcd.join(","), "registered in the cluster"),
         Err(e @ RegistryError::IdTaken { .. }) => return Err(e.into()),

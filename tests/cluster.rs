@@ -7,7 +7,7 @@
 mod support;
 
 use invoker::cluster::etcd::Etcd;
-use invoker::cluster::{ClusterKv, InvokerRecord};
+use invoker::cluster::{ClusterKv, DrainMark, InvokerRecord};
 use invoker::pool::actor::Health;
 use serde_json::json;
 use std::process::Command;
@@ -112,7 +112,12 @@ async fn an_invoker_publishes_a_drain_and_its_end_as_they_come() {
     let kv = etcd.kv();
     record(&kv, &invoker_id, |r| r.health == Health::Healthy && !r.nodes.is_empty()).await;
     let drain = invoker::cluster::drain_key("/invoker", &invoker_id);
-    kv.put(&drain, "{}", None).await.unwrap();
+    kv.put(&drain, &DrainMark::operator(true, 1).to_value(), None).await.unwrap();
+    record(&kv, &invoker_id, |r| r.health == Health::Drained).await;
+    kv.put(&drain, &DrainMark::operator(false, 2).to_value(), None).await.unwrap();
+    record(&kv, &invoker_id, |r| r.health == Health::Healthy).await;
+    // The capacity manager's drain, and its end: its key deleted (it keeps its own drains).
+    kv.put(&drain, &DrainMark::capacity(3).to_value(), None).await.unwrap();
     record(&kv, &invoker_id, |r| r.health == Health::Drained).await;
     kv.delete(&drain).await.unwrap();
     record(&kv, &invoker_id, |r| r.health == Health::Healthy).await;

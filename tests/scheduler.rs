@@ -426,6 +426,49 @@ async fn a_drained_invoker_gets_no_new_work_until_it_is_activated() {
     assert_eq!((status, ran_on(&record).as_str()), (200, "d"), "{record}");
 }
 
+/// An operator's drain is the platform's state, not only an etcd key: etcd restarted empty, the
+/// drained invoker puts its drain back, and no work reaches it; taken back through the API, a
+/// second empty etcd leaves it active.
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
+async fn an_operators_drain_outlives_an_etcd_that_restarts_empty() {
+    let Some(etcd) = EtcdServer::start() else { return };
+    let mut p = platform(etcd, &[("d", &["t"], 2048), ("e", &[], 2048)], "").await;
+    let s = &p.scheduler;
+    s.put_action("on-d", action(256, json!([{ "key": "invoker-resources", "value": ["t"] }]))).await;
+    assert_eq!(s.post_url("/v1/invokers/d/drain").await.0, 200);
+    p.wait_for(|list| list.iter().any(|i| i["id"] == "d" && i["health"] == "drained")).await;
+
+    p.etcd.wipe();
+    let kv = p.etcd.kv();
+    let drain = invoker::cluster::drain_key("/invoker", "d");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !matches!(kv.get(&drain).await, Ok(Some(_))) {
+        assert!(Instant::now() < deadline, "the drain never came back to the empty etcd");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    p.wait_for(|list| list.len() == 2 && list.iter().any(|i| i["id"] == "d" && i["drained"] == true)).await;
+    let (status, record) = p.scheduler.invoke("on-d", "blocking=true", json!({})).await;
+    assert_eq!(status, 503, "the drained invoker took work: {record}");
+
+    assert_eq!(p.scheduler.post_url("/v1/invokers/d/activate").await.0, 200);
+    p.wait_for(|list| list.iter().any(|i| i["id"] == "d" && i["drained"] == false && i["health"] == "healthy")).await;
+    p.etcd.wipe();
+    p.wait_for(|list| {
+        list.len() == 2 && list.iter().any(|i| i["id"] == "d" && i["drained"] == false && i["health"] == "healthy")
+    })
+    .await;
+    // The invoker takes work from a scheduler it finds registered again.
+    let kv = p.etcd.kv();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !matches!(kv.get("/invoker/schedulers/s1").await, Ok(Some(_))) {
+        assert!(Instant::now() < deadline, "the scheduler never registered again");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (status, record) = p.scheduler.invoke("on-d", "blocking=true", json!({})).await;
+    assert_eq!((status, ran_on(&record).as_str()), (200, "d"), "{record}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 #[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
 async fn with_etcd_away_activations_go_on_and_registrations_come_back() {

@@ -13,7 +13,7 @@ use super::predictor::{AnyPredictor, Predictor};
 use crate::cluster::etcd::LeaseId;
 use crate::cluster::mirror::Snapshot;
 use crate::cluster::registry::{claim_key, RegistryError};
-use crate::cluster::{capacity_leader_key, drain_key, ClusterKv, DemandReport, InvokerRecord};
+use crate::cluster::{capacity_leader_key, drain_key, ClusterKv, DemandReport, DrainMark, InvokerRecord};
 use crate::config::{CapacityConfig, GroupConfig};
 use crate::model::epoch_ms;
 use crate::pool::actor::Health;
@@ -209,7 +209,7 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
         let Ok(drains) = self.kv.get_prefix(&prefix).await else { return };
         for (key, value) in drains {
             let id = key.trim_start_matches(&prefix);
-            let ours = serde_json::from_str::<serde_json::Value>(&value).is_ok_and(|v| v["by"] == "capacity");
+            let ours = !DrainMark::read(&value).by_operator();
             if ours && self.groups.iter().any(|g| owns(&g.name, id)) {
                 tracing::info!(invoker = %id, "taking back a drain the manager before left");
                 let _ = self.kv.delete(&key).await;
@@ -474,7 +474,7 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
                     "provision"
                 }
                 Action::Drain { id } => {
-                    let value = serde_json::json!({ "since": epoch_ms(), "by": "capacity" }).to_string();
+                    let value = DrainMark::capacity(epoch_ms()).to_value();
                     if let Err(e) = self.kv.put(&drain_key(&self.settings.prefix, id), &value, None).await {
                         tracing::warn!(invoker = %id, "draining: {e}");
                     }

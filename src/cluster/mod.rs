@@ -66,10 +66,57 @@ pub fn scheduler_key(prefix: &str, scheduler_id: &str) -> String {
     format!("{prefix}/schedulers/{scheduler_id}")
 }
 
-/// `{prefix}/drain/{id}`: present while an operator has the invoker drained. Outside the
-/// invoker's lease: a drain outlives a restart, and every scheduler reads it.
+/// `{prefix}/drain/{id}`: an operator's or the capacity manager's drain of an invoker, or an
+/// operator's taking it back ([`DrainMark`]). Outside the invoker's lease: a drain outlives a
+/// restart, and every scheduler reads it.
 pub fn drain_key(prefix: &str, invoker_id: &str) -> String {
     format!("{prefix}/drain/{invoker_id}")
+}
+
+/// The value of a drain key. An operator's activation is a mark too (`drained: false`), not a
+/// missing key: a key missing is what an etcd that restarted empty shows, and the invoker then
+/// puts back the operator's drain it kept ([`registry::Registrar`]), where a deleted key would
+/// have let the drained invoker take work again.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrainMark {
+    /// False: the operator took the drain back.
+    #[serde(default = "drained_by_default")]
+    pub drained: bool,
+    /// When it was written (ms since the epoch, the writer's clock).
+    #[serde(default)]
+    pub since: u64,
+    /// `capacity` for the capacity manager's, which it keeps itself; anything else is an
+    /// operator's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+}
+
+fn drained_by_default() -> bool {
+    true
+}
+
+impl DrainMark {
+    pub fn operator(drained: bool, since: u64) -> Self {
+        DrainMark { drained, since, by: Some("operator".into()) }
+    }
+
+    pub fn capacity(since: u64) -> Self {
+        DrainMark { drained: true, since, by: Some("capacity".into()) }
+    }
+
+    /// What a key's value says; one that does not decode still drains (a drain key has always
+    /// meant a drain, whatever its value).
+    pub fn read(value: &str) -> Self {
+        serde_json::from_str(value).unwrap_or(DrainMark { drained: true, since: 0, by: None })
+    }
+
+    pub fn by_operator(&self) -> bool {
+        self.by.as_deref() != Some("capacity")
+    }
+
+    pub fn to_value(&self) -> String {
+        serde_json::to_string(self).expect("a drain mark serialises")
+    }
 }
 
 /// `{prefix}/demand/{scheduler_id}`: what one scheduler needs of the fleet, under a lease of
@@ -188,4 +235,20 @@ impl InvokerRecord {
 /// This machine's boot: with a pid, it names one process of one boot of one machine.
 pub fn boot_id() -> String {
     std::fs::read_to_string("/proc/sys/kernel/random/boot_id").map(|s| s.trim().to_string()).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DrainMark;
+
+    #[test]
+    fn a_drain_key_drains_unless_it_says_the_operator_took_it_back() {
+        assert!(DrainMark::read("{}").drained && DrainMark::read("{}").by_operator(), "an older operator's drain");
+        assert!(DrainMark::read("not json").drained);
+        let capacity = DrainMark::read(r#"{"since":1,"by":"capacity"}"#);
+        assert!(capacity.drained && !capacity.by_operator());
+        let back = DrainMark::read(&DrainMark::operator(false, 5).to_value());
+        assert_eq!(back, DrainMark::operator(false, 5));
+        assert!(!back.drained && back.by_operator());
+    }
 }

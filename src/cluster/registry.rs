@@ -6,11 +6,12 @@
 //! and every key is put again.
 
 use super::etcd::LeaseId;
-use super::{boot_id, container_key, drain_key, invoker_key, ClusterKv, InvokerRecord, NodeHeadroom};
+use super::{boot_id, container_key, drain_key, invoker_key, ClusterKv, DrainMark, InvokerRecord, NodeHeadroom};
 use crate::activation::ActivationService;
 use crate::config::ClusterConfig;
 use crate::pool::actor::{ContainerSummary, Health};
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
@@ -52,6 +53,10 @@ pub struct Registrar<K: ClusterKv> {
     last_complaint: Option<Instant>,
     /// This machine's boot, read once.
     boot_id: String,
+    /// The operator's last word on draining this invoker, as seen in its drain key, and the
+    /// file in the data dir that keeps it across restarts. Put back should etcd lose it.
+    operator_drain: Option<DrainMark>,
+    drain_file: Option<PathBuf>,
 }
 
 impl<K: ClusterKv> Registrar<K> {
@@ -67,6 +72,49 @@ impl<K: ClusterKv> Registrar<K> {
             synced: None,
             last_complaint: None,
             boot_id: boot_id(),
+            operator_drain: None,
+            drain_file: None,
+        }
+    }
+
+    /// Keeps the operator's drains in `path` (the invoker's data dir), and takes the one kept
+    /// there by a run before.
+    pub fn with_drain_file(mut self, path: PathBuf) -> Self {
+        match std::fs::read_to_string(&path) {
+            Ok(text) => self.operator_drain = serde_json::from_str(&text).ok(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => tracing::warn!(path = %path.display(), "reading the operator's drain kept there: {e}"),
+        }
+        self.drain_file = Some(path);
+        self
+    }
+
+    /// Whether this invoker is drained, from its drain key's value (`None`: etcd has no key).
+    /// An operator's mark is kept; with none in etcd while the kept one drains (etcd restarted
+    /// empty, or a member lost its data), the kept one is put back: the operator's drain stands
+    /// until the operator takes it back.
+    async fn drained(&mut self, value: Option<&str>) -> Result<bool, RegistryError> {
+        let Some(mark) = value.map(DrainMark::read) else {
+            let Some(kept) = self.operator_drain.as_ref().filter(|m| m.drained) else { return Ok(false) };
+            tracing::warn!(invoker = %self.identity.invoker_id, "etcd lost the operator's drain of this invoker; putting it back");
+            let drain = drain_key(&self.config.prefix, &self.identity.invoker_id);
+            self.kv.put(&drain, &kept.to_value(), None).await.map_err(|e| RegistryError::Etcd(e.to_string()))?;
+            return Ok(true);
+        };
+        if mark.by_operator() && self.operator_drain.as_ref() != Some(&mark) {
+            self.keep(&mark);
+            self.operator_drain = Some(mark.clone());
+        }
+        Ok(mark.drained)
+    }
+
+    /// Writes `mark` to the drain file (a failure is logged: etcd still has it).
+    fn keep(&self, mark: &DrainMark) {
+        let Some(path) = &self.drain_file else { return };
+        let partial = path.with_extension("partial");
+        let written = std::fs::write(&partial, mark.to_value()).and_then(|()| std::fs::rename(&partial, path));
+        if let Err(e) = written {
+            tracing::warn!(path = %path.display(), "keeping the operator's drain: {e}");
         }
     }
 
@@ -148,7 +196,7 @@ impl<K: ClusterKv> Registrar<K> {
             // (or capacity manager) counts the invoker as serving.
             let drained = {
                 let watched = drains.borrow_and_update();
-                watched.current.then(|| watched.entries.contains_key(&drain))
+                watched.current.then(|| watched.entries.get(&drain).cloned())
             };
             if let Err(e) = self.step(&service, drained).await {
                 self.complain(&e);
@@ -174,9 +222,9 @@ impl<K: ClusterKv> Registrar<K> {
     }
 
     /// One round: (re)claim when there is no live lease, renew it when a third of the TTL
-    /// passed, put what changed. `drained`: whether an operator drained this invoker, as the
-    /// watch of its drain key says (none while the watch is not current: read it).
-    async fn step(&mut self, service: &ActivationService, drained: Option<bool>) -> Result<(), RegistryError> {
+    /// passed, put what changed. `drain`: the value of this invoker's drain key, as the watch
+    /// of it says (none while the watch is not current: read it).
+    async fn step(&mut self, service: &ActivationService, drain: Option<Option<String>>) -> Result<(), RegistryError> {
         let etcd = |e: K::Error| RegistryError::Etcd(e.to_string());
         let ttl = self.config.lease_ttl;
         if self.lease.is_some() && self.renewed.elapsed() >= ttl {
@@ -199,13 +247,14 @@ impl<K: ClusterKv> Registrar<K> {
         let lease = self.lease.expect("claimed above");
         let Some(pool) = service.pool() else { return Ok(()) };
         let Some(status) = pool.status().await else { return Ok(()) };
-        let drained = match drained {
-            Some(drained) => drained,
+        let drain = match drain {
+            Some(value) => value,
             None => {
                 let drain = drain_key(&self.config.prefix, &self.identity.invoker_id);
-                self.kv.get(&drain).await.map_err(etcd)?.is_some()
+                self.kv.get(&drain).await.map_err(etcd)?.map(|(value, _)| value)
             }
         };
+        let drained = self.drained(drain.as_deref()).await?;
         let health = if drained {
             // An operator's drain: no scheduler sends new work; what runs finishes.
             if status.busy == 0 && status.waiting == 0 {

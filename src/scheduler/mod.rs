@@ -17,7 +17,7 @@ pub mod view;
 use crate::activation::job::RunJob;
 use crate::cluster::etcd::Etcd;
 use crate::cluster::mirror::Snapshot;
-use crate::cluster::{cluster_revision, controller_wait, drain_key, ClusterKv, InvokerRecord};
+use crate::cluster::{cluster_revision, controller_wait, drain_key, ClusterKv, DrainMark, InvokerRecord};
 use crate::config::Config;
 use crate::model::{
     epoch_ms, ActivationMessage, ActivationRecord, ControllerIndex, KeyValue, MessageAction, MessageKey,
@@ -465,17 +465,14 @@ impl Dispatcher {
     }
 
     /// Marks `invoker` drained (`drain`) or takes it back, for every scheduler (the key lives in
-    /// etcd); this scheduler's view follows at once.
+    /// etcd, and the invoker keeps the operator's word should etcd lose it); this scheduler's
+    /// view follows at once.
     pub async fn set_drained(&self, invoker: &str, drain: bool) -> Result<(), crate::cluster::etcd::EtcdError> {
         let key = drain_key(&self.prefix, invoker);
-        if drain {
-            self.kv.put(&key, &json!({ "since": epoch_ms() }).to_string(), None).await?;
-        } else {
-            self.kv.delete(&key).await?;
-        }
+        self.kv.put(&key, &DrainMark::operator(drain, epoch_ms()).to_value(), None).await?;
+        let seen = |s: &Snapshot| s.current && s.entries.get(&key).is_some_and(|v| DrainMark::read(v).drained == drain);
         let snapshots = self.snapshots.lock().clone();
         if let Some(mut snapshots) = snapshots {
-            let seen = |s: &Snapshot| s.current && s.entries.contains_key(&key) == drain;
             if let Ok(Ok(snapshot)) = tokio::time::timeout(OWN_WRITE_SEEN, snapshots.wait_for(seen)).await {
                 let snapshot = snapshot.clone();
                 self.take(&snapshot);

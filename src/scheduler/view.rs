@@ -73,7 +73,9 @@ impl ClusterView {
                 }
                 decoded.insert(owned_key, entry);
             } else if let Some(id) = key.strip_prefix(&drains) {
-                view.drained.insert(id.to_string());
+                if crate::cluster::DrainMark::read(value).drained {
+                    view.drained.insert(id.to_string());
+                }
             } else if let Some(rest) = key.strip_prefix(&containers) {
                 view.add_container(key, rest);
             }

@@ -94,6 +94,14 @@ impl EtcdServer {
         }
     }
 
+    /// Stopped, its data gone, and started again: an etcd that restarts empty (a member
+    /// replaced, a volume lost), its revision back at 1.
+    pub fn wipe(&mut self) {
+        self.stop();
+        std::fs::remove_dir_all(self.dir.path().join("data")).unwrap();
+        self.resume();
+    }
+
     /// SIGSTOP: etcd hangs as in a long fsync stall or a partition, its connections open.
     pub fn freeze(&self) {
         self.signal(nix::sys::signal::Signal::SIGSTOP);
