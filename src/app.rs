@@ -103,7 +103,17 @@ impl InvokerApp {
         let epoch = Epoch(Instant::now());
         let factory = match factory {
             Some(factory) => factory,
-            None => Factory::from_config(&config, epoch, store.clone()).await?,
+            None => match Factory::from_config(&config, epoch, store.clone()).await {
+                Ok(factory) => factory,
+                Err(e) => {
+                    // An invoker that does not start takes its registration with it: no
+                    // scheduler may send work to an address that will not answer.
+                    if let Some(registrar) = registrar {
+                        registrar.release().await;
+                    }
+                    return Err(e.into());
+                }
+            },
         };
         tracing::info!("{}", factory.describe());
         let metrics = Arc::new(Metrics::default());

@@ -167,27 +167,21 @@ async fn a_second_invoker_with_a_live_ones_id_refuses_to_start_and_touches_nothi
     assert_eq!((status, &again["pid"]), (200, &first["pid"]));
 }
 
-/// The same with etcd unreachable, so that no claim there can refuse the second one: the id is
-/// held on the machine, and the second start stops before it touches anything of the first's.
-#[tokio::test(flavor = "multi_thread")]
-#[cfg_attr(invoker_without_root, ignore = "needs root: the sandbox, cgroups (run by .ci/run)")]
-async fn with_etcd_unreachable_a_second_invoker_with_a_live_ones_id_refuses_to_start_and_kills_nothing() {
-    let (dir, other) = (tempdir(), tempdir());
-    let invoker_id = id("dup-away");
-    let nowhere = support::etcd::free_port();
-    let config = format!("[cluster]\netcd = [\"http://127.0.0.1:{nowhere}\"]\nlease_ttl = \"3s\"\n");
-    let inv = Invoker::start(dir.path(), &invoker_id, &config);
-    inv.put_action("pid", python("import os\ndef main(a):\n    return {'pid': os.getpid()}")).await;
-    let (_, first) = inv.invoke("pid", "blocking=true&result=true", json!({})).await;
-
-    let config_file = other.path().join("invoker.toml");
+/// Starts a second invoker with `invoker_id` and `config` in `dir`; how it exited (`None`: it
+/// was still serving after a bounded wait, and was killed) and what it wrote to stderr.
+async fn start_duplicate(
+    dir: &std::path::Path,
+    invoker_id: &str,
+    config: &str,
+) -> (Option<std::process::ExitStatus>, String) {
+    let config_file = dir.join("invoker.toml");
     std::fs::write(&config_file, format!("invoker_id = \"{invoker_id}\"\n{config}")).unwrap();
-    let log = other.path().join("stderr.log");
+    let log = dir.join("stderr.log");
     let mut duplicate = Command::new(env!("CARGO_BIN_EXE_invoker"))
         .arg("--config")
         .arg(&config_file)
         .args(["--listen", "127.0.0.1:0", "--data-dir"])
-        .arg(other.path().join("data"))
+        .arg(dir.join("data"))
         .env("RUST_BACKTRACE", "0")
         .stdout(std::process::Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap())
@@ -206,7 +200,59 @@ async fn with_etcd_unreachable_a_second_invoker_with_a_live_ones_id_refuses_to_s
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    let stderr = std::fs::read_to_string(&log).unwrap_or_default();
+    (status, std::fs::read_to_string(&log).unwrap_or_default())
+}
+
+/// The first invoker cut from etcd past its lease (its key gone), a second one with its id
+/// reaches etcd and finds the id free there: it still refuses to start, touches nothing of the
+/// first's, and leaves no key of its own behind; healed, the first registers again.
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_root, ignore = "needs root: the sandbox, cgroups (run by .ci/run)")]
+async fn after_a_lease_lapsed_a_second_invoker_with_the_id_refuses_to_start_and_kills_nothing() {
+    let Some(etcd) = EtcdServer::start() else { return };
+    let (dir, other) = (tempdir(), tempdir());
+    let invoker_id = id("dup-lapsed");
+    let partition = support::partition::Partition::to(etcd.url().trim_start_matches("http://")).await;
+    let config =
+        |url: &str| format!("[cluster]\netcd = [\"{url}\"]\nlease_ttl = \"2s\"\npublish_interval = \"200ms\"\n");
+    let inv = Invoker::start(dir.path(), &invoker_id, &config(&partition.url()));
+    inv.put_action("pid", python("import os\ndef main(a):\n    return {'pid': os.getpid()}")).await;
+    let (_, first) = inv.invoke("pid", "blocking=true&result=true", json!({})).await;
+    let kv = etcd.kv();
+    record(&kv, &invoker_id, |r| r.pid == inv.child.id()).await;
+
+    partition.cut();
+    let key = format!("/invoker/invokers/{invoker_id}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while kv.get(&key).await.unwrap().is_some() {
+        assert!(Instant::now() < deadline, "the cut invoker's lease never lapsed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (status, stderr) = start_duplicate(other.path(), &invoker_id, &config(&etcd.url())).await;
+    assert!(status.is_some_and(|s| !s.success()), "the duplicate started: {stderr}");
+    assert!(stderr.contains("is held by a live invoker on this machine"), "{stderr}");
+    assert!(kv.get(&key).await.unwrap().is_none(), "the refused duplicate left its registration");
+
+    partition.heal();
+    record(&kv, &invoker_id, |r| r.pid == inv.child.id()).await;
+    let (status, again) = inv.invoke("pid", "blocking=true&result=true", json!({})).await;
+    assert_eq!((status, &again["pid"]), (200, &first["pid"]), "the first one's container is the same process");
+}
+
+/// The same with etcd unreachable, so that no claim there can refuse the second one: the id is
+/// held on the machine, and the second start stops before it touches anything of the first's.
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_root, ignore = "needs root: the sandbox, cgroups (run by .ci/run)")]
+async fn with_etcd_unreachable_a_second_invoker_with_a_live_ones_id_refuses_to_start_and_kills_nothing() {
+    let (dir, other) = (tempdir(), tempdir());
+    let invoker_id = id("dup-away");
+    let nowhere = support::etcd::free_port();
+    let config = format!("[cluster]\netcd = [\"http://127.0.0.1:{nowhere}\"]\nlease_ttl = \"3s\"\n");
+    let inv = Invoker::start(dir.path(), &invoker_id, &config);
+    inv.put_action("pid", python("import os\ndef main(a):\n    return {'pid': os.getpid()}")).await;
+    let (_, first) = inv.invoke("pid", "blocking=true&result=true", json!({})).await;
+
+    let (status, stderr) = start_duplicate(other.path(), &invoker_id, &config).await;
     assert!(status.is_some_and(|s| !s.success()), "the duplicate started: {stderr}");
     assert!(
         stderr.contains(&format!("invoker id '{invoker_id}' is held by a live invoker on this machine")),

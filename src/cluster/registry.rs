@@ -185,6 +185,14 @@ impl<K: ClusterKv> Registrar<K> {
         Ok(())
     }
 
+    /// Gives the id back at once (its lease revoked, every key with it): for an invoker that
+    /// claimed it and then did not start.
+    pub async fn release(mut self) {
+        if let Some(lease) = self.lease.take() {
+            let _ = self.kv.revoke(lease).await;
+        }
+    }
+
     /// Keeps the registration of the invoker `service` belongs to until `stop`, then revokes
     /// the lease (every key goes at once).
     pub async fn run(mut self, service: ActivationService, stop: CancellationToken) {
