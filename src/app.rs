@@ -11,6 +11,7 @@ use crate::cluster::registry::{Identity, Registrar, RegistryError};
 use crate::config::Config;
 use crate::factory::{ContainerFactory, Epoch, Factory, FactoryError};
 use crate::metrics::Metrics;
+use crate::model::ActivationMeta;
 use crate::pool::actor::{ContainerPool, PoolHandle};
 use crate::scheduler::presence::Presence;
 use crate::scheduler::Dispatcher;
@@ -60,7 +61,7 @@ impl Serving {
         self.stop.cancel();
         let _ = self.server.await;
         self.expiry.abort();
-        let unfinished = self.store.recover_unfinished(crate::model::epoch_ms())?;
+        let unfinished = self.store.recover_unfinished(crate::model::epoch_ms())?.len();
         if unfinished > 0 {
             tracing::warn!(unfinished, "activations that could not finish got whisk-error records");
         }
@@ -95,7 +96,7 @@ impl InvokerApp {
     /// The same on a factory made beforehand (a test's mock factory, whose calls it counts);
     /// `None`: the one the config names.
     pub async fn start_on(mut config: Config, factory: Option<Factory>) -> Result<Self, AppError> {
-        let (store, listener) = open(&mut config, "invoker.redb")?;
+        let Opened { store, listener, .. } = open(&mut config, "invoker.redb")?;
         let addr = listener.local_addr().map_err(|source| AppError::Listen { addr: config.listen, source })?;
         // Before the factory, whose start cleans up what an earlier run of this invoker id left:
         // a second invoker with a live one's id must not touch the first one's containers.
@@ -217,7 +218,7 @@ impl SchedulerApp {
                 "the scheduler needs [cluster] controller_key, a key its invokers list in [admin] controller_keys",
             ));
         };
-        let (store, listener) = open(&mut config, "scheduler.redb")?;
+        let Opened { store, recovered, listener } = open(&mut config, "scheduler.redb")?;
         let addr = listener.local_addr().map_err(|source| AppError::Listen { addr: config.listen, source })?;
         let cluster = &config.cluster;
         let api = cluster.advertise.clone().unwrap_or_else(|| format!("http://{addr}"));
@@ -237,6 +238,7 @@ impl SchedulerApp {
         let state = Arc::new(AppState::new(service.clone(), config.clone()));
         let background = CancellationToken::new();
         actix_rt::spawn(dispatcher.clone().refresh(background.clone()));
+        actix_rt::spawn(dispatcher.clone().confirm_guesses(store.clone(), recovered, background.clone()));
         let presence = actix_rt::spawn(presence.run(background.clone()));
         let cluster = &config.cluster;
         let demand = actix_rt::spawn(crate::scheduler::demand::report(
@@ -369,7 +371,15 @@ impl CapacityApp {
 
 /// The data dir, its store (activations an earlier run left unfinished get their records), the
 /// admin key, and the bound listener.
-fn open(config: &mut Config, file: &str) -> Result<(Arc<dyn Store>, tokio::net::TcpListener), AppError> {
+/// What [`open`] gives: the store, the activations an earlier run left unfinished (now recorded
+/// as guesses), and the listener.
+struct Opened {
+    store: Arc<dyn Store>,
+    recovered: Vec<ActivationMeta>,
+    listener: tokio::net::TcpListener,
+}
+
+fn open(config: &mut Config, file: &str) -> Result<Opened, AppError> {
     let data_dir = |source| AppError::DataDir { path: config.data_dir.display().to_string(), source };
     std::fs::create_dir_all(&config.data_dir).map_err(data_dir)?;
     // Traversable (a container's directory lies under it), not listable.
@@ -381,12 +391,15 @@ fn open(config: &mut Config, file: &str) -> Result<(Arc<dyn Store>, tokio::net::
     };
     let store = JournaledStore::open_with(&config.data_dir.join(file), &config.data_dir.join("journal"), options)?;
     let recovered = store.recover_unfinished(crate::model::epoch_ms())?;
-    if recovered > 0 {
-        tracing::warn!(recovered, "activations left unfinished by an earlier run got whisk-error records");
+    if !recovered.is_empty() {
+        tracing::warn!(
+            recovered = recovered.len(),
+            "activations left unfinished by an earlier run got whisk-error records, written as guesses"
+        );
     }
     let store: Arc<dyn Store> = Arc::new(store);
     config.admin.key = Some(admin_key(config, store.as_ref())?);
-    Ok((store, bind(config)?))
+    Ok(Opened { store, recovered, listener: bind(config)? })
 }
 
 /// The listener on `config.listen`.

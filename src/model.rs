@@ -291,6 +291,9 @@ impl ActivationResponse {
     }
 }
 
+/// The annotation of a record written as a guess ([`ActivationRecord::guess`]).
+pub const GUESS: &str = "guess";
+
 impl ActivationRecord {
     /// Whether the record says its action provably never started (a rejection of the kinds
     /// that run nothing, from this process or from the `rejected` annotation of a record read
@@ -308,6 +311,25 @@ impl ActivationRecord {
 
     pub fn annotation(&self, key: &str) -> Option<&Value> {
         self.annotations.iter().find(|a| a.key == key).map(|a| &a.value)
+    }
+
+    /// A whisk-error record written for an activation whose end its writer did not see (a
+    /// restart, an invoker lost): it says so in its `guess` annotation, and a later record of
+    /// what ran (the invoker's own, fetched by the scheduler) replaces it.
+    pub fn guess(job: &ActivationMeta, message: &str, now_ms: u64) -> Self {
+        let mut record = Self::whisk_error(job, message, now_ms);
+        record.annotations.push(KeyValue {
+            key: GUESS.into(),
+            value: json!(
+                "this activation's end was not seen: a record of what ran replaces this one when one is found"
+            ),
+        });
+        record
+    }
+
+    /// Whether this record was written as a [`Self::guess`].
+    pub fn is_guess(&self) -> bool {
+        self.annotation(GUESS).is_some()
     }
 
     /// A record for an activation that never ran: the caller may retry it safely.

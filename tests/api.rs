@@ -534,6 +534,35 @@ async fn the_shim_takes_the_keys_own_namespace_and_subject_unless_it_is_a_contro
     assert_eq!(body["response"]["namespace"], "other");
 }
 
+/// `POST /v1/internal/records`: a scheduler asks for the records of activations it wrote
+/// guesses for. The controller key only; every id checked; ids without a record are left out.
+#[actix_rt::test]
+async fn an_invoker_gives_a_controller_the_records_it_holds_and_no_one_else() {
+    let (_h, state) = harness(|_| {}, MockConfig::default()).await;
+    let app = state;
+    send(&app, put("/api/v1/namespaces/_/actions/echo", echo_action())).await;
+    let ran = new_activation_id();
+    let (s, body, _) = send(&app, shim_post(CONTROLLER, message_as("guest", GUEST, &ran, true))).await;
+    assert_eq!(s, 200, "{body}");
+    let ask = |key: &str, ids: Value| {
+        Req::post().uri("/v1/internal/records").insert_header(auth(key)).set_json(json!({ "activation_ids": ids }))
+    };
+    let (s, body, _) = send(&app, ask(CONTROLLER, json!([ran, new_activation_id()]))).await;
+    assert_eq!(s, 200, "{body}");
+    let records = body["records"].as_array().unwrap();
+    assert_eq!((records.len(), &records[0]["activationId"]), (1, &json!(ran)), "{body}");
+    assert_eq!(records[0]["response"]["statusCode"], 0);
+    for key in [GUEST, OTHER, ADMIN] {
+        assert_eq!(send(&app, ask(key, json!([ran]))).await.0, 403, "{key}");
+    }
+    let (s, body, _) = send(&app, ask(CONTROLLER, json!(["../etc"]))).await;
+    assert!(s == 400 && body["error"].as_str().unwrap().contains("activation_ids"), "{body}");
+    let too_many: Vec<String> = (0..1001).map(|_| new_activation_id()).collect();
+    assert_eq!(send(&app, ask(CONTROLLER, json!(too_many))).await.0, 400);
+    let bad = Req::post().uri("/v1/internal/records").insert_header(auth(CONTROLLER)).set_payload("nope");
+    assert_eq!(send(&app, bad).await.0, 400);
+}
+
 #[actix_rt::test]
 async fn draining_refuses_new_work_with_503() {
     let (h, state) = harness(|_| {}, MockConfig::default()).await;

@@ -78,6 +78,7 @@ fn routes() -> Vec<(&'static str, &'static str, &'static [u8])> {
         ("POST", "/v1/invokers/inv0/drain", b""),
         ("GET", "/v1/internal/actions/guest/echo?revision=1", b""),
         ("DELETE", "/v1/internal/actions/guest/echo?keep=1", b""),
+        ("POST", "/v1/internal/records", br#"{"activation_ids":["0123456789abcdef0123456789abcdef"]}"#),
     ]
 }
 

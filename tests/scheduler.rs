@@ -504,7 +504,7 @@ async fn with_etcd_away_activations_go_on_and_registrations_come_back() {
 
 #[tokio::test(flavor = "multi_thread")]
 #[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
-async fn a_restarted_scheduler_recovers_the_invokers_from_etcd_and_gives_what_it_was_killed_with_a_record() {
+async fn a_restarted_scheduler_recovers_the_invokers_from_etcd_and_replaces_its_guesses_with_the_invokers_records() {
     let Some(etcd) = EtcdServer::start() else { return };
     let mut p = platform(etcd, &[("one", &[], 2048)], "").await;
     p.scheduler.put_action("a", action(256, json!([]))).await;
@@ -536,8 +536,26 @@ async fn a_restarted_scheduler_recovers_the_invokers_from_etcd_and_gives_what_it
     p.scheduler = Invoker::start_scheduler(p.scheduler_dir.path(), &config);
     p.wait_for(|list| list.len() == 1 && list[0]["id"] == "one").await;
     assert_eq!(p.scheduler.get(&format!("activations/{id}")).await.1["activationId"], id.as_str());
+    // At first a guess that says so; once the invoker has its record, that record, which says
+    // the activation succeeded there.
     let (status, record) = p.scheduler.get(&format!("activations/{running}")).await;
     assert_eq!((status, &record["response"]["statusCode"]), (200, &json!(3)), "{record}");
+    assert!(annotation(&record, "guess").is_string(), "a guess says so: {record}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let record = loop {
+        let (_, record) = p.scheduler.get(&format!("activations/{running}")).await;
+        if record["response"]["statusCode"] == 0 {
+            break record;
+        }
+        assert!(Instant::now() < deadline, "the guess was never replaced by the invoker's record: {record}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!((ran_on(&record).as_str(), annotation(&record, "guess")), ("one", &Value::Null), "{record}");
+    let (_, listed) = p.scheduler.get("activations?name=a&limit=50").await;
+    let listed: Vec<&Value> =
+        listed.as_array().unwrap().iter().filter(|r| r["activationId"] == running.as_str()).collect();
+    assert_eq!(listed.len(), 1, "one record per activation in the list: {listed:?}");
+    assert_eq!(listed[0]["response"]["statusCode"], 0);
     let (status, record) = p.scheduler.invoke("a", "blocking=true", json!({})).await;
     assert_eq!((status, ran_on(&record).as_str()), (200, "one"), "{record}");
 }

@@ -4,7 +4,7 @@
 
 use super::error::ApiError;
 use super::{json, AppState, Call, Principal, Response};
-use crate::cluster::cluster_revision;
+use crate::cluster::{cluster_revision, MAX_RECORDS_ASKED};
 use crate::model::validate_entity_name;
 use crate::scheduler::Dispatcher;
 use hyper::StatusCode;
@@ -80,6 +80,44 @@ pub(super) async fn retire_action(state: &AppState, call: &Call, ns: &str, name:
     validate_entity_name("namespace", ns).map_err(ApiError::BadRequest)?;
     pool.retire_action(ns, name, keep).await;
     Ok(json(StatusCode::OK, &json!({ "retired": format!("{ns}/{name}") })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RecordsAsked {
+    activation_ids: Vec<String>,
+}
+
+/// `POST /v1/internal/records` on an invoker, `{"activation_ids": [...]}`: the records it holds
+/// of those activations, for a scheduler that wrote guesses for them (it restarted, or lost the
+/// invoker's answer) and replaces them with what ran. A record that is itself a guess (this
+/// invoker restarted under it) is no answer. The controller key only.
+pub(super) async fn internal_records(state: &AppState, call: &Call) -> Result<Response, ApiError> {
+    if state.authenticate(&call.head.headers)? != Principal::Controller {
+        return Err(ApiError::Forbidden(call.head.uri.path().chars().take(256).collect()));
+    }
+    state.service.pool().ok_or(ApiError::NotFound)?;
+    let asked: RecordsAsked = serde_json::from_slice(&call.body)
+        .map_err(|e| ApiError::BadRequest(format!("body: {{\"activation_ids\": [...]}} expected: {e}")))?;
+    if asked.activation_ids.len() > MAX_RECORDS_ASKED {
+        return Err(ApiError::BadRequest(format!("activation_ids: at most {MAX_RECORDS_ASKED} at once")));
+    }
+    if let Some(bad) = asked.activation_ids.iter().find(|id| !crate::model::is_activation_id(id)) {
+        let bad: String = bad.chars().take(64).collect();
+        return Err(ApiError::BadRequest(format!("activation_ids: '{bad}' is not 32 hexadecimal digits")));
+    }
+    let store = state.service.store().clone();
+    let records = super::blocking(move || {
+        let mut found = Vec::new();
+        for id in &asked.activation_ids {
+            if let Some(record) = store.get_activation(id)?.filter(|r| !r.is_guess()) {
+                found.push(record);
+            }
+        }
+        Ok::<_, crate::store::StoreError>(found)
+    })
+    .await??;
+    Ok(json(StatusCode::OK, &json!({ "records": records })))
 }
 
 /// A scheduler's health: healthy while some invoker would take work.

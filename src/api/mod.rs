@@ -153,6 +153,7 @@ enum Route {
         ns: String,
         name: String,
     },
+    InternalRecords,
     Ping,
     Health,
     Metrics,
@@ -188,6 +189,7 @@ impl Route {
             "/v1/pool" => Some(Route::Pool),
             "/v1/activations" => Some(Route::ActivationMessage),
             "/v1/invokers" => Some(Route::Invokers),
+            "/v1/internal/records" => Some(Route::InternalRecords),
             "/v2/apps" => Some(Route::FnApps),
             "/v2/fns" => Some(Route::FnFunctions),
             "/v2/triggers" => Some(Route::FnTriggers),
@@ -295,7 +297,7 @@ impl Route {
             Route::FnTrigger { .. } => "GET, DELETE",
             Route::FnInvoke { .. } => "POST",
             Route::FnHttpTrigger { .. } => "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS",
-            Route::ActivationMessage | Route::InvokerDrain { .. } => "POST",
+            Route::ActivationMessage | Route::InvokerDrain { .. } | Route::InternalRecords => "POST",
             Route::InternalAction { .. } => "GET, HEAD, DELETE",
             _ => "GET, HEAD",
         }
@@ -334,7 +336,7 @@ impl AppState {
         let takes_body = matches!(
             (&route, &head.method),
             (Route::Action { .. }, &Method::POST | &Method::PUT)
-                | (Route::ActivationMessage, &Method::POST)
+                | (Route::ActivationMessage | Route::InternalRecords, &Method::POST)
                 | (Route::FnApps | Route::FnFunctions | Route::FnTriggers | Route::FnInvoke { .. }, &Method::POST)
                 | (Route::FnApp { .. } | Route::FnFunction { .. }, &Method::PUT)
                 | (Route::FnHttpTrigger { .. }, _)
@@ -370,6 +372,7 @@ impl AppState {
             (Route::InternalAction { ns, name }, &Method::DELETE) => {
                 cluster::retire_action(self, &call, &ns, &name).await
             }
+            (Route::InternalRecords, &Method::POST) => cluster::internal_records(self, &call).await,
             (Route::Ping, &Method::GET) => Ok(admin::ping()),
             (Route::Health, &Method::GET) => admin::health(self, &call).await,
             (Route::Metrics, &Method::GET) => admin::metrics(self, &call).await,

@@ -50,6 +50,10 @@ pub fn controller_wait(timeout: Duration, wait_deadline: Duration, init_timeout:
     timeout + wait_deadline + init_timeout + Duration::from_secs(30)
 }
 
+/// Most activation ids one `POST /v1/internal/records` (a scheduler asking an invoker for the
+/// records of activations it wrote guesses for) may name.
+pub const MAX_RECORDS_ASKED: usize = 1000;
+
 /// `{prefix}/invokers/{id}`: an invoker's registration.
 pub fn invoker_key(prefix: &str, invoker_id: &str) -> String {
     format!("{prefix}/invokers/{invoker_id}")

@@ -31,6 +31,8 @@ pub struct SchedulerMetrics {
     pub reschedules: Counter,
     unavailable: Family<ReasonLabel, Counter>,
     pub lost: Counter,
+    /// Records written as guesses (a restart, an invoker lost) replaced by the invoker's own.
+    pub guesses_replaced: Counter,
     pub unheard: Counter,
     pub in_flight: Family<InvokerLabel, Gauge>,
     /// Each activation that found no invoker with room: how long it waited for one (until
@@ -47,6 +49,7 @@ impl Default for SchedulerMetrics {
         let reschedules = Counter::default();
         let unavailable = Family::<ReasonLabel, Counter>::default();
         let lost = Counter::default();
+        let guesses_replaced = Counter::default();
         let unheard = Counter::default();
         let in_flight = Family::<InvokerLabel, Gauge>::default();
         let room_wait_seconds = Histogram::new([0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0]);
@@ -59,6 +62,11 @@ impl Default for SchedulerMetrics {
         registry.register("reschedules", "Activations sent to another invoker after one refused", reschedules.clone());
         registry.register("unavailable", "Activations answered 503 because no invoker took them", unavailable.clone());
         registry.register("lost", "Activations whose invoker was lost while they ran", lost.clone());
+        registry.register(
+            "guesses_replaced",
+            "Records written as guesses (a restart, an invoker lost) replaced by the invoker's record of what ran",
+            guesses_replaced.clone(),
+        );
         registry.register(
             "unheard",
             "Hand-overs an invoker did not ask for in time (it never received them; sent elsewhere)",
@@ -81,6 +89,7 @@ impl Default for SchedulerMetrics {
             reschedules,
             unavailable,
             lost,
+            guesses_replaced,
             unheard,
             in_flight,
             room_wait_seconds,

@@ -7,6 +7,7 @@
 //! invoker was lost: every activation the scheduler accepts ends with a record it serves.
 
 pub mod demand;
+pub mod guesses;
 pub mod metrics;
 pub mod placement;
 pub mod presence;
@@ -92,6 +93,8 @@ pub struct Dispatcher {
     active: AtomicU32,
     /// The state of the random draws of placement (xorshift).
     draws: AtomicU64,
+    /// Records written as guesses, waiting for the invoker's record to replace them.
+    guesses: guesses::Guesses,
     pub metrics: SchedulerMetrics,
 }
 
@@ -134,6 +137,7 @@ impl Dispatcher {
             in_flight: Mutex::default(),
             active: AtomicU32::new(0),
             draws: AtomicU64::new(u64::from(std::process::id()) << 32 | u64::from(epoch_ms() as u32) | 1),
+            guesses: guesses::Guesses::default(),
             metrics: SchedulerMetrics::default(),
         }
     }
@@ -235,8 +239,9 @@ impl Dispatcher {
                         "invoker {invoker} was lost while it held the activation ({reason}); it may have \
                          started, so it is not run again"
                     );
-                    let mut record = ActivationRecord::whisk_error(&run.meta, &message, epoch_ms());
+                    let mut record = ActivationRecord::guess(&run.meta, &message, epoch_ms());
                     record.annotations.push(KeyValue { key: "invoker".into(), value: json!(invoker) });
+                    self.guesses.add(&run.meta.activation_id, Some(&invoker), Instant::now());
                     return run.completion.finish(record);
                 }
             }
@@ -244,6 +249,97 @@ impl Dispatcher {
         self.metrics.unavailable(None);
         let message = with_refusals(format!("no invoker took the activation in {} tries", tried.len()), &refusals);
         run.reject_because(Rejection::NoInvoker, &message);
+    }
+
+    /// Asks the invokers for the records of the activations this scheduler wrote guesses for
+    /// (`recovered`: those a restart found unfinished, held by an invoker not known), and
+    /// replaces each guess with the record found, until `stop` ([`guesses`]).
+    pub async fn confirm_guesses(
+        self: Arc<Self>,
+        store: Arc<dyn crate::store::Store>,
+        recovered: Vec<crate::model::ActivationMeta>,
+        stop: CancellationToken,
+    ) {
+        let started = Instant::now();
+        for meta in &recovered {
+            self.guesses.add(&meta.activation_id, None, started);
+        }
+        let mut pause = guesses::FIRST_ROUND;
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(pause) => {}
+            }
+            let round = self.guesses.round(Instant::now());
+            if round.is_empty() {
+                pause = guesses::FIRST_ROUND;
+                continue;
+            }
+            let found = self.ask_for_records(&round).await;
+            let mut replaced = 0;
+            for (invoker, record) in found {
+                replaced += u32::from(self.replace_guess(&store, &invoker, record).await);
+            }
+            pause = if replaced > 0 { guesses::FIRST_ROUND } else { (pause * 2).min(guesses::LAST_ROUND) };
+        }
+    }
+
+    /// The records the invokers in the view hold of the round's activations, by invoker.
+    async fn ask_for_records(&self, round: &guesses::Round) -> Vec<(String, ActivationRecord)> {
+        let view = self.directory.current();
+        let mut found = Vec::new();
+        for (invoker, registration) in &view.invokers {
+            let Some(authority) = crate::cluster::etcd::authority(&registration.api) else { continue };
+            let mut ids = round.of_all.clone();
+            ids.extend(round.of.get(invoker).into_iter().flatten().cloned());
+            for chunk in ids.chunks(crate::cluster::MAX_RECORDS_ASKED) {
+                if let Some(records) = self.client.records(authority, chunk, Duration::from_secs(2)).await {
+                    found.extend(records.into_iter().map(|r| (invoker.clone(), r)));
+                }
+            }
+        }
+        found
+    }
+
+    /// Puts `record` (from `invoker`) in the place of this scheduler's guess of the same
+    /// activation, if the guess is still there and of the same action; whether it did.
+    async fn replace_guess(
+        &self,
+        store: &Arc<dyn crate::store::Store>,
+        invoker: &str,
+        mut record: ActivationRecord,
+    ) -> bool {
+        let id = record.activation_id.clone();
+        let (reading, wanted) = (store.clone(), id.clone());
+        let mine = tokio::task::spawn_blocking(move || reading.get_activation(&wanted)).await;
+        let Ok(Ok(Some(mine))) = mine else { return false };
+        let same = mine.namespace == record.namespace && mine.name == record.name;
+        if !mine.is_guess() || !same || record.is_guess() {
+            if !same {
+                tracing::warn!(activation = %id, %invoker, "an invoker's record of another action under this id: the guess stands");
+            }
+            self.guesses.settle(&id);
+            return false;
+        }
+        if !self.guesses.settle(&id) {
+            return false;
+        }
+        record.annotations.retain(|a| a.key != "invoker");
+        record.annotations.push(KeyValue { key: "invoker".into(), value: json!(invoker) });
+        let record = Arc::new(record);
+        let writing = store.clone();
+        match tokio::task::spawn_blocking(move || writing.finish(&record)).await {
+            Ok(Ok(())) => {
+                self.metrics.guesses_replaced.inc();
+                tracing::info!(activation = %id, %invoker, "a guessed record replaced by the invoker's record of what ran");
+                true
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(activation = %id, "replacing a guess with the invoker's record: {e}");
+                false
+            }
+            Err(_) => false,
+        }
     }
 
     /// An invoker for the activation, on the cluster as last read; when none has room (or none

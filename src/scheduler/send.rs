@@ -254,6 +254,38 @@ impl InvokerClient {
         one_request(authority, hyper::Method::DELETE, path, Some(&self.authorization), timeout).await
     }
 
+    /// The records the invoker at `authority` holds of `activation_ids` (`POST
+    /// /v1/internal/records`, on a connection of its own); `None` when it did not answer them
+    /// within `timeout`.
+    pub async fn records(
+        &self,
+        authority: &str,
+        activation_ids: &[String],
+        timeout: Duration,
+    ) -> Option<Vec<ActivationRecord>> {
+        #[derive(serde::Deserialize)]
+        struct Found {
+            records: Vec<ActivationRecord>,
+        }
+        let body = serde_json::to_vec(&serde_json::json!({ "activation_ids": activation_ids })).ok()?;
+        let exchange = async {
+            let mut sender = crate::http::connect::<http_body_util::Full<Bytes>>(authority).await.ok()?;
+            let request = hyper::Request::post("/v1/internal/records")
+                .header(hyper::header::HOST, authority)
+                .header(hyper::header::AUTHORIZATION, &self.authorization)
+                .header(hyper::header::CONTENT_TYPE, "application/json")
+                .body(http_body_util::Full::new(Bytes::from(body)))
+                .ok()?;
+            let response = sender.send_request(request).await.ok()?;
+            if !response.status().is_success() {
+                return None;
+            }
+            let body = Limited::new(response.into_body(), MAX_ANSWER).collect().await.ok()?.to_bytes();
+            serde_json::from_slice::<Found>(&body).ok().map(|f| f.records)
+        };
+        tokio::time::timeout(timeout, exchange).await.ok().flatten()
+    }
+
     /// Forgets the connections of an invoker that left.
     pub fn forget(&self, authority: &str) {
         self.idle.lock().remove(authority);

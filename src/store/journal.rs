@@ -28,7 +28,7 @@ use super::action_cache::ActionCache;
 use super::{Accepted, DocKind, RedbStore, Store, StoreError};
 use crate::model::{Action, ActivationMeta, ActivationRecord};
 use parking_lot::Mutex;
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -689,16 +689,18 @@ impl Store for JournaledStore {
                 .collect()
         };
         let stored = self.inner.db.list_activations(namespace, name, 0, skip.saturating_add(limit));
-        records.extend(stored.map_err(|e| self.inner.troubled(e))?);
+        // A record in memory is the newer (a guess replaced by what ran may start elsewhere).
+        let held: FxHashSet<String> = records.iter().map(|r| r.activation_id.clone()).collect();
+        let stored = stored.map_err(|e| self.inner.troubled(e))?;
+        records.extend(stored.into_iter().filter(|r| !held.contains(&r.activation_id)));
         records.sort_by(|a, b| (b.start, &b.activation_id).cmp(&(a.start, &a.activation_id)));
-        records.dedup_by(|a, b| a.activation_id == b.activation_id);
         Ok(records.into_iter().skip(skip).take(limit).collect())
     }
 
     /// The earlier run's unfinished activations (in redb's pending table, and in memory when
     /// the journal could not be applied at open) get whisk-error records at once, in memory
     /// first: on a full disk they reach redb with the first flush that succeeds.
-    fn recover_unfinished(&self, now_ms: u64) -> Result<usize, StoreError> {
+    fn recover_unfinished(&self, now_ms: u64) -> Result<Vec<ActivationMeta>, StoreError> {
         let inner = &self.inner;
         let mut left: FxHashMap<String, ActivationMeta> =
             inner.db.pending()?.into_iter().map(|m| (m.activation_id.clone(), m)).collect();
@@ -707,8 +709,7 @@ impl Store for JournaledStore {
         // Finished already, on its way to redb: not unfinished.
         left.retain(|id, _| !state.finished.contains_key(id) && !state.in_flight.contains_key(id));
         for (id, meta) in &left {
-            let record =
-                ActivationRecord::whisk_error(meta, "the invoker stopped before this activation finished", now_ms);
+            let record = ActivationRecord::guess(meta, super::STOPPED_UNFINISHED, now_ms);
             let json = serde_json::to_vec(&record).expect("a record serialises").into();
             state.finished.insert(id.clone(), Finished { record: Arc::new(record), json, journaled: false });
         }
@@ -716,7 +717,7 @@ impl Store for JournaledStore {
         if let Err(e) = inner.flush() {
             tracing::warn!("the records of unfinished activations are kept in memory until the store writes: {e}");
         }
-        Ok(left.len())
+        Ok(left.into_values().collect())
     }
 
     fn write_out(&self, within: Duration) -> Vec<String> {
@@ -831,7 +832,7 @@ mod tests {
         torn.write_all(b"{\"A\":{\"activation_id\":").unwrap();
         let store = JournaledStore::open(&dir.path().join("s2.redb"), copy.path()).unwrap();
         assert_eq!(store.get_activation("done").unwrap().unwrap().response.status_code, 0);
-        assert_eq!(store.recover_unfinished(9).unwrap(), 1, "the open one gets its whisk-error record");
+        assert_eq!(store.recover_unfinished(9).unwrap().len(), 1, "the open one gets its whisk-error record");
         assert_eq!(store.get_activation("open").unwrap().unwrap().response.status_code, 3);
     }
 

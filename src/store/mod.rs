@@ -77,6 +77,10 @@ impl<E: Into<redb::Error>> From<E> for DbError {
     }
 }
 
+/// The message of the guess recorded for an activation a restart found unfinished.
+pub const STOPPED_UNFINISHED: &str =
+    "the process that accepted this activation stopped before it finished; it may have started";
+
 /// What `accept` found: a new activation, or one seen before (Kafka delivers at least once).
 #[derive(Debug, PartialEq)]
 pub enum Accepted {
@@ -115,8 +119,9 @@ pub trait Store: Send + Sync + 'static {
         skip: usize,
         limit: usize,
     ) -> Result<Vec<ActivationRecord>, StoreError>;
-    /// Gives every activation an earlier run left unfinished a whisk-error record.
-    fn recover_unfinished(&self, now_ms: u64) -> Result<usize, StoreError>;
+    /// Gives every activation an earlier run left unfinished a whisk-error record written as a
+    /// guess ([`ActivationRecord::guess`]); returns those activations.
+    fn recover_unfinished(&self, now_ms: u64) -> Result<Vec<ActivationMeta>, StoreError>;
     /// At the end of a run: writes what is held in memory alone (a disk that was full), for at
     /// most `within`; returns the ids of the records that could not be written anywhere.
     fn write_out(&self, _within: std::time::Duration) -> Vec<String> {

@@ -220,11 +220,19 @@ impl<'txn> RecordTables<'txn> {
         self.write_encoded(record, &encode(record))
     }
 
-    /// The record, its index entry, and no pending entry any more.
+    /// The record, its index entry, and no pending entry any more. A record that replaces one
+    /// (a guess replaced by what ran) takes the old one's index entry with it.
     fn write_encoded(&mut self, record: &ActivationRecord, json: &[u8]) -> Result<(), StoreError> {
         let id = record.activation_id.as_str();
         let ns_key = format!("{}\0{:020}\0{id}", record.namespace, record.start);
-        self.records.insert(id, json).map_err(db_err)?;
+        let replaced =
+            self.records.insert(id, json).map_err(db_err)?.map(|old| decode::<ActivationRecord>(id, old.value()));
+        if let Some(Ok(old)) = replaced {
+            let old_key = format!("{}\0{:020}\0{id}", old.namespace, old.start);
+            if old_key != ns_key {
+                self.by_namespace.remove(old_key.as_str()).map_err(db_err)?;
+            }
+        }
         self.pending.remove(id).map_err(db_err)?;
         self.by_namespace.insert(ns_key.as_str(), record.name.as_str()).map_err(db_err)?;
         Ok(())
@@ -389,26 +397,21 @@ impl Store for RedbStore {
         })
     }
 
-    fn recover_unfinished(&self, now_ms: u64) -> Result<usize, StoreError> {
+    fn recover_unfinished(&self, now_ms: u64) -> Result<Vec<ActivationMeta>, StoreError> {
         let pending = self.pending()?;
         if pending.is_empty() {
-            return Ok(0);
+            return Ok(pending);
         }
         self.run(|db| {
             let txn = db.begin_write().map_err(db_err)?;
             {
                 let mut tables = RecordTables::open(&txn)?;
                 for meta in &pending {
-                    let record = ActivationRecord::whisk_error(
-                        meta,
-                        "the invoker stopped before this activation finished",
-                        now_ms,
-                    );
-                    tables.write(&record)?;
+                    tables.write(&ActivationRecord::guess(meta, super::STOPPED_UNFINISHED, now_ms))?;
                 }
             }
             txn.commit().map_err(db_err)?;
-            Ok(pending.len())
+            Ok(pending)
         })
     }
 
@@ -659,11 +662,21 @@ mod tests {
             s.accept(&meta("p1")).unwrap();
         }
         let s = RedbStore::open(&path).unwrap();
-        assert_eq!(s.recover_unfinished(99).unwrap(), 1);
+        assert_eq!(s.recover_unfinished(99).unwrap().len(), 1);
         let record = s.get_activation("p1").unwrap().unwrap();
         assert_eq!(record.response.status_code, 3);
         assert_eq!(s.list_activations("guest", Some("hello"), 0, 10).unwrap().len(), 1);
-        assert_eq!(s.recover_unfinished(100).unwrap(), 0);
+        assert_eq!(s.recover_unfinished(100).unwrap().len(), 0);
+        assert!(record.is_guess(), "written as a guess");
+
+        // The truth found later replaces the guess, in the list too (it started at another time).
+        let mut truth = ActivationRecord::whisk_error(&meta("p1"), "x", 130);
+        truth.start = 120;
+        truth.response.status_code = 0;
+        s.finish(&Arc::new(truth)).unwrap();
+        let listed = s.list_activations("guest", Some("hello"), 0, 10).unwrap();
+        assert_eq!(listed.len(), 1, "one record per activation: {listed:?}");
+        assert_eq!((listed[0].start, listed[0].response.status_code), (120, 0));
     }
 
     #[test]
