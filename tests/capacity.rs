@@ -268,6 +268,209 @@ async fn of_two_managers_one_leads_and_the_other_takes_over_when_it_dies() {
     assert_eq!(serving_under(dir.path()).len(), 2);
 }
 
+/// Children of `pid` that exited and were not reaped (zombies), by pid.
+fn zombies_of(pid: u32) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|child| {
+            let stat = std::fs::read_to_string(format!("/proc/{child}/stat")).unwrap_or_default();
+            // `pid (comm) state ppid ...`: the fields after the last ')'.
+            let fields: Vec<&str> =
+                stat.rsplit_once(')').map(|(_, f)| f.split_whitespace().collect()).unwrap_or_default();
+            fields.first() == Some(&"Z") && fields.get(1) == Some(&pid.to_string().as_str())
+        })
+        .collect()
+}
+
+/// Starts an activation of 30 s on the invoker at `api` (straight to it, not through a
+/// scheduler): it keeps the invoker draining, not drained, while it runs.
+async fn keep_busy(api: &str) {
+    let http = reqwest::Client::new();
+    let (user, pass) = support::GUEST.split_once(':').unwrap();
+    let action =
+        json!({ "exec": { "kind": "python:3", "code": "def main(a):\n    return a" }, "limits": { "memory": 128 } });
+    let put = http.put(format!("{api}/api/v1/namespaces/_/actions/busy")).basic_auth(user, Some(pass)).json(&action);
+    assert!(put.send().await.unwrap().status().is_success());
+    let invoke = http.post(format!("{api}/api/v1/namespaces/_/actions/busy")).basic_auth(user, Some(pass));
+    let answer = invoke.json(&json!({ "sleep_ms": 30000 })).send().await.unwrap();
+    assert_eq!(answer.status(), 202);
+}
+
+/// Two managers on one data dir hand the group back and forth: the leader frozen, the standby
+/// leads, drains one of the invokers (busy, so it stays draining) and forgets it when it is
+/// killed; the first, thawed, steps down and reaps the child the other stopped; the second
+/// killed, the first leads again from the pid files as they are now (not its handles from
+/// before) and brings the group back to its min. At every step the counts are the processes
+/// and the registrations, and a dead invoker leaves no pid file or data behind.
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
+async fn managers_that_hand_over_stop_reap_and_clean_what_they_find() {
+    use invoker::cluster::ClusterKv;
+    let Some(etcd) = EtcdServer::start() else { return };
+    let kv = etcd.kv();
+    let (dir, other) = (tempdir(), tempdir());
+    let _fleet = Fleet(dir.path().to_path_buf());
+    let first = start_manager(dir.path(), &manager_config(&etcd, "min = 2\nmax = 2\ninvoker_memory_mb = 256\n"));
+    wait_until(Duration::from_secs(30), "the first leads with two active", || {
+        let m = &first;
+        async move { capacity(m).await["groups"][0]["counts"]["active"] == 2 }
+    })
+    .await;
+    let registrations = || async {
+        let kv = etcd.kv();
+        kv.get_prefix("/invoker/invokers/").await.unwrap_or_default()
+    };
+    for (_, value) in registrations().await {
+        let record: Value = serde_json::from_str(&value).unwrap();
+        keep_busy(record["api"].as_str().unwrap()).await;
+    }
+
+    std::os::unix::fs::symlink(dir.path().join("data"), other.path().join("data")).unwrap();
+    let shrinking = "min = 1\nmax = 2\ninvoker_memory_mb = 256\nscale_down_after = \"1s\"\ndrain_deadline = \"60s\"\n";
+    let mut second = start_manager(other.path(), &manager_config(&etcd, shrinking));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(capacity(&second).await["leader"], false, "one leader at a time");
+    first.signal(nix::sys::signal::Signal::SIGSTOP);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let drained = loop {
+        let drains = kv.get_prefix("/invoker/drain/").await.unwrap_or_default();
+        if let Some((key, _)) = drains.iter().find(|(_, v)| v.contains("capacity")) {
+            break key.rsplit('/').next().unwrap().to_string();
+        }
+        assert!(Instant::now() < deadline, "the second never drained one");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let invokers = dir.path().join("data/invokers");
+    let pid_file = invokers.join(format!("{drained}.pid"));
+    let pid: i32 = std::fs::read_to_string(&pid_file).unwrap().split_whitespace().next().unwrap().parse().unwrap();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
+    wait_until(Duration::from_secs(20), "the killed invoker's pid file and data removed once forgotten", || {
+        let (pid_file, data) = (pid_file.clone(), invokers.join(&drained));
+        async move { !pid_file.exists() && !data.exists() }
+    })
+    .await;
+    wait_until(Duration::from_secs(20), "the second's counts are the processes and registrations", || {
+        let (m, d) = (&second, dir.path());
+        let registered = registrations();
+        async move {
+            let counts = capacity(m).await["groups"][0]["counts"].clone();
+            let total = ["provisioning", "active", "draining", "removing"]
+                .iter()
+                .map(|k| counts[k].as_u64().unwrap_or(0))
+                .sum::<u64>();
+            total == 1 && serving_under(d).len() == 1 && registered.await.len() == 1 && pids(d).len() == 1
+        }
+    })
+    .await;
+
+    // Thawed, the first finds its lease gone, steps down, and reaps the child the other stopped.
+    first.signal(nix::sys::signal::Signal::SIGCONT);
+    wait_until(Duration::from_secs(20), "the first steps down", || {
+        let m = &first;
+        async move { capacity(m).await["leader"] == false }
+    })
+    .await;
+    wait_until(Duration::from_secs(10), "no zombie left of the first manager's invokers", || {
+        let pid = first.child.id();
+        async move { zombies_of(pid).is_empty() }
+    })
+    .await;
+
+    // The second killed, the first leads again on the pid files as they are now.
+    second.signal(nix::sys::signal::Signal::SIGKILL);
+    second.wait_exit(Duration::from_secs(10));
+    wait_until(
+        Duration::from_secs(30),
+        "the first leads again with two active, each a process and a registration",
+        || {
+            let (m, d) = (&first, dir.path());
+            let registered = registrations();
+            async move {
+                let status = capacity(m).await;
+                let counts = status["groups"][0]["counts"].clone();
+                status["leader"] == true
+                    && counts["active"] == 2
+                    && counts["removing"] == 0
+                    && counts["draining"] == 0
+                    && serving_under(d).len() == 2
+                    && registered.await.len() == 2
+                    && pids(d).len() == 2
+            }
+        },
+    )
+    .await;
+}
+
+/// The local control plane of two managers on one data dir, each one's handles against the
+/// other's doing: an invoker the first started is stopped by the second and reaped at once by
+/// the first (its parent); started again under its name by the second, the first (leading
+/// again) finds it by its pid file, sees it run, and stops it, the process that runs now, not
+/// the one its old handle named; one that died is cleaned up once forgotten. The invoker is a
+/// script whose command line reads as one (`serve ... --invoker-id <id>`).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_local_plane_trusts_the_pid_files_not_its_handles_from_before() {
+    use invoker::capacity::plane::local::LocalPlane;
+    use invoker::capacity::plane::{ControlPlane, InvokerSpec};
+    let dir = tempdir();
+    let _fleet = Fleet(dir.path().to_path_buf());
+    let script = dir.path().join("fake-invoker.sh");
+    std::fs::write(&script, "#!/bin/sh\ntrap 'exit 0' TERM\nwhile :; do sleep 0.1; done\n").unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let plane = || {
+        let config = dir.path().join("unused.toml");
+        LocalPlane::new(script.clone(), config, vec![], dir.path().join("data"), Duration::from_secs(5)).unwrap()
+    };
+    let (first, second) = (plane(), plane());
+    let spec = InvokerSpec { id: "default-1".into(), group: "default".into(), tags: vec![], memory_mb: 256 };
+    let pid_of = |id: &str| -> i32 {
+        let text = std::fs::read_to_string(dir.path().join(format!("data/invokers/{id}.pid"))).unwrap();
+        text.split_whitespace().next().unwrap().parse().unwrap()
+    };
+    first.provision(&spec).await.unwrap();
+    let started_by_first = pid_of("default-1");
+    assert_eq!(first.running("default-1"), Some(true));
+
+    assert_eq!(second.found(), vec!["default-1".to_string()]);
+    second.remove("default-1").await.unwrap();
+    wait_until(Duration::from_secs(10), "the first reaps its child the second stopped", || async {
+        zombies_of(std::process::id()).is_empty() && !Path::new(&format!("/proc/{started_by_first}")).exists()
+    })
+    .await;
+
+    second.provision(&spec).await.unwrap();
+    let started_by_second = pid_of("default-1");
+    assert_ne!(started_by_first, started_by_second);
+    // A leadership is taken a lease's TTL after the other's last spawn, not within its exec.
+    wait_until(Duration::from_secs(10), "the second's invoker past its exec", || async {
+        std::fs::read(format!("/proc/{started_by_second}/cmdline")).is_ok_and(|c| !c.is_empty())
+    })
+    .await;
+    assert_eq!(first.found(), vec!["default-1".to_string()], "found again, whoever started it");
+    assert_eq!(first.running("default-1"), Some(true));
+    first.remove("default-1").await.unwrap();
+    wait_until(Duration::from_secs(10), "the process that ran under the name stopped", || async {
+        let stat = std::fs::read_to_string(format!("/proc/{started_by_second}/stat")).unwrap_or_default();
+        stat.is_empty() || stat.rsplit_once(')').is_some_and(|(_, f)| f.trim_start().starts_with('Z'))
+    })
+    .await;
+
+    // Died on its own: once forgotten, its pid file and data go (its log stays).
+    first.provision(&InvokerSpec { id: "default-2".into(), ..spec }).await.unwrap();
+    let died = pid_of("default-2");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(died), nix::sys::signal::Signal::SIGKILL).unwrap();
+    wait_until(Duration::from_secs(10), "it is not running", || async { first.running("default-2") == Some(false) })
+        .await;
+    first.forget("default-2");
+    let invokers = dir.path().join("data/invokers");
+    wait_until(Duration::from_secs(10), "its pid file and data removed", || {
+        let invokers = invokers.clone();
+        async move { !invokers.join("default-2.pid").exists() && !invokers.join("default-2").exists() }
+    })
+    .await;
+    assert!(invokers.join("default-2.log").exists(), "the log stays, for why it ended");
+}
+
 /// A leader that stops (SIGTERM) revokes its lease, and the standby, watching the leader's
 /// key, claims it as it goes: not a third of a TTL later (40 s with this 120 s TTL, past the
 /// bounded wait).

@@ -437,6 +437,7 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
                 }
                 g.reactivated.remove(&id);
                 g.asked.remove(&id);
+                self.plane.forget(&id);
                 g.core.handle(Event::Gone { id }, now);
             }
         }

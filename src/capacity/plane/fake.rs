@@ -20,6 +20,7 @@ struct Inner {
     running: BTreeMap<String, InvokerSpec>,
     exited: BTreeMap<String, String>,
     found: BTreeSet<String>,
+    forgotten: Vec<String>,
 }
 
 impl FakePlane {
@@ -38,6 +39,11 @@ impl FakePlane {
         let mut inner = self.inner.lock();
         inner.running.remove(id);
         inner.exited.insert(id.to_string(), error.to_string());
+    }
+
+    /// The invokers the manager forgot, in order.
+    pub fn forgotten(&self) -> Vec<String> {
+        self.inner.lock().forgotten.clone()
     }
 
     /// Invokers a manager before this one started, to be found.
@@ -80,6 +86,11 @@ impl ControlPlane for FakePlane {
     }
 
     fn found(&self) -> Vec<String> {
-        self.inner.lock().found.iter().cloned().collect()
+        let inner = self.inner.lock();
+        inner.found.iter().chain(inner.running.keys()).cloned().collect::<BTreeSet<_>>().into_iter().collect()
+    }
+
+    fn forget(&self, id: &str) {
+        self.inner.lock().forgotten.push(id.to_string());
     }
 }

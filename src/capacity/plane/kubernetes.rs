@@ -290,6 +290,9 @@ impl ControlPlane for KubernetesPlane {
         from_pod.or(from_state).map(|e| e.chars().take(500).collect())
     }
 
+    /// A pod is the StatefulSet's to keep or delete, with its volume.
+    fn forget(&self, _id: &str) {}
+
     fn found(&self) -> Vec<String> {
         self.pods
             .state()

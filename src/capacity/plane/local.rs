@@ -4,11 +4,18 @@
 //! reach it), and a pid file beside it.
 //!
 //! The invokers outlive the manager: they are the cluster's capacity, and a manager that stops
-//! or is killed must not take the work they run with it. A manager started again reads the
-//! pid files, keeps those whose process still runs (the same boot, the same pid, and `serve
-//! --invoker-id <id>` on its command line, so that a reused pid is never taken for one), and
-//! reports them as [`found`](super::ControlPlane::found): adopted, never started twice, and
-//! stopped like the others when removed. No invoker is left behind without a manager that knows it.
+//! or is killed must not take the work they run with it. The pid files are the truth every
+//! manager on the data dir shares (a standby that led meanwhile starts and stops invokers too):
+//! each time leadership is taken they are read again, and the invokers whose process still runs
+//! (the same boot, the same pid, and `serve --invoker-id <id>` on its command line, so that a
+//! reused pid is never taken for one) are [`found`](super::ControlPlane::found), whoever started
+//! them: adopted, never started twice, and stopped like the others when removed. No handle from
+//! before is trusted: an invoker is known by its pid and checked in `/proc` each time.
+//!
+//! A process this manager started is waited for by a thread of its own from its start, so it
+//! is reaped the moment it exits, whoever stopped it and whether or not this manager leads: no
+//! zombie is left for a manager that lost its leadership. An invoker that died on its own has
+//! its pid file and data removed once the manager forgets it.
 
 use super::{ControlPlane, InvokerSpec, PlaneError};
 use nix::sys::signal::{kill, Signal};
@@ -17,6 +24,8 @@ use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub struct LocalPlane {
@@ -28,14 +37,27 @@ pub struct LocalPlane {
     /// How long a stopped invoker has to drain and exit before it is killed.
     stop_grace: Duration,
     boot_id: String,
-    procs: Mutex<BTreeMap<String, Proc>>,
+    /// The invokers known to run, by their pid.
+    procs: Mutex<BTreeMap<String, Known>>,
 }
 
-enum Proc {
-    /// Started by this manager: reaped here.
-    Child(Child),
-    /// Found running at start: a child of the manager before.
-    Adopted(Pid),
+/// An invoker as this plane knows it.
+#[derive(Clone)]
+struct Known {
+    pid: Pid,
+    /// For a process this manager started: true until its reaper saw it exit (its command line
+    /// is not its own yet while the kernel is still in its exec, and a pid is not reused while
+    /// it is unreaped). `None`: another's, checked with [`is_invoker`] each time.
+    alive: Option<Arc<AtomicBool>>,
+}
+
+impl Known {
+    fn runs(&self, id: &str) -> bool {
+        match &self.alive {
+            Some(alive) => alive.load(Ordering::Acquire),
+            None => is_invoker(self.pid, id),
+        }
+    }
 }
 
 impl LocalPlane {
@@ -62,31 +84,32 @@ impl LocalPlane {
         Ok(plane)
     }
 
-    /// Reads the pid files: the invokers they name that run and this plane does not know are
-    /// adopted; the files of those that do not run are removed.
+    /// Reads the pid files again and knows exactly the invokers they name that run; the files
+    /// of those that do not run are removed.
     fn adopt(&self) -> std::io::Result<()> {
-        let mut procs = self.procs.lock();
+        let mut now = BTreeMap::new();
         for entry in std::fs::read_dir(&self.dir)? {
             let path = entry?.path();
             let Some(id) = path.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_suffix(".pid")) else {
                 continue;
             };
-            if procs.contains_key(id) {
-                continue;
-            }
             let text = std::fs::read_to_string(&path).unwrap_or_default();
             let mut parts = text.split_whitespace();
             let (Some(pid), Some(boot)) = (parts.next().and_then(|p| p.parse::<i32>().ok()), parts.next()) else {
                 continue;
             };
             let pid = Pid::from_raw(pid);
-            if boot == self.boot_id && is_invoker(pid, id) {
-                tracing::info!(invoker = %id, %pid, "an invoker another manager started runs: adopted");
-                procs.insert(id.to_string(), Proc::Adopted(pid));
-            } else {
+            let ours = self.procs.lock().get(id).filter(|k| k.pid == pid && k.runs(id)).cloned();
+            if let Some(known) = ours {
+                now.insert(id.to_string(), known);
+            } else if boot == self.boot_id && is_invoker(pid, id) {
+                tracing::info!(invoker = %id, %pid, "an invoker this manager did not start runs: adopted");
+                now.insert(id.to_string(), Known { pid, alive: None });
+            } else if boot != self.boot_id || !in_exec(pid) {
                 let _ = std::fs::remove_file(&path);
             }
         }
+        *self.procs.lock() = now;
         Ok(())
     }
 
@@ -95,11 +118,44 @@ impl LocalPlane {
     }
 
     fn pid_of(&self, id: &str) -> Option<Pid> {
-        match self.procs.lock().get(id)? {
-            Proc::Child(child) => Some(Pid::from_raw(child.id() as i32)),
-            Proc::Adopted(pid) => Some(*pid),
+        self.procs.lock().get(id).map(|k| k.pid)
+    }
+
+    /// Removes `id`'s pid file and data directory (its log stays, for why it ended).
+    fn clean_up(&self, id: &str) -> impl std::future::Future<Output = std::io::Result<()>> + 'static {
+        let _ = std::fs::remove_file(self.pid_file(id));
+        let data = self.dir.join(id);
+        async move {
+            tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&data))
+                .await
+                .map_err(std::io::Error::other)?
+                .or_else(|e| if e.kind() == std::io::ErrorKind::NotFound { Ok(()) } else { Err(e) })
         }
     }
+}
+
+/// Reaps `child` when it exits, on a thread of its own (a process the manager started is its
+/// child whoever stops it, and only its parent can reap it); `alive` says false from then on.
+fn reap_when_it_exits(mut child: Child, id: String, alive: Arc<AtomicBool>) {
+    let spawned = std::thread::Builder::new().name(format!("reap-{id}")).spawn(move || {
+        match child.wait() {
+            Ok(status) => tracing::debug!(invoker = %id, "exited: {status}"),
+            Err(e) => tracing::warn!(invoker = %id, "waiting for it: {e}"),
+        }
+        alive.store(false, Ordering::Release);
+    });
+    if let Err(e) = spawned {
+        tracing::warn!("no thread to reap an invoker with: {e}");
+    }
+}
+
+/// Whether `pid` is a process whose exec has not set its command line yet (another manager's
+/// spawn returns a moment before that): its pid file is left alone until it can be read.
+fn in_exec(pid: Pid) -> bool {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline"));
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let state = stat.rsplit_once(')').and_then(|(_, f)| f.split_whitespace().next().map(str::to_string));
+    cmdline.is_ok_and(|c| c.is_empty()) && state.is_some_and(|s| s != "Z" && s != "X")
 }
 
 /// Whether `pid` runs `invoker serve ... --invoker-id <id>` (a reused pid runs something else).
@@ -140,9 +196,16 @@ impl ControlPlane for LocalPlane {
             .stderr(err);
         std::os::unix::process::CommandExt::process_group(&mut command, 0);
         let child = command.spawn().map_err(|e| fail(format!("{}: {e}", self.exe.display())))?;
-        let pid_line = format!("{} {}\n", child.id(), self.boot_id);
-        std::fs::write(self.pid_file(&spec.id), pid_line).map_err(|e| fail(e.to_string()))?;
-        self.procs.lock().insert(spec.id.clone(), Proc::Child(child));
+        let pid = Pid::from_raw(child.id() as i32);
+        let alive = Arc::new(AtomicBool::new(true));
+        reap_when_it_exits(child, spec.id.clone(), alive.clone());
+        let pid_line = format!("{pid} {}\n", self.boot_id);
+        if let Err(e) = std::fs::write(self.pid_file(&spec.id), pid_line) {
+            // Not known by a file, it would be lost to the next manager: it does not run.
+            let _ = kill(pid, Signal::SIGKILL);
+            return Err(fail(e.to_string()));
+        }
+        self.procs.lock().insert(spec.id.clone(), Known { pid, alive: Some(alive) });
         Ok(())
     }
 
@@ -162,21 +225,12 @@ impl ControlPlane for LocalPlane {
             }
         }
         self.procs.lock().remove(id);
-        let _ = std::fs::remove_file(self.pid_file(id));
-        let data = self.dir.join(id);
-        tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&data))
-            .await
-            .map_err(|e| PlaneError::Stop { id: id.to_string(), reason: e.to_string() })?
-            .or_else(|e| if e.kind() == std::io::ErrorKind::NotFound { Ok(()) } else { Err(e) })
-            .map_err(|e| PlaneError::Stop { id: id.to_string(), reason: format!("its data: {e}") })
+        self.clean_up(id).await.map_err(|e| PlaneError::Stop { id: id.to_string(), reason: format!("its data: {e}") })
     }
 
     fn running(&self, id: &str) -> Option<bool> {
-        let mut procs = self.procs.lock();
-        Some(match procs.get_mut(id)? {
-            Proc::Child(child) => matches!(child.try_wait(), Ok(None)),
-            Proc::Adopted(pid) => is_invoker(*pid, id),
-        })
+        let known = self.procs.lock().get(id).cloned()?;
+        Some(known.runs(id))
     }
 
     fn last_error(&self, id: &str) -> Option<String> {
@@ -194,6 +248,27 @@ impl ControlPlane for LocalPlane {
         if let Err(e) = self.adopt() {
             tracing::warn!("reading the invokers' pid files: {e}");
         }
-        self.procs.lock().iter().filter(|(_, p)| matches!(p, Proc::Adopted(_))).map(|(id, _)| id.clone()).collect()
+        self.procs.lock().keys().cloned().collect()
+    }
+
+    fn forget(&self, id: &str) {
+        let Some(known) = self.procs.lock().remove(id) else { return };
+        if known.runs(id) {
+            self.procs.lock().insert(id.to_string(), known);
+            return;
+        }
+        // Only a pid file that names no running invoker (another manager may have started one
+        // under this name meanwhile).
+        let named = std::fs::read_to_string(self.pid_file(id)).ok();
+        let pid = named.as_deref().and_then(|t| t.split_whitespace().next()?.parse::<i32>().ok()).map(Pid::from_raw);
+        if pid.is_some_and(|pid| pid != known.pid && is_invoker(pid, id)) {
+            return;
+        }
+        let (cleaning, id) = (self.clean_up(id), id.to_string());
+        tokio::spawn(async move {
+            if let Err(e) = cleaning.await {
+                tracing::warn!(invoker = %id, "removing what it left: {e}");
+            }
+        });
     }
 }

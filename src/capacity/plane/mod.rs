@@ -37,9 +37,14 @@ pub trait ControlPlane: Send + Sync + 'static {
     fn running(&self, id: &str) -> Option<bool>;
     /// Why an invoker that exited did (its last error), when the plane can tell.
     fn last_error(&self, id: &str) -> Option<String>;
-    /// The invokers it runs that this manager did not start (a manager started again finds
-    /// those of the one before), so that they are adopted rather than started twice.
+    /// Every invoker it runs now, whoever started it (this manager in an earlier leadership,
+    /// a manager before it, a standby that led meanwhile), read afresh from where the plane
+    /// keeps them: called each time leadership is taken, so that no handle from before a loss
+    /// of leadership is trusted, and nothing running is started twice.
     fn found(&self) -> Vec<String>;
+    /// The manager forgot `id` (it is gone, not running): what is left of it (a dead process's
+    /// pid file and data) goes.
+    fn forget(&self, id: &str);
 }
 
 pub enum AnyPlane {
@@ -82,5 +87,9 @@ impl ControlPlane for AnyPlane {
 
     fn found(&self) -> Vec<String> {
         each_plane!(self, p => p.found())
+    }
+
+    fn forget(&self, id: &str) {
+        each_plane!(self, p => p.forget(id))
     }
 }
