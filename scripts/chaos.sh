@@ -1,33 +1,45 @@
 #!/usr/bin/env bash
-# The cluster under faults, as an operator meets them: starts its own etcd (scripts/etcd.sh in a
-# directory of its own), two invokers and a scheduler on config/cluster.toml (loopback only), runs
-# a bounded load of blocking invokes through the scheduler (6 callers, a 50 ms python action), and
-# injects one fault per run:
+# The cluster under faults, as an operator meets them: starts its own etcd (one member, loopback
+# only, data under a directory of its own), two invokers and a scheduler on config/cluster.toml,
+# runs a bounded load of blocking invokes through the scheduler (6 callers, a 50 ms python
+# action), and injects one fault per run:
 #   etcd frozen 20 s          SIGSTOP, then SIGCONT (a partition or a long fsync stall looks the same)
 #   one invoker frozen 15 s   SIGSTOP, then SIGCONT (a GC pause, a stalled disk)
 #   one invoker cut from etcd 25 s   its path to etcd alone black-holed, past its lease and the
 #                             scheduler's grace (a partition between it and etcd), then healed
 #   scheduler killed          SIGKILL, and started again at once on the same port and data
-# and prints a table per fault: requests, succeeded, 503s, failed records (an activation that
-# ran, or may have, ended in error), accepted without a record, and seconds in which no request
-# succeeded. Every run stops by itself (about 3 minutes in all).
+#   one invoker killed        SIGKILL under load, started again 10 s later on the same data
+#   etcd restarted empty      an operator drains inv1, then etcd loses its data and restarts
+# and prints a table per fault: requests, succeeded, 503s (nothing ran: safe to retry), 502s (it
+# may have run), failed records (an activation that ran, or may have, ended in error), guesses
+# still standing at the end (records written without seeing the end, not replaced by the
+# invoker's own), accepted without a record, activations that started on an invoker an operator
+# had drained, and seconds in which no request succeeded.
+# Then a second cluster on a 3-member etcd: the member that serves the scheduler's watches is
+# frozen 30 s while an operator drains one invoker (through a live member), a new invoker
+# starts and another is SIGKILLed; it prints how many activations started on the drained
+# invoker after its drain, and when the scheduler saw the new invoker and lost the killed one.
+# Every run stops by itself (about 5 minutes in all).
 #
 #   scripts/chaos.sh           # release build; as root the invokers isolate their containers
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if ! command -v etcd >/dev/null 2>&1; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server >/dev/null
+fi
 cargo build --release --bin invoker >&2
 work=$(mktemp -d /tmp/invoker-chaos-XXXXXX)
-trap 'pkill -P $$ 2>/dev/null || true; [ -f "$work/etcd/etcd.pid" ] && kill -CONT "$(cat "$work/etcd/etcd.pid")" 2>/dev/null; [ -f "$work/etcd/etcd.pid" ] && kill "$(cat "$work/etcd/etcd.pid")" 2>/dev/null; rm -rf "$work"' EXIT
-etcd=$(INVOKER_ETCD_DIR="$work/etcd" bash scripts/etcd.sh | tail -1 | cut -d= -f2)
-python3 - "${CARGO_TARGET_DIR:-target}/release/invoker" "$work" "$etcd" <<'PY'
+trap 'pkill -P $$ 2>/dev/null || true; rm -rf "$work"' EXIT
+python3 - "${CARGO_TARGET_DIR:-target}/release/invoker" "$work" <<'PY'
 import json, os, select, signal, socket, sys, threading, time
 sys.path.insert(0, "scripts")
-from cluster_harness import Cluster, free_port, request
+from cluster_harness import Cluster, EtcdMembers, free_port, request
 
-exe, work, etcd = sys.argv[1:4]
+exe, work = sys.argv[1:3]
+etcd_members = EtcdMembers(work, 1)
+etcd = etcd_members.urls()
 cluster = Cluster(exe, work, etcd, open("config/cluster.toml").read())
 start = cluster.start
-
 class Partition:
     """A loopback path to etcd for one process, that can be cut: cut, nothing moves and nothing
     closes (a network dropping packets; new connections are taken and left hanging); healed,
@@ -88,61 +100,104 @@ procs["inv1"] = start("inv1", ["--invoker-id", "inv1"], ports["inv1"], etcd=part
 procs["sched"] = start("sched", ["scheduler", "--scheduler-id", "chaos"], ports["sched"])
 base = f"http://127.0.0.1:{ports['sched']}"
 
-def wait_healthy(count, bound=60):
-    key = cluster.admin_key("sched")
+
+def invokers(base, name):
+    status, _, body = request("GET", base + "/v1/invokers", key=cluster.admin_key(name), timeout=5)
+    return json.loads(body) if status == 200 else []
+
+
+def wait_healthy(count, base=base, name="sched", bound=60):
     deadline = time.time() + bound
     while time.time() < deadline:
-        status, _, body = request("GET", base + "/v1/invokers", key=key, timeout=5)
         # Healthy, and its headroom published (the record an invoker claims its key with has none).
-        ready = [i for i in json.loads(body) if i.get("health") == "healthy" and i.get("nodes")] if status == 200 else []
+        ready = [i for i in invokers(base, name) if i.get("health") == "healthy" and i.get("nodes") and not i.get("drained")]
         if len(ready) == count:
             return
         time.sleep(0.2)
     sys.exit("the invokers never all registered healthy")
 
-wait_healthy(2)
-code = "import time\ndef main(a):\n    time.sleep(a.get('sleep', 0))\n    return {'ok': True}\n"
-status, _, body = request("PUT", base + "/api/v1/namespaces/_/actions/chaos?overwrite=true",
-                          {"exec": {"kind": "python:3", "code": code}, "limits": {"memory": 128}})
-assert status == 200, body
 
-def etcd_pid():
-    return int(open(os.path.join(work, "etcd", "etcd.pid")).read())
+def put_action(base):
+    code = "import time\ndef main(a):\n    time.sleep(a.get('sleep', 0))\n    return {'ok': True}\n"
+    status, _, body = request("PUT", base + "/api/v1/namespaces/_/actions/chaos?overwrite=true",
+                              {"exec": {"kind": "python:3", "code": code}, "limits": {"memory": 128}})
+    assert status == 200, body
+
+
+def annotation(record, key):
+    return next((a.get("value") for a in record.get("annotations", []) if a.get("key") == key), None)
+
+
+wait_healthy(2)
+put_action(base)
+drained = {}  # invoker -> when an operator drained it (a record that started after it is a defect)
+
 
 def restart_scheduler():
     procs["sched"].kill(); procs["sched"].wait()
     procs["sched"] = start("sched", ["scheduler", "--scheduler-id", "chaos"], ports["sched"])
 
+
+def kill_inv0():
+    os.killpg(procs["inv0"].pid, signal.SIGKILL); procs["inv0"].wait()
+
+
+def restart_inv0():
+    procs["inv0"] = start("inv0", ["--invoker-id", "inv0"], ports["inv0"])
+
+
+def drain_inv1_then_wipe_etcd():
+    status, _, body = request("POST", base + "/v1/invokers/inv1/drain", key=cluster.admin_key("sched"))
+    assert status == 200, body
+    drained["inv1"] = time.time()
+    time.sleep(2)
+    etcd_members.wipe()
+
+
+def activate_inv1():
+    request("POST", base + "/v1/invokers/inv1/activate", key=cluster.admin_key("sched"))
+    drained.pop("inv1", None)
+
+
 faults = [
-    ("etcd frozen 20 s", lambda: os.kill(etcd_pid(), signal.SIGSTOP), 20, lambda: os.kill(etcd_pid(), signal.SIGCONT), 12),
+    ("etcd frozen 20 s", lambda: etcd_members.freeze(0), 20, lambda: etcd_members.thaw(0), 12),
     ("one invoker frozen 15 s", lambda: os.killpg(procs["inv0"].pid, signal.SIGSTOP), 15,
      lambda: os.killpg(procs["inv0"].pid, signal.SIGCONT), 12),
     ("one invoker cut from etcd 25 s", lambda: setattr(partition, "cut", True), 25, partition.heal, 15),
     ("scheduler killed, restarted", restart_scheduler, 0, lambda: None, 15),
+    ("one invoker killed, restarted", kill_inv0, 10, restart_inv0, 15),
+    ("etcd restarted empty, drained", drain_inv1_then_wipe_etcd, 15, lambda: None, 5),
 ]
 
-rows = []
-for name, inject, held, undo, after in faults:
-    wait_healthy(2)
-    results, lock, stop = [], threading.Lock(), threading.Event()
+
+def load(base, callers, results, lock, stop):
     def caller():
         while not stop.is_set():
             started = time.time()
             status, aid, body = request("POST", base + "/api/v1/namespaces/_/actions/chaos?blocking=true", {"sleep": 0.05})
             with lock:
                 results.append((started, time.time(), status, aid, body))
-            if status in (0, 503):
+            if status in (0, 502, 503):
                 time.sleep(0.05)  # a refused caller does not spin
-    threads = [threading.Thread(target=caller) for _ in range(6)]
-    began = time.time()
+    threads = [threading.Thread(target=caller) for _ in range(callers)]
     for t in threads: t.start()
+    return threads
+
+
+rows = []
+for name, inject, held, undo, after in faults:
+    wait_healthy(2)
+    results, lock, stop = [], threading.Lock(), threading.Event()
+    began = time.time()
+    threads = load(base, 6, results, lock, stop)
     time.sleep(5); inject(); time.sleep(held); undo(); time.sleep(after)
     stop.set()
     for t in threads: t.join()
     ended = time.time()
     ok = sum(1 for r in results if r[2] == 200)
     refused = sum(1 for r in results if r[2] == 503)
-    failed, unrecorded = 0, 0
+    maybe = sum(1 for r in results if r[2] == 502)
+    failed, unrecorded, guesses, on_drained = 0, 0, 0, 0
     for r in results:
         if r[3] is None:
             continue
@@ -151,12 +206,17 @@ for name, inject, held, undo, after in faults:
             unrecorded += 1
             continue
         record = json.loads(body)
-        rejected = any(a.get("key") == "rejected" for a in record.get("annotations", []))
-        if record["response"]["statusCode"] != 0 and not rejected:
+        if record["response"]["statusCode"] != 0 and annotation(record, "rejected") is None:
             failed += 1
+        if annotation(record, "guess") is not None:
+            guesses += 1
+        ran_on = annotation(record, "invoker")
+        if ran_on in drained and record["start"] / 1000 > drained[ran_on] + 1:
+            on_drained += 1
+    activate_inv1()
     seconds = int(ended - began)
     dark = sum(1 for s in range(seconds) if not any(r[2] == 200 and began + s <= r[1] < began + s + 1 for r in results))
-    rows.append((name, len(results), ok, refused, failed, unrecorded, dark))
+    rows.append((name, len(results), ok, refused, maybe, failed, guesses, unrecorded, on_drained, dark))
     reasons = {}
     for r in results:
         if r[2] not in (200,):
@@ -173,10 +233,75 @@ for name, inject, held, undo, after in faults:
               file=sys.stderr)
 
 print()
-print(f"{'fault':<30} {'requests':>9} {'succeeded':>10} {'503s':>6} {'failed records':>15} {'no record':>10} {'s without success':>18}")
+print(f"{'fault':<31} {'requests':>8} {'succeeded':>9} {'503s':>5} {'502s':>5} {'failed records':>14} "
+      f"{'guesses':>7} {'no record':>9} {'on drained':>10} {'s without success':>17}")
 for row in rows:
-    print(f"{row[0]:<30} {row[1]:>9} {row[2]:>10} {row[3]:>6} {row[4]:>15} {row[5]:>10} {row[6]:>18}")
+    print(f"{row[0]:<31} {row[1]:>8} {row[2]:>9} {row[3]:>5} {row[4]:>5} {row[5]:>14} {row[6]:>7} {row[7]:>9} "
+          f"{row[8]:>10} {row[9]:>17}")
 for p in procs.values():
+    try:
+        os.killpg(p.pid, signal.SIGCONT); p.terminate(); p.wait(timeout=30)
+    except Exception:
+        p.kill()
+
+# A second cluster on three etcd members. Every process lists them in the same order, so the
+# scheduler's watches are on the first; that member is frozen 30 s.
+three = EtcdMembers(work, 3, name="etcd3")
+ports3 = {"a0": free_port(), "a1": free_port(), "a2": free_port(), "s3": free_port()}
+procs3 = {n: start(n, ["--invoker-id", n], ports3[n], etcd=three.urls()) for n in ("a0", "a1")}
+procs3["s3"] = start("s3", ["scheduler", "--scheduler-id", "chaos3"], ports3["s3"], etcd=three.urls())
+base3 = f"http://127.0.0.1:{ports3['s3']}"
+wait_healthy(2, base3, "s3")
+put_action(base3)
+results, lock, stop = [], threading.Lock(), threading.Event()
+threads = load(base3, 6, results, lock, stop)
+time.sleep(5)
+frozen_at = time.time()
+three.freeze(0)
+time.sleep(12)
+drain_status, _, _ = request("POST", base3 + "/v1/invokers/a1/drain", key=cluster.admin_key("s3"))
+drained_at = time.time()
+procs3["a2"] = start("a2", ["--invoker-id", "a2"], ports3["a2"], etcd=three.urls())
+new_at = time.time()
+time.sleep(2)
+os.killpg(procs3["a0"].pid, signal.SIGKILL)
+killed_at = time.time()
+seen_new, lost_killed, thawed = None, None, False
+# Watched past the thaw: a killed invoker leaves the view a lease TTL and a grace after its
+# last renewal (10 s and 10 s with config/cluster.toml), frozen member or not.
+while time.time() < killed_at + 30 and (seen_new is None or lost_killed is None):
+    if not thawed and time.time() >= frozen_at + 30:
+        three.thaw(0)
+        thawed = True
+    ids = {i["id"]: i for i in invokers(base3, "s3")}
+    if seen_new is None and ids.get("a2", {}).get("nodes"):
+        seen_new = time.time() - new_at
+    if lost_killed is None and "a0" not in ids:
+        lost_killed = time.time() - killed_at
+    time.sleep(0.1)
+while not thawed and time.time() < frozen_at + 30:
+    time.sleep(0.1)
+if not thawed:
+    three.thaw(0)
+time.sleep(5)
+stop.set()
+for t in threads: t.join()
+on_drained = 0
+for r in results:
+    if r[3] is None or r[0] < drained_at + 1:
+        continue
+    status, _, body = request("GET", base3 + f"/api/v1/namespaces/_/activations/{r[3]}", timeout=10)
+    if status == 200 and annotation(json.loads(body), "invoker") == "a1":
+        on_drained += 1
+print()
+print("3-member etcd, the watches' member frozen 30 s:")
+print(f"  requests {len(results)}, succeeded {sum(1 for r in results if r[2] == 200)}; drain answered {drain_status}")
+print(f"  activations started on the drained invoker more than 1 s after its drain: {on_drained}")
+never = "not within 30 s"
+print(f"  a new invoker in the scheduler's view {'%.1f s' % seen_new if seen_new is not None else never} after it started")
+print(f"  a SIGKILLed invoker out of the view {'%.1f s' % lost_killed if lost_killed is not None else never} after its kill"
+      " (its lease 10 s, then the scheduler's grace 10 s)")
+for p in procs3.values():
     try:
         os.killpg(p.pid, signal.SIGCONT); p.terminate(); p.wait(timeout=30)
     except Exception:

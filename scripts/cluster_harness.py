@@ -74,3 +74,74 @@ class Cluster:
                     return line[len("admin auth: "):]
             time.sleep(0.05)
         sys.exit(f"{name} did not start: " + open(os.path.join(self.work, name + ".err")).read()[-2000:])
+
+
+class EtcdMembers:
+    """The members of one etcd cluster on loopback, started here, each with its own data dir
+    under `work`: frozen (SIGSTOP), thawed, and (one member alone) wiped and started again
+    empty on the same client port, as an etcd that lost its volume."""
+
+    def __init__(self, work, size, name="etcd"):
+        self.members = []
+        for i in range(size):
+            client, peer = free_port(), free_port()
+            data = os.path.join(work, f"{name}-m{i}")
+            self.members.append({"name": f"m{i}", "client": client, "peer": peer, "dir": data, "proc": None})
+        self.cluster = ",".join(f"{m['name']}=http://127.0.0.1:{m['peer']}" for m in self.members)
+        atexit.register(self.stop_all)
+        for m in self.members:
+            self._start(m)
+        for m in self.members:
+            self._wait(m)
+
+    def urls(self):
+        return ",".join(f"http://127.0.0.1:{m['client']}" for m in self.members)
+
+    def _start(self, m):
+        os.makedirs(m["dir"], exist_ok=True)
+        client, peer = f"http://127.0.0.1:{m['client']}", f"http://127.0.0.1:{m['peer']}"
+        cmd = ["etcd", "--name", m["name"], "--data-dir", os.path.join(m["dir"], "data"),
+               "--listen-client-urls", client, "--advertise-client-urls", client,
+               "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+               "--initial-cluster", self.cluster, "--initial-cluster-state", "new"]
+        log = open(os.path.join(m["dir"], "etcd.log"), "a")
+        m["proc"] = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
+
+    def _wait(self, m, bound=30):
+        deadline = time.time() + bound
+        while time.time() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{m['client']}/health", timeout=2) as r:
+                    if b'"true"' in r.read():
+                        return
+            except Exception:
+                pass
+            time.sleep(0.2)
+        sys.exit(f"etcd member {m['name']} did not answer within {bound} s")
+
+    def freeze(self, i):
+        os.kill(self.members[i]["proc"].pid, signal.SIGSTOP)
+
+    def thaw(self, i):
+        os.kill(self.members[i]["proc"].pid, signal.SIGCONT)
+
+    def wipe(self):
+        """The only member stopped, its data removed, and started again: empty, revision 1."""
+        assert len(self.members) == 1
+        m = self.members[0]
+        m["proc"].kill()
+        m["proc"].wait()
+        subprocess.run(["rm", "-rf", os.path.join(m["dir"], "data")], check=True)
+        self._start(m)
+        self._wait(m)
+
+    def stop_all(self):
+        for m in self.members:
+            p = m["proc"]
+            if p is not None and p.poll() is None:
+                try:
+                    os.kill(p.pid, signal.SIGCONT)
+                    p.kill()
+                    p.wait(timeout=10)
+                except Exception:
+                    pass
