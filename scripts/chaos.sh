@@ -19,7 +19,12 @@
 # frozen 30 s while an operator drains one invoker (through a live member), a new invoker
 # starts and another is SIGKILLed; it prints how many activations started on the drained
 # invoker after its drain, and when the scheduler saw the new invoker and lost the killed one.
-# Every run stops by itself (about 5 minutes in all).
+# Last, two capacity managers on one data dir hand the lead back and forth: the leader frozen
+# 30 s, the standby leads and drains one of the invokers (busy, so it stays draining), which is
+# SIGKILLed; the first is thawed, then the second SIGKILLed. It prints the zombies left, whether
+# the dead invoker's files went, and the counts of `GET /v1/capacity` against the processes and
+# the registrations at the end.
+# Every run stops by itself (about 6 minutes in all).
 #
 #   scripts/chaos.sh           # release build; as root the invokers isolate their containers
 set -euo pipefail
@@ -33,7 +38,7 @@ trap 'pkill -P $$ 2>/dev/null || true; rm -rf "$work"' EXIT
 python3 - "${CARGO_TARGET_DIR:-target}/release/invoker" "$work" <<'PY'
 import json, os, select, signal, socket, sys, threading, time
 sys.path.insert(0, "scripts")
-from cluster_harness import Cluster, EtcdMembers, free_port, request
+from cluster_harness import GUEST, Cluster, EtcdMembers, free_port, request
 
 exe, work = sys.argv[1:3]
 etcd_members = EtcdMembers(work, 1)
@@ -306,4 +311,139 @@ for p in procs3.values():
         os.killpg(p.pid, signal.SIGCONT); p.terminate(); p.wait(timeout=30)
     except Exception:
         p.kill()
+
+# Two capacity managers on one data dir (the second's is a link to the first's).
+import base64, re, shutil, urllib.request
+etcd_cap = EtcdMembers(work, 1, name="etcd-cap")
+
+
+def manager_config(group):
+    text = open("config/cluster.toml").read()
+    return re.sub(r"\[capacity\.groups\.default\]\n(?:[^\[\n].*\n|\n)*", "[capacity.groups.default]\n" + group, text)
+
+
+os.makedirs(os.path.join(work, "cap-a"))
+leading = Cluster(exe, os.path.join(work, "cap-a"), etcd_cap.urls(), manager_config("min = 2\nmax = 2\ninvoker_memory_mb = 256\n"))
+standby_work = os.path.join(work, "cap-b")
+os.makedirs(standby_work)
+standby = Cluster(exe, standby_work, etcd_cap.urls(), manager_config(
+    "min = 1\nmax = 2\ninvoker_memory_mb = 256\nscale_down_after = \"1s\"\ndrain_deadline = \"60s\"\n"))
+os.symlink(os.path.join(work, "cap-a", "a"), os.path.join(standby_work, "b"))
+cap_ports = {"a": free_port(), "b": free_port()}
+managers = {"a": leading.start("a", ["capacity"], cap_ports["a"])}
+invokers_dir = os.path.join(work, "cap-a", "a", "invokers")
+
+
+def capacity_of(name, owner):
+    status, _, body = request("GET", f"http://127.0.0.1:{cap_ports[name]}/v1/capacity", key=owner.admin_key(name), timeout=5)
+    return json.loads(body) if status == 200 else {}
+
+
+def etcd_range(prefix):
+    end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+    body = json.dumps({"key": base64.b64encode(prefix.encode()).decode(),
+                       "range_end": base64.b64encode(end.encode()).decode()}).encode()
+    req = urllib.request.Request(etcd_cap.urls().split(",")[0] + "/v3/kv/range", data=body, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=5) as r:
+            kvs = json.loads(r.read()).get("kvs", [])
+    except Exception:
+        return {}
+    return {base64.b64decode(kv["key"]).decode(): base64.b64decode(kv.get("value", "")).decode() for kv in kvs}
+
+
+def serving():
+    """The invoker processes of the managers' data dir, by id (from /proc, not the pid files)."""
+    found = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            args = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if b"serve" in args and any(invokers_dir.encode() in a for a in args) and b"--invoker-id" in args:
+            found[args[args.index(b"--invoker-id") + 1].decode()] = int(pid)
+    return found
+
+
+def zombies_of(pid):
+    n = 0
+    for child in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fields = open(f"/proc/{child}/stat").read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        n += fields[0] == "Z" and fields[1] == str(pid)
+    return n
+
+
+def until(pred, bound):
+    deadline = time.time() + bound
+    while time.time() < deadline:
+        if pred():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def counted(status):
+    counts = (status.get("groups") or [{}])[0].get("counts", {})
+    return sum(counts.get(k, 0) for k in ("provisioning", "active", "draining", "removing")), counts
+
+
+ok = until(lambda: capacity_of("a", leading).get("groups", [{}])[0].get("counts", {}).get("active") == 2, 60)
+if not ok:
+    sys.exit("the first capacity manager never had its two invokers")
+for value in etcd_range("/invoker/invokers/").values():
+    api = json.loads(value)["api"]
+    code = "import time\ndef main(a):\n    time.sleep(a.get('sleep', 0))\n    return {'ok': True}\n"
+    request("PUT", api + "/api/v1/namespaces/_/actions/busy?overwrite=true",
+            {"exec": {"kind": "python:3", "code": code}, "limits": {"memory": 128}})
+    request("POST", api + "/api/v1/namespaces/_/actions/busy", {"sleep": 30})
+managers["b"] = standby.start("b", ["capacity"], cap_ports["b"])
+time.sleep(2)
+os.kill(managers["a"].pid, signal.SIGSTOP)
+frozen_at = time.time()
+drained_id = None
+while drained_id is None and time.time() < frozen_at + 25:
+    for key, value in etcd_range("/invoker/drain/").items():
+        if "capacity" in value:
+            drained_id = key.rsplit("/", 1)[-1]
+    time.sleep(0.05)
+cleaned = "no drain seen"
+if drained_id is not None:
+    pid = serving().get(drained_id)
+    if pid:
+        os.kill(pid, signal.SIGKILL)
+    killed = time.time()
+    gone = until(lambda: not os.path.exists(os.path.join(invokers_dir, drained_id + ".pid"))
+                 and not os.path.exists(os.path.join(invokers_dir, drained_id)), 20)
+    cleaned = f"removed {time.time() - killed:.1f} s after its kill" if gone else "left behind (20 s)"
+b_total, b_counts = counted(capacity_of("b", standby))
+b_procs, b_regs = len(serving()), len(etcd_range("/invoker/invokers/"))
+while time.time() < frozen_at + 30:
+    time.sleep(0.1)
+os.kill(managers["a"].pid, signal.SIGCONT)
+until(lambda: capacity_of("a", leading).get("leader") is False, 20)
+time.sleep(3)
+zombies = zombies_of(managers["a"].pid)
+managers["b"].kill(); managers["b"].wait()
+relead = time.time()
+def settled():
+    total, counts = counted(capacity_of("a", leading))
+    return counts.get("active") == 2 and total == 2 and len(serving()) == 2 and len(etcd_range("/invoker/invokers/")) == 2
+settled_in = f"{time.time() - relead:.1f} s" if until(settled, 40) else "not within 40 s"
+a_total, a_counts = counted(capacity_of("a", leading))
+print()
+print("Two capacity managers on one data dir, the leader frozen 30 s, then the standby killed:")
+print(f"  the invoker killed while the standby drained it ({drained_id}): its pid file and data {cleaned}")
+print(f"  the standby's counts {b_total} ({b_counts}); invoker processes {b_procs}; registrations {b_regs}")
+print(f"  zombies of the first manager 3 s after it stepped down: {zombies}")
+print(f"  the first leading again: two active, each a process and a registration, after {settled_in}")
+print(f"  at the end: counts {a_total} ({a_counts}); processes {len(serving())}; registrations "
+      f"{len(etcd_range('/invoker/invokers/'))}; pid files {len([f for f in os.listdir(invokers_dir) if f.endswith('.pid')])}")
+for m in managers.values():
+    if m.poll() is None:
+        os.kill(m.pid, signal.SIGCONT); m.terminate(); m.wait(timeout=30)
+for pid in serving().values():
+    os.kill(pid, signal.SIGTERM)
 PY
