@@ -1,6 +1,7 @@
-//! The seams of the source tree: no two files of the project import each other, directly or
-//! through others (tests and `mod tests` blocks aside), so each module can be read, tested and
-//! replaced from its own imports downward.
+//! The seams of the source tree: no two files of a crate import each other, directly or through
+//! others (tests and `mod tests` blocks aside), so each module can be read, tested and replaced
+//! from its own imports downward; and the decision cores (`crates/invoker-core`) depend on
+//! nothing that does I/O, so that they stay pure functions of their events.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -63,9 +64,48 @@ fn references(source: &str, module: &[String]) -> Vec<Vec<String>> {
 
 #[test]
 fn no_import_cycle_between_the_files_of_the_project() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    no_import_cycle_in(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"), 20);
+}
+
+#[test]
+fn no_import_cycle_between_the_files_of_the_core() {
+    no_import_cycle_in(&Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/invoker-core/src"), 5);
+}
+
+/// The crates the core may not depend on (an async runtime, actors, HTTP, storage, processes and
+/// system calls), and what its sources may not name (files, sockets, processes, threads, clocks).
+#[test]
+fn the_core_depends_on_nothing_that_does_io() {
+    let core = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/invoker-core");
+    let manifest = std::fs::read_to_string(core.join("Cargo.toml")).unwrap();
+    let dependencies = manifest.split("[dependencies]").nth(1).unwrap().split("\n[").next().unwrap();
+    let named: Vec<&str> = dependencies
+        .lines()
+        .filter_map(|l| l.split('=').next().map(str::trim))
+        .filter(|name| !name.is_empty() && !name.starts_with('#'))
+        .collect();
+    assert!(named.contains(&"serde"), "the dependencies were read: {named:?}");
+    let io = ["tokio", "actix", "actix-rt", "hyper", "hyper-util", "redb", "reqwest", "bollard", "kube", "nix", "libc"];
+    for name in &named {
+        assert!(!io.contains(name) && !name.starts_with("tokio"), "invoker-core depends on {name}, which does I/O");
+    }
+    let mut sources = BTreeMap::new();
+    files(&core.join("src"), &core.join("src"), &mut sources);
+    for path in sources.values() {
+        let source = std::fs::read_to_string(path).unwrap();
+        for banned in ["std::fs", "std::net", "std::process", "std::thread", "Instant::now", "SystemTime"] {
+            assert!(
+                !source.contains(banned),
+                "{} names {banned}: the core reads no clock and does no I/O",
+                path.display()
+            );
+        }
+    }
+}
+
+fn no_import_cycle_in(root: &Path, at_least: usize) {
     let mut modules = BTreeMap::new();
-    files(&root, &root, &mut modules);
+    files(root, root, &mut modules);
     modules.retain(|m, _| m.first().is_none_or(|first| first != "bin"));
     let mut edges: BTreeMap<&Vec<String>, BTreeSet<&Vec<String>>> = BTreeMap::new();
     for (module, path) in &modules {
@@ -106,5 +146,5 @@ fn no_import_cycle_between_the_files_of_the_project() {
             panic!("an import cycle: {}", cycle.join(" → "));
         }
     }
-    assert!(edges.len() > 20, "the scan found the project's imports: {} files import others", edges.len());
+    assert!(edges.len() > at_least, "the scan found the imports: {} files import others", edges.len());
 }

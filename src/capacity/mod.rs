@@ -2,9 +2,9 @@
 //! (seed 002, Fn's capacity manager). [`core`] decides, purely, from the demand the schedulers
 //! report and the group's invokers; [`predictor`] turns demand into a target.
 
-pub mod core;
+pub use invoker_core::capacity as core;
 pub mod http;
 pub mod manager;
 pub mod metrics;
 pub mod plane;
-pub mod predictor;
+pub use invoker_core::predictor;

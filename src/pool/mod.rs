@@ -1,4 +1,4 @@
 //! The ContainerPool: a pure scheduling core and the actor that carries out its effects.
 
 pub mod actor;
-pub mod core;
+pub use invoker_core::pool as core;

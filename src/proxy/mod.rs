@@ -8,7 +8,7 @@
 //! result comes back to the actor as an event, so a long `/run` never blocks a removal or
 //! other runs.
 
-pub mod core;
+pub use invoker_core::proxy as core;
 mod discard;
 pub mod protocol;
 mod record;

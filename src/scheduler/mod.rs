@@ -9,7 +9,7 @@
 pub mod demand;
 pub mod guesses;
 pub mod metrics;
-pub mod placement;
+pub use invoker_core::placement;
 pub mod presence;
 pub mod send;
 pub mod stalls;

@@ -283,7 +283,7 @@ impl KeepAlivePolicy for HybridHistogram {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pool::core::ContainerId;
+    use crate::pool::ContainerId;
 
     fn policy() -> HybridHistogram {
         HybridHistogram::new(KeepAliveParams::default(), Duration::from_secs(600))

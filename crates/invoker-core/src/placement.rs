@@ -12,7 +12,7 @@ pub struct InvokerView {
     pub tags: Vec<String>,
     pub healthy: bool,
     /// The largest container it could hold, its idle containers removed, as it last
-    /// published ([`crate::cluster::InvokerRecord::room_mb`]).
+    /// published (the registration's `room_mb`).
     pub launchable_mb: u64,
     /// Its containers of this action revision (from their keys).
     pub warm: u32,
