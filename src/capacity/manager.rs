@@ -6,7 +6,7 @@
 //! and carries the decisions out: the control plane starts and stops invokers; drains are the
 //! operators' drain keys, which every scheduler already honours.
 
-use super::core::{Action, Decision, Event, GroupCore, GroupCounts, MemberState};
+use super::core::{Action, Decision, Event, GroupCore, GroupCounts, GroupSpec, MemberState, Sighting};
 use super::metrics::{CapacityMetrics, DecisionLabel, GroupLabel, GroupState};
 use super::plane::{ControlPlane, InvokerSpec};
 use super::predictor::{AnyPredictor, Predictor};
@@ -19,7 +19,7 @@ use crate::model::epoch_ms;
 use crate::pool::actor::Health;
 use parking_lot::Mutex;
 use serde::Serialize;
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
@@ -76,10 +76,8 @@ struct GroupLoop {
     config: GroupConfig,
     core: GroupCore,
     predictor: AnyPredictor,
-    /// When each of its drains began (a drained report from before it is no proof).
-    drains: HashMap<String, Instant>,
-    /// When each reactivation was decided (a record that still says drained is older).
-    reactivated: HashMap<String, Instant>,
+    /// The invokers this manager drained (their drain keys are its to take back).
+    drains: BTreeSet<String>,
     /// When each invoker was asked for (for the provisioning latency).
     asked: HashMap<String, Instant>,
     /// Invokers being stopped by the control plane: a registration still there is not taken
@@ -151,10 +149,10 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
             .map(|(name, g)| GroupLoop {
                 name: name.clone(),
                 config: g.clone(),
-                core: GroupCore::new(g.spec(name)),
+                // The invokers' reports lag a decision by up to two publish intervals.
+                core: GroupCore::new(GroupSpec { settle: 2 * self.settings.publish_interval, ..g.spec(name) }),
                 predictor: g.predictor.build(self.settings.lead),
-                drains: HashMap::new(),
-                reactivated: HashMap::new(),
+                drains: BTreeSet::new(),
                 asked: HashMap::new(),
                 stopping: Arc::default(),
                 forgotten_drains: Vec::new(),
@@ -404,24 +402,22 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
                 self.metrics.provisioning_seconds.observe(asked.elapsed().as_secs_f64());
             }
             decisions.extend(g.core.handle(Event::Up { id: id.clone() }, now));
-            let settling = g.reactivated.get(id).is_some_and(|at| at.elapsed() < 2 * self.settings.publish_interval);
-            let serving = matches!(record.health, Health::Healthy | Health::Overloaded) || settling;
+            // Whether a report is taken (settling after a reactivation, trusted after a drain) is
+            // the core's to decide: `GroupSpec::settle`.
+            let serving = matches!(record.health, Health::Healthy | Health::Overloaded);
             decisions.extend(g.core.handle(Event::Serving { id: id.clone(), serving }, now));
-            let trusted = g.drains.get(id).is_some_and(|since| since.elapsed() >= 2 * self.settings.publish_interval);
-            if record.health == Health::Drained && trusted {
+            if record.health == Health::Drained {
                 decisions.extend(g.core.handle(Event::Drained { id: id.clone() }, now));
             }
         }
         let members: Vec<(String, MemberState)> = g.core.members().map(|m| (m.id.clone(), m.state)).collect();
         for (id, state) in members {
-            let gone = match state {
-                // Done stopping, and out of etcd (or killed: its lease goes in a TTL).
-                MemberState::Removing => stopping.get(&id) == Some(&true) && !records.contains_key(&id),
-                MemberState::Provisioning { .. } => self.plane.running(&id) == Some(false),
-                MemberState::Active | MemberState::Draining { .. } => {
-                    !records.contains_key(&id) && self.plane.running(&id) != Some(true)
-                }
+            let seen = Sighting {
+                registered: records.contains_key(&id),
+                running: self.plane.running(&id),
+                stopped: stopping.get(&id) == Some(&true),
             };
+            let gone = state.gone_when(seen);
             if gone {
                 if let MemberState::Provisioning { .. } = state {
                     let why = self.plane.last_error(&id).unwrap_or_else(|| "no error it left".into());
@@ -432,10 +428,9 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
                     tracing::warn!(invoker = %id, "an invoker of group {} is gone", g.name);
                 }
                 g.stopping.lock().remove(&id);
-                if g.drains.remove(&id).is_some() {
+                if g.drains.remove(&id) {
                     g.forgotten_drains.push(id.clone());
                 }
-                g.reactivated.remove(&id);
                 g.asked.remove(&id);
                 self.plane.forget(&id);
                 g.core.handle(Event::Gone { id }, now);
@@ -479,7 +474,7 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
                     if let Err(e) = self.kv.put(&drain_key(&self.settings.prefix, id), &value, None).await {
                         tracing::warn!(invoker = %id, "draining: {e}");
                     }
-                    g.drains.insert(id.clone(), Instant::now());
+                    g.drains.insert(id.clone());
                     "drain"
                 }
                 Action::Reactivate { id } => {
@@ -487,7 +482,6 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
                         tracing::warn!(invoker = %id, "reactivating: {e}");
                     }
                     g.drains.remove(id);
-                    g.reactivated.insert(id.clone(), Instant::now());
                     "reactivate"
                 }
                 Action::Remove { id } => {

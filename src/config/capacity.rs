@@ -190,6 +190,7 @@ impl GroupConfig {
             drain_deadline: self.drain_deadline,
             provision_timeout: self.provision_timeout,
             headroom_mb: self.headroom_mb,
+            settle: std::time::Duration::ZERO,
         }
     }
 }

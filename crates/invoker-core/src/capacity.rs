@@ -45,6 +45,12 @@ pub struct GroupSpec {
     /// Memory kept beyond any target above zero, so that a rise is served by invokers already
     /// up rather than waiting for new ones (a group at rest still goes down to `min`).
     pub headroom_mb: u64,
+    /// How long an invoker's registration may still say what it said before a decision (two of
+    /// its publish intervals): a report that it drained, from less than this after its drain
+    /// began, is no proof (it may predate the drain); one that it takes no work, from less than
+    /// this after it was reactivated, is the drain it has not unpublished yet. Zero where the
+    /// reports are the truth at once (the simulator).
+    pub settle: Duration,
 }
 
 /// An invoker of the group, as the core sees it.
@@ -61,6 +67,33 @@ pub enum MemberState {
     Removing,
 }
 
+/// What the manager sees of one member in a round: its registration, what the control plane
+/// says of its process, and whether its removal finished.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sighting {
+    /// It has a registration (with headroom or not yet).
+    pub registered: bool,
+    /// The control plane: `Some(true)` it runs, `Some(false)` it exited, `None` unknown.
+    pub running: Option<bool>,
+    /// The control plane finished stopping it.
+    pub stopped: bool,
+}
+
+impl MemberState {
+    /// Whether a member in this state, seen so, is gone (to be forgotten): one being removed
+    /// once stopped and out of etcd (killed: its lease goes in a TTL); one asked for once its
+    /// process exited before it registered; a serving or draining one once it is out of etcd
+    /// and the control plane does not say it runs (a registration lost while the process runs
+    /// is a partition, not a death).
+    pub fn gone_when(&self, seen: Sighting) -> bool {
+        match self {
+            MemberState::Removing => seen.stopped && !seen.registered,
+            MemberState::Provisioning { .. } => seen.running == Some(false),
+            MemberState::Active | MemberState::Draining { .. } => !seen.registered && seen.running != Some(true),
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Member {
     pub id: String,
@@ -71,6 +104,8 @@ pub struct Member {
     /// An active invoker that does not take work (unhealthy, or drained by an operator) is no
     /// capacity: the group grows past it, and it is the first drained when it shrinks.
     pub serving: bool,
+    /// When it was last reactivated (its reports settle for [`GroupSpec::settle`] after).
+    pub reactivated_at: Option<Duration>,
 }
 
 /// What the core learns.
@@ -84,10 +119,11 @@ pub enum Event {
     /// The control plane runs an invoker that has not registered (yet): one a manager before
     /// this one asked for. It is counted as being provisioned, so it is not asked for again.
     Starting { id: String },
-    /// Whether an active invoker takes work, as its registration last said.
+    /// Whether an active invoker takes work, as its registration last said (within
+    /// [`GroupSpec::settle`] of its reactivation, "no" is taken for the drain not yet unpublished).
     Serving { id: String, serving: bool },
-    /// A draining invoker reported that it has drained: nothing in flight since its drain
-    /// began (the caller sees to the "since": a report from before the drain is no proof).
+    /// A draining invoker's registration says it has drained: nothing in flight. Taken only from
+    /// [`GroupSpec::settle`] after its drain began (a report from before the drain is no proof).
     Drained { id: String },
     /// An invoker is gone: the control plane or etcd lost it, or one being removed stopped. It
     /// is forgotten.
@@ -206,16 +242,22 @@ impl GroupCore {
                 if !self.members.contains_key(&id) {
                     let ordinal = self.ordinal_of(&id).unwrap_or_else(|| self.free_ordinals(1)[0]);
                     let state = MemberState::Provisioning { since: now };
-                    self.members.insert(id.clone(), Member { id, ordinal, state, serving: true });
+                    self.members.insert(id.clone(), Member { id, ordinal, state, serving: true, reactivated_at: None });
                 }
             }
             Event::Serving { id, serving } => {
+                let settle = self.spec.settle;
                 if let Some(m) = self.members.get_mut(&id).filter(|m| m.state == MemberState::Active) {
-                    m.serving = serving;
+                    let settling = m.reactivated_at.is_some_and(|at| now < at + settle);
+                    m.serving = serving || settling;
                 }
             }
             Event::Drained { id } => {
-                if let Some(m) = self.members.get_mut(&id).filter(|m| matches!(m.state, MemberState::Draining { .. })) {
+                let settled = |m: &&mut Member| match m.state {
+                    MemberState::Draining { since, .. } => now >= since + self.spec.settle,
+                    _ => false,
+                };
+                if let Some(m) = self.members.get_mut(&id).filter(settled) {
                     m.state = MemberState::Removing;
                     out.push(Decision { action: Action::Remove { id }, reason: "drained: nothing in flight".into() });
                 }
@@ -251,7 +293,10 @@ impl GroupCore {
             }
             None => {
                 let ordinal = self.ordinal_of(&id).unwrap_or_else(|| self.free_ordinals(1)[0]);
-                self.members.insert(id.clone(), Member { id, ordinal, state: MemberState::Active, serving: true });
+                self.members.insert(
+                    id.clone(),
+                    Member { id, ordinal, state: MemberState::Active, serving: true, reactivated_at: None },
+                );
             }
         }
     }
@@ -293,6 +338,7 @@ impl GroupCore {
             let m = self.members.get_mut(&id).expect("a member");
             m.state = MemberState::Active;
             m.serving = true;
+            m.reactivated_at = Some(now);
             let reason = format!(
                 "target {target} invokers ({target_mb} MB) above the {have} it had: the most recently drained first"
             );
@@ -309,7 +355,8 @@ impl GroupCore {
         for id in &ids {
             let ordinal = self.ordinal_of(id).expect("named by the core");
             let state = MemberState::Provisioning { since: now };
-            self.members.insert(id.clone(), Member { id: id.clone(), ordinal, state, serving: true });
+            self.members
+                .insert(id.clone(), Member { id: id.clone(), ordinal, state, serving: true, reactivated_at: None });
         }
         let reason = format!(
             "target {target} invokers ({target_mb} MB) above the {have} it has{}",
@@ -416,11 +463,76 @@ mod tests {
             drain_deadline: Duration::from_secs(50),
             provision_timeout: Duration::from_secs(30),
             headroom_mb: 0,
+            settle: Duration::ZERO,
         }
     }
 
     fn s(secs: u64) -> Duration {
         Duration::from_secs(secs)
+    }
+
+    /// Every state against every sighting: what runs and is registered is never forgotten; one
+    /// being removed only once stopped and unregistered; one asked for only once it exited.
+    #[test]
+    fn who_is_gone_every_state_against_every_sighting() {
+        let states = [
+            MemberState::Provisioning { since: s(1) },
+            MemberState::Active,
+            MemberState::Draining { since: s(1), deadline: s(9) },
+            MemberState::Removing,
+        ];
+        for state in states {
+            for registered in [false, true] {
+                for running in [None, Some(false), Some(true)] {
+                    for stopped in [false, true] {
+                        let gone = state.gone_when(Sighting { registered, running, stopped });
+                        if registered && running == Some(true) {
+                            assert!(!gone, "{state:?} registered and running is not gone");
+                        }
+                        match state {
+                            MemberState::Removing => assert_eq!(gone, stopped && !registered, "{state:?}"),
+                            MemberState::Provisioning { .. } => assert_eq!(gone, running == Some(false)),
+                            _ => assert_eq!(gone, !registered && running != Some(true), "{state:?}"),
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Reports lag decisions by `settle`: a drained report from before it is not taken, nor a
+    /// "takes no work" from a reactivated invoker that has not unpublished its drain yet.
+    #[test]
+    fn reports_within_settle_of_a_decision_are_not_taken() {
+        let mut g = GroupCore::new(GroupSpec { min: 1, max: 2, settle: s(1), scale_down_after: s(0), ..spec() });
+        let d = g.handle(Event::Tick { target_mb: 2 * MB }, s(0));
+        let ids: Vec<String> = match &d[0].action {
+            Action::Provision { ids } => ids.clone(),
+            other => panic!("{other:?}"),
+        };
+        for id in &ids {
+            g.handle(Event::Up { id: id.clone() }, s(1));
+        }
+        let drained = g.handle(Event::Tick { target_mb: 0 }, s(2));
+        let Action::Drain { id } = &drained[0].action else { panic!("{drained:?}") };
+        let id = id.clone();
+        assert!(g.handle(Event::Drained { id: id.clone() }, s(2) + Duration::from_millis(500)).is_empty(), "too soon");
+        // Reactivated before it was trusted drained: its old "no work" is the drain's.
+        let back = g.handle(Event::Tick { target_mb: 2 * MB }, s(2) + Duration::from_millis(600));
+        assert!(matches!(&back[0].action, Action::Reactivate { id: back_id } if *back_id == id), "{back:?}");
+        g.handle(Event::Serving { id: id.clone(), serving: false }, s(3));
+        assert_eq!(g.have(), 2, "settling: still counted as taking work");
+        g.handle(Event::Serving { id: id.clone(), serving: false }, s(4));
+        assert_eq!(g.have(), 1, "past settle, a report that it takes no work is taken");
+        // A drained report from after settle is taken.
+        let mut g = GroupCore::new(GroupSpec { min: 1, max: 2, settle: s(1), scale_down_after: s(0), ..spec() });
+        for id in &ids {
+            g.handle(Event::Up { id: id.clone() }, s(0));
+        }
+        let drained = g.handle(Event::Tick { target_mb: 0 }, s(1));
+        let Action::Drain { id } = &drained[0].action else { panic!("{drained:?}") };
+        let removed = g.handle(Event::Drained { id: id.clone() }, s(2));
+        assert!(matches!(&removed[0].action, Action::Remove { .. }), "{removed:?}");
     }
 
     fn provisioned(decisions: &[Decision]) -> Vec<String> {
@@ -634,10 +746,11 @@ mod tests {
     proptest! {
         #[test]
         fn bounds_drains_and_removals_hold_whatever_happens(
-            min in 0u32..4, extra in 0u32..12, max_step in 1u32..6,
+            min in 0u32..4, extra in 0u32..12, max_step in 1u32..6, settle_ms in prop_oneof![Just(0u64), 1u64..3_000],
             steps in prop::collection::vec(step(), 1..300),
         ) {
-            let spec = GroupSpec { min, max: min + extra.max(1), max_step, ..spec() };
+            let settle = Duration::from_millis(settle_ms);
+            let spec = GroupSpec { min, max: min + extra.max(1), max_step, settle, ..spec() };
             let mut g = GroupCore::new(spec.clone());
             let mut now = Duration::ZERO;
             for (step, dt_ms) in steps {
