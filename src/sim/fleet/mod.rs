@@ -25,7 +25,7 @@ pub mod oracle;
 use super::scenario::{Fleet, Scenario, ScenarioError};
 use super::timeline::Timeline;
 use super::workload::{self, Call, Rng};
-use crate::capacity::core::{Action, Event as GroupEvent, GroupCore, GroupSpec, MemberState};
+use crate::capacity::core::{Action, Event as GroupEvent, GroupCore, GroupSpec, Sighting};
 use crate::capacity::predictor::{AnyPredictor, Predictor, PredictorKind};
 use crate::pool::core::{
     ContainerId, CoreConfig, CreateFailure, Effect, Event, Job, JobId, KeyId, NodeId, NodeStatsUpdate, Owner, PoolCore,
@@ -636,19 +636,29 @@ impl FleetSim<'_> {
         for inv in self.invokers.iter_mut().filter(|inv| !inv.forgotten) {
             let id = inv.id.clone();
             match inv.phase {
-                Phase::Provisioning => {}
-                Phase::Active => decisions.extend(core.handle(GroupEvent::Up { id }, now)),
-                Phase::Draining => {
-                    let draining =
-                        core.members().any(|m| m.id == id && matches!(m.state, MemberState::Draining { .. }));
-                    if inv.jobs == 0 && draining {
-                        decisions.extend(core.handle(GroupEvent::Drained { id }, now));
-                    }
+                Phase::Provisioning | Phase::Removed => {}
+                Phase::Active => decisions.extend(core.handle(GroupEvent::Up { id: id.clone() }, now)),
+                Phase::Draining if inv.jobs == 0 => {
+                    decisions.extend(core.handle(GroupEvent::Drained { id: id.clone() }, now));
                 }
-                Phase::Removed => {
+                Phase::Draining => {}
+            }
+            // Who is gone is the core's rule, as for the manager: what the simulated invoker's
+            // registration and process say of it.
+            let removed = inv.phase == Phase::Removed;
+            let seen = Sighting {
+                registered: matches!(inv.phase, Phase::Active | Phase::Draining),
+                running: Some(!removed),
+                stopped: removed,
+            };
+            let state = core.members().find(|m| m.id == id).map(|m| m.state);
+            match state {
+                Some(state) if state.gone_when(seen) => {
                     inv.forgotten = true;
                     decisions.extend(core.handle(GroupEvent::Gone { id }, now));
                 }
+                None if removed => inv.forgotten = true,
+                _ => {}
             }
         }
         let active_mb = u64::from(core.counts().active) * self.fleet.group.invoker_memory_mb;
