@@ -92,8 +92,13 @@ async fn a_watch_on_a_frozen_member_of_three_is_replaced_on_a_member_that_serves
     let urls: Vec<String> = members.iter().map(EtcdServer::url).collect();
     let kv = invoker::cluster::etcd::Etcd::new(&urls).unwrap();
     put_until_done(&kv, "/m/before", "1").await;
+    // The mirror's own client, made once the first member serves reads: it starts there (a
+    // client that found the first member slow while the cluster elected its leader would start
+    // at another, and the freeze below would not be of the watch's member).
+    put_until_done(&members[0].kv(), "/m/first-serves", "1").await;
+    let watching = invoker::cluster::etcd::Etcd::new(&urls).unwrap();
     let stop = CancellationToken::new();
-    let mut snapshots = mirror(kv.clone(), "/m/".into(), stop.clone());
+    let mut snapshots = mirror(watching, "/m/".into(), stop.clone());
     until(&mut snapshots, "the first range", |s| s.current && has(s, "/m/before", "1")).await;
     put_until_done(&kv, "/m/watched", "1").await;
     let seen = until(&mut snapshots, "a change by the watch", |s| has(s, "/m/watched", "1")).await;
