@@ -117,11 +117,12 @@ async fn registered(scheduler: &Invoker) -> BTreeSet<String> {
 }
 
 async fn wait_until<F: std::future::Future<Output = bool>>(bound: Duration, what: &str, mut check: impl FnMut() -> F) {
-    let deadline = Instant::now() + bound;
-    while !check().await {
-        assert!(Instant::now() < deadline, "not within {bound:?}: {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let check = &mut check;
+    support::eventually(bound, what, || {
+        let pending = check();
+        async move { support::done(pending.await) }
+    })
+    .await
 }
 
 /// A group at `min = 1` gets a burst one invoker cannot hold: the manager starts more (the
@@ -332,15 +333,12 @@ async fn managers_that_hand_over_stop_reap_and_clean_what_they_find() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(capacity(&second).await["leader"], false, "one leader at a time");
     first.signal(nix::sys::signal::Signal::SIGSTOP);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let drained = loop {
+    let drained = support::eventually(Duration::from_secs(30), "the second drains one", || async {
         let drains = kv.get_prefix("/invoker/drain/").await.unwrap_or_default();
-        if let Some((key, _)) = drains.iter().find(|(_, v)| v.contains("capacity")) {
-            break key.rsplit('/').next().unwrap().to_string();
-        }
-        assert!(Instant::now() < deadline, "the second never drained one");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+        let ours = drains.iter().find(|(_, v)| v.contains("capacity"));
+        ours.map(|(key, _)| key.rsplit('/').next().unwrap().to_string()).ok_or_else(|| format!("{drains:?}"))
+    })
+    .await;
     let invokers = dir.path().join("data/invokers");
     let pid_file = invokers.join(format!("{drained}.pid"));
     let pid: i32 = std::fs::read_to_string(&pid_file).unwrap().split_whitespace().next().unwrap().parse().unwrap();

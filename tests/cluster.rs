@@ -35,17 +35,25 @@ fn cluster_config(etcd: &EtcdServer, tags: &[&str]) -> String {
 async fn record(kv: &Etcd, invoker_id: &str, until: impl Fn(&InvokerRecord) -> bool) -> InvokerRecord {
     // Generous: an etcd member restarted on a loaded 2-core CI machine once took longer than
     // 20 s to answer and take the invoker's registration.
-    let deadline = Instant::now() + Duration::from_secs(45);
-    loop {
-        if let Ok(Some((value, _))) = kv.get(&format!("/invoker/invokers/{invoker_id}")).await {
-            let record: InvokerRecord = serde_json::from_str(&value).unwrap();
-            if until(&record) {
-                return record;
+    let until = &until;
+    support::eventually(
+        Duration::from_secs(45),
+        &format!("a record of {invoker_id} as expected in etcd"),
+        || async move {
+            match kv.get(&format!("/invoker/invokers/{invoker_id}")).await {
+                Ok(Some((value, _))) => {
+                    let record: InvokerRecord = serde_json::from_str(&value).unwrap();
+                    if until(&record) {
+                        Ok(record)
+                    } else {
+                        Err(value)
+                    }
+                }
+                other => Err(format!("{other:?}")),
             }
-        }
-        assert!(Instant::now() < deadline, "no record of {invoker_id} as expected in etcd");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        },
+    )
+    .await
 }
 
 async fn keys(kv: &Etcd, prefix: &str) -> Vec<String> {
@@ -125,15 +133,16 @@ async fn an_invoker_publishes_a_drain_and_its_end_as_they_come() {
 
 /// The keys under `prefix` once `until` holds of them (bounded wait).
 async fn keys_until(kv: &Etcd, prefix: &str, until: impl Fn(&[String]) -> bool) -> Vec<String> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
+    let until = &until;
+    support::eventually(Duration::from_secs(20), &format!("the keys under {prefix} as expected"), || async move {
         let held = keys(kv, prefix).await;
         if until(&held) {
-            return held;
+            Ok(held)
+        } else {
+            Err(format!("{held:?}"))
         }
-        assert!(Instant::now() < deadline, "keys under {prefix} not as expected: {held:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -223,11 +232,10 @@ async fn after_a_lease_lapsed_a_second_invoker_with_the_id_refuses_to_start_and_
 
     partition.cut();
     let key = format!("/invoker/invokers/{invoker_id}");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while kv.get(&key).await.unwrap().is_some() {
-        assert!(Instant::now() < deadline, "the cut invoker's lease never lapsed");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    support::eventually(Duration::from_secs(30), "the cut invoker's lease lapsed", || async {
+        support::done(kv.get(&key).await.unwrap().is_none())
+    })
+    .await;
     let (status, stderr) = start_duplicate(other.path(), &invoker_id, &config(&etcd.url())).await;
     assert!(status.is_some_and(|s| !s.success()), "the duplicate started: {stderr}");
     assert!(stderr.contains("is held by a live invoker on this machine"), "{stderr}");
@@ -287,11 +295,7 @@ async fn a_killed_invokers_keys_go_with_its_lease_and_a_restart_takes_its_id_ove
     let mut inv = inv;
     inv.signal(nix::sys::signal::Signal::SIGKILL);
     inv.wait_exit(Duration::from_secs(10));
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !keys(&kv, "/invoker/").await.is_empty() {
-        assert!(Instant::now() < deadline, "keys outlived the 3 s lease: {:?}", keys(&kv, "/invoker/").await);
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    keys_until(&kv, "/invoker/", <[String]>::is_empty).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -320,11 +324,10 @@ async fn without_etcd_activations_go_on_and_the_registration_comes_back_with_it(
     let r = record(&etcd.kv(), &invoker_id, |r| r.api == inv.base && !r.nodes.is_empty()).await;
     assert_eq!(r.health, Health::Healthy);
     // The warm container's key goes with the lost lease; the new lease puts it again.
-    let deadline = Instant::now() + Duration::from_secs(45);
-    while etcd.kv().get(&key).await.ok().flatten().is_none_or(|(_, l)| l == lease) {
-        assert!(Instant::now() < deadline, "the invoker never took a new lease");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    support::eventually(Duration::from_secs(45), "the invoker under a new lease", || async {
+        support::done(etcd.kv().get(&key).await.ok().flatten().is_some_and(|(_, l)| l != lease))
+    })
+    .await;
     keys_until(&etcd.kv(), "/invoker/containers/guest/a/", |held| held.len() == 1).await;
     assert!(inv.stderr().contains("cluster registration"), "the outage was logged: {}", inv.stderr());
 }

@@ -84,17 +84,18 @@ fn scheduler_config(etcd: &EtcdServer, scheduler: &str) -> String {
 impl Platform {
     /// Polls `GET /v1/invokers` until `until` holds of the list (bounded).
     async fn wait_for(&self, until: impl Fn(&[Value]) -> bool) -> Vec<Value> {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
+        let until = &until;
+        support::eventually(Duration::from_secs(20), "the scheduler's invokers as wanted", || async move {
             let (status, list) = self.scheduler.get_url("/v1/invokers").await;
             assert_eq!(status, 200, "{list}");
             let list = list.as_array().cloned().unwrap_or_default();
             if until(&list) {
-                return list;
+                Ok(list)
+            } else {
+                Err(format!("{list:?}"))
             }
-            assert!(Instant::now() < deadline, "the scheduler's invokers never got there: {list:?}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        })
+        .await
     }
 
     fn invoker(&mut self, id: &str) -> &mut Invoker {
@@ -374,22 +375,16 @@ async fn an_invoker_killed_mid_activation_ends_it_with_status_3_and_new_work_goe
     assert_eq!((status, ran_on(&record).as_str()), (200, "other"), "{record}");
     // Its keys go with its lease, and the scheduler forgets it.
     let kv = p.etcd.kv();
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let left: Vec<String> = kv
-            .get_prefix("/invoker/")
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|(k, _)| k)
-            .filter(|k| k.contains("victim"))
-            .collect();
+    support::eventually(Duration::from_secs(15), "its keys gone with its lease", || async {
+        let keys = kv.get_prefix("/invoker/").await.unwrap().into_iter().map(|(k, _)| k);
+        let left: Vec<String> = keys.filter(|k| k.contains("victim")).collect();
         if left.is_empty() {
-            break;
+            Ok(())
+        } else {
+            Err(format!("{left:?}"))
         }
-        assert!(Instant::now() < deadline, "keys outlived the lease: {left:?}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    })
+    .await;
     p.wait_for(|list| list.iter().all(|i| i["id"] != "victim")).await;
     let (status, record) = p.scheduler.invoke("slow", "blocking=true", json!({})).await;
     assert_eq!(status, 503, "{record}");
@@ -442,11 +437,10 @@ async fn an_operators_drain_outlives_an_etcd_that_restarts_empty() {
     p.etcd.wipe();
     let kv = p.etcd.kv();
     let drain = invoker::cluster::drain_key("/invoker", "d");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !matches!(kv.get(&drain).await, Ok(Some(_))) {
-        assert!(Instant::now() < deadline, "the drain never came back to the empty etcd");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    support::eventually(Duration::from_secs(30), "the drain back in the empty etcd", || async {
+        support::done(matches!(kv.get(&drain).await, Ok(Some(_))))
+    })
+    .await;
     p.wait_for(|list| list.len() == 2 && list.iter().any(|i| i["id"] == "d" && i["drained"] == true)).await;
     let (status, record) = p.scheduler.invoke("on-d", "blocking=true", json!({})).await;
     assert_eq!(status, 503, "the drained invoker took work: {record}");
@@ -460,11 +454,10 @@ async fn an_operators_drain_outlives_an_etcd_that_restarts_empty() {
     .await;
     // The invoker takes work from a scheduler it finds registered again.
     let kv = p.etcd.kv();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !matches!(kv.get("/invoker/schedulers/s1").await, Ok(Some(_))) {
-        assert!(Instant::now() < deadline, "the scheduler never registered again");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    support::eventually(Duration::from_secs(30), "the scheduler registered again", || async {
+        support::done(matches!(kv.get("/invoker/schedulers/s1").await, Ok(Some(_))))
+    })
+    .await;
     let (status, record) = p.scheduler.invoke("on-d", "blocking=true", json!({})).await;
     assert_eq!((status, ran_on(&record).as_str()), (200, "d"), "{record}");
 }
@@ -491,13 +484,12 @@ async fn with_etcd_away_activations_go_on_and_registrations_come_back() {
 
     p.etcd.resume();
     let kv = p.etcd.kv();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while kv.get("/invoker/invokers/steady").await.ok().flatten().is_none()
-        || kv.get("/invoker/schedulers/s1").await.ok().flatten().is_none()
-    {
-        assert!(Instant::now() < deadline, "the registrations did not come back");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    support::eventually(Duration::from_secs(20), "the registrations back", || async {
+        let invoker = kv.get("/invoker/invokers/steady").await.ok().flatten();
+        let scheduler = kv.get("/invoker/schedulers/s1").await.ok().flatten();
+        support::done(invoker.is_some() && scheduler.is_some())
+    })
+    .await;
     p.wait_for(|list| list.len() == 1 && list[0]["health"] == "healthy").await;
     assert_eq!(p.scheduler.invoke("a", "blocking=true", json!({})).await.0, 200);
 }
@@ -541,15 +533,15 @@ async fn a_restarted_scheduler_recovers_the_invokers_from_etcd_and_replaces_its_
     let (status, record) = p.scheduler.get(&format!("activations/{running}")).await;
     assert_eq!((status, &record["response"]["statusCode"]), (200, &json!(3)), "{record}");
     assert!(annotation(&record, "guess").is_string(), "a guess says so: {record}");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let record = loop {
+    let record = support::eventually(Duration::from_secs(30), "the guess replaced by the invoker's record", || async {
         let (_, record) = p.scheduler.get(&format!("activations/{running}")).await;
         if record["response"]["statusCode"] == 0 {
-            break record;
+            Ok(record)
+        } else {
+            Err(record.to_string())
         }
-        assert!(Instant::now() < deadline, "the guess was never replaced by the invoker's record: {record}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    })
+    .await;
     assert_eq!((ran_on(&record).as_str(), annotation(&record, "guess")), ("one", &Value::Null), "{record}");
     let (_, listed) = p.scheduler.get("activations?name=a&limit=50").await;
     let listed: Vec<&Value> =
@@ -612,11 +604,10 @@ async fn sigterm_drains_an_invoker_its_work_finishes_and_new_work_goes_elsewhere
     let (status, accepted) = p.scheduler.invoke("there", "", json!({ "sleep_ms": 1500 })).await;
     assert_eq!(status, 202);
     let leaving = p.invoker("leaving");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while leaving.get_url("/v1/pool").await.1["busy"] != 1 {
-        assert!(Instant::now() < deadline, "it never ran");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    support::eventually(Duration::from_secs(20), "it runs", || async {
+        support::done(leaving.get_url("/v1/pool").await.1["busy"] == 1)
+    })
+    .await;
     leaving.signal(nix::sys::signal::Signal::SIGTERM);
     let record = p.scheduler.record(accepted["activationId"].as_str().unwrap()).await;
     assert_eq!((record["response"]["statusCode"].as_u64(), ran_on(&record).as_str()), (Some(0), "leaving"), "{record}");
@@ -865,18 +856,17 @@ async fn an_activation_without_room_waits_for_it_and_the_demand_report_says_so()
         tokio::spawn(async move { s.try_invoke("slow", json!({ "sleep_ms": 10 })).await })
     };
     let kv = p.etcd.kv();
-    let deadline = Instant::now() + Duration::from_secs(2);
-    let needs = loop {
+    let needs = support::eventually(Duration::from_secs(2), "a report of one waiting and one in flight", || async {
         let reports = kv.get_prefix("/invoker/demand/").await.unwrap();
         let needs: Option<Value> = reports.first().and_then(|(_, v)| serde_json::from_str::<Value>(v).ok());
         let untagged =
             needs.as_ref().and_then(|r| r["needs"].as_array()?.iter().find(|n| n["tags"] == json!([])).cloned());
-        if untagged.as_ref().is_some_and(|n| n["waiting_mb"] == 256 && n["in_flight_mb"] == 256) {
-            break untagged.unwrap();
+        match untagged {
+            Some(n) if n["waiting_mb"] == 256 && n["in_flight_mb"] == 256 => Ok(n),
+            _ => Err(format!("{reports:?}")),
         }
-        assert!(Instant::now() < deadline, "no report of one waiting and one in flight: {reports:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    })
+    .await;
     assert_eq!(needs["refused_mb"], 0);
     for call in [first, second] {
         let (status, record) = call.await.unwrap();
@@ -886,14 +876,14 @@ async fn an_activation_without_room_waits_for_it_and_the_demand_report_says_so()
     assert_eq!(counter(&scheduler, "scheduler_room_wait_seconds_count").await, 1);
     assert_eq!(counter(&scheduler, "scheduler_room_wait_seconds_bucket{le=\"1.0\"}").await, 0);
     assert_eq!(counter(&scheduler, "scheduler_room_wait_seconds_bucket{le=\"5.0\"}").await, 1);
-    let deadline = Instant::now() + Duration::from_secs(3);
-    loop {
+    support::eventually(Duration::from_secs(3), "the demand back to zero", || async {
         let reports = kv.get_prefix("/invoker/demand/").await.unwrap();
         let report: Value = serde_json::from_str(&reports[0].1).unwrap();
         if report["needs"].as_array().unwrap().iter().all(|n| n["in_flight_mb"] == 0 && n["waiting_mb"] == 0) {
-            break;
+            Ok(())
+        } else {
+            Err(report.to_string())
         }
-        assert!(Instant::now() < deadline, "the demand never went back to zero: {report}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
 }

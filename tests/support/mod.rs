@@ -13,6 +13,34 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// Polls `check` every 50 ms until it gives `Ok`, for at most `bound`, and returns what it gave;
+/// past `bound`, panics naming `what` and the last `Err` (the state last seen). The one wait of
+/// the tests: a condition awaited, never a fixed sleep standing in for one.
+pub async fn eventually<T, F, Fut>(bound: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    let deadline = Instant::now() + bound;
+    loop {
+        let last = match check().await {
+            Ok(value) => return value,
+            Err(last) => last,
+        };
+        assert!(Instant::now() < deadline, "not within {bound:?}: {what} (last seen: {last})");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `Ok` when `holds`, else the `Err` [`eventually`] keeps polling on (with nothing more to say).
+pub fn done(holds: bool) -> Result<(), String> {
+    if holds {
+        Ok(())
+    } else {
+        Err("not yet".into())
+    }
+}
+
 pub const GUEST: &str =
     "23bc46b1-71f6-4ed5-8c54-816aa4f8c502:123zO3xZCLrMN6v2BKK1dXYFpXlPkccOFqm12CdAsMgRU4VrNZ9lyGVCGuMDGIwP";
 
@@ -196,15 +224,15 @@ impl Invoker {
 
     /// Polls for a record until it exists (bounded).
     pub async fn record(&self, id: &str) -> Value {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
+        eventually(Duration::from_secs(30), &format!("a record for {id}"), || async {
             let (status, body) = self.get(&format!("activations/{id}")).await;
             if status == 200 {
-                return body;
+                Ok(body)
+            } else {
+                Err(format!("{status} {body}"))
             }
-            assert!(Instant::now() < deadline, "no record for {id}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        })
+        .await
     }
 
     pub fn signal(&self, signal: nix::sys::signal::Signal) {
