@@ -400,6 +400,14 @@ async fn managers_that_hand_over_stop_reap_and_clean_what_they_find() {
     .await;
 }
 
+/// Waits until `pid`'s exec has set its command line (the spawn returns a moment before).
+async fn past_exec(pid: i32) {
+    wait_until(Duration::from_secs(10), "the invoker past its exec", || async move {
+        std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| !c.is_empty())
+    })
+    .await;
+}
+
 /// The local control plane of two managers on one data dir, each one's handles against the
 /// other's doing: an invoker the first started is stopped by the second and reaped at once by
 /// the first (its parent); started again under its name by the second, the first (leading
@@ -428,6 +436,8 @@ async fn the_local_plane_trusts_the_pid_files_not_its_handles_from_before() {
     first.provision(&spec).await.unwrap();
     let started_by_first = pid_of("default-1");
     assert_eq!(first.running("default-1"), Some(true));
+    // A leadership is taken a lease's TTL after the other's last spawn, not within its exec.
+    past_exec(started_by_first).await;
 
     assert_eq!(second.found(), vec!["default-1".to_string()]);
     second.remove("default-1").await.unwrap();
@@ -439,11 +449,7 @@ async fn the_local_plane_trusts_the_pid_files_not_its_handles_from_before() {
     second.provision(&spec).await.unwrap();
     let started_by_second = pid_of("default-1");
     assert_ne!(started_by_first, started_by_second);
-    // A leadership is taken a lease's TTL after the other's last spawn, not within its exec.
-    wait_until(Duration::from_secs(10), "the second's invoker past its exec", || async {
-        std::fs::read(format!("/proc/{started_by_second}/cmdline")).is_ok_and(|c| !c.is_empty())
-    })
-    .await;
+    past_exec(started_by_second).await;
     assert_eq!(first.found(), vec!["default-1".to_string()], "found again, whoever started it");
     assert_eq!(first.running("default-1"), Some(true));
     first.remove("default-1").await.unwrap();
