@@ -243,11 +243,7 @@ print(f"{'fault':<31} {'requests':>8} {'succeeded':>9} {'503s':>5} {'502s':>5} {
 for row in rows:
     print(f"{row[0]:<31} {row[1]:>8} {row[2]:>9} {row[3]:>5} {row[4]:>5} {row[5]:>14} {row[6]:>7} {row[7]:>9} "
           f"{row[8]:>10} {row[9]:>17}")
-for p in procs.values():
-    try:
-        os.killpg(p.pid, signal.SIGCONT); p.terminate(); p.wait(timeout=30)
-    except Exception:
-        p.kill()
+cluster.stop_all()  # every process this section started (those stopped before are skipped)
 
 # A second cluster on three etcd members. Every process lists them in the same order, so the
 # scheduler's watches are on the first; that member is frozen 30 s.
@@ -306,11 +302,7 @@ never = "not within 30 s"
 print(f"  a new invoker in the scheduler's view {'%.1f s' % seen_new if seen_new is not None else never} after it started")
 print(f"  a SIGKILLed invoker out of the view {'%.1f s' % lost_killed if lost_killed is not None else never} after its kill"
       " (its lease 10 s, then the scheduler's grace 10 s)")
-for p in procs3.values():
-    try:
-        os.killpg(p.pid, signal.SIGCONT); p.terminate(); p.wait(timeout=30)
-    except Exception:
-        p.kill()
+cluster.stop_all()  # every process this section started (those stopped before are skipped)
 
 # Two capacity managers on one data dir (the second's is a link to the first's).
 import base64, re, shutil, urllib.request
