@@ -2,7 +2,9 @@
 
 use super::archive;
 use super::error::ApiError;
-use super::{blocking, flag, json, load_action, page, AppState, Call, PageQuery, Response};
+use crate::http::Response;
+use super::call::{blocking, flag, json, page, Call, PageQuery};
+use super::state::{load_action, AppState};
 use crate::activation::{InvokeRequest, Invoked};
 use crate::config::{Config, KindLanguage};
 use crate::model::{
@@ -242,7 +244,7 @@ pub(super) async fn put(state: &AppState, call: &Call, ns: &str, name: &str) -> 
     let (ns, _) = state.namespace(call, ns)?;
     validate_entity_name("name", name).map_err(ApiError::BadRequest)?;
     let overwrite = flag("overwrite", &call.query::<PutQuery>()?.overwrite)?;
-    let put: ActionPut = super::parse_body(&call.body)?;
+    let put: ActionPut = super::call::parse_body(&call.body)?;
     let action = validate_action(&state.config, put, &ns, name)?;
     let store = state.service.store().clone();
     let saved = blocking(move || store.put_action(action, overwrite)).await??;

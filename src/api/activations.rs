@@ -1,7 +1,9 @@
 //! Activation records: list, one by id, and its logs or result.
 
 use super::error::ApiError;
-use super::{blocking, json, page, AppState, Call, PageQuery, Response};
+use crate::http::Response;
+use super::call::{blocking, json, page, Call, PageQuery};
+use super::state::AppState;
 use crate::model::validate_entity_name;
 use hyper::StatusCode;
 

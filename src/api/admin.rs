@@ -1,7 +1,9 @@
 //! Admin routes: liveness, health and capacity, Prometheus metrics, the pool's state.
 
 use super::error::ApiError;
-use super::{json, with_body, AppState, Call, Response};
+use crate::http::{with_body, Response};
+use super::call::{json, Call};
+use super::state::AppState;
 use hyper::StatusCode;
 use serde_json::json;
 

@@ -3,7 +3,9 @@
 //! (404).
 
 use super::error::ApiError;
-use super::{json, AppState, Call, Principal, Response};
+use crate::http::Response;
+use super::call::{json, Call};
+use super::state::{AppState, Principal};
 use crate::cluster::{cluster_revision, MAX_RECORDS_ASKED};
 use crate::model::validate_entity_name;
 use crate::scheduler::Dispatcher;
@@ -52,7 +54,7 @@ pub(super) async fn internal_action(state: &AppState, call: &Call, ns: &str, nam
     let revision: u64 =
         query.revision.parse().map_err(|_| ApiError::BadRequest("revision: must be an unsigned integer".into()))?;
     validate_entity_name("namespace", ns).map_err(ApiError::BadRequest)?;
-    let action = super::load_action(state, ns, name).await?;
+    let action = super::state::load_action(state, ns, name).await?;
     if cluster_revision(dispatcher.id(), action.revision, action.updated) != revision {
         return Err(ApiError::NotFound);
     }
@@ -107,7 +109,7 @@ pub(super) async fn internal_records(state: &AppState, call: &Call) -> Result<Re
         return Err(ApiError::BadRequest(format!("activation_ids: '{bad}' is not 32 hexadecimal digits")));
     }
     let store = state.service.store().clone();
-    let records = super::blocking(move || {
+    let records = super::call::blocking(move || {
         let mut found = Vec::new();
         for id in &asked.activation_ids {
             if let Some(record) = store.get_activation(id)?.filter(|r| !r.is_guess()) {

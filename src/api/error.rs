@@ -1,6 +1,6 @@
 //! The one place errors become HTTP statuses. Bodies are OpenWhisk's `{"error", "code"}`.
 
-use super::Response;
+use crate::http::Response;
 use crate::activation::IntakeError;
 use crate::cluster::fetch::FetchError;
 use crate::model::{ActivationRecord, Outcome, Rejection};
@@ -97,7 +97,7 @@ impl ApiError {
     }
 
     fn respond(self, body: &serde_json::Value) -> Response {
-        let mut response = super::json(self.status(), body);
+        let mut response = crate::http::json_value(self.status(), body);
         let headers = response.headers_mut();
         if matches!(self, ApiError::Unavailable(_) | ApiError::TooMany(_)) {
             headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));

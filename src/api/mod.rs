@@ -11,116 +11,17 @@ mod fn_routes;
 pub mod server;
 pub(crate) mod shim;
 mod wire;
+mod state;
+mod call;
 
-use crate::activation::ActivationService;
-use crate::cluster::fetch::RemoteActions;
-use crate::config::Config;
-use crate::model::{validate_entity_name, Action};
-use base64::Engine as _;
+pub use state::AppState;
+pub(crate) use call::Call;
+
 use bytes::Bytes;
 use error::ApiError;
 use http_body_util::{BodyExt, Limited};
-use hyper::{HeaderMap, Method, StatusCode};
-use serde::Deserialize;
-use std::collections::HashMap;
-use std::sync::Arc;
+use hyper::Method;
 use std::time::Duration;
-
-pub struct AppState {
-    pub service: ActivationService,
-    pub config: Arc<Config>,
-    /// API key → who holds it.
-    keys: HashMap<String, Principal>,
-    /// The `Authorization` header each key's clients send (`Basic <base64 of the key>`) → who
-    /// holds it: most requests are one lookup, without decoding.
-    headers: HashMap<String, Principal>,
-    /// In a cluster: the actions schedulers send, fetched from them by revision.
-    remote_actions: Option<Arc<RemoteActions>>,
-}
-
-/// Who a request's key belongs to. Each key is one principal's (the config checks it).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Principal {
-    /// A namespace's key: its own actions, records and logs, nothing else.
-    Namespace { ns: String, key: String },
-    /// `[admin] key`: the admin routes.
-    Admin,
-    /// `[admin] controller_keys`: `ActivationMessage`s for any namespace through the shim.
-    Controller,
-}
-
-impl AppState {
-    /// `config.admin.key` must be set by then (main generates one when the file has none).
-    pub fn new(service: ActivationService, config: Arc<Config>) -> Self {
-        let namespaces = config
-            .namespaces
-            .iter()
-            .map(|(ns, key)| (key.clone(), Principal::Namespace { ns: ns.clone(), key: key.clone() }));
-        let admin = config.admin.key.iter().map(|key| (key.clone(), Principal::Admin));
-        let controllers = config.admin.controller_keys.iter().map(|key| (key.clone(), Principal::Controller));
-        let keys: HashMap<String, Principal> = namespaces.chain(admin).chain(controllers).collect();
-        let headers = keys
-            .iter()
-            .map(|(key, who)| (format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(key)), who.clone()))
-            .collect();
-        AppState { service, config, keys, headers, remote_actions: None }
-    }
-
-    /// An invoker of a cluster: messages from its schedulers name actions it fetches.
-    pub fn with_remote_actions(mut self, remote: Arc<RemoteActions>) -> Self {
-        self.remote_actions = Some(remote);
-        self
-    }
-
-    pub(crate) fn remote_actions(&self) -> Option<&RemoteActions> {
-        self.remote_actions.as_deref()
-    }
-
-    /// Who holds the request's basic-auth key; no key, or an unknown one, is a 401.
-    pub(crate) fn authenticate(&self, headers: &HeaderMap) -> Result<Principal, ApiError> {
-        let header =
-            headers.get(hyper::header::AUTHORIZATION).and_then(|h| h.to_str().ok()).ok_or(ApiError::Unauthorized)?;
-        if let Some(known) = self.headers.get(header) {
-            return Ok(known.clone());
-        }
-        let encoded = header.strip_prefix("Basic ").ok_or(ApiError::Unauthorized)?;
-        let decoded =
-            base64::engine::general_purpose::STANDARD.decode(encoded.trim()).map_err(|_| ApiError::Unauthorized)?;
-        let key = String::from_utf8(decoded).map_err(|_| ApiError::Unauthorized)?;
-        self.keys.get(&key).cloned().ok_or(ApiError::Unauthorized)
-    }
-
-    /// The namespace a namespace route acts in: `_` means the key's own; any other must be it.
-    /// Only a namespace's key has one.
-    pub(crate) fn namespace(&self, call: &Call, path_ns: &str) -> Result<(String, String), ApiError> {
-        match self.authenticate(&call.head.headers)? {
-            Principal::Namespace { ns, key } if path_ns == "_" || path_ns == ns => Ok((ns, key)),
-            _ => Err(ApiError::Forbidden(path_ns.chars().take(256).collect())),
-        }
-    }
-
-    /// Admin routes: the admin key, and no other.
-    pub(crate) fn admin(&self, call: &Call) -> Result<(), ApiError> {
-        match self.authenticate(&call.head.headers)? {
-            Principal::Admin => Ok(()),
-            _ => Err(ApiError::Forbidden(call.head.uri.path().chars().take(256).collect())),
-        }
-    }
-}
-
-/// A request as the handlers see it: the head, and the body when the route takes one.
-pub(crate) struct Call {
-    pub head: hyper::http::request::Parts,
-    pub body: Bytes,
-}
-
-impl Call {
-    /// The query string parsed into `T`; a malformed one is a 400 naming it.
-    pub(crate) fn query<T: serde::de::DeserializeOwned>(&self) -> Result<T, ApiError> {
-        serde_urlencoded::from_str(self.head.uri.query().unwrap_or(""))
-            .map_err(|e| ApiError::BadRequest(format!("query: {e}")))
-    }
-}
 
 /// The routes: a path's segments after the prefix, percent-decoded.
 enum Route {
@@ -430,62 +331,3 @@ impl AppState {
 const BODY_TIMEOUT: Duration = Duration::from_secs(60);
 
 pub use crate::http::{with_body, Response};
-
-/// A JSON response.
-pub(crate) fn json(status: StatusCode, value: &impl serde::Serialize) -> Response {
-    match serde_json::to_vec(value) {
-        Ok(body) => with_body(status, "application/json", body),
-        Err(e) => ApiError::Internal(format!("the response is not JSON: {e}")).into_response(),
-    }
-}
-
-#[derive(Deserialize)]
-pub(crate) struct PageQuery {
-    limit: Option<String>,
-    skip: Option<String>,
-    pub name: Option<String>,
-}
-
-pub(crate) fn page(q: &PageQuery) -> Result<(usize, usize), ApiError> {
-    let num = |field: &str, v: &Option<String>, default: usize| -> Result<usize, ApiError> {
-        v.as_deref().map_or(Ok(default), |s| {
-            s.parse().map_err(|_| ApiError::BadRequest(format!("{field}: '{s}' is not a non-negative integer")))
-        })
-    };
-    let limit = num("limit", &q.limit, 30)?;
-    if limit > 200 {
-        return Err(ApiError::BadRequest("limit: at most 200".into()));
-    }
-    Ok((num("skip", &q.skip, 0)?, if limit == 0 { 200 } else { limit }))
-}
-
-/// Parses a JSON body; the error names the field (`limits.memory: invalid type ...`), and
-/// anything after the value (`{...}xyz`) is refused, as `serde_json::from_slice` does.
-pub(crate) fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
-    let mut deserializer = serde_json::Deserializer::from_slice(body);
-    let value = serde_path_to_error::deserialize(&mut deserializer).map_err(|e| {
-        let path = e.path().to_string();
-        let field = if path == "." { "request body".to_string() } else { format!("request body: {path}") };
-        ApiError::BadRequest(format!("{field}: {}", e.into_inner()))
-    })?;
-    deserializer.end().map_err(|e| ApiError::BadRequest(format!("request body: {e}")))?;
-    Ok(value)
-}
-
-pub(crate) async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, ApiError> {
-    tokio::task::spawn_blocking(f).await.map_err(|e| ApiError::Internal(e.to_string()))
-}
-
-pub(crate) fn flag(field: &str, v: &Option<String>) -> Result<bool, ApiError> {
-    match v.as_deref() {
-        None | Some("false") => Ok(false),
-        Some("true") => Ok(true),
-        Some(other) => Err(ApiError::BadRequest(format!("{field}: '{other}' is not true or false"))),
-    }
-}
-
-pub(crate) async fn load_action(state: &AppState, ns: &str, name: &str) -> Result<Arc<Action>, ApiError> {
-    validate_entity_name("name", name).map_err(ApiError::BadRequest)?;
-    // A read transaction on a page the cache holds: quick enough to run inline.
-    state.service.store().get_action(ns, name)?.ok_or(ApiError::NotFound)
-}

@@ -9,7 +9,7 @@
 //! not taken yet (`[api] unread_answers_mb`, [`UnreadAnswers`]).
 
 use super::wire::{ApiStream, HeldAnswer};
-use super::AppState;
+use super::state::AppState;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Body as _;
@@ -94,7 +94,7 @@ impl UnreadAnswers {
         match activation {
             Some(id) => {
                 let mut accepted =
-                    super::json(StatusCode::ACCEPTED, &json!({ "activationId": id.to_str().unwrap_or_default() }));
+                    super::call::json(StatusCode::ACCEPTED, &json!({ "activationId": id.to_str().unwrap_or_default() }));
                 accepted.headers_mut().insert(ACTIVATION_ID, id);
                 accepted
             }

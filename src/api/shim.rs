@@ -6,7 +6,9 @@
 use super::actions::{accepted, record_response};
 use super::error::record_status;
 use super::error::ApiError;
-use super::{load_action, AppState, Call, Principal, Response};
+use crate::http::Response;
+use super::call::Call;
+use super::state::{load_action, AppState, Principal};
 use crate::activation::job::CallRequest;
 use crate::activation::{InvokeRequest, Invoked};
 use crate::model::{is_activation_id, validate_entity_name, ActivationMessage, ActivationRecord, Outcome};
@@ -28,7 +30,7 @@ fn scheduler_revision<'m>(msg: &'m ActivationMessage<'_>) -> Result<Option<(&'m 
 /// feed with arbitrary bytes).
 #[cfg(feature = "test-util")]
 pub(crate) fn read_message(body: &[u8], payload_max_bytes: usize) -> Result<(), ApiError> {
-    let msg: ActivationMessage<'static> = super::parse_body(body)?;
+    let msg: ActivationMessage<'static> = super::call::parse_body(body)?;
     validate(&msg)?;
     scheduler_revision(&msg)?;
     call_request(&msg, payload_max_bytes)?;
@@ -61,7 +63,7 @@ pub(super) async fn activation_message(state: &AppState, call: &Call) -> Result<
     if call.body.len() > limit {
         return Err(ApiError::TooLarge(limit));
     }
-    let msg: ActivationMessage<'static> = super::parse_body(&call.body)?;
+    let msg: ActivationMessage<'static> = super::call::parse_body(&call.body)?;
     let transaction_id = validate(&msg)?;
     authorize(&caller, &msg)?;
     let request = call_request(&msg, state.config.limits.payload_max_bytes)?;

@@ -25,7 +25,8 @@
 //! (and in its segments) until a flush succeeds, and the store starts in trouble.
 
 use super::action_cache::ActionCache;
-use super::{Accepted, DocKind, RedbStore, Store, StoreError};
+use super::contract::{Accepted, DocKind, Store, StoreError};
+use super::redb_store::RedbStore;
 use crate::model::{Action, ActivationMeta, ActivationRecord};
 use parking_lot::Mutex;
 use rustc_hash::{FxHashMap, FxHashSet};
@@ -709,7 +710,7 @@ impl Store for JournaledStore {
         // Finished already, on its way to redb: not unfinished.
         left.retain(|id, _| !state.finished.contains_key(id) && !state.in_flight.contains_key(id));
         for (id, meta) in &left {
-            let record = ActivationRecord::guess(meta, super::STOPPED_UNFINISHED, now_ms);
+            let record = ActivationRecord::guess(meta, super::contract::STOPPED_UNFINISHED, now_ms);
             let json = serde_json::to_vec(&record).expect("a record serialises").into();
             state.finished.insert(id.clone(), Finished { record: Arc::new(record), json, journaled: false });
         }

@@ -1,7 +1,7 @@
 //! The embedded database under the journal: actions, records, pending entries and settings in
 //! one redb file, with the indexes the API lists by (namespace, then newest first).
 
-use super::{next_version, Accepted, DocKind, Store, StoreError};
+use super::contract::{next_version, Accepted, DocKind, Store, StoreError};
 use crate::model::{Action, ActivationMeta, ActivationRecord};
 use parking_lot::RwLock;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
@@ -407,7 +407,7 @@ impl Store for RedbStore {
             {
                 let mut tables = RecordTables::open(&txn)?;
                 for meta in &pending {
-                    tables.write(&ActivationRecord::guess(meta, super::STOPPED_UNFINISHED, now_ms))?;
+                    tables.write(&ActivationRecord::guess(meta, super::contract::STOPPED_UNFINISHED, now_ms))?;
                 }
             }
             txn.commit().map_err(db_err)?;

@@ -3,11 +3,13 @@
 //! activation with a record, as an OpenWhisk invoke is; its status is chosen in
 //! `api::error::fn_record_status`.
 
-use super::{Docs, Function};
+use super::docs::{Docs, Function};
 use crate::activation::job::CallRequest;
 use crate::activation::{InvokeRequest, Invoked};
 use crate::api::error::{fn_record_status, ApiError};
-use crate::api::{AppState, Call, Response};
+use crate::api::call::Call;
+use crate::api::state::AppState;
+use crate::http::Response;
 use crate::model::{new_activation_id, Action, ActivationRecord};
 use crate::proxy::protocol::fn_stream::is_hop_by_hop;
 use base64::Engine as _;

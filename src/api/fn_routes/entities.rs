@@ -1,9 +1,12 @@
 //! `/v2/apps`, `/v2/fns` and `/v2/triggers`: create, read, update, delete and list, in the
 //! key's namespace. Writes run on a blocking thread (each is a durable transaction).
 
-use super::{body, check_name, fn_not_found, merge_config, new_id, now, App, Docs, Function, Trigger};
+use super::docs::{body, check_name, fn_not_found, merge_config, new_id, now, App, Docs, Function, Trigger};
 use crate::api::error::ApiError;
-use crate::api::{actions, blocking, json, AppState, Call, Response};
+use crate::api::actions;
+use crate::api::call::{blocking, json, Call};
+use crate::api::state::AppState;
+use crate::http::Response;
 use crate::config::RuntimeProtocol;
 use crate::model::{Action, KeyValue};
 use crate::store::{DocKind, Store};

@@ -13,7 +13,7 @@
 //! its pod failed and which invokers run at a manager's start are answered from memory. The
 //! StatefulSet restarts a pod that fails; its invoker registers again under the same name.
 
-use super::{ControlPlane, InvokerSpec, PlaneError};
+use super::contract::{ControlPlane, InvokerSpec, PlaneError};
 use crate::capacity::core::ordinal_in;
 use crate::config::{GroupConfig, KubernetesPlaneConfig};
 use futures_util::StreamExt as _;

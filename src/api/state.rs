@@ -1,0 +1,101 @@
+//! Who may call: the keys of the config, each one principal's, looked up by the header its
+//! clients send.
+
+use super::call::Call;
+use super::error::ApiError;
+use crate::activation::ActivationService;
+use crate::cluster::fetch::RemoteActions;
+use crate::config::Config;
+use crate::model::{validate_entity_name, Action};
+use base64::Engine as _;
+use hyper::HeaderMap;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+pub struct AppState {
+    pub service: ActivationService,
+    pub config: Arc<Config>,
+    /// API key → who holds it.
+    keys: HashMap<String, Principal>,
+    /// The `Authorization` header each key's clients send (`Basic <base64 of the key>`) → who
+    /// holds it: most requests are one lookup, without decoding.
+    headers: HashMap<String, Principal>,
+    /// In a cluster: the actions schedulers send, fetched from them by revision.
+    remote_actions: Option<Arc<RemoteActions>>,
+}
+
+/// Who a request's key belongs to. Each key is one principal's (the config checks it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Principal {
+    /// A namespace's key: its own actions, records and logs, nothing else.
+    Namespace { ns: String, key: String },
+    /// `[admin] key`: the admin routes.
+    Admin,
+    /// `[admin] controller_keys`: `ActivationMessage`s for any namespace through the shim.
+    Controller,
+}
+
+impl AppState {
+    /// `config.admin.key` must be set by then (main generates one when the file has none).
+    pub fn new(service: ActivationService, config: Arc<Config>) -> Self {
+        let namespaces = config
+            .namespaces
+            .iter()
+            .map(|(ns, key)| (key.clone(), Principal::Namespace { ns: ns.clone(), key: key.clone() }));
+        let admin = config.admin.key.iter().map(|key| (key.clone(), Principal::Admin));
+        let controllers = config.admin.controller_keys.iter().map(|key| (key.clone(), Principal::Controller));
+        let keys: HashMap<String, Principal> = namespaces.chain(admin).chain(controllers).collect();
+        let headers = keys
+            .iter()
+            .map(|(key, who)| (format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(key)), who.clone()))
+            .collect();
+        AppState { service, config, keys, headers, remote_actions: None }
+    }
+
+    /// An invoker of a cluster: messages from its schedulers name actions it fetches.
+    pub fn with_remote_actions(mut self, remote: Arc<RemoteActions>) -> Self {
+        self.remote_actions = Some(remote);
+        self
+    }
+
+    pub(crate) fn remote_actions(&self) -> Option<&RemoteActions> {
+        self.remote_actions.as_deref()
+    }
+
+    /// Who holds the request's basic-auth key; no key, or an unknown one, is a 401.
+    pub(crate) fn authenticate(&self, headers: &HeaderMap) -> Result<Principal, ApiError> {
+        let header =
+            headers.get(hyper::header::AUTHORIZATION).and_then(|h| h.to_str().ok()).ok_or(ApiError::Unauthorized)?;
+        if let Some(known) = self.headers.get(header) {
+            return Ok(known.clone());
+        }
+        let encoded = header.strip_prefix("Basic ").ok_or(ApiError::Unauthorized)?;
+        let decoded =
+            base64::engine::general_purpose::STANDARD.decode(encoded.trim()).map_err(|_| ApiError::Unauthorized)?;
+        let key = String::from_utf8(decoded).map_err(|_| ApiError::Unauthorized)?;
+        self.keys.get(&key).cloned().ok_or(ApiError::Unauthorized)
+    }
+
+    /// The namespace a namespace route acts in: `_` means the key's own; any other must be it.
+    /// Only a namespace's key has one.
+    pub(crate) fn namespace(&self, call: &Call, path_ns: &str) -> Result<(String, String), ApiError> {
+        match self.authenticate(&call.head.headers)? {
+            Principal::Namespace { ns, key } if path_ns == "_" || path_ns == ns => Ok((ns, key)),
+            _ => Err(ApiError::Forbidden(path_ns.chars().take(256).collect())),
+        }
+    }
+
+    /// Admin routes: the admin key, and no other.
+    pub(crate) fn admin(&self, call: &Call) -> Result<(), ApiError> {
+        match self.authenticate(&call.head.headers)? {
+            Principal::Admin => Ok(()),
+            _ => Err(ApiError::Forbidden(call.head.uri.path().chars().take(256).collect())),
+        }
+    }
+}
+
+pub(crate) async fn load_action(state: &AppState, ns: &str, name: &str) -> Result<Arc<Action>, ApiError> {
+    validate_entity_name("name", name).map_err(ApiError::BadRequest)?;
+    // A read transaction on a page the cache holds: quick enough to run inline.
+    state.service.store().get_action(ns, name)?.ok_or(ApiError::NotFound)
+}

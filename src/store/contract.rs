@@ -1,0 +1,186 @@
+//! What every store promises (the trait, its errors and its entries), apart from the stores
+//! that keep it, so that each store imports the promise and not its siblings.
+
+use crate::model::{Action, ActivationMeta, ActivationRecord};
+use std::sync::Arc;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("store: {0}")]
+    Db(DbError),
+    /// A file of the store could not be read or written (the journal, the database file).
+    #[error("store: {what}: {source}")]
+    Io { what: String, source: std::io::Error },
+    /// An entry that does not decode: written by another version, or damaged.
+    #[error("store: corrupt entry {key}: {reason}")]
+    Corrupt { key: String, reason: String },
+    #[error("store: schema version {found} in {path}, this invoker reads version {expected}")]
+    Schema { path: String, found: u64, expected: u64 },
+    #[error("action {0} exists")]
+    ActionExists(String),
+    /// The store cannot write now (its disk is full or failing) and takes no new work until it
+    /// can; the reason names the disk.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+impl StoreError {
+    /// Whether the store's files could not be written or read (a full or failing disk), rather
+    /// than an entry being bad or taken: the same call may succeed once the disk works again.
+    pub fn is_storage(&self) -> bool {
+        match self {
+            StoreError::Io { .. } | StoreError::Unavailable(_) => true,
+            StoreError::Db(DbError(e)) => {
+                matches!(e, redb::Error::Io(_) | redb::Error::PreviousIo | redb::Error::DatabaseClosed)
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether the disk is full (or the user's quota spent).
+    pub fn is_disk_full(&self) -> bool {
+        let io = match self {
+            StoreError::Io { source, .. } => Some(source),
+            StoreError::Db(DbError(redb::Error::Io(e))) => Some(e),
+            _ => None,
+        };
+        io.and_then(std::io::Error::raw_os_error).is_some_and(|code| code == libc::ENOSPC || code == libc::EDQUOT)
+    }
+}
+
+/// The embedded database's own error, behind a type of the store's: callers do not depend on
+/// which database the store is built on.
+#[derive(Debug)]
+pub struct DbError(redb::Error);
+
+impl std::fmt::Display for DbError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for DbError {}
+
+impl<E: Into<redb::Error>> From<E> for DbError {
+    fn from(e: E) -> Self {
+        DbError(e.into())
+    }
+}
+
+/// The message of the guess recorded for an activation a restart found unfinished.
+pub const STOPPED_UNFINISHED: &str =
+    "the process that accepted this activation stopped before it finished; it may have started";
+
+/// What `accept` found: a new activation, or one seen before (Kafka delivers at least once).
+#[derive(Debug, PartialEq)]
+pub enum Accepted {
+    New,
+    /// Accepted earlier, for `namespace`, and not finished yet.
+    Pending {
+        namespace: String,
+    },
+    Finished(Box<ActivationRecord>),
+}
+
+/// Activation calls (`accept`, `finish`, `get_activation`) are made on async threads: an
+/// implementation must answer them quickly (the journaled store appends one line).
+pub trait Store: Send + Sync + 'static {
+    /// Creates or (with `overwrite`) replaces an action, bumping its version and revision.
+    fn put_action(&self, action: Action, overwrite: bool) -> Result<Action, StoreError>;
+    fn get_action(&self, namespace: &str, name: &str) -> Result<Option<Arc<Action>>, StoreError>;
+    fn list_actions(&self, namespace: &str, skip: usize, limit: usize) -> Result<Vec<Action>, StoreError>;
+    fn delete_action(&self, namespace: &str, name: &str) -> Result<Option<Action>, StoreError>;
+
+    /// Records an activation as accepted, unless its id was seen before (in any namespace:
+    /// the caller checks whose it was before answering from it).
+    fn accept(&self, meta: &ActivationMeta) -> Result<Accepted, StoreError>;
+    /// Records an activation whose id the invoker just made (no earlier delivery can exist).
+    fn accept_new(&self, meta: &ActivationMeta) -> Result<(), StoreError> {
+        self.accept(meta).map(|_| ())
+    }
+    /// Stores the final record and clears the pending entry.
+    fn finish(&self, record: &Arc<ActivationRecord>) -> Result<(), StoreError>;
+    fn get_activation(&self, id: &str) -> Result<Option<ActivationRecord>, StoreError>;
+    /// Newest first.
+    fn list_activations(
+        &self,
+        namespace: &str,
+        name: Option<&str>,
+        skip: usize,
+        limit: usize,
+    ) -> Result<Vec<ActivationRecord>, StoreError>;
+    /// Gives every activation an earlier run left unfinished a whisk-error record written as a
+    /// guess ([`ActivationRecord::guess`]); returns those activations.
+    fn recover_unfinished(&self, now_ms: u64) -> Result<Vec<ActivationMeta>, StoreError>;
+    /// At the end of a run: writes what is held in memory alone (a disk that was full), for at
+    /// most `within`; returns the ids of the records that could not be written anywhere.
+    fn write_out(&self, _within: std::time::Duration) -> Vec<String> {
+        Vec::new()
+    }
+    /// Deletes records that ended before `before_ms`.
+    fn expire(&self, before_ms: u64) -> Result<usize, StoreError>;
+
+    /// Why the store takes no new work now (its disk is full or failing), while it does not:
+    /// the invoker then refuses new activations with 503 and calls itself unhealthy.
+    fn trouble(&self) -> Option<String> {
+        None
+    }
+
+    /// A small value the invoker keeps across restarts (a Mesos framework id), durably.
+    fn get_setting(&self, key: &str) -> Result<Option<String>, StoreError>;
+    fn put_setting(&self, key: &str, value: &str) -> Result<(), StoreError>;
+
+    /// A namespace's document of `kind` (Fn's apps, functions and triggers) by id, as JSON.
+    fn get_doc(&self, namespace: &str, kind: DocKind, id: &str) -> Result<Option<String>, StoreError>;
+    /// Every document of `kind` in `namespace`, by id.
+    fn list_docs(&self, namespace: &str, kind: DocKind) -> Result<Vec<String>, StoreError>;
+    /// Writes `value` at `id`, or (`None`) deletes it; answers the document it replaced.
+    fn put_doc(
+        &self,
+        namespace: &str,
+        kind: DocKind,
+        id: &str,
+        value: Option<&str>,
+    ) -> Result<Option<String>, StoreError>;
+}
+
+/// What a stored document is: Fn's entities, which live beside the actions (an Fn function's
+/// code and limits are its action's; its document holds what Fn's API says of it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DocKind {
+    FnApp,
+    FnFunction,
+    FnTrigger,
+    /// An HTTP trigger's route (`<app name><source>`) → its trigger's id: `/t/` finds a
+    /// trigger without reading them all.
+    FnRoute,
+}
+
+impl DocKind {
+    fn tag(self) -> &'static str {
+        match self {
+            DocKind::FnApp => "fn.app",
+            DocKind::FnFunction => "fn.fn",
+            DocKind::FnTrigger => "fn.trigger",
+            DocKind::FnRoute => "fn.route",
+        }
+    }
+
+    /// The key of a document: namespace and kind first, so that a namespace's documents of a
+    /// kind are one range.
+    pub(crate) fn key(self, namespace: &str, id: &str) -> String {
+        format!("{namespace}\0{}\0{id}", self.tag())
+    }
+
+    pub(crate) fn prefix(self, namespace: &str) -> String {
+        format!("{namespace}\0{}\0", self.tag())
+    }
+}
+
+/// Bumps the last component of a semantic version, as OpenWhisk does on update.
+pub(crate) fn next_version(old: &str) -> String {
+    let mut parts: Vec<u64> = old.split('.').map(|p| p.parse().unwrap_or(0)).collect();
+    parts.resize(3, 0);
+    parts[2] += 1;
+    format!("{}.{}.{}", parts[0], parts[1], parts[2])
+}
