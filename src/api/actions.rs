@@ -1,12 +1,12 @@
 //! Actions: create or update, read, list, delete, and invoke.
 
 use super::archive;
-use super::error::ApiError;
-use crate::http::Response;
 use super::call::{blocking, flag, json, page, Call, PageQuery};
+use super::error::ApiError;
 use super::state::{load_action, AppState};
 use crate::activation::{InvokeRequest, Invoked};
 use crate::config::{Config, KindLanguage};
+use crate::http::Response;
 use crate::model::{
     epoch_ms, new_activation_id, validate_entity_name, Action, ActivationRecord, Exec, KeyValue, Limits,
 };

@@ -1,9 +1,9 @@
 //! Activation records: list, one by id, and its logs or result.
 
-use super::error::ApiError;
-use crate::http::Response;
 use super::call::{blocking, json, page, Call, PageQuery};
+use super::error::ApiError;
 use super::state::AppState;
+use crate::http::Response;
 use crate::model::validate_entity_name;
 use hyper::StatusCode;
 

@@ -1,9 +1,9 @@
 //! Admin routes: liveness, health and capacity, Prometheus metrics, the pool's state.
 
-use super::error::ApiError;
-use crate::http::{with_body, Response};
 use super::call::{json, Call};
+use super::error::ApiError;
 use super::state::AppState;
+use crate::http::{with_body, Response};
 use hyper::StatusCode;
 use serde_json::json;
 

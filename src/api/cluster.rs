@@ -2,11 +2,11 @@
 //! internal route invokers fetch actions from (controller key). An invoker has none of them
 //! (404).
 
-use super::error::ApiError;
-use crate::http::Response;
 use super::call::{json, Call};
+use super::error::ApiError;
 use super::state::{AppState, Principal};
 use crate::cluster::{cluster_revision, MAX_RECORDS_ASKED};
+use crate::http::Response;
 use crate::model::validate_entity_name;
 use crate::scheduler::Dispatcher;
 use hyper::StatusCode;

@@ -1,8 +1,8 @@
 //! The one place errors become HTTP statuses. Bodies are OpenWhisk's `{"error", "code"}`.
 
-use crate::http::Response;
 use crate::activation::IntakeError;
 use crate::cluster::fetch::FetchError;
+use crate::http::Response;
 use crate::model::{ActivationRecord, Outcome, Rejection};
 use crate::pool::core::CreateFailure;
 use crate::store::StoreError;

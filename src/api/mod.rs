@@ -5,17 +5,17 @@ mod actions;
 mod activations;
 mod admin;
 pub(crate) mod archive;
+mod call;
 mod cluster;
 pub mod error;
 mod fn_routes;
 pub mod server;
 pub(crate) mod shim;
-mod wire;
 mod state;
-mod call;
+mod wire;
 
-pub use state::AppState;
 pub(crate) use call::Call;
+pub use state::AppState;
 
 use bytes::Bytes;
 use error::ApiError;

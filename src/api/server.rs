@@ -8,8 +8,8 @@
 //! (`[api] write_timeout`, see `wire.rs`), and the bytes of answers all clients together have
 //! not taken yet (`[api] unread_answers_mb`, [`UnreadAnswers`]).
 
-use super::wire::{ApiStream, HeldAnswer};
 use super::state::AppState;
+use super::wire::{ApiStream, HeldAnswer};
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Body as _;
@@ -93,8 +93,10 @@ impl UnreadAnswers {
         let activation = response.headers().get(ACTIVATION_ID).cloned();
         match activation {
             Some(id) => {
-                let mut accepted =
-                    super::call::json(StatusCode::ACCEPTED, &json!({ "activationId": id.to_str().unwrap_or_default() }));
+                let mut accepted = super::call::json(
+                    StatusCode::ACCEPTED,
+                    &json!({ "activationId": id.to_str().unwrap_or_default() }),
+                );
                 accepted.headers_mut().insert(ACTIVATION_ID, id);
                 accepted
             }

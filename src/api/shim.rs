@@ -4,13 +4,13 @@
 //! least once, so a repeated `activationId` is answered from the first and never run twice.
 
 use super::actions::{accepted, record_response};
+use super::call::Call;
 use super::error::record_status;
 use super::error::ApiError;
-use crate::http::Response;
-use super::call::Call;
 use super::state::{load_action, AppState, Principal};
 use crate::activation::job::CallRequest;
 use crate::activation::{InvokeRequest, Invoked};
+use crate::http::Response;
 use crate::model::{is_activation_id, validate_entity_name, ActivationMessage, ActivationRecord, Outcome};
 use hyper::StatusCode;
 use serde_json::{json, Value};

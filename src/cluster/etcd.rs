@@ -2,8 +2,9 @@
 //! over the hyper client the invoker already has: no gRPC stack and no `protoc` for a few calls
 //! every half second. Keys and values travel base64-encoded, as the gateway wants.
 
+use super::kv::ClusterKv;
+pub use super::kv::LeaseId;
 use super::mirror::{Change, Ranged, Source, Watch, WatchNews};
-use super::ClusterKv;
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine as _;
 use bytes::Bytes;
@@ -33,10 +34,6 @@ pub fn authority(endpoint: &str) -> Option<&str> {
     let authority = endpoint.strip_prefix("http://")?.trim_end_matches('/');
     (!authority.is_empty() && !authority.contains(['/', ' '])).then_some(authority)
 }
-
-/// A lease, as etcd numbers it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LeaseId(pub i64);
 
 /// One etcd cluster, reached through the member that answered last, or the next one that
 /// answers: a member that hangs costs one call's bound once, not on every call after it.

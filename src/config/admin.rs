@@ -1,6 +1,6 @@
 //! `[admin]` and `[namespaces]`: the API keys, each the key of one principal.
 
-use super::{bad, ConfigError};
+use super::error::{bad, ConfigError};
 use serde::Deserialize;
 use std::collections::{BTreeMap, HashSet};
 

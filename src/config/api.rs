@@ -1,6 +1,6 @@
 //! `[api]`: what one client, and all of them together, may hold of the API server.
 
-use super::{bad, ConfigError};
+use super::error::{bad, ConfigError};
 use serde::Deserialize;
 use std::time::Duration;
 

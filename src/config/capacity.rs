@@ -1,7 +1,7 @@
 //! `[capacity]`: the groups of invokers `invoker capacity` keeps sized to demand, each read
 //! into the decision core's own spec ([`crate::capacity::core::GroupSpec`]) once validated.
 
-use super::{bad, ConfigError};
+use super::error::{bad, ConfigError};
 use crate::capacity::core::GroupSpec;
 use crate::capacity::predictor::PredictorKind;
 use serde::Deserialize;

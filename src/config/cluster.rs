@@ -1,7 +1,7 @@
 //! `[cluster]`: the etcd an invoker registers in, and what it says of itself there. Without
 //! `etcd` endpoints the invoker is standalone and needs no etcd.
 
-use super::{bad, ConfigError};
+use super::error::{bad, ConfigError};
 use serde::Deserialize;
 use std::time::Duration;
 

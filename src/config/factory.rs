@@ -1,6 +1,9 @@
 //! `[factory]`: which backend creates action containers, and each backend's section.
 
-use super::{bad, ConfigError, LimitsConfig, Network, PoolConfig};
+use super::error::{bad, ConfigError};
+use super::kinds::Network;
+use super::limits::LimitsConfig;
+use super::pool::PoolConfig;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -53,7 +56,7 @@ pub struct FactoryConfig {
     pub mock: MockFactoryConfig,
     pub docker: DockerFactoryConfig,
     pub mesos: MesosFactoryConfig,
-    pub kubernetes: super::KubernetesFactoryConfig,
+    pub kubernetes: super::kubernetes::KubernetesFactoryConfig,
 }
 
 /// The Mesos factory: action containers as tasks of a framework, through the v1 scheduler
@@ -193,7 +196,7 @@ impl DockerKindConfig {
     }
 
     pub fn port(&self) -> u16 {
-        self.port.unwrap_or(super::OPENWHISK_PORT)
+        self.port.unwrap_or(super::kinds::OPENWHISK_PORT)
     }
 }
 
@@ -300,7 +303,7 @@ impl Default for FactoryConfig {
             mock: MockFactoryConfig::default(),
             docker: DockerFactoryConfig::default(),
             mesos: MesosFactoryConfig::default(),
-            kubernetes: super::KubernetesFactoryConfig::default(),
+            kubernetes: super::kubernetes::KubernetesFactoryConfig::default(),
         }
     }
 }

@@ -1,7 +1,7 @@
 //! `[kinds]`: each action kind's runtime: the command that serves it, its network, and the
 //! protocol it speaks.
 
-use super::{bad, ConfigError};
+use super::error::{bad, ConfigError};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -1,6 +1,6 @@
 //! `[factory.kubernetes]`: action containers as pods, bound to the node the pool chose.
 
-use super::{bad, ConfigError};
+use super::error::{bad, ConfigError};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -97,7 +97,7 @@ pub struct KubernetesKindConfig {
 
 impl KubernetesKindConfig {
     pub fn port(&self) -> u16 {
-        self.port.unwrap_or(super::OPENWHISK_PORT)
+        self.port.unwrap_or(super::kinds::OPENWHISK_PORT)
     }
 
     /// Whether the kind runs the project's own runtime (which takes overlapping runs).

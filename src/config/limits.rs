@@ -1,6 +1,6 @@
 //! `[limits]`: what an action may ask for, and what a request may carry.
 
-use super::{bad, ConfigError};
+use super::error::{bad, ConfigError};
 use serde::Deserialize;
 use std::time::Duration;
 

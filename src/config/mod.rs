@@ -7,6 +7,7 @@ mod admin;
 mod api;
 mod capacity;
 mod cluster;
+mod error;
 mod factory;
 mod kinds;
 mod kubernetes;
@@ -19,6 +20,8 @@ pub use admin::AdminConfig;
 pub use api::ApiConfig;
 pub use capacity::{CapacityConfig, ControlPlaneKind, GroupConfig, KubernetesPlaneConfig};
 pub use cluster::{ClusterConfig, SchedulerConfig};
+use error::bad;
+pub use error::ConfigError;
 pub use factory::{
     DockerFactoryConfig, DockerKindConfig, FactoryConfig, FactoryKind, MesosFactoryConfig, MockFactoryConfig,
     ProcessFactoryConfig, TransportKind,
@@ -39,17 +42,6 @@ use std::time::Duration;
 /// OpenWhisk's well-known key for the local `guest` namespace, so its tools work unchanged.
 pub const GUEST_KEY: &str =
     "23bc46b1-71f6-4ed5-8c54-816aa4f8c502:123zO3xZCLrMN6v2BKK1dXYFpXlPkccOFqm12CdAsMgRU4VrNZ9lyGVCGuMDGIwP";
-
-#[derive(Debug, thiserror::Error)]
-#[error("config {key}: {reason}")]
-pub struct ConfigError {
-    pub key: String,
-    pub reason: String,
-}
-
-fn bad(key: &str, reason: impl Into<String>) -> ConfigError {
-    ConfigError { key: key.to_string(), reason: reason.into() }
-}
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]

@@ -1,7 +1,9 @@
 //! `[pool]`: the pure core's own settings, read straight into its types (`CoreConfig`,
 //! `PrewarmSpec`): what this file adds is their validation against the rest of the config.
 
-use super::{bad, ConfigError, KindConfig, LimitsConfig};
+use super::error::{bad, ConfigError};
+use super::kinds::KindConfig;
+use super::limits::LimitsConfig;
 use std::collections::BTreeMap;
 
 /// `[pool]`: the core's tunables.

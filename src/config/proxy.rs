@@ -1,6 +1,6 @@
 //! `[proxy]`: what every container proxy waits for, and when it pauses an idle container.
 
-use super::{bad, ConfigError};
+use super::error::{bad, ConfigError};
 use serde::Deserialize;
 use std::time::Duration;
 

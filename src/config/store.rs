@@ -1,6 +1,6 @@
 //! `[store]`: the bounds of the embedded store.
 
-use super::{bad, ConfigError};
+use super::error::{bad, ConfigError};
 use serde::Deserialize;
 use std::time::Duration;
 

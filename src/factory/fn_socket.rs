@@ -10,9 +10,9 @@
 //! function started ([`ContainerSocket`]), whatever the function does to `lsnr.sock` later.
 
 use super::peer::ContainerSocket;
-use crate::proxy::protocol::fn_stream::LISTENER;
 use futures_util::StreamExt;
 use inotify::{EventStream, Inotify, WatchMask};
+use invoker_wire::runtime::FN_LISTENER as LISTENER;
 use nix::sys::stat::SFlag;
 use std::ffi::OsStr;
 use std::path::{Component, Path, PathBuf};

@@ -23,10 +23,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 use tokio::sync::Notify;
 
-/// The line every OpenWhisk runtime writes on stdout and stderr after each activation.
-pub const SENTINEL: &str = SENTINEL_LINE.trim_ascii_end();
-/// The sentinel as a runtime writes it, newline included, in one `write(2)`.
-pub const SENTINEL_LINE: &str = "XXX_THE_END_OF_A_WHISK_ACTIVATION_XXX\n";
+pub use invoker_wire::runtime::SENTINEL;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Stream {

@@ -4,8 +4,10 @@
 //! the proxies run unchanged. The action's parameters steer a run: `sleep_ms` delays it,
 //! `error` makes it an application error, `crash` kills the container mid-run.
 
+use super::contract::{
+    ContainerFactory, ContainerHandle, ContainerSpec, Epoch, FactoryError, StatsReceiver, Transport,
+};
 use super::logs::{LogBuffer, Stream, SENTINEL};
-use super::{ContainerFactory, ContainerHandle, ContainerSpec, Epoch, FactoryError, StatsReceiver, Transport};
 use crate::http::{json_value, Response};
 use crate::pool::core::{ContainerId, NodeId, NodeStatsUpdate};
 use http_body_util::{BodyExt, Limited};

@@ -2,7 +2,7 @@
 //! its memory (process, Docker): free is the capacity minus the declared limits of the live
 //! containers, published whenever a container comes or goes and on every `observe`.
 
-use super::{Epoch, StatsReceiver};
+use super::contract::{Epoch, StatsReceiver};
 use crate::pool::core::{NodeId, NodeStatsUpdate, Time};
 use tokio::sync::watch;
 

@@ -11,6 +11,9 @@
 //! process groups whose environment names this invoker), and nothing else.
 
 use super::cgroup::ContainerCgroups;
+use super::contract::{
+    ContainerFactory, ContainerHandle, ContainerSpec, Epoch, FactoryError, FunctionStart, StatsReceiver, Transport,
+};
 use super::fn_socket::ListenerWatch;
 use super::id_lock::IdLock;
 use super::logs::{LogBuffer, Stream};
@@ -23,12 +26,9 @@ use super::sandbox::{resolve_interpreter, SandboxArgs, ACTION_PATH};
 use super::uids::{HeldUid, UidRange};
 use super::watchdog::{remove_left, Watchdog, WatchdogArgs};
 use super::zygote::{ForkRequest, Zygote};
-use super::{
-    ContainerFactory, ContainerHandle, ContainerSpec, Epoch, FactoryError, FunctionStart, StatsReceiver, Transport,
-};
 use crate::config::{Config, KindConfig, Network, ProcessFactoryConfig, RuntimeProtocol, TransportKind};
 use crate::pool::core::{ContainerId, NodeId};
-use crate::proxy::protocol::fn_stream;
+use invoker_wire::runtime::{fn_listener_env, FN_SOCKET_DIR};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use parking_lot::Mutex;
@@ -514,7 +514,7 @@ impl ProcessFactory {
                 // Fresh and empty for each container (a socket left by an earlier process stops
                 // the FDKs from binding), open to the function's user as Fn's agent makes it.
                 let (host, inside) = match uid {
-                    Some(_) => (tmp.join("iofs"), fn_stream::SOCKET_DIR.to_string()),
+                    Some(_) => (tmp.join("iofs"), FN_SOCKET_DIR.to_string()),
                     None => (dir.join("iofs"), dir.join("iofs").display().to_string()),
                 };
                 std::fs::create_dir(&host).map_err(|e| create_err("socket directory", e))?;
@@ -689,7 +689,7 @@ impl ProcessFactory {
         let inner = &self.inner;
         let mut env: BTreeMap<String, String> = inner.env.iter().cloned().chain(kind.env_for(work)).collect();
         env.extend(function.env.iter().cloned());
-        env.extend([fn_stream::listener_env(inside), ("INVOKER_ID".into(), inner.invoker_id.clone())]);
+        env.extend([fn_listener_env(inside), ("INVOKER_ID".into(), inner.invoker_id.clone())]);
         env
     }
 

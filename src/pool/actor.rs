@@ -561,34 +561,7 @@ impl Handler<RefreshGauges> for ContainerPool {
 /// overloaded).
 const UNHEALTHY_AFTER_FAILURES: u32 = 3;
 
-/// What the invoker can take, as `/health`, its cluster registration and the schedulers
-/// reading it say it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Health {
-    Healthy,
-    /// Work waits and no node can launch even the smallest action, even with its idle
-    /// containers removed; or the cluster refused creations several times in a row.
-    Overloaded,
-    /// Container creations failed several times in a row (not for want of room), or the store
-    /// cannot write.
-    Unhealthy,
-    Draining,
-    /// An operator's drain (its key in etcd) that has nothing left running.
-    Drained,
-}
-
-impl Health {
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            Health::Healthy => "healthy",
-            Health::Overloaded => "overloaded",
-            Health::Unhealthy => "unhealthy",
-            Health::Draining => "draining",
-            Health::Drained => "drained",
-        }
-    }
-}
+pub use invoker_wire::cluster::Health;
 
 impl PoolStatus {
     /// The largest container any node could launch now.

@@ -6,8 +6,9 @@
 //! `ReadWatchedStream`s. The only client is the invoker that started the runtime, so there
 //! are no idle timeouts: its kept-alive connections stay open between activations.
 
-use super::{Runtime, MAX_BODY};
-use crate::http::{json_value, Response};
+use super::handlers::{error, init, run_action, Runtime};
+use super::options::MAX_BODY;
+use crate::http::Response;
 use crate::read_watched::ReadWatchedStream;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Incoming;
@@ -16,17 +17,12 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
-use serde_json::json;
 use std::convert::Infallible;
 use std::rc::Rc;
 use std::time::Duration;
 
 /// Connections open at once at most (the invoker opens one per run in flight).
 const MAX_CONNECTIONS: usize = 1024;
-
-pub(super) fn error(status: StatusCode, message: impl std::fmt::Display) -> Response {
-    json_value(status, &json!({ "error": message.to_string() }))
-}
 
 pub(super) enum Listener {
     Tcp(tokio::net::TcpListener),
@@ -71,7 +67,7 @@ where
 }
 
 async fn route(runtime: &Runtime, request: Request<Incoming>) -> Response {
-    let init = match request.uri().path() {
+    let is_init = match request.uri().path() {
         "/init" => true,
         "/run" => false,
         other => {
@@ -92,9 +88,9 @@ async fn route(runtime: &Runtime, request: Request<Incoming>) -> Response {
         Err(e) if e.is::<LengthLimitError>() => return too_large(),
         Err(e) => return error(StatusCode::BAD_REQUEST, format!("the body could not be read: {e}")),
     };
-    if init {
-        super::init(runtime, &body).await
+    if is_init {
+        init(runtime, &body).await
     } else {
-        super::run_action(runtime, &body).await
+        run_action(runtime, &body).await
     }
 }

@@ -2,7 +2,7 @@
 //! activations waited for an invoker with room, and (read at scrape time) activations in flight
 //! per invoker.
 
-use super::placement::{NoPlacement, Rule};
+use invoker_core::placement::{NoPlacement, Rule};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;

@@ -5,9 +5,9 @@
 //! etcd away freezes the picture: the invokers last seen keep their work, and those whose
 //! leases expired meanwhile are placed on for a grace after etcd answers again (`Directory`).
 
-use super::placement::InvokerView;
 use crate::cluster::{ClusterKv, InvokerRecord};
 use crate::pool::actor::Health;
+use invoker_core::placement::InvokerView;
 use parking_lot::{Mutex, RwLock};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;

@@ -5,10 +5,10 @@
 //! `recover_unfinished` turns whatever an earlier run left pending into whisk-error records.
 
 pub mod action_cache;
+mod contract;
 pub(crate) mod journal;
 mod redb_store;
-mod contract;
 
+pub use contract::*;
 pub use journal::{JournalOptions, JournaledStore, DEFAULT_ACTION_CACHE_BYTES, DEFAULT_END_RESERVE_BYTES};
 pub use redb_store::RedbStore;
-pub use contract::*;

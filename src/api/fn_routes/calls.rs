@@ -6,8 +6,8 @@
 use super::docs::{Docs, Function};
 use crate::activation::job::CallRequest;
 use crate::activation::{InvokeRequest, Invoked};
-use crate::api::error::{fn_record_status, ApiError};
 use crate::api::call::Call;
+use crate::api::error::{fn_record_status, ApiError};
 use crate::api::state::AppState;
 use crate::http::Response;
 use crate::model::{new_activation_id, Action, ActivationRecord};

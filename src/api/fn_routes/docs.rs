@@ -204,7 +204,10 @@ pub(super) fn body<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
 }
 
 /// Fn's config update: each key set, and a key given an empty value removed.
-pub(super) fn merge_config(config: &mut BTreeMap<String, String>, update: BTreeMap<String, String>) -> Result<(), ApiError> {
+pub(super) fn merge_config(
+    config: &mut BTreeMap<String, String>,
+    update: BTreeMap<String, String>,
+) -> Result<(), ApiError> {
     for (k, v) in update {
         if k.is_empty() || k.contains(['=', '\0']) || v.contains('\0') {
             return Err(ApiError::BadRequest(format!("config: '{k}': a key is non-empty, without '=' or NUL")));

@@ -2,12 +2,12 @@
 //! key's namespace. Writes run on a blocking thread (each is a durable transaction).
 
 use super::docs::{body, check_name, fn_not_found, merge_config, new_id, now, App, Docs, Function, Trigger};
-use crate::api::error::ApiError;
 use crate::api::actions;
 use crate::api::call::{blocking, json, Call};
+use crate::api::error::ApiError;
 use crate::api::state::AppState;
-use crate::http::Response;
 use crate::config::RuntimeProtocol;
+use crate::http::Response;
 use crate::model::{Action, KeyValue};
 use crate::store::{DocKind, Store};
 use hyper::{Method, StatusCode};

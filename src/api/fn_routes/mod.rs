@@ -6,8 +6,8 @@
 //! says of it. Errors are Fn's `{"message": ...}` (`ApiError::into_fn_response`).
 
 mod calls;
-mod entities;
 mod docs;
+mod entities;
 
 pub(super) use calls::{invoke, trigger};
 pub(super) use entities::{app, apps, function, functions, trigger_doc, triggers};

@@ -2,12 +2,12 @@
 //! an enum over the real ones, and a fake for tests, as the container factories are. The
 //! manager only asks; an invoker it started is known to be up once it registers in etcd.
 
+mod contract;
 #[cfg(any(test, feature = "test-util"))]
 pub mod fake;
 #[cfg(feature = "kubernetes")]
 pub mod kubernetes;
 pub mod local;
-mod contract;
 
 pub use contract::{ControlPlane, InvokerSpec, PlaneError};
 

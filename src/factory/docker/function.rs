@@ -9,8 +9,8 @@ use crate::factory::fn_socket::ListenerWatch;
 use crate::factory::logs::LogBuffer;
 use crate::factory::{ContainerHandle, ContainerSpec, FactoryError, FunctionStart, Transport};
 use crate::pool::core::NodeId;
-use crate::proxy::protocol::fn_stream;
 use bollard::models::{ContainerCreateBody, HostConfig};
+use invoker_wire::runtime::{fn_listener_env, FN_SOCKET_DIR};
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
 use std::sync::Arc;
@@ -105,14 +105,14 @@ impl DockerFactory {
         dir: &Path,
         with_code: bool,
     ) -> ContainerCreateBody {
-        let mut binds = vec![format!("{}:{}", dir.join("iofs").display(), fn_stream::SOCKET_DIR)];
+        let mut binds = vec![format!("{}:{}", dir.join("iofs").display(), FN_SOCKET_DIR)];
         if with_code {
             binds.push(format!("{}:{CODE_DIR}:ro", dir.join("code").display()));
         }
         let host = HostConfig { binds: Some(binds), ..self.limited_host(spec) };
         let cmd = (!kind.command.is_empty())
             .then(|| kind.command.iter().map(|a| a.replace("{main}", &function.main)).collect());
-        let (listener, listening) = fn_stream::listener_env(fn_stream::SOCKET_DIR);
+        let (listener, listening) = fn_listener_env(FN_SOCKET_DIR);
         let mut env: Vec<String> = function.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
         env.push(format!("{listener}={listening}"));
         ContainerCreateBody {

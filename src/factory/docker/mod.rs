@@ -15,12 +15,14 @@
 
 mod function;
 
+use super::contract::{
+    ContainerFactory, ContainerHandle, ContainerSpec, Epoch, FactoryError, StatsReceiver, Transport,
+};
 use super::logs::{LogBuffer, Stream};
 use super::netns::NetNs;
 use super::one_host::OneHost;
 use super::own_disk;
 use super::peer::{ContainerSocket, Peer};
-use super::{ContainerFactory, ContainerHandle, ContainerSpec, Epoch, FactoryError, StatsReceiver, Transport};
 use crate::config::{Config, DockerFactoryConfig, DockerKindConfig, Network};
 use crate::pool::core::{ContainerId, NodeId};
 use bollard::models::{ContainerCreateBody, HostConfig};

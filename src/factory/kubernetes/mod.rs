@@ -13,8 +13,10 @@ mod pod_log;
 pub mod policy;
 pub mod watch;
 
+use super::contract::{
+    ContainerFactory, ContainerHandle, ContainerSpec, Epoch, FactoryError, StatsReceiver, Transport,
+};
 use super::logs::LogBuffer;
-use super::{ContainerFactory, ContainerHandle, ContainerSpec, Epoch, FactoryError, StatsReceiver, Transport};
 use crate::config::{Config, KubernetesFactoryConfig};
 use crate::pool::core::{ContainerId, NodeId, NodeStatsUpdate};
 use doomed::{DoomedPods, Why};

@@ -201,10 +201,10 @@ const CODE_DIR: &str = "/function";
 pub fn build_function_pod(
     template: &PodTemplate,
     r: &PodRequest<'_>,
-    function: &crate::factory::FunctionStart,
+    function: &crate::factory::contract::FunctionStart,
     bridge: &crate::config::FnBridgeConfig,
 ) -> Pod {
-    use crate::proxy::protocol::fn_stream::{LISTENER, SOCKET_DIR};
+    use invoker_wire::runtime::{FN_LISTENER as LISTENER, FN_SOCKET_DIR as SOCKET_DIR};
     let mut pod = build_pod(template, &PodRequest { memory_mb: r.memory_mb.saturating_sub(bridge.memory_mb), ..*r });
     let spec = pod.spec.as_mut().expect("built with a spec");
     let mut bridge_container = spec.containers[0].clone();
@@ -415,7 +415,7 @@ mod tests {
 
     #[test]
     fn an_fn_pods_address_is_its_bridges_and_a_bridge_that_ended_says_why() {
-        let function = crate::factory::FunctionStart {
+        let function = crate::factory::contract::FunctionStart {
             code: Some("def handler(ctx, data=None):\n    return 'hi'\n".into()),
             main: "handler".into(),
             env: vec![("FN_FORMAT".into(), "http-stream".into())],

@@ -13,8 +13,10 @@ pub mod proto;
 pub mod recordio;
 pub mod scheduler;
 
+use super::contract::{
+    ContainerFactory, ContainerHandle, ContainerSpec, Epoch, FactoryError, StatsReceiver, Transport,
+};
 use super::logs::LogBuffer;
-use super::{ContainerFactory, ContainerHandle, ContainerSpec, Epoch, FactoryError, StatsReceiver, Transport};
 use crate::config::{Config, MesosFactoryConfig};
 use crate::pool::core::{ContainerId, NodeId, NodeStatsUpdate};
 use crate::store::Store;

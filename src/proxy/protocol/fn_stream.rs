@@ -4,8 +4,8 @@
 //! Where the function's socket appears and when it counts as ready is the factories' side
 //! (`factory::fn_socket`).
 
+use super::answer::{Answer, Interpreted};
 use super::client::{RuntimeClient, RuntimeError, RuntimeResponse};
-use super::{Answer, Interpreted};
 use crate::activation::job::RunJob;
 use crate::model::{Action, Outcome};
 use base64::Engine;
@@ -13,12 +13,6 @@ use bytes::Bytes;
 use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
 use serde_json::{json, Map, Value};
 use std::time::{Duration, SystemTime};
-
-/// Where the socket directory is inside a container (Fn's `iofs` mount).
-pub const SOCKET_DIR: &str = "/tmp/iofs";
-
-/// The socket (or relative symlink to one) a function makes when it is ready.
-pub const LISTENER: &str = "lsnr.sock";
 
 /// Headers that belong to one connection, never passed on (RFC 9110 §7.6.1, and what Go's
 /// reverse proxy strips); `content-length` is the new message's own.
@@ -60,11 +54,6 @@ pub fn environment(action: &Action, memory_mb: u32) -> Vec<(String, String)> {
     env.retain(|(name, _)| !ours.iter().any(|(o, _)| o == name) && name != "FN_LISTENER");
     env.extend(ours.into_iter().map(|(k, v)| (k.to_string(), v)));
     env
-}
-
-/// `FN_LISTENER` for a socket directory at `dir` (as the container sees it).
-pub fn listener_env(dir: &str) -> (String, String) {
-    ("FN_LISTENER".into(), format!("unix:{dir}/{LISTENER}"))
 }
 
 /// `POST /call` with the caller's headers (hop-by-hop ones dropped), `Fn-Call-Id` and

@@ -3,19 +3,21 @@
 //! chosen per kind (`[kinds."<kind>"] protocol`); the proxy's lifecycle does not change with it.
 //! Every protocol speaks HTTP/1.1 over the container's transport through [`RuntimeClient`].
 
+mod answer;
 mod client;
 pub mod fn_stream;
 mod openwhisk;
 
+pub use answer::{discard_reason, Answer, Interpreted};
+
 pub use client::{RuntimeClient, RuntimeError, RuntimeResponse};
-pub use openwhisk::{EXITED_UNEXPECTEDLY, NOT_A_RESULT};
+pub use invoker_wire::runtime::{EXITED_UNEXPECTEDLY, NOT_A_RESULT};
 
 use crate::activation::job::RunJob;
 use crate::config::RuntimeProtocol;
 use crate::factory::peer::Peer;
 use crate::factory::{FunctionStart, Transport};
-use crate::model::{Action, Outcome};
-use serde_json::Value;
+use crate::model::Action;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,31 +32,6 @@ pub fn function_start(protocol: RuntimeProtocol, action: &Action, memory_mb: u32
             env: fn_stream::environment(action, memory_mb),
         }),
     }
-}
-
-/// A runtime's answer as it came, before it is interpreted.
-pub type Answer = Result<RuntimeResponse, RuntimeError>;
-
-/// The short reason a container is given up after `answer` (for the invoker's log).
-pub fn discard_reason(answer: &Answer, oom: bool) -> &'static str {
-    match answer {
-        _ if oom => "out of memory",
-        Err(RuntimeError::Timeout) => "timeout",
-        Err(RuntimeError::Connection(_)) => "runtime connection error",
-        Err(RuntimeError::TooLarge(_)) => "answer too large",
-        Err(RuntimeError::Stranger(_)) => "its runtime socket was not its own runtime's",
-        Ok(_) => "developer error",
-    }
-}
-
-/// What an answer means for the activation and the container.
-#[derive(Debug, PartialEq)]
-pub struct Interpreted {
-    pub outcome: Outcome,
-    pub result: Value,
-    /// False for developer and whisk errors: the container is removed, never reused.
-    pub reusable: bool,
-    pub timed_out: bool,
 }
 
 /// One container's runtime, reached through the protocol of its kind.

@@ -2,21 +2,14 @@
 //! how their answers become an activation outcome (the same rules as OpenWhisk's
 //! `ActivationResponse`), and whether the container may be kept.
 
+use super::answer::{Answer, Interpreted};
 use super::client::{RuntimeClient, RuntimeError, RuntimeResponse};
-use super::{Answer, Interpreted};
 use crate::activation::job::RunJob;
 use crate::model::{epoch_ms, Action, Outcome};
 use bytes::Bytes;
+use invoker_wire::runtime::{EXITED_UNEXPECTEDLY, NOT_A_RESULT};
 use serde_json::{json, Value};
 use std::time::Duration;
-
-/// The one message for a result that is neither a dictionary nor an array, whichever kind (the
-/// runtime's own answer says the same).
-pub const NOT_A_RESULT: &str = "The action did not return a dictionary or array.";
-
-/// OpenWhisk's words for a runtime that dropped the connection without an answer (its process
-/// exited); our nodejs runtime says the same when the action's process exits.
-pub const EXITED_UNEXPECTEDLY: &str = "The action did not produce a valid response and exited unexpectedly.";
 
 /// `POST /init` with the action's code, main and environment; a 200 is success.
 pub(super) async fn init(

@@ -1,0 +1,245 @@
+//! What the members of a cluster write in etcd for one another: the key layout (OpenWhisk's
+//! scheduler's), an invoker's registration and health, a scheduler's record and demand, and the
+//! drain marks. Every reader and writer of those keys (the invokers, the schedulers, the
+//! capacity manager, the tests) takes them from here, so they cannot drift apart.
+
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// How long an invoker keeps a controller's blocking call before answering 202: beyond the
+/// action's own bounds (its `timeout`, the pool's `wait_deadline` for a container, the proxy's
+/// `init_timeout`), a margin of 30 s. A scheduler waits for the answer a little longer.
+pub fn controller_wait(timeout: Duration, wait_deadline: Duration, init_timeout: Duration) -> Duration {
+    timeout + wait_deadline + init_timeout + Duration::from_secs(30)
+}
+
+/// Most activation ids one `POST /v1/internal/records` (a scheduler asking an invoker for the
+/// records of activations it wrote guesses for) may name.
+pub const MAX_RECORDS_ASKED: usize = 1000;
+
+/// `{prefix}/invokers/{id}`: an invoker's registration.
+pub fn invoker_key(prefix: &str, invoker_id: &str) -> String {
+    format!("{prefix}/invokers/{invoker_id}")
+}
+
+/// `{prefix}/containers/{ns}/{action}/{revision}/invoker/{id}/container/{cid}` (seed 000's
+/// layout): a scheduler finds the warm invokers of an action revision with one prefix range.
+pub fn container_key(prefix: &str, ns: &str, action: &str, revision: u64, invoker_id: &str, container: u64) -> String {
+    format!("{prefix}/containers/{ns}/{action}/{revision}/invoker/{invoker_id}/container/{container}")
+}
+
+/// `{prefix}/schedulers/{id}`: a scheduler's address, for invokers fetching its actions.
+pub fn scheduler_key(prefix: &str, scheduler_id: &str) -> String {
+    format!("{prefix}/schedulers/{scheduler_id}")
+}
+
+/// `{prefix}/drain/{id}`: an operator's or the capacity manager's drain of an invoker, or an
+/// operator's taking it back ([`DrainMark`]). Outside the invoker's lease: a drain outlives a
+/// restart, and every scheduler reads it.
+pub fn drain_key(prefix: &str, invoker_id: &str) -> String {
+    format!("{prefix}/drain/{invoker_id}")
+}
+
+/// The value of a drain key. An operator's activation is a mark too (`drained: false`), not a
+/// missing key: a key missing is what an etcd that restarted empty shows, and the invoker then
+/// puts back the operator's drain it kept ([`registry::Registrar`]), where a deleted key would
+/// have let the drained invoker take work again.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrainMark {
+    /// False: the operator took the drain back.
+    #[serde(default = "drained_by_default")]
+    pub drained: bool,
+    /// When it was written (ms since the epoch, the writer's clock).
+    #[serde(default)]
+    pub since: u64,
+    /// `capacity` for the capacity manager's, which it keeps itself; anything else is an
+    /// operator's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+}
+
+fn drained_by_default() -> bool {
+    true
+}
+
+impl DrainMark {
+    pub fn operator(drained: bool, since: u64) -> Self {
+        DrainMark { drained, since, by: Some("operator".into()) }
+    }
+
+    pub fn capacity(since: u64) -> Self {
+        DrainMark { drained: true, since, by: Some("capacity".into()) }
+    }
+
+    /// What a key's value says; one that does not decode still drains (a drain key has always
+    /// meant a drain, whatever its value).
+    pub fn read(value: &str) -> Self {
+        serde_json::from_str(value).unwrap_or(DrainMark { drained: true, since: 0, by: None })
+    }
+
+    pub fn by_operator(&self) -> bool {
+        self.by.as_deref() != Some("capacity")
+    }
+
+    pub fn to_value(&self) -> String {
+        serde_json::to_string(self).expect("a drain mark serialises")
+    }
+}
+
+/// `{prefix}/demand/{scheduler_id}`: what one scheduler needs of the fleet, under a lease of
+/// its own (a scheduler that dies takes its report with it).
+pub fn demand_key(prefix: &str, scheduler_id: &str) -> String {
+    format!("{prefix}/demand/{scheduler_id}")
+}
+
+/// `{prefix}/capacity/leader`: the active capacity manager, under its lease.
+pub fn capacity_leader_key(prefix: &str) -> String {
+    format!("{prefix}/capacity/leader")
+}
+
+/// Memory a scheduler needs for the actions of one tag set (their `invoker-resources`; none:
+/// the untagged invokers).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Needs {
+    /// Of the activations sent to invokers and not yet answered.
+    pub in_flight_mb: u64,
+    /// Of those waiting for an invoker with room.
+    pub waiting_mb: u64,
+    /// Of those refused for lack of room since the report before.
+    pub refused_mb: u64,
+}
+
+impl Needs {
+    pub fn total_mb(&self) -> u64 {
+        self.in_flight_mb + self.waiting_mb + self.refused_mb
+    }
+}
+
+/// The value of a scheduler's demand key.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DemandReport {
+    pub scheduler: String,
+    /// When it was written (the scheduler's clock, ms since the epoch).
+    pub at_ms: u64,
+    pub needs: Vec<TagNeeds>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TagNeeds {
+    pub tags: Vec<String>,
+    #[serde(flatten)]
+    pub needs: Needs,
+}
+
+/// The value of a scheduler's key.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SchedulerRecord {
+    pub id: String,
+    /// Where its API answers (the internal route invokers fetch actions from).
+    pub api: String,
+    /// As an invoker's: which process of which boot holds the id.
+    pub boot_id: String,
+    pub pid: u32,
+}
+
+/// The revision an action of `scheduler` travels under: its store's revision is a counter of
+/// that store only, so two schedulers' `guest/hello` (or one scheduler's before and after its
+/// data was wiped) would share containers on an invoker under it. This one names the
+/// scheduler, the revision and the time of the update (FNV-1a, stable across processes), and
+/// has its top bit set, so it never equals an invoker's own store's counter either.
+pub fn cluster_revision(scheduler_id: &str, revision: u64, updated_ms: u64) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let parts = [scheduler_id.as_bytes(), &[0], &revision.to_le_bytes(), &updated_ms.to_le_bytes()];
+    for byte in parts.into_iter().flatten() {
+        hash ^= u64::from(*byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    hash | 1 << 63
+}
+
+/// What one node of an invoker can take now.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeHeadroom {
+    pub node: String,
+    /// The largest container it could launch now.
+    pub launchable_mb: u64,
+    pub free_mb: u64,
+    pub capacity_mb: u64,
+    /// Held by idle containers, which the invoker removes when it needs the room.
+    #[serde(default)]
+    pub idle_mb: u64,
+}
+
+/// The value of an invoker's key.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InvokerRecord {
+    pub id: String,
+    /// Where its API answers (the shim, `POST /v1/activations`).
+    pub api: String,
+    pub tags: Vec<String>,
+    pub health: Health,
+    pub nodes: Vec<NodeHeadroom>,
+    /// Which run of which machine holds the id: a restart on the same machine after a crash
+    /// takes over a key its dead predecessor's lease still holds.
+    pub boot_id: String,
+    pub pid: u32,
+}
+
+impl InvokerRecord {
+    /// The largest container any of its nodes could launch now.
+    pub fn launchable_mb(&self) -> u64 {
+        self.nodes.iter().map(|n| n.launchable_mb).max().unwrap_or(0)
+    }
+
+    /// The largest container any of its nodes could hold once its idle containers there are
+    /// removed: what a scheduler may send it. Without the idle memory, a cluster whose invokers
+    /// filled up with warm containers would take no new action until they expired.
+    pub fn room_mb(&self) -> u64 {
+        self.nodes.iter().map(|n| n.launchable_mb + n.idle_mb).max().unwrap_or(0)
+    }
+}
+
+/// What the invoker can take, as `/health`, its cluster registration and the schedulers
+/// reading it say it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Health {
+    Healthy,
+    /// Work waits and no node can launch even the smallest action, even with its idle
+    /// containers removed; or the cluster refused creations several times in a row.
+    Overloaded,
+    /// Container creations failed several times in a row (not for want of room), or the store
+    /// cannot write.
+    Unhealthy,
+    Draining,
+    /// An operator's drain (its key in etcd) that has nothing left running.
+    Drained,
+}
+
+impl Health {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Health::Healthy => "healthy",
+            Health::Overloaded => "overloaded",
+            Health::Unhealthy => "unhealthy",
+            Health::Draining => "draining",
+            Health::Drained => "drained",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DrainMark;
+
+    #[test]
+    fn a_drain_key_drains_unless_it_says_the_operator_took_it_back() {
+        assert!(DrainMark::read("{}").drained && DrainMark::read("{}").by_operator(), "an older operator's drain");
+        assert!(DrainMark::read("not json").drained);
+        let capacity = DrainMark::read(r#"{"since":1,"by":"capacity"}"#);
+        assert!(capacity.drained && !capacity.by_operator());
+        let back = DrainMark::read(&DrainMark::operator(false, 5).to_value());
+        assert_eq!(back, DrainMark::operator(false, 5));
+        assert!(!back.drained && back.by_operator());
+    }
+}

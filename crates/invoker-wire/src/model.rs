@@ -1,0 +1,606 @@
+//! Actions and activation records, in the JSON shapes OpenWhisk clients read and write.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Map, Value};
+use std::borrow::Cow;
+
+/// `{"key": ..., "value": ...}`: OpenWhisk's parameter and annotation entry.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct KeyValue {
+    pub key: String,
+    pub value: Value,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Exec {
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub main: Option<String>,
+    #[serde(default)]
+    pub binary: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+}
+
+/// An action's limits. On the wire: `timeout` in ms, `memory`, `logs` and `disk` in MB.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    pub timeout: u64,
+    pub memory: u32,
+    pub logs: u32,
+    pub concurrency: u32,
+    /// What a container of the action may write (its code, working directory, `/tmp`,
+    /// `/dev/shm`). OpenWhisk has no such limit; an action stored before it existed has the
+    /// built-in default.
+    #[serde(default = "Limits::default_disk")]
+    pub disk: u32,
+}
+
+impl Limits {
+    /// `limits.disk_default_mb`'s own default, and the disk of actions stored without one.
+    pub const DEFAULT_DISK_MB: u32 = 256;
+
+    fn default_disk() -> u32 {
+        Self::DEFAULT_DISK_MB
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Action {
+    pub namespace: String,
+    pub name: String,
+    pub version: String,
+    pub exec: Exec,
+    pub limits: Limits,
+    #[serde(default)]
+    pub parameters: Vec<KeyValue>,
+    #[serde(default)]
+    pub annotations: Vec<KeyValue>,
+    #[serde(default)]
+    pub publish: bool,
+    /// Epoch ms of the last change.
+    pub updated: u64,
+    /// Bumped on every update, so that containers of an older revision are never reused.
+    #[serde(default)]
+    pub revision: u64,
+}
+
+/// An Fn function's ids and configuration (its environment), kept in its action's `fn`
+/// annotation.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+pub struct FnFunction {
+    #[serde(default)]
+    pub fn_id: String,
+    #[serde(default)]
+    pub app_id: String,
+    #[serde(default)]
+    pub config: std::collections::BTreeMap<String, String>,
+    #[serde(default)]
+    pub app_config: std::collections::BTreeMap<String, String>,
+    /// Fn's `idle_timeout`: its idle containers go after this many seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout_s: Option<u32>,
+}
+
+impl Action {
+    /// A `python:3` action of the `guest` namespace with `code`, for the unit tests.
+    /// For tests: a minimal one.
+    #[cfg(any(test, feature = "test-util"))]
+    pub fn for_test(name: &str, code: &str) -> Action {
+        Action {
+            namespace: "guest".into(),
+            name: name.into(),
+            version: "0.0.1".into(),
+            exec: Exec { kind: "python:3".into(), code: Some(code.into()), main: None, binary: false, image: None },
+            limits: Limits { timeout: 1000, memory: 256, logs: 10, concurrency: 1, disk: 256 },
+            parameters: vec![],
+            annotations: vec![],
+            publish: false,
+            updated: 0,
+            revision: 1,
+        }
+    }
+
+    /// OpenWhisk passes the caller's key to the action only when the `provide-api-key`
+    /// annotation is true (new actions default to false).
+    pub fn provides_api_key(&self) -> bool {
+        self.annotations.iter().any(|a| a.key == "provide-api-key" && a.value == Value::Bool(true))
+    }
+
+    pub fn path(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+
+    /// What Fn says of the action (its `fn` annotation, which Fn's routes set): its ids and the
+    /// configuration of its app and its own. An action without one is its own app.
+    pub fn fn_function(&self) -> FnFunction {
+        let said = self.annotations.iter().find(|a| a.key == "fn");
+        let mut function: FnFunction =
+            said.and_then(|a| serde_json::from_value(a.value.clone()).ok()).unwrap_or_default();
+        if function.fn_id.is_empty() {
+            function.fn_id = self.path();
+        }
+        if function.app_id.is_empty() {
+            function.app_id = self.namespace.clone();
+        }
+        function
+    }
+
+    /// The default parameters merged under the invocation's (the invocation wins).
+    pub fn merged_params(&self, mut params: serde_json::Map<String, Value>) -> serde_json::Map<String, Value> {
+        for p in &self.parameters {
+            params.entry(p.key.clone()).or_insert_with(|| p.value.clone());
+        }
+        params
+    }
+}
+
+/// OpenWhisk's four activation outcomes and their status codes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Outcome {
+    Success,
+    ApplicationError,
+    DeveloperError,
+    WhiskError,
+}
+
+impl Outcome {
+    pub fn status_code(self) -> u8 {
+        self as u8
+    }
+
+    pub fn status(self) -> &'static str {
+        match self {
+            Outcome::Success => "success",
+            Outcome::ApplicationError => "application error",
+            Outcome::DeveloperError => "action developer error",
+            Outcome::WhiskError => "whisk internal error",
+        }
+    }
+
+    pub fn from_status_code(code: u64) -> Option<Outcome> {
+        [Outcome::Success, Outcome::ApplicationError, Outcome::DeveloperError, Outcome::WhiskError]
+            .get(code as usize)
+            .copied()
+    }
+}
+
+/// How the container that ran an activation came to be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StartKind {
+    Cold,
+    Warm,
+    Prewarm,
+}
+
+/// The activation record. Serialized exactly as OpenWhisk's `WhiskActivation`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ActivationRecord {
+    pub namespace: String,
+    pub name: String,
+    pub version: String,
+    pub subject: String,
+    pub activation_id: String,
+    pub start: u64,
+    pub end: u64,
+    pub duration: u64,
+    pub status_code: u8,
+    pub response: ActivationResponse,
+    pub logs: Vec<String>,
+    pub annotations: Vec<KeyValue>,
+    pub publish: bool,
+    /// Why the invoker answered without running the action, for the one place statuses are
+    /// chosen (`api::error`). Not part of OpenWhisk's record: the `rejected` annotation tells
+    /// its readers, and a record read back from the store has `None` here.
+    #[serde(skip)]
+    pub rejection: Option<Rejection>,
+}
+
+/// Why an accepted activation ended without running.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rejection {
+    /// Larger than any node of the cluster: retrying cannot help.
+    NeverFits {
+        memory_mb: u32,
+        largest_node_mb: u64,
+    },
+    Deadline,
+    QueueFull,
+    /// Its container could not be had, for this reason (the pure core's own word for it).
+    CreateFailed(invoker_core::pool::CreateFailure),
+    Draining,
+    ContainerLost,
+    /// A scheduler found no invoker that would take it (the record's message says why).
+    NoInvoker,
+}
+
+impl Rejection {
+    /// The value of the record's `rejected` annotation.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Rejection::NeverFits { .. } => "never_fits",
+            Rejection::Deadline => "deadline",
+            Rejection::QueueFull => "queue_full",
+            Rejection::CreateFailed(_) => "create_failed",
+            Rejection::Draining => "draining",
+            Rejection::ContainerLost => "container_lost",
+            Rejection::NoInvoker => "no_invoker",
+        }
+    }
+
+    pub fn message(&self) -> String {
+        match self {
+            Rejection::NeverFits { memory_mb, largest_node_mb } => {
+                format!("limits.memory: {memory_mb} MB can never fit: the largest node offers {largest_node_mb} MB")
+            }
+            Rejection::Deadline => {
+                "no container could be had before the activation's wait deadline; nothing ran".into()
+            }
+            Rejection::QueueFull => "the invoker's waiting buffer is full; nothing ran".into(),
+            Rejection::CreateFailed(why) => {
+                use invoker_core::pool::CreateFailure;
+                let why = match why {
+                    CreateFailure::Refused => "the cluster refused it (no room on the node after all)",
+                    CreateFailure::Image => "its image cannot be had",
+                    CreateFailure::NotReady => "its runtime did not become ready in time",
+                    CreateFailure::Failed => "it failed to start",
+                };
+                format!("the action's container could not be created: {why}; nothing ran")
+            }
+            Rejection::Draining => "the invoker is shutting down; nothing ran".into(),
+            Rejection::ContainerLost => "the container running the activation vanished".into(),
+            Rejection::NoInvoker => "no invoker could take the activation; nothing ran".into(),
+        }
+    }
+
+    /// The codes of rejections that ran nothing: another invoker may take the activation.
+    /// `container_lost` is not one: its run may have started.
+    pub fn ran_nothing(code: &str) -> bool {
+        matches!(code, "never_fits" | "deadline" | "queue_full" | "create_failed" | "draining" | "no_invoker")
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ActivationResponse {
+    pub status: String,
+    pub status_code: u8,
+    pub success: bool,
+    pub result: Value,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<u64>,
+}
+
+impl ActivationResponse {
+    pub fn new(outcome: Outcome, result: Value) -> Self {
+        let size = Some(result.to_string().len() as u64);
+        ActivationResponse {
+            status: outcome.status().to_string(),
+            status_code: outcome.status_code(),
+            success: outcome == Outcome::Success,
+            result,
+            size,
+        }
+    }
+
+    pub fn outcome(&self) -> Outcome {
+        Outcome::from_status_code(u64::from(self.status_code)).unwrap_or(Outcome::WhiskError)
+    }
+}
+
+/// The annotation of a record written as a guess ([`ActivationRecord::guess`]).
+pub const GUESS: &str = "guess";
+
+impl ActivationRecord {
+    /// Whether the record says its action provably never started (a rejection of the kinds
+    /// that run nothing, from this process or from the `rejected` annotation of a record read
+    /// back or sent by an invoker). Any other whisk error may have run.
+    pub fn ran_nothing(&self) -> bool {
+        match &self.rejection {
+            Some(rejection) => Rejection::ran_nothing(rejection.code()),
+            None => self.annotation("rejected").and_then(Value::as_str).is_some_and(Rejection::ran_nothing),
+        }
+    }
+
+    pub fn outcome(&self) -> Outcome {
+        self.response.outcome()
+    }
+
+    pub fn annotation(&self, key: &str) -> Option<&Value> {
+        self.annotations.iter().find(|a| a.key == key).map(|a| &a.value)
+    }
+
+    /// A whisk-error record written for an activation whose end its writer did not see (a
+    /// restart, an invoker lost): it says so in its `guess` annotation, and a later record of
+    /// what ran (the invoker's own, fetched by the scheduler) replaces it.
+    pub fn guess(job: &ActivationMeta, message: &str, now_ms: u64) -> Self {
+        let mut record = Self::whisk_error(job, message, now_ms);
+        record.annotations.push(KeyValue {
+            key: GUESS.into(),
+            value: json!(
+                "this activation's end was not seen: a record of what ran replaces this one when one is found"
+            ),
+        });
+        record
+    }
+
+    /// Whether this record was written as a [`Self::guess`].
+    pub fn is_guess(&self) -> bool {
+        self.annotation(GUESS).is_some()
+    }
+
+    /// A record for an activation that never ran: the caller may retry it safely.
+    pub fn whisk_error(job: &ActivationMeta, message: &str, now_ms: u64) -> Self {
+        let response = ActivationResponse::new(Outcome::WhiskError, json!({ "error": message }));
+        ActivationRecord {
+            namespace: job.namespace.clone(),
+            name: job.name.clone(),
+            version: job.version.clone(),
+            subject: job.subject.clone(),
+            activation_id: job.activation_id.clone(),
+            start: job.accepted_at,
+            end: now_ms,
+            duration: now_ms.saturating_sub(job.accepted_at),
+            status_code: Outcome::WhiskError.status_code(),
+            response,
+            logs: Vec::new(),
+            annotations: job.base_annotations(),
+            publish: false,
+            rejection: None,
+        }
+    }
+
+    /// The record of an activation the invoker answered without running it, `wait_ms` after
+    /// accepting it.
+    pub fn rejected(job: &ActivationMeta, rejection: Rejection, wait_ms: u64, now_ms: u64) -> Self {
+        Self::rejected_because(job, rejection, &rejection.message(), wait_ms, now_ms)
+    }
+
+    /// As [`Self::rejected`], with a message of its own (which invokers refused, and why).
+    pub fn rejected_because(
+        job: &ActivationMeta,
+        rejection: Rejection,
+        message: &str,
+        wait_ms: u64,
+        now_ms: u64,
+    ) -> Self {
+        let mut record = Self::whisk_error(job, message, now_ms);
+        record.annotations.push(KeyValue { key: "rejected".into(), value: json!(rejection.code()) });
+        record.annotations.push(KeyValue { key: "waitTime".into(), value: json!(wait_ms) });
+        record.rejection = Some(rejection);
+        record
+    }
+}
+
+/// What identifies an accepted activation before it ran: written to the store at acceptance,
+/// so that an activation interrupted by a crash still ends with a record.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ActivationMeta {
+    pub activation_id: String,
+    pub namespace: String,
+    pub name: String,
+    pub version: String,
+    pub subject: String,
+    pub kind: String,
+    pub limits: Limits,
+    pub accepted_at: u64,
+}
+
+impl ActivationMeta {
+    /// An activation of `guest/a` (`python:3`, 256 MB), for the unit tests.
+    /// For tests: a minimal one.
+    #[cfg(any(test, feature = "test-util"))]
+    pub fn for_test(id: &str) -> ActivationMeta {
+        ActivationMeta {
+            activation_id: id.into(),
+            namespace: "guest".into(),
+            name: "a".into(),
+            version: "0.0.1".into(),
+            subject: "guest".into(),
+            kind: "python:3".into(),
+            limits: Limits { timeout: 1000, memory: 256, logs: 10, concurrency: 1, disk: 256 },
+            accepted_at: 1,
+        }
+    }
+
+    pub fn base_annotations(&self) -> Vec<KeyValue> {
+        vec![
+            KeyValue { key: "path".into(), value: json!(format!("{}/{}", self.namespace, self.name)) },
+            KeyValue { key: "kind".into(), value: json!(self.kind) },
+            KeyValue { key: "limits".into(), value: serde_json::to_value(self.limits).unwrap_or(Value::Null) },
+        ]
+    }
+}
+
+/// A fresh activation id: 32 lowercase hex digits, as OpenWhisk's. Time-ordered (UUIDv7, its
+/// random bits from a user-space generator): the store's records table is keyed by id, and
+/// ordered ids land at its end instead of rewriting a random page of it for each record.
+pub fn new_activation_id() -> String {
+    uuid::Uuid::now_v7().simple().to_string()
+}
+
+pub fn is_activation_id(s: &str) -> bool {
+    s.len() == 32 && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// Milliseconds since the Unix epoch, as records and lists show them: the wall clock, except
+/// that it never goes back within a run ([`WallClock`]).
+pub fn epoch_ms() -> u64 {
+    static CLOCK: std::sync::OnceLock<WallClock> = std::sync::OnceLock::new();
+    let clock = CLOCK.get_or_init(WallClock::default);
+    let wall = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    clock.at(wall, clock.base.elapsed().as_millis() as u64)
+}
+
+/// The wall clock made monotonic: the time is the monotonic clock's, projected from the wall
+/// clock's latest reading ahead of it. A wall clock set forward is followed at once; one set
+/// back is not (the time goes on from where it was, until the wall clock catches up), so a
+/// record never ends before it starts and the newest records stay at the head of a list.
+#[derive(Debug)]
+pub struct WallClock {
+    base: std::time::Instant,
+    /// Wall time at `base`, as last projected (only ever raised).
+    offset: std::sync::atomic::AtomicU64,
+}
+
+impl Default for WallClock {
+    fn default() -> Self {
+        WallClock { base: std::time::Instant::now(), offset: std::sync::atomic::AtomicU64::new(0) }
+    }
+}
+
+impl WallClock {
+    /// The time when the wall clock reads `wall` and `mono` ms passed since `base`.
+    pub fn at(&self, wall: u64, mono: u64) -> u64 {
+        use std::sync::atomic::Ordering;
+        let offset = wall.saturating_sub(mono);
+        let raised = self.offset.fetch_max(offset, Ordering::AcqRel).max(offset);
+        raised + mono
+    }
+}
+
+/// OpenWhisk's entity name rule: word characters, then word characters, `@`, `.`, `-` or
+/// spaces, not ending in a space; at most 256 characters.
+pub fn validate_entity_name(field: &str, name: &str) -> Result<(), String> {
+    let word = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let ok = !name.is_empty()
+        && name.len() <= 256
+        && name.chars().next().is_some_and(word)
+        && name.chars().all(|c| word(c) || matches!(c, '@' | '.' | '-' | ' '))
+        && !name.ends_with(' ');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{field}: '{}' is not a valid name (letters, digits, _ first; then also @ . - or space; at most 256)",
+            name.chars().take(64).collect::<String>()
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn the_clock_follows_a_wall_clock_set_forward_and_not_one_set_back() {
+        let clock = WallClock::default();
+        let hour = 3_600_000;
+        assert_eq!(clock.at(1_000_000, 0), 1_000_000);
+        assert_eq!(clock.at(1_002_000, 2_000), 1_002_000);
+        assert_eq!(clock.at(1_004_000 + hour, 4_000), 1_004_000 + hour, "set forward: followed at once");
+        assert_eq!(clock.at(1_006_000, 6_000), 1_006_000 + hour, "set back: the time goes on");
+        assert_eq!(clock.at(1_008_000 + hour + 5, 8_000), 1_008_000 + hour + 5, "caught up");
+    }
+
+    proptest! {
+        /// Whatever the wall clock does, the time moves at least as far as the monotonic clock
+        /// and is never behind the wall clock.
+        #[test]
+        fn the_clock_never_goes_back(steps in proptest::collection::vec((0u64..10_000, -7_200_000i64..7_200_000), 1..50)) {
+            let clock = WallClock::default();
+            let (mut mono, mut wall, mut last) = (0u64, 1_800_000_000_000i64, 0u64);
+            for (elapsed, jump) in steps {
+                mono += elapsed;
+                wall += elapsed as i64 + jump;
+                let now = clock.at(wall as u64, mono);
+                prop_assert!(now >= last + elapsed, "{now} after {last}, {elapsed} ms later");
+                prop_assert!(now >= wall as u64, "never behind the wall clock");
+                last = now;
+            }
+        }
+    }
+
+    #[test]
+    fn entity_names_follow_openwhisk() {
+        for good in ["hello", "a", "my_action-1.2", "x@y", "with space"] {
+            assert!(validate_entity_name("name", good).is_ok(), "{good}");
+        }
+        for bad in ["", "-x", "a/b", "trailing ", ".hidden", "é"] {
+            assert!(validate_entity_name("name", bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn activation_ids_are_32_hex() {
+        let id = new_activation_id();
+        assert!(is_activation_id(&id));
+        assert!(!is_activation_id("xyz"));
+    }
+}
+
+/// OpenWhisk's `ActivationMessage`, what a controller puts on an invoker's topic: the shim
+/// reads it, the cluster's scheduler writes it. Borrowed when written (the parameters are not
+/// copied into a JSON tree first), owned when read.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ActivationMessage<'a> {
+    /// `[transaction id, start millis, ...]`.
+    pub transid: Value,
+    pub action: MessageAction<'a>,
+    /// A scheduler's cluster revision of the action (an OpenWhisk controller's document
+    /// revision otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<Cow<'a, str>>,
+    /// Which controller sent it; a scheduler of the cluster names itself here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root_controller_index: Option<ControllerIndex<'a>>,
+    pub user: MessageUser<'a>,
+    pub activation_id: Cow<'a, str>,
+    #[serde(default)]
+    pub blocking: bool,
+    /// The parameters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<Cow<'a, Map<String, Value>>>,
+    /// Ours, not OpenWhisk's: the caller's request as it came, for a runtime that takes one
+    /// (an Fn function called through a scheduler).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<MessageRequest<'a>>,
+}
+
+/// A call's headers, and its body in base64.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct MessageRequest<'a> {
+    pub headers: Vec<(Cow<'a, str>, Cow<'a, str>)>,
+    pub body: Cow<'a, str>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct MessageAction<'a> {
+    /// The namespace (OpenWhisk's path; packages are not supported).
+    pub path: Cow<'a, str>,
+    pub name: Cow<'a, str>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<Cow<'a, str>>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ControllerIndex<'a> {
+    #[serde(rename = "asString")]
+    pub as_string: Cow<'a, str>,
+    #[serde(rename = "instanceType", default, skip_serializing_if = "Option::is_none")]
+    pub instance_type: Option<Cow<'a, str>>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct MessageUser<'a> {
+    pub subject: Cow<'a, str>,
+    pub namespace: MessageNamespace<'a>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub authkey: Option<MessageKey<'a>>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct MessageNamespace<'a> {
+    pub name: Cow<'a, str>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct MessageKey<'a> {
+    pub api_key: Cow<'a, str>,
+}

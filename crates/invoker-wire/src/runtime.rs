@@ -1,0 +1,26 @@
+//! The fixed words and places of the runtime protocols, which the factories that start a
+//! runtime, the proxy that speaks to it and our own runtime must agree on.
+
+/// The line every OpenWhisk runtime writes on stdout and stderr after each activation.
+pub const SENTINEL: &str = SENTINEL_LINE.trim_ascii_end();
+/// The sentinel as a runtime writes it, newline included, in one `write(2)`.
+pub const SENTINEL_LINE: &str = "XXX_THE_END_OF_A_WHISK_ACTIVATION_XXX\n";
+
+/// The one message for a result that is neither a dictionary nor an array, whichever kind (the
+/// runtime's own answer says the same).
+pub const NOT_A_RESULT: &str = "The action did not return a dictionary or array.";
+
+/// OpenWhisk's words for a runtime that dropped the connection without an answer (its process
+/// exited); our nodejs runtime says the same when the action's process exits.
+pub const EXITED_UNEXPECTEDLY: &str = "The action did not produce a valid response and exited unexpectedly.";
+
+/// Where the socket directory is inside a container (Fn's `iofs` mount).
+pub const FN_SOCKET_DIR: &str = "/tmp/iofs";
+
+/// The socket (or relative symlink to one) an Fn function makes when it is ready.
+pub const FN_LISTENER: &str = "lsnr.sock";
+
+/// `FN_LISTENER` for a socket directory at `dir` (as the container sees it).
+pub fn fn_listener_env(dir: &str) -> (String, String) {
+    ("FN_LISTENER".into(), format!("unix:{dir}/{FN_LISTENER}"))
+}

@@ -1,0 +1,12 @@
+//! A config's one kind of error: the key, and why its value does not hold.
+
+#[derive(Debug, thiserror::Error)]
+#[error("config {key}: {reason}")]
+pub struct ConfigError {
+    pub key: String,
+    pub reason: String,
+}
+
+pub(super) fn bad(key: &str, reason: impl Into<String>) -> ConfigError {
+    ConfigError { key: key.to_string(), reason: reason.into() }
+}

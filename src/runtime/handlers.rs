@@ -1,0 +1,260 @@
+//! `/init` and `/run`: the action prepared once, then each run handed to an action process
+//! through the actionloop protocol, with the sentinels after it.
+
+use super::action::{ActionError, ActionProcess, InitSpec, PreparedAction};
+use super::options::Launcher;
+use crate::http::{json_value, with_body, Response};
+use base64::Engine as _;
+use hyper::StatusCode;
+use invoker_wire::runtime::{EXITED_UNEXPECTEDLY, SENTINEL_LINE};
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+pub(super) struct Runtime {
+    pub(super) launcher: Launcher,
+    pub(super) work: PathBuf,
+    /// Held while `/init` runs, so that two cannot overlap.
+    pub(super) initializing: tokio::sync::Mutex<()>,
+    pub(super) action: OnceLock<PreparedAction>,
+    pub(super) adopt: Option<tokio::net::UnixListener>,
+    /// Started action processes not running anything. A run takes one (or starts one when all
+    /// are busy, which only concurrent runs do) and gives it back unless it failed.
+    pub(super) idle: parking_lot::Mutex<Vec<ActionProcess>>,
+    /// `/init` asked that every run's lines start with its activation id (runs may overlap).
+    pub(super) tag_logs: std::cell::Cell<bool>,
+}
+
+impl Runtime {
+    pub(super) fn kill_all(&self) {
+        for mut process in self.idle.lock().drain(..) {
+            process.kill();
+        }
+    }
+}
+
+pub(super) fn error(status: StatusCode, message: impl std::fmt::Display) -> Response {
+    json_value(status, &json!({ "error": message.to_string() }))
+}
+
+#[derive(Deserialize)]
+struct InitBody {
+    value: InitValue,
+}
+
+#[derive(Deserialize)]
+struct InitValue {
+    #[serde(default)]
+    main: Option<String>,
+    #[serde(default)]
+    code: Option<String>,
+    #[serde(default)]
+    binary: bool,
+    #[serde(default)]
+    env: Map<String, Value>,
+    /// Not OpenWhisk's: the invoker asks so when runs may overlap on this container.
+    #[serde(default)]
+    tag_logs: bool,
+}
+
+pub(super) async fn init(runtime: &Runtime, body: &[u8]) -> Response {
+    let _exclusive = runtime.initializing.lock().await;
+    if runtime.action.get().is_some() {
+        return error(StatusCode::FORBIDDEN, "Cannot initialize the action more than once.");
+    }
+    let body: InitBody = match serde_json::from_slice(body) {
+        Ok(b) => b,
+        Err(e) => return error(StatusCode::BAD_REQUEST, format!("the /init body is not valid: {e}")),
+    };
+    runtime.tag_logs.set(body.value.tag_logs);
+    let spec = match init_spec(body.value) {
+        Ok(spec) => spec,
+        Err(message) => return error(StatusCode::FORBIDDEN, message),
+    };
+    let started = match PreparedAction::prepare(runtime.launcher, &runtime.work, spec) {
+        Ok(action) => first_process(runtime, &action).await.map(|process| (action, process)),
+        Err(e) => Err(e),
+    };
+    match started {
+        Ok((action, process)) => {
+            runtime.idle.lock().push(process);
+            let _ = runtime.action.set(action);
+            json_value(StatusCode::OK, &json!({ "ok": true }))
+        }
+        Err(e) => {
+            // As OpenWhisk's OW_LOG_INIT_ERROR: the reason goes to the logs, then the sentinels.
+            eprintln!("{e}");
+            write_sentinels(None);
+            error(StatusCode::BAD_GATEWAY, e)
+        }
+    }
+}
+
+/// The action's first process: the zygote's launcher where one comes, otherwise started here.
+async fn first_process(runtime: &Runtime, action: &PreparedAction) -> Result<ActionProcess, ActionError> {
+    if let (Launcher::Python, Some(listener)) = (runtime.launcher, &runtime.adopt) {
+        if let Some(process) = ActionProcess::adopt(listener, action).await? {
+            return Ok(process);
+        }
+    }
+    ActionProcess::start(action).await
+}
+
+fn init_spec(value: InitValue) -> Result<InitSpec, String> {
+    let code = value.code.unwrap_or_default();
+    if code.is_empty() {
+        return Err("Missing main/no code to execute.".into());
+    }
+    let main = value.main.filter(|m| !m.is_empty()).unwrap_or_else(|| "main".into());
+    let identifier = main
+        .chars()
+        .enumerate()
+        .all(|(i, c)| c == '_' || c == '$' || c.is_ascii_alphabetic() || (i > 0 && c.is_ascii_digit()));
+    if !identifier {
+        return Err(format!("main '{main}' is not a function name"));
+    }
+    let code = if value.binary {
+        base64::engine::general_purpose::STANDARD
+            .decode(code.trim())
+            .map_err(|e| format!("binary code is not base64: {e}"))?
+    } else {
+        code.into_bytes()
+    };
+    let env: BTreeMap<String, String> = value
+        .env
+        .into_iter()
+        .map(|(k, v)| {
+            let v = match v {
+                Value::String(s) => s,
+                other => other.to_string(),
+            };
+            (k, v)
+        })
+        .collect();
+    Ok(InitSpec { main, code, binary: value.binary, env })
+}
+
+pub(super) async fn run_action(runtime: &Runtime, body: &[u8]) -> Response {
+    let mut body: Value = match serde_json::from_slice(body) {
+        Ok(v @ Value::Object(_)) => v,
+        Ok(_) => return error(StatusCode::BAD_REQUEST, "the /run body must be a JSON object"),
+        Err(e) => return error(StatusCode::BAD_REQUEST, format!("the /run body is not JSON: {e}")),
+    };
+    let Some(action) = runtime.action.get() else {
+        return error(StatusCode::INTERNAL_SERVER_ERROR, "no action defined yet");
+    };
+    let tag = match runtime.tag_logs.get() {
+        true => body.get("activation_id").and_then(Value::as_str).map(str::to_owned),
+        false => None,
+    };
+    if tag.is_some() {
+        body["tag_logs"] = Value::Bool(true);
+    }
+    // Compact serialisation escapes every newline inside strings: the body is one line. A JSON
+    // value read from bytes serialises again without fail.
+    let line = serde_json::to_vec(&body).expect("a parsed JSON value serialises");
+    let idle = runtime.idle.lock().pop();
+    let process = match idle {
+        Some(process) => Ok(process),
+        None => ActionProcess::start(action).await,
+    };
+    let answer = match process {
+        Err(e) => Err((StatusCode::BAD_GATEWAY, e.to_string())),
+        Ok(mut process) => match process.run(line).await {
+            Ok(result) => {
+                runtime.idle.lock().push(process);
+                Ok(result)
+            }
+            // The launcher's own error body, as OpenWhisk's runtime would answer it.
+            Err(ActionError::Developer(body)) => {
+                runtime.idle.lock().push(process);
+                return sentinels_then(tag, with_body(StatusCode::BAD_GATEWAY, "application/json", body));
+            }
+            Err(e @ ActionError::NotAnObject) => {
+                runtime.idle.lock().push(process);
+                Err((StatusCode::BAD_GATEWAY, e.to_string()))
+            }
+            // A process that failed is dropped (and killed); the next run starts another.
+            Err(ActionError::Exited(_)) => Err(exited(runtime.launcher)),
+            Err(e) => Err((StatusCode::BAD_GATEWAY, e.to_string())),
+        },
+    };
+    let response = match answer {
+        Ok(result) => with_body(StatusCode::OK, "application/json", result),
+        Err((status, reason)) => error(status, reason),
+    };
+    sentinels_then(tag, response)
+}
+
+/// The sentinels follow the response rather than precede it: the invoker, woken by the
+/// response, finds them already there while it handles it, instead of being woken twice.
+fn sentinels_then(tag: Option<String>, response: Response) -> Response {
+    tokio::task::spawn_local(async move { write_sentinels(tag.as_deref()) });
+    response
+}
+
+/// What OpenWhisk's runtime answers when the action's process exits under a run: the Go proxy
+/// (python, native) says "command exited"; nodejs's whole server goes, and the invoker says
+/// the action exited unexpectedly.
+fn exited(launcher: Launcher) -> (StatusCode, String) {
+    match launcher {
+        Launcher::Python | Launcher::Native => (StatusCode::BAD_REQUEST, "command exited".into()),
+        Launcher::Nodejs => (StatusCode::BAD_GATEWAY, EXITED_UNEXPECTEDLY.into()),
+    }
+}
+
+/// One `write(2)` per stream: `writeln!` on the unbuffered stderr would make two. `tag`: the
+/// activation id that starts the run's lines, when they are tagged.
+fn write_sentinels(tag: Option<&str>) {
+    let line = match tag {
+        Some(id) => std::borrow::Cow::Owned(format!("{id} {SENTINEL_LINE}")),
+        None => std::borrow::Cow::Borrowed(SENTINEL_LINE),
+    };
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(line.as_bytes());
+    let _ = out.flush();
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::options::Listen;
+    use std::path::Path;
+
+    fn value(v: Value) -> InitValue {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn init_needs_code_and_a_function_name() {
+        assert!(init_spec(value(json!({}))).unwrap_err().contains("no code"));
+        assert!(init_spec(value(json!({"code": "x", "main": "a;b"}))).unwrap_err().contains("not a function name"));
+        assert!(init_spec(value(json!({"code": "x", "main": "9a"}))).is_err());
+        assert_eq!(init_spec(value(json!({"code": "x", "main": ""}))).unwrap().main, "main");
+        assert_eq!(init_spec(value(json!({"code": "x", "main": "$handle_1"}))).unwrap().main, "$handle_1");
+    }
+
+    #[test]
+    fn binary_code_is_base64_and_env_values_are_strings() {
+        let spec =
+            init_spec(value(json!({"code": "aGk=", "binary": true, "env": {"A": "s", "B": 3, "C": {"x": true}}})))
+                .unwrap();
+        assert_eq!(spec.code, b"hi");
+        assert_eq!(spec.env["A"], "s");
+        assert_eq!(spec.env["B"], "3");
+        assert_eq!(spec.env["C"], r#"{"x":true}"#);
+        assert!(init_spec(value(json!({"code": "not base64!", "binary": true}))).unwrap_err().contains("base64"));
+    }
+
+    #[test]
+    fn listen_is_an_address_or_a_unix_socket() {
+        assert!(matches!("127.0.0.1:8080".parse::<Listen>(), Ok(Listen::Tcp(_))));
+        assert!(matches!("unix:/tmp/a.sock".parse::<Listen>(), Ok(Listen::Unix(p)) if p == Path::new("/tmp/a.sock")));
+        assert!("unix:".parse::<Listen>().is_err());
+        assert!("localhost".parse::<Listen>().is_err());
+    }
+}
