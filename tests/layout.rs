@@ -23,53 +23,196 @@ fn files(root: &Path, dir: &Path, out: &mut BTreeMap<Vec<String>, PathBuf>) {
     }
 }
 
-/// The module paths a file names after `crate::` or `super::` (the first path of a group).
-fn references(source: &str, module: &[String]) -> Vec<Vec<String>> {
-    let code = match source.find("#[cfg(test)]\nmod tests") {
-        Some(i) => &source[..i],
-        None => source,
-    };
-    let mut found = Vec::new();
-    // `super` of `a/b.rs` and of `a/b/mod.rs` (both module `a::b`) is `a`.
-    let parent = module[..module.len().saturating_sub(1)].to_vec();
-    for (prefix, base) in [("crate::", Vec::new()), ("super::", parent)] {
-        let mut rest = code;
-        while let Some(i) = rest.find(prefix) {
-            let preceded_by_ident = rest[..i].chars().next_back().is_some_and(|c| c.is_alphanumeric() || c == '_');
-            rest = &rest[i + prefix.len()..];
-            if preceded_by_ident {
-                continue;
-            }
-            let mut path = base.clone();
-            let mut tail = rest;
-            loop {
-                let end = tail
-                    .find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'))
-                    .unwrap_or(tail.len());
-                if end == 0 {
-                    break;
-                }
-                path.push(tail[..end].to_string());
-                tail = &tail[end..];
-                match tail.strip_prefix("::") {
-                    Some(t) => tail = t,
-                    None => break,
-                }
-            }
-            found.push(path);
+/// The code of a file that counts: without its test module (`#[cfg(test)] mod tests`), its
+/// comments, and visibility paths (`pub(in crate::api)` grants, it does not import).
+fn code_of(source: &str) -> String {
+    let mut code = source;
+    for marker in ["#[cfg(test)]\nmod tests", "#[cfg(test)]\npub mod tests", "#[cfg(test)]\npub(crate) mod tests"] {
+        if let Some(i) = code.find(marker) {
+            code = &code[..i];
         }
+    }
+    let mut out = String::with_capacity(code.len());
+    for line in code.lines() {
+        if !line.trim_start().starts_with("//") {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    while let Some(i) = out.find("pub(in ") {
+        let end = out[i..].find(')').map_or(out.len(), |e| i + e + 1);
+        out.replace_range(i..end, "pub");
+    }
+    out
+}
+
+fn is_ident(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '_'
+}
+
+/// Parses one use tree (`a::b`, `a::{b, c::d}`, `super::x`) at the start of `text`, from the
+/// module path `base`; every path it names goes to `found`.
+fn use_tree(text: &str, base: &[String], found: &mut Vec<Vec<String>>) -> usize {
+    let mut path = base.to_vec();
+    let mut at = 0;
+    loop {
+        let rest = &text[at..];
+        let ident_len = rest.find(|c: char| !is_ident(c)).unwrap_or(rest.len());
+        if ident_len > 0 {
+            match &rest[..ident_len] {
+                "super" => {
+                    path.pop();
+                }
+                "self" => {}
+                segment => path.push(segment.to_string()),
+            }
+            at += ident_len;
+        } else if let Some(group) = rest.strip_prefix('{') {
+            at += 1;
+            let mut inner = group;
+            loop {
+                let skipped = inner.len() - inner.trim_start_matches([' ', '\n', '\t', ',']).len();
+                at += skipped;
+                inner = &inner[skipped..];
+                if inner.is_empty() {
+                    return at;
+                }
+                if inner.starts_with('}') {
+                    return at + 1;
+                }
+                let used = use_tree(inner, &path, found);
+                let to_next = inner[used..].find([',', '}']).map_or(inner.len() - used, |n| n);
+                at += used + to_next;
+                inner = &inner[used + to_next..];
+            }
+        } else {
+            break;
+        }
+        match text[at..].strip_prefix("::") {
+            Some(_) => at += 2,
+            None => break,
+        }
+    }
+    found.push(path);
+    at
+}
+
+/// Every module path a file names: after `crate::`, `super::` and `self::`, and after the name
+/// of a child module it declares (`mod process;` then `process::ProcessFactory`), in paths and
+/// use trees alike (`use crate::{a::X, b::{c, d}}`).
+fn references(source: &str, module: &[String]) -> Vec<Vec<String>> {
+    let code = code_of(source);
+    let children: BTreeSet<&str> = code
+        .lines()
+        .filter_map(|l| {
+            let l = l.trim_start();
+            let l = l
+                .strip_prefix("pub ")
+                .or_else(|| l.strip_prefix("pub(crate) "))
+                .or_else(|| l.strip_prefix("pub(super) "))
+                .unwrap_or(l);
+            l.strip_prefix("mod ")?.strip_suffix(';')
+        })
+        .collect();
+    let parent = module[..module.len().saturating_sub(1)].to_vec();
+    let mut found = Vec::new();
+    let mut at = 0;
+    while let Some(i) = code[at..].find("::") {
+        let colons = at + i;
+        at = colons + 2;
+        let start = code[..colons].rfind(|c: char| !is_ident(c)).map_or(0, |s| s + 1);
+        if start == colons || code[..start].ends_with("::") {
+            continue;
+        }
+        let base = match &code[start..colons] {
+            "crate" => Vec::new(),
+            "super" => parent.clone(),
+            "self" => module.to_vec(),
+            child if children.contains(child) => [module, &[child.to_string()]].concat(),
+            _ => continue,
+        };
+        at = colons + 2 + use_tree(&code[colons + 2..], &base, &mut found);
     }
     found
 }
 
 #[test]
 fn no_import_cycle_between_the_files_of_the_project() {
-    no_import_cycle_in(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"), 20);
+    no_import_cycle_in(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"), 21);
 }
 
 #[test]
 fn no_import_cycle_between_the_files_of_the_core() {
-    no_import_cycle_in(&Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/invoker-core/src"), 5);
+    no_import_cycle_in(&Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/invoker-core/src"), 6);
+}
+
+#[test]
+fn no_import_cycle_between_the_files_of_the_wire() {
+    no_import_cycle_in(&Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/invoker-wire/src"), 0);
+}
+
+/// The forms a circle took before (issue 45): a parent that names its child's item while the
+/// child imports the parent's, and paths inside use groups. Each is found.
+#[test]
+fn the_scan_finds_a_circle_through_a_child_module_or_a_use_group() {
+    let cases: [&[(&str, &str)]; 4] = [
+        &[("a/mod.rs", "mod b;\npub use b::Thing;\npub struct Shared;\n"), ("a/b.rs", "use super::Shared;\n")],
+        &[("a/mod.rs", "pub mod b;\nfn f() { self::b::g() }\n"), ("a/b.rs", "use super::super::a::Shared;\n")],
+        &[
+            ("x.rs", "use crate::{y::Y, z};\n"),
+            ("y.rs", "use crate::{w::{self, W}};\n"),
+            ("w.rs", "pub(crate) fn f() { crate::x::g() }\n"),
+        ],
+        &[("x.rs", "use crate::y::{self, Y};\n"), ("y.rs", "use crate::x;\n")],
+    ];
+    for files in cases {
+        let dir = tempfile::tempdir().unwrap();
+        for (path, text) in files {
+            let path = dir.path().join(path);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, text).unwrap();
+        }
+        assert!(import_cycle_in(dir.path()).0.is_some(), "a circle in {files:?} was not found");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("a")).unwrap();
+    std::fs::write(dir.path().join("a/mod.rs"), "mod b;\nmod shared;\npub use b::Thing;\n// super::b\n").unwrap();
+    std::fs::write(dir.path().join("a/b.rs"), "use super::shared::Shared;\npub(in crate::a) fn f() {}\n").unwrap();
+    std::fs::write(
+        dir.path().join("a/shared.rs"),
+        "pub struct Shared;\n#[cfg(test)]\nmod tests { use super::super::b; }\n",
+    )
+    .unwrap();
+    assert_eq!(import_cycle_in(dir.path()).0, None, "a tree without a circle");
+}
+
+/// The crates `invoker-wire` may not depend on: it is data and the rules of its shape.
+#[test]
+fn the_wire_depends_on_no_runtime_server_or_store() {
+    let wire = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/invoker-wire");
+    let named = dependencies_of(&wire);
+    assert!(named.contains(&"serde".to_string()), "the dependencies were read: {named:?}");
+    for name in &named {
+        assert!(
+            !IO_CRATES.contains(&name.as_str()) && !name.starts_with("tokio") && name != "invoker",
+            "invoker-wire depends on {name}"
+        );
+    }
+}
+
+const IO_CRATES: [&str; 11] =
+    ["tokio", "actix", "actix-rt", "hyper", "hyper-util", "redb", "reqwest", "bollard", "kube", "nix", "libc"];
+
+/// The names under `[dependencies]` of a crate's manifest.
+fn dependencies_of(krate: &Path) -> Vec<String> {
+    let manifest = std::fs::read_to_string(krate.join("Cargo.toml")).unwrap();
+    let dependencies = manifest.split("\n[dependencies]").nth(1).unwrap().split("\n[").next().unwrap();
+    dependencies
+        .lines()
+        .filter_map(|l| l.split('=').next().map(str::trim))
+        .filter(|name| !name.is_empty() && !name.starts_with('#'))
+        .map(String::from)
+        .collect()
 }
 
 /// The crates the core may not depend on (an async runtime, actors, HTTP, storage, processes and
@@ -77,17 +220,13 @@ fn no_import_cycle_between_the_files_of_the_core() {
 #[test]
 fn the_core_depends_on_nothing_that_does_io() {
     let core = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/invoker-core");
-    let manifest = std::fs::read_to_string(core.join("Cargo.toml")).unwrap();
-    let dependencies = manifest.split("[dependencies]").nth(1).unwrap().split("\n[").next().unwrap();
-    let named: Vec<&str> = dependencies
-        .lines()
-        .filter_map(|l| l.split('=').next().map(str::trim))
-        .filter(|name| !name.is_empty() && !name.starts_with('#'))
-        .collect();
-    assert!(named.contains(&"serde"), "the dependencies were read: {named:?}");
-    let io = ["tokio", "actix", "actix-rt", "hyper", "hyper-util", "redb", "reqwest", "bollard", "kube", "nix", "libc"];
+    let named = dependencies_of(&core);
+    assert!(named.contains(&"serde".to_string()), "the dependencies were read: {named:?}");
     for name in &named {
-        assert!(!io.contains(name) && !name.starts_with("tokio"), "invoker-core depends on {name}, which does I/O");
+        assert!(
+            !IO_CRATES.contains(&name.as_str()) && !name.starts_with("tokio"),
+            "invoker-core depends on {name}, which does I/O"
+        );
     }
     let mut sources = BTreeMap::new();
     files(&core.join("src"), &core.join("src"), &mut sources);
@@ -104,6 +243,15 @@ fn the_core_depends_on_nothing_that_does_io() {
 }
 
 fn no_import_cycle_in(root: &Path, at_least: usize) {
+    let (cycle, importing) = import_cycle_in(root);
+    if let Some(cycle) = cycle {
+        panic!("an import cycle: {}", cycle.join(" → "));
+    }
+    assert!(importing >= at_least, "the scan found the imports: {importing} files import others");
+}
+
+/// The first import cycle among the files under `root`, and how many files import another.
+fn import_cycle_in(root: &Path) -> (Option<Vec<String>>, usize) {
     let mut modules = BTreeMap::new();
     files(root, root, &mut modules);
     modules.retain(|m, _| m.first().is_none_or(|first| first != "bin"));
@@ -141,10 +289,6 @@ fn no_import_cycle_in(root: &Path, at_least: usize) {
         None
     }
     let mut done = BTreeSet::new();
-    for module in modules.keys() {
-        if let Some(cycle) = visit(module, &edges, &mut Vec::new(), &mut done) {
-            panic!("an import cycle: {}", cycle.join(" → "));
-        }
-    }
-    assert!(edges.len() > at_least, "the scan found the imports: {} files import others", edges.len());
+    let cycle = modules.keys().find_map(|module| visit(module, &edges, &mut Vec::new(), &mut done));
+    (cycle, edges.len())
 }
