@@ -581,8 +581,8 @@ impl FakeManaged {
 #[tokio::test(flavor = "multi_thread")]
 #[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
 async fn the_manager_step_by_step_on_the_fake_control_plane() {
+    use invoker::cluster::Health;
     use invoker::cluster::{ClusterKv, DemandReport, InvokerRecord, Needs, NodeHeadroom, TagNeeds};
-    use invoker::pool::actor::Health;
     let Some(etcd) = EtcdServer::start() else { return };
     let kv = etcd.kv();
     // Drains a manager before this one left: its own are taken back, an operator's stay.

@@ -7,8 +7,8 @@
 mod support;
 
 use invoker::cluster::etcd::Etcd;
+use invoker::cluster::Health;
 use invoker::cluster::{ClusterKv, DrainMark, InvokerRecord};
-use invoker::pool::actor::Health;
 use serde_json::json;
 use std::process::Command;
 use std::time::{Duration, Instant};

@@ -8,9 +8,11 @@ pub mod slot;
 
 use crate::metrics::Metrics;
 use crate::model::{epoch_ms, Action, ActivationMeta, ActivationRecord};
-use crate::pool::actor::{Health, PoolHandle, PoolStatus};
+use crate::pool::actor::PoolHandle;
+use crate::pool::status::PoolStatus;
 use crate::scheduler::Dispatcher;
 use crate::store::{Accepted, Store, StoreError};
+use invoker_wire::cluster::Health;
 use job::{Completion, RunJob};
 use serde_json::{Map, Value};
 use slot::{NamespaceSlot, NamespaceSlots};

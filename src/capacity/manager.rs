@@ -16,7 +16,7 @@ use crate::cluster::registry::{claim_key, RegistryError};
 use crate::cluster::{capacity_leader_key, drain_key, ClusterKv, DemandReport, DrainMark, InvokerRecord};
 use crate::config::{CapacityConfig, GroupConfig};
 use crate::model::epoch_ms;
-use crate::pool::actor::Health;
+use invoker_wire::cluster::Health;
 use parking_lot::Mutex;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};

@@ -1,4 +1,5 @@
 //! The ContainerPool: a pure scheduling core and the actor that carries out its effects.
 
 pub mod actor;
+pub mod status;
 pub use invoker_core::pool as core;

@@ -554,7 +554,7 @@ impl Dispatcher {
     pub fn any_healthy(&self) -> bool {
         let view = self.directory.current();
         view.invokers.values().any(|r| {
-            r.health == crate::pool::actor::Health::Healthy
+            r.health == invoker_wire::cluster::Health::Healthy
                 && !view.drained.contains(&r.id)
                 && !self.stalls.contains(&r.id)
         })

@@ -6,8 +6,8 @@
 //! leases expired meanwhile are placed on for a grace after etcd answers again (`Directory`).
 
 use crate::cluster::{ClusterKv, InvokerRecord};
-use crate::pool::actor::Health;
 use invoker_core::placement::InvokerView;
+use invoker_wire::cluster::Health;
 use parking_lot::{Mutex, RwLock};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -114,9 +114,7 @@ impl ClusterView {
             .map(|r| InvokerView {
                 id: r.id.clone(),
                 tags: r.tags.clone(),
-                healthy: r.health == crate::pool::actor::Health::Healthy
-                    && !self.drained.contains(&r.id)
-                    && !stalled.contains(&r.id),
+                healthy: r.health == Health::Healthy && !self.drained.contains(&r.id) && !stalled.contains(&r.id),
                 launchable_mb: r.room_mb().saturating_sub(unseen_mb.get(&r.id).copied().unwrap_or(0)),
                 warm: warm.and_then(|w| w.get(&r.id)).copied().unwrap_or(0),
                 in_flight: in_flight.get(&r.id).copied().unwrap_or(0),
