@@ -38,6 +38,10 @@ pub enum AppError {
     /// What a scheduler or a capacity manager needs and its config lacks.
     #[error("{0}")]
     Config(&'static str),
+    /// A config that does not hold together (`Config::validate`): every command checks the
+    /// config it assembles, whoever made it (a file, flags, a test).
+    #[error(transparent)]
+    Invalid(#[from] crate::config::ConfigError),
     #[error("the capacity manager's invokers directory: {0}")]
     Plane(std::io::Error),
 }
@@ -96,6 +100,7 @@ impl InvokerApp {
     /// The same on a factory made beforehand (a test's mock factory, whose calls it counts);
     /// `None`: the one the config names.
     pub async fn start_on(mut config: Config, factory: Option<Factory>) -> Result<Self, AppError> {
+        config.validate()?;
         let Opened { store, listener, .. } = open(&mut config, "invoker.redb")?;
         let addr = listener.local_addr().map_err(|source| AppError::Listen { addr: config.listen, source })?;
         // Before the factory, whose start cleans up what an earlier run of this invoker id left:
@@ -210,6 +215,7 @@ pub struct SchedulerApp {
 
 impl SchedulerApp {
     pub async fn start(mut config: Config) -> Result<Self, AppError> {
+        config.validate()?;
         if !config.cluster.enabled() {
             return Err(AppError::Config("the scheduler needs etcd: --etcd URL or [cluster] etcd"));
         }
@@ -289,6 +295,7 @@ pub struct CapacityApp {
 
 impl CapacityApp {
     pub async fn start(mut config: Config) -> Result<Self, AppError> {
+        config.validate()?;
         use crate::capacity::plane::{local::LocalPlane, AnyPlane};
         if !config.cluster.enabled() {
             return Err(AppError::Config("the capacity manager needs etcd: --etcd URL or [cluster] etcd"));

@@ -217,7 +217,6 @@ fn serve_invoker(cli: ServeArgs) -> anyhow::Result<()> {
     if let Some(mb) = cli.memory_mb {
         config.factory.set_memory_mb(mb)?;
     }
-    config.validate()?;
     actix_rt::System::new().block_on(async {
         let app = InvokerApp::start(config).await?;
         print_keys(app.config(), app.addr());
@@ -251,7 +250,6 @@ fn serve_scheduler(cli: SchedulerArgs) -> anyhow::Result<()> {
     if let Some(id) = cli.scheduler_id {
         config.scheduler.id = id;
     }
-    config.validate()?;
     actix_rt::System::new().block_on(async {
         let app = SchedulerApp::start(config).await?;
         print_keys(app.config(), app.addr());
@@ -263,7 +261,6 @@ fn serve_scheduler(cli: SchedulerArgs) -> anyhow::Result<()> {
 fn serve_capacity(cli: CapacityArgs) -> anyhow::Result<()> {
     init_tracing();
     let config = load_config(&cli.config, Some(cli.listen), Some(cli.data_dir), cli.etcd)?;
-    config.validate()?;
     actix_rt::System::new().block_on(async {
         let app = invoker::app::CapacityApp::start(config).await?;
         if let Some(key) = &app.config().admin.key {

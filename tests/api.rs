@@ -563,6 +563,21 @@ async fn an_invoker_gives_a_controller_the_records_it_holds_and_no_one_else() {
     assert_eq!(send(&app, bad).await.0, 400);
 }
 
+/// The assembly checks the config it is given, whoever made it: a test or an embedding that
+/// skips `validate()` gets the same refusal as the command line.
+#[actix_rt::test]
+async fn the_assembly_refuses_a_config_that_does_not_hold_together() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config =
+        Config { listen: "127.0.0.1:0".parse().unwrap(), data_dir: dir.path().join("data"), ..Config::default() };
+    config.factory.kind = invoker::config::FactoryKind::Mock;
+    config.invoker_id = "not an id!".into();
+    let factory = Factory::Mock(MockFactory::new(MockConfig::default(), Epoch(Instant::now())));
+    let refused = InvokerApp::start_on(config, Some(factory)).await.err().expect("refused");
+    assert!(refused.to_string().contains("invoker_id"), "{refused}");
+    assert!(!dir.path().join("data").exists(), "refused before anything was written");
+}
+
 #[actix_rt::test]
 async fn draining_refuses_new_work_with_503() {
     let (h, state) = harness(|_| {}, MockConfig::default()).await;

@@ -40,6 +40,10 @@ async fn setup_with(mock: MockConfig, pool: PoolConfig, proxy: ProxyConfig) -> H
     };
     config.factory.kind = invoker::config::FactoryKind::Mock;
     config.limits.namespace_concurrent = 10_000;
+    // The mock factory runs any kind in-process; naming `mock` in the config (as an OpenWhisk
+    // kind, which initialises its containers) is what lets `[[pool.prewarm]]` entries name it.
+    let openwhisk_kind = config.kinds["python:3"].clone();
+    config.kinds.insert("mock".into(), openwhisk_kind);
     let factory = MockFactory::new(mock, Epoch(Instant::now()));
     let app = InvokerApp::start_on(config, Some(Factory::Mock(factory.clone()))).await.unwrap();
     Harness { app, mock: factory, _dir: dir }
