@@ -4,7 +4,7 @@
 
 use super::kv::ClusterKv;
 pub use super::kv::LeaseId;
-use super::mirror::{Change, Ranged, Source, Watch, WatchNews};
+use super::mirror::{Change, Ranged, Source, Watch, WatchEnd, WatchNews};
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine as _;
 use bytes::Bytes;
@@ -21,12 +21,42 @@ const MAX_ANSWER: usize = 64 * 1024 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EtcdError {
-    #[error("etcd {endpoint}: {reason}")]
-    Unreachable { endpoint: String, reason: String },
+    /// No member answered; the last one tried, and why.
+    #[error("etcd {endpoint}: {source}")]
+    Unreachable { endpoint: String, source: StreamError },
+    /// A member answered with an error: its gRPC code (`code`, 0 when the gateway gave none)
+    /// and its words.
     #[error("etcd answered {status}: {message}")]
-    Refused { status: u16, message: String },
+    Refused { status: u16, code: i64, message: String },
     #[error("etcd endpoint '{0}' is not http://host:port")]
     BadEndpoint(String),
+}
+
+/// gRPC's `NOT_FOUND`, as the gateway gives it (`"code": 5`): a lease already gone.
+const GRPC_NOT_FOUND: i64 = 5;
+
+impl EtcdError {
+    /// Whether etcd said that what the call names does not exist.
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, EtcdError::Refused { code: GRPC_NOT_FOUND, .. })
+    }
+}
+
+/// Why a call to one member, or a stream from it, gave no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum StreamError {
+    #[error(transparent)]
+    Connection(#[from] crate::http::ConnectionError),
+    #[error("the request could not be built: {0}")]
+    Request(#[from] hyper::http::Error),
+    #[error("not JSON: {0}")]
+    NotJson(serde_json::Error),
+    #[error("an object past {MAX_ANSWER} bytes")]
+    TooLarge,
+    #[error("etcd closed the stream")]
+    Closed,
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
 }
 
 /// The `host:port` of an `http://host:port` endpoint, or `None` when it is not one.
@@ -74,21 +104,21 @@ impl Etcd {
         request: impl Fn(&'a str) -> F,
     ) -> Result<(usize, (u16, T)), EtcdError>
     where
-        F: std::future::Future<Output = Result<(u16, T), String>>,
+        F: std::future::Future<Output = Result<(u16, T), StreamError>>,
     {
         let first = self.preferred.load(Ordering::Relaxed);
         let mut last = None;
         for member in (0..self.endpoints.len()).map(|i| (first + i) % self.endpoints.len()) {
             let (endpoint, authority) = &self.endpoints[member];
-            let reason = match tokio::time::timeout(CALL_TIMEOUT, request(authority)).await {
+            let source = match tokio::time::timeout(CALL_TIMEOUT, request(authority)).await {
                 Ok(Ok(answer)) => {
                     self.preferred.store(member, Ordering::Relaxed);
                     return Ok((member, answer));
                 }
-                Ok(Err(reason)) => reason,
-                Err(_) => format!("no answer within {CALL_TIMEOUT:?}"),
+                Ok(Err(e)) => e,
+                Err(_) => StreamError::Timeout(CALL_TIMEOUT),
             };
-            last = Some(EtcdError::Unreachable { endpoint: endpoint.clone(), reason });
+            last = Some(EtcdError::Unreachable { endpoint: endpoint.clone(), source });
         }
         Err(last.expect("at least one endpoint"))
     }
@@ -113,25 +143,25 @@ impl Etcd {
 
 /// A status other than 200, with the gateway's message.
 fn refused(status: u16, answer: &Value) -> EtcdError {
-    EtcdError::Refused { status, message: answer["message"].as_str().unwrap_or("").to_string() }
+    let code = answer["code"].as_i64().unwrap_or(0);
+    EtcdError::Refused { status, code, message: answer["message"].as_str().unwrap_or("").to_string() }
 }
 
 /// One POST of JSON on a new connection (calls are rare: a few per publish interval); the
 /// answer is the first JSON object (a keep-alive answer is a stream that stays open).
-async fn post(authority: &str, path: &str, body: &Value) -> Result<(u16, Value), String> {
+async fn post(authority: &str, path: &str, body: &Value) -> Result<(u16, Value), StreamError> {
     let (status, mut stream) = post_for_stream(authority, path, body).await?;
     Ok((status, stream.next().await?))
 }
 
 /// A POST of JSON whose answer is read as a stream of JSON objects.
-async fn post_for_stream(authority: &str, path: &str, body: &Value) -> Result<(u16, JsonStream), String> {
-    let mut sender = crate::http::connect(authority).await.map_err(|e| e.to_string())?;
+async fn post_for_stream(authority: &str, path: &str, body: &Value) -> Result<(u16, JsonStream), StreamError> {
+    let mut sender = crate::http::connect(authority).await?;
     let request = hyper::Request::post(path)
         .header(hyper::header::HOST, authority)
         .header(hyper::header::CONTENT_TYPE, "application/json")
-        .body(Full::new(Bytes::from(body.to_string())))
-        .map_err(|e| e.to_string())?;
-    let response = sender.send_request(request).await.map_err(|e| e.to_string())?;
+        .body(Full::new(Bytes::from(body.to_string())))?;
+    let response = sender.send_request(request).await.map_err(crate::http::ConnectionError::from)?;
     let status = response.status().as_u16();
     Ok((status, JsonStream { body: response.into_body(), buffer: Vec::new() }))
 }
@@ -145,7 +175,7 @@ pub struct JsonStream {
 
 impl JsonStream {
     /// The next object, or why there is none (closed, broken, or an object past the bound).
-    pub async fn next(&mut self) -> Result<Value, String> {
+    pub async fn next(&mut self) -> Result<Value, StreamError> {
         loop {
             let mut objects = serde_json::Deserializer::from_slice(&self.buffer).into_iter::<Value>();
             match objects.next() {
@@ -154,11 +184,11 @@ impl JsonStream {
                     self.buffer.drain(..used);
                     return Ok(value);
                 }
-                Some(Err(e)) if !e.is_eof() => return Err(format!("not JSON: {e}")),
+                Some(Err(e)) if !e.is_eof() => return Err(StreamError::NotJson(e)),
                 _ => {}
             }
             if self.buffer.len() > MAX_ANSWER {
-                return Err(format!("an object past {MAX_ANSWER} bytes"));
+                return Err(StreamError::TooLarge);
             }
             match self.body.frame().await {
                 Some(Ok(frame)) => {
@@ -166,8 +196,8 @@ impl JsonStream {
                         self.buffer.extend_from_slice(data);
                     }
                 }
-                Some(Err(e)) => return Err(e.to_string()),
-                None => return Err("etcd closed the stream".to_string()),
+                Some(Err(e)) => return Err(crate::http::ConnectionError::from(e).into()),
+                None => return Err(StreamError::Closed),
             }
         }
     }
@@ -182,7 +212,9 @@ pub struct WatchStream {
 }
 
 impl Watch for WatchStream {
-    async fn next(&mut self) -> Result<WatchNews, String> {
+    type Error = StreamError;
+
+    async fn next(&mut self) -> Result<WatchNews, StreamError> {
         self.json.next().await.map(|object| watch_news(&object))
     }
 
@@ -195,15 +227,15 @@ impl Watch for WatchStream {
 /// Reads one object of the gateway's watch stream.
 pub fn watch_news(object: &Value) -> WatchNews {
     if !object["error"].is_null() {
-        return WatchNews::Ended(format!("etcd: {}", object["error"]["message"].as_str().unwrap_or("an error")));
+        return WatchNews::Ended(WatchEnd::Failed(object["error"]["message"].as_str().unwrap_or("an error").into()));
     }
     let result = &object["result"];
     if result["canceled"].as_bool() == Some(true) {
         let compacted = int(&result["compact_revision"]);
         return WatchNews::Ended(if compacted > 0 {
-            format!("etcd compacted its history past the watch (to revision {compacted})")
+            WatchEnd::Compacted(compacted)
         } else {
-            format!("etcd cancelled the watch: {}", result["cancel_reason"].as_str().unwrap_or("no reason given"))
+            WatchEnd::Cancelled(result["cancel_reason"].as_str().unwrap_or("no reason given").into())
         });
     }
     let Some(events) = result["events"].as_array() else { return WatchNews::Nothing };
@@ -289,7 +321,7 @@ impl ClusterKv for Etcd {
 
     async fn revoke(&self, lease: LeaseId) -> Result<(), EtcdError> {
         match self.call("/v3/lease/revoke", json!({ "ID": lease.0.to_string() })).await {
-            Err(EtcdError::Refused { message, .. }) if message.contains("not found") => Ok(()),
+            Err(e) if e.is_not_found() => Ok(()),
             other => other.map(|_| ()),
         }
     }
@@ -357,9 +389,9 @@ mod tests {
             ])
         );
         let compacted = json!({"result": {"header": {}, "canceled": true, "compact_revision": "40"}});
-        assert!(matches!(watch_news(&compacted), WatchNews::Ended(why) if why.contains("revision 40")));
+        assert_eq!(watch_news(&compacted), WatchNews::Ended(WatchEnd::Compacted(40)));
         let error = json!({"error": {"grpc_code": 14, "message": "etcdserver: no leader"}});
-        assert!(matches!(watch_news(&error), WatchNews::Ended(why) if why.contains("no leader")));
+        assert_eq!(watch_news(&error), WatchNews::Ended(WatchEnd::Failed("etcdserver: no leader".into())));
     }
 
     #[test]

@@ -49,7 +49,33 @@ pub enum WatchNews {
     Nothing,
     Changes(Vec<Change>),
     /// The watch is over (etcd compacted past its revision, or cancelled it): range again.
-    Ended(String),
+    Ended(WatchEnd),
+}
+
+/// Why etcd ended a watch.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum WatchEnd {
+    #[error("etcd compacted its history past the watch (to revision {0})")]
+    Compacted(i64),
+    /// With etcd's reason.
+    #[error("etcd cancelled the watch: {0}")]
+    Cancelled(String),
+    /// With etcd's words (`etcdserver: no leader`).
+    #[error("etcd: {0}")]
+    Failed(String),
+}
+
+/// Why a mirror's watch stopped, and it ranges again.
+#[derive(Debug, thiserror::Error)]
+enum Stopped<O: std::error::Error, W: std::error::Error> {
+    #[error("the watch could not be opened: {0}")]
+    Open(O),
+    #[error("the watch broke: {0}")]
+    Broken(W),
+    #[error("quiet for {0:?} and its member does not serve a read")]
+    Silent(Duration),
+    #[error(transparent)]
+    Ended(WatchEnd),
 }
 
 /// The keys and values of a range, and the revision it was read at.
@@ -57,7 +83,7 @@ pub type Ranged = (Vec<(String, String)>, i64);
 
 /// What a mirror needs of etcd (the cluster layer's `Etcd` client is the real one).
 pub trait Source: Clone + Send + Sync + 'static {
-    type Error: std::fmt::Display + Send;
+    type Error: std::error::Error + Send;
     type Watch: Watch;
     /// Every key under `prefix` with its value, and the revision they were read at.
     fn get_prefix_at(&self, prefix: &str) -> impl Future<Output = Result<Ranged, Self::Error>> + Send;
@@ -71,7 +97,8 @@ pub trait Source: Clone + Send + Sync + 'static {
 
 /// A watch's news, one after another, until it ends (`Err`: why).
 pub trait Watch: Send {
-    fn next(&mut self) -> impl Future<Output = Result<WatchNews, String>> + Send;
+    type Error: std::error::Error + Send;
+    fn next(&mut self) -> impl Future<Output = Result<WatchNews, Self::Error>> + Send;
     /// Whether the member serving this watch still serves reads: asked of that member itself,
     /// since a frozen member's watch is silent while the others answer for the cluster.
     fn still_served(&self) -> impl Future<Output = bool> + Send;
@@ -129,21 +156,26 @@ async fn follow<S: Source>(etcd: &S, prefix: &str, sender: &watch::Sender<Snapsh
 }
 
 /// Applies the watch's changes until it ends; returns why it did.
-async fn watch_from<S: Source>(etcd: &S, prefix: &str, revision: i64, sender: &watch::Sender<Snapshot>) -> String {
+async fn watch_from<S: Source>(
+    etcd: &S,
+    prefix: &str,
+    revision: i64,
+    sender: &watch::Sender<Snapshot>,
+) -> Stopped<S::Error, <S::Watch as Watch>::Error> {
     let mut stream = match etcd.watch_prefix(prefix, revision).await {
         Ok(stream) => stream,
-        Err(e) => return e.to_string(),
+        Err(e) => return Stopped::Open(e),
     };
     loop {
         let news = match tokio::time::timeout(QUIET_CHECK, stream.next()).await {
             Ok(Ok(news)) => news,
-            Ok(Err(why)) => return why,
+            Ok(Err(e)) => return Stopped::Broken(e),
             Err(_) if stream.still_served().await => continue,
-            Err(_) => return format!("quiet for {QUIET_CHECK:?} and its member does not serve a read"),
+            Err(_) => return Stopped::Silent(QUIET_CHECK),
         };
         match news {
             WatchNews::Nothing => {}
-            WatchNews::Ended(why) => return why,
+            WatchNews::Ended(why) => return Stopped::Ended(why),
             WatchNews::Changes(changes) => sender.send_modify(|s| {
                 let entries = Arc::make_mut(&mut s.entries);
                 for change in changes {
