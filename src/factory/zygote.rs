@@ -54,6 +54,28 @@ pub struct Zygote {
     running: tokio::sync::Mutex<Option<Running>>,
 }
 
+/// Why a fork from the zygote gave no launcher (the runtime then starts its own).
+#[derive(Debug, thiserror::Error)]
+pub enum ZygoteError {
+    #[error("the fork request could not be encoded: {0}")]
+    Encode(serde_json::Error),
+    #[error("starting the zygote: {0}")]
+    Start(std::io::Error),
+    /// The zygote's own words (its fork or its set-up in the container failed).
+    #[error("the zygote could not fork: {0}")]
+    Refused(String),
+    #[error("the zygote answered without a pid")]
+    NoPid,
+    #[error("the zygote failed: {0}")]
+    Talk(std::io::Error),
+    #[error("the zygote failed: its answer is not JSON: {0}")]
+    Answer(serde_json::Error),
+    #[error("the zygote failed: it exited")]
+    Exited,
+    #[error("the zygote failed: no answer within {0:?}")]
+    Timeout(Duration),
+}
+
 struct Running {
     child: Child,
     requests: ChildStdin,
@@ -113,29 +135,30 @@ impl Zygote {
 
     /// Forks a launcher into the container `request` describes; returns its pid. A zygote
     /// that is gone or does not answer is started again, once per request.
-    pub async fn fork(&self, request: &ForkRequest<'_>) -> Result<u32, String> {
-        let mut line = serde_json::to_vec(request).map_err(|e| e.to_string())?;
+    pub async fn fork(&self, request: &ForkRequest<'_>) -> Result<u32, ZygoteError> {
+        let mut line = serde_json::to_vec(request).map_err(ZygoteError::Encode)?;
         line.push(b'\n');
         let mut running = self.running.lock().await;
-        let mut failure = String::new();
+        let mut failure = ZygoteError::Exited;
         for _ in 0..2 {
             if running.as_mut().is_none_or(|r| !matches!(r.child.try_wait(), Ok(None))) {
                 if running.is_some() {
                     tracing::warn!("the python zygote exited; starting it again");
                 }
-                *running = Some(self.spawn().map_err(|e| format!("starting the zygote: {e}"))?);
+                *running = Some(self.spawn().map_err(ZygoteError::Start)?);
             }
             let Some(process) = running.as_mut() else { continue };
             match tokio::time::timeout(FORK_TIMEOUT, process.ask(&line)).await {
                 Ok(Ok(Answer { pid: Some(pid), .. })) => return Ok(pid),
-                Ok(Ok(Answer { error, .. })) => return Err(error.unwrap_or_else(|| "no pid".into())),
-                Ok(Err(e)) => failure = e.to_string(),
-                Err(_) => failure = format!("no answer within {FORK_TIMEOUT:?}"),
+                Ok(Ok(Answer { error: Some(error), .. })) => return Err(ZygoteError::Refused(error)),
+                Ok(Ok(Answer { error: None, .. })) => return Err(ZygoteError::NoPid),
+                Ok(Err(e)) => failure = e,
+                Err(_) => failure = ZygoteError::Timeout(FORK_TIMEOUT),
             }
             // Broken: killed on drop, started again.
             *running = None;
         }
-        Err(format!("the zygote failed: {failure}"))
+        Err(failure)
     }
 
     /// Stops the zygote (shutdown: nothing is forked any more) and forgets its record.
@@ -149,13 +172,13 @@ impl Zygote {
 }
 
 impl Running {
-    async fn ask(&mut self, line: &[u8]) -> std::io::Result<Answer> {
-        self.requests.write_all(line).await?;
-        self.requests.flush().await?;
+    async fn ask(&mut self, line: &[u8]) -> Result<Answer, ZygoteError> {
+        self.requests.write_all(line).await.map_err(ZygoteError::Talk)?;
+        self.requests.flush().await.map_err(ZygoteError::Talk)?;
         let mut answer = String::new();
-        if self.answers.read_line(&mut answer).await? == 0 {
-            return Err(std::io::Error::other("the zygote exited"));
+        if self.answers.read_line(&mut answer).await.map_err(ZygoteError::Talk)? == 0 {
+            return Err(ZygoteError::Exited);
         }
-        serde_json::from_str(&answer).map_err(std::io::Error::other)
+        serde_json::from_str(&answer).map_err(ZygoteError::Answer)
     }
 }
