@@ -44,6 +44,9 @@ pub enum AppError {
     Invalid(#[from] crate::config::ConfigError),
     #[error("the capacity manager's invokers directory: {0}")]
     Plane(std::io::Error),
+    #[cfg(feature = "kubernetes")]
+    #[error("the capacity manager's Kubernetes plane: {0}")]
+    KubernetesPlane(crate::factory::kubernetes::KubeError),
 }
 
 /// What both commands share: the store, the API server and the record retention.
@@ -328,7 +331,7 @@ impl CapacityApp {
                     config.capacity.groups.clone(),
                 )
                 .await
-                .map_err(|e| AppError::Plane(std::io::Error::other(e)))?;
+                .map_err(AppError::KubernetesPlane)?;
                 // A pod is scheduled, its image pulled and its invoker started: seconds.
                 (AnyPlane::Kubernetes(Box::new(plane)), Duration::from_secs(10))
             }

@@ -2,6 +2,7 @@
 //! is created for, the handle it gives back, its errors), apart from the factories, so that
 //! each factory imports the promise and not the enum over its siblings.
 
+use super::error::FactoryError;
 use super::logs::LogBuffer;
 use super::netns::NetNs;
 use super::peer::{ContainerSocket, Peer};
@@ -84,37 +85,6 @@ pub struct ContainerHandle {
     pub logs: Arc<LogBuffer>,
     /// When it became ready; stats the factory observes from then on include it.
     pub ready_at: Time,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum FactoryError {
-    #[error("no runtime is configured for kind '{0}'")]
-    UnknownKind(String),
-    #[error("the container could not be created: {0}")]
-    Create(String),
-    #[error("the container did not become ready within {0:?}")]
-    NotReady(std::time::Duration),
-    #[error("the cluster refused the container: {0}")]
-    Refused(String),
-    #[error("the container's image cannot be had: {0}")]
-    Image(String),
-    #[error("{op} failed: {reason}")]
-    Operation { op: &'static str, reason: String },
-}
-
-impl FactoryError {
-    /// What a failed create means to the pool and to the record.
-    pub fn create_failure(&self) -> crate::pool::core::CreateFailure {
-        use crate::pool::core::CreateFailure;
-        match self {
-            FactoryError::Refused(_) => CreateFailure::Refused,
-            FactoryError::Image(_) => CreateFailure::Image,
-            FactoryError::NotReady(_) => CreateFailure::NotReady,
-            FactoryError::UnknownKind(_) | FactoryError::Create(_) | FactoryError::Operation { .. } => {
-                CreateFailure::Failed
-            }
-        }
-    }
 }
 
 /// The time base shared by the pool and the factories: node stats are stamped in it.

@@ -18,13 +18,13 @@ pub struct IdLock {
 
 impl IdLock {
     /// Holds `invoker_id` for this process, or says which live process holds it.
-    pub fn take(invoker_id: &str) -> Result<IdLock, String> {
+    pub fn take(invoker_id: &str) -> Result<IdLock, IdLockError> {
         let file = lock_dirs().iter().find_map(|dir| open_in(dir, invoker_id).ok());
         let file = match file {
             Some(file) => file,
             None => {
                 let dirs: Vec<String> = lock_dirs().iter().map(|d| d.display().to_string()).collect();
-                return Err(format!("no directory of {} takes the lock of invoker id '{invoker_id}'", dirs.join(", ")));
+                return Err(IdLockError::NoDirectory { id: invoker_id.into(), dirs: dirs.join(", ") });
             }
         };
         match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
@@ -38,14 +38,22 @@ impl IdLock {
             Err((mut file, _)) => {
                 let mut holder = String::new();
                 let _ = file.read_to_string(&mut holder);
-                Err(format!(
-                    "invoker id '{invoker_id}' is held by a live invoker on this machine (pid {}): a second one would \
-                     remove its containers; give this one another invoker_id, or stop that one first",
-                    holder.trim()
-                ))
+                Err(IdLockError::Held { id: invoker_id.into(), holder: holder.trim().into() })
             }
         }
     }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum IdLockError {
+    #[error("no directory of {dirs} takes the lock of invoker id '{id}'")]
+    NoDirectory { id: String, dirs: String },
+    /// `holder`: the pid the holder wrote in the lock file.
+    #[error(
+        "invoker id '{id}' is held by a live invoker on this machine (pid {holder}): a second one would remove \
+         its containers; give this one another invoker_id, or stop that one first"
+    )]
+    Held { id: String, holder: String },
 }
 
 /// `/run/invoker-ids` (root's), then one beside the system's temporary files for this user (an
@@ -77,7 +85,7 @@ mod tests {
         let held = IdLock::take(&id).unwrap();
         let second = IdLock::take(&id).unwrap_err();
         assert!(
-            second.contains("held by a live invoker") && second.contains(&std::process::id().to_string()),
+            matches!(&second, IdLockError::Held { holder, .. } if *holder == std::process::id().to_string()),
             "{second}"
         );
         drop(held);

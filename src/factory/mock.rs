@@ -4,9 +4,8 @@
 //! the proxies run unchanged. The action's parameters steer a run: `sleep_ms` delays it,
 //! `error` makes it an application error, `crash` kills the container mid-run.
 
-use super::contract::{
-    ContainerFactory, ContainerHandle, ContainerSpec, Epoch, FactoryError, StatsReceiver, Transport,
-};
+use super::contract::{ContainerFactory, ContainerHandle, ContainerSpec, Epoch, StatsReceiver, Transport};
+use super::error::{CreateError, FactoryError};
 use super::logs::{LogBuffer, Stream, SENTINEL};
 use crate::http::{json_value, Response};
 use crate::pool::core::{ContainerId, NodeId, NodeStatsUpdate};
@@ -186,7 +185,7 @@ impl MockFactory {
         id: ContainerId,
         run_latency: Duration,
     ) -> Result<(std::net::SocketAddr, Arc<LogBuffer>, CancellationToken), FactoryError> {
-        let create = |e: std::io::Error| FactoryError::Create(e.to_string());
+        let create = |e: std::io::Error| CreateError::step("the mock runtime's listener", e);
         let listener = std::net::TcpListener::bind(("127.0.0.1", 0)).map_err(create)?;
         listener.set_nonblocking(true).map_err(create)?;
         let addr = listener.local_addr().map_err(create)?;
@@ -234,7 +233,7 @@ impl ContainerFactory for MockFactory {
         self.publish();
         tokio::time::sleep(config.start_latency).await;
         let started = if config.fail_creates {
-            Err(FactoryError::Create("the mock factory is set to fail every create".into()))
+            Err(CreateError::MockFails.into())
         } else {
             self.start_runtime(spec.id, config.run_latency)
         };
@@ -266,7 +265,7 @@ impl ContainerFactory for MockFactory {
     async fn pause(&self, c: &ContainerHandle) -> Result<(), FactoryError> {
         let mut state = self.inner.state.lock();
         if !state.alive.contains_key(&c.id) {
-            return Err(FactoryError::Operation { op: "pause", reason: "no such container".into() });
+            return Err(FactoryError::NoSuchContainer { op: "pause" });
         }
         state.paused.insert(c.id);
         state.calls.push(MockCall::Paused(c.id));
@@ -276,7 +275,7 @@ impl ContainerFactory for MockFactory {
     async fn resume(&self, c: &ContainerHandle) -> Result<(), FactoryError> {
         let mut state = self.inner.state.lock();
         if !state.paused.remove(&c.id) {
-            return Err(FactoryError::Operation { op: "resume", reason: "the container is not paused".into() });
+            return Err(FactoryError::NotInState { op: "resume", state: "paused" });
         }
         state.calls.push(MockCall::Resumed(c.id));
         Ok(())

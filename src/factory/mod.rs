@@ -7,6 +7,7 @@ mod cgroup;
 mod contract;
 #[cfg(feature = "docker")]
 pub mod docker;
+mod error;
 pub mod fn_bridge;
 pub mod fn_socket;
 mod id_lock;
@@ -32,9 +33,8 @@ mod zygote;
 use crate::pool::core::{ContainerId, NodeId};
 use std::sync::Arc;
 
-pub use contract::{
-    ContainerFactory, ContainerHandle, ContainerSpec, Epoch, FactoryError, FunctionStart, StatsReceiver, Transport,
-};
+pub use contract::{ContainerFactory, ContainerHandle, ContainerSpec, Epoch, FunctionStart, StatsReceiver, Transport};
+pub use error::{Cause, CreateError, FactoryError, SetupError};
 
 #[derive(Clone)]
 pub enum Factory {
@@ -93,8 +93,8 @@ impl Factory {
             // Refused by the config's validation already; said again for a caller that skipped it.
             #[allow(unreachable_patterns)]
             kind => {
-                let reason = kind.missing_feature().map_or_else(String::new, |f| f.to_string());
-                return Err(FactoryError::Operation { op: "factory setup", reason });
+                let missing = kind.missing_feature().map_or_else(String::new, |f| f.to_string());
+                return Err(FactoryError::Setup { factory: "configured", source: SetupError::NotBuilt(missing) });
             }
         })
     }

@@ -12,8 +12,9 @@
 
 use super::cgroup::ContainerCgroups;
 use super::contract::{
-    ContainerFactory, ContainerHandle, ContainerSpec, Epoch, FactoryError, FunctionStart, StatsReceiver, Transport,
+    ContainerFactory, ContainerHandle, ContainerSpec, Epoch, FunctionStart, StatsReceiver, Transport,
 };
+use super::error::{CreateError, FactoryError, SetupError};
 use super::fn_socket::ListenerWatch;
 use super::id_lock::IdLock;
 use super::logs::{LogBuffer, Stream};
@@ -94,8 +95,16 @@ struct Live {
 /// Containers whose runtime exited, not yet taken by the pool (it takes them at once).
 const GONE_BACKLOG: usize = 1024;
 
-fn setup_error(reason: String) -> FactoryError {
-    FactoryError::Operation { op: "process factory setup", reason }
+fn setup_error(source: impl Into<SetupError>) -> FactoryError {
+    FactoryError::Setup { factory: "process", source: source.into() }
+}
+
+fn at(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> SetupError + '_ {
+    move |source| SetupError::Path { path: path.to_path_buf(), source }
+}
+
+fn unfit(setting: &str, why: impl Into<String>) -> SetupError {
+    SetupError::Unfit { setting: setting.into(), why: why.into() }
 }
 
 impl ProcessFactory {
@@ -105,46 +114,56 @@ impl ProcessFactory {
         let id = IdLock::take(&config.invoker_id).map_err(setup_error)?;
         let settings = config.factory.process.clone();
         let pid_dir = config.data_dir.join("processes").join(&config.invoker_id);
-        let pid_dir = std::path::absolute(&pid_dir).map_err(|e| setup_error(format!("{}: {e}", pid_dir.display())))?;
+        let pid_dir = std::path::absolute(&pid_dir).map_err(|e| setup_error(at(&pid_dir)(e)))?;
         // A socket path must fit in sun_path (108 bytes) with `/<container id>/sock` appended.
         if pid_dir.as_os_str().len() > 80 {
-            return Err(setup_error(format!(
-                "the process directory {} is longer than 80 bytes, too long for the runtimes' unix \
-                 sockets; use a shorter data_dir",
-                pid_dir.display()
+            return Err(setup_error(unfit(
+                "data_dir",
+                format!(
+                    "the process directory {} is longer than 80 bytes, too long for the runtimes' unix sockets; \
+                     use a shorter data_dir",
+                    pid_dir.display()
+                ),
             )));
         }
         for dir in [pid_dir.parent().unwrap_or(&pid_dir), &pid_dir] {
-            std::fs::create_dir_all(dir).map_err(|e| setup_error(format!("{}: {e}", dir.display())))?;
+            std::fs::create_dir_all(dir).map_err(|e| setup_error(at(dir)(e)))?;
             let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
         }
-        let executable = std::env::current_exe().map_err(|e| setup_error(e.to_string()))?;
+        let executable = std::env::current_exe()
+            .map_err(|e| setup_error(SetupError::Failed { what: "the invoker's own executable", source: e.into() }))?;
         let cgroups = ContainerCgroups::detect(settings.cgroup_root.as_deref(), &config.invoker_id);
         if settings.require_memory_limit {
             if let Err(reason) = &cgroups {
-                return Err(setup_error(format!("factory.process.require_memory_limit is set, but {reason}")));
+                return Err(setup_error(unfit("factory.process.require_memory_limit", format!("set, but {reason}"))));
             }
         }
         let uids = if settings.unprivileged {
             if !nix::unistd::geteuid().is_root() {
-                return Err(setup_error(
-                    "the process factory isolates each container (a uid of its own, its own root and \
-                     network), which needs root; run the invoker as root, or set [factory.process] \
-                     unprivileged = false to run actions as this user without isolation"
-                        .into(),
-                ));
+                return Err(setup_error(unfit(
+                    "factory.process.unprivileged",
+                    "the process factory isolates each container (a uid of its own, its own root and network), \
+                     which needs root; run the invoker as root, or set [factory.process] unprivileged = false to \
+                     run actions as this user without isolation",
+                )));
             }
             // Inside a container the binary is bound at its path under directories of the
             // sandbox's own: only the file's own mode matters, not its host directories'.
             let mode = std::fs::metadata(&executable).map(|m| m.permissions().mode()).unwrap_or(0);
             if mode & 0o001 == 0 {
-                return Err(setup_error(format!(
-                    "{} must be executable by other users (a container's uid runs it): chmod o+x, or set \
-                     [factory.process] unprivileged = false",
-                    executable.display()
+                return Err(setup_error(unfit(
+                    "factory.process.unprivileged",
+                    format!(
+                        "{} must be executable by other users (a container's uid runs it): chmod o+x, or set \
+                         [factory.process] unprivileged = false",
+                        executable.display()
+                    ),
                 )));
             }
-            Some(UidRange::new(settings.uid_base, settings.uid_count).map_err(|e| setup_error(e.to_string()))?)
+            Some(
+                UidRange::new(settings.uid_base, settings.uid_count)
+                    .map_err(|e| setup_error(SetupError::Failed { what: "the uid locks", source: e.into() }))?,
+            )
         } else {
             tracing::warn!(
                 "[factory.process] unprivileged = false: actions run as the invoker's own user, in the \
@@ -158,10 +177,10 @@ impl ProcessFactory {
         }
         if uids.is_none() {
             if let Some((name, _)) = config.kinds.iter().find(|(_, k)| k.network == Network::Isolated) {
-                return Err(setup_error(format!(
-                    "kinds.\"{name}\".network = \"isolated\" gives each container a network namespace of its \
-                     own, which only the isolated sandbox makes: run the invoker as root with [factory.process] \
-                     unprivileged = true (the default)"
+                return Err(setup_error(unfit(
+                    &format!("kinds.\"{name}\".network"),
+                    "\"isolated\" gives each container a network namespace of its own, which only the isolated \
+                     sandbox makes: run the invoker as root with [factory.process] unprivileged = true (the default)",
                 )));
             }
         }
@@ -188,8 +207,9 @@ impl ProcessFactory {
             pid_dir: pid_dir.clone(),
             cgroup_root: settings.cgroup_root.clone(),
         };
-        let watchdog = Watchdog::start(&executable, &watchdog_args)
-            .map_err(|e| setup_error(format!("the watchdog (invoker watchdog): {e}")))?;
+        let watchdog = Watchdog::start(&executable, &watchdog_args).map_err(|e| {
+            setup_error(SetupError::Failed { what: "the watchdog (invoker watchdog)", source: e.into() })
+        })?;
         // Without it python containers start their own launcher, a little slower: no reason to
         // refuse the start (a full disk, say).
         let zygote = match uids {
@@ -211,9 +231,9 @@ impl ProcessFactory {
                 .map(|p| p.host())
                 .find(|p| masked.iter().any(|m| m.starts_with(p) || p.starts_with(m)));
             if let Some(path) = exposed {
-                return Err(setup_error(format!(
-                    "kinds.\"{name}\".paths: {} holds or lies in the config file or data_dir, which no action may see",
-                    path.display()
+                return Err(setup_error(unfit(
+                    &format!("kinds.\"{name}\".paths"),
+                    format!("{} holds or lies in the config file or data_dir, which no action may see", path.display()),
                 )));
             }
         }
@@ -285,13 +305,10 @@ impl ContainerFactory for ProcessFactory {
         let inner = &self.inner;
         let kind = inner.kinds.get(&spec.kind).ok_or_else(|| FactoryError::UnknownKind(spec.kind.clone()))?;
         if kind.command.is_empty() {
-            return Err(FactoryError::Create(format!(
-                "kind '{}' has no command: it runs only where an image holds its function (Docker, Kubernetes)",
-                spec.kind
-            )));
+            return Err(CreateError::NoCommand(spec.kind.clone()).into());
         }
         let uid = match &inner.uids {
-            Some(range) => Some(range.take().map_err(FactoryError::Create)?),
+            Some(range) => Some(range.take().map_err(CreateError::from)?),
             None => None,
         };
         // Directories, a mount, `chown`s and cgroups: file system work, off the async thread
@@ -300,7 +317,7 @@ impl ContainerFactory for ProcessFactory {
             let (factory, spec, kind, uid) = (self.clone(), spec.clone(), kind.clone(), uid.as_ref().map(|u| u.uid));
             tokio::task::spawn_blocking(move || factory.prepare(&spec, &kind, uid)).await
         };
-        let prepared = prepared.unwrap_or_else(|e| Err(FactoryError::Create(format!("container setup: {e}"))));
+        let prepared = prepared.unwrap_or_else(|_| Err(CreateError::Stopped("the container's set-up task").into()));
         let (reach, sandbox) = match prepared {
             Ok(prepared) => prepared,
             Err(e) => {
@@ -322,7 +339,7 @@ impl ContainerFactory for ProcessFactory {
                 Ok(watch) => (Reach::Listener, Some(watch)),
                 Err(e) => {
                     self.kill(spec.id).await;
-                    return Err(FactoryError::Create(e.to_string()));
+                    return Err(CreateError::Socket(e).into());
                 }
             },
             reach => (reach, None),
@@ -337,10 +354,10 @@ impl ContainerFactory for ProcessFactory {
             .stderr(Stdio::piped())
             .process_group(0)
             .kill_on_drop(true);
-        let spawned = cmd.spawn().map_err(|e| FactoryError::Create(format!("{}: {e}", inner.executable.display())));
+        let spawned = cmd.spawn().map_err(|source| CreateError::Path { path: inner.executable.clone(), source }.into());
         let (mut child, pid) = match spawned.and_then(|child| match child.id() {
             Some(pid) => Ok((child, pid)),
-            None => Err(FactoryError::Create("the runtime exited at once".into())),
+            None => Err(CreateError::Exited { what: "runtime", status: "at once".into() }.into()),
         }) {
             Ok(started) => started,
             Err(e) => {
@@ -393,7 +410,9 @@ impl ContainerFactory for ProcessFactory {
                 tokio::time::sleep(Duration::from_millis(20)).await;
                 let said = logs.last_stderr();
                 return Err(match (e, said) {
-                    (FactoryError::Create(reason), Some(line)) => FactoryError::Create(format!("{reason}: {line}")),
+                    (FactoryError::Create(cause), Some(said)) => {
+                        CreateError::Said { cause: Box::new(cause), said }.into()
+                    }
                     (e, _) => e,
                 });
             }
@@ -413,7 +432,7 @@ impl ContainerFactory for ProcessFactory {
         if exited {
             // Whatever was made of it goes, as for any failed create.
             self.kill(spec.id).await;
-            return Err(FactoryError::Create("the runtime exited as it became ready".into()));
+            return Err(CreateError::ExitedAsReady.into());
         }
         let ready_at = inner.host.now();
         self.observe();
@@ -472,7 +491,7 @@ impl ProcessFactory {
     ) -> Result<(Reach, SandboxArgs), FactoryError> {
         let inner = &self.inner;
         let dir = self.dir(spec.id);
-        let create_err = |what: &str, e: std::io::Error| FactoryError::Create(format!("{what}: {e}"));
+        let create_err = |step: &'static str, e: std::io::Error| FactoryError::from(CreateError::step(step, e));
         // Ids are not reused within a run, and a start removed what an earlier run left.
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir(&dir).map_err(|e| create_err("container directory", e))?;
@@ -504,7 +523,7 @@ impl ProcessFactory {
         }
         if let Some(file) = &kind.code_file {
             let code = spec.function.as_ref().and_then(|f| f.code.as_deref());
-            let code = code.ok_or_else(|| FactoryError::Create(format!("the action has no code for {file}")))?;
+            let code = code.ok_or_else(|| CreateError::NoCode(file.clone()))?;
             let path = work.join(file);
             std::fs::write(&path, code).map_err(|e| create_err("the action's code", e))?;
             own_file(&path, uid.map(|_| owner), 0o600).map_err(|e| create_err("the action's code", e))?;
@@ -538,7 +557,7 @@ impl ProcessFactory {
         let cgroup_procs = match &inner.cgroups {
             Ok(cg) => cg
                 .create(spec.id, spec.memory_mb, inner.settings.pids_max)
-                .map_err(|e| FactoryError::Create(format!("cgroups: {e}")))?,
+                .map_err(|e| CreateError::step("cgroups", e))?,
             Err(_) => Vec::new(),
         };
         let sandbox = SandboxArgs {
@@ -574,8 +593,8 @@ impl ProcessFactory {
 
     fn signal(&self, id: ContainerId, signal: Signal, op: &'static str) -> Result<(), FactoryError> {
         let pgid = self.inner.live.lock().get(&id).map(|l| l.pgid);
-        let pgid = pgid.ok_or(FactoryError::Operation { op, reason: "no such container".into() })?;
-        killpg(pgid, signal).map_err(|e| FactoryError::Operation { op, reason: e.to_string() })
+        let pgid = pgid.ok_or(FactoryError::NoSuchContainer { op })?;
+        killpg(pgid, signal).map_err(|e| FactoryError::Operation { op, source: e.into() })
     }
 
     /// Kills the container's process group, then every process left in its cgroups (what left
@@ -735,7 +754,7 @@ fn start_zygote(
     env.push(("INVOKER_ID".into(), invoker_id.to_string()));
     Zygote::start(python.into(), pid_dir.join("zygote"), env)
         .map(Some)
-        .map_err(|e| setup_error(format!("the python zygote ({python}): {e}")))
+        .map_err(|e| setup_error(SetupError::Failed { what: "the python zygote", source: e.into() }))
 }
 
 /// Builds the node launcher's startup snapshot when a kind starts from one; a node that cannot
@@ -748,7 +767,7 @@ fn build_node_snapshot(
     let Some((name, _)) = kinds.iter().find(|(_, k)| k.snapshot) else { return Ok(None) };
     let node = env.iter().find(|(k, _)| k == "INVOKER_NODE").map_or("node", |(_, v)| v.as_str());
     let blob = super::snapshot::build(std::path::Path::new(node), &pid_dir.join("snapshot"))
-        .map_err(|e| setup_error(format!("kinds.\"{name}\".snapshot: {e}")))?;
+        .map_err(|e| setup_error(unfit(&format!("kinds.\"{name}\".snapshot"), e.to_string())))?;
     tracing::info!(blob = %blob.display(), "built the node launcher's startup snapshot");
     Ok(Some(blob))
 }
@@ -766,7 +785,7 @@ fn probe_sandbox(
     let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::remove_dir(&root);
     let made = [&dir, &root, &dir.join("tmp"), &dir.join("shm")].into_iter().try_for_each(std::fs::create_dir);
-    made.map_err(|e| setup_error(format!("{}: {e}", dir.display())))?;
+    made.map_err(|e| setup_error(at(&dir)(e)))?;
     let args = SandboxArgs {
         isolate: true,
         uid: held.uid,
@@ -781,14 +800,17 @@ fn probe_sandbox(
     let output = std::process::Command::new(executable).arg("sandbox").args(args.to_args()).env_clear().output();
     let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::remove_dir(&root);
-    let output = output.map_err(|e| setup_error(format!("{}: {e}", executable.display())))?;
+    let output = output.map_err(|e| setup_error(at(executable)(e)))?;
     if output.status.success() {
         return Ok(());
     }
-    Err(setup_error(format!(
-        "the container sandbox does not work on this machine ({}); run the invoker where it may create \
-         namespaces, or set [factory.process] unprivileged = false",
-        String::from_utf8_lossy(&output.stderr).trim()
+    Err(setup_error(unfit(
+        "factory.process.unprivileged",
+        format!(
+            "the container sandbox does not work on this machine ({}); run the invoker where it may create \
+             namespaces, or set [factory.process] unprivileged = false",
+            String::from_utf8_lossy(&output.stderr).trim()
+        ),
     )))
 }
 
@@ -805,7 +827,8 @@ fn runtime_env(kinds: &BTreeMap<String, KindConfig>, isolated: bool) -> Result<V
         if !used {
             continue;
         }
-        let found = if isolated { resolve_interpreter(program).map_err(setup_error)? } else { None };
+        let found =
+            if isolated { resolve_interpreter(program).map_err(|why| setup_error(unfit("kinds", why)))? } else { None };
         match found {
             Some(path) => env.push((variable.into(), path.display().to_string())),
             None if isolated => tracing::warn!("{program} is not installed: actions of the {launcher} kinds will fail"),
@@ -824,8 +847,9 @@ fn own_file(path: &std::path::Path, owner: Option<(u32, u32)>, mode: u32) -> std
 }
 
 fn free_port() -> Result<SocketAddr, FactoryError> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| FactoryError::Create(e.to_string()))?;
-    listener.local_addr().map_err(|e| FactoryError::Create(e.to_string()))
+    let port = |e| CreateError::step("a free port", e);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(port)?;
+    Ok(listener.local_addr().map_err(port)?)
 }
 
 /// How the invoker will reach a container's runtime.
@@ -851,11 +875,11 @@ async fn wait_listener(
     tokio::select! {
         ready = watch.ready() => match ready {
             Ok(listener) => Ok(Transport::Unix(Arc::new(listener))),
-            Err(e) => Err(FactoryError::Create(format!("the function's socket: {e}"))),
+            Err(e) => Err(CreateError::Socket(e).into()),
         },
         status = exit.wait_for(Option::is_some) => {
             let status = status.ok().and_then(|s| s.clone()).unwrap_or_default();
-            Err(FactoryError::Create(format!("the function exited before it was ready ({status})")))
+            Err(CreateError::Exited { what: "function", status: status.to_string() }.into())
         }
         () = tokio::time::sleep(bound) => Err(FactoryError::NotReady(bound)),
     }
@@ -885,7 +909,7 @@ async fn wait_ready(
             }
         }
         if let Some(status) = exit.borrow().clone() {
-            return Err(FactoryError::Create(format!("the runtime exited before it was ready ({status})")));
+            return Err(CreateError::Exited { what: "runtime", status: status.to_string() }.into());
         }
         if tokio::time::Instant::now() >= deadline {
             return Err(FactoryError::NotReady(bound));

@@ -39,7 +39,7 @@ impl UidRange {
     }
 
     /// A uid no other container and no process holds.
-    pub fn take(&self) -> Result<HeldUid, String> {
+    pub fn take(&self) -> Result<HeldUid, UidsError> {
         let running = uids_running();
         let mut next = self.next.lock();
         for step in 0..self.count {
@@ -51,9 +51,7 @@ impl UidRange {
             let path = self.dir.join(uid.to_string());
             let file = match std::fs::File::options().create(true).truncate(false).write(true).open(&path) {
                 Ok(file) => file,
-                Err(e) if out_of_descriptors(&e) => {
-                    return Err(format!("the invoker is out of file descriptors ({e})"))
-                }
+                Err(e) if out_of_descriptors(&e) => return Err(UidsError::OutOfDescriptors(e)),
                 Err(_) => continue,
             };
             if let Ok(lock) = Flock::lock(file, FlockArg::LockExclusiveNonblock) {
@@ -61,8 +59,16 @@ impl UidRange {
                 return Ok(HeldUid { uid, _lock: lock });
             }
         }
-        Err(format!("every uid of {}..{} is in use", self.base, u64::from(self.base) + u64::from(self.count)))
+        Err(UidsError::AllInUse { base: self.base, end: u64::from(self.base) + u64::from(self.count) })
     }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum UidsError {
+    #[error("the invoker is out of file descriptors ({0})")]
+    OutOfDescriptors(std::io::Error),
+    #[error("every uid of {base}..{end} is in use")]
+    AllInUse { base: u32, end: u64 },
 }
 
 /// Whether `e` says this process (EMFILE) or the machine (ENFILE) has no descriptor left: not

@@ -5,10 +5,34 @@ use std::future::Future;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PlaneError {
-    #[error("starting invoker {id}: {reason}")]
-    Start { id: String, reason: String },
-    #[error("stopping invoker {id}: {reason}")]
-    Stop { id: String, reason: String },
+    #[error("starting invoker {id}: {cause}")]
+    Start {
+        id: String,
+        #[source]
+        cause: PlaneFailure,
+    },
+    #[error("stopping invoker {id}: {cause}")]
+    Stop {
+        id: String,
+        #[source]
+        cause: PlaneFailure,
+    },
+}
+
+/// What a plane could not do for one invoker.
+#[derive(Debug, thiserror::Error)]
+pub enum PlaneFailure {
+    #[error("{}: {source}", .path.display())]
+    Path { path: std::path::PathBuf, source: std::io::Error },
+    #[error("not an invoker of a group")]
+    NotInAGroup,
+    #[error("no group {0}")]
+    NoGroup(String),
+    #[error("its pod still exists {0:?} after the scale-down")]
+    StillThere(std::time::Duration),
+    #[cfg(feature = "kubernetes")]
+    #[error(transparent)]
+    Kubernetes(#[from] crate::factory::kubernetes::KubeError),
 }
 
 /// One invoker to start.

@@ -13,9 +13,10 @@
 //! its pod failed and which invokers run at a manager's start are answered from memory. The
 //! StatefulSet restarts a pod that fails; its invoker registers again under the same name.
 
-use super::contract::{ControlPlane, InvokerSpec, PlaneError};
+use super::contract::{ControlPlane, InvokerSpec, PlaneError, PlaneFailure};
 use crate::capacity::core::ordinal_in;
 use crate::config::{GroupConfig, KubernetesPlaneConfig};
+use crate::factory::kubernetes::KubeError;
 use futures_util::StreamExt as _;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Pod;
@@ -65,13 +66,6 @@ impl Drop for KubernetesPlane {
     }
 }
 
-fn api_error(e: kube::Error) -> String {
-    match e {
-        kube::Error::Api(status) => format!("{} ({})", status.message, status.code),
-        other => other.to_string(),
-    }
-}
-
 impl KubernetesPlane {
     /// Connects, watches the groups' pods and reads their StatefulSets (a manager started again
     /// takes up the scale the one before left).
@@ -79,7 +73,7 @@ impl KubernetesPlane {
         config: KubernetesPlaneConfig,
         etcd: Vec<String>,
         groups: BTreeMap<String, GroupConfig>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, KubeError> {
         let (client, server) =
             crate::factory::kubernetes::kube_client(config.api_server.as_deref(), config.kubeconfig.as_deref()).await?;
         let namespace = config.namespace.clone();
@@ -102,14 +96,14 @@ impl KubernetesPlane {
         let bound = config.call_timeout;
         tokio::time::timeout(bound, pods.wait_until_ready())
             .await
-            .map_err(|_| format!("{server}: no list of the invoker pods within {bound:?}"))?
-            .map_err(|e| e.to_string())?;
+            .map_err(|_| KubeError::Timeout { doing: format!("{server}: listing the invoker pods"), bound })?
+            .map_err(|_| KubeError::WatchEnded(format!("{server}: the invoker pods")))?;
         let mut scale = BTreeMap::new();
         for name in groups.keys() {
             let found = tokio::time::timeout(bound, statefulsets.get_opt(name))
                 .await
-                .map_err(|_| format!("{server}: reading StatefulSet {name}: no answer within {bound:?}"))?
-                .map_err(|e| format!("{server}: reading StatefulSet {name}: {}", api_error(e)))?;
+                .map_err(|_| KubeError::Timeout { doing: format!("{server}: reading StatefulSet {name}"), bound })?
+                .map_err(KubeError::call(format!("{server}: reading StatefulSet {name}")))?;
             let replicas = found.map(|s| s.spec.and_then(|s| s.replicas).unwrap_or(0).max(0) as u32);
             let wanted = (0..replicas.unwrap_or(0)).collect();
             scale.insert(name.clone(), GroupScale { wanted, replicas });
@@ -137,7 +131,7 @@ impl KubernetesPlane {
 
     /// The StatefulSet of group `name` at 0 replicas: the pod template every invoker of the
     /// group runs.
-    fn statefulset(&self, name: &str, group: &GroupConfig) -> Result<StatefulSet, String> {
+    fn statefulset(&self, name: &str, group: &GroupConfig) -> Result<StatefulSet, KubeError> {
         let c = &self.config;
         let fill = |arg: &String| {
             arg.replace("{etcd}", &self.etcd.join(","))
@@ -184,23 +178,23 @@ impl KubernetesPlane {
                 }
             }
         });
-        serde_json::from_value(object).map_err(|e| format!("the StatefulSet of group {name}: {e}"))
+        serde_json::from_value(object).map_err(|source| KubeError::Template { group: name.into(), source })
     }
 
     /// Sets group `name`'s StatefulSet to the replicas its wanted ordinals need, creating it
     /// first if it does not exist.
-    async fn apply_scale(&self, name: &str) -> Result<(), String> {
+    async fn apply_scale(&self, name: &str) -> Result<(), PlaneFailure> {
         let _one = self.changing.lock().await;
         let current = self.scale.lock().get(name).cloned().unwrap_or_default();
         let bound = self.config.call_timeout;
-        let timed = |what: &str| format!("{what}: no answer within {bound:?}");
+        let timed = |doing: String| KubeError::Timeout { doing, bound };
         if current.replicas.is_none() {
-            let group = self.groups.get(name).ok_or_else(|| format!("no group {name}"))?;
+            let group = self.groups.get(name).ok_or_else(|| PlaneFailure::NoGroup(name.into()))?;
             let object = self.statefulset(name, group)?;
             match tokio::time::timeout(bound, self.statefulsets.create(&PostParams::default(), &object)).await {
-                Err(_) => return Err(timed("creating the StatefulSet")),
+                Err(_) => return Err(timed(format!("creating the StatefulSet {name}")).into()),
                 Ok(Err(kube::Error::Api(status))) if status.code == 409 => {}
-                Ok(Err(e)) => return Err(format!("creating the StatefulSet {name}: {}", api_error(e))),
+                Ok(Err(e)) => return Err(KubeError::call(format!("creating the StatefulSet {name}"))(e).into()),
                 Ok(Ok(_)) => {}
             }
             if let Some(s) = self.scale.lock().get_mut(name) {
@@ -214,8 +208,8 @@ impl KubernetesPlane {
         let patch = Patch::Merge(json!({ "spec": { "replicas": replicas } }));
         let patched = tokio::time::timeout(bound, self.statefulsets.patch_scale(name, &PatchParams::default(), &patch))
             .await
-            .map_err(|_| timed("scaling the StatefulSet"))?
-            .map_err(|e| format!("scaling the StatefulSet {name} to {replicas}: {}", api_error(e)))?;
+            .map_err(|_| timed(format!("scaling the StatefulSet {name}")))?
+            .map_err(KubeError::call(format!("scaling the StatefulSet {name} to {replicas}")))?;
         let now = patched.spec.and_then(|s| s.replicas).unwrap_or(0).max(0) as u32;
         if let Some(s) = self.scale.lock().get_mut(name) {
             s.replicas = Some(now);
@@ -227,15 +221,15 @@ impl KubernetesPlane {
 
 impl ControlPlane for KubernetesPlane {
     async fn provision(&self, spec: &InvokerSpec) -> Result<(), PlaneError> {
-        let fail = |reason: String| PlaneError::Start { id: spec.id.clone(), reason };
-        let (group, ordinal) = self.group_of(&spec.id).ok_or_else(|| fail("not an invoker of a group".into()))?;
+        let fail = |cause: PlaneFailure| PlaneError::Start { id: spec.id.clone(), cause };
+        let (group, ordinal) = self.group_of(&spec.id).ok_or_else(|| fail(PlaneFailure::NotInAGroup))?;
         self.scale.lock().entry(group.clone()).or_default().wanted.insert(ordinal);
         self.apply_scale(&group).await.map_err(fail)
     }
 
     async fn remove(&self, id: &str) -> Result<(), PlaneError> {
-        let fail = |reason: String| PlaneError::Stop { id: id.to_string(), reason };
-        let (group, ordinal) = self.group_of(id).ok_or_else(|| fail("not an invoker of a group".into()))?;
+        let fail = |cause: PlaneFailure| PlaneError::Stop { id: id.to_string(), cause };
+        let (group, ordinal) = self.group_of(id).ok_or_else(|| fail(PlaneFailure::NotInAGroup))?;
         let below_the_highest = {
             let mut scale = self.scale.lock();
             let s = scale.entry(group.clone()).or_default();
@@ -253,9 +247,7 @@ impl ControlPlane for KubernetesPlane {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         match self.pod(id) {
-            Some(_) => {
-                Err(fail(format!("its pod still exists {:?} after the scale-down", self.config.termination_grace)))
-            }
+            Some(_) => Err(fail(PlaneFailure::StillThere(self.config.termination_grace))),
             None => Ok(()),
         }
     }

@@ -17,7 +17,7 @@
 //! zombie is left for a manager that lost its leadership. An invoker that died on its own has
 //! its pid file and data removed once the manager forgets it.
 
-use super::contract::{ControlPlane, InvokerSpec, PlaneError};
+use super::contract::{ControlPlane, InvokerSpec, PlaneError, PlaneFailure};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use parking_lot::Mutex;
@@ -170,16 +170,16 @@ fn is_invoker(pid: Pid, id: &str) -> bool {
 
 impl ControlPlane for LocalPlane {
     async fn provision(&self, spec: &InvokerSpec) -> Result<(), PlaneError> {
-        let fail = |reason: String| PlaneError::Start { id: spec.id.clone(), reason };
+        let fail = |path: &std::path::Path| {
+            let id = spec.id.clone();
+            let path = path.to_path_buf();
+            move |source| PlaneError::Start { id, cause: PlaneFailure::Path { path, source } }
+        };
         let data = self.dir.join(&spec.id);
-        std::fs::create_dir_all(&data).map_err(|e| fail(format!("{}: {e}", data.display())))?;
+        std::fs::create_dir_all(&data).map_err(fail(&data))?;
         let log_path = self.dir.join(format!("{}.log", spec.id));
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log_path)
-            .map_err(|e| fail(format!("{}: {e}", log_path.display())))?;
-        let err = log.try_clone().map_err(|e| fail(e.to_string()))?;
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&log_path).map_err(fail(&log_path))?;
+        let err = log.try_clone().map_err(fail(&log_path))?;
         let mut command = Command::new(&self.exe);
         command
             .arg("serve")
@@ -195,7 +195,7 @@ impl ControlPlane for LocalPlane {
             .stdout(log)
             .stderr(err);
         std::os::unix::process::CommandExt::process_group(&mut command, 0);
-        let child = command.spawn().map_err(|e| fail(format!("{}: {e}", self.exe.display())))?;
+        let child = command.spawn().map_err(fail(&self.exe))?;
         let pid = Pid::from_raw(child.id() as i32);
         let alive = Arc::new(AtomicBool::new(true));
         reap_when_it_exits(child, spec.id.clone(), alive.clone());
@@ -203,7 +203,7 @@ impl ControlPlane for LocalPlane {
         if let Err(e) = std::fs::write(self.pid_file(&spec.id), pid_line) {
             // Not known by a file, it would be lost to the next manager: it does not run.
             let _ = kill(pid, Signal::SIGKILL);
-            return Err(fail(e.to_string()));
+            return Err(fail(&self.pid_file(&spec.id))(e));
         }
         self.procs.lock().insert(spec.id.clone(), Known { pid, alive: Some(alive) });
         Ok(())
@@ -225,7 +225,10 @@ impl ControlPlane for LocalPlane {
             }
         }
         self.procs.lock().remove(id);
-        self.clean_up(id).await.map_err(|e| PlaneError::Stop { id: id.to_string(), reason: format!("its data: {e}") })
+        let data = self.dir.join(id);
+        self.clean_up(id)
+            .await
+            .map_err(|source| PlaneError::Stop { id: id.into(), cause: PlaneFailure::Path { path: data, source } })
     }
 
     fn running(&self, id: &str) -> Option<bool> {

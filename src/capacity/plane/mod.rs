@@ -9,7 +9,7 @@ pub mod fake;
 pub mod kubernetes;
 pub mod local;
 
-pub use contract::{ControlPlane, InvokerSpec, PlaneError};
+pub use contract::{ControlPlane, InvokerSpec, PlaneError, PlaneFailure};
 
 pub enum AnyPlane {
     Local(local::LocalPlane),

@@ -7,7 +7,7 @@ use super::{own_disk, DockerFactory, SOCKET_DIR_MB};
 use crate::config::DockerKindConfig;
 use crate::factory::fn_socket::ListenerWatch;
 use crate::factory::logs::LogBuffer;
-use crate::factory::{ContainerHandle, ContainerSpec, FactoryError, FunctionStart, Transport};
+use crate::factory::{ContainerHandle, ContainerSpec, CreateError, FactoryError, FunctionStart, Transport};
 use crate::pool::core::NodeId;
 use bollard::models::{ContainerCreateBody, HostConfig};
 use invoker_wire::runtime::{fn_listener_env, FN_SOCKET_DIR};
@@ -28,15 +28,12 @@ impl DockerFactory {
         node: &NodeId,
     ) -> Result<ContainerHandle, FactoryError> {
         let inner = &self.inner;
-        let _slot = inner.creates.acquire().await.map_err(|e| FactoryError::Create(e.to_string()))?;
+        let _slot = inner.creates.acquire().await.map_err(|_| CreateError::Stopped("its create slots closed"))?;
         let dir = self.container_dir(spec.id);
         let code = match &kind.code_file {
             Some(file) => {
                 let code = function.code.clone();
-                Some((
-                    file.clone(),
-                    code.ok_or_else(|| FactoryError::Create(format!("the action has no code for {file}")))?,
-                ))
+                Some((file.clone(), code.ok_or_else(|| CreateError::NoCode(file.clone()))?))
             }
             None => None,
         };
@@ -46,7 +43,7 @@ impl DockerFactory {
             .unwrap_or_else(|e| Err(std::io::Error::other(e)));
         if let Err(e) = prepared {
             self.forget(spec.id).await;
-            return Err(FactoryError::Create(format!("{}: {e}", dir.display())));
+            return Err(CreateError::Path { path: dir, source: e }.into());
         }
         let sockets = dir.join("iofs");
         // Set up before the function starts, so that its listener is never missed.
@@ -54,7 +51,7 @@ impl DockerFactory {
             Ok(watch) => watch,
             Err(e) => {
                 self.forget(spec.id).await;
-                return Err(FactoryError::Create(e.to_string()));
+                return Err(CreateError::Socket(e).into());
             }
         };
         let body = self.function_body(spec, function, kind, &dir, code.is_some());
@@ -63,9 +60,9 @@ impl DockerFactory {
         self.follow_logs(&docker_id, logs.clone());
         let bound = inner.config.ready_timeout.min(Duration::from_secs(5));
         let ready = tokio::select! {
-            ready = watch.ready() => ready.map_err(|e| FactoryError::Create(format!("the function's socket: {e}"))),
+            ready = watch.ready() => ready.map_err(|e| CreateError::Socket(e).into()),
             code = self.exited(&docker_id) => {
-                Err(FactoryError::Create(format!("the function exited before it was ready (code {code})")))
+                Err(CreateError::Exited { what: "function", status: format!("code {code}") }.into())
             }
             () = tokio::time::sleep(bound) => Err(FactoryError::NotReady(bound)),
         };

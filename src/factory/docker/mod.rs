@@ -15,9 +15,8 @@
 
 mod function;
 
-use super::contract::{
-    ContainerFactory, ContainerHandle, ContainerSpec, Epoch, FactoryError, StatsReceiver, Transport,
-};
+use super::contract::{ContainerFactory, ContainerHandle, ContainerSpec, Epoch, StatsReceiver, Transport};
+use super::error::{CreateError, FactoryError, SetupError};
 use super::logs::{LogBuffer, Stream};
 use super::netns::NetNs;
 use super::one_host::OneHost;
@@ -70,12 +69,16 @@ struct Live {
     memory_mb: u32,
 }
 
-fn setup(reason: impl std::fmt::Display) -> FactoryError {
-    FactoryError::Operation { op: "docker factory setup", reason: reason.to_string() }
+fn setup(source: impl Into<SetupError>) -> FactoryError {
+    FactoryError::Setup { factory: "docker", source: source.into() }
+}
+
+fn unfit(setting: &str, why: impl Into<String>) -> SetupError {
+    SetupError::Unfit { setting: setting.into(), why: why.into() }
 }
 
 fn op(op: &'static str) -> impl Fn(bollard::errors::Error) -> FactoryError {
-    move |e| FactoryError::Operation { op, reason: e.to_string() }
+    move |e| FactoryError::Operation { op, source: e.into() }
 }
 
 impl DockerFactory {
@@ -88,29 +91,34 @@ impl DockerFactory {
         let dc = config.factory.docker.clone();
         let socket = dc.socket.to_string_lossy().to_string();
         let docker = Docker::connect_with_unix(&socket, 120, bollard::API_DEFAULT_VERSION)
-            .map_err(|e| setup(format!("factory.docker.socket {socket}: {e}")))?;
-        let docker = docker
-            .negotiate_version()
-            .await
-            .map_err(|e| setup(format!("no Docker Engine answers on {socket} (scripts/dockerd.sh starts one): {e}")))?;
+            .map_err(|e| setup(unfit("factory.docker.socket", format!("{socket}: {e}"))))?;
+        let docker = docker.negotiate_version().await.map_err(|e| {
+            setup(unfit(
+                "factory.docker.socket",
+                format!("no Docker Engine answers on {socket} (scripts/dockerd.sh starts one): {e}"),
+            ))
+        })?;
         let info = docker.info().await.map_err(op("docker info"))?;
         let total_mb = info.mem_total.unwrap_or(0).max(0) as u64 / (1024 * 1024);
         let capacity_mb = total_mb.saturating_sub(dc.reserve_mb);
         if capacity_mb == 0 {
-            return Err(setup(format!("the host has {total_mb} MB, no more than factory.docker.reserve_mb")));
+            return Err(setup(unfit("factory.docker.reserve_mb", format!("the host has {total_mb} MB, no more"))));
         }
         let dir = std::path::absolute(config.data_dir.join("docker").join(&config.invoker_id))
-            .map_err(|e| setup(format!("data_dir: {e}")))?;
+            .map_err(|e| setup(unfit("data_dir", e.to_string())))?;
         if dc.network == Network::None && dir.as_os_str().len() > 80 {
-            return Err(setup(format!(
-                "factory.docker.network = \"none\" puts a unix socket under {} (too long for a socket \
-                 path); use a shorter data_dir",
-                dir.display()
+            return Err(setup(unfit(
+                "factory.docker.network",
+                format!(
+                    "\"none\" puts a unix socket under {} (too long for a socket path); use a shorter data_dir",
+                    dir.display()
+                ),
             )));
         }
-        let owner = parse_user(&dc.user).ok_or_else(|| setup("factory.docker.user must be 'uid:gid' (numbers)"))?;
+        let owner =
+            parse_user(&dc.user).ok_or_else(|| setup(unfit("factory.docker.user", "must be 'uid:gid' (numbers)")))?;
         if owner.0 == 0 {
-            return Err(setup("factory.docker.user must not be root"));
+            return Err(setup(unfit("factory.docker.user", "must not be root")));
         }
         let node = NodeId::new(info.name.as_deref().unwrap_or("docker"));
         let factory = DockerFactory {
@@ -128,7 +136,7 @@ impl DockerFactory {
         };
         factory.clean_up_earlier_run().await?;
         std::fs::create_dir_all(&factory.inner.dir)
-            .map_err(|e| setup(format!("{}: {e}", factory.inner.dir.display())))?;
+            .map_err(|source| setup(SetupError::Path { path: factory.inner.dir.clone(), source }))?;
         factory.observe();
         Ok(factory)
     }
@@ -165,7 +173,7 @@ impl ContainerFactory for DockerFactory {
         if let Some(function) = &spec.function {
             return self.create_function(spec, function, kind, node).await;
         }
-        let _slot = inner.creates.acquire().await.map_err(|e| FactoryError::Create(e.to_string()))?;
+        let _slot = inner.creates.acquire().await.map_err(|_| CreateError::Stopped("its create slots closed"))?;
         let dir = self.container_dir(spec.id);
         let network = kind.network(inner.config.network);
         let (transport, listen) = match network {
@@ -175,19 +183,19 @@ impl ContainerFactory for DockerFactory {
                 let prepared = tokio::task::spawn_blocking(move || prepare_dir(&at, owner))
                     .await
                     .unwrap_or_else(|e| Err(std::io::Error::other(e)));
-                prepared.map_err(|e| FactoryError::Create(format!("{}: {e}", dir.display())))?;
+                prepared.map_err(|source| CreateError::Path { path: dir.clone(), source })?;
                 let listen = format!("unix:{SOCKET_DIR}/runtime.sock");
                 // Opened before the container starts: see `peer.rs`.
                 let socket = ContainerSocket::in_dir(&dir, "runtime.sock")
-                    .map_err(|e| FactoryError::Create(format!("{}: {e}", dir.display())))?;
+                    .map_err(|source| CreateError::Path { path: dir.clone(), source })?;
                 (Some(Transport::Unix(Arc::new(socket))), listen)
             }
             // Known once the container runs: its namespace.
             Network::Isolated => (None, std::net::SocketAddr::from(([0, 0, 0, 0], kind.port())).to_string()),
             Network::Host => {
-                let listener =
-                    std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| FactoryError::Create(e.to_string()))?;
-                let addr = listener.local_addr().map_err(|e| FactoryError::Create(e.to_string()))?;
+                let port = |e| CreateError::step("a free port", e);
+                let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(port)?;
+                let addr = listener.local_addr().map_err(port)?;
                 (Some(Transport::Tcp(addr)), addr.to_string())
             }
         };
@@ -215,14 +223,12 @@ impl ContainerFactory for DockerFactory {
     }
 
     async fn pause(&self, c: &ContainerHandle) -> Result<(), FactoryError> {
-        let id =
-            self.docker_id(c.id).ok_or(FactoryError::Operation { op: "pause", reason: "no such container".into() })?;
+        let id = self.docker_id(c.id).ok_or(FactoryError::NoSuchContainer { op: "pause" })?;
         self.inner.docker.pause_container(&id).await.map_err(op("docker pause"))
     }
 
     async fn resume(&self, c: &ContainerHandle) -> Result<(), FactoryError> {
-        let id =
-            self.docker_id(c.id).ok_or(FactoryError::Operation { op: "resume", reason: "no such container".into() })?;
+        let id = self.docker_id(c.id).ok_or(FactoryError::NoSuchContainer { op: "resume" })?;
         self.inner.docker.unpause_container(&id).await.map_err(op("docker unpause"))
     }
 
@@ -252,14 +258,10 @@ impl DockerFactory {
     async fn namespace_of(&self, docker_id: &str) -> Result<NetNs, FactoryError> {
         let inspected = self.inner.docker.inspect_container(docker_id, None).await.map_err(op("docker inspect"))?;
         let pid = inspected.state.and_then(|s| s.pid).filter(|&p| p > 0);
-        let pid = pid.ok_or_else(|| FactoryError::Create("the container is not running (no pid)".into()))?;
-        let ns = NetNs::of_process(pid as u32)
-            .map_err(|e| FactoryError::Create(format!("the container's network namespace (pid {pid}): {e}")))?;
+        let pid = pid.ok_or(CreateError::NoPid)?;
+        let ns = NetNs::of_process(pid as u32).map_err(|source| CreateError::Netns { pid, source })?;
         if ns.is_invokers() {
-            return Err(FactoryError::Create(format!(
-                "pid {pid} of the container shares the invoker's network; the engine must run on this host, in \
-                 the invoker's pid namespace, for network = \"isolated\""
-            )));
+            return Err(CreateError::SharedNetwork(pid).into());
         }
         Ok(ns)
     }
@@ -283,8 +285,11 @@ impl DockerFactory {
                 self.forget(spec.id).await;
                 // The engine answers 404 to a create whose image it does not hold.
                 let no_image = matches!(e, bollard::errors::Error::DockerResponseServerError { status_code: 404, .. });
-                let said = format!("image {image}: {e}");
-                return Err(if no_image { FactoryError::Image(said) } else { FactoryError::Create(said) });
+                return Err(if no_image {
+                    FactoryError::Image(format!("image {image}: {e}"))
+                } else {
+                    CreateError::Engine { op: "docker create", source: e.into() }.into()
+                });
             }
         };
         if let Some(live) = inner.live.lock().get_mut(&spec.id) {
@@ -292,7 +297,7 @@ impl DockerFactory {
         }
         if let Err(e) = inner.docker.start_container(&docker_id, None).await {
             self.remove(spec.id).await;
-            return Err(FactoryError::Create(e.to_string()));
+            return Err(CreateError::Engine { op: "docker start", source: e.into() }.into());
         }
         Ok(docker_id)
     }
@@ -376,7 +381,7 @@ impl DockerFactory {
                 let state = self.inner.docker.inspect_container(docker_id, None).await.ok().and_then(|c| c.state);
                 if state.as_ref().is_some_and(|s| s.running == Some(false)) {
                     let code = state.and_then(|s| s.exit_code).unwrap_or(-1);
-                    return Err(FactoryError::Create(format!("the runtime exited before it was ready (code {code})")));
+                    return Err(CreateError::Exited { what: "runtime", status: format!("code {code}") }.into());
                 }
             }
             if tokio::time::Instant::now() >= deadline {

@@ -13,9 +13,8 @@ mod pod_log;
 pub mod policy;
 pub mod watch;
 
-use super::contract::{
-    ContainerFactory, ContainerHandle, ContainerSpec, Epoch, FactoryError, StatsReceiver, Transport,
-};
+use super::contract::{ContainerFactory, ContainerHandle, ContainerSpec, Epoch, StatsReceiver, Transport};
+use super::error::{CreateError, FactoryError, SetupError};
 use super::logs::LogBuffer;
 use crate::config::{Config, KubernetesFactoryConfig};
 use crate::pool::core::{ContainerId, NodeId, NodeStatsUpdate};
@@ -69,8 +68,57 @@ struct LivePod {
     follower: tokio::task::AbortHandle,
 }
 
-fn setup(reason: String) -> FactoryError {
-    FactoryError::Operation { op: "kubernetes setup", reason }
+/// A call to a Kubernetes API server that did not do what was asked; shared with the
+/// capacity manager's control plane.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeError {
+    #[error("api_server {url}: {source}")]
+    ApiServer { url: String, source: hyper::http::uri::InvalidUri },
+    #[error("{}: {source}", .path.display())]
+    Kubeconfig { path: std::path::PathBuf, source: kube::config::KubeconfigError },
+    #[error("no cluster configured: {0}")]
+    NoCluster(kube::config::InferConfigError),
+    /// `doing`: what was asked (creating the pod, scaling the StatefulSet a1 to 3).
+    #[error("{doing}: {}", api_words(.source))]
+    Call { doing: String, source: kube::Error },
+    #[error("{doing}: no answer within {bound:?}")]
+    Timeout { doing: String, bound: Duration },
+    #[error("{0}: the watch ended before its first list")]
+    WatchEnded(String),
+    #[error("the StatefulSet of group {group}: {source}")]
+    Template { group: String, source: serde_json::Error },
+}
+
+impl KubeError {
+    pub fn call(doing: impl Into<String>) -> impl FnOnce(kube::Error) -> KubeError {
+        let doing = doing.into();
+        move |source| KubeError::Call { doing, source }
+    }
+
+    /// The API server's status code, when it answered one.
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            KubeError::Call { source: kube::Error::Api(status), .. } => Some(status.code),
+            _ => None,
+        }
+    }
+}
+
+/// The API server's answer in its own words.
+fn api_words(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(r) if r.code == 409 => format!("the name is taken (409 {})", r.message),
+        kube::Error::Api(r) if r.code == 422 => format!("the API server found it invalid: {}", r.message),
+        kube::Error::Api(r) => format!("the API server answered {} {}: {}", r.code, r.reason, r.message),
+        e => e.to_string(),
+    }
+}
+
+fn setup(source: KubeError) -> FactoryError {
+    FactoryError::Setup {
+        factory: "kubernetes",
+        source: SetupError::Failed { what: "the API server", source: source.into() },
+    }
 }
 
 /// The client `[factory.kubernetes]` names: an API server URL, a kubeconfig, or what kube
@@ -84,19 +132,23 @@ async fn client(c: &KubernetesFactoryConfig) -> Result<(kube::Client, String), F
 pub async fn kube_client(
     api_server: Option<&str>,
     kubeconfig: Option<&std::path::Path>,
-) -> Result<(kube::Client, String), String> {
+) -> Result<(kube::Client, String), KubeError> {
+    let in_file =
+        |source| KubeError::Kubeconfig { path: kubeconfig.unwrap_or(std::path::Path::new("")).into(), source };
     let config = match (api_server, kubeconfig) {
-        (Some(url), _) => kube::Config::new(url.parse().map_err(|e| format!("api_server {url}: {e}"))?),
+        (Some(url), _) => {
+            kube::Config::new(url.parse().map_err(|source| KubeError::ApiServer { url: url.into(), source })?)
+        }
         (None, Some(path)) => {
-            let file = kube::config::Kubeconfig::read_from(path).map_err(|e| format!("{}: {e}", path.display()))?;
+            let file = kube::config::Kubeconfig::read_from(path).map_err(in_file)?;
             kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
                 .await
-                .map_err(|e| format!("{}: {e}", path.display()))?
+                .map_err(in_file)?
         }
-        (None, None) => kube::Config::infer().await.map_err(|e| format!("no cluster configured: {e}"))?,
+        (None, None) => kube::Config::infer().await.map_err(KubeError::NoCluster)?,
     };
     let server = config.cluster_url.to_string();
-    let client = kube::Client::try_from(config).map_err(|e| e.to_string())?;
+    let client = kube::Client::try_from(config).map_err(KubeError::call("making the client"))?;
     Ok((client, server))
 }
 
@@ -201,17 +253,13 @@ impl ContainerFactory for KubernetesFactory {
             Some(function) => {
                 let bridge = &inner.config.fn_bridge;
                 if spec.memory_mb <= bridge.memory_mb {
-                    let reason =
-                        format!("an Fn function on Kubernetes needs more than its bridge's {} MB", bridge.memory_mb);
-                    return Err(FactoryError::Create(reason));
+                    return Err(CreateError::BridgeTooLarge { bridge_mb: bridge.memory_mb }.into());
                 }
                 if function.code.as_ref().is_some_and(|c| c.len() > pod::CODE_MAX_BYTES) {
-                    let reason =
-                        format!("an Fn function's code on Kubernetes is at most {} bytes", pod::CODE_MAX_BYTES);
-                    return Err(FactoryError::Create(reason));
+                    return Err(CreateError::CodeTooLarge { max_bytes: pod::CODE_MAX_BYTES }.into());
                 }
                 if template.code_file.is_some() && function.code.is_none() {
-                    return Err(FactoryError::Create("the action has no code for its kind's code_file".into()));
+                    return Err(CreateError::NoCode("its kind's code_file".into()).into());
                 }
                 pod::build_function_pod(template, &request, function, bridge)
             }
@@ -220,16 +268,19 @@ impl ContainerFactory for KubernetesFactory {
         let deadline = tokio::time::Instant::now() + bound;
         let mut isolated = inner.isolated.subscribe();
         if !matches!(tokio::time::timeout_at(deadline, isolated.wait_for(|done| *done)).await, Ok(Ok(_))) {
-            return Err(FactoryError::Create("the action pods' network policy is not in place yet".into()));
+            return Err(CreateError::NoNetworkPolicy.into());
         }
         match tokio::time::timeout(inner.config.call_timeout, inner.pods.create(&PostParams::default(), &pod)).await {
             Ok(Ok(_)) => {}
-            Ok(Err(e)) => return Err(FactoryError::Create(api_error("creating the pod", &e))),
+            Ok(Err(e)) => {
+                let source = KubeError::call("creating the pod")(e).into();
+                return Err(CreateError::Engine { op: "kubernetes", source }.into());
+            }
             Err(_) => {
                 // It may exist all the same, now or later: it goes when it shows.
                 inner.doom(&name, Why::Unanswered);
                 self.delete(&name).await;
-                return Err(FactoryError::Create("the API server did not answer the pod's creation in time".into()));
+                return Err(CreateError::NoAnswer.into());
             }
         }
         let address = match inner.until_ready(&name, deadline).await {
@@ -242,7 +293,7 @@ impl ContainerFactory for KubernetesFactory {
         let transport = Transport::Tcp(address);
         if !transport.until_accepts(deadline).await {
             self.delete(&name).await;
-            return Err(FactoryError::Create(format!("the pod is Ready but {address} does not answer the invoker")));
+            return Err(CreateError::Unanswered(address.to_string()).into());
         }
         let logs = Arc::new(LogBuffer::default());
         let (weak, id) = (Arc::downgrade(inner), spec.id);
@@ -284,8 +335,8 @@ impl KubernetesFactory {
         let failed = match tokio::time::timeout(inner.config.call_timeout, inner.pods.delete(name, &params)).await {
             Ok(Ok(_)) => None,
             Ok(Err(kube::Error::Api(e))) if e.code == 404 => return,
-            Ok(Err(e)) => Some(api_error("deleting the pod", &e)),
-            Err(_) => Some("the API server did not answer a deletion in time".to_string()),
+            Ok(Err(e)) => Some(api_error("deleting the pod", e)),
+            Err(_) => Some(KubeError::Timeout { doing: "deleting the pod".into(), bound: inner.config.call_timeout }),
         };
         if let Some(why) = failed {
             tracing::warn!(pod = name, "kubernetes: {why}; tried again while the pod shows");
@@ -327,9 +378,9 @@ impl Inner {
             match pod_state(self.view.pod(&self.config.namespace, name).as_deref()) {
                 PodState::Ready(address) => return Ok(address),
                 PodState::Refused(why) => return Err(FactoryError::Refused(why)),
-                PodState::Failed(why) => return Err(FactoryError::Create(why)),
+                PodState::Failed(why) => return Err(CreateError::Failed(why).into()),
                 PodState::NoImage(why) => return Err(FactoryError::Image(why)),
-                PodState::Gone if seen => return Err(FactoryError::Create("the pod was deleted".into())),
+                PodState::Gone if seen => return Err(CreateError::Deleted.into()),
                 PodState::Gone => {}
                 PodState::Pending => seen = true,
             }
@@ -340,13 +391,8 @@ impl Inner {
     }
 }
 
-fn api_error(doing: &str, e: &kube::Error) -> String {
-    match e {
-        kube::Error::Api(r) if r.code == 409 => format!("{doing}: the name is taken (409 {})", r.message),
-        kube::Error::Api(r) if r.code == 422 => format!("{doing}: the API server found it invalid: {}", r.message),
-        kube::Error::Api(r) => format!("{doing}: the API server answered {} {}: {}", r.code, r.reason, r.message),
-        e => format!("{doing}: {e}"),
-    }
+fn api_error(doing: &str, e: kube::Error) -> KubeError {
+    KubeError::call(doing)(e)
 }
 
 /// The pool's node stats at every change of the offers.
@@ -423,7 +469,7 @@ async fn start_up(inner: Arc<Inner>) {
             match tokio::time::timeout(inner.config.call_timeout, ensure_policy(&inner)).await {
                 Ok(Ok(())) => break,
                 Ok(Err(e)) => {
-                    tracing::warn!("kubernetes: {}; again in {backoff:?}", api_error("the network policy", &e))
+                    tracing::warn!("kubernetes: {}; again in {backoff:?}", api_error("the network policy", e))
                 }
                 Err(_) => tracing::warn!("kubernetes: the network policy: no answer in time; again in {backoff:?}"),
             }
@@ -459,7 +505,7 @@ async fn remove_left(inner: &Arc<Inner>) {
     let left = loop {
         match tokio::time::timeout(inner.config.call_timeout, inner.pods.list(&params)).await {
             Ok(Ok(list)) => break list.items,
-            Ok(Err(e)) => tracing::warn!("kubernetes: {}; again in {backoff:?}", api_error("listing pods left", &e)),
+            Ok(Err(e)) => tracing::warn!("kubernetes: {}; again in {backoff:?}", api_error("listing pods left", e)),
             Err(_) => tracing::warn!("kubernetes: listing pods left: no answer in time; again in {backoff:?}"),
         }
         tokio::time::sleep(backoff).await;

@@ -13,9 +13,8 @@ pub mod proto;
 pub mod recordio;
 pub mod scheduler;
 
-use super::contract::{
-    ContainerFactory, ContainerHandle, ContainerSpec, Epoch, FactoryError, StatsReceiver, Transport,
-};
+use super::contract::{ContainerFactory, ContainerHandle, ContainerSpec, Epoch, StatsReceiver, Transport};
+use super::error::{Cause, CreateError, FactoryError, SetupError};
 use super::logs::LogBuffer;
 use crate::config::{Config, MesosFactoryConfig};
 use crate::pool::core::{ContainerId, NodeId, NodeStatsUpdate};
@@ -79,11 +78,14 @@ struct Driver {
 impl MesosFactory {
     pub async fn new(config: &Config, epoch: Epoch, store: Arc<dyn Store>) -> Result<Self, FactoryError> {
         let m = config.factory.mesos.clone();
-        let setup = |reason: String| FactoryError::Operation { op: "mesos setup", reason };
-        let client = MasterClient::new(&m.master, m.call_timeout).map_err(|e| setup(e.to_string()))?;
+        let setup =
+            |what, source: Cause| FactoryError::Setup { factory: "mesos", source: SetupError::Failed { what, source } };
+        let client = MasterClient::new(&m.master, m.call_timeout).map_err(|source| {
+            setup("the master's client", MesosError::Http { master: m.master.clone(), source }.into())
+        })?;
         let agent_invoker = match &m.agent_invoker {
             Some(path) => path.clone(),
-            None => std::env::current_exe().map_err(|e| setup(e.to_string()))?,
+            None => std::env::current_exe().map_err(|e| setup("the invoker's own executable", e.into()))?,
         };
         let listen = format!("{}:{{port}}", m.listen_host);
         let templates = config
@@ -170,9 +172,7 @@ impl ContainerFactory for MesosFactory {
     async fn create(&self, spec: &ContainerSpec, node: &NodeId) -> Result<ContainerHandle, FactoryError> {
         let inner = &self.inner;
         if spec.function.is_some() {
-            return Err(FactoryError::Create(
-                "the mesos factory runs no Fn function (the process, Docker and Kubernetes factories do)".into(),
-            ));
+            return Err(CreateError::NoFunctions("mesos").into());
         }
         let template = inner.templates.get(&spec.kind).ok_or_else(|| FactoryError::UnknownKind(spec.kind.clone()))?;
         let request = LaunchRequest {
@@ -192,7 +192,7 @@ impl ContainerFactory for MesosFactory {
         let started = tokio::time::timeout(bound, rx).await;
         let (host, port) = match started {
             Ok(Ok(Ok(address))) => address,
-            Ok(Ok(Err(reason))) => return Err(FactoryError::Create(reason)),
+            Ok(Ok(Err(reason))) => return Err(CreateError::Failed(reason).into()),
             Ok(Err(_)) | Err(_) => {
                 inner.state.lock().launches.remove(&spec.id);
                 self.kill(spec.id).await;
@@ -204,7 +204,7 @@ impl ContainerFactory for MesosFactory {
                 .await
                 .ok()
                 .and_then(|mut a| a.next())
-                .ok_or_else(|| FactoryError::Create(format!("agent host {host} does not resolve")))?;
+                .ok_or_else(|| CreateError::Unresolved(host.clone()))?;
             let transport = Transport::Tcp(addr);
             if !transport.until_accepts(tokio::time::Instant::now() + inner.ready_timeout).await {
                 return Err(FactoryError::NotReady(inner.ready_timeout));
