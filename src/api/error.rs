@@ -3,7 +3,7 @@
 use crate::activation::IntakeError;
 use crate::cluster::fetch::FetchError;
 use crate::http::Response;
-use crate::model::{ActivationRecord, Outcome, Rejection};
+use crate::model::{ActivationRecord, Outcome, Rejection, RejectionKind};
 use crate::pool::core::CreateFailure;
 use crate::store::StoreError;
 use hyper::header::{self, HeaderValue};
@@ -136,7 +136,6 @@ pub(super) fn record_status(record: &ActivationRecord, failed: StatusCode) -> St
 pub(super) fn fn_record_status(record: &ActivationRecord) -> Result<(), (StatusCode, String)> {
     let error = || record.response.result["error"].as_str().unwrap_or("function failed").to_string();
     let timed_out = record.annotation("timeout") == Some(&serde_json::Value::Bool(true));
-    let rejected = record.annotation("rejected").and_then(|v| v.as_str());
     let fdk = "please ensure you are using the latest fdk and check the logs";
     match (record.outcome(), record.rejection) {
         (Outcome::Success, _) => Ok(()),
@@ -150,7 +149,7 @@ pub(super) fn fn_record_status(record: &ActivationRecord) -> Result<(), (StatusC
         (Outcome::WhiskError, Some(Rejection::CreateFailed(_))) => {
             Err((StatusCode::BAD_GATEWAY, format!("Container failed to initialize, {fdk}")))
         }
-        (Outcome::WhiskError, None) if rejected == Some("create_failed") => {
+        (Outcome::WhiskError, None) if record.rejection_kind() == Some(RejectionKind::CreateFailed) => {
             Err((StatusCode::BAD_GATEWAY, format!("Container failed to initialize, {fdk}")))
         }
         (Outcome::WhiskError, Some(Rejection::NeverFits { .. })) => Err((StatusCode::BAD_REQUEST, error())),
@@ -182,5 +181,21 @@ mod tests {
         assert_eq!(record_status(&stopped, StatusCode::BAD_GATEWAY), StatusCode::BAD_GATEWAY);
         assert_eq!(fn_record_status(&stopped).unwrap_err().0, StatusCode::BAD_GATEWAY);
         assert_eq!(fn_record_status(&read_back).unwrap_err().0, StatusCode::SERVICE_UNAVAILABLE);
+    }
+
+    /// Fn's words for a container that failed to start, from the typed rejection and from a
+    /// record read back (where only the annotation tells it).
+    #[test]
+    fn fn_tells_a_failed_container_from_the_rejection_however_the_record_came() {
+        let failed = ActivationRecord::rejected(&meta(), Rejection::CreateFailed(CreateFailure::Failed), 5, 10);
+        let read_back = ActivationRecord { rejection: None, ..failed.clone() };
+        for record in [&failed, &read_back] {
+            let (status, message) = fn_record_status(record).unwrap_err();
+            assert_eq!(status, StatusCode::BAD_GATEWAY);
+            assert!(message.starts_with("Container failed to initialize"), "{message}");
+        }
+        assert_eq!(read_back.rejection_kind(), Some(RejectionKind::CreateFailed));
+        let slow = ActivationRecord::rejected(&meta(), Rejection::CreateFailed(CreateFailure::NotReady), 5, 10);
+        assert_eq!(fn_record_status(&slow).unwrap_err().0, StatusCode::GATEWAY_TIMEOUT);
     }
 }

@@ -59,13 +59,34 @@ pub enum Cause {
     Sys(#[from] nix::errno::Errno),
     #[cfg(feature = "docker")]
     #[error(transparent)]
-    Docker(#[from] bollard::errors::Error),
+    Docker(Box<bollard::errors::Error>),
     #[cfg(feature = "kubernetes")]
     #[error(transparent)]
-    Kubernetes(#[from] super::kubernetes::KubeError),
+    Kubernetes(Box<super::kubernetes::KubeError>),
     #[cfg(feature = "mesos")]
     #[error(transparent)]
-    Mesos(#[from] super::mesos::client::MesosError),
+    Mesos(Box<super::mesos::client::MesosError>),
+}
+
+#[cfg(feature = "docker")]
+impl From<bollard::errors::Error> for Cause {
+    fn from(e: bollard::errors::Error) -> Self {
+        Cause::Docker(Box::new(e))
+    }
+}
+
+#[cfg(feature = "kubernetes")]
+impl From<super::kubernetes::KubeError> for Cause {
+    fn from(e: super::kubernetes::KubeError) -> Self {
+        Cause::Kubernetes(Box::new(e))
+    }
+}
+
+#[cfg(feature = "mesos")]
+impl From<super::mesos::client::MesosError> for Cause {
+    fn from(e: super::mesos::client::MesosError) -> Self {
+        Cause::Mesos(Box::new(e))
+    }
 }
 
 /// Why one container could not be made.

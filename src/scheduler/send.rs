@@ -12,7 +12,7 @@
 //! (a connection refused, a 503 whose record says nothing ran) may go elsewhere too; once the
 //! message was released, the activation is the invoker's, whatever happens next.
 
-use crate::model::{ActivationRecord, Rejection};
+use crate::model::ActivationRecord;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
 use hyper::body::{Body, Frame, SizeHint};
@@ -332,7 +332,7 @@ fn interpret(status: u16, body: &[u8]) -> Sent {
     };
     match (status, record) {
         (_, Some(record)) => {
-            let rejected = record.annotation("rejected").and_then(Value::as_str).is_some_and(Rejection::ran_nothing);
+            let rejected = record.ran_nothing();
             if rejected && matches!(status, 400 | 503) {
                 Sent::Refused(record.response.result["error"].as_str().unwrap_or("refused").to_string())
             } else {

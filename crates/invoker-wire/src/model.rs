@@ -218,18 +218,70 @@ pub enum Rejection {
     NoInvoker,
 }
 
+/// A rejection's kind, as the record's `rejected` annotation names it (`create_failed`): what
+/// a record read back, or sent by another invoker, still says of why nothing ran.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RejectionKind {
+    NeverFits,
+    Deadline,
+    QueueFull,
+    CreateFailed,
+    Draining,
+    ContainerLost,
+    NoInvoker,
+}
+
+impl RejectionKind {
+    const ALL: [RejectionKind; 7] = [
+        RejectionKind::NeverFits,
+        RejectionKind::Deadline,
+        RejectionKind::QueueFull,
+        RejectionKind::CreateFailed,
+        RejectionKind::Draining,
+        RejectionKind::ContainerLost,
+        RejectionKind::NoInvoker,
+    ];
+
+    /// The value of the record's `rejected` annotation.
+    pub fn code(self) -> &'static str {
+        match self {
+            RejectionKind::NeverFits => "never_fits",
+            RejectionKind::Deadline => "deadline",
+            RejectionKind::QueueFull => "queue_full",
+            RejectionKind::CreateFailed => "create_failed",
+            RejectionKind::Draining => "draining",
+            RejectionKind::ContainerLost => "container_lost",
+            RejectionKind::NoInvoker => "no_invoker",
+        }
+    }
+
+    pub fn from_code(code: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|kind| kind.code() == code)
+    }
+
+    /// Whether a rejection of this kind ran nothing: another invoker may take the activation.
+    /// `container_lost` did not: its run may have started.
+    pub fn ran_nothing(self) -> bool {
+        self != RejectionKind::ContainerLost
+    }
+}
+
 impl Rejection {
+    pub fn kind(&self) -> RejectionKind {
+        match self {
+            Rejection::NeverFits { .. } => RejectionKind::NeverFits,
+            Rejection::Deadline => RejectionKind::Deadline,
+            Rejection::QueueFull => RejectionKind::QueueFull,
+            Rejection::CreateFailed(_) => RejectionKind::CreateFailed,
+            Rejection::Draining => RejectionKind::Draining,
+            Rejection::ContainerLost => RejectionKind::ContainerLost,
+            Rejection::NoInvoker => RejectionKind::NoInvoker,
+        }
+    }
+
     /// The value of the record's `rejected` annotation.
     pub fn code(&self) -> &'static str {
-        match self {
-            Rejection::NeverFits { .. } => "never_fits",
-            Rejection::Deadline => "deadline",
-            Rejection::QueueFull => "queue_full",
-            Rejection::CreateFailed(_) => "create_failed",
-            Rejection::Draining => "draining",
-            Rejection::ContainerLost => "container_lost",
-            Rejection::NoInvoker => "no_invoker",
-        }
+        self.kind().code()
     }
 
     pub fn message(&self) -> String {
@@ -255,12 +307,6 @@ impl Rejection {
             Rejection::ContainerLost => "the container running the activation vanished".into(),
             Rejection::NoInvoker => "no invoker could take the activation; nothing ran".into(),
         }
-    }
-
-    /// The codes of rejections that ran nothing: another invoker may take the activation.
-    /// `container_lost` is not one: its run may have started.
-    pub fn ran_nothing(code: &str) -> bool {
-        matches!(code, "never_fits" | "deadline" | "queue_full" | "create_failed" | "draining" | "no_invoker")
     }
 }
 
@@ -300,9 +346,15 @@ impl ActivationRecord {
     /// that run nothing, from this process or from the `rejected` annotation of a record read
     /// back or sent by an invoker). Any other whisk error may have run.
     pub fn ran_nothing(&self) -> bool {
+        self.rejection_kind().is_some_and(RejectionKind::ran_nothing)
+    }
+
+    /// Why nothing ran, when the record says: from this process's rejection, or from the
+    /// `rejected` annotation of a record read back or sent by an invoker.
+    pub fn rejection_kind(&self) -> Option<RejectionKind> {
         match &self.rejection {
-            Some(rejection) => Rejection::ran_nothing(rejection.code()),
-            None => self.annotation("rejected").and_then(Value::as_str).is_some_and(Rejection::ran_nothing),
+            Some(rejection) => Some(rejection.kind()),
+            None => self.annotation("rejected").and_then(Value::as_str).and_then(RejectionKind::from_code),
         }
     }
 

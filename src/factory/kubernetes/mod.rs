@@ -75,12 +75,12 @@ pub enum KubeError {
     #[error("api_server {url}: {source}")]
     ApiServer { url: String, source: hyper::http::uri::InvalidUri },
     #[error("{}: {source}", .path.display())]
-    Kubeconfig { path: std::path::PathBuf, source: kube::config::KubeconfigError },
+    Kubeconfig { path: std::path::PathBuf, source: Box<kube::config::KubeconfigError> },
     #[error("no cluster configured: {0}")]
-    NoCluster(kube::config::InferConfigError),
+    NoCluster(Box<kube::config::InferConfigError>),
     /// `doing`: what was asked (creating the pod, scaling the StatefulSet a1 to 3).
     #[error("{doing}: {}", api_words(.source))]
-    Call { doing: String, source: kube::Error },
+    Call { doing: String, source: Box<kube::Error> },
     #[error("{doing}: no answer within {bound:?}")]
     Timeout { doing: String, bound: Duration },
     #[error("{0}: the watch ended before its first list")]
@@ -92,13 +92,16 @@ pub enum KubeError {
 impl KubeError {
     pub fn call(doing: impl Into<String>) -> impl FnOnce(kube::Error) -> KubeError {
         let doing = doing.into();
-        move |source| KubeError::Call { doing, source }
+        move |source| KubeError::Call { doing, source: Box::new(source) }
     }
 
     /// The API server's status code, when it answered one.
     pub fn status(&self) -> Option<u16> {
         match self {
-            KubeError::Call { source: kube::Error::Api(status), .. } => Some(status.code),
+            KubeError::Call { source, .. } => match source.as_ref() {
+                kube::Error::Api(status) => Some(status.code),
+                _ => None,
+            },
             _ => None,
         }
     }
@@ -133,8 +136,10 @@ pub async fn kube_client(
     api_server: Option<&str>,
     kubeconfig: Option<&std::path::Path>,
 ) -> Result<(kube::Client, String), KubeError> {
-    let in_file =
-        |source| KubeError::Kubeconfig { path: kubeconfig.unwrap_or(std::path::Path::new("")).into(), source };
+    let in_file = |source| KubeError::Kubeconfig {
+        path: kubeconfig.unwrap_or(std::path::Path::new("")).into(),
+        source: Box::new(source),
+    };
     let config = match (api_server, kubeconfig) {
         (Some(url), _) => {
             kube::Config::new(url.parse().map_err(|source| KubeError::ApiServer { url: url.into(), source })?)
@@ -145,7 +150,7 @@ pub async fn kube_client(
                 .await
                 .map_err(in_file)?
         }
-        (None, None) => kube::Config::infer().await.map_err(KubeError::NoCluster)?,
+        (None, None) => kube::Config::infer().await.map_err(|e| KubeError::NoCluster(Box::new(e)))?,
     };
     let server = config.cluster_url.to_string();
     let client = kube::Client::try_from(config).map_err(KubeError::call("making the client"))?;
