@@ -62,7 +62,7 @@ pub enum Cause {
     Docker(Box<bollard::errors::Error>),
     #[cfg(feature = "kubernetes")]
     #[error(transparent)]
-    Kubernetes(Box<super::kubernetes::KubeError>),
+    Kubernetes(Box<super::kubernetes::error::KubeError>),
     #[cfg(feature = "mesos")]
     #[error(transparent)]
     Mesos(Box<super::mesos::client::MesosError>),
@@ -76,8 +76,8 @@ impl From<bollard::errors::Error> for Cause {
 }
 
 #[cfg(feature = "kubernetes")]
-impl From<super::kubernetes::KubeError> for Cause {
-    fn from(e: super::kubernetes::KubeError) -> Self {
+impl From<super::kubernetes::error::KubeError> for Cause {
+    fn from(e: super::kubernetes::error::KubeError) -> Self {
         Cause::Kubernetes(Box::new(e))
     }
 }

@@ -178,8 +178,7 @@ impl KubernetesPlane {
                 }
             }
         });
-        serde_json::from_value(object)
-            .map_err(|source| KubeError::Template { group: name.into(), source })
+        serde_json::from_value(object).map_err(|source| KubeError::Template { group: name.into(), source })
     }
 
     /// Sets group `name`'s StatefulSet to the replicas its wanted ordinals need, creating it
