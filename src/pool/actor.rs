@@ -69,6 +69,15 @@ pub struct WarmSince(pub Option<u64>);
 #[rtype(result = "()")]
 pub struct RefreshGauges;
 
+/// What the pool keeps of an action key: its action (one allocation of it), its spec (its
+/// entry in `keys`), the concurrency it runs with, and its own idle bound.
+struct KeyEntry {
+    action: Arc<Action>,
+    spec: String,
+    concurrency: u32,
+    idle: Option<std::time::Duration>,
+}
+
 pub struct ContainerPool {
     core: PoolCore,
     epoch: Epoch,
@@ -83,8 +92,12 @@ pub struct ContainerPool {
     create_refusals_in_a_row: u32,
     jobs: HashMap<JobId, RunJob>,
     keys: HashMap<String, KeyId>,
+    /// The same keys by the action's allocation and the concurrency: a warm activation's key
+    /// found without building its spec. Sound because the key keeps its action (`key_actions`)
+    /// alive, so no other action can be at that address while the entry stands.
+    keys_by_action: rustc_hash::FxHashMap<(usize, u32), KeyId>,
     /// Each key's action, its entry in `keys`, and its own idle bound.
-    key_actions: HashMap<KeyId, (Arc<Action>, String, Option<std::time::Duration>)>,
+    key_actions: HashMap<KeyId, KeyEntry>,
     /// Never reused: a key the core forgot may be interned again, as a new id.
     next_key: u32,
     next_job: u64,
@@ -126,6 +139,7 @@ impl ContainerPool {
             create_refusals_in_a_row: 0,
             jobs: HashMap::new(),
             keys: HashMap::new(),
+            keys_by_action: rustc_hash::FxHashMap::default(),
             key_actions: HashMap::new(),
             next_key: 0,
             next_job: 1,
@@ -161,6 +175,10 @@ impl ContainerPool {
     /// The action revision's key, and its own idle bound (an Fn function's `idle_timeout`,
     /// read from its annotation once per key).
     fn intern(&mut self, action: &Arc<Action>, concurrency: u32) -> (KeyId, Option<std::time::Duration>) {
+        let by_action = (Arc::as_ptr(action) as usize, concurrency);
+        if let Some(&id) = self.keys_by_action.get(&by_action) {
+            return (id, self.key_actions[&id].idle);
+        }
         let (l, exec) = (&action.limits, &action.exec);
         // The revision never repeats in a store; `updated` keeps it so across a store restored
         // from an older copy (or another scheduler's).
@@ -173,11 +191,16 @@ impl ContainerPool {
         if id == next {
             self.next_key = self.next_key.wrapping_add(1);
         }
-        let (_, _, idle) = self.key_actions.entry(id).or_insert_with(|| {
+        let entry = self.key_actions.entry(id).or_insert_with(|| {
             let idle = action.fn_function().idle_timeout_s.map(|s| std::time::Duration::from_secs(u64::from(s)));
-            (action.clone(), spec, idle)
+            KeyEntry { action: action.clone(), spec, concurrency, idle }
         });
-        (id, *idle)
+        // Only the allocation the key keeps is known by its address (another copy of the same
+        // revision is found by its spec, and is not kept).
+        if Arc::ptr_eq(&entry.action, action) {
+            self.keys_by_action.insert(by_action, id);
+        }
+        (id, entry.idle)
     }
 
     /// Forgets what it keeps of the keys the core no longer holds (no container, no waiting
@@ -185,8 +208,9 @@ impl ContainerPool {
     /// one, with its code.
     fn forget_keys(&mut self, keys: impl IntoIterator<Item = KeyId>) {
         for key in keys {
-            if let Some((_, spec, _)) = self.key_actions.remove(&key) {
-                self.keys.remove(&spec);
+            if let Some(entry) = self.key_actions.remove(&key) {
+                self.keys.remove(&entry.spec);
+                self.keys_by_action.remove(&(Arc::as_ptr(&entry.action) as usize, entry.concurrency));
             }
         }
     }
@@ -198,7 +222,7 @@ impl ContainerPool {
                 Effect::Create { container, owner, memory_mb, node, prewarm } => {
                     let (kind, disk_mb, action_path, function) = match owner {
                         Owner::Key(key) => {
-                            let (action, _, _) = &self.key_actions[&key];
+                            let action = &self.key_actions[&key].action;
                             let protocol = self.protocols.get(&action.exec.kind).copied().unwrap_or_default();
                             let function = crate::proxy::protocol::function_start(protocol, action, memory_mb);
                             (action.exec.kind.clone(), action.limits.disk, action.path(), function.map(Arc::new))
@@ -299,11 +323,11 @@ impl ContainerPool {
             .map(|c| ContainerSummary {
                 id: c.id.0,
                 action: match c.owner {
-                    Owner::Key(key) => self.key_actions.get(&key).map(|(a, _, _)| a.path()).unwrap_or_default(),
+                    Owner::Key(key) => self.key_actions.get(&key).map(|k| k.action.path()).unwrap_or_default(),
                     Owner::Stem(stem) => self.stem_label(stem),
                 },
                 revision: match c.owner {
-                    Owner::Key(key) => self.key_actions.get(&key).map_or(0, |(a, _, _)| a.revision),
+                    Owner::Key(key) => self.key_actions.get(&key).map_or(0, |k| k.action.revision),
                     Owner::Stem(_) => 0,
                 },
                 node: c.node.to_string(),
@@ -440,7 +464,8 @@ impl Handler<RetireAction> for ContainerPool {
         let keys: Vec<KeyId> = self
             .key_actions
             .iter()
-            .filter(|(_, (a, _, _))| {
+            .filter(|(_, k)| {
+                let a = &k.action;
                 a.namespace == retired.namespace && a.name == retired.name && Some(a.revision) != retired.keep
             })
             .map(|(&key, _)| key)
