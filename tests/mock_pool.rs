@@ -77,7 +77,7 @@ async fn invoke_with_id(h: &Harness, action: &Arc<Action>, params: Value, id: St
         wait: Some(Duration::from_secs(60)),
     };
     match h.service().invoke(req).await.unwrap() {
-        Invoked::Done(record) => Arc::unwrap_or_clone(record),
+        Invoked::Done(encoded) => Arc::unwrap_or_clone(encoded.record),
         Invoked::Accepted(id) => panic!("activation {id} did not finish within the blocking wait"),
     }
 }
@@ -382,7 +382,7 @@ async fn a_full_pool_mailbox_answers_at_once_and_every_activation_still_gets_its
         };
         match h.service().invoke(req).await.unwrap() {
             Invoked::Accepted(id) => accepted.push(id),
-            Invoked::Done(record) => {
+            Invoked::Done(invoker::model::EncodedRecord { record, .. }) => {
                 assert_eq!(record.annotation("rejected"), Some(&json!("queue_full")), "{record:?}");
                 assert_eq!(record.rejection, Some(invoker::model::Rejection::QueueFull));
                 assert!(h.service().store().get_activation(&record.activation_id).unwrap().is_some());

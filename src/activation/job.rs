@@ -4,7 +4,7 @@
 
 use super::slot::NamespaceSlot;
 use crate::metrics::Metrics;
-use crate::model::{Action, ActivationMeta, ActivationRecord, Rejection};
+use crate::model::{Action, ActivationMeta, ActivationRecord, EncodedRecord, Rejection};
 use crate::store::Store;
 use serde_json::{Map, Value};
 use std::sync::Arc;
@@ -45,7 +45,7 @@ pub struct Completion {
 struct CompletionInner {
     store: Arc<dyn Store>,
     metrics: Arc<Metrics>,
-    reply: Option<oneshot::Sender<Arc<ActivationRecord>>>,
+    reply: Option<oneshot::Sender<EncodedRecord>>,
     meta: Arc<ActivationMeta>,
     /// Released when the activation ends: the namespace's in-flight count.
     _slot: Option<NamespaceSlot>,
@@ -56,7 +56,7 @@ impl Completion {
         store: Arc<dyn Store>,
         metrics: Arc<Metrics>,
         meta: Arc<ActivationMeta>,
-        reply: Option<oneshot::Sender<Arc<ActivationRecord>>>,
+        reply: Option<oneshot::Sender<EncodedRecord>>,
         slot: Option<NamespaceSlot>,
     ) -> Self {
         Completion { inner: Some(CompletionInner { store, metrics, reply, meta, _slot: slot }) }
@@ -88,12 +88,12 @@ impl RunJob {
 impl CompletionInner {
     /// Stores the record first, then answers: whoever is answered can read it back at once.
     /// The store's `finish` is a journal append, quick enough to call on any thread. The
-    /// store and the waiter share the record.
+    /// record is encoded here, once: the store and the waiter share it and its bytes.
     fn finish(self, record: ActivationRecord) {
         self.metrics.activation_finished(&record);
-        let record = Arc::new(record);
+        let record = EncodedRecord::new(record);
         if let Err(e) = self.store.finish(&record) {
-            tracing::error!(activation = %record.activation_id, "record not stored: {e}");
+            tracing::error!(activation = %record.record.activation_id, "record not stored: {e}");
         }
         if let Some(reply) = self.reply {
             let _ = reply.send(record);

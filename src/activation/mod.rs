@@ -7,7 +7,7 @@ pub mod job;
 pub mod slot;
 
 use crate::metrics::Metrics;
-use crate::model::{epoch_ms, Action, ActivationMeta, ActivationRecord};
+use crate::model::{epoch_ms, Action, ActivationMeta, EncodedRecord};
 use crate::pool::actor::PoolHandle;
 use crate::pool::status::PoolStatus;
 use crate::scheduler::Dispatcher;
@@ -38,7 +38,7 @@ pub enum IntakeError {
 #[derive(Debug)]
 pub enum Invoked {
     /// Finished within the blocking wait.
-    Done(Arc<ActivationRecord>),
+    Done(EncodedRecord),
     /// Accepted; the record will be there later (non-blocking, or the blocking wait passed).
     Accepted(String),
 }
@@ -195,7 +195,7 @@ impl ActivationService {
             match self.store.accept(&meta)? {
                 Accepted::New => {}
                 Accepted::Finished(record) if record.namespace == meta.namespace => {
-                    return Ok(Invoked::Done(Arc::from(record)))
+                    return Ok(Invoked::Done(EncodedRecord::new(*record)))
                 }
                 Accepted::Pending { namespace } if namespace == meta.namespace => {
                     return Ok(self.await_existing(activation_id, &meta.namespace, req.wait).await)
@@ -243,7 +243,7 @@ impl ActivationService {
             let lookup = id.clone();
             if let Ok(Ok(Some(record))) = tokio::task::spawn_blocking(move || store.get_activation(&lookup)).await {
                 if record.namespace == namespace {
-                    return Invoked::Done(Arc::new(record));
+                    return Invoked::Done(EncodedRecord::new(record));
                 }
                 return Invoked::Accepted(id);
             }

@@ -6,10 +6,11 @@ use super::error::ApiError;
 use super::state::{load_action, AppState};
 use crate::activation::{InvokeRequest, Invoked};
 use crate::config::{Config, KindLanguage};
-use crate::http::Response;
+use crate::http::{with_body, Response};
 use crate::model::{
     epoch_ms, new_activation_id, validate_entity_name, Action, ActivationRecord, Exec, KeyValue, Limits,
 };
+use bytes::Bytes;
 use hyper::header::HeaderValue;
 use hyper::StatusCode;
 use serde::Deserialize;
@@ -323,16 +324,14 @@ pub(super) async fn invoke(state: &AppState, call: &Call, ns: &str, name: &str) 
 
 /// 200 done, 202 accepted, 502 the action failed, 503 nothing ran, 400 can never fit.
 fn invoke_response(invoked: Invoked, result_only: bool) -> Response {
-    let record = match invoked {
+    let encoded = match invoked {
         Invoked::Accepted(id) => return accepted(&id),
-        Invoked::Done(record) => record,
+        Invoked::Done(encoded) => encoded,
     };
-    let status = super::error::record_status(&record, StatusCode::BAD_GATEWAY);
-    if result_only {
-        record_response(&record, status, &record.response.result)
-    } else {
-        record_response(&record, status, &*record)
-    }
+    let status = super::error::record_status(&encoded.record, StatusCode::BAD_GATEWAY);
+    // The bytes the store wrote: the record is not encoded again for its answer.
+    let body = if result_only { encoded.result_json() } else { encoded.json.clone() };
+    record_response(&encoded.record, status, body)
 }
 
 pub(super) fn accepted(id: &str) -> Response {
@@ -347,9 +346,9 @@ fn with_activation_id(mut response: Response, id: &str) -> Response {
     response
 }
 
-/// `body` with `status`, the activation's id, and Retry-After when nothing ran.
-pub(super) fn record_response(record: &ActivationRecord, status: StatusCode, body: &impl serde::Serialize) -> Response {
-    let mut response = with_activation_id(json(status, body), &record.activation_id);
+/// `body` (JSON) with `status`, the activation's id, and Retry-After when nothing ran.
+pub(super) fn record_response(record: &ActivationRecord, status: StatusCode, body: Bytes) -> Response {
+    let mut response = with_activation_id(with_body(status, "application/json", body), &record.activation_id);
     if status == StatusCode::SERVICE_UNAVAILABLE {
         response.headers_mut().insert(hyper::header::RETRY_AFTER, HeaderValue::from_static("1"));
     }

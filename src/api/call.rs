@@ -7,10 +7,23 @@ use bytes::Bytes;
 use hyper::StatusCode;
 use serde::Deserialize;
 
-/// A request as the handlers see it: the head, and the body when the route takes one.
+/// Who a request's key belongs to. Each key is one principal's (the config checks it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Principal {
+    /// A namespace's key: its own actions, records and logs, nothing else.
+    Namespace { ns: String, key: String },
+    /// `[admin] key`: the admin routes.
+    Admin,
+    /// `[admin] controller_keys`: `ActivationMessage`s for any namespace through the shim.
+    Controller,
+}
+
+/// A request as the handlers see it: the head, and the body when the route takes one, with
+/// who sent it when that was checked before its body was read (it is checked once).
 pub(crate) struct Call {
     pub head: hyper::http::request::Parts,
     pub body: Bytes,
+    pub principal: Option<Principal>,
 }
 
 impl Call {

@@ -2,9 +2,10 @@
 //! internal route invokers fetch actions from (controller key). An invoker has none of them
 //! (404).
 
+use super::call::Principal;
 use super::call::{json, Call};
 use super::error::ApiError;
-use super::state::{AppState, Principal};
+use super::state::AppState;
 use crate::cluster::{cluster_revision, MAX_RECORDS_ASKED};
 use crate::http::Response;
 use crate::model::validate_entity_name;
@@ -47,7 +48,7 @@ struct RevisionQuery {
 /// scheduler sent it to; 404 when it is not at that revision any more. The controller key only.
 pub(super) async fn internal_action(state: &AppState, call: &Call, ns: &str, name: &str) -> Result<Response, ApiError> {
     let dispatcher = dispatcher(state)?;
-    if state.authenticate(&call.head.headers)? != Principal::Controller {
+    if state.principal(call)? != Principal::Controller {
         return Err(ApiError::Forbidden(call.head.uri.path().chars().take(256).collect()));
     }
     let query: RevisionQuery = call.query()?;
@@ -70,7 +71,7 @@ struct KeepQuery {
 /// deleted (or saved at cluster revision `R`); its idle containers of other revisions go now.
 /// The controller key only.
 pub(super) async fn retire_action(state: &AppState, call: &Call, ns: &str, name: &str) -> Result<Response, ApiError> {
-    if state.authenticate(&call.head.headers)? != Principal::Controller {
+    if state.principal(call)? != Principal::Controller {
         return Err(ApiError::Forbidden(call.head.uri.path().chars().take(256).collect()));
     }
     let pool = state.service.pool().ok_or(ApiError::NotFound)?;
@@ -95,7 +96,7 @@ struct RecordsAsked {
 /// invoker's answer) and replaces them with what ran. A record that is itself a guess (this
 /// invoker restarted under it) is no answer. The controller key only.
 pub(super) async fn internal_records(state: &AppState, call: &Call) -> Result<Response, ApiError> {
-    if state.authenticate(&call.head.headers)? != Principal::Controller {
+    if state.principal(call)? != Principal::Controller {
         return Err(ApiError::Forbidden(call.head.uri.path().chars().take(256).collect()));
     }
     state.service.pool().ok_or(ApiError::NotFound)?;

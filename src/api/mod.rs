@@ -242,15 +242,15 @@ impl AppState {
                 | (Route::FnApp { .. } | Route::FnFunction { .. }, &Method::PUT)
                 | (Route::FnHttpTrigger { .. }, _)
         );
-        let body = if takes_body {
+        let (body, principal) = if takes_body {
             // Only a caller with a key gets its body read: a stranger cannot make the invoker
             // buffer the largest body a route takes (48 MB of code by default).
-            self.authenticate(&head.headers)?;
-            self.read_body(&head, body).await?
+            let principal = self.authenticate(&head.headers)?;
+            (self.read_body(&head, body).await?, Some(principal))
         } else {
-            Bytes::new()
+            (Bytes::new(), None)
         };
-        let call = Call { head, body };
+        let call = Call { head, body, principal };
         // HEAD is GET without the body (hyper leaves the body out of the answer).
         let method = if call.head.method == Method::HEAD { &Method::GET } else { &call.head.method };
         match (route, method) {

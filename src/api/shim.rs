@@ -5,13 +5,17 @@
 
 use super::actions::{accepted, record_response};
 use super::call::Call;
+use super::call::Principal;
 use super::error::record_status;
 use super::error::ApiError;
-use super::state::{load_action, AppState, Principal};
+use super::state::{load_action, AppState};
 use crate::activation::job::CallRequest;
 use crate::activation::{InvokeRequest, Invoked};
 use crate::http::Response;
-use crate::model::{is_activation_id, validate_entity_name, ActivationMessage, ActivationRecord, Outcome};
+use crate::model::{
+    is_activation_id, validate_entity_name, ActivationMessage, ActivationRecord, EncodedRecord, Outcome,
+};
+use bytes::Bytes;
 use hyper::StatusCode;
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -58,7 +62,7 @@ fn call_request(msg: &ActivationMessage, payload_max_bytes: usize) -> Result<Opt
 }
 
 pub(super) async fn activation_message(state: &AppState, call: &Call) -> Result<Response, ApiError> {
-    let caller = state.authenticate(&call.head.headers)?;
+    let caller = state.principal(call)?;
     let limit = message_limit(state.config.limits.payload_max_bytes);
     if call.body.len() > limit {
         return Err(ApiError::TooLarge(limit));
@@ -106,10 +110,10 @@ pub(super) async fn activation_message(state: &AppState, call: &Call) -> Result<
         .await?;
     match invoked {
         Invoked::Accepted(id) => Ok(accepted(&id)),
-        Invoked::Done(record) => {
+        Invoked::Done(encoded) => {
             let user_memory_mb = state.service.pool().map_or(0, |p| p.user_memory_mb());
-            let ack = completion_message(&state.config.invoker_id, user_memory_mb, msg.transid, &record);
-            Ok(record_response(&record, record_status(&record, StatusCode::OK), &ack))
+            let ack = completion_message(&state.config.invoker_id, user_memory_mb, msg.transid, &encoded);
+            Ok(record_response(&encoded.record, record_status(&encoded.record, StatusCode::OK), ack))
         }
     }
 }
@@ -172,28 +176,34 @@ fn validate(msg: &ActivationMessage) -> Result<String, ApiError> {
     Ok(tid)
 }
 
-/// OpenWhisk's `CombinedCompletionAndResultMessage`, with this invoker as `instance`. Borrows
-/// the record: it is serialised once, straight into the answer.
+/// OpenWhisk's `CombinedCompletionAndResultMessage`, with this invoker as `instance`, less its
+/// `response`: the record goes in as the bytes it was encoded to once.
 #[derive(serde::Serialize)]
 #[serde(rename_all = "camelCase")]
-struct CompletionMessage<'a> {
+struct CompletionMessage {
     transid: Value,
-    response: &'a ActivationRecord,
     is_system_error: bool,
     instance: Value,
 }
 
-fn completion_message<'a>(
-    id: &str,
-    user_memory_mb: u64,
-    transid: Value,
-    record: &'a ActivationRecord,
-) -> CompletionMessage<'a> {
+fn completion_message(id: &str, user_memory_mb: u64, transid: Value, encoded: &EncodedRecord) -> Bytes {
+    let rest = completion_fields(id, user_memory_mb, transid, &encoded.record);
+    // Fields of strings, numbers and JSON values: encoding cannot fail.
+    let rest = serde_json::to_vec(&rest).expect("a completion message serialises");
+    // `{"response":<record>,` then the rest's fields, without its own `{`.
+    let mut body = Vec::with_capacity(encoded.json.len() + rest.len() + 13);
+    body.extend_from_slice(b"{\"response\":");
+    body.extend_from_slice(&encoded.json);
+    body.push(b',');
+    body.extend_from_slice(&rest[1..]);
+    body.into()
+}
+
+fn completion_fields(id: &str, user_memory_mb: u64, transid: Value, record: &ActivationRecord) -> CompletionMessage {
     let digits = id.trim_start_matches(|c: char| !c.is_ascii_digit());
     let instance: u64 = digits.parse().unwrap_or(0);
     CompletionMessage {
         transid,
-        response: record,
         is_system_error: record.outcome() == Outcome::WhiskError,
         instance: json!({
             "instance": instance,

@@ -1,7 +1,7 @@
 //! Who may call: the keys of the config, each one principal's, looked up by the header its
 //! clients send.
 
-use super::call::Call;
+use super::call::{Call, Principal};
 use super::error::ApiError;
 use crate::activation::ActivationService;
 use crate::cluster::fetch::RemoteActions;
@@ -22,17 +22,6 @@ pub struct AppState {
     headers: HashMap<String, Principal>,
     /// In a cluster: the actions schedulers send, fetched from them by revision.
     remote_actions: Option<Arc<RemoteActions>>,
-}
-
-/// Who a request's key belongs to. Each key is one principal's (the config checks it).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Principal {
-    /// A namespace's key: its own actions, records and logs, nothing else.
-    Namespace { ns: String, key: String },
-    /// `[admin] key`: the admin routes.
-    Admin,
-    /// `[admin] controller_keys`: `ActivationMessage`s for any namespace through the shim.
-    Controller,
 }
 
 impl AppState {
@@ -76,10 +65,18 @@ impl AppState {
         self.keys.get(&key).cloned().ok_or(ApiError::Unauthorized)
     }
 
+    /// Who sent `call`: as found before its body was read, or from its key now.
+    pub(crate) fn principal(&self, call: &Call) -> Result<Principal, ApiError> {
+        match &call.principal {
+            Some(principal) => Ok(principal.clone()),
+            None => self.authenticate(&call.head.headers),
+        }
+    }
+
     /// The namespace a namespace route acts in: `_` means the key's own; any other must be it.
     /// Only a namespace's key has one.
     pub(crate) fn namespace(&self, call: &Call, path_ns: &str) -> Result<(String, String), ApiError> {
-        match self.authenticate(&call.head.headers)? {
+        match self.principal(call)? {
             Principal::Namespace { ns, key } if path_ns == "_" || path_ns == ns => Ok((ns, key)),
             _ => Err(ApiError::Forbidden(path_ns.chars().take(256).collect())),
         }
@@ -87,7 +84,7 @@ impl AppState {
 
     /// Admin routes: the admin key, and no other.
     pub(crate) fn admin(&self, call: &Call) -> Result<(), ApiError> {
-        match self.authenticate(&call.head.headers)? {
+        match self.principal(call)? {
             Principal::Admin => Ok(()),
             _ => Err(ApiError::Forbidden(call.head.uri.path().chars().take(256).collect())),
         }

@@ -50,7 +50,8 @@ pub(super) fn build_record(
         end,
         duration,
         status_code: outcome.status_code(),
-        response: ActivationResponse::new(outcome, result),
+        // Sized when it is encoded, once, as it is finished.
+        response: ActivationResponse::without_size(outcome, result),
         logs,
         annotations,
         publish: false,

@@ -326,9 +326,8 @@ impl Dispatcher {
         }
         record.annotations.retain(|a| a.key != "invoker");
         record.annotations.push(KeyValue { key: "invoker".into(), value: json!(invoker) });
-        let record = Arc::new(record);
         let writing = store.clone();
-        match tokio::task::spawn_blocking(move || writing.finish(&record)).await {
+        match tokio::task::spawn_blocking(move || writing.finish(&record.into())).await {
             Ok(Ok(())) => {
                 self.metrics.guesses_replaced.inc();
                 tracing::info!(activation = %id, %invoker, "a guessed record replaced by the invoker's record of what ran");

@@ -1,7 +1,7 @@
 //! What every store promises (the trait, its errors and its entries), apart from the stores
 //! that keep it, so that each store imports the promise and not its siblings.
 
-use crate::model::{Action, ActivationMeta, ActivationRecord};
+use crate::model::{Action, ActivationMeta, ActivationRecord, EncodedRecord};
 use std::sync::Arc;
 
 #[derive(Debug, thiserror::Error)]
@@ -98,8 +98,8 @@ pub trait Store: Send + Sync + 'static {
     fn accept_new(&self, meta: &ActivationMeta) -> Result<(), StoreError> {
         self.accept(meta).map(|_| ())
     }
-    /// Stores the final record and clears the pending entry.
-    fn finish(&self, record: &Arc<ActivationRecord>) -> Result<(), StoreError>;
+    /// Stores the final record (its JSON as encoded once) and clears the pending entry.
+    fn finish(&self, record: &EncodedRecord) -> Result<(), StoreError>;
     fn get_activation(&self, id: &str) -> Result<Option<ActivationRecord>, StoreError>;
     /// Newest first.
     fn list_activations(

@@ -27,7 +27,7 @@
 use super::action_cache::ActionCache;
 use super::contract::{Accepted, DocKind, Store, StoreError};
 use super::redb_store::RedbStore;
-use crate::model::{Action, ActivationMeta, ActivationRecord};
+use crate::model::{Action, ActivationMeta, ActivationRecord, EncodedRecord};
 use parking_lot::Mutex;
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::fs::File;
@@ -147,7 +147,7 @@ struct State {
 #[derive(Clone)]
 struct Finished {
     record: Arc<ActivationRecord>,
-    json: Box<[u8]>,
+    json: bytes::Bytes,
     /// In the journal (or in a segment an earlier run left): a restart finds it. False only
     /// for a record the disk had no room for at all, held in memory alone.
     journaled: bool,
@@ -405,19 +405,22 @@ fn flush_loop(inner: Weak<Inner>) {
 const PROBE_BYTES: usize = 256 * 1024;
 
 impl Inner {
-    /// Writes one line and returns it (without the newline). A line the disk took only part of
-    /// is cut off, so that the next line starts where it should.
-    fn append(state: &mut State, line: &LineRef<'_>) -> Result<Vec<u8>, StoreError> {
+    /// Writes one line. A line the disk took only part of is cut off, so that the next line
+    /// starts where it should.
+    fn append(state: &mut State, line: &LineRef<'_>) -> Result<(), StoreError> {
         // Model types of strings, numbers and JSON values: encoding cannot fail.
-        let mut bytes = serde_json::to_vec(line).expect("a journal line serialises");
+        Self::append_line(state, serde_json::to_vec(line).expect("a journal line serialises"))
+    }
+
+    /// Writes `bytes` (one line's JSON) and its newline.
+    fn append_line(state: &mut State, mut bytes: Vec<u8>) -> Result<(), StoreError> {
         bytes.push(b'\n');
         if let Err(e) = state.file.write_all(&bytes) {
             let _ = state.file.set_len(state.len);
             return Err(io_err("journal append", e));
         }
         state.len += bytes.len() as u64;
-        bytes.pop();
-        Ok(bytes)
+        Ok(())
     }
 
     /// Notes a failed write: the store takes no new work until `try_recover` finds both the
@@ -479,13 +482,18 @@ impl Inner {
     }
 
     /// A record's line, written with room from the reserve when the disk has none left.
-    fn append_ending(&self, state: &mut State, record: &ActivationRecord) -> Result<Vec<u8>, StoreError> {
+    fn append_ending(&self, state: &mut State, json: &[u8]) -> Result<(), StoreError> {
+        // `{"F":<record>}`, the record's JSON as it was encoded.
+        let mut line = Vec::with_capacity(json.len() + 7);
+        line.extend_from_slice(b"{\"F\":");
+        line.extend_from_slice(json);
+        line.push(b'}');
         loop {
-            match Inner::append(state, &LineRef::F(record)) {
+            match Inner::append_line(state, line.clone()) {
                 Err(e) if e.is_disk_full() => {
                     // The store refuses new work from the first line that found the disk full.
                     self.troubled(io_err("journal append", std::io::Error::from_raw_os_error(libc::ENOSPC)));
-                    let need = serde_json::to_vec(record).map_or(0, |j| j.len() as u64) + 16;
+                    let need = json.len() as u64 + 16;
                     if !self.reserve.lock().release(need) {
                         return Err(e);
                     }
@@ -500,11 +508,15 @@ impl Inner {
     fn write_out_once(&self) -> Vec<String> {
         {
             let mut state = self.state.lock();
-            let alone: Vec<Arc<ActivationRecord>> =
-                state.finished.values().filter(|f| !f.journaled).map(|f| f.record.clone()).collect();
-            for record in alone {
-                if self.append_ending(&mut state, &record).is_ok() {
-                    if let Some(f) = state.finished.get_mut(&record.activation_id) {
+            let alone: Vec<(String, bytes::Bytes)> = state
+                .finished
+                .iter()
+                .filter(|(_, f)| !f.journaled)
+                .map(|(id, f)| (id.clone(), f.json.clone()))
+                .collect();
+            for (id, json) in alone {
+                if self.append_ending(&mut state, &json).is_ok() {
+                    if let Some(f) = state.finished.get_mut(&id) {
                         f.journaled = true;
                     }
                 }
@@ -642,22 +654,23 @@ impl Store for JournaledStore {
     /// Never loses an accepted activation's record: a line the disk has no room for takes it
     /// from the journal's reserve; one that finds the reserve spent too is kept in memory until
     /// a flush moves it into redb (and `write_out` says so if none does before the end).
-    fn finish(&self, record: &Arc<ActivationRecord>) -> Result<(), StoreError> {
+    fn finish(&self, encoded: &EncodedRecord) -> Result<(), StoreError> {
         let inner = &self.inner;
+        let record = &encoded.record;
         let mut state = inner.state.lock();
-        let (json, journaled) = match inner.append_ending(&mut state, record) {
-            // The line is `{"F":<record>}`: the record's own JSON is inside.
-            Ok(line) => (line.get(5..line.len().saturating_sub(1)).unwrap_or_default().into(), true),
+        let journaled = match inner.append_ending(&mut state, &encoded.json) {
+            Ok(()) => true,
             Err(e) => {
                 drop(state);
                 let e = inner.troubled(e);
                 tracing::warn!(activation = %record.activation_id, "record kept in memory until the store writes: {e}");
                 state = inner.state.lock();
-                (serde_json::to_vec(&**record).expect("a record serialises").into(), false)
+                false
             }
         };
         state.pending.remove(&record.activation_id);
-        state.finished.insert(record.activation_id.clone(), Finished { record: Arc::clone(record), json, journaled });
+        let finished = Finished { record: Arc::clone(record), json: encoded.json.clone(), journaled };
+        state.finished.insert(record.activation_id.clone(), finished);
         Ok(())
     }
 
@@ -711,8 +724,8 @@ impl Store for JournaledStore {
         left.retain(|id, _| !state.finished.contains_key(id) && !state.in_flight.contains_key(id));
         for (id, meta) in &left {
             let record = ActivationRecord::guess(meta, super::contract::STOPPED_UNFINISHED, now_ms);
-            let json = serde_json::to_vec(&record).expect("a record serialises").into();
-            state.finished.insert(id.clone(), Finished { record: Arc::new(record), json, journaled: false });
+            let EncodedRecord { record, json, .. } = EncodedRecord::new(record);
+            state.finished.insert(id.clone(), Finished { record, json, journaled: false });
         }
         drop(state);
         if let Err(e) = inner.flush() {
@@ -793,7 +806,7 @@ mod tests {
         let store = open(dir.path());
         assert_eq!(store.accept(&meta("a1")).unwrap(), Accepted::New);
         assert_eq!(store.accept(&meta("a1")).unwrap(), Accepted::Pending { namespace: "guest".into() });
-        store.finish(&Arc::new(record("a1"))).unwrap();
+        store.finish(&record("a1").into()).unwrap();
         assert_eq!(store.get_activation("a1").unwrap().unwrap().activation_id, "a1");
         store.flush().unwrap();
         assert_eq!(store.get_activation("a1").unwrap().unwrap(), record("a1"), "the journal's bytes, stored whole");
@@ -820,7 +833,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = open(dir.path());
         store.accept(&meta("done")).unwrap();
-        store.finish(&Arc::new(record("done"))).unwrap();
+        store.finish(&record("done").into()).unwrap();
         store.accept(&meta("open")).unwrap();
         // A SIGKILL: no flush, no drop; only the journal on disk remains.
         std::mem::forget(store);
@@ -847,7 +860,7 @@ mod tests {
         {
             let store = open(dir.path());
             store.accept(&meta("first")).unwrap();
-            store.finish(&Arc::new(record("first"))).unwrap();
+            store.finish(&record("first").into()).unwrap();
             std::mem::forget(store);
         }
         let (_, segment) = segments(&journal).unwrap().pop().unwrap();
@@ -910,7 +923,7 @@ mod tests {
         let big = |id: &str| {
             let mut r = record(id);
             r.response.result = serde_json::json!({ "data": "x".repeat(64 * 1024) });
-            Arc::new(r)
+            EncodedRecord::from(r)
         };
         for id in ["a1", "a2"] {
             assert_eq!(store.accept(&meta(id)).unwrap(), Accepted::New);
@@ -955,7 +968,7 @@ mod tests {
         store.flush().unwrap();
         for id in ["a1", "a2"] {
             let stored = store.inner.db.get_activation(id).unwrap().expect("in redb");
-            assert_eq!(stored, *big(id), "{id}");
+            assert_eq!(stored, *big(id).record, "{id}");
         }
     }
 }

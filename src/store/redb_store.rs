@@ -2,7 +2,7 @@
 //! one redb file, with the indexes the API lists by (namespace, then newest first).
 
 use super::contract::{next_version, Accepted, DocKind, Store, StoreError};
-use crate::model::{Action, ActivationMeta, ActivationRecord};
+use crate::model::{Action, ActivationMeta, ActivationRecord, EncodedRecord};
 use parking_lot::RwLock;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::de::DeserializeOwned;
@@ -194,10 +194,6 @@ impl RedbStore {
             Ok(())
         })
     }
-
-    fn write_record(txn: &redb::WriteTransaction, record: &ActivationRecord) -> Result<(), StoreError> {
-        RecordTables::open(txn)?.write(record)
-    }
 }
 
 /// The tables a record touches, opened once for a whole batch.
@@ -344,10 +340,10 @@ impl Store for RedbStore {
         })
     }
 
-    fn finish(&self, record: &Arc<ActivationRecord>) -> Result<(), StoreError> {
+    fn finish(&self, record: &EncodedRecord) -> Result<(), StoreError> {
         self.run(|db| {
             let txn = db.begin_write().map_err(db_err)?;
-            Self::write_record(&txn, record)?;
+            RecordTables::open(&txn)?.write_encoded(&record.record, &record.json)?;
             txn.commit().map_err(db_err)?;
             Ok(())
         })
@@ -649,7 +645,7 @@ mod tests {
         assert_eq!(s.accept(&meta("a1")).unwrap(), Accepted::New);
         assert_eq!(s.accept(&meta("a1")).unwrap(), Accepted::Pending { namespace: "guest".into() });
         let record = ActivationRecord::whisk_error(&meta("a1"), "x", 20);
-        s.finish(&Arc::new(record.clone())).unwrap();
+        s.finish(&record.clone().into()).unwrap();
         assert_eq!(s.accept(&meta("a1")).unwrap(), Accepted::Finished(Box::new(record)));
     }
 
@@ -673,7 +669,7 @@ mod tests {
         let mut truth = ActivationRecord::whisk_error(&meta("p1"), "x", 130);
         truth.start = 120;
         truth.response.status_code = 0;
-        s.finish(&Arc::new(truth)).unwrap();
+        s.finish(&truth.into()).unwrap();
         let listed = s.list_activations("guest", Some("hello"), 0, 10).unwrap();
         assert_eq!(listed.len(), 1, "one record per activation: {listed:?}");
         assert_eq!((listed[0].start, listed[0].response.status_code), (120, 0));
@@ -685,7 +681,7 @@ mod tests {
         for (i, id) in ["r1", "r2", "r3"].iter().enumerate() {
             let mut m = meta(id);
             m.accepted_at = 100 * (i as u64 + 1);
-            s.finish(&Arc::new(ActivationRecord::whisk_error(&m, "x", m.accepted_at + 1))).unwrap();
+            s.finish(&ActivationRecord::whisk_error(&m, "x", m.accepted_at + 1).into()).unwrap();
         }
         let ids: Vec<_> =
             s.list_activations("guest", None, 0, 10).unwrap().into_iter().map(|r| r.activation_id).collect();
@@ -704,7 +700,7 @@ mod tests {
                 let mut m = meta(&format!("{ns}-{i}"));
                 m.namespace = ns.into();
                 m.accepted_at = 100 * (i + 1);
-                s.finish(&Arc::new(ActivationRecord::whisk_error(&m, "x", m.accepted_at + 1))).unwrap();
+                s.finish(&ActivationRecord::whisk_error(&m, "x", m.accepted_at + 1).into()).unwrap();
             }
         }
         // 3 of 5 per namespace started before 350; batches of 2 split every namespace.

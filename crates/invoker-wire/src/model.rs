@@ -1,8 +1,11 @@
 //! Actions and activation records, in the JSON shapes OpenWhisk clients read and write.
 
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use std::borrow::Cow;
+use std::ops::Range;
+use std::sync::Arc;
 
 /// `{"key": ..., "value": ...}`: OpenWhisk's parameter and annotation entry.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -324,18 +327,68 @@ pub struct ActivationResponse {
 impl ActivationResponse {
     pub fn new(outcome: Outcome, result: Value) -> Self {
         let size = Some(result.to_string().len() as u64);
+        ActivationResponse { size, ..Self::without_size(outcome, result) }
+    }
+
+    /// Without its `size`, for a record that is encoded next ([`EncodedRecord::new`] sets it
+    /// from the one encoding of the result).
+    pub fn without_size(outcome: Outcome, result: Value) -> Self {
         ActivationResponse {
             status: outcome.status().to_string(),
             status_code: outcome.status_code(),
             success: outcome == Outcome::Success,
             result,
-            size,
+            size: None,
         }
     }
 
     pub fn outcome(&self) -> Outcome {
         Outcome::from_status_code(u64::from(self.status_code)).unwrap_or(Outcome::WhiskError)
     }
+}
+
+/// A finished record and its JSON, encoded once: the store's journal line, its database entry
+/// and the caller's answer all take these bytes, and `?result=true` answers the slice where the
+/// result lies in them.
+#[derive(Clone, Debug)]
+pub struct EncodedRecord {
+    pub record: Arc<ActivationRecord>,
+    pub json: Bytes,
+    result: Range<usize>,
+}
+
+impl EncodedRecord {
+    /// Encodes `record`, its result once (which also gives its `size`).
+    pub fn new(mut record: ActivationRecord) -> Self {
+        let result = std::mem::take(&mut record.response.result);
+        // Strings, numbers and JSON values: encoding cannot fail.
+        let result_json = serde_json::to_vec(&result).expect("a JSON value serialises");
+        record.response.size = Some(result_json.len() as u64);
+        let mut json = serde_json::to_vec(&record).expect("a record serialises");
+        record.response.result = result;
+        // The result's place: `"result":null` in the response, which follows the record's names,
+        // ids and numbers (none of which holds a quote), and the outcome's words and flags.
+        let at = find(&json, b"\"response\":{")
+            .and_then(|r| find(&json[r..], b"\"result\":null").map(|i| r + i + b"\"result\":".len()))
+            .expect("a record's JSON has its response's result");
+        json.splice(at..at + b"null".len(), result_json.iter().copied());
+        EncodedRecord { record: Arc::new(record), json: json.into(), result: at..at + result_json.len() }
+    }
+
+    /// The result's JSON, as the record holds it.
+    pub fn result_json(&self) -> Bytes {
+        self.json.slice(self.result.clone())
+    }
+}
+
+impl From<ActivationRecord> for EncodedRecord {
+    fn from(record: ActivationRecord) -> Self {
+        EncodedRecord::new(record)
+    }
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
 }
 
 /// The annotation of a record written as a guess ([`ActivationRecord::guess`]).
@@ -537,6 +590,21 @@ pub fn validate_entity_name(field: &str, name: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_record_encoded_once_is_its_json_and_the_result_its_slice() {
+        let meta = ActivationMeta::for_test("0123456789abcdef0123456789abcdef");
+        for result in [json!({"a": [1, 2.5, "x\"y"], "result": null}), json!([]), json!({"error": "bad"})] {
+            let mut record = ActivationRecord::whisk_error(&meta, "x", 10);
+            record.response = ActivationResponse::without_size(Outcome::Success, result.clone());
+            record.logs = vec!["\"response\":{\"result\":null".into()];
+            let encoded = EncodedRecord::new(record.clone());
+            record.response.size = Some(result.to_string().len() as u64);
+            assert_eq!(encoded.json, Bytes::from(serde_json::to_vec(&record).unwrap()), "the same bytes as serde's");
+            assert_eq!(encoded.result_json(), Bytes::from(result.to_string()));
+            assert_eq!(*encoded.record, record);
+        }
+    }
     use proptest::prelude::*;
 
     #[test]

@@ -41,7 +41,7 @@ pub(in crate::api) async fn invoke(state: &AppState, call: &Call, fn_id: &str) -
         Invoked::Done(record) => record,
         Invoked::Accepted(id) => return Ok(still_running(&id)),
     };
-    Ok(answer(&record, Mapping::Invoke))
+    Ok(answer(&record.record, Mapping::Invoke))
 }
 
 /// Any method at `/t/{app}/{source}`: the trigger of `app` with that source calls its function
@@ -73,7 +73,7 @@ pub(in crate::api) async fn trigger(
         Invoked::Done(record) => record,
         Invoked::Accepted(id) => return Ok(still_running(&id)),
     };
-    Ok(answer(&record, Mapping::Gateway))
+    Ok(answer(&record.record, Mapping::Gateway))
 }
 
 /// One call, blocking: as long as the function may run, and the wait for a container.
