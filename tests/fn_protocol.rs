@@ -336,6 +336,24 @@ async fn fn_routes_make_an_app_a_function_and_a_trigger_and_call_it_through_invo
         (Some("DELETE"), Some("3"), Some("gw"))
     );
 
+    // Where a trigger leads is read once and kept, until a trigger, function or app changes: a
+    // source moved to another function calls that one from the next call on.
+    let moved = json!({"name": "m", "app_id": app_id, "fn_id": fn_id, "type": "http", "source": "/moved"});
+    let (status, moved) = inv.send_json("POST", "/v2/triggers", moved).await;
+    assert_eq!(status, 200, "{moved}");
+    for _ in 0..2 {
+        let (status, got, _) = inv.send("POST", "/t/myapp/moved", GUEST, &[], b"m".to_vec()).await;
+        assert_eq!((status, got["x-made"].to_str().unwrap()), (201, "yes"), "the python function");
+    }
+    let moved_id = moved["id"].as_str().unwrap();
+    assert_eq!(inv.send_json("DELETE", &format!("/v2/triggers/{moved_id}"), Value::Null).await.0, 200);
+    let (status, _, _) = inv.send("POST", "/t/myapp/moved", GUEST, &[], b"m".to_vec()).await;
+    assert_eq!(status, 404, "the trigger is gone");
+    let again = json!({"name": "m2", "app_id": app_id, "fn_id": js_id, "type": "http", "source": "/moved"});
+    assert_eq!(inv.send_json("POST", "/v2/triggers", again).await.0, 200);
+    let (status, got, _) = inv.send("POST", "/t/myapp/moved", GUEST, &[], b"m".to_vec()).await;
+    assert_eq!((status, got["x-made"].to_str().unwrap()), (202, "node"), "the node function now");
+
     // Each call is an activation with its record and logs.
     let record = inv.record(&call_id).await;
     assert_eq!(record["name"], "myapp.hello");
@@ -361,6 +379,10 @@ async fn fn_routes_make_an_app_a_function_and_a_trigger_and_call_it_through_invo
     assert_eq!(status, 404);
     let (status, _) = inv.get("actions/myapp.hello").await;
     assert_eq!(status, 404, "its action went too");
+    let (status, _, _) = inv.send("POST", &format!("/invoke/{fn_id}"), GUEST, &[], Vec::new()).await;
+    assert_eq!(status, 404, "a call to it leads nowhere");
+    let (status, _, _) = inv.send("POST", "/t/myapp/hello/there", GUEST, &[], Vec::new()).await;
+    assert_eq!(status, 404);
 }
 
 const CONTROLLER: &str = "c0ffee00-0000-4000-8000-00000000c0de:the-fn-tests-controller-secret";

@@ -3,6 +3,7 @@
 
 use super::call::{Call, Principal};
 use super::error::ApiError;
+use super::fn_routes::cache::FnCache;
 use crate::activation::ActivationService;
 use crate::cluster::fetch::RemoteActions;
 use crate::config::Config;
@@ -22,6 +23,8 @@ pub struct AppState {
     headers: HashMap<String, Principal>,
     /// In a cluster: the actions schedulers send, fetched from them by revision.
     remote_actions: Option<Arc<RemoteActions>>,
+    /// Where Fn's calls lead.
+    pub(super) fn_cache: FnCache,
 }
 
 impl AppState {
@@ -38,7 +41,7 @@ impl AppState {
             .iter()
             .map(|(key, who)| (format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(key)), who.clone()))
             .collect();
-        AppState { service, config, keys, headers, remote_actions: None }
+        AppState { service, config, keys, headers, remote_actions: None, fn_cache: FnCache::default() }
     }
 
     /// An invoker of a cluster: messages from its schedulers name actions it fetches.

@@ -134,6 +134,9 @@ pub trait Store: Send + Sync + 'static {
     fn get_doc(&self, namespace: &str, kind: DocKind, id: &str) -> Result<Option<String>, StoreError>;
     /// Every document of `kind` in `namespace`, by id.
     fn list_docs(&self, namespace: &str, kind: DocKind) -> Result<Vec<String>, StoreError>;
+    /// A number that moves on whenever a document is written: what a cache read of the
+    /// documents holds while it stands.
+    fn docs_generation(&self) -> u64;
     /// Writes `value` at `id`, or (`None`) deletes it; answers the document it replaced.
     fn put_doc(
         &self,

@@ -769,6 +769,10 @@ impl Store for JournaledStore {
         self.inner.db.list_docs(namespace, kind).map_err(|e| self.inner.troubled(e))
     }
 
+    fn docs_generation(&self) -> u64 {
+        self.inner.db.docs_generation()
+    }
+
     fn put_doc(
         &self,
         namespace: &str,

@@ -40,6 +40,8 @@ pub struct RedbStore {
     /// Set by an I/O error: redb answers every later call with `PreviousIo` until the file is
     /// closed and opened again, which the next call does.
     broken: AtomicBool,
+    /// Moves on after each document write: see [`Store::docs_generation`].
+    docs_generation: std::sync::atomic::AtomicU64,
 }
 
 /// The page cache: actions (read through the journaled store's own cache) and recent records.
@@ -71,7 +73,12 @@ impl RedbStore {
     /// Opens (or creates) the store file and checks its schema version.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
         let db = Self::open_db(path)?;
-        Ok(RedbStore { path: path.to_path_buf(), db: RwLock::new(Some(db)), broken: AtomicBool::new(false) })
+        Ok(RedbStore {
+            path: path.to_path_buf(),
+            db: RwLock::new(Some(db)),
+            broken: AtomicBool::new(false),
+            docs_generation: std::sync::atomic::AtomicU64::new(0),
+        })
     }
 
     /// Runs `f` on the database, opened again first if an I/O error broke it; an I/O error
@@ -481,8 +488,14 @@ impl Store for RedbStore {
                 before.map(|v| v.value().to_string())
             };
             txn.commit().map_err(db_err)?;
+            // After the commit: whoever reads the new generation reads the new document.
+            self.docs_generation.fetch_add(1, Ordering::Release);
             Ok(before)
         })
+    }
+
+    fn docs_generation(&self) -> u64 {
+        self.docs_generation.load(Ordering::Acquire)
     }
 }
 

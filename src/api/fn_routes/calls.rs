@@ -3,6 +3,7 @@
 //! activation with a record, as an OpenWhisk invoke is; its status is chosen in
 //! `api::error::fn_record_status`.
 
+use super::cache::Target;
 use super::docs::{Docs, Function};
 use crate::activation::job::CallRequest;
 use crate::activation::{InvokeRequest, Invoked};
@@ -30,10 +31,14 @@ fn kept_from_caller(name: &str) -> bool {
 /// and body back, with `Fn-Call-Id`.
 pub(in crate::api) async fn invoke(state: &AppState, call: &Call, fn_id: &str) -> Result<Response, ApiError> {
     let (ns, key) = state.namespace(call, "_")?;
-    let action = {
-        let docs = Docs { store: state.service.store(), ns: &ns };
-        docs.action(&docs.function(fn_id)?)?
-    };
+    let store = state.service.store();
+    let docs = Docs { store, ns: &ns };
+    let target = Target::Function(fn_id.to_string());
+    let name = state.fn_cache.action_name(&**store, &ns, target, || {
+        let function = docs.function(fn_id)?;
+        Ok::<_, ApiError>(Some(function.action_name(&docs.app(&function.app_id)?)))
+    })?;
+    let action = docs.action_named(name.as_deref(), fn_id)?;
     let headers = call.head.headers.iter().filter(|(n, _)| kept_from_caller(n.as_str()));
     let headers = headers.map(|(n, v)| (n.as_str().to_string(), String::from_utf8_lossy(v.as_bytes()).into_owned()));
     let request = CallRequest { headers: headers.collect(), body: call.body.clone() };
@@ -55,14 +60,16 @@ pub(in crate::api) async fn trigger(
     source: &str,
 ) -> Result<Response, ApiError> {
     let (ns, key) = state.namespace(call, "_")?;
-    let action = {
-        let docs = Docs { store: state.service.store(), ns: &ns };
-        let (_, trigger) = docs
-            .trigger_at(app, source)?
-            .ok_or_else(|| ApiError::NotFoundNamed(format!("Trigger not found: {source}")))?;
+    let store = state.service.store();
+    let docs = Docs { store, ns: &ns };
+    let target = Target::Trigger(app.to_string(), source.to_string());
+    let name = state.fn_cache.action_name(&**store, &ns, target, || {
+        let Some((_, trigger)) = docs.trigger_at(app, source)? else { return Ok(None) };
         let function: Function = docs.function(&trigger.fn_id)?;
-        docs.action(&function)?
-    };
+        Ok::<_, ApiError>(Some(function.action_name(&docs.app(&function.app_id)?)))
+    })?;
+    let name = name.ok_or_else(|| ApiError::NotFoundNamed(format!("Trigger not found: {source}")))?;
+    let action = docs.action_named(Some(&name), source)?;
     let host = call.head.headers.get(hyper::header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("localhost");
     let path = call.head.uri.path_and_query().map_or("/", |p| p.as_str());
     let url = format!("http://{host}{path}");

@@ -178,6 +178,16 @@ impl Docs<'_> {
         self.get(DocKind::FnFunction, id)?.ok_or_else(|| fn_not_found("fn", id))
     }
 
+    /// The action `name` (a function's, `what` naming it for Fn's 404), through the store's
+    /// action cache.
+    pub(super) fn action_named(&self, name: Option<&str>, what: &str) -> Result<Arc<Action>, ApiError> {
+        let found = match name {
+            Some(name) => self.store.get_action(self.ns, name)?,
+            None => None,
+        };
+        found.ok_or_else(|| fn_not_found("fn", what))
+    }
+
     /// A function's action, as the pool runs it.
     pub(super) fn action(&self, function: &Function) -> Result<Arc<Action>, ApiError> {
         let app = self.app(&function.app_id)?;

@@ -5,6 +5,7 @@
 //! scheduler treat it as any other; its document (`DocKind::FnFunction`) holds what Fn's API
 //! says of it. Errors are Fn's `{"message": ...}` (`ApiError::into_fn_response`).
 
+pub(super) mod cache;
 mod calls;
 mod docs;
 mod entities;
