@@ -7,14 +7,20 @@
 # including the store's background flush), then the largest inclusive costs.
 #
 #   scripts/instructions.sh [N]      # N = 300 by default
+#   INVOKER_BIN=path scripts/instructions.sh   # that binary, not built here (an older build, to
+#                                              # compare alternately with this one)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n="${1:-300}"
 for tool in valgrind curl python3; do
     command -v "$tool" >/dev/null || apt-get install -y "$tool" >&2
 done
-cargo build --release --bin invoker >&2
-bin="${CARGO_TARGET_DIR:-target}/release/invoker"
+if [ -n "${INVOKER_BIN:-}" ]; then
+    bin="$INVOKER_BIN"
+else
+    cargo build --release --bin invoker >&2
+    bin="${CARGO_TARGET_DIR:-target}/release/invoker"
+fi
 work="$(mktemp -d /tmp/invoker-callgrind-XXXXXX)"
 trap 'kill "$pid" 2>/dev/null || true; [ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
 valgrind --tool=callgrind --callgrind-out-file="$work/cg.out" "$bin" --data-dir "$work/data" \
