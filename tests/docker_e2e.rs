@@ -233,15 +233,13 @@ async fn an_idle_container_is_paused_after_the_grace_and_resumed_for_the_next_ca
     inv.put_action("py", python("def main(a):\n    return {'n': a['n']}\n")).await;
     let (status, first) = inv.invoke("py", "blocking=true", json!({"n": 1})).await;
     assert_eq!(status, 200, "{first}");
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    let (docker_id, _) = loop {
-        let (docker_id, paused) = the_container(&docker, &invoker_id).await;
-        if paused {
-            break (docker_id, paused);
+    let docker_id = support::eventually(Duration::from_secs(20), "the idle container paused", || async {
+        match the_container(&docker, &invoker_id).await {
+            (docker_id, true) => Ok(docker_id),
+            (docker_id, false) => Err(format!("{docker_id} runs")),
         }
-        assert!(std::time::Instant::now() < deadline, "the idle container was never paused");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    })
+    .await;
     let (status, second) = inv.invoke("py", "blocking=true", json!({"n": 2})).await;
     assert_eq!(status, 200, "{second}");
     assert_eq!(second["response"]["result"], json!({"n": 2}));
@@ -369,15 +367,11 @@ async fn an_image_serving_on_8080_of_its_own_network_runs_unchanged_with_no_host
     assert_eq!(host_listens_on(8080), listened_before, "nothing listens on the host's 8080");
 
     // Paused while idle, resumed for the next run, the same container.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
+    support::eventually(Duration::from_secs(10), "the idle container paused", || async {
         let state = docker.inspect_container(&docker_id, None::<InspectContainerOptions>).await.unwrap().state;
-        if state.and_then(|s| s.paused) == Some(true) {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "the idle container was never paused");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        support::done(state.and_then(|s| s.paused) == Some(true))
+    })
+    .await;
     let (status, second) = inv.invoke("ow", "blocking=true", json!({"x": 2})).await;
     assert_eq!(status, 200, "{second}");
     assert_eq!(annotation(&second, "startKind"), json!("warm"));

@@ -404,15 +404,16 @@ async fn an_fn_function_runs_through_the_scheduler_on_an_invoker_of_the_cluster(
         scheduler_dir.path(),
         &format!("{keys}[scheduler]\nid = \"s1\"\nrefresh_interval = \"50ms\"\n"),
     );
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    loop {
+    support::eventually(std::time::Duration::from_secs(30), "the scheduler sees the invoker", || async {
         let (_, list) = scheduler.get_url("/v1/invokers").await;
-        if list.as_array().is_some_and(|l| l.iter().any(|i| i["nodes"][0]["capacity_mb"].as_u64() > Some(0))) {
-            break;
+        let seen = list.as_array().is_some_and(|l| l.iter().any(|i| i["nodes"][0]["capacity_mb"].as_u64() > Some(0)));
+        if seen {
+            Ok(())
+        } else {
+            Err(list.to_string())
         }
-        assert!(std::time::Instant::now() < deadline, "the scheduler never saw the invoker: {list}");
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    })
+    .await;
     let (status, app) =
         scheduler.send_json("POST", "/v2/apps", json!({"name": "clustered", "config": {"GREETING": "hey"}})).await;
     assert_eq!(status, 200, "{app}");

@@ -66,22 +66,20 @@ async fn a_dropped_watch_resumes_and_a_compacted_history_relists() {
     let mut offers = watch_offers(client(&api).await, Vec::new());
     until(&mut offers, "the first list", |o| free(o, "n1") == Some(4096)).await;
     // Both watchers (Nodes, Pods) have listed and are watching.
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while api.served().1 < 2 {
-        assert!(std::time::Instant::now() < deadline, "the watches never started: {:?}", api.served());
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    support::eventually(Duration::from_secs(20), "the watches started", || {
+        std::future::ready(if api.served().1 >= 2 { Ok(()) } else { Err(format!("{:?}", api.served())) })
+    })
+    .await;
     let (lists, watches, _) = api.served();
     assert_eq!(lists, 2, "one list of each");
 
     // Every watch ends (an API server restart); both are resumed, and a change made then
     // arrives on the resumed one, with no new list.
     api.drop_watches();
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while api.served().1 < watches + 2 {
-        assert!(std::time::Instant::now() < deadline, "the watches were not resumed: {:?}", api.served());
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    support::eventually(Duration::from_secs(20), "the watches resumed", || {
+        std::future::ready(if api.served().1 >= watches + 2 { Ok(()) } else { Err(format!("{:?}", api.served())) })
+    })
+    .await;
     api.add_pod("t", "a", "n1", 1024);
     until(&mut offers, "a change on a resumed watch", |o| free(o, "n1") == Some(3072)).await;
     assert_eq!(api.served().0, lists, "resumed from where they were, without a list");

@@ -53,31 +53,27 @@ fn action(memory_mb: u32) -> Value {
 
 /// Waits, bounded, until the fake's pods in the namespace satisfy `check`.
 async fn until_pods(api: &FakeApiServer, what: &str, check: impl Fn(&[(String, String)]) -> bool) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    loop {
+    support::eventually(Duration::from_secs(20), what, || {
         let pods = api.pods(NAMESPACE);
-        if check(&pods) {
-            return;
-        }
-        assert!(std::time::Instant::now() < deadline, "{what}: {pods:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        std::future::ready(if check(&pods) { Ok(()) } else { Err(format!("{pods:?}")) })
+    })
+    .await
 }
 
 /// Waits until the invoker sees every node's offer as `free` says (its `/health` lists them).
 async fn until_offers(inv: &Invoker, what: &str, free: &[(&str, u64)]) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    loop {
+    support::eventually(Duration::from_secs(20), what, || async {
         let (_, health) = inv.get_url("/health").await;
         let seen = |node: &str| {
             health["nodes"].as_array().and_then(|n| n.iter().find(|n| n["node"] == node)).map(|n| n["free_mb"].clone())
         };
         if free.iter().all(|(node, mb)| seen(node) == Some(json!(mb))) {
-            return;
+            Ok(())
+        } else {
+            Err(health.to_string())
         }
-        assert!(std::time::Instant::now() < deadline, "{what}: {health}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -363,11 +359,10 @@ async fn a_throttled_or_slow_api_server_fails_creations_in_bounded_time_and_leav
     let created = api.created_and_refused().0;
     api.slow_creates(Duration::ZERO);
     api.fail_deletes(1);
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while api.created_and_refused().0 == created {
-        assert!(std::time::Instant::now() < deadline, "the slow server never made the pod");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    support::eventually(Duration::from_secs(20), "the slow server made the pod", || {
+        std::future::ready(support::done(api.created_and_refused().0 != created))
+    })
+    .await;
     until_pods(&api, "the late pod deleted", |pods| pods.is_empty()).await;
     assert_eq!(api.failed_deletes(), 1, "the late pod's first deletion was refused");
     let log = std::fs::read_to_string(dir.path().join("stderr.log")).unwrap();

@@ -8,7 +8,7 @@ mod support;
 
 use mesos_master::{AgentSpec, FakeMaster};
 use serde_json::{json, Value};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use support::{python, Invoker};
 
 fn tempdir() -> tempfile::TempDir {
@@ -40,25 +40,21 @@ fn mesos_config(master: &FakeMaster, extra: &str) -> String {
     )
 }
 
-async fn wait_for(what: &str, deadline: Duration, mut check: impl FnMut() -> bool) {
-    let until = Instant::now() + deadline;
-    while !check() {
-        assert!(Instant::now() < until, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+async fn wait_for(what: &str, bound: Duration, mut check: impl FnMut() -> bool) {
+    support::eventually(bound, what, || std::future::ready(support::done(check()))).await
 }
 
 /// Polls the invoker's `/v1/pool` until `check` holds for it (20 s at most).
 async fn wait_for_pool(inv: &Invoker, what: &str, check: impl Fn(&Value) -> bool) {
-    let until = Instant::now() + Duration::from_secs(20);
-    loop {
+    support::eventually(Duration::from_secs(20), what, || async {
         let (_, pool) = inv.get_url("/v1/pool").await;
         if check(&pool) {
-            return;
+            Ok(())
+        } else {
+            Err(pool.to_string())
         }
-        assert!(Instant::now() < until, "timed out waiting for {what}: {pool}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await
 }
 
 fn no_containers(pool: &Value) -> bool {

@@ -11,6 +11,9 @@ use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod support;
+use support::{done, eventually};
+
 struct Harness {
     app: InvokerApp,
     mock: MockFactory,
@@ -292,12 +295,8 @@ async fn an_action_larger_than_every_node_fails_at_once() {
     assert_eq!(creates(&h), 0);
 }
 
-async fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+async fn wait_for(what: &str, mut holds: impl FnMut() -> bool) {
+    eventually(Duration::from_secs(10), what, || std::future::ready(done(holds()))).await
 }
 
 #[actix_rt::test]
@@ -339,20 +338,16 @@ async fn the_pool_forgets_actions_it_no_longer_holds() {
         assert_eq!(invoke(&h, a, json!({})).await.response.status_code, 0);
     }
     // Every container idles out; then the pool keeps no trace of the 80 actions.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
+    eventually(Duration::from_secs(10), "every container and key gone", || async {
         let snapshot = h.service().pool().unwrap().snapshot().await.unwrap();
-        if snapshot.containers.is_empty() && snapshot.status.action_keys == 0 {
-            break;
+        let (containers, keys) = (snapshot.containers.len(), snapshot.status.action_keys);
+        if containers == 0 && keys == 0 {
+            Ok(())
+        } else {
+            Err(format!("{containers} containers, {keys} keys"))
         }
-        assert!(
-            Instant::now() < deadline,
-            "{} containers, {} keys",
-            snapshot.containers.len(),
-            snapshot.status.action_keys
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await;
     // An action answered at once (larger than any node) leaves nothing behind either.
     let huge = action("huge", 2_000_000);
     assert_ne!(invoke(&h, &huge, json!({})).await.response.status_code, 0);
@@ -393,11 +388,11 @@ async fn a_full_pool_mailbox_answers_at_once_and_every_activation_still_gets_its
     assert!(answered > 0 && !accepted.is_empty(), "{answered} answered at once, {} accepted", accepted.len());
     // The accepted ones run (slowly in a debug build: a bound, not a measure).
     let store = h.service().store().clone();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while !accepted.iter().all(|id| store.get_activation(id).ok().flatten().is_some()) {
-        assert!(Instant::now() < deadline, "an accepted activation has no record");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(Duration::from_secs(120), "a record for every accepted activation", || {
+        let missing = accepted.iter().filter(|id| store.get_activation(id).ok().flatten().is_none()).count();
+        std::future::ready(if missing == 0 { Ok(()) } else { Err(format!("{missing} without one")) })
+    })
+    .await;
 }
 
 /// Every keep-alive policy in the live pool: six actions taking turns on a node that holds four

@@ -300,11 +300,11 @@ async fn an_idle_runtime_is_frozen_and_thawed_for_the_next_call() {
     inv.put_action("pid", python(PID_ACTION)).await;
     let (_, first) = inv.invoke("pid", "blocking=true&result=true", json!({})).await;
     let pid = first["pid"].as_u64().unwrap() as u32;
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while process_state(pid) != "T" {
-        assert!(std::time::Instant::now() < deadline, "the idle runtime was never stopped: {}", process_state(pid));
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    support::eventually(Duration::from_secs(10), "the idle runtime stopped", || {
+        let state = process_state(pid);
+        std::future::ready(if state == "T" { Ok(()) } else { Err(state) })
+    })
+    .await;
     let (status, second) = inv.invoke("pid", "blocking=true&result=true", json!({})).await;
     assert_eq!(status, 200, "{second}");
     assert_eq!(second["pid"], first["pid"], "the same process ran the warm call after a pause");
@@ -431,11 +431,10 @@ async fn a_restart_kills_the_recorded_processes_of_its_own_invoker_id_only() {
     std::fs::write(records.join("1.pid"), format!("{}\n", ours.id())).unwrap();
     std::fs::write(records.join("2.pid"), format!("{}\n", foreign.id())).unwrap();
     let _inv = Invoker::start(dir.path(), &id, "");
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while ours.try_wait().unwrap().is_none() {
-        assert!(std::time::Instant::now() < deadline, "the earlier run's process was not killed");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    support::eventually(Duration::from_secs(10), "the earlier run's process killed", || {
+        std::future::ready(support::done(ours.try_wait().unwrap().is_some()))
+    })
+    .await;
     assert!(foreign.try_wait().unwrap().is_none(), "a process that is not this invoker's was spared");
     foreign.kill().unwrap();
     foreign.wait().unwrap();
@@ -447,18 +446,14 @@ async fn a_prewarmed_python_process_is_initialised_for_the_first_action_that_nee
     let dir = tempdir();
     let config = "[[pool.prewarm]]\nkind = \"python:3\"\nmemory_mb = 256\ncount = 1\n";
     let inv = Invoker::start(dir.path(), &id("prewarm"), config);
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    let prewarm_pid = loop {
+    let prewarm_pid = support::eventually(Duration::from_secs(20), "a prewarm container", || async {
         let (_, pool) = inv.get_url("/v1/pool").await;
         let ready = pool["containers"]
             .as_array()
             .and_then(|cs| cs.iter().find(|c| c["state"] == "prewarm").map(|c| c["id"].as_u64().unwrap()));
-        if let Some(id) = ready {
-            break id;
-        }
-        assert!(std::time::Instant::now() < deadline, "no prewarm container: {pool}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+        ready.ok_or_else(|| pool.to_string())
+    })
+    .await;
     inv.put_action("pid", python(PID_ACTION)).await;
     let (status, record) = inv.invoke("pid", "blocking=true", json!({})).await;
     assert_eq!(status, 200, "{record}");
@@ -530,11 +525,11 @@ async fn a_runtime_that_knows_nothing_of_the_invoker_runs_on_8080_of_its_own_nam
 
     // Logs in the record, and a pause and resume between two runs of the same process.
     let pid = a["pid"].as_u64().unwrap() as u32;
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while process_state(pid) != "T" {
-        assert!(std::time::Instant::now() < deadline, "the idle runtime was never stopped: {}", process_state(pid));
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    support::eventually(Duration::from_secs(10), "the idle runtime stopped", || {
+        let state = process_state(pid);
+        std::future::ready(if state == "T" { Ok(()) } else { Err(state) })
+    })
+    .await;
     let (status, record) = inv.invoke("ow", "blocking=true", json!({"name": "again"})).await;
     assert_eq!(status, 200, "{record}");
     let ran_in = record["response"]["result"]["pid"].as_u64().unwrap() as u32;
@@ -613,15 +608,15 @@ async fn a_full_disk_is_answered_503_nothing_accepted_is_lost_and_the_invoker_re
     );
 
     std::fs::remove_file(&ballast).unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
+    support::eventually(Duration::from_secs(30), "the invoker healthy again", || async {
         let (_, health) = inv.get_url("/health").await;
         if health["status"] == "healthy" {
-            break;
+            Ok(())
+        } else {
+            Err(health.to_string())
         }
-        assert!(std::time::Instant::now() < deadline, "the invoker never recovered: {health}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
     inv.put_action("after", python("def main(a):\n    return {'ok': True}\n")).await;
     let (status, body) = inv.invoke("after", "blocking=true&result=true", json!({})).await;
     assert_eq!((status, body), (200, json!({"ok": true})), "no restart needed");

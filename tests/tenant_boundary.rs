@@ -316,15 +316,16 @@ async fn a_delete_through_the_scheduler_removes_the_idle_containers_on_its_invok
         scheduler_dir.path(),
         &format!("{keys}[scheduler]\nid = \"s1\"\nrefresh_interval = \"50ms\"\n"),
     );
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
+    support::eventually(Duration::from_secs(30), "the scheduler sees the invoker", || async {
         let (_, list) = scheduler.get_url("/v1/invokers").await;
-        if list.as_array().is_some_and(|l| l.iter().any(|i| i["nodes"][0]["capacity_mb"].as_u64() > Some(0))) {
-            break;
+        let seen = list.as_array().is_some_and(|l| l.iter().any(|i| i["nodes"][0]["capacity_mb"].as_u64() > Some(0)));
+        if seen {
+            Ok(())
+        } else {
+            Err(list.to_string())
         }
-        assert!(std::time::Instant::now() < deadline, "the scheduler never saw the invoker: {list}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
     let version = |v: u32| python(&format!("def main(a):\n    return {{'version': {v}}}\n"));
     scheduler.put_action("again", version(1)).await;
     let (status, r) = scheduler.invoke("again", "blocking=true", json!({})).await;
