@@ -226,15 +226,29 @@ enum Line {
 pub(crate) fn reread_line(bytes: &[u8]) -> Option<Vec<u8>> {
     match serde_json::from_slice::<Line>(bytes).ok()? {
         Line::A(meta) => serde_json::to_vec(&LineRef::A(&meta)).ok(),
-        Line::F(record) => serde_json::to_vec(&LineRef::F(&record)).ok(),
+        Line::F(record) => {
+            let mut line = finished_line(&EncodedRecord::new(*record).json);
+            line.pop();
+            Some(line)
+        }
     }
 }
 
-/// What `Line` reads, written without a copy.
+/// What `Line` reads of an acceptance, written without a copy (a finished record's line is
+/// [`finished_line`]).
 #[derive(serde::Serialize)]
 enum LineRef<'a> {
     A(&'a ActivationMeta),
-    F(&'a ActivationRecord),
+}
+
+/// A finished record's line, newline included: `{"F":<record>}` around the record's JSON as it
+/// was encoded, once.
+fn finished_line(json: &[u8]) -> Vec<u8> {
+    let mut line = Vec::with_capacity(json.len() + 7);
+    line.extend_from_slice(b"{\"F\":");
+    line.extend_from_slice(json);
+    line.extend_from_slice(b"}\n");
+    line
 }
 
 impl JournaledStore {
@@ -409,13 +423,14 @@ impl Inner {
     /// starts where it should.
     fn append(state: &mut State, line: &LineRef<'_>) -> Result<(), StoreError> {
         // Model types of strings, numbers and JSON values: encoding cannot fail.
-        Self::append_line(state, serde_json::to_vec(line).expect("a journal line serialises"))
+        let mut bytes = serde_json::to_vec(line).expect("a journal line serialises");
+        bytes.push(b'\n');
+        Self::append_line(state, &bytes)
     }
 
-    /// Writes `bytes` (one line's JSON) and its newline.
-    fn append_line(state: &mut State, mut bytes: Vec<u8>) -> Result<(), StoreError> {
-        bytes.push(b'\n');
-        if let Err(e) = state.file.write_all(&bytes) {
+    /// Writes one line, its newline included, in one write.
+    fn append_line(state: &mut State, bytes: &[u8]) -> Result<(), StoreError> {
+        if let Err(e) = state.file.write_all(bytes) {
             let _ = state.file.set_len(state.len);
             return Err(io_err("journal append", e));
         }
@@ -483,13 +498,9 @@ impl Inner {
 
     /// A record's line, written with room from the reserve when the disk has none left.
     fn append_ending(&self, state: &mut State, json: &[u8]) -> Result<(), StoreError> {
-        // `{"F":<record>}`, the record's JSON as it was encoded.
-        let mut line = Vec::with_capacity(json.len() + 7);
-        line.extend_from_slice(b"{\"F\":");
-        line.extend_from_slice(json);
-        line.push(b'}');
+        let line = finished_line(json);
         loop {
-            match Inner::append_line(state, line.clone()) {
+            match Inner::append_line(state, &line) {
                 Err(e) if e.is_disk_full() => {
                     // The store refuses new work from the first line that found the disk full.
                     self.troubled(io_err("journal append", std::io::Error::from_raw_os_error(libc::ENOSPC)));
