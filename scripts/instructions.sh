@@ -7,6 +7,7 @@
 # including the store's background flush), then the largest inclusive costs.
 #
 #   scripts/instructions.sh [N]      # N = 300 by default
+#   QUERY=blocking=true scripts/instructions.sh   # the whole record answered, not the result
 #   INVOKER_BIN=path scripts/instructions.sh   # that binary, not built here (an older build, to
 #                                              # compare alternately with this one)
 set -euo pipefail
@@ -38,7 +39,7 @@ curl -sf -u "$auth" -X PUT "$api" -d '{"exec":{"kind":"python:3","code":"def mai
 curl -sf -u "$auth" -X POST "$api?blocking=true" > /dev/null
 callgrind_control -z "$pid" > /dev/null
 for _ in $(seq "$n"); do
-    curl -sf -u "$auth" -X POST "$api?blocking=true&result=true" > /dev/null
+    curl -sf -u "$auth" -X POST "$api?${QUERY:-blocking=true&result=true}" > /dev/null
 done
 sleep 0.5  # one more store flush, so its share is counted
 callgrind_control -d "$pid" > /dev/null
