@@ -353,7 +353,11 @@ async fn an_invoker_killed_mid_activation_ends_it_with_status_3_and_new_work_goe
         p.scheduler.send("POST", "/api/v1/namespaces/_/actions/slow?blocking=true", support::GUEST, &headers, body);
     let kill = async {
         p.wait_for(|list| list.iter().any(|i| i["id"] == "victim" && i["in_flight"] == 2)).await;
-        tokio::time::sleep(Duration::from_millis(200)).await; // they are running there
+        let victim = p.invokers.iter().find(|i| i.invoker_id == "victim").unwrap();
+        support::eventually(Duration::from_secs(10), "both running on the victim", || async {
+            support::done(victim.get_url("/v1/pool").await.1["busy"] == 2)
+        })
+        .await;
         nix::sys::signal::kill(victim_pid, nix::sys::signal::Signal::SIGKILL).unwrap();
         Instant::now()
     };
@@ -521,7 +525,11 @@ async fn a_restarted_scheduler_recovers_the_invokers_from_etcd_and_replaces_its_
     let (status, accepted) = p.scheduler.invoke("a", "", json!({ "sleep_ms": 5000 })).await;
     assert_eq!(status, 202, "{accepted}");
     let running = accepted["activationId"].as_str().unwrap().to_string();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let holder = p.invoker("one");
+    support::eventually(Duration::from_secs(10), "the invoker running it", || async {
+        support::done(holder.get_url("/v1/pool").await.1["busy"] == 1)
+    })
+    .await;
     p.scheduler.signal(nix::sys::signal::Signal::SIGKILL);
     p.scheduler.wait_exit(Duration::from_secs(10));
     let config = scheduler_config(&p.etcd, "");
@@ -792,27 +800,22 @@ async fn an_invoker_cut_from_etcd_alone_keeps_serving_what_it_is_sent_and_regist
     partition.cut();
     let cut_at = Instant::now();
     // The lease (3 s) and the scheduler's grace (one lease TTL) go by.
-    let deadline = cut_at + Duration::from_secs(20);
-    let gone = loop {
+    let gone = support::eventually(Duration::from_secs(20), "the cut invoker out of the scheduler's view", || async {
         let (_, list) = scheduler.get_url("/v1/invokers").await;
-        if !listed(list.as_array().map_or(&[][..], Vec::as_slice), "cut1") {
-            break Instant::now();
+        match listed(list.as_array().map_or(&[][..], Vec::as_slice), "cut1") {
+            false => Ok(Instant::now()),
+            true => Err(list.to_string()),
         }
-        assert!(Instant::now() < deadline, "the cut invoker never left the scheduler's view: {list}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    })
+    .await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     partition.heal();
     let healed = Instant::now();
-    let deadline = healed + Duration::from_secs(20);
-    loop {
+    support::eventually(Duration::from_secs(20), "the cut invoker registered again", || async {
         let (_, list) = scheduler.get_url("/v1/invokers").await;
-        if listed(list.as_array().map_or(&[][..], Vec::as_slice), "cut1") {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the cut invoker never registered again: {list}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        support::done(listed(list.as_array().map_or(&[][..], Vec::as_slice), "cut1")).map_err(|_| list.to_string())
+    })
+    .await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let back = Instant::now();
     let timed = load.stop().await;
