@@ -404,16 +404,7 @@ async fn an_fn_function_runs_through_the_scheduler_on_an_invoker_of_the_cluster(
         scheduler_dir.path(),
         &format!("{keys}[scheduler]\nid = \"s1\"\nrefresh_interval = \"50ms\"\n"),
     );
-    support::eventually(std::time::Duration::from_secs(30), "the scheduler sees the invoker", || async {
-        let (_, list) = scheduler.get_url("/v1/invokers").await;
-        let seen = list.as_array().is_some_and(|l| l.iter().any(|i| i["nodes"][0]["capacity_mb"].as_u64() > Some(0)));
-        if seen {
-            Ok(())
-        } else {
-            Err(list.to_string())
-        }
-    })
-    .await;
+    scheduler.until_an_invoker_serves().await;
     let (status, app) =
         scheduler.send_json("POST", "/v2/apps", json!({"name": "clustered", "config": {"GREETING": "hey"}})).await;
     assert_eq!(status, 200, "{app}");

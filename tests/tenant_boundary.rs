@@ -316,16 +316,7 @@ async fn a_delete_through_the_scheduler_removes_the_idle_containers_on_its_invok
         scheduler_dir.path(),
         &format!("{keys}[scheduler]\nid = \"s1\"\nrefresh_interval = \"50ms\"\n"),
     );
-    support::eventually(Duration::from_secs(30), "the scheduler sees the invoker", || async {
-        let (_, list) = scheduler.get_url("/v1/invokers").await;
-        let seen = list.as_array().is_some_and(|l| l.iter().any(|i| i["nodes"][0]["capacity_mb"].as_u64() > Some(0)));
-        if seen {
-            Ok(())
-        } else {
-            Err(list.to_string())
-        }
-    })
-    .await;
+    scheduler.until_an_invoker_serves().await;
     let version = |v: u32| python(&format!("def main(a):\n    return {{'version': {v}}}\n"));
     scheduler.put_action("again", version(1)).await;
     let (status, r) = scheduler.invoke("again", "blocking=true", json!({})).await;

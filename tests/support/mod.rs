@@ -69,6 +69,18 @@ pub struct Invoker {
 }
 
 impl Invoker {
+    /// For a scheduler: waits until it lists an invoker with a node of some capacity (one that
+    /// registered and published its headroom).
+    pub async fn until_an_invoker_serves(&self) {
+        eventually(Duration::from_secs(30), "the scheduler sees an invoker with room", || async {
+            let (_, list) = self.get_url("/v1/invokers").await;
+            let seen =
+                list.as_array().is_some_and(|l| l.iter().any(|i| i["nodes"][0]["capacity_mb"].as_u64() > Some(0)));
+            done(seen).map_err(|_| list.to_string())
+        })
+        .await
+    }
+
     /// Starts the invoker with `extra` TOML appended to a config naming `invoker_id`.
     pub fn start(dir: &Path, invoker_id: &str, extra: &str) -> Invoker {
         Self::start_command(dir, invoker_id, extra, &[])
