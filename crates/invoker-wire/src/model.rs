@@ -366,8 +366,8 @@ impl EncodedRecord {
         record.response.size = Some(result_json.len() as u64);
         let mut json = serde_json::to_vec(&record).expect("a record serialises");
         record.response.result = result;
-        // The result's place: `"result":null` in the response, which follows the record's names,
-        // ids and numbers (none of which holds a quote), and the outcome's words and flags.
+        // The result's place: the first `"result":null` after `"response":{`. Neither can occur
+        // inside a JSON string, where every quote is escaped, and no key before them is either.
         let at = find(&json, b"\"response\":{")
             .and_then(|r| find(&json[r..], b"\"result\":null").map(|i| r + i + b"\"result\":".len()))
             .expect("a record's JSON has its response's result");
