@@ -2,7 +2,6 @@
 //! internal route invokers fetch actions from (controller key). An invoker has none of them
 //! (404).
 
-use super::call::Principal;
 use super::call::{json, Call};
 use super::error::ApiError;
 use super::state::AppState;
@@ -48,9 +47,7 @@ struct RevisionQuery {
 /// scheduler sent it to; 404 when it is not at that revision any more. The controller key only.
 pub(super) async fn internal_action(state: &AppState, call: &Call, ns: &str, name: &str) -> Result<Response, ApiError> {
     let dispatcher = dispatcher(state)?;
-    if state.principal(call)? != Principal::Controller {
-        return Err(ApiError::Forbidden(call.head.uri.path().chars().take(256).collect()));
-    }
+    state.controller(call)?;
     let query: RevisionQuery = call.query()?;
     let revision: u64 =
         query.revision.parse().map_err(|_| ApiError::BadRequest("revision: must be an unsigned integer".into()))?;
@@ -71,9 +68,7 @@ struct KeepQuery {
 /// deleted (or saved at cluster revision `R`); its idle containers of other revisions go now.
 /// The controller key only.
 pub(super) async fn retire_action(state: &AppState, call: &Call, ns: &str, name: &str) -> Result<Response, ApiError> {
-    if state.principal(call)? != Principal::Controller {
-        return Err(ApiError::Forbidden(call.head.uri.path().chars().take(256).collect()));
-    }
+    state.controller(call)?;
     let pool = state.service.pool().ok_or(ApiError::NotFound)?;
     let query: KeepQuery = call.query()?;
     let keep = match query.keep {
@@ -96,9 +91,7 @@ struct RecordsAsked {
 /// invoker's answer) and replaces them with what ran. A record that is itself a guess (this
 /// invoker restarted under it) is no answer. The controller key only.
 pub(super) async fn internal_records(state: &AppState, call: &Call) -> Result<Response, ApiError> {
-    if state.principal(call)? != Principal::Controller {
-        return Err(ApiError::Forbidden(call.head.uri.path().chars().take(256).collect()));
-    }
+    state.controller(call)?;
     state.service.pool().ok_or(ApiError::NotFound)?;
     let asked: RecordsAsked = serde_json::from_slice(&call.body)
         .map_err(|e| ApiError::BadRequest(format!("body: {{\"activation_ids\": [...]}} expected: {e}")))?;

@@ -146,10 +146,7 @@ pub(super) fn fn_record_status(record: &ActivationRecord) -> Result<(), (StatusC
         (Outcome::WhiskError, Some(Rejection::CreateFailed(CreateFailure::NotReady))) => {
             Err((StatusCode::GATEWAY_TIMEOUT, format!("Container initialization timed out, {fdk}")))
         }
-        (Outcome::WhiskError, Some(Rejection::CreateFailed(_))) => {
-            Err((StatusCode::BAD_GATEWAY, format!("Container failed to initialize, {fdk}")))
-        }
-        (Outcome::WhiskError, None) if record.rejection_kind() == Some(RejectionKind::CreateFailed) => {
+        (Outcome::WhiskError, _) if record.rejection_kind() == Some(RejectionKind::CreateFailed) => {
             Err((StatusCode::BAD_GATEWAY, format!("Container failed to initialize, {fdk}")))
         }
         (Outcome::WhiskError, Some(Rejection::NeverFits { .. })) => Err((StatusCode::BAD_REQUEST, error())),

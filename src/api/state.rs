@@ -87,9 +87,19 @@ impl AppState {
 
     /// Admin routes: the admin key, and no other.
     pub(crate) fn admin(&self, call: &Call) -> Result<(), ApiError> {
-        match self.principal(call)? {
-            Principal::Admin => Ok(()),
-            _ => Err(ApiError::Forbidden(call.head.uri.path().chars().take(256).collect())),
+        self.only(call, Principal::Admin)
+    }
+
+    /// The cluster's internal routes: a controller key, and no other.
+    pub(crate) fn controller(&self, call: &Call) -> Result<(), ApiError> {
+        self.only(call, Principal::Controller)
+    }
+
+    fn only(&self, call: &Call, wanted: Principal) -> Result<(), ApiError> {
+        if self.principal(call)? == wanted {
+            Ok(())
+        } else {
+            Err(ApiError::Forbidden(call.head.uri.path().chars().take(256).collect()))
         }
     }
 }

@@ -4,7 +4,7 @@
 //! `api::error::fn_record_status`.
 
 use super::cache::Target;
-use super::docs::{Docs, Function};
+use super::docs::Docs;
 use crate::activation::job::CallRequest;
 use crate::activation::{InvokeRequest, Invoked};
 use crate::api::call::Call;
@@ -34,10 +34,7 @@ pub(in crate::api) async fn invoke(state: &AppState, call: &Call, fn_id: &str) -
     let store = state.service.store();
     let docs = Docs { store, ns: &ns };
     let target = Target::Function(fn_id.to_string());
-    let name = state.fn_cache.action_name(&**store, &ns, target, || {
-        let function = docs.function(fn_id)?;
-        Ok::<_, ApiError>(Some(function.action_name(&docs.app(&function.app_id)?)))
-    })?;
+    let name = state.fn_cache.action_name(&**store, &ns, target, || docs.action_name_of(fn_id).map(Some))?;
     let action = docs.action_named(name.as_deref(), fn_id)?;
     let headers = call.head.headers.iter().filter(|(n, _)| kept_from_caller(n.as_str()));
     let headers = headers.map(|(n, v)| (n.as_str().to_string(), String::from_utf8_lossy(v.as_bytes()).into_owned()));
@@ -65,8 +62,7 @@ pub(in crate::api) async fn trigger(
     let target = Target::Trigger(app.to_string(), source.to_string());
     let name = state.fn_cache.action_name(&**store, &ns, target, || {
         let Some((_, trigger)) = docs.trigger_at(app, source)? else { return Ok(None) };
-        let function: Function = docs.function(&trigger.fn_id)?;
-        Ok::<_, ApiError>(Some(function.action_name(&docs.app(&function.app_id)?)))
+        docs.action_name_of(&trigger.fn_id).map(Some)
     })?;
     let name = name.ok_or_else(|| ApiError::NotFoundNamed(format!("Trigger not found: {source}")))?;
     let action = docs.action_named(Some(&name), source)?;

@@ -178,6 +178,12 @@ impl Docs<'_> {
         self.get(DocKind::FnFunction, id)?.ok_or_else(|| fn_not_found("fn", id))
     }
 
+    /// The name of the action that runs function `fn_id`, from its and its app's documents.
+    pub(super) fn action_name_of(&self, fn_id: &str) -> Result<String, ApiError> {
+        let function = self.function(fn_id)?;
+        Ok(function.action_name(&self.app(&function.app_id)?))
+    }
+
     /// The action `name` (a function's, `what` naming it for Fn's 404), through the store's
     /// action cache.
     pub(super) fn action_named(&self, name: Option<&str>, what: &str) -> Result<Arc<Action>, ApiError> {
@@ -190,8 +196,8 @@ impl Docs<'_> {
 
     /// A function's action, as the pool runs it.
     pub(super) fn action(&self, function: &Function) -> Result<Arc<Action>, ApiError> {
-        let app = self.app(&function.app_id)?;
-        self.store.get_action(self.ns, &function.action_name(&app))?.ok_or_else(|| fn_not_found("fn", &function.id))
+        let name = function.action_name(&self.app(&function.app_id)?);
+        self.action_named(Some(&name), &function.id)
     }
 }
 
