@@ -5,7 +5,7 @@ use super::core::{
     ContainerId, ContainerState, CoreConfig, CreateFailure, Effect, Event, Job, JobId, KeyId, NodeStatsUpdate, Owner,
     PoolCore, PoolCounts, RejectReason, StemId,
 };
-pub use super::status::{ContainerSummary, PoolSnapshot, PoolStatus, WarmContainers};
+use super::status::{ContainerSummary, PoolSnapshot, PoolStatus, WarmContainers};
 use crate::activation::job::RunJob;
 use crate::config::{PoolConfig, ProxyConfig, RuntimeProtocol};
 use crate::factory::{ContainerFactory, ContainerSpec, Epoch, Factory};
