@@ -19,16 +19,16 @@ fn main() {
         return;
     }
     let scenarios = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
-    let azure = replay("azure-200", Scenario::load(&scenarios.join("azure-200.toml")).unwrap());
+    let azure = replay("azure-200", invoker::sim::load(&scenarios.join("azure-200.toml")).unwrap());
     assert_eq!(count(&azure, "activations"), 155_469);
 
-    let keepalive_50 = replay("keepalive-50", Scenario::load(&scenarios.join("keepalive-50.toml")).unwrap());
+    let keepalive_50 = replay("keepalive-50", invoker::sim::load(&scenarios.join("keepalive-50.toml")).unwrap());
     let roomy = &keepalive_50["node_mb"]["16384"];
     // Greedy-dual keeps what fixed lets go after 10 minutes: five times fewer cold starts.
     assert!(count(&roomy["greedy_dual"], "cold_starts") * 5 < count(&roomy["fixed-10m"], "cold_starts"), "{roomy}");
     assert!(count(&roomy["hybrid"], "cold_starts") < count(&roomy["fixed-10m"], "cold_starts"), "{roomy}");
 
-    let keepalive_200 = replay("keepalive-200", Scenario::load(&scenarios.join("keepalive-200.toml")).unwrap());
+    let keepalive_200 = replay("keepalive-200", invoker::sim::load(&scenarios.join("keepalive-200.toml")).unwrap());
     let roomy = &keepalive_200["node_mb"]["16384"];
     assert!(count(&roomy["hybrid"], "cold_starts") < count(&roomy["fixed-10m"], "cold_starts"), "{roomy}");
 

@@ -145,7 +145,7 @@ fn main() -> anyhow::Result<()> {
             return Ok(());
         }
         Some(Command::Simulate { scenario }) => {
-            let scenario = invoker::sim::scenario::Scenario::load(&scenario)?;
+            let scenario = invoker::sim::load(&scenario)?;
             println!("{}", invoker::sim::run(&scenario)?);
             return Ok(());
         }

@@ -1,13 +1,12 @@
 //! The shipped scenarios, run through the simulator (the pool core in virtual time): counts
 //! only, never wall-clock times.
 
-use invoker::sim::scenario::Scenario;
 use serde_json::Value;
 use std::path::Path;
 
 fn run(name: &str) -> Value {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios").join(format!("{name}.toml"));
-    invoker::sim::run(&Scenario::load(&path).unwrap()).unwrap()
+    invoker::sim::run(&invoker::sim::load(&path).unwrap()).unwrap()
 }
 
 fn count(summary: &Value, key: &str) -> u64 {
@@ -52,7 +51,7 @@ const SYNTHETIC_WINDOW_CALLS: u64 = 47_462;
 
 fn run_window(name: &str) -> Value {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios").join(format!("{name}.toml"));
-    let mut scenario = Scenario::load(&path).unwrap();
+    let mut scenario = invoker::sim::load(&path).unwrap();
     scenario.replay_first_minutes(WINDOW_MINUTES);
     invoker::sim::run(&scenario).unwrap()
 }
@@ -93,7 +92,7 @@ burst_spread = "200ms"
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("pauses.toml");
     std::fs::write(&path, text).unwrap();
-    let s = invoker::sim::run(&Scenario::load(&path).unwrap()).unwrap();
+    let s = invoker::sim::run(&invoker::sim::load(&path).unwrap()).unwrap();
     assert!(count(&s, "pauses") > 0, "{s}");
     assert!(count(&s, "resumes") > 0 && count(&s, "resumes") <= count(&s, "pauses"), "{s}");
     assert_eq!(count(&s, "lost"), 0, "{s}");
@@ -152,7 +151,7 @@ fn a_synthetic_thousand_function_fleet_replays_with_nothing_lost() {
 #[test]
 fn the_200_function_comparison_loses_nothing_and_the_hybrid_policy_starts_fewer_cold_on_16_gib() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/keepalive-200.toml");
-    let mut scenario = Scenario::load(&path).unwrap();
+    let mut scenario = invoker::sim::load(&path).unwrap();
     scenario.replay_first_minutes(WINDOW_MINUTES);
     scenario.node_sizes_mb = Some(vec![8192, 16384]);
     if let Some(choices) = &mut scenario.compare_keep_alive {

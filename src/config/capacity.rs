@@ -2,8 +2,7 @@
 //! into the decision core's own spec ([`crate::capacity::core::GroupSpec`]) once validated.
 
 use super::error::{bad, ConfigError};
-use crate::capacity::core::GroupSpec;
-use crate::capacity::predictor::PredictorKind;
+pub use crate::capacity::core::{ControlPlaneKind, GroupConfig};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -29,17 +28,6 @@ impl Default for CapacityConfig {
             kubernetes: KubernetesPlaneConfig::default(),
         }
     }
-}
-
-/// Where a group's invokers run.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ControlPlaneKind {
-    /// Processes of the manager's machine.
-    #[default]
-    Local,
-    /// A StatefulSet per group (`[capacity.kubernetes]`; built with `--features kubernetes`).
-    Kubernetes,
 }
 
 /// `[capacity.kubernetes]`: each group is a StatefulSet named after it (its pods, and so its
@@ -132,69 +120,6 @@ impl KubernetesPlaneConfig {
     }
 }
 
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct GroupConfig {
-    /// The tags its invokers carry (none for `default`, some for every other group).
-    pub tags: Vec<String>,
-    pub min: u32,
-    pub max: u32,
-    /// Each invoker's memory for actions.
-    pub invoker_memory_mb: u64,
-    /// Invokers asked for at once at most (Fn: 20).
-    pub max_step: u32,
-    /// How long demand must stay an invoker below what is active before one is drained.
-    #[serde(with = "humantime_serde")]
-    pub scale_down_after: Duration,
-    /// A draining invoker is removed at the latest this long after its drain began (Fn: 50 s).
-    #[serde(with = "humantime_serde")]
-    pub drain_deadline: Duration,
-    /// An invoker asked for that has not registered by then is given up and replaced.
-    #[serde(with = "humantime_serde")]
-    pub provision_timeout: Duration,
-    /// Memory kept beyond the predictor's target whenever it is above zero: calls that need
-    /// more than is up wait for an invoker to start, and this trades invoker-seconds for fewer
-    /// of them (`scenarios/fleet-*.toml` measure it).
-    pub headroom_mb: u64,
-    pub predictor: PredictorKind,
-    pub control_plane: ControlPlaneKind,
-}
-
-impl Default for GroupConfig {
-    fn default() -> Self {
-        GroupConfig {
-            tags: Vec::new(),
-            min: 1,
-            max: 10,
-            invoker_memory_mb: 1024,
-            max_step: 20,
-            scale_down_after: Duration::from_secs(60),
-            drain_deadline: Duration::from_secs(50),
-            provision_timeout: Duration::from_secs(60),
-            headroom_mb: 0,
-            predictor: PredictorKind::default(),
-            control_plane: ControlPlaneKind::default(),
-        }
-    }
-}
-
-impl GroupConfig {
-    pub fn spec(&self, name: &str) -> GroupSpec {
-        GroupSpec {
-            name: name.to_string(),
-            min: self.min,
-            max: self.max,
-            invoker_memory_mb: self.invoker_memory_mb,
-            max_step: self.max_step,
-            scale_down_after: self.scale_down_after,
-            drain_deadline: self.drain_deadline,
-            provision_timeout: self.provision_timeout,
-            headroom_mb: self.headroom_mb,
-            settle: std::time::Duration::ZERO,
-        }
-    }
-}
-
 impl CapacityConfig {
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
         if self.tick < Duration::from_millis(100) || self.tick > Duration::from_secs(60) {
@@ -243,38 +168,6 @@ impl CapacityConfig {
                     return Err(bad(&format!("capacity.groups.{name}.control_plane"), reason));
                 }
                 self.kubernetes.validate()?;
-            }
-        }
-        Ok(())
-    }
-}
-
-impl GroupConfig {
-    /// The checks of one group's own keys (`capacity.groups.<name>.*`).
-    pub fn validate(&self, name: &str) -> Result<(), ConfigError> {
-        let key = |field: &str| format!("capacity.groups.{name}.{field}");
-        if self.max == 0 || self.max > 1000 {
-            return Err(bad(&key("max"), "between 1 and 1000"));
-        }
-        if self.min > self.max {
-            return Err(bad(&key("min"), format!("at most max ({})", self.max)));
-        }
-        if self.headroom_mb > self.invoker_memory_mb.saturating_mul(u64::from(self.max)) {
-            return Err(bad(&key("headroom_mb"), "at most what max invokers hold"));
-        }
-        if self.invoker_memory_mb < 128 {
-            return Err(bad(&key("invoker_memory_mb"), "at least 128"));
-        }
-        if self.max_step == 0 {
-            return Err(bad(&key("max_step"), "at least 1"));
-        }
-        for (field, d) in [
-            ("scale_down_after", self.scale_down_after),
-            ("drain_deadline", self.drain_deadline),
-            ("provision_timeout", self.provision_timeout),
-        ] {
-            if d < Duration::from_secs(1) || d > Duration::from_secs(24 * 3600) {
-                return Err(bad(&key(field), "between 1s and 24h"));
             }
         }
         Ok(())

@@ -10,3 +10,9 @@ pub struct ConfigError {
 pub(super) fn bad(key: &str, reason: impl Into<String>) -> ConfigError {
     ConfigError { key: key.to_string(), reason: reason.into() }
 }
+
+impl From<invoker_core::capacity::BadSetting> for ConfigError {
+    fn from(e: invoker_core::capacity::BadSetting) -> Self {
+        ConfigError { key: e.key, reason: e.reason }
+    }
+}

@@ -12,8 +12,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
-/// How often the report is put at most.
-pub const REPORT_EVERY: Duration = Duration::from_millis(500);
+pub use invoker_core::capacity::REPORT_EVERY;
 
 #[derive(Default)]
 pub struct DemandLedger {

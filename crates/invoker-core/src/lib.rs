@@ -3,7 +3,7 @@
 //! activation to ([`placement`]), and how many invokers a group needs ([`capacity`], with its
 //! [`predictor`]s). Nothing here reads a clock or does I/O: time comes in with each event, and
 //! the effects go out for the actors (the `invoker` crate) to carry out, so the actors, the
-//! simulators and the property tests drive the same code. The crate depends on no async
+//! simulators ([`sim`]) and the property tests drive the same code. The crate depends on no async
 //! runtime, actor, HTTP or storage crate (`tests/layout.rs` in the invoker checks it), so none
 //! can creep in.
 
@@ -14,3 +14,4 @@ pub mod placement;
 pub mod pool;
 pub mod predictor;
 pub mod proxy;
+pub mod sim;

@@ -43,7 +43,7 @@ pub struct Limits {
 
 impl Limits {
     /// `limits.disk_default_mb`'s own default, and the disk of actions stored without one.
-    pub const DEFAULT_DISK_MB: u32 = 256;
+    pub const DEFAULT_DISK_MB: u32 = invoker_core::pool::DEFAULT_DISK_MB;
 
     fn default_disk() -> u32 {
         Self::DEFAULT_DISK_MB

@@ -32,6 +32,10 @@ use smallvec::SmallVec;
 use std::collections::{BTreeSet, VecDeque};
 use stems::Stems;
 
+/// The disk of an action that names none (`limits.disk_default_mb`'s own default): the prewarm
+/// classes and the simulators' calls ask for it too.
+pub const DEFAULT_DISK_MB: u32 = 256;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
     Starting,

@@ -1,7 +1,7 @@
 //! Scenario files (`scenarios/*.toml`): the simulated cluster, the pool's settings and the
 //! workload. Unknown keys are refused, as in the invoker's own config.
 
-use crate::config::PoolConfig;
+use crate::pool::CoreConfig as PoolConfig;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -17,7 +17,7 @@ pub struct Scenario {
     pub pool: PoolConfig,
     /// Run the scenario once per start rule and report each (the herd comparison).
     #[serde(default)]
-    pub compare_start_rules: Option<Vec<crate::pool::core::StartRule>>,
+    pub compare_start_rules: Option<Vec<crate::pool::StartRule>>,
     /// Run the scenario once per keep-alive policy listed here and node size in
     /// `node_sizes_mb`, and report each (the keep-alive comparison); the first is the baseline.
     #[serde(default)]
@@ -40,9 +40,9 @@ pub struct Scenario {
 pub struct Fleet {
     /// The group, as a `[capacity.groups.<name>]` section says it (its `predictor` is
     /// ignored: every one in `predictors` is run).
-    pub group: crate::config::GroupConfig,
+    pub group: crate::capacity::GroupConfig,
     #[serde(default = "all_predictors")]
-    pub predictors: Vec<crate::capacity::predictor::PredictorKind>,
+    pub predictors: Vec<crate::predictor::PredictorKind>,
     pub planes: Vec<Plane>,
     /// The scheduler's `wait_for_room`: an activation no invoker has room for waits this long
     /// before it is refused.
@@ -75,8 +75,8 @@ pub struct Plane {
     pub provision_latency: Duration,
 }
 
-fn all_predictors() -> Vec<crate::capacity::predictor::PredictorKind> {
-    use crate::capacity::predictor::PredictorKind;
+fn all_predictors() -> Vec<crate::predictor::PredictorKind> {
+    use crate::predictor::PredictorKind;
     vec![PredictorKind::Conservative, PredictorKind::Windowed, PredictorKind::Seasonal]
 }
 
@@ -89,11 +89,11 @@ fn default_capacity_tick() -> Duration {
 #[serde(deny_unknown_fields)]
 pub struct KeepAliveChoice {
     pub name: String,
-    pub keep_alive: crate::pool::core::KeepAliveKind,
+    pub keep_alive: crate::pool::KeepAliveKind,
     #[serde(default, with = "humantime_serde")]
     pub idle_timeout: Option<Duration>,
     #[serde(default)]
-    pub keep_alive_params: Option<crate::pool::core::KeepAliveParams>,
+    pub keep_alive_params: Option<crate::pool::KeepAliveParams>,
 }
 
 fn default_seed() -> u64 {
@@ -189,19 +189,18 @@ impl Scenario {
         }
     }
 
-    /// Reads a scenario; a trace directory is resolved against the scenario's own folder.
-    pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| ScenarioError::Read { path: path.display().to_string(), reason: e.to_string() })?;
-        let mut scenario: Scenario =
-            toml::from_str(&text).map_err(|e| ScenarioError::Parse(e.to_string(), path.display().to_string()))?;
+    /// A scenario read from `path` (the host reads and parses the file), made ready: a trace
+    /// directory is resolved against the scenario's own folder, and what does not hold together
+    /// is refused.
+    pub fn checked(mut self, path: &Path) -> Result<Scenario, ScenarioError> {
+        let scenario = &mut self;
         if let Workload::Trace { dir, .. } = &mut scenario.workload {
             if dir.is_relative() {
                 *dir = path.parent().unwrap_or(Path::new(".")).join(&*dir);
             }
         }
         // Simulated calls ask for the default disk, as the prewarm classes do unless they say.
-        scenario.pool.fill_prewarm_disk(crate::model::Limits::DEFAULT_DISK_MB);
+        scenario.pool.fill_prewarm_disk(crate::pool::DEFAULT_DISK_MB);
         if scenario.cluster.nodes == 0 || scenario.cluster.node_memory_mb == 0 {
             let reason = "cluster.nodes and cluster.node_memory_mb must be above 0".into();
             return Err(ScenarioError::Read { path: path.display().to_string(), reason });
@@ -218,6 +217,6 @@ impl Scenario {
                 return Err(bad("fleet.planes and fleet.predictors: at least one each".into()));
             }
         }
-        Ok(scenario)
+        Ok(self)
     }
 }

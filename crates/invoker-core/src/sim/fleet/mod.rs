@@ -1,7 +1,7 @@
 //! The fleet simulator: a whole cluster in virtual time. The scheduler's placement
-//! ([`crate::scheduler::placement::place`]) spreads a trace's calls over invokers, each running
+//! ([`crate::placement::place`]) spreads a trace's calls over invokers, each running
 //! the pool core the invoker runs on one node, and the capacity manager's decision core
-//! ([`crate::capacity::core::GroupCore`]) with a predictor grows and shrinks the fleet from the
+//! ([`crate::capacity::GroupCore`]) with a predictor grows and shrinks the fleet from the
 //! demand the scheduler reports, through a control plane that takes `provision_latency` to
 //! bring an invoker up. Beside those policies, in the same run: fixed fleets sized for the
 //! trace's peak and for its mean, and the oracle (see [`oracle`]).
@@ -22,23 +22,24 @@
 
 pub mod oracle;
 
+use super::host::Host;
 use super::scenario::{Fleet, Scenario, ScenarioError};
 use super::timeline::Timeline;
 use super::workload::{self, Call, Rng};
-use crate::capacity::core::{Action, Event as GroupEvent, GroupCore, GroupSpec, Sighting};
-use crate::capacity::predictor::{AnyPredictor, Predictor, PredictorKind};
-use crate::pool::core::{
+use crate::capacity::{Action, Event as GroupEvent, GroupCore, GroupSpec, Sighting};
+use crate::placement::{place, ActionNeeds, InvokerView, PlacementConfig};
+use crate::pool::{
     ContainerId, CoreConfig, CreateFailure, Effect, Event, Job, JobId, KeyId, NodeId, NodeStatsUpdate, Owner, PoolCore,
     RejectReason,
 };
-use crate::scheduler::placement::{place, ActionNeeds, InvokerView, PlacementConfig};
+use crate::predictor::{AnyPredictor, Predictor, PredictorKind};
 use oracle::DemandProfile;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// How often a scheduler reports its demand at most.
-const REPORT_EVERY: Duration = crate::scheduler::demand::REPORT_EVERY;
+const REPORT_EVERY: Duration = crate::capacity::REPORT_EVERY;
 /// While the reported demand is past what the group has, how often the manager's round runs.
 const BURST_RECHECK: Duration = Duration::from_millis(200);
 /// A call that waited longer than this before it ran is counted as delayed.
@@ -55,8 +56,8 @@ enum Sizing {
 }
 
 /// The whole comparison: the trace's profile, then per control plane one entry per policy.
-pub fn compare(scenario: &Scenario, fleet: &Fleet) -> Result<Value, ScenarioError> {
-    let (calls, _) = workload::calls(&scenario.workload, scenario.seed)?;
+pub fn compare(scenario: &Scenario, fleet: &Fleet, host: &dyn Host) -> Result<Value, ScenarioError> {
+    let (calls, _) = workload::calls(&scenario.workload, scenario.seed, host)?;
     let minutes = calls.last().map_or(0, |c| c.at.as_secs() / 60 + 1) as usize;
     let profile = DemandProfile::of(&calls, minutes);
     let invoker_mb = fleet.group.invoker_memory_mb;
@@ -66,7 +67,7 @@ pub fn compare(scenario: &Scenario, fleet: &Fleet) -> Result<Value, ScenarioErro
     for (name, n) in
         [("fixed-peak", profile.fixed_for_peak(invoker_mb)), ("fixed-mean", profile.fixed_for_mean(invoker_mb))]
     {
-        fixed.insert(name, run(scenario, fleet, &calls, minutes, Sizing::Fixed(n), Duration::ZERO));
+        fixed.insert(name, run(scenario, fleet, &calls, minutes, Sizing::Fixed(n), Duration::ZERO, host));
     }
     let mut planes = serde_json::Map::new();
     for plane in &fleet.planes {
@@ -87,7 +88,7 @@ pub fn compare(scenario: &Scenario, fleet: &Fleet) -> Result<Value, ScenarioErro
         for &kind in &fleet.predictors {
             for &headroom in &fleet.headrooms_mb() {
                 let sizing = Sizing::Managed(kind, headroom);
-                let result = run(scenario, fleet, &calls, minutes, sizing, plane.provision_latency);
+                let result = run(scenario, fleet, &calls, minutes, sizing, plane.provision_latency, host);
                 if kind == PredictorKind::Windowed && headroom == fleet.group.headroom_mb {
                     windowed = Some((result.invoker_seconds(), result.counts.delayed));
                 }
@@ -134,8 +135,9 @@ fn run<'a>(
     minutes: usize,
     sizing: Sizing,
     latency: Duration,
+    host: &dyn Host,
 ) -> FleetSim<'a> {
-    let began = Instant::now();
+    let began = host.elapsed();
     let group = match sizing {
         Sizing::Fixed(_) => None,
         Sizing::Managed(kind, headroom_mb) => {
@@ -170,7 +172,7 @@ fn run<'a>(
         }
     }
     sim.run();
-    sim.counts.wall = began.elapsed();
+    sim.counts.wall = host.elapsed().saturating_sub(began);
     sim
 }
 
@@ -777,7 +779,7 @@ mod tests {
         );
         let scenario: Scenario = toml::from_str(&text).unwrap();
         let fleet = scenario.fleet.as_ref().unwrap();
-        compare(&scenario, fleet).unwrap()
+        compare(&scenario, fleet, &crate::sim::host::NoFiles).unwrap()
     }
 
     #[test]

@@ -6,43 +6,24 @@
 //! `invoker simulate --scenario scenarios/<name>.toml`
 
 pub mod fleet;
+mod host;
 pub mod scenario;
 mod timeline;
 pub mod workload;
 
-use crate::config::PoolConfig;
-use crate::pool::core::StartRule;
-use crate::pool::core::{
+use crate::pool::CoreConfig as PoolConfig;
+use crate::pool::StartRule;
+use crate::pool::{
     ContainerId, CreateFailure, Effect, Event, Job, JobId, KeyId, NodeId, NodeStatsUpdate, Owner, PoolCore,
     RejectReason,
 };
+pub use host::Host;
 use scenario::{KeepAliveChoice, Scenario, ScenarioError};
 use serde_json::{json, Value};
 use std::collections::{HashMap, VecDeque};
-use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use timeline::Timeline;
 use workload::Call;
-
-/// A synthetic fleet of `functions` functions (written into `dir` by
-/// [`write_synthetic_trace`](workload::write_synthetic_trace)) on one 16 GiB node, with
-/// the fixed, greedy-dual and hybrid keep-alive policies; and the calls of its whole day.
-pub fn synthetic_fleet(dir: &Path, functions: u32) -> Result<(Scenario, u64), ScenarioError> {
-    let calls = workload::write_synthetic_trace(dir, functions, 42)
-        .map_err(|e| ScenarioError::Trace { path: dir.display().to_string(), reason: e.to_string() })?;
-    let text = format!(
-        "name = \"synthetic-{functions}\"\nnode_sizes_mb = [16384]\n\
-         [[compare_keep_alive]]\nname = \"fixed-10m\"\nkeep_alive = \"fixed\"\n\
-         [[compare_keep_alive]]\nname = \"greedy_dual\"\nkeep_alive = \"greedy_dual\"\n\
-         [[compare_keep_alive]]\nname = \"hybrid\"\nkeep_alive = \"hybrid\"\n\
-         [cluster]\nnodes = 1\nnode_memory_mb = 16384\nstart_latency = \"500ms\"\nstats_every = \"1s\"\n\
-         [workload]\nkind = \"trace\"\ndir = \".\"\nfunctions = {functions}\n"
-    );
-    let path = dir.join("synthetic.toml");
-    std::fs::write(&path, text)
-        .map_err(|e| ScenarioError::Read { path: path.display().to_string(), reason: e.to_string() })?;
-    Ok((Scenario::load(&path)?, calls))
-}
 
 /// Every simulated action is of this kind, so a scenario's `[[pool.prewarm]]` entries name it.
 pub const SIM_KIND: &str = "native";
@@ -133,15 +114,17 @@ struct Sim<'a> {
 
 /// Runs a scenario to the end and returns its JSON summary; with `compare_start_rules`, one
 /// summary per rule under `rules`.
-pub fn run(scenario: &Scenario) -> Result<Value, ScenarioError> {
+pub fn run(scenario: &Scenario, host: &dyn Host) -> Result<Value, ScenarioError> {
     if let Some(fleet) = &scenario.fleet {
-        return fleet::compare(scenario, fleet);
+        return fleet::compare(scenario, fleet, host);
     }
     if let Some(choices) = &scenario.compare_keep_alive {
-        return compare_keep_alive(scenario, choices);
+        return compare_keep_alive(scenario, choices, host);
     }
     let node_mb = scenario.cluster.node_memory_mb;
-    let Some(rules) = &scenario.compare_start_rules else { return run_with(scenario, scenario.pool.clone(), node_mb) };
+    let Some(rules) = &scenario.compare_start_rules else {
+        return run_with(scenario, scenario.pool.clone(), node_mb, host);
+    };
     let mut out = serde_json::Map::new();
     for &rule in rules {
         let mut pool = scenario.pool.clone();
@@ -152,14 +135,18 @@ pub fn run(scenario: &Scenario) -> Result<Value, ScenarioError> {
         }
         let name = serde_json::to_value(rule).ok().and_then(|v| v.as_str().map(str::to_string));
         let name = name.expect("a start rule serialises to its name");
-        out.insert(name, run_with(scenario, pool, node_mb)?);
+        out.insert(name, run_with(scenario, pool, node_mb, host)?);
     }
     Ok(json!({ "scenario": scenario.name, "rules": out }))
 }
 
 /// Every policy on every node size, on the same workload: one section per node size, one
 /// entry per policy, each with its ratios to the first policy (the baseline) on that size.
-fn compare_keep_alive(scenario: &Scenario, choices: &[KeepAliveChoice]) -> Result<Value, ScenarioError> {
+fn compare_keep_alive(
+    scenario: &Scenario,
+    choices: &[KeepAliveChoice],
+    host: &dyn Host,
+) -> Result<Value, ScenarioError> {
     let sizes = scenario.node_sizes_mb.clone().unwrap_or_else(|| vec![scenario.cluster.node_memory_mb]);
     let mut out = serde_json::Map::new();
     for size in sizes {
@@ -174,7 +161,7 @@ fn compare_keep_alive(scenario: &Scenario, choices: &[KeepAliveChoice]) -> Resul
             if let Some(params) = &choice.keep_alive_params {
                 pool.keep_alive_params = params.clone();
             }
-            let mut summary = run_with(scenario, pool, size)?;
+            let mut summary = run_with(scenario, pool, size, host)?;
             let overhead = summary["cold_start_overhead_s"].as_f64().unwrap_or(0.0);
             let idle = summary["idle_memory_gb_s"].as_f64().unwrap_or(0.0);
             let (base_overhead, base_idle) = *baseline.get_or_insert((overhead, idle));
@@ -188,11 +175,15 @@ fn compare_keep_alive(scenario: &Scenario, choices: &[KeepAliveChoice]) -> Resul
     Ok(json!({ "scenario": scenario.name, "node_mb": out }))
 }
 
-fn run_with(scenario: &Scenario, pool: PoolConfig, node_memory_mb: u64) -> Result<Value, ScenarioError> {
-    let began = Instant::now();
-    let (calls, actions) = workload::calls(&scenario.workload, scenario.seed)?;
-    let core =
-        PoolCore::new(crate::pool::core::CoreConfig { pause_grace: scenario.cluster.pause_grace, ..pool.clone() });
+fn run_with(
+    scenario: &Scenario,
+    pool: PoolConfig,
+    node_memory_mb: u64,
+    host: &dyn Host,
+) -> Result<Value, ScenarioError> {
+    let began = host.elapsed();
+    let (calls, actions) = workload::calls(&scenario.workload, scenario.seed, host)?;
+    let core = PoolCore::new(crate::pool::CoreConfig { pause_grace: scenario.cluster.pause_grace, ..pool.clone() });
     let nodes: Vec<SimNode> = (0..scenario.cluster.nodes)
         .map(|i| SimNode {
             id: NodeId::new(&format!("node{i}")),
@@ -221,7 +212,7 @@ fn run_with(scenario: &Scenario, pool: PoolConfig, node_memory_mb: u64) -> Resul
         counts: Counts { per_action: vec![(0, 0); actions as usize], ..Counts::default() },
     };
     sim.run();
-    Ok(sim.summary(began.elapsed()))
+    Ok(sim.summary(host.elapsed().saturating_sub(began)))
 }
 
 impl Sim<'_> {
@@ -317,7 +308,7 @@ impl Sim<'_> {
             memory_mb: call.memory_mb,
             concurrency: 1,
             deadline: self.now + self.pool.wait_deadline,
-            stem: self.pool.stem_for(SIM_KIND, call.memory_mb, crate::model::Limits::DEFAULT_DISK_MB),
+            stem: self.pool.stem_for(SIM_KIND, call.memory_mb, crate::pool::DEFAULT_DISK_MB),
             idle_timeout: None,
         };
         self.apply(Event::Arrived(job));

@@ -22,9 +22,16 @@
 //!   start) holds the group's provisioning for 1 s, then 2, 4, ... up to a minute while starts
 //!   keep failing, instead of a start a tick; one that registers ends the back-off.
 
+mod group;
+
+pub use group::{BadSetting, ControlPlaneKind, GroupConfig};
 use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
+
+/// How often a scheduler reports its demand to the capacity manager, at most: the manager's
+/// view of a burst is this old at worst, in the invoker and in the fleet simulator alike.
+pub const REPORT_EVERY: Duration = Duration::from_millis(500);
 
 /// The group's bounds and pace (`[capacity.groups.<name>]`).
 #[derive(Clone, Debug, PartialEq)]
@@ -51,6 +58,24 @@ pub struct GroupSpec {
     /// this after it was reactivated, is the drain it has not unpublished yet. Zero where the
     /// reports are the truth at once (the simulator).
     pub settle: Duration,
+}
+
+impl GroupConfig {
+    /// The group as the core decides for it, under `name`.
+    pub fn spec(&self, name: &str) -> GroupSpec {
+        GroupSpec {
+            name: name.to_string(),
+            min: self.min,
+            max: self.max,
+            invoker_memory_mb: self.invoker_memory_mb,
+            max_step: self.max_step,
+            scale_down_after: self.scale_down_after,
+            drain_deadline: self.drain_deadline,
+            provision_timeout: self.provision_timeout,
+            headroom_mb: self.headroom_mb,
+            settle: Duration::ZERO,
+        }
+    }
 }
 
 /// An invoker of the group, as the core sees it.

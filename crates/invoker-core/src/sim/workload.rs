@@ -1,5 +1,6 @@
 //! The calls a scenario makes, in virtual time, from a seeded generator or a trace.
 
+use super::host::Host;
 use super::scenario::{ScenarioError, Workload};
 use std::collections::HashMap;
 use std::path::Path;
@@ -39,7 +40,7 @@ impl Rng {
 }
 
 /// The calls, sorted by time, and the number of distinct actions.
-pub fn calls(workload: &Workload, seed: u64) -> Result<(Vec<Call>, u32), ScenarioError> {
+pub fn calls(workload: &Workload, seed: u64, host: &dyn Host) -> Result<(Vec<Call>, u32), ScenarioError> {
     let mut rng = Rng::new(seed);
     let mut calls = Vec::new();
     let actions = match workload {
@@ -74,21 +75,16 @@ pub fn calls(workload: &Workload, seed: u64) -> Result<(Vec<Call>, u32), Scenari
             1
         }
         Workload::Trace { dir, functions, minutes, timeout_ms } => {
-            trace_calls(dir, *functions, *minutes, *timeout_ms, &mut rng, &mut calls)?
+            trace_calls(host, dir, *functions, *minutes, *timeout_ms, &mut rng, &mut calls)?
         }
     };
     calls.sort_by_key(|c| c.at);
     Ok((calls, actions))
 }
 
-fn read(path: &Path) -> Result<String, ScenarioError> {
-    std::fs::read_to_string(path)
-        .map_err(|e| ScenarioError::Trace { path: path.display().to_string(), reason: e.to_string() })
-}
-
 /// Rows of a CSV file with a header, by column name.
-fn rows(path: &Path) -> Result<(Vec<String>, Vec<Vec<String>>), ScenarioError> {
-    let text = read(path)?;
+fn rows(host: &dyn Host, path: &Path) -> Result<(Vec<String>, Vec<Vec<String>>), ScenarioError> {
+    let text = host.read(path)?;
     let mut lines = text.lines();
     let header: Vec<String> = lines.next().unwrap_or_default().split(',').map(str::to_string).collect();
     let rows = lines.filter(|l| !l.is_empty()).map(|l| l.split(',').map(str::to_string).collect()).collect();
@@ -105,6 +101,7 @@ fn column(header: &[String], name: &str, path: &Path) -> Result<usize, ScenarioE
 /// The Azure 2019 sample: each minute's invocations spread uniformly over the minute; the
 /// function's `Average` duration (capped at the timeout) and its app's `AverageAllocatedMb`.
 fn trace_calls(
+    host: &dyn Host,
     dir: &Path,
     functions: u32,
     minutes: Option<u32>,
@@ -118,21 +115,21 @@ fn trace_calls(
         dir.join(format!("{functions}_run.csv")),
         dir.join(format!("{functions}_mem.csv")),
     );
-    let (h, run_rows) = rows(&run_path)?;
+    let (h, run_rows) = rows(host, &run_path)?;
     let (f, avg) = (column(&h, "HashFunction", &run_path)?, column(&h, "Average", &run_path)?);
     let mut run: HashMap<String, u64> = HashMap::new();
     for r in &run_rows {
         let ms: f64 = r.get(avg).and_then(|v| v.parse().ok()).ok_or_else(|| bad(&run_path, "bad Average".into()))?;
         run.insert(r[f].clone(), (ms.max(1.0) as u64).min(timeout_ms));
     }
-    let (h, mem_rows) = rows(&mem_path)?;
+    let (h, mem_rows) = rows(host, &mem_path)?;
     let (a, mb) = (column(&h, "HashApp", &mem_path)?, column(&h, "AverageAllocatedMb", &mem_path)?);
     let mut memory: HashMap<String, u32> = HashMap::new();
     for r in &mem_rows {
         let v: f64 = r.get(mb).and_then(|v| v.parse().ok()).ok_or_else(|| bad(&mem_path, "bad memory".into()))?;
         memory.insert(r[a].clone(), v.max(1.0) as u32);
     }
-    let (h, inv_rows) = rows(&inv_path)?;
+    let (h, inv_rows) = rows(host, &inv_path)?;
     let (f, a) = (column(&h, "HashFunction", &inv_path)?, column(&h, "HashApp", &inv_path)?);
     let first_minute = column(&h, "minute_1", &inv_path)?;
     let last = minutes.map_or(h.len(), |m| (first_minute + m as usize).min(h.len()));
@@ -150,12 +147,13 @@ fn trace_calls(
     Ok(inv_rows.len() as u32)
 }
 
-/// Writes a synthetic day in the Azure 2019 sample's format (`N_inv.csv`, `N_run.csv`,
-/// `N_mem.csv` for `functions` functions) into `dir` and answers how many calls it holds: a
+/// A synthetic day in the Azure 2019 sample's format: the files `N_inv.csv`, `N_run.csv` and
+/// `N_mem.csv` for `functions` functions (name and text, for the host to write), and how many
+/// calls it holds: a
 /// skewed mix as real fleets have (one function in a hundred called about 20 times a minute,
 /// nine about twice, the rest about once an hour), for replays at a scale the samples lack
 /// (1,000 functions make about 600,000 calls).
-pub fn write_synthetic_trace(dir: &Path, functions: u32, seed: u64) -> std::io::Result<u64> {
+pub fn synthetic_trace(functions: u32, seed: u64) -> (Vec<(String, String)>, u64) {
     let mut rng = Rng::new(seed);
     let minutes: Vec<String> = (1..=1440).map(|m| format!("minute_{m}")).collect();
     let mut inv = format!("HashFunction,HashOwner,HashApp,{}\n", minutes.join(","));
@@ -194,8 +192,45 @@ pub fn write_synthetic_trace(dir: &Path, functions: u32, seed: u64) -> std::io::
         let mb = rng.between(64, 400);
         mem.push_str(&format!("{h},{h},1,{mb}{}\n", format!(",{mb}").repeat(8)));
     }
-    for (suffix, text) in [("inv", &inv), ("run", &run), ("mem", &mem)] {
-        std::fs::write(dir.join(format!("{functions}_{suffix}.csv")), text)?;
+    let files = [("inv", inv), ("run", run), ("mem", mem)];
+    (files.into_iter().map(|(suffix, text)| (format!("{functions}_{suffix}.csv"), text)).collect(), total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+    use std::path::PathBuf;
+
+    /// Files in memory, and the paths asked for.
+    struct InMemory(Vec<(String, String)>, RefCell<Vec<PathBuf>>);
+
+    impl Host for InMemory {
+        fn read(&self, path: &Path) -> Result<String, ScenarioError> {
+            self.1.borrow_mut().push(path.to_path_buf());
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+            let found = self.0.iter().find(|(n, _)| n == name).map(|(_, text)| text.clone());
+            found.ok_or_else(|| ScenarioError::Trace { path: path.display().to_string(), reason: "absent".into() })
+        }
+
+        fn elapsed(&self) -> Duration {
+            Duration::ZERO
+        }
     }
-    Ok(total)
+
+    #[test]
+    fn a_trace_is_read_through_the_host_and_replays_every_call_it_counts() {
+        let (files, total) = synthetic_trace(20, 3);
+        let host = InMemory(files, RefCell::default());
+        let workload = Workload::Trace { dir: "/traces".into(), functions: 20, minutes: None, timeout_ms: 600_000 };
+        let (replayed, actions) = calls(&workload, 1, &host).unwrap();
+        assert_eq!((replayed.len() as u64, actions), (total, 20));
+        assert!(replayed.windows(2).all(|w| w[0].at <= w[1].at), "sorted by time");
+        let asked: Vec<_> = host.1.borrow().iter().map(|p| p.display().to_string()).collect();
+        assert_eq!(asked, ["/traces/20_run.csv", "/traces/20_mem.csv", "/traces/20_inv.csv"]);
+        // A file the host lacks is the trace's error, naming the file.
+        let missing = Workload::Trace { dir: "/traces".into(), functions: 7, minutes: None, timeout_ms: 1 };
+        let error = calls(&missing, 1, &host).unwrap_err().to_string();
+        assert!(error.contains("/traces/7_run.csv"), "{error}");
+    }
 }
