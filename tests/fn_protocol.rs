@@ -350,9 +350,30 @@ async fn fn_routes_make_an_app_a_function_and_a_trigger_and_call_it_through_invo
     let (status, _, _) = inv.send("POST", "/t/myapp/moved", GUEST, &[], b"m".to_vec()).await;
     assert_eq!(status, 404, "the trigger is gone");
     let again = json!({"name": "m2", "app_id": app_id, "fn_id": js_id, "type": "http", "source": "/moved"});
-    assert_eq!(inv.send_json("POST", "/v2/triggers", again).await.0, 200);
+    let (status, again) = inv.send_json("POST", "/v2/triggers", again).await;
+    assert_eq!(status, 200, "{again}");
     let (status, got, _) = inv.send("POST", "/t/myapp/moved", GUEST, &[], b"m".to_vec()).await;
     assert_eq!((status, got["x-made"].to_str().unwrap()), (202, "node"), "the node function now");
+
+    // A trigger's source can move (its route with it); its name cannot, nor can it take the
+    // source of another trigger of the app.
+    let m2 = format!("/v2/triggers/{}", again["id"].as_str().unwrap());
+    let (status, updated) = inv.send_json("PUT", &m2, json!({"source": "/elsewhere", "annotations": {"a": 1}})).await;
+    assert_eq!(status, 200, "{updated}");
+    let endpoint = updated["annotations"]["fnproject.io/trigger/httpEndpoint"].as_str().unwrap();
+    assert!(endpoint.ends_with("/t/myapp/elsewhere") && updated["annotations"]["a"] == 1, "{updated}");
+    let (status, _, _) = inv.send("POST", "/t/myapp/moved", GUEST, &[], b"m".to_vec()).await;
+    assert_eq!(status, 404, "the old source leads nowhere");
+    let (status, got, _) = inv.send("POST", "/t/myapp/elsewhere", GUEST, &[], b"m".to_vec()).await;
+    assert_eq!((status, got["x-made"].to_str().unwrap()), (202, "node"), "the new one leads to it");
+    let (status, refused) = inv.send_json("PUT", &m2, json!({"name": "renamed"})).await;
+    assert_eq!((status, refused["message"].as_str()), (400, Some("name: a trigger's name cannot be changed")));
+    let (status, taken) = inv.send_json("PUT", &m2, json!({"source": "/js"})).await;
+    assert_eq!(status, 409, "{taken}");
+    let (status, _, _) = inv.send("POST", "/t/myapp/elsewhere", GUEST, &[], b"m".to_vec()).await;
+    assert_eq!(status, 202, "a refused update changed nothing");
+    let (status, wrong) = inv.send_json("PUT", "/v2/apps", json!({"name": "x"})).await;
+    assert_eq!(status, 405, "a collection is listed and added to, not put: {wrong}");
 
     // Each call is an activation with its record and logs.
     let record = inv.record(&call_id).await;

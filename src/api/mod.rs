@@ -19,6 +19,7 @@ pub use state::AppState;
 
 use bytes::Bytes;
 use error::ApiError;
+use fn_routes::Entities;
 use http_body_util::{BodyExt, Limited};
 use hyper::Method;
 use std::time::Duration;
@@ -194,8 +195,7 @@ impl Route {
         match self {
             Route::Action { .. } => "POST, GET, HEAD, PUT, DELETE",
             Route::FnApps | Route::FnFunctions | Route::FnTriggers => "GET, POST",
-            Route::FnApp { .. } | Route::FnFunction { .. } => "GET, PUT, DELETE",
-            Route::FnTrigger { .. } => "GET, DELETE",
+            Route::FnApp { .. } | Route::FnFunction { .. } | Route::FnTrigger { .. } => "GET, PUT, DELETE",
             Route::FnInvoke { .. } => "POST",
             Route::FnHttpTrigger { .. } => "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS",
             Route::ActivationMessage | Route::InvokerDrain { .. } | Route::InternalRecords => "POST",
@@ -239,7 +239,7 @@ impl AppState {
             (Route::Action { .. }, &Method::POST | &Method::PUT)
                 | (Route::ActivationMessage | Route::InternalRecords, &Method::POST)
                 | (Route::FnApps | Route::FnFunctions | Route::FnTriggers | Route::FnInvoke { .. }, &Method::POST)
-                | (Route::FnApp { .. } | Route::FnFunction { .. }, &Method::PUT)
+                | (Route::FnApp { .. } | Route::FnFunction { .. } | Route::FnTrigger { .. }, &Method::PUT)
                 | (Route::FnHttpTrigger { .. }, _)
         );
         let (body, principal) = if takes_body {
@@ -280,10 +280,9 @@ impl AppState {
             (Route::Pool, &Method::GET) => admin::pool(self, &call).await,
             (route @ (Route::FnApps | Route::FnFunctions | Route::FnTriggers), &Method::GET | &Method::POST)
             | (
-                route @ (Route::FnApp { .. } | Route::FnFunction { .. }),
+                route @ (Route::FnApp { .. } | Route::FnFunction { .. } | Route::FnTrigger { .. }),
                 &Method::GET | &Method::PUT | &Method::DELETE,
-            )
-            | (route @ Route::FnTrigger { .. }, &Method::GET | &Method::DELETE) => self.fn_entity(route, &call).await,
+            ) => self.fn_entity(route, &call).await,
             (Route::FnInvoke { fn_id }, &Method::POST) => fn_routes::invoke(self, &call, &fn_id).await,
             (Route::FnHttpTrigger { app, source }, _) => fn_routes::trigger(self, &call, &app, &source).await,
             (route, _) => {
@@ -294,12 +293,12 @@ impl AppState {
 
     async fn fn_entity(&self, route: Route, call: &Call) -> Result<Response, ApiError> {
         match route {
-            Route::FnApps => fn_routes::apps(self, call).await,
-            Route::FnApp { id } => fn_routes::app(self, call, &id).await,
-            Route::FnFunctions => fn_routes::functions(self, call).await,
-            Route::FnFunction { id } => fn_routes::function(self, call, &id).await,
-            Route::FnTriggers => fn_routes::triggers(self, call).await,
-            Route::FnTrigger { id } => fn_routes::trigger_doc(self, call, &id).await,
+            Route::FnApps => fn_routes::entities(self, call, Entities::Apps, None).await,
+            Route::FnApp { id } => fn_routes::entities(self, call, Entities::Apps, Some(&id)).await,
+            Route::FnFunctions => fn_routes::entities(self, call, Entities::Functions, None).await,
+            Route::FnFunction { id } => fn_routes::entities(self, call, Entities::Functions, Some(&id)).await,
+            Route::FnTriggers => fn_routes::entities(self, call, Entities::Triggers, None).await,
+            Route::FnTrigger { id } => fn_routes::entities(self, call, Entities::Triggers, Some(&id)).await,
             _ => Err(ApiError::NotFound),
         }
     }

@@ -163,7 +163,7 @@ impl Docs<'_> {
             }
         }
         let apps: Vec<App> = self.list(DocKind::FnApp)?;
-        let app = apps.into_iter().find(|a| a.name == app_name).ok_or_else(|| fn_not_found("app", app_name))?;
+        let app = apps.into_iter().find(|a| a.name == app_name).ok_or_else(|| fn_not_found("App", app_name))?;
         let triggers: Vec<Trigger> = self.list(DocKind::FnTrigger)?;
         let Some(t) = triggers.into_iter().find(|t| t.app_id == app.id && t.source == source) else { return Ok(None) };
         self.put(DocKind::FnRoute, &route, &t.id)?;
@@ -171,11 +171,11 @@ impl Docs<'_> {
     }
 
     pub(super) fn app(&self, id: &str) -> Result<App, ApiError> {
-        self.get(DocKind::FnApp, id)?.ok_or_else(|| fn_not_found("app", id))
+        self.get(DocKind::FnApp, id)?.ok_or_else(|| fn_not_found("App", id))
     }
 
     pub(super) fn function(&self, id: &str) -> Result<Function, ApiError> {
-        self.get(DocKind::FnFunction, id)?.ok_or_else(|| fn_not_found("fn", id))
+        self.get(DocKind::FnFunction, id)?.ok_or_else(|| fn_not_found("Fn", id))
     }
 
     /// The name of the action that runs function `fn_id`, from its and its app's documents.
@@ -191,7 +191,7 @@ impl Docs<'_> {
             Some(name) => self.store.get_action(self.ns, name)?,
             None => None,
         };
-        found.ok_or_else(|| fn_not_found("fn", what))
+        found.ok_or_else(|| fn_not_found("Fn", what))
     }
 
     /// A function's action, as the pool runs it.
@@ -201,14 +201,10 @@ impl Docs<'_> {
     }
 }
 
-/// Fn's 404 words.
-pub(super) fn fn_not_found(what: &str, id: &str) -> ApiError {
+/// Fn's 404 words: "App not found: <id>", and so on for "Fn" and "Trigger".
+pub(super) fn fn_not_found(title: &str, id: &str) -> ApiError {
     let shown: String = id.chars().take(64).collect();
-    ApiError::NotFoundNamed(match what {
-        "app" => format!("App not found: {shown}"),
-        "trigger" => format!("Trigger not found: {shown}"),
-        _ => format!("Fn not found: {shown}"),
-    })
+    ApiError::NotFoundNamed(format!("{title} not found: {shown}"))
 }
 
 /// A JSON body of `T`, or Fn's 400 naming the field.

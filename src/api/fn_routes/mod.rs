@@ -11,4 +11,4 @@ mod docs;
 mod entities;
 
 pub(super) use calls::{invoke, trigger};
-pub(super) use entities::{app, apps, function, functions, trigger_doc, triggers};
+pub(super) use entities::{entities, Entities};
