@@ -11,10 +11,10 @@
 //! trip on, tokens of the formats inserted, spans deleted, duplicated or spliced from another
 //! seed, truncation. It is deterministic for a seed, so a failure is replayed by its number.
 
-use crate::factory::peer::Peer;
 use crate::factory::Transport;
 use crate::proxy::protocol::{Runtime, RuntimeResponse};
 use bytes::BytesMut;
+use invoker_factory::peer::Peer;
 use std::sync::Arc;
 
 /// One parser under test.

@@ -1,11 +1,10 @@
 //! `[factory]`: which backend creates action containers, and each backend's section.
 
 use super::error::{bad, ConfigError};
-use super::kinds::Network;
 use super::limits::LimitsConfig;
 use super::pool::PoolConfig;
+pub use invoker_factory::settings::{DockerFactoryConfig, DockerKindConfig, MesosFactoryConfig};
 use serde::Deserialize;
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -57,194 +56,6 @@ pub struct FactoryConfig {
     pub docker: DockerFactoryConfig,
     pub mesos: MesosFactoryConfig,
     pub kubernetes: super::kubernetes::KubernetesFactoryConfig,
-}
-
-/// The Mesos factory: action containers as tasks of a framework, through the v1 scheduler
-/// HTTP API; resource offers are the node stats.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct MesosFactoryConfig {
-    /// A master's address, `http://host:port`; a master that is not the leader redirects.
-    pub master: String,
-    pub framework_name: String,
-    /// The user tasks run as on the agents.
-    pub user: String,
-    /// How long the master keeps the framework's tasks after the invoker disconnects; a
-    /// restarted invoker re-subscribes as the same framework within it.
-    #[serde(with = "humantime_serde")]
-    pub failover_timeout: Duration,
-    /// Declined resources are not offered to the framework again for this long.
-    #[serde(with = "humantime_serde")]
-    pub refuse: Duration,
-    /// An unused offer is held (as free memory of its agent) this long, then declined.
-    #[serde(with = "humantime_serde")]
-    pub offer_hold: Duration,
-    /// With nothing to launch and no work waiting for this long, the framework suppresses offers.
-    #[serde(with = "humantime_serde")]
-    pub suppress_after: Duration,
-    /// A task must be running within this (waiting for an offer included).
-    #[serde(with = "humantime_serde")]
-    pub launch_timeout: Duration,
-    /// A killed task counts as gone after this even without TASK_KILLED.
-    #[serde(with = "humantime_serde")]
-    pub kill_timeout: Duration,
-    /// Bound on one call to the master (the event stream has none).
-    #[serde(with = "humantime_serde")]
-    pub call_timeout: Duration,
-    /// Heartbeats missed before the invoker subscribes again.
-    pub heartbeat_misses: u32,
-    /// CPUs a task gets per GB of its memory.
-    pub cpus_per_gb: f64,
-    /// The memory each agent has for actions, where offers do not show it whole (an agent's
-    /// resources split over several offers, or other frameworks holding part). Without it an
-    /// agent's capacity is the most it was seen to offer plus the invoker's own tasks there, and
-    /// an action larger than that is rejected as never fitting.
-    pub agent_capacity_mb: Option<u64>,
-    /// The address the runtime of a task listens on, on its agent (with the port the offer gave).
-    pub listen_host: String,
-    /// The invoker binary on the agents, for the runtime command of `[kinds]`; by default the
-    /// path of this binary.
-    pub agent_invoker: Option<PathBuf>,
-    /// Kinds run through the Docker containerizer, with their image (the others run the
-    /// `[kinds]` command with the Mesos containerizer).
-    pub images: BTreeMap<String, String>,
-}
-
-impl Default for MesosFactoryConfig {
-    fn default() -> Self {
-        MesosFactoryConfig {
-            master: "http://127.0.0.1:5050".into(),
-            framework_name: "invoker".into(),
-            user: "nobody".into(),
-            failover_timeout: Duration::from_secs(7 * 24 * 3600),
-            refuse: Duration::from_secs(5),
-            offer_hold: Duration::from_secs(10),
-            suppress_after: Duration::from_secs(60),
-            launch_timeout: Duration::from_secs(60),
-            kill_timeout: Duration::from_secs(30),
-            call_timeout: Duration::from_secs(10),
-            heartbeat_misses: 5,
-            cpus_per_gb: 1.0,
-            agent_capacity_mb: None,
-            listen_host: "0.0.0.0".into(),
-            agent_invoker: None,
-            images: BTreeMap::new(),
-        }
-    }
-}
-
-/// The Docker factory: one container per action container, on one Docker Engine.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct DockerFactoryConfig {
-    /// The engine's unix socket (what `scripts/dockerd.sh` prints).
-    pub socket: PathBuf,
-    /// For the kinds that run the project's runtime (a `command` of their own): `none`, no
-    /// network, the runtime on a unix socket in a directory bind-mounted from `data_dir` (Fn's
-    /// design); `isolated`, no network but loopback, the runtime on the kind's port there;
-    /// `host`, the host's network, the runtime on a free 127.0.0.1 port. A kind that runs its
-    /// image's own entry point is `isolated` unless it says otherwise.
-    pub network: Network,
-    /// Memory of the host kept for everything but action containers.
-    pub reserve_mb: u64,
-    /// The user action containers run as (never root).
-    pub user: String,
-    pub pids_limit: i64,
-    /// Container creations in flight on the engine at most (engines fall over under many).
-    pub max_concurrent_creates: usize,
-    /// Bound on a created container's runtime answering.
-    #[serde(with = "humantime_serde")]
-    pub ready_timeout: Duration,
-    /// Action kind → the image and command that serve it.
-    pub kinds: BTreeMap<String, DockerKindConfig>,
-}
-
-#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct DockerKindConfig {
-    pub image: String,
-    /// The runtime's command inside the image, `{listen}` substituted (`unix:PATH` or
-    /// `ADDR:PORT`); empty runs the image's own entry point.
-    #[serde(default)]
-    pub command: Vec<String>,
-    /// The kind's network (see `factory.docker.network`); unset: `isolated` for an image's own
-    /// entry point (OpenWhisk's images serve on `:8080`), `factory.docker.network` otherwise.
-    #[serde(default)]
-    pub network: Option<Network>,
-    /// The port the runtime serves on inside its own namespace (`isolated`).
-    #[serde(default)]
-    pub port: Option<u16>,
-    /// For an `fn` kind that takes its code as text: the file it is written to, shown
-    /// read-only at `/function` (the container's working directory); unset, the image holds
-    /// the function.
-    #[serde(default)]
-    pub code_file: Option<String>,
-}
-
-impl DockerKindConfig {
-    /// Whether the image runs the project's own runtime (which takes overlapping runs).
-    pub fn is_own_runtime(&self) -> bool {
-        self.command.iter().any(|a| a == "action-runtime")
-    }
-
-    pub fn network(&self, factory_default: Network) -> Network {
-        match self.network {
-            Some(network) => network,
-            None if self.command.is_empty() => Network::Isolated,
-            None => factory_default,
-        }
-    }
-
-    pub fn port(&self) -> u16 {
-        self.port.unwrap_or(super::kinds::OPENWHISK_PORT)
-    }
-}
-
-impl Default for DockerFactoryConfig {
-    fn default() -> Self {
-        let kind = |image: &str, launcher: &str| DockerKindConfig {
-            image: image.into(),
-            command: ["/invoker", "action-runtime", "--listen", "{listen}", "--launcher", launcher]
-                .iter()
-                .map(|s| s.to_string())
-                .collect(),
-            network: None,
-            port: None,
-            code_file: None,
-        };
-        // Fn's python FDK on the python image (`scripts/build-images.sh`), the action's code in
-        // /function.
-        let fn_python = DockerKindConfig {
-            image: "invoker-fn-python:latest".into(),
-            command: super::kinds::FDK_PYTHON_COMMAND.map(String::from).to_vec(),
-            network: Some(Network::None),
-            port: None,
-            code_file: Some("func.py".into()),
-        };
-        // Fn's node FDK with this machine's node (`scripts/build-images.sh`).
-        let fn_node = DockerKindConfig {
-            image: "invoker-fn-node:latest".into(),
-            command: vec!["/usr/bin/node".into(), "func.js".into()],
-            network: Some(Network::None),
-            port: None,
-            code_file: Some("func.js".into()),
-        };
-        DockerFactoryConfig {
-            socket: PathBuf::from("/run/invoker-docker/docker.sock"),
-            network: Network::None,
-            reserve_mb: 1024,
-            user: "65534:65534".into(),
-            pids_limit: 256,
-            max_concurrent_creates: 4,
-            ready_timeout: Duration::from_secs(30),
-            kinds: BTreeMap::from([
-                ("python:3".to_string(), kind("invoker-python:latest", "python")),
-                ("native".to_string(), kind("invoker-native:latest", "native")),
-                ("fn:python".to_string(), fn_python),
-                ("fn:node".to_string(), fn_node),
-            ]),
-        }
-    }
 }
 
 /// The mock factory (for tests and benchmarks): in-process HTTP runtimes on simulated nodes.
@@ -347,7 +158,7 @@ impl FactoryConfig {
             return Err(bad("factory.kind", missing.to_string()));
         }
         self.validate_mesos()?;
-        self.kubernetes.validate()?;
+        super::kubernetes::validate(&self.kubernetes)?;
         if self.mock.nodes == 0 || self.mock.nodes > 10_000 {
             return Err(bad("factory.mock.nodes", "must be 1 to 10000"));
         }

@@ -2,12 +2,11 @@
 //! protocol it speaks.
 
 use super::error::{bad, ConfigError};
+pub use invoker_factory::settings::Network;
+pub use invoker_wire::runtime::{FDK_MAIN, FDK_PYTHON_COMMAND, OPENWHISK_PORT};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-
-/// The port OpenWhisk's runtimes serve on.
-pub const OPENWHISK_PORT: u16 = 8080;
 
 fn openwhisk_port() -> u16 {
     OPENWHISK_PORT
@@ -79,21 +78,6 @@ impl KindPath {
 /// it).
 pub fn launcher_in(command: &[String]) -> Option<&str> {
     command.windows(2).find(|w| w[0] == "--launcher").map(|w| w[1].as_str())
-}
-
-/// What network an action container has, on every factory.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Network {
-    /// Its own network namespace with nothing but loopback.
-    #[default]
-    None,
-    /// The host's network.
-    Host,
-    /// Its own network namespace with nothing but loopback, as `none`, the runtime listening
-    /// on a TCP port there (OpenWhisk's runtimes serve on `:8080`); the invoker opens its
-    /// connections inside that namespace. No bridge, no host port.
-    Isolated,
 }
 
 /// The protocol a kind's runtime speaks; one file per protocol in `proxy::protocol`.
@@ -295,14 +279,6 @@ fn builtin_runtime(launcher: &str) -> KindConfig {
 /// Where `scripts/fdk.sh` installs Fn's function development kits from PyPI and npm, which
 /// the built-in `fn:` kinds show read-only in their containers.
 pub const FDK_DIR: &str = "/usr/local/lib/invoker-fdk";
-
-/// The `fdk` console script's entry, run by the system's python (the script's own shebang
-/// names the interpreter pip ran under): `fdk <file> <handler>`.
-pub const FDK_MAIN: &str = "import sys; from fdk.scripts.fdk import main; sys.argv[0] = 'fdk'; main()";
-
-/// The built-in `fn:python` kind's command on every factory: Fn's python FDK on the function's
-/// code in `func.py` (its working directory), `{main}` its handler.
-pub const FDK_PYTHON_COMMAND: [&str; 5] = ["/usr/bin/python3", "-c", FDK_MAIN, "func.py", "{main}"];
 
 /// A built-in Fn kind: the action's code in `code_file`, run by the system's interpreter
 /// with the FDK on its module path.

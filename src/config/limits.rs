@@ -58,12 +58,7 @@ impl Default for LimitsConfig {
     }
 }
 
-/// The files (inodes) a container's disk of `disk_mb` holds: one per 2 KiB of its size (a
-/// non-empty file takes a 4 KiB page at least), so a flood of empty files fills it as a large
-/// file does; 1,024 at least.
-pub fn disk_inodes(disk_mb: u32) -> u64 {
-    u64::from(disk_mb).saturating_mul(512).max(1024)
-}
+pub use invoker_factory::own_disk::disk_inodes;
 
 /// What a disk keeps of a file of `bytes`: whole 4 KiB pages.
 pub fn disk_bytes_of(bytes: u64) -> u64 {

@@ -8,7 +8,7 @@
 //! connection of its own to the socket, bytes both ways: HTTP, deadlines and errors stay the
 //! invoker's, as with a socket it reaches itself.
 
-use super::fn_socket::ListenerWatch;
+use invoker_factory::fn_socket::ListenerWatch;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -29,7 +29,7 @@ pub struct FnBridgeArgs {
 #[derive(Debug, thiserror::Error)]
 pub enum BridgeError {
     #[error("the function's socket: {0}")]
-    Listener(#[from] super::fn_socket::ListenerError),
+    Listener(#[from] invoker_factory::fn_socket::ListenerError),
     #[error("the function made no listener within {0:?}")]
     NotReady(Duration),
     #[error("listening on {addr}: {source}")]
@@ -60,7 +60,7 @@ pub async fn run(args: FnBridgeArgs) -> Result<(), BridgeError> {
 
 /// One connection, both ways, until either side closes; a function that no longer accepts
 /// closes the caller's connection at once.
-async fn splice(mut conn: tokio::net::TcpStream, listener: std::sync::Arc<super::peer::ContainerSocket>) {
+async fn splice(mut conn: tokio::net::TcpStream, listener: std::sync::Arc<invoker_factory::peer::ContainerSocket>) {
     let _ = conn.set_nodelay(true);
     let Ok(mut function) = listener.connect().await else { return };
     let _ = tokio::io::copy_bidirectional(&mut conn, &mut function).await;

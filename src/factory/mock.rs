@@ -4,13 +4,13 @@
 //! the proxies run unchanged. The action's parameters steer a run: `sleep_ms` delays it,
 //! `error` makes it an application error, `crash` kills the container mid-run.
 
-use super::contract::{ContainerFactory, ContainerHandle, ContainerSpec, Epoch, StatsReceiver, Transport};
-use super::error::{CreateError, FactoryError};
-use super::logs::{LogBuffer, Stream, SENTINEL};
 use crate::http::{json_value, Response};
 use crate::pool::core::{ContainerId, NodeId, NodeStatsUpdate};
 use http_body_util::{BodyExt, Limited};
 use hyper::{Request, StatusCode};
+use invoker_factory::contract::{ContainerFactory, ContainerHandle, ContainerSpec, Epoch, StatsReceiver, Transport};
+use invoker_factory::error::{CreateError, FactoryError};
+use invoker_factory::logs::{LogBuffer, Stream, SENTINEL};
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 use std::collections::HashMap;

@@ -4,33 +4,24 @@
 //! nothing outside this module knows which one it is.
 
 mod cgroup;
-mod contract;
 #[cfg(feature = "docker")]
 pub mod docker;
-mod error;
 pub mod fn_bridge;
-pub mod fn_socket;
-mod id_lock;
 #[cfg(feature = "kubernetes")]
 pub mod kubernetes;
-pub mod logs;
 #[cfg(feature = "mesos")]
 pub mod mesos;
 #[cfg(feature = "test-util")]
 pub mod mock;
-pub mod netns;
-mod one_host;
-mod own_disk;
-pub mod peer;
 mod pipe_lines;
 pub mod process;
 pub mod sandbox;
 mod snapshot;
-mod uids;
 pub mod watchdog;
 mod zygote;
 
 use crate::pool::core::{ContainerId, NodeId};
+pub use invoker_factory::{contract, error, fn_socket, id_lock, logs, netns, one_host, own_disk, peer, uids};
 use std::sync::Arc;
 
 pub use contract::{ContainerFactory, ContainerHandle, ContainerSpec, Epoch, FunctionStart, StatsReceiver, Transport};

@@ -3,7 +3,7 @@
 //! runtime that marks no ends (Fn's), whose last lines are in the pipe by then and must be the
 //! run's, not the next one's. Both read under one lock, without blocking.
 
-use super::logs::{LineSource, LogBuffer, Stream};
+use invoker_factory::logs::{LineSource, LogBuffer, Stream};
 use parking_lot::Mutex;
 use std::io::ErrorKind;
 use std::sync::Arc;

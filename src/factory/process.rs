@@ -11,24 +11,24 @@
 //! process groups whose environment names this invoker), and nothing else.
 
 use super::cgroup::ContainerCgroups;
-use super::contract::{
-    ContainerFactory, ContainerHandle, ContainerSpec, Epoch, FunctionStart, StatsReceiver, Transport,
-};
-use super::error::{CreateError, FactoryError, SetupError};
-use super::fn_socket::ListenerWatch;
-use super::id_lock::IdLock;
-use super::logs::{LogBuffer, Stream};
-use super::netns::NetNs;
-use super::one_host::OneHost;
-use super::own_disk;
-use super::peer::{ContainerSocket, Peer, RuntimeLife};
 use super::pipe_lines::PipeLines;
 use super::sandbox::{resolve_interpreter, SandboxArgs, ACTION_PATH};
-use super::uids::{HeldUid, UidRange};
 use super::watchdog::{remove_left, Watchdog, WatchdogArgs};
 use super::zygote::{ForkRequest, Zygote};
 use crate::config::{Config, KindConfig, Network, ProcessFactoryConfig, RuntimeProtocol, TransportKind};
 use crate::pool::core::{ContainerId, NodeId};
+use invoker_factory::contract::{
+    ContainerFactory, ContainerHandle, ContainerSpec, Epoch, FunctionStart, StatsReceiver, Transport,
+};
+use invoker_factory::error::{CreateError, FactoryError, SetupError};
+use invoker_factory::fn_socket::ListenerWatch;
+use invoker_factory::id_lock::IdLock;
+use invoker_factory::logs::{LogBuffer, Stream};
+use invoker_factory::netns::NetNs;
+use invoker_factory::one_host::OneHost;
+use invoker_factory::own_disk;
+use invoker_factory::peer::{ContainerSocket, Peer, RuntimeLife};
+use invoker_factory::uids::{HeldUid, UidRange};
 use invoker_wire::runtime::{fn_listener_env, FN_SOCKET_DIR};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;

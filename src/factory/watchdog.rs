@@ -77,7 +77,7 @@ pub fn remove_left(invoker_id: &str, pid_dir: &Path, cgroups: Option<&ContainerC
         let _ = std::fs::remove_file(&path);
     }
     // The containers' disks go before their cgroups, where their pages are charged.
-    super::own_disk::unmount_under(pid_dir);
+    invoker_factory::own_disk::unmount_under(pid_dir);
     if let Some(cg) = cgroups {
         killed += cg.remove_all();
     }

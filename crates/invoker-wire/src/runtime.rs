@@ -24,3 +24,14 @@ pub const FN_LISTENER: &str = "lsnr.sock";
 pub fn fn_listener_env(dir: &str) -> (String, String) {
     ("FN_LISTENER".into(), format!("unix:{dir}/{FN_LISTENER}"))
 }
+
+/// The port OpenWhisk's runtimes serve on.
+pub const OPENWHISK_PORT: u16 = 8080;
+
+/// The `fdk` console script's entry, run by the system's python (the script's own shebang
+/// names the interpreter pip ran under): `fdk <file> <handler>`.
+pub const FDK_MAIN: &str = "import sys; from fdk.scripts.fdk import main; sys.argv[0] = 'fdk'; main()";
+
+/// The built-in `fn:python` kind's command on every factory: Fn's python FDK on the function's
+/// code in `func.py` (its working directory), `{main}` its handler.
+pub const FDK_PYTHON_COMMAND: [&str; 5] = ["/usr/bin/python3", "-c", FDK_MAIN, "func.py", "{main}"];

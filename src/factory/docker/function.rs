@@ -5,11 +5,11 @@
 
 use super::{own_disk, DockerFactory, SOCKET_DIR_MB};
 use crate::config::DockerKindConfig;
-use crate::factory::fn_socket::ListenerWatch;
-use crate::factory::logs::LogBuffer;
 use crate::factory::{ContainerHandle, ContainerSpec, CreateError, FactoryError, FunctionStart, Transport};
 use crate::pool::core::NodeId;
 use bollard::models::{ContainerCreateBody, HostConfig};
+use invoker_factory::fn_socket::ListenerWatch;
+use invoker_factory::logs::LogBuffer;
 use invoker_wire::runtime::{fn_listener_env, FN_SOCKET_DIR};
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
@@ -71,7 +71,7 @@ impl DockerFactory {
                 id: spec.id,
                 node: node.clone(),
                 transport: Transport::Unix(Arc::new(listener)),
-                peer: Arc::new(super::super::peer::Peer { cgroup_name: Some(docker_id), ..Default::default() }),
+                peer: Arc::new(invoker_factory::peer::Peer { cgroup_name: Some(docker_id), ..Default::default() }),
                 logs,
                 ready_at: inner.host.now(),
             }),

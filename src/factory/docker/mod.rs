@@ -15,19 +15,19 @@
 
 mod function;
 
-use super::contract::{ContainerFactory, ContainerHandle, ContainerSpec, Epoch, StatsReceiver, Transport};
-use super::error::{CreateError, FactoryError, SetupError};
-use super::logs::{LogBuffer, Stream};
-use super::netns::NetNs;
-use super::one_host::OneHost;
-use super::own_disk;
-use super::peer::{ContainerSocket, Peer};
 use crate::config::{Config, DockerFactoryConfig, DockerKindConfig, Network};
 use crate::pool::core::{ContainerId, NodeId};
 use bollard::models::{ContainerCreateBody, HostConfig};
 use bollard::query_parameters::{CreateContainerOptions, ListContainersOptions, LogsOptions, RemoveContainerOptions};
 use bollard::Docker;
 use futures_util::StreamExt;
+use invoker_factory::contract::{ContainerFactory, ContainerHandle, ContainerSpec, Epoch, StatsReceiver, Transport};
+use invoker_factory::error::{Cause, CreateError, FactoryError, SetupError};
+use invoker_factory::logs::{LogBuffer, Stream};
+use invoker_factory::netns::NetNs;
+use invoker_factory::one_host::OneHost;
+use invoker_factory::own_disk;
+use invoker_factory::peer::{ContainerSocket, Peer};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -56,7 +56,7 @@ struct Inner {
     config: DockerFactoryConfig,
     invoker_id: String,
     /// This invoker id, held on this machine for the life of the factory (`id_lock.rs`).
-    _id: super::id_lock::IdLock,
+    _id: invoker_factory::id_lock::IdLock,
     host: OneHost,
     dir: PathBuf,
     owner: (u32, u32),
@@ -78,7 +78,7 @@ fn unfit(setting: &str, why: impl Into<String>) -> SetupError {
 }
 
 fn op(op: &'static str) -> impl Fn(bollard::errors::Error) -> FactoryError {
-    move |e| FactoryError::Operation { op, source: e.into() }
+    move |e| FactoryError::Operation { op, source: Cause::backend(e) }
 }
 
 impl DockerFactory {
@@ -87,7 +87,7 @@ impl DockerFactory {
     /// invoker left.
     pub async fn new(config: &Config, epoch: Epoch) -> Result<Self, FactoryError> {
         // Before the clean-up of an earlier run's containers: see `id_lock.rs`.
-        let id = super::id_lock::IdLock::take(&config.invoker_id).map_err(setup)?;
+        let id = invoker_factory::id_lock::IdLock::take(&config.invoker_id).map_err(setup)?;
         let dc = config.factory.docker.clone();
         let socket = dc.socket.to_string_lossy().to_string();
         let docker = Docker::connect_with_unix(&socket, 120, bollard::API_DEFAULT_VERSION)
@@ -288,7 +288,7 @@ impl DockerFactory {
                 return Err(if no_image {
                     FactoryError::Image(format!("image {image}: {e}"))
                 } else {
-                    CreateError::Engine { op: "docker create", source: e.into() }.into()
+                    CreateError::Engine { op: "docker create", source: Cause::backend(e) }.into()
                 });
             }
         };
@@ -297,7 +297,7 @@ impl DockerFactory {
         }
         if let Err(e) = inner.docker.start_container(&docker_id, None).await {
             self.remove(spec.id).await;
-            return Err(CreateError::Engine { op: "docker start", source: e.into() }.into());
+            return Err(CreateError::Engine { op: "docker start", source: Cause::backend(e) }.into());
         }
         Ok(docker_id)
     }

@@ -51,3 +51,9 @@ fn api_words(e: &kube::Error) -> String {
         e => e.to_string(),
     }
 }
+
+impl From<KubeError> for invoker_factory::error::Cause {
+    fn from(e: KubeError) -> Self {
+        invoker_factory::error::Cause::backend(e)
+    }
+}

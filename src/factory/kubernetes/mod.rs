@@ -14,13 +14,13 @@ mod pod_log;
 pub mod policy;
 pub mod watch;
 
-use super::contract::{ContainerFactory, ContainerHandle, ContainerSpec, Epoch, StatsReceiver, Transport};
-use super::error::{CreateError, FactoryError, SetupError};
-use super::logs::LogBuffer;
 use crate::config::{Config, KubernetesFactoryConfig};
 use crate::pool::core::{ContainerId, NodeId, NodeStatsUpdate};
 use doomed::{DoomedPods, Why};
 pub use error::KubeError;
+use invoker_factory::contract::{ContainerFactory, ContainerHandle, ContainerSpec, Epoch, StatsReceiver, Transport};
+use invoker_factory::error::{CreateError, FactoryError, SetupError};
+use invoker_factory::logs::LogBuffer;
 use k8s_openapi::api::core::v1::{Pod, Toleration};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{DeleteParams, ListParams, PostParams};

@@ -201,7 +201,7 @@ const CODE_DIR: &str = "/function";
 pub fn build_function_pod(
     template: &PodTemplate,
     r: &PodRequest<'_>,
-    function: &crate::factory::contract::FunctionStart,
+    function: &invoker_factory::contract::FunctionStart,
     bridge: &crate::config::FnBridgeConfig,
 ) -> Pod {
     use invoker_wire::runtime::{FN_LISTENER as LISTENER, FN_SOCKET_DIR as SOCKET_DIR};
@@ -415,7 +415,7 @@ mod tests {
 
     #[test]
     fn an_fn_pods_address_is_its_bridges_and_a_bridge_that_ended_says_why() {
-        let function = crate::factory::contract::FunctionStart {
+        let function = invoker_factory::contract::FunctionStart {
             code: Some("def handler(ctx, data=None):\n    return 'hi'\n".into()),
             main: "handler".into(),
             env: vec![("FN_FORMAT".into(), "http-stream".into())],

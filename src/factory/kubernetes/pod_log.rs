@@ -4,8 +4,8 @@
 //! lost and nothing twice, for as long as the container is live.
 
 use super::pod::CONTAINER;
-use crate::factory::logs::LogBuffer;
 use futures_util::AsyncBufReadExt as _;
+use invoker_factory::logs::LogBuffer;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::chrono::{DateTime, Utc};
 use kube::api::LogParams;

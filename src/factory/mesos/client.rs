@@ -40,6 +40,12 @@ pub enum MesosError {
     Decode(#[from] prost::DecodeError),
 }
 
+impl From<MesosError> for invoker_factory::error::Cause {
+    fn from(e: MesosError) -> Self {
+        invoker_factory::error::Cause::backend(e)
+    }
+}
+
 impl From<RecordIoError> for MesosError {
     fn from(e: RecordIoError) -> Self {
         MesosError::Stream(e.to_string())

@@ -13,14 +13,14 @@ pub mod proto;
 pub mod recordio;
 pub mod scheduler;
 
-use super::contract::{ContainerFactory, ContainerHandle, ContainerSpec, Epoch, StatsReceiver, Transport};
-use super::error::{Cause, CreateError, FactoryError, SetupError};
-use super::logs::LogBuffer;
 use crate::config::{Config, MesosFactoryConfig};
 use crate::pool::core::{ContainerId, NodeId, NodeStatsUpdate};
 use crate::store::Store;
 use client::{MasterClient, MesosError};
 use futures_util::StreamExt;
+use invoker_factory::contract::{ContainerFactory, ContainerHandle, ContainerSpec, Epoch, StatsReceiver, Transport};
+use invoker_factory::error::{Cause, CreateError, FactoryError, SetupError};
+use invoker_factory::logs::LogBuffer;
 use offers::Need;
 use parking_lot::Mutex;
 use proto::v1::scheduler::{call, event, Call, Event};

@@ -176,11 +176,11 @@ impl Default for LogBuffer {
 }
 
 impl LogBuffer {
-    pub(super) fn add_source(&self, source: Arc<dyn LineSource>) {
+    pub fn add_source(&self, source: Arc<dyn LineSource>) {
         self.sources.lock().push(source);
     }
 
-    pub(super) fn remove_source(&self, source: &Arc<dyn LineSource>) {
+    pub fn remove_source(&self, source: &Arc<dyn LineSource>) {
         self.sources.lock().retain(|s| !Arc::ptr_eq(s, source));
     }
 

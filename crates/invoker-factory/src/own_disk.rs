@@ -18,16 +18,23 @@
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use std::path::{Path, PathBuf};
 
+/// The files (inodes) a container's disk of `disk_mb` holds: one per 2 KiB of its size (a
+/// non-empty file takes a 4 KiB page at least), so a flood of empty files fills it as a large
+/// file does; 1,024 at least.
+pub fn disk_inodes(disk_mb: u32) -> u64 {
+    u64::from(disk_mb).saturating_mul(512).max(1024)
+}
+
 /// Whether this process may mount a container's disk (root, in the host's view).
 pub fn can_mount() -> bool {
     nix::unistd::geteuid().is_root()
 }
 
 /// Mounts a tmpfs of `size_mb` on `dir` (an existing, empty directory), its root owned by
-/// `owner` with `mode`. Files are bounded too (`config::disk_inodes`), so a flood of empty
+/// `owner` with `mode`. Files are bounded too ([`disk_inodes`]), so a flood of empty
 /// files fails as a large file does.
 pub fn mount_on(dir: &Path, size_mb: u32, owner: (u32, u32), mode: u32) -> std::io::Result<()> {
-    let inodes = crate::config::disk_inodes(size_mb);
+    let inodes = disk_inodes(size_mb);
     let options = format!("size={size_mb}m,nr_inodes={inodes},mode={mode:o},uid={},gid={}", owner.0, owner.1);
     let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
     mount(Some("tmpfs"), dir, Some("tmpfs"), flags, Some(options.as_str()))

@@ -34,8 +34,8 @@ pub enum FactoryError {
 
 impl FactoryError {
     /// What a failed create means to the pool and to the record.
-    pub fn create_failure(&self) -> crate::pool::core::CreateFailure {
-        use crate::pool::core::CreateFailure;
+    pub fn create_failure(&self) -> invoker_core::pool::CreateFailure {
+        use invoker_core::pool::CreateFailure;
         match self {
             FactoryError::Refused(_) => CreateFailure::Refused,
             FactoryError::Image(_) => CreateFailure::Image,
@@ -57,35 +57,15 @@ pub enum Cause {
     Io(#[from] std::io::Error),
     #[error(transparent)]
     Sys(#[from] nix::errno::Errno),
-    #[cfg(feature = "docker")]
+    /// What a backend's engine or cluster said (Docker's, Kubernetes', Mesos' error, each typed
+    /// in its own crate).
     #[error(transparent)]
-    Docker(Box<bollard::errors::Error>),
-    #[cfg(feature = "kubernetes")]
-    #[error(transparent)]
-    Kubernetes(Box<super::kubernetes::error::KubeError>),
-    #[cfg(feature = "mesos")]
-    #[error(transparent)]
-    Mesos(Box<super::mesos::client::MesosError>),
+    Backend(Box<dyn std::error::Error + Send + Sync>),
 }
 
-#[cfg(feature = "docker")]
-impl From<bollard::errors::Error> for Cause {
-    fn from(e: bollard::errors::Error) -> Self {
-        Cause::Docker(Box::new(e))
-    }
-}
-
-#[cfg(feature = "kubernetes")]
-impl From<super::kubernetes::error::KubeError> for Cause {
-    fn from(e: super::kubernetes::error::KubeError) -> Self {
-        Cause::Kubernetes(Box::new(e))
-    }
-}
-
-#[cfg(feature = "mesos")]
-impl From<super::mesos::client::MesosError> for Cause {
-    fn from(e: super::mesos::client::MesosError) -> Self {
-        Cause::Mesos(Box::new(e))
+impl Cause {
+    pub fn backend(e: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Cause::Backend(Box::new(e))
     }
 }
 

@@ -1,0 +1,353 @@
+//! What each backend's section of the config says (`[factory.docker]`, `[factory.kubernetes]`,
+//! `[factory.mesos]`) and the network an action container has. These are here, beside the
+//! contract, and not in a backend's crate, because the invoker reads every section in every
+//! build (a config naming a backend this build lacks is refused by name, not by a parse error);
+//! their checks stay with the rest of the config's, in the invoker.
+
+use invoker_wire::runtime::{FDK_PYTHON_COMMAND, OPENWHISK_PORT};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// What network an action container has, on every factory.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Network {
+    /// Its own network namespace with nothing but loopback.
+    #[default]
+    None,
+    /// The host's network.
+    Host,
+    /// Its own network namespace with nothing but loopback, as `none`, the runtime listening
+    /// on a TCP port there (OpenWhisk's runtimes serve on `:8080`); the invoker opens its
+    /// connections inside that namespace. No bridge, no host port.
+    Isolated,
+}
+
+/// The Mesos factory: action containers as tasks of a framework, through the v1 scheduler
+/// HTTP API; resource offers are the node stats.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MesosFactoryConfig {
+    /// A master's address, `http://host:port`; a master that is not the leader redirects.
+    pub master: String,
+    pub framework_name: String,
+    /// The user tasks run as on the agents.
+    pub user: String,
+    /// How long the master keeps the framework's tasks after the invoker disconnects; a
+    /// restarted invoker re-subscribes as the same framework within it.
+    #[serde(with = "humantime_serde")]
+    pub failover_timeout: Duration,
+    /// Declined resources are not offered to the framework again for this long.
+    #[serde(with = "humantime_serde")]
+    pub refuse: Duration,
+    /// An unused offer is held (as free memory of its agent) this long, then declined.
+    #[serde(with = "humantime_serde")]
+    pub offer_hold: Duration,
+    /// With nothing to launch and no work waiting for this long, the framework suppresses offers.
+    #[serde(with = "humantime_serde")]
+    pub suppress_after: Duration,
+    /// A task must be running within this (waiting for an offer included).
+    #[serde(with = "humantime_serde")]
+    pub launch_timeout: Duration,
+    /// A killed task counts as gone after this even without TASK_KILLED.
+    #[serde(with = "humantime_serde")]
+    pub kill_timeout: Duration,
+    /// Bound on one call to the master (the event stream has none).
+    #[serde(with = "humantime_serde")]
+    pub call_timeout: Duration,
+    /// Heartbeats missed before the invoker subscribes again.
+    pub heartbeat_misses: u32,
+    /// CPUs a task gets per GB of its memory.
+    pub cpus_per_gb: f64,
+    /// The memory each agent has for actions, where offers do not show it whole (an agent's
+    /// resources split over several offers, or other frameworks holding part). Without it an
+    /// agent's capacity is the most it was seen to offer plus the invoker's own tasks there, and
+    /// an action larger than that is rejected as never fitting.
+    pub agent_capacity_mb: Option<u64>,
+    /// The address the runtime of a task listens on, on its agent (with the port the offer gave).
+    pub listen_host: String,
+    /// The invoker binary on the agents, for the runtime command of `[kinds]`; by default the
+    /// path of this binary.
+    pub agent_invoker: Option<PathBuf>,
+    /// Kinds run through the Docker containerizer, with their image (the others run the
+    /// `[kinds]` command with the Mesos containerizer).
+    pub images: BTreeMap<String, String>,
+}
+
+impl Default for MesosFactoryConfig {
+    fn default() -> Self {
+        MesosFactoryConfig {
+            master: "http://127.0.0.1:5050".into(),
+            framework_name: "invoker".into(),
+            user: "nobody".into(),
+            failover_timeout: Duration::from_secs(7 * 24 * 3600),
+            refuse: Duration::from_secs(5),
+            offer_hold: Duration::from_secs(10),
+            suppress_after: Duration::from_secs(60),
+            launch_timeout: Duration::from_secs(60),
+            kill_timeout: Duration::from_secs(30),
+            call_timeout: Duration::from_secs(10),
+            heartbeat_misses: 5,
+            cpus_per_gb: 1.0,
+            agent_capacity_mb: None,
+            listen_host: "0.0.0.0".into(),
+            agent_invoker: None,
+            images: BTreeMap::new(),
+        }
+    }
+}
+
+/// The Docker factory: one container per action container, on one Docker Engine.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DockerFactoryConfig {
+    /// The engine's unix socket (what `scripts/dockerd.sh` prints).
+    pub socket: PathBuf,
+    /// For the kinds that run the project's runtime (a `command` of their own): `none`, no
+    /// network, the runtime on a unix socket in a directory bind-mounted from `data_dir` (Fn's
+    /// design); `isolated`, no network but loopback, the runtime on the kind's port there;
+    /// `host`, the host's network, the runtime on a free 127.0.0.1 port. A kind that runs its
+    /// image's own entry point is `isolated` unless it says otherwise.
+    pub network: Network,
+    /// Memory of the host kept for everything but action containers.
+    pub reserve_mb: u64,
+    /// The user action containers run as (never root).
+    pub user: String,
+    pub pids_limit: i64,
+    /// Container creations in flight on the engine at most (engines fall over under many).
+    pub max_concurrent_creates: usize,
+    /// Bound on a created container's runtime answering.
+    #[serde(with = "humantime_serde")]
+    pub ready_timeout: Duration,
+    /// Action kind → the image and command that serve it.
+    pub kinds: BTreeMap<String, DockerKindConfig>,
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct DockerKindConfig {
+    pub image: String,
+    /// The runtime's command inside the image, `{listen}` substituted (`unix:PATH` or
+    /// `ADDR:PORT`); empty runs the image's own entry point.
+    #[serde(default)]
+    pub command: Vec<String>,
+    /// The kind's network (see `factory.docker.network`); unset: `isolated` for an image's own
+    /// entry point (OpenWhisk's images serve on `:8080`), `factory.docker.network` otherwise.
+    #[serde(default)]
+    pub network: Option<Network>,
+    /// The port the runtime serves on inside its own namespace (`isolated`).
+    #[serde(default)]
+    pub port: Option<u16>,
+    /// For an `fn` kind that takes its code as text: the file it is written to, shown
+    /// read-only at `/function` (the container's working directory); unset, the image holds
+    /// the function.
+    #[serde(default)]
+    pub code_file: Option<String>,
+}
+
+impl DockerKindConfig {
+    /// Whether the image runs the project's own runtime (which takes overlapping runs).
+    pub fn is_own_runtime(&self) -> bool {
+        self.command.iter().any(|a| a == "action-runtime")
+    }
+
+    pub fn network(&self, factory_default: Network) -> Network {
+        match self.network {
+            Some(network) => network,
+            None if self.command.is_empty() => Network::Isolated,
+            None => factory_default,
+        }
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port.unwrap_or(OPENWHISK_PORT)
+    }
+}
+
+impl Default for DockerFactoryConfig {
+    fn default() -> Self {
+        let kind = |image: &str, launcher: &str| DockerKindConfig {
+            image: image.into(),
+            command: ["/invoker", "action-runtime", "--listen", "{listen}", "--launcher", launcher]
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+            network: None,
+            port: None,
+            code_file: None,
+        };
+        // Fn's python FDK on the python image (`scripts/build-images.sh`), the action's code in
+        // /function.
+        let fn_python = DockerKindConfig {
+            image: "invoker-fn-python:latest".into(),
+            command: FDK_PYTHON_COMMAND.map(String::from).to_vec(),
+            network: Some(Network::None),
+            port: None,
+            code_file: Some("func.py".into()),
+        };
+        // Fn's node FDK with this machine's node (`scripts/build-images.sh`).
+        let fn_node = DockerKindConfig {
+            image: "invoker-fn-node:latest".into(),
+            command: vec!["/usr/bin/node".into(), "func.js".into()],
+            network: Some(Network::None),
+            port: None,
+            code_file: Some("func.js".into()),
+        };
+        DockerFactoryConfig {
+            socket: PathBuf::from("/run/invoker-docker/docker.sock"),
+            network: Network::None,
+            reserve_mb: 1024,
+            user: "65534:65534".into(),
+            pids_limit: 256,
+            max_concurrent_creates: 4,
+            ready_timeout: Duration::from_secs(30),
+            kinds: BTreeMap::from([
+                ("python:3".to_string(), kind("invoker-python:latest", "python")),
+                ("native".to_string(), kind("invoker-native:latest", "native")),
+                ("fn:python".to_string(), fn_python),
+                ("fn:node".to_string(), fn_node),
+            ]),
+        }
+    }
+}
+
+/// A taint the action pods tolerate, written as a pod spec's toleration is (`key`, `operator`,
+/// `value`, `effect`, `tolerationSeconds`). The config's own type, so that reading a config
+/// needs no Kubernetes crate in a build without the backend.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Toleration {
+    pub key: Option<String>,
+    pub operator: Option<String>,
+    pub value: Option<String>,
+    pub effect: Option<String>,
+    pub toleration_seconds: Option<i64>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KubernetesFactoryConfig {
+    /// The API server (`https://host:port`, or `http://` for a local proxy such as `kubectl
+    /// proxy`). Unset: `kubeconfig`, else `$KUBECONFIG` or `~/.kube/config`, else the pod's
+    /// own service account (the invoker running in the cluster).
+    pub api_server: Option<String>,
+    /// A kubeconfig file (its current context).
+    pub kubeconfig: Option<PathBuf>,
+    /// Where the action pods go (the invoker creates, lists and deletes pods there only).
+    pub namespace: String,
+    /// A pod must be Ready within this (scheduling, image pull and the runtime's start).
+    #[serde(with = "humantime_serde")]
+    pub create_timeout: Duration,
+    /// A deleted pod counts as gone after this even if the watch never shows it go.
+    #[serde(with = "humantime_serde")]
+    pub delete_timeout: Duration,
+    /// Bound on one call to the API server (watches have none: they resume).
+    #[serde(with = "humantime_serde")]
+    pub call_timeout: Duration,
+    /// CPU a pod gets (request = limit) per GB of its memory.
+    pub cpus_per_gb: f64,
+    pub image_pull_policy: String,
+    /// Taints of nodes the action pods tolerate (their pods get these tolerations); a node
+    /// tainted `NoSchedule` or `NoExecute` otherwise offers nothing.
+    pub tolerations: Vec<Toleration>,
+    /// Keep action pods off the network with a NetworkPolicy (no egress; ingress on the
+    /// runtime's port only). Off is a relaxation: the invoker warns at start.
+    pub network_policy: bool,
+    /// Action kind → the image and command that serve it.
+    pub kinds: BTreeMap<String, KubernetesKindConfig>,
+    /// What offers an Fn function's socket on the pod's network (`invoker fn-bridge`).
+    pub fn_bridge: FnBridgeConfig,
+}
+
+/// The container beside an Fn function in its pod: the project's binary, `fn-bridge`.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct FnBridgeConfig {
+    /// An image with the invoker's binary.
+    pub image: String,
+    /// The binary and its subcommand; `--dir`, `--listen` and `--start-timeout` are added.
+    pub command: Vec<String>,
+    /// The bridge's memory, taken from the function's (the pod holds the action's memory).
+    pub memory_mb: u32,
+}
+
+impl Default for FnBridgeConfig {
+    fn default() -> Self {
+        FnBridgeConfig {
+            image: "invoker-native:latest".into(),
+            command: vec!["/invoker".into(), "fn-bridge".into()],
+            memory_mb: 16,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct KubernetesKindConfig {
+    pub image: String,
+    /// The runtime's command inside the image, `{listen}` substituted with `$(POD_IP):$(PORT)`
+    /// (which Kubernetes expands from the pod's environment); empty runs the image's own entry
+    /// point (OpenWhisk's images serve on `:8080`).
+    #[serde(default)]
+    pub command: Vec<String>,
+    /// The port the runtime serves on, on the pod's IP.
+    #[serde(default)]
+    pub port: Option<u16>,
+    /// For an `fn` kind that takes its code as text: the file it is written to, shown
+    /// read-only at `/function` (the function's working directory); unset, the image holds
+    /// the function.
+    #[serde(default)]
+    pub code_file: Option<String>,
+}
+
+impl KubernetesKindConfig {
+    pub fn port(&self) -> u16 {
+        self.port.unwrap_or(OPENWHISK_PORT)
+    }
+
+    /// Whether the kind runs the project's own runtime (which takes overlapping runs).
+    pub fn is_own_runtime(&self) -> bool {
+        self.command.iter().any(|a| a == "action-runtime")
+    }
+}
+
+impl Default for KubernetesFactoryConfig {
+    fn default() -> Self {
+        let kind = |image: &str, launcher: &str| KubernetesKindConfig {
+            image: image.into(),
+            command: ["/invoker", "action-runtime", "--listen", "{listen}", "--launcher", launcher]
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+            port: None,
+            code_file: None,
+        };
+        // Fn's python FDK on the python image, as on Docker (`scripts/build-images.sh`).
+        let fn_python = KubernetesKindConfig {
+            image: "invoker-fn-python:latest".into(),
+            command: FDK_PYTHON_COMMAND.map(String::from).to_vec(),
+            port: None,
+            code_file: Some("func.py".into()),
+        };
+        KubernetesFactoryConfig {
+            api_server: None,
+            kubeconfig: None,
+            namespace: "invoker-actions".into(),
+            create_timeout: Duration::from_secs(60),
+            delete_timeout: Duration::from_secs(30),
+            call_timeout: Duration::from_secs(10),
+            cpus_per_gb: 1.0,
+            image_pull_policy: "IfNotPresent".into(),
+            tolerations: Vec::new(),
+            network_policy: true,
+            kinds: BTreeMap::from([
+                ("python:3".to_string(), kind("invoker-python:latest", "python")),
+                ("native".to_string(), kind("invoker-native:latest", "native")),
+                ("fn:python".to_string(), fn_python),
+            ]),
+            fn_bridge: FnBridgeConfig::default(),
+        }
+    }
+}
