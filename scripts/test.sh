@@ -21,4 +21,4 @@ fi
 bash scripts/fdk.sh >/dev/null
 
 # Every backend and the mock factory (cargo features), so that every suite builds and runs.
-cargo test --all-targets --all-features "$@"
+cargo test --workspace --all-targets --all-features "$@"

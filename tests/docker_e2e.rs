@@ -6,8 +6,10 @@
 
 mod support;
 
-use bollard::query_parameters::{InspectContainerOptions, ListContainersOptions, RemoveContainerOptions};
-use bollard::Docker;
+use invoker_docker::bollard::query_parameters::{
+    InspectContainerOptions, ListContainersOptions, RemoveContainerOptions,
+};
+use invoker_docker::bollard::Docker;
 use nix::sys::signal::Signal;
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -21,7 +23,8 @@ fn socket() -> String {
 }
 
 async fn engine() -> Docker {
-    let docker = Docker::connect_with_unix(&socket(), 60, bollard::API_DEFAULT_VERSION).expect("docker socket");
+    let docker =
+        Docker::connect_with_unix(&socket(), 60, invoker_docker::bollard::API_DEFAULT_VERSION).expect("docker socket");
     let docker = docker.negotiate_version().await.expect("a Docker Engine answers (scripts/dockerd.sh)");
     sweep_earlier_test_runs(&docker).await;
     docker

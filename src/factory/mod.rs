@@ -4,8 +4,6 @@
 //! nothing outside this module knows which one it is.
 
 mod cgroup;
-#[cfg(feature = "docker")]
-pub mod docker;
 pub mod fn_bridge;
 #[cfg(feature = "kubernetes")]
 pub mod kubernetes;
@@ -21,6 +19,8 @@ pub mod watchdog;
 mod zygote;
 
 use crate::pool::core::{ContainerId, NodeId};
+#[cfg(feature = "docker")]
+pub use invoker_docker as docker;
 pub use invoker_factory::{contract, error, fn_socket, id_lock, logs, netns, one_host, own_disk, peer, uids};
 use std::sync::Arc;
 
@@ -70,7 +70,10 @@ impl Factory {
         Ok(match config.factory.kind {
             FactoryKind::Process => Factory::Process(process::ProcessFactory::new(config, epoch)?),
             #[cfg(feature = "docker")]
-            FactoryKind::Docker => Factory::Docker(docker::DockerFactory::new(config, epoch).await?),
+            FactoryKind::Docker => {
+                let docker = &config.factory.docker;
+                Factory::Docker(docker::DockerFactory::new(docker, &config.invoker_id, &config.data_dir, epoch).await?)
+            }
             #[cfg(feature = "mesos")]
             FactoryKind::Mesos => Factory::Mesos(mesos::MesosFactory::new(config, epoch, store).await?),
             #[cfg(feature = "kubernetes")]

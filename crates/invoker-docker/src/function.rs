@@ -4,12 +4,13 @@
 //! image's entry point, no network; ready when `lsnr.sock` appears (`fn_socket`).
 
 use super::{own_disk, DockerFactory, SOCKET_DIR_MB};
-use crate::config::DockerKindConfig;
-use crate::factory::{ContainerHandle, ContainerSpec, CreateError, FactoryError, FunctionStart, Transport};
-use crate::pool::core::NodeId;
 use bollard::models::{ContainerCreateBody, HostConfig};
+use invoker_core::pool::NodeId;
+use invoker_factory::contract::{ContainerHandle, ContainerSpec, FunctionStart, Transport};
+use invoker_factory::error::{CreateError, FactoryError};
 use invoker_factory::fn_socket::ListenerWatch;
 use invoker_factory::logs::LogBuffer;
+use invoker_factory::settings::DockerKindConfig;
 use invoker_wire::runtime::{fn_listener_env, FN_SOCKET_DIR};
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;

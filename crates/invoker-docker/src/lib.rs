@@ -13,14 +13,18 @@
 //! what an earlier run of the same invoker left, and nothing else. An Fn function is made as
 //! Fn's agent makes one (`function.rs`).
 
+#![forbid(unsafe_code)]
+
 mod function;
 
-use crate::config::{Config, DockerFactoryConfig, DockerKindConfig, Network};
-use crate::pool::core::{ContainerId, NodeId};
+/// The engine's client, for what the invoker's own tests ask of the engine directly.
+pub use bollard;
+
 use bollard::models::{ContainerCreateBody, HostConfig};
 use bollard::query_parameters::{CreateContainerOptions, ListContainersOptions, LogsOptions, RemoveContainerOptions};
 use bollard::Docker;
 use futures_util::StreamExt;
+use invoker_core::pool::{ContainerId, NodeId};
 use invoker_factory::contract::{ContainerFactory, ContainerHandle, ContainerSpec, Epoch, StatsReceiver, Transport};
 use invoker_factory::error::{Cause, CreateError, FactoryError, SetupError};
 use invoker_factory::logs::{LogBuffer, Stream};
@@ -28,6 +32,7 @@ use invoker_factory::netns::NetNs;
 use invoker_factory::one_host::OneHost;
 use invoker_factory::own_disk;
 use invoker_factory::peer::{ContainerSocket, Peer};
+use invoker_factory::settings::{DockerFactoryConfig, DockerKindConfig, Network};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -85,10 +90,16 @@ impl DockerFactory {
     /// Connects to the engine (negotiating its API version: Debian's engine speaks an older one
     /// than bollard's default), reads the host's memory, and removes what an earlier run of this
     /// invoker left.
-    pub async fn new(config: &Config, epoch: Epoch) -> Result<Self, FactoryError> {
+    /// `data_dir` holds the containers' socket directories (under `docker/<invoker_id>`).
+    pub async fn new(
+        dc: &DockerFactoryConfig,
+        invoker_id: &str,
+        data_dir: &Path,
+        epoch: Epoch,
+    ) -> Result<Self, FactoryError> {
         // Before the clean-up of an earlier run's containers: see `id_lock.rs`.
-        let id = invoker_factory::id_lock::IdLock::take(&config.invoker_id).map_err(setup)?;
-        let dc = config.factory.docker.clone();
+        let id = invoker_factory::id_lock::IdLock::take(invoker_id).map_err(setup)?;
+        let dc = dc.clone();
         let socket = dc.socket.to_string_lossy().to_string();
         let docker = Docker::connect_with_unix(&socket, 120, bollard::API_DEFAULT_VERSION)
             .map_err(|e| setup(unfit("factory.docker.socket", format!("{socket}: {e}"))))?;
@@ -104,7 +115,7 @@ impl DockerFactory {
         if capacity_mb == 0 {
             return Err(setup(unfit("factory.docker.reserve_mb", format!("the host has {total_mb} MB, no more"))));
         }
-        let dir = std::path::absolute(config.data_dir.join("docker").join(&config.invoker_id))
+        let dir = std::path::absolute(data_dir.join("docker").join(invoker_id))
             .map_err(|e| setup(unfit("data_dir", e.to_string())))?;
         if dc.network == Network::None && dir.as_os_str().len() > 80 {
             return Err(setup(unfit(
@@ -126,7 +137,7 @@ impl DockerFactory {
                 docker,
                 creates: Semaphore::new(dc.max_concurrent_creates.max(1)),
                 config: dc,
-                invoker_id: config.invoker_id.clone(),
+                invoker_id: invoker_id.to_string(),
                 _id: id,
                 host: OneHost::new(node, capacity_mb, epoch),
                 dir,
