@@ -6,6 +6,7 @@ mod support;
 
 use invoker::factory::kubernetes::offers::NodeOffer;
 use invoker::factory::kubernetes::watch::watch_offers;
+use invoker_kubernetes::{k8s_openapi, kube};
 use std::time::Duration;
 use support::kube_api::FakeApiServer;
 use tokio::sync::watch;

@@ -3,9 +3,9 @@
 
 use super::error::{bad, ConfigError};
 pub use crate::capacity::core::{ControlPlaneKind, GroupConfig};
+pub use invoker_factory::settings::KubernetesPlaneConfig;
 use serde::Deserialize;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::time::Duration;
 
 #[derive(Clone, Debug, Deserialize)]
@@ -30,94 +30,32 @@ impl Default for CapacityConfig {
     }
 }
 
-/// `[capacity.kubernetes]`: each group is a StatefulSet named after it (its pods, and so its
-/// invokers, are `<group>-<ordinal>`), scaled through its `scale` subresource.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct KubernetesPlaneConfig {
-    /// The API server, as `[factory.kubernetes] api_server` says it; unset: `kubeconfig`, else
-    /// `$KUBECONFIG` or `~/.kube/config`, else the pod's service account.
-    pub api_server: Option<String>,
-    pub kubeconfig: Option<PathBuf>,
-    /// Where the StatefulSets are.
-    pub namespace: String,
-    pub image: String,
-    pub image_pull_policy: String,
-    /// The invoker's command in the image. `{etcd}`, `{tags}` and `{memory_mb}` are the group's;
-    /// `$(POD_NAME)` (the invoker's id) and `$(POD_IP)` Kubernetes fills in for each pod.
-    pub command: Vec<String>,
-    /// A ConfigMap with the invokers' config file, mounted read-only at `/etc/invoker`.
-    pub config_map: Option<String>,
-    /// Memory a pod asks for beyond its invoker's memory for actions (the invoker itself).
-    pub overhead_mb: u64,
-    /// A removed invoker's pod has this long to drain and exit (`terminationGracePeriodSeconds`).
-    #[serde(with = "humantime_serde")]
-    pub termination_grace: Duration,
-    /// Bound on one call to the API server.
-    #[serde(with = "humantime_serde")]
-    pub call_timeout: Duration,
-}
-
-impl Default for KubernetesPlaneConfig {
-    fn default() -> Self {
-        let command = [
-            "/invoker",
-            "serve",
-            "--config",
-            "/etc/invoker/invoker.toml",
-            "--etcd",
-            "{etcd}",
-            "--invoker-id",
-            "$(POD_NAME)",
-            "--tags={tags}",
-            "--memory-mb={memory_mb}",
-            "--listen",
-            "$(POD_IP):3233",
-            "--data-dir",
-            "/data",
-        ];
-        KubernetesPlaneConfig {
-            api_server: None,
-            kubeconfig: None,
-            namespace: "invoker".into(),
-            image: "invoker:latest".into(),
-            image_pull_policy: "IfNotPresent".into(),
-            command: command.iter().map(|s| s.to_string()).collect(),
-            config_map: Some("invoker-config".into()),
-            overhead_mb: 256,
-            termination_grace: Duration::from_secs(60),
-            call_timeout: Duration::from_secs(10),
-        }
+/// The checks of `[capacity.kubernetes]`.
+fn validate_kubernetes(plane: &KubernetesPlaneConfig) -> Result<(), ConfigError> {
+    let key = |k: &str| format!("capacity.kubernetes.{k}");
+    super::kubernetes::check_api_server(plane.api_server.as_deref(), &key("api_server"))?;
+    if !super::kubernetes::dns_label(&plane.namespace) {
+        return Err(bad(&key("namespace"), "must be a DNS-1123 label (a-z, 0-9, '-', at most 63)"));
     }
-}
-
-impl KubernetesPlaneConfig {
-    fn validate(&self) -> Result<(), ConfigError> {
-        let key = |k: &str| format!("capacity.kubernetes.{k}");
-        super::kubernetes::check_api_server(self.api_server.as_deref(), &key("api_server"))?;
-        if !super::kubernetes::dns_label(&self.namespace) {
-            return Err(bad(&key("namespace"), "must be a DNS-1123 label (a-z, 0-9, '-', at most 63)"));
-        }
-        if self.image.trim().is_empty() {
-            return Err(bad(&key("image"), "must name an image"));
-        }
-        if !["Always", "IfNotPresent", "Never"].contains(&self.image_pull_policy.as_str()) {
-            return Err(bad(&key("image_pull_policy"), "Always, IfNotPresent or Never"));
-        }
-        if !self.command.iter().any(|a| a.contains("$(POD_NAME)")) {
-            return Err(bad(&key("command"), "must pass $(POD_NAME) as the invoker's id (--invoker-id)"));
-        }
-        if self.config_map.as_deref().is_some_and(|m| !super::kubernetes::dns_label(m)) {
-            return Err(bad(&key("config_map"), "must be a DNS-1123 label"));
-        }
-        if self.termination_grace < Duration::from_secs(1) || self.termination_grace > Duration::from_secs(3600) {
-            return Err(bad(&key("termination_grace"), "between 1s and 1h"));
-        }
-        if self.call_timeout.is_zero() {
-            return Err(bad(&key("call_timeout"), "must be positive"));
-        }
-        Ok(())
+    if plane.image.trim().is_empty() {
+        return Err(bad(&key("image"), "must name an image"));
     }
+    if !["Always", "IfNotPresent", "Never"].contains(&plane.image_pull_policy.as_str()) {
+        return Err(bad(&key("image_pull_policy"), "Always, IfNotPresent or Never"));
+    }
+    if !plane.command.iter().any(|a| a.contains("$(POD_NAME)")) {
+        return Err(bad(&key("command"), "must pass $(POD_NAME) as the invoker's id (--invoker-id)"));
+    }
+    if plane.config_map.as_deref().is_some_and(|m| !super::kubernetes::dns_label(m)) {
+        return Err(bad(&key("config_map"), "must be a DNS-1123 label"));
+    }
+    if plane.termination_grace < Duration::from_secs(1) || plane.termination_grace > Duration::from_secs(3600) {
+        return Err(bad(&key("termination_grace"), "between 1s and 1h"));
+    }
+    if plane.call_timeout.is_zero() {
+        return Err(bad(&key("call_timeout"), "must be positive"));
+    }
+    Ok(())
 }
 
 impl CapacityConfig {
@@ -167,7 +105,7 @@ impl CapacityConfig {
                     let reason = "this build has no Kubernetes control plane (cargo build --features kubernetes)";
                     return Err(bad(&format!("capacity.groups.{name}.control_plane"), reason));
                 }
-                self.kubernetes.validate()?;
+                validate_kubernetes(&self.kubernetes)?;
             }
         }
         Ok(())

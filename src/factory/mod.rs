@@ -5,8 +5,6 @@
 
 mod cgroup;
 pub mod fn_bridge;
-#[cfg(feature = "kubernetes")]
-pub mod kubernetes;
 #[cfg(feature = "mesos")]
 pub mod mesos;
 #[cfg(feature = "test-util")]
@@ -22,6 +20,8 @@ use crate::pool::core::{ContainerId, NodeId};
 #[cfg(feature = "docker")]
 pub use invoker_docker as docker;
 pub use invoker_factory::{contract, error, fn_socket, id_lock, logs, netns, one_host, own_disk, peer, uids};
+#[cfg(feature = "kubernetes")]
+pub use invoker_kubernetes as kubernetes;
 use std::sync::Arc;
 
 pub use contract::{ContainerFactory, ContainerHandle, ContainerSpec, Epoch, FunctionStart, StatsReceiver, Transport};
@@ -77,7 +77,17 @@ impl Factory {
             #[cfg(feature = "mesos")]
             FactoryKind::Mesos => Factory::Mesos(mesos::MesosFactory::new(config, epoch, store).await?),
             #[cfg(feature = "kubernetes")]
-            FactoryKind::Kubernetes => Factory::Kubernetes(kubernetes::KubernetesFactory::new(config, epoch).await?),
+            FactoryKind::Kubernetes => {
+                let k8s = &config.factory.kubernetes;
+                let start_timeouts = config
+                    .kinds
+                    .iter()
+                    .filter(|(kind, _)| k8s.kinds.contains_key(*kind))
+                    .map(|(kind, kc)| (kind.clone(), kc.start_timeout_or(k8s.create_timeout)))
+                    .collect();
+                let factory = kubernetes::KubernetesFactory::new(k8s, &config.invoker_id, &start_timeouts, epoch);
+                Factory::Kubernetes(factory.await?)
+            }
             #[cfg(feature = "test-util")]
             FactoryKind::Mock => {
                 let m = &config.factory.mock;

@@ -3,7 +3,8 @@
 //! backend needs to keep a container to its limits and its tenant ([`logs`], each run's window
 //! of its lines; [`peer`], that only the container answers; [`own_disk`]; [`netns`]; Fn's
 //! socket, [`fn_socket`]; [`uids`]; [`id_lock`]); the node stats of a one-host backend
-//! ([`one_host`]); and what each backend's section of the config says ([`settings`]).
+//! ([`one_host`]); what each backend's section of the config says ([`settings`]); and the
+//! capacity manager's other contract, a control plane ([`plane`]).
 //!
 //! The process factory lives in the invoker; Docker, Kubernetes and Mesos in crates of their
 //! own, built only with their features. Each depends on this crate and nothing of the invoker,
@@ -20,5 +21,6 @@ pub mod netns;
 pub mod one_host;
 pub mod own_disk;
 pub mod peer;
+pub mod plane;
 pub mod settings;
 pub mod uids;

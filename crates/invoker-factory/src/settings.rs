@@ -1,5 +1,5 @@
 //! What each backend's section of the config says (`[factory.docker]`, `[factory.kubernetes]`,
-//! `[factory.mesos]`) and the network an action container has. These are here, beside the
+//! `[factory.mesos]`, and the capacity manager's `[capacity.kubernetes]`) and the network an action container has. These are here, beside the
 //! contract, and not in a backend's crate, because the invoker reads every section in every
 //! build (a config naming a backend this build lacks is refused by name, not by a parse error);
 //! their checks stay with the rest of the config's, in the invoker.
@@ -348,6 +348,67 @@ impl Default for KubernetesFactoryConfig {
                 ("fn:python".to_string(), fn_python),
             ]),
             fn_bridge: FnBridgeConfig::default(),
+        }
+    }
+}
+
+/// `[capacity.kubernetes]`: each group is a StatefulSet named after it (its pods, and so its
+/// invokers, are `<group>-<ordinal>`), scaled through its `scale` subresource.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KubernetesPlaneConfig {
+    /// The API server, as `[factory.kubernetes] api_server` says it; unset: `kubeconfig`, else
+    /// `$KUBECONFIG` or `~/.kube/config`, else the pod's service account.
+    pub api_server: Option<String>,
+    pub kubeconfig: Option<PathBuf>,
+    /// Where the StatefulSets are.
+    pub namespace: String,
+    pub image: String,
+    pub image_pull_policy: String,
+    /// The invoker's command in the image. `{etcd}`, `{tags}` and `{memory_mb}` are the group's;
+    /// `$(POD_NAME)` (the invoker's id) and `$(POD_IP)` Kubernetes fills in for each pod.
+    pub command: Vec<String>,
+    /// A ConfigMap with the invokers' config file, mounted read-only at `/etc/invoker`.
+    pub config_map: Option<String>,
+    /// Memory a pod asks for beyond its invoker's memory for actions (the invoker itself).
+    pub overhead_mb: u64,
+    /// A removed invoker's pod has this long to drain and exit (`terminationGracePeriodSeconds`).
+    #[serde(with = "humantime_serde")]
+    pub termination_grace: Duration,
+    /// Bound on one call to the API server.
+    #[serde(with = "humantime_serde")]
+    pub call_timeout: Duration,
+}
+
+impl Default for KubernetesPlaneConfig {
+    fn default() -> Self {
+        let command = [
+            "/invoker",
+            "serve",
+            "--config",
+            "/etc/invoker/invoker.toml",
+            "--etcd",
+            "{etcd}",
+            "--invoker-id",
+            "$(POD_NAME)",
+            "--tags={tags}",
+            "--memory-mb={memory_mb}",
+            "--listen",
+            "$(POD_IP):3233",
+            "--data-dir",
+            "/data",
+        ];
+        KubernetesPlaneConfig {
+            api_server: None,
+            kubeconfig: None,
+            namespace: "invoker".into(),
+            image: "invoker:latest".into(),
+            image_pull_policy: "IfNotPresent".into(),
+            command: command.iter().map(|s| s.to_string()).collect(),
+            config_map: Some("invoker-config".into()),
+            overhead_mb: 256,
+            termination_grace: Duration::from_secs(60),
+            call_timeout: Duration::from_secs(10),
         }
     }
 }

@@ -3,7 +3,7 @@
 //! exited), and it never registers them: the test writes their records into etcd as an invoker
 //! would, so that each step of the manager can be driven and checked.
 
-use super::contract::{ControlPlane, InvokerSpec, PlaneError};
+use invoker_factory::plane::{ControlPlane, InvokerSpec, PlaneError};
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;

@@ -8,7 +8,7 @@
 //! manager on the data dir shares (a standby that led meanwhile starts and stops invokers too):
 //! each time leadership is taken they are read again, and the invokers whose process still runs
 //! (the same boot, the same pid, and `serve --invoker-id <id>` on its command line, so that a
-//! reused pid is never taken for one) are [`found`](super::contract::ControlPlane::found), whoever started
+//! reused pid is never taken for one) are [`found`](invoker_factory::plane::ControlPlane::found), whoever started
 //! them: adopted, never started twice, and stopped like the others when removed. No handle from
 //! before is trusted: an invoker is known by its pid and checked in `/proc` each time.
 //!
@@ -17,7 +17,7 @@
 //! zombie is left for a manager that lost its leadership. An invoker that died on its own has
 //! its pid file and data removed once the manager forgets it.
 
-use super::contract::{ControlPlane, InvokerSpec, PlaneError, PlaneFailure};
+use invoker_factory::plane::{ControlPlane, InvokerSpec, PlaneError, PlaneFailure};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use parking_lot::Mutex;

@@ -2,14 +2,13 @@
 //! an enum over the real ones, and a fake for tests, as the container factories are. The
 //! manager only asks; an invoker it started is known to be up once it registers in etcd.
 
-mod contract;
 #[cfg(any(test, feature = "test-util"))]
 pub mod fake;
 #[cfg(feature = "kubernetes")]
-pub mod kubernetes;
+pub use invoker_kubernetes::plane as kubernetes;
 pub mod local;
 
-pub use contract::{ControlPlane, InvokerSpec, PlaneError, PlaneFailure};
+pub use invoker_factory::plane::{ControlPlane, InvokerSpec, PlaneError, PlaneFailure};
 
 pub enum AnyPlane {
     Local(local::LocalPlane),

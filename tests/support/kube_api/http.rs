@@ -7,7 +7,7 @@ use super::{Change, Kind, Shared};
 use bytes::Bytes;
 use http_body_util::{combinators::BoxBody, BodyExt, Full, StreamBody};
 use hyper::body::Frame;
-use k8s_openapi::chrono::{DateTime, SecondsFormat, Utc};
+use invoker_kubernetes::k8s_openapi::chrono::{DateTime, SecondsFormat, Utc};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::convert::Infallible;

@@ -2,7 +2,7 @@
 //! allocatable memory, and keeps its status and its log as a kubelet would.
 
 use super::{kill_group, Kind, Shared};
-use k8s_openapi::chrono::{self, DateTime, Utc};
+use invoker_kubernetes::k8s_openapi::chrono::{self, DateTime, Utc};
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;

@@ -202,7 +202,7 @@ pub fn build_function_pod(
     template: &PodTemplate,
     r: &PodRequest<'_>,
     function: &invoker_factory::contract::FunctionStart,
-    bridge: &crate::config::FnBridgeConfig,
+    bridge: &invoker_factory::settings::FnBridgeConfig,
 ) -> Pod {
     use invoker_wire::runtime::{FN_LISTENER as LISTENER, FN_SOCKET_DIR as SOCKET_DIR};
     let mut pod = build_pod(template, &PodRequest { memory_mb: r.memory_mb.saturating_sub(bridge.memory_mb), ..*r });
@@ -425,7 +425,8 @@ mod tests {
             code_file: Some("func.py".into()),
             ..template()
         };
-        let mut pod = build_function_pod(&template, &request(), &function, &crate::config::FnBridgeConfig::default());
+        let mut pod =
+            build_function_pod(&template, &request(), &function, &invoker_factory::settings::FnBridgeConfig::default());
         let spec = pod.spec.as_ref().unwrap();
         let (main, bridge) = (&spec.containers[0], &spec.containers[1]);
         assert_eq!(main.command.as_ref().unwrap()[4], "handler");

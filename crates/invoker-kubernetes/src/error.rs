@@ -57,3 +57,9 @@ impl From<KubeError> for invoker_factory::error::Cause {
         invoker_factory::error::Cause::backend(e)
     }
 }
+
+impl From<KubeError> for invoker_factory::plane::PlaneFailure {
+    fn from(e: KubeError) -> Self {
+        invoker_factory::plane::PlaneFailure::Backend(Box::new(e))
+    }
+}

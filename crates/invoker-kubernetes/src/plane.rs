@@ -13,11 +13,11 @@
 //! its pod failed and which invokers run at a manager's start are answered from memory. The
 //! StatefulSet restarts a pod that fails; its invoker registers again under the same name.
 
-use super::contract::{ControlPlane, InvokerSpec, PlaneError, PlaneFailure};
-use crate::capacity::core::ordinal_in;
-use crate::config::{GroupConfig, KubernetesPlaneConfig};
-use crate::factory::kubernetes::KubeError;
+use crate::error::KubeError;
 use futures_util::StreamExt as _;
+use invoker_core::capacity::{ordinal_in, GroupConfig};
+use invoker_factory::plane::{ControlPlane, InvokerSpec, PlaneError, PlaneFailure};
+use invoker_factory::settings::KubernetesPlaneConfig;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Patch, PatchParams, PostParams};
@@ -74,8 +74,7 @@ impl KubernetesPlane {
         etcd: Vec<String>,
         groups: BTreeMap<String, GroupConfig>,
     ) -> Result<Self, KubeError> {
-        let (client, server) =
-            crate::factory::kubernetes::kube_client(config.api_server.as_deref(), config.kubeconfig.as_deref()).await?;
+        let (client, server) = crate::kube_client(config.api_server.as_deref(), config.kubeconfig.as_deref()).await?;
         let namespace = config.namespace.clone();
         let statefulsets = Api::<StatefulSet>::namespaced(client.clone(), &namespace);
         let (pods, writer) = reflector::store::<Pod>();

@@ -1,5 +1,7 @@
-//! What a control plane promises (the trait, the invoker it starts, its errors), apart from the
-//! planes, so that each plane imports the promise and not the enum over its siblings.
+//! What a control plane promises the capacity manager (the trait, the invoker it starts, its
+//! errors): the other contract a backend implements. Here, apart from the planes, so that each
+//! plane (the local one in the invoker, Kubernetes' in its crate) imports the promise and not
+//! the enum over its siblings.
 
 use std::future::Future;
 
@@ -30,9 +32,9 @@ pub enum PlaneFailure {
     NoGroup(String),
     #[error("its pod still exists {0:?} after the scale-down")]
     StillThere(std::time::Duration),
-    #[cfg(feature = "kubernetes")]
+    /// What the cluster said (Kubernetes' error, typed in its crate).
     #[error(transparent)]
-    Kubernetes(#[from] crate::factory::kubernetes::KubeError),
+    Backend(Box<dyn std::error::Error + Send + Sync>),
 }
 
 /// One invoker to start.

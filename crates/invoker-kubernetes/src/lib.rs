@@ -6,21 +6,28 @@
 //! There is no pause: an idle pod keeps running (as on Mesos). A start deletes the pods an
 //! earlier run of the same `invoker_id` left in the namespace, and nothing else.
 
+#![forbid(unsafe_code)]
+
+/// The API's types and client, for what the invoker's own tests (the fake API server) say.
+pub use k8s_openapi;
+pub use kube;
+
 mod doomed;
 pub mod error;
 pub mod offers;
+pub mod plane;
 pub mod pod;
 mod pod_log;
 pub mod policy;
 pub mod watch;
 
-use crate::config::{Config, KubernetesFactoryConfig};
-use crate::pool::core::{ContainerId, NodeId, NodeStatsUpdate};
 use doomed::{DoomedPods, Why};
 pub use error::KubeError;
+use invoker_core::pool::{ContainerId, NodeId, NodeStatsUpdate};
 use invoker_factory::contract::{ContainerFactory, ContainerHandle, ContainerSpec, Epoch, StatsReceiver, Transport};
 use invoker_factory::error::{CreateError, FactoryError, SetupError};
 use invoker_factory::logs::LogBuffer;
+use invoker_factory::settings::KubernetesFactoryConfig;
 use k8s_openapi::api::core::v1::{Pod, Toleration};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{DeleteParams, ListParams, PostParams};
@@ -111,16 +118,22 @@ pub async fn kube_client(
 }
 
 impl KubernetesFactory {
-    pub async fn new(config: &Config, epoch: Epoch) -> Result<Self, FactoryError> {
-        let k = config.factory.kubernetes.clone();
+    /// `start_timeouts`: the kinds whose pods have their own bound to be Ready (`[kinds]`'s
+    /// `start_timeout`); the others have `create_timeout`.
+    pub async fn new(
+        k: &KubernetesFactoryConfig,
+        invoker_id: &str,
+        start_timeouts: &BTreeMap<String, Duration>,
+        epoch: Epoch,
+    ) -> Result<Self, FactoryError> {
+        let k = k.clone();
         let tolerations: Vec<Toleration> = k.tolerations.iter().map(toleration).collect();
         let (client, server) = client(&k).await?;
         let templates = k
             .kinds
             .iter()
             .map(|(kind, c)| {
-                let start_timeout =
-                    config.kinds.get(kind).map_or(k.create_timeout, |kc| kc.start_timeout_or(k.create_timeout));
+                let start_timeout = start_timeouts.get(kind).copied().unwrap_or(k.create_timeout);
                 let template = PodTemplate {
                     image: c.image.clone(),
                     command: c.command.clone(),
@@ -148,7 +161,7 @@ impl KubernetesFactory {
             doomed: Mutex::new(DoomedPods::default()),
             view: watch_cluster(client, tolerations),
             config: k,
-            invoker_id: config.invoker_id.clone(),
+            invoker_id: invoker_id.to_string(),
             run: run.to_string(),
             epoch,
             templates,
@@ -483,7 +496,7 @@ async fn remove_left(inner: &Arc<Inner>) {
 }
 
 /// The config's toleration as the API's type.
-fn toleration(t: &crate::config::Toleration) -> Toleration {
+fn toleration(t: &invoker_factory::settings::Toleration) -> Toleration {
     Toleration {
         key: t.key.clone(),
         operator: t.operator.clone(),
