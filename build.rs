@@ -1,13 +1,9 @@
-//! Generates the Mesos protocol types from `proto/` with protox (pure Rust, so a fresh machine
-//! needs no protoc) and prost, when the `mesos` feature is on.
-//!
-//! Also tells the test suites what this machine lacks, so that a suite that needs it shows as
+//! Tells the test suites what this machine lacks, so that a suite that needs it shows as
 //! ignored rather than passed: `invoker_without_root` (the sandbox, cgroups, a tmpfs),
 //! `invoker_without_etcd` (no `etcd` on the `PATH`) and `invoker_without_fdk` (Fn's FDKs not
 //! installed). Under `CI=true` none is set: there a missing part fails its tests.
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
-    println!("cargo:rerun-if-changed=proto");
+fn main() {
     println!("cargo:rerun-if-env-changed=CI");
     println!("cargo:rerun-if-env-changed=PATH");
     println!("cargo::rustc-check-cfg=cfg(invoker_without_root)");
@@ -28,12 +24,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             println!("cargo:rustc-cfg=invoker_without_fdk");
         }
     }
-    #[cfg(feature = "mesos")]
-    {
-        let files = protox::compile(["mesos/v1/scheduler/scheduler.proto"], ["proto"])?;
-        prost_build::Config::new().compile_fds(files)?;
-    }
-    Ok(())
 }
 
 /// The effective uid is 0 (from `/proc/self/status`: no crate for one line).

@@ -225,6 +225,38 @@ fn the_factory_api_depends_on_no_server_store_or_engine() {
     }
 }
 
+/// Each heavy backend is a crate of its own that the invoker depends on only through its
+/// feature: the default build (the README's first command) compiles none of them, nor their
+/// clients (bollard, kube, prost), and a plain `cargo build` or `cargo test` in the workspace
+/// does not build them as members either.
+#[test]
+fn the_default_build_compiles_no_backend() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let manifest = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
+    let section = |name: &str| {
+        let start = manifest.find(&format!("\n[{name}]")).unwrap_or_else(|| panic!("[{name}]"));
+        manifest[start + name.len() + 3..].split("\n[").next().unwrap().to_string()
+    };
+    let (features, dependencies, workspace) = (section("features"), section("dependencies"), section("workspace"));
+    assert!(features.lines().any(|l| l.trim() == "default = []"), "no default feature: {features}");
+    let default_members = workspace.lines().find(|l| l.starts_with("default-members")).unwrap();
+    for (backend, feature, clients) in [
+        ("invoker-docker", "docker", &["bollard"][..]),
+        ("invoker-kubernetes", "kubernetes", &["kube", "k8s-openapi"][..]),
+        ("invoker-mesos", "mesos", &["prost", "protox"][..]),
+    ] {
+        assert!(root.join("crates").join(backend).join("Cargo.toml").is_file(), "{backend} is a crate");
+        let line = dependencies.lines().find(|l| l.starts_with(&format!("{backend} "))).unwrap();
+        assert!(line.contains("optional = true"), "{line}");
+        let enabling = features.lines().find(|l| l.starts_with(&format!("{feature} "))).unwrap();
+        assert!(enabling.contains(&format!("dep:{backend}")), "{enabling}");
+        assert!(!default_members.contains(backend), "{default_members}");
+        for client in clients {
+            assert!(!dependencies.lines().any(|l| l.starts_with(&format!("{client} "))), "the invoker names {client}");
+        }
+    }
+}
+
 const IO_CRATES: [&str; 11] =
     ["tokio", "actix", "actix-rt", "hyper", "hyper-util", "redb", "reqwest", "bollard", "kube", "nix", "libc"];
 

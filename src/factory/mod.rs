@@ -5,8 +5,6 @@
 
 mod cgroup;
 pub mod fn_bridge;
-#[cfg(feature = "mesos")]
-pub mod mesos;
 #[cfg(feature = "test-util")]
 pub mod mock;
 mod pipe_lines;
@@ -22,6 +20,8 @@ pub use invoker_docker as docker;
 pub use invoker_factory::{contract, error, fn_socket, id_lock, logs, netns, one_host, own_disk, peer, uids};
 #[cfg(feature = "kubernetes")]
 pub use invoker_kubernetes as kubernetes;
+#[cfg(feature = "mesos")]
+pub use invoker_mesos as mesos;
 use std::sync::Arc;
 
 pub use contract::{ContainerFactory, ContainerHandle, ContainerSpec, Epoch, FunctionStart, StatsReceiver, Transport};
@@ -75,7 +75,7 @@ impl Factory {
                 Factory::Docker(docker::DockerFactory::new(docker, &config.invoker_id, &config.data_dir, epoch).await?)
             }
             #[cfg(feature = "mesos")]
-            FactoryKind::Mesos => Factory::Mesos(mesos::MesosFactory::new(config, epoch, store).await?),
+            FactoryKind::Mesos => Factory::Mesos(mesos_factory(config, epoch, store).await?),
             #[cfg(feature = "kubernetes")]
             FactoryKind::Kubernetes => {
                 let k8s = &config.factory.kubernetes;
@@ -101,6 +101,44 @@ impl Factory {
                 return Err(FactoryError::Setup { factory: "configured", source: SetupError::NotBuilt(missing) });
             }
         })
+    }
+}
+
+/// The Mesos factory of `[factory.mesos]`: each kind's command as the agents run it (the
+/// invoker binary there, the port the offer gives), its framework id kept in `store`.
+#[cfg(feature = "mesos")]
+async fn mesos_factory(
+    config: &crate::config::Config,
+    epoch: Epoch,
+    store: Arc<dyn crate::store::Store>,
+) -> Result<mesos::MesosFactory, FactoryError> {
+    let m = &config.factory.mesos;
+    let agent_invoker = match &m.agent_invoker {
+        Some(path) => path.clone(),
+        None => std::env::current_exe().map_err(|e| FactoryError::Setup {
+            factory: "mesos",
+            source: SetupError::Failed { what: "the invoker's own executable", source: e.into() },
+        })?,
+    };
+    let listen = format!("{}:{{port}}", m.listen_host);
+    let commands = config.kinds.iter().map(|(kind, k)| (kind.clone(), k.command_for(&agent_invoker, &listen, "")));
+    let ready_timeout = config.proxy.init_timeout.max(std::time::Duration::from_secs(10));
+    let kept = Arc::new(KeptInStore(store));
+    mesos::MesosFactory::new(m, &config.invoker_id, commands.collect(), ready_timeout, epoch, kept).await
+}
+
+/// The invoker's store, as the Mesos factory keeps its framework id in it.
+#[cfg(feature = "mesos")]
+struct KeptInStore(Arc<dyn crate::store::Store>);
+
+#[cfg(feature = "mesos")]
+impl mesos::KeptSettings for KeptInStore {
+    fn get(&self, key: &str) -> Result<Option<String>, Box<dyn std::error::Error + Send + Sync>> {
+        Ok(self.0.get_setting(key)?)
+    }
+
+    fn put(&self, key: &str, value: &str) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        Ok(self.0.put_setting(key, value)?)
     }
 }
 

@@ -2,7 +2,7 @@
 //! may be launched with. Nothing is ever taken beyond what the offers of one agent hold.
 
 use super::proto::v1::{value, Offer, Resource};
-use crate::pool::core::Time;
+use invoker_core::pool::Time;
 use std::collections::BTreeMap;
 
 /// One offer as held: its id and the scalar and port resources it carries.
@@ -154,7 +154,7 @@ fn scalar(r: &Resource) -> f64 {
 #[cfg(test)]
 pub mod tests {
     use super::*;
-    use crate::factory::mesos::proto::v1::*;
+    use crate::proto::v1::*;
     use std::time::Duration;
 
     pub fn offer(id: &str, agent: &str, cpus: f64, mem: f64, ports: (u64, u64)) -> Offer {

@@ -7,7 +7,7 @@
 use super::offers::{Need, OfferBook, Remaining};
 use super::proto::v1::scheduler::{call, Call};
 use super::proto::v1::*;
-use crate::pool::core::{ContainerId, NodeId, NodeStatsUpdate, Time};
+use invoker_core::pool::{ContainerId, NodeId, NodeStatsUpdate, Time};
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
@@ -504,7 +504,7 @@ fn task_info(task_id: &str, agent: &str, request: &LaunchRequest, port: u64) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::factory::mesos::offers::tests::offer;
+    use crate::offers::tests::offer;
 
     const S: fn(u64) -> Duration = Duration::from_secs;
 

@@ -3,9 +3,15 @@
 //!
 //! [`scheduler::Scheduler`] makes every decision; this module carries them out. One task holds
 //! the subscription (and subscribes again, with backoff, when the stream ends or heartbeats
-//! stop), one sends calls in order, one ticks; the first two live as long as the process. The framework id is kept in the store, so a
-//! restarted invoker subscribes as the same framework, and its reconciliation finds the tasks
-//! the earlier run left, which it kills.
+//! stop), one sends calls in order, one ticks; the first two live as long as the process. The
+//! framework id is kept in the invoker's store ([`KeptSettings`]), so a restarted invoker
+//! subscribes as the same framework, and its reconciliation finds the tasks the earlier run
+//! left, which it kills.
+
+#![forbid(unsafe_code)]
+
+/// The protocol's message codec, for what the invoker's own tests (the fake master) say.
+pub use prost;
 
 pub mod client;
 pub mod offers;
@@ -13,14 +19,13 @@ pub mod proto;
 pub mod recordio;
 pub mod scheduler;
 
-use crate::config::{Config, MesosFactoryConfig};
-use crate::pool::core::{ContainerId, NodeId, NodeStatsUpdate};
-use crate::store::Store;
 use client::{MasterClient, MesosError};
 use futures_util::StreamExt;
+use invoker_core::pool::{ContainerId, NodeId, NodeStatsUpdate};
 use invoker_factory::contract::{ContainerFactory, ContainerHandle, ContainerSpec, Epoch, StatsReceiver, Transport};
 use invoker_factory::error::{Cause, CreateError, FactoryError, SetupError};
 use invoker_factory::logs::LogBuffer;
+use invoker_factory::settings::MesosFactoryConfig;
 use offers::Need;
 use parking_lot::Mutex;
 use proto::v1::scheduler::{call, event, Call, Event};
@@ -41,6 +46,13 @@ const MAX_BACKOFF: Duration = Duration::from_secs(15);
 /// The store key of the framework id.
 const FRAMEWORK_ID: &str = "mesos.framework_id";
 
+/// What the factory keeps across the invoker's restarts (its framework id), in the invoker's
+/// store: a setting by key.
+pub trait KeptSettings: Send + Sync + 'static {
+    fn get(&self, key: &str) -> Result<Option<String>, Box<dyn std::error::Error + Send + Sync>>;
+    fn put(&self, key: &str, value: &str) -> Result<(), Box<dyn std::error::Error + Send + Sync>>;
+}
+
 #[derive(Clone)]
 pub struct MesosFactory {
     inner: Arc<Inner>,
@@ -56,7 +68,7 @@ struct Inner {
     stats: watch::Sender<Vec<NodeStatsUpdate>>,
     /// Kind → the task template (the `[kinds]` command, with the agents' binary and address).
     templates: BTreeMap<String, TaskTemplate>,
-    store: Arc<dyn Store>,
+    kept: Arc<dyn KeptSettings>,
     ready_timeout: Duration,
     /// Containers whose task ended on its own, for the pool; the receiver is taken once.
     gone: mpsc::Sender<ContainerId>,
@@ -76,24 +88,27 @@ struct Driver {
 }
 
 impl MesosFactory {
-    pub async fn new(config: &Config, epoch: Epoch, store: Arc<dyn Store>) -> Result<Self, FactoryError> {
-        let m = config.factory.mesos.clone();
+    /// `commands`: each kind's runtime command on the agents (`{port}` the port the offer
+    /// gives); `ready_timeout`: how long a launched task's runtime has to answer.
+    pub async fn new(
+        m: &MesosFactoryConfig,
+        invoker_id: &str,
+        commands: BTreeMap<String, Vec<String>>,
+        ready_timeout: Duration,
+        epoch: Epoch,
+        kept: Arc<dyn KeptSettings>,
+    ) -> Result<Self, FactoryError> {
+        let m = m.clone();
         let setup =
             |what, source: Cause| FactoryError::Setup { factory: "mesos", source: SetupError::Failed { what, source } };
         let client = MasterClient::new(&m.master, m.call_timeout).map_err(|source| {
             setup("the master's client", MesosError::Http { master: m.master.clone(), source }.into())
         })?;
-        let agent_invoker = match &m.agent_invoker {
-            Some(path) => path.clone(),
-            None => std::env::current_exe().map_err(|e| setup("the invoker's own executable", e.into()))?,
-        };
-        let listen = format!("{}:{{port}}", m.listen_host);
-        let templates = config
-            .kinds
-            .iter()
-            .map(|(kind, k)| {
-                let command = k.command_for(&agent_invoker, &listen, "");
-                (kind.clone(), TaskTemplate { command, image: m.images.get(kind).cloned() })
+        let templates = commands
+            .into_iter()
+            .map(|(kind, command)| {
+                let image = m.images.get(&kind).cloned();
+                (kind, TaskTemplate { command, image })
             })
             .collect();
         let scheduler_config = SchedulerConfig {
@@ -106,13 +121,13 @@ impl MesosFactory {
         };
         // Task ids of this run: the invoker id and the run's start time, unique over restarts.
         let run = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis();
-        let prefix = format!("{}.{run}", config.invoker_id);
+        let prefix = format!("{invoker_id}.{run}");
         let (outbox, calls) = mpsc::channel(OUTBOX);
         let (gone, gone_rx) = mpsc::channel(OUTBOX);
         let factory = MesosFactory {
             inner: Arc::new(Inner {
                 config: m,
-                invoker_id: config.invoker_id.clone(),
+                invoker_id: invoker_id.to_string(),
                 epoch,
                 client,
                 state: Mutex::new(Driver {
@@ -125,8 +140,8 @@ impl MesosFactory {
                 outbox,
                 stats: watch::channel(Vec::new()).0,
                 templates,
-                store,
-                ready_timeout: config.proxy.init_timeout.max(Duration::from_secs(10)),
+                kept,
+                ready_timeout,
                 gone,
                 gone_rx: Mutex::new(Some(gone_rx)),
             }),
@@ -261,7 +276,7 @@ impl MesosFactory {
 
 impl Inner {
     /// Runs one scheduler decision and carries out what it asks.
-    fn apply(&self, decide: impl FnOnce(&mut Scheduler, crate::pool::core::Time, &mut Step)) {
+    fn apply(&self, decide: impl FnOnce(&mut Scheduler, invoker_core::pool::Time, &mut Step)) {
         let mut state = self.state.lock();
         let mut step = Step::default();
         decide(&mut state.scheduler, self.epoch.now(), &mut step);
@@ -316,7 +331,7 @@ impl Inner {
     }
 
     fn subscribe_call(&self) -> Call {
-        let id = match self.store.get_setting(FRAMEWORK_ID) {
+        let id = match self.kept.get(FRAMEWORK_ID) {
             Ok(id) => id,
             Err(e) => {
                 tracing::warn!("mesos: the framework id could not be read ({e}); subscribing as a new framework");
@@ -354,7 +369,7 @@ impl Inner {
             Some(event::Type::Subscribed) => {
                 if let Some(sub) = event.subscribed {
                     let id = sub.framework_id.value;
-                    if let Err(e) = self.store.put_setting(FRAMEWORK_ID, &id) {
+                    if let Err(e) = self.kept.put(FRAMEWORK_ID, &id) {
                         tracing::warn!("mesos: the framework id could not be kept: {e}");
                     }
                     tracing::info!(framework_id = %id, master = %self.client.leader(), "mesos: subscribed");
