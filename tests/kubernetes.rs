@@ -5,7 +5,7 @@
 mod support;
 
 use invoker::factory::kubernetes::offers::NodeOffer;
-use invoker::factory::kubernetes::watch::watch_offers;
+use invoker::factory::kubernetes::watch::{watch_cluster, watch_offers};
 use invoker_kubernetes::{k8s_openapi, kube};
 use std::time::Duration;
 use support::kube_api::FakeApiServer;
@@ -117,4 +117,36 @@ async fn the_fake_answers_a_name_clash_with_409_and_an_invalid_pod_with_422_as_a
     assert_eq!(code(pods.create(&PostParams::default(), &pod("Not_A_Name", "busybox")).await), (422, "Invalid".into()));
     assert_eq!(code(pods.create(&PostParams::default(), &pod("b", "")).await), (422, "Invalid".into()));
     assert_eq!(api.pods("ns").len(), 1, "nothing made of the refused ones");
+}
+
+/// Once the view shows a pod, every offer stamped after counts it. A creation reads its pod's
+/// readiness from the view, and the pool takes node stats stamped after a readiness to count
+/// that pod; before, a change reached the store before the offers, stats stamped in between
+/// showed a Ready pod's memory free, and a burst under load got a pod refused by the kubelet
+/// (`kubernetes_pods.rs`, the burst).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pod_the_view_shows_is_counted_by_every_offer_stamped_after() {
+    const PODS: u64 = 300;
+    let api = FakeApiServer::start().await;
+    api.add_node("n1", 1_000_000);
+    let view = watch_cluster(client(&api).await, Vec::new());
+    let mut offers = view.offers.clone();
+    until(&mut offers, "the first lists", |o| free(o, "n1") == Some(1_000_000)).await;
+    let reader = tokio::spawn({
+        let view = view.clone();
+        async move {
+            for i in 0..PODS {
+                while view.pod("tenant", &format!("p{i}")).is_none() {
+                    tokio::task::yield_now().await;
+                }
+                let (offers, ()) = view.offers_stamped(|| ());
+                let left = free(&offers, "n1").unwrap();
+                assert!(left <= 1_000_000 - (i + 1), "p{i} is in the view, and the offers say {left} MB free");
+            }
+        }
+    });
+    for i in 0..PODS {
+        api.add_pod("tenant", &format!("p{i}"), "n1", 1);
+    }
+    tokio::time::timeout(Duration::from_secs(60), reader).await.expect("every pod seen").unwrap();
 }

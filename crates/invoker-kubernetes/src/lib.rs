@@ -200,7 +200,7 @@ impl ContainerFactory for KubernetesFactory {
     /// change); while they are down, the stats age and the pool stops placing on stale nodes.
     fn observe(&self) {
         if *self.inner.view.connected.borrow() {
-            self.inner.publish(&self.inner.view.offers.borrow());
+            self.inner.publish();
         }
     }
 
@@ -373,7 +373,8 @@ async fn publish_stats(
 ) {
     loop {
         let Some(strong) = inner.upgrade() else { return };
-        strong.publish(&offers.borrow_and_update());
+        offers.mark_unchanged();
+        strong.publish();
         drop(strong);
         if offers.changed().await.is_err() {
             return;
@@ -382,9 +383,10 @@ async fn publish_stats(
 }
 
 impl Inner {
-    /// Every node's offer as the pool's node stats, stamped now.
-    fn publish(&self, offers: &[offers::NodeOffer]) {
-        let now = self.epoch.now();
+    /// Every node's offer as the pool's node stats, stamped now: with no change half applied,
+    /// so that they count every pod a creation saw Ready before.
+    fn publish(&self) {
+        let (offers, now) = self.view.offers_stamped(|| self.epoch.now());
         let stats = offers
             .iter()
             .map(|o| NodeStatsUpdate {
