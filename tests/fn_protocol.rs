@@ -346,7 +346,11 @@ async fn fn_routes_make_an_app_a_function_and_a_trigger_and_call_it_through_invo
         assert_eq!((status, got["x-made"].to_str().unwrap()), (201, "yes"), "the python function");
     }
     let moved_id = moved["id"].as_str().unwrap();
-    assert_eq!(inv.send_json("DELETE", &format!("/v2/triggers/{moved_id}"), Value::Null).await.0, 200);
+    assert_eq!(
+        inv.send_json("DELETE", &format!("/v2/triggers/{moved_id}"), Value::Null).await.0,
+        204,
+        "Fn's delete: 204, no body"
+    );
     let (status, _, _) = inv.send("POST", "/t/myapp/moved", GUEST, &[], b"m".to_vec()).await;
     assert_eq!(status, 404, "the trigger is gone");
     let again = json!({"name": "m2", "app_id": app_id, "fn_id": js_id, "type": "http", "source": "/moved"});
@@ -395,7 +399,7 @@ async fn fn_routes_make_an_app_a_function_and_a_trigger_and_call_it_through_invo
 
     // Deleting the app takes its function and trigger with it.
     let (status, _) = inv.send_json("DELETE", &format!("/v2/apps/{app_id}"), Value::Null).await;
-    assert_eq!(status, 200);
+    assert_eq!(status, 204);
     let (status, _) = inv.send_json("GET", &format!("/v2/fns/{fn_id}"), Value::Null).await;
     assert_eq!(status, 404);
     let (status, _) = inv.get("actions/myapp.hello").await;

@@ -18,8 +18,9 @@ pub struct AppState {
     pub config: Arc<Config>,
     /// API key → who holds it.
     keys: HashMap<String, Principal>,
-    /// The `Authorization` header each key's clients send (`Basic <base64 of the key>`) → who
-    /// holds it: most requests are one lookup, without decoding.
+    /// The `Authorization` header each key's clients send (`Basic <base64 of the key>`, or
+    /// `Bearer <the key>` as Fn's client sends its token) → who holds it: most requests are one
+    /// lookup, without decoding.
     headers: HashMap<String, Principal>,
     /// In a cluster: the actions schedulers send, fetched from them by revision.
     remote_actions: Option<Arc<RemoteActions>>,
@@ -37,10 +38,11 @@ impl AppState {
         let admin = config.admin.key.iter().map(|key| (key.clone(), Principal::Admin));
         let controllers = config.admin.controller_keys.iter().map(|key| (key.clone(), Principal::Controller));
         let keys: HashMap<String, Principal> = namespaces.chain(admin).chain(controllers).collect();
-        let headers = keys
-            .iter()
-            .map(|(key, who)| (format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(key)), who.clone()))
-            .collect();
+        let basic = keys.iter().map(|(key, who)| {
+            (format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(key)), who.clone())
+        });
+        let bearer = keys.iter().map(|(key, who)| (format!("Bearer {key}"), who.clone()));
+        let headers = basic.chain(bearer).collect();
         AppState { service, config, keys, headers, remote_actions: None, fn_cache: FnCache::default() }
     }
 
@@ -54,12 +56,16 @@ impl AppState {
         self.remote_actions.as_deref()
     }
 
-    /// Who holds the request's basic-auth key; no key, or an unknown one, is a 401.
+    /// Who holds the request's key, sent with basic auth (OpenWhisk's clients) or as a bearer
+    /// token (Fn's: `FN_TOKEN` is the key); no key, or an unknown one, is a 401.
     pub(crate) fn authenticate(&self, headers: &HeaderMap) -> Result<Principal, ApiError> {
         let header =
             headers.get(hyper::header::AUTHORIZATION).and_then(|h| h.to_str().ok()).ok_or(ApiError::Unauthorized)?;
         if let Some(known) = self.headers.get(header) {
             return Ok(known.clone());
+        }
+        if let Some(token) = header.strip_prefix("Bearer ") {
+            return self.keys.get(token.trim()).cloned().ok_or(ApiError::Unauthorized);
         }
         let encoded = header.strip_prefix("Basic ").ok_or(ApiError::Unauthorized)?;
         let decoded =

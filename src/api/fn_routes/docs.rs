@@ -19,6 +19,10 @@ pub(super) struct App {
     pub(super) config: BTreeMap<String, String>,
     #[serde(default)]
     pub(super) annotations: Map<String, Value>,
+    /// The machine shape its functions run on (Fn's `GENERIC_X86`, `GENERIC_ARM`,
+    /// `GENERIC_X86_ARM`), as given at create; none when not given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) shape: Option<String>,
     pub(super) created_at: String,
     pub(super) updated_at: String,
 }
@@ -42,6 +46,10 @@ pub(super) struct Function {
     pub(super) config: BTreeMap<String, String>,
     #[serde(default)]
     pub(super) annotations: Map<String, Value>,
+    /// The machine shape it runs on (Fn's `GENERIC_X86`, `GENERIC_ARM`,
+    /// `GENERIC_X86_ARM`), as given at create; none when not given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) shape: Option<String>,
     pub(super) created_at: String,
     pub(super) updated_at: String,
 }
@@ -215,6 +223,61 @@ pub(super) fn body<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     crate::api::call::parse_body(bytes)
 }
 
+/// Fn's annotation change: each key set, a key given `""` or `null` removed (a new entity's
+/// first annotations are a change of none). Fn's bounds: keys of printable ASCII, at most 128
+/// bytes; values at most 512 bytes as JSON; at most 100 keys.
+pub(super) fn merge_annotations(
+    annotations: &mut Map<String, Value>,
+    change: Map<String, Value>,
+) -> Result<(), ApiError> {
+    for (key, value) in change {
+        if key.is_empty() || !key.bytes().all(|b| (b'!'..=b'~').contains(&b)) {
+            return Err(ApiError::BadRequest(
+                "Invalid annotation key, annotation keys must be non-empty ascii strings excluding whitespace".into(),
+            ));
+        }
+        if key.len() > 128 {
+            return Err(ApiError::BadRequest(
+                "Invalid annotation key length, annotation keys may not be larger than 128 bytes".into(),
+            ));
+        }
+        if value.is_null() || value == "" {
+            annotations.remove(&key);
+            continue;
+        }
+        if serde_json::to_vec(&value).map_or(usize::MAX, |v| v.len()) > 512 {
+            return Err(ApiError::BadRequest(
+                "Invalid annotation value length, annotation values may not be larger than 512 bytes when serialized \
+                 as JSON"
+                    .into(),
+            ));
+        }
+        annotations.insert(key, value);
+    }
+    if annotations.len() > 100 {
+        return Err(ApiError::BadRequest(
+            "Invalid annotation change, new key(s) exceed maximum permitted number of annotations keys (100)".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// A shape as Fn's server takes it (none is none).
+pub(super) fn check_shape(shape: Option<String>) -> Result<Option<String>, ApiError> {
+    match shape.as_deref() {
+        None | Some("") => Ok(None),
+        Some("GENERIC_X86" | "GENERIC_ARM" | "GENERIC_X86_ARM") => Ok(shape),
+        Some(_) => Err(ApiError::BadRequest("Invalid app shape".into())),
+    }
+}
+
+/// A new entity's annotations, as given: a change of none.
+pub(super) fn annotations_of(given: Map<String, Value>) -> Result<Map<String, Value>, ApiError> {
+    let mut annotations = Map::new();
+    merge_annotations(&mut annotations, given)?;
+    Ok(annotations)
+}
+
 /// Fn's config update: each key set, and a key given an empty value removed.
 pub(super) fn merge_config(
     config: &mut BTreeMap<String, String>,
@@ -243,6 +306,7 @@ mod tests {
             name: name.into(),
             config: BTreeMap::new(),
             annotations: Map::new(),
+            shape: None,
             created_at: now(),
             updated_at: now(),
         }
@@ -291,5 +355,27 @@ mod tests {
         assert_eq!(docs.trigger_at("shop", "/old").unwrap().unwrap().1.id, "T3");
         assert_eq!(store.get_doc("guest", DocKind::FnRoute, "shop/old").unwrap().as_deref(), Some("\"T3\""));
         assert!(matches!(docs.trigger_at("nope", "/old"), Err(ApiError::NotFoundNamed(_))));
+    }
+
+    #[test]
+    fn annotations_change_as_fns_do_and_keep_fns_bounds() {
+        let given = |v: serde_json::Value| v.as_object().unwrap().clone();
+        let mut a = annotations_of(given(serde_json::json!({"team": "blue", "n": 1}))).unwrap();
+        merge_annotations(&mut a, given(serde_json::json!({"team": "", "n": null, "new": {"x": [1]}}))).unwrap();
+        assert_eq!(
+            serde_json::Value::Object(a.clone()),
+            serde_json::json!({"new": {"x": [1]}}),
+            "\"\" and null remove"
+        );
+        for bad in
+            [serde_json::json!({"a key": 1}), serde_json::json!({"": 1}), serde_json::json!({"k": "x".repeat(600)})]
+        {
+            let e = merge_annotations(&mut a, given(bad.clone())).unwrap_err().to_string();
+            assert!(e.contains("Invalid annotation"), "{bad}: {e}");
+        }
+        let many: Map<String, Value> = (0..101).map(|i| (format!("k{i}"), Value::from(i))).collect();
+        assert!(annotations_of(many).is_err(), "at most 100 keys");
+        assert_eq!(check_shape(Some("GENERIC_ARM".into())).unwrap().as_deref(), Some("GENERIC_ARM"));
+        assert!(check_shape(Some("RISCV".into())).is_err());
     }
 }

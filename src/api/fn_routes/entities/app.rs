@@ -5,7 +5,9 @@
 use super::entity::{Entity, Retired, Scope, Selector};
 use super::function::{delete_function, function_action, FunctionCode};
 use crate::api::error::ApiError;
-use crate::api::fn_routes::docs::{check_name, merge_config, new_id, now, App, Docs, Function};
+use crate::api::fn_routes::docs::{
+    annotations_of, check_name, check_shape, merge_annotations, merge_config, new_id, now, App, Docs, Function,
+};
 use crate::store::DocKind;
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -23,6 +25,9 @@ pub(super) struct AppPut {
     #[serde(default)]
     #[allow(dead_code)]
     syslog_url: Option<String>,
+    /// Fn's machine shape: kept at create; an update does not change it, as on Fn's server.
+    #[serde(default)]
+    shape: Option<String>,
     #[serde(default)]
     #[allow(dead_code)]
     id: Option<String>,
@@ -74,7 +79,15 @@ impl Entity for App {
         }
         let at = now();
         Ok((
-            App { id: new_id(), name, config, annotations: put.annotations, created_at: at.clone(), updated_at: at },
+            App {
+                id: new_id(),
+                name,
+                config,
+                annotations: annotations_of(put.annotations)?,
+                shape: check_shape(put.shape)?,
+                created_at: at.clone(),
+                updated_at: at,
+            },
             vec![],
         ))
     }
@@ -84,7 +97,7 @@ impl Entity for App {
             return Err(ApiError::BadRequest("name: an app's name cannot be changed".into()));
         }
         merge_config(&mut self.config, put.config)?;
-        self.annotations.extend(put.annotations);
+        merge_annotations(&mut self.annotations, put.annotations)?;
         self.updated_at = now();
         // Its functions see the new configuration in new containers.
         let mut retired = Vec::new();

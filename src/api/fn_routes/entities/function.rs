@@ -5,13 +5,18 @@
 use super::entity::{Entity, Retired, Scope, Selector};
 use crate::api::actions;
 use crate::api::error::ApiError;
-use crate::api::fn_routes::docs::{check_name, merge_config, new_id, now, App, Docs, Function, Trigger};
+use crate::api::fn_routes::docs::{
+    annotations_of, check_name, check_shape, merge_annotations, merge_config, new_id, now, App, Docs, Function, Trigger,
+};
 use crate::config::{Config, RuntimeProtocol};
 use crate::model::{Action, KeyValue};
 use crate::store::DocKind;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
+
+/// The annotation with the URL that calls a function (Fn's `FnInvokeEndpointAnnotation`).
+const INVOKE_ENDPOINT: &str = "fnproject.io/fn/invokeEndpoint";
 
 /// Fn's defaults for a function: 128 MB, 30 s to run, 30 s idle.
 const DEFAULT_MEMORY_MB: u32 = 128;
@@ -46,6 +51,9 @@ pub(super) struct FunctionPut {
     /// Ours: the handler a kind's command names (`fn:python`: the function in `func.py`).
     #[serde(default)]
     main: Option<String>,
+    /// Fn's machine shape: kept at create; an update does not change it, as on Fn's server.
+    #[serde(default)]
+    shape: Option<String>,
     #[serde(default)]
     #[allow(dead_code)]
     id: Option<String>,
@@ -176,7 +184,8 @@ impl Entity for Function {
             timeout: put.timeout.unwrap_or(DEFAULT_TIMEOUT_S),
             idle_timeout: put.idle_timeout.unwrap_or(DEFAULT_IDLE_TIMEOUT_S),
             config: fn_config,
-            annotations: put.annotations,
+            annotations: annotations_of(put.annotations)?,
+            shape: check_shape(put.shape)?,
             created_at: at.clone(),
             updated_at: at,
         };
@@ -199,7 +208,7 @@ impl Entity for Function {
         self.timeout = put.timeout.unwrap_or(self.timeout);
         self.idle_timeout = put.idle_timeout.unwrap_or(self.idle_timeout);
         merge_config(&mut self.config, put.config)?;
-        self.annotations.extend(put.annotations);
+        merge_annotations(&mut self.annotations, put.annotations)?;
         self.updated_at = now();
         let code = FunctionCode { code: put.code.or(kept.code), main: put.main.or(kept.main) };
         let saved = docs.store.put_action(function_action(&scope.config, &scope.ns, &app, &self, code)?, true)?;
@@ -209,5 +218,13 @@ impl Entity for Function {
     fn delete(self, docs: &Docs) -> Result<Vec<Retired>, ApiError> {
         let app = docs.app(&self.app_id)?;
         Ok(vec![delete_function(docs, &app, &self)?])
+    }
+
+    /// With the URL that calls it, as Fn's server shows every function: Fn's client calls that
+    /// URL for `fn invoke`.
+    fn shown(mut self, _: &Docs, scope: &Scope) -> Result<Function, ApiError> {
+        let endpoint = format!("http://{}/invoke/{}", scope.host, self.id);
+        self.annotations.insert(INVOKE_ENDPOINT.into(), Value::String(endpoint));
+        Ok(self)
     }
 }

@@ -119,7 +119,8 @@ async fn item<E: Entity>(state: &AppState, call: &Call, id: &str) -> Result<Resp
             })
             .await??;
             retire(state, &ns, retired).await;
-            Ok(json(StatusCode::OK, &json!({ "message": format!("{} deleted", E::TITLE) })))
+            // Fn answers a delete with 204 and no body; its client takes any other 2xx as an error.
+            Ok(crate::http::with_body(StatusCode::NO_CONTENT, "text/plain", ""))
         }
         _ => Err(ApiError::MethodNotAllowed { method: call.head.method.to_string(), allowed: "GET, PUT, DELETE" }),
     }

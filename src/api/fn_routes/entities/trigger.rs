@@ -3,7 +3,9 @@
 
 use super::entity::{Entity, Retired, Scope, Selector};
 use crate::api::error::ApiError;
-use crate::api::fn_routes::docs::{check_name, new_id, now, route_id, App, Docs, Trigger};
+use crate::api::fn_routes::docs::{
+    annotations_of, check_name, merge_annotations, new_id, now, route_id, App, Docs, Trigger,
+};
 use crate::store::DocKind;
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -120,7 +122,7 @@ impl Entity for Trigger {
             fn_id: f.id,
             kind: "http".into(),
             source,
-            annotations: put.annotations,
+            annotations: annotations_of(put.annotations)?,
             created_at: at.clone(),
             updated_at: at,
         };
@@ -148,7 +150,7 @@ impl Entity for Trigger {
             check_unique(docs, &app, &self)?;
             docs.delete(DocKind::FnRoute, &old)?;
         }
-        self.annotations.extend(put.annotations);
+        merge_annotations(&mut self.annotations, put.annotations)?;
         self.updated_at = now();
         Ok((self, vec![]))
     }

@@ -1,0 +1,154 @@
+//! Fn's own command-line client, `fn` (`../shared/tools/fn-cli/fn`, built unchanged from
+//! fnproject/cli), against a started invoker: its context (the API URL and the namespace's key
+//! as its token), and apps, functions and triggers through every command that manages them,
+//! with their exit codes and output, as an Fn user runs them.
+
+mod support;
+
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use support::{Invoker, GUEST, OTHER};
+
+fn tempdir() -> tempfile::TempDir {
+    tempfile::Builder::new().prefix("invoker-fn-client-").tempdir().unwrap()
+}
+
+/// The client, beside the project (`.ci/run` runs with `../shared` there).
+fn client() -> PathBuf {
+    let fn_cli = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/tools/fn-cli/fn");
+    assert!(fn_cli.is_file(), "Fn's client is not at {}", fn_cli.display());
+    fn_cli
+}
+
+/// `fn` with a home of its own (its contexts live there).
+struct Fn {
+    home: tempfile::TempDir,
+}
+
+/// What one command did: its exit code, stdout and stderr.
+struct Ran {
+    code: i32,
+    out: String,
+    err: String,
+}
+
+impl Ran {
+    fn ok(self) -> String {
+        assert_eq!(self.code, 0, "stdout: {}\nstderr: {}", self.out, self.err);
+        self.out
+    }
+
+    fn json(self) -> Value {
+        let out = self.ok();
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"))
+    }
+}
+
+impl Fn {
+    fn new() -> Fn {
+        Fn { home: tempdir() }
+    }
+
+    fn run(&self, args: &[&str], stdin: &[u8]) -> Ran {
+        use std::io::Write as _;
+        let mut child = Command::new(client())
+            .args(args)
+            .env_clear()
+            .env("HOME", self.home.path())
+            .env("PATH", "/usr/bin:/bin")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("fn starts");
+        child.stdin.take().unwrap().write_all(stdin).unwrap();
+        let done = child.wait_with_output().unwrap();
+        Ran {
+            code: done.status.code().unwrap_or(-1),
+            out: String::from_utf8_lossy(&done.stdout).into_owned(),
+            err: String::from_utf8_lossy(&done.stderr).into_owned(),
+        }
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        self.run(args, b"").ok()
+    }
+
+    /// A context named `name` for the invoker at `base`, with `key` as its token, in use.
+    fn use_context(&self, name: &str, base: &str, key: &str) {
+        self.ok(&["create", "context", name, "--api-url", base, "--provider", "default", "--registry", "local"]);
+        self.ok(&["use", "context", name]);
+        self.ok(&["update", "context", "token", key]);
+    }
+}
+
+const HELLO: &str = r#"import io, json
+def handler(ctx, data: io.BytesIO = None):
+    return json.dumps({"got": data.getvalue().decode()})
+"#;
+
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_fdk, ignore = "needs Fn's FDKs (scripts/fdk.sh installs them; run by .ci/run)")]
+async fn fns_own_client_manages_apps_functions_and_triggers() {
+    let dir = tempdir();
+    let namespaces = format!("[namespaces]\nguest = \"{GUEST}\"\nother = \"{OTHER}\"\n");
+    let inv = Invoker::start(dir.path(), &format!("fn-client-{}", std::process::id()), &namespaces);
+    let fn_cli = Fn::new();
+    fn_cli.use_context("ours", &inv.base, GUEST);
+
+    // Apps: create, list, inspect, config, update, and Fn's words for a clash.
+    let made = fn_cli.ok(&["create", "app", "a1"]);
+    assert!(made.contains("Successfully created app:  a1") || made.contains("a1"), "{made}");
+    let clash = fn_cli.run(&["create", "app", "a1"], b"");
+    assert_ne!(clash.code, 0);
+    assert!(clash.err.contains("App already exists") || clash.out.contains("App already exists"), "{}", clash.err);
+    assert!(fn_cli.ok(&["list", "apps"]).lines().any(|l| l.trim_start().starts_with("a1")));
+    let listed = fn_cli.run(&["list", "apps", "--output", "json"], b"").json();
+    assert_eq!(listed[0]["name"], "a1", "{listed}");
+    fn_cli.ok(&["config", "app", "a1", "GREETING", "hi"]);
+    assert_eq!(fn_cli.ok(&["get", "config", "app", "a1", "GREETING"]).trim(), "hi");
+    fn_cli.ok(&["update", "app", "a1", "--annotation", "team=\"blue\""]);
+    let app = fn_cli.run(&["inspect", "app", "a1"], b"").json();
+    assert_eq!((app["config"]["GREETING"].as_str(), app["annotations"]["team"].as_str()), (Some("hi"), Some("blue")));
+
+    // A function (its code through our API: Fn's client sends no code) the client lists,
+    // inspects and updates; its annotation names the URL that calls it.
+    let f = json!({"name": "f1", "app_id": app["id"], "image": "fn:python", "code": HELLO, "memory": 128});
+    let (status, made) = inv.send_json("POST", "/v2/fns", f).await;
+    assert_eq!(status, 200, "{made}");
+    assert!(fn_cli.ok(&["list", "functions", "a1"]).contains("f1"));
+    let function = fn_cli.run(&["inspect", "function", "a1", "f1"], b"").json();
+    let endpoint = function["annotations"]["fnproject.io/fn/invokeEndpoint"].as_str().unwrap();
+    assert_eq!(endpoint, format!("{}/invoke/{}", inv.base, made["id"].as_str().unwrap()));
+    fn_cli.ok(&["update", "function", "a1", "f1", "--memory", "256"]);
+    let function = fn_cli.run(&["inspect", "function", "a1", "f1"], b"").json();
+    assert_eq!(function["memory"], 256, "{function}");
+
+    // A trigger: created, listed with its endpoint, inspected, deleted.
+    fn_cli.ok(&["create", "trigger", "a1", "f1", "t1", "--type", "http", "--source", "/hello"]);
+    let triggers = fn_cli.ok(&["list", "triggers", "a1"]);
+    assert!(triggers.contains("t1") && triggers.contains("/t/a1/hello"), "{triggers}");
+    let trigger = fn_cli.run(&["inspect", "trigger", "a1", "f1", "t1"], b"").json();
+    assert_eq!(trigger["source"], "/hello", "{trigger}");
+    fn_cli.ok(&["delete", "trigger", "a1", "f1", "t1"]);
+    // An empty list is the client's error, as against Fn's server.
+    let none = fn_cli.run(&["list", "triggers", "a1"], b"");
+    assert!(none.code != 0 && none.err.contains("no triggers found for app: a1"), "{} {}", none.out, none.err);
+
+    // Another namespace's key sees none of it; a wrong key is refused.
+    let other = Fn::new();
+    other.use_context("theirs", &inv.base, OTHER);
+    assert!(!other.ok(&["list", "apps"]).contains("a1"));
+    let stranger = Fn::new();
+    stranger.use_context("nobody", &inv.base, "00000000-0000-0000-0000-000000000000:wrong");
+    let refused = stranger.run(&["list", "apps"], b"");
+    assert_ne!(refused.code, 0, "{}", refused.out);
+
+    // Deletes: Fn's 204, which the client takes as done.
+    fn_cli.ok(&["delete", "function", "a1", "f1"]);
+    assert!(!fn_cli.run(&["list", "functions", "a1"], b"").out.contains("f1"));
+    fn_cli.ok(&["delete", "app", "a1"]);
+    let gone = fn_cli.run(&["inspect", "app", "a1"], b"");
+    assert_ne!(gone.code, 0, "{}", gone.out);
+}
