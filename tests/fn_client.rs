@@ -90,7 +90,7 @@ def handler(ctx, data: io.BytesIO = None):
 
 #[tokio::test(flavor = "multi_thread")]
 #[cfg_attr(invoker_without_fdk, ignore = "needs Fn's FDKs (scripts/fdk.sh installs them; run by .ci/run)")]
-async fn fns_own_client_manages_apps_functions_and_triggers() {
+async fn fns_own_client_manages_apps_functions_and_triggers_and_invokes() {
     let dir = tempdir();
     let namespaces = format!("[namespaces]\nguest = \"{GUEST}\"\nother = \"{OTHER}\"\n");
     let inv = Invoker::start(dir.path(), &format!("fn-client-{}", std::process::id()), &namespaces);
@@ -113,17 +113,42 @@ async fn fns_own_client_manages_apps_functions_and_triggers() {
     assert_eq!((app["config"]["GREETING"].as_str(), app["annotations"]["team"].as_str()), (Some("hi"), Some("blue")));
 
     // A function (its code through our API: Fn's client sends no code) the client lists,
-    // inspects and updates; its annotation names the URL that calls it.
+    // inspects, updates and invokes through the URL its annotation names.
     let f = json!({"name": "f1", "app_id": app["id"], "image": "fn:python", "code": HELLO, "memory": 128});
     let (status, made) = inv.send_json("POST", "/v2/fns", f).await;
     assert_eq!(status, 200, "{made}");
     assert!(fn_cli.ok(&["list", "functions", "a1"]).contains("f1"));
+    let fn_id = made["id"].as_str().unwrap().to_string();
     let function = fn_cli.run(&["inspect", "function", "a1", "f1"], b"").json();
-    let endpoint = function["annotations"]["fnproject.io/fn/invokeEndpoint"].as_str().unwrap();
-    assert_eq!(endpoint, format!("{}/invoke/{}", inv.base, made["id"].as_str().unwrap()));
+    let endpoint = function["annotations"]["fnproject.io/fn/invokeEndpoint"].as_str().unwrap().to_string();
+    assert!(endpoint.starts_with(&format!("{}/invoke/{fn_id}/", inv.base)), "{endpoint}");
+    assert!(function.get("invoke_key").is_none(), "the key is shown in the URL only: {function}");
     fn_cli.ok(&["update", "function", "a1", "f1", "--memory", "256"]);
     let function = fn_cli.run(&["inspect", "function", "a1", "f1"], b"").json();
     assert_eq!(function["memory"], 256, "{function}");
+    assert_eq!(function["annotations"]["fnproject.io/fn/invokeEndpoint"], endpoint.as_str(), "an update keeps it");
+
+    // `fn invoke` calls that URL with no credential: the key in it is the credential.
+    let said = fn_cli.run(&["invoke", "a1", "f1", "--content-type", "text/plain"], b"a body in").ok();
+    let said: Value = serde_json::from_str(said.trim()).unwrap_or_else(|_| panic!("{said}"));
+    assert_eq!(said["got"], "a body in", "{said}");
+    let http = reqwest::Client::new();
+    let post = |url: String| {
+        let http = http.clone();
+        async move { http.post(url).body("x").send().await.unwrap().status().as_u16() }
+    };
+    assert_eq!(post(format!("{}/invoke/{fn_id}", inv.base)).await, 401, "no key, no call");
+    assert_eq!(post(format!("{}/invoke/{fn_id}/{}", inv.base, "0".repeat(32))).await, 404, "a made-up key");
+    // Another namespace's function's key opens that function, not this one.
+    let (_, _, theirs) = inv.send("POST", "/v2/apps", OTHER, &[], json!({"name": "b1"}).to_string().into()).await;
+    let theirs: Value = serde_json::from_slice(&theirs).unwrap();
+    let f = json!({"name": "g", "app_id": theirs["id"], "image": "fn:python", "code": HELLO});
+    let (_, _, g) = inv.send("POST", "/v2/fns", OTHER, &[], f.to_string().into()).await;
+    let g: Value = serde_json::from_slice(&g).unwrap();
+    let their_url = g["annotations"]["fnproject.io/fn/invokeEndpoint"].as_str().unwrap().to_string();
+    let their_key = their_url.rsplit('/').next().unwrap();
+    assert_eq!(post(format!("{}/invoke/{fn_id}/{their_key}", inv.base)).await, 404, "their key, our function");
+    assert_eq!(post(their_url).await, 200, "their key, their function");
 
     // A trigger: created, listed with its endpoint, inspected, deleted.
     fn_cli.ok(&["create", "trigger", "a1", "f1", "t1", "--type", "http", "--source", "/hello"]);
@@ -149,6 +174,7 @@ async fn fns_own_client_manages_apps_functions_and_triggers() {
     fn_cli.ok(&["delete", "function", "a1", "f1"]);
     assert!(!fn_cli.run(&["list", "functions", "a1"], b"").out.contains("f1"));
     fn_cli.ok(&["delete", "app", "a1"]);
+    assert_eq!(post(endpoint).await, 404, "a deleted function's URL leads nowhere");
     let gone = fn_cli.run(&["inspect", "app", "a1"], b"");
     assert_ne!(gone.code, 0, "{}", gone.out);
 }

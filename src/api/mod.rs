@@ -73,8 +73,11 @@ enum Route {
     FnTrigger {
         id: String,
     },
+    /// `/invoke/{fn_id}` with a key, or `/invoke/{fn_id}/{invoke_key}`, the URL Fn's client
+    /// calls with no credential.
     FnInvoke {
         fn_id: String,
+        invoke_key: Option<String>,
     },
     FnHttpTrigger {
         app: String,
@@ -113,11 +116,19 @@ impl Route {
             ("/v2/apps/", Route::fn_app as fn(String) -> Route),
             ("/v2/fns/", Route::fn_function),
             ("/v2/triggers/", Route::fn_trigger),
-            ("/invoke/", Route::fn_invoke),
         ] {
             if let Some(rest) = path.strip_prefix(prefix) {
                 return one(rest).map(|id| decoded(id).map(route)).transpose();
             }
+        }
+        if let Some(rest) = path.strip_prefix("/invoke/") {
+            return Ok(match rest.split('/').collect::<Vec<_>>().as_slice() {
+                [fn_id] if !fn_id.is_empty() => Some(Route::FnInvoke { fn_id: decoded(fn_id)?, invoke_key: None }),
+                [fn_id, key] if !fn_id.is_empty() && !key.is_empty() => {
+                    Some(Route::FnInvoke { fn_id: decoded(fn_id)?, invoke_key: Some(decoded(key)?) })
+                }
+                _ => None,
+            });
         }
         if let Some(rest) = path.strip_prefix("/t/") {
             // The source is the rest of the path, `/` first, as the trigger names it.
@@ -169,10 +180,6 @@ impl Route {
 
     fn fn_trigger(id: String) -> Route {
         Route::FnTrigger { id }
-    }
-
-    fn fn_invoke(fn_id: String) -> Route {
-        Route::FnInvoke { fn_id }
     }
 
     /// Fn's routes answer errors in Fn's words.
@@ -244,8 +251,12 @@ impl AppState {
         );
         let (body, principal) = if takes_body {
             // Only a caller with a key gets its body read: a stranger cannot make the invoker
-            // buffer the largest body a route takes (48 MB of code by default).
-            let principal = self.authenticate(&head.headers)?;
+            // buffer the largest body a route takes (48 MB of code by default). A function's
+            // invoke key is one, for that function only.
+            let principal = match &route {
+                Route::FnInvoke { fn_id, invoke_key: Some(key) } => fn_routes::invoke_key_holder(self, fn_id, key)?,
+                _ => self.authenticate(&head.headers)?,
+            };
             (self.read_body(&head, body).await?, Some(principal))
         } else {
             (Bytes::new(), None)
@@ -283,7 +294,7 @@ impl AppState {
                 route @ (Route::FnApp { .. } | Route::FnFunction { .. } | Route::FnTrigger { .. }),
                 &Method::GET | &Method::PUT | &Method::DELETE,
             ) => self.fn_entity(route, &call).await,
-            (Route::FnInvoke { fn_id }, &Method::POST) => fn_routes::invoke(self, &call, &fn_id).await,
+            (Route::FnInvoke { fn_id, .. }, &Method::POST) => fn_routes::invoke(self, &call, &fn_id).await,
             (Route::FnHttpTrigger { app, source }, _) => fn_routes::trigger(self, &call, &app, &source).await,
             (route, _) => {
                 Err(ApiError::MethodNotAllowed { method: call.head.method.to_string(), allowed: route.allowed() })

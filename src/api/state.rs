@@ -74,6 +74,12 @@ impl AppState {
         self.keys.get(&key).cloned().ok_or(ApiError::Unauthorized)
     }
 
+    /// The principal of namespace `ns`'s key, while the config has the namespace.
+    pub(crate) fn namespace_principal(&self, ns: &str) -> Option<Principal> {
+        let key = self.config.namespaces.get(ns)?;
+        Some(Principal::Namespace { ns: ns.to_string(), key: key.clone() })
+    }
+
     /// Who sent `call`: as found before its body was read, or from its key now.
     pub(crate) fn principal(&self, call: &Call) -> Result<Principal, ApiError> {
         match &call.principal {

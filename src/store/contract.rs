@@ -157,6 +157,10 @@ pub enum DocKind {
     /// An HTTP trigger's route (`<app name><source>`) → its trigger's id: `/t/` finds a
     /// trigger without reading them all.
     FnRoute,
+    /// A function's invoke key → its namespace and id, kept in no namespace (the empty one,
+    /// which no tenant has): a call to the function's invoke URL carries no credential but the
+    /// key, and finds its namespace here.
+    FnInvokeKey,
 }
 
 impl DocKind {
@@ -166,6 +170,7 @@ impl DocKind {
             DocKind::FnFunction => "fn.fn",
             DocKind::FnTrigger => "fn.trigger",
             DocKind::FnRoute => "fn.route",
+            DocKind::FnInvokeKey => "fn.invoke",
         }
     }
 

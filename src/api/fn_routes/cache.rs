@@ -16,6 +16,8 @@ pub(in crate::api) enum Target {
     Function(String),
     /// An app's name, and a trigger's source.
     Trigger(String, String),
+    /// A function's invoke key: what is held is `<namespace>\n<function id>`.
+    InvokeKey(String),
 }
 
 #[derive(Default)]

@@ -4,15 +4,16 @@
 //! `api::error::fn_record_status`.
 
 use super::cache::Target;
-use super::docs::Docs;
+use super::docs::{fn_not_found, Docs, InvokeKey, INVOKE_KEYS};
 use crate::activation::job::CallRequest;
 use crate::activation::{InvokeRequest, Invoked};
-use crate::api::call::Call;
+use crate::api::call::{Call, Principal};
 use crate::api::error::{fn_record_status, ApiError};
 use crate::api::state::AppState;
 use crate::http::Response;
 use crate::model::{new_activation_id, Action, ActivationRecord};
 use crate::proxy::protocol::fn_stream::is_hop_by_hop;
+use crate::store::DocKind;
 use base64::Engine as _;
 use bytes::Bytes;
 use hyper::header::{HeaderName, HeaderValue, CONTENT_TYPE};
@@ -44,6 +45,25 @@ pub(in crate::api) async fn invoke(state: &AppState, call: &Call, fn_id: &str) -
         Invoked::Accepted(id) => return Ok(still_running(&id)),
     };
     Ok(answer(&record.record, Mapping::Invoke))
+}
+
+/// Whom a call to a function's invoke URL (`/invoke/{fn_id}/{invoke_key}`) speaks for: the
+/// namespace of the function that holds the key, for that function only. Fn's client calls the
+/// URL with no credential; the key, 122 random bits shown only to the namespace's keys, is it.
+/// A key that leads nowhere, or to another function, is Fn's 404 (it tells nothing of others).
+pub(in crate::api) fn invoke_key_holder(state: &AppState, fn_id: &str, key: &str) -> Result<Principal, ApiError> {
+    let store = state.service.store();
+    let index = Docs { store, ns: INVOKE_KEYS };
+    let find = || {
+        let found: Option<InvokeKey> = index.get(DocKind::FnInvokeKey, key)?;
+        Ok::<_, ApiError>(found.map(|k| format!("{}\n{}", k.ns, k.fn_id)))
+    };
+    let held = state.fn_cache.action_name(&**store, INVOKE_KEYS, Target::InvokeKey(key.to_string()), find)?;
+    let leads_to = held.as_deref().and_then(|h| h.split_once('\n'));
+    match leads_to {
+        Some((ns, id)) if id == fn_id => state.namespace_principal(ns).ok_or_else(|| fn_not_found("Fn", fn_id)),
+        _ => Err(fn_not_found("Fn", fn_id)),
+    }
 }
 
 /// Any method at `/t/{app}/{source}`: the trigger of `app` with that source calls its function

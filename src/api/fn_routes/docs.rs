@@ -50,6 +50,10 @@ pub(super) struct Function {
     /// `GENERIC_X86_ARM`), as given at create; none when not given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) shape: Option<String>,
+    /// The secret in its invoke URL (`/invoke/<id>/<key>`), which Fn's client calls with no
+    /// credential: 122 random bits, shown only inside the URL (to the namespace's keys).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) invoke_key: Option<String>,
     pub(super) created_at: String,
     pub(super) updated_at: String,
 }
@@ -108,6 +112,21 @@ pub(super) fn new_id() -> String {
 /// together ambiguously.
 pub(super) fn route_id(app_name: &str, source: &str) -> String {
     format!("{app_name}{source}")
+}
+
+/// The namespace of the invoke keys' index ([`DocKind::FnInvokeKey`]): no tenant's.
+pub(super) const INVOKE_KEYS: &str = "";
+
+/// Where an invoke key leads.
+#[derive(Serialize, Deserialize)]
+pub(super) struct InvokeKey {
+    pub(super) ns: String,
+    pub(super) fn_id: String,
+}
+
+/// A new function's invoke key.
+pub(super) fn new_invoke_key() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
 }
 
 /// The stored documents of one namespace, typed.

@@ -10,5 +10,5 @@ mod calls;
 mod docs;
 mod entities;
 
-pub(super) use calls::{invoke, trigger};
+pub(super) use calls::{invoke, invoke_key_holder, trigger};
 pub(super) use entities::{entities, Entities};

@@ -6,7 +6,8 @@ use super::entity::{Entity, Retired, Scope, Selector};
 use crate::api::actions;
 use crate::api::error::ApiError;
 use crate::api::fn_routes::docs::{
-    annotations_of, check_name, check_shape, merge_annotations, merge_config, new_id, now, App, Docs, Function, Trigger,
+    annotations_of, check_name, check_shape, merge_annotations, merge_config, new_id, new_invoke_key, now, App, Docs,
+    Function, InvokeKey, Trigger, INVOKE_KEYS,
 };
 use crate::config::{Config, RuntimeProtocol};
 use crate::model::{Action, KeyValue};
@@ -131,6 +132,18 @@ pub(super) fn function_action(
     actions::action_from_json(config, put, ns, &f.action_name(app))
 }
 
+/// Gives `f` an invoke key, with its entry in the index, if it has none (a function stored
+/// before invoke keys were kept gets one at its next update).
+fn keep_invoke_key(docs: &Docs, f: &mut Function) -> Result<(), ApiError> {
+    if f.invoke_key.is_none() {
+        let key = new_invoke_key();
+        let leads_to = InvokeKey { ns: docs.ns.to_string(), fn_id: f.id.clone() };
+        Docs { store: docs.store, ns: INVOKE_KEYS }.put(DocKind::FnInvokeKey, &key, &leads_to)?;
+        f.invoke_key = Some(key);
+    }
+    Ok(())
+}
+
 /// Deletes the function, its triggers and its action.
 pub(super) fn delete_function(docs: &Docs, app: &App, f: &Function) -> Result<Retired, ApiError> {
     for t in docs.list::<Trigger>(DocKind::FnTrigger)?.into_iter().filter(|t| t.fn_id == f.id) {
@@ -138,6 +151,9 @@ pub(super) fn delete_function(docs: &Docs, app: &App, f: &Function) -> Result<Re
     }
     let name = f.action_name(app);
     docs.store.delete_action(docs.ns, &name)?;
+    if let Some(key) = &f.invoke_key {
+        Docs { store: docs.store, ns: INVOKE_KEYS }.delete(DocKind::FnInvokeKey, key)?;
+    }
     docs.delete(DocKind::FnFunction, &f.id)?;
     Ok(Retired { name, now: None })
 }
@@ -175,7 +191,7 @@ impl Entity for Function {
             return Err(ApiError::Conflict("Fn already exists".into()));
         }
         let at = now();
-        let f = Function {
+        let mut f = Function {
             id: new_id(),
             name,
             app_id: app.id.clone(),
@@ -186,11 +202,13 @@ impl Entity for Function {
             config: fn_config,
             annotations: annotations_of(put.annotations)?,
             shape: check_shape(put.shape)?,
+            invoke_key: None,
             created_at: at.clone(),
             updated_at: at,
         };
         let code = FunctionCode { code: put.code, main: put.main };
         docs.store.put_action(function_action(&scope.config, &scope.ns, &app, &f, code)?, false)?;
+        keep_invoke_key(docs, &mut f)?;
         Ok((f, vec![]))
     }
 
@@ -212,6 +230,7 @@ impl Entity for Function {
         self.updated_at = now();
         let code = FunctionCode { code: put.code.or(kept.code), main: put.main.or(kept.main) };
         let saved = docs.store.put_action(function_action(&scope.config, &scope.ns, &app, &self, code)?, true)?;
+        keep_invoke_key(docs, &mut self)?;
         Ok((self, vec![Retired { name: saved.name.clone(), now: Some(saved) }]))
     }
 
@@ -221,9 +240,13 @@ impl Entity for Function {
     }
 
     /// With the URL that calls it, as Fn's server shows every function: Fn's client calls that
-    /// URL for `fn invoke`.
+    /// URL for `fn invoke`, with no credential, so the URL carries the function's invoke key
+    /// (and only that URL shows it).
     fn shown(mut self, _: &Docs, scope: &Scope) -> Result<Function, ApiError> {
-        let endpoint = format!("http://{}/invoke/{}", scope.host, self.id);
+        let endpoint = match self.invoke_key.take() {
+            Some(key) => format!("http://{}/invoke/{}/{key}", scope.host, self.id),
+            None => format!("http://{}/invoke/{}", scope.host, self.id),
+        };
         self.annotations.insert(INVOKE_ENDPOINT.into(), Value::String(endpoint));
         Ok(self)
     }
