@@ -85,7 +85,7 @@ impl Fn {
 
 const HELLO: &str = r#"import io, json
 def handler(ctx, data: io.BytesIO = None):
-    return json.dumps({"got": data.getvalue().decode()})
+    return json.dumps({"got": data.getvalue().decode(), "type": ctx.Headers().get("content-type")})
 "#;
 
 #[tokio::test(flavor = "multi_thread")]
@@ -129,9 +129,10 @@ async fn fns_own_client_manages_apps_functions_and_triggers_and_invokes() {
     assert_eq!(function["annotations"]["fnproject.io/fn/invokeEndpoint"], endpoint.as_str(), "an update keeps it");
 
     // `fn invoke` calls that URL with no credential: the key in it is the credential.
-    let said = fn_cli.run(&["invoke", "a1", "f1", "--content-type", "text/plain"], b"a body in").ok();
+    // (The client's flags go before its arguments.)
+    let said = fn_cli.run(&["invoke", "--content-type", "application/json", "a1", "f1"], b"{\"a\": 1}").ok();
     let said: Value = serde_json::from_str(said.trim()).unwrap_or_else(|_| panic!("{said}"));
-    assert_eq!(said["got"], "a body in", "{said}");
+    assert_eq!((said["got"].as_str(), said["type"].as_str()), (Some("{\"a\": 1}"), Some("application/json")), "{said}");
     let http = reqwest::Client::new();
     let post = |url: String| {
         let http = http.clone();
@@ -177,4 +178,44 @@ async fn fns_own_client_manages_apps_functions_and_triggers_and_invokes() {
     assert_eq!(post(endpoint).await, 404, "a deleted function's URL leads nowhere");
     let gone = fn_cli.run(&["inspect", "app", "a1"], b"");
     assert_ne!(gone.code, 0, "{}", gone.out);
+}
+
+const CONTROLLER: &str = "c0ffee00-0000-4000-8000-00000000c0de:the-fn-client-tests-controller-secret";
+
+/// The same client against a scheduler of a cluster: the scheduler keeps the apps and
+/// functions, and `fn invoke` through the URL it names runs the function on an invoker.
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_fdk, ignore = "needs Fn's FDKs (scripts/fdk.sh installs them; run by .ci/run)")]
+#[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
+async fn fns_own_client_invokes_through_a_scheduler() {
+    let Some(etcd) = support::etcd::EtcdServer::start() else { return };
+    let keys = format!(
+        "[cluster]\netcd = [\"{}\"]\nlease_ttl = \"3s\"\npublish_interval = \"100ms\"\n\
+         controller_key = \"{CONTROLLER}\"\n[admin]\ncontroller_keys = [\"{CONTROLLER}\"]\n",
+        etcd.url()
+    );
+    let (invoker_dir, scheduler_dir) = (tempdir(), tempdir());
+    let invoker_id = format!("fn-client-cluster-{}", std::process::id());
+    let _invoker = Invoker::start(invoker_dir.path(), &invoker_id, &keys);
+    let scheduler = Invoker::start_scheduler(
+        scheduler_dir.path(),
+        &format!("{keys}[scheduler]\nid = \"s1\"\nrefresh_interval = \"50ms\"\n"),
+    );
+    scheduler.until_an_invoker_serves().await;
+    let fn_cli = Fn::new();
+    fn_cli.use_context("cluster", &scheduler.base, GUEST);
+    fn_cli.ok(&["create", "app", "c1"]);
+    let app = fn_cli.run(&["inspect", "app", "c1"], b"").json();
+    let f = json!({"name": "f1", "app_id": app["id"], "image": "fn:python", "code": HELLO});
+    let (status, made) = scheduler.send_json("POST", "/v2/fns", f).await;
+    assert_eq!(status, 200, "{made}");
+    let said = fn_cli.run(&["invoke", "--display-call-id", "c1", "f1"], b"through the scheduler").ok();
+    let (call_id, answer) = said.trim().split_once('\n').unwrap_or_else(|| panic!("{said}"));
+    let answer: Value = serde_json::from_str(answer.trim()).unwrap_or_else(|_| panic!("{said}"));
+    assert_eq!(answer["got"], "through the scheduler", "{said}");
+    let call_id = call_id.trim().trim_start_matches("Call ID:").trim();
+    let record = scheduler.record(call_id).await;
+    let ran_on =
+        record["annotations"].as_array().unwrap().iter().find(|a| a["key"] == "invoker").map(|a| a["value"].clone());
+    assert_eq!(ran_on, Some(json!(invoker_id)), "{record}");
 }
