@@ -451,3 +451,65 @@ async fn an_fn_node_function_runs_in_a_container_of_its_image() {
     assert_eq!(inspected.config.unwrap().image.as_deref(), Some("invoker-fn-node:latest"));
     stop(inv, &docker, &invoker_id).await;
 }
+
+/// An Fn function made from an image of its own (as `fn build` makes one): the image's entry
+/// point and environment run it, with Fn's socket directory, no network and our user; an image
+/// the engine lacks and cannot pull fails the call in Fn's words.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs a Docker Engine and the runtime images: run by .ci/run"]
+async fn an_fn_function_made_from_its_own_image_runs_its_entry_point() {
+    let docker = engine().await;
+    // The function's own image, built here from the FDK's image, as Fn's client builds one.
+    let context = tempdir();
+    std::fs::write(
+        context.path().join("func.py"),
+        "import io, json, os\ndef handler(ctx, data: io.BytesIO = None):\n    return json.dumps({'said': data.getvalue().decode(), 'uid': os.getuid(), 'cwd': os.getcwd(), 'mine': os.environ.get('MINE')})\n",
+    )
+    .unwrap();
+    let fdk_main = invoker::config::FDK_MAIN;
+    std::fs::write(
+        context.path().join("Dockerfile"),
+        format!(
+            "FROM invoker-fn-python:latest\nCOPY func.py /app/func.py\nWORKDIR /app\nENV MINE=from-the-image\n\
+             ENTRYPOINT [\"/usr/bin/python3\", \"-c\", \"{fdk_main}\", \"func.py\", \"handler\"]\n"
+        ),
+    )
+    .unwrap();
+    let built = std::process::Command::new("docker")
+        .args(["-H", &format!("unix://{}", socket()), "build", "-q", "-t", "invoker-fn-own:test"])
+        .arg(context.path())
+        .output()
+        .expect("the docker client runs");
+    assert!(built.status.success(), "{}", String::from_utf8_lossy(&built.stderr));
+
+    let dir = tempdir();
+    let invoker_id = id("dk-fn-image");
+    let inv = start(dir.path(), &invoker_id, None, "").await;
+    let (status, app) = inv.send_json("POST", "/v2/apps", json!({"name": "imaged"})).await;
+    assert_eq!(status, 200, "{app}");
+    let f = json!({"name": "own", "app_id": app["id"], "image": "invoker-fn-own:test", "memory": 128});
+    let (status, function) = inv.send_json("POST", "/v2/fns", f).await;
+    assert_eq!(status, 200, "{function}");
+    let url = function["annotations"]["fnproject.io/fn/invokeEndpoint"].as_str().unwrap();
+    let path = &url[url.find("/invoke/").unwrap()..];
+    let (status, _, body) = inv.send("POST", path, support::GUEST, &[], b"hello image".to_vec()).await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    let said: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(said, json!({"said": "hello image", "uid": 65534, "cwd": "/app", "mine": "from-the-image"}));
+    let ids = containers_of(&docker, &invoker_id).await;
+    assert_eq!(ids.len(), 1);
+    let inspected = docker.inspect_container(&ids[0], None::<InspectContainerOptions>).await.unwrap();
+    assert_eq!(inspected.config.unwrap().image.as_deref(), Some("invoker-fn-own:test"));
+    assert_eq!(inspected.host_config.unwrap().network_mode.as_deref(), Some("none"));
+
+    // An image no registry serves: on loopback, so that no traffic leaves the machine.
+    let f = json!({"name": "missing", "app_id": app["id"], "image": "127.0.0.1:9/none/such:test"});
+    let (status, function) = inv.send_json("POST", "/v2/fns", f).await;
+    assert_eq!(status, 200, "{function}");
+    let (status, _, body) = inv
+        .send("POST", &format!("/invoke/{}", function["id"].as_str().unwrap()), support::GUEST, &[], Vec::new())
+        .await;
+    let body = String::from_utf8_lossy(&body);
+    assert!(status >= 500, "{status} {body}");
+    stop(inv, &docker, &invoker_id).await;
+}

@@ -119,6 +119,11 @@ async fn fns_own_client_manages_apps_functions_and_triggers_and_invokes() {
     assert_eq!(status, 200, "{made}");
     assert!(fn_cli.ok(&["list", "functions", "a1"]).contains("f1"));
     let fn_id = made["id"].as_str().unwrap().to_string();
+    // A function made from an image of its own, which this (process) factory cannot run: refused
+    // at create, naming the factory that runs it.
+    let image = fn_cli.run(&["create", "function", "a1", "f2", "fnproject/hello:0.0.1"], b"");
+    assert_ne!(image.code, 0, "{}", image.out);
+    assert!(image.err.contains("the process factory does not run") && image.err.contains("docker"), "{}", image.err);
     let function = fn_cli.run(&["inspect", "function", "a1", "f1"], b"").json();
     let endpoint = function["annotations"]["fnproject.io/fn/invokeEndpoint"].as_str().unwrap().to_string();
     assert!(endpoint.starts_with(&format!("{}/invoke/{fn_id}/", inv.base)), "{endpoint}");

@@ -79,8 +79,15 @@ fn validate_action(config: &Config, put: ActionPut, ns: &str, name: &str) -> Res
         let known: Vec<_> = kinds.keys().copied().collect();
         return Err(bad(format!("exec.kind: '{}' is not a supported kind ({})", exec.kind, known.join(", "))));
     };
-    if exec.code.as_deref().is_none_or(str::is_empty) {
-        return Err(bad("exec.code: is required and must not be empty".into()));
+    // A function made from an image of its own holds its code in the image.
+    match (exec.kind == crate::config::FN_IMAGE_KIND, exec.image.as_deref()) {
+        (true, Some(image)) if crate::model::is_image_reference(image) => {}
+        (true, Some(_)) => return Err(bad("exec.image: not an image reference (name[:tag][@digest])".into())),
+        (true, None) => return Err(bad(format!("exec.image: is required for kind {}", exec.kind))),
+        (false, _) if exec.code.as_deref().is_none_or(str::is_empty) => {
+            return Err(bad("exec.code: is required and must not be empty".into()));
+        }
+        (false, _) => {}
     }
     if let Some(main) = exec.main.as_deref() {
         check_main(config.kind_language(&exec.kind), exec.binary, main).map_err(|e| bad(format!("exec.main: {e}")))?;

@@ -298,9 +298,16 @@ fn fn_kind(command: &[&str], code_file: &str, env: &[(&str, String)], fdk: &str)
     }
 }
 
+/// The kind of an Fn function whose `image` is an image of its own (not one of the `fn:` kinds):
+/// the Docker and Kubernetes factories run that image's entry point; the process factory runs
+/// no images.
+pub const FN_IMAGE_KIND: &str = "fn:image";
+
 /// The project's own runtime serves every built-in OpenWhisk kind (the launcher picks the
 /// language); Fn's FDKs serve the `fn:` kinds.
 pub fn default_kinds() -> BTreeMap<String, KindConfig> {
+    // A function made from an image of its own: the image's entry point is the function.
+    let fn_image = KindConfig { code_file: None, paths: Vec::new(), ..fn_kind(&[], "-", &[], "") };
     let python = fn_kind(
         &FDK_PYTHON_COMMAND,
         "func.py",
@@ -319,6 +326,7 @@ pub fn default_kinds() -> BTreeMap<String, KindConfig> {
         ("native".to_string(), builtin_runtime("native")),
         ("fn:python".to_string(), python),
         ("fn:node".to_string(), node),
+        (FN_IMAGE_KIND.to_string(), fn_image),
     ])
 }
 

@@ -26,7 +26,9 @@ pub use factory::{
     DockerFactoryConfig, DockerKindConfig, FactoryConfig, FactoryKind, MesosFactoryConfig, MockFactoryConfig,
     ProcessFactoryConfig, TransportKind,
 };
-pub use kinds::{default_kinds, KindConfig, Network, RuntimeProtocol, FDK_DIR, FDK_MAIN, OPENWHISK_PORT};
+pub use kinds::{
+    default_kinds, KindConfig, Network, RuntimeProtocol, FDK_DIR, FDK_MAIN, FN_IMAGE_KIND, OPENWHISK_PORT,
+};
 pub use kubernetes::{FnBridgeConfig, KubernetesFactoryConfig, KubernetesKindConfig, Toleration};
 pub use limits::{disk_bytes_of, disk_inodes, LimitsConfig, DISK_INODES_RESERVED};
 pub use pool::{PoolConfig, PrewarmConfig};

@@ -55,8 +55,15 @@ impl DockerFactory {
                 return Err(CreateError::Socket(e).into());
             }
         };
-        let body = self.function_body(spec, function, kind, &dir, code.is_some());
-        let docker_id = self.create_and_start(spec, &kind.image, body).await?;
+        let image = function.image.clone().unwrap_or_else(|| kind.image.clone());
+        if function.image.is_some() {
+            if let Err(e) = self.ensure_image(&image).await {
+                self.forget(spec.id).await;
+                return Err(e);
+            }
+        }
+        let body = self.function_body(spec, function, kind, &image, &dir, code.is_some());
+        let docker_id = self.create_and_start(spec, &image, body).await?;
         let logs = Arc::new(LogBuffer::default());
         self.follow_logs(&docker_id, logs.clone());
         let bound = inner.config.ready_timeout.min(Duration::from_secs(5));
@@ -83,6 +90,29 @@ impl DockerFactory {
         }
     }
 
+    /// A function's own image on the engine: pulled when the engine lacks it, within the
+    /// create's bound; one that cannot be had is the call's failure, in Fn's words.
+    async fn ensure_image(&self, image: &str) -> Result<(), FactoryError> {
+        let docker = &self.inner.docker;
+        if docker.inspect_image(image).await.is_ok() {
+            return Ok(());
+        }
+        let options = bollard::query_parameters::CreateImageOptionsBuilder::new().from_image(image).build();
+        let pull = async {
+            let mut progress = docker.create_image(Some(options), None, None);
+            while let Some(step) = futures_util::StreamExt::next(&mut progress).await {
+                step?;
+            }
+            Ok::<(), bollard::errors::Error>(())
+        };
+        let bound = self.inner.config.ready_timeout;
+        match tokio::time::timeout(bound, pull).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(FactoryError::Image(format!("Failed to pull image '{image}': {e}"))),
+            Err(_) => Err(FactoryError::Image(format!("Failed to pull image '{image}': no image within {bound:?}"))),
+        }
+    }
+
     /// Resolves with the exit code once the container stopped (polled: a start that fails is
     /// seen within 100 ms).
     async fn exited(&self, docker_id: &str) -> i64 {
@@ -100,6 +130,7 @@ impl DockerFactory {
         spec: &ContainerSpec,
         function: &FunctionStart,
         kind: &DockerKindConfig,
+        image: &str,
         dir: &Path,
         with_code: bool,
     ) -> ContainerCreateBody {
@@ -114,7 +145,7 @@ impl DockerFactory {
         let mut env: Vec<String> = function.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
         env.push(format!("{listener}={listening}"));
         ContainerCreateBody {
-            image: Some(kind.image.clone()),
+            image: Some(image.to_string()),
             cmd,
             user: Some(self.inner.config.user.clone()),
             labels: Some(self.labels(spec)),

@@ -40,6 +40,9 @@ pub struct FunctionStart {
     /// The protocol's variables and the function's configuration; the factory adds where the
     /// function listens.
     pub env: Vec<(String, String)>,
+    /// The function's own image (an Fn function made from an image, `fn:image`), run with its
+    /// own entry point; `None`: the kind's image.
+    pub image: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

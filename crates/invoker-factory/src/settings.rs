@@ -208,6 +208,17 @@ impl Default for DockerFactoryConfig {
                 ("native".to_string(), kind("invoker-native:latest", "native")),
                 ("fn:python".to_string(), fn_python),
                 ("fn:node".to_string(), fn_node),
+                // A function's own image (the function names it): its entry point, no network.
+                (
+                    "fn:image".to_string(),
+                    DockerKindConfig {
+                        image: String::new(),
+                        command: Vec::new(),
+                        network: Some(Network::None),
+                        port: None,
+                        code_file: None,
+                    },
+                ),
             ]),
         }
     }

@@ -419,6 +419,7 @@ mod tests {
             code: Some("def handler(ctx, data=None):\n    return 'hi'\n".into()),
             main: "handler".into(),
             env: vec![("FN_FORMAT".into(), "http-stream".into())],
+            image: None,
         };
         let template = PodTemplate {
             command: vec!["python3".into(), "-m".into(), "fdk".into(), "func.py".into(), "{main}".into()],

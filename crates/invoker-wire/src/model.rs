@@ -587,9 +587,45 @@ pub fn validate_entity_name(field: &str, name: &str) -> Result<(), String> {
     }
 }
 
+/// Whether `image` is an image reference as Docker takes one: `name[:tag][@digest]`, the name
+/// lowercase (a registry's `host:port/` first, if any), up to 255 characters in all.
+pub fn is_image_reference(image: &str) -> bool {
+    let (rest, digest) = image.split_once('@').unwrap_or((image, ""));
+    let (name, tag) = match rest.rsplit_once(':') {
+        Some((_, "")) => return false,
+        Some((name, tag)) if !tag.contains('/') => (name, tag),
+        _ => (rest, ""),
+    };
+    // A `:` in the name is only a registry's port, in its first component.
+    let (registry, path) = name.split_once('/').unwrap_or(("", name));
+    let port_ok = match registry.split_once(':') {
+        Some((host, port)) => !host.is_empty() && !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()),
+        None => true,
+    };
+    let name_ok = name.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+        && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "._-/:".contains(c))
+        && !path.contains(':')
+        && port_ok
+        && !name.contains("//")
+        && !name.ends_with('/');
+    let tag_ok = tag.len() <= 128 && tag.chars().all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c));
+    let digest_ok = digest.chars().all(|c| c.is_ascii_alphanumeric() || c == ':');
+    image.len() <= 255 && name_ok && tag_ok && digest_ok
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn image_references_as_docker_takes_them() {
+        for good in ["hello", "fnproject/hello:0.0.1", "localhost:5000/team/f:V1.2_x", "a/b@sha256:abc123", "f:1"] {
+            assert!(is_image_reference(good), "{good}");
+        }
+        for bad in ["", "Hello", "-x", "a//b", "a/", "a b", "a:", "a:t/ag", "x\0y", &"a".repeat(256)] {
+            assert!(!is_image_reference(bad), "{bad:?}");
+        }
+    }
 
     #[test]
     fn a_record_encoded_once_is_its_json_and_the_result_its_slice() {

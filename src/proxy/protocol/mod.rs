@@ -30,6 +30,7 @@ pub fn function_start(protocol: RuntimeProtocol, action: &Action, memory_mb: u32
             code: action.exec.code.clone(),
             main: action.exec.main.clone().unwrap_or_else(|| "handler".into()),
             env: fn_stream::environment(action, memory_mb),
+            image: action.exec.image.clone(),
         }),
     }
 }

@@ -9,7 +9,7 @@ use crate::api::fn_routes::docs::{
     annotations_of, check_name, check_shape, merge_annotations, merge_config, new_id, new_invoke_key, now, App, Docs,
     Function, InvokeKey, Trigger, INVOKE_KEYS,
 };
-use crate::config::{Config, RuntimeProtocol};
+use crate::config::{Config, FactoryKind, RuntimeProtocol, FN_IMAGE_KIND};
 use crate::model::{Action, KeyValue};
 use crate::store::DocKind;
 use serde::Deserialize;
@@ -93,18 +93,29 @@ pub(super) fn function_action(
     f: &Function,
     code: FunctionCode,
 ) -> Result<Action, ApiError> {
-    let fn_kind = config.kinds.get(&f.image).is_some_and(|k| k.protocol == RuntimeProtocol::Fn);
-    if !fn_kind {
+    // `fn:image` is only ever the kind of a function with an image of its own.
+    let fn_kind =
+        f.image != FN_IMAGE_KIND && config.kinds.get(&f.image).is_some_and(|k| k.protocol == RuntimeProtocol::Fn);
+    let own_image = !fn_kind && !f.image.starts_with("fn:") && crate::model::is_image_reference(&f.image);
+    if own_image && config.factory.kind != FactoryKind::Docker {
+        return Err(ApiError::BadRequest(format!(
+            "image: '{}' is an image of the function's own, which the {} factory does not run \
+             (factory.kind = \"docker\" runs it; or name one of the fn kinds)",
+            f.image,
+            format!("{:?}", config.factory.kind).to_lowercase()
+        )));
+    }
+    if !fn_kind && !own_image {
         let mut kinds: Vec<&str> = config
             .kinds
             .iter()
-            .filter(|(_, k)| k.protocol == RuntimeProtocol::Fn)
+            .filter(|(name, k)| k.protocol == RuntimeProtocol::Fn && *name != FN_IMAGE_KIND)
             .map(|(name, _)| name.as_str())
             .collect();
         kinds.sort_unstable();
         return Err(ApiError::BadRequest(format!(
-            "image: '{}' is not a kind this invoker runs Fn functions with ({})",
-            f.image,
+            "image: '{}' is neither an image nor a kind this invoker runs Fn functions with ({})",
+            f.image.chars().take(256).collect::<String>(),
             kinds.join(", ")
         )));
     }
@@ -124,8 +135,12 @@ pub(super) fn function_action(
         app_config: app.config.clone(),
         idle_timeout_s: Some(f.idle_timeout),
     };
+    let exec = match own_image {
+        true => json!({ "kind": FN_IMAGE_KIND, "image": f.image, "main": code.main }),
+        false => json!({ "kind": f.image, "code": code.code, "main": code.main }),
+    };
     let put = json!({
-        "exec": { "kind": f.image, "code": code.code, "main": code.main },
+        "exec": exec,
         "limits": { "memory": f.memory, "timeout": u64::from(f.timeout) * 1000, "concurrency": 1 },
         "annotations": [KeyValue { key: "fn".into(), value: serde_json::to_value(said).expect("strings serialise") }],
     });
