@@ -454,7 +454,7 @@ async fn an_fn_node_function_runs_in_a_container_of_its_image() {
 
 /// An Fn function made from an image of its own (as `fn build` makes one): the image's entry
 /// point and environment run it, with Fn's socket directory, no network and our user; an image
-/// the engine lacks and cannot pull fails the call in Fn's words.
+/// the engine lacks and cannot pull fails the call, its record saying so.
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs a Docker Engine and the runtime images: run by .ci/run"]
 async fn an_fn_function_made_from_its_own_image_runs_its_entry_point() {
@@ -506,10 +506,13 @@ async fn an_fn_function_made_from_its_own_image_runs_its_entry_point() {
     let f = json!({"name": "missing", "app_id": app["id"], "image": "127.0.0.1:9/none/such:test"});
     let (status, function) = inv.send_json("POST", "/v2/fns", f).await;
     assert_eq!(status, 200, "{function}");
-    let (status, _, body) = inv
+    let (status, headers, body) = inv
         .send("POST", &format!("/invoke/{}", function["id"].as_str().unwrap()), support::GUEST, &[], Vec::new())
         .await;
     let body = String::from_utf8_lossy(&body);
     assert!(status >= 500, "{status} {body}");
+    let record = inv.record(headers["fn-call-id"].to_str().unwrap()).await;
+    let error = record["response"]["result"]["error"].as_str().unwrap_or_default();
+    assert!(error.contains("its image cannot be had; nothing ran"), "{record}");
     stop(inv, &docker, &invoker_id).await;
 }
