@@ -417,19 +417,9 @@ const CONTROLLER: &str = "c0ffee00-0000-4000-8000-00000000c0de:the-fn-tests-cont
 #[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
 async fn an_fn_function_runs_through_the_scheduler_on_an_invoker_of_the_cluster() {
     let Some(etcd) = support::etcd::EtcdServer::start() else { return };
-    let keys = format!(
-        "[cluster]\netcd = [\"{}\"]\nlease_ttl = \"3s\"\npublish_interval = \"100ms\"\n\
-         controller_key = \"{CONTROLLER}\"\n[admin]\ncontroller_keys = [\"{CONTROLLER}\"]\n",
-        etcd.url()
-    );
-    let (invoker_dir, scheduler_dir) = (tempdir(), tempdir());
+    let dir = tempdir();
     let invoker_id = id("fn-cluster");
-    let _invoker = Invoker::start(invoker_dir.path(), &invoker_id, &keys);
-    let scheduler = Invoker::start_scheduler(
-        scheduler_dir.path(),
-        &format!("{keys}[scheduler]\nid = \"s1\"\nrefresh_interval = \"50ms\"\n"),
-    );
-    scheduler.until_an_invoker_serves().await;
+    let (_invoker, scheduler) = Invoker::invoker_and_scheduler(dir.path(), &etcd.url(), CONTROLLER, &invoker_id).await;
     let (status, app) =
         scheduler.send_json("POST", "/v2/apps", json!({"name": "clustered", "config": {"GREETING": "hey"}})).await;
     assert_eq!(status, 200, "{app}");

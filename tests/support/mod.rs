@@ -86,6 +86,31 @@ impl Invoker {
         Self::start_command(dir, invoker_id, extra, &[])
     }
 
+    /// A cluster of one invoker (`invoker_id`) and one scheduler (`s1`) over the etcd at
+    /// `etcd_url`, `controller` their key, each with a directory under `dir`; once the scheduler
+    /// sees the invoker with room.
+    pub async fn invoker_and_scheduler(
+        dir: &Path,
+        etcd_url: &str,
+        controller: &str,
+        invoker_id: &str,
+    ) -> (Invoker, Invoker) {
+        let keys = format!(
+            "[cluster]\netcd = [\"{etcd_url}\"]\nlease_ttl = \"3s\"\npublish_interval = \"100ms\"\n\
+             controller_key = \"{controller}\"\n[admin]\ncontroller_keys = [\"{controller}\"]\n"
+        );
+        let (invoker_dir, scheduler_dir) = (dir.join("invoker"), dir.join("scheduler"));
+        std::fs::create_dir_all(&invoker_dir).unwrap();
+        std::fs::create_dir_all(&scheduler_dir).unwrap();
+        let invoker = Invoker::start(&invoker_dir, invoker_id, &keys);
+        let scheduler = Invoker::start_scheduler(
+            &scheduler_dir,
+            &format!("{keys}[scheduler]\nid = \"s1\"\nrefresh_interval = \"50ms\"\n"),
+        );
+        scheduler.until_an_invoker_serves().await;
+        (invoker, scheduler)
+    }
+
     /// `invoker scheduler` with `extra` as its config (its id is `[scheduler] id`); the same
     /// handle, since it serves the same REST API.
     pub fn start_scheduler(dir: &Path, extra: &str) -> Invoker {
