@@ -8,10 +8,9 @@ mod entity;
 mod function;
 mod trigger;
 
-use super::docs::{body, Docs};
+use super::docs::{body, App, Docs, Function, Trigger};
 use crate::api::call::{blocking, json, Call};
 use crate::api::error::ApiError;
-use crate::api::fn_routes::docs::{App, Function, Trigger};
 use crate::api::state::AppState;
 use crate::http::Response;
 use entity::{Entity, Retired, Scope};
