@@ -11,6 +11,9 @@
 #   invoker-fn-python:latest  the same root with Fn's python FDK (scripts/fdk.sh), for fn:python
 #   invoker-fn-node:latest  FROM scratch: this machine's node with its libraries, and Fn's node
 #                          FDK (scripts/fdk.sh), for fn:node
+#   fnproject/python:3.12-dev, fnproject/python:3.12, fnproject/node:24-dev, fnproject/node:24
+#                          Fn's build and run images for Fn's client, made offline
+#                          (scripts/fn-images.sh)
 # An image is rebuilt only when the binary it holds changed (its sha256 is a label).
 #   scripts/build-images.sh [path/to/invoker]   (default: a debug build, built if missing)
 set -euo pipefail
@@ -128,4 +131,8 @@ if [ "$(docker image inspect -f '{{ index .Config.Labels "invoker.fdk" }}' invok
   build invoker-fn-node:latest "$work/fn-node.Dockerfile" "$root"
   echo "built invoker-fn-node:latest (node and fdk $node_sum)"
 fi
-docker image ls --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep '^invoker-' | sort
+# Fn's build and run images, for `fn build` and `fn deploy --local` (scripts/fn-images.sh).
+bash scripts/fn-images.sh
+# What rebuilds left untagged.
+docker image prune -f >/dev/null
+docker image ls --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep -E '^(invoker-|fnproject/)' | sort

@@ -7,11 +7,17 @@
 # (the factory's default) or on the host's, and nothing is routed anywhere.
 #   INVOKER_DOCKER_SOCKET  the socket (default /run/invoker-docker/docker.sock)
 #   INVOKER_DOCKER_ROOT    the engine's data root (default /var/lib/invoker-docker)
+#   INVOKER_DOCKER_PROXY   the proxy the engine pulls through (default http://127.0.0.1:9, where
+#                          nothing listens: no registry is reachable here, and a pull, such as
+#                          the one `fn build` asks for, fails at once on loopback instead of
+#                          sending anything off the machine; registries on loopback are reached
+#                          directly). Set it empty on a machine that may reach Docker Hub.
 set -euo pipefail
 
 sock=${INVOKER_DOCKER_SOCKET:-/run/invoker-docker/docker.sock}
 root=${INVOKER_DOCKER_ROOT:-/var/lib/invoker-docker}
 run_dir=$(dirname "$sock")
+proxy=${INVOKER_DOCKER_PROXY-http://127.0.0.1:9}
 
 answers() { curl -sf --max-time 2 --unix-socket "$sock" http://docker/_ping >/dev/null 2>&1; }
 
@@ -29,7 +35,7 @@ if ! answers; then
   mkdir -p "$run_dir" "$root"
   echo "dockerd.sh: starting dockerd on $sock (log: $run_dir/dockerd.log)" >&2
   # setsid: the engine outlives this script and the shell that ran it.
-  setsid dockerd \
+  HTTP_PROXY=$proxy HTTPS_PROXY=$proxy NO_PROXY=localhost,127.0.0.1,::1 setsid dockerd \
     --host "unix://$sock" \
     --data-root "$root" \
     --exec-root "$run_dir/exec" \
