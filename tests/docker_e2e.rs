@@ -454,7 +454,8 @@ async fn an_fn_node_function_runs_in_a_container_of_its_image() {
 
 /// An Fn function made from an image of its own (as `fn build` makes one): the image's entry
 /// point and environment run it, with Fn's socket directory, no network and our user; an image
-/// the engine lacks and cannot pull fails the call, its record saying so.
+/// the engine lacks and cannot pull fails the call, its record saying so; and an image built on
+/// the engine under another namespace's name is not run (it would show that tenant's code).
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs a Docker Engine and the runtime images: run by .ci/run"]
 async fn an_fn_function_made_from_its_own_image_runs_its_entry_point() {
@@ -476,7 +477,16 @@ async fn an_fn_function_made_from_its_own_image_runs_its_entry_point() {
     )
     .unwrap();
     let built = std::process::Command::new("docker")
-        .args(["-H", &format!("unix://{}", socket()), "build", "-q", "-t", "invoker-fn-own:test"])
+        .args([
+            "-H",
+            &format!("unix://{}", socket()),
+            "build",
+            "-q",
+            "-t",
+            "guest/fn-own:test",
+            "-t",
+            "other/fn-own:test",
+        ])
         .arg(context.path())
         .output()
         .expect("the docker client runs");
@@ -487,7 +497,7 @@ async fn an_fn_function_made_from_its_own_image_runs_its_entry_point() {
     let inv = start(dir.path(), &invoker_id, None, "").await;
     let (status, app) = inv.send_json("POST", "/v2/apps", json!({"name": "imaged"})).await;
     assert_eq!(status, 200, "{app}");
-    let f = json!({"name": "own", "app_id": app["id"], "image": "invoker-fn-own:test", "memory": 128});
+    let f = json!({"name": "own", "app_id": app["id"], "image": "guest/fn-own:test", "memory": 128});
     let (status, function) = inv.send_json("POST", "/v2/fns", f).await;
     assert_eq!(status, 200, "{function}");
     let url = function["annotations"]["fnproject.io/fn/invokeEndpoint"].as_str().unwrap();
@@ -499,8 +509,24 @@ async fn an_fn_function_made_from_its_own_image_runs_its_entry_point() {
     let ids = containers_of(&docker, &invoker_id).await;
     assert_eq!(ids.len(), 1);
     let inspected = docker.inspect_container(&ids[0], None::<InspectContainerOptions>).await.unwrap();
-    assert_eq!(inspected.config.unwrap().image.as_deref(), Some("invoker-fn-own:test"));
+    let image = docker.inspect_image("guest/fn-own:test").await.unwrap();
+    assert_eq!(inspected.config.unwrap().image, image.id, "run by its id, whatever its tag says later");
     assert_eq!(inspected.host_config.unwrap().network_mode.as_deref(), Some("none"));
+
+    // The same build under another namespace's name: refused, and nothing started.
+    let f = json!({"name": "theirs", "app_id": app["id"], "image": "other/fn-own:test", "memory": 128});
+    let (status, function) = inv.send_json("POST", "/v2/fns", f).await;
+    assert_eq!(status, 200, "{function}");
+    let (status, headers, body) = inv
+        .send("POST", &format!("/invoke/{}", function["id"].as_str().unwrap()), support::GUEST, &[], Vec::new())
+        .await;
+    let body = String::from_utf8_lossy(&body);
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("Image 'other/fn-own:test'") && body.contains("namespace"), "{body}");
+    let record = inv.record(headers["fn-call-id"].to_str().unwrap()).await;
+    let error = record["response"]["result"]["error"].as_str().unwrap_or_default();
+    assert!(error.contains("not named after the action's namespace"), "{record}");
+    assert_eq!(containers_of(&docker, &invoker_id).await.len(), 1, "only the first function's container");
 
     // An image no registry serves: on loopback, so that no traffic leaves the machine.
     let f = json!({"name": "missing", "app_id": app["id"], "image": "127.0.0.1:9/none/such:test"});
@@ -510,7 +536,8 @@ async fn an_fn_function_made_from_its_own_image_runs_its_entry_point() {
         .send("POST", &format!("/invoke/{}", function["id"].as_str().unwrap()), support::GUEST, &[], Vec::new())
         .await;
     let body = String::from_utf8_lossy(&body);
-    assert!(status >= 500, "{status} {body}");
+    assert_eq!(status, 502, "{body}");
+    assert!(body.contains("Failed to pull image '127.0.0.1:9/none/such:test'"), "{body}");
     let record = inv.record(headers["fn-call-id"].to_str().unwrap()).await;
     let error = record["response"]["result"]["error"].as_str().unwrap_or_default();
     assert!(error.contains("its image cannot be had; nothing ran"), "{record}");

@@ -132,8 +132,9 @@ pub(super) fn record_status(record: &ActivationRecord, failed: StatusCode) -> St
 /// Fn's answer for a finished call: `Ok` when the function answered (its own status and body
 /// go back), else Fn's status and message: 504 for a deadline (the function's or ours) or a
 /// container that never became ready, 502 for a failed function or container, 400 for what
-/// can never fit, 503 when nothing ran and a retry may.
-pub(super) fn fn_record_status(record: &ActivationRecord) -> Result<(), (StatusCode, String)> {
+/// can never fit, 503 when nothing ran and a retry may. A function's own `image` that cannot be
+/// had is Fn's "Failed to pull image" (502), and one it may not run 403.
+pub(super) fn fn_record_status(record: &ActivationRecord, image: Option<&str>) -> Result<(), (StatusCode, String)> {
     let error = || record.response.result["error"].as_str().unwrap_or("function failed").to_string();
     let timed_out = record.annotation("timeout") == Some(&serde_json::Value::Bool(true));
     let fdk = "please ensure you are using the latest fdk and check the logs";
@@ -143,6 +144,17 @@ pub(super) fn fn_record_status(record: &ActivationRecord) -> Result<(), (StatusC
             Err((StatusCode::GATEWAY_TIMEOUT, "Timed out".into()))
         }
         (Outcome::ApplicationError | Outcome::DeveloperError, _) => Err((StatusCode::BAD_GATEWAY, error())),
+        (Outcome::WhiskError, Some(Rejection::CreateFailed(CreateFailure::Image))) if image.is_some() => Err((
+            StatusCode::BAD_GATEWAY,
+            format!(
+                "Failed to pull image '{}': the engine has it not and could not pull it",
+                image.unwrap_or_default()
+            ),
+        )),
+        (Outcome::WhiskError, Some(Rejection::CreateFailed(CreateFailure::ImageNotOwned))) => Err((
+            StatusCode::FORBIDDEN,
+            format!("Image '{}': {}", image.unwrap_or_default(), error().trim_end_matches("; nothing ran")),
+        )),
         (Outcome::WhiskError, Some(Rejection::CreateFailed(CreateFailure::NotReady))) => {
             Err((StatusCode::GATEWAY_TIMEOUT, format!("Container initialization timed out, {fdk}")))
         }
@@ -176,8 +188,8 @@ mod tests {
         assert_eq!(record_status(&lost, StatusCode::BAD_GATEWAY), StatusCode::BAD_GATEWAY, "it may have run");
         let stopped = ActivationRecord::whisk_error(&meta(), "the invoker stopped before this activation finished", 10);
         assert_eq!(record_status(&stopped, StatusCode::BAD_GATEWAY), StatusCode::BAD_GATEWAY);
-        assert_eq!(fn_record_status(&stopped).unwrap_err().0, StatusCode::BAD_GATEWAY);
-        assert_eq!(fn_record_status(&read_back).unwrap_err().0, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(fn_record_status(&stopped, None).unwrap_err().0, StatusCode::BAD_GATEWAY);
+        assert_eq!(fn_record_status(&read_back, None).unwrap_err().0, StatusCode::SERVICE_UNAVAILABLE);
     }
 
     /// Fn's words for a container that failed to start, from the typed rejection and from a
@@ -187,12 +199,26 @@ mod tests {
         let failed = ActivationRecord::rejected(&meta(), Rejection::CreateFailed(CreateFailure::Failed), 5, 10);
         let read_back = ActivationRecord { rejection: None, ..failed.clone() };
         for record in [&failed, &read_back] {
-            let (status, message) = fn_record_status(record).unwrap_err();
+            let (status, message) = fn_record_status(record, None).unwrap_err();
             assert_eq!(status, StatusCode::BAD_GATEWAY);
             assert!(message.starts_with("Container failed to initialize"), "{message}");
         }
         assert_eq!(read_back.rejection_kind(), Some(RejectionKind::CreateFailed));
         let slow = ActivationRecord::rejected(&meta(), Rejection::CreateFailed(CreateFailure::NotReady), 5, 10);
-        assert_eq!(fn_record_status(&slow).unwrap_err().0, StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(fn_record_status(&slow, None).unwrap_err().0, StatusCode::GATEWAY_TIMEOUT);
+    }
+
+    /// A function's own image: Fn's words when it cannot be had, and a 4xx naming the rule
+    /// when it is another namespace's local build.
+    #[test]
+    fn fn_names_the_image_it_could_not_have_or_may_not_run() {
+        let missing = ActivationRecord::rejected(&meta(), Rejection::CreateFailed(CreateFailure::Image), 5, 10);
+        let (status, message) = fn_record_status(&missing, Some("none/such:1")).unwrap_err();
+        assert_eq!(status, StatusCode::BAD_GATEWAY);
+        assert!(message.starts_with("Failed to pull image 'none/such:1': "), "{message}");
+        let theirs = ActivationRecord::rejected(&meta(), Rejection::CreateFailed(CreateFailure::ImageNotOwned), 5, 10);
+        let (status, message) = fn_record_status(&theirs, Some("other/f:0.0.2")).unwrap_err();
+        assert_eq!(status, StatusCode::FORBIDDEN);
+        assert!(message.starts_with("Image 'other/f:0.0.2': ") && message.contains("namespace"), "{message}");
     }
 }

@@ -55,13 +55,17 @@ impl DockerFactory {
                 return Err(CreateError::Socket(e).into());
             }
         };
-        let image = function.image.clone().unwrap_or_else(|| kind.image.clone());
-        if function.image.is_some() {
-            if let Err(e) = self.ensure_image(&image).await {
-                self.forget(spec.id).await;
-                return Err(e);
-            }
-        }
+        let image = match &function.image {
+            // Run by its id: a tag moved after the check changes nothing.
+            Some(own) => match self.own_image(own, spec.namespace()).await {
+                Ok(id) => id,
+                Err(e) => {
+                    self.forget(spec.id).await;
+                    return Err(e);
+                }
+            },
+            None => kind.image.clone(),
+        };
         let body = self.function_body(spec, function, kind, &image, &dir, code.is_some());
         let docker_id = self.create_and_start(spec, &image, body).await?;
         let logs = Arc::new(LogBuffer::default());
@@ -90,13 +94,32 @@ impl DockerFactory {
         }
     }
 
-    /// A function's own image on the engine: pulled when the engine lacks it, within the
-    /// create's bound; one that cannot be had is the call's failure, in Fn's words.
-    async fn ensure_image(&self, image: &str) -> Result<(), FactoryError> {
+    /// A function's own image on the engine, as its id: pulled when the engine lacks it, within
+    /// the create's bound; one that cannot be had is the call's failure, in Fn's words. An
+    /// image no registry gave the engine (no digest) is run only for a namespace that
+    /// `local_images` lets run it: else one tenant could run another's build, and read it.
+    async fn own_image(&self, image: &str, namespace: &str) -> Result<String, FactoryError> {
         let docker = &self.inner.docker;
-        if docker.inspect_image(image).await.is_ok() {
-            return Ok(());
+        let held = match docker.inspect_image(image).await {
+            Ok(held) => held,
+            Err(_) => {
+                self.pull(image).await?;
+                docker
+                    .inspect_image(image)
+                    .await
+                    .map_err(|e| FactoryError::Image(format!("Failed to pull image '{image}': {e}")))?
+            }
+        };
+        let local = held.repo_digests.as_ref().is_none_or(|digests| digests.is_empty());
+        let allowed = self.inner.config.local_images.allows(image, namespace);
+        if local && !allowed {
+            return Err(FactoryError::ImageNotOwned { image: image.into(), namespace: namespace.into() });
         }
+        held.id.ok_or_else(|| FactoryError::Image(format!("Image '{image}' has no id on the engine")))
+    }
+
+    async fn pull(&self, image: &str) -> Result<(), FactoryError> {
+        let docker = &self.inner.docker;
         let options = bollard::query_parameters::CreateImageOptionsBuilder::new().from_image(image).build();
         let pull = async {
             let mut progress = docker.create_image(Some(options), None, None);

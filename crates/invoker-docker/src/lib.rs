@@ -32,7 +32,7 @@ use invoker_factory::netns::NetNs;
 use invoker_factory::one_host::OneHost;
 use invoker_factory::own_disk;
 use invoker_factory::peer::{ContainerSocket, Peer};
-use invoker_factory::settings::{DockerFactoryConfig, DockerKindConfig, Network};
+use invoker_factory::settings::{DockerFactoryConfig, DockerKindConfig, LocalImages, Network};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -130,6 +130,12 @@ impl DockerFactory {
             parse_user(&dc.user).ok_or_else(|| setup(unfit("factory.docker.user", "must be 'uid:gid' (numbers)")))?;
         if owner.0 == 0 {
             return Err(setup(unfit("factory.docker.user", "must not be root")));
+        }
+        if dc.local_images == LocalImages::Shared {
+            tracing::warn!(
+                "factory.docker.local_images = \"shared\": every namespace may run every image built on this \
+                 engine, and read the code in it; keep this to an engine with a single user"
+            );
         }
         let node = NodeId::new(info.name.as_deref().unwrap_or("docker"));
         let factory = DockerFactory {

@@ -29,6 +29,13 @@ pub struct ContainerSpec {
     pub function: Option<Arc<FunctionStart>>,
 }
 
+impl ContainerSpec {
+    /// The namespace whose action this container runs.
+    pub fn namespace(&self) -> &str {
+        self.action_path.split('/').next().unwrap_or_default()
+    }
+}
+
 /// What a container of a protocol without `/init` (Fn's) starts with, since its runtime takes
 /// nothing from the invoker once it runs.
 #[derive(Clone, Debug, Default, PartialEq)]

@@ -22,6 +22,12 @@ pub enum FactoryError {
     /// The engine's or the cluster's words.
     #[error("the container's image cannot be had: {0}")]
     Image(String),
+    /// A local image (no registry gave it) that the namespace may not run (`local_images`).
+    #[error(
+        "image '{image}' was built on this engine, not pulled from a registry, and namespace '{namespace}' runs \
+         only its own such images, named '{namespace}/...' (fn update context registry {namespace})"
+    )]
+    ImageNotOwned { image: String, namespace: String },
     #[error("{op}: no such container")]
     NoSuchContainer { op: &'static str },
     #[error("{op}: the container is not {state}")]
@@ -39,6 +45,7 @@ impl FactoryError {
         match self {
             FactoryError::Refused(_) => CreateFailure::Refused,
             FactoryError::Image(_) => CreateFailure::Image,
+            FactoryError::ImageNotOwned { .. } => CreateFailure::ImageNotOwned,
             FactoryError::NotReady(_) => CreateFailure::NotReady,
             FactoryError::UnknownKind(_)
             | FactoryError::Create(_)

@@ -123,6 +123,35 @@ pub struct DockerFactoryConfig {
     pub ready_timeout: Duration,
     /// Action kind → the image and command that serve it.
     pub kinds: BTreeMap<String, DockerKindConfig>,
+    /// Which namespaces may run a function's own image that the engine holds but no registry
+    /// gave it (one that `docker build` made, as `fn deploy --local` does).
+    pub local_images: LocalImages,
+}
+
+/// Who may run a local image: one the engine holds with no registry digest, so that nothing
+/// but the engine's cache stands for who made it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LocalImages {
+    /// Only the namespace its repository starts with: `guest/f1:0.0.2` for `guest` (Fn's
+    /// client names its images so with `fn update context registry guest`).
+    #[default]
+    Namespaced,
+    /// Every namespace: one tenant could run another's image, and read the code in it. A
+    /// relaxation for an engine with a single user; the invoker warns at start.
+    Shared,
+}
+
+impl LocalImages {
+    /// Whether `namespace` may run the local image `image`.
+    pub fn allows(self, image: &str, namespace: &str) -> bool {
+        match self {
+            LocalImages::Shared => true,
+            LocalImages::Namespaced => {
+                image.split_once('/').is_some_and(|(owner, _)| !namespace.is_empty() && owner == namespace)
+            }
+        }
+    }
 }
 
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
@@ -220,6 +249,7 @@ impl Default for DockerFactoryConfig {
                     },
                 ),
             ]),
+            local_images: LocalImages::Namespaced,
         }
     }
 }
@@ -420,6 +450,23 @@ impl Default for KubernetesPlaneConfig {
             overhead_mb: 256,
             termination_grace: Duration::from_secs(60),
             call_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LocalImages;
+
+    #[test]
+    fn a_local_image_runs_only_for_the_namespace_it_is_named_after_unless_shared() {
+        let namespaced = LocalImages::Namespaced;
+        assert!(namespaced.allows("guest/f1:0.0.2", "guest"));
+        for (image, namespace) in
+            [("other/f1:0.0.2", "guest"), ("f1:0.0.2", "guest"), ("guestx/f1", "guest"), ("guest/f1", "")]
+        {
+            assert!(!namespaced.allows(image, namespace), "{image} for {namespace:?}");
+            assert!(LocalImages::Shared.allows(image, namespace));
         }
     }
 }

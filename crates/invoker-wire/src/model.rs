@@ -301,6 +301,10 @@ impl Rejection {
                 let why = match why {
                     CreateFailure::Refused => "the cluster refused it (no room on the node after all)",
                     CreateFailure::Image => "its image cannot be had",
+                    CreateFailure::ImageNotOwned => {
+                        "its image was built on the invoker's engine and is not named after the action's \
+                         namespace ('<namespace>/...'), so only its namespace may run it"
+                    }
                     CreateFailure::NotReady => "its runtime did not become ready in time",
                     CreateFailure::Failed => "it failed to start",
                 };

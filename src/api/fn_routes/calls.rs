@@ -40,11 +40,12 @@ pub(in crate::api) async fn invoke(state: &AppState, call: &Call, fn_id: &str) -
     let headers = call.head.headers.iter().filter(|(n, _)| kept_from_caller(n.as_str()));
     let headers = headers.map(|(n, v)| (n.as_str().to_string(), String::from_utf8_lossy(v.as_bytes()).into_owned()));
     let request = CallRequest { headers: headers.collect(), body: call.body.clone() };
+    let image = action.exec.image.clone();
     let record = match run(state, &ns, key, action, request).await? {
         Invoked::Done(record) => record,
         Invoked::Accepted(id) => return Ok(still_running(&id)),
     };
-    Ok(answer(&record.record, Mapping::Invoke))
+    Ok(answer(&record.record, image.as_deref(), Mapping::Invoke))
 }
 
 /// Whom a call to a function's invoke URL (`/invoke/{fn_id}/{invoke_key}`) speaks for: the
@@ -92,11 +93,12 @@ pub(in crate::api) async fn trigger(
     let headers = call.head.headers.iter().map(|(n, v)| (n.as_str(), v.as_bytes()));
     let request =
         CallRequest { headers: gateway_request(call.head.method.as_str(), &url, headers), body: call.body.clone() };
+    let image = action.exec.image.clone();
     let record = match run(state, &ns, key, action, request).await? {
         Invoked::Done(record) => record,
         Invoked::Accepted(id) => return Ok(still_running(&id)),
     };
-    Ok(answer(&record.record, Mapping::Gateway))
+    Ok(answer(&record.record, image.as_deref(), Mapping::Gateway))
 }
 
 /// One call, blocking: as long as the function may run, and the wait for a container.
@@ -146,9 +148,10 @@ enum Mapping {
 }
 
 /// The response for a finished call: the function's own answer on success, Fn's
-/// `{"message": ...}` with Fn's status otherwise; `Fn-Call-Id` either way.
-fn answer(record: &ActivationRecord, mapping: Mapping) -> Response {
-    let mut response = match fn_record_status(record) {
+/// `{"message": ...}` with Fn's status otherwise (naming the function's own `image` when that
+/// is what failed); `Fn-Call-Id` either way.
+fn answer(record: &ActivationRecord, image: Option<&str>, mapping: Mapping) -> Response {
+    let mut response = match fn_record_status(record, image) {
         Err((status, message)) => crate::http::json_value(status, &json!({ "message": message })),
         Ok(()) => {
             let result = &record.response.result;

@@ -122,6 +122,9 @@ pub enum CreateFailure {
     Refused,
     /// Its image cannot be had (not in the registry, not pullable).
     Image,
+    /// Its image was built on the engine under another namespace's name: a local image runs
+    /// only for the namespace it is named after.
+    ImageNotOwned,
     /// It did not become ready within the factory's bound.
     NotReady,
     /// Anything else (the runtime exited, the sandbox failed).
