@@ -7,7 +7,7 @@
 mod support;
 
 use invoker_docker::bollard::query_parameters::{
-    InspectContainerOptions, ListContainersOptions, RemoveContainerOptions,
+    InspectContainerOptions, ListContainersOptions, RemoveContainerOptions, RemoveImageOptions,
 };
 use invoker_docker::bollard::Docker;
 use nix::sys::signal::Signal;
@@ -542,4 +542,66 @@ async fn an_fn_function_made_from_its_own_image_runs_its_entry_point() {
     let error = record["response"]["result"]["error"].as_str().unwrap_or_default();
     assert!(error.contains("its image cannot be had; nothing ran"), "{record}");
     stop(inv, &docker, &invoker_id).await;
+}
+
+/// Fn's own workflow, offline, with Fn's client unchanged: `fn init --runtime python|node`,
+/// `fn deploy --local` (which runs `docker build` on Fn's build and run images, here the ones
+/// `scripts/fn-images.sh` made) and `fn invoke`, with the answer, status and headers Fn's server
+/// gives for the same FDK (`../shared/reference/fn-http-stream.md`, section 4).
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs a Docker Engine and Fn's images (scripts/build-images.sh): run by .ci/run"]
+async fn fns_workflow_inits_deploys_locally_and_invokes_python_and_node() {
+    let docker = engine().await;
+    let dir = tempdir();
+    let invoker_id = id("dk-fn-flow");
+    let inv = start(dir.path(), &invoker_id, None, "").await;
+    let host = format!("unix://{}", socket());
+    // Loopback proxies: `fn init` asks PyPI and npm for the latest FDK, and gets nowhere.
+    let fn_cli = support::fn_cli::Fn::new().with_env(&[
+        ("DOCKER_HOST", &host),
+        ("HTTPS_PROXY", "http://127.0.0.1:9"),
+        ("HTTP_PROXY", "http://127.0.0.1:9"),
+        ("FN_NODE_FDK_VERSION", "0.0.76"),
+    ]);
+    // Images named after the namespace: the engine's local builds run only for their own.
+    fn_cli.use_context("ours", &inv.base, support::GUEST, "guest");
+    fn_cli.ok(&["create", "app", "flow"]);
+    let work = tempdir();
+    let mut built = Vec::new();
+
+    let runtimes = [
+        ("python", "pyf", "{\"message\": \"Hello World\"}", "{\"message\": \"Hello Bob\"}", "fdk-python/0.1.128"),
+        ("node", "nodef", "{\"message\":\"Hello World\"}", "{\"message\":\"Hello Bob\"}", "fdk-node/0.0.76"),
+    ];
+    for (runtime, name, hello, bob, fdk) in runtimes {
+        let made = fn_cli.run_in(work.path(), &["init", "--runtime", runtime, name], b"").ok();
+        assert!(made.contains("func.yaml created."), "{made}");
+        let function_dir = work.path().join(name);
+        let deployed = fn_cli.run_in(&function_dir, &["deploy", "--app", "flow", "--local"], b"").ok();
+        let image = format!("guest/{name}:0.0.2");
+        assert!(deployed.contains(&format!("Successfully created function: {name} with {image}")), "{deployed}");
+        assert_eq!(fn_cli.ok(&["invoke", "flow", name]).trim(), hello);
+        let said = fn_cli.run(&["invoke", "--content-type", "application/json", "flow", name], b"{\"name\":\"Bob\"}");
+        assert_eq!(said.ok().trim(), bob);
+
+        // What Fn's server answers for the same FDK: 200, the FDK's headers, its body.
+        let function = fn_cli.run(&["inspect", "function", "flow", name], b"").json();
+        assert_eq!(function["image"], image.as_str(), "{function}");
+        let url = function["annotations"]["fnproject.io/fn/invokeEndpoint"].as_str().unwrap();
+        let path = &url[url.find("/invoke/").unwrap()..];
+        let (status, headers, body) = inv.send("POST", path, support::GUEST, &[], Vec::new()).await;
+        assert_eq!((status, String::from_utf8_lossy(&body).trim()), (200, hello));
+        let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
+        assert!(header("content-type").starts_with("application/json"), "{headers:?}");
+        assert!(header("fn-fdk-version").starts_with(fdk), "{headers:?}");
+        assert!(!header("fn-call-id").is_empty() && headers.get("keep-alive").is_none(), "{headers:?}");
+        let record = inv.record(&header("fn-call-id")).await;
+        assert_eq!(annotation(&record, "startKind"), json!("warm"), "the third call: {record}");
+        built.push(image);
+    }
+    assert_eq!(containers_of(&docker, &invoker_id).await.len(), 2, "one container per function, kept warm");
+    stop(inv, &docker, &invoker_id).await;
+    for image in built {
+        docker.remove_image(&image, None::<RemoveImageOptions>, None).await.ok();
+    }
 }

@@ -6,81 +6,11 @@
 mod support;
 
 use serde_json::{json, Value};
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use support::fn_cli::Fn;
 use support::{Invoker, GUEST, OTHER};
 
 fn tempdir() -> tempfile::TempDir {
     tempfile::Builder::new().prefix("invoker-fn-client-").tempdir().unwrap()
-}
-
-/// The client, beside the project (`.ci/run` runs with `../shared` there).
-fn client() -> PathBuf {
-    let fn_cli = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/tools/fn-cli/fn");
-    assert!(fn_cli.is_file(), "Fn's client is not at {}", fn_cli.display());
-    fn_cli
-}
-
-/// `fn` with a home of its own (its contexts live there).
-struct Fn {
-    home: tempfile::TempDir,
-}
-
-/// What one command did: its exit code, stdout and stderr.
-struct Ran {
-    code: i32,
-    out: String,
-    err: String,
-}
-
-impl Ran {
-    fn ok(self) -> String {
-        assert_eq!(self.code, 0, "stdout: {}\nstderr: {}", self.out, self.err);
-        self.out
-    }
-
-    fn json(self) -> Value {
-        let out = self.ok();
-        serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"))
-    }
-}
-
-impl Fn {
-    fn new() -> Fn {
-        Fn { home: tempdir() }
-    }
-
-    fn run(&self, args: &[&str], stdin: &[u8]) -> Ran {
-        use std::io::Write as _;
-        let mut child = Command::new(client())
-            .args(args)
-            .env_clear()
-            .env("HOME", self.home.path())
-            .env("PATH", "/usr/bin:/bin")
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("fn starts");
-        child.stdin.take().unwrap().write_all(stdin).unwrap();
-        let done = child.wait_with_output().unwrap();
-        Ran {
-            code: done.status.code().unwrap_or(-1),
-            out: String::from_utf8_lossy(&done.stdout).into_owned(),
-            err: String::from_utf8_lossy(&done.stderr).into_owned(),
-        }
-    }
-
-    fn ok(&self, args: &[&str]) -> String {
-        self.run(args, b"").ok()
-    }
-
-    /// A context named `name` for the invoker at `base`, with `key` as its token, in use.
-    fn use_context(&self, name: &str, base: &str, key: &str) {
-        self.ok(&["create", "context", name, "--api-url", base, "--provider", "default", "--registry", "local"]);
-        self.ok(&["use", "context", name]);
-        self.ok(&["update", "context", "token", key]);
-    }
 }
 
 const HELLO: &str = r#"import io, json
@@ -95,7 +25,7 @@ async fn fns_own_client_manages_apps_functions_and_triggers_and_invokes() {
     let namespaces = format!("[namespaces]\nguest = \"{GUEST}\"\nother = \"{OTHER}\"\n");
     let inv = Invoker::start(dir.path(), &format!("fn-client-{}", std::process::id()), &namespaces);
     let fn_cli = Fn::new();
-    fn_cli.use_context("ours", &inv.base, GUEST);
+    fn_cli.use_context("ours", &inv.base, GUEST, "local");
 
     // Apps: create, list, inspect, config, update, and Fn's words for a clash.
     let made = fn_cli.ok(&["create", "app", "a1"]);
@@ -169,10 +99,10 @@ async fn fns_own_client_manages_apps_functions_and_triggers_and_invokes() {
 
     // Another namespace's key sees none of it; a wrong key is refused.
     let other = Fn::new();
-    other.use_context("theirs", &inv.base, OTHER);
+    other.use_context("theirs", &inv.base, OTHER, "local");
     assert!(!other.ok(&["list", "apps"]).contains("a1"));
     let stranger = Fn::new();
-    stranger.use_context("nobody", &inv.base, "00000000-0000-0000-0000-000000000000:wrong");
+    stranger.use_context("nobody", &inv.base, "00000000-0000-0000-0000-000000000000:wrong", "local");
     let refused = stranger.run(&["list", "apps"], b"");
     assert_ne!(refused.code, 0, "{}", refused.out);
 
@@ -198,7 +128,7 @@ async fn fns_own_client_invokes_through_a_scheduler() {
     let invoker_id = format!("fn-client-cluster-{}", std::process::id());
     let (_invoker, scheduler) = Invoker::invoker_and_scheduler(dir.path(), &etcd.url(), CONTROLLER, &invoker_id).await;
     let fn_cli = Fn::new();
-    fn_cli.use_context("cluster", &scheduler.base, GUEST);
+    fn_cli.use_context("cluster", &scheduler.base, GUEST, "local");
     fn_cli.ok(&["create", "app", "c1"]);
     let app = fn_cli.run(&["inspect", "app", "c1"], b"").json();
     let f = json!({"name": "f1", "app_id": app["id"], "image": "fn:python", "code": HELLO});

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod etcd;
+pub mod fn_cli;
 #[cfg(feature = "kubernetes")]
 pub mod kube_api;
 pub mod partition;
