@@ -462,3 +462,57 @@ async fn an_fn_function_runs_in_a_pod_beside_its_bridge_and_a_broken_one_fails_w
     let log = inv.stderr();
     assert!(log.contains("not in its own directory"), "the bridge's reason reaches the invoker's log: {log}");
 }
+
+/// An Fn function made from an image of its own (as `fn build` makes one) on Kubernetes: its
+/// pod runs the image's entry point (no command of ours, no code volume) beside the bridge; an
+/// image the kubelet cannot pull is Fn's "Failed to pull image", and nothing ran.
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_fdk, ignore = "needs Fn's FDKs (scripts/fdk.sh installs them; run by .ci/run)")]
+async fn an_fn_function_made_from_its_own_image_runs_its_entry_point_in_a_pod() {
+    let api = cluster(&[("n1", 4096)]).await;
+    // The image's content, on this machine (the fake kubelet's "images" are its programs), out
+    // of /tmp (which the kubelet maps to the pod's own).
+    let content = tempfile::Builder::new().prefix("fn-image-").tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let func = content.path().join("func.py");
+    std::fs::write(&func, "import io, json\ndef handler(ctx, data: io.BytesIO = None):\n    return json.dumps({'said': data.getvalue().decode()})\n").unwrap();
+    let fdk_main = invoker::config::FDK_MAIN;
+    let entrypoint = [
+        "/usr/bin/env",
+        "PYTHONPATH=/usr/local/lib/invoker-fdk/python",
+        "/usr/bin/python3",
+        "-c",
+        fdk_main,
+        func.to_str().unwrap(),
+        "handler",
+    ];
+    api.add_image_with_entrypoint("guest/own:0.0.2", &entrypoint);
+    api.add_image(BRIDGE_IMAGE);
+    let dir = tempdir();
+    let config = format!("{}[factory.kubernetes.kinds.\"fn:image\"]\nimage = \"\"\n", fn_config(&api));
+    let inv = Invoker::start(dir.path(), &id("k8s-fn-image"), &config);
+    let (status, app) = inv.send_json("POST", "/v2/apps", json!({"name": "imaged"})).await;
+    assert_eq!(status, 200, "{app}");
+    let f = json!({"name": "own", "app_id": app["id"], "image": "guest/own:0.0.2", "memory": 256});
+    let (status, function) = inv.send_json("POST", "/v2/fns", f).await;
+    assert_eq!(status, 200, "{function}");
+    let url = function["annotations"]["fnproject.io/fn/invokeEndpoint"].as_str().unwrap();
+    let path = &url[url.find("/invoke/").unwrap()..];
+    let (status, _, body) = inv.send("POST", path, support::GUEST, &[], b"hello pod".to_vec()).await;
+    assert_eq!(status, 200, "{}\n{}", String::from_utf8_lossy(&body), inv.stderr());
+    assert_eq!(serde_json::from_slice::<Value>(&body).unwrap(), json!({"said": "hello pod"}));
+    let pod = api.pod_labeled(NAMESPACE, "invoker-action", "").expect("the pod");
+    let main = &pod["spec"]["containers"][0];
+    assert_eq!((main["image"].as_str(), &main["command"]), (Some("guest/own:0.0.2"), &Value::Null), "{pod}");
+    assert!(main["workingDir"].is_null() && pod["metadata"]["annotations"].is_null(), "no code of ours: {pod}");
+    assert_eq!(pod["spec"]["containers"][1]["name"], "fn-bridge");
+
+    let f = json!({"name": "missing", "app_id": app["id"], "image": "none/such:1", "memory": 256});
+    let (status, function) = inv.send_json("POST", "/v2/fns", f).await;
+    assert_eq!(status, 200, "{function}");
+    let (status, _, body) = inv
+        .send("POST", &format!("/invoke/{}", function["id"].as_str().unwrap()), support::GUEST, &[], Vec::new())
+        .await;
+    let body = String::from_utf8_lossy(&body);
+    assert_eq!(status, 502, "{body}");
+    assert!(body.contains("Failed to pull image 'none/such:1'"), "{body}");
+}

@@ -45,6 +45,25 @@ impl FactoryKind {
         };
         (!built).then_some(MissingFeature { kind, feature, note })
     }
+
+    /// Whether the backend runs a function's own image (`fn:image`): those with an image
+    /// engine do; the process and Mesos factories run this machine's programs.
+    pub fn runs_images(self) -> bool {
+        match self {
+            FactoryKind::Docker | FactoryKind::Kubernetes => true,
+            FactoryKind::Process | FactoryKind::Mock | FactoryKind::Mesos => false,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            FactoryKind::Process => "process",
+            FactoryKind::Mock => "mock",
+            FactoryKind::Docker => "docker",
+            FactoryKind::Mesos => "mesos",
+            FactoryKind::Kubernetes => "kubernetes",
+        }
+    }
 }
 
 #[derive(Clone, Debug, Deserialize)]

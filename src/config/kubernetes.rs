@@ -45,7 +45,8 @@ pub(super) fn validate(k8s: &KubernetesFactoryConfig) -> Result<(), ConfigError>
         return Err(bad(&key("image_pull_policy"), "must be Always, IfNotPresent or Never"));
     }
     for (name, kind) in &k8s.kinds {
-        if kind.image.is_empty() {
+        // `fn:image` runs the image each function names.
+        if kind.image.is_empty() && name != super::kinds::FN_IMAGE_KIND {
             return Err(bad(&key(&format!("kinds.\"{name}\".image")), "must be set"));
         }
         if kind.port == Some(0) {

@@ -387,6 +387,11 @@ impl Default for KubernetesFactoryConfig {
                 ("python:3".to_string(), kind("invoker-python:latest", "python")),
                 ("native".to_string(), kind("invoker-native:latest", "native")),
                 ("fn:python".to_string(), fn_python),
+                // A function's own image (the function names it): its entry point.
+                (
+                    "fn:image".to_string(),
+                    KubernetesKindConfig { image: String::new(), command: Vec::new(), port: None, code_file: None },
+                ),
             ]),
             fn_bridge: FnBridgeConfig::default(),
         }

@@ -196,8 +196,10 @@ const CODE_DIR: &str = "/function";
 /// directory an in-memory `emptyDir` at `/tmp/iofs` that `invoker fn-bridge` shares beside it
 /// and offers on the pod's port once the function is ready (the pod is Ready then, not
 /// before); its code, for a kind that takes it, a read-only file in `/function` from the pod's
-/// own annotation. The bridge's memory comes out of the action's: the pod holds no more than
-/// the pool reserved. Everything else (binding, QoS, lockdown, labels) as any action pod.
+/// own annotation; a function with an image of its own (`fn:image`) runs that image's entry
+/// point, pulled as the kind's `image_pull_policy` says. The bridge's memory comes out of the
+/// action's: the pod holds no more than the pool reserved. Everything else (binding, QoS,
+/// lockdown, labels) as any action pod.
 pub fn build_function_pod(
     template: &PodTemplate,
     r: &PodRequest<'_>,
@@ -211,6 +213,10 @@ pub fn build_function_pod(
     let main = &mut spec.containers[0];
     let command: Vec<String> = template.command.iter().map(|a| a.replace("{main}", &function.main)).collect();
     main.command = (!command.is_empty()).then_some(command);
+    if let Some(image) = &function.image {
+        main.image = Some(image.clone());
+        main.command = None;
+    }
     let mut env: Vec<EnvVar> = function
         .env
         .iter()

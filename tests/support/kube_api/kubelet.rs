@@ -216,7 +216,7 @@ pub(super) async fn kubelet(shared: Arc<Shared>, key: String) {
     let containers = pod["spec"]["containers"].as_array().cloned().unwrap_or_default();
     let images: Vec<String> = containers.iter().map(|c| c["image"].as_str().unwrap_or_default().to_string()).collect();
     if let Some((i, image)) =
-        images.iter().enumerate().find(|(_, image)| !shared.cluster.lock().images.contains(*image))
+        images.iter().enumerate().find(|(_, image)| !shared.cluster.lock().images.contains_key(*image))
     {
         let image = image.clone();
         shared.update_pod(&key, &uid, |p| {
@@ -262,14 +262,17 @@ pub(super) async fn kubelet(shared: Arc<Shared>, key: String) {
         }
         // The program is the image's (this machine's, in the fake): never a volume's, so its
         // path is taken as it is, even under a mount path (a test binary under /tmp).
-        let argv: Vec<String> = container["command"]
-            .as_array()
+        let entrypoint = shared.cluster.lock().images.get(&images[i]).cloned().unwrap_or_default();
+        let command: Vec<String> = match container["command"].as_array() {
+            Some(command) => command.iter().filter_map(|a| a.as_str()).map(String::from).collect(),
+            None => entrypoint,
+        };
+        let args = container["args"].as_array().into_iter().flatten().filter_map(|a| a.as_str()).map(String::from);
+        let argv: Vec<String> = command
             .into_iter()
-            .chain(container["args"].as_array())
-            .flatten()
-            .filter_map(|a| a.as_str())
+            .chain(args)
             .enumerate()
-            .map(|(i, a)| if i == 0 { expand(a, &env) } else { remount(&expand(a, &env), &mounts) })
+            .map(|(i, a)| if i == 0 { expand(&a, &env) } else { remount(&expand(&a, &env), &mounts) })
             .collect();
         let tmpdir =
             mounts.iter().find(|(path, _)| path == "/tmp").map_or(tmp.path().display().to_string(), |(_, d)| d.clone());
@@ -291,7 +294,7 @@ pub(super) async fn kubelet(shared: Arc<Shared>, key: String) {
                 }
                 command.spawn().map_err(|e| e.to_string())
             }
-            None => Err("the fake kubelet runs only containers with a command".to_string()),
+            None => Err("no command, and the image has no entry point".to_string()),
         };
         let mut child = match started {
             Ok(child) => child,

@@ -8,7 +8,8 @@
 //! Pods bound to a node (`spec.nodeName`) are run by the fake kubelet as local processes: it
 //! admits a pod only within the node's allocatable memory (beyond, the pod fails with
 //! `OutOfmemory`, as a real kubelet's admission does, and the refusal is counted), "pulls" only
-//! the images a test registered (`ErrImagePull` otherwise), expands `$(VAR)` in the command from
+//! the images a test registered (`ErrImagePull` otherwise; a container without a command runs
+//! its image's registered entry point), expands `$(VAR)` in the command from
 //! the container's environment (the downward API's `status.podIP` is 127.0.0.1), runs it, and
 //! marks the pod Ready once its port accepts a TCP connection. The fake has no pod network: all
 //! its pods share 127.0.0.1, so at admission it gives each one a port of its own, rewriting the
@@ -58,8 +59,9 @@ struct Cluster {
     lists: usize,
     watches: usize,
     expired: usize,
-    /// Images the fake kubelet can "pull".
-    images: BTreeSet<String>,
+    /// Images the fake kubelet can "pull", with their entry point (a program of this machine;
+    /// empty for an image only ever run with a command).
+    images: BTreeMap<String, Vec<String>>,
     /// Pods the kubelet admitted and that still hold their memory: key → (node, bytes).
     admitted: BTreeMap<String, (String, u64)>,
     /// The most memory admitted at once on each node.
@@ -288,7 +290,13 @@ impl FakeApiServer {
 
     /// An image the kubelet can pull.
     pub fn add_image(&self, image: &str) {
-        self.shared.cluster.lock().images.insert(image.to_string());
+        self.add_image_with_entrypoint(image, &[]);
+    }
+
+    /// An image the kubelet can pull, whose entry point runs a container without a command.
+    pub fn add_image_with_entrypoint(&self, image: &str, entrypoint: &[&str]) {
+        let entrypoint = entrypoint.iter().map(|a| a.to_string()).collect();
+        self.shared.cluster.lock().images.insert(image.to_string(), entrypoint);
     }
 
     /// Evicts a running pod (node pressure): its process is killed and it ends `Failed`

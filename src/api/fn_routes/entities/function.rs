@@ -9,7 +9,7 @@ use crate::api::fn_routes::docs::{
     annotations_of, check_name, check_shape, merge_annotations, merge_config, new_id, new_invoke_key, now, App, Docs,
     Function, InvokeKey, Trigger, INVOKE_KEYS,
 };
-use crate::config::{Config, FactoryKind, RuntimeProtocol, FN_IMAGE_KIND};
+use crate::config::{Config, RuntimeProtocol, FN_IMAGE_KIND};
 use crate::model::{Action, KeyValue};
 use crate::store::DocKind;
 use serde::Deserialize;
@@ -97,12 +97,12 @@ pub(super) fn function_action(
     let fn_kind =
         f.image != FN_IMAGE_KIND && config.kinds.get(&f.image).is_some_and(|k| k.protocol == RuntimeProtocol::Fn);
     let own_image = !fn_kind && !f.image.starts_with("fn:") && crate::model::is_image_reference(&f.image);
-    if own_image && config.factory.kind != FactoryKind::Docker {
+    if own_image && !config.factory.kind.runs_images() {
         return Err(ApiError::BadRequest(format!(
             "image: '{}' is an image of the function's own, which the {} factory does not run \
-             (factory.kind = \"docker\" runs it; or name one of the fn kinds)",
+             (factory.kind = \"docker\" or \"kubernetes\" runs it; or name one of the fn kinds)",
             f.image,
-            format!("{:?}", config.factory.kind).to_lowercase()
+            config.factory.kind.name()
         )));
     }
     if !fn_kind && !own_image {
