@@ -68,6 +68,20 @@ async fn fns_own_client_manages_apps_functions_and_triggers_and_invokes() {
     let said = fn_cli.run(&["invoke", "--content-type", "application/json", "a1", "f1"], b"{\"a\": 1}").ok();
     let said: Value = serde_json::from_str(said.trim()).unwrap_or_else(|_| panic!("{said}"));
     assert_eq!((said["got"].as_str(), said["type"].as_str()), (Some("{\"a\": 1}"), Some("application/json")), "{said}");
+    // A function that fails: Fn's message, which the client prints on stdout, exiting 0 (its
+    // own way with an answer of 400 and above, `commands/invoke.go`).
+    let boom = "def handler(ctx, data=None):\n    raise Exception('asked to fail')\n";
+    let f = json!({"name": "boom", "app_id": app["id"], "image": "fn:python", "code": boom});
+    let (status, made) = inv.send_json("POST", "/v2/fns", f).await;
+    assert_eq!(status, 200, "{made}");
+    let failed = fn_cli.run(&["invoke", "a1", "boom"], b"");
+    assert_eq!(
+        (failed.code, failed.out.trim()),
+        (0, "Error invoking function. status: 502 message: function failed"),
+        "{}",
+        failed.err
+    );
+    fn_cli.ok(&["delete", "function", "a1", "boom"]);
     let http = reqwest::Client::new();
     let post = |url: String| {
         let http = http.clone();
