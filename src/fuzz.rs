@@ -13,7 +13,6 @@
 
 use crate::factory::Transport;
 use crate::proxy::protocol::{Runtime, RuntimeResponse};
-use bytes::BytesMut;
 use invoker_factory::peer::Peer;
 use std::sync::Arc;
 
@@ -332,7 +331,7 @@ fn recordio(bytes: &[u8]) {
     use tokio_util::codec::Decoder as _;
     let decode = |chunks: &mut dyn Iterator<Item = &[u8]>| {
         let mut decoder = crate::factory::mesos::recordio::RecordIo::new(4096);
-        let (mut buffer, mut records) = (BytesMut::new(), Vec::new());
+        let (mut buffer, mut records) = (bytes::BytesMut::new(), Vec::new());
         for chunk in chunks {
             buffer.extend_from_slice(chunk);
             loop {

@@ -1,7 +1,10 @@
 //! An Fn function's warm call through the invoker (`POST /invoke/{fn_id}`) against the same
 //! function's FDK called directly over its unix socket (`POST /call`), alternating slices in
 //! one run at c=1 and c=K; and its cold start (a new function's first call) against an FDK
-//! started by hand and called once.
+//! started by hand and called once. With a Docker Engine, in the same run and the same
+//! alternation: the same function made from an image of its own (`fn_image.rs`) through an
+//! invoker on Docker, against its FDK called directly on the socket in its container's
+//! directory, and that function's cold start (a new function of the same image).
 
 use crate::load::{measure, median, run_json, Samples};
 use crate::targets::{Invoker, GUEST};
@@ -20,11 +23,12 @@ fn fdk_python() -> PathBuf {
     Path::new(invoker::config::FDK_DIR).join("python")
 }
 
-/// An FDK process the benchmark started, serving `NOOP` on its own socket directory.
+/// An FDK serving `NOOP`: a process the benchmark started on its own socket directory, or
+/// one in a container, reached on its socket.
 struct DirectFdk {
-    child: Child,
+    child: Option<Child>,
     client: reqwest::Client,
-    _dir: tempfile::TempDir,
+    _dir: Option<tempfile::TempDir>,
 }
 
 impl DirectFdk {
@@ -55,9 +59,15 @@ impl DirectFdk {
             tokio::time::sleep(Duration::from_micros(500)).await;
         }
         let client = reqwest::Client::builder().unix_socket(listener.as_path()).build()?;
-        let fdk = DirectFdk { child, client, _dir: dir };
+        let fdk = DirectFdk { child: Some(child), client, _dir: Some(dir) };
         fdk.call().await?;
         Ok((fdk, began.elapsed()))
+    }
+
+    /// The FDK listening at `listener` (a container's).
+    fn attach(listener: &Path) -> anyhow::Result<DirectFdk> {
+        let client = reqwest::Client::builder().unix_socket(listener).build()?;
+        Ok(DirectFdk { child: None, client, _dir: None })
     }
 
     /// One call as the invoker makes it: `Fn-Call-Id` and `Fn-Deadline`, an empty body.
@@ -81,8 +91,10 @@ impl DirectFdk {
 
 impl Drop for DirectFdk {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        if let Some(child) = &mut self.child {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }
 
@@ -97,12 +109,62 @@ async fn send(http: &reqwest::Client, url: &str, body: Value) -> anyhow::Result<
     Ok(answer)
 }
 
-/// A new no-op function in `app`; its `/invoke` URL.
-async fn new_function(http: &reqwest::Client, base: &str, app: &str, name: &str) -> anyhow::Result<String> {
-    let f =
-        send(http, &format!("{base}/v2/fns"), json!({"name": name, "app_id": app, "image": "fn:python", "code": NOOP}))
-            .await?;
+/// A new no-op function in `app` (`fn:python` with its code, or an `image` of its own); its
+/// `/invoke` URL.
+async fn new_function(
+    http: &reqwest::Client,
+    base: &str,
+    app: &str,
+    name: &str,
+    image: Option<&str>,
+) -> anyhow::Result<String> {
+    let f = match image {
+        None => json!({"name": name, "app_id": app, "image": "fn:python", "code": NOOP}),
+        Some(image) => json!({"name": name, "app_id": app, "image": image}),
+    };
+    let f = send(http, &format!("{base}/v2/fns"), f).await?;
     Ok(format!("{base}/invoke/{}", f["id"].as_str().context("a function id")?))
+}
+
+/// An invoker, an app in it and a function whose K containers are warm; its `/invoke` URL.
+async fn warm_function(
+    http: &reqwest::Client,
+    invoker: &Invoker,
+    k: usize,
+    image: Option<&str>,
+) -> anyhow::Result<(String, String)> {
+    let app = send(http, &format!("{}/v2/apps", invoker.base), json!({"name": "bench"})).await?;
+    let app = app["id"].as_str().context("an app id")?.to_string();
+    let url = new_function(http, &invoker.base, &app, "noop", image).await?;
+    // K overlapping slow calls leave K warm containers behind.
+    let warm: Vec<_> = (0..k).map(|_| call(http, &url, "{\"sleep\": 1.0}")).collect();
+    for r in futures_util::future::join_all(warm).await {
+        r?;
+    }
+    Ok((app, url))
+}
+
+/// The same function from its own image on Docker: the invoker, its app, the warm function's
+/// URL, and its K FDKs reached directly.
+struct ImageSide {
+    invoker: Invoker,
+    app: String,
+    url: String,
+    directs: Arc<Vec<DirectFdk>>,
+    runs: Vec<Value>,
+    cold: Vec<Duration>,
+}
+
+impl ImageSide {
+    async fn start(exe: &Path, http: &reqwest::Client, socket: &Path, k: usize) -> anyhow::Result<ImageSide> {
+        crate::fn_image::build(socket, NOOP)?;
+        let invoker = crate::fn_image::invoker(exe, socket)?;
+        let (app, url) = warm_function(http, &invoker, k, Some(crate::fn_image::IMAGE)).await?;
+        let directs =
+            invoker.sockets_named("lsnr.sock").iter().map(|s| DirectFdk::attach(s)).collect::<Result<Vec<_>, _>>()?;
+        anyhow::ensure!(directs.len() == k, "{} warm Fn image containers, expected {k}", directs.len());
+        Ok(ImageSide { invoker, app, url, directs: Arc::new(directs), runs: Vec::new(), cold: Vec::new() })
+    }
 }
 
 async fn call(http: &reqwest::Client, url: &str, body: &'static str) -> anyhow::Result<()> {
@@ -116,7 +178,8 @@ async fn call(http: &reqwest::Client, url: &str, body: &'static str) -> anyhow::
     Ok(())
 }
 
-/// The Fn figures: one `run_json` per concurrency (c=1, c=k), and the cold starts.
+/// The Fn figures: one `run_json` per concurrency (c=1, c=k), and the cold starts; with
+/// `docker` (the engine's socket), the same for a function made from an image on Docker.
 pub async fn fn_side(
     exe: &Path,
     http: &reqwest::Client,
@@ -124,17 +187,15 @@ pub async fn fn_side(
     slice: Duration,
     rounds: usize,
     cold: usize,
+    docker: Option<&Path>,
 ) -> anyhow::Result<Value> {
     anyhow::ensure!(fdk_python().exists(), "the python FDK is not installed (scripts/fdk.sh)");
     let invoker = Invoker::start(exe, "fn", "[proxy]\npause_grace = \"0s\"\n")?;
-    let app = send(http, &format!("{}/v2/apps", invoker.base), json!({"name": "bench"})).await?;
-    let app = app["id"].as_str().context("an app id")?.to_string();
-    let url = new_function(http, &invoker.base, &app, "noop").await?;
-    // K overlapping slow calls leave K warm containers behind.
-    let warm: Vec<_> = (0..k).map(|_| call(http, &url, "{\"sleep\": 1.0}")).collect();
-    for r in futures_util::future::join_all(warm).await {
-        r?;
-    }
+    let (app, url) = warm_function(http, &invoker, k, None).await?;
+    let mut image = match docker {
+        Some(socket) => Some(ImageSide::start(exe, http, socket, k).await?),
+        None => None,
+    };
     let mut directs = Vec::new();
     for _ in 0..k {
         directs.push(DirectFdk::start().await?.0);
@@ -154,36 +215,82 @@ pub async fn fn_side(
             async move { call(&h, &u, "").await }
         })
     };
+    let direct_on = |directs: Arc<Vec<DirectFdk>>, c: usize, slice: Duration| {
+        measure(c, slice, move |i| {
+            let d = directs.clone();
+            async move { d[i % d.len()].call().await }
+        })
+    };
+    let invoke_on = |url: String, c: usize, slice: Duration| {
+        let h = http.clone();
+        measure(c, slice, move |_| {
+            let (h, u) = (h.clone(), url.clone());
+            async move { call(&h, &u, "").await }
+        })
+    };
     let mut levels = vec![1, k];
     levels.dedup();
     let mut runs = Vec::new();
     for c in levels {
         direct_slice(c, Duration::from_millis(300)).await;
         invoke_slice(c, Duration::from_millis(300)).await;
+        if let Some(side) = &image {
+            direct_on(side.directs.clone(), c, Duration::from_millis(300)).await;
+            invoke_on(side.url.clone(), c, Duration::from_millis(300)).await;
+        }
         let (mut direct, mut invoked) = (Samples::default(), Samples::default());
+        let (mut image_direct, mut image_invoked) = (Samples::default(), Samples::default());
         for _ in 0..rounds {
             direct.add(direct_slice(c, slice).await);
             invoked.add(invoke_slice(c, slice).await);
+            if let Some(side) = &image {
+                image_direct.add(direct_on(side.directs.clone(), c, slice).await);
+                image_invoked.add(invoke_on(side.url.clone(), c, slice).await);
+            }
         }
         eprintln!("fn (\"direct\": the FDK's /call on its socket; \"invoker\": POST /invoke/{{fn_id}}):");
         runs.push(run_json(c, &mut direct, &mut invoked));
+        if let Some(side) = &mut image {
+            eprintln!(
+                "fn image on docker (\"direct\": the FDK's /call on its container's socket; \"invoker\": /invoke):"
+            );
+            side.runs.push(run_json(c, &mut image_direct, &mut image_invoked));
+        }
     }
     let (mut cold_invoker, mut cold_direct) = (Vec::new(), Vec::new());
     for i in 0..cold {
-        let url = new_function(http, &invoker.base, &app, &format!("cold{i}")).await?;
+        let url = new_function(http, &invoker.base, &app, &format!("cold{i}"), None).await?;
         let t = Instant::now();
         call(http, &url, "").await?;
         cold_invoker.push(t.elapsed());
+        if let Some(side) = &mut image {
+            let url =
+                new_function(http, &side.invoker.base, &side.app, &format!("cold{i}"), Some(crate::fn_image::IMAGE))
+                    .await?;
+            let t = Instant::now();
+            call(http, &url, "").await?;
+            side.cold.push(t.elapsed());
+        }
         cold_direct.push(DirectFdk::start().await?.1);
     }
     let (ci, cd) = (median(cold_invoker), median(cold_direct));
     let ms = |d: Duration| (d.as_secs_f64() * 10_000.0).round() / 10.0;
     eprintln!("fn cold: invoker {:.1} ms, the FDK started and called by hand {:.1} ms", ms(ci), ms(cd));
-    Ok(json!({
+    let mut figures = json!({
         "fn_added_p50_us_c1": runs[0]["added_p50_us"],
         "fn_rps_ratio_c8": runs.last().map_or(Value::Null, |r| r["rps_ratio"].clone()),
         "cold_fn_python_ms_p50": ms(ci),
         "cold_fn_direct_ms_p50": ms(cd),
         "fn_runs": runs,
-    }))
+    });
+    if let Some(side) = image {
+        let cold = median(side.cold);
+        eprintln!("fn image on docker cold: invoker {:.1} ms (create, start, the FDK's listener, the call)", ms(cold));
+        figures["fn_image_docker_added_p50_us_c1"] = side.runs[0]["added_p50_us"].clone();
+        figures["fn_image_docker_p50_us_c1"] = side.runs[0]["invoker_p50_us"].clone();
+        figures["fn_image_docker_rps_ratio_c8"] = side.runs.last().map_or(Value::Null, |r| r["rps_ratio"].clone());
+        figures["cold_fn_image_docker_ms_p50"] = json!(ms(cold));
+        figures["fn_image_docker_runs"] = Value::Array(side.runs);
+    }
+    Ok(figures)
 }

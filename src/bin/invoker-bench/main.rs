@@ -13,6 +13,7 @@
 //! Prints a report on stderr and one JSON line on stdout. `scripts/bench.sh` drives it.
 
 mod cold;
+mod fn_image;
 mod fn_side;
 mod load;
 mod targets;
@@ -175,7 +176,10 @@ async fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     if args.fn_only {
-        println!("{}", fn_side::fn_side(&exe, &http, k, slice, args.rounds, args.cold).await?);
+        println!(
+            "{}",
+            fn_side::fn_side(&exe, &http, k, slice, args.rounds, args.cold, args.docker_socket.as_deref()).await?
+        );
         return Ok(());
     }
     let by_kind = match args.cold_kinds {
@@ -289,7 +293,7 @@ async fn main() -> anyhow::Result<()> {
 
     let fn_figures = match args.no_fn {
         true => Value::Null,
-        false => fn_side::fn_side(&exe, &http, k, slice, args.rounds, args.cold).await?,
+        false => fn_side::fn_side(&exe, &http, k, slice, args.rounds, args.cold, args.docker_socket.as_deref()).await?,
     };
 
     let mut last = runs.last().cloned().unwrap_or(Value::Null);

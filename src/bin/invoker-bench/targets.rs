@@ -72,6 +72,11 @@ impl Invoker {
     /// The unix sockets of the runtimes this invoker's containers listen on (the Docker
     /// factory bind-mounts one directory per container under the data directory).
     pub fn runtime_sockets(&self) -> Vec<PathBuf> {
+        self.sockets_named("runtime.sock")
+    }
+
+    /// The sockets called `name` under the invoker's data directory (its containers').
+    pub fn sockets_named(&self, name: &str) -> Vec<PathBuf> {
         let mut found = Vec::new();
         let mut dirs = vec![self.dir.path().join("data")];
         while let Some(dir) = dirs.pop() {
@@ -79,7 +84,7 @@ impl Invoker {
                 let path = entry.path();
                 if path.is_dir() {
                     dirs.push(path);
-                } else if path.file_name().is_some_and(|n| n == "runtime.sock") {
+                } else if path.file_name().is_some_and(|n| n == name) {
                     found.push(path);
                 }
             }
