@@ -388,7 +388,7 @@ mod tests {
         assert_eq!(config.factory.kind, FactoryKind::Kubernetes);
         assert_eq!(config.factory.kubernetes.namespace, "invoker-actions");
         let kinds: Vec<&str> = config.action_kinds().into_keys().collect();
-        assert_eq!(kinds, ["fn:python", "native", "python:3"], "the kinds with an image");
+        assert_eq!(kinds, ["fn:image", "fn:python", "native", "python:3"], "the kinds with an image");
         assert_eq!(config.factory.kubernetes.fn_bridge, crate::config::FnBridgeConfig::default());
         for (text, key) in [
             (
