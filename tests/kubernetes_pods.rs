@@ -470,21 +470,24 @@ async fn an_fn_function_runs_in_a_pod_beside_its_bridge_and_a_broken_one_fails_w
 #[cfg_attr(invoker_without_fdk, ignore = "needs Fn's FDKs (scripts/fdk.sh installs them; run by .ci/run)")]
 async fn an_fn_function_made_from_its_own_image_runs_its_entry_point_in_a_pod() {
     let api = cluster(&[("n1", 4096)]).await;
-    // The image's content, on this machine (the fake kubelet's "images" are its programs), out
-    // of /tmp (which the kubelet maps to the pod's own).
-    let content = tempfile::Builder::new().prefix("fn-image-").tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    // The image's content, on this machine (the fake kubelet's "images" are its programs):
+    // its entry point a script, whose own paths the kubelet leaves alone (it maps /tmp in a
+    // command's arguments to the pod's own).
+    let content = tempdir();
     let func = content.path().join("func.py");
     std::fs::write(&func, "import io, json\ndef handler(ctx, data: io.BytesIO = None):\n    return json.dumps({'said': data.getvalue().decode()})\n").unwrap();
-    let fdk_main = invoker::config::FDK_MAIN;
-    let entrypoint = [
-        "/usr/bin/env",
-        "PYTHONPATH=/usr/local/lib/invoker-fdk/python",
-        "/usr/bin/python3",
-        "-c",
-        fdk_main,
-        func.to_str().unwrap(),
-        "handler",
-    ];
+    let script = content.path().join("entrypoint");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nexec /usr/bin/env PYTHONPATH=/usr/local/lib/invoker-fdk/python /usr/bin/python3 -c \"{}\" {} handler\n",
+            invoker::config::FDK_MAIN,
+            func.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let entrypoint = [script.to_str().unwrap()];
     api.add_image_with_entrypoint("guest/own:0.0.2", &entrypoint);
     api.add_image(BRIDGE_IMAGE);
     let dir = tempdir();
