@@ -4,7 +4,8 @@
 //! ([`crate::capacity::GroupCore`]) with a predictor grows and shrinks the fleet from the
 //! demand the scheduler reports, through a control plane that takes `provision_latency` to
 //! bring an invoker up. Beside those policies, in the same run: fixed fleets sized for the
-//! trace's peak and for its mean, and the oracle (see [`oracle`]).
+//! trace's peak and for its mean, the per-minute oracle (see [`oracle`]), and the continuous
+//! packing and memory floors (see [`floors`]), against which every cost is also given.
 //!
 //! What it models of the real parts, and what it leaves out:
 //! - the scheduler places only where an invoker has room (idle containers count as room, as
@@ -20,6 +21,7 @@
 //! - the scheduler sees every invoker's room at once (no etcd lag), and each invoker is one
 //!   node whose stats its pool sees every pool tick.
 
+pub mod floors;
 pub mod oracle;
 
 use super::host::Host;
@@ -33,6 +35,7 @@ use crate::pool::{
     RejectReason,
 };
 use crate::predictor::{AnyPredictor, Predictor, PredictorKind};
+use floors::Floors;
 use oracle::DemandProfile;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -63,6 +66,8 @@ pub fn compare(scenario: &Scenario, fleet: &Fleet, host: &dyn Host) -> Result<Va
     let invoker_mb = fleet.group.invoker_memory_mb;
     let oracle_invokers = profile.oracle_invokers(invoker_mb);
     let oracle_seconds: u64 = oracle_invokers.iter().map(|&n| u64::from(n) * 60).sum();
+    let floors = Floors::of(&calls, Duration::from_secs(minutes as u64 * 60), invoker_mb);
+    let bounds = Bounds { oracle_seconds, floors };
     let mut fixed = BTreeMap::new();
     for (name, n) in
         [("fixed-peak", profile.fixed_for_peak(invoker_mb)), ("fixed-mean", profile.fixed_for_mean(invoker_mb))]
@@ -72,16 +77,23 @@ pub fn compare(scenario: &Scenario, fleet: &Fleet, host: &dyn Host) -> Result<Va
     let mut planes = serde_json::Map::new();
     for plane in &fleet.planes {
         let mut section = serde_json::Map::new();
-        section.insert(
-            "oracle".into(),
-            json!({
-                "invoker_seconds": oracle_seconds,
-                "vs_oracle": 1.0,
-                "invokers_max": oracle_invokers.iter().max().copied().unwrap_or(0),
-            }),
-        );
+        let mut oracle = json!({
+            "invoker_seconds": oracle_seconds,
+            "invokers_max": oracle_invokers.iter().max().copied().unwrap_or(0),
+        });
+        bounds.compare(&mut oracle, oracle_seconds as f64);
+        section.insert("oracle".into(), oracle);
+        let mut packing = json!({
+            "invoker_seconds": floors.packing_seconds.round(),
+            "invokers_max": floors.packing_max,
+        });
+        bounds.compare(&mut packing, floors.packing_seconds);
+        section.insert("packing_floor".into(), packing);
+        let mut memory = json!({ "invoker_seconds": floors.memory_seconds.round() });
+        bounds.compare(&mut memory, floors.memory_seconds);
+        section.insert("memory_floor".into(), memory);
         for (name, result) in &fixed {
-            section.insert((*name).into(), result.summary(oracle_seconds));
+            section.insert((*name).into(), result.summary(&bounds));
         }
         let mut windowed = None;
         let mut managed = Vec::new();
@@ -96,7 +108,7 @@ pub fn compare(scenario: &Scenario, fleet: &Fleet, host: &dyn Host) -> Result<Va
                     h if h == fleet.group.headroom_mb => kind.name().to_string(),
                     h => format!("{}+{h}MB", kind.name()),
                 };
-                section.insert(name.clone(), result.summary(oracle_seconds));
+                section.insert(name.clone(), result.summary(&bounds));
                 managed.push((kind, name));
             }
         }
@@ -126,6 +138,23 @@ pub fn compare(scenario: &Scenario, fleet: &Fleet, host: &dyn Host) -> Result<Va
         "invoker_memory_mb": invoker_mb,
         "planes": planes,
     }))
+}
+
+/// What every fleet's invoker-seconds are divided by: the per-minute oracle, and the
+/// continuous packing and memory floors.
+struct Bounds {
+    oracle_seconds: u64,
+    floors: Floors,
+}
+
+impl Bounds {
+    /// `entry`'s cost against each bound (`vs_oracle`, `vs_packing_floor`, `vs_memory_floor`).
+    fn compare(&self, entry: &mut Value, invoker_seconds: f64) {
+        let ratio = |floor: f64| (invoker_seconds / floor.max(1.0) * 100.0).round() / 100.0;
+        entry["vs_oracle"] = json!(ratio(self.oracle_seconds as f64));
+        entry["vs_packing_floor"] = json!(ratio(self.floors.packing_seconds));
+        entry["vs_memory_floor"] = json!(ratio(self.floors.memory_seconds));
+    }
 }
 
 fn run<'a>(
@@ -724,7 +753,7 @@ impl FleetSim<'_> {
         (micros / 1_000_000) as u64
     }
 
-    fn summary(&self, oracle_seconds: u64) -> Value {
+    fn summary(&self, bounds: &Bounds) -> Value {
         let c = &self.counts;
         let mut waits = c.waits_us.clone();
         waits.sort_unstable();
@@ -739,9 +768,8 @@ impl FleetSim<'_> {
         let lost = activations - c.completed - c.refused - c.killed - c.failed;
         let seconds = self.invoker_seconds();
         let round2 = |x: f64| (x * 100.0).round() / 100.0;
-        json!({
+        let mut entry = json!({
             "invoker_seconds": seconds,
-            "vs_oracle": round2(seconds as f64 / oracle_seconds.max(1) as f64),
             "invokers_max": c.invokers_max,
             "completed": c.completed,
             "refused": c.refused,
@@ -759,7 +787,9 @@ impl FleetSim<'_> {
             "removed": c.removed,
             "reversals": c.reversals,
             "wall_ms": c.wall.as_millis() as u64,
-        })
+        });
+        bounds.compare(&mut entry, seconds as f64);
+        entry
     }
 }
 
