@@ -623,7 +623,7 @@ async fn the_manager_step_by_step_on_the_fake_control_plane() {
         let report = DemandReport {
             scheduler: "s1".into(),
             at_ms: 0,
-            needs: vec![TagNeeds { tags: vec![], needs: Needs { in_flight_mb: mb, waiting_mb: 0, refused_mb: 0 } }],
+            needs: vec![TagNeeds { tags: vec![], needs: Needs { in_flight_mb: mb, ..Default::default() } }],
         };
         let kv = kv.clone();
         async move { kv.put("/invoker/demand/s1", &serde_json::to_string(&report).unwrap(), None).await.unwrap() }
@@ -703,7 +703,8 @@ async fn the_manager_step_by_step_on_the_fake_control_plane() {
 
 /// Neither `min` nor a burst waits for a tick: with a tick of a minute, the first round runs at
 /// once, and demand past what the group has is answered at the next burst check (within the
-/// bounded wait; a minute on the code before).
+/// bounded wait; a minute on the code before). The burst is five calls of 140 MB: 700 MB is
+/// three invokers of 256 MB by memory, but one call fits in each, so five are asked for.
 #[cfg(feature = "test-util")]
 #[tokio::test(flavor = "multi_thread")]
 #[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
@@ -713,16 +714,24 @@ async fn a_burst_is_answered_between_ticks() {
     let kv = etcd.kv();
     let managed = FakeManaged::start(
         &kv,
-        "[capacity]\ntick = \"60s\"\n[capacity.groups.default]\nmin = 1\nmax = 3\ninvoker_memory_mb = 256\n\
+        "[capacity]\ntick = \"60s\"\n[capacity.groups.default]\nmin = 1\nmax = 6\ninvoker_memory_mb = 256\n\
          predictor = \"conservative\"\n",
     );
     let plane = managed.plane.clone();
     wait_until(Duration::from_secs(10), "min = 1 at once", || async { plane.calls() == ["provision default-0"] }).await;
-    let needs = Needs { in_flight_mb: 0, waiting_mb: 700, refused_mb: 0 };
+    let calls_by_mb = std::collections::BTreeMap::from([(140, 5)]);
+    let needs = Needs { waiting_mb: 700, calls_by_mb, ..Default::default() };
     let report = DemandReport { scheduler: "s1".into(), at_ms: 0, needs: vec![TagNeeds { tags: vec![], needs }] };
     kv.put("/invoker/demand/s1", &serde_json::to_string(&report).unwrap(), None).await.unwrap();
-    wait_until(Duration::from_secs(10), "two invokers asked for, long before the tick", || async {
-        plane.calls() == ["provision default-0", "provision default-1", "provision default-2"]
+    wait_until(Duration::from_secs(10), "four invokers asked for, long before the tick", || async {
+        plane.calls()
+            == [
+                "provision default-0",
+                "provision default-1",
+                "provision default-2",
+                "provision default-3",
+                "provision default-4",
+            ]
     })
     .await;
     managed.stop().await;

@@ -16,6 +16,7 @@ use crate::cluster::registry::{claim_key, RegistryError};
 use crate::cluster::{capacity_leader_key, drain_key, ClusterKv, DemandReport, DrainMark, InvokerRecord};
 use crate::config::{CapacityConfig, GroupConfig};
 use crate::model::epoch_ms;
+use invoker_core::capacity::packing::{packed_demand_mb, CallsByMb};
 use invoker_wire::cluster::Health;
 use parking_lot::Mutex;
 use serde::Serialize;
@@ -346,18 +347,30 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
         })
     }
 
-    /// Each group's demand, from the schedulers' reports.
+    /// Each group's demand in MB, from the schedulers' reports: what their calls take in the
+    /// group's invokers when each must fit whole on one (`packing::packed_demand_mb`).
     fn demand_of<'a>(&self, reports: impl Iterator<Item = &'a str>) -> BTreeMap<String, u64> {
-        let mut demand: BTreeMap<String, u64> = BTreeMap::new();
+        let groups = &self.settings.capacity.groups;
+        let mut demand: BTreeMap<&str, (u64, CallsByMb)> = BTreeMap::new();
         for value in reports {
             let Ok(report) = serde_json::from_str::<DemandReport>(value) else { continue };
             for needs in report.needs {
-                if let Some(group) = group_for(&needs.tags, &self.settings.capacity.groups) {
-                    *demand.entry(group.to_string()).or_insert(0) += needs.needs.total_mb();
+                if let Some(group) = group_for(&needs.tags, groups) {
+                    let (total_mb, calls) = demand.entry(group).or_default();
+                    *total_mb += needs.needs.total_mb();
+                    for (mb, n) in needs.needs.calls_by_mb {
+                        *calls.entry(mb).or_insert(0) += n;
+                    }
                 }
             }
         }
         demand
+            .into_iter()
+            .map(|(name, (total_mb, calls))| {
+                let invoker_mb = groups[name].invoker_memory_mb;
+                (name.to_string(), packed_demand_mb(total_mb, &calls, invoker_mb))
+            })
+            .collect()
     }
 
     /// One round, on the registrations and the demand reports as watched: decide and carry

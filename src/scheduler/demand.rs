@@ -1,6 +1,7 @@
 //! What this scheduler needs of the fleet, per tag set, for the capacity manager: the memory
 //! of the activations it has in flight on invokers, of those waiting for an invoker with room,
-//! and of those it refused for lack of room since its last report. Counted as activations
+//! and of those it refused for lack of room since its last report, and all of them by the
+//! memory one takes (the manager packs them: each must fit whole). Counted as activations
 //! come and go (a map update under a lock), published by [`report`] every 500 ms at most (at
 //! once, within that bound, when an activation starts waiting), off the activation path, under
 //! a lease of its own.
@@ -16,10 +17,30 @@ pub use invoker_core::capacity::REPORT_EVERY;
 
 #[derive(Default)]
 pub struct DemandLedger {
-    by_tags: Mutex<BTreeMap<Vec<String>, Needs>>,
+    by_tags: Mutex<BTreeMap<Vec<String>, Tracked>>,
     /// An activation started waiting for room: the report goes out as soon as the 500 ms
     /// since the last one allow, not at the next period.
     waiting: tokio::sync::Notify,
+}
+
+/// One tag set's needs, and which of its calls by size are refusals (reported once).
+#[derive(Default)]
+struct Tracked {
+    needs: Needs,
+    refused_calls: BTreeMap<u64, u64>,
+}
+
+fn count_in(calls: &mut BTreeMap<u64, u64>, mb: u64) {
+    *calls.entry(mb).or_insert(0) += 1;
+}
+
+fn count_out(calls: &mut BTreeMap<u64, u64>, mb: u64, by: u64) {
+    if let Some(n) = calls.get_mut(&mb) {
+        *n = n.saturating_sub(by);
+        if *n == 0 {
+            calls.remove(&mb);
+        }
+    }
 }
 
 /// Which count an activation moves.
@@ -34,9 +55,10 @@ impl DemandLedger {
         let mut by_tags = self.by_tags.lock();
         // The tag set is copied only the first time it is seen (not once per activation).
         if !by_tags.contains_key(tags) {
-            by_tags.insert(tags.to_vec(), Needs::default());
+            by_tags.insert(tags.to_vec(), Tracked::default());
         }
-        let needs = by_tags.get_mut(tags).expect("inserted above");
+        let needs = &mut by_tags.get_mut(tags).expect("inserted above").needs;
+        count_in(&mut needs.calls_by_mb, mb);
         match stage {
             Stage::InFlight => needs.in_flight_mb += mb,
             Stage::Waiting => {
@@ -48,7 +70,8 @@ impl DemandLedger {
 
     pub fn remove(&self, tags: &[String], stage: Stage, mb: u64) {
         let mut by_tags = self.by_tags.lock();
-        if let Some(needs) = by_tags.get_mut(tags) {
+        if let Some(Tracked { needs, .. }) = by_tags.get_mut(tags) {
+            count_out(&mut needs.calls_by_mb, mb, 1);
             match stage {
                 Stage::InFlight => needs.in_flight_mb = needs.in_flight_mb.saturating_sub(mb),
                 Stage::Waiting => needs.waiting_mb = needs.waiting_mb.saturating_sub(mb),
@@ -57,17 +80,24 @@ impl DemandLedger {
     }
 
     pub fn refused(&self, tags: &[String], mb: u64) {
-        self.by_tags.lock().entry(tags.to_vec()).or_default().refused_mb += mb;
+        let mut by_tags = self.by_tags.lock();
+        let tracked = by_tags.entry(tags.to_vec()).or_default();
+        tracked.needs.refused_mb += mb;
+        count_in(&mut tracked.needs.calls_by_mb, mb);
+        count_in(&mut tracked.refused_calls, mb);
     }
 
     /// The needs now; the refusals counted since the last call go into it and are reset, and
     /// tag sets with nothing left are dropped.
     pub fn take(&self) -> Vec<TagNeeds> {
         let mut by_tags = self.by_tags.lock();
-        let needs = by_tags.iter().map(|(tags, needs)| TagNeeds { tags: tags.clone(), needs: *needs }).collect();
-        by_tags.retain(|_, n| {
-            n.refused_mb = 0;
-            n.in_flight_mb > 0 || n.waiting_mb > 0
+        let needs = by_tags.iter().map(|(tags, t)| TagNeeds { tags: tags.clone(), needs: t.needs.clone() }).collect();
+        by_tags.retain(|_, t| {
+            t.needs.refused_mb = 0;
+            for (mb, n) in std::mem::take(&mut t.refused_calls) {
+                count_out(&mut t.needs.calls_by_mb, mb, n);
+            }
+            t.needs.in_flight_mb > 0 || t.needs.waiting_mb > 0
         });
         needs
     }
@@ -164,7 +194,12 @@ mod tests {
         let first = ledger.take();
         assert_eq!(first.len(), 2);
         let g = first.iter().find(|n| n.tags == gpu).unwrap();
-        assert_eq!(g.needs, Needs { in_flight_mb: 0, waiting_mb: 512, refused_mb: 128 });
+        let calls = BTreeMap::from([(512, 1), (128, 1)]);
+        assert_eq!(g.needs, Needs { in_flight_mb: 0, waiting_mb: 512, refused_mb: 128, calls_by_mb: calls });
+        // The refusal is reported once; the waiting call stays until it goes.
+        let again = ledger.take();
+        let calls = BTreeMap::from([(512, 1)]);
+        assert_eq!(again.iter().find(|n| n.tags == gpu).unwrap().needs.calls_by_mb, calls);
         ledger.remove(&gpu, Stage::Waiting, 512);
         let second = ledger.take();
         assert_eq!(second.iter().find(|n| n.tags == gpu).unwrap().needs, Needs::default(), "reported at zero once");

@@ -99,7 +99,7 @@ pub fn capacity_leader_key(prefix: &str) -> String {
 
 /// Memory a scheduler needs for the actions of one tag set (their `invoker-resources`; none:
 /// the untagged invokers).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Needs {
     /// Of the activations sent to invokers and not yet answered.
     pub in_flight_mb: u64,
@@ -107,6 +107,28 @@ pub struct Needs {
     pub waiting_mb: u64,
     /// Of those refused for lack of room since the report before.
     pub refused_mb: u64,
+    /// The same activations (in flight, waiting, refused) by the memory one takes, in MB: how
+    /// many. Each must fit whole on one invoker, so what they take is counted by packing them,
+    /// not by their megabytes (`invoker_core::capacity::packing`). Absent from a report of a
+    /// scheduler before it: counted by memory then. On the wire a list of `[mb, calls]` pairs:
+    /// a map's keys are strings in JSON, and serde's `flatten` (in [`TagNeeds`]) reads no
+    /// number from one.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty", with = "pairs")]
+    pub calls_by_mb: std::collections::BTreeMap<u64, u64>,
+}
+
+/// A map of numbers as a list of pairs.
+mod pairs {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::collections::BTreeMap;
+
+    pub fn serialize<S: Serializer>(map: &BTreeMap<u64, u64>, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(map.iter())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<u64, u64>, D::Error> {
+        Ok(Vec::<(u64, u64)>::deserialize(d)?.into_iter().collect())
+    }
 }
 
 impl Needs {
@@ -241,5 +263,20 @@ mod tests {
         let back = DrainMark::read(&DrainMark::operator(false, 5).to_value());
         assert_eq!(back, DrainMark::operator(false, 5));
         assert!(!back.drained && back.by_operator());
+    }
+
+    /// A demand report with its calls by size reads back as it was written (through the
+    /// `flatten` of `TagNeeds`), and one without them (a scheduler before them) reads too.
+    #[test]
+    fn a_demand_report_with_its_calls_by_size_reads_back() {
+        use super::{DemandReport, Needs, TagNeeds};
+        let needs = Needs { in_flight_mb: 1065, calls_by_mb: [(213, 5)].into(), ..Default::default() };
+        let report = DemandReport { scheduler: "s".into(), at_ms: 1, needs: vec![TagNeeds { tags: vec![], needs }] };
+        let text = serde_json::to_string(&report).unwrap();
+        assert_eq!(serde_json::from_str::<DemandReport>(&text).unwrap(), report, "{text}");
+        let before =
+            r#"{"scheduler":"s","at_ms":1,"needs":[{"tags":[],"in_flight_mb":5,"waiting_mb":0,"refused_mb":0}]}"#;
+        let read = serde_json::from_str::<DemandReport>(before).unwrap();
+        assert!(read.needs[0].needs.calls_by_mb.is_empty());
     }
 }

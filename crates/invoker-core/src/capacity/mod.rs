@@ -23,6 +23,7 @@
 //!   keep failing, instead of a start a tick; one that registers ends the back-off.
 
 mod group;
+pub mod packing;
 
 pub use group::{BadSetting, ControlPlaneKind, GroupConfig};
 use std::collections::BTreeMap;

@@ -11,7 +11,9 @@
 //! - the scheduler places only where an invoker has room (idle containers count as room, as
 //!   [`crate::cluster::InvokerRecord::room_mb`] does), keeps what fits nowhere waiting for
 //!   `wait_for_room` and then refuses it, and reports its demand (in flight, waiting, refused
-//!   since the last report) at most every 500 ms, as [`crate::scheduler::demand`] does;
+//!   since the last report, in MB and by call size) at most every 500 ms, as the scheduler's
+//!   demand ledger does; the manager takes what those calls need packed whole on invokers
+//!   ([`crate::capacity::packing`]), not their megabytes;
 //! - the manager runs a round every `tick`, and between ticks as a report comes that puts the
 //!   demand past what the group has, and every 200 ms while that lasts, as `invoker capacity`
 //!   (which watches the reports) does;
@@ -28,6 +30,7 @@ use super::host::Host;
 use super::scenario::{Fleet, Scenario, ScenarioError};
 use super::timeline::Timeline;
 use super::workload::{self, Call, Rng};
+use crate::capacity::packing::{packed_demand_mb, CallsByMb};
 use crate::capacity::{Action, Event as GroupEvent, GroupCore, GroupSpec, Sighting};
 use crate::placement::{place, ActionNeeds, InvokerView, PlacementConfig};
 use crate::pool::{
@@ -69,9 +72,9 @@ pub fn compare(scenario: &Scenario, fleet: &Fleet, host: &dyn Host) -> Result<Va
     let floors = Floors::of(&calls, Duration::from_secs(minutes as u64 * 60), invoker_mb);
     let bounds = Bounds { oracle_seconds, floors };
     let mut fixed = BTreeMap::new();
-    for (name, n) in
-        [("fixed-peak", profile.fixed_for_peak(invoker_mb)), ("fixed-mean", profile.fixed_for_mean(invoker_mb))]
-    {
+    // Sized for the peak's calls as they pack, not only its megabytes (which hold fewer).
+    let peak = profile.fixed_for_peak(invoker_mb).max(floors.packing_max as u32);
+    for (name, n) in [("fixed-peak", peak), ("fixed-mean", profile.fixed_for_mean(invoker_mb))] {
         fixed.insert(name, run(scenario, fleet, &calls, minutes, Sizing::Fixed(n), Duration::ZERO, host));
     }
     let mut planes = serde_json::Map::new();
@@ -262,15 +265,35 @@ struct FleetJob {
     tried: BTreeSet<String>,
 }
 
-/// The scheduler's demand ledger, and what it last reported.
+/// The scheduler's demand ledger, and what it last reported: as the scheduler's, the memory
+/// and the calls by size, whose packing the manager takes as the demand.
 #[derive(Default)]
 struct Ledger {
     in_flight_mb: u64,
     waiting_mb: u64,
     refused_mb: u64,
+    /// The calls in flight, waiting and refused since the last report, by size.
+    calls: CallsByMb,
+    /// Those of them refused since the last report (reported once).
+    refused_calls: CallsByMb,
     reported_mb: u64,
     last_report: Option<Duration>,
     report_due: bool,
+}
+
+impl Ledger {
+    fn call_in(&mut self, mb: u64) {
+        *self.calls.entry(mb).or_insert(0) += 1;
+    }
+
+    fn call_out(&mut self, mb: u64, by: u64) {
+        if let Some(n) = self.calls.get_mut(&mb) {
+            *n = n.saturating_sub(by);
+            if *n == 0 {
+                self.calls.remove(&mb);
+            }
+        }
+    }
 }
 
 #[derive(Default)]
@@ -456,6 +479,7 @@ impl FleetSim<'_> {
         inv.jobs += 1;
         *inv.running_of.entry(call.action).or_insert(0) += 1;
         self.ledger.in_flight_mb += u64::from(call.memory_mb);
+        self.ledger.call_in(u64::from(call.memory_mb));
         self.jobs.get_mut(&id).expect("checked above").on = Some(i);
         let job = Job {
             id,
@@ -475,6 +499,7 @@ impl FleetSim<'_> {
         let mb = u64::from(self.calls[job.call].memory_mb);
         self.waiting.insert(job.seq, id);
         self.ledger.waiting_mb += mb;
+        self.ledger.call_in(mb);
         self.at(self.now + self.fleet.wait_for_room, Ev::GiveUp(id));
     }
 
@@ -487,6 +512,7 @@ impl FleetSim<'_> {
             self.waiting.remove(&seq);
             let mb = u64::from(self.calls[self.jobs[&id].call].memory_mb);
             self.ledger.waiting_mb -= mb;
+            self.ledger.call_out(mb, 1);
             self.ledger_changed();
         }
     }
@@ -500,6 +526,7 @@ impl FleetSim<'_> {
         self.jobs.remove(&id);
         self.ledger.waiting_mb -= mb;
         self.ledger.refused_mb += mb;
+        *self.ledger.refused_calls.entry(mb).or_insert(0) += 1;
         self.counts.refused += 1;
         self.ledger_changed();
     }
@@ -515,9 +542,13 @@ impl FleetSim<'_> {
     }
 
     fn report(&mut self) {
+        let invoker_mb = self.fleet.group.invoker_memory_mb;
         let l = &mut self.ledger;
-        l.reported_mb = l.in_flight_mb + l.waiting_mb + l.refused_mb;
+        l.reported_mb = packed_demand_mb(l.in_flight_mb + l.waiting_mb + l.refused_mb, &l.calls, invoker_mb);
         l.refused_mb = 0;
+        for (mb, n) in std::mem::take(&mut l.refused_calls) {
+            l.call_out(mb, n);
+        }
         l.last_report = Some(self.now);
         l.report_due = false;
     }
@@ -532,6 +563,7 @@ impl FleetSim<'_> {
             *n -= 1;
         }
         self.ledger.in_flight_mb -= u64::from(call.memory_mb);
+        self.ledger.call_out(u64::from(call.memory_mb), 1);
         job.on = None;
         self.ledger_changed();
         Some(job)
@@ -799,10 +831,15 @@ mod tests {
 
     /// Twelve 256 MB calls of 5 s at once, then nothing for ten minutes; invokers of 1 GiB.
     fn burst(predictors: &str, min: u32) -> Value {
+        burst_of(predictors, min, 256, 12)
+    }
+
+    /// `size` calls of `mb` MB of 5 s at once, twice, ten minutes apart; invokers of 1 GiB.
+    fn burst_of(predictors: &str, min: u32, mb: u32, size: u32) -> Value {
         let text = format!(
             "name = \"burst\"\n[cluster]\nnodes = 1\nnode_memory_mb = 1024\nstart_latency = \"500ms\"\n\
-             [workload]\nkind = \"bursts\"\nactions = 12\nmemory_mb = [256, 256]\nrun_ms = [5000, 5000]\n\
-             bursts = 2\nburst_size = 12\nburst_every = \"10m\"\nburst_spread = \"1ms\"\n\
+             [workload]\nkind = \"bursts\"\nactions = {size}\nmemory_mb = [{mb}, {mb}]\nrun_ms = [5000, 5000]\n\
+             bursts = 2\nburst_size = {size}\nburst_every = \"10m\"\nburst_spread = \"1ms\"\n\
              [fleet]\nwait_for_room = \"30s\"\npredictors = {predictors}\n\
              [fleet.group]\nmin = {min}\nmax = 8\ninvoker_memory_mb = 1024\n\
              [[fleet.planes]]\nname = \"local\"\nprovision_latency = \"1s\"\n"
@@ -847,5 +884,20 @@ mod tests {
         // Asked for at the first round, with the first burst: the second finds them up.
         let delayed = run["delayed_over_1s"].as_u64().unwrap();
         assert!((12..24).contains(&delayed), "{s}");
+    }
+
+    /// Ten calls of 400 MB: 4,000 MB is four invokers of 1 GiB by memory, but two fit in one,
+    /// so they take five. Counted in megabytes, the group asked for four and two calls waited
+    /// for the first ones to end; counted by packing, it asks for five at once.
+    #[test]
+    fn a_burst_is_sized_by_the_calls_that_fit_not_by_its_megabytes() {
+        let s = burst_of("[\"conservative\"]", 0, 400, 10);
+        let run = &s["planes"]["local (1s)"]["conservative"];
+        assert_eq!((run["completed"].as_u64(), run["refused"].as_u64()), (Some(20), Some(0)), "{s}");
+        assert_eq!(run["provisioned"], 10, "five for each burst: {s}");
+        assert_eq!(run["invokers_max"], 5, "{s}");
+        let floor = &s["planes"]["local (1s)"]["packing_floor"];
+        assert_eq!(floor["invokers_max"], 5, "{s}");
+        assert_eq!(s["planes"]["local (1s)"]["memory_floor"]["invoker_seconds"], 2.0 * 4.0 * 5.0, "{s}");
     }
 }
