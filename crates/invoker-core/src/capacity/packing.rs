@@ -44,11 +44,17 @@ pub fn memory_invokers(total_mb: u64, invoker_mb: u64) -> u64 {
     total_mb.div_ceil(invoker_mb.max(1))
 }
 
-/// The demand a predictor and the burst test take, in MB: the invokers the calls take packed
-/// whole (first-fit decreasing), as memory, and never less than the megabytes reported (a
-/// report without its calls by size, from a scheduler of an earlier version, counts by memory).
+/// The demand a predictor and the burst test take, in MB: the megabytes reported, raised to
+/// just past the memory of one invoker fewer than the calls take packed whole (first-fit
+/// decreasing), so that in invokers (rounded up) it is never less than the packing. Where the
+/// calls pack without stranded room it stays their megabytes, so a predictor's averages and a
+/// `headroom_mb` below an invoker keep their meaning. A report without calls by size (from a
+/// scheduler of an earlier version) counts by memory.
 pub fn packed_demand_mb(total_mb: u64, calls: &CallsByMb, invoker_mb: u64) -> u64 {
-    total_mb.max(ffd_invokers(calls, invoker_mb).saturating_mul(invoker_mb))
+    match ffd_invokers(calls, invoker_mb) {
+        0 => total_mb,
+        n => total_mb.max((n - 1).saturating_mul(invoker_mb) + 1),
+    }
 }
 
 #[cfg(test)]
@@ -64,7 +70,10 @@ mod tests {
         let burst = CallsByMb::from([(213, 800)]);
         assert_eq!(ffd_invokers(&burst, 1024), 200);
         assert_eq!(memory_invokers(800 * 213, 1024), 167);
-        assert_eq!(packed_demand_mb(800 * 213, &burst, 1024), 200 * 1024);
+        assert_eq!(packed_demand_mb(800 * 213, &burst, 1024).div_ceil(1024), 200);
+        // Calls that pack without stranded room: their megabytes, whatever the packing.
+        assert_eq!(packed_demand_mb(800 * 256, &CallsByMb::from([(256, 800)]), 1024), 800 * 256);
+        assert_eq!(packed_demand_mb(3 * 256, &CallsByMb::from([(256, 3)]), 1024), 3 * 256);
         let exact = CallsByMb::from([(256, 800)]);
         assert_eq!(ffd_invokers(&exact, 1024), memory_invokers(800 * 256, 1024));
         // Without calls by size, the megabytes.
