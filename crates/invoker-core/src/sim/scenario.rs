@@ -163,7 +163,30 @@ pub enum Workload {
         minutes: Option<u32>,
         #[serde(default = "default_timeout")]
         timeout_ms: u64,
+        /// Where in its minute each call of the trace comes (the trace counts calls per minute
+        /// only).
+        #[serde(default)]
+        arrivals: Arrivals,
     },
+}
+
+/// How a trace's calls of one minute are placed within it. The Azure sample counts calls per
+/// minute; where in the minute they came it does not say, and a claim about bursts within a
+/// minute depends on this choice.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Arrivals {
+    /// Each call at a uniformly random instant of its minute.
+    #[default]
+    Uniform,
+    /// A Poisson process at the minute's rate: its count varies around the trace's (given
+    /// the count, Poisson arrivals are uniform, so this adds the count's variance).
+    Poisson,
+    /// All within the minute's first second, as timer triggers on the minute fire.
+    MinuteStart,
+    /// Each function's calls within one second of the minute fixed for that function (a timer
+    /// at that second, or a client on a schedule): a burst that returns at the same second.
+    FixedSecond,
 }
 
 fn default_timeout() -> u64 {

@@ -1,7 +1,7 @@
 //! The calls a scenario makes, in virtual time, from a seeded generator or a trace.
 
 use super::host::Host;
-use super::scenario::{ScenarioError, Workload};
+use super::scenario::{Arrivals, ScenarioError, Workload};
 use std::collections::HashMap;
 use std::path::Path;
 use std::time::Duration;
@@ -74,8 +74,9 @@ pub fn calls(workload: &Workload, seed: u64, host: &dyn Host) -> Result<(Vec<Cal
             }
             1
         }
-        Workload::Trace { dir, functions, minutes, timeout_ms } => {
-            trace_calls(host, dir, *functions, *minutes, *timeout_ms, &mut rng, &mut calls)?
+        Workload::Trace { dir, functions, minutes, timeout_ms, arrivals } => {
+            let trace = TraceRead { dir, functions: *functions, minutes: *minutes, timeout_ms: *timeout_ms };
+            trace_calls(host, &trace, *arrivals, &mut rng, &mut calls)?
         }
     };
     calls.sort_by_key(|c| c.at);
@@ -98,17 +99,58 @@ fn column(header: &[String], name: &str, path: &Path) -> Result<usize, ScenarioE
         .ok_or_else(|| ScenarioError::Trace { path: path.display().to_string(), reason: format!("no column {name}") })
 }
 
-/// The Azure 2019 sample: each minute's invocations spread uniformly over the minute; the
-/// function's `Average` duration (capped at the timeout) and its app's `AverageAllocatedMb`.
-fn trace_calls(
-    host: &dyn Host,
-    dir: &Path,
+/// Which sample to read, and how much of it.
+struct TraceRead<'a> {
+    dir: &'a Path,
     functions: u32,
     minutes: Option<u32>,
     timeout_ms: u64,
+}
+
+/// The instants within a minute (µs from its start) of `n` calls of function `action`.
+fn arrivals_in_minute(arrivals: Arrivals, n: u64, action: u32, seed: u64, rng: &mut Rng) -> Vec<u64> {
+    const MINUTE_US: u64 = 60_000_000;
+    match arrivals {
+        Arrivals::Uniform => (0..n).map(|_| rng.between(0, MINUTE_US - 1)).collect(),
+        Arrivals::MinuteStart => (0..n).map(|_| rng.between(0, 999_999)).collect(),
+        Arrivals::FixedSecond => {
+            // The function's second, from the scenario's seed and the function alone.
+            let second = Rng::new(seed ^ (u64::from(action) + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)).between(0, 59);
+            (0..n).map(|_| second * 1_000_000 + rng.between(0, 999_999)).collect()
+        }
+        Arrivals::Poisson => {
+            if n == 0 {
+                return Vec::new();
+            }
+            // Exponential gaps at n per minute, until the minute ends.
+            let mean_gap_us = MINUTE_US as f64 / n as f64;
+            let mut at = 0.0;
+            let mut out = Vec::new();
+            loop {
+                let u = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+                at += -(1.0 - u).ln() * mean_gap_us;
+                if at >= MINUTE_US as f64 {
+                    break out;
+                }
+                out.push(at as u64);
+            }
+        }
+    }
+}
+
+/// The Azure 2019 sample: each minute's invocations placed in the minute as `arrivals` says;
+/// the function's `Average` duration (capped at the timeout) and its app's
+/// `AverageAllocatedMb`.
+fn trace_calls(
+    host: &dyn Host,
+    trace: &TraceRead<'_>,
+    arrivals: Arrivals,
     rng: &mut Rng,
     calls: &mut Vec<Call>,
 ) -> Result<u32, ScenarioError> {
+    let TraceRead { dir, functions, minutes, timeout_ms } = *trace;
+    // Drawn only where used: the other models replay as they did before there was a choice.
+    let seed = if arrivals == Arrivals::FixedSecond { rng.next_u64() } else { 0 };
     let bad = |path: &Path, reason: String| ScenarioError::Trace { path: path.display().to_string(), reason };
     let (inv_path, run_path, mem_path) = (
         dir.join(format!("{functions}_inv.csv")),
@@ -138,8 +180,8 @@ fn trace_calls(
         let memory_mb = *memory.get(&r[a]).ok_or_else(|| bad(&mem_path, format!("no memory for {}", r[a])))?;
         for (minute, cell) in r[first_minute..last].iter().enumerate() {
             let n: u64 = cell.parse().map_err(|_| bad(&inv_path, format!("bad count '{cell}'")))?;
-            for _ in 0..n {
-                let at = Duration::from_secs(minute as u64 * 60) + Duration::from_micros(rng.between(0, 59_999_999));
+            for offset in arrivals_in_minute(arrivals, n, action as u32, seed, rng) {
+                let at = Duration::from_secs(minute as u64 * 60) + Duration::from_micros(offset);
                 calls.push(Call { at, action: action as u32, memory_mb, run: Duration::from_millis(run_ms) });
             }
         }
@@ -222,15 +264,58 @@ mod tests {
     fn a_trace_is_read_through_the_host_and_replays_every_call_it_counts() {
         let (files, total) = synthetic_trace(20, 3);
         let host = InMemory(files, RefCell::default());
-        let workload = Workload::Trace { dir: "/traces".into(), functions: 20, minutes: None, timeout_ms: 600_000 };
+        let workload = Workload::Trace {
+            dir: "/traces".into(),
+            functions: 20,
+            minutes: None,
+            timeout_ms: 600_000,
+            arrivals: Arrivals::Uniform,
+        };
         let (replayed, actions) = calls(&workload, 1, &host).unwrap();
         assert_eq!((replayed.len() as u64, actions), (total, 20));
         assert!(replayed.windows(2).all(|w| w[0].at <= w[1].at), "sorted by time");
         let asked: Vec<_> = host.1.borrow().iter().map(|p| p.display().to_string()).collect();
         assert_eq!(asked, ["/traces/20_run.csv", "/traces/20_mem.csv", "/traces/20_inv.csv"]);
         // A file the host lacks is the trace's error, naming the file.
-        let missing = Workload::Trace { dir: "/traces".into(), functions: 7, minutes: None, timeout_ms: 1 };
+        let missing = Workload::Trace {
+            dir: "/traces".into(),
+            functions: 7,
+            minutes: None,
+            timeout_ms: 1,
+            arrivals: Arrivals::Uniform,
+        };
         let error = calls(&missing, 1, &host).unwrap_err().to_string();
         assert!(error.contains("/traces/7_run.csv"), "{error}");
+    }
+
+    /// Each model places a minute's calls where it says: uniform and Poisson anywhere in it
+    /// (Poisson's count varying around the trace's), timers in its first second, and each
+    /// function's calls in a second of its own, the same every minute.
+    #[test]
+    fn arrivals_within_a_minute_follow_the_chosen_model() {
+        let (files, total) = synthetic_trace(20, 3);
+        let host = InMemory(files, RefCell::default());
+        let read = |arrivals| {
+            let workload =
+                Workload::Trace { dir: "/traces".into(), functions: 20, minutes: None, timeout_ms: 600_000, arrivals };
+            calls(&workload, 1, &host).unwrap().0
+        };
+        let within = |c: &Call| c.at.as_micros() as u64 % 60_000_000;
+        assert_eq!(read(Arrivals::Uniform).len() as u64, total);
+        let timers = read(Arrivals::MinuteStart);
+        assert_eq!(timers.len() as u64, total);
+        assert!(timers.iter().all(|c| within(c) < 1_000_000));
+        let fixed = read(Arrivals::FixedSecond);
+        assert_eq!(fixed.len() as u64, total);
+        let mut second_of: HashMap<u32, u64> = HashMap::new();
+        for c in &fixed {
+            let second = within(c) / 1_000_000;
+            assert_eq!(*second_of.entry(c.action).or_insert(second), second, "function {}", c.action);
+        }
+        assert!(second_of.values().collect::<std::collections::BTreeSet<_>>().len() > 1, "not all one second");
+        let poisson = read(Arrivals::Poisson);
+        let n = poisson.len() as f64;
+        assert!((n - total as f64).abs() < 0.05 * total as f64, "{n} against {total}");
+        assert!(poisson.windows(2).all(|w| w[0].at <= w[1].at));
     }
 }
