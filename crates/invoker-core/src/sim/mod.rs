@@ -8,6 +8,7 @@
 pub mod fleet;
 mod host;
 pub mod scenario;
+pub mod sweep;
 mod timeline;
 pub mod workload;
 
@@ -141,7 +142,9 @@ pub fn run(scenario: &Scenario, host: &dyn Host) -> Result<Value, ScenarioError>
 }
 
 /// Every policy on every node size, on the same workload: one section per node size, one
-/// entry per policy, each with its ratios to the first policy (the baseline) on that size.
+/// entry per policy, each with its ratios to the first policy (the baseline) on that size;
+/// with `sweep_fixed_minutes`, the fixed keep-alives' curve (`fixed_curve`) and each policy's
+/// overhead over the curve's at its own idle memory (`vs_fixed_curve`).
 fn compare_keep_alive(
     scenario: &Scenario,
     choices: &[KeepAliveChoice],
@@ -169,6 +172,32 @@ fn compare_keep_alive(
             summary["overhead_reduction_vs_baseline"] = json!(ratio(base_overhead, overhead));
             summary["idle_memory_reduction_vs_baseline"] = json!(ratio(base_idle, idle));
             section.insert(choice.name.clone(), summary);
+        }
+        if let Some(minutes) = &scenario.sweep_fixed_minutes {
+            let mut curve = Vec::new();
+            for &m in minutes {
+                let pool = PoolConfig {
+                    keep_alive: crate::pool::KeepAliveKind::Fixed,
+                    idle_timeout: Duration::from_secs(m * 60),
+                    ..scenario.pool.clone()
+                };
+                let summary = run_with(scenario, pool, size, host)?;
+                curve.push(sweep::CurvePoint {
+                    minutes: m,
+                    idle_gb_s: summary["idle_memory_gb_s"].as_f64().unwrap_or(0.0),
+                    overhead_s: summary["cold_start_overhead_s"].as_f64().unwrap_or(0.0),
+                });
+            }
+            for entry in section.values_mut() {
+                let idle = entry["idle_memory_gb_s"].as_f64().unwrap_or(0.0);
+                let overhead = entry["cold_start_overhead_s"].as_f64().unwrap_or(0.0);
+                entry["vs_fixed_curve"] = json!(sweep::ratio_to_curve(&curve, idle, overhead));
+            }
+            let points: Vec<Value> = curve
+                .iter()
+                .map(|p| json!({"minutes": p.minutes, "idle_memory_gb_s": p.idle_gb_s, "cold_start_overhead_s": p.overhead_s}))
+                .collect();
+            section.insert("fixed_curve".into(), Value::Array(points));
         }
         out.insert(format!("{size}"), Value::Object(section));
     }

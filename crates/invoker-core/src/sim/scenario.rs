@@ -25,6 +25,10 @@ pub struct Scenario {
     /// The node sizes of the keep-alive comparison (the cluster's own when not given).
     #[serde(default)]
     pub node_sizes_mb: Option<Vec<u64>>,
+    /// With the keep-alive comparison: fixed keep-alives of these many minutes run too, per
+    /// node size, tracing the curve each policy is judged against (`vs_fixed_curve`).
+    #[serde(default)]
+    pub sweep_fixed_minutes: Option<Vec<u64>>,
     pub cluster: Cluster,
     pub workload: Workload,
     /// A fleet of invokers under the capacity manager instead of one invoker: `[cluster]`
