@@ -166,6 +166,12 @@ fn the_200_function_comparison_loses_nothing_and_the_hybrid_policy_starts_fewer_
             assert_eq!(r["max_committed_within_capacity_minus_buffer"], true, "{size} {policy}");
         }
     }
+    // The fixed sweep per node size, and every policy judged against it: fixed-10m is a point
+    // of its own curve.
+    for size in ["8192", "16384"] {
+        assert_eq!(s["fixed_curve"][size].as_array().map(Vec::len), Some(8), "{s}");
+        assert_eq!(s["node_mb"][size]["fixed-10m"]["vs_fixed_curve"], 1.0, "{size}: {s}");
+    }
     let roomy = &s["node_mb"]["16384"];
     assert!(count(&roomy["hybrid"], "cold_starts") < count(&roomy["fixed-10m"], "cold_starts"), "{roomy}");
     assert!(count(&roomy["hybrid"], "prewarms_used") > 10 * count(&roomy["hybrid"], "prewarms_wasted"), "{roomy}");

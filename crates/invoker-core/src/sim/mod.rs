@@ -143,8 +143,9 @@ pub fn run(scenario: &Scenario, host: &dyn Host) -> Result<Value, ScenarioError>
 
 /// Every policy on every node size, on the same workload: one section per node size, one
 /// entry per policy, each with its ratios to the first policy (the baseline) on that size;
-/// with `sweep_fixed_minutes`, the fixed keep-alives' curve (`fixed_curve`) and each policy's
-/// overhead over the curve's at its own idle memory (`vs_fixed_curve`).
+/// with `sweep_fixed_minutes`, the fixed keep-alives' curve per node size (`fixed_curve`, beside
+/// the sections) and each policy's overhead over the curve's at its own idle memory
+/// (`vs_fixed_curve`).
 fn compare_keep_alive(
     scenario: &Scenario,
     choices: &[KeepAliveChoice],
@@ -152,6 +153,7 @@ fn compare_keep_alive(
 ) -> Result<Value, ScenarioError> {
     let sizes = scenario.node_sizes_mb.clone().unwrap_or_else(|| vec![scenario.cluster.node_memory_mb]);
     let mut out = serde_json::Map::new();
+    let mut curves = serde_json::Map::new();
     for size in sizes {
         let mut section = serde_json::Map::new();
         let mut baseline: Option<(f64, f64)> = None;
@@ -197,11 +199,15 @@ fn compare_keep_alive(
                 .iter()
                 .map(|p| json!({"minutes": p.minutes, "idle_memory_gb_s": p.idle_gb_s, "cold_start_overhead_s": p.overhead_s}))
                 .collect();
-            section.insert("fixed_curve".into(), Value::Array(points));
+            curves.insert(format!("{size}"), Value::Array(points));
         }
         out.insert(format!("{size}"), Value::Object(section));
     }
-    Ok(json!({ "scenario": scenario.name, "node_mb": out }))
+    let mut result = json!({ "scenario": scenario.name, "node_mb": out });
+    if !curves.is_empty() {
+        result["fixed_curve"] = Value::Object(curves);
+    }
+    Ok(result)
 }
 
 fn run_with(
