@@ -1,11 +1,12 @@
 //! The day-long simulator replays the test suite only samples (its tests replay each trace's
 //! first two hours): every shipped trace scenario whole, and a synthetic day of 1,000
-//! functions (about 600,000 calls) with three keep-alive policies. Prints one line per
-//! scenario, policy and node size, with the replay's wall time; fails if anything is lost,
-//! refused by the cluster or placed beyond a node, or if a day-level claim of BENCHMARKS.md
-//! stops holding.
+//! functions (about 600,000 calls) with three keep-alive policies; then the fleet scenarios
+//! (`fleet-50`, `fleet-200`, `fleet-burst`). Prints one line per scenario, policy and node size
+//! (or plane), with the replay's wall time; fails if anything is lost, refused by the cluster
+//! or placed beyond a node, if a managed fleet refuses or loses a call, or if a day-level claim
+//! of BENCHMARKS.md stops holding.
 //!
-//! `cargo bench --bench simulate_days` (release; about a minute on 2 cores)
+//! `cargo bench --bench simulate_days` (release; about three minutes on 2 cores)
 
 use invoker::sim::scenario::Scenario;
 use serde_json::Value;
@@ -38,6 +39,38 @@ fn main() {
     for r in synthetic["node_mb"]["16384"].as_object().unwrap().values() {
         assert_eq!(count(r, "activations"), total);
     }
+
+    for name in ["fleet-50", "fleet-200", "fleet-burst"] {
+        replay_fleet(name, invoker::sim::load(&scenarios.join(format!("{name}.toml"))).unwrap());
+    }
+}
+
+/// Replays a fleet scenario whole: a line per plane and policy with its cost against the
+/// packing floor, its delays, cold starts and reversals; no managed fleet refuses or loses.
+fn replay_fleet(name: &str, scenario: Scenario) {
+    let started = Instant::now();
+    let s = invoker::sim::run(&scenario).unwrap();
+    for (plane, section) in s["planes"].as_object().unwrap() {
+        for (policy, r) in section.as_object().unwrap() {
+            if r.get("completed").is_none() {
+                continue; // a bound, not a run
+            }
+            println!(
+                "{name:<12} {plane:<18} {policy:<20} x{:<5} floor  delayed {:>6} %  cold {:>7}  reversals {:>5}  refused {}  lost {}",
+                r["vs_packing_floor"],
+                r["delayed_over_1s_pct"],
+                count(r, "cold_starts"),
+                count(r, "reversals"),
+                count(r, "refused"),
+                count(r, "lost"),
+            );
+            assert_eq!(count(r, "lost"), 0, "{name} {plane} {policy}");
+            if !policy.starts_with("fixed") {
+                assert_eq!(count(r, "refused"), 0, "{name} {plane} {policy}");
+            }
+        }
+    }
+    println!("{name:<12} replayed in {} ms", started.elapsed().as_millis());
 }
 
 /// Replays `scenario` whole, prints a line per result and checks that nothing was lost.
