@@ -514,13 +514,7 @@ async fn an_fn_function_made_from_its_own_image_runs_its_entry_point() {
     assert_eq!(inspected.host_config.unwrap().network_mode.as_deref(), Some("none"));
 
     // The same build under another namespace's name: refused, and nothing started.
-    let f = json!({"name": "theirs", "app_id": app["id"], "image": "other/fn-own:test", "memory": 128});
-    let (status, function) = inv.send_json("POST", "/v2/fns", f).await;
-    assert_eq!(status, 200, "{function}");
-    let (status, headers, body) = inv
-        .send("POST", &format!("/invoke/{}", function["id"].as_str().unwrap()), support::GUEST, &[], Vec::new())
-        .await;
-    let body = String::from_utf8_lossy(&body);
+    let (status, headers, body) = inv.call_new_fn_of_image(&app["id"], "theirs", "other/fn-own:test").await;
     assert_eq!(status, 403, "{body}");
     assert!(body.contains("Image 'other/fn-own:test'") && body.contains("namespace"), "{body}");
     let record = inv.record(headers["fn-call-id"].to_str().unwrap()).await;
@@ -529,13 +523,7 @@ async fn an_fn_function_made_from_its_own_image_runs_its_entry_point() {
     assert_eq!(containers_of(&docker, &invoker_id).await.len(), 1, "only the first function's container");
 
     // An image no registry serves: on loopback, so that no traffic leaves the machine.
-    let f = json!({"name": "missing", "app_id": app["id"], "image": "127.0.0.1:9/none/such:test"});
-    let (status, function) = inv.send_json("POST", "/v2/fns", f).await;
-    assert_eq!(status, 200, "{function}");
-    let (status, headers, body) = inv
-        .send("POST", &format!("/invoke/{}", function["id"].as_str().unwrap()), support::GUEST, &[], Vec::new())
-        .await;
-    let body = String::from_utf8_lossy(&body);
+    let (status, headers, body) = inv.call_new_fn_of_image(&app["id"], "missing", "127.0.0.1:9/none/such:test").await;
     assert_eq!(status, 502, "{body}");
     assert!(body.contains("Failed to pull image '127.0.0.1:9/none/such:test'"), "{body}");
     let record = inv.record(headers["fn-call-id"].to_str().unwrap()).await;

@@ -509,13 +509,7 @@ async fn an_fn_function_made_from_its_own_image_runs_its_entry_point_in_a_pod() 
     assert!(main["workingDir"].is_null() && pod["metadata"]["annotations"].is_null(), "no code of ours: {pod}");
     assert_eq!(pod["spec"]["containers"][1]["name"], "fn-bridge");
 
-    let f = json!({"name": "missing", "app_id": app["id"], "image": "none/such:1", "memory": 256});
-    let (status, function) = inv.send_json("POST", "/v2/fns", f).await;
-    assert_eq!(status, 200, "{function}");
-    let (status, _, body) = inv
-        .send("POST", &format!("/invoke/{}", function["id"].as_str().unwrap()), support::GUEST, &[], Vec::new())
-        .await;
-    let body = String::from_utf8_lossy(&body);
+    let (status, _, body) = inv.call_new_fn_of_image(&app["id"], "missing", "none/such:1").await;
     assert_eq!(status, 502, "{body}");
     assert!(body.contains("Failed to pull image 'none/such:1'"), "{body}");
 }

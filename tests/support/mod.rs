@@ -237,6 +237,22 @@ impl Invoker {
         (status, headers, r.bytes().await.unwrap().to_vec())
     }
 
+    /// Fn function `name` of app `app_id` made from `image`, and called once through
+    /// `/invoke/{fn_id}` with no body: the call's status, headers and body.
+    pub async fn call_new_fn_of_image(
+        &self,
+        app_id: &Value,
+        name: &str,
+        image: &str,
+    ) -> (u16, reqwest::header::HeaderMap, String) {
+        let f = json!({"name": name, "app_id": app_id, "image": image, "memory": 256});
+        let (status, function) = self.send_json("POST", "/v2/fns", f).await;
+        assert_eq!(status, 200, "{function}");
+        let path = format!("/invoke/{}", function["id"].as_str().unwrap());
+        let (status, headers, body) = self.send("POST", &path, GUEST, &[], Vec::new()).await;
+        (status, headers, String::from_utf8_lossy(&body).into_owned())
+    }
+
     /// A JSON request as the guest: its status and JSON body (`Null` when not JSON).
     pub async fn send_json(&self, method: &str, path: &str, body: Value) -> (u16, Value) {
         let body = if body.is_null() { Vec::new() } else { body.to_string().into_bytes() };
