@@ -8,6 +8,7 @@
 
 use crate::cluster::{demand_key, ClusterKv, DemandReport, Needs, TagNeeds};
 use crate::model::epoch_ms;
+use invoker_core::capacity::packing::CallTally;
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -23,24 +24,11 @@ pub struct DemandLedger {
     waiting: tokio::sync::Notify,
 }
 
-/// One tag set's needs, and which of its calls by size are refusals (reported once).
+/// One tag set's needs in MB, and its calls by size.
 #[derive(Default)]
 struct Tracked {
     needs: Needs,
-    refused_calls: BTreeMap<u64, u64>,
-}
-
-fn count_in(calls: &mut BTreeMap<u64, u64>, mb: u64) {
-    *calls.entry(mb).or_insert(0) += 1;
-}
-
-fn count_out(calls: &mut BTreeMap<u64, u64>, mb: u64, by: u64) {
-    if let Some(n) = calls.get_mut(&mb) {
-        *n = n.saturating_sub(by);
-        if *n == 0 {
-            calls.remove(&mb);
-        }
-    }
+    calls: CallTally,
 }
 
 /// Which count an activation moves.
@@ -57,8 +45,8 @@ impl DemandLedger {
         if !by_tags.contains_key(tags) {
             by_tags.insert(tags.to_vec(), Tracked::default());
         }
-        let needs = &mut by_tags.get_mut(tags).expect("inserted above").needs;
-        count_in(&mut needs.calls_by_mb, mb);
+        let Tracked { needs, calls } = by_tags.get_mut(tags).expect("inserted above");
+        calls.came(mb);
         match stage {
             Stage::InFlight => needs.in_flight_mb += mb,
             Stage::Waiting => {
@@ -70,8 +58,8 @@ impl DemandLedger {
 
     pub fn remove(&self, tags: &[String], stage: Stage, mb: u64) {
         let mut by_tags = self.by_tags.lock();
-        if let Some(Tracked { needs, .. }) = by_tags.get_mut(tags) {
-            count_out(&mut needs.calls_by_mb, mb, 1);
+        if let Some(Tracked { needs, calls }) = by_tags.get_mut(tags) {
+            calls.went(mb);
             match stage {
                 Stage::InFlight => needs.in_flight_mb = needs.in_flight_mb.saturating_sub(mb),
                 Stage::Waiting => needs.waiting_mb = needs.waiting_mb.saturating_sub(mb),
@@ -83,20 +71,22 @@ impl DemandLedger {
         let mut by_tags = self.by_tags.lock();
         let tracked = by_tags.entry(tags.to_vec()).or_default();
         tracked.needs.refused_mb += mb;
-        count_in(&mut tracked.needs.calls_by_mb, mb);
-        count_in(&mut tracked.refused_calls, mb);
+        tracked.calls.refused(mb);
     }
 
     /// The needs now; the refusals counted since the last call go into it and are reset, and
     /// tag sets with nothing left are dropped.
     pub fn take(&self) -> Vec<TagNeeds> {
         let mut by_tags = self.by_tags.lock();
-        let needs = by_tags.iter().map(|(tags, t)| TagNeeds { tags: tags.clone(), needs: t.needs.clone() }).collect();
+        let needs = by_tags
+            .iter_mut()
+            .map(|(tags, t)| {
+                let needs = Needs { calls_by_mb: t.calls.report(), ..t.needs.clone() };
+                TagNeeds { tags: tags.clone(), needs }
+            })
+            .collect();
         by_tags.retain(|_, t| {
             t.needs.refused_mb = 0;
-            for (mb, n) in std::mem::take(&mut t.refused_calls) {
-                count_out(&mut t.needs.calls_by_mb, mb, n);
-            }
             t.needs.in_flight_mb > 0 || t.needs.waiting_mb > 0
         });
         needs

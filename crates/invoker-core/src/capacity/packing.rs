@@ -9,6 +9,46 @@ use std::collections::BTreeMap;
 /// Calls by the memory one of them takes, in MB: how many.
 pub type CallsByMb = BTreeMap<u64, u64>;
 
+/// Calls by size as a scheduler counts them for its demand report: those in flight or waiting
+/// until they go, and those refused until the next report, which carries each refusal once.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CallTally {
+    live: CallsByMb,
+    refused: CallsByMb,
+}
+
+impl CallTally {
+    /// A call of `mb` is sent to an invoker or starts waiting for one.
+    pub fn came(&mut self, mb: u64) {
+        *self.live.entry(mb).or_insert(0) += 1;
+    }
+
+    /// A call of `mb` is answered or stops waiting.
+    pub fn went(&mut self, mb: u64) {
+        if let Some(n) = self.live.get_mut(&mb) {
+            *n -= 1;
+            if *n == 0 {
+                self.live.remove(&mb);
+            }
+        }
+    }
+
+    /// A call of `mb` was refused for lack of room.
+    pub fn refused(&mut self, mb: u64) {
+        *self.refused.entry(mb).or_insert(0) += 1;
+    }
+
+    /// What a report carries: the live calls and those refused since the last report, which
+    /// are then forgotten.
+    pub fn report(&mut self) -> CallsByMb {
+        let mut calls = self.live.clone();
+        for (mb, n) in std::mem::take(&mut self.refused) {
+            *calls.entry(mb).or_insert(0) += n;
+        }
+        calls
+    }
+}
+
 /// First-fit decreasing of `calls` into invokers of `invoker_mb`: how many invokers. Calls of
 /// one size fill each invoker as far as they go before the next, which is first fit call by
 /// call. FFD is within 11/9 of the best packing (plus one). A call larger than an invoker fits
@@ -87,6 +127,20 @@ mod tests {
         assert_eq!(ffd_invokers(&calls, 1024), 3);
         // One too large for any invoker fits nowhere and opens none.
         assert_eq!(ffd_invokers(&CallsByMb::from([(2048, 3)]), 1024), 0);
+    }
+
+    #[test]
+    fn a_report_carries_the_live_calls_and_each_refusal_once() {
+        let mut tally = CallTally::default();
+        tally.came(512);
+        tally.came(512);
+        tally.refused(128);
+        assert_eq!(tally.report(), CallsByMb::from([(128, 1), (512, 2)]));
+        tally.went(512);
+        assert_eq!(tally.report(), CallsByMb::from([(512, 1)]));
+        tally.went(512);
+        tally.went(64);
+        assert_eq!(tally.report(), CallsByMb::new());
     }
 
     fn spec(max: u32, invoker_mb: u64) -> GroupSpec {

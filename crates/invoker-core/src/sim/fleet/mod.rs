@@ -30,7 +30,7 @@ use super::host::Host;
 use super::scenario::{Fleet, Scenario, ScenarioError};
 use super::timeline::Timeline;
 use super::workload::{self, Call, Rng};
-use crate::capacity::packing::{packed_demand_mb, CallsByMb};
+use crate::capacity::packing::{packed_demand_mb, CallTally};
 use crate::capacity::{Action, Event as GroupEvent, GroupCore, GroupSpec, Sighting};
 use crate::placement::{place, ActionNeeds, InvokerView, PlacementConfig};
 use crate::pool::{
@@ -284,28 +284,10 @@ struct Ledger {
     in_flight_mb: u64,
     waiting_mb: u64,
     refused_mb: u64,
-    /// The calls in flight, waiting and refused since the last report, by size.
-    calls: CallsByMb,
-    /// Those of them refused since the last report (reported once).
-    refused_calls: CallsByMb,
+    calls: CallTally,
     reported_mb: u64,
     last_report: Option<Duration>,
     report_due: bool,
-}
-
-impl Ledger {
-    fn call_in(&mut self, mb: u64) {
-        *self.calls.entry(mb).or_insert(0) += 1;
-    }
-
-    fn call_out(&mut self, mb: u64, by: u64) {
-        if let Some(n) = self.calls.get_mut(&mb) {
-            *n = n.saturating_sub(by);
-            if *n == 0 {
-                self.calls.remove(&mb);
-            }
-        }
-    }
 }
 
 #[derive(Default)]
@@ -498,7 +480,7 @@ impl FleetSim<'_> {
         inv.jobs += 1;
         *inv.running_of.entry(call.action).or_insert(0) += 1;
         self.ledger.in_flight_mb += u64::from(call.memory_mb);
-        self.ledger.call_in(u64::from(call.memory_mb));
+        self.ledger.calls.came(u64::from(call.memory_mb));
         self.jobs.get_mut(&id).expect("checked above").on = Some(i);
         let job = Job {
             id,
@@ -518,7 +500,7 @@ impl FleetSim<'_> {
         let mb = u64::from(self.calls[job.call].memory_mb);
         self.waiting.insert(job.seq, id);
         self.ledger.waiting_mb += mb;
-        self.ledger.call_in(mb);
+        self.ledger.calls.came(mb);
         self.at(self.now + self.fleet.wait_for_room, Ev::GiveUp(id));
     }
 
@@ -531,7 +513,7 @@ impl FleetSim<'_> {
             self.waiting.remove(&seq);
             let mb = u64::from(self.calls[self.jobs[&id].call].memory_mb);
             self.ledger.waiting_mb -= mb;
-            self.ledger.call_out(mb, 1);
+            self.ledger.calls.went(mb);
             self.ledger_changed();
         }
     }
@@ -545,7 +527,8 @@ impl FleetSim<'_> {
         self.jobs.remove(&id);
         self.ledger.waiting_mb -= mb;
         self.ledger.refused_mb += mb;
-        *self.ledger.refused_calls.entry(mb).or_insert(0) += 1;
+        self.ledger.calls.went(mb);
+        self.ledger.calls.refused(mb);
         self.counts.refused += 1;
         self.ledger_changed();
     }
@@ -563,11 +546,8 @@ impl FleetSim<'_> {
     fn report(&mut self) {
         let invoker_mb = self.fleet.group.invoker_memory_mb;
         let l = &mut self.ledger;
-        l.reported_mb = packed_demand_mb(l.in_flight_mb + l.waiting_mb + l.refused_mb, &l.calls, invoker_mb);
+        l.reported_mb = packed_demand_mb(l.in_flight_mb + l.waiting_mb + l.refused_mb, &l.calls.report(), invoker_mb);
         l.refused_mb = 0;
-        for (mb, n) in std::mem::take(&mut l.refused_calls) {
-            l.call_out(mb, n);
-        }
         l.last_report = Some(self.now);
         l.report_due = false;
     }
@@ -582,7 +562,7 @@ impl FleetSim<'_> {
             *n -= 1;
         }
         self.ledger.in_flight_mb -= u64::from(call.memory_mb);
-        self.ledger.call_out(u64::from(call.memory_mb), 1);
+        self.ledger.calls.went(u64::from(call.memory_mb));
         job.on = None;
         self.ledger_changed();
         Some(job)
