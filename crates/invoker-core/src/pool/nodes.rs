@@ -237,7 +237,9 @@ impl Nodes {
             if was_removing {
                 n.removing_mb -= u64::from(memory_mb);
             }
-            if let Some(decided) = n.removal_decided.remove(&id) {
+            // Stats observed after the decision are taken to show the memory free (as `update`
+            // takes them); counted here as well, it would be counted twice.
+            if let Some(decided) = n.removal_decided.remove(&id).filter(|&decided| decided > n.observed_at) {
                 n.freed_unseen.push((decided, u64::from(memory_mb)));
                 n.freed_unseen_mb += u64::from(memory_mb);
             }

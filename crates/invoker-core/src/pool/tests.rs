@@ -95,6 +95,31 @@ fn an_idle_container_of_another_action_is_evicted_to_make_room() {
     assert_eq!(created(&fx).len(), 1);
 }
 
+/// A removal the cluster's stats already show (they were observed after it was decided, as
+/// the Kubernetes factory's are: it publishes at every change of its watch, before it reports
+/// the pod gone) is not counted free a second time when the core hears of it. Counted twice,
+/// two 256 MB containers went where one fitted, and the kubelet refused one (found by
+/// `kubernetes_pods::a_burst_past_what_the_nodes_hold_waits_for_room_and_the_kubelet_refuses_nothing`).
+#[test]
+fn a_removal_the_stats_already_show_is_not_counted_free_twice() {
+    // 1 GiB, another tenant holds 512: the stats show 512 free.
+    let mut core = PoolCore::new(CoreConfig::default());
+    core.handle(stats("n1", 1024, 512, 0), ms(0));
+    let a = created(&core.handle(Event::Arrived(job(1, 1, 512)), ms(1)))[0];
+    core.handle(Event::Started { container: a, failure: None, at: ms(2) }, ms(2));
+    core.handle(stats("n1", 1024, 0, 3), ms(3));
+    core.handle(Event::Finished { container: a, job: JobId(1), reusable: true }, ms(4));
+    // Room for another action: its idle container goes...
+    let fx = core.handle(Event::Arrived(job(2, 2, 512)), ms(5));
+    assert_eq!(fx.as_slice(), &[Effect::Remove { container: a }]);
+    // ...the stats show it gone first, then the core hears it is removed.
+    let mut creates = created(&core.handle(stats("n1", 1024, 512, 6), ms(6)));
+    creates.extend(created(&core.handle(Event::Removed(a), ms(7))));
+    assert_eq!(creates.len(), 1, "one 512 MB container where the other went");
+    let third = created(&core.handle(Event::Arrived(job(3, 3, 256)), ms(8)));
+    assert!(third.is_empty(), "nothing is left: the other tenant's 512 and ours fill the node");
+}
+
 #[test]
 fn a_busy_container_is_never_evicted_and_the_job_waits_until_its_deadline() {
     let mut core = core_with(512);
