@@ -331,7 +331,12 @@ async fn a_prewarmed_container_is_adopted_without_a_create_and_replaced() {
 #[actix_rt::test]
 async fn the_pool_forgets_actions_it_no_longer_holds() {
     let mock = MockConfig { nodes: vec![("n0".into(), 1_000_000)], ..MockConfig::default() };
-    let pool = PoolConfig { idle_timeout: Duration::from_millis(200), ..PoolConfig::default() };
+    // The fixed keep-alive: the hybrid one holds an action known for its histogram's range.
+    let pool = PoolConfig {
+        idle_timeout: Duration::from_millis(200),
+        keep_alive: invoker::pool::core::KeepAliveKind::Fixed,
+        ..PoolConfig::default()
+    };
     let h = setup(mock, pool).await;
     let actions: Vec<_> = (0..80).map(|i| action(&format!("a{i}"), 128)).collect();
     for a in &actions {
@@ -402,7 +407,13 @@ async fn a_full_pool_mailbox_answers_at_once_and_every_activation_still_gets_its
 async fn every_keep_alive_policy_runs_in_the_live_pool() {
     use invoker::pool::core::{KeepAliveKind, KeepAliveParams};
     for kind in [KeepAliveKind::Fixed, KeepAliveKind::GreedyDual, KeepAliveKind::Hybrid] {
-        let mock = MockConfig { nodes: vec![("n".into(), 1024)], ..MockConfig::default() };
+        // Starts that take time: the priced window weighs a cold start by its start time, and
+        // one that costs nothing is never worth keeping a container for.
+        let mock = MockConfig {
+            nodes: vec![("n".into(), 1024)],
+            start_latency: Duration::from_millis(50),
+            ..MockConfig::default()
+        };
         let params = KeepAliveParams {
             bin: Duration::from_millis(100),
             range: Duration::from_secs(10),

@@ -248,6 +248,23 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_default_keep_alive_is_the_priced_hybrid_and_a_bad_worth_is_named() {
+        use crate::pool::core::{HybridWindow, KeepAliveKind};
+        let config = Config::default();
+        assert_eq!(config.pool.keep_alive, KeepAliveKind::Hybrid);
+        assert_eq!(config.pool.keep_alive_params.window, HybridWindow::Priced);
+        assert_eq!(config.pool.keep_alive_params.start_second_worth_gb_s, 300.0);
+        let paper = Config::from_toml("[pool.keep_alive_params]\nwindow = \"percentiles\"\n").unwrap();
+        assert_eq!(paper.pool.keep_alive_params.window, HybridWindow::Percentiles);
+        for worth in ["-1.0", "nan", "inf"] {
+            let text = format!("[pool.keep_alive_params]\nstart_second_worth_gb_s = {worth}\n");
+            let err = Config::from_toml(&text).unwrap().validate().unwrap_err();
+            assert_eq!(err.key, "pool.keep_alive_params.start_second_worth_gb_s", "{worth}");
+        }
+        assert!(Config::from_toml("[pool.keep_alive_params]\nwindow = \"tail\"\n").is_err());
+    }
+
+    #[test]
     fn a_kind_names_its_runtime_protocol_and_an_unknown_one_is_refused() {
         let config = Config::from_toml("[kinds.x]\ncommand = [\"{listen}\"]\nprotocol = \"openwhisk\"\n").unwrap();
         assert_eq!(config.kinds["x"].protocol, RuntimeProtocol::OpenWhisk);

@@ -49,6 +49,9 @@ pub(super) fn validate(
     if !(0.0..1.0).contains(&k.margin) {
         return Err(bad("pool.keep_alive_params.margin", "must be in 0..1"));
     }
+    if !(k.start_second_worth_gb_s.is_finite() && k.start_second_worth_gb_s >= 0.0) {
+        return Err(bad("pool.keep_alive_params.start_second_worth_gb_s", "must be a number of GB·s, 0 or more"));
+    }
     if k.cv_threshold.is_nan() || k.cv_threshold < 0.0 || !(0.0..=1.0).contains(&k.out_of_range_threshold) {
         return Err(bad("pool.keep_alive_params.cv_threshold", "cv_threshold >= 0, out_of_range_threshold in 0..=1"));
     }

@@ -235,14 +235,29 @@ pub struct CoreConfig {
 #[serde(rename_all = "snake_case")]
 pub enum KeepAliveKind {
     /// `idle_timeout`, least recently used evicted first: OpenWhisk's and Fn's.
-    #[default]
     Fixed,
     /// FaasCache's greedy-dual-size-frequency: kept while memory allows (or up to `max_idle`);
     /// the lowest `clock + frequency × start cost / memory` is evicted first.
     GreedyDual,
     /// Serverless in the Wild's hybrid histogram: per action, unload after a run and pre-warm
-    /// before the next one the histogram of idle times predicts, or keep to its tail.
+    /// before the next one the histogram of idle times predicts, or keep to its tail. The
+    /// default, with its window priced (`keep_alive_params.window`).
+    #[default]
     Hybrid,
+}
+
+/// How the hybrid policy draws an action's window (pre-warm, then keep) from its histogram.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HybridWindow {
+    /// The window that costs least on the histogram: idle memory-time, plus each cold start
+    /// at `start_second_worth_gb_s` per second of its start. An action whose idle times are
+    /// spread keeps little; one whose calls come back at a steady gap is pre-warmed for it.
+    #[default]
+    Priced,
+    /// Serverless in the Wild's: pre-warm at the head percentile, keep to the tail one, each
+    /// with the margin, once the histogram is peaked enough (`cv_threshold`).
+    Percentiles,
 }
 
 /// `[pool.keep_alive_params]`.
@@ -259,7 +274,12 @@ pub struct KeepAliveParams {
     /// ...in bins of this width, 1 min (at most 1,440 bins).
     #[serde(with = "humantime_serde")]
     pub bin: Duration,
-    /// hybrid: the pre-warm comes at this percentile of the idle times (5)...
+    /// hybrid: how the window is drawn from the histogram ("priced").
+    pub window: HybridWindow,
+    /// hybrid, priced: the idle memory-time (GB·s) a second of cold start is worth keeping
+    /// (300: what the fixed 10 minutes spends on a 256 MB action that starts in 500 ms).
+    pub start_second_worth_gb_s: f64,
+    /// hybrid, percentiles: the pre-warm comes at this percentile of the idle times (5)...
     pub head_percentile: f64,
     /// ...and the container stays to this one (99).
     pub tail_percentile: f64,
@@ -282,6 +302,8 @@ impl Default for KeepAliveParams {
             max_idle: None,
             range: Duration::from_secs(4 * 3600),
             bin: Duration::from_secs(60),
+            window: HybridWindow::Priced,
+            start_second_worth_gb_s: 300.0,
             head_percentile: 5.0,
             tail_percentile: 99.0,
             margin: 0.1,
@@ -383,7 +405,7 @@ impl Default for CoreConfig {
             prewarm: Vec::new(),
             claim_after: Duration::from_secs(1),
             pause_grace: Duration::ZERO,
-            keep_alive: KeepAliveKind::Fixed,
+            keep_alive: KeepAliveKind::Hybrid,
             keep_alive_params: KeepAliveParams::default(),
         }
     }

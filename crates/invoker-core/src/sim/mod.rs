@@ -180,7 +180,7 @@ fn compare_keep_alive(
             for &m in minutes {
                 let pool = PoolConfig {
                     keep_alive: crate::pool::KeepAliveKind::Fixed,
-                    idle_timeout: Duration::from_secs(m * 60),
+                    idle_timeout: Duration::from_secs_f64(m * 60.0),
                     ..scenario.pool.clone()
                 };
                 let summary = run_with(scenario, pool, size, host)?;

@@ -27,8 +27,9 @@ pub struct Scenario {
     pub node_sizes_mb: Option<Vec<u64>>,
     /// With the keep-alive comparison: fixed keep-alives of these many minutes run too, per
     /// node size, tracing the curve each policy is judged against (`vs_fixed_curve`).
+    /// Fractions (0.25: 15 s) reach the idle memory of a policy that holds less than a minute.
     #[serde(default)]
-    pub sweep_fixed_minutes: Option<Vec<u64>>,
+    pub sweep_fixed_minutes: Option<Vec<f64>>,
     pub cluster: Cluster,
     pub workload: Workload,
     /// A fleet of invokers under the capacity manager instead of one invoker: `[cluster]`
@@ -230,6 +231,10 @@ impl Scenario {
         scenario.pool.fill_prewarm_disk(crate::pool::DEFAULT_DISK_MB);
         if scenario.cluster.nodes == 0 || scenario.cluster.node_memory_mb == 0 {
             let reason = "cluster.nodes and cluster.node_memory_mb must be above 0".into();
+            return Err(ScenarioError::Read { path: path.display().to_string(), reason });
+        }
+        if scenario.sweep_fixed_minutes.iter().flatten().any(|m| !(m.is_finite() && *m > 0.0 && *m <= 10_080.0)) {
+            let reason = "sweep_fixed_minutes: each must be above 0 and at most a week (10080)".into();
             return Err(ScenarioError::Read { path: path.display().to_string(), reason });
         }
         if let Some(fleet) = &scenario.fleet {

@@ -6,7 +6,7 @@
 /// One point of the curve: a fixed keep-alive, its idle memory-time and cold-start overhead.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct CurvePoint {
-    pub minutes: u64,
+    pub minutes: f64,
     pub idle_gb_s: f64,
     pub overhead_s: f64,
 }
@@ -46,13 +46,13 @@ pub fn ratio_to_curve(curve: &[CurvePoint], idle_gb_s: f64, overhead_s: f64) -> 
 mod tests {
     use super::*;
 
-    fn p(minutes: u64, idle: f64, overhead: f64) -> CurvePoint {
+    fn p(minutes: f64, idle: f64, overhead: f64) -> CurvePoint {
         CurvePoint { minutes, idle_gb_s: idle, overhead_s: overhead }
     }
 
     #[test]
     fn a_policy_is_judged_at_its_own_idle_memory() {
-        let curve = [p(10, 300.0, 400.0), p(1, 100.0, 1000.0), p(30, 500.0, 200.0)];
+        let curve = [p(10.0, 300.0, 400.0), p(1.0, 100.0, 1000.0), p(30.0, 500.0, 200.0)];
         // On a point, between points, and outside.
         assert_eq!(overhead_at(&curve, 300.0), Some(400.0));
         assert_eq!(overhead_at(&curve, 200.0), Some(700.0));
@@ -62,6 +62,6 @@ mod tests {
         assert_eq!(ratio_to_curve(&curve, 400.0, 150.0), Some(0.5));
         // A fixed keep-alive is on its own curve.
         assert_eq!(ratio_to_curve(&curve, 500.0, 200.0), Some(1.0));
-        assert_eq!(ratio_to_curve(&[p(1, 1.0, 0.0), p(2, 2.0, 0.0)], 1.5, 3.0), None);
+        assert_eq!(ratio_to_curve(&[p(1.0, 1.0, 0.0), p(2.0, 2.0, 0.0)], 1.5, 3.0), None);
     }
 }
