@@ -194,11 +194,11 @@ fn the_fleet_comparison_loses_nothing_and_a_managed_fleet_costs_less_than_one_si
     let planes = s["planes"].as_object().unwrap();
     assert_eq!(planes.len(), 2, "local and kubernetes: {s}");
     for (plane, runs) in planes {
-        // Sized for the peak, next to nothing waits: one call of the 12,405, which waited for
-        // the stats to show an evicted container's memory free before it was taken again
-        // (`nodes::release` counts no removal the stats may already show).
+        // Sized for the peak, next to nothing waits: 3 calls of the 12,405, each for the stats
+        // to show an evicted container's memory free before it is taken again (a removal the
+        // stats may already show is room coming, not free: `nodes::release`).
         let fixed_peak = &runs["fixed-peak"];
-        assert!(count(fixed_peak, "delayed_over_1s") <= 1, "{plane}: {s}");
+        assert!(count(fixed_peak, "delayed_over_1s") * 2000 <= AZURE_200_WINDOW_CALLS, "{plane}: {s}");
         for policy in ["fixed-peak", "fixed-mean", "conservative", "windowed", "seasonal"] {
             let run = &runs[policy];
             assert_eq!(count(run, "lost"), 0, "{plane} {policy}: {s}");

@@ -468,7 +468,7 @@ impl PoolCore {
         if let Some(failure) = failure {
             self.containers.remove(&id);
             key.containers -= 1;
-            self.nodes.release(&node, id, memory_mb, false);
+            self.nodes.release(&node, id, memory_mb, false, now);
             // The job that asked for this container gets a clear answer now, not at its deadline.
             let concurrency = key.concurrency as usize;
             let still_coming = key.starting as usize * concurrency;
@@ -552,7 +552,7 @@ impl PoolCore {
         if c.phase == Phase::Starting {
             self.nodes.start_finished(&c.node);
         }
-        self.nodes.release(&c.node, id, c.memory_mb, c.phase == Phase::Removing);
+        self.nodes.release(&c.node, id, c.memory_mb, c.phase == Phase::Removing, now);
         match c.owner {
             Owner::Key(key_id) => {
                 let key = self.keys.get_mut(&key_id).expect("a container's key exists");

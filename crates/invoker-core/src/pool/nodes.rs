@@ -5,7 +5,9 @@
 //!   (committed from the decision to create until the removal is confirmed);
 //! - by stats: the free memory the cluster last reported minus our reservations, the
 //!   containers the report cannot show yet (created, but not started before it was observed),
-//!   plus the memory of our removals that completed after it was observed.
+//!   plus the memory of our removals decided after it was observed. A removal decided before
+//!   it may already show in it: that memory is room coming (no other container is evicted for
+//!   it) but not free until a later report.
 //!
 //! Stats older than the TTL count as nothing free. The launchability buffer is kept free in both.
 
@@ -31,6 +33,12 @@ struct NodeState {
     /// observed before the removal was decided cannot include it; later ones are taken to.
     freed_unseen: Vec<(Time, u64)>,
     freed_unseen_mb: u64,
+    /// Memory of removals that completed after stats observed since their decision: those
+    /// stats may show it free or not (the Kubernetes factory's show it before it reports the
+    /// pod gone; the simulator's do not). Not free for placement, which could count it twice,
+    /// but room coming, so that no other container is evicted for it: the next stats say.
+    freed_maybe_shown: Vec<(Time, u64)>,
+    freed_maybe_shown_mb: u64,
     /// Memory of our idle (or paused) containers here: what the pool may take back for a
     /// start, which health and the cluster's headroom count as room.
     idle_mb: u64,
@@ -113,6 +121,8 @@ impl Nodes {
                 removal_decided: FxHashMap::default(),
                 freed_unseen: Vec::new(),
                 freed_unseen_mb: 0,
+                freed_maybe_shown: Vec::new(),
+                freed_maybe_shown_mb: 0,
                 idle_mb: 0,
             };
             self.by_headroom.insert((raw_headroom(&n, self.buffer_mb), update.node.clone()));
@@ -143,6 +153,15 @@ impl Nodes {
                 !seen
             });
             n.freed_unseen_mb -= shown;
+            let mut settled = 0;
+            n.freed_maybe_shown.retain(|&(released, mb)| {
+                let seen = released <= observed_at;
+                if seen {
+                    settled += mb;
+                }
+                !seen
+            });
+            n.freed_maybe_shown_mb -= settled;
         });
         self.largest_capacity_mb = self.nodes.values().map(|n| n.capacity_mb).max();
     }
@@ -187,15 +206,15 @@ impl Nodes {
     /// True when removals already under way will leave room for `memory_mb` on some node.
     pub(super) fn room_coming(&self, memory_mb: u32, now: Time) -> bool {
         self.nodes.values().any(|n| {
-            n.removing_mb > 0
-                && self.is_fresh(n, now)
-                && self.headroom(n, now) + n.removing_mb as i64 >= i64::from(memory_mb)
+            let coming = n.removing_mb + n.freed_maybe_shown_mb;
+            coming > 0 && self.is_fresh(n, now) && self.headroom(n, now) + coming as i64 >= i64::from(memory_mb)
         })
     }
 
     pub(super) fn fits_after_freeing(&self, node: &NodeId, memory_mb: u32, freed_mb: u64, now: Time) -> bool {
         self.nodes.get(node).is_some_and(|n| {
-            self.is_fresh(n, now) && self.headroom(n, now) + (n.removing_mb + freed_mb) as i64 >= i64::from(memory_mb)
+            let coming = n.removing_mb + n.freed_maybe_shown_mb + freed_mb;
+            self.is_fresh(n, now) && self.headroom(n, now) + coming as i64 >= i64::from(memory_mb)
         })
     }
 
@@ -228,7 +247,7 @@ impl Nodes {
         }
     }
 
-    pub(super) fn release(&mut self, node: &NodeId, id: ContainerId, memory_mb: u32, was_removing: bool) {
+    pub(super) fn release(&mut self, node: &NodeId, id: ContainerId, memory_mb: u32, was_removing: bool, now: Time) {
         self.change(node, |n| {
             n.committed_mb -= u64::from(memory_mb);
             if n.unconfirmed.remove(&id).is_some() {
@@ -237,11 +256,19 @@ impl Nodes {
             if was_removing {
                 n.removing_mb -= u64::from(memory_mb);
             }
-            // Stats observed after the decision are taken to show the memory free (as `update`
-            // takes them); counted here as well, it would be counted twice.
-            if let Some(decided) = n.removal_decided.remove(&id).filter(|&decided| decided > n.observed_at) {
-                n.freed_unseen.push((decided, u64::from(memory_mb)));
-                n.freed_unseen_mb += u64::from(memory_mb);
+            // Stats observed before the decision cannot show the memory free; those observed
+            // since may, so it is not counted free until newer ones come (counted now, it could
+            // be counted twice: two containers where one fits).
+            match n.removal_decided.remove(&id) {
+                Some(decided) if decided > n.observed_at => {
+                    n.freed_unseen.push((decided, u64::from(memory_mb)));
+                    n.freed_unseen_mb += u64::from(memory_mb);
+                }
+                Some(_) => {
+                    n.freed_maybe_shown.push((now, u64::from(memory_mb)));
+                    n.freed_maybe_shown_mb += u64::from(memory_mb);
+                }
+                None => {}
             }
         });
     }

@@ -130,7 +130,7 @@ impl PoolCore {
             // Not replaced at once: a factory that keeps failing would be asked again and
             // again. The next tick tries again.
             self.containers.remove(&id);
-            self.nodes.release(&node, id, memory_mb, false);
+            self.nodes.release(&node, id, memory_mb, false, now);
         }
         // Blocked keys may adopt it now, or use the room a failed start left.
         self.retry_blocked(now, fx);

@@ -116,8 +116,33 @@ fn a_removal_the_stats_already_show_is_not_counted_free_twice() {
     let mut creates = created(&core.handle(stats("n1", 1024, 512, 6), ms(6)));
     creates.extend(created(&core.handle(Event::Removed(a), ms(7))));
     assert_eq!(creates.len(), 1, "one 512 MB container where the other went");
-    let third = created(&core.handle(Event::Arrived(job(3, 3, 256)), ms(8)));
-    assert!(third.is_empty(), "nothing is left: the other tenant's 512 and ours fill the node");
+    let fx = core.handle(Event::Arrived(job(3, 3, 256)), ms(8));
+    assert!(fx.is_empty(), "nothing is left, and nothing is evicted for it: {fx:?}");
+}
+
+/// The other side: a removal whose memory the stats did not show free yet is room coming.
+/// The waiting job takes it at the next stats, and no other idle container is evicted for it.
+#[test]
+fn a_removal_the_stats_may_not_show_yet_is_room_coming_not_a_reason_to_evict() {
+    let mut core = core_with(1024);
+    let mut ids = Vec::new();
+    for (i, key) in [(1, 1), (2, 2)] {
+        let c = created(&core.handle(Event::Arrived(job(i, key, 512)), ms(1)))[0];
+        core.handle(Event::Started { container: c, failure: None, at: ms(2) }, ms(2));
+        core.handle(Event::Finished { container: c, job: JobId(i), reusable: true }, ms(3));
+        ids.push(c);
+    }
+    core.handle(stats("n1", 1024, 0, 4), ms(4));
+    let fx = core.handle(Event::Arrived(job(3, 3, 512)), ms(5));
+    assert_eq!(fx.as_slice(), &[Effect::Remove { container: ids[0] }], "one container's room");
+    // Stats observed after the decision, not showing the room yet; then the removal.
+    core.handle(stats("n1", 1024, 0, 6), ms(6));
+    let fx = core.handle(Event::Removed(ids[0]), ms(7));
+    assert!(fx.is_empty(), "not placed on room the stats may show twice, and no second eviction: {fx:?}");
+    let fx = core.handle(Event::Tick, ms(8));
+    assert!(!fx.iter().any(|e| matches!(e, Effect::Remove { .. })), "{fx:?}");
+    // The next stats show it free: the job's container starts.
+    assert_eq!(created(&core.handle(stats("n1", 1024, 512, 9), ms(9))).len(), 1);
 }
 
 #[test]
