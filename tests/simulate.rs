@@ -199,6 +199,11 @@ fn the_fleet_comparison_loses_nothing_and_a_managed_fleet_costs_less_than_one_si
         // stats may already show is room coming, not free: `nodes::release`).
         let fixed_peak = &runs["fixed-peak"];
         assert!(count(fixed_peak, "delayed_over_1s") * 2000 <= AZURE_200_WINDOW_CALLS, "{plane}: {s}");
+        // Calls that never move cost more than the floor that repacks them every moment, and
+        // less than any managed fleet, which adds its own delays to that.
+        let seconds = |entry: &str| runs[entry]["invoker_seconds"].as_f64().unwrap_or(f64::NAN);
+        let first_fit = seconds("first_fit_ideal");
+        assert!(first_fit >= seconds("packing_floor") && first_fit < seconds("seasonal"), "{plane}: {s}");
         for policy in ["fixed-peak", "fixed-mean", "conservative", "windowed", "seasonal"] {
             let run = &runs[policy];
             assert_eq!(count(run, "lost"), 0, "{plane} {policy}: {s}");

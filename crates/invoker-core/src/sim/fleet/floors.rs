@@ -8,17 +8,28 @@
 //! - the **memory floor**: their memory over an invoker's, rounded up (what no packing beats).
 //!
 //! Both integrated over the trace, in invoker-seconds.
+//!
+//! Beside them, the **first-fit ideal**: what a fleet with no delay of any kind pays when calls,
+//! as in any real fleet, stay where they were placed. Each call goes, at its arrival, to the
+//! first invoker with room among those running calls (a new one if none has); an invoker
+//! exists exactly while it holds a call. No provisioning time, no hold before a drain, no idle container: it is not a bound
+//! on every policy (first fit is not the best placement that never moves a call), but it is
+//! what the floors miss by repacking every moment, and what a managed fleet pays before any of
+//! its own delays.
 
 use crate::capacity::packing::{ffd_invokers, memory_invokers, CallsByMb};
 use crate::sim::workload::Call;
 use std::time::Duration;
 
-/// Both floors over a trace, in invoker-seconds, and their highest moment.
+/// Both floors over a trace, in invoker-seconds, and their highest moment; and the first-fit
+/// ideal.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Floors {
     pub packing_seconds: f64,
     pub memory_seconds: f64,
     pub packing_max: u64,
+    pub first_fit_seconds: f64,
+    pub first_fit_max: u64,
 }
 
 impl Floors {
@@ -61,8 +72,59 @@ impl Floors {
             floors.memory_seconds += memory_invokers(total_mb, invoker_mb) as f64 * span;
             floors.packing_max = floors.packing_max.max(packed);
         }
+        (floors.first_fit_seconds, floors.first_fit_max) = first_fit(calls, horizon, invoker_mb);
         floors
     }
+}
+
+/// The first-fit ideal's invoker-seconds and most invokers at once (see the module's doc).
+fn first_fit(calls: &[Call], horizon: Duration, invoker_mb: u64) -> (f64, u64) {
+    // (time, 0 = an end before 1 = an arrival, call index).
+    let mut steps: Vec<(Duration, u8, usize)> = Vec::with_capacity(calls.len() * 2);
+    for (i, c) in calls.iter().enumerate() {
+        steps.push((c.at, 1, i));
+        steps.push((c.at + c.run, 0, i));
+    }
+    steps.sort_unstable();
+    // Each invoker's memory in use and its calls; where each call went.
+    let mut used: Vec<(u64, u32)> = Vec::new();
+    let mut on: Vec<Option<usize>> = vec![None; calls.len()];
+    let (mut seconds, mut most, mut last) = (0.0, 0u64, Duration::ZERO);
+    let mut open = 0u64;
+    for (at, kind, i) in steps {
+        let at = at.min(horizon);
+        seconds += open as f64 * at.saturating_sub(last).as_secs_f64();
+        last = at;
+        if at >= horizon {
+            break;
+        }
+        let mb = u64::from(calls[i].memory_mb).min(invoker_mb);
+        if kind == 1 {
+            // The first open invoker with room; else an empty one (a new invoker).
+            let open_with_room = used.iter().position(|&(u, n)| n > 0 && u + mb <= invoker_mb);
+            let slot = open_with_room.or_else(|| used.iter().position(|&(_, n)| n == 0)).unwrap_or_else(|| {
+                used.push((0, 0));
+                used.len() - 1
+            });
+            if used[slot].1 == 0 {
+                open += 1;
+            }
+            used[slot].0 += mb;
+            used[slot].1 += 1;
+            on[i] = Some(slot);
+            most = most.max(open);
+        } else if let Some(slot) = on[i].take() {
+            used[slot].0 -= mb;
+            used[slot].1 -= 1;
+            if used[slot].1 == 0 {
+                open -= 1;
+            }
+        }
+    }
+    if last < horizon {
+        seconds += open as f64 * (horizon - last).as_secs_f64();
+    }
+    (seconds, most)
 }
 
 #[cfg(test)]
@@ -91,5 +153,19 @@ mod tests {
         // What runs past the horizon counts up to it only.
         let f = Floors::of(&[call(50.0, 30.0, 512)], Duration::from_secs(60), 1024);
         assert_eq!(f.packing_seconds, 10.0);
+        assert_eq!(f.first_fit_seconds, 10.0);
+    }
+
+    /// Calls stay where they were placed: when its neighbour ends, a call keeps its invoker,
+    /// though repacked it would share another's.
+    #[test]
+    fn the_first_fit_ideal_never_moves_a_call() {
+        // 600 and 400 MB share the first invoker, the second 600 MB takes a second. At 10 s the
+        // first 600 MB call ends: 400 + 600 would fit one invoker, but neither call moves.
+        let calls = [call(0.0, 10.0, 600), call(0.0, 60.0, 600), call(0.0, 60.0, 400)];
+        let f = Floors::of(&calls, Duration::from_secs(60), 1024);
+        assert_eq!(f.packing_seconds, 2.0 * 10.0 + 50.0);
+        assert_eq!(f.first_fit_seconds, 2.0 * 60.0);
+        assert_eq!((f.first_fit_max, f.packing_max), (2, 2));
     }
 }

@@ -97,6 +97,12 @@ pub fn compare(scenario: &Scenario, fleet: &Fleet, host: &dyn Host) -> Result<Va
         let mut memory = json!({ "invoker_seconds": floors.memory_seconds.round() });
         bounds.compare(&mut memory, floors.memory_seconds);
         section.insert("memory_floor".into(), memory);
+        let mut first_fit = json!({
+            "invoker_seconds": floors.first_fit_seconds.round(),
+            "invokers_max": floors.first_fit_max,
+        });
+        bounds.compare(&mut first_fit, floors.first_fit_seconds);
+        section.insert("first_fit_ideal".into(), first_fit);
         for (name, result) in &fixed {
             section.insert((*name).into(), result.summary(&bounds));
         }
