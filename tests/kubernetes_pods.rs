@@ -135,7 +135,11 @@ async fn a_burst_past_what_the_nodes_hold_waits_for_room_and_the_kubelet_refuses
     let api = cluster(&[("n1", 1024), ("n2", 1024)]).await;
     api.add_pod("other-tenant", "db", "n1", 512);
     let dir = tempdir();
-    let inv = Invoker::start(dir.path(), &id("k8s-burst"), &config(&api, ""));
+    // Stats observed only every 150 s unless jobs wait for room: a burst that waited for
+    // them would reach its 60 s deadline (as it waited 15 s with the default, before the pool
+    // asked for fresh stats while jobs wait).
+    let config = config(&api, "") + "[pool]\nstats_ttl = \"600s\"\n";
+    let inv = Invoker::start(dir.path(), &id("k8s-burst"), &config);
     until_offers(&inv, "the nodes' offers", &[("n1", 512), ("n2", 1024)]).await;
     for i in 0..10 {
         inv.put_action(&format!("a{i}"), action(256)).await;

@@ -27,6 +27,9 @@ pub struct Submit(pub RunJob);
 #[rtype(result = "()")]
 struct StatsChanged(Vec<NodeStatsUpdate>);
 
+/// How often the factory is asked to observe the cluster while jobs wait for room.
+const OBSERVE_WHILE_WAITING: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The factory saw a container end on its own (its cluster node was lost, its task failed).
 #[derive(Message)]
 #[rtype(result = "()")]
@@ -107,6 +110,8 @@ pub struct ContainerPool {
     /// Each kind's `max_concurrency`, applied at every run; a kind not listed has none.
     kind_concurrency: rustc_hash::FxHashMap<String, u32>,
     discards: Arc<DiscardLog>,
+    /// When the factory was last asked to observe because jobs waited for room.
+    observed_for_waiting: std::time::Instant,
     /// The capacity of every node the factory reports, summed: kept where callers read it
     /// without a message to the pool (the shim's completion message says it per activation).
     user_memory_mb: Arc<AtomicU64>,
@@ -148,6 +153,7 @@ impl ContainerPool {
             protocols: Arc::default(),
             kind_concurrency: Default::default(),
             discards: Arc::default(),
+            observed_for_waiting: std::time::Instant::now(),
         }
     }
 
@@ -387,7 +393,15 @@ impl Actor for ContainerPool {
         }
         ctx.run_interval(self.config.tick, |act, ctx| {
             act.apply(Event::Tick, ctx);
-            act.factory.demand(act.core.waiting_for_room());
+            let waiting = act.core.waiting_for_room();
+            act.factory.demand(waiting);
+            // Jobs waiting for room may wait on stats alone: the reservations of containers
+            // that started since the last ones, or memory a removal may already have freed,
+            // count only once newer stats come. Not a quarter of `stats_ttl` (15 s) for them.
+            if waiting && act.observed_for_waiting.elapsed() >= OBSERVE_WHILE_WAITING {
+                act.observed_for_waiting = std::time::Instant::now();
+                act.factory.observe();
+            }
         });
         let factory = self.factory.clone();
         ctx.run_interval(self.config.stats_ttl / 4, move |_, _| factory.observe());
