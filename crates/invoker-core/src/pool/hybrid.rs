@@ -132,7 +132,7 @@ impl HybridHistogram {
                 }
                 let memory_gb = f64::from(spell.memory_mb) / 1024.0;
                 let window = Window { memory_gb, worth, bin: params.bin, start: spell.start_cost };
-                let (plan, rank) = if h.in_range < params.min_samples {
+                let (plan, rank) = if h.in_range < params.min_samples.max(1) {
                     let fixed_bins = (fallback.as_micros() / params.bin.as_micros().max(1)) as usize;
                     (Plan::Fixed, window.rank_of_keep(h, fixed_bins.clamp(1, bins)))
                 } else {
@@ -217,6 +217,9 @@ impl KeepAlivePolicy for HybridHistogram {
                 history.ends.pop_front();
             }
             history.ends.push_back(spell.since);
+            // One hold per action, moved: a new entry per run would pile up one per activation
+            // for the whole range.
+            self.holds.remove(&(history.hold_until, spell.key));
             history.hold_until = spell.since + range;
             self.holds.insert((history.hold_until, spell.key));
             match plan {
@@ -654,5 +657,14 @@ mod tests {
         }
         assert_eq!(released, [0, 1, 2, 3, 4], "the oldest first, until the bound holds");
         assert_eq!(policy.histories.len(), MAX_HISTORIES);
+    }
+
+    /// A busy action holds one entry, whatever its number of runs.
+    #[test]
+    fn an_action_holds_one_entry_however_often_it_runs() {
+        let mut policy = priced();
+        learn(&mut policy, 1000, Duration::from_secs(1));
+        assert_eq!(policy.holds.len(), 1);
+        assert_eq!(policy.histories.len(), 1);
     }
 }
