@@ -31,14 +31,12 @@ struct NodeState {
     removal_decided: FxHashMap<ContainerId, Time>,
     /// Memory of removals that completed but that the stats may not show free yet: stats
     /// observed before the removal was decided cannot include it; later ones are taken to.
-    freed_unseen: Vec<(Time, u64)>,
-    freed_unseen_mb: u64,
+    freed_unseen: StatsPending,
     /// Memory of removals that completed after stats observed since their decision: those
     /// stats may show it free or not (the Kubernetes factory's show it before it reports the
     /// pod gone; the simulator's do not). Not free for placement, which could count it twice,
     /// but room coming, so that no other container is evicted for it: the next stats say.
-    freed_maybe_shown: Vec<(Time, u64)>,
-    freed_maybe_shown_mb: u64,
+    freed_maybe_shown: StatsPending,
     /// Memory of our idle (or paused) containers here: what the pool may take back for a
     /// start, which health and the cluster's headroom count as room.
     idle_mb: u64,
@@ -59,6 +57,34 @@ pub struct NodeView {
     pub launchable_mb: u64,
     /// Memory held by idle (or paused) containers, which the pool removes when it needs room.
     pub idle_mb: u64,
+}
+
+/// Memory freed by our removals, each stamped, that stats observed at or after its stamp are
+/// taken to show.
+#[derive(Debug, Default)]
+struct StatsPending {
+    entries: Vec<(Time, u64)>,
+    mb: u64,
+}
+
+impl StatsPending {
+    fn add(&mut self, at: Time, memory_mb: u32) {
+        self.entries.push((at, u64::from(memory_mb)));
+        self.mb += u64::from(memory_mb);
+    }
+
+    /// Drops what stats observed at `observed_at` show.
+    fn settle(&mut self, observed_at: Time) {
+        let mut shown = 0;
+        self.entries.retain(|&(at, mb)| {
+            let seen = at <= observed_at;
+            if seen {
+                shown += mb;
+            }
+            !seen
+        });
+        self.mb -= shown;
+    }
 }
 
 pub(super) enum Placement {
@@ -119,10 +145,8 @@ impl Nodes {
                 starts: 0,
                 unconfirmed: FxHashMap::default(),
                 removal_decided: FxHashMap::default(),
-                freed_unseen: Vec::new(),
-                freed_unseen_mb: 0,
-                freed_maybe_shown: Vec::new(),
-                freed_maybe_shown_mb: 0,
+                freed_unseen: StatsPending::default(),
+                freed_maybe_shown: StatsPending::default(),
                 idle_mb: 0,
             };
             self.by_headroom.insert((raw_headroom(&n, self.buffer_mb), update.node.clone()));
@@ -144,24 +168,8 @@ impl Nodes {
                 !seen
             });
             n.reserved_mb -= confirmed;
-            let mut shown = 0;
-            n.freed_unseen.retain(|&(decided, mb)| {
-                let seen = decided <= observed_at;
-                if seen {
-                    shown += mb;
-                }
-                !seen
-            });
-            n.freed_unseen_mb -= shown;
-            let mut settled = 0;
-            n.freed_maybe_shown.retain(|&(released, mb)| {
-                let seen = released <= observed_at;
-                if seen {
-                    settled += mb;
-                }
-                !seen
-            });
-            n.freed_maybe_shown_mb -= settled;
+            n.freed_unseen.settle(observed_at);
+            n.freed_maybe_shown.settle(observed_at);
         });
         self.largest_capacity_mb = self.nodes.values().map(|n| n.capacity_mb).max();
     }
@@ -206,14 +214,14 @@ impl Nodes {
     /// True when removals already under way will leave room for `memory_mb` on some node.
     pub(super) fn room_coming(&self, memory_mb: u32, now: Time) -> bool {
         self.nodes.values().any(|n| {
-            let coming = n.removing_mb + n.freed_maybe_shown_mb;
+            let coming = n.removing_mb + n.freed_maybe_shown.mb;
             coming > 0 && self.is_fresh(n, now) && self.headroom(n, now) + coming as i64 >= i64::from(memory_mb)
         })
     }
 
     pub(super) fn fits_after_freeing(&self, node: &NodeId, memory_mb: u32, freed_mb: u64, now: Time) -> bool {
         self.nodes.get(node).is_some_and(|n| {
-            let coming = n.removing_mb + n.freed_maybe_shown_mb + freed_mb;
+            let coming = n.removing_mb + n.freed_maybe_shown.mb + freed_mb;
             self.is_fresh(n, now) && self.headroom(n, now) + coming as i64 >= i64::from(memory_mb)
         })
     }
@@ -260,14 +268,8 @@ impl Nodes {
             // since may, so it is not counted free until newer ones come (counted now, it could
             // be counted twice: two containers where one fits).
             match n.removal_decided.remove(&id) {
-                Some(decided) if decided > n.observed_at => {
-                    n.freed_unseen.push((decided, u64::from(memory_mb)));
-                    n.freed_unseen_mb += u64::from(memory_mb);
-                }
-                Some(_) => {
-                    n.freed_maybe_shown.push((now, u64::from(memory_mb)));
-                    n.freed_maybe_shown_mb += u64::from(memory_mb);
-                }
+                Some(decided) if decided > n.observed_at => n.freed_unseen.add(decided, memory_mb),
+                Some(_) => n.freed_maybe_shown.add(now, memory_mb),
                 None => {}
             }
         });
@@ -332,6 +334,6 @@ impl Nodes {
 /// accounts and the cluster's stats (minus what they cannot show yet) leave, minus the buffer.
 fn raw_headroom(n: &NodeState, buffer_mb: u64) -> i64 {
     let by_capacity = n.capacity_mb as i64 - buffer_mb as i64 - n.committed_mb as i64;
-    let by_stats = (n.free_mb + n.freed_unseen_mb) as i64 - n.reserved_mb as i64 - buffer_mb as i64;
+    let by_stats = (n.free_mb + n.freed_unseen.mb) as i64 - n.reserved_mb as i64 - buffer_mb as i64;
     by_capacity.min(by_stats)
 }
