@@ -89,6 +89,9 @@ pub struct HybridHistogram {
     now: Time,
 }
 
+/// Ranks are cold starts saved per GB·s held, times this, as integers.
+const RANK_SCALE: f64 = 1e9;
+
 /// How fast the price evictions set relaxes once they stop.
 const RELAX: Duration = Duration::from_secs(600);
 
@@ -203,7 +206,7 @@ impl KeepAlivePolicy for HybridHistogram {
             priced: None,
         });
         let (plan, rank) = self.plan(&spell);
-        let Some(history) = self.histories.get_mut(&spell.key) else { return };
+        let history = self.histories.get_mut(&spell.key).expect("inserted above");
         let deadline = if spell.fresh {
             // A pre-warmed container: kept through the window the histogram predicts.
             let keep = match plan {
@@ -281,7 +284,7 @@ impl KeepAlivePolicy for HybridHistogram {
         let rank = self.spells.get(&spell.seq).map_or(0, |&(_, _, rank)| rank);
         self.take(spell.seq);
         if self.params.window == HybridWindow::Priced && rank > 0 && rank < u64::MAX {
-            let fetched = 1e9 / rank as f64;
+            let fetched = RANK_SCALE / rank as f64;
             let margin = match self.margin {
                 Some((old, _)) => 0.8 * old + 0.2 * fetched,
                 None => fetched,
@@ -424,7 +427,7 @@ impl Window {
         if paid <= 0.0 {
             return if warm > 0.0 { u64::MAX } else { 0 };
         }
-        (warm / paid * 1e9).min(u64::MAX as f64) as u64
+        (warm / paid * RANK_SCALE).min(u64::MAX as f64) as u64
     }
 }
 
