@@ -145,7 +145,8 @@ impl InvokerApp {
                 config.action_kinds().into_iter().map(|(kind, max)| (kind.to_string(), max)).collect(),
             ),
         );
-        let service = ActivationService::new(store.clone(), pool.clone(), metrics, config.limits.namespace_concurrent);
+        let service = ActivationService::new(store.clone(), pool.clone(), metrics, config.limits.namespace_concurrent)
+            .named(&config.invoker_id);
         let mut state = AppState::new(service.clone(), config.clone());
         if let (true, Some(key)) = (config.cluster.enabled(), &config.cluster.controller_key) {
             let kv = Etcd::new(&config.cluster.etcd)?;
@@ -242,7 +243,8 @@ impl SchedulerApp {
         let metrics = Arc::new(Metrics::default());
         let runner = Runner::Cluster(dispatcher.clone());
         let service =
-            ActivationService::with_runner(store.clone(), runner, metrics, config.limits.namespace_concurrent);
+            ActivationService::with_runner(store.clone(), runner, metrics, config.limits.namespace_concurrent)
+                .named(&config.scheduler.id);
         let config = Arc::new(config);
         let state = Arc::new(AppState::new(service.clone(), config.clone()));
         let background = CancellationToken::new();

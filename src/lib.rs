@@ -26,3 +26,4 @@ pub mod runtime;
 pub mod scheduler;
 pub mod sim;
 pub mod store;
+pub mod telemetry;

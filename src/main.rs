@@ -157,12 +157,12 @@ fn main() -> anyhow::Result<()> {
     serve_invoker(cli.serve)
 }
 
-fn init_tracing() {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
-        .with_writer(std::io::stderr)
-        .init();
+/// Log lines, and traces when `[tracing]` or the `OTEL_*` variables say where; the guard
+/// flushes the last spans when dropped, after the runtime has stopped.
+fn init_tracing(config: &Config, service: &str) -> anyhow::Result<invoker::telemetry::Telemetry> {
+    let telemetry = invoker::telemetry::Telemetry::init(&config.tracing, service)?;
     raise_open_files();
+    Ok(telemetry)
 }
 
 /// Every container holds a few descriptors of the invoker's (its pipes, sockets, locks): with
@@ -205,8 +205,8 @@ fn load_config(
 }
 
 fn serve_invoker(cli: ServeArgs) -> anyhow::Result<()> {
-    init_tracing();
     let mut config = load_config(&cli.config, cli.listen, cli.data_dir, cli.etcd)?;
+    let _telemetry = init_tracing(&config, "invoker")?;
     if let Some(id) = cli.invoker_id {
         config.invoker_id = id;
     }
@@ -245,8 +245,8 @@ async fn terminated() -> anyhow::Result<()> {
 }
 
 fn serve_scheduler(cli: SchedulerArgs) -> anyhow::Result<()> {
-    init_tracing();
     let mut config = load_config(&cli.config, cli.listen, cli.data_dir, cli.etcd)?;
+    let _telemetry = init_tracing(&config, "invoker-scheduler")?;
     if let Some(id) = cli.scheduler_id {
         config.scheduler.id = id;
     }
@@ -259,8 +259,8 @@ fn serve_scheduler(cli: SchedulerArgs) -> anyhow::Result<()> {
 }
 
 fn serve_capacity(cli: CapacityArgs) -> anyhow::Result<()> {
-    init_tracing();
     let config = load_config(&cli.config, Some(cli.listen), Some(cli.data_dir), cli.etcd)?;
+    let _telemetry = init_tracing(&config, "invoker-capacity")?;
     actix_rt::System::new().block_on(async {
         let app = invoker::app::CapacityApp::start(config).await?;
         if let Some(key) = &app.config().admin.key {

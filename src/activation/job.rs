@@ -6,6 +6,7 @@ use super::slot::NamespaceSlot;
 use crate::metrics::Metrics;
 use crate::model::{Action, ActivationMeta, ActivationRecord, EncodedRecord, Rejection};
 use crate::store::Store;
+use crate::telemetry::{ActivationTrace, TraceParent, TARGET};
 use serde_json::{Map, Value};
 use std::sync::Arc;
 use std::time::Instant;
@@ -32,6 +33,11 @@ pub struct RunJob {
     pub transaction_id: String,
     /// When the invoker accepted it (for `waitTime`).
     pub accepted: Instant,
+    /// The `traceparent` the action is given: the caller's as it came, until the proxy that
+    /// runs it puts its run span's there.
+    pub traceparent: Option<TraceParent>,
+    /// The span of the wait in the pool's queue, open from the submit to the dispatch.
+    pub queued: tracing::Span,
     pub completion: Completion,
 }
 
@@ -40,6 +46,8 @@ pub struct RunJob {
 /// `self`); dropping one unfinished writes a whisk-error record rather than losing it.
 pub struct Completion {
     inner: Option<CompletionInner>,
+    /// Closed once the record is stored: the activation's span ends with its record's write.
+    trace: ActivationTrace,
 }
 
 struct CompletionInner {
@@ -58,14 +66,20 @@ impl Completion {
         meta: Arc<ActivationMeta>,
         reply: Option<oneshot::Sender<EncodedRecord>>,
         slot: Option<NamespaceSlot>,
+        trace: ActivationTrace,
     ) -> Self {
-        Completion { inner: Some(CompletionInner { store, metrics, reply, meta, _slot: slot }) }
+        Completion { inner: Some(CompletionInner { store, metrics, reply, meta, _slot: slot }), trace }
     }
 
     pub fn finish(mut self, record: ActivationRecord) {
         if let Some(inner) = self.inner.take() {
-            inner.finish(record);
+            inner.finish(record, &self.trace);
         }
+    }
+
+    /// The activation's trace in this process, which its stages' spans hang from.
+    pub fn trace(&self) -> &ActivationTrace {
+        &self.trace
     }
 }
 
@@ -89,7 +103,9 @@ impl CompletionInner {
     /// Stores the record first, then answers: whoever is answered can read it back at once.
     /// The store's `finish` is a journal append, quick enough to call on any thread. The
     /// record is encoded here, once: the store and the waiter share it and its bytes.
-    fn finish(self, record: ActivationRecord) {
+    fn finish(self, record: ActivationRecord, trace: &ActivationTrace) {
+        trace.ended(&record);
+        let _write = tracing::info_span!(target: TARGET, parent: trace.span(), "record").entered();
         self.metrics.activation_finished(&record);
         let record = EncodedRecord::new(record);
         if let Err(e) = self.store.finish(&record) {
@@ -107,7 +123,7 @@ impl Drop for Completion {
             let now = crate::model::epoch_ms();
             let record = ActivationRecord::whisk_error(&inner.meta, "the activation was dropped by the invoker", now);
             tracing::error!(activation = %record.activation_id, "an activation was dropped unfinished");
-            inner.finish(record);
+            inner.finish(record, &self.trace);
         }
     }
 }

@@ -12,6 +12,7 @@ use crate::pool::actor::PoolHandle;
 use crate::pool::status::PoolStatus;
 use crate::scheduler::Dispatcher;
 use crate::store::{Accepted, Store, StoreError};
+use crate::telemetry::{ActivationTrace, TraceParent};
 use invoker_wire::cluster::Health;
 use job::{Completion, RunJob};
 use serde_json::{Map, Value};
@@ -55,6 +56,8 @@ pub struct InvokeRequest {
     pub transaction_id: String,
     /// `None`: answer as soon as it is accepted.
     pub wait: Option<Duration>,
+    /// The caller's W3C `traceparent` (a scheduler's, through the shim), if a valid one came.
+    pub traceparent: Option<TraceParent>,
 }
 
 /// Where accepted activations run: the invoker's own pool, or (a scheduler) the invokers of
@@ -92,6 +95,8 @@ pub struct ActivationService {
     in_flight: NamespaceSlots,
     namespace_limit: u32,
     draining: Arc<std::sync::atomic::AtomicBool>,
+    /// Who runs the activations here, on their spans (the invoker's or the scheduler's id).
+    process: Arc<str>,
 }
 
 impl ActivationService {
@@ -107,7 +112,14 @@ impl ActivationService {
             in_flight: NamespaceSlots::default(),
             namespace_limit,
             draining: Arc::default(),
+            process: Arc::from(""),
         }
+    }
+
+    /// Names who runs the activations accepted here, on their spans.
+    pub fn named(mut self, process: &str) -> Self {
+        self.process = Arc::from(process);
+        self
     }
 
     pub fn store(&self) -> &Arc<dyn Store> {
@@ -207,7 +219,9 @@ impl ActivationService {
         }
         let (tx, rx) = oneshot::channel();
         let meta = Arc::new(meta);
-        let completion = Completion::new(self.store.clone(), self.metrics.clone(), meta.clone(), Some(tx), Some(slot));
+        let trace = ActivationTrace::begin(req.traceparent.clone(), &meta, &self.process);
+        let completion =
+            Completion::new(self.store.clone(), self.metrics.clone(), meta.clone(), Some(tx), Some(slot), trace);
         let params = action.merged_params(req.params);
         let run = RunJob {
             meta: meta.clone(),
@@ -217,6 +231,8 @@ impl ActivationService {
             api_key: req.api_key,
             transaction_id: req.transaction_id,
             accepted,
+            traceparent: req.traceparent,
+            queued: tracing::Span::none(),
             completion,
         };
         if self.runner.submit(run).is_err() {

@@ -324,6 +324,7 @@ pub(super) async fn invoke(state: &AppState, call: &Call, ns: &str, name: &str) 
             activation_id: None,
             transaction_id: new_activation_id(),
             wait: blocking.then_some(wait),
+            traceparent: call.traceparent(),
         })
         .await?;
     Ok(invoke_response(invoked, result_only))

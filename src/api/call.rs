@@ -3,6 +3,7 @@
 
 use super::error::ApiError;
 use crate::http::{with_body, Response};
+use crate::telemetry::TraceParent;
 use bytes::Bytes;
 use hyper::StatusCode;
 use serde::Deserialize;
@@ -27,6 +28,12 @@ pub(crate) struct Call {
 }
 
 impl Call {
+    /// The caller's W3C `traceparent`: one valid header, else none (an invalid or repeated one
+    /// is ignored and the activation starts a trace of its own, as the recommendation asks).
+    pub(crate) fn traceparent(&self) -> Option<TraceParent> {
+        TraceParent::of_headers(self.head.headers.iter().filter_map(|(n, v)| Some((n.as_str(), v.to_str().ok()?))))
+    }
+
     /// The query string parsed into `T`; a malformed one is a 400 naming it.
     pub(crate) fn query<T: serde::de::DeserializeOwned>(&self) -> Result<T, ApiError> {
         serde_urlencoded::from_str(self.head.uri.query().unwrap_or(""))

@@ -15,6 +15,7 @@ use crate::http::Response;
 use crate::model::{
     is_activation_id, validate_entity_name, ActivationMessage, ActivationRecord, EncodedRecord, Outcome,
 };
+use crate::telemetry::TraceParent;
 use bytes::Bytes;
 use hyper::StatusCode;
 use serde_json::{json, Value};
@@ -93,6 +94,9 @@ pub(super) async fn activation_message(state: &AppState, call: &Call) -> Result<
         ),
         _ => state.config.limits.blocking_wait,
     };
+    let traceparent = msg.trace_context.as_ref().and_then(|headers| {
+        TraceParent::of_headers(headers.iter().map(|(name, value)| (name.as_ref(), value.as_ref())))
+    });
     let params = msg.content.map(std::borrow::Cow::into_owned).unwrap_or_default();
     let api_key = msg.user.authkey.filter(|_| action.provides_api_key()).map(|k| k.api_key.into_owned());
     let invoked = state
@@ -106,6 +110,7 @@ pub(super) async fn activation_message(state: &AppState, call: &Call) -> Result<
             activation_id: Some(msg.activation_id.into_owned()),
             transaction_id,
             wait: msg.blocking.then_some(wait),
+            traceparent,
         })
         .await?;
     match invoked {

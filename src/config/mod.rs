@@ -15,6 +15,7 @@ mod limits;
 mod pool;
 mod proxy;
 mod store;
+mod tracing;
 
 pub use admin::AdminConfig;
 pub use api::ApiConfig;
@@ -34,6 +35,7 @@ pub use limits::{disk_bytes_of, disk_inodes, LimitsConfig, DISK_INODES_RESERVED}
 pub use pool::{PoolConfig, PrewarmConfig};
 pub use proxy::ProxyConfig;
 pub use store::StoreConfig;
+pub use tracing::TracingConfig;
 
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -73,6 +75,8 @@ pub struct Config {
     pub scheduler: SchedulerConfig,
     /// `invoker capacity` only: the groups it sizes.
     pub capacity: CapacityConfig,
+    /// Spans of every activation, exported over OTLP; off by default.
+    pub tracing: TracingConfig,
     /// The file this was read from: hidden from action containers.
     #[serde(skip)]
     pub source: Option<PathBuf>,
@@ -98,6 +102,7 @@ impl Default for Config {
             cluster: ClusterConfig::default(),
             scheduler: SchedulerConfig::default(),
             capacity: CapacityConfig::default(),
+            tracing: TracingConfig::default(),
             source: None,
         }
     }
@@ -148,6 +153,7 @@ impl Config {
         self.cluster.validate()?;
         self.scheduler.validate()?;
         self.capacity.validate()?;
+        self.tracing.validate()?;
         self.factory.validate(&self.pool, &self.limits)?;
         kinds::validate(&self.kinds)
     }
@@ -459,6 +465,24 @@ mod tests {
         config.validate().unwrap();
         assert_eq!(config.namespaces["guest"], GUEST_KEY);
         assert!(config.kinds.contains_key("python:3"));
+    }
+
+    #[test]
+    fn tracing_is_off_by_default_and_its_keys_are_checked() {
+        let config = Config::from_toml("").unwrap();
+        assert!(config.tracing.otlp_endpoint.is_empty() && config.tracing.sample_ratio.is_none());
+        let ok = "[tracing]\notlp_endpoint = \"http://127.0.0.1:4318\"\nsample_ratio = 0.01\n";
+        Config::from_toml(ok).unwrap().validate().unwrap();
+        for (bad, key) in [
+            ("otlp_endpoint = \"https://collector:4318\"", "tracing.otlp_endpoint"),
+            ("otlp_endpoint = \"http://a b\"", "tracing.otlp_endpoint"),
+            ("sample_ratio = 1.5", "tracing.sample_ratio"),
+            ("sample_ratio = nan", "tracing.sample_ratio"),
+            ("service_name = \" \"", "tracing.service_name"),
+        ] {
+            let err = Config::from_toml(&format!("[tracing]\n{bad}\n")).unwrap().validate().unwrap_err();
+            assert_eq!(err.key, key, "{bad}");
+        }
     }
 
     #[test]

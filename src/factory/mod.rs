@@ -58,6 +58,21 @@ macro_rules! each_backend {
 }
 
 impl Factory {
+    /// The backend's name, as `factory.kind` spells it: on the spans of what it creates.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Factory::Process(_) => "process",
+            #[cfg(feature = "docker")]
+            Factory::Docker(_) => "docker",
+            #[cfg(feature = "mesos")]
+            Factory::Mesos(_) => "mesos",
+            #[cfg(feature = "kubernetes")]
+            Factory::Kubernetes(_) => "kubernetes",
+            #[cfg(feature = "test-util")]
+            Factory::Mock(_) => "mock",
+        }
+    }
+
     /// The backend `factory.kind` names, set up from its section of the config.
     /// `store` keeps what a backend must remember across restarts (a Mesos framework id).
     pub async fn from_config(

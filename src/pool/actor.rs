@@ -2,8 +2,8 @@
 //! the effects it returns: starting proxies, handing them jobs, answering rejected jobs.
 
 use super::core::{
-    ContainerId, ContainerState, CoreConfig, CreateFailure, Effect, Event, Job, JobId, KeyId, NodeStatsUpdate, Owner,
-    PoolCore, PoolCounts, RejectReason, StemId,
+    ContainerId, ContainerState, CoreConfig, CreateFailure, Effect, Event, Job, JobId, KeyId, NodeId, NodeStatsUpdate,
+    Owner, PoolCore, PoolCounts, RejectReason, StemId,
 };
 use super::status::{ContainerSummary, PoolSnapshot, PoolStatus, WarmContainers};
 use crate::activation::job::RunJob;
@@ -12,11 +12,13 @@ use crate::factory::{ContainerFactory, ContainerSpec, Epoch, Factory};
 use crate::metrics::Metrics;
 use crate::model::{Action, Rejection};
 use crate::proxy::{ContainerProxy, DiscardLog, Gone, Pause, ProxyContext, ProxyReport, Remove, Resume, Run};
+use crate::telemetry::TARGET;
 use actix::prelude::*;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use tokio::sync::oneshot;
+use tracing::Span;
 
 /// Hand a job to the pool, with `try_send`: a full mailbox answers the job at once (503).
 #[derive(Message)]
@@ -222,6 +224,11 @@ impl ContainerPool {
     }
 
     fn apply(&mut self, event: Event, ctx: &mut Context<Self>) {
+        // A container created on a job's arrival is created for it: its span is that job's.
+        let arrived = match &event {
+            Event::Arrived(job) => Some((job.id, job.key)),
+            _ => None,
+        };
         let effects = self.core.handle(event, self.epoch.now());
         for effect in effects {
             match effect {
@@ -251,7 +258,14 @@ impl ContainerPool {
                     // A stem, or a container the keep-alive policy started ahead of a call: its
                     // first run waited for no create.
                     let prewarmed = matches!(owner, Owner::Stem(_)) || prewarm;
-                    let proxy = ContainerProxy::new(spec, node, proxy_ctx, prewarmed).start();
+                    let for_job = match (owner, arrived) {
+                        (Owner::Key(key), Some((job, arrived_key))) if key == arrived_key && !prewarm => {
+                            self.jobs.get(&job)
+                        }
+                        _ => None,
+                    };
+                    let creating = create_span(for_job, &spec, &node, self.factory.name(), prewarmed);
+                    let proxy = ContainerProxy::new(spec, node, proxy_ctx, prewarmed, creating).start();
                     self.proxies.insert(container, proxy);
                 }
                 // Messages to a proxy are bounded by the core, not by the proxy's mailbox: a
@@ -259,7 +273,8 @@ impl ContainerPool {
                 // than a mailbox's default 16), with one pause or resume between them; so they
                 // are sent without a capacity check, and none is ever refused.
                 Effect::Dispatch { job, container } => {
-                    if let (Some(run), Some(proxy)) = (self.jobs.remove(&job), self.proxies.get(&container)) {
+                    if let (Some(mut run), Some(proxy)) = (self.jobs.remove(&job), self.proxies.get(&container)) {
+                        run.queued = tracing::Span::none();
                         proxy.do_send(Run { job, run });
                     }
                 }
@@ -280,6 +295,7 @@ impl ContainerPool {
                 }
                 Effect::Reject { job, reason } => {
                     if let Some(run) = self.jobs.remove(&job) {
+                        crate::telemetry::failed(&run.queued, &rejection(reason).message());
                         run.reject(rejection(reason));
                     }
                 }
@@ -346,6 +362,26 @@ impl ContainerPool {
 }
 
 /// The core's reason, as the record carries it.
+/// The span of a container's creation: under the activation it was created for, else (ahead
+/// of calls: a prewarm, a stem, room freed for waiting jobs) a trace of its own.
+fn create_span(for_job: Option<&RunJob>, spec: &ContainerSpec, node: &NodeId, factory: &str, prewarm: bool) -> Span {
+    let parent = for_job.map(|run| run.completion.trace().span().id());
+    tracing::info_span!(
+        target: TARGET,
+        parent: parent.flatten(),
+        "container.create",
+        container = spec.id.0,
+        action = %spec.action_path,
+        kind = %spec.kind,
+        memory_mb = spec.memory_mb,
+        node = %node.0,
+        factory,
+        ahead = prewarm,
+        "otel.status_code" = tracing::field::Empty,
+        "otel.status_description" = tracing::field::Empty,
+    )
+}
+
 fn rejection(reason: RejectReason) -> Rejection {
     match reason {
         RejectReason::NeverFits { memory_mb, largest_node_mb } => Rejection::NeverFits { memory_mb, largest_node_mb },
@@ -425,6 +461,8 @@ impl Handler<Submit> for ContainerPool {
             stem: self.config.stem_for(&run.action.exec.kind, run.action.limits.memory, run.action.limits.disk),
             idle_timeout,
         };
+        let mut run = run;
+        run.queued = tracing::info_span!(target: TARGET, parent: run.completion.trace().span(), "queue");
         self.jobs.insert(id, run);
         self.apply(Event::Arrived(job), ctx);
         if !self.core.has_key(key) {

@@ -18,6 +18,7 @@ use crate::config::{ProxyConfig, RuntimeProtocol};
 use crate::factory::{ContainerFactory, ContainerHandle, ContainerSpec, Factory};
 use crate::model::{epoch_ms, Outcome, StartKind};
 use crate::pool::core::{ContainerId, CreateFailure, JobId, NodeId};
+use crate::telemetry::{self, TARGET};
 use actix::prelude::*;
 pub use core::ProxyState;
 use core::{Effect, Event, FailCause, ProxyCore};
@@ -28,6 +29,8 @@ use serde_json::json;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tracing::field::Empty;
+use tracing::Span;
 
 /// What a proxy reports to the pool.
 #[derive(Message, Debug)]
@@ -110,10 +113,12 @@ pub struct ContainerProxy {
     /// Started as a prewarm (stem) container: its first run is a prewarm start, whose path
     /// held no container creation.
     prewarmed: bool,
+    /// The creation's span, until the factory answers.
+    creating: Span,
 }
 
 impl ContainerProxy {
-    pub fn new(spec: ContainerSpec, node: NodeId, ctx: ProxyContext, prewarmed: bool) -> Self {
+    pub fn new(spec: ContainerSpec, node: NodeId, ctx: ProxyContext, prewarmed: bool, creating: Span) -> Self {
         let protocol = ctx.protocols.get(&spec.kind).copied().unwrap_or_default();
         ContainerProxy {
             spec,
@@ -129,6 +134,7 @@ impl ContainerProxy {
             init_failure: None,
             resume_failure: String::new(),
             prewarmed,
+            creating,
         }
     }
 
@@ -169,6 +175,7 @@ impl ContainerProxy {
     fn start_init(&mut self, with: JobId, ctx: &mut Context<Self>) {
         let (Some(runtime), Some((run, _))) = (self.runtime.clone(), self.runs.get(&with)) else { return };
         let action = run.action.clone();
+        let span = self.stage_span(run, Stage::Init);
         let (api_host, timeout) = (self.ctx.api_host.clone(), self.ctx.config.init_timeout);
         let began = Instant::now();
         let fut = async move { runtime.init(&action, &api_host, timeout).await };
@@ -177,10 +184,13 @@ impl ContainerProxy {
             let ok = match answer {
                 Ok(()) => true,
                 Err(failed) => {
-                    act.init_failure = Some(act.interpret_init_failure(failed));
+                    let failure = act.interpret_init_failure(failed);
+                    telemetry::failed(&span, failure.result["error"].as_str().unwrap_or("init failed"));
+                    act.init_failure = Some(failure);
                     false
                 }
             };
+            drop(span);
             act.apply(Event::InitAnswered { ok }, ctx);
         }));
     }
@@ -213,6 +223,7 @@ impl ContainerProxy {
     fn fail_run(&mut self, job: JobId, cause: FailCause, first: bool, ctx: &mut Context<Self>) {
         let Some((run, began)) = self.runs.remove(&job) else { return };
         let fields = self.record_fields(&run, began, first);
+        self.trace_container(&run, &fields);
         let (outcome, result) = match cause {
             FailCause::InitFailed => match &self.init_failure {
                 Some(failed) => (Outcome::DeveloperError, failed.result.clone()),
@@ -232,8 +243,10 @@ impl ContainerProxy {
             _ => None,
         };
         let wait = self.ctx.config.log_sentinel_wait.min(Duration::from_millis(200));
+        let logs = self.stage_span(&run, Stage::Logs);
         let fut = async move {
             let limit = run.meta.limits.logs as usize * 1024 * 1024;
+            let _logs = logs;
             let lines = match window {
                 Some(w) => w.collect(wait, limit).await,
                 None => Vec::new(),
@@ -263,9 +276,27 @@ impl ContainerProxy {
         }
     }
 
+    fn stage_span(&self, run: &RunJob, stage: Stage) -> Span {
+        stage_span(run, self.spec.id, stage)
+    }
+
+    /// Says on the activation's span where it ran and how it started.
+    fn trace_container(&self, run: &RunJob, fields: &RecordFields) {
+        let span = run.completion.trace().span();
+        if span.is_disabled() {
+            return;
+        }
+        span.record("container", self.spec.id.0);
+        span.record("node", &*self.node.0);
+        span.record("start", fields.start_kind.as_str());
+    }
+
     fn start_run(&mut self, job: JobId, first: bool, ctx: &mut Context<Self>) {
-        let Some((run, began)) = self.runs.remove(&job) else { return };
+        let Some((mut run, began)) = self.runs.remove(&job) else { return };
         let fields = self.record_fields(&run, began, first);
+        self.trace_container(&run, &fields);
+        let running = self.stage_span(&run, Stage::Run);
+        run.traceparent = run.completion.trace().pass_on(&running);
         let timeout_ms = run.meta.limits.timeout;
         let runtime = self.runtime.clone().expect("the core runs nothing before the container is created");
         let handle = self.handle.clone().expect("the core runs nothing before the container is created");
@@ -284,8 +315,11 @@ impl ContainerProxy {
             if !interpreted.reusable {
                 let said = interpreted.result["error"].as_str().unwrap_or_default();
                 let detail = failed.unwrap_or_else(|| said.to_string());
+                telemetry::failed(&running, &detail);
                 discards.discarded(container.0, &format!("{}/{}", run.meta.namespace, run.meta.name), why, &detail);
             }
+            drop(running);
+            let _logs = stage_span(&run, container, Stage::Logs);
             // A failed container may never write its sentinels: do not wait long for them.
             let wait = if interpreted.reusable { log_wait } else { log_wait.min(Duration::from_millis(200)) };
             let limit = run.meta.limits.logs as usize * 1024 * 1024;
@@ -340,6 +374,28 @@ impl ContainerProxy {
     }
 }
 
+/// A span of one of `run`'s stages on `container`, under its activation's span, from now.
+fn stage_span(run: &RunJob, container: ContainerId, stage: Stage) -> Span {
+    let (parent, container) = (run.completion.trace().span(), container.0);
+    match stage {
+        Stage::Init => {
+            tracing::info_span!(target: TARGET, parent: parent, "init", container, "otel.status_code" = Empty, "otel.status_description" = Empty)
+        }
+        Stage::Run => {
+            tracing::info_span!(target: TARGET, parent: parent, "run", container, "otel.kind" = "client", "otel.status_code" = Empty, "otel.status_description" = Empty)
+        }
+        Stage::Logs => tracing::info_span!(target: TARGET, parent: parent, "logs", container),
+    }
+}
+
+/// The stages of a run on a container that get a span of their own.
+#[derive(Clone, Copy)]
+enum Stage {
+    Init,
+    Run,
+    Logs,
+}
+
 /// The activation id a run's lines may start with: only where runs may overlap does `/init`
 /// ask the runtime to tag them (see `protocol::openwhisk::init`); elsewhere none, and the
 /// window has nothing to look for.
@@ -361,6 +417,10 @@ impl Actor for ContainerProxy {
         let fut = async move { factory.create(&spec, &node).await };
         ctx.spawn(fut.into_actor(self).map(move |created, act, ctx| {
             act.create_ms = began.elapsed().as_millis() as u64;
+            if let Err(reason) = &created {
+                telemetry::failed(&act.creating, &reason.to_string());
+            }
+            act.creating = Span::none();
             let failure = match created {
                 Ok(handle) => {
                     let runtime =

@@ -24,6 +24,7 @@ use crate::model::{
     epoch_ms, ActivationMessage, ActivationRecord, ControllerIndex, KeyValue, MessageAction, MessageKey,
     MessageNamespace, MessageRequest, MessageUser, Rejection,
 };
+use crate::telemetry::{TraceParent, TARGET};
 use bytes::Bytes;
 use metrics::SchedulerMetrics;
 use parking_lot::Mutex;
@@ -36,6 +37,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
+use tracing::field::Empty;
 use view::{ClusterView, Directory, RecordCache, RevisionKey};
 
 /// A quiet prefix is still read into the directory this often (the grace of a registration
@@ -175,15 +177,18 @@ impl Dispatcher {
         let needs = needs_of(action);
         let invoker_wait = Duration::from_millis(action.limits.timeout);
         let timeout = controller_wait(invoker_wait, self.wait_deadline, self.init_timeout) + Duration::from_secs(10);
-        let message = self.message(&run, revision);
         let mut tried = BTreeSet::new();
         let mut refusals = Vec::new();
         let mut tags = needs.tags.clone();
         tags.sort_unstable();
+        let trace = run.completion.trace();
         for attempt in 0..=self.max_reschedules {
-            let (view, chosen) = match self.place_or_wait(&key, &needs, &tags, &tried).await {
+            let placing = tracing::info_span!(target: TARGET, parent: trace.span(), "placement", attempt, invoker = Empty, rule = Empty, "otel.status_code" = Empty, "otel.status_description" = Empty);
+            let placed = self.place_or_wait(&key, &needs, &tags, &tried).await;
+            let (view, chosen) = match placed {
                 Ok(placed) => placed,
                 Err(why) => {
+                    crate::telemetry::failed(&placing, &why.to_string());
                     self.metrics.unavailable(Some(&why));
                     self.demand.refused(&tags, needs.memory_mb);
                     let message = with_refusals(why.to_string(), &refusals);
@@ -195,6 +200,9 @@ impl Dispatcher {
             }
             self.metrics.placed(chosen.rule);
             let invoker = chosen.invoker;
+            placing.record("invoker", invoker.as_str());
+            placing.record("rule", tracing::field::debug(chosen.rule));
+            drop(placing);
             let Some(authority) = view.invokers.get(&invoker).and_then(|r| crate::cluster::etcd::authority(&r.api))
             else {
                 refusals.push(format!("{invoker}: its address is not http://host:port"));
@@ -207,12 +215,18 @@ impl Dispatcher {
                 tried.insert(invoker);
                 continue;
             };
+            let handing = tracing::info_span!(target: TARGET, parent: trace.span(), "handover", "otel.kind" = "client", invoker = invoker.as_str(), "otel.status_code" = Empty, "otel.status_description" = Empty);
+            let message = self.message(&run, revision, trace.pass_on(&handing));
             let send = self.enter(&invoker, &key, needs.memory_mb);
             self.demand.add(&tags, demand::Stage::InFlight, needs.memory_mb);
             let sent = tokio::select! {
-                sent = self.client.send(authority, message.clone(), self.handover_timeout, timeout) => sent,
+                sent = self.client.send(authority, message, self.handover_timeout, timeout) => sent,
                 _ = departure.cancelled() => Sent::Lost("it left the cluster (its lease expired)".into()),
             };
+            if let Some(reason) = sent.failure() {
+                crate::telemetry::failed(&handing, reason);
+            }
+            drop(handing);
             self.leave(&invoker, &key, send);
             self.demand.remove(&tags, demand::Stage::InFlight, needs.memory_mb);
             match sent {
@@ -389,7 +403,7 @@ impl Dispatcher {
     /// OpenWhisk's `ActivationMessage`, naming this scheduler and the action's cluster revision
     /// (an invoker fetches the action by them). Serialised from borrowed fields: the
     /// parameters are not copied into a JSON tree first.
-    fn message(&self, run: &RunJob, revision: u64) -> Bytes {
+    fn message(&self, run: &RunJob, revision: u64, traceparent: Option<TraceParent>) -> Bytes {
         let meta = &run.meta;
         let message = ActivationMessage {
             transid: serde_json::json!([run.transaction_id, meta.accepted_at]),
@@ -418,6 +432,9 @@ impl Dispatcher {
                     .map(|(n, v)| (Cow::Borrowed(n.as_str()), Cow::Borrowed(v.as_str())))
                     .collect(),
                 body: Cow::Owned(base64::Engine::encode(&base64::engine::general_purpose::STANDARD, &r.body)),
+            }),
+            trace_context: traceparent.map(|t| {
+                BTreeMap::from([(Cow::Borrowed(crate::telemetry::HEADER), Cow::Owned(t.as_str().to_string()))])
             }),
         };
         Bytes::from(serde_json::to_vec(&message).expect("a message serialises"))

@@ -46,6 +46,16 @@ pub enum Sent {
     Lost(String),
 }
 
+impl Sent {
+    /// Why nothing came back, for the hand-over's span; `None` when a record did.
+    pub fn failure(&self) -> Option<&str> {
+        match self {
+            Sent::Finished(_) => None,
+            Sent::Refused(why) | Sent::Unheard(why) | Sent::Lost(why) => Some(why),
+        }
+    }
+}
+
 pub struct InvokerClient {
     /// `Basic <base64 of the controller key>`.
     authorization: String,

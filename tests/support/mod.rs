@@ -6,6 +6,7 @@ pub mod etcd;
 pub mod fn_cli;
 #[cfg(feature = "kubernetes")]
 pub mod kube_api;
+pub mod otlp;
 pub mod partition;
 
 use serde_json::{json, Value};
@@ -96,6 +97,17 @@ impl Invoker {
         controller: &str,
         invoker_id: &str,
     ) -> (Invoker, Invoker) {
+        Self::invoker_and_scheduler_with_env(dir, etcd_url, controller, invoker_id, &[]).await
+    }
+
+    /// As [`Self::invoker_and_scheduler`], with `env` added to both processes' environment.
+    pub async fn invoker_and_scheduler_with_env(
+        dir: &Path,
+        etcd_url: &str,
+        controller: &str,
+        invoker_id: &str,
+        env: &[(&str, &str)],
+    ) -> (Invoker, Invoker) {
         let keys = format!(
             "[cluster]\netcd = [\"{etcd_url}\"]\nlease_ttl = \"3s\"\npublish_interval = \"100ms\"\n\
              controller_key = \"{controller}\"\n[admin]\ncontroller_keys = [\"{controller}\"]\n"
@@ -103,10 +115,13 @@ impl Invoker {
         let (invoker_dir, scheduler_dir) = (dir.join("invoker"), dir.join("scheduler"));
         std::fs::create_dir_all(&invoker_dir).unwrap();
         std::fs::create_dir_all(&scheduler_dir).unwrap();
-        let invoker = Invoker::start(&invoker_dir, invoker_id, &keys);
-        let scheduler = Invoker::start_scheduler(
+        let invoker = Invoker::start_with_env(&invoker_dir, invoker_id, &keys, &[], env);
+        let scheduler = Invoker::start_with_env(
             &scheduler_dir,
+            "scheduler",
             &format!("{keys}[scheduler]\nid = \"s1\"\nrefresh_interval = \"50ms\"\n"),
+            &["scheduler"],
+            env,
         );
         scheduler.until_an_invoker_serves().await;
         (invoker, scheduler)

@@ -179,6 +179,17 @@ pub enum StartKind {
     Prewarm,
 }
 
+impl StartKind {
+    /// As serialised.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StartKind::Cold => "cold",
+            StartKind::Warm => "warm",
+            StartKind::Prewarm => "prewarm",
+        }
+    }
+}
+
 /// The activation record. Serialized exactly as OpenWhisk's `WhiskActivation`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -721,6 +732,10 @@ pub struct ActivationMessage<'a> {
     /// (an Fn function called through a scheduler).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request: Option<MessageRequest<'a>>,
+    /// OpenWhisk's: the trace the activation belongs to, as propagation headers. A scheduler
+    /// puts W3C's `traceparent` in it; an invoker reads that key only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_context: Option<std::collections::BTreeMap<Cow<'a, str>, Cow<'a, str>>>,
 }
 
 /// A call's headers, and its body in base64.

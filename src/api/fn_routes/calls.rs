@@ -14,6 +14,7 @@ use crate::http::Response;
 use crate::model::{new_activation_id, Action, ActivationRecord};
 use crate::proxy::protocol::fn_stream::is_hop_by_hop;
 use crate::store::DocKind;
+use crate::telemetry::TraceParent;
 use base64::Engine as _;
 use bytes::Bytes;
 use hyper::header::{HeaderName, HeaderValue, CONTENT_TYPE};
@@ -115,9 +116,11 @@ async fn run(
     }
     let wait = Duration::from_millis(action.limits.timeout).max(limits.blocking_wait) + Duration::from_secs(5);
     let api_key = action.provides_api_key().then_some(key);
+    let traceparent = TraceParent::of_headers(request.headers.iter().map(|(n, v)| (n.as_str(), v.as_str())));
     let invoked = state
         .service
         .invoke(InvokeRequest {
+            traceparent,
             request: Some(Arc::new(request)),
             action,
             params: Map::new(),

@@ -56,8 +56,8 @@ pub fn environment(action: &Action, memory_mb: u32) -> Vec<(String, String)> {
     env
 }
 
-/// `POST /call` with the caller's headers (hop-by-hop ones dropped), `Fn-Call-Id` and
-/// `Fn-Deadline`; the caller's body, or the activation's parameters as JSON when it came
+/// `POST /call` with the caller's headers (hop-by-hop ones dropped), `Fn-Call-Id`,
+/// `Fn-Deadline` and the run's `traceparent`; the caller's body, or the activation's parameters as JSON when it came
 /// through OpenWhisk's API. Past `timeout` the connection is dropped (the FDKs do not enforce
 /// the deadline themselves).
 pub(super) async fn call(client: &RuntimeClient, run: &RunJob, timeout: Duration) -> Answer {
@@ -81,8 +81,12 @@ pub(super) async fn call(client: &RuntimeClient, run: &RunJob, timeout: Duration
         }
     };
     let deadline = humantime::format_rfc3339_seconds(SystemTime::now() + timeout).to_string();
-    for (name, value) in [("fn-call-id", run.meta.activation_id.as_str()), ("fn-deadline", deadline.as_str())] {
-        if let Ok(value) = HeaderValue::try_from(value) {
+    // The run's `traceparent` takes the place of the caller's: the function's spans are the
+    // run span's children.
+    let traceparent = run.traceparent.as_ref().map(|t| t.as_str());
+    let ours = [("fn-call-id", Some(run.meta.activation_id.as_str())), ("fn-deadline", Some(deadline.as_str()))];
+    for (name, value) in ours.into_iter().chain([(crate::telemetry::HEADER, traceparent)]) {
+        if let Some(Ok(value)) = value.map(HeaderValue::try_from) {
             headers.insert(HeaderName::from_static(name), value);
         }
     }

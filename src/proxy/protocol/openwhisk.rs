@@ -55,6 +55,7 @@ pub(super) async fn run(client: &RuntimeClient, run: &RunJob, timeout: Duration)
         transaction_id: &run.transaction_id,
         deadline: (epoch_ms() + meta.limits.timeout).to_string(),
         api_key: run.api_key.as_deref(),
+        traceparent: run.traceparent.as_ref().map_or("", |t| t.as_str()),
     };
     // Strings and a JSON map: serialising cannot fail.
     let body = Bytes::from(serde_json::to_vec(&body).expect("a run body serialises"));
@@ -75,6 +76,11 @@ struct RunBody<'a> {
     deadline: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     api_key: Option<&'a str>,
+    /// Ours: the run's W3C `traceparent`, empty when it has none. OpenWhisk's runtimes export
+    /// every key but `value` to the action as `__OW_<KEY>`, so the action reads
+    /// `__OW_TRACEPARENT`. Always sent: a runtime keeps a key a run leaves out, and the next
+    /// run of a warm container must not read the last one's.
+    traceparent: &'a str,
 }
 
 fn developer(message: String) -> Interpreted {

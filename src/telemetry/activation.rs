@@ -1,0 +1,172 @@
+//! One activation's trace in this process, and the W3C `traceparent` it takes and passes on.
+
+use super::TARGET;
+use crate::model::ActivationMeta;
+use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState};
+use tracing::field::Empty;
+use tracing::Span;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+/// The header (and the key of an `ActivationMessage`'s `traceContext`) that carries it.
+pub const HEADER: &str = "traceparent";
+
+/// A W3C `traceparent` (`00-<trace id>-<parent id>-<flags>`), checked as the recommendation
+/// says: one that does not hold is ignored (the activation starts a trace of its own), never
+/// a reason to refuse a call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TraceParent(String);
+
+impl TraceParent {
+    /// `None` for a value that is not a valid `traceparent` of version 00 (or a later version
+    /// read as 00, as the recommendation asks).
+    pub fn parse(value: &str) -> Option<TraceParent> {
+        let value = value.trim();
+        let mut parts = value.split('-');
+        let (version, trace, parent, flags) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+        let hex = |s: &str, len: usize| s.len() == len && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+        let valid = hex(version, 2)
+            && version != "ff"
+            && (version != "00" || parts.next().is_none())
+            && hex(trace, 32)
+            && trace.bytes().any(|b| b != b'0')
+            && hex(parent, 16)
+            && parent.bytes().any(|b| b != b'0')
+            && hex(flags, 2);
+        valid.then(|| TraceParent(format!("00-{trace}-{parent}-{flags}")))
+    }
+
+    /// The one `traceparent` among `headers`; none when it is missing, repeated or invalid.
+    pub fn of_headers<'h>(headers: impl Iterator<Item = (&'h str, &'h str)>) -> Option<TraceParent> {
+        let mut found = headers.filter(|(name, _)| name.eq_ignore_ascii_case(HEADER));
+        match (found.next(), found.next()) {
+            (Some((_, value)), None) => TraceParent::parse(value),
+            _ => None,
+        }
+    }
+
+    fn of(context: &SpanContext) -> Option<TraceParent> {
+        context.is_valid().then(|| {
+            let flags = context.trace_flags().to_u8() & 1;
+            TraceParent(format!("00-{}-{}-{flags:02x}", context.trace_id(), context.span_id()))
+        })
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    fn context(&self) -> opentelemetry::Context {
+        let field = |i: usize| self.0.split('-').nth(i).unwrap_or_default();
+        let trace_id = TraceId::from_hex(field(1)).unwrap_or(TraceId::INVALID);
+        let span_id = SpanId::from_hex(field(2)).unwrap_or(SpanId::INVALID);
+        let flags = u8::from_str_radix(field(3), 16).unwrap_or(0) & 1;
+        let remote = SpanContext::new(trace_id, span_id, TraceFlags::new(flags), true, TraceState::default());
+        opentelemetry::Context::new().with_remote_span_context(remote)
+    }
+}
+
+/// The activation's span in this process (a child of the caller's `traceparent` or of the
+/// scheduler's hand-over), which its stages' spans hang from, and the caller's `traceparent`
+/// kept to pass on unchanged when this process records no span.
+#[derive(Clone, Debug)]
+pub struct ActivationTrace {
+    span: Span,
+    given: Option<TraceParent>,
+}
+
+impl Default for ActivationTrace {
+    fn default() -> Self {
+        ActivationTrace { span: Span::none(), given: None }
+    }
+}
+
+impl ActivationTrace {
+    /// Opens the activation's span; `process` names who runs it here (the invoker's or the
+    /// scheduler's id).
+    pub fn begin(given: Option<TraceParent>, meta: &ActivationMeta, process: &str) -> ActivationTrace {
+        let span = tracing::info_span!(
+            target: TARGET,
+            "activation",
+            "otel.kind" = "server",
+            namespace = %meta.namespace,
+            action = %meta.name,
+            activation_id = %meta.activation_id,
+            process,
+            invoker = Empty,
+            node = Empty,
+            container = Empty,
+            start = Empty,
+            outcome = Empty,
+            "otel.status_code" = Empty,
+            "otel.status_description" = Empty,
+        );
+        if let (false, Some(parent)) = (span.is_disabled(), &given) {
+            let _ = span.set_parent(parent.context());
+        }
+        ActivationTrace { span, given }
+    }
+
+    pub fn span(&self) -> &Span {
+        &self.span
+    }
+
+    /// What to pass on from `stage` (one of this activation's spans) to the next process or
+    /// the action: `stage`'s own context where it records, else the caller's as it came.
+    pub fn pass_on(&self, stage: &Span) -> Option<TraceParent> {
+        if stage.is_disabled() {
+            return self.given.clone();
+        }
+        TraceParent::of(&stage.context().span().span_context().clone()).or_else(|| self.given.clone())
+    }
+}
+
+impl ActivationTrace {
+    /// Says on the activation's span how it ended; anything but a success marks it failed.
+    pub fn ended(&self, record: &crate::model::ActivationRecord) {
+        if self.span.is_disabled() {
+            return;
+        }
+        self.span.record("outcome", record.response.status.as_str());
+        if !record.response.success {
+            let why = record.response.result.get("error").and_then(|e| e.as_str());
+            failed(&self.span, why.unwrap_or(record.response.status.as_str()));
+        }
+    }
+}
+
+/// Marks `span` as failed, saying why (`otel.status_code` is how the bridge sets the status).
+pub fn failed(span: &Span, reason: &str) {
+    if !span.is_disabled() {
+        span.record("otel.status_code", "error");
+        span.record("otel.status_description", reason);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TraceParent;
+
+    #[test]
+    fn a_traceparent_is_taken_only_as_the_recommendation_writes_it() {
+        let good = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        assert_eq!(TraceParent::parse(good).unwrap().as_str(), good);
+        // A later version is read as 00, its extra fields dropped.
+        assert_eq!(
+            TraceParent::parse("01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-what").unwrap().as_str(),
+            good
+        );
+        for bad in [
+            "",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+            "00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-1g",
+        ] {
+            assert_eq!(TraceParent::parse(bad), None, "{bad}");
+        }
+    }
+}

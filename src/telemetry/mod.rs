@@ -1,0 +1,104 @@
+//! Traces, OpenTelemetry's way: `tracing` spans bridged by `tracing-opentelemetry` and exported
+//! over OTLP/HTTP (protobuf) by the SDK's batch processor, on its own thread.
+//!
+//! Off by default, and then free: no layer takes the spans, so every span's callsite is
+//! disabled once and `info_span!` costs an atomic load. The log lines keep their own filter
+//! (`RUST_LOG`) and see events only, so turning traces on changes no log line.
+//!
+//! Why a span and not a timestamp in the record: a trace crosses processes (scheduler,
+//! invoker, the action), and a collector already knows how to draw it.
+
+mod activation;
+
+pub use activation::{failed, ActivationTrace, TraceParent, HEADER};
+
+use crate::config::TracingConfig;
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_otlp::{Protocol, WithExportConfig};
+use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
+use opentelemetry_sdk::Resource;
+use tracing_subscriber::filter::{filter_fn, EnvFilter, FilterExt};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::Layer;
+
+/// The target of every span this crate exports: only these reach the exporter.
+pub const TARGET: &str = "invoker::trace";
+
+#[derive(Debug, thiserror::Error)]
+pub enum TelemetryError {
+    #[error("tracing: the OTLP exporter could not be built: {0}")]
+    Exporter(#[from] opentelemetry_otlp::ExporterBuildError),
+    #[error("tracing: a subscriber is already set: {0}")]
+    Subscriber(#[from] tracing_subscriber::util::TryInitError),
+}
+
+/// The process's tracing, set once at start. Dropping it flushes what is left to export.
+pub struct Telemetry {
+    provider: Option<SdkTracerProvider>,
+}
+
+/// Where spans go: the config's endpoint, else the standard variables; `None`: nowhere.
+fn endpoint(config: &TracingConfig) -> Option<Option<String>> {
+    let set = |name: &str| std::env::var(name).is_ok_and(|v| !v.trim().is_empty());
+    let off = |name: &str, value: &str| std::env::var(name).is_ok_and(|v| v.trim().eq_ignore_ascii_case(value));
+    if off("OTEL_SDK_DISABLED", "true") || off("OTEL_TRACES_EXPORTER", "none") {
+        return None;
+    }
+    if !config.otlp_endpoint.is_empty() {
+        // The exporter posts to a configured address as it is; the variables' convention (the
+        // signal's path appended) is kept for ours too.
+        return Some(Some(format!("{}/v1/traces", config.otlp_endpoint.trim_end_matches('/'))));
+    }
+    (set("OTEL_EXPORTER_OTLP_ENDPOINT") || set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")).then_some(None)
+}
+
+impl Telemetry {
+    /// Log lines to stderr (`RUST_LOG`, default `info`), and spans to OTLP when an endpoint is
+    /// set. `service` names the process when neither the config nor `OTEL_SERVICE_NAME` does.
+    pub fn init(config: &TracingConfig, service: &str) -> Result<Telemetry, TelemetryError> {
+        let logs = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()).and(filter_fn(|m| m.is_event())),
+        );
+        let Some(endpoint) = endpoint(config) else {
+            tracing_subscriber::registry().with(logs).try_init()?;
+            return Ok(Telemetry { provider: None });
+        };
+        let mut exporter = opentelemetry_otlp::SpanExporter::builder().with_http().with_protocol(Protocol::HttpBinary);
+        if let Some(endpoint) = &endpoint {
+            exporter = exporter.with_endpoint(endpoint);
+        }
+        let mut resource = Resource::builder();
+        match &config.service_name {
+            Some(name) => resource = resource.with_service_name(name.clone()),
+            None if std::env::var_os("OTEL_SERVICE_NAME").is_none() => {
+                resource = resource.with_service_name(service.to_string())
+            }
+            None => {}
+        }
+        let mut provider =
+            SdkTracerProvider::builder().with_batch_exporter(exporter.build()?).with_resource(resource.build());
+        if let Some(ratio) = config.sample_ratio {
+            provider = provider.with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(ratio))));
+        }
+        let provider = provider.build();
+        let spans = tracing_opentelemetry::layer()
+            .with_tracer(provider.tracer("invoker"))
+            .with_location(false)
+            .with_threads(false)
+            .with_filter(filter_fn(|m| m.is_span() && m.target() == TARGET));
+        tracing_subscriber::registry().with(logs).with(spans).try_init()?;
+        tracing::info!(endpoint = endpoint.as_deref().unwrap_or("from OTEL_EXPORTER_OTLP_*"), "traces are exported");
+        Ok(Telemetry { provider: Some(provider) })
+    }
+}
+
+impl Drop for Telemetry {
+    fn drop(&mut self) {
+        if let Some(provider) = self.provider.take() {
+            if let Err(e) = provider.shutdown_with_timeout(std::time::Duration::from_secs(5)) {
+                eprintln!("tracing: the last spans were not exported: {e}");
+            }
+        }
+    }
+}
