@@ -6,7 +6,7 @@ use super::slot::NamespaceSlot;
 use crate::metrics::Metrics;
 use crate::model::{Action, ActivationMeta, ActivationRecord, EncodedRecord, Rejection};
 use crate::store::Store;
-use crate::telemetry::{ActivationTrace, TraceParent, TARGET};
+use crate::telemetry::{ActivationTrace, TraceParent};
 use serde_json::{Map, Value};
 use std::sync::Arc;
 use std::time::Instant;
@@ -105,7 +105,7 @@ impl CompletionInner {
     /// record is encoded here, once: the store and the waiter share it and its bytes.
     fn finish(self, record: ActivationRecord, trace: &ActivationTrace) {
         trace.ended(&record);
-        let _write = tracing::info_span!(target: TARGET, parent: trace.span(), "record").entered();
+        let _write = crate::stage_span!(trace, "record").entered();
         self.metrics.activation_finished(&record);
         let record = EncodedRecord::new(record);
         if let Err(e) = self.store.finish(&record) {

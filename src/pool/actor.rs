@@ -365,10 +365,14 @@ impl ContainerPool {
 /// The span of a container's creation: under the activation it was created for, else (ahead
 /// of calls: a prewarm, a stem, room freed for waiting jobs) a trace of its own.
 fn create_span(for_job: Option<&RunJob>, spec: &ContainerSpec, node: &NodeId, factory: &str, prewarm: bool) -> Span {
-    let parent = for_job.map(|run| run.completion.trace().span().id());
+    let parent = match for_job.map(|run| run.completion.trace().span()) {
+        Some(span) if span.is_disabled() => return Span::none(),
+        Some(span) => span.id(),
+        None => None,
+    };
     tracing::info_span!(
         target: TARGET,
-        parent: parent.flatten(),
+        parent: parent,
         "container.create",
         container = spec.id.0,
         action = %spec.action_path,
@@ -462,7 +466,7 @@ impl Handler<Submit> for ContainerPool {
             idle_timeout,
         };
         let mut run = run;
-        run.queued = tracing::info_span!(target: TARGET, parent: run.completion.trace().span(), "queue");
+        run.queued = crate::stage_span!(run.completion.trace(), "queue");
         self.jobs.insert(id, run);
         self.apply(Event::Arrived(job), ctx);
         if !self.core.has_key(key) {

@@ -18,7 +18,7 @@ use crate::config::{ProxyConfig, RuntimeProtocol};
 use crate::factory::{ContainerFactory, ContainerHandle, ContainerSpec, Factory};
 use crate::model::{epoch_ms, Outcome, StartKind};
 use crate::pool::core::{ContainerId, CreateFailure, JobId, NodeId};
-use crate::telemetry::{self, TARGET};
+use crate::telemetry;
 use actix::prelude::*;
 pub use core::ProxyState;
 use core::{Effect, Event, FailCause, ProxyCore};
@@ -376,15 +376,20 @@ impl ContainerProxy {
 
 /// A span of one of `run`'s stages on `container`, under its activation's span, from now.
 fn stage_span(run: &RunJob, container: ContainerId, stage: Stage) -> Span {
-    let (parent, container) = (run.completion.trace().span(), container.0);
+    let (trace, container) = (run.completion.trace(), container.0);
     match stage {
         Stage::Init => {
-            tracing::info_span!(target: TARGET, parent: parent, "init", container, "otel.status_code" = Empty, "otel.status_description" = Empty)
+            crate::stage_span!(trace, "init", container, "otel.status_code" = Empty, "otel.status_description" = Empty)
         }
-        Stage::Run => {
-            tracing::info_span!(target: TARGET, parent: parent, "run", container, "otel.kind" = "client", "otel.status_code" = Empty, "otel.status_description" = Empty)
-        }
-        Stage::Logs => tracing::info_span!(target: TARGET, parent: parent, "logs", container),
+        Stage::Run => crate::stage_span!(
+            trace,
+            "run",
+            container,
+            "otel.kind" = "client",
+            "otel.status_code" = Empty,
+            "otel.status_description" = Empty
+        ),
+        Stage::Logs => crate::stage_span!(trace, "logs", container),
     }
 }
 

@@ -24,7 +24,7 @@ use crate::model::{
     epoch_ms, ActivationMessage, ActivationRecord, ControllerIndex, KeyValue, MessageAction, MessageKey,
     MessageNamespace, MessageRequest, MessageUser, Rejection,
 };
-use crate::telemetry::{TraceParent, TARGET};
+use crate::telemetry::TraceParent;
 use bytes::Bytes;
 use metrics::SchedulerMetrics;
 use parking_lot::Mutex;
@@ -183,7 +183,15 @@ impl Dispatcher {
         tags.sort_unstable();
         let trace = run.completion.trace();
         for attempt in 0..=self.max_reschedules {
-            let placing = tracing::info_span!(target: TARGET, parent: trace.span(), "placement", attempt, invoker = Empty, rule = Empty, "otel.status_code" = Empty, "otel.status_description" = Empty);
+            let placing = crate::stage_span!(
+                trace,
+                "placement",
+                attempt,
+                invoker = Empty,
+                rule = Empty,
+                "otel.status_code" = Empty,
+                "otel.status_description" = Empty
+            );
             let placed = self.place_or_wait(&key, &needs, &tags, &tried).await;
             let (view, chosen) = match placed {
                 Ok(placed) => placed,
@@ -215,7 +223,14 @@ impl Dispatcher {
                 tried.insert(invoker);
                 continue;
             };
-            let handing = tracing::info_span!(target: TARGET, parent: trace.span(), "handover", "otel.kind" = "client", invoker = invoker.as_str(), "otel.status_code" = Empty, "otel.status_description" = Empty);
+            let handing = crate::stage_span!(
+                trace,
+                "handover",
+                "otel.kind" = "client",
+                invoker = invoker.as_str(),
+                "otel.status_code" = Empty,
+                "otel.status_description" = Empty
+            );
             let message = self.message(&run, revision, trace.pass_on(&handing));
             let send = self.enter(&invoker, &key, needs.memory_mb);
             self.demand.add(&tags, demand::Stage::InFlight, needs.memory_mb);

@@ -100,12 +100,24 @@ impl ActivationTrace {
             "otel.status_code" = Empty,
             "otel.status_description" = Empty,
         );
-        if let (false, Some(parent)) = (span.is_disabled(), &given) {
+        if span.is_disabled() {
+            return ActivationTrace { span, given };
+        }
+        if let Some(parent) = &given {
             let _ = span.set_parent(parent.context());
         }
-        ActivationTrace { span, given }
+        let context = span.context().span().span_context().clone();
+        if context.is_sampled() {
+            return ActivationTrace { span, given };
+        }
+        // Sampled out: nothing of it would be exported, so none of its spans is made (a
+        // sampled-out activation costs what one with tracing off does), and what it passes on
+        // says it is not sampled.
+        ActivationTrace { span: Span::none(), given: TraceParent::of(&context).or(given) }
     }
 
+    /// The activation's span here; disabled when tracing is off or its trace sampled out, and
+    /// then its stages get none either ([`crate::stage_span`]).
     pub fn span(&self) -> &Span {
         &self.span
     }

@@ -25,6 +25,21 @@ use tracing_subscriber::Layer;
 /// The target of every span this crate exports: only these reach the exporter.
 pub const TARGET: &str = "invoker::trace";
 
+/// A span of one of an activation's stages (`trace` an [`ActivationTrace`]), under the
+/// activation's span, from now; none when the activation records none (tracing off, or its
+/// trace sampled out), never a root of its own.
+#[macro_export]
+macro_rules! stage_span {
+    ($trace:expr, $name:literal $(, $($fields:tt)*)?) => {{
+        let parent: &tracing::Span = $trace.span();
+        if parent.is_disabled() {
+            tracing::Span::none()
+        } else {
+            tracing::info_span!(target: $crate::telemetry::TARGET, parent: parent, $name $(, $($fields)*)?)
+        }
+    }};
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum TelemetryError {
     #[error("tracing: the OTLP exporter could not be built: {0}")]

@@ -55,7 +55,7 @@ impl Samples {
     }
 
     /// CPU per request in µs: the load generator's, all cores busy, all cores idle.
-    fn cpu_per_request(&self) -> (u64, u64, u64) {
+    pub fn cpu_per_request(&self) -> (u64, u64, u64) {
         let per = |ticks: u64| (ticks as f64 * 10_000.0 / self.micros.len().max(1) as f64).round() as u64;
         (per(self.cpu.load_generator), per(self.cpu.busy), per(self.cpu.idle))
     }

@@ -17,6 +17,7 @@ mod fn_image;
 mod fn_side;
 mod load;
 mod targets;
+mod tracing_ab;
 
 use clap::Parser;
 use load::{measure, median, run_json, Samples};
@@ -77,6 +78,9 @@ struct Args {
     /// Leave the Fn function out (it needs `scripts/fdk.sh`).
     #[arg(long)]
     no_fn: bool,
+    /// Measure only the warm path with tracing off, exporting every trace, and 1 % of them.
+    #[arg(long)]
+    tracing_only: bool,
 }
 
 /// One factory under test: its invoker, K warm runtimes to call directly, and the figures.
@@ -173,6 +177,10 @@ async fn main() -> anyhow::Result<()> {
         let ratio = hop.last().map_or(Value::Null, |r| r["rps_ratio"].clone());
         let figures = json!({ "sched_added_p50_us_c1": hop[0]["added_p50_us"], "sched_rps_ratio_c8": ratio });
         println!("{}", json!({ "scheduler": hop, "figures": figures }));
+        return Ok(());
+    }
+    if args.tracing_only {
+        println!("{}", tracing_ab::tracing_ab(&exe, &http, k, slice, args.rounds).await?);
         return Ok(());
     }
     if args.fn_only {
