@@ -62,6 +62,12 @@ fn start_manager(dir: &Path, config: &str) -> Invoker {
     Invoker::start_command(dir, "capacity", config, &["capacity"])
 }
 
+/// As [`start_manager`], its spans (and those of the invokers it starts) sent to `traces`.
+fn start_traced_manager(dir: &Path, config: &str, traces: &support::otlp::Receiver) -> Invoker {
+    let env = [("OTEL_EXPORTER_OTLP_ENDPOINT", traces.endpoint.as_str()), ("OTEL_BSP_SCHEDULE_DELAY", "50")];
+    Invoker::start_with_env(dir, "capacity", config, &["capacity"], &env)
+}
+
 async fn capacity(manager: &Invoker) -> Value {
     let (status, body) = manager.get_url("/v1/capacity").await;
     assert_eq!(status, 200, "{body}");
@@ -136,7 +142,8 @@ async fn a_burst_grows_the_group_and_the_quiet_after_it_shrinks_it_back_to_min()
     let group = "min = 1\nmax = 4\ninvoker_memory_mb = 256\nscale_down_after = \"3s\"\ndrain_deadline = \"20s\"\n\
                  predictor = \"conservative\"\n";
     let _fleet = Fleet(manager_dir.path().to_path_buf());
-    let manager = start_manager(manager_dir.path(), &manager_config(&etcd, group));
+    let traces = support::otlp::Receiver::start().await;
+    let manager = start_traced_manager(manager_dir.path(), &manager_config(&etcd, group), &traces);
     let scheduler = waiting_scheduler_with_work(&etcd, scheduler_dir.path()).await;
     wait_until(Duration::from_secs(30), "the first invoker (min = 1) registered", || {
         let s = scheduler.clone();
@@ -183,6 +190,28 @@ async fn a_burst_grows_the_group_and_the_quiet_after_it_shrinks_it_back_to_min()
     }
     assert!(!actions.contains(&"drain default-0".to_string()), "never below min: {actions:?}");
     assert_eq!(pids(manager_dir.path()).len(), 1, "the removed invokers' pid files are gone");
+
+    // Its decisions are spans, each with its reason and the demand and target it saw; the
+    // invokers it started registered under a lease, each a moment of its own.
+    support::eventually(Duration::from_secs(20), "the manager's spans exported", || async {
+        let spans = traces.spans();
+        let decided = |action: &str| {
+            spans.iter().any(|s| {
+                s.service == "invoker-capacity"
+                    && s.name == "capacity.decision"
+                    && s.attributes.get("action").is_some_and(|a| a.starts_with(action))
+                    && s.attributes.get("reason").is_some_and(|r| !r.is_empty())
+                    && s.attributes.contains_key("target_mb")
+            })
+        };
+        let moment = |name: &str| spans.iter().any(|s| s.name == name && s.parent.is_empty());
+        let all = ["provision", "drain default-1", "remove default-1"].into_iter().all(decided)
+            && moment("capacity.leader")
+            && moment("etcd.lease.granted");
+        let seen: Vec<_> = spans.iter().map(|s| format!("{} {} {:?}", s.service, s.name, s.attributes)).collect();
+        support::done(all).map_err(|_| format!("{seen:#?}"))
+    })
+    .await;
 }
 
 /// Every `invoker serve` process whose command line names `dir` (the invokers a manager with

@@ -179,6 +179,7 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
         loop {
             let Some(lease) = self.acquire(&stop).await else { return };
             tracing::info!("the active capacity manager");
+            crate::telemetry::moment("capacity.leader", &self.settings.api, None);
             self.groups = self.fresh_groups();
             for id in self.plane.found() {
                 for g in &mut self.groups {
@@ -196,6 +197,7 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
                 return;
             }
             tracing::warn!("lost the capacity manager's lease: standby");
+            crate::telemetry::moment("capacity.lease.lost", &self.settings.api, Some("the leader's lease was lost"));
         }
     }
 
@@ -465,6 +467,20 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
         }
         for decision in decisions {
             tracing::info!(group = %g.name, "{}: {}", decision.action, decision.reason);
+            // The decision's span lasts while it is carried out (a provision, until the plane
+            // has asked; a removal, until the invoker is stopped).
+            let span = tracing::info_span!(
+                target: crate::telemetry::TARGET,
+                parent: None,
+                "capacity.decision",
+                group = %g.name,
+                action = %decision.action,
+                reason = %decision.reason,
+                demand_mb = g.status.demand_mb,
+                target_mb = g.status.target_mb,
+                "otel.status_code" = tracing::field::Empty,
+                "otel.status_description" = tracing::field::Empty,
+            );
             let kind = match &decision.action {
                 Action::Provision { ids } => {
                     for id in ids {
@@ -478,6 +494,7 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
                         if let Err(e) = self.plane.provision(&spec).await {
                             // Given up at the provision timeout, and asked for again.
                             tracing::warn!("{e}");
+                            crate::telemetry::failed(&span, &e.to_string());
                         }
                     }
                     "provision"
@@ -486,6 +503,7 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
                     let value = DrainMark::capacity(epoch_ms()).to_value();
                     if let Err(e) = self.kv.put(&drain_key(&self.settings.prefix, id), &value, None).await {
                         tracing::warn!(invoker = %id, "draining: {e}");
+                        crate::telemetry::failed(&span, &e.to_string());
                     }
                     g.drains.insert(id.clone());
                     "drain"
@@ -493,6 +511,7 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
                 Action::Reactivate { id } => {
                     if let Err(e) = self.kv.delete(&drain_key(&self.settings.prefix, id)).await {
                         tracing::warn!(invoker = %id, "reactivating: {e}");
+                        crate::telemetry::failed(&span, &e.to_string());
                     }
                     g.drains.remove(id);
                     "reactivate"
@@ -500,9 +519,11 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
                 Action::Remove { id } => {
                     g.stopping.lock().insert(id.clone(), false);
                     let (plane, stopping, id) = (self.plane.clone(), g.stopping.clone(), id.clone());
+                    let span = span.clone();
                     tokio::spawn(async move {
                         if let Err(e) = plane.remove(&id).await {
                             tracing::warn!("{e}");
+                            crate::telemetry::failed(&span, &e.to_string());
                         }
                         if let Some(done) = stopping.lock().get_mut(&id) {
                             *done = true;

@@ -166,6 +166,13 @@ impl<K: ClusterKv> Registrar<K> {
     /// one held by a dead run of this invoker on this machine (a crash, then a restart within
     /// the lease's TTL) is taken over.
     pub async fn claim(&mut self) -> Result<(), RegistryError> {
+        let claimed = self.claim_under_new_lease().await;
+        let failure = claimed.as_ref().err().map(ToString::to_string);
+        crate::telemetry::moment("etcd.lease.granted", &self.key(), failure.as_deref());
+        claimed
+    }
+
+    async fn claim_under_new_lease(&mut self) -> Result<(), RegistryError> {
         let lease = self.kv.grant(self.config.lease_ttl).await.map_err(|e| RegistryError::Etcd(e.to_string()))?;
         // Again after a lost lease: the record as last published, headroom and all, so that no
         // scheduler reads this invoker without room between this put and the round's next.
@@ -238,13 +245,21 @@ impl<K: ClusterKv> Registrar<K> {
         let ttl = self.config.lease_ttl;
         if self.lease.is_some() && self.renewed.elapsed() >= ttl {
             // Cut off for longer than the TTL: etcd has dropped the lease and every key.
+            crate::telemetry::moment("etcd.lease.lost", &self.key(), Some("not renewed within its TTL"));
             self.lease = None;
         }
         if let Some(lease) = self.lease {
             if self.renewed.elapsed() >= ttl / 3 {
                 match self.kv.keep_alive(lease).await.map_err(etcd)? {
                     Some(_) => self.renewed = Instant::now(),
-                    None => self.lease = None,
+                    None => {
+                        crate::telemetry::moment(
+                            "etcd.lease.lost",
+                            &self.key(),
+                            Some("etcd no longer knows the lease"),
+                        );
+                        self.lease = None
+                    }
                 }
             }
         }

@@ -40,6 +40,23 @@ macro_rules! stage_span {
     }};
 }
 
+/// A moment of the cluster worth a trace of its own (an etcd watch that broke, a lease lost or
+/// taken): a root span named `name` that ends at once, failed when `failure` says why.
+pub fn moment(name: &'static str, subject: &str, failure: Option<&str>) {
+    let span = tracing::info_span!(
+        target: TARGET,
+        parent: None,
+        "moment",
+        "otel.name" = name,
+        subject,
+        "otel.status_code" = tracing::field::Empty,
+        "otel.status_description" = tracing::field::Empty,
+    );
+    if let Some(why) = failure {
+        failed(&span, why);
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum TelemetryError {
     #[error("tracing: the OTLP exporter could not be built: {0}")]
@@ -101,6 +118,8 @@ impl Telemetry {
             .with_tracer(provider.tracer("invoker"))
             .with_location(false)
             .with_threads(false)
+            .with_target(false)
+            .with_tracked_inactivity(false)
             .with_filter(filter_fn(|m| m.is_span() && m.target() == TARGET));
         tracing_subscriber::registry().with(logs).with(spans).try_init()?;
         tracing::info!(endpoint = endpoint.as_deref().unwrap_or("from OTEL_EXPORTER_OTLP_*"), "traces are exported");
