@@ -191,6 +191,10 @@ impl HybridHistogram {
 }
 
 impl KeepAlivePolicy for HybridHistogram {
+    fn spell(&self, seq: u64) -> Option<(Time, Option<Time>)> {
+        self.spells.get(&seq).map(|&(spell, deadline, _)| (spell.since, Some(deadline)))
+    }
+
     fn idle(&mut self, spell: IdleSpell) {
         let range = self.params.range;
         let bins = self.bins();

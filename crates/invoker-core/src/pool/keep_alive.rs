@@ -55,6 +55,9 @@ pub trait KeepAlivePolicy: Debug + Send {
     fn holds(&self, _key: KeyId) -> bool {
         false
     }
+    /// The live spell `seq`: when it began, and until when its container is kept if the
+    /// policy sets a time (memory pressure may take it earlier). For the pool's view.
+    fn spell(&self, seq: u64) -> Option<(Time, Option<Time>)>;
     /// A key the policy held and no longer does: the core forgets it if nothing of it is left.
     fn released(&mut self, _now: Time) -> Option<KeyId> {
         None
@@ -81,6 +84,13 @@ impl FixedKeepAlive {
 impl KeepAlivePolicy for FixedKeepAlive {
     fn idle(&mut self, spell: IdleSpell) {
         self.spells.push_back(spell);
+    }
+
+    fn spell(&self, seq: u64) -> Option<(Time, Option<Time>)> {
+        // Spells are filed as they begin, their seqs rising.
+        let at = self.spells.binary_search_by_key(&seq, |s| s.seq).ok()?;
+        let since = self.spells[at].since;
+        Some((since, Some(since + self.idle_timeout)))
     }
 
     fn expired(&mut self, now: Time, live: Live) -> Option<IdleSpell> {
@@ -146,6 +156,11 @@ impl GreedyDual {
 }
 
 impl KeepAlivePolicy for GreedyDual {
+    fn spell(&self, seq: u64) -> Option<(Time, Option<Time>)> {
+        let since = self.spells.get(&seq)?.0.since;
+        Some((since, self.max_idle.map(|max| since + max)))
+    }
+
     fn idle(&mut self, spell: IdleSpell) {
         let cost = u64::try_from(spell.start_cost.as_micros()).unwrap_or(u64::MAX);
         let value = u64::from(spell.frequency.max(1)).saturating_mul(cost) / u64::from(spell.memory_mb.max(1));

@@ -161,6 +161,9 @@ pub struct ContainerView {
     pub memory_mb: u32,
     pub state: ContainerState,
     pub running: usize,
+    pub created_at: Time,
+    /// Idle (or paused): since when, and until when the keep-alive policy keeps it, if it says.
+    pub idle: Option<(Time, Option<Time>)>,
 }
 
 /// A container's state as the pool's view (`/v1/pool`, the cluster registration) shows it.
@@ -358,27 +361,39 @@ impl PoolCore {
 
     /// Every container with its key, node, phase and load (for the pool view; O(n)).
     pub fn containers(&self) -> Vec<ContainerView> {
-        let mut views: Vec<ContainerView> = self
-            .containers
-            .iter()
-            .map(|(id, c)| ContainerView {
-                id,
-                owner: c.owner,
-                node: c.node.clone(),
-                memory_mb: c.memory_mb,
-                state: match c.phase {
-                    Phase::Starting => ContainerState::Starting,
-                    Phase::Removing => ContainerState::Removing,
-                    Phase::Ready if matches!(c.owner, Owner::Stem(_)) => ContainerState::Prewarm,
-                    Phase::Ready if c.paused => ContainerState::Paused,
-                    Phase::Ready if c.running.is_empty() => ContainerState::Idle,
-                    Phase::Ready => ContainerState::Busy,
-                },
-                running: c.running.len(),
-            })
-            .collect();
+        let mut views: Vec<ContainerView> = self.containers.iter().map(|(id, c)| self.view(id, c)).collect();
         views.sort_by_key(|v| v.id);
         views
+    }
+
+    /// One container as [`Self::containers`] shows it; `None` once it is gone.
+    pub fn container(&self, id: ContainerId) -> Option<ContainerView> {
+        self.containers.get(&id).map(|c| self.view(id, c))
+    }
+
+    fn view(&self, id: ContainerId, c: &Container) -> ContainerView {
+        let state = match c.phase {
+            Phase::Starting => ContainerState::Starting,
+            Phase::Removing => ContainerState::Removing,
+            Phase::Ready if matches!(c.owner, Owner::Stem(_)) => ContainerState::Prewarm,
+            Phase::Ready if c.paused => ContainerState::Paused,
+            Phase::Ready if c.running.is_empty() => ContainerState::Idle,
+            Phase::Ready => ContainerState::Busy,
+        };
+        let idle = match state.is_idle() {
+            true => self.containers.mark(&id).and_then(|seq| self.keep_alive.spell(seq)),
+            false => None,
+        };
+        ContainerView {
+            id,
+            owner: c.owner,
+            node: c.node.clone(),
+            memory_mb: c.memory_mb,
+            state,
+            running: c.running.len(),
+            created_at: std::time::Duration::from_micros(c.created_at),
+            idle,
+        }
     }
 
     pub fn nodes(&self, now: Time) -> Vec<NodeView> {

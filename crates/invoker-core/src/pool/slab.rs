@@ -108,6 +108,11 @@ impl<T> Slab<T> {
         std::mem::replace(&mut self.meta[index].mark, NO_MARK) != NO_MARK
     }
 
+    /// The mark `id` carries, if any.
+    pub fn mark(&self, id: &ContainerId) -> Option<u64> {
+        self.index(id).map(|index| self.meta[index].mark).filter(|&mark| mark != NO_MARK)
+    }
+
     pub fn is_marked(&self, id: &ContainerId) -> bool {
         self.index(id).is_some_and(|index| self.meta[index].mark != NO_MARK)
     }

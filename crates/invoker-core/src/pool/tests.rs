@@ -537,3 +537,22 @@ fn a_job_waiting_for_a_retired_key_still_runs_and_its_container_then_goes() {
     let fx = core.handle(Event::Finished { container: c[0], job: JobId(3), reusable: true }, ms(8));
     assert_eq!(fx.as_slice(), &[Effect::Remove { container: c[0] }], "and goes after it");
 }
+
+#[test]
+fn the_view_of_an_idle_container_says_since_when_and_until_when_it_is_kept() {
+    let config = CoreConfig { keep_alive: KeepAliveKind::Fixed, idle_timeout: ms(60_000), ..CoreConfig::default() };
+    let mut core = PoolCore::new(config);
+    core.handle(stats("n1", 1024, 1024, 0), ms(0));
+    let c = created(&core.handle(Event::Arrived(job(1, 1, 256)), ms(1)))[0];
+    core.handle(Event::Started { container: c, failure: None, at: Time::ZERO }, ms(2));
+    let busy = core.container(c).unwrap();
+    assert_eq!((busy.state, busy.running, busy.created_at, busy.idle), (ContainerState::Busy, 1, ms(1), None));
+    core.handle(Event::Finished { container: c, job: JobId(1), reusable: true }, ms(500));
+    let idle = core.container(c).unwrap();
+    assert_eq!((idle.state, idle.idle), (ContainerState::Idle, Some((ms(500), Some(ms(60_500))))));
+    // Busy again, then idle again: the new spell's times.
+    core.handle(Event::Arrived(job(2, 1, 256)), ms(700));
+    assert_eq!(core.container(c).unwrap().idle, None);
+    core.handle(Event::Finished { container: c, job: JobId(2), reusable: true }, ms(900));
+    assert_eq!(core.container(c).unwrap().idle, Some((ms(900), Some(ms(60_900)))));
+}
