@@ -6,7 +6,7 @@ use super::slot::NamespaceSlot;
 use crate::metrics::Metrics;
 use crate::model::{Action, ActivationMeta, ActivationRecord, EncodedRecord, Rejection};
 use crate::store::Store;
-use crate::telemetry::{ActivationTrace, TraceParent};
+use crate::telemetry::ActivationTrace;
 use serde_json::{Map, Value};
 use std::sync::Arc;
 use std::time::Instant;
@@ -33,11 +33,6 @@ pub struct RunJob {
     pub transaction_id: String,
     /// When the invoker accepted it (for `waitTime`).
     pub accepted: Instant,
-    /// The `traceparent` the action is given: the caller's as it came, until the proxy that
-    /// runs it puts its run span's there.
-    pub traceparent: Option<TraceParent>,
-    /// The span of the wait in the pool's queue, open from the submit to the dispatch.
-    pub queued: tracing::Span,
     pub completion: Completion,
 }
 
@@ -80,6 +75,10 @@ impl Completion {
     /// The activation's trace in this process, which its stages' spans hang from.
     pub fn trace(&self) -> &ActivationTrace {
         &self.trace
+    }
+
+    pub fn trace_mut(&mut self) -> &mut ActivationTrace {
+        &mut self.trace
     }
 }
 

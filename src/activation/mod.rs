@@ -219,7 +219,7 @@ impl ActivationService {
         }
         let (tx, rx) = oneshot::channel();
         let meta = Arc::new(meta);
-        let trace = ActivationTrace::begin(req.traceparent.clone(), &meta, &self.process);
+        let trace = ActivationTrace::begin(req.traceparent, &meta, &self.process);
         let completion =
             Completion::new(self.store.clone(), self.metrics.clone(), meta.clone(), Some(tx), Some(slot), trace);
         let params = action.merged_params(req.params);
@@ -231,8 +231,6 @@ impl ActivationService {
             api_key: req.api_key,
             transaction_id: req.transaction_id,
             accepted,
-            traceparent: req.traceparent,
-            queued: tracing::Span::none(),
             completion,
         };
         if self.runner.submit(run).is_err() {

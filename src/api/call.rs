@@ -31,7 +31,11 @@ impl Call {
     /// The caller's W3C `traceparent`: one valid header, else none (an invalid or repeated one
     /// is ignored and the activation starts a trace of its own, as the recommendation asks).
     pub(crate) fn traceparent(&self) -> Option<TraceParent> {
-        TraceParent::of_headers(self.head.headers.iter().filter_map(|(n, v)| Some((n.as_str(), v.to_str().ok()?))))
+        let mut found = self.head.headers.get_all(crate::telemetry::HEADER).iter();
+        match (found.next(), found.next()) {
+            (Some(value), None) => TraceParent::parse(value.to_str().ok()?),
+            _ => None,
+        }
     }
 
     /// The query string parsed into `T`; a malformed one is a 400 naming it.

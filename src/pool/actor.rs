@@ -274,7 +274,7 @@ impl ContainerPool {
                 // are sent without a capacity check, and none is ever refused.
                 Effect::Dispatch { job, container } => {
                     if let (Some(mut run), Some(proxy)) = (self.jobs.remove(&job), self.proxies.get(&container)) {
-                        run.queued = tracing::Span::none();
+                        run.completion.trace_mut().set_queued(Span::none());
                         proxy.do_send(Run { job, run });
                     }
                 }
@@ -295,7 +295,7 @@ impl ContainerPool {
                 }
                 Effect::Reject { job, reason } => {
                     if let Some(run) = self.jobs.remove(&job) {
-                        crate::telemetry::failed(&run.queued, &rejection(reason).message());
+                        crate::telemetry::failed(run.completion.trace().queued(), &rejection(reason).message());
                         run.reject(rejection(reason));
                     }
                 }
@@ -466,7 +466,8 @@ impl Handler<Submit> for ContainerPool {
             idle_timeout,
         };
         let mut run = run;
-        run.queued = crate::stage_span!(run.completion.trace(), "queue");
+        let queued = crate::stage_span!(run.completion.trace(), "queue");
+        run.completion.trace_mut().set_queued(queued);
         self.jobs.insert(id, run);
         self.apply(Event::Arrived(job), ctx);
         if !self.core.has_key(key) {

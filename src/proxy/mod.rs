@@ -296,7 +296,8 @@ impl ContainerProxy {
         let fields = self.record_fields(&run, began, first);
         self.trace_container(&run, &fields);
         let running = self.stage_span(&run, Stage::Run);
-        run.traceparent = run.completion.trace().pass_on(&running);
+        let to_action = run.completion.trace().pass_on(&running);
+        run.completion.trace_mut().set_to_action(to_action);
         let timeout_ms = run.meta.limits.timeout;
         let runtime = self.runtime.clone().expect("the core runs nothing before the container is created");
         let handle = self.handle.clone().expect("the core runs nothing before the container is created");

@@ -65,20 +65,24 @@ impl TraceParent {
     }
 }
 
-/// The activation's span in this process (a child of the caller's `traceparent` or of the
-/// scheduler's hand-over), which its stages' spans hang from, and the caller's `traceparent`
-/// kept to pass on unchanged when this process records no span.
-#[derive(Clone, Debug)]
-pub struct ActivationTrace {
+/// An activation's trace in this process: its span (a child of the caller's `traceparent` or
+/// of the scheduler's hand-over), which its stages' spans hang from; the caller's `traceparent`,
+/// passed on unchanged when this process records no span; the span of its wait in the queue;
+/// and what the action is given. Boxed, and none at all for an activation with no trace
+/// (tracing off, no caller's `traceparent`): a job carries a pointer's width of it.
+#[derive(Debug, Default)]
+pub struct ActivationTrace(Option<Box<Traced>>);
+
+#[derive(Debug)]
+struct Traced {
     span: Span,
     given: Option<TraceParent>,
+    queued: Span,
+    to_action: Option<TraceParent>,
 }
 
-impl Default for ActivationTrace {
-    fn default() -> Self {
-        ActivationTrace { span: Span::none(), given: None }
-    }
-}
+/// What [`ActivationTrace::span`] is when there is no trace.
+static NO_SPAN: Span = Span::none();
 
 impl ActivationTrace {
     /// Opens the activation's span; `process` names who runs it here (the invoker's or the
@@ -100,48 +104,80 @@ impl ActivationTrace {
             "otel.status_code" = Empty,
             "otel.status_description" = Empty,
         );
+        let state = |span: Span, given: Option<TraceParent>| {
+            let to_action = given.clone();
+            ActivationTrace(Some(Box::new(Traced { span, given, queued: Span::none(), to_action })))
+        };
         if span.is_disabled() {
-            return ActivationTrace { span, given };
+            return match given {
+                None => ActivationTrace(None),
+                given => state(span, given),
+            };
         }
         if let Some(parent) = &given {
             let _ = span.set_parent(parent.context());
         }
         let context = span.context().span().span_context().clone();
         if context.is_sampled() {
-            return ActivationTrace { span, given };
+            return state(span, given);
         }
         // Sampled out: nothing of it would be exported, so none of its spans is made (a
         // sampled-out activation costs what one with tracing off does), and what it passes on
         // says it is not sampled.
-        ActivationTrace { span: Span::none(), given: TraceParent::of(&context).or(given) }
+        state(Span::none(), TraceParent::of(&context).or(given))
     }
 
     /// The activation's span here; disabled when tracing is off or its trace sampled out, and
     /// then its stages get none either ([`crate::stage_span`]).
     pub fn span(&self) -> &Span {
-        &self.span
+        self.0.as_ref().map_or(&NO_SPAN, |t| &t.span)
     }
 
     /// What to pass on from `stage` (one of this activation's spans) to the next process or
     /// the action: `stage`'s own context where it records, else the caller's as it came.
     pub fn pass_on(&self, stage: &Span) -> Option<TraceParent> {
+        let given = self.0.as_ref()?.given.clone();
         if stage.is_disabled() {
-            return self.given.clone();
+            return given;
         }
-        TraceParent::of(&stage.context().span().span_context().clone()).or_else(|| self.given.clone())
+        TraceParent::of(&stage.context().span().span_context().clone()).or(given)
+    }
+
+    /// Opens (a span) or closes (none) the wait in the queue.
+    pub fn set_queued(&mut self, span: Span) {
+        if let Some(t) = &mut self.0 {
+            t.queued = span;
+        }
+    }
+
+    /// The wait in the queue, while it lasts.
+    pub fn queued(&self) -> &Span {
+        self.0.as_ref().map_or(&NO_SPAN, |t| &t.queued)
+    }
+
+    /// What the action is given as its `traceparent`.
+    pub fn to_action(&self) -> Option<&TraceParent> {
+        self.0.as_ref()?.to_action.as_ref()
+    }
+
+    pub fn set_to_action(&mut self, traceparent: Option<TraceParent>) {
+        if let Some(t) = &mut self.0 {
+            t.to_action = traceparent;
+        }
     }
 }
 
 impl ActivationTrace {
     /// Says on the activation's span how it ended; anything but a success marks it failed.
     pub fn ended(&self, record: &crate::model::ActivationRecord) {
-        if self.span.is_disabled() {
+        let span = self.span();
+        if span.is_disabled() {
             return;
         }
-        self.span.record("outcome", record.response.status.as_str());
+        span.record("outcome", record.response.status.as_str());
         if !record.response.success {
             let why = record.response.result.get("error").and_then(|e| e.as_str());
-            failed(&self.span, why.unwrap_or(record.response.status.as_str()));
+            failed(span, why.unwrap_or(record.response.status.as_str()));
         }
     }
 }

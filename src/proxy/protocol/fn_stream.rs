@@ -83,7 +83,7 @@ pub(super) async fn call(client: &RuntimeClient, run: &RunJob, timeout: Duration
     let deadline = humantime::format_rfc3339_seconds(SystemTime::now() + timeout).to_string();
     // The run's `traceparent` takes the place of the caller's: the function's spans are the
     // run span's children.
-    let traceparent = run.traceparent.as_ref().map(|t| t.as_str());
+    let traceparent = run.completion.trace().to_action().map(|t| t.as_str());
     let ours = [("fn-call-id", Some(run.meta.activation_id.as_str())), ("fn-deadline", Some(deadline.as_str()))];
     for (name, value) in ours.into_iter().chain([(crate::telemetry::HEADER, traceparent)]) {
         if let Some(Ok(value)) = value.map(HeaderValue::try_from) {

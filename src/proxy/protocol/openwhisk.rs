@@ -55,7 +55,7 @@ pub(super) async fn run(client: &RuntimeClient, run: &RunJob, timeout: Duration)
         transaction_id: &run.transaction_id,
         deadline: (epoch_ms() + meta.limits.timeout).to_string(),
         api_key: run.api_key.as_deref(),
-        traceparent: run.traceparent.as_ref().map_or("", |t| t.as_str()),
+        traceparent: run.completion.trace().to_action().map_or("", |t| t.as_str()),
     };
     // Strings and a JSON map: serialising cannot fail.
     let body = Bytes::from(serde_json::to_vec(&body).expect("a run body serialises"));
