@@ -55,6 +55,12 @@ impl TraceParent {
         &self.0
     }
 
+    /// Its flags say the trace is sampled.
+    pub fn sampled(&self) -> bool {
+        let flags = self.0.rsplit('-').next().unwrap_or_default();
+        u8::from_str_radix(flags, 16).is_ok_and(|f| f & 1 == 1)
+    }
+
     fn context(&self) -> opentelemetry::Context {
         let field = |i: usize| self.0.split('-').nth(i).unwrap_or_default();
         let trace_id = TraceId::from_hex(field(1)).unwrap_or(TraceId::INVALID);
@@ -88,6 +94,23 @@ impl ActivationTrace {
     /// Opens the activation's span; `process` names who runs it here (the invoker's or the
     /// scheduler's id).
     pub fn begin(given: Option<TraceParent>, meta: &ActivationMeta, process: &str) -> ActivationTrace {
+        let state = |span: Span, given: Option<TraceParent>| {
+            let to_action = given.clone();
+            ActivationTrace(Some(Box::new(Traced { span, given, queued: Span::none(), to_action })))
+        };
+        // The caller's flag decides for its trace; a trace that starts here is drawn. Sampled
+        // out, no span is made (it would export nothing), and what is passed on is the
+        // caller's as it came.
+        let sampled = match &given {
+            Some(parent) => parent.sampled(),
+            None => super::head_sampled(),
+        };
+        if !sampled || !super::exporting() {
+            return match given {
+                None => ActivationTrace(None),
+                given => state(Span::none(), given),
+            };
+        }
         let span = tracing::info_span!(
             target: TARGET,
             "activation",
@@ -104,27 +127,10 @@ impl ActivationTrace {
             "otel.status_code" = Empty,
             "otel.status_description" = Empty,
         );
-        let state = |span: Span, given: Option<TraceParent>| {
-            let to_action = given.clone();
-            ActivationTrace(Some(Box::new(Traced { span, given, queued: Span::none(), to_action })))
-        };
-        if span.is_disabled() {
-            return match given {
-                None => ActivationTrace(None),
-                given => state(span, given),
-            };
-        }
         if let Some(parent) = &given {
             let _ = span.set_parent(parent.context());
         }
-        let context = span.context().span().span_context().clone();
-        if context.is_sampled() {
-            return state(span, given);
-        }
-        // Sampled out: nothing of it would be exported, so none of its spans is made (a
-        // sampled-out activation costs what one with tracing off does), and what it passes on
-        // says it is not sampled.
-        state(Span::none(), TraceParent::of(&context).or(given))
+        state(span, given)
     }
 
     /// The activation's span here; disabled when tracing is off or its trace sampled out, and
@@ -198,6 +204,8 @@ mod tests {
     fn a_traceparent_is_taken_only_as_the_recommendation_writes_it() {
         let good = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
         assert_eq!(TraceParent::parse(good).unwrap().as_str(), good);
+        assert!(TraceParent::parse(good).unwrap().sampled());
+        assert!(!TraceParent::parse("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-02").unwrap().sampled());
         // A later version is read as 00, its extra fields dropped.
         assert_eq!(
             TraceParent::parse("01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-what").unwrap().as_str(),

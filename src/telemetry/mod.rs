@@ -17,6 +17,7 @@ use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::{Protocol, WithExportConfig};
 use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
 use opentelemetry_sdk::Resource;
+use std::sync::OnceLock;
 use tracing_subscriber::filter::{filter_fn, EnvFilter, FilterExt};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
@@ -24,6 +25,53 @@ use tracing_subscriber::Layer;
 
 /// The target of every span this crate exports: only these reach the exporter.
 pub const TARGET: &str = "invoker::trace";
+
+/// The share of traces started here that are kept, as `u64::MAX` parts; set once at start,
+/// when spans are exported. Decided before any span is made, so that a trace sampled out costs
+/// a random draw, not a span built and dropped (the SDK's own sampler then keeps every span
+/// it is given).
+static KEEP_PARTS: OnceLock<u64> = OnceLock::new();
+
+/// Whether spans are exported at all.
+pub fn exporting() -> bool {
+    KEEP_PARTS.get().is_some()
+}
+
+/// Whether a trace that starts here is kept (head sampling).
+pub fn head_sampled() -> bool {
+    use std::cell::Cell;
+    thread_local! {
+        static STATE: Cell<u64> = Cell::new({
+            use std::hash::{BuildHasher, Hasher};
+            std::collections::hash_map::RandomState::new().build_hasher().finish() | 1
+        });
+    }
+    let Some(&parts) = KEEP_PARTS.get() else { return false };
+    // xorshift64*: sampling needs spread, not secrecy.
+    let draw = STATE.with(|state| {
+        let mut x = state.get();
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        state.set(x);
+        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    });
+    parts == u64::MAX || draw < parts
+}
+
+/// The share kept: the config's, else `OTEL_TRACES_SAMPLER` and `OTEL_TRACES_SAMPLER_ARG` as
+/// the specification reads them (a caller's flag always decides for its own trace), else all.
+fn keep_ratio(config: &TracingConfig) -> f64 {
+    if let Some(ratio) = config.sample_ratio {
+        return ratio;
+    }
+    let arg = || std::env::var("OTEL_TRACES_SAMPLER_ARG").ok().and_then(|a| a.trim().parse::<f64>().ok());
+    match std::env::var("OTEL_TRACES_SAMPLER").unwrap_or_default().trim() {
+        "always_off" | "parentbased_always_off" => 0.0,
+        "traceidratio" | "parentbased_traceidratio" => arg().filter(|r| (0.0..=1.0).contains(r)).unwrap_or(1.0),
+        _ => 1.0,
+    }
+}
 
 /// A span of one of an activation's stages (`trace` an [`ActivationTrace`]), under the
 /// activation's span, from now; none when the activation records none (tracing off, or its
@@ -108,12 +156,13 @@ impl Telemetry {
             }
             None => {}
         }
-        let mut provider =
-            SdkTracerProvider::builder().with_batch_exporter(exporter.build()?).with_resource(resource.build());
-        if let Some(ratio) = config.sample_ratio {
-            provider = provider.with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(ratio))));
-        }
-        let provider = provider.build();
+        let provider = SdkTracerProvider::builder()
+            .with_batch_exporter(exporter.build()?)
+            .with_resource(resource.build())
+            .with_sampler(Sampler::ParentBased(Box::new(Sampler::AlwaysOn)))
+            .build();
+        let ratio = keep_ratio(config);
+        let _ = KEEP_PARTS.set(if ratio >= 1.0 { u64::MAX } else { (ratio * u64::MAX as f64) as u64 });
         let spans = tracing_opentelemetry::layer()
             .with_tracer(provider.tracer("invoker"))
             .with_location(false)
