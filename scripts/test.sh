@@ -20,5 +20,8 @@ fi
 # Fn's FDKs from PyPI and npm, for the fn: kinds' tests (tests/fn_protocol.rs).
 bash scripts/fdk.sh >/dev/null
 
+# Chromium and playwright-core, for the live view's browser test (tests/live_browser.rs).
+bash scripts/browser.sh
+
 # Every backend and the mock factory (cargo features), so that every suite builds and runs.
 cargo test --workspace --all-targets --all-features "$@"

@@ -25,6 +25,8 @@ pub struct StateLabel {
 
 pub struct Metrics {
     registry: Registry,
+    /// What the live view (`/ui`) is sent, when somebody watches.
+    pub live: crate::live::LiveFeed,
     /// Seconds from acceptance to the end of the run.
     latency: Histogram,
     pub containers: Family<StateLabel, Gauge>,
@@ -59,12 +61,16 @@ impl Default for Metrics {
         let cold = starts.get_or_create(&StartLabel { start: "cold".into() }).clone();
         let warm = starts.get_or_create(&StartLabel { start: "warm".into() }).clone();
         let prewarm = starts.get_or_create(&StartLabel { start: "prewarm".into() }).clone();
-        Metrics { registry, latency, containers, waiting, by_outcome, cold, warm, prewarm }
+        let live = crate::live::LiveFeed::default();
+        Metrics { registry, live, latency, containers, waiting, by_outcome, cold, warm, prewarm }
     }
 }
 
 impl Metrics {
     pub fn activation_finished(&self, record: &ActivationRecord) {
+        if self.live.watched() {
+            self.live.activation(&crate::live::ActivationRow::of(record));
+        }
         self.by_outcome[record.outcome().status_code() as usize % 4].inc();
         match record.annotation("startKind").and_then(|v| v.as_str()) {
             Some("cold") => {

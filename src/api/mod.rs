@@ -9,6 +9,7 @@ mod call;
 mod cluster;
 pub mod error;
 mod fn_routes;
+pub(crate) mod live;
 pub mod server;
 pub(crate) mod shim;
 mod state;
@@ -60,6 +61,8 @@ enum Route {
     Health,
     Metrics,
     Pool,
+    /// The live view's page and its files (no key: they carry no secret).
+    Ui,
     /// Fn's routes.
     FnApps,
     FnApp {
@@ -92,6 +95,7 @@ impl Route {
             "/health" => Some(Route::Health),
             "/metrics" => Some(Route::Metrics),
             "/v1/pool" => Some(Route::Pool),
+            "/ui" | "/ui/" | "/ui/app.js" | "/ui/app.css" => Some(Route::Ui),
             "/v1/activations" => Some(Route::ActivationMessage),
             "/v1/invokers" => Some(Route::Invokers),
             "/v1/internal/records" => Some(Route::InternalRecords),
@@ -289,6 +293,7 @@ impl AppState {
             (Route::Health, &Method::GET) => admin::health(self, &call).await,
             (Route::Metrics, &Method::GET) => admin::metrics(self, &call).await,
             (Route::Pool, &Method::GET) => admin::pool(self, &call).await,
+            (Route::Ui, &Method::GET) => live::asset(call.head.uri.path()).ok_or(ApiError::NotFound),
             (route @ (Route::FnApps | Route::FnFunctions | Route::FnTriggers), &Method::GET | &Method::POST)
             | (
                 route @ (Route::FnApp { .. } | Route::FnFunction { .. } | Route::FnTrigger { .. }),

@@ -11,7 +11,7 @@
 use super::state::AppState;
 use super::wire::{ApiStream, HeldAnswer};
 use bytes::Bytes;
-use http_body_util::Full;
+use http_body_util::{Either, Full};
 use hyper::body::Body as _;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -142,17 +142,26 @@ pub async fn serve(listener: TcpListener, state: Arc<AppState>, stop: Cancellati
         let held = HeldAnswer::default();
         let stream = TokioIo::new(ApiStream::new(stream, write_timeout, held.clone()));
         let unread = unread.clone();
-        let service = service_fn(move |request| {
-            let (state, unread, held) = (state.clone(), unread.clone(), held.clone());
+        let stop = stop.clone();
+        let service = service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
+            let (state, unread, held, stop) = (state.clone(), unread.clone(), held.clone(), stop.clone());
             async move {
                 // The answer before on this connection is written: its bytes are free.
                 held.borrow_mut().take();
+                if request.uri().path() == "/v1/live" {
+                    // A stream, not an answer: it holds no budget of unread answers.
+                    let (head, _) = request.into_parts();
+                    return Ok(match super::live::events(&state, head, stop).await {
+                        Ok(events) => events.map(Either::Right),
+                        Err(e) => e.into_response().map(Either::Left),
+                    });
+                }
                 let read = matches!(*request.method(), hyper::Method::GET | hyper::Method::HEAD);
                 if let Some(refused) = unread.refuse_early(read) {
-                    return Ok(refused);
+                    return Ok(refused.map(Either::Left));
                 }
                 let response = state.handle(request).await;
-                Ok::<_, Infallible>(unread.count(read, response, &held))
+                Ok::<_, Infallible>(unread.count(read, response, &held).map(Either::Left))
             }
         });
         let connection = graceful.watch(http.serve_connection(stream, service));

@@ -52,6 +52,13 @@ struct RetireAction {
 #[rtype(result = "()")]
 pub struct Drain(pub oneshot::Sender<()>);
 
+mod live;
+
+/// The live view's snapshot, framed: every container's row, the nodes and the queue.
+#[derive(Message)]
+#[rtype(result = "live::Frame")]
+pub struct LiveSnapshot;
+
 /// Every container: the admin's pool view (O(containers), read on demand).
 #[derive(Message)]
 #[rtype(result = "PoolSnapshot")]
@@ -229,7 +236,15 @@ impl ContainerPool {
             Event::Arrived(job) => Some((job.id, job.key)),
             _ => None,
         };
+        let watched = self.metrics.live.watched();
+        let mut touched: smallvec::SmallVec<[ContainerId; 4]> = smallvec::SmallVec::new();
+        if watched {
+            touched.extend(live::touched(&event));
+        }
         let effects = self.core.handle(event, self.epoch.now());
+        if watched {
+            touched.extend(effects.iter().filter_map(live::touched_by));
+        }
         for effect in effects {
             match effect {
                 Effect::Create { container, owner, memory_mb, node, prewarm } => {
@@ -300,6 +315,9 @@ impl ContainerPool {
                     }
                 }
             }
+        }
+        if watched {
+            self.publish_touched(&touched);
         }
         let forgotten = self.core.take_forgotten_keys();
         self.forget_keys(forgotten);
@@ -406,6 +424,7 @@ impl Actor for ContainerPool {
         // it had no nodes.
         let first = stats.borrow_and_update().clone();
         self.node_stats(first, ctx);
+        ctx.run_interval(live::POOL_EVERY, |pool, _| pool.publish_pool());
         let me = ctx.address();
         ctx.spawn(
             async move {
@@ -638,6 +657,11 @@ impl PoolHandle {
             }
             Err(SendError::Closed(_)) => Err(PoolBusy),
         }
+    }
+
+    /// The live view's snapshot, framed as a server-sent event.
+    pub async fn live_snapshot(&self) -> Option<bytes::Bytes> {
+        self.addr.send(LiveSnapshot).await.ok()
     }
 
     pub async fn snapshot(&self) -> Option<PoolSnapshot> {

@@ -1,0 +1,126 @@
+//! `/ui`, the live view: the page (plain HTML, CSS and JavaScript served from the binary, no
+//! key: it carries no secret) and `/v1/live`, its events (the admin key): a snapshot of the
+//! pool, the last activations, then every change as the pool and the activations' ends
+//! publish it (`crate::live`).
+
+use super::call::Call;
+use super::error::ApiError;
+use super::state::AppState;
+use crate::http::{with_body, Response};
+use bytes::Bytes;
+use hyper::body::{Body, Frame, SizeHint};
+use hyper::StatusCode;
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::sync::{broadcast, mpsc};
+use tokio_util::sync::CancellationToken;
+
+/// Viewers at once, at most: each holds a connection and a forwarding task.
+const MAX_VIEWERS: usize = 16;
+/// Frames buffered per viewer before it counts as behind (and gets a new snapshot).
+const VIEWER_BUFFER: usize = 256;
+/// A comment sent to an idle stream, so that proxies and the browser keep it.
+const KEEP_ALIVE: Duration = Duration::from_secs(15);
+
+pub(super) const PAGE: &str = include_str!("ui/index.html");
+pub(super) const SCRIPT: &str = include_str!("ui/app.js");
+pub(super) const STYLE: &str = include_str!("ui/app.css");
+
+/// One of the page's files.
+pub(super) fn asset(path: &str) -> Option<Response> {
+    let (content_type, body) = match path {
+        "/ui" | "/ui/" => ("text/html; charset=utf-8", PAGE),
+        "/ui/app.js" => ("text/javascript; charset=utf-8", SCRIPT),
+        "/ui/app.css" => ("text/css; charset=utf-8", STYLE),
+        _ => return None,
+    };
+    let mut response = with_body(StatusCode::OK, content_type, Bytes::from_static(body.as_bytes()));
+    // The page's own files only: no script from elsewhere, no frame, no plugin.
+    let policy = "default-src 'self'; connect-src 'self'; img-src 'self' data:; frame-ancestors 'none'";
+    if let Ok(value) = hyper::header::HeaderValue::from_str(policy) {
+        response.headers_mut().insert("content-security-policy", value);
+    }
+    Some(response)
+}
+
+/// The events' body: the first frames, then what the forwarding task passes on, until it
+/// stops (the invoker stops, or the viewer went away).
+pub struct LiveBody {
+    first: VecDeque<Bytes>,
+    rest: mpsc::Receiver<Bytes>,
+}
+
+impl Body for LiveBody {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if let Some(first) = self.first.pop_front() {
+            return Poll::Ready(Some(Ok(Frame::data(first))));
+        }
+        self.rest.poll_recv(cx).map(|next| next.map(|bytes| Ok(Frame::data(bytes))))
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::default()
+    }
+}
+
+/// `GET /v1/live`: the admin's event stream.
+pub(super) async fn events(
+    state: &AppState,
+    head: hyper::http::request::Parts,
+    stop: CancellationToken,
+) -> Result<hyper::Response<LiveBody>, ApiError> {
+    let call = Call { head, body: Bytes::new(), principal: None };
+    state.admin(&call)?;
+    if call.head.method != hyper::Method::GET {
+        return Err(ApiError::MethodNotAllowed { method: call.head.method.to_string(), allowed: "GET" });
+    }
+    let pool = state.service.pool().cloned().ok_or(ApiError::NotFound)?;
+    let feed = &state.service.metrics().live;
+    if feed.viewers() >= MAX_VIEWERS {
+        return Err(ApiError::Unavailable(format!("{MAX_VIEWERS} viewers already watch; try again later")));
+    }
+    // Subscribed before the snapshot: a change after it is sent after it too.
+    let mut changes = feed.subscribe();
+    let snapshot = pool.live_snapshot().await.ok_or_else(|| ApiError::Unavailable("the pool is gone".into()))?;
+    let mut first = VecDeque::from([Bytes::from_static(b"retry: 2000\n\n"), snapshot]);
+    first.extend(feed.recent());
+    let (tx, rest) = mpsc::channel(VIEWER_BUFFER);
+    tokio::task::spawn_local(async move {
+        loop {
+            let frame = tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tx.closed() => return,
+                changed = changes.recv() => match changed {
+                    Ok(frame) => frame,
+                    // Behind: what it missed is in a new snapshot.
+                    Err(broadcast::error::RecvError::Lagged(_)) => match pool.live_snapshot().await {
+                        Some(snapshot) => snapshot,
+                        None => return,
+                    },
+                    Err(broadcast::error::RecvError::Closed) => return,
+                },
+                _ = tokio::time::sleep(KEEP_ALIVE) => Bytes::from_static(b": still here\n\n"),
+            };
+            // A viewer that does not read its buffer is one behind, too.
+            if tx.try_send(frame).is_err() {
+                changes = changes.resubscribe();
+                let Some(snapshot) = pool.live_snapshot().await else { return };
+                if tx.send(snapshot).await.is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    let response = hyper::Response::builder()
+        .status(StatusCode::OK)
+        .header(hyper::header::CONTENT_TYPE, "text/event-stream")
+        .header(hyper::header::CACHE_CONTROL, "no-store")
+        .body(LiveBody { first, rest })
+        .map_err(|e| ApiError::Internal(e.to_string()))?;
+    Ok(response)
+}

@@ -1,0 +1,134 @@
+//! The live feed behind `/ui`: what changes in the pool (a container's state, the nodes, the
+//! queue) and the activations as they end, as server-sent events, to whoever watches. Free
+//! while nobody does: every publisher asks [`LiveFeed::watched`] first, and builds nothing
+//! when it is false.
+//!
+//! A viewer gets a snapshot first (the pool's whole view, once), then the changes. The events
+//! are framed once and shared by every viewer (`Bytes`); a viewer that falls behind the
+//! bounded channel gets a new snapshot instead of the changes it missed.
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use serde::Serialize;
+use std::collections::VecDeque;
+use tokio::sync::broadcast;
+
+/// Events a viewer may be behind before it gets a new snapshot.
+const BACKLOG: usize = 4096;
+/// The last activations a new viewer is shown.
+const RECENT: usize = 50;
+
+pub struct LiveFeed {
+    events: broadcast::Sender<Bytes>,
+    recent: Mutex<VecDeque<Bytes>>,
+}
+
+impl Default for LiveFeed {
+    fn default() -> Self {
+        LiveFeed { events: broadcast::channel(BACKLOG).0, recent: Mutex::new(VecDeque::new()) }
+    }
+}
+
+/// One server-sent event: `event: <kind>` and its JSON on one `data:` line (JSON has no raw
+/// newline).
+pub fn frame(kind: &str, data: &impl Serialize) -> Bytes {
+    let json = serde_json::to_string(data).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"));
+    Bytes::from(format!("event: {kind}\ndata: {json}\n\n"))
+}
+
+impl LiveFeed {
+    /// Whether anybody watches: publishers build nothing otherwise.
+    pub fn watched(&self) -> bool {
+        self.events.receiver_count() > 0
+    }
+
+    /// How many watch now.
+    pub fn viewers(&self) -> usize {
+        self.events.receiver_count()
+    }
+
+    pub fn subscribe(&self) -> broadcast::Receiver<Bytes> {
+        self.events.subscribe()
+    }
+
+    pub fn publish(&self, kind: &str, data: &impl Serialize) {
+        let _ = self.events.send(frame(kind, data));
+    }
+
+    /// An activation ended: kept among the last ones, and sent.
+    pub fn activation(&self, row: &ActivationRow) {
+        let event = frame("activation", row);
+        let mut recent = self.recent.lock();
+        if recent.len() == RECENT {
+            recent.pop_front();
+        }
+        recent.push_back(event.clone());
+        drop(recent);
+        let _ = self.events.send(event);
+    }
+
+    /// The last activations, oldest first, as sent.
+    pub fn recent(&self) -> Vec<Bytes> {
+        self.recent.lock().iter().cloned().collect()
+    }
+}
+
+/// An activation as the view lists it.
+#[derive(Serialize)]
+pub struct ActivationRow<'a> {
+    pub id: &'a str,
+    pub action: String,
+    pub status: &'a str,
+    pub start: Option<&'a str>,
+    pub wait_ms: Option<u64>,
+    pub init_ms: Option<u64>,
+    pub duration_ms: u64,
+    pub end_ms: u64,
+}
+
+impl<'a> ActivationRow<'a> {
+    pub fn of(record: &'a crate::model::ActivationRecord) -> Self {
+        let number = |key: &str| record.annotation(key).and_then(|v| v.as_u64());
+        ActivationRow {
+            id: &record.activation_id,
+            action: format!("{}/{}", record.namespace, record.name),
+            status: &record.response.status,
+            start: record.annotation("startKind").and_then(|v| v.as_str()),
+            wait_ms: number("waitTime"),
+            init_ms: number("initTime"),
+            duration_ms: record.duration,
+            end_ms: record.end,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nothing_is_sent_while_nobody_watches_and_late_viewers_see_the_last_activations() {
+        let feed = LiveFeed::default();
+        assert!(!feed.watched());
+        let mut viewer = feed.subscribe();
+        assert!(feed.watched());
+        feed.publish("gone", &serde_json::json!({"id": 3}));
+        assert_eq!(viewer.try_recv().unwrap(), Bytes::from("event: gone\ndata: {\"id\":3}\n\n"));
+        drop(viewer);
+        assert!(!feed.watched());
+        let row = ActivationRow {
+            id: "a",
+            action: "guest/x".into(),
+            status: "success",
+            start: Some("warm"),
+            wait_ms: Some(1),
+            init_ms: None,
+            duration_ms: 2,
+            end_ms: 3,
+        };
+        for _ in 0..RECENT + 5 {
+            feed.activation(&row);
+        }
+        assert_eq!(feed.recent().len(), RECENT);
+    }
+}
