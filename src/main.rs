@@ -160,7 +160,7 @@ fn main() -> anyhow::Result<()> {
 /// Log lines, and traces when `[tracing]` or the `OTEL_*` variables say where; the guard
 /// flushes the last spans when dropped, after the runtime has stopped.
 fn init_tracing(config: &Config, service: &str) -> anyhow::Result<invoker::telemetry::Telemetry> {
-    let telemetry = invoker::telemetry::Telemetry::init(&config.tracing, service)?;
+    let telemetry = invoker::telemetry::Telemetry::init(&config.tracing.settings(), service)?;
     raise_open_files();
     Ok(telemetry)
 }

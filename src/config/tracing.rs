@@ -20,6 +20,15 @@ pub struct TracingConfig {
 }
 
 impl TracingConfig {
+    /// What the tracing module is given.
+    pub fn settings(&self) -> crate::telemetry::TracingSettings {
+        crate::telemetry::TracingSettings {
+            otlp_endpoint: self.otlp_endpoint.clone(),
+            sample_ratio: self.sample_ratio,
+            service_name: self.service_name.clone(),
+        }
+    }
+
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
         if !self.otlp_endpoint.is_empty() {
             let scheme = self.otlp_endpoint.split_once("://").map(|(scheme, _)| scheme);

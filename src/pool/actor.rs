@@ -2,9 +2,10 @@
 //! the effects it returns: starting proxies, handing them jobs, answering rejected jobs.
 
 use super::core::{
-    ContainerId, ContainerState, CoreConfig, CreateFailure, Effect, Event, Job, JobId, KeyId, NodeId, NodeStatsUpdate,
-    Owner, PoolCore, PoolCounts, RejectReason, StemId,
+    ContainerId, ContainerState, ContainerView, CoreConfig, CreateFailure, Effect, Event, Job, JobId, KeyId, NodeId,
+    NodeStatsUpdate, Owner, PoolCore, PoolCounts, RejectReason, StemId, Time,
 };
+use super::live;
 use super::status::{ContainerSummary, PoolSnapshot, PoolStatus, WarmContainers};
 use crate::activation::job::RunJob;
 use crate::config::{PoolConfig, ProxyConfig, RuntimeProtocol};
@@ -52,11 +53,9 @@ struct RetireAction {
 #[rtype(result = "()")]
 pub struct Drain(pub oneshot::Sender<()>);
 
-mod live;
-
 /// The live view's snapshot, framed: every container's row, the nodes and the queue.
 #[derive(Message)]
-#[rtype(result = "live::Frame")]
+#[rtype(result = "bytes::Bytes")]
 pub struct LiveSnapshot;
 
 /// Every container: the admin's pool view (O(containers), read on demand).
@@ -572,6 +571,55 @@ impl Handler<Drain> for ContainerPool {
     fn handle(&mut self, Drain(done): Drain, ctx: &mut Context<Self>) {
         self.drained.push(done);
         self.apply(Event::Drain, ctx);
+    }
+}
+
+impl ContainerPool {
+    /// Core time `t` in milliseconds since the epoch.
+    fn wall_ms(&self, t: Time) -> u64 {
+        let (now, wall) = (self.epoch.now(), crate::model::epoch_ms());
+        match t.checked_sub(now) {
+            Some(ahead) => wall + ahead.as_millis() as u64,
+            None => wall.saturating_sub((now - t).as_millis() as u64),
+        }
+    }
+
+    fn live_row(&self, view: ContainerView) -> live::ContainerRow {
+        let action = match view.owner {
+            Owner::Key(key) => self.key_actions.get(&key).map(|k| k.action.path()).unwrap_or_default(),
+            Owner::Stem(stem) => self.stem_label(stem),
+        };
+        live::container_row(view, action, |t| self.wall_ms(t))
+    }
+
+    /// Each container in `ids` as it is now (its row, or that it is gone).
+    fn publish_touched(&self, ids: &smallvec::SmallVec<[ContainerId; 4]>) {
+        let feed = &self.metrics.live;
+        for (i, &id) in ids.iter().enumerate() {
+            if ids[..i].contains(&id) {
+                continue;
+            }
+            match self.core.container(id) {
+                Some(view) => feed.publish("container", &self.live_row(view)),
+                None => feed.publish("gone", &serde_json::json!({ "id": id.0 })),
+            }
+        }
+    }
+
+    /// The nodes and the queue, every [`live::POOL_EVERY`] while somebody watches.
+    fn publish_pool(&self) {
+        if self.metrics.live.watched() {
+            self.metrics.live.publish("pool", &live::pool_row(self.status(), self.jobs.values()));
+        }
+    }
+}
+
+impl Handler<LiveSnapshot> for ContainerPool {
+    type Result = MessageResult<LiveSnapshot>;
+
+    fn handle(&mut self, _: LiveSnapshot, _: &mut Context<Self>) -> Self::Result {
+        let containers = self.core.containers().into_iter().map(|view| self.live_row(view)).collect();
+        MessageResult(live::snapshot(live::pool_row(self.status(), self.jobs.values()), containers))
     }
 }
 

@@ -1,5 +1,6 @@
 //! The ContainerPool: a pure scheduling core and the actor that carries out its effects.
 
 pub mod actor;
+pub(crate) mod live;
 pub mod status;
 pub use invoker_core::pool as core;

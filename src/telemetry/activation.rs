@@ -1,6 +1,6 @@
 //! One activation's trace in this process, and the W3C `traceparent` it takes and passes on.
 
-use super::TARGET;
+use super::sampling::{exporting, head_sampled, TARGET};
 use crate::model::ActivationMeta;
 use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState};
 use tracing::field::Empty;
@@ -103,9 +103,9 @@ impl ActivationTrace {
         // caller's as it came.
         let sampled = match &given {
             Some(parent) => parent.sampled(),
-            None => super::head_sampled(),
+            None => head_sampled(),
         };
-        if !sampled || !super::exporting() {
+        if !sampled || !exporting() {
             return match given {
                 None => ActivationTrace(None),
                 given => state(Span::none(), given),

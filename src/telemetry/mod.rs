@@ -9,59 +9,23 @@
 //! invoker, the action), and a collector already knows how to draw it.
 
 mod activation;
+mod sampling;
 
 pub use activation::{failed, ActivationTrace, TraceParent, HEADER};
+pub use sampling::{exporting, head_sampled, TARGET};
 
-use crate::config::TracingConfig;
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::{Protocol, WithExportConfig};
 use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
 use opentelemetry_sdk::Resource;
-use std::sync::OnceLock;
 use tracing_subscriber::filter::{filter_fn, EnvFilter, FilterExt};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::Layer;
 
-/// The target of every span this crate exports: only these reach the exporter.
-pub const TARGET: &str = "invoker::trace";
-
-/// The share of traces started here that are kept, as `u64::MAX` parts; set once at start,
-/// when spans are exported. Decided before any span is made, so that a trace sampled out costs
-/// a random draw, not a span built and dropped (the SDK's own sampler then keeps every span
-/// it is given).
-static KEEP_PARTS: OnceLock<u64> = OnceLock::new();
-
-/// Whether spans are exported at all.
-pub fn exporting() -> bool {
-    KEEP_PARTS.get().is_some()
-}
-
-/// Whether a trace that starts here is kept (head sampling).
-pub fn head_sampled() -> bool {
-    use std::cell::Cell;
-    thread_local! {
-        static STATE: Cell<u64> = Cell::new({
-            use std::hash::{BuildHasher, Hasher};
-            std::collections::hash_map::RandomState::new().build_hasher().finish() | 1
-        });
-    }
-    let Some(&parts) = KEEP_PARTS.get() else { return false };
-    // xorshift64*: sampling needs spread, not secrecy.
-    let draw = STATE.with(|state| {
-        let mut x = state.get();
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        state.set(x);
-        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    });
-    parts == u64::MAX || draw < parts
-}
-
 /// The share kept: the config's, else `OTEL_TRACES_SAMPLER` and `OTEL_TRACES_SAMPLER_ARG` as
 /// the specification reads them (a caller's flag always decides for its own trace), else all.
-fn keep_ratio(config: &TracingConfig) -> f64 {
+fn keep_ratio(config: &TracingSettings) -> f64 {
     if let Some(ratio) = config.sample_ratio {
         return ratio;
     }
@@ -118,8 +82,17 @@ pub struct Telemetry {
     provider: Option<SdkTracerProvider>,
 }
 
+/// What `[tracing]` says (`crate::config::TracingConfig`), handed over by `main`: this module
+/// depends on no config (the cluster's files it traces import it).
+#[derive(Clone, Debug, Default)]
+pub struct TracingSettings {
+    pub otlp_endpoint: String,
+    pub sample_ratio: Option<f64>,
+    pub service_name: Option<String>,
+}
+
 /// Where spans go: the config's endpoint, else the standard variables; `None`: nowhere.
-fn endpoint(config: &TracingConfig) -> Option<Option<String>> {
+fn endpoint(config: &TracingSettings) -> Option<Option<String>> {
     let set = |name: &str| std::env::var(name).is_ok_and(|v| !v.trim().is_empty());
     let off = |name: &str, value: &str| std::env::var(name).is_ok_and(|v| v.trim().eq_ignore_ascii_case(value));
     if off("OTEL_SDK_DISABLED", "true") || off("OTEL_TRACES_EXPORTER", "none") {
@@ -136,7 +109,7 @@ fn endpoint(config: &TracingConfig) -> Option<Option<String>> {
 impl Telemetry {
     /// Log lines to stderr (`RUST_LOG`, default `info`), and spans to OTLP when an endpoint is
     /// set. `service` names the process when neither the config nor `OTEL_SERVICE_NAME` does.
-    pub fn init(config: &TracingConfig, service: &str) -> Result<Telemetry, TelemetryError> {
+    pub fn init(config: &TracingSettings, service: &str) -> Result<Telemetry, TelemetryError> {
         let logs = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_filter(
             EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()).and(filter_fn(|m| m.is_event())),
         );
@@ -162,7 +135,7 @@ impl Telemetry {
             .with_sampler(Sampler::ParentBased(Box::new(Sampler::AlwaysOn)))
             .build();
         let ratio = keep_ratio(config);
-        let _ = KEEP_PARTS.set(if ratio >= 1.0 { u64::MAX } else { (ratio * u64::MAX as f64) as u64 });
+        sampling::keep(ratio);
         let spans = tracing_opentelemetry::layer()
             .with_tracer(provider.tracer("invoker"))
             .with_location(false)

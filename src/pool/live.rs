@@ -1,0 +1,123 @@
+//! The pool's side of the live view: a container's row each time the core touches it, the
+//! nodes and the queue every half second, and the whole view once for a new viewer. Nothing is
+//! built while nobody watches.
+
+use super::core::{ContainerId, ContainerState, ContainerView, Effect, Event, NodeView, Time};
+use super::status::PoolStatus;
+use crate::activation::job::RunJob;
+use bytes::Bytes;
+use serde::Serialize;
+
+/// How often the nodes and the queue are sent while somebody watches.
+pub(crate) const POOL_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
+/// Waiting activations listed, the oldest first.
+const WAITING_SHOWN: usize = 100;
+
+/// A container as the view shows it; times in milliseconds since the epoch.
+#[derive(Serialize)]
+pub(crate) struct ContainerRow {
+    id: u64,
+    action: String,
+    node: String,
+    memory_mb: u32,
+    state: ContainerState,
+    running: usize,
+    created_ms: u64,
+    idle_since_ms: Option<u64>,
+    keep_until_ms: Option<u64>,
+}
+
+#[derive(Serialize)]
+pub(crate) struct Waiting {
+    activation_id: String,
+    action: String,
+    waited_ms: u64,
+}
+
+#[derive(Serialize)]
+pub(crate) struct PoolRow {
+    draining: bool,
+    starting: usize,
+    idle: usize,
+    prewarm: usize,
+    busy: usize,
+    removing: usize,
+    waiting: usize,
+    nodes: Vec<NodeView>,
+    /// The oldest waiting activations, at most [`WAITING_SHOWN`].
+    queue: Vec<Waiting>,
+}
+
+#[derive(Serialize)]
+struct Snapshot {
+    pool: PoolRow,
+    containers: Vec<ContainerRow>,
+}
+
+/// The containers an event or an effect names.
+pub(crate) fn touched(event: &Event) -> Option<ContainerId> {
+    match event {
+        Event::Started { container, .. } | Event::Finished { container, .. } | Event::Removed(container) => {
+            Some(*container)
+        }
+        _ => None,
+    }
+}
+
+pub(crate) fn touched_by(effect: &Effect) -> Option<ContainerId> {
+    match effect {
+        Effect::Create { container, .. }
+        | Effect::Dispatch { container, .. }
+        | Effect::Remove { container }
+        | Effect::Pause { container }
+        | Effect::Resume { container } => Some(*container),
+        Effect::Reject { .. } => None,
+    }
+}
+
+/// A container's row; `action` names its action (or its stem), `wall` turns core time into
+/// milliseconds since the epoch.
+pub(crate) fn container_row(view: ContainerView, action: String, wall: impl Fn(Time) -> u64) -> ContainerRow {
+    ContainerRow {
+        id: view.id.0,
+        action,
+        node: view.node.0.to_string(),
+        memory_mb: view.memory_mb,
+        state: view.state,
+        running: view.running,
+        created_ms: wall(view.created_at),
+        idle_since_ms: view.idle.map(|(since, _)| wall(since)),
+        keep_until_ms: view.idle.and_then(|(_, until)| until).map(wall),
+    }
+}
+
+/// The nodes, the counts and the oldest waiting activations.
+pub(crate) fn pool_row<'a>(status: PoolStatus, waiting: impl Iterator<Item = &'a RunJob>) -> PoolRow {
+    let mut queue: Vec<&RunJob> = waiting.collect();
+    queue.sort_by_key(|run| run.accepted);
+    let queue = queue
+        .into_iter()
+        .take(WAITING_SHOWN)
+        .map(|run| Waiting {
+            activation_id: run.meta.activation_id.clone(),
+            action: format!("{}/{}", run.meta.namespace, run.meta.name),
+            waited_ms: run.accepted.elapsed().as_millis() as u64,
+        })
+        .collect();
+    PoolRow {
+        draining: status.draining,
+        starting: status.starting,
+        idle: status.idle,
+        prewarm: status.prewarm,
+        busy: status.busy,
+        removing: status.removing,
+        waiting: status.waiting,
+        nodes: status.nodes,
+        queue,
+    }
+}
+
+/// A new viewer's first event.
+pub(crate) fn snapshot(pool: PoolRow, containers: Vec<ContainerRow>) -> Bytes {
+    crate::live::frame("snapshot", &Snapshot { pool, containers })
+}
