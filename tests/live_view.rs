@@ -81,3 +81,31 @@ async fn the_live_view_sees_a_container_start_run_idle_and_its_activation_end() 
     assert_eq!(ended.1["id"], record["activationId"]);
     assert_eq!((ended.1["action"].as_str(), ended.1["start"].as_str()), (Some("guest/seen"), Some("cold")));
 }
+
+const CONTROLLER: &str = "c0ffee00-0000-4000-8000-00000000a11e:the-live-view-tests-controller-secret";
+
+/// A scheduler's live view: the invokers it sees, sent again when they change (a drain here).
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
+async fn a_schedulers_live_view_shows_its_invokers_and_their_drain() {
+    let Some(etcd) = support::etcd::EtcdServer::start() else { return };
+    let dir = tempfile::Builder::new().prefix("invoker-live-").tempdir().unwrap();
+    let invoker_id = format!("live-seen-{}", std::process::id());
+    let (_invoker, scheduler) = Invoker::invoker_and_scheduler(dir.path(), &etcd.url(), CONTROLLER, &invoker_id).await;
+    let http = reqwest::Client::new();
+    let (user, pass) = scheduler.admin.split_once(':').unwrap();
+    let mut stream = http.get(format!("{}/v1/live", scheduler.base)).basic_auth(user, Some(pass)).send().await.unwrap();
+    assert_eq!(stream.status(), 200);
+    let first = events_until(&mut stream, Duration::from_secs(10), |e| !e.is_empty()).await;
+    assert_eq!(first[0].0, "invokers", "{first:?}");
+    assert_eq!(first[0].1["scheduler"], "s1");
+    assert_eq!(first[0].1["invokers"][0]["id"], invoker_id.as_str());
+    assert_eq!(first[0].1["invokers"][0]["drained"], false);
+
+    let (status, _) = scheduler.post_url(&format!("/v1/invokers/{invoker_id}/drain")).await;
+    assert_eq!(status, 200);
+    events_until(&mut stream, Duration::from_secs(20), |events| {
+        events.iter().any(|(k, v)| k == "invokers" && v["invokers"][0]["drained"] == true)
+    })
+    .await;
+}

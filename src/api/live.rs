@@ -68,6 +68,46 @@ impl Body for LiveBody {
     }
 }
 
+/// What a process shows: an invoker its pool (whose changes come through the feed), a
+/// scheduler the invokers it sees (sent when they changed, looked at every second).
+enum View {
+    Pool(crate::pool::actor::PoolHandle),
+    Scheduler(std::sync::Arc<crate::scheduler::Dispatcher>),
+}
+
+impl View {
+    async fn snapshot(&self) -> Option<Bytes> {
+        match self {
+            View::Pool(pool) => pool.live_snapshot().await,
+            View::Scheduler(dispatcher) => Some(crate::live::frame("invokers", &invokers(dispatcher))),
+        }
+    }
+
+    fn every(&self) -> Duration {
+        match self {
+            View::Pool(_) => KEEP_ALIVE,
+            View::Scheduler(_) => Duration::from_secs(1),
+        }
+    }
+
+    /// What changed since `last` was sent (the pool's changes come through the feed).
+    async fn changed(&self, last: &mut Bytes) -> Option<Bytes> {
+        let View::Scheduler(_) = self else { return None };
+        let now = self.snapshot().await?;
+        (now != *last).then(|| {
+            *last = now.clone();
+            now
+        })
+    }
+}
+
+/// The invokers a scheduler sees, by id.
+fn invokers(dispatcher: &crate::scheduler::Dispatcher) -> serde_json::Value {
+    let mut invokers = dispatcher.invokers();
+    invokers.sort_by(|a, b| a.record.id.cmp(&b.record.id));
+    serde_json::json!({ "scheduler": dispatcher.id(), "invokers": invokers })
+}
+
 /// `GET /v1/live`: the admin's event stream.
 pub(super) async fn events(
     state: &AppState,
@@ -79,18 +119,25 @@ pub(super) async fn events(
     if call.head.method != hyper::Method::GET {
         return Err(ApiError::MethodNotAllowed { method: call.head.method.to_string(), allowed: "GET" });
     }
-    let pool = state.service.pool().cloned().ok_or(ApiError::NotFound)?;
     let feed = &state.service.metrics().live;
     if feed.viewers() >= MAX_VIEWERS {
         return Err(ApiError::Unavailable(format!("{MAX_VIEWERS} viewers already watch; try again later")));
     }
+    let view = match (state.service.pool(), state.service.dispatcher()) {
+        (Some(pool), _) => View::Pool(pool.clone()),
+        (None, Some(dispatcher)) => View::Scheduler(dispatcher.clone()),
+        (None, None) => return Err(ApiError::NotFound),
+    };
     // Subscribed before the snapshot: a change after it is sent after it too.
     let mut changes = feed.subscribe();
-    let snapshot = pool.live_snapshot().await.ok_or_else(|| ApiError::Unavailable("the pool is gone".into()))?;
-    let mut first = VecDeque::from([Bytes::from_static(b"retry: 2000\n\n"), snapshot]);
+    let snapshot = view.snapshot().await.ok_or_else(|| ApiError::Unavailable("the pool is gone".into()))?;
+    let mut first = VecDeque::from([Bytes::from_static(b"retry: 2000\n\n"), snapshot.clone()]);
     first.extend(feed.recent());
     let (tx, rest) = mpsc::channel(VIEWER_BUFFER);
     tokio::task::spawn_local(async move {
+        let mut last = snapshot;
+        let mut every = tokio::time::interval(view.every());
+        let mut quiet = tokio::time::Instant::now();
         loop {
             let frame = tokio::select! {
                 _ = stop.cancelled() => return,
@@ -98,18 +145,23 @@ pub(super) async fn events(
                 changed = changes.recv() => match changed {
                     Ok(frame) => frame,
                     // Behind: what it missed is in a new snapshot.
-                    Err(broadcast::error::RecvError::Lagged(_)) => match pool.live_snapshot().await {
+                    Err(broadcast::error::RecvError::Lagged(_)) => match view.snapshot().await {
                         Some(snapshot) => snapshot,
                         None => return,
                     },
                     Err(broadcast::error::RecvError::Closed) => return,
                 },
-                _ = tokio::time::sleep(KEEP_ALIVE) => Bytes::from_static(b": still here\n\n"),
+                _ = every.tick() => match view.changed(&mut last).await {
+                    Some(frame) => frame,
+                    None if quiet.elapsed() >= KEEP_ALIVE => Bytes::from_static(b": still here\n\n"),
+                    None => continue,
+                },
             };
+            quiet = tokio::time::Instant::now();
             // A viewer that does not read its buffer is one behind, too.
             if tx.try_send(frame).is_err() {
                 changes = changes.resubscribe();
-                let Some(snapshot) = pool.live_snapshot().await else { return };
+                let Some(snapshot) = view.snapshot().await else { return };
                 if tx.send(snapshot).await.is_err() {
                     return;
                 }

@@ -123,6 +123,46 @@ function drawPool(pool) {
   $("queue").replaceChildren(queue);
 }
 
+function drawInvokers(data) {
+  $("scheduler").hidden = false;
+  for (const el of document.querySelectorAll(".pool")) el.hidden = true;
+  $("scheduler-id").textContent = `(scheduler ${data.scheduler}: ${data.invokers.length})`;
+  const rows = document.createDocumentFragment();
+  for (const inv of data.invokers) {
+    const tr = document.createElement("tr");
+    tr.dataset.invoker = inv.id;
+    const nodes = inv.nodes ?? [];
+    const sum = (f) => nodes.reduce((t, n) => t + (n[f] ?? 0), 0);
+    const [cap, free, idle, launchable] = [sum("capacity_mb"), sum("free_mb"), sum("idle_mb"), sum("launchable_mb")];
+    let health = inv.health;
+    if (inv.drained) health += ", drained";
+    if (inv.stalled) health += ", stalled";
+    const cells = [inv.id, health, inv.in_flight, inv.containers, (inv.tags ?? []).join(", ")];
+    for (const [i, v] of cells.entries()) {
+      const td = document.createElement("td");
+      td.textContent = `${v}`;
+      if (i === 1) td.className = inv.stalled ? "stalled" : inv.drained ? "drained" : inv.health;
+      tr.appendChild(td);
+    }
+    const td = document.createElement("td");
+    const bar = document.createElement("div");
+    bar.className = "bar";
+    bar.title = `${cap} MB: ${launchable} launchable, ${idle} warm`;
+    const parts = [["busy", cap - free - idle], ["idle", idle], ["buffer", free - launchable], ["free", launchable]];
+    for (const [kind, mb] of parts) {
+      if (mb <= 0 || cap <= 0) continue;
+      const span = document.createElement("span");
+      span.className = kind;
+      span.style.width = `${(100 * mb) / cap}%`;
+      bar.appendChild(span);
+    }
+    td.appendChild(bar);
+    tr.appendChild(td);
+    rows.appendChild(tr);
+  }
+  $("invokers").tBodies[0].replaceChildren(rows);
+}
+
 function activation(a) {
   const tr = document.createElement("tr");
   const cells = [a.action, a.status, a.start ?? "", a.wait_ms ?? "", a.init_ms ?? "", a.duration_ms,
@@ -153,6 +193,7 @@ function apply(kind, data) {
     case "gone": gone(data.id); break;
     case "pool": pending = data; break;
     case "activation": activation(data); break;
+    case "invokers": drawInvokers(data); break;
   }
   stats.events += 1;
   stats.applyMs += performance.now() - began;
