@@ -8,10 +8,61 @@
 //! bounded channel gets a new snapshot instead of the changes it missed.
 
 use bytes::Bytes;
+use hyper::body::{Body, Frame, SizeHint};
 use parking_lot::Mutex;
 use serde::Serialize;
 use std::collections::VecDeque;
-use tokio::sync::broadcast;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use tokio::sync::{broadcast, mpsc};
+
+const PAGE: &str = include_str!("api/ui/index.html");
+const SCRIPT: &str = include_str!("api/ui/app.js");
+const STYLE: &str = include_str!("api/ui/app.css");
+
+/// One of the page's files (`/ui`, `/ui/app.js`, `/ui/app.css`): its content type and text.
+/// Every process serves the same page; what it shows follows the events it is sent.
+pub fn asset(path: &str) -> Option<(&'static str, &'static str)> {
+    match path {
+        "/ui" | "/ui/" => Some(("text/html; charset=utf-8", PAGE)),
+        "/ui/app.js" => Some(("text/javascript; charset=utf-8", SCRIPT)),
+        "/ui/app.css" => Some(("text/css; charset=utf-8", STYLE)),
+        _ => None,
+    }
+}
+
+/// The page's own files only: no script from elsewhere, no frame, no plugin.
+pub const CONTENT_SECURITY_POLICY: &str =
+    "default-src 'self'; connect-src 'self'; img-src 'self' data:; frame-ancestors 'none'";
+
+/// An event stream's body: the first frames, then what a forwarding task passes on, until it
+/// stops (the process stops, or the viewer went away).
+pub struct LiveBody {
+    first: VecDeque<Bytes>,
+    rest: mpsc::Receiver<Bytes>,
+}
+
+impl LiveBody {
+    pub fn new(first: VecDeque<Bytes>, rest: mpsc::Receiver<Bytes>) -> Self {
+        LiveBody { first, rest }
+    }
+}
+
+impl Body for LiveBody {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if let Some(first) = self.first.pop_front() {
+            return Poll::Ready(Some(Ok(Frame::data(first))));
+        }
+        self.rest.poll_recv(cx).map(|next| next.map(|bytes| Ok(Frame::data(bytes))))
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::default()
+    }
+}
 
 /// Events a viewer may be behind before it gets a new snapshot.
 const BACKLOG: usize = 4096;

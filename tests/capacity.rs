@@ -150,6 +150,18 @@ async fn a_burst_grows_the_group_and_the_quiet_after_it_shrinks_it_back_to_min()
         async move { registered(&s).await == BTreeSet::from(["default-0".to_string()]) }
     })
     .await;
+    // The live view: the group's last rounds at once, then each round as it is decided.
+    let (user, pass) = manager.admin.split_once(':').unwrap();
+    let mut live = reqwest::Client::new()
+        .get(format!("{}/v1/live", manager.base))
+        .basic_auth(user, Some(pass))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(live.status(), 200);
+    let first = support::events_until(&mut live, Duration::from_secs(10), |e| !e.is_empty()).await;
+    assert_eq!((first[0].0.as_str(), &first[0].1["snapshot"]), ("capacity", &json!(true)), "{first:?}");
+    assert!(first[0].1["groups"][0]["history"].as_array().is_some_and(|h| !h.is_empty()), "{first:?}");
 
     // Six activations of 2 s at once; each invoker holds one.
     let started = Instant::now();
@@ -172,6 +184,16 @@ async fn a_burst_grows_the_group_and_the_quiet_after_it_shrinks_it_back_to_min()
     assert!(ran_on.len() >= 3, "new invokers took work: {ran_on:?}");
     let asked = decisions(&manager).await;
     assert!(asked.iter().any(|a| a.starts_with("provision")), "{asked:?}");
+    let rounds = support::events_until(&mut live, Duration::from_secs(10), |events| {
+        events.iter().any(|(_, v)| {
+            v["groups"][0]["decisions"].as_array().is_some_and(|d| {
+                d.iter().any(|d| d["action"].as_str().is_some_and(|a| a.starts_with("provision default-1")))
+            })
+        })
+    })
+    .await;
+    assert!(rounds.iter().all(|(k, v)| k == "capacity" && v["snapshot"] == false), "{rounds:?}");
+    drop(live);
 
     // Quiet: after scale_down_after the three are drained, and removed once drained.
     wait_until(Duration::from_secs(40), "back to min: one invoker registered, the others stopped", || {

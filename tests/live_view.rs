@@ -4,34 +4,9 @@
 
 mod support;
 
-use serde_json::{json, Value};
+use serde_json::json;
 use std::time::Duration;
 use support::{Invoker, GUEST};
-
-/// Reads server-sent events from `response` until `until` holds for the events so far.
-async fn events_until(
-    response: &mut reqwest::Response,
-    bound: Duration,
-    until: impl Fn(&[(String, Value)]) -> bool,
-) -> Vec<(String, Value)> {
-    let mut events = Vec::new();
-    let mut buffer = String::new();
-    let deadline = tokio::time::Instant::now() + bound;
-    while !until(&events) {
-        let chunk = tokio::time::timeout_at(deadline, response.chunk()).await;
-        let chunk = chunk.unwrap_or_else(|_| panic!("not within {bound:?}: {events:#?}")).unwrap().unwrap();
-        buffer.push_str(&String::from_utf8_lossy(&chunk));
-        while let Some(end) = buffer.find("\n\n") {
-            let block: String = buffer.drain(..end + 2).collect();
-            let kind = block.lines().find_map(|l| l.strip_prefix("event: ")).map(str::to_string);
-            let data = block.lines().find_map(|l| l.strip_prefix("data: "));
-            if let (Some(kind), Some(data)) = (kind, data) {
-                events.push((kind, serde_json::from_str(data).unwrap()));
-            }
-        }
-    }
-    events
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_live_view_sees_a_container_start_run_idle_and_its_activation_end() {
@@ -54,7 +29,7 @@ async fn the_live_view_sees_a_container_start_run_idle_and_its_activation_end() 
     let mut stream = http.get(&live).basic_auth(user, Some(pass)).send().await.unwrap();
     assert_eq!(stream.status(), 200);
     assert_eq!(stream.headers()["content-type"], "text/event-stream");
-    let first = events_until(&mut stream, Duration::from_secs(10), |e| !e.is_empty()).await;
+    let first = support::events_until(&mut stream, Duration::from_secs(10), |e| !e.is_empty()).await;
     assert_eq!(first[0].0, "snapshot");
     assert_eq!(first[0].1["containers"], json!([]));
     assert!(first[0].1["pool"]["nodes"][0]["capacity_mb"].as_u64() > Some(0), "{first:?}");
@@ -62,7 +37,7 @@ async fn the_live_view_sees_a_container_start_run_idle_and_its_activation_end() 
     invoker.put_action("seen", json!({"exec": {"kind": "python:3", "code": "def main(a):\n    return a"}})).await;
     let (status, record) = invoker.invoke("seen", "blocking=true", json!({})).await;
     assert_eq!(status, 200, "{record}");
-    let events = events_until(&mut stream, Duration::from_secs(20), |events| {
+    let events = support::events_until(&mut stream, Duration::from_secs(20), |events| {
         let idle = events.iter().any(|(k, v)| k == "container" && v["state"] == "idle");
         idle && events.iter().any(|(k, _)| k == "activation")
     })
@@ -96,7 +71,7 @@ async fn a_schedulers_live_view_shows_its_invokers_and_their_drain() {
     let (user, pass) = scheduler.admin.split_once(':').unwrap();
     let mut stream = http.get(format!("{}/v1/live", scheduler.base)).basic_auth(user, Some(pass)).send().await.unwrap();
     assert_eq!(stream.status(), 200);
-    let first = events_until(&mut stream, Duration::from_secs(10), |e| !e.is_empty()).await;
+    let first = support::events_until(&mut stream, Duration::from_secs(10), |e| !e.is_empty()).await;
     assert_eq!(first[0].0, "invokers", "{first:?}");
     assert_eq!(first[0].1["scheduler"], "s1");
     assert_eq!(first[0].1["invokers"][0]["id"], invoker_id.as_str());
@@ -104,7 +79,7 @@ async fn a_schedulers_live_view_shows_its_invokers_and_their_drain() {
 
     let (status, _) = scheduler.post_url(&format!("/v1/invokers/{invoker_id}/drain")).await;
     assert_eq!(status, 200);
-    events_until(&mut stream, Duration::from_secs(20), |events| {
+    support::events_until(&mut stream, Duration::from_secs(20), |events| {
         events.iter().any(|(k, v)| k == "invokers" && v["invokers"][0]["drained"] == true)
     })
     .await;

@@ -7,12 +7,10 @@ use super::call::Call;
 use super::error::ApiError;
 use super::state::AppState;
 use crate::http::{with_body, Response};
+use crate::live::LiveBody;
 use bytes::Bytes;
-use hyper::body::{Body, Frame, SizeHint};
 use hyper::StatusCode;
 use std::collections::VecDeque;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
@@ -24,48 +22,13 @@ const VIEWER_BUFFER: usize = 256;
 /// A comment sent to an idle stream, so that proxies and the browser keep it.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
-pub(super) const PAGE: &str = include_str!("ui/index.html");
-pub(super) const SCRIPT: &str = include_str!("ui/app.js");
-pub(super) const STYLE: &str = include_str!("ui/app.css");
-
 /// One of the page's files.
 pub(super) fn asset(path: &str) -> Option<Response> {
-    let (content_type, body) = match path {
-        "/ui" | "/ui/" => ("text/html; charset=utf-8", PAGE),
-        "/ui/app.js" => ("text/javascript; charset=utf-8", SCRIPT),
-        "/ui/app.css" => ("text/css; charset=utf-8", STYLE),
-        _ => return None,
-    };
+    let (content_type, body) = crate::live::asset(path)?;
     let mut response = with_body(StatusCode::OK, content_type, Bytes::from_static(body.as_bytes()));
-    // The page's own files only: no script from elsewhere, no frame, no plugin.
-    let policy = "default-src 'self'; connect-src 'self'; img-src 'self' data:; frame-ancestors 'none'";
-    if let Ok(value) = hyper::header::HeaderValue::from_str(policy) {
-        response.headers_mut().insert("content-security-policy", value);
-    }
+    let policy = hyper::header::HeaderValue::from_static(crate::live::CONTENT_SECURITY_POLICY);
+    response.headers_mut().insert("content-security-policy", policy);
     Some(response)
-}
-
-/// The events' body: the first frames, then what the forwarding task passes on, until it
-/// stops (the invoker stops, or the viewer went away).
-pub struct LiveBody {
-    first: VecDeque<Bytes>,
-    rest: mpsc::Receiver<Bytes>,
-}
-
-impl Body for LiveBody {
-    type Data = Bytes;
-    type Error = std::convert::Infallible;
-
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        if let Some(first) = self.first.pop_front() {
-            return Poll::Ready(Some(Ok(Frame::data(first))));
-        }
-        self.rest.poll_recv(cx).map(|next| next.map(|bytes| Ok(Frame::data(bytes))))
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        SizeHint::default()
-    }
 }
 
 /// What a process shows: an invoker its pool (whose changes come through the feed), a
@@ -172,7 +135,7 @@ pub(super) async fn events(
         .status(StatusCode::OK)
         .header(hyper::header::CONTENT_TYPE, "text/event-stream")
         .header(hyper::header::CACHE_CONTROL, "no-store")
-        .body(LiveBody { first, rest })
+        .body(LiveBody::new(first, rest))
         .map_err(|e| ApiError::Internal(e.to_string()))?;
     Ok(response)
 }

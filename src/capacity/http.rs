@@ -5,9 +5,13 @@
 use super::manager::CapacityStatus;
 use super::metrics::CapacityMetrics;
 use crate::http::{json_value, with_body, Response};
+use crate::live::LiveBody;
+use bytes::Bytes;
+use http_body_util::{Either, Full};
 use hyper::{Method, StatusCode};
 use parking_lot::Mutex;
 use serde_json::json;
+use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::sync::Arc;
 use tokio::net::TcpListener;
@@ -29,7 +33,6 @@ impl CapacityApi {
     }
 
     pub fn answer(&self, method: &Method, path: &str, authorization: Option<&str>) -> Response {
-        let error = |status: StatusCode, message: &str| json_value(status, &json!({ "error": message }));
         let admin = authorization == Some(&*self.admin);
         match (method, path) {
             (&Method::GET, "/ping") => json_value(StatusCode::OK, &json!({})),
@@ -47,8 +50,65 @@ impl CapacityApi {
                 with_body(StatusCode::OK, "application/openmetrics-text; version=1.0.0", self.metrics.render())
             }
             (_, "/ping" | "/v1/capacity" | "/metrics") => error(StatusCode::METHOD_NOT_ALLOWED, "GET only"),
-            _ => error(StatusCode::NOT_FOUND, "no such route: /v1/capacity, /metrics and /ping"),
+            _ => error(StatusCode::NOT_FOUND, "no such route: /v1/capacity, /v1/live, /metrics, /ui and /ping"),
         }
+    }
+
+    /// The live view's first event: each group with its last hour and its last decisions.
+    fn live_snapshot(&self) -> Bytes {
+        let status = self.status.lock();
+        let groups: Vec<_> = status.groups.iter().map(|g| live_group(g, g.history.iter().collect())).collect();
+        crate::live::frame("capacity", &json!({ "snapshot": true, "leader": status.leader, "groups": groups }))
+    }
+
+    /// What a round changed: each group's newest sample and its last decisions.
+    fn live_round(&self) -> Bytes {
+        let status = self.status.lock();
+        let groups: Vec<_> =
+            status.groups.iter().map(|g| live_group(g, g.history.back().into_iter().collect())).collect();
+        crate::live::frame("capacity", &json!({ "snapshot": false, "leader": status.leader, "groups": groups }))
+    }
+
+    /// `GET /v1/live` (the admin key): the capacity view's events, a snapshot and then each
+    /// round as the manager decides it.
+    fn live(
+        &self,
+        authorization: Option<&str>,
+        stop: CancellationToken,
+    ) -> hyper::Response<Either<Full<Bytes>, LiveBody>> {
+        match authorization {
+            None => return error(StatusCode::UNAUTHORIZED, "the admin key is required").map(Either::Left),
+            Some(given) if given != &*self.admin => {
+                return error(StatusCode::FORBIDDEN, "only the admin key may read this").map(Either::Left)
+            }
+            Some(_) => {}
+        }
+        let mut rounds = self.status.lock().rounds.0.subscribe();
+        let first = VecDeque::from([Bytes::from_static(b"retry: 2000\n\n"), self.live_snapshot()]);
+        let (tx, rest) = tokio::sync::mpsc::channel(64);
+        let api = self.clone();
+        tokio::spawn(async move {
+            loop {
+                let frame = tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tx.closed() => return,
+                    changed = rounds.changed() => match changed {
+                        Ok(()) => api.live_round(),
+                        Err(_) => return,
+                    },
+                    _ = tokio::time::sleep(std::time::Duration::from_secs(15)) => Bytes::from_static(b": still here\n\n"),
+                };
+                // A viewer that does not read is sent nothing more: it reconnects for a snapshot.
+                if tx.try_send(frame).is_err() {
+                    return;
+                }
+            }
+        });
+        let mut response = hyper::Response::new(Either::Right(LiveBody::new(first, rest)));
+        let headers = response.headers_mut();
+        headers.insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("text/event-stream"));
+        headers.insert(hyper::header::CACHE_CONTROL, hyper::header::HeaderValue::from_static("no-store"));
+        response
     }
 
     /// Serves until `stop` (every request is answered from memory: no body is read).
@@ -64,10 +124,22 @@ impl CapacityApi {
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                 continue;
             };
-            let api = self.clone();
+            let (api, stop) = (self.clone(), stop.clone());
             let service = hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
                 let authorization = request.headers().get(hyper::header::AUTHORIZATION).and_then(|v| v.to_str().ok());
-                let response = api.answer(request.method(), request.uri().path(), authorization);
+                let response = match (request.method(), request.uri().path()) {
+                    (&Method::GET, "/v1/live") => api.live(authorization, stop.clone()),
+                    (&Method::GET, path) if path.starts_with("/ui") => match crate::live::asset(path) {
+                        Some((content_type, body)) => {
+                            let mut page = with_body(StatusCode::OK, content_type, Bytes::from_static(body.as_bytes()));
+                            let policy = hyper::header::HeaderValue::from_static(crate::live::CONTENT_SECURITY_POLICY);
+                            page.headers_mut().insert("content-security-policy", policy);
+                            page.map(Either::Left)
+                        }
+                        None => api.answer(request.method(), request.uri().path(), authorization).map(Either::Left),
+                    },
+                    (method, path) => api.answer(method, path, authorization).map(Either::Left),
+                };
                 async move { Ok::<_, Infallible>(response) }
             });
             let connection = http.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
@@ -76,6 +148,19 @@ impl CapacityApi {
             });
         }
     }
+}
+
+fn error(status: StatusCode, message: &str) -> Response {
+    json_value(status, &json!({ "error": message }))
+}
+
+/// A group as the live view draws it, with `history` (its last hour, or its newest round).
+fn live_group(g: &super::manager::GroupStatus, history: Vec<&super::manager::Sample>) -> serde_json::Value {
+    json!({
+        "name": g.name, "predictor": g.predictor, "demand_mb": g.demand_mb, "target_mb": g.target_mb,
+        "target_invokers": g.target_invokers, "counts": g.counts, "history": history,
+        "decisions": g.decisions.iter().rev().take(10).collect::<Vec<_>>(),
+    })
 }
 
 #[cfg(test)]

@@ -37,7 +37,36 @@ pub struct CapacityStatus {
     /// Whether this manager is the active one (else it waits as standby).
     pub leader: bool,
     pub groups: Vec<GroupStatus>,
+    /// Rounds decided so far: the live view sends what changed when it moves.
+    #[serde(skip)]
+    pub rounds: Rounds,
 }
+
+/// A signal that moves at each round (`/v1/live` waits on it, no loop over the state).
+#[derive(Clone, Debug)]
+pub struct Rounds(pub tokio::sync::watch::Sender<u64>);
+
+impl Default for Rounds {
+    fn default() -> Self {
+        Rounds(tokio::sync::watch::Sender::new(0))
+    }
+}
+
+/// One round of a group, for the live view's chart.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Sample {
+    pub at_ms: u64,
+    pub demand_mb: u64,
+    pub target_mb: u64,
+    pub active: u32,
+    pub provisioning: u32,
+    pub draining: u32,
+}
+
+/// How far back the chart goes, and at most how many rounds it keeps (bursts re-decide
+/// between ticks).
+const HISTORY: Duration = Duration::from_secs(3600);
+const HISTORY_MAX: usize = 7200;
 
 #[derive(Clone, Debug, Serialize)]
 pub struct GroupStatus {
@@ -55,6 +84,9 @@ pub struct GroupStatus {
     pub decisions: VecDeque<DecisionLog>,
     /// The last invoker that could not start, and why (provisioning is held meanwhile).
     pub last_failed_start: Option<DecisionLog>,
+    /// Its rounds over the last hour, oldest first (the live view's, not `/v1/capacity`'s).
+    #[serde(skip)]
+    pub history: VecDeque<Sample>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -169,6 +201,7 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
                     invokers: BTreeMap::new(),
                     decisions: VecDeque::new(),
                     last_failed_start: None,
+                    history: VecDeque::new(),
                 },
             })
             .collect()
@@ -396,6 +429,7 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
         self.groups = groups;
         let mut status = self.status.lock();
         status.groups = self.groups.iter().map(|g| g.status.clone()).collect();
+        status.rounds.0.send_modify(|n| *n += 1);
     }
 
     fn decide(
@@ -570,6 +604,21 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
             let label = GroupState { group: g.name.clone(), state };
             self.metrics.invokers.get_or_create(&label).set(i64::from(n));
         }
+        let at_ms = epoch_ms();
+        let history = &mut g.status.history;
+        while history.front().is_some_and(|s| s.at_ms + HISTORY.as_millis() as u64 <= at_ms)
+            || history.len() >= HISTORY_MAX
+        {
+            history.pop_front();
+        }
+        history.push_back(Sample {
+            at_ms,
+            demand_mb: g.status.demand_mb,
+            target_mb: g.status.target_mb,
+            active: counts.active,
+            provisioning: counts.provisioning,
+            draining: counts.draining,
+        });
         let label = GroupLabel { group: g.name.clone() };
         self.metrics.demand_mb.get_or_create(&label).set(g.status.demand_mb as i64);
         self.metrics.target_mb.get_or_create(&label).set(g.status.target_mb as i64);

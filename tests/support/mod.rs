@@ -35,6 +35,31 @@ where
 }
 
 /// `Ok` when `holds`, else the `Err` [`eventually`] keeps polling on (with nothing more to say).
+/// Reads server-sent events from `response` until `until` holds for the events so far.
+pub async fn events_until(
+    response: &mut reqwest::Response,
+    bound: Duration,
+    until: impl Fn(&[(String, Value)]) -> bool,
+) -> Vec<(String, Value)> {
+    let mut events = Vec::new();
+    let mut buffer = String::new();
+    let deadline = tokio::time::Instant::now() + bound;
+    while !until(&events) {
+        let chunk = tokio::time::timeout_at(deadline, response.chunk()).await;
+        let chunk = chunk.unwrap_or_else(|_| panic!("not within {bound:?}: {events:#?}")).unwrap().unwrap();
+        buffer.push_str(&String::from_utf8_lossy(&chunk));
+        while let Some(end) = buffer.find("\n\n") {
+            let block: String = buffer.drain(..end + 2).collect();
+            let kind = block.lines().find_map(|l| l.strip_prefix("event: ")).map(str::to_string);
+            let data = block.lines().find_map(|l| l.strip_prefix("data: "));
+            if let (Some(kind), Some(data)) = (kind, data) {
+                events.push((kind, serde_json::from_str(data).unwrap()));
+            }
+        }
+    }
+    events
+}
+
 pub fn done(holds: bool) -> Result<(), String> {
     if holds {
         Ok(())

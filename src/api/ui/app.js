@@ -163,6 +163,60 @@ function drawInvokers(data) {
   $("invokers").tBodies[0].replaceChildren(rows);
 }
 
+const capacityGroups = new Map(); // name -> {history, el}
+const HOUR_MS = 3600 * 1000;
+
+function chart(history) {
+  const w = 600, h = 180, pad = 30;
+  const now = Date.now();
+  const x = (t) => pad + ((t - (now - HOUR_MS)) / HOUR_MS) * (w - 2 * pad);
+  const mb = Math.max(1, ...history.map((s) => Math.max(s.demand_mb, s.target_mb)));
+  const inv = Math.max(1, ...history.map((s) => s.active + s.provisioning + s.draining));
+  const y = (v, top) => h - pad + 10 - (v / top) * (h - pad - 10);
+  const line = (cls, f, top) =>
+    `<polyline class="${cls}" points="${history.map((s) => `${x(s.at_ms).toFixed(1)},${y(f(s), top).toFixed(1)}`).join(" ")}"/>`;
+  return `<svg viewBox="0 0 ${w} ${h}" preserveAspectRatio="none">` +
+    `<text x="2" y="12">${mb} MB</text><text x="${w - pad + 2}" y="12">${inv}</text>` +
+    `<text x="${pad}" y="${h - 4}">-60 min</text><text x="${w - pad - 20}" y="${h - 4}">now</text>` +
+    line("demand", (s) => s.demand_mb, mb) + line("target", (s) => s.target_mb, mb) +
+    line("invokers", (s) => s.active + s.provisioning + s.draining, inv) + "</svg>";
+}
+
+function drawCapacity(data) {
+  $("capacity").hidden = false;
+  for (const el of document.querySelectorAll(".pool")) el.hidden = true;
+  $("capacity-state").textContent = data.leader ? "(the active manager)" : "(standby)";
+  if (data.snapshot) {
+    capacityGroups.clear();
+    $("groups").replaceChildren();
+  }
+  for (const g of data.groups) {
+    let known = capacityGroups.get(g.name);
+    if (!known) {
+      const el = document.createElement("div");
+      el.className = "group";
+      el.dataset.group = g.name;
+      $("groups").appendChild(el);
+      known = { history: [], el };
+      capacityGroups.set(g.name, known);
+    }
+    known.history.push(...g.history);
+    const oldest = Date.now() - HOUR_MS;
+    while (known.history.length && known.history[0].at_ms < oldest) known.history.shift();
+    const c = g.counts;
+    known.el.innerHTML = `<h3></h3>${chart(known.history)}<ol class="decisions"></ol>`;
+    known.el.querySelector("h3").textContent =
+      `${g.name} (${g.predictor}): demand ${g.demand_mb} MB, target ${g.target_mb} MB = ${g.target_invokers} invokers; ` +
+      `${c.active} active, ${c.provisioning} provisioning, ${c.draining} draining, ${c.removing} removing`;
+    const list = known.el.querySelector("ol");
+    for (const d of g.decisions) {
+      const li = document.createElement("li");
+      li.textContent = `${new Date(d.at_ms).toLocaleTimeString()} ${d.action}: ${d.reason}`;
+      list.appendChild(li);
+    }
+  }
+}
+
 function activation(a) {
   const tr = document.createElement("tr");
   const cells = [a.action, a.status, a.start ?? "", a.wait_ms ?? "", a.init_ms ?? "", a.duration_ms,
@@ -194,6 +248,7 @@ function apply(kind, data) {
     case "pool": pending = data; break;
     case "activation": activation(data); break;
     case "invokers": drawInvokers(data); break;
+    case "capacity": drawCapacity(data); break;
   }
   stats.events += 1;
   stats.applyMs += performance.now() - began;
