@@ -20,32 +20,36 @@ const PAGE: &str = include_str!("api/ui/index.html");
 const SCRIPT: &str = include_str!("api/ui/app.js");
 const STYLE: &str = include_str!("api/ui/app.css");
 
-/// One of the page's files (`/ui`, `/ui/app.js`, `/ui/app.css`): its content type and text.
-/// Every process serves the same page; what it shows follows the events it is sent.
-pub fn asset(path: &str) -> Option<(&'static str, &'static str)> {
-    match path {
-        "/ui" | "/ui/" => Some(("text/html; charset=utf-8", PAGE)),
-        "/ui/app.js" => Some(("text/javascript; charset=utf-8", SCRIPT)),
-        "/ui/app.css" => Some(("text/css; charset=utf-8", STYLE)),
-        _ => None,
-    }
+/// One of the page's files (`/ui`, `/ui/app.js`, `/ui/app.css`), answered with the page's own
+/// files only allowed (no script from elsewhere, no frame, no plugin). Every process serves
+/// the same page; what it shows follows the events it is sent.
+pub fn asset(path: &str) -> Option<crate::http::Response> {
+    let (content_type, body) = match path {
+        "/ui" | "/ui/" => ("text/html; charset=utf-8", PAGE),
+        "/ui/app.js" => ("text/javascript; charset=utf-8", SCRIPT),
+        "/ui/app.css" => ("text/css; charset=utf-8", STYLE),
+        _ => return None,
+    };
+    let mut page = crate::http::with_body(hyper::StatusCode::OK, content_type, Bytes::from_static(body.as_bytes()));
+    let policy = "default-src 'self'; connect-src 'self'; img-src 'self' data:; frame-ancestors 'none'";
+    page.headers_mut().insert("content-security-policy", hyper::header::HeaderValue::from_static(policy));
+    Some(page)
 }
 
-/// The page's own files only: no script from elsewhere, no frame, no plugin.
-pub const CONTENT_SECURITY_POLICY: &str =
-    "default-src 'self'; connect-src 'self'; img-src 'self' data:; frame-ancestors 'none'";
+/// An event stream's answer: `first`, then what `rest` is given.
+pub fn event_stream(first: VecDeque<Bytes>, rest: mpsc::Receiver<Bytes>) -> hyper::Response<LiveBody> {
+    let mut response = hyper::Response::new(LiveBody { first, rest });
+    let headers = response.headers_mut();
+    headers.insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("text/event-stream"));
+    headers.insert(hyper::header::CACHE_CONTROL, hyper::header::HeaderValue::from_static("no-store"));
+    response
+}
 
 /// An event stream's body: the first frames, then what a forwarding task passes on, until it
 /// stops (the process stops, or the viewer went away).
 pub struct LiveBody {
     first: VecDeque<Bytes>,
     rest: mpsc::Receiver<Bytes>,
-}
-
-impl LiveBody {
-    pub fn new(first: VecDeque<Bytes>, rest: mpsc::Receiver<Bytes>) -> Self {
-        LiveBody { first, rest }
-    }
 }
 
 impl Body for LiveBody {

@@ -6,10 +6,8 @@
 use super::call::Call;
 use super::error::ApiError;
 use super::state::AppState;
-use crate::http::{with_body, Response};
 use crate::live::LiveBody;
 use bytes::Bytes;
-use hyper::StatusCode;
 use std::collections::VecDeque;
 use std::time::Duration;
 use tokio::sync::{broadcast, mpsc};
@@ -21,15 +19,6 @@ const MAX_VIEWERS: usize = 16;
 const VIEWER_BUFFER: usize = 256;
 /// A comment sent to an idle stream, so that proxies and the browser keep it.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
-
-/// One of the page's files.
-pub(super) fn asset(path: &str) -> Option<Response> {
-    let (content_type, body) = crate::live::asset(path)?;
-    let mut response = with_body(StatusCode::OK, content_type, Bytes::from_static(body.as_bytes()));
-    let policy = hyper::header::HeaderValue::from_static(crate::live::CONTENT_SECURITY_POLICY);
-    response.headers_mut().insert("content-security-policy", policy);
-    Some(response)
-}
 
 /// What a process shows: an invoker its pool (whose changes come through the feed), a
 /// scheduler the invokers it sees (sent when they changed, looked at every second).
@@ -131,11 +120,5 @@ pub(super) async fn events(
             }
         }
     });
-    let response = hyper::Response::builder()
-        .status(StatusCode::OK)
-        .header(hyper::header::CONTENT_TYPE, "text/event-stream")
-        .header(hyper::header::CACHE_CONTROL, "no-store")
-        .body(LiveBody::new(first, rest))
-        .map_err(|e| ApiError::Internal(e.to_string()))?;
-    Ok(response)
+    Ok(crate::live::event_stream(first, rest))
 }

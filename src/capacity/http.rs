@@ -104,11 +104,7 @@ impl CapacityApi {
                 }
             }
         });
-        let mut response = hyper::Response::new(Either::Right(LiveBody::new(first, rest)));
-        let headers = response.headers_mut();
-        headers.insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("text/event-stream"));
-        headers.insert(hyper::header::CACHE_CONTROL, hyper::header::HeaderValue::from_static("no-store"));
-        response
+        crate::live::event_stream(first, rest).map(Either::Right)
     }
 
     /// Serves until `stop` (every request is answered from memory: no body is read).
@@ -129,16 +125,10 @@ impl CapacityApi {
                 let authorization = request.headers().get(hyper::header::AUTHORIZATION).and_then(|v| v.to_str().ok());
                 let response = match (request.method(), request.uri().path()) {
                     (&Method::GET, "/v1/live") => api.live(authorization, stop.clone()),
-                    (&Method::GET, path) if path.starts_with("/ui") => match crate::live::asset(path) {
-                        Some((content_type, body)) => {
-                            let mut page = with_body(StatusCode::OK, content_type, Bytes::from_static(body.as_bytes()));
-                            let policy = hyper::header::HeaderValue::from_static(crate::live::CONTENT_SECURITY_POLICY);
-                            page.headers_mut().insert("content-security-policy", policy);
-                            page.map(Either::Left)
-                        }
-                        None => api.answer(request.method(), request.uri().path(), authorization).map(Either::Left),
+                    (method, path) => match crate::live::asset(path).filter(|_| method == Method::GET) {
+                        Some(page) => page.map(Either::Left),
+                        None => api.answer(method, path, authorization).map(Either::Left),
                     },
-                    (method, path) => api.answer(method, path, authorization).map(Either::Left),
                 };
                 async move { Ok::<_, Infallible>(response) }
             });
