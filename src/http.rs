@@ -55,3 +55,57 @@ where
     tokio::spawn(connection);
     Ok(sender)
 }
+
+/// The rest of an answer that goes out in two parts (the shim's result, then its whole
+/// record): carried in the first part's extensions, and made its body's tail by the server.
+/// `None` from the future ends the body after the first part.
+#[derive(Clone)]
+pub struct Follows {
+    pub first: Bytes,
+    pub rest: std::sync::Arc<parking_lot::Mutex<Option<FollowingPart>>>,
+}
+
+pub type FollowingPart = std::pin::Pin<Box<dyn std::future::Future<Output = Option<Bytes>> + Send>>;
+
+impl Follows {
+    pub fn new(first: Bytes, rest: impl std::future::Future<Output = Option<Bytes>> + Send + 'static) -> Self {
+        Follows { first, rest: std::sync::Arc::new(parking_lot::Mutex::new(Some(Box::pin(rest)))) }
+    }
+
+    /// The body: the first part at once, then the rest when it comes.
+    pub fn into_body(self) -> FollowedBody {
+        FollowedBody { first: Some(self.first), rest: self.rest.lock().take() }
+    }
+}
+
+pub struct FollowedBody {
+    first: Option<Bytes>,
+    rest: Option<FollowingPart>,
+}
+
+impl hyper::body::Body for FollowedBody {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+        use std::task::Poll;
+        if let Some(first) = self.first.take() {
+            return Poll::Ready(Some(Ok(hyper::body::Frame::data(first))));
+        }
+        let Some(rest) = self.rest.as_mut() else { return Poll::Ready(None) };
+        match rest.as_mut().poll(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(part) => {
+                self.rest = None;
+                Poll::Ready(part.map(|bytes| Ok(hyper::body::Frame::data(bytes))))
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.first.is_none() && self.rest.is_none()
+    }
+}

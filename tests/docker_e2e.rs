@@ -105,7 +105,10 @@ async fn python_and_native_actions_run_in_isolated_containers_and_are_reused_war
     let (status, first) = inv.invoke("py", "blocking=true", json!({"name": "docker"})).await;
     assert_eq!(status, 200, "{first}");
     assert_eq!(first["response"]["result"], json!({"hello": "docker", "uid": 65534}), "runs as a non-root user");
-    assert!(first["logs"].to_string().contains("uid 65534"), "{first}");
+    // The answer goes with the result; the record is whole once the daemon's stream brought
+    // the run's lines.
+    let whole = inv.record(first["activationId"].as_str().unwrap()).await;
+    assert!(whole["logs"].to_string().contains("uid 65534"), "{whole}");
     let (_, second) = inv.invoke("py", "blocking=true", json!({"name": "again"})).await;
     assert_eq!(annotation(&second, "startKind"), json!("warm"));
     assert_eq!(annotation(&first, "containerId"), annotation(&second, "containerId"), "the same container, warm");
@@ -359,7 +362,8 @@ async fn an_image_serving_on_8080_of_its_own_network_runs_unchanged_with_no_host
     let (status, first) = inv.invoke("ow", "blocking=true", json!({"x": 1})).await;
     assert_eq!(status, 200, "{first}");
     assert_eq!(first["response"]["result"], json!({"ow": true}));
-    assert!(first["logs"].to_string().contains("ow saw"), "the run's logs: {first}");
+    let whole = inv.record(first["activationId"].as_str().unwrap()).await;
+    assert!(whole["logs"].to_string().contains("ow saw"), "the run's logs: {whole}");
 
     let (docker_id, _) = the_container(&docker, &invoker_id).await;
     let c = docker.inspect_container(&docker_id, None::<InspectContainerOptions>).await.unwrap();
@@ -400,11 +404,12 @@ async fn an_fn_function_runs_in_a_container_with_its_socket_directory_and_stays_
         said,
         json!({"uid": 65534, "cwd": "/function", "listener": "unix:/tmp/iofs/lsnr.sock", "echo": "docker"})
     );
-    let lines = first["logs"].as_array().unwrap();
+    let whole = inv.record(first["activationId"].as_str().unwrap()).await;
+    let lines = whole["logs"].as_array().unwrap();
     assert!(
         lines.len() == 1
             && lines[0].as_str().unwrap().ends_with(&format!("fn call {}", first["activationId"].as_str().unwrap())),
-        "{first}"
+        "{whole}"
     );
     let (status, failed) = inv.invoke("f", "blocking=true", json!({"raise": true})).await;
     assert_eq!(status, 502, "{failed}");
@@ -442,7 +447,7 @@ async fn an_fn_node_function_runs_in_a_container_of_its_image() {
     assert_eq!(status, 200, "{first}");
     let said: Value = serde_json::from_str(first["response"]["result"]["body"].as_str().unwrap()).unwrap();
     assert_eq!(said, json!({"uid": 65534, "cwd": "/function", "echo": "node"}));
-    let logs = first["logs"].to_string();
+    let logs = inv.record(first["activationId"].as_str().unwrap()).await["logs"].to_string();
     assert!(logs.contains(&format!("node call {}", first["activationId"].as_str().unwrap())), "{logs}");
     let (_, again) = inv.invoke("f", "blocking=true", json!({"echo": "again"})).await;
     assert_eq!(annotation(&again, "startKind"), json!("warm"));

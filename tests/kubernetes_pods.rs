@@ -87,6 +87,8 @@ async fn an_activation_runs_on_a_pod_bound_to_a_node_and_its_logs_are_in_the_rec
     let (status, record) = inv.invoke("hello", "blocking=true", json!({"name": "pods"})).await;
     assert_eq!(status, 200, "{record}");
     assert_eq!(record["response"]["result"]["name"], "pods");
+    // The answer goes out with the result; the record is whole once the pod's log came.
+    let record = inv.record(record["activationId"].as_str().unwrap()).await;
     let logs = record["logs"].to_string();
     assert!(logs.contains("hello from pods"), "the pod's log, up to the sentinels: {logs}");
     // The server ends every stream (a restart): the log is followed again from its last line,
@@ -94,6 +96,7 @@ async fn an_activation_runs_on_a_pod_bound_to_a_node_and_its_logs_are_in_the_rec
     api.drop_watches();
     let (status, again) = inv.invoke("hello", "blocking=true", json!({"name": "again"})).await;
     assert_eq!(status, 200, "{again}");
+    let again = inv.record(again["activationId"].as_str().unwrap()).await;
     let logs = again["logs"].to_string();
     assert!(logs.contains("hello from again") && !logs.contains("hello from pods"), "each run its own: {logs}");
     let pods = api.pods(NAMESPACE);
@@ -431,7 +434,8 @@ async fn an_fn_function_runs_in_a_pod_beside_its_bridge_and_a_broken_one_fails_w
     };
     let said = body(&first);
     assert_eq!((said["echo"].as_str(), &said["call_id"]), (Some("one"), &first["activationId"]), "{said}");
-    let logs = first["logs"].to_string();
+    let whole = inv.record(first["activationId"].as_str().unwrap()).await;
+    let logs = whole["logs"].to_string();
     assert!(logs.contains(&format!("stdout: call {}", first["activationId"].as_str().unwrap())), "{logs}");
 
     let (status, failed) = inv.invoke("py", "blocking=true", json!({"raise": true})).await;
@@ -440,7 +444,7 @@ async fn an_fn_function_runs_in_a_pod_beside_its_bridge_and_a_broken_one_fails_w
     let (status, after) = inv.invoke("py", "blocking=true", json!({"echo": "two"})).await;
     assert_eq!(status, 200, "{after}");
     assert_eq!(body(&after)["token"], said["token"], "the pod was kept");
-    let logs = after["logs"].to_string();
+    let logs = inv.record(after["activationId"].as_str().unwrap()).await["logs"].to_string();
     let own = |record: &Value| format!("stdout: call {}", record["activationId"].as_str().unwrap());
     assert!(logs.contains(&own(&after)) && !logs.contains(&own(&first)), "each call its own lines: {logs}");
 

@@ -79,6 +79,7 @@ async fn invoke_with_id(h: &Harness, action: &Arc<Action>, params: Value, id: St
         transaction_id: "tid".into(),
         wait: Some(Duration::from_secs(60)),
         traceparent: None,
+        whole: None,
     };
     match h.service().invoke(req).await.unwrap() {
         Invoked::Done(encoded) => Arc::unwrap_or_clone(encoded.record),
@@ -381,6 +382,7 @@ async fn a_full_pool_mailbox_answers_at_once_and_every_activation_still_gets_its
             transaction_id: "tid".into(),
             wait: None,
             traceparent: None,
+            whole: None,
         };
         match h.service().invoke(req).await.unwrap() {
             Invoked::Accepted(id) => accepted.push(id),

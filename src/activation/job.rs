@@ -39,6 +39,11 @@ pub struct RunJob {
 /// The end of an activation: the record is stored, then whoever waits is answered. Every
 /// accepted activation passes here exactly once, whatever failed on the way (`finish` takes
 /// `self`); dropping one unfinished writes a whisk-error record rather than losing it.
+///
+/// When the result is known before the record is whole (its logs still on their way through
+/// an engine), [`Completion::answer`] answers the caller first, as OpenWhisk's
+/// `ContainerProxy` sends its result message before it collects the logs; the record is
+/// stored, and `GET` shows it, once `finish` has it whole.
 pub struct Completion {
     inner: Option<CompletionInner>,
     /// Closed once the record is stored: the activation's span ends with its record's write.
@@ -49,9 +54,12 @@ struct CompletionInner {
     store: Arc<dyn Store>,
     metrics: Arc<Metrics>,
     reply: Option<oneshot::Sender<EncodedRecord>>,
+    /// For a caller answered early that takes the whole record too (a scheduler, through the
+    /// shim): the record once stored.
+    whole: Option<oneshot::Sender<EncodedRecord>>,
     meta: Arc<ActivationMeta>,
-    /// Released when the activation ends: the namespace's in-flight count.
-    _slot: Option<NamespaceSlot>,
+    /// Released when the activation ends or is answered: the namespace's in-flight count.
+    slot: Option<NamespaceSlot>,
 }
 
 impl Completion {
@@ -63,7 +71,28 @@ impl Completion {
         slot: Option<NamespaceSlot>,
         trace: ActivationTrace,
     ) -> Self {
-        Completion { inner: Some(CompletionInner { store, metrics, reply, meta, _slot: slot }), trace }
+        Completion { inner: Some(CompletionInner { store, metrics, reply, whole: None, meta, slot }), trace }
+    }
+
+    /// Also hands the whole record to `whole` when the caller was answered before it was whole.
+    pub fn with_whole(mut self, whole: oneshot::Sender<EncodedRecord>) -> Self {
+        if let Some(inner) = &mut self.inner {
+            inner.whole = Some(whole);
+        }
+        self
+    }
+
+    /// Answers whoever waits with `record` before it is whole (its result known, its logs still
+    /// to come). Nothing is stored: `finish` stores the whole record, and frees the namespace's
+    /// slot. Nothing is encoded when nobody waits.
+    pub fn answer(&mut self, record: &ActivationRecord) {
+        let Some(inner) = self.inner.as_mut() else { return };
+        // The activation no longer runs: it no longer counts against its namespace's limit
+        // while its logs come.
+        inner.slot = None;
+        if let Some(reply) = inner.reply.take() {
+            let _ = reply.send(EncodedRecord::new(record.clone()));
+        }
     }
 
     pub fn finish(mut self, record: ActivationRecord) {
@@ -110,8 +139,17 @@ impl CompletionInner {
         if let Err(e) = self.store.finish(&record) {
             tracing::error!(activation = %record.record.activation_id, "record not stored: {e}");
         }
-        if let Some(reply) = self.reply {
-            let _ = reply.send(record);
+        match (self.reply, self.whole) {
+            // Not answered yet: the whole record is the answer. `whole` is dropped before the
+            // answer goes, so whoever holds its receiver sees at once that nothing follows.
+            (Some(reply), whole) => {
+                drop(whole);
+                let _ = reply.send(record);
+            }
+            (None, Some(whole)) => {
+                let _ = whole.send(record);
+            }
+            (None, None) => {}
         }
     }
 }

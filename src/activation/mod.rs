@@ -58,6 +58,10 @@ pub struct InvokeRequest {
     pub wait: Option<Duration>,
     /// The caller's W3C `traceparent` (a scheduler's, through the shim), if a valid one came.
     pub traceparent: Option<TraceParent>,
+    /// A caller that takes an answer before the record is whole, and the whole record after
+    /// (a scheduler, through the shim): where the whole record goes. Dropped unused when the
+    /// answer was the whole record.
+    pub whole: Option<oneshot::Sender<EncodedRecord>>,
 }
 
 /// Where accepted activations run: the invoker's own pool, or (a scheduler) the invokers of
@@ -220,8 +224,11 @@ impl ActivationService {
         let (tx, rx) = oneshot::channel();
         let meta = Arc::new(meta);
         let trace = ActivationTrace::begin(req.traceparent, &meta, &self.process);
-        let completion =
+        let mut completion =
             Completion::new(self.store.clone(), self.metrics.clone(), meta.clone(), Some(tx), Some(slot), trace);
+        if let Some(whole) = req.whole {
+            completion = completion.with_whole(whole);
+        }
         let params = action.merged_params(req.params);
         let run = RunJob {
             meta: meta.clone(),

@@ -325,6 +325,7 @@ pub(super) async fn invoke(state: &AppState, call: &Call, ns: &str, name: &str) 
             transaction_id: new_activation_id(),
             wait: blocking.then_some(wait),
             traceparent: call.traceparent(),
+            whole: None,
         })
         .await?;
     Ok(invoke_response(invoked, result_only))

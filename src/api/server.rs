@@ -10,6 +10,7 @@
 
 use super::state::AppState;
 use super::wire::{ApiStream, HeldAnswer};
+use crate::http::Follows;
 use bytes::Bytes;
 use http_body_util::{Either, Full};
 use hyper::body::Body as _;
@@ -152,7 +153,7 @@ pub async fn serve(listener: TcpListener, state: Arc<AppState>, stop: Cancellati
                     // A stream, not an answer: it holds no budget of unread answers.
                     let (head, _) = request.into_parts();
                     return Ok(match super::live::events(&state, head, stop).await {
-                        Ok(events) => events.map(Either::Right),
+                        Ok(events) => events.map(|body| Either::Right(Either::Left(body))),
                         Err(e) => e.into_response().map(Either::Left),
                     });
                 }
@@ -160,7 +161,11 @@ pub async fn serve(listener: TcpListener, state: Arc<AppState>, stop: Cancellati
                 if let Some(refused) = unread.refuse_early(read) {
                     return Ok(refused.map(Either::Left));
                 }
-                let response = state.handle(request).await;
+                let mut response = state.handle(request).await;
+                // An answer in two parts: read as it is written, it holds no budget either.
+                if let Some(follows) = response.extensions_mut().remove::<Follows>() {
+                    return Ok(response.map(|_| Either::Right(Either::Right(follows.into_body()))));
+                }
                 Ok::<_, Infallible>(unread.count(read, response, &held).map(Either::Left))
             }
         });

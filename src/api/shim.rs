@@ -11,16 +11,20 @@ use super::error::ApiError;
 use super::state::{load_action, AppState};
 use crate::activation::job::CallRequest;
 use crate::activation::{InvokeRequest, Invoked};
+use crate::http::Follows;
 use crate::http::Response;
 use crate::model::{
     is_activation_id, validate_entity_name, ActivationMessage, ActivationRecord, EncodedRecord, Outcome,
 };
 use crate::telemetry::TraceParent;
 use bytes::Bytes;
+use hyper::header::{HeaderValue, ACCEPT, CONTENT_TYPE};
 use hyper::StatusCode;
+use invoker_wire::cluster::TWO_PARTS;
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::oneshot::error::TryRecvError;
 
 /// A scheduler of this cluster's message: its id and the action's cluster revision. `None` for
 /// an OpenWhisk controller's (its revision is a document's, not a number).
@@ -98,6 +102,15 @@ pub(super) async fn activation_message(state: &AppState, call: &Call) -> Result<
         TraceParent::of_headers(headers.iter().map(|(name, value)| (name.as_ref(), value.as_ref())))
     });
     let params = msg.content.map(std::borrow::Cow::into_owned).unwrap_or_default();
+    // A caller that takes the result first and the whole record after (a scheduler of this
+    // cluster says so with `Accept: application/x-ndjson`).
+    let (whole, rest) = match takes_two_parts(call) {
+        true => {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            (Some(tx), Some(rx))
+        }
+        false => (None, None),
+    };
     let api_key = msg.user.authkey.filter(|_| action.provides_api_key()).map(|k| k.api_key.into_owned());
     let invoked = state
         .service
@@ -111,16 +124,62 @@ pub(super) async fn activation_message(state: &AppState, call: &Call) -> Result<
             transaction_id,
             wait: msg.blocking.then_some(wait),
             traceparent,
+            whole,
         })
         .await?;
     match invoked {
         Invoked::Accepted(id) => Ok(accepted(&id)),
         Invoked::Done(encoded) => {
             let user_memory_mb = state.service.pool().map_or(0, |p| p.user_memory_mb());
-            let ack = completion_message(&state.config.invoker_id, user_memory_mb, msg.transid, &encoded);
-            Ok(record_response(&encoded.record, record_status(&encoded.record, StatusCode::OK), ack))
+            let invoker_id = state.config.invoker_id.clone();
+            let status = record_status(&encoded.record, StatusCode::OK);
+            let rest = rest.map(|mut rest| (rest.try_recv(), rest));
+            let rest = match rest {
+                Some((Err(TryRecvError::Empty), rest)) => rest,
+                // The answer was the whole record (or it is here already): one message.
+                Some((Ok(whole), _)) => {
+                    let ack = completion_message(&invoker_id, user_memory_mb, msg.transid, &whole);
+                    return Ok(record_response(&whole.record, status, ack));
+                }
+                Some((Err(TryRecvError::Closed), _)) | None => {
+                    let ack = completion_message(&invoker_id, user_memory_mb, msg.transid, &encoded);
+                    return Ok(record_response(&encoded.record, status, ack));
+                }
+            };
+            // OpenWhisk's split: a `ResultMessage` as soon as the result is known, then the
+            // `CombinedCompletionAndResultMessage` with the whole record, each on a line.
+            let mut first = result_message(&msg.transid, &encoded);
+            first.push(b'\n');
+            let transid = msg.transid;
+            let second = async move {
+                let whole = rest.await.ok()?;
+                let mut ack = completion_message(&invoker_id, user_memory_mb, transid, &whole).to_vec();
+                ack.push(b'\n');
+                Some(Bytes::from(ack))
+            };
+            let mut response = record_response(&encoded.record, status, Bytes::new());
+            response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(TWO_PARTS));
+            response.extensions_mut().insert(Follows::new(first.into(), second));
+            Ok(response)
         }
     }
+}
+
+fn takes_two_parts(call: &Call) -> bool {
+    call.head.headers.get_all(ACCEPT).iter().any(|v| v.to_str().is_ok_and(|v| v.contains(TWO_PARTS)))
+}
+
+/// OpenWhisk's `ResultMessage`: the record as the result made it, before its logs.
+fn result_message(transid: &Value, encoded: &EncodedRecord) -> Vec<u8> {
+    // A JSON value: encoding cannot fail.
+    let transid = serde_json::to_vec(transid).expect("a transaction id serialises");
+    let mut body = Vec::with_capacity(encoded.json.len() + transid.len() + 26);
+    body.extend_from_slice(b"{\"transid\":");
+    body.extend_from_slice(&transid);
+    body.extend_from_slice(b",\"response\":");
+    body.extend_from_slice(&encoded.json);
+    body.push(b'}');
+    body
 }
 
 /// A namespace's key submits only for itself: the action's path (packages are not supported:

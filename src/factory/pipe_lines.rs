@@ -110,6 +110,7 @@ fn line_of(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use invoker_factory::logs::Ends;
     use std::io::Write;
 
     #[tokio::test]
@@ -120,13 +121,13 @@ mod tests {
         // window gets before that, `drain` read.
         PipeLines::follow(pipe::Receiver::from_owned_fd(read).unwrap(), Stream::Stdout, &logs);
         let mut write = std::fs::File::from(write);
-        let window = logs.open("");
+        let window = logs.open_sequential(Ends::Time);
         write.write_all(b"one\ntwo\r\nthr").unwrap();
-        let lines = window.collect_now(1 << 20).await;
+        let lines = window.collect(std::time::Duration::from_secs(5), 1 << 20).await;
         let texts: Vec<&str> = lines.iter().map(|l| l.rsplit_once("stdout: ").unwrap().1).collect();
         assert_eq!(texts, ["one", "two"], "an unended line waits for its end");
 
-        let window = logs.open("");
+        let window = logs.open_sequential(Ends::Time);
         // More than a pipe holds: written from a thread while the reading task reads.
         let writer = std::thread::spawn(move || {
             write.write_all(b"ee\n").unwrap();
@@ -136,7 +137,7 @@ mod tests {
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         }
         writer.join().unwrap();
-        let lines = window.collect_now(1 << 20).await;
+        let lines = window.collect(std::time::Duration::from_secs(5), 1 << 20).await;
         let lengths: Vec<usize> = lines.iter().map(|l| l.rsplit_once("stdout: ").unwrap().1.len()).collect();
         assert_eq!(lengths, [5, MAX_LINE, 10], "three, a full piece, and the rest at the close: {lines:?}");
     }

@@ -23,6 +23,7 @@ use actix::prelude::*;
 pub use core::ProxyState;
 use core::{Effect, Event, FailCause, ProxyCore};
 pub use discard::DiscardLog;
+use invoker_factory::logs::{Ends, LogBuffer, LogWindow};
 use protocol::{discard_reason, Answer, Interpreted, Runtime};
 use record::{build_record, RecordFields};
 use serde_json::json;
@@ -239,7 +240,7 @@ impl ContainerProxy {
         };
         // The failed `/init` may have written why to its logs; nothing else did.
         let window = match (cause, &self.handle) {
-            (FailCause::InitFailed, Some(handle)) => Some(handle.logs.open(tag_of(&run))),
+            (FailCause::InitFailed, Some(handle)) => Some(self.open_window(&run, &handle.logs)),
             _ => None,
         };
         let wait = self.ctx.config.log_sentinel_wait.min(Duration::from_millis(200));
@@ -291,6 +292,17 @@ impl ContainerProxy {
         span.record("start", fields.start_kind.as_str());
     }
 
+    /// The window of `run`'s lines on its container's `logs`, opened as it is handed over.
+    fn open_window(&self, run: &RunJob, logs: &Arc<LogBuffer>) -> LogWindow {
+        if !self.protocol.marks_log_ends() {
+            logs.open_sequential(Ends::Time)
+        } else if run.action.limits.concurrency > 1 {
+            logs.open(tag_of(run))
+        } else {
+            logs.open_sequential(Ends::Sentinels)
+        }
+    }
+
     fn start_run(&mut self, job: JobId, first: bool, ctx: &mut Context<Self>) {
         let Some((mut run, began)) = self.runs.remove(&job) else { return };
         let fields = self.record_fields(&run, began, first);
@@ -303,12 +315,12 @@ impl ContainerProxy {
         let handle = self.handle.clone().expect("the core runs nothing before the container is created");
         let factory = self.ctx.factory.clone();
         let max_result = self.ctx.max_result_bytes;
-        let (log_wait, marks_ends) = (self.ctx.config.log_sentinel_wait, self.protocol.marks_log_ends());
         let container = self.spec.id;
         let discards = self.ctx.discards.clone();
-        let window = handle.logs.open(tag_of(&run));
+        let mut window = self.open_window(&run, &handle.logs);
         let fut = async move {
             let answer = runtime.run(&run, Duration::from_millis(timeout_ms)).await;
+            window.answered();
             let oom = !runtime.answered(&answer) && factory.was_oom_killed(&handle);
             let why = discard_reason(&answer, oom);
             let failed = answer.as_ref().err().map(ToString::to_string);
@@ -320,20 +332,55 @@ impl ContainerProxy {
                 discards.discarded(container.0, &format!("{}/{}", run.meta.namespace, run.meta.name), why, &detail);
             }
             drop(running);
-            let _logs = stage_span(&run, container, Stage::Logs);
-            // A failed container may never write its sentinels: do not wait long for them.
-            let wait = if interpreted.reusable { log_wait } else { log_wait.min(Duration::from_millis(200)) };
-            let limit = run.meta.limits.logs as usize * 1024 * 1024;
-            let lines = if marks_ends { window.collect(wait, limit).await } else { window.collect_now(limit).await };
-            (run, interpreted, lines)
+            (run, interpreted, window)
         };
-        ctx.spawn(fut.into_actor(self).map(move |(run, interpreted, lines), act, ctx| {
-            let reusable = interpreted.reusable;
-            let record =
-                build_record(&run, fields, interpreted.outcome, interpreted.result, lines, interpreted.timed_out);
-            run.completion.finish(record);
-            act.apply(Event::RunAnswered { job, reusable }, ctx);
+        ctx.spawn(fut.into_actor(self).map(move |(run, interpreted, window), act, ctx| {
+            act.end_run(job, run, fields, interpreted, window, ctx);
         }));
+    }
+
+    /// Ends a run whose answer is in. Its record is whole at once when its lines are all in
+    /// (a pipe read to its end, sentinels that came with the answer); otherwise the caller is
+    /// answered now, and the record stored once its lines came. A reusable container takes its
+    /// next run at once either way; one given up keeps its lines' source until they are in.
+    fn end_run(
+        &mut self,
+        job: JobId,
+        mut run: RunJob,
+        fields: RecordFields,
+        interpreted: Interpreted,
+        window: LogWindow,
+        ctx: &mut Context<Self>,
+    ) {
+        let Interpreted { outcome, reusable, timed_out, result } = interpreted;
+        let limit = run.meta.limits.logs as usize * 1024 * 1024;
+        let logs = stage_span(&run, self.spec.id, Stage::Logs);
+        if window.is_complete() {
+            let lines = window.take(limit);
+            drop(logs);
+            let record = build_record(&run, fields, outcome, result, lines, timed_out);
+            run.completion.finish(record);
+            return self.apply(Event::RunAnswered { job, reusable }, ctx);
+        }
+        let mut record = build_record(&run, fields, outcome, result, Vec::new(), timed_out);
+        run.completion.answer(&record);
+        // A failed container may never write its sentinels: do not wait long for them.
+        let log_wait = self.ctx.config.log_sentinel_wait;
+        let wait = if reusable { log_wait } else { log_wait.min(Duration::from_millis(200)) };
+        let collect = async move {
+            record.logs = window.collect(wait, limit).await;
+            drop(logs);
+            run.completion.finish(record);
+        };
+        if reusable {
+            // Not the actor's: the record is finished even if the container goes meanwhile.
+            actix::spawn(collect);
+            self.apply(Event::RunAnswered { job, reusable }, ctx);
+        } else {
+            ctx.spawn(collect.into_actor(self).map(move |(), act, ctx| {
+                act.apply(Event::RunAnswered { job, reusable }, ctx);
+            }));
+        }
     }
 
     fn pause(&mut self, ctx: &mut Context<Self>) {

@@ -189,10 +189,11 @@ pub(super) async fn run_action(runtime: &Runtime, body: &[u8]) -> Response {
     sentinels_then(tag, response)
 }
 
-/// The sentinels follow the response rather than precede it: the invoker, woken by the
-/// response, finds them already there while it handles it, instead of being woken twice.
+/// The sentinels go before the response: the invoker, answered, reads the container's pipes
+/// to their end and finds them there, so the run's record is whole with its answer and
+/// nothing waits for them.
 fn sentinels_then(tag: Option<String>, response: Response) -> Response {
-    tokio::task::spawn_local(async move { write_sentinels(tag.as_deref()) });
+    write_sentinels(tag.as_deref());
     response
 }
 

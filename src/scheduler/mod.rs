@@ -170,7 +170,7 @@ impl Dispatcher {
         Ok(())
     }
 
-    async fn dispatch(self: &Arc<Self>, run: RunJob) {
+    async fn dispatch(self: &Arc<Self>, mut run: RunJob) {
         let action = &run.action;
         let revision = cluster_revision(&self.id, action.revision, action.updated);
         let key: RevisionKey = (action.namespace.clone(), action.name.clone(), revision);
@@ -248,6 +248,18 @@ impl Dispatcher {
                 Sent::Finished(mut record) => {
                     record.annotations.push(KeyValue { key: "invoker".into(), value: json!(invoker) });
                     return run.completion.finish(*record);
+                }
+                // The result before the logs: the caller is answered now, the record stored
+                // whole when the invoker sends it (as it answered, if it never does).
+                Sent::Answered { answer, whole } => {
+                    let ran_on = KeyValue { key: "invoker".into(), value: json!(invoker) };
+                    let mut answer = *answer;
+                    answer.annotations.push(ran_on.clone());
+                    run.completion.answer(&answer);
+                    let mut record = whole.await.ok().flatten().unwrap_or(answer);
+                    record.annotations.retain(|a| a.key != "invoker");
+                    record.annotations.push(ran_on);
+                    return run.completion.finish(record);
                 }
                 Sent::Refused(reason) => {
                     refusals.push(format!("{invoker}: {reason}"));

@@ -17,6 +17,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
 use hyper::body::{Body, Frame, SizeHint};
 use hyper::client::conn::http1::SendRequest;
+use invoker_wire::cluster::TWO_PARTS;
 use parking_lot::Mutex;
 use serde_json::Value;
 use std::collections::HashMap;
@@ -31,12 +32,19 @@ use tokio::sync::oneshot;
 const MAX_IDLE: usize = 64;
 /// Largest answer read: a record with its result and logs.
 const MAX_ANSWER: usize = 64 * 1024 * 1024;
+/// The most a whole record is waited for once the result came (an invoker collects logs for
+/// at most `proxy.log_sentinel_wait`).
+const WHOLE_WAIT: Duration = Duration::from_secs(60);
 
 /// What became of one hand-over.
 #[derive(Debug)]
 pub enum Sent {
     /// The invoker ran it (or started it and it ended there): its record.
     Finished(Box<ActivationRecord>),
+    /// The invoker answered with the result before the record was whole (its logs still on
+    /// their way): the record as answered, and the whole one when it comes (`None` if it never
+    /// does: the connection broke, or `WHOLE_WAIT` passed).
+    Answered { answer: Box<ActivationRecord>, whole: oneshot::Receiver<Option<ActivationRecord>> },
     /// Nothing ran there: another invoker may take it.
     Refused(String),
     /// The invoker did not ask for the message within the hand-over timeout: it never received
@@ -50,7 +58,7 @@ impl Sent {
     /// Why nothing came back, for the hand-over's span; `None` when a record did.
     pub fn failure(&self) -> Option<&str> {
         match self {
-            Sent::Finished(_) => None,
+            Sent::Finished(_) | Sent::Answered { .. } => None,
             Sent::Refused(why) | Sent::Unheard(why) | Sent::Lost(why) => Some(why),
         }
     }
@@ -60,7 +68,7 @@ pub struct InvokerClient {
     /// `Basic <base64 of the controller key>`.
     authorization: String,
     /// Invoker address (`host:port`) → idle connections.
-    idle: Mutex<HashMap<String, Vec<SendRequest<HeldMessage>>>>,
+    idle: Arc<Mutex<HashMap<String, Vec<SendRequest<HeldMessage>>>>>,
 }
 
 /// The message, and the invoker's request for it, until one side takes it: the `100 Continue`
@@ -119,7 +127,7 @@ impl InvokerClient {
     pub fn new(controller_key: &str) -> Self {
         use base64::Engine as _;
         let authorization = format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(controller_key));
-        InvokerClient { authorization, idle: Mutex::new(HashMap::new()) }
+        InvokerClient { authorization, idle: Arc::default() }
     }
 
     /// `message` to the invoker at `authority`: asked for within `handover`, answered within
@@ -138,7 +146,19 @@ impl InvokerClient {
             Err(_) if !withdraw(&release) => Sent::Unheard(format!("it did not ask for the message in {timeout:?}")),
             Err(_) => Sent::Lost(format!("no answer within {timeout:?}")),
             Ok(Err(sent)) => sent,
-            Ok(Ok((status, body))) => interpret(status, &body),
+            Ok(Ok((status, body, None))) => interpret(status, &body),
+            Ok(Ok((status, first, Some(rest)))) => match interpret(status, &first) {
+                Sent::Finished(answer) => {
+                    let (tx, whole) = oneshot::channel();
+                    tokio::spawn(async move {
+                        let rest = tokio::time::timeout(WHOLE_WAIT, rest).await.ok().and_then(Result::ok);
+                        let record = rest.and_then(|rest| serde_json::from_slice::<CompletionMessage>(&rest).ok());
+                        let _ = tx.send(record.map(|m| m.response));
+                    });
+                    Sent::Answered { answer, whole }
+                }
+                sent => sent,
+            },
         }
     }
 
@@ -149,7 +169,7 @@ impl InvokerClient {
         release: &Release,
         mut asked: oneshot::Receiver<()>,
         handover: Duration,
-    ) -> Result<(u16, Bytes), Sent> {
+    ) -> Result<(u16, Bytes, Option<oneshot::Receiver<Bytes>>), Sent> {
         let handover = tokio::time::sleep(handover);
         tokio::pin!(handover);
         let mut request = Some(request);
@@ -209,22 +229,62 @@ impl InvokerClient {
                 },
             };
             let status = response.status().as_u16();
+            let two_parts = response
+                .headers()
+                .get(hyper::header::CONTENT_TYPE)
+                .is_some_and(|v| v.as_bytes().starts_with(TWO_PARTS.as_bytes()));
+            // Answered without asking for the message (a refusal before the body was read):
+            // the connection still waits for a body it will never get.
+            let reusable = withdraw(release);
+            if two_parts {
+                return self.two_parts(authority, status, response.into_body(), reusable.then_some(sender)).await;
+            }
             let body = Limited::new(response.into_body(), MAX_ANSWER)
                 .collect()
                 .await
                 .map_err(|e| Sent::Lost(format!("the answer broke off: {e}")))?
                 .to_bytes();
-            // Answered without asking for the message (a refusal before the body was read):
-            // the connection still waits for a body it will never get.
-            if withdraw(release) {
-                let mut idle = self.idle.lock();
-                let stack = idle.entry(authority.to_string()).or_default();
-                if stack.len() < MAX_IDLE {
-                    stack.push(sender);
-                }
+            if reusable {
+                keep(&self.idle, authority, sender);
             }
-            return Ok((status, body));
+            return Ok((status, body, None));
         }
+    }
+
+    /// An answer in two parts, a message on each line: the first read now, the rest by a task
+    /// that hands it on and then keeps the connection (`sender`, if it may be used again).
+    async fn two_parts(
+        &self,
+        authority: &str,
+        status: u16,
+        mut body: hyper::body::Incoming,
+        sender: Option<SendRequest<HeldMessage>>,
+    ) -> Result<(u16, Bytes, Option<oneshot::Receiver<Bytes>>), Sent> {
+        let mut read = bytes::BytesMut::new();
+        let first = loop {
+            if let Some(end) = read.iter().position(|&b| b == b'\n') {
+                break read.split_to(end + 1).freeze();
+            }
+            if read.len() > MAX_ANSWER {
+                return Err(Sent::Lost("the answer's first part is too large".into()));
+            }
+            match body.frame().await {
+                Some(Ok(frame)) => read.extend_from_slice(frame.data_ref().map_or(&[][..], |d| &d[..])),
+                Some(Err(e)) => return Err(Sent::Lost(format!("the answer broke off: {e}"))),
+                None => return Err(Sent::Lost("the answer ended before its first part".into())),
+            }
+        };
+        let (tx, rest) = oneshot::channel();
+        let (idle, authority) = (self.idle.clone(), authority.to_string());
+        tokio::spawn(async move {
+            let Ok(tail) = Limited::new(body, MAX_ANSWER).collect().await else { return };
+            read.extend_from_slice(&tail.to_bytes());
+            let _ = tx.send(read.freeze());
+            if let Some(sender) = sender {
+                keep(&idle, &authority, sender);
+            }
+        });
+        Ok((status, first, Some(rest)))
     }
 
     fn request(
@@ -237,6 +297,7 @@ impl InvokerClient {
             .header(hyper::header::HOST, authority)
             .header(hyper::header::AUTHORIZATION, &self.authorization)
             .header(hyper::header::CONTENT_TYPE, "application/json")
+            .header(hyper::header::ACCEPT, TWO_PARTS)
             .header(hyper::header::EXPECT, "100-continue")
             .body(body)
             .map_err(|e| Sent::Refused(format!("the request could not be made: {e}")))?;
@@ -299,6 +360,19 @@ impl InvokerClient {
     /// Forgets the connections of an invoker that left.
     pub fn forget(&self, authority: &str) {
         self.idle.lock().remove(authority);
+    }
+}
+
+/// Keeps `sender` for the next hand-over to `authority`, if there is room.
+fn keep(
+    idle: &Mutex<HashMap<String, Vec<SendRequest<HeldMessage>>>>,
+    authority: &str,
+    sender: SendRequest<HeldMessage>,
+) {
+    let mut idle = idle.lock();
+    let stack = idle.entry(authority.to_string()).or_default();
+    if stack.len() < MAX_IDLE {
+        stack.push(sender);
     }
 }
 

@@ -16,6 +16,7 @@
 #![forbid(unsafe_code)]
 
 mod function;
+mod log_stream;
 
 /// The engine's client, for what the invoker's own tests ask of the engine directly.
 pub use bollard;
@@ -23,11 +24,10 @@ pub use bollard;
 use bollard::models::{ContainerCreateBody, HostConfig};
 use bollard::query_parameters::{CreateContainerOptions, ListContainersOptions, LogsOptions, RemoveContainerOptions};
 use bollard::Docker;
-use futures_util::StreamExt;
 use invoker_core::pool::{ContainerId, NodeId};
 use invoker_factory::contract::{ContainerFactory, ContainerHandle, ContainerSpec, Epoch, StatsReceiver, Transport};
 use invoker_factory::error::{Cause, CreateError, FactoryError, SetupError};
-use invoker_factory::logs::{LogBuffer, Stream};
+use invoker_factory::logs::LogBuffer;
 use invoker_factory::netns::NetNs;
 use invoker_factory::one_host::OneHost;
 use invoker_factory::own_disk;
@@ -48,8 +48,6 @@ const SOCKET_DIR_MB: u32 = 1;
 const LABEL_INVOKER: &str = "invoker_id";
 const LABEL_CONTAINER: &str = "invoker_container";
 const LABEL_ACTION: &str = "invoker_action";
-/// Longest log line kept whole; longer ones are cut.
-const MAX_LINE: usize = 64 * 1024;
 
 #[derive(Clone)]
 pub struct DockerFactory {
@@ -408,31 +406,27 @@ impl DockerFactory {
         }
     }
 
-    /// Streams the container's stdout and stderr into its log buffer, line by line.
+    /// Streams the container's stdout and stderr into its log buffer, line by line, each
+    /// stamped by the daemon (`log_stream.rs`), for as long as the container is live.
     fn follow_logs(&self, docker_id: &str, logs: Arc<LogBuffer>) {
-        let options = LogsOptions { follow: true, stdout: true, stderr: true, ..Default::default() };
-        let mut stream = self.inner.docker.logs(docker_id, Some(options));
-        tokio::spawn(async move {
-            let mut partial: [Vec<u8>; 2] = [Vec::new(), Vec::new()];
-            while let Some(Ok(chunk)) = stream.next().await {
-                let (which, bytes) = match &chunk {
-                    bollard::container::LogOutput::StdOut { message } => (Stream::Stdout, message),
-                    bollard::container::LogOutput::StdErr { message } => (Stream::Stderr, message),
-                    _ => continue,
+        let docker = self.inner.docker.clone();
+        let (id, weak) = (docker_id.to_string(), Arc::downgrade(&self.inner));
+        let open = {
+            let id = id.clone();
+            move |since: i32| {
+                let options = LogsOptions {
+                    follow: true,
+                    stdout: true,
+                    stderr: true,
+                    timestamps: true,
+                    since,
+                    ..Default::default()
                 };
-                let buf = &mut partial[which as usize];
-                buf.extend_from_slice(bytes);
-                while let Some(end) = buf.iter().position(|&b| b == b'\n') {
-                    let line: Vec<u8> = buf.drain(..=end).collect();
-                    push_line(&logs, which, &line);
-                }
-                if buf.len() > MAX_LINE {
-                    let line = std::mem::take(buf);
-                    push_line(&logs, which, &line);
-                }
+                docker.logs(&id, Some(options))
             }
-            logs.close();
-        });
+        };
+        let live = move || weak.upgrade().is_some_and(|inner| inner.live.lock().values().any(|l| l.docker_id == id));
+        tokio::spawn(log_stream::follow(open, logs, live));
     }
 
     fn docker_id(&self, id: ContainerId) -> Option<String> {
@@ -486,11 +480,6 @@ impl DockerFactory {
         }
         Ok(())
     }
-}
-
-fn push_line(logs: &LogBuffer, which: Stream, line: &[u8]) {
-    let text = String::from_utf8_lossy(line);
-    logs.push(which, text.trim_end_matches(['\n', '\r']).to_string());
 }
 
 fn parse_user(user: &str) -> Option<(u32, u32)> {

@@ -1,10 +1,31 @@
 //! A container's log lines as they arrive, bounded, and how they are attributed to the runs
 //! that wrote them.
 //!
-//! Each run opens a [`LogWindow`] when it is handed to the runtime and collects it when its
-//! answer is in. A run's lines are those that arrived in its window, up to its sentinels (one on
-//! stdout and one on stderr, which the runtime writes after every activation). Runs on one
-//! container may overlap (`limits.concurrency` above 1), and then:
+//! Each run opens a [`LogWindow`] when it is handed to the runtime, marks it
+//! [`LogWindow::answered`] when its answer is in, and takes its lines then if they are all in
+//! ([`LogWindow::is_complete`]), or later with [`LogWindow::collect`]. Nothing on the answer's
+//! path waits for lines: the caller is answered, and the container takes its next run, while a
+//! run's last lines are still on their way (through Docker's daemon, a kubelet's log).
+//!
+//! A container runs one activation at a time (`limits.concurrency` 1), or several at once.
+//!
+//! **One at a time** ([`LogBuffer::open_sequential`]), two ways to tell whose a line is:
+//! - [`Ends::Sentinels`] (OpenWhisk's runtimes write a sentinel on stdout and one on stderr
+//!   after every activation): the n-th run's lines on a stream are those after that stream's
+//!   (n-1)-th sentinel and before its n-th. Each stream is counted on its own, so the next
+//!   run's first stdout line never lands in this run's record while this run's stderr
+//!   sentinel is still on its way; what a run writes after its sentinels (a thread left
+//!   behind) is the next run's, as what `/init` writes is the first's.
+//! - [`Ends::Time`] (Fn's functions write no sentinel): by when each line was read first (by
+//!   Docker's daemon, a kubelet, or this process for a pipe it reads), as Fn's agent swaps its
+//!   log writer per call: a run's window ends where the next run begins (or, with none, when
+//!   its lines are taken), so what a run writes up to its answer is stamped within its window
+//!   even when the engine reads it a little after the answer. A pipe of this process is read to
+//!   its end when the answer comes, so its lines are in at once; an engine's stream is in once
+//!   a line stamped past the window's end came, or nothing came for `LOG_QUIET` (at most
+//!   `LOG_QUIET_MAX`). A line the engine reads only after the next run began is that run's.
+//!
+//! **Overlapping** ([`LogBuffer::open`]):
 //! - a line that starts with a run's activation id and a space (our runtime writes them so when
 //!   runs may overlap) is that run's alone, without the prefix, and so is a sentinel so tagged;
 //! - a line without one goes to every run whose window it falls in: a runtime that gives no
@@ -40,6 +61,15 @@ impl Stream {
     }
 }
 
+/// How the lines of a run that has its container to itself are told from the next run's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ends {
+    /// The runtime writes a sentinel on each stream after every activation.
+    Sentinels,
+    /// It writes none: by when each line was written.
+    Time,
+}
+
 /// Something that feeds a buffer and can be read at once (a container's pipe, `pipe_lines.rs`).
 pub trait LineSource: Send + Sync {
     /// Pushes into `logs` every line the source holds now, without waiting.
@@ -63,10 +93,13 @@ impl std::fmt::Debug for LogBuffer {
 struct Line {
     stream: Stream,
     text: String,
+    /// When it was written, as its first reader stamped it.
     at: SystemTime,
     /// The length of the activation-id prefix (id and space) when the line has one.
     tag: usize,
     sentinel: bool,
+    /// The untagged sentinels on its stream before it: the one-at-a-time run it belongs to.
+    ordinal: u64,
 }
 
 impl Line {
@@ -75,7 +108,7 @@ impl Line {
     }
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Inner {
     lines: VecDeque<Line>,
     /// The sequence number of `lines[0]`.
@@ -84,16 +117,48 @@ struct Inner {
     /// Lines before this were dropped for room (not collected).
     dropped_below: u64,
     closed: bool,
-    /// Sentinels seen on a merged stream (see `push_merged`).
-    merged_sentinels: usize,
+    /// Untagged sentinels seen on each stream.
+    sentinels: [u64; 2],
     /// The windows not collected yet: a key and where each starts, and its activation id.
     open: Vec<(u64, u64, String)>,
-    /// Runs whose answer is in (each counts when its collection begins).
+    /// Overlapping runs whose answer is in.
     answered: u64,
+    /// One-at-a-time windows opened: the next one's ordinal.
+    sequential: u64,
+    /// The latest window attributed by time whose end is not cut yet.
+    uncut: Option<u64>,
+    /// The ends of the windows attributed by time that are cut but not collected, by key.
+    cuts: SmallVec<[(u64, SystemTime); 2]>,
+    /// The last cut: where the next window attributed by time begins.
+    last_cut: Option<SystemTime>,
+    /// The latest stamp of a line that came.
+    latest: SystemTime,
     next_key: u64,
     /// Lines before this belong to collected windows; a window opened while none is open
     /// starts here (what came between two runs, an `/init`'s output, goes to the next).
     claimed_upto: u64,
+}
+
+impl Default for Inner {
+    fn default() -> Self {
+        Inner {
+            lines: VecDeque::new(),
+            first: 0,
+            bytes: 0,
+            dropped_below: 0,
+            closed: false,
+            sentinels: [0, 0],
+            open: Vec::new(),
+            answered: 0,
+            sequential: 0,
+            uncut: None,
+            cuts: SmallVec::new(),
+            last_cut: None,
+            latest: SystemTime::UNIX_EPOCH,
+            next_key: 0,
+            claimed_upto: 0,
+        }
+    }
 }
 
 impl Inner {
@@ -149,20 +214,54 @@ impl Inner {
         (Some(text), last)
     }
 
-    /// Adds one line, already split.
-    fn add(&mut self, stream: Stream, text: String) {
+    /// Adds one line, already split. `merged`: of a stream that merges stdout and stderr,
+    /// whose lines belong to the run of the pairs of sentinels complete before them.
+    fn add(&mut self, stream: Stream, text: String, at: Option<SystemTime>, merged: bool) {
         let tag = self.tag_of(&text);
         let sentinel = text == SENTINEL || (tag > 0 && &text[tag..] == SENTINEL);
+        let ordinal = if merged { self.sentinels[0].min(self.sentinels[1]) } else { self.sentinels[stream as usize] };
+        if sentinel && tag == 0 {
+            self.sentinels[stream as usize] += 1;
+        }
         self.bytes += text.len();
         // A sentinel is never shown: no clock read for it.
-        let at = if sentinel { SystemTime::UNIX_EPOCH } else { SystemTime::now() };
-        self.lines.push_back(Line { stream, text, at, tag, sentinel });
+        let at = if sentinel { SystemTime::UNIX_EPOCH } else { at.unwrap_or_else(SystemTime::now) };
+        self.latest = self.latest.max(at);
+        self.lines.push_back(Line { stream, text, at, tag, sentinel, ordinal });
         while self.bytes > BUFFER_BYTES {
             let Some(old) = self.lines.pop_front() else { break };
             self.bytes -= old.text.len();
             self.first += 1;
             self.dropped_below = self.first;
         }
+    }
+
+    /// Where window `key`, attributed by time, ends, if that is known yet.
+    fn cut_of(&self, key: u64) -> Option<SystemTime> {
+        self.cuts.iter().find(|(k, _)| *k == key).map(|(_, at)| *at)
+    }
+
+    /// Where window `key`, attributed by time and being collected, ends: where the next one
+    /// began, or now if none has (and then the next begins there).
+    fn cut(&mut self, key: u64) -> SystemTime {
+        match self.cuts.iter().position(|(k, _)| *k == key) {
+            Some(at) => self.cuts.swap_remove(at).1,
+            None => {
+                if self.uncut == Some(key) {
+                    self.uncut = None;
+                }
+                let now = SystemTime::now();
+                self.last_cut = Some(now);
+                now
+            }
+        }
+    }
+
+    /// The sequence number of the first line from `from` on that `later` says is past a
+    /// collected window, or the next one: where what is still needed begins.
+    fn first_past(&self, from: u64, later: impl Fn(&Line) -> bool) -> u64 {
+        let skip = from.saturating_sub(self.first) as usize;
+        self.lines.iter().skip(skip).position(later).map_or(self.next_seq(), |i| from.max(self.first) + i as u64)
     }
 }
 
@@ -195,37 +294,42 @@ impl LogBuffer {
         !sources.is_empty()
     }
 
+    /// A line read now.
     pub fn push(&self, stream: Stream, line: String) {
+        self.push_stamped(stream, line, None);
+    }
+
+    /// A line its first reader stamped `at` (Docker's daemon, a kubelet), or now.
+    pub fn push_stamped(&self, stream: Stream, line: String, at: Option<SystemTime>) {
         let mut inner = self.inner.lock();
         let (before, last) = inner.split(line);
         if let Some(before) = before {
-            inner.add(stream, before);
+            inner.add(stream, before, at, false);
         }
-        inner.add(stream, last);
+        inner.add(stream, last, at, false);
         drop(inner);
         self.arrived.notify_waiters();
     }
 
-    /// A line of one stream that merges stdout and stderr (a Kubernetes pod's log): its lines
-    /// count as stdout, and its sentinels as stdout's and stderr's in turn, since a runtime
-    /// writes one on each after every activation.
-    pub fn push_merged(&self, line: String) {
+    /// A line of one stream that merges stdout and stderr (a Kubernetes pod's log), stamped
+    /// `at` by its reader or now: its lines count as stdout, and its sentinels as stdout's and
+    /// stderr's in turn, since a runtime writes one on each after every activation.
+    pub fn push_merged(&self, line: String, at: Option<SystemTime>) {
         let mut inner = self.inner.lock();
         let (before, last) = inner.split(line);
         if let Some(before) = before {
-            inner.add(Stream::Stdout, before);
+            inner.add(Stream::Stdout, before, at, true);
         }
-        let stream = if last.ends_with(SENTINEL) {
-            inner.merged_sentinels += 1;
-            if inner.merged_sentinels % 2 == 1 {
-                Stream::Stdout
-            } else {
+        let stream = if last.ends_with(SENTINEL) && inner.tag_of(&last) == 0 {
+            if inner.sentinels[0] > inner.sentinels[1] {
                 Stream::Stderr
+            } else {
+                Stream::Stdout
             }
         } else {
             Stream::Stdout
         };
-        inner.add(stream, last);
+        inner.add(stream, last, at, true);
         drop(inner);
         self.arrived.notify_waiters();
     }
@@ -242,21 +346,50 @@ impl LogBuffer {
         self.arrived.notify_waiters();
     }
 
-    /// Opens the window of one run as it is handed to the runtime; `id` is the activation id
-    /// its lines may be tagged with, or empty where they are not.
+    /// Opens the window of one of runs that may overlap, as it is handed to the runtime; `id`
+    /// is the activation id its lines may be tagged with, or empty where they are not.
     pub fn open(self: &Arc<Self>, id: &str) -> LogWindow {
         let mut inner = self.inner.lock();
         let start = if inner.open.is_empty() { inner.claimed_upto } else { inner.next_seq() };
+        let mode = Mode::Overlapping { answered_before: inner.answered, answered: None };
+        self.window(&mut inner, start, id, mode)
+    }
+
+    /// Opens the window of a run that has the container to itself, as it is handed to the
+    /// runtime (the last one's may still be collecting: its answer is in).
+    pub fn open_sequential(self: &Arc<Self>, ends: Ends) -> LogWindow {
+        let mut inner = self.inner.lock();
+        let mode = match ends {
+            Ends::Sentinels => {
+                inner.sequential += 1;
+                Mode::Ordinal(inner.sequential - 1)
+            }
+            Ends::Time => {
+                // The run before ends where this one begins: what it wrote is stamped before.
+                let now = SystemTime::now();
+                if let Some(before) = inner.uncut.take() {
+                    inner.cuts.push((before, now));
+                    inner.last_cut = Some(now);
+                }
+                inner.uncut = Some(inner.next_key);
+                Mode::Timed { after: inner.last_cut, drained: false }
+            }
+        };
+        let start = inner.claimed_upto;
+        self.window(&mut inner, start, "", mode)
+    }
+
+    fn window(self: &Arc<Self>, inner: &mut Inner, start: u64, id: &str, mode: Mode) -> LogWindow {
         let key = inner.next_key;
         inner.next_key += 1;
         inner.open.push((key, start, id.to_string()));
-        LogWindow { buffer: self.clone(), key, start, answered_before: inner.answered, collected: false }
+        LogWindow { buffer: self.clone(), key, start, mode, collected: false }
     }
 
-    /// Where `window`'s lines end, once they are in: after its own tagged sentinels, or after
-    /// the untagged pairs of the `answered` runs whose answers came since it opened (itself
-    /// included), taking every complete pair already there.
-    fn window_end(inner: &Inner, window: &LogWindow, answered: u64) -> Option<u64> {
+    /// Where an overlapping `window`'s lines end, once they are in: after its own tagged
+    /// sentinels, or after the untagged pairs of the `answered` runs whose answers came since
+    /// it opened (itself included), taking every complete pair already there.
+    fn overlapping_end(inner: &Inner, window: &LogWindow, answered: u64) -> Option<u64> {
         let id = inner.open.iter().find(|(key, _, _)| *key == window.key).map_or("", |(_, _, id)| id.as_str());
         let from = window.start.max(inner.first);
         // Inline for the usual few sentinels: no allocation on the warm path.
@@ -279,47 +412,152 @@ impl LogBuffer {
         let pairs = untagged[0].len().min(untagged[1].len());
         (pairs as u64 >= answered.max(1)).then(|| untagged[0][pairs - 1].max(untagged[1][pairs - 1]) + 1)
     }
+}
 
-    /// See [`LogWindow::collect`]; with `quiet`, the wait also ends once no line came for that
-    /// long.
-    async fn collect(
-        &self,
-        mut window: LogWindow,
-        wait: Duration,
-        quiet: Option<Duration>,
-        limit_bytes: usize,
-    ) -> Vec<String> {
-        let deadline = tokio::time::Instant::now() + wait;
-        let answered = {
-            let mut inner = self.inner.lock();
-            inner.answered += 1;
-            inner.answered - window.answered_before
+/// How long an engine's log stream must stay quiet after a run's answer, when no line stamped
+/// later has come, before the run is taken to have all its lines; and the most it waits. A
+/// line reaches such a stream through the engine (Docker's daemon, a kubelet's log), not
+/// straight from the function. Neither delays an answer or the container's next run: only
+/// when the record is whole.
+const LOG_QUIET: Duration = Duration::from_millis(50);
+const LOG_QUIET_MAX: Duration = Duration::from_secs(2);
+
+/// How a window tells its lines (see the module's page).
+#[derive(Debug)]
+enum Mode {
+    Overlapping {
+        /// Runs whose answer was in when this window opened.
+        answered_before: u64,
+        /// Runs answered since it opened, itself included; set by its answer.
+        answered: Option<u64>,
+    },
+    /// The n-th run on a container that writes sentinels.
+    Ordinal(u64),
+    Timed {
+        /// Where the run before ended (when this one began, or when the one before was
+        /// collected with none after it): its lines are stamped after this. Its own end is cut
+        /// the same way, in the buffer.
+        after: Option<SystemTime>,
+        /// Its pipes were read to their end at the answer: every line is in.
+        drained: bool,
+    },
+}
+
+/// One run's share of a container's logs, from when it was handed to the runtime; collected
+/// once. One dropped uncollected (a run that never ran) gives up its place.
+#[derive(Debug)]
+pub struct LogWindow {
+    buffer: Arc<LogBuffer>,
+    key: u64,
+    start: u64,
+    mode: Mode,
+    collected: bool,
+}
+
+impl LogWindow {
+    /// The run's answer is in: the window ends here (on the clock, or in the count of answers),
+    /// and the container's pipes are read, so that what it wrote before it answered is in.
+    /// Only the first call ends the window; [`Self::collect`] and [`Self::take`] make it.
+    pub fn answered(&mut self) {
+        match &mut self.mode {
+            Mode::Overlapping { answered: Some(_), .. } => {}
+            Mode::Overlapping { answered_before, answered } => {
+                self.buffer.drain();
+                let mut inner = self.buffer.inner.lock();
+                inner.answered += 1;
+                *answered = Some(inner.answered - *answered_before);
+            }
+            Mode::Ordinal(_) => {
+                self.buffer.drain();
+            }
+            Mode::Timed { drained, .. } => {
+                *drained = self.buffer.drain();
+            }
+        }
+    }
+
+    /// Whether every line of the answered run is in, so that taking them waits for nothing.
+    pub fn is_complete(&self) -> bool {
+        let inner = self.buffer.inner.lock();
+        self.complete_in(&inner)
+    }
+
+    fn complete_in(&self, inner: &Inner) -> bool {
+        if inner.closed {
+            return true;
+        }
+        match &self.mode {
+            Mode::Overlapping { answered, .. } => {
+                LogBuffer::overlapping_end(inner, self, answered.unwrap_or(1)).is_some()
+            }
+            Mode::Ordinal(n) => inner.sentinels[0] > *n && inner.sentinels[1] > *n,
+            Mode::Timed { drained, .. } => *drained || inner.cut_of(self.key).is_some_and(|end| inner.latest > end),
+        }
+    }
+
+    /// Collects the lines of its run once they are in, waiting at most `wait` for sentinels
+    /// (at most `LOG_QUIET_MAX` for an engine's stream without them), keeping at most
+    /// `limit_bytes` (OpenWhisk's log limit) and noting the cut.
+    pub async fn collect(mut self, wait: Duration, limit_bytes: usize) -> Vec<String> {
+        self.answered();
+        let (wait, quiet) = match self.mode {
+            Mode::Timed { .. } => (wait.min(LOG_QUIET_MAX), Some(LOG_QUIET)),
+            _ => (wait, None),
         };
-        let end = loop {
-            let notified = self.arrived.notified();
-            let (end, closed) = {
-                let inner = self.inner.lock();
-                (Self::window_end(&inner, &window, answered), inner.closed)
-            };
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let notified = self.buffer.arrived.notified();
+            if self.is_complete() || wait.is_zero() {
+                break;
+            }
+            // Each line that comes starts the quiet time again.
             let until = quiet.map_or(deadline, |q| deadline.min(tokio::time::Instant::now() + q));
-            // No wait at all when none is allowed: a timer even at its deadline would take
-            // the timer wheel's next tick (a millisecond) to fire.
-            if end.is_some() || closed || wait.is_zero() || tokio::time::timeout_at(until, notified).await.is_err() {
-                break end;
+            if tokio::time::timeout_at(until, notified).await.is_err() {
+                break;
+            }
+        }
+        self.take(limit_bytes)
+    }
+
+    /// The lines of its run that are in now (see [`Self::is_complete`]).
+    pub fn take(mut self, limit_bytes: usize) -> Vec<String> {
+        self.answered();
+        self.collected = true;
+        let buffer = self.buffer.clone();
+        let mut inner = buffer.inner.lock();
+        let place = inner.open.iter().position(|(key, _, _)| *key == self.key);
+        let id = place.map(|at| inner.open.swap_remove(at).2).unwrap_or_default();
+        let from = self.start.max(inner.first);
+        let skip = (from - inner.first) as usize;
+        // Whose a line is, and where the lines still needed begin once this window is taken.
+        let (end, claimed, cut): (u64, u64, Option<SystemTime>) = match &self.mode {
+            Mode::Overlapping { answered, .. } => {
+                let end = LogBuffer::overlapping_end(&inner, &self, answered.unwrap_or(1))
+                    .unwrap_or_else(|| inner.next_seq());
+                (end, end, None)
+            }
+            Mode::Ordinal(n) => (inner.next_seq(), inner.first_past(from, |l| l.ordinal > *n), None),
+            Mode::Timed { .. } => {
+                let cut = inner.cut(self.key);
+                (inner.next_seq(), inner.first_past(from, |l| !l.sentinel && l.at > cut), Some(cut))
             }
         };
-        window.collected = true;
-        let mut inner = self.inner.lock();
-        let place = inner.open.iter().position(|(key, _, _)| *key == window.key);
-        let id = place.map(|at| inner.open.swap_remove(at).2).unwrap_or_default();
-        let end = end.unwrap_or_else(|| inner.next_seq());
+        let mine = |line: &Line| match &self.mode {
+            Mode::Overlapping { .. } => true,
+            Mode::Ordinal(n) => line.ordinal == *n,
+            Mode::Timed { after, .. } => {
+                after.is_none_or(|after| line.at > after) && cut.is_none_or(|cut| line.at <= cut)
+            }
+        };
         let mut out = Vec::new();
-        if window.start < inner.dropped_below {
+        if self.start < inner.dropped_below {
             out.push(format!("{} stderr: [log lines dropped for room]", timestamp_of(SystemTime::now())));
         }
         let (mut size, mut truncated) = (0, false);
-        let from = window.start.max(inner.first);
-        for line in inner.lines.iter().skip((from - inner.first) as usize).take(end.saturating_sub(from) as usize) {
+        for line in inner.lines.iter().skip(skip).take(end.saturating_sub(from) as usize) {
+            if line.sentinel || !mine(line) {
+                continue;
+            }
             let text = if line.tagged_by(&id) {
                 &line.text[line.tag..]
             } else if line.tag > 0 {
@@ -328,9 +566,6 @@ impl LogBuffer {
             } else {
                 &line.text
             };
-            if line.sentinel {
-                continue;
-            }
             if size + text.len() > limit_bytes {
                 truncated = true;
                 continue;
@@ -343,52 +578,9 @@ impl LogBuffer {
                 "Logs were truncated because the total bytes size exceeds the limit of {limit_bytes} bytes."
             ));
         }
-        inner.claimed_upto = inner.claimed_upto.max(end);
+        inner.claimed_upto = inner.claimed_upto.max(claimed);
         inner.trim();
         out
-    }
-}
-
-/// How long a factory's log stream must stay quiet after an answer before a run without end
-/// marks is taken to have all its lines, and the most it waits. A line reaches such a stream
-/// through the engine (Docker's daemon, a kubelet's log), not straight from the function: with
-/// 5 ms, a node function's line on Docker came after its run's window had closed on a loaded
-/// CI machine, and was lost. A silent call pays this once.
-const LOG_QUIET: Duration = Duration::from_millis(20);
-const LOG_QUIET_MAX: Duration = Duration::from_millis(200);
-
-/// One run's share of a container's logs, from when it was handed to the runtime; collected
-/// once with [`LogWindow::collect`]. One dropped uncollected (a run that never ran) gives up
-/// its place.
-#[derive(Debug)]
-pub struct LogWindow {
-    buffer: Arc<LogBuffer>,
-    key: u64,
-    start: u64,
-    /// Runs whose answer was in when this window opened.
-    answered_before: u64,
-    collected: bool,
-}
-
-impl LogWindow {
-    /// Collects the lines of its run: those of its window up to its sentinels, waiting at most
-    /// `wait` for them, keeping at most `limit_bytes` (OpenWhisk's log limit) and noting the cut.
-    pub async fn collect(self, wait: Duration, limit_bytes: usize) -> Vec<String> {
-        let buffer = self.buffer.clone();
-        buffer.collect(self, wait, None, limit_bytes).await
-    }
-
-    /// For a runtime that marks no ends (one run at a time, everything it writes meanwhile is
-    /// the run's): what its pipes hold when its answer came, read at once, and nothing after.
-    /// Where the lines come through a stream of the factory's instead, those until the stream
-    /// was quiet for `LOG_QUIET` (at most `LOG_QUIET_MAX`).
-    pub async fn collect_now(self, limit_bytes: usize) -> Vec<String> {
-        let buffer = self.buffer.clone();
-        if buffer.drain() {
-            buffer.collect(self, Duration::ZERO, None, limit_bytes).await
-        } else {
-            buffer.collect(self, LOG_QUIET_MAX, Some(LOG_QUIET), limit_bytes).await
-        }
     }
 }
 
@@ -397,6 +589,18 @@ impl Drop for LogWindow {
         if !self.collected {
             let mut inner = self.buffer.inner.lock();
             inner.open.retain(|(key, _, _)| *key != self.key);
+            // The last run that never ran wrote no sentinels: the next takes its place (and,
+            // by time, its window: the last cut stays where it was).
+            match self.mode {
+                Mode::Ordinal(n) if inner.sequential == n + 1 => inner.sequential = n,
+                Mode::Timed { .. } => {
+                    inner.cuts.retain(|(key, _)| *key != self.key);
+                    if inner.uncut == Some(self.key) {
+                        inner.uncut = None;
+                    }
+                }
+                _ => {}
+            }
             inner.trim();
         }
     }
@@ -417,42 +621,47 @@ mod tests {
 
     const WAIT: Duration = Duration::from_secs(1);
 
+    fn texts(lines: &[String]) -> Vec<&str> {
+        lines.iter().map(|l| l.split_once(": ").map_or(l.as_str(), |(_, t)| t)).collect()
+    }
+
+    fn pair(buf: &LogBuffer) {
+        buf.push(Stream::Stdout, SENTINEL.into());
+        buf.push(Stream::Stderr, SENTINEL.into());
+    }
+
     #[tokio::test]
     async fn collects_up_to_both_sentinels_within_the_limit() {
         let buf = Arc::new(LogBuffer::default());
-        let window = buf.open("a");
+        let window = buf.open_sequential(Ends::Sentinels);
         buf.push(Stream::Stdout, "hello".into());
         buf.push(Stream::Stderr, "oops".into());
-        buf.push(Stream::Stdout, SENTINEL.into());
-        buf.push(Stream::Stderr, SENTINEL.into());
+        pair(&buf);
         buf.push(Stream::Stdout, "next activation".into());
-        let lines = buf.collect(window, WAIT, None, 1000).await;
+        let lines = window.collect(WAIT, 1000).await;
         assert_eq!(lines.len(), 2);
         assert!(lines[0].ends_with("stdout: hello") && lines[1].ends_with("stderr: oops"), "{lines:?}");
-        let window = buf.open("b");
-        buf.push(Stream::Stdout, SENTINEL.into());
-        buf.push(Stream::Stderr, SENTINEL.into());
-        let lines = buf.collect(window, WAIT, None, 5).await;
+        let window = buf.open_sequential(Ends::Sentinels);
+        pair(&buf);
+        let lines = window.collect(WAIT, 5).await;
         assert!(lines[0].ends_with("next activation") || lines.last().unwrap().contains("truncated"), "{lines:?}");
     }
 
     #[tokio::test]
     async fn a_merged_stream_ends_an_activation_at_its_second_sentinel() {
         let buf = Arc::new(LogBuffer::default());
+        let first = buf.open_sequential(Ends::Sentinels);
         for line in ["one", SENTINEL, "two", SENTINEL, "late"] {
-            buf.push_merged(line.into());
+            buf.push_merged(line.into(), None);
         }
-        let lines = buf.collect(buf.open("a"), WAIT, None, 1000).await;
-        assert!(lines.len() == 2 && lines[1].ends_with("stdout: two"), "{lines:?}");
-        let window = buf.open("b");
+        let lines = first.collect(WAIT, 1000).await;
+        assert_eq!(texts(&lines), ["one", "two"], "a line between the pair's two sentinels is still the run's");
+        let window = buf.open_sequential(Ends::Sentinels);
         for line in ["next", SENTINEL, SENTINEL] {
-            buf.push_merged(line.into());
+            buf.push_merged(line.into(), None);
         }
         let lines = window.collect(WAIT, 1000).await;
-        assert!(
-            lines.len() == 2 && lines[0].ends_with("stdout: late") && lines[1].ends_with("stdout: next"),
-            "{lines:?}"
-        );
+        assert_eq!(texts(&lines), ["late", "next"]);
     }
 
     /// `sys.stdout.write("x")` with no newline: the runtime's sentinel lands on the same line.
@@ -460,11 +669,11 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_sentinel_after_output_without_a_newline_ends_the_activation() {
         let buf = Arc::new(LogBuffer::default());
-        let window = buf.open("a");
+        let window = buf.open_sequential(Ends::Sentinels);
         buf.push(Stream::Stdout, format!("x{SENTINEL}"));
         buf.push(Stream::Stderr, SENTINEL.into());
         let began = tokio::time::Instant::now();
-        let lines = buf.collect(window, Duration::from_secs(2), None, 1000).await;
+        let lines = window.collect(Duration::from_secs(2), 1000).await;
         assert_eq!(began.elapsed(), Duration::ZERO, "no wait for a sentinel that came");
         assert!(lines.len() == 1 && lines[0].ends_with("stdout: x"), "{lines:?}");
         // A tagged sentinel after untagged output keeps its tag.
@@ -472,9 +681,103 @@ mod tests {
         let window = buf.open(id);
         buf.push(Stream::Stdout, format!("{id} y{id} {SENTINEL}"));
         buf.push(Stream::Stderr, format!("{id} {SENTINEL}"));
-        let lines = buf.collect(window, Duration::from_secs(2), None, 1000).await;
+        let lines = window.collect(Duration::from_secs(2), 1000).await;
         assert_eq!(began.elapsed(), Duration::ZERO);
         assert!(lines.len() == 1 && lines[0].ends_with("stdout: y"), "{lines:?}");
+    }
+
+    /// The answer comes before the run's sentinels, and the container takes the next run at
+    /// once: the next run's first lines come while this one's stderr sentinel is still on its
+    /// way. Each stream counted on its own, each run has exactly its own lines.
+    #[tokio::test(start_paused = true)]
+    async fn a_run_answered_before_its_sentinels_keeps_its_lines_while_the_next_one_writes() {
+        let buf = Arc::new(LogBuffer::default());
+        let mut first = buf.open_sequential(Ends::Sentinels);
+        buf.push(Stream::Stdout, "one out".into());
+        buf.push(Stream::Stdout, SENTINEL.into());
+        first.answered();
+        assert!(!first.is_complete(), "its stderr sentinel is not in");
+        let mut second = buf.open_sequential(Ends::Sentinels);
+        buf.push(Stream::Stdout, "two out".into());
+        buf.push(Stream::Stderr, "one err".into());
+        buf.push(Stream::Stderr, SENTINEL.into());
+        assert!(first.is_complete());
+        buf.push(Stream::Stderr, "two err".into());
+        second.answered();
+        assert!(!second.is_complete());
+        let collecting = tokio::spawn(second.collect(Duration::from_secs(2), 1000));
+        tokio::task::yield_now().await;
+        pair(&buf);
+        let began = tokio::time::Instant::now();
+        let second = collecting.await.unwrap();
+        assert_eq!(began.elapsed(), Duration::ZERO, "collected as its sentinels came");
+        assert_eq!(texts(&first.take(1000)), ["one out", "one err"]);
+        assert_eq!(texts(&second), ["two out", "two err"]);
+        assert!(buf.inner.lock().lines.is_empty(), "nothing is kept once collected");
+    }
+
+    /// A run that never ran gives its place back: the next run's lines are its own.
+    #[tokio::test(start_paused = true)]
+    async fn a_window_dropped_unrun_gives_its_place_to_the_next() {
+        let buf = Arc::new(LogBuffer::default());
+        drop(buf.open_sequential(Ends::Sentinels));
+        let window = buf.open_sequential(Ends::Sentinels);
+        buf.push(Stream::Stdout, "mine".into());
+        pair(&buf);
+        assert!(window.is_complete());
+        assert_eq!(texts(&window.take(1000)), ["mine"]);
+    }
+
+    /// 10,000 lines a run, two runs, the first answered before its lines are all in: each
+    /// holds exactly its own.
+    #[tokio::test(start_paused = true)]
+    async fn a_chatty_run_holds_every_line_it_wrote_and_no_other() {
+        let buf = Arc::new(LogBuffer::default());
+        let mut first = buf.open_sequential(Ends::Sentinels);
+        first.answered();
+        let second = buf.open_sequential(Ends::Sentinels);
+        for run in 0..2 {
+            for i in 0..10_000 {
+                buf.push(if i % 2 == 0 { Stream::Stdout } else { Stream::Stderr }, format!("{run}:{i}"));
+            }
+            pair(&buf);
+        }
+        let first = first.collect(WAIT, 1 << 30).await;
+        let second = second.collect(WAIT, 1 << 30).await;
+        for (run, lines) in [first, second].iter().enumerate() {
+            assert_eq!(lines.len(), 10_000);
+            assert!(texts(lines).iter().all(|t| t.starts_with(&format!("{run}:"))), "run {run}");
+        }
+    }
+
+    /// A runtime without sentinels, on an engine's stream (no pipe to read): lines attributed
+    /// by their stamps against each run's answer, a late one to the run whose window it falls
+    /// in; a silent run waits only for the quiet time, off the answer's path.
+    #[tokio::test(start_paused = true)]
+    async fn without_sentinels_lines_go_by_their_stamps_and_a_late_one_to_its_own_run() {
+        let buf = Arc::new(LogBuffer::default());
+        let mut first = buf.open_sequential(Ends::Time);
+        let written = SystemTime::now() - Duration::from_millis(1);
+        buf.push_stamped(Stream::Stdout, "early".into(), Some(written));
+        first.answered();
+        assert!(!first.is_complete(), "a stream's line may still come");
+        let mut second = buf.open_sequential(Ends::Time);
+        // Written by the first run before its answer, read after the second began.
+        buf.push_stamped(Stream::Stderr, "late".into(), Some(written));
+        let after = SystemTime::now() + Duration::from_millis(5);
+        buf.push_stamped(Stream::Stdout, "second".into(), Some(after));
+        assert!(first.is_complete(), "a line stamped after its answer came");
+        assert_eq!(texts(&first.take(1000)), ["early", "late"]);
+        std::thread::sleep(Duration::from_millis(10));
+        second.answered();
+        let began = tokio::time::Instant::now();
+        let lines = second.collect(WAIT, 1000).await;
+        assert_eq!(texts(&lines), ["second"]);
+        assert_eq!(began.elapsed(), LOG_QUIET, "nothing more came: the quiet time, no more");
+        let silent = buf.open_sequential(Ends::Time);
+        let began = tokio::time::Instant::now();
+        assert!(silent.collect(WAIT, 1000).await.is_empty());
+        assert_eq!(began.elapsed(), LOG_QUIET);
     }
 
     /// Four overlapping runs whose sentinels come in another order than their answers: none
@@ -494,7 +797,7 @@ mod tests {
         }
         let began = tokio::time::Instant::now();
         for (window, id) in windows.into_iter().zip(&ids).rev() {
-            let lines = buf.collect(window, Duration::from_secs(2), None, 1000).await;
+            let lines = window.collect(Duration::from_secs(2), 1000).await;
             assert_eq!(lines.len(), 2, "{lines:?}");
             assert!(lines[0].ends_with(&format!("stdout: line of {id}")), "{lines:?}");
             assert!(lines[1].ends_with(&format!("stderr: err of {id}")), "{lines:?}");
@@ -513,19 +816,18 @@ mod tests {
         let b = buf.open("b");
         buf.push(Stream::Stdout, "both".into());
         for _ in 0..2 {
-            buf.push(Stream::Stdout, SENTINEL.into());
-            buf.push(Stream::Stderr, SENTINEL.into());
+            pair(&buf);
         }
         let began = tokio::time::Instant::now();
-        let lines_b = buf.collect(b, Duration::from_secs(2), None, 1000).await;
-        let lines_a = buf.collect(a, Duration::from_secs(2), None, 1000).await;
+        let lines_b = b.collect(Duration::from_secs(2), 1000).await;
+        let lines_a = a.collect(Duration::from_secs(2), 1000).await;
         assert_eq!(began.elapsed(), Duration::ZERO);
         assert!(lines_b.len() == 1 && lines_b[0].ends_with("both"), "{lines_b:?}");
         assert!(lines_a.len() == 2 && lines_a[0].ends_with("early"), "{lines_a:?}");
         // A run whose sentinel never comes waits its bound, and no longer.
         let c = buf.open("c");
         buf.push(Stream::Stdout, "alone".into());
-        let lines = buf.collect(c, Duration::from_secs(2), None, 1000).await;
+        let lines = c.collect(Duration::from_secs(2), 1000).await;
         assert_eq!(began.elapsed(), Duration::from_secs(2));
         assert!(lines.len() == 1 && lines[0].ends_with("alone"), "{lines:?}");
     }
@@ -542,8 +844,7 @@ mod tests {
         }
         for i in 0..4 {
             buf.push(Stream::Stderr, format!("end {i}"));
-            buf.push(Stream::Stdout, SENTINEL.into());
-            buf.push(Stream::Stderr, SENTINEL.into());
+            pair(&buf);
         }
         let began = tokio::time::Instant::now();
         for (i, window) in windows.into_iter().enumerate().rev() {

@@ -34,7 +34,9 @@ pub async fn follow(pods: Api<Pod>, name: String, logs: Arc<LogBuffer>, live: im
                 backoff = Duration::from_millis(50);
                 read_lines(stream, |line| {
                     if let Some(text) = after(&mut since, &line) {
-                        logs.push_merged(text.to_string());
+                        // The kubelet's stamp: a function without sentinels has its lines
+                        // attributed by it (a piece of a cut line keeps its line's).
+                        logs.push_merged(text.to_string(), since.map(std::time::SystemTime::from));
                     }
                 })
                 .await;

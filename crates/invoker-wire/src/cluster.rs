@@ -13,6 +13,12 @@ pub fn controller_wait(timeout: Duration, wait_deadline: Duration, init_timeout:
     timeout + wait_deadline + init_timeout + Duration::from_secs(30)
 }
 
+/// The content type of an invoker shim's answer in two parts, a JSON message on each line:
+/// OpenWhisk's `ResultMessage` as soon as the result is known, then the
+/// `CombinedCompletionAndResultMessage` with the whole record (its logs). A scheduler asks for
+/// it with `Accept`; an answer whose record was whole at once is the one message, as JSON.
+pub const TWO_PARTS: &str = "application/x-ndjson";
+
 /// Most activation ids one `POST /v1/internal/records` (a scheduler asking an invoker for the
 /// records of activations it wrote guesses for) may name.
 pub const MAX_RECORDS_ASKED: usize = 1000;

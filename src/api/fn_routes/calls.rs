@@ -129,6 +129,7 @@ async fn run(
             activation_id: None,
             transaction_id: new_activation_id(),
             wait: Some(wait),
+            whole: None,
         })
         .await?;
     Ok(invoked)
