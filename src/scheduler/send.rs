@@ -579,6 +579,61 @@ mod tests {
         assert!(client.ping(&authority, Duration::from_secs(5)).await);
     }
 
+    /// An invoker whose record is whole only after its answer (its logs come through an
+    /// engine): the result in the first part, the whole record in the second, and the
+    /// connection kept for the next hand-over once both are read.
+    #[tokio::test]
+    async fn an_answer_in_two_parts_gives_the_result_then_the_whole_record() {
+        use hyper::service::service_fn;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let authority = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let service = service_fn(move |request: hyper::Request<hyper::body::Incoming>| async move {
+                    let asked = request.headers().get(hyper::header::ACCEPT).cloned();
+                    assert_eq!(asked.as_ref().and_then(|v| v.to_str().ok()), Some(TWO_PARTS));
+                    let _ = request.into_body().collect().await.unwrap();
+                    let mut first = record(json!([]));
+                    first["transid"] = json!(["t", 1]);
+                    let mut whole = record(json!([]));
+                    whole["response"]["logs"] = json!(["2026-01-01T00:00:00.000Z stdout: late"]);
+                    let rest = async move {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        Some(Bytes::from(format!("{whole}\n")))
+                    };
+                    let body = crate::http::Follows::new(Bytes::from(format!("{first}\n")), rest).into_body();
+                    let mut response = hyper::Response::new(body);
+                    response
+                        .headers_mut()
+                        .insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static(TWO_PARTS));
+                    Ok::<_, std::convert::Infallible>(response)
+                });
+                let io = hyper_util::rt::TokioIo::new(stream);
+                tokio::spawn(hyper::server::conn::http1::Builder::new().serve_connection(io, service));
+            }
+        });
+        let client = InvokerClient::new("k:v");
+        for _ in 0..2 {
+            let sent = client.send(&authority, message(), Duration::from_secs(5), Duration::from_secs(30)).await;
+            let Sent::Answered { answer, whole } = sent else { panic!("{sent:?}") };
+            assert!(answer.logs.is_empty(), "the result, before the logs: {answer:?}");
+            let whole = whole.await.unwrap().expect("the whole record follows");
+            assert_eq!(whole.logs.len(), 1, "{whole:?}");
+            eventually_kept(&client, &authority).await;
+        }
+    }
+
+    /// The connection of a two-part answer is kept once its second part is read.
+    async fn eventually_kept(client: &InvokerClient, authority: &str) {
+        for _ in 0..100 {
+            if client.idle.lock().get(authority).is_some_and(|stack| stack.len() == 1) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("the connection was not kept");
+    }
+
     #[tokio::test]
     async fn a_refusal_before_asking_goes_elsewhere() {
         let authority = server(true).await;

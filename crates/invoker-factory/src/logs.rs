@@ -44,6 +44,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 use tokio::sync::Notify;
 
+use invoker_wire::runtime::FN_LOGFRAME_NAME;
 pub use invoker_wire::runtime::SENTINEL;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -100,6 +101,12 @@ struct Line {
     sentinel: bool,
     /// The untagged sentinels on its stream before it: the one-at-a-time run it belongs to.
     ordinal: u64,
+    /// Fn's log frames on its stream before it: the call it belongs to, where frames are written.
+    frame: u64,
+    /// Never shown: a frame, or the empty line an FDK writes around one.
+    hidden: bool,
+    /// In a window already taken.
+    taken: bool,
 }
 
 impl Line {
@@ -119,6 +126,13 @@ struct Inner {
     closed: bool,
     /// Untagged sentinels seen on each stream.
     sentinels: [u64; 2],
+    /// Fn's log frames seen on each stream.
+    frames: [u64; 2],
+    /// The line just before on each stream (an FDK writes an empty line before its frame), and
+    /// whether it was a frame (the python FDK writes one after it too).
+    before: [Option<(u64, bool)>; 2],
+    /// Windows attributed by time opened: the next one's number.
+    timed: u64,
     /// The windows not collected yet: a key and where each starts, and its activation id.
     open: Vec<(u64, u64, String)>,
     /// Overlapping runs whose answer is in.
@@ -148,6 +162,9 @@ impl Default for Inner {
             dropped_below: 0,
             closed: false,
             sentinels: [0, 0],
+            frames: [0, 0],
+            before: [None, None],
+            timed: 0,
             open: Vec::new(),
             answered: 0,
             sequential: 0,
@@ -227,13 +244,46 @@ impl Inner {
         // A sentinel is never shown: no clock read for it.
         let at = if sentinel { SystemTime::UNIX_EPOCH } else { at.unwrap_or_else(SystemTime::now) };
         self.latest = self.latest.max(at);
-        self.lines.push_back(Line { stream, text, at, tag, sentinel, ordinal });
+        let s = stream as usize;
+        let frame_count = if merged { self.frames[0].min(self.frames[1]) } else { self.frames[s] };
+        let is_frame = tag == 0 && is_frame(&text);
+        let mut hidden = is_frame;
+        if is_frame {
+            // The FDK's newline before its frame belongs to the frame.
+            if let Some((seq, false)) = self.before[s] {
+                if let Some(line) = seq.checked_sub(self.first).and_then(|i| self.lines.get_mut(i as usize)) {
+                    line.hidden |= line.text.is_empty() && !line.taken;
+                }
+            }
+            let stream = if merged && self.frames[0] > self.frames[1] { 1 } else { s };
+            self.frames[stream] += 1;
+        } else if text.is_empty() && matches!(self.before[s], Some((_, true))) {
+            hidden = true;
+        }
+        self.before[s] = Some((self.next_seq(), is_frame));
+        self.lines.push_back(Line {
+            stream,
+            text,
+            at,
+            tag,
+            sentinel,
+            ordinal,
+            frame: frame_count,
+            hidden,
+            taken: false,
+        });
         while self.bytes > BUFFER_BYTES {
             let Some(old) = self.lines.pop_front() else { break };
             self.bytes -= old.text.len();
             self.first += 1;
             self.dropped_below = self.first;
         }
+    }
+
+    /// Whether the container's FDK writes log frames: then they, not the clock, tell whose a
+    /// line is.
+    fn framed(&self) -> bool {
+        self.frames != [0, 0]
     }
 
     /// Where window `key`, attributed by time, ends, if that is known yet.
@@ -263,6 +313,14 @@ impl Inner {
         let skip = from.saturating_sub(self.first) as usize;
         self.lines.iter().skip(skip).position(later).map_or(self.next_seq(), |i| from.max(self.first) + i as u64)
     }
+}
+
+/// Whether `text` is a log frame an Fn FDK writes at the start of each call (`FN_LOGFRAME_NAME`
+/// `=` the call's id, the `FN_LOGFRAME_HDR` header the invoker sends).
+fn is_frame(text: &str) -> bool {
+    text.strip_prefix(FN_LOGFRAME_NAME)
+        .and_then(|rest| rest.strip_prefix('='))
+        .is_some_and(|id| id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
 /// Lines kept at most (a runaway action cannot exhaust memory).
@@ -372,7 +430,8 @@ impl LogBuffer {
                     inner.last_cut = Some(now);
                 }
                 inner.uncut = Some(inner.next_key);
-                Mode::Timed { after: inner.last_cut, drained: false }
+                inner.timed += 1;
+                Mode::Timed { n: inner.timed - 1, after: inner.last_cut, drained: false }
             }
         };
         let start = inner.claimed_upto;
@@ -434,6 +493,9 @@ enum Mode {
     /// The n-th run on a container that writes sentinels.
     Ordinal(u64),
     Timed {
+        /// The n-th such run on the container: where its FDK writes frames, its lines are
+        /// those after the n-th frame on each stream (and the first's, those before any).
+        n: u64,
         /// Where the run before ended (when this one began, or when the one before was
         /// collected with none after it): its lines are stamped after this. Its own end is cut
         /// the same way, in the buffer.
@@ -491,7 +553,10 @@ impl LogWindow {
                 LogBuffer::overlapping_end(inner, self, answered.unwrap_or(1)).is_some()
             }
             Mode::Ordinal(n) => inner.sentinels[0] > *n && inner.sentinels[1] > *n,
-            Mode::Timed { drained, .. } => *drained || inner.cut_of(self.key).is_some_and(|end| inner.latest > end),
+            // The next call's frame on both streams: every line before it is in.
+            Mode::Timed { drained: true, .. } => true,
+            Mode::Timed { n, .. } if inner.framed() => inner.frames[0] > n + 1 && inner.frames[1] > n + 1,
+            Mode::Timed { .. } => inner.cut_of(self.key).is_some_and(|end| inner.latest > end),
         }
     }
 
@@ -537,16 +602,24 @@ impl LogWindow {
                 (end, end, None)
             }
             Mode::Ordinal(n) => (inner.next_seq(), inner.first_past(from, |l| l.ordinal > *n), None),
+            Mode::Timed { n, .. } if inner.framed() => {
+                inner.cut(self.key);
+                (inner.next_seq(), inner.first_past(from, |l| l.frame > n + 1), None)
+            }
             Mode::Timed { .. } => {
                 let cut = inner.cut(self.key);
                 (inner.next_seq(), inner.first_past(from, |l| !l.sentinel && l.at > cut), Some(cut))
             }
         };
+        let framed = inner.framed();
         let mine = |line: &Line| match &self.mode {
             Mode::Overlapping { .. } => true,
             Mode::Ordinal(n) => line.ordinal == *n,
+            // Its own, and any earlier one no window took (written after the last one's lines
+            // were taken, before this one's frame).
+            Mode::Timed { n, .. } if framed => !line.taken && line.frame <= n + 1,
             Mode::Timed { after, .. } => {
-                after.is_none_or(|after| line.at > after) && cut.is_none_or(|cut| line.at <= cut)
+                !line.taken && after.is_none_or(|after| line.at > after) && cut.is_none_or(|cut| line.at <= cut)
             }
         };
         let mut out = Vec::new();
@@ -554,8 +627,12 @@ impl LogWindow {
             out.push(format!("{} stderr: [log lines dropped for room]", timestamp_of(SystemTime::now())));
         }
         let (mut size, mut truncated) = (0, false);
-        for line in inner.lines.iter().skip(skip).take(end.saturating_sub(from) as usize) {
-            if line.sentinel || !mine(line) {
+        for line in inner.lines.iter_mut().skip(skip).take(end.saturating_sub(from) as usize) {
+            if !mine(line) {
+                continue;
+            }
+            line.taken = true;
+            if line.sentinel || line.hidden {
                 continue;
             }
             let text = if line.tagged_by(&id) {
@@ -593,7 +670,10 @@ impl Drop for LogWindow {
             // by time, its window: the last cut stays where it was).
             match self.mode {
                 Mode::Ordinal(n) if inner.sequential == n + 1 => inner.sequential = n,
-                Mode::Timed { .. } => {
+                Mode::Timed { n, .. } => {
+                    if inner.timed == n + 1 {
+                        inner.timed = n;
+                    }
                     inner.cuts.retain(|(key, _)| *key != self.key);
                     if inner.uncut == Some(self.key) {
                         inner.uncut = None;
@@ -778,6 +858,48 @@ mod tests {
         let began = tokio::time::Instant::now();
         assert!(silent.collect(WAIT, 1000).await.is_empty());
         assert_eq!(began.elapsed(), LOG_QUIET);
+    }
+
+    /// Fn's FDKs frame each call's lines (`FN_LOGFRAME_NAME`, the python FDK with an empty line
+    /// before and after, node's with one before): whose a line is does not depend on when the
+    /// engine passes it on, even after the next call began.
+    #[tokio::test(start_paused = true)]
+    async fn fn_log_frames_tell_whose_a_line_is_however_late_it_comes() {
+        let buf = Arc::new(LogBuffer::default());
+        let frame = |i: u32, python: bool| {
+            for stream in [Stream::Stderr, Stream::Stdout] {
+                buf.push(stream, String::new());
+                buf.push(stream, format!("{FN_LOGFRAME_NAME}={i:032x}"));
+                if python {
+                    buf.push(stream, String::new());
+                }
+            }
+        };
+        buf.push(Stream::Stdout, "starting".into());
+        let mut first = buf.open_sequential(Ends::Time);
+        frame(0, true);
+        buf.push(Stream::Stdout, "one".into());
+        first.answered();
+        assert!(!first.is_complete(), "its last lines may still come");
+        let mut second = buf.open_sequential(Ends::Time);
+        // Written before the first's answer, passed on after the second began.
+        buf.push(Stream::Stderr, "one late".into());
+        frame(1, false);
+        assert!(first.is_complete(), "the next call's frame came on both streams");
+        buf.push(Stream::Stdout, "two".into());
+        buf.push(Stream::Stdout, String::new());
+        assert_eq!(texts(&first.take(1000)), ["starting", "one", "one late"]);
+        second.answered();
+        let began = tokio::time::Instant::now();
+        let lines = second.collect(WAIT, 1000).await;
+        assert_eq!(texts(&lines), ["two", ""], "its own empty line is kept, the frame's are not");
+        assert_eq!(began.elapsed(), LOG_QUIET, "the last call: until the stream is quiet");
+        // A line of the second that comes after it was taken goes to the third.
+        let third = buf.open_sequential(Ends::Time);
+        buf.push(Stream::Stdout, "two, later still".into());
+        frame(2, true);
+        buf.push(Stream::Stdout, "three".into());
+        assert_eq!(texts(&third.collect(WAIT, 1000).await), ["two, later still", "three"]);
     }
 
     /// Four overlapping runs whose sentinels come in another order than their answers: none

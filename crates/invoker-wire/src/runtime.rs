@@ -20,6 +20,13 @@ pub const FN_SOCKET_DIR: &str = "/tmp/iofs";
 /// The socket (or relative symlink to one) an Fn function makes when it is ready.
 pub const FN_LISTENER: &str = "lsnr.sock";
 
+/// What an Fn function is given as `FN_LOGFRAME_NAME`, with `FN_LOGFRAME_HDR` naming
+/// `Fn-Call-Id`: Fn's FDKs then write `<name>=<call id>` on stdout and stderr at the start of
+/// each call, which tells the invoker whose every line is, however late an engine passes it on.
+pub const FN_LOGFRAME_NAME: &str = "invoker_call_id";
+/// The header whose value the frames carry.
+pub const FN_LOGFRAME_HDR: &str = "Fn-Call-Id";
+
 /// `FN_LISTENER` for a socket directory at `dir` (as the container sees it).
 pub fn fn_listener_env(dir: &str) -> (String, String) {
     ("FN_LISTENER".into(), format!("unix:{dir}/{FN_LISTENER}"))

@@ -11,6 +11,7 @@ use crate::model::{Action, Outcome};
 use base64::Engine;
 use bytes::Bytes;
 use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
+use invoker_wire::runtime::{FN_LOGFRAME_HDR, FN_LOGFRAME_NAME};
 use serde_json::{json, Map, Value};
 use std::time::{Duration, SystemTime};
 
@@ -50,6 +51,8 @@ pub fn environment(action: &Action, memory_mb: u32) -> Vec<(String, String)> {
         ("FN_TYPE", "sync".into()),
         ("FN_FN_ID", fn_.fn_id),
         ("FN_APP_ID", fn_.app_id),
+        ("FN_LOGFRAME_NAME", FN_LOGFRAME_NAME.to_string()),
+        ("FN_LOGFRAME_HDR", FN_LOGFRAME_HDR.to_string()),
     ];
     env.retain(|(name, _)| !ours.iter().any(|(o, _)| o == name) && name != "FN_LISTENER");
     env.extend(ours.into_iter().map(|(k, v)| (k.to_string(), v)));
