@@ -413,6 +413,60 @@ fn activation_message(id: &str, blocking: bool) -> Value {
     })
 }
 
+/// Issue 57: a run whose lines come after its answer (as an engine's log stream brings them)
+/// is answered with its result at once, and its record stored once whole: a blocking invoke
+/// answers with the record as the result made it (no logs yet, as OpenWhisk's does), `GET`
+/// shows the record once whole, and the shim answers a caller that takes two parts with the
+/// `ResultMessage` then the whole record.
+#[actix_rt::test]
+async fn the_answer_goes_out_with_the_result_and_the_record_once_its_lines_came() {
+    let (_h, app) = harness(|_| {}, MockConfig::default()).await;
+    send(&app, put("/api/v1/namespaces/_/actions/echo", echo_action())).await;
+    let late = json!({"logs_after_ms": 300});
+    let (s, answer, id) = send(&app, post("/api/v1/namespaces/_/actions/echo?blocking=true", late.clone())).await;
+    assert_eq!((s, &answer["logs"]), (200, &json!([])), "{answer}");
+    assert_eq!(answer["response"]["result"]["echo"], late);
+    let path = format!("/api/v1/namespaces/_/activations/{}", id.unwrap());
+    assert_eq!(send(&app, get(&path)).await.0, 404, "not whole yet: not shown");
+    let deadline = Instant::now() + std::time::Duration::from_secs(10);
+    let record = loop {
+        let (s, record, _) = send(&app, get(&path)).await;
+        if s == 200 {
+            break record;
+        }
+        assert!(Instant::now() < deadline, "the record was never stored");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    assert!(record["logs"].to_string().contains("mock run in container"), "whole: {record}");
+    assert_eq!(record["response"], answer["response"]);
+
+    let (s, result, _) =
+        send(&app, post("/api/v1/namespaces/_/actions/echo?blocking=true&result=true", late.clone())).await;
+    assert_eq!((s, &result["echo"]), (200, &late));
+
+    let mut message = activation_message(&new_activation_id(), true);
+    message["content"] = late.clone();
+    let asks = post("/v1/activations", message).insert_header(("accept", "application/x-ndjson".into()));
+    let response = call(&app, asks).await;
+    assert_eq!(response.headers()["content-type"], "application/x-ndjson");
+    let follows = response.extensions().get::<invoker::http::Follows>().cloned().expect("a second part follows");
+    let body = follows.into_body().collect().await.unwrap().to_bytes();
+    let parts: Vec<Value> =
+        body.split(|&b| b == b'\n').filter(|l| !l.is_empty()).map(|l| serde_json::from_slice(l).unwrap()).collect();
+    assert_eq!(parts.len(), 2, "{parts:?}");
+    assert_eq!(parts[0]["response"]["logs"], json!([]), "the result message first");
+    assert!(parts[0].get("instance").is_none(), "a ResultMessage: {}", parts[0]);
+    assert!(parts[1]["response"]["logs"].to_string().contains("mock run"), "then the whole record");
+    assert_eq!(parts[1]["instance"]["instanceType"], "invoker");
+    // A caller that takes one message gets it as soon as the result is known.
+    let mut message = activation_message(&new_activation_id(), true);
+    message["content"] = late;
+    let response = call(&app, post("/v1/activations", message)).await;
+    assert!(response.extensions().get::<invoker::http::Follows>().is_none());
+    let ack = read_json(response).await;
+    assert_eq!(ack["response"]["logs"], json!([]), "{ack}");
+}
+
 #[actix_rt::test]
 async fn the_activation_shim_answers_with_the_combined_message_and_never_runs_twice() {
     let (h, state) = harness(|c| c.invoker_id = "invoker3".into(), MockConfig::default()).await;

@@ -380,7 +380,19 @@ async fn mock_run(state: &RuntimeState, body: &Value) -> Response {
     let params = body.get("value").cloned().unwrap_or(Value::Null);
     let sleep = params.get("sleep_ms").and_then(Value::as_u64).map_or(state.run_latency, Duration::from_millis);
     tokio::time::sleep(sleep).await;
-    state.logs.push(Stream::Stdout, format!("mock run in container {}", state.id.0));
+    let line = format!("mock run in container {}", state.id.0);
+    // Its line and sentinels that long after its answer, as an engine's log stream passes them on.
+    if let Some(after) = params.get("logs_after_ms").and_then(Value::as_u64).map(Duration::from_millis) {
+        let logs = state.logs.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            logs.push(Stream::Stdout, line);
+            logs.push(Stream::Stdout, SENTINEL.into());
+            logs.push(Stream::Stderr, SENTINEL.into());
+        });
+        return json_value(StatusCode::OK, &json!({ "echo": params, "container": state.id.0 }));
+    }
+    state.logs.push(Stream::Stdout, line);
     if params.get("crash").and_then(Value::as_bool) == Some(true) {
         state.factory.log(MockCall::Crashed(state.id));
         state.logs.close();

@@ -256,10 +256,14 @@ impl Dispatcher {
                     let mut answer = *answer;
                     answer.annotations.push(ran_on.clone());
                     run.completion.answer(&answer);
-                    let mut record = whole.await.ok().flatten().unwrap_or(answer);
-                    record.annotations.retain(|a| a.key != "invoker");
-                    record.annotations.push(ran_on);
-                    return run.completion.finish(record);
+                    // Off the dispatch: the activation no longer counts as in flight here.
+                    tokio::spawn(async move {
+                        let mut record = whole.await.ok().flatten().unwrap_or(answer);
+                        record.annotations.retain(|a| a.key != "invoker");
+                        record.annotations.push(ran_on);
+                        run.completion.finish(record);
+                    });
+                    return;
                 }
                 Sent::Refused(reason) => {
                     refusals.push(format!("{invoker}: {reason}"));
