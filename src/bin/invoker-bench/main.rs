@@ -13,6 +13,7 @@
 //! Prints a report on stderr and one JSON line on stdout. `scripts/bench.sh` drives it.
 
 mod cold;
+mod floor;
 mod fn_image;
 mod fn_side;
 mod load;
@@ -81,6 +82,10 @@ struct Args {
     /// Measure only the warm path with tracing off, exporting every trace, and 1 % of them.
     #[arg(long)]
     tracing_only: bool,
+    /// Serve the floor (`floor.rs`) in front of the runtimes at these sockets, and nothing
+    /// else: how the benchmark starts its floor side.
+    #[arg(long, num_args = 1..)]
+    floor: Vec<PathBuf>,
 }
 
 /// One factory under test: its invoker, K warm runtimes to call directly, and the figures.
@@ -156,9 +161,15 @@ fn ms(d: Duration) -> f64 {
     (d.as_secs_f64() * 10_000.0).round() / 10.0
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if !args.floor.is_empty() {
+        return floor::serve(args.floor);
+    }
+    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(bench(args))
+}
+
+async fn bench(args: Args) -> anyhow::Result<()> {
     let exe: PathBuf = std::env::current_exe()?.with_file_name("invoker");
     let slice = Duration::from_secs_f64(args.slice);
     let k = args.k.max(1);
@@ -206,10 +217,21 @@ async fn main() -> anyhow::Result<()> {
     };
     let sockets = tempfile::Builder::new().prefix("invoker-bench-direct-").tempdir()?;
     let mut directs = Vec::new();
-    for i in 0..k {
-        directs.push(Direct::start(&exe, &sockets.path().join(format!("r{i}.sock"))).await?.0);
+    let runtime_sockets: Vec<PathBuf> = (0..k).map(|i| sockets.path().join(format!("r{i}.sock"))).collect();
+    for socket in &runtime_sockets {
+        directs.push(Direct::start(&exe, socket).await?.0);
     }
     sides[0].directs = Arc::new(directs);
+    // The floor, in front of the same runtimes the direct side calls.
+    let floor = floor::FloorProcess::start(&runtime_sockets)?;
+    let (mut floor_samples, mut floor_runs) = (Samples::default(), Vec::new());
+    let slice_floor = |c: usize, slice: Duration| {
+        let (h, u) = (http.clone(), floor.url.clone());
+        measure(c, slice, move |_| {
+            let (h, u) = (h.clone(), u.clone());
+            async move { invoke(&h, &u, json!({})).await }
+        })
+    };
     if let Some(socket) = &args.docker_socket {
         let config = format!(
             "[factory]\nkind = \"docker\"\n[factory.docker]\nsocket = \"{}\"\n[proxy]\npause_grace = \"0s\"\n",
@@ -233,6 +255,7 @@ async fn main() -> anyhow::Result<()> {
             side.slice_direct(c, Duration::from_millis(300)).await;
             side.slice_invoker(c, Duration::from_millis(300), &http).await;
         }
+        slice_floor(c, Duration::from_millis(300)).await;
         for _ in 0..args.rounds {
             for side in &mut sides {
                 let direct = side.slice_direct(c, slice).await;
@@ -240,7 +263,11 @@ async fn main() -> anyhow::Result<()> {
                 let invoked = side.slice_invoker(c, slice, &http).await;
                 side.invoked.add(invoked);
             }
+            floor_samples.add(slice_floor(c, slice).await);
         }
+        eprintln!("floor (\"direct\": the floor, hyper to the same runtimes; \"invoker\": the invoker):");
+        floor_runs.push(run_json(c, &mut floor_samples, &mut sides[0].invoked));
+        floor_samples = Samples::default();
         for side in &mut sides {
             let (mut direct, mut invoked) = (std::mem::take(&mut side.direct), std::mem::take(&mut side.invoked));
             eprintln!("{}:", side.name);
@@ -280,6 +307,7 @@ async fn main() -> anyhow::Result<()> {
     }
     let runs = sides[0].runs.clone();
     drop(sides);
+    drop(floor);
 
     let mut memory = json!({ "idle_rss_kb": idle_rss_kb, "after_load_rss_kb": busy_rss_kb });
     eprintln!("memory  invoker idle {idle_rss_kb} kB, after the load with {k} containers {busy_rss_kb} kB");
@@ -322,6 +350,9 @@ async fn main() -> anyhow::Result<()> {
     last["memory"] = memory;
     last["cold_starts_in_warm_runs"] = json!(starts.saturating_sub(k as u64));
     last["runs"] = Value::Array(runs);
+    last["floor_added_p50_us_c1"] = floor_runs[0]["added_p50_us"].clone();
+    last["floor_ratio_c8"] = floor_runs.last().map_or(Value::Null, |r| r["rps_ratio"].clone());
+    last["floor"] = Value::Array(floor_runs);
     if !docker.is_null() {
         last["docker"] = docker;
     }
