@@ -707,7 +707,9 @@ impl ProcessFactory {
     ) -> BTreeMap<String, String> {
         let inner = &self.inner;
         let mut env: BTreeMap<String, String> = inner.env.iter().cloned().chain(kind.env_for(work)).collect();
-        env.extend(function.env.iter().cloned());
+        // No log frames: the function's pipes are read to their end at each answer, which
+        // tells its lines apart exactly, with nothing more for it to write or us to read.
+        env.extend(function.env.iter().filter(|(name, _)| !name.starts_with("FN_LOGFRAME_")).cloned());
         env.extend([fn_listener_env(inside), ("INVOKER_ID".into(), inner.invoker_id.clone())]);
         env
     }
