@@ -151,6 +151,10 @@ struct Finished {
     /// In the journal (or in a segment an earlier run left): a restart finds it. False only
     /// for a record the disk had no room for at all, held in memory alone.
     journaled: bool,
+    /// Its activation may be pending in redb (its acceptance was flushed before it finished,
+    /// or this run cannot tell): the flush removes that entry. Most activations finish before
+    /// a flush saw them accepted, and their record is then one write and its index entry.
+    pending_in_db: bool,
 }
 
 fn io_err(what: &str, source: std::io::Error) -> StoreError {
@@ -383,7 +387,8 @@ fn read_segment(path: &Path) -> Result<SegmentRead, StoreError> {
 
 impl SegmentRead {
     fn apply_to(&self, db: &RedbStore) -> Result<(), StoreError> {
-        let batch: Vec<(&ActivationRecord, &[u8])> = self.finished.iter().map(|(r, j)| (r, j.as_slice())).collect();
+        let batch: Vec<(&ActivationRecord, &[u8], bool)> =
+            self.finished.iter().map(|(r, j)| (r, j.as_slice(), true)).collect();
         db.apply(&self.accepted, &batch)
     }
 
@@ -394,7 +399,12 @@ impl SegmentRead {
         }
         for (record, json) in &self.finished {
             state.pending.remove(&record.activation_id);
-            let finished = Finished { record: Arc::new(record.clone()), json: json.clone().into(), journaled: true };
+            let finished = Finished {
+                record: Arc::new(record.clone()),
+                json: json.clone().into(),
+                journaled: true,
+                pending_in_db: true,
+            };
             state.finished.insert(record.activation_id.clone(), finished);
         }
     }
@@ -563,7 +573,8 @@ impl Inner {
             state.in_flight = Arc::new(std::mem::take(&mut state.finished));
             (old, unsaved, state.in_flight.clone())
         };
-        let batch: Vec<(&ActivationRecord, &[u8])> = finished.values().map(|f| (&*f.record, &*f.json)).collect();
+        let batch: Vec<(&ActivationRecord, &[u8], bool)> =
+            finished.values().map(|f| (&*f.record, &*f.json, f.pending_in_db)).collect();
         let applied = self.db.apply(&accepted, &batch);
         let mut state = self.state.lock();
         match applied {
@@ -679,8 +690,8 @@ impl Store for JournaledStore {
                 false
             }
         };
-        state.pending.remove(&record.activation_id);
-        let finished = Finished { record: Arc::clone(record), json: encoded.json.clone(), journaled };
+        let pending_in_db = state.pending.remove(&record.activation_id).is_none_or(|(_, saved)| saved);
+        let finished = Finished { record: Arc::clone(record), json: encoded.json.clone(), journaled, pending_in_db };
         state.finished.insert(record.activation_id.clone(), finished);
         Ok(())
     }
@@ -736,7 +747,7 @@ impl Store for JournaledStore {
         for (id, meta) in &left {
             let record = ActivationRecord::guess(meta, super::contract::STOPPED_UNFINISHED, now_ms);
             let EncodedRecord { record, json, .. } = EncodedRecord::new(record);
-            state.finished.insert(id.clone(), Finished { record, json, journaled: false });
+            state.finished.insert(id.clone(), Finished { record, json, journaled: false, pending_in_db: true });
         }
         drop(state);
         if let Err(e) = inner.flush() {
@@ -827,6 +838,30 @@ mod tests {
         assert_eq!(store.get_activation("a1").unwrap().unwrap(), record("a1"), "the journal's bytes, stored whole");
         assert!(matches!(store.accept(&meta("a1")).unwrap(), Accepted::Finished(_)));
         assert_eq!(store.list_activations("guest", None, 0, 10).unwrap().len(), 1);
+    }
+
+    /// An activation finished before any flush saw it accepted never reaches redb's pending
+    /// table (its record is one write and its index entry); one whose acceptance was flushed
+    /// first has that entry removed when its record is. Neither is unfinished after a restart.
+    #[test]
+    fn a_pending_entry_is_removed_from_redb_only_where_a_flush_wrote_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        store.accept(&meta("quick")).unwrap();
+        store.finish(&record("quick").into()).unwrap();
+        store.accept(&meta("slow")).unwrap();
+        store.flush().unwrap();
+        let pending = |store: &JournaledStore| -> Vec<String> {
+            store.inner.db.pending().unwrap().into_iter().map(|m| m.activation_id).collect()
+        };
+        assert_eq!(pending(&store), ["slow"], "only what was still running when it flushed");
+        store.finish(&record("slow").into()).unwrap();
+        store.flush().unwrap();
+        assert!(pending(&store).is_empty());
+        drop(store);
+        let store = open(dir.path());
+        assert!(store.recover_unfinished(9).unwrap().is_empty());
+        assert_eq!(store.list_activations("guest", None, 0, 10).unwrap().len(), 2);
     }
 
     #[test]

@@ -178,7 +178,7 @@ impl RedbStore {
     pub fn apply(
         &self,
         accepted: &[ActivationMeta],
-        finished: &[(&ActivationRecord, &[u8])],
+        finished: &[(&ActivationRecord, &[u8], bool)],
     ) -> Result<(), StoreError> {
         if accepted.is_empty() && finished.is_empty() {
             return Ok(());
@@ -193,8 +193,8 @@ impl RedbStore {
                         tables.pending.insert(id, encode(meta).as_slice()).map_err(db_err)?;
                     }
                 }
-                for &(record, json) in finished {
-                    tables.write_encoded(record, json)?;
+                for &(record, json, pending_in_db) in finished {
+                    tables.write_encoded(record, json, pending_in_db)?;
                 }
             }
             txn.commit().map_err(db_err)?;
@@ -220,12 +220,13 @@ impl<'txn> RecordTables<'txn> {
     }
 
     fn write(&mut self, record: &ActivationRecord) -> Result<(), StoreError> {
-        self.write_encoded(record, &encode(record))
+        self.write_encoded(record, &encode(record), true)
     }
 
-    /// The record, its index entry, and no pending entry any more. A record that replaces one
-    /// (a guess replaced by what ran) takes the old one's index entry with it.
-    fn write_encoded(&mut self, record: &ActivationRecord, json: &[u8]) -> Result<(), StoreError> {
+    /// The record, its index entry, and no pending entry any more (`pending_in_db`: there may
+    /// be one to remove). A record that replaces one (a guess replaced by what ran) takes the
+    /// old one's index entry with it.
+    fn write_encoded(&mut self, record: &ActivationRecord, json: &[u8], pending_in_db: bool) -> Result<(), StoreError> {
         let id = record.activation_id.as_str();
         let ns_key = format!("{}\0{:020}\0{id}", record.namespace, record.start);
         let replaced =
@@ -236,7 +237,9 @@ impl<'txn> RecordTables<'txn> {
                 self.by_namespace.remove(old_key.as_str()).map_err(db_err)?;
             }
         }
-        self.pending.remove(id).map_err(db_err)?;
+        if pending_in_db {
+            self.pending.remove(id).map_err(db_err)?;
+        }
         self.by_namespace.insert(ns_key.as_str(), record.name.as_str()).map_err(db_err)?;
         Ok(())
     }
@@ -350,7 +353,7 @@ impl Store for RedbStore {
     fn finish(&self, record: &EncodedRecord) -> Result<(), StoreError> {
         self.run(|db| {
             let txn = db.begin_write().map_err(db_err)?;
-            RecordTables::open(&txn)?.write_encoded(&record.record, &record.json)?;
+            RecordTables::open(&txn)?.write_encoded(&record.record, &record.json, true)?;
             txn.commit().map_err(db_err)?;
             Ok(())
         })
