@@ -154,6 +154,45 @@ async fn output_without_a_final_newline_ends_at_the_sentinel() {
     }
 }
 
+/// Issue 57: on processes, a run's record is whole with its answer (stored before it, so a
+/// `GET` right after finds it), and a line an action writes after its answer, from a thread
+/// it left behind, is the next run's: never its own, never lost.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_line_written_after_the_answer_is_the_next_runs_and_the_record_is_there_with_the_answer() {
+    let dir = tempdir();
+    let inv = Invoker::start(dir.path(), &id("late"), "");
+    let code = "import os, threading, time
+def main(a):
+    me = os.environ['__OW_ACTIVATION_ID']
+    print('own', me)
+    if a.get('late'):
+        threading.Timer(0.2, lambda: print('late', me, flush=True)).start()
+    return {}
+";
+    inv.put_action("py", python(code)).await;
+    let (status, first) = inv.invoke("py", "blocking=true", json!({"late": true})).await;
+    assert_eq!(status, 200, "{first}");
+    let me = first["activationId"].as_str().unwrap().to_string();
+    assert_eq!(logs(&first).len(), 1, "its own line, in the answer: {first}");
+    let (status, stored) = inv.get(&format!("activations/{me}")).await;
+    assert_eq!((status, &stored["logs"]), (200, &first["logs"]), "stored before the answer went");
+    let late = format!("stdout: late {me}");
+    support::eventually(Duration::from_secs(10), "the late line in a later run's record", || async {
+        let (_, next) = inv.invoke("py", "blocking=true", json!({})).await;
+        let lines = logs(&next);
+        let own = format!("stdout: own {}", next["activationId"].as_str().unwrap());
+        assert!(lines.iter().any(|l| l.ends_with(&own)), "{lines:?}");
+        if lines.iter().any(|l| l.ends_with(&late)) {
+            Ok(())
+        } else {
+            Err(format!("{lines:?}"))
+        }
+    })
+    .await;
+    let whole = inv.record(&me).await;
+    assert!(!whole["logs"].to_string().contains("late"), "never its own: {whole}");
+}
+
 /// Item 4: an action stored when its kind took 4 runs at once still gets one at a time once
 /// the kind's `max_concurrency` is 1 (the runtime answers 403 to an overlapping run, as
 /// `app.js` without `__OW_ALLOW_CONCURRENT`); a zip action on a kind that runs none is refused
