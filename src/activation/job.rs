@@ -83,15 +83,19 @@ impl Completion {
     }
 
     /// Answers whoever waits with `record` before it is whole (its result known, its logs still
-    /// to come). Nothing is stored: `finish` stores the whole record, and frees the namespace's
-    /// slot. Nothing is encoded when nobody waits.
+    /// to come), and journals it as answered. The record is stored, and shown, only by `finish`.
     pub fn answer(&mut self, record: &ActivationRecord) {
         let Some(inner) = self.inner.as_mut() else { return };
         // The activation no longer runs: it no longer counts against its namespace's limit
         // while its logs come.
         inner.slot = None;
+        let encoded = EncodedRecord::new(record.clone());
+        // A restart before the record is whole ends the activation with what was answered.
+        if let Err(e) = inner.store.answered(&encoded) {
+            tracing::warn!(activation = %record.activation_id, "the answer was not journaled: {e}");
+        }
         if let Some(reply) = inner.reply.take() {
-            let _ = reply.send(EncodedRecord::new(record.clone()));
+            let _ = reply.send(encoded);
         }
     }
 

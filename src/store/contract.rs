@@ -67,6 +67,11 @@ impl<E: Into<redb::Error>> From<E> for DbError {
     }
 }
 
+/// The line a record answered before its logs came ends with, when the process stopped before
+/// they did.
+pub const STOPPED_BEFORE_LOGS: &str =
+    "[the invoker stopped after this activation was answered, before its logs were collected]";
+
 /// The message of the guess recorded for an activation a restart found unfinished.
 pub const STOPPED_UNFINISHED: &str =
     "the process that accepted this activation stopped before it finished; it may have started";
@@ -100,6 +105,12 @@ pub trait Store: Send + Sync + 'static {
     }
     /// Stores the final record (its JSON as encoded once) and clears the pending entry.
     fn finish(&self, record: &EncodedRecord) -> Result<(), StoreError>;
+    /// Notes the record its caller was answered with before it was whole (its logs still
+    /// coming), so that a restart before `finish` ends the activation with it rather than a
+    /// guess. Not shown by `get_activation`.
+    fn answered(&self, _record: &EncodedRecord) -> Result<(), StoreError> {
+        Ok(())
+    }
     fn get_activation(&self, id: &str) -> Result<Option<ActivationRecord>, StoreError>;
     /// Newest first.
     fn list_activations(

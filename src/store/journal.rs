@@ -141,6 +141,10 @@ struct State {
     finished: FxHashMap<String, Finished>,
     /// Being written to redb by a flush right now (still visible to reads).
     in_flight: Arc<FxHashMap<String, Finished>>,
+    /// Answered and not finished (their logs still coming): the record as answered, and its
+    /// JSON. Journaled again in each new segment until finished, so that a restart finishes
+    /// such an activation with what its caller was told, not with a guess.
+    answered: FxHashMap<String, (Arc<ActivationRecord>, bytes::Bytes)>,
 }
 
 /// A finished record with its JSON as the journal wrote it (the store reuses the bytes).
@@ -222,6 +226,8 @@ fn open_segment(dir: &Path, n: u64) -> Result<File, StoreError> {
 enum Line {
     A(ActivationMeta),
     F(Box<ActivationRecord>),
+    /// Answered before its record was whole (its logs still coming): the record as answered.
+    R(Box<ActivationRecord>),
 }
 
 /// A journal line as a restart reads it, written again as the journal writes it: `None` when
@@ -235,6 +241,11 @@ pub(crate) fn reread_line(bytes: &[u8]) -> Option<Vec<u8>> {
             line.pop();
             Some(line)
         }
+        Line::R(record) => {
+            let mut line = answered_line(&EncodedRecord::new(*record).json);
+            line.pop();
+            Some(line)
+        }
     }
 }
 
@@ -243,6 +254,15 @@ pub(crate) fn reread_line(bytes: &[u8]) -> Option<Vec<u8>> {
 #[derive(serde::Serialize)]
 enum LineRef<'a> {
     A(&'a ActivationMeta),
+}
+
+/// An answered record's line, newline included: `{"R":<record>}`.
+fn answered_line(json: &[u8]) -> Vec<u8> {
+    let mut line = Vec::with_capacity(json.len() + 7);
+    line.extend_from_slice(b"{\"R\":");
+    line.extend_from_slice(json);
+    line.extend_from_slice(b"}\n");
+    line
 }
 
 /// A finished record's line, newline included: `{"F":<record>}` around the record's JSON as it
@@ -282,7 +302,20 @@ impl JournaledStore {
             pending: FxHashMap::default(),
             finished: FxHashMap::default(),
             in_flight: Arc::default(),
+            answered: FxHashMap::default(),
         };
+        // The activations answered and not finished, oldest segment first; journaled again in
+        // the new segment before the old ones go.
+        for segment in &read {
+            for (record, json) in &segment.answered {
+                let entry = (Arc::new(record.clone()), bytes::Bytes::from(json.clone()));
+                state.answered.insert(record.activation_id.clone(), entry);
+            }
+            for (record, _) in &segment.finished {
+                state.answered.remove(&record.activation_id);
+            }
+        }
+        Inner::journal_answered(&mut state)?;
         let mut trouble = None;
         match applied {
             Ok(()) => {}
@@ -361,12 +394,13 @@ impl JournaledStore {
 struct SegmentRead {
     accepted: Vec<ActivationMeta>,
     finished: Vec<(ActivationRecord, Vec<u8>)>,
+    answered: Vec<(ActivationRecord, Vec<u8>)>,
     unread: usize,
 }
 
 fn read_segment(path: &Path) -> Result<SegmentRead, StoreError> {
     let file = File::open(path).map_err(|e| io_err("journal segment", e))?;
-    let mut read = SegmentRead { accepted: Vec::new(), finished: Vec::new(), unread: 0 };
+    let mut read = SegmentRead { accepted: Vec::new(), finished: Vec::new(), answered: Vec::new(), unread: 0 };
     for line in BufReader::new(file).split(b'\n') {
         let Ok(line) = line else {
             read.unread += 1;
@@ -378,6 +412,10 @@ fn read_segment(path: &Path) -> Result<SegmentRead, StoreError> {
                 // A record is strings, numbers and JSON values: encoding it cannot fail.
                 let json = serde_json::to_vec(&record).expect("a record serialises");
                 read.finished.push((*record, json));
+            }
+            Ok(Line::R(record)) => {
+                let json = serde_json::to_vec(&record).expect("a record serialises");
+                read.answered.push((*record, json));
             }
             Err(_) => read.unread += 1,
         }
@@ -436,6 +474,12 @@ impl Inner {
         let mut bytes = serde_json::to_vec(line).expect("a journal line serialises");
         bytes.push(b'\n');
         Self::append_line(state, &bytes)
+    }
+
+    /// Journals again, in the current segment, every activation answered and not finished.
+    fn journal_answered(state: &mut State) -> Result<(), StoreError> {
+        let lines: Vec<Vec<u8>> = state.answered.values().map(|(_, json)| answered_line(json)).collect();
+        lines.iter().try_for_each(|line| Self::append_line(state, line))
     }
 
     /// Writes one line, its newline included, in one write.
@@ -570,6 +614,8 @@ impl Inner {
             state.file = open_segment(&self.dir, old + 1).map_err(|e| self.troubled(e))?;
             state.segment = old + 1;
             state.len = 0;
+            // The old segments go once this flush is in redb: the answered lines move on.
+            Inner::journal_answered(&mut state).map_err(|e| self.troubled(e))?;
             state.in_flight = Arc::new(std::mem::take(&mut state.finished));
             (old, unsaved, state.in_flight.clone())
         };
@@ -691,8 +737,19 @@ impl Store for JournaledStore {
             }
         };
         let pending_in_db = state.pending.remove(&record.activation_id).is_none_or(|(_, saved)| saved);
+        state.answered.remove(&record.activation_id);
         let finished = Finished { record: Arc::clone(record), json: encoded.json.clone(), journaled, pending_in_db };
         state.finished.insert(record.activation_id.clone(), finished);
+        Ok(())
+    }
+
+    /// One journal line; not shown by reads. A line the disk has no room for is not written:
+    /// the activation then ends as a guess if the process stops before its record is whole.
+    fn answered(&self, encoded: &EncodedRecord) -> Result<(), StoreError> {
+        let mut state = self.inner.state.lock();
+        Inner::append_line(&mut state, &answered_line(&encoded.json))?;
+        let entry = (Arc::clone(&encoded.record), encoded.json.clone());
+        state.answered.insert(encoded.record.activation_id.clone(), entry);
         Ok(())
     }
 
@@ -745,7 +802,20 @@ impl Store for JournaledStore {
         // Finished already, on its way to redb: not unfinished.
         left.retain(|id, _| !state.finished.contains_key(id) && !state.in_flight.contains_key(id));
         for (id, meta) in &left {
-            let record = ActivationRecord::guess(meta, super::contract::STOPPED_UNFINISHED, now_ms);
+            // Its caller was answered: the record says what it was told, and that its logs
+            // were not collected. Otherwise a guess.
+            let record = match state.answered.remove(id) {
+                Some((answered, _)) => {
+                    let mut record = (*answered).clone();
+                    record.logs.push(format!(
+                        "{} stderr: {}",
+                        invoker_factory::logs::timestamp(),
+                        super::contract::STOPPED_BEFORE_LOGS
+                    ));
+                    record
+                }
+                None => ActivationRecord::guess(meta, super::contract::STOPPED_UNFINISHED, now_ms),
+            };
             let EncodedRecord { record, json, .. } = EncodedRecord::new(record);
             state.finished.insert(id.clone(), Finished { record, json, journaled: false, pending_in_db: true });
         }
@@ -898,6 +968,53 @@ mod tests {
         assert_eq!(store.get_activation("done").unwrap().unwrap().response.status_code, 0);
         assert_eq!(store.recover_unfinished(9).unwrap().len(), 1, "the open one gets its whisk-error record");
         assert_eq!(store.get_activation("open").unwrap().unwrap().response.status_code, 3);
+    }
+
+    /// SIGKILL after an activation was answered and before its record was whole (its logs
+    /// still coming through an engine): the restart ends it with the record its caller was
+    /// told, noting that its logs were not collected, not with a guess; across a flush and a
+    /// second restart too. One answered and then finished is not touched.
+    #[test]
+    fn an_activation_answered_before_its_logs_ends_as_answered_after_a_kill() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        for id in ["told", "whole"] {
+            store.accept(&meta(id)).unwrap();
+            store.answered(&record(id).into()).unwrap();
+        }
+        assert!(store.get_activation("told").unwrap().is_none(), "not shown before it is whole");
+        let mut whole = record("whole");
+        whole.logs.push("a line".into());
+        store.finish(&whole.into()).unwrap();
+        store.flush().unwrap();
+        // A SIGKILL: no drop; what the journal and redb hold remains.
+        std::mem::forget(store);
+        let copy = tempfile::tempdir().unwrap();
+        let reopen = |from: &Path| {
+            for (_, path) in segments(&from.join("journal")).unwrap() {
+                std::fs::create_dir_all(copy.path().join("journal")).unwrap();
+                std::fs::copy(&path, copy.path().join("journal").join(path.file_name().unwrap())).unwrap();
+            }
+            std::fs::copy(from.join("s.redb"), copy.path().join("s.redb")).unwrap();
+            open(copy.path())
+        };
+        let store = reopen(dir.path());
+        // Killed again before anything recovered it: the answer is journaled in the new segment.
+        std::mem::forget(store);
+        let again = tempfile::tempdir().unwrap();
+        for (_, path) in segments(&copy.path().join("journal")).unwrap() {
+            std::fs::create_dir_all(again.path().join("journal")).unwrap();
+            std::fs::copy(&path, again.path().join("journal").join(path.file_name().unwrap())).unwrap();
+        }
+        std::fs::copy(copy.path().join("s.redb"), again.path().join("s.redb")).unwrap();
+        let store = open(again.path());
+        let recovered: Vec<String> =
+            store.recover_unfinished(9).unwrap().into_iter().map(|m| m.activation_id).collect();
+        assert_eq!(recovered, ["told"]);
+        let told = store.get_activation("told").unwrap().unwrap();
+        assert_eq!(told.response, record("told").response, "what its caller was told, not a guess");
+        assert!(told.logs.last().unwrap().ends_with(super::super::contract::STOPPED_BEFORE_LOGS), "{:?}", told.logs);
+        assert_eq!(store.get_activation("whole").unwrap().unwrap().logs, ["a line"]);
     }
 
     /// A segment cut short and corrupt in the middle, a directory named as a segment and a
