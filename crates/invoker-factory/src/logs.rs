@@ -16,14 +16,17 @@
 //!   run's first stdout line never lands in this run's record while this run's stderr
 //!   sentinel is still on its way; what a run writes after its sentinels (a thread left
 //!   behind) is the next run's, as what `/init` writes is the first's.
-//! - [`Ends::Time`] (Fn's functions write no sentinel): by when each line was read first (by
-//!   Docker's daemon, a kubelet, or this process for a pipe it reads), as Fn's agent swaps its
-//!   log writer per call: a run's window ends where the next run begins (or, with none, when
-//!   its lines are taken), so what a run writes up to its answer is stamped within its window
-//!   even when the engine reads it a little after the answer. A pipe of this process is read to
-//!   its end when the answer comes, so its lines are in at once; an engine's stream is in once
-//!   a line stamped past the window's end came, or nothing came for `LOG_QUIET` (at most
-//!   `LOG_QUIET_MAX`). A line the engine reads only after the next run began is that run's.
+//! - [`Ends::Time`] (Fn's functions write no sentinel). Where the FDK writes log frames
+//!   (`FN_LOGFRAME_NAME=<call id>` on both streams at the start of each call, which the
+//!   invoker asks for on Docker and Kubernetes), the n-th run's lines on a stream are those
+//!   after its frame and before the next run's, however late the engine passes them on; a
+//!   run's lines are in once the next run's frame came on both streams. Without frames, by when
+//!   each line was read first (by Docker's daemon, a kubelet, or this process for a pipe it
+//!   reads), as Fn's agent swaps its log writer per call: a run's window ends where the next
+//!   run begins (or, with none, when its lines are taken); a line the engine reads only after
+//!   the next run began is that run's. A pipe of this process is read to its end when the
+//!   answer comes, so its lines are in at once; an engine's stream is in once a line past the
+//!   window's end came, or nothing came for `LOG_QUIET` (at most `LOG_QUIET_MAX`).
 //!
 //! **Overlapping** ([`LogBuffer::open`]):
 //! - a line that starts with a run's activation id and a space (our runtime writes them so when
@@ -234,17 +237,17 @@ impl Inner {
     /// Adds one line, already split. `merged`: of a stream that merges stdout and stderr,
     /// whose lines belong to the run of the pairs of sentinels complete before them.
     fn add(&mut self, stream: Stream, text: String, at: Option<SystemTime>, merged: bool) {
+        let s = stream as usize;
         let tag = self.tag_of(&text);
         let sentinel = text == SENTINEL || (tag > 0 && &text[tag..] == SENTINEL);
-        let ordinal = if merged { self.sentinels[0].min(self.sentinels[1]) } else { self.sentinels[stream as usize] };
+        let ordinal = if merged { self.sentinels[0].min(self.sentinels[1]) } else { self.sentinels[s] };
         if sentinel && tag == 0 {
-            self.sentinels[stream as usize] += 1;
+            self.sentinels[s] += 1;
         }
         self.bytes += text.len();
         // A sentinel is never shown: no clock read for it.
         let at = if sentinel { SystemTime::UNIX_EPOCH } else { at.unwrap_or_else(SystemTime::now) };
         self.latest = self.latest.max(at);
-        let s = stream as usize;
         let frame_count = if merged { self.frames[0].min(self.frames[1]) } else { self.frames[s] };
         let is_frame = tag == 0 && is_frame(&text);
         let mut hidden = is_frame;
