@@ -896,6 +896,16 @@ mod tests {
         r
     }
 
+    /// The store's files at `from` (journal segments and redb), copied to `to` as a killed
+    /// process leaves them.
+    fn copy_store(from: &Path, to: &Path) {
+        std::fs::create_dir_all(to.join("journal")).unwrap();
+        for (_, path) in segments(&from.join("journal")).unwrap() {
+            std::fs::copy(&path, to.join("journal").join(path.file_name().unwrap())).unwrap();
+        }
+        std::fs::copy(from.join("s.redb"), to.join("s.redb")).unwrap();
+    }
+
     #[test]
     fn records_are_visible_at_once_and_survive_a_flush() {
         let dir = tempfile::tempdir().unwrap();
@@ -987,26 +997,14 @@ mod tests {
         whole.logs.push("a line".into());
         store.finish(&whole.into()).unwrap();
         store.flush().unwrap();
-        // A SIGKILL: no drop; what the journal and redb hold remains.
+        // A SIGKILL: no drop; what the journal and redb hold remains, as copied.
         std::mem::forget(store);
         let copy = tempfile::tempdir().unwrap();
-        let reopen = |from: &Path| {
-            for (_, path) in segments(&from.join("journal")).unwrap() {
-                std::fs::create_dir_all(copy.path().join("journal")).unwrap();
-                std::fs::copy(&path, copy.path().join("journal").join(path.file_name().unwrap())).unwrap();
-            }
-            std::fs::copy(from.join("s.redb"), copy.path().join("s.redb")).unwrap();
-            open(copy.path())
-        };
-        let store = reopen(dir.path());
+        copy_store(dir.path(), copy.path());
         // Killed again before anything recovered it: the answer is journaled in the new segment.
-        std::mem::forget(store);
+        std::mem::forget(open(copy.path()));
         let again = tempfile::tempdir().unwrap();
-        for (_, path) in segments(&copy.path().join("journal")).unwrap() {
-            std::fs::create_dir_all(again.path().join("journal")).unwrap();
-            std::fs::copy(&path, again.path().join("journal").join(path.file_name().unwrap())).unwrap();
-        }
-        std::fs::copy(copy.path().join("s.redb"), again.path().join("s.redb")).unwrap();
+        copy_store(copy.path(), again.path());
         let store = open(again.path());
         let recovered: Vec<String> =
             store.recover_unfinished(9).unwrap().into_iter().map(|m| m.activation_id).collect();
