@@ -62,12 +62,17 @@ try {
   await page.screenshot({ path: `${shots}/warm.png` });
 
   // Run again: blocking calls on the warm containers, listed as they end.
+  const ids = [];
   for (let i = 0; i < 5; i++) {
     const r = await api(`actions/burst0?blocking=true`, "POST", { sleep_ms: 1 });
     if (r.status !== 200) throw new Error(`warm call: ${r.status}`);
+    ids.push(r.headers.get("x-openwhisk-activation-id"));
   }
-  out.last_starts = await page.locator("#activations tbody tr td:nth-child(3)").evaluateAll(
-    (tds) => tds.slice(0, 5).map((td) => td.textContent));
+  // Their rows come as events, after the answers: wait for all five, then read how each started.
+  await page.waitForFunction((ids) => ids.every((id) => document.querySelector(`#activations tbody tr[title="${id}"]`)),
+    ids, { timeout: 20000, polling: 50 });
+  out.last_starts = await page.evaluate((ids) => ids.map((id) =>
+    document.querySelector(`#activations tbody tr[title="${id}"] td:nth-child(3)`).textContent), ids);
 
   // The page's own cost: bytes of events and milliseconds of applying them.
   out.events = Number(await page.evaluate(() => document.body.dataset.events));
