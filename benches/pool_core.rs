@@ -48,6 +48,7 @@ fn warm_core(containers: usize, keys: u32) -> PoolCore {
             deadline,
             stem: None,
             idle_timeout: None,
+            patient: false,
         };
         for effect in core.handle(Event::Arrived(job), t0) {
             if let Effect::Create { container, .. } = effect {
@@ -102,6 +103,7 @@ fn decision(c: &mut Criterion) {
                     deadline,
                     stem: None,
                     idle_timeout: None,
+                    patient: false,
                 };
                 let effects = core.handle(Event::Arrived(job), now);
                 let Some(Effect::Dispatch { job, container }) = effects.first().cloned() else {

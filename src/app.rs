@@ -3,6 +3,7 @@
 //! the integration tests build the invoker through here, so that a test runs what a user runs.
 //! Both must be called inside an actix system (the pool and its proxies are actors on it).
 
+use crate::activation::queue::QueueBounds;
 use crate::activation::{ActivationService, Runner};
 use crate::api::AppState;
 use crate::cluster::etcd::{Etcd, EtcdError};
@@ -11,11 +12,10 @@ use crate::cluster::registry::{Identity, Registrar, RegistryError};
 use crate::config::Config;
 use crate::factory::{ContainerFactory, Epoch, Factory, FactoryError};
 use crate::metrics::Metrics;
-use crate::model::ActivationMeta;
 use crate::pool::actor::{ContainerPool, PoolHandle};
 use crate::scheduler::presence::Presence;
 use crate::scheduler::Dispatcher;
-use crate::store::{JournalOptions, JournaledStore, Store, StoreError};
+use crate::store::{JournalOptions, JournaledStore, Recovered, Store, StoreError};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -68,9 +68,15 @@ impl Serving {
         self.stop.cancel();
         let _ = self.server.await;
         self.expiry.abort();
-        let unfinished = self.store.recover_unfinished(crate::model::epoch_ms())?.len();
-        if unfinished > 0 {
-            tracing::warn!(unfinished, "activations that could not finish got whisk-error records");
+        let recovered = self.store.recover_unfinished(crate::model::epoch_ms())?;
+        if !recovered.guessed.is_empty() {
+            tracing::warn!(
+                unfinished = recovered.guessed.len(),
+                "activations that could not finish got whisk-error records"
+            );
+        }
+        if !recovered.queued.is_empty() {
+            tracing::info!(queued = recovered.queued.len(), "queued calls not started are kept for the next start");
         }
         let store = self.store.clone();
         let unwritten = tokio::task::spawn_blocking(move || store.write_out(within)).await.unwrap_or_default();
@@ -104,7 +110,7 @@ impl InvokerApp {
     /// `None`: the one the config names.
     pub async fn start_on(mut config: Config, factory: Option<Factory>) -> Result<Self, AppError> {
         config.validate()?;
-        let Opened { store, listener, .. } = open(&mut config, "invoker.redb")?;
+        let Opened { store, listener, recovered } = open(&mut config, "invoker.redb")?;
         let addr = listener.local_addr().map_err(|source| AppError::Listen { addr: config.listen, source })?;
         // Before the factory, whose start cleans up what an earlier run of this invoker id left:
         // a second invoker with a live one's id must not touch the first one's containers.
@@ -145,8 +151,19 @@ impl InvokerApp {
                 config.action_kinds().into_iter().map(|(kind, max)| (kind.to_string(), max)).collect(),
             ),
         );
+        let queue = &config.queue;
+        let bounds = QueueBounds {
+            max_calls: queue.max_calls,
+            max_calls_per_namespace: queue.max_calls_per_namespace,
+            max_bytes: queue.max_mb.saturating_mul(1024 * 1024),
+        };
         let service = ActivationService::new(store.clone(), pool.clone(), metrics, config.limits.namespace_concurrent)
-            .named(&config.invoker_id);
+            .named(&config.invoker_id)
+            .with_queue(bounds, queue.max_event_age);
+        // What an earlier run accepted and never started runs now, oldest first.
+        for call in recovered.queued {
+            service.requeue(call).await;
+        }
         let mut state = AppState::new(service.clone(), config.clone());
         if let (true, Some(key)) = (config.cluster.enabled(), &config.cluster.controller_key) {
             let kv = Etcd::new(&config.cluster.etcd)?;
@@ -249,7 +266,7 @@ impl SchedulerApp {
         let state = Arc::new(AppState::new(service.clone(), config.clone()));
         let background = CancellationToken::new();
         actix_rt::spawn(dispatcher.clone().refresh(background.clone()));
-        actix_rt::spawn(dispatcher.clone().confirm_guesses(store.clone(), recovered, background.clone()));
+        actix_rt::spawn(dispatcher.clone().confirm_guesses(store.clone(), recovered.guessed, background.clone()));
         let presence = actix_rt::spawn(presence.run(background.clone()));
         let cluster = &config.cluster;
         let demand = actix_rt::spawn(crate::scheduler::demand::report(
@@ -387,7 +404,7 @@ impl CapacityApp {
 /// as guesses), and the listener.
 struct Opened {
     store: Arc<dyn Store>,
-    recovered: Vec<ActivationMeta>,
+    recovered: Recovered,
     listener: tokio::net::TcpListener,
 }
 
@@ -403,11 +420,14 @@ fn open(config: &mut Config, file: &str) -> Result<Opened, AppError> {
     };
     let store = JournaledStore::open_with(&config.data_dir.join(file), &config.data_dir.join("journal"), options)?;
     let recovered = store.recover_unfinished(crate::model::epoch_ms())?;
-    if !recovered.is_empty() {
+    if !recovered.guessed.is_empty() {
         tracing::warn!(
-            recovered = recovered.len(),
+            recovered = recovered.guessed.len(),
             "activations left unfinished by an earlier run got whisk-error records, written as guesses"
         );
+    }
+    if !recovered.queued.is_empty() {
+        tracing::info!(queued = recovered.queued.len(), "queued calls an earlier run did not start are run now");
     }
     let store: Arc<dyn Store> = Arc::new(store);
     config.admin.key = Some(admin_key(config, store.as_ref())?);

@@ -372,10 +372,15 @@ async fn never_fits_is_400_and_a_namespace_over_its_limit_is_429() {
     assert!(id.is_some());
     assert!(body["response"]["result"]["error"].as_str().unwrap().contains("limits.memory"), "{body}");
     send(&app, put("/api/v1/namespaces/_/actions/echo", echo_action())).await;
-    let (s, _, _) = send(&app, post("/api/v1/namespaces/_/actions/echo", json!({"sleep_ms": 2000}))).await;
+    // A blocking call whose caller stopped waiting still runs, and holds the namespace's slot.
+    let slow = post("/api/v1/namespaces/_/actions/echo?blocking=true&timeout=50", json!({"sleep_ms": 2000}));
+    let (s, _, _) = send(&app, slow).await;
     assert_eq!(s, 202);
     let (s, body, _) = send(&app, post("/api/v1/namespaces/_/actions/echo?blocking=true", json!({}))).await;
     assert_eq!(s, 429, "{body}");
+    // An asynchronous call is not refused for the slots: it waits in the queue instead.
+    let (s, body, _) = send(&app, post("/api/v1/namespaces/_/actions/echo", json!({}))).await;
+    assert_eq!(s, 202, "{body}");
 }
 
 #[actix_rt::test]

@@ -363,42 +363,76 @@ async fn the_pool_forgets_actions_it_no_longer_holds() {
     assert_eq!(invoke(&h, &actions[0], json!({})).await.response.status_code, 0);
 }
 
+fn flood_request(a: &Arc<Action>, wait: Option<Duration>) -> InvokeRequest {
+    InvokeRequest {
+        request: None,
+        action: a.clone(),
+        params: Default::default(),
+        subject: "guest".into(),
+        api_key: None,
+        activation_id: None,
+        transaction_id: "tid".into(),
+        wait,
+        traceparent: None,
+        whole: None,
+    }
+}
+
 #[actix_rt::test]
-async fn a_full_pool_mailbox_answers_at_once_and_every_activation_still_gets_its_record() {
+async fn a_full_pool_mailbox_answers_a_blocking_call_at_once_and_every_activation_still_gets_its_record() {
     let h = setup(MockConfig::default(), PoolConfig::default()).await;
     let a = action("flood", 256);
-    // Nothing below awaits anything that pends, so the pool actor (on this thread) takes no
-    // message until the loop ends: its mailbox fills, and what follows is answered at once.
-    let mut accepted = Vec::new();
-    let mut answered = 0;
+    // Each call is polled once, here, without yielding: it hands its job over (or is answered)
+    // before the pool actor (on this thread) takes a message, so its mailbox fills, and what
+    // follows is answered at once.
+    let mut calls = Vec::new();
     for _ in 0..1200 {
-        let req = InvokeRequest {
-            request: None,
-            action: a.clone(),
-            params: Default::default(),
-            subject: "guest".into(),
-            api_key: None,
-            activation_id: None,
-            transaction_id: "tid".into(),
-            wait: None,
-            traceparent: None,
-            whole: None,
+        let mut call = Box::pin(h.service().invoke(flood_request(&a, Some(Duration::from_secs(300)))));
+        let first =
+            std::future::poll_fn(|cx| std::task::Poll::Ready(std::future::Future::poll(call.as_mut(), cx))).await;
+        calls.push((call, first));
+    }
+    let (mut ran, mut answered) = (0, 0);
+    for (call, first) in calls {
+        let invoked = match first {
+            std::task::Poll::Ready(invoked) => invoked,
+            std::task::Poll::Pending => call.await,
         };
-        match h.service().invoke(req).await.unwrap() {
+        let Invoked::Done(invoker::model::EncodedRecord { record, .. }) = invoked.unwrap() else {
+            panic!("a blocking call within its wait is answered with its record")
+        };
+        if record.response.status_code == 0 {
+            ran += 1;
+            continue;
+        }
+        assert_eq!(record.annotation("rejected"), Some(&json!("queue_full")), "{record:?}");
+        assert_eq!(record.rejection, Some(invoker::model::Rejection::QueueFull));
+        assert!(h.service().store().get_activation(&record.activation_id).unwrap().is_some());
+        answered += 1;
+    }
+    assert!(answered > 0 && ran > 0, "{answered} answered at once, {ran} ran");
+}
+
+/// The same flood of asynchronous calls: each waits for room in the mailbox rather than being
+/// refused (it is durable already), and every one runs.
+#[actix_rt::test]
+async fn a_flood_of_asynchronous_calls_past_the_pool_mailbox_all_runs() {
+    let h = setup(MockConfig::default(), PoolConfig::default()).await;
+    let a = action("flood", 256);
+    let mut accepted = Vec::new();
+    for _ in 0..1200 {
+        match h.service().invoke(flood_request(&a, None)).await.unwrap() {
             Invoked::Accepted(id) => accepted.push(id),
-            Invoked::Done(invoker::model::EncodedRecord { record, .. }) => {
-                assert_eq!(record.annotation("rejected"), Some(&json!("queue_full")), "{record:?}");
-                assert_eq!(record.rejection, Some(invoker::model::Rejection::QueueFull));
-                assert!(h.service().store().get_activation(&record.activation_id).unwrap().is_some());
-                answered += 1;
-            }
+            Invoked::Done(done) => panic!("an asynchronous call answered at once: {:?}", done.record),
         }
     }
-    assert!(answered > 0 && !accepted.is_empty(), "{answered} answered at once, {} accepted", accepted.len());
     // The accepted ones run (slowly in a debug build: a bound, not a measure).
     let store = h.service().store().clone();
-    eventually(Duration::from_secs(120), "a record for every accepted activation", || {
-        let missing = accepted.iter().filter(|id| store.get_activation(id).ok().flatten().is_none()).count();
+    eventually(Duration::from_secs(120), "a successful record for every accepted activation", || {
+        let records: Vec<_> = accepted.iter().map(|id| store.get_activation(id).ok().flatten()).collect();
+        let missing = records.iter().filter(|r| r.is_none()).count();
+        let failed: Vec<_> = records.iter().flatten().filter(|r| r.response.status_code != 0).collect();
+        assert!(failed.is_empty(), "{:?}", failed[0]);
         std::future::ready(if missing == 0 { Ok(()) } else { Err(format!("{missing} without one")) })
     })
     .await;

@@ -2,6 +2,7 @@
 //! depends on the model, the store and the metrics only, so the pool and the proxies that carry
 //! a job import nothing of the intake.
 
+use super::queue::QueueTicket;
 use super::slot::NamespaceSlot;
 use crate::metrics::Metrics;
 use crate::model::{Action, ActivationMeta, ActivationRecord, EncodedRecord, Rejection};
@@ -34,6 +35,15 @@ pub struct RunJob {
     /// When the invoker accepted it (for `waitTime`).
     pub accepted: Instant,
     pub completion: Completion,
+    /// An asynchronous call from the durable queue, until it is handed to a container.
+    pub queued: Option<Queued>,
+}
+
+/// A call waiting in the durable queue: its place in the queue's counts, and its age limit.
+pub struct Queued {
+    pub ticket: QueueTicket,
+    /// Epoch ms past which it is not run.
+    pub expires_at: u64,
 }
 
 /// The end of an activation: the record is stored, then whoever waits is answered. Every
@@ -60,6 +70,9 @@ struct CompletionInner {
     meta: Arc<ActivationMeta>,
     /// Released when the activation ends or is answered: the namespace's in-flight count.
     slot: Option<NamespaceSlot>,
+    /// In the durable queue and not started: dropped unfinished, it stays there for the next
+    /// start to run, rather than ending with an error.
+    queued: bool,
 }
 
 impl Completion {
@@ -71,7 +84,27 @@ impl Completion {
         slot: Option<NamespaceSlot>,
         trace: ActivationTrace,
     ) -> Self {
-        Completion { inner: Some(CompletionInner { store, metrics, reply, whole: None, meta, slot }), trace }
+        let inner = CompletionInner { store, metrics, reply, whole: None, meta, slot, queued: false };
+        Completion { inner: Some(inner), trace }
+    }
+
+    /// Of a call in the durable queue (journaled with what it takes to run it).
+    pub fn in_queue(mut self) -> Self {
+        if let Some(inner) = &mut self.inner {
+            inner.queued = true;
+        }
+        self
+    }
+
+    /// A queued call is handed to a container: journaled first, so that a restart never runs
+    /// it again as if it had not started. A journal that cannot write does not stop the run
+    /// (a restart may then run it twice: at least once, never lost).
+    pub fn started(&mut self) {
+        let Some(inner) = self.inner.as_mut().filter(|i| i.queued) else { return };
+        inner.queued = false;
+        if let Err(e) = inner.store.started(&inner.meta.activation_id) {
+            tracing::warn!(activation = %inner.meta.activation_id, "its start was not journaled: {e}");
+        }
     }
 
     /// Also hands the whole record to `whole` when the caller was answered before it was whole.
@@ -161,6 +194,11 @@ impl CompletionInner {
 impl Drop for Completion {
     fn drop(&mut self) {
         if let Some(inner) = self.inner.take() {
+            if inner.queued {
+                // Journaled with its parameters and not started: the next start runs it.
+                tracing::info!(activation = %inner.meta.activation_id, "a queued call is left for the next start");
+                return;
+            }
             let now = crate::model::epoch_ms();
             let record = ActivationRecord::whisk_error(&inner.meta, "the activation was dropped by the invoker", now);
             tracing::error!(activation = %record.activation_id, "an activation was dropped unfinished");

@@ -4,6 +4,7 @@
 //! of how an accepted activation ends.
 
 pub mod job;
+pub mod queue;
 pub mod slot;
 
 use crate::metrics::Metrics;
@@ -11,10 +12,12 @@ use crate::model::{epoch_ms, Action, ActivationMeta, EncodedRecord};
 use crate::pool::actor::PoolHandle;
 use crate::pool::status::PoolStatus;
 use crate::scheduler::Dispatcher;
-use crate::store::{Accepted, Store, StoreError};
+use crate::store::{Accepted, QueuedCall, QueuedRequest, Store, StoreError};
 use crate::telemetry::{ActivationTrace, TraceParent};
+use base64::Engine as _;
 use invoker_wire::cluster::Health;
 use job::{Completion, RunJob};
+use queue::{QueueCounts, QueueFull};
 use serde_json::{Map, Value};
 use slot::{NamespaceSlot, NamespaceSlots};
 use std::sync::Arc;
@@ -31,6 +34,9 @@ pub enum IntakeError {
     /// neither run nor answered from the other's record.
     #[error("activationId: {0} is already taken by another activation")]
     IdTaken(String),
+    /// The durable queue of asynchronous calls is at one of its bounds.
+    #[error(transparent)]
+    QueueFull(#[from] QueueFull),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -101,6 +107,15 @@ pub struct ActivationService {
     draining: Arc<std::sync::atomic::AtomicBool>,
     /// Who runs the activations here, on their spans (the invoker's or the scheduler's id).
     process: Arc<str>,
+    /// Where asynchronous calls wait until they start (an invoker's; a scheduler hands them on).
+    queue: Option<AsyncQueue>,
+}
+
+/// The durable queue as the intake sees it: its counts and the age a call may reach.
+#[derive(Clone)]
+struct AsyncQueue {
+    counts: QueueCounts,
+    max_event_age: Duration,
 }
 
 impl ActivationService {
@@ -117,7 +132,22 @@ impl ActivationService {
             namespace_limit,
             draining: Arc::default(),
             process: Arc::from(""),
+            queue: None,
         }
+    }
+
+    /// Asynchronous calls (no wait) go through a durable queue with these bounds, rather than
+    /// straight to the runner; only where the runner is this invoker's pool.
+    pub fn with_queue(mut self, bounds: queue::QueueBounds, max_event_age: Duration) -> Self {
+        if matches!(self.runner, Runner::Pool(_)) {
+            self.queue = Some(AsyncQueue { counts: QueueCounts::new(bounds), max_event_age });
+        }
+        self
+    }
+
+    /// What waits in the durable queue; `None` without one.
+    pub fn queue_counts(&self) -> Option<&QueueCounts> {
+        self.queue.as_ref().map(|q| &q.counts)
     }
 
     /// Names who runs the activations accepted here, on their spans.
@@ -190,6 +220,9 @@ impl ActivationService {
         if self.is_draining() {
             return Err(IntakeError::Draining);
         }
+        if let (None, Some(queue)) = (req.wait, &self.queue) {
+            return self.enqueue(req, queue).await;
+        }
         let accepted = Instant::now();
         let action = req.action;
         let given = req.activation_id.is_some();
@@ -239,6 +272,7 @@ impl ActivationService {
             transaction_id: req.transaction_id,
             accepted,
             completion,
+            queued: None,
         };
         if self.runner.submit(run).is_err() {
             // Answered at once, blocking or not: the record is written already.
@@ -252,6 +286,124 @@ impl ActivationService {
             Ok(Ok(record)) => Ok(Invoked::Done(record)),
             Ok(Err(_)) => Ok(self.await_existing(activation_id, &meta.namespace, Some(Duration::from_secs(1))).await),
             Err(_) => Ok(Invoked::Accepted(activation_id)),
+        }
+    }
+
+    /// An asynchronous call: counted against the queue's bounds, journaled with what it takes
+    /// to run it, handed to the pool as a patient job; answered once it is durable. It holds no
+    /// namespace slot while it waits (it runs when the pool has room; the queue's per-namespace
+    /// bound is what keeps one tenant from filling it).
+    async fn enqueue(&self, req: InvokeRequest, queue: &AsyncQueue) -> Result<Invoked, IntakeError> {
+        let accepted = Instant::now();
+        let action = req.action;
+        let given = req.activation_id.is_some();
+        let activation_id = req.activation_id.unwrap_or_else(crate::model::new_activation_id);
+        let meta = ActivationMeta {
+            activation_id: activation_id.clone(),
+            namespace: action.namespace.clone(),
+            name: action.name.clone(),
+            version: action.version.clone(),
+            subject: req.subject,
+            kind: action.exec.kind.clone(),
+            limits: action.limits,
+            accepted_at: epoch_ms(),
+        };
+        let expires_at = meta.accepted_at.saturating_add(queue.max_event_age.as_millis() as u64);
+        let request = req.request.as_deref().map(|r| QueuedRequest {
+            headers: r.headers.clone(),
+            body: base64::engine::general_purpose::STANDARD.encode(&r.body),
+        });
+        let call = QueuedCall {
+            meta,
+            params: req.params,
+            request,
+            api_key: req.api_key,
+            transaction_id: req.transaction_id,
+            expires_at,
+        };
+        // Strings, numbers and JSON values: encoding cannot fail.
+        let json = serde_json::to_vec(&call).expect("a queued call serialises");
+        let ticket = queue.counts.admit(&call.meta.namespace, json.len() as u64, false)?;
+        match self.store.enqueue(&call, &json, given)? {
+            Accepted::New => {}
+            Accepted::Finished(record) if record.namespace == call.meta.namespace => {
+                return Ok(Invoked::Done(EncodedRecord::new(*record)))
+            }
+            Accepted::Pending { namespace } if namespace == call.meta.namespace => {
+                return Ok(Invoked::Accepted(activation_id))
+            }
+            Accepted::Finished(_) | Accepted::Pending { .. } => return Err(IntakeError::IdTaken(activation_id)),
+        }
+        let run =
+            self.queued_run(call, action, req.request, job::Queued { ticket, expires_at }, accepted, req.traceparent);
+        self.hand_over_queued(run).await;
+        Ok(Invoked::Accepted(activation_id))
+    }
+
+    /// Runs again a queued call an earlier run of this invoker accepted and never started. The
+    /// action is read as it is now; one deleted since ends the call with a record saying so.
+    pub async fn requeue(&self, call: QueuedCall) {
+        let Some(queue) = &self.queue else { return };
+        let meta = Arc::new(call.meta.clone());
+        let store = self.store.clone();
+        let (ns, name) = (meta.namespace.clone(), meta.name.clone());
+        let action = tokio::task::spawn_blocking(move || store.get_action(&ns, &name)).await;
+        let action = match action {
+            Ok(Ok(Some(action))) => action,
+            found => {
+                let why = match found {
+                    Ok(Err(e)) => format!("the action could not be read to run this queued call: {e}"),
+                    Err(e) => format!("the action could not be read to run this queued call: {e}"),
+                    Ok(Ok(_)) => "the action was deleted before this queued call could run".to_string(),
+                };
+                let record = crate::model::ActivationRecord::whisk_error(&meta, &why, epoch_ms());
+                let trace = ActivationTrace::begin(None, &meta, &self.process);
+                Completion::new(self.store.clone(), self.metrics.clone(), meta, None, None, trace).finish(record);
+                return;
+            }
+        };
+        let Ok(ticket) = queue.counts.admit(&meta.namespace, 0, true) else { return };
+        let request = call.request.as_ref().map(|r| {
+            let body = base64::engine::general_purpose::STANDARD.decode(&r.body).unwrap_or_default();
+            Arc::new(job::CallRequest { headers: r.headers.clone(), body: body.into() })
+        });
+        let expires_at = call.expires_at;
+        let run = self.queued_run(call, action, request, job::Queued { ticket, expires_at }, Instant::now(), None);
+        self.hand_over_queued(run).await;
+    }
+
+    /// The job of a queued call, its completion marked as in the queue.
+    fn queued_run(
+        &self,
+        call: QueuedCall,
+        action: Arc<Action>,
+        request: Option<Arc<job::CallRequest>>,
+        queued: job::Queued,
+        accepted: Instant,
+        traceparent: Option<TraceParent>,
+    ) -> RunJob {
+        let QueuedCall { meta, params, api_key, transaction_id, .. } = call;
+        let meta = Arc::new(meta);
+        let trace = ActivationTrace::begin(traceparent, &meta, &self.process);
+        let completion = Completion::new(self.store.clone(), self.metrics.clone(), meta.clone(), None, None, trace);
+        RunJob {
+            meta,
+            params: action.merged_params(params),
+            action,
+            request,
+            api_key,
+            transaction_id,
+            accepted,
+            completion: completion.in_queue(),
+            queued: Some(queued),
+        }
+    }
+
+    /// Into the pool, waiting for room in its mailbox rather than refused: the call is durable
+    /// already. A pool gone (the invoker stopping) leaves it queued for the next start.
+    async fn hand_over_queued(&self, run: RunJob) {
+        if let Runner::Pool(pool) = &self.runner {
+            pool.submit_queued(run).await;
         }
     }
 

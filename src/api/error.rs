@@ -61,7 +61,7 @@ impl From<FetchError> for ApiError {
 impl From<IntakeError> for ApiError {
     fn from(e: IntakeError) -> Self {
         match e {
-            IntakeError::NamespaceLimit { .. } => ApiError::TooMany(e.to_string()),
+            IntakeError::NamespaceLimit { .. } | IntakeError::QueueFull(_) => ApiError::TooMany(e.to_string()),
             IntakeError::Draining => ApiError::Unavailable(e.to_string()),
             IntakeError::IdTaken(_) => ApiError::Conflict(e.to_string()),
             IntakeError::Store(s) => s.into(),

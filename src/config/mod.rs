@@ -14,6 +14,7 @@ mod kubernetes;
 mod limits;
 mod pool;
 mod proxy;
+mod queue;
 mod store;
 mod tracing;
 
@@ -34,6 +35,7 @@ pub use kubernetes::{FnBridgeConfig, KubernetesFactoryConfig, KubernetesKindConf
 pub use limits::{disk_bytes_of, disk_inodes, LimitsConfig, DISK_INODES_RESERVED};
 pub use pool::{PoolConfig, PrewarmConfig};
 pub use proxy::ProxyConfig;
+pub use queue::{QueueConfig, EVENT_AGE_MAX, EVENT_AGE_MIN};
 pub use store::StoreConfig;
 pub use tracing::TracingConfig;
 
@@ -71,6 +73,8 @@ pub struct Config {
     #[serde(with = "humantime_serde")]
     pub record_retention: Duration,
     pub store: StoreConfig,
+    /// The durable queue of asynchronous calls.
+    pub queue: QueueConfig,
     pub cluster: ClusterConfig,
     pub scheduler: SchedulerConfig,
     /// `invoker capacity` only: the groups it sizes.
@@ -99,6 +103,7 @@ impl Default for Config {
             shutdown_grace: Duration::from_secs(30),
             record_retention: Duration::from_secs(7 * 24 * 3600),
             store: StoreConfig::default(),
+            queue: QueueConfig::default(),
             cluster: ClusterConfig::default(),
             scheduler: SchedulerConfig::default(),
             capacity: CapacityConfig::default(),
@@ -150,6 +155,7 @@ impl Config {
         pool::validate(&self.pool, &self.kinds, &self.limits)?;
         self.proxy.validate()?;
         self.store.validate()?;
+        self.queue.validate()?;
         self.cluster.validate()?;
         self.scheduler.validate()?;
         self.capacity.validate()?;

@@ -289,6 +289,9 @@ impl ContainerPool {
                 Effect::Dispatch { job, container } => {
                     if let (Some(mut run), Some(proxy)) = (self.jobs.remove(&job), self.proxies.get(&container)) {
                         run.completion.trace_mut().set_queued(Span::none());
+                        if run.queued.take().is_some() {
+                            run.completion.started();
+                        }
                         proxy.do_send(Run { job, run });
                     }
                 }
@@ -309,8 +312,7 @@ impl ContainerPool {
                 }
                 Effect::Reject { job, reason } => {
                     if let Some(run) = self.jobs.remove(&job) {
-                        crate::telemetry::failed(run.completion.trace().queued(), &rejection(reason).message());
-                        run.reject(rejection(reason));
+                        reject(run, reason);
                     }
                 }
             }
@@ -403,6 +405,21 @@ fn create_span(for_job: Option<&RunJob>, spec: &ContainerSpec, node: &NodeId, fa
     )
 }
 
+/// Ends a job the core gave up on, with its record; a queued call the invoker stops with is
+/// left in the queue (dropped unfinished, it stays journaled for the next start).
+fn reject(run: RunJob, reason: RejectReason) {
+    let why = match (&run.queued, reason) {
+        (Some(_), RejectReason::Draining) => return drop(run),
+        (Some(queued), RejectReason::DeadlineExceeded) => {
+            let age = std::time::Duration::from_millis(queued.expires_at.saturating_sub(run.meta.accepted_at));
+            format!("the call was not started within its maximum event age ({})", humantime::format_duration(age))
+        }
+        _ => rejection(reason).message(),
+    };
+    crate::telemetry::failed(run.completion.trace().queued(), &why);
+    run.reject_because(rejection(reason), &why);
+}
+
 fn rejection(reason: RejectReason) -> Rejection {
     match reason {
         RejectReason::NeverFits { memory_mb, largest_node_mb } => Rejection::NeverFits { memory_mb, largest_node_mb },
@@ -474,12 +491,20 @@ impl Handler<Submit> for ContainerPool {
         let (key, idle_timeout) = self.intern(&run.action, concurrency);
         let id = JobId(self.next_job);
         self.next_job += 1;
+        // A queued call waits until its maximum age, a blocking one its bounded wait.
+        let wait = match &run.queued {
+            Some(queued) => {
+                std::time::Duration::from_millis(queued.expires_at.saturating_sub(crate::model::epoch_ms()))
+            }
+            None => self.config.wait_deadline,
+        };
         let job = Job {
             id,
             key,
             memory_mb: run.action.limits.memory,
             concurrency,
-            deadline: self.epoch.now() + self.config.wait_deadline,
+            deadline: self.epoch.now() + wait,
+            patient: run.queued.is_some(),
             stem: self.config.stem_for(&run.action.exec.kind, run.action.limits.memory, run.action.limits.disk),
             idle_timeout,
         };
@@ -696,6 +721,12 @@ impl PoolHandle {
     /// When the pool's mailbox is full the job is answered at once with a `queue_full` record;
     /// when the pool is gone, its completion is dropped with the message and writes a
     /// whisk-error record. Either way nothing is lost, and `Err` says the record is written.
+    /// A queued call: waits for room in the mailbox rather than being refused (it is durable
+    /// already). A pool that stopped drops it, which leaves it queued for the next start.
+    pub async fn submit_queued(&self, run: RunJob) {
+        let _ = self.addr.send(Submit(run)).await;
+    }
+
     pub fn submit(&self, run: RunJob) -> Result<(), PoolBusy> {
         match self.addr.try_send(Submit(run)) {
             Ok(()) => Ok(()),

@@ -2,6 +2,8 @@
 //! that keep it, so that each store imports the promise and not its siblings.
 
 use crate::model::{Action, ActivationMeta, ActivationRecord, EncodedRecord};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
 use std::sync::Arc;
 
 #[derive(Debug, thiserror::Error)]
@@ -87,6 +89,44 @@ pub enum Accepted {
     Finished(Box<ActivationRecord>),
 }
 
+/// An asynchronous call as the durable queue keeps it until it starts: all a restart needs to
+/// run it (the action is read again then, as it is when the call runs).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct QueuedCall {
+    pub meta: ActivationMeta,
+    /// The caller's parameters (the action's own are merged in when it runs).
+    #[serde(default)]
+    pub params: Map<String, Value>,
+    /// The caller's HTTP request as it came, for a function that takes it so (Fn's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<QueuedRequest>,
+    /// The caller's key, kept only for an action that asks for it (`provide-api-key`) and
+    /// only until the call starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key: Option<String>,
+    pub transaction_id: String,
+    /// Epoch ms past which it is not run (its maximum event age).
+    pub expires_at: u64,
+}
+
+/// A caller's request kept in the queue: its headers, and its body in base64 (it may not be
+/// text).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct QueuedRequest {
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+/// What a start found an earlier run left unfinished.
+#[derive(Debug, Default)]
+pub struct Recovered {
+    /// Accepted, maybe started, not finished: each got a whisk-error record written as a
+    /// guess ([`ActivationRecord::guess`]), or the record its caller was answered with.
+    pub guessed: Vec<ActivationMeta>,
+    /// Asynchronous calls that never started: still queued, to be run.
+    pub queued: Vec<QueuedCall>,
+}
+
 /// Activation calls (`accept`, `finish`, `get_activation`) are made on async threads: an
 /// implementation must answer them quickly (the journaled store appends one line).
 pub trait Store: Send + Sync + 'static {
@@ -103,6 +143,13 @@ pub trait Store: Send + Sync + 'static {
     fn accept_new(&self, meta: &ActivationMeta) -> Result<(), StoreError> {
         self.accept(meta).map(|_| ())
     }
+    /// Records an asynchronous call as accepted and queued, with what it takes to run it after
+    /// a restart (`json`: the call encoded, once, by the caller), unless (`given`: the caller
+    /// chose its id) its id was seen before.
+    fn enqueue(&self, call: &QueuedCall, json: &[u8], given: bool) -> Result<Accepted, StoreError>;
+    /// Notes that a queued call was handed to a container: a restart no longer runs it again
+    /// as if it never started. Written before the hand-over.
+    fn started(&self, id: &str) -> Result<(), StoreError>;
     /// Stores the final record (its JSON as encoded once) and clears the pending entry.
     fn finish(&self, record: &EncodedRecord) -> Result<(), StoreError>;
     /// Notes the record its caller was answered with before it was whole (its logs still
@@ -121,8 +168,9 @@ pub trait Store: Send + Sync + 'static {
         limit: usize,
     ) -> Result<Vec<ActivationRecord>, StoreError>;
     /// Gives every activation an earlier run left unfinished a whisk-error record written as a
-    /// guess ([`ActivationRecord::guess`]); returns those activations.
-    fn recover_unfinished(&self, now_ms: u64) -> Result<Vec<ActivationMeta>, StoreError>;
+    /// guess ([`ActivationRecord::guess`]), except the queued calls that never started, which
+    /// stay queued; returns both.
+    fn recover_unfinished(&self, now_ms: u64) -> Result<Recovered, StoreError>;
     /// At the end of a run: writes what is held in memory alone (a disk that was full), for at
     /// most `within`; returns the ids of the records that could not be written anywhere.
     fn write_out(&self, _within: std::time::Duration) -> Vec<String> {

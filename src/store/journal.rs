@@ -25,8 +25,8 @@
 //! (and in its segments) until a flush succeeds, and the store starts in trouble.
 
 use super::action_cache::ActionCache;
-use super::contract::{Accepted, DocKind, Store, StoreError};
-use super::redb_store::RedbStore;
+use super::contract::{Accepted, DocKind, QueuedCall, Recovered, Store, StoreError};
+use super::redb_store::{Batch, RedbStore};
 use crate::model::{Action, ActivationMeta, ActivationRecord, EncodedRecord};
 use parking_lot::Mutex;
 use rustc_hash::{FxHashMap, FxHashSet};
@@ -145,6 +145,18 @@ struct State {
     /// JSON. Journaled again in each new segment until finished, so that a restart finishes
     /// such an activation with what its caller was told, not with a guess.
     answered: FxHashMap<String, (Arc<ActivationRecord>, bytes::Bytes)>,
+    /// Asynchronous calls accepted and not started (each pending too).
+    queued: FxHashMap<String, QueueEntry>,
+    /// Queued calls that started or ended while redb held them queued: out of its queued
+    /// table with the next flush.
+    unqueue: Vec<String>,
+}
+
+/// A queued call in memory: its JSON until redb has it.
+struct QueueEntry {
+    json: Option<bytes::Bytes>,
+    /// In redb's queued table, or on its way there with a flush under way.
+    saved: bool,
 }
 
 /// A finished record with its JSON as the journal wrote it (the store reuses the bytes).
@@ -228,6 +240,10 @@ enum Line {
     F(Box<ActivationRecord>),
     /// Answered before its record was whole (its logs still coming): the record as answered.
     R(Box<ActivationRecord>),
+    /// An asynchronous call accepted into the queue, with what it takes to run it.
+    Q(Box<QueuedCall>),
+    /// A queued call handed to a container.
+    S(String),
 }
 
 /// A journal line as a restart reads it, written again as the journal writes it: `None` when
@@ -246,6 +262,12 @@ pub(crate) fn reread_line(bytes: &[u8]) -> Option<Vec<u8>> {
             line.pop();
             Some(line)
         }
+        Line::Q(call) => {
+            let mut line = queued_line(&serde_json::to_vec(&call).ok()?);
+            line.pop();
+            Some(line)
+        }
+        Line::S(id) => serde_json::to_vec(&LineRef::S(&id)).ok(),
     }
 }
 
@@ -254,25 +276,32 @@ pub(crate) fn reread_line(bytes: &[u8]) -> Option<Vec<u8>> {
 #[derive(serde::Serialize)]
 enum LineRef<'a> {
     A(&'a ActivationMeta),
+    S(&'a str),
+}
+
+/// A queued call's line, newline included: `{"Q":<call>}` around its JSON, encoded once for
+/// the journal and redb.
+fn queued_line(json: &[u8]) -> Vec<u8> {
+    wrapped_line(b"{\"Q\":", json)
+}
+
+fn wrapped_line(head: &[u8], json: &[u8]) -> Vec<u8> {
+    let mut line = Vec::with_capacity(json.len() + 7);
+    line.extend_from_slice(head);
+    line.extend_from_slice(json);
+    line.extend_from_slice(b"}\n");
+    line
 }
 
 /// An answered record's line, newline included: `{"R":<record>}`.
 fn answered_line(json: &[u8]) -> Vec<u8> {
-    let mut line = Vec::with_capacity(json.len() + 7);
-    line.extend_from_slice(b"{\"R\":");
-    line.extend_from_slice(json);
-    line.extend_from_slice(b"}\n");
-    line
+    wrapped_line(b"{\"R\":", json)
 }
 
 /// A finished record's line, newline included: `{"F":<record>}` around the record's JSON as it
 /// was encoded, once.
 fn finished_line(json: &[u8]) -> Vec<u8> {
-    let mut line = Vec::with_capacity(json.len() + 7);
-    line.extend_from_slice(b"{\"F\":");
-    line.extend_from_slice(json);
-    line.extend_from_slice(b"}\n");
-    line
+    wrapped_line(b"{\"F\":", json)
 }
 
 impl JournaledStore {
@@ -303,6 +332,8 @@ impl JournaledStore {
             finished: FxHashMap::default(),
             in_flight: Arc::default(),
             answered: FxHashMap::default(),
+            queued: FxHashMap::default(),
+            unqueue: Vec::new(),
         };
         // The activations answered and not finished, oldest segment first; journaled again in
         // the new segment before the old ones go.
@@ -393,6 +424,10 @@ impl JournaledStore {
 /// mid-write, a corrupt one, the rest of a file that fails to read).
 struct SegmentRead {
     accepted: Vec<ActivationMeta>,
+    /// Queued calls (also in `accepted`): id and JSON.
+    queued: Vec<(String, Vec<u8>)>,
+    /// Out of the queue: started, or ended (a record) without starting.
+    unqueued: Vec<String>,
     finished: Vec<(ActivationRecord, Vec<u8>)>,
     answered: Vec<(ActivationRecord, Vec<u8>)>,
     unread: usize,
@@ -400,7 +435,14 @@ struct SegmentRead {
 
 fn read_segment(path: &Path) -> Result<SegmentRead, StoreError> {
     let file = File::open(path).map_err(|e| io_err("journal segment", e))?;
-    let mut read = SegmentRead { accepted: Vec::new(), finished: Vec::new(), answered: Vec::new(), unread: 0 };
+    let mut read = SegmentRead {
+        accepted: Vec::new(),
+        queued: Vec::new(),
+        unqueued: Vec::new(),
+        finished: Vec::new(),
+        answered: Vec::new(),
+        unread: 0,
+    };
     for line in BufReader::new(file).split(b'\n') {
         let Ok(line) = line else {
             read.unread += 1;
@@ -411,8 +453,15 @@ fn read_segment(path: &Path) -> Result<SegmentRead, StoreError> {
             Ok(Line::F(record)) => {
                 // A record is strings, numbers and JSON values: encoding it cannot fail.
                 let json = serde_json::to_vec(&record).expect("a record serialises");
+                read.unqueued.push(record.activation_id.clone());
                 read.finished.push((*record, json));
             }
+            Ok(Line::Q(call)) => {
+                let json = serde_json::to_vec(&call).expect("a queued call serialises");
+                read.queued.push((call.meta.activation_id.clone(), json));
+                read.accepted.push(call.meta);
+            }
+            Ok(Line::S(id)) => read.unqueued.push(id),
             Ok(Line::R(record)) => {
                 let json = serde_json::to_vec(&record).expect("a record serialises");
                 read.answered.push((*record, json));
@@ -425,15 +474,22 @@ fn read_segment(path: &Path) -> Result<SegmentRead, StoreError> {
 
 impl SegmentRead {
     fn apply_to(&self, db: &RedbStore) -> Result<(), StoreError> {
-        let batch: Vec<(&ActivationRecord, &[u8], bool)> =
+        let finished: Vec<(&ActivationRecord, &[u8], bool)> =
             self.finished.iter().map(|(r, j)| (r, j.as_slice(), true)).collect();
-        db.apply(&self.accepted, &batch)
+        let queued: Vec<(&str, &[u8])> = self.queued.iter().map(|(id, j)| (id.as_str(), j.as_slice())).collect();
+        db.apply(&Batch { accepted: &self.accepted, queued: &queued, unqueued: &self.unqueued, finished: &finished })
     }
 
     /// Into memory, as if this run had journaled it (segments are read oldest first).
     fn load_into(&self, state: &mut State) {
         for meta in &self.accepted {
             state.pending.insert(meta.activation_id.clone(), (meta.clone(), false));
+        }
+        for (id, json) in &self.queued {
+            state.queued.insert(id.clone(), QueueEntry { json: Some(json.clone().into()), saved: false });
+        }
+        for id in &self.unqueued {
+            state.queued.remove(id);
         }
         for (record, json) in &self.finished {
             state.pending.remove(&record.activation_id);
@@ -474,6 +530,14 @@ impl Inner {
         let mut bytes = serde_json::to_vec(line).expect("a journal line serialises");
         bytes.push(b'\n');
         Self::append_line(state, &bytes)
+    }
+
+    /// Takes a call out of the queue (it started, or ended without starting); out of redb's
+    /// queue too with the next flush if it may be there.
+    fn unqueue(state: &mut State, id: &str) {
+        if let Some(QueueEntry { saved: true, .. }) = state.queued.remove(id) {
+            state.unqueue.push(id.to_string());
+        }
     }
 
     /// Journals again, in the current segment, every activation answered and not finished.
@@ -596,7 +660,7 @@ impl Inner {
 
     fn flush(&self) -> Result<(), StoreError> {
         let _one_at_a_time = self.flushing.lock();
-        let (old_segment, accepted, finished) = {
+        let (old_segment, accepted, queued, unqueued, finished) = {
             let mut state = self.state.lock();
             let unsaved: Vec<ActivationMeta> = state
                 .pending
@@ -607,7 +671,19 @@ impl Inner {
                     meta.clone()
                 })
                 .collect();
-            if unsaved.is_empty() && state.finished.is_empty() {
+            // Marked saved before redb has them: a call that starts meanwhile is then taken out
+            // of redb's queue by the next flush, after this one put it there.
+            let queued: Vec<(String, bytes::Bytes)> = state
+                .queued
+                .iter_mut()
+                .filter(|(_, q)| !q.saved)
+                .filter_map(|(id, q)| {
+                    q.saved = true;
+                    Some((id.clone(), q.json.clone()?))
+                })
+                .collect();
+            let unqueued = std::mem::take(&mut state.unqueue);
+            if unsaved.is_empty() && queued.is_empty() && unqueued.is_empty() && state.finished.is_empty() {
                 return Ok(());
             }
             let old = state.segment;
@@ -617,15 +693,23 @@ impl Inner {
             // The old segments go once this flush is in redb: the answered lines move on.
             Inner::journal_answered(&mut state).map_err(|e| self.troubled(e))?;
             state.in_flight = Arc::new(std::mem::take(&mut state.finished));
-            (old, unsaved, state.in_flight.clone())
+            (old, unsaved, queued, unqueued, state.in_flight.clone())
         };
-        let batch: Vec<(&ActivationRecord, &[u8], bool)> =
+        let records: Vec<(&ActivationRecord, &[u8], bool)> =
             finished.values().map(|f| (&*f.record, &*f.json, f.pending_in_db)).collect();
-        let applied = self.db.apply(&accepted, &batch);
+        let calls: Vec<(&str, &[u8])> = queued.iter().map(|(id, json)| (id.as_str(), &**json)).collect();
+        let batch = Batch { accepted: &accepted, queued: &calls, unqueued: &unqueued, finished: &records };
+        let applied = self.db.apply(&batch);
         let mut state = self.state.lock();
         match applied {
             Ok(()) => {
                 state.in_flight = Arc::default();
+                // redb holds them now: memory keeps only that they are queued.
+                for (id, _) in &queued {
+                    if let Some(q) = state.queued.get_mut(id) {
+                        q.json = None;
+                    }
+                }
                 drop(state);
                 for (n, path) in segments(&self.dir)? {
                     if n <= old_segment {
@@ -643,6 +727,13 @@ impl Inner {
                         entry.1 = false;
                     }
                 }
+                for (id, _) in &queued {
+                    // One that started meanwhile is taken out of redb's queue, which never had it.
+                    if let Some(q) = state.queued.get_mut(id) {
+                        q.saved = false;
+                    }
+                }
+                state.unqueue.extend(unqueued);
                 drop(state);
                 Err(self.troubled(e))
             }
@@ -719,6 +810,45 @@ impl Store for JournaledStore {
         Ok(())
     }
 
+    fn enqueue(&self, call: &QueuedCall, json: &[u8], given: bool) -> Result<Accepted, StoreError> {
+        let inner = &self.inner;
+        inner.check_trouble()?;
+        let meta = &call.meta;
+        let id = meta.activation_id.as_str();
+        // Outside the lock: the parameters may be large.
+        let line = queued_line(json);
+        let json = bytes::Bytes::copy_from_slice(json);
+        let mut state = inner.state.lock();
+        if given {
+            if let Some((earlier, _)) = state.pending.get(id) {
+                return Ok(Accepted::Pending { namespace: earlier.namespace.clone() });
+            }
+            if let Some(f) = state.finished.get(id).or_else(|| state.in_flight.get(id)) {
+                return Ok(Accepted::Finished(Box::new((*f.record).clone())));
+            }
+            match inner.db.seen(id).map_err(|e| inner.troubled(e))? {
+                Accepted::New => {}
+                seen => return Ok(seen),
+            }
+        }
+        Inner::append_line(&mut state, &line).map_err(|e| inner.troubled(e))?;
+        state.pending.insert(id.to_string(), (meta.clone(), false));
+        state.queued.insert(id.to_string(), QueueEntry { json: Some(json), saved: false });
+        Ok(Accepted::New)
+    }
+
+    fn started(&self, id: &str) -> Result<(), StoreError> {
+        let inner = &self.inner;
+        let mut state = inner.state.lock();
+        let line = serde_json::to_vec(&LineRef::S(id)).map(|mut l| {
+            l.push(b'\n');
+            l
+        });
+        Inner::append_line(&mut state, &line.expect("an id serialises")).map_err(|e| inner.troubled(e))?;
+        Inner::unqueue(&mut state, id);
+        Ok(())
+    }
+
     /// Never loses an accepted activation's record: a line the disk has no room for takes it
     /// from the journal's reserve; one that finds the reserve spent too is kept in memory until
     /// a flush moves it into redb (and `write_out` says so if none does before the end).
@@ -738,6 +868,7 @@ impl Store for JournaledStore {
         };
         let pending_in_db = state.pending.remove(&record.activation_id).is_none_or(|(_, saved)| saved);
         state.answered.remove(&record.activation_id);
+        Inner::unqueue(&mut state, &record.activation_id);
         let finished = Finished { record: Arc::clone(record), json: encoded.json.clone(), journaled, pending_in_db };
         state.finished.insert(record.activation_id.clone(), finished);
         Ok(())
@@ -793,14 +924,37 @@ impl Store for JournaledStore {
     /// The earlier run's unfinished activations (in redb's pending table, and in memory when
     /// the journal could not be applied at open) get whisk-error records at once, in memory
     /// first: on a full disk they reach redb with the first flush that succeeds.
-    fn recover_unfinished(&self, now_ms: u64) -> Result<Vec<ActivationMeta>, StoreError> {
+    fn recover_unfinished(&self, now_ms: u64) -> Result<Recovered, StoreError> {
         let inner = &self.inner;
         let mut left: FxHashMap<String, ActivationMeta> =
             inner.db.pending()?.into_iter().map(|m| (m.activation_id.clone(), m)).collect();
+        let in_db_queue = inner.db.queued()?;
         let mut state = inner.state.lock();
-        left.extend(state.pending.drain().map(|(id, (meta, _))| (id, meta)));
+        left.extend(state.pending.iter().map(|(id, (meta, _))| (id.clone(), meta.clone())));
         // Finished already, on its way to redb: not unfinished.
         left.retain(|id, _| !state.finished.contains_key(id) && !state.in_flight.contains_key(id));
+        // Queued and never started: it stays queued (and pending), to be run.
+        let mut queued = Vec::new();
+        let mut seen = FxHashSet::default();
+        let taken_out: FxHashSet<&String> = state.unqueue.iter().collect();
+        for call in in_db_queue {
+            let id = call.meta.activation_id.clone();
+            if left.contains_key(&id) && !taken_out.contains(&id) && seen.insert(id) {
+                queued.push(call);
+            }
+        }
+        for (id, q) in &state.queued {
+            let Some(json) = &q.json else { continue };
+            if left.contains_key(id) && seen.insert(id.clone()) {
+                if let Ok(call) = serde_json::from_slice::<QueuedCall>(json) {
+                    queued.push(call);
+                }
+            }
+        }
+        left.retain(|id, _| !seen.contains(id));
+        for id in left.keys() {
+            state.pending.remove(id);
+        }
         for (id, meta) in &left {
             // Its caller was answered: the record says what it was told, and that its logs
             // were not collected. Otherwise a guess.
@@ -823,7 +977,8 @@ impl Store for JournaledStore {
         if let Err(e) = inner.flush() {
             tracing::warn!("the records of unfinished activations are kept in memory until the store writes: {e}");
         }
-        Ok(left.into_values().collect())
+        queued.sort_by_key(|c| c.meta.accepted_at);
+        Ok(Recovered { guessed: left.into_values().collect(), queued })
     }
 
     fn write_out(&self, within: Duration) -> Vec<String> {
@@ -940,7 +1095,7 @@ mod tests {
         assert!(pending(&store).is_empty());
         drop(store);
         let store = open(dir.path());
-        assert!(store.recover_unfinished(9).unwrap().is_empty());
+        assert!(store.recover_unfinished(9).unwrap().guessed.is_empty());
         assert_eq!(store.list_activations("guest", None, 0, 10).unwrap().len(), 2);
     }
 
@@ -976,8 +1131,69 @@ mod tests {
         torn.write_all(b"{\"A\":{\"activation_id\":").unwrap();
         let store = JournaledStore::open(&dir.path().join("s2.redb"), copy.path()).unwrap();
         assert_eq!(store.get_activation("done").unwrap().unwrap().response.status_code, 0);
-        assert_eq!(store.recover_unfinished(9).unwrap().len(), 1, "the open one gets its whisk-error record");
+        assert_eq!(store.recover_unfinished(9).unwrap().guessed.len(), 1, "the open one gets its whisk-error record");
         assert_eq!(store.get_activation("open").unwrap().unwrap().response.status_code, 3);
+    }
+
+    fn queued(id: &str) -> (QueuedCall, Vec<u8>) {
+        let call = QueuedCall {
+            meta: meta(id),
+            params: serde_json::json!({ "n": id }).as_object().cloned().unwrap_or_default(),
+            request: None,
+            api_key: None,
+            transaction_id: "t".into(),
+            expires_at: 99,
+        };
+        let json = serde_json::to_vec(&call).unwrap();
+        (call, json)
+    }
+
+    /// Asynchronous calls across SIGKILLs, whether a flush came between their steps or not:
+    /// those never started stay queued (run by the next start, with their parameters), those
+    /// that started get the guess, one that ended is neither; and a start that recovered them
+    /// and was killed again before running them leaves them queued still.
+    #[test]
+    fn queued_calls_never_started_survive_kills_with_their_parameters() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        let enqueue = |id: &str| {
+            let (call, json) = queued(id);
+            assert_eq!(store.enqueue(&call, &json, false).unwrap(), Accepted::New);
+        };
+        enqueue("flushed");
+        enqueue("started-after-flush");
+        enqueue("ended");
+        store.flush().unwrap();
+        store.started("started-after-flush").unwrap();
+        enqueue("started-before-flush");
+        store.started("started-before-flush").unwrap();
+        store.finish(&record("ended").into()).unwrap();
+        store.flush().unwrap();
+        enqueue("only-journaled");
+        std::mem::forget(store);
+        let copy = tempfile::tempdir().unwrap();
+        copy_store(dir.path(), copy.path());
+        let store = open(copy.path());
+        let recovered = store.recover_unfinished(9).unwrap();
+        let ids = |calls: &[QueuedCall]| calls.iter().map(|c| c.meta.activation_id.clone()).collect::<Vec<_>>();
+        let mut queued_ids = ids(&recovered.queued);
+        queued_ids.sort();
+        assert_eq!(queued_ids, ["flushed", "only-journaled"]);
+        assert!(recovered.queued.iter().all(|c| c.params["n"] == c.meta.activation_id.as_str()), "with its parameters");
+        let mut guessed: Vec<_> = recovered.guessed.iter().map(|m| m.activation_id.clone()).collect();
+        guessed.sort();
+        assert_eq!(guessed, ["started-after-flush", "started-before-flush"]);
+        assert!(store.get_activation("flushed").unwrap().is_none(), "no record while it waits");
+        std::mem::forget(store);
+        let again = tempfile::tempdir().unwrap();
+        copy_store(copy.path(), again.path());
+        let store = open(again.path());
+        let recovered = store.recover_unfinished(10).unwrap();
+        let mut queued_ids = ids(&recovered.queued);
+        queued_ids.sort();
+        assert_eq!(queued_ids, ["flushed", "only-journaled"], "still queued until they start");
+        assert!(recovered.guessed.is_empty());
+        assert_eq!(store.get_activation("ended").unwrap().unwrap().response.status_code, 0);
     }
 
     /// SIGKILL after an activation was answered and before its record was whole (its logs
@@ -1007,7 +1223,7 @@ mod tests {
         copy_store(copy.path(), again.path());
         let store = open(again.path());
         let recovered: Vec<String> =
-            store.recover_unfinished(9).unwrap().into_iter().map(|m| m.activation_id).collect();
+            store.recover_unfinished(9).unwrap().guessed.into_iter().map(|m| m.activation_id).collect();
         assert_eq!(recovered, ["told"]);
         let told = store.get_activation("told").unwrap().unwrap();
         assert_eq!(told.response, record("told").response, "what its caller was told, not a guess");

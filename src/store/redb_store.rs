@@ -1,7 +1,7 @@
 //! The embedded database under the journal: actions, records, pending entries and settings in
 //! one redb file, with the indexes the API lists by (namespace, then newest first).
 
-use super::contract::{next_version, Accepted, DocKind, Store, StoreError};
+use super::contract::{next_version, Accepted, DocKind, QueuedCall, Recovered, Store, StoreError};
 use crate::model::{Action, ActivationMeta, ActivationRecord, EncodedRecord};
 use parking_lot::RwLock;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
@@ -21,6 +21,9 @@ const ACTIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("actions");
 const ACTIVATIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("activations");
 /// activation id → accepted-activation JSON, until its record is written.
 const PENDING: TableDefinition<&str, &[u8]> = TableDefinition::new("pending");
+/// activation id → [`QueuedCall`] JSON: an asynchronous call accepted and not started (its
+/// pending entry is in `PENDING` too).
+const QUEUED: TableDefinition<&str, &[u8]> = TableDefinition::new("queued");
 /// `namespace \0 start(20 digits) \0 id` → action name: listing newest first, and retention
 /// (namespace by namespace, oldest first).
 const BY_NAMESPACE: TableDefinition<&str, &str> = TableDefinition::new("activations_by_namespace");
@@ -136,6 +139,7 @@ impl RedbStore {
             txn.open_table(ACTIONS).map_err(db_err)?;
             txn.open_table(ACTIVATIONS).map_err(db_err)?;
             txn.open_table(PENDING).map_err(db_err)?;
+            txn.open_table(QUEUED).map_err(db_err)?;
             txn.open_table(BY_NAMESPACE).map_err(db_err)?;
             txn.delete_table(BY_END).map_err(db_err)?;
             txn.open_table(SETTINGS).map_err(db_err)?;
@@ -149,6 +153,20 @@ impl RedbStore {
         self.run(|db| {
             let txn = db.begin_read().map_err(db_err)?;
             let table = txn.open_table(PENDING).map_err(db_err)?;
+            let mut out = Vec::new();
+            for entry in table.iter().map_err(db_err)? {
+                let (k, v) = entry.map_err(db_err)?;
+                out.push(decode(k.value(), v.value())?);
+            }
+            Ok(out)
+        })
+    }
+
+    /// The queued calls that never started, as the queued table holds them (a read).
+    pub fn queued(&self) -> Result<Vec<QueuedCall>, StoreError> {
+        self.run(|db| {
+            let txn = db.begin_read().map_err(db_err)?;
+            let table = txn.open_table(QUEUED).map_err(db_err)?;
             let mut out = Vec::new();
             for entry in table.iter().map_err(db_err)? {
                 let (k, v) = entry.map_err(db_err)?;
@@ -172,34 +190,61 @@ impl RedbStore {
         })
     }
 
-    /// Writes a batch in one durable transaction: pending entries, then records (which clear
-    /// their pending entries). Applying a batch twice changes nothing.
+    /// Writes a batch in one durable transaction: pending entries, queued calls (each also
+    /// pending), the queued calls that started since, then records (which clear their pending
+    /// entries). Applying a batch twice changes nothing.
     /// Each finished record comes with its JSON, as the journal already encoded it.
-    pub fn apply(
-        &self,
-        accepted: &[ActivationMeta],
-        finished: &[(&ActivationRecord, &[u8], bool)],
-    ) -> Result<(), StoreError> {
-        if accepted.is_empty() && finished.is_empty() {
+    pub fn apply(&self, batch: &Batch<'_>) -> Result<(), StoreError> {
+        if batch.is_empty() {
             return Ok(());
         }
         self.run(|db| {
             let txn = db.begin_write().map_err(db_err)?;
             {
                 let mut tables = RecordTables::open(&txn)?;
-                for meta in accepted {
+                for meta in batch.accepted {
                     let id = meta.activation_id.as_str();
                     if tables.records.get(id).map_err(db_err)?.is_none() {
                         tables.pending.insert(id, encode(meta).as_slice()).map_err(db_err)?;
                     }
                 }
-                for &(record, json, pending_in_db) in finished {
+                if !batch.queued.is_empty() || !batch.unqueued.is_empty() {
+                    let mut queued = txn.open_table(QUEUED).map_err(db_err)?;
+                    for &(id, call) in batch.queued {
+                        if tables.records.get(id).map_err(db_err)?.is_none() {
+                            queued.insert(id, call).map_err(db_err)?;
+                        }
+                    }
+                    for id in batch.unqueued {
+                        queued.remove(id.as_str()).map_err(db_err)?;
+                    }
+                }
+                for &(record, json, pending_in_db) in batch.finished {
                     tables.write_encoded(record, json, pending_in_db)?;
                 }
             }
             txn.commit().map_err(db_err)?;
             Ok(())
         })
+    }
+}
+
+/// What one flush (or one segment replayed at open) writes into redb.
+#[derive(Default)]
+pub struct Batch<'a> {
+    /// Accepted: pending entries (a queued call's meta is among them).
+    pub accepted: &'a [ActivationMeta],
+    /// Queued calls not yet in redb: id and [`QueuedCall`] JSON.
+    pub queued: &'a [(&'a str, &'a [u8])],
+    /// Queued calls that started (or ended without starting): out of the queued table.
+    pub unqueued: &'a [String],
+    /// Records, each with its JSON and whether its pending entry may be in redb.
+    pub finished: &'a [(&'a ActivationRecord, &'a [u8], bool)],
+}
+
+impl Batch<'_> {
+    fn is_empty(&self) -> bool {
+        self.accepted.is_empty() && self.queued.is_empty() && self.unqueued.is_empty() && self.finished.is_empty()
     }
 }
 
@@ -350,10 +395,26 @@ impl Store for RedbStore {
         })
     }
 
+    fn enqueue(&self, call: &QueuedCall, json: &[u8], given: bool) -> Result<Accepted, StoreError> {
+        if given {
+            if let seen @ (Accepted::Pending { .. } | Accepted::Finished(_)) = self.seen(&call.meta.activation_id)? {
+                return Ok(seen);
+            }
+        }
+        let id = call.meta.activation_id.as_str();
+        self.apply(&Batch { accepted: std::slice::from_ref(&call.meta), queued: &[(id, json)], ..Batch::default() })?;
+        Ok(Accepted::New)
+    }
+
+    fn started(&self, id: &str) -> Result<(), StoreError> {
+        self.apply(&Batch { unqueued: &[id.to_string()], ..Batch::default() })
+    }
+
     fn finish(&self, record: &EncodedRecord) -> Result<(), StoreError> {
         self.run(|db| {
             let txn = db.begin_write().map_err(db_err)?;
             RecordTables::open(&txn)?.write_encoded(&record.record, &record.json, true)?;
+            txn.open_table(QUEUED).map_err(db_err)?.remove(record.record.activation_id.as_str()).map_err(db_err)?;
             txn.commit().map_err(db_err)?;
             Ok(())
         })
@@ -403,22 +464,28 @@ impl Store for RedbStore {
         })
     }
 
-    fn recover_unfinished(&self, now_ms: u64) -> Result<Vec<ActivationMeta>, StoreError> {
-        let pending = self.pending()?;
-        if pending.is_empty() {
-            return Ok(pending);
-        }
-        self.run(|db| {
-            let txn = db.begin_write().map_err(db_err)?;
-            {
-                let mut tables = RecordTables::open(&txn)?;
-                for meta in &pending {
-                    tables.write(&ActivationRecord::guess(meta, super::contract::STOPPED_UNFINISHED, now_ms))?;
+    fn recover_unfinished(&self, now_ms: u64) -> Result<Recovered, StoreError> {
+        let mut pending = self.pending()?;
+        let unfinished: std::collections::HashSet<&str> = pending.iter().map(|m| m.activation_id.as_str()).collect();
+        // A queued entry whose activation ended (expired unrun) is no longer queued.
+        let mut queued = self.queued()?;
+        queued.retain(|c| unfinished.contains(c.meta.activation_id.as_str()));
+        let still_queued: std::collections::HashSet<String> =
+            queued.iter().map(|c| c.meta.activation_id.clone()).collect();
+        pending.retain(|m| !still_queued.contains(&m.activation_id));
+        if !pending.is_empty() {
+            self.run(|db| {
+                let txn = db.begin_write().map_err(db_err)?;
+                {
+                    let mut tables = RecordTables::open(&txn)?;
+                    for meta in &pending {
+                        tables.write(&ActivationRecord::guess(meta, super::contract::STOPPED_UNFINISHED, now_ms))?;
+                    }
                 }
-            }
-            txn.commit().map_err(db_err)?;
-            Ok(pending)
-        })
+                txn.commit().map_err(db_err)
+            })?;
+        }
+        Ok(Recovered { guessed: pending, queued })
     }
 
     fn get_setting(&self, key: &str) -> Result<Option<String>, StoreError> {
@@ -665,6 +732,42 @@ mod tests {
         assert_eq!(s.accept(&meta("a1")).unwrap(), Accepted::Finished(Box::new(record)));
     }
 
+    fn queued(id: &str) -> QueuedCall {
+        QueuedCall {
+            meta: meta(id),
+            params: serde_json::json!({"x": 1}).as_object().cloned().unwrap_or_default(),
+            request: None,
+            api_key: None,
+            transaction_id: "t".into(),
+            expires_at: 1_000,
+        }
+    }
+
+    /// A queued call that never started stays queued across a restart (it is run, not
+    /// guessed); one that started gets the guess; one that ended is neither.
+    #[test]
+    fn queued_calls_that_never_started_stay_queued_across_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("invoker.redb");
+        {
+            let s = RedbStore::open(&path).unwrap();
+            for id in ["q1", "q2", "q3"] {
+                assert_eq!(s.enqueue(&queued(id), &encode(&queued(id)), true).unwrap(), Accepted::New);
+            }
+            let again = s.enqueue(&queued("q1"), &encode(&queued("q1")), true).unwrap();
+            assert_eq!(again, Accepted::Pending { namespace: "guest".into() });
+            s.started("q2").unwrap();
+            s.finish(&ActivationRecord::whisk_error(&meta("q3"), "expired", 20).into()).unwrap();
+        }
+        let s = RedbStore::open(&path).unwrap();
+        let recovered = s.recover_unfinished(99).unwrap();
+        assert_eq!(recovered.queued, [queued("q1")]);
+        let guessed: Vec<_> = recovered.guessed.iter().map(|m| m.activation_id.as_str()).collect();
+        assert_eq!(guessed, ["q2"]);
+        assert!(s.get_activation("q1").unwrap().is_none(), "still to run: no record");
+        assert_eq!(s.recover_unfinished(100).unwrap().queued, [queued("q1")], "queued until it starts");
+    }
+
     #[test]
     fn unfinished_activations_get_a_record_after_a_restart() {
         let dir = tempfile::tempdir().unwrap();
@@ -674,11 +777,11 @@ mod tests {
             s.accept(&meta("p1")).unwrap();
         }
         let s = RedbStore::open(&path).unwrap();
-        assert_eq!(s.recover_unfinished(99).unwrap().len(), 1);
+        assert_eq!(s.recover_unfinished(99).unwrap().guessed.len(), 1);
         let record = s.get_activation("p1").unwrap().unwrap();
         assert_eq!(record.response.status_code, 3);
         assert_eq!(s.list_activations("guest", Some("hello"), 0, 10).unwrap().len(), 1);
-        assert_eq!(s.recover_unfinished(100).unwrap().len(), 0);
+        assert_eq!(s.recover_unfinished(100).unwrap().guessed.len(), 0);
         assert!(record.is_guess(), "written as a guess");
 
         // The truth found later replaces the guess, in the list too (it started at another time).

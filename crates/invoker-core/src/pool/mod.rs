@@ -97,6 +97,9 @@ struct KeyState {
     starting: u32,
     /// Waiting jobs in arrival order; may hold ids already expired (skipped when popped).
     waiting: VecDeque<JobId>,
+    /// Waiting patient jobs ([`Job::patient`]), in arrival order, taken after `waiting`.
+    patient: VecDeque<JobId>,
+    /// Live jobs in `waiting` and `patient`.
     waiting_live: usize,
     containers: u32,
     concurrency: u32,
@@ -137,6 +140,7 @@ struct Waiting {
     key: KeyId,
     deadline: Time,
     since: Time,
+    patient: bool,
 }
 
 /// Counts of what the pool holds, for health, metrics and tests.
@@ -197,6 +201,8 @@ pub struct PoolCore {
     containers: Slab<Container>,
     keys: FxHashMap<KeyId, KeyState>,
     waiting: FxHashMap<JobId, Waiting>,
+    /// How many of `waiting` are patient: the rest count against `max_waiting`.
+    patient_waiting: usize,
     deadlines: BTreeSet<(Time, JobId)>,
     /// Decides when idle containers go and which go first to make room. It learns of every
     /// idle spell and checks spells against the slab marks lazily, so a warm activation never
@@ -255,6 +261,7 @@ impl PoolCore {
             containers: Slab::default(),
             keys: FxHashMap::default(),
             waiting: FxHashMap::default(),
+            patient_waiting: 0,
             deadlines: BTreeSet::new(),
             keep_alive,
             idle_total: 0,
@@ -454,13 +461,18 @@ impl PoolCore {
             self.settle(container, now);
             return;
         }
-        if self.waiting.len() >= self.config.max_waiting {
+        if !job.patient && self.waiting.len() - self.patient_waiting >= self.config.max_waiting {
             fx.push(Effect::Reject { job: job.id, reason: RejectReason::QueueFull });
             return;
         }
-        key.waiting.push_back(job.id);
+        if job.patient {
+            self.patient_waiting += 1;
+            key.patient.push_back(job.id);
+        } else {
+            key.waiting.push_back(job.id);
+        }
         key.waiting_live += 1;
-        self.waiting.insert(job.id, Waiting { key: job.key, deadline: job.deadline, since: now });
+        self.waiting.insert(job.id, Waiting { key: job.key, deadline: job.deadline, since: now, patient: job.patient });
         self.deadlines.insert((job.deadline, job.id));
         self.maybe_start(job.key, now, fx);
     }
@@ -590,11 +602,13 @@ impl PoolCore {
             }
             self.deadlines.pop_first();
             if let Some(w) = self.waiting.remove(&job) {
+                self.patient_waiting -= usize::from(w.patient);
                 let key = self.keys.get_mut(&w.key).expect("a waiting job's key exists");
                 key.waiting_live -= 1;
-                if key.waiting.len() > 2 * key.waiting_live + 32 {
+                if key.waiting.len() + key.patient.len() > 2 * key.waiting_live + 32 {
                     let live = &self.waiting;
                     key.waiting.retain(|j| live.contains_key(j));
+                    key.patient.retain(|j| live.contains_key(j));
                 }
                 fx.push(Effect::Reject { job, reason: RejectReason::DeadlineExceeded });
                 self.gc_key(w.key);
@@ -692,9 +706,11 @@ impl PoolCore {
         jobs.sort();
         for (_, job) in jobs {
             if let Some(w) = self.waiting.remove(&job) {
+                self.patient_waiting -= usize::from(w.patient);
                 if let Some(key) = self.keys.get_mut(&w.key) {
                     key.waiting_live -= 1;
                     key.waiting.clear();
+                    key.patient.clear();
                 }
                 fx.push(Effect::Reject { job, reason: RejectReason::Draining });
             }
@@ -797,7 +813,9 @@ impl PoolCore {
         if busy == 0 || key.waiting_live > covered {
             return None;
         }
-        let oldest = key.waiting.iter().find_map(|job| self.waiting.get(job))?.since;
+        // Each queue is in arrival order: its first live job is its oldest.
+        let first = |queue: &VecDeque<JobId>| queue.iter().find_map(|job| self.waiting.get(job)).map(|w| w.since);
+        let oldest = first(&key.waiting).into_iter().chain(first(&key.patient)).min()?;
         Some(oldest + start).filter(|&overdue_at| overdue_at > now)
     }
 
@@ -950,8 +968,10 @@ impl PoolCore {
 
     fn pop_waiting(&mut self, key_id: KeyId) -> Option<JobId> {
         let key = self.keys.get_mut(&key_id)?;
-        while let Some(job) = key.waiting.pop_front() {
+        // A blocking call before an asynchronous one: its caller waits, the queue's does not.
+        while let Some(job) = key.waiting.pop_front().or_else(|| key.patient.pop_front()) {
             if let Some(w) = self.waiting.remove(&job) {
+                self.patient_waiting -= usize::from(w.patient);
                 self.deadlines.remove(&(w.deadline, job));
                 key.waiting_live -= 1;
                 return Some(job);

@@ -4,7 +4,8 @@
 //! Invariants: no job is lost or answered twice; a job runs only on a started, live container;
 //! the memory of live containers never exceeds a node's capacity minus the buffer; no job waits
 //! while a warm container of its action is free; no action has more starts in flight than its
-//! waiting jobs need.
+//! waiting jobs need; a patient job is never refused for a full buffer, and never dispatched
+//! while a blocking job of its key waits.
 
 use super::*;
 use proptest::prelude::*;
@@ -18,7 +19,7 @@ const STEM_MB: u32 = 256;
 
 #[derive(Clone, Debug)]
 enum Op {
-    Arrive { key: u32, deadline_ms: u64 },
+    Arrive { key: u32, deadline_ms: u64, patient: bool },
     FinishCreate { pick: usize, ok: bool },
     FinishRun { pick: usize, reusable: bool },
     FinishRemove { pick: usize },
@@ -32,7 +33,8 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        6 => (0u32..6, 200u64..5_000).prop_map(|(key, deadline_ms)| Op::Arrive { key, deadline_ms }),
+        6 => (0u32..6, 200u64..5_000, prop::bool::weighted(0.3))
+            .prop_map(|(key, deadline_ms, patient)| Op::Arrive { key, deadline_ms, patient }),
         4 => (any::<usize>(), prop::bool::weighted(0.85)).prop_map(|(pick, ok)| Op::FinishCreate { pick, ok }),
         5 => (any::<usize>(), prop::bool::weighted(0.9)).prop_map(|(pick, reusable)| Op::FinishRun { pick, reusable }),
         3 => any::<usize>().prop_map(|pick| Op::FinishRemove { pick }),
@@ -61,6 +63,8 @@ struct World {
     removing: Vec<ContainerId>,
     stats_in_flight: Vec<NodeStatsUpdate>,
     arrived: HashSet<JobId>,
+    /// Each arrived job's key, and whether it is patient.
+    shape: HashMap<JobId, (KeyId, bool)>,
     dispatched: HashSet<JobId>,
     finished: HashSet<JobId>,
     rejected: HashSet<JobId>,
@@ -101,6 +105,11 @@ impl World {
                     prop_assert!(self.ready.contains(&container), "dispatch to a container not ready");
                     prop_assert!(!self.rejected.contains(&job), "dispatch of a rejected job");
                     prop_assert!(self.dispatched.insert(job), "job dispatched twice");
+                    let (key, patient) = self.shape[&job];
+                    let blocking_waits = self.shape.iter().any(|(j, &(k, p))| {
+                        k == key && !p && !self.dispatched.contains(j) && !self.rejected.contains(j)
+                    });
+                    prop_assert!(!(patient && blocking_waits), "a patient job dispatched before a blocking one");
                     prop_assert!(!self.paused.contains(&container), "a run sent to a paused container");
                     self.running.push((container, job));
                 }
@@ -127,6 +136,11 @@ impl World {
                     prop_assert!(reason != RejectReason::ContainerLost, "a job was lost with its container");
                     prop_assert!(!self.dispatched.contains(&job), "rejected after dispatch");
                     prop_assert!(self.rejected.insert(job), "job rejected twice");
+                    let patient = self.shape[&job].1;
+                    prop_assert!(
+                        !(patient && reason == RejectReason::QueueFull),
+                        "a patient job refused for a full buffer"
+                    );
                 }
             }
         }
@@ -185,14 +199,16 @@ impl World {
 
     fn step(&mut self, core: &mut PoolCore, op: Op) -> Result<(), TestCaseError> {
         match op {
-            Op::Arrive { key, deadline_ms } => {
+            Op::Arrive { key, deadline_ms, patient } => {
                 let (memory_mb, concurrency) = key_shape(key);
                 let id = JobId(self.next_job);
                 self.next_job += 1;
                 self.arrived.insert(id);
                 let deadline = self.now + Duration::from_millis(deadline_ms);
                 let stem = (memory_mb == STEM_MB).then_some(StemId(0));
-                let job = Job { id, key: KeyId(key), memory_mb, concurrency, deadline, stem, idle_timeout: None };
+                self.shape.insert(id, (KeyId(key), patient));
+                let job =
+                    Job { id, key: KeyId(key), memory_mb, concurrency, deadline, stem, idle_timeout: None, patient };
                 self.apply(core, Event::Arrived(job))?;
             }
             Op::FinishCreate { pick, ok } if !self.creating.is_empty() => {

@@ -17,6 +17,7 @@ fn job(id: u64, key: u32, memory_mb: u32) -> Job {
         deadline: ms(10_000),
         stem: None,
         idle_timeout: None,
+        patient: false,
     }
 }
 
@@ -74,6 +75,30 @@ fn starts_in_flight_per_action_are_capped() {
     let mut core = core_with(100_000);
     let creates: usize = (0..50).map(|i| created(&core.handle(Event::Arrived(job(i, 1, 128)), ms(1))).len()).sum();
     assert_eq!(creates, 4);
+}
+
+/// An asynchronous call waits behind its key's blocking calls, and a queue of them does not
+/// fill the buffer blocking calls are refused at.
+#[test]
+fn patient_jobs_yield_to_blocking_ones_and_are_not_bounded_by_the_buffer() {
+    let mut core = PoolCore::new(CoreConfig { max_waiting: 2, ..CoreConfig::default() });
+    core.handle(stats("n1", 256, 256, 0), ms(0));
+    let a = created(&core.handle(Event::Arrived(job(1, 1, 256)), ms(1)))[0];
+    core.handle(Event::Started { container: a, failure: None, at: ms(1) }, ms(1));
+    for id in 2..12 {
+        let fx = core.handle(Event::Arrived(Job { patient: true, ..job(id, 1, 256) }), ms(2));
+        assert!(fx.iter().all(|e| !matches!(e, Effect::Reject { .. })), "{fx:?}");
+    }
+    assert!(core.handle(Event::Arrived(job(12, 1, 256)), ms(3)).is_empty());
+    assert!(core.handle(Event::Arrived(job(13, 1, 256)), ms(3)).is_empty());
+    let refused = core.handle(Event::Arrived(job(14, 1, 256)), ms(3));
+    assert_eq!(refused.as_slice(), &[Effect::Reject { job: JobId(14), reason: RejectReason::QueueFull }]);
+    let mut order = Vec::new();
+    for (n, running) in [1, 12, 13, 2, 3].into_iter().enumerate() {
+        let fx = core.handle(Event::Finished { container: a, job: JobId(running), reusable: true }, ms(4 + n as u64));
+        order.extend(fx.iter().filter_map(|e| if let Effect::Dispatch { job, .. } = e { Some(job.0) } else { None }));
+    }
+    assert_eq!(order, [12, 13, 2, 3, 4], "the blocking calls first, then the queue in arrival order");
 }
 
 #[test]

@@ -68,6 +68,10 @@ pub struct Job {
     /// The action's own bound on an idle container's life (an Fn function's `idle_timeout`):
     /// its containers go once idle this long, whatever the keep-alive policy would keep.
     pub idle_timeout: Option<Duration>,
+    /// An asynchronous call from the invoker's durable queue: nobody waits on it, so it yields
+    /// to its key's blocking calls (they are dispatched first), and it is bounded by that
+    /// queue rather than by [`CoreConfig::max_waiting`]. Its `deadline` is its maximum age.
+    pub patient: bool,
 }
 
 /// A full snapshot of one node, as the cluster manager last reported it.

@@ -345,6 +345,7 @@ impl Sim<'_> {
             deadline: self.now + self.pool.wait_deadline,
             stem: self.pool.stem_for(SIM_KIND, call.memory_mb, crate::pool::DEFAULT_DISK_MB),
             idle_timeout: None,
+            patient: false,
         };
         self.apply(Event::Arrived(job));
     }

@@ -496,6 +496,7 @@ impl FleetSim<'_> {
             deadline: self.now + self.scenario.pool.wait_deadline,
             stem: None,
             idle_timeout: None,
+            patient: false,
         };
         self.apply(i, Event::Arrived(job));
         true

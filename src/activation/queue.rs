@@ -1,0 +1,133 @@
+//! The durable queue's bounds: what waits now, by namespace, counted as calls are admitted and
+//! as they start or end. The calls themselves are in the store (written before their 202) and
+//! in the pool, where they wait as patient jobs behind blocking calls.
+
+use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
+use std::sync::Arc;
+
+/// Why a call was not admitted: a 429 names the bound.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QueueFull {
+    #[error("the queue of asynchronous calls holds {limit} calls, its limit (queue.max_calls)")]
+    Calls { limit: usize },
+    #[error("namespace {namespace} has {limit} asynchronous calls waiting, its limit (queue.max_calls_per_namespace)")]
+    Namespace { namespace: String, limit: usize },
+    #[error("the queue of asynchronous calls holds {limit_mb} MB of parameters, its limit (queue.max_mb)")]
+    Bytes { limit_mb: u64 },
+}
+
+/// The bounds, as `[queue]` sets them.
+#[derive(Clone, Copy, Debug)]
+pub struct QueueBounds {
+    pub max_calls: usize,
+    pub max_calls_per_namespace: usize,
+    pub max_bytes: u64,
+}
+
+#[derive(Default)]
+struct Held {
+    calls: usize,
+    bytes: u64,
+    by_namespace: FxHashMap<Arc<str>, usize>,
+}
+
+/// What waits in the queue now; cheap to clone.
+#[derive(Clone)]
+pub struct QueueCounts {
+    bounds: QueueBounds,
+    held: Arc<Mutex<Held>>,
+}
+
+impl QueueCounts {
+    pub fn new(bounds: QueueBounds) -> Self {
+        QueueCounts { bounds, held: Arc::default() }
+    }
+
+    /// Counts one more waiting call of `namespace` holding `bytes`, if the bounds allow.
+    /// `force`: counted whatever the bounds (a call a restart found queued, accepted before).
+    pub fn admit(&self, namespace: &str, bytes: u64, force: bool) -> Result<QueueTicket, QueueFull> {
+        let b = self.bounds;
+        let mut held = self.held.lock();
+        let of_namespace = held.by_namespace.get(namespace).copied().unwrap_or(0);
+        if !force {
+            if held.calls >= b.max_calls {
+                return Err(QueueFull::Calls { limit: b.max_calls });
+            }
+            if of_namespace >= b.max_calls_per_namespace {
+                return Err(QueueFull::Namespace { namespace: namespace.into(), limit: b.max_calls_per_namespace });
+            }
+            if held.bytes.saturating_add(bytes) > b.max_bytes {
+                return Err(QueueFull::Bytes { limit_mb: b.max_bytes >> 20 });
+            }
+        }
+        let namespace: Arc<str> = match held.by_namespace.get_key_value(namespace) {
+            Some((name, _)) => name.clone(),
+            None => Arc::from(namespace),
+        };
+        held.calls += 1;
+        held.bytes += bytes;
+        *held.by_namespace.entry(namespace.clone()).or_default() += 1;
+        Ok(QueueTicket { held: self.held.clone(), namespace, bytes })
+    }
+
+    /// Calls waiting, all namespaces together.
+    pub fn calls(&self) -> usize {
+        self.held.lock().calls
+    }
+
+    /// Calls waiting, by namespace.
+    pub fn by_namespace(&self) -> Vec<(String, usize)> {
+        let mut out: Vec<_> = self.held.lock().by_namespace.iter().map(|(n, &c)| (n.to_string(), c)).collect();
+        out.sort();
+        out
+    }
+}
+
+/// One waiting call's place in the counts, given back when it is dropped (the call started,
+/// ended, or was left for the next start).
+pub struct QueueTicket {
+    held: Arc<Mutex<Held>>,
+    namespace: Arc<str>,
+    bytes: u64,
+}
+
+impl Drop for QueueTicket {
+    fn drop(&mut self) {
+        let mut held = self.held.lock();
+        held.calls -= 1;
+        held.bytes -= self.bytes;
+        if let Some(count) = held.by_namespace.get_mut(&self.namespace) {
+            *count -= 1;
+            if *count == 0 {
+                held.by_namespace.remove(&self.namespace);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn counts() -> QueueCounts {
+        QueueCounts::new(QueueBounds { max_calls: 3, max_calls_per_namespace: 2, max_bytes: 100 })
+    }
+
+    #[test]
+    fn each_bound_refuses_with_its_name_and_a_ticket_gives_its_place_back() {
+        let q = counts();
+        let a1 = q.admit("a", 10, false).unwrap();
+        let _a2 = q.admit("a", 10, false).unwrap();
+        assert_eq!(q.admit("a", 10, false).err(), Some(QueueFull::Namespace { namespace: "a".into(), limit: 2 }));
+        assert_eq!(q.admit("b", 81, false).err(), Some(QueueFull::Bytes { limit_mb: 0 }));
+        let _b = q.admit("b", 10, false).unwrap();
+        assert_eq!(q.admit("c", 1, false).err(), Some(QueueFull::Calls { limit: 3 }));
+        let _forced = q.admit("c", 1, true).unwrap();
+        assert_eq!(q.calls(), 4);
+        drop(a1);
+        drop(_forced);
+        assert_eq!(q.by_namespace(), [("a".to_string(), 1), ("b".to_string(), 1)]);
+        assert!(q.admit("c", 1, false).is_ok());
+    }
+}
