@@ -298,6 +298,16 @@ async fn fn_routes_make_an_app_a_function_and_a_trigger_and_call_it_through_invo
     assert_eq!(got["x-made"], "yes", "the function's header, as it sent it");
     let call_id = got["fn-call-id"].to_str().unwrap().to_string();
 
+    // Detached (Fn-Invoke-Type: detached): 202 at once with its call id; it runs from the
+    // durable queue with the body and headers it came with, and its record says so.
+    let headers = [("fn-invoke-type", "detached"), ("x-in", "d")];
+    let (status, got, _) = inv.send("POST", &format!("/invoke/{fn_id}"), GUEST, &headers, b"later".to_vec()).await;
+    assert_eq!(status, 202);
+    let detached = inv.record(got["fn-call-id"].to_str().unwrap()).await;
+    assert_eq!(detached["response"]["statusCode"], 0, "{detached}");
+    let said: Value = serde_json::from_str(detached["response"]["result"]["body"].as_str().unwrap()).unwrap();
+    assert_eq!((said["body"].as_str(), said["x_in"].as_str()), (Some("later"), Some("d")), "{said}");
+
     // An HTTP trigger: Fn's gateway both ways.
     let trigger = json!({"name": "t", "app_id": app_id, "fn_id": fn_id, "type": "http", "source": "/hello/there"});
     let (status, trigger) = inv.send_json("POST", "/v2/triggers", trigger).await;

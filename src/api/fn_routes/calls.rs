@@ -42,11 +42,24 @@ pub(in crate::api) async fn invoke(state: &AppState, call: &Call, fn_id: &str) -
     let headers = headers.map(|(n, v)| (n.as_str().to_string(), String::from_utf8_lossy(v.as_bytes()).into_owned()));
     let request = CallRequest { headers: headers.collect(), body: call.body.clone() };
     let image = action.exec.image.clone();
-    let record = match run(state, &ns, key, action, request).await? {
+    let detached =
+        call.head.headers.get("fn-invoke-type").is_some_and(|t| t.as_bytes().eq_ignore_ascii_case(b"detached"));
+    let record = match run(state, &ns, key, action, request, detached).await? {
         Invoked::Done(record) => record,
+        Invoked::Accepted(id) if detached => return Ok(detached_accepted(&id)),
         Invoked::Accepted(id) => return Ok(still_running(&id)),
     };
     Ok(answer(&record.record, image.as_deref(), Mapping::Invoke))
+}
+
+/// A detached call (`Fn-Invoke-Type: detached`), as Fn's agent answers it: 202 at once, its id
+/// in `Fn-Call-Id`. It waits in the durable queue until it runs; its record says how it ended.
+fn detached_accepted(id: &str) -> Response {
+    let mut response = crate::http::with_body(StatusCode::ACCEPTED, "application/json", Bytes::from_static(b"{}"));
+    if let Ok(id) = HeaderValue::from_str(id) {
+        response.headers_mut().insert("fn-call-id", id);
+    }
+    response
 }
 
 /// Whom a call to a function's invoke URL (`/invoke/{fn_id}/{invoke_key}`) speaks for: the
@@ -95,20 +108,22 @@ pub(in crate::api) async fn trigger(
     let request =
         CallRequest { headers: gateway_request(call.head.method.as_str(), &url, headers), body: call.body.clone() };
     let image = action.exec.image.clone();
-    let record = match run(state, &ns, key, action, request).await? {
+    let record = match run(state, &ns, key, action, request, false).await? {
         Invoked::Done(record) => record,
         Invoked::Accepted(id) => return Ok(still_running(&id)),
     };
     Ok(answer(&record.record, image.as_deref(), Mapping::Gateway))
 }
 
-/// One call, blocking: as long as the function may run, and the wait for a container.
+/// One call, blocking (as long as the function may run, and the wait for a container), or
+/// `detached`: queued, answered once it is durable.
 async fn run(
     state: &AppState,
     ns: &str,
     key: String,
     action: Arc<Action>,
     request: CallRequest,
+    detached: bool,
 ) -> Result<Invoked, ApiError> {
     let limits = &state.config.limits;
     if request.body.len() > limits.payload_max_bytes {
@@ -128,7 +143,7 @@ async fn run(
             api_key,
             activation_id: None,
             transaction_id: new_activation_id(),
-            wait: Some(wait),
+            wait: (!detached).then_some(wait),
             whole: None,
         })
         .await?;
