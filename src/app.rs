@@ -3,7 +3,7 @@
 //! the integration tests build the invoker through here, so that a test runs what a user runs.
 //! Both must be called inside an actix system (the pool and its proxies are actors on it).
 
-use crate::activation::queue::QueueBounds;
+use crate::activation::queue::{QueueBounds, QueueSettings};
 use crate::activation::{ActivationService, Runner};
 use crate::api::AppState;
 use crate::cluster::etcd::{Etcd, EtcdError};
@@ -152,15 +152,25 @@ impl InvokerApp {
             ),
         );
         let queue = &config.queue;
-        let bounds = QueueBounds {
-            max_calls: queue.max_calls,
-            max_calls_per_namespace: queue.max_calls_per_namespace,
-            max_bytes: queue.max_mb.saturating_mul(1024 * 1024),
+        let settings = QueueSettings {
+            bounds: QueueBounds {
+                max_calls: queue.max_calls,
+                max_calls_per_namespace: queue.max_calls_per_namespace,
+                max_bytes: queue.max_mb.saturating_mul(1024 * 1024),
+            },
+            max_event_age: queue.max_event_age,
+            max_retry_attempts: queue.max_retry_attempts,
+            retry_backoff: queue.retry_backoff,
         };
         let service = ActivationService::new(store.clone(), pool.clone(), metrics, config.limits.namespace_concurrent)
             .named(&config.invoker_id)
-            .with_queue(bounds, queue.max_event_age);
-        // What an earlier run accepted and never started runs now, oldest first.
+            .with_queue(settings);
+        service.run_retries();
+        // What an earlier run left: those that started end (and are retried by their policy),
+        // those never started run now, oldest first.
+        for call in recovered.interrupted {
+            service.interrupted(call);
+        }
         for call in recovered.queued {
             service.requeue(call).await;
         }

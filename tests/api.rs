@@ -936,3 +936,27 @@ async fn the_disk_limit_defaults_from_the_config_and_bounds_a_zip_unpacked() {
     let (s, answer, _) = send(&app, put("/api/v1/namespaces/_/actions/few", many(100, b"x"))).await;
     assert_eq!(s, 200, "{answer}");
 }
+
+/// An action's own policy for its asynchronous calls is checked at `PUT`: a bad value is a 400
+/// naming the annotation and its bounds; good ones are kept as given.
+#[actix_rt::test]
+async fn an_actions_queue_policy_outside_its_bounds_is_refused_naming_it() {
+    let (_h, app) = harness(|_| {}, MockConfig::default()).await;
+    let with = |key: &str, value: Value| {
+        let mut action = echo_action();
+        action["annotations"] = json!([{"key": key, "value": value}]);
+        action
+    };
+    for (key, value) in [
+        ("max-retry-attempts", json!(3)),
+        ("max-retry-attempts", json!("1")),
+        ("max-event-age", json!(59)),
+        ("max-event-age", json!(21601)),
+    ] {
+        let (s, body, _) = send(&app, put("/api/v1/namespaces/_/actions/p?overwrite=true", with(key, value))).await;
+        assert_eq!(s, 400, "{key}: {body}");
+        assert!(body["error"].as_str().unwrap().starts_with(&format!("annotations.{key}: ")), "{body}");
+    }
+    let (s, body, _) = send(&app, put("/api/v1/namespaces/_/actions/p", with("max-retry-attempts", json!(0)))).await;
+    assert_eq!((s, &body["annotations"][0]["value"]), (200, &json!(0)), "{body}");
+}

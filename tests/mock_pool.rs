@@ -33,6 +33,16 @@ async fn setup(mock: MockConfig, pool: PoolConfig) -> Harness {
 /// The invoker as `main` builds it (the production store included), on a mock factory whose
 /// calls the tests count.
 async fn setup_with(mock: MockConfig, pool: PoolConfig, proxy: ProxyConfig) -> Harness {
+    setup_config(mock, |c| {
+        c.pool = pool;
+        c.proxy = proxy;
+    })
+    .await
+}
+
+/// As [`setup_with`], the config as `tweak` leaves it.
+async fn setup_config(mock: MockConfig, tweak: impl FnOnce(&mut Config)) -> Harness {
+    let (pool, proxy) = (PoolConfig::default(), ProxyConfig::default());
     let dir = tempfile::tempdir().unwrap();
     let mut config = Config {
         listen: "127.0.0.1:0".parse().unwrap(),
@@ -47,6 +57,7 @@ async fn setup_with(mock: MockConfig, pool: PoolConfig, proxy: ProxyConfig) -> H
     // kind, which initialises its containers) is what lets `[[pool.prewarm]]` entries name it.
     let openwhisk_kind = config.kinds["python:3"].clone();
     config.kinds.insert("mock".into(), openwhisk_kind);
+    tweak(&mut config);
     let factory = MockFactory::new(mock, Epoch(Instant::now()));
     let app = InvokerApp::start_on(config, Some(Factory::Mock(factory.clone()))).await.unwrap();
     Harness { app, mock: factory, _dir: dir }
@@ -490,4 +501,76 @@ async fn every_keep_alive_policy_runs_in_the_live_pool() {
             assert_eq!(start_kinds.iter().filter(|k| *k == "cold").count(), 1, "{kind:?}: kept warm: {start_kinds:?}");
         }
     }
+}
+
+/// Stores `action` (a retry reads the action as it is stored when it runs).
+fn stored(h: &Harness, action: Arc<Action>) -> Arc<Action> {
+    let saved = h.service().store().put_action(Arc::unwrap_or_clone(action), true).unwrap();
+    Arc::new(saved)
+}
+
+async fn invoke_async(h: &Harness, action: &Arc<Action>, params: Value) -> String {
+    let Value::Object(params) = params else { panic!("params must be an object") };
+    let req = InvokeRequest { params, ..flood_request(action, None) };
+    match h.service().invoke(req).await.unwrap() {
+        Invoked::Accepted(id) => id,
+        Invoked::Done(done) => panic!("an asynchronous call answered at once: {:?}", done.record),
+    }
+}
+
+async fn record_of(h: &Harness, id: &str) -> ActivationRecord {
+    let store = h.service().store().clone();
+    eventually(Duration::from_secs(30), &format!("a record for {id}"), || {
+        let found = store.get_activation(id).ok().flatten();
+        std::future::ready(found.ok_or_else(|| "none yet".to_string()))
+    })
+    .await
+}
+
+fn said<'a>(record: &'a ActivationRecord, key: &str) -> Option<&'a Value> {
+    record.annotation(key)
+}
+
+/// An asynchronous call that fails twice then succeeds, under the default policy (two
+/// retries): three activations, each with its own record, linked both ways.
+#[actix_rt::test]
+async fn an_asynchronous_call_that_fails_twice_then_succeeds_has_three_linked_records() {
+    let h = setup_config(MockConfig::default(), |c| c.queue.retry_backoff = Duration::from_millis(20)).await;
+    let a = stored(&h, action("flaky", 256));
+    let first = invoke_async(&h, &a, json!({"fail_times": 2, "fail_key": "flaky"})).await;
+    let one = record_of(&h, &first).await;
+    assert_eq!(one.response.status_code, 1, "{one:?}");
+    assert_eq!((said(&one, "retryOf"), said(&one, "attempt")), (None, None));
+    let second = said(&one, "retriedAs").and_then(Value::as_str).expect("the next attempt named").to_string();
+    let two = record_of(&h, &second).await;
+    assert_eq!(two.response.status_code, 1, "{two:?}");
+    assert_eq!((said(&two, "retryOf"), said(&two, "attempt")), (Some(&json!(first)), Some(&json!(2))));
+    let third = said(&two, "retriedAs").and_then(Value::as_str).expect("the third attempt named").to_string();
+    let three = record_of(&h, &third).await;
+    assert_eq!(three.response.status_code, 0, "{three:?}");
+    assert_eq!((said(&three, "retryOf"), said(&three, "attempt")), (Some(&json!(first)), Some(&json!(3))));
+    assert_eq!(said(&three, "retriedAs"), None);
+}
+
+/// `max-retry-attempts: 0` (the action's own policy): one attempt, its failure final; and the
+/// config's `max_retry_attempts` bounds an action that says nothing.
+#[actix_rt::test]
+async fn a_policy_of_no_retries_ends_with_the_first_failure() {
+    let h = setup_config(MockConfig::default(), |c| {
+        c.queue.retry_backoff = Duration::from_millis(20);
+        c.queue.max_retry_attempts = 1;
+    })
+    .await;
+    let mut never = Arc::unwrap_or_clone(action("never", 256));
+    never.annotations.push(invoker::model::KeyValue { key: "max-retry-attempts".into(), value: json!(0) });
+    let never = stored(&h, Arc::new(never));
+    let id = invoke_async(&h, &never, json!({"error": "always"})).await;
+    let record = record_of(&h, &id).await;
+    assert_eq!((record.response.status_code, said(&record, "retriedAs")), (1, None), "{record:?}");
+    let once = stored(&h, action("once", 256));
+    let id = invoke_async(&h, &once, json!({"error": "always"})).await;
+    let first = record_of(&h, &id).await;
+    let next = said(&first, "retriedAs").and_then(Value::as_str).expect("one retry").to_string();
+    let second = record_of(&h, &next).await;
+    assert_eq!((second.response.status_code, said(&second, "retriedAs")), (1, None), "{second:?}");
 }

@@ -5,8 +5,8 @@
 use super::queue::QueueTicket;
 use super::slot::NamespaceSlot;
 use crate::metrics::Metrics;
-use crate::model::{Action, ActivationMeta, ActivationRecord, EncodedRecord, Rejection};
-use crate::store::Store;
+use crate::model::{Action, ActivationMeta, ActivationRecord, EncodedRecord, KeyValue, Rejection};
+use crate::store::{QueuedCall, Store};
 use crate::telemetry::ActivationTrace;
 use serde_json::{Map, Value};
 use std::sync::Arc;
@@ -37,6 +37,55 @@ pub struct RunJob {
     pub completion: Completion,
     /// An asynchronous call from the durable queue, until it is handed to a container.
     pub queued: Option<Queued>,
+}
+
+/// What an asynchronous call's completion needs to try it again: the call as queued (its
+/// parameters and request, encoded), the policy's backoff, and where a retry goes to wait for
+/// it. Every attempt ends here with its record; a failed one that its policy retries is
+/// journaled as a new queued call first, under an id of its own, linked both ways.
+pub struct Retry {
+    pub call: bytes::Bytes,
+    /// Before the first retry; doubled for each later one.
+    pub backoff: std::time::Duration,
+    /// The intake's retry loop. Unbounded, since each message is a call the queue's bounds
+    /// already admitted (and it is sent at most once per attempt).
+    pub retries: tokio::sync::mpsc::UnboundedSender<QueuedCall>,
+}
+
+impl Retry {
+    /// Links `record` to its attempts, and queues the next attempt if it failed and its policy
+    /// and age allow one.
+    fn decide(self, record: &mut ActivationRecord, store: &dyn Store) {
+        let Ok(mut call) = serde_json::from_slice::<QueuedCall>(&self.call) else { return };
+        if let Some(first) = &call.retry_of {
+            record.annotations.push(KeyValue { key: crate::model::RETRY_OF.into(), value: first.clone().into() });
+            record.annotations.push(KeyValue { key: crate::model::ATTEMPT.into(), value: call.attempt.into() });
+        }
+        if record.response.status_code == 0 || call.attempt >= call.max_attempts {
+            return;
+        }
+        let now = crate::model::epoch_ms();
+        let backoff = self.backoff.saturating_mul(1 << (call.attempt - 1).min(16));
+        let not_before = now.saturating_add(backoff.as_millis() as u64);
+        if not_before >= call.expires_at {
+            return; // past its age before it could start: no retry
+        }
+        let first = call.retry_of.take().unwrap_or_else(|| call.meta.activation_id.clone());
+        call.meta.activation_id = crate::model::new_activation_id();
+        call.meta.accepted_at = now;
+        call.attempt += 1;
+        call.retry_of = Some(first);
+        call.not_before = not_before;
+        // Strings, numbers and JSON values: encoding cannot fail.
+        let json = serde_json::to_vec(&call).expect("a queued call serialises");
+        if let Err(e) = store.enqueue(&call, &json, false) {
+            tracing::warn!(activation = %record.activation_id, "its retry could not be queued: {e}");
+            return;
+        }
+        let next = call.meta.activation_id.clone();
+        record.annotations.push(KeyValue { key: crate::model::RETRIED_AS.into(), value: next.into() });
+        let _ = self.retries.send(call);
+    }
 }
 
 /// A call waiting in the durable queue: its place in the queue's counts, and its age limit.
@@ -73,6 +122,8 @@ struct CompletionInner {
     /// In the durable queue and not started: dropped unfinished, it stays there for the next
     /// start to run, rather than ending with an error.
     queued: bool,
+    /// An asynchronous call's: what its policy needs to try it again.
+    retry: Option<Retry>,
 }
 
 impl Completion {
@@ -84,14 +135,25 @@ impl Completion {
         slot: Option<NamespaceSlot>,
         trace: ActivationTrace,
     ) -> Self {
-        let inner = CompletionInner { store, metrics, reply, whole: None, meta, slot, queued: false };
+        let inner = CompletionInner { store, metrics, reply, whole: None, meta, slot, queued: false, retry: None };
         Completion { inner: Some(inner), trace }
     }
 
-    /// Of a call in the durable queue (journaled with what it takes to run it).
-    pub fn in_queue(mut self) -> Self {
+    /// Of a call in the durable queue (journaled with what it takes to run it), retried by
+    /// `retry` if it fails.
+    pub fn in_queue(mut self, retry: Retry) -> Self {
         if let Some(inner) = &mut self.inner {
             inner.queued = true;
+            inner.retry = Some(retry);
+        }
+        self
+    }
+
+    /// Of an asynchronous call that started in an earlier run and did not end: it ends here,
+    /// retried by `retry` if its policy allows.
+    pub fn interrupted(mut self, retry: Retry) -> Self {
+        if let Some(inner) = &mut self.inner {
+            inner.retry = Some(retry);
         }
         self
     }
@@ -168,7 +230,10 @@ impl CompletionInner {
     /// Stores the record first, then answers: whoever is answered can read it back at once.
     /// The store's `finish` is a journal append, quick enough to call on any thread. The
     /// record is encoded here, once: the store and the waiter share it and its bytes.
-    fn finish(self, record: ActivationRecord, trace: &ActivationTrace) {
+    fn finish(mut self, mut record: ActivationRecord, trace: &ActivationTrace) {
+        if let Some(retry) = self.retry.take() {
+            retry.decide(&mut record, &*self.store);
+        }
         trace.ended(&record);
         let _write = crate::stage_span!(trace, "record").entered();
         self.metrics.activation_finished(&record);

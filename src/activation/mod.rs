@@ -17,7 +17,7 @@ use crate::telemetry::{ActivationTrace, TraceParent};
 use base64::Engine as _;
 use invoker_wire::cluster::Health;
 use job::{Completion, RunJob};
-use queue::{QueueCounts, QueueFull};
+use queue::{QueueCounts, QueueFull, QueueSettings};
 use serde_json::{Map, Value};
 use slot::{NamespaceSlot, NamespaceSlots};
 use std::sync::Arc;
@@ -111,11 +111,15 @@ pub struct ActivationService {
     queue: Option<AsyncQueue>,
 }
 
-/// The durable queue as the intake sees it: its counts and the age a call may reach.
+/// The durable queue as the intake sees it: its counts, its default policy, and its retries
+/// waiting out their backoff.
 #[derive(Clone)]
 struct AsyncQueue {
     counts: QueueCounts,
-    max_event_age: Duration,
+    settings: QueueSettings,
+    retries: tokio::sync::mpsc::UnboundedSender<QueuedCall>,
+    /// Taken by [`ActivationService::run_retries`].
+    waiting_retries: Arc<parking_lot::Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<QueuedCall>>>>,
 }
 
 impl ActivationService {
@@ -138,11 +142,34 @@ impl ActivationService {
 
     /// Asynchronous calls (no wait) go through a durable queue with these bounds, rather than
     /// straight to the runner; only where the runner is this invoker's pool.
-    pub fn with_queue(mut self, bounds: queue::QueueBounds, max_event_age: Duration) -> Self {
+    pub fn with_queue(mut self, settings: QueueSettings) -> Self {
         if matches!(self.runner, Runner::Pool(_)) {
-            self.queue = Some(AsyncQueue { counts: QueueCounts::new(bounds), max_event_age });
+            let (retries, waiting) = tokio::sync::mpsc::unbounded_channel();
+            self.queue = Some(AsyncQueue {
+                counts: QueueCounts::new(settings.bounds),
+                settings,
+                retries,
+                waiting_retries: Arc::new(parking_lot::Mutex::new(Some(waiting))),
+            });
         }
         self
+    }
+
+    /// Runs the retries (and the calls a restart found with a backoff still to wait) once their
+    /// backoff passed, for as long as the service lives.
+    pub fn run_retries(&self) {
+        let Some(mut waiting) = self.queue.as_ref().and_then(|q| q.waiting_retries.lock().take()) else { return };
+        let service = self.clone();
+        actix_rt::spawn(async move {
+            while let Some(call) = waiting.recv().await {
+                let service = service.clone();
+                actix_rt::spawn(async move {
+                    let wait = call.not_before.saturating_sub(epoch_ms());
+                    tokio::time::sleep(Duration::from_millis(wait)).await;
+                    service.requeue(call).await;
+                });
+            }
+        });
     }
 
     /// What waits in the durable queue; `None` without one.
@@ -308,7 +335,10 @@ impl ActivationService {
             limits: action.limits,
             accepted_at: epoch_ms(),
         };
-        let expires_at = meta.accepted_at.saturating_add(queue.max_event_age.as_millis() as u64);
+        let settings = &queue.settings;
+        let max_age = action.max_event_age_s().map_or(settings.max_event_age, Duration::from_secs);
+        let expires_at = meta.accepted_at.saturating_add(max_age.as_millis() as u64);
+        let retries = action.max_retry_attempts().unwrap_or(settings.max_retry_attempts);
         let request = req.request.as_deref().map(|r| QueuedRequest {
             headers: r.headers.clone(),
             body: base64::engine::general_purpose::STANDARD.encode(&r.body),
@@ -320,6 +350,10 @@ impl ActivationService {
             api_key: req.api_key,
             transaction_id: req.transaction_id,
             expires_at,
+            attempt: 1,
+            max_attempts: 1 + retries,
+            retry_of: None,
+            not_before: 0,
         };
         // Strings, numbers and JSON values: encoding cannot fail.
         let json = serde_json::to_vec(&call).expect("a queued call serialises");
@@ -334,53 +368,87 @@ impl ActivationService {
             }
             Accepted::Finished(_) | Accepted::Pending { .. } => return Err(IntakeError::IdTaken(activation_id)),
         }
-        let run =
-            self.queued_run(call, action, req.request, job::Queued { ticket, expires_at }, accepted, req.traceparent);
+        let queued = job::Queued { ticket, expires_at };
+        let run = self.queued_run(call, json.into(), action, req.request, queued, accepted, req.traceparent, queue);
         self.hand_over_queued(run).await;
         Ok(Invoked::Accepted(activation_id))
     }
 
-    /// Runs again a queued call an earlier run of this invoker accepted and never started. The
-    /// action is read as it is now; one deleted since ends the call with a record saying so.
+    /// Runs a queued call again: one an earlier run of this invoker accepted and never started,
+    /// or a retry whose backoff passed (one still to wait goes to the retry loop). The action
+    /// is read as it is now; one deleted since ends the call with a record saying so.
     pub async fn requeue(&self, call: QueuedCall) {
         let Some(queue) = &self.queue else { return };
-        let meta = Arc::new(call.meta.clone());
-        let store = self.store.clone();
-        let (ns, name) = (meta.namespace.clone(), meta.name.clone());
-        let action = tokio::task::spawn_blocking(move || store.get_action(&ns, &name)).await;
-        let action = match action {
-            Ok(Ok(Some(action))) => action,
-            found => {
-                let why = match found {
-                    Ok(Err(e)) => format!("the action could not be read to run this queued call: {e}"),
-                    Err(e) => format!("the action could not be read to run this queued call: {e}"),
-                    Ok(Ok(_)) => "the action was deleted before this queued call could run".to_string(),
-                };
-                let record = crate::model::ActivationRecord::whisk_error(&meta, &why, epoch_ms());
-                let trace = ActivationTrace::begin(None, &meta, &self.process);
-                Completion::new(self.store.clone(), self.metrics.clone(), meta, None, None, trace).finish(record);
-                return;
-            }
+        if call.not_before > epoch_ms() {
+            let _ = queue.retries.send(call);
+            return;
+        }
+        let action = match self.action_of(&call.meta).await {
+            Ok(action) => action,
+            Err(why) => return self.end_unrun(&call, &why),
         };
-        let Ok(ticket) = queue.counts.admit(&meta.namespace, 0, true) else { return };
+        let Ok(ticket) = queue.counts.admit(&call.meta.namespace, 0, true) else { return };
         let request = call.request.as_ref().map(|r| {
             let body = base64::engine::general_purpose::STANDARD.decode(&r.body).unwrap_or_default();
             Arc::new(job::CallRequest { headers: r.headers.clone(), body: body.into() })
         });
         let expires_at = call.expires_at;
-        let run = self.queued_run(call, action, request, job::Queued { ticket, expires_at }, Instant::now(), None);
+        // Strings, numbers and JSON values: encoding cannot fail.
+        let json = serde_json::to_vec(&call).expect("a queued call serialises");
+        let queued = job::Queued { ticket, expires_at };
+        let run = self.queued_run(call, json.into(), action, request, queued, Instant::now(), None, queue);
         self.hand_over_queued(run).await;
     }
 
-    /// The job of a queued call, its completion marked as in the queue.
+    /// Ends a call that started in an earlier run and did not end: a whisk-error record written
+    /// as a guess, and its next attempt queued if its policy allows.
+    pub fn interrupted(&self, call: QueuedCall) {
+        let Some(queue) = &self.queue else { return };
+        let json = serde_json::to_vec(&call).expect("a queued call serialises");
+        let meta = Arc::new(call.meta);
+        let record = crate::model::ActivationRecord::guess(&meta, crate::store::STOPPED_UNFINISHED, epoch_ms());
+        let retry = self.retry_of(json.into(), queue);
+        let trace = ActivationTrace::begin(None, &meta, &self.process);
+        let completion = Completion::new(self.store.clone(), self.metrics.clone(), meta, None, None, trace);
+        completion.interrupted(retry).finish(record);
+    }
+
+    /// The action a queued call runs, as stored now, or why there is none.
+    async fn action_of(&self, meta: &ActivationMeta) -> Result<Arc<Action>, String> {
+        let store = self.store.clone();
+        let (ns, name) = (meta.namespace.clone(), meta.name.clone());
+        match tokio::task::spawn_blocking(move || store.get_action(&ns, &name)).await {
+            Ok(Ok(Some(action))) => Ok(action),
+            Ok(Ok(None)) => Err("the action was deleted before this queued call could run".into()),
+            Ok(Err(e)) => Err(format!("the action could not be read to run this queued call: {e}")),
+            Err(e) => Err(format!("the action could not be read to run this queued call: {e}")),
+        }
+    }
+
+    /// Ends a queued call that cannot run, with a record saying why.
+    fn end_unrun(&self, call: &QueuedCall, why: &str) {
+        let meta = Arc::new(call.meta.clone());
+        let record = crate::model::ActivationRecord::whisk_error(&meta, why, epoch_ms());
+        let trace = ActivationTrace::begin(None, &meta, &self.process);
+        Completion::new(self.store.clone(), self.metrics.clone(), meta, None, None, trace).finish(record);
+    }
+
+    fn retry_of(&self, call: bytes::Bytes, queue: &AsyncQueue) -> job::Retry {
+        job::Retry { call, backoff: queue.settings.retry_backoff, retries: queue.retries.clone() }
+    }
+
+    /// The job of a queued call, its completion marked as in the queue, with its retry policy.
+    #[allow(clippy::too_many_arguments)]
     fn queued_run(
         &self,
         call: QueuedCall,
+        json: bytes::Bytes,
         action: Arc<Action>,
         request: Option<Arc<job::CallRequest>>,
         queued: job::Queued,
         accepted: Instant,
         traceparent: Option<TraceParent>,
+        queue: &AsyncQueue,
     ) -> RunJob {
         let QueuedCall { meta, params, api_key, transaction_id, .. } = call;
         let meta = Arc::new(meta);
@@ -394,7 +462,7 @@ impl ActivationService {
             api_key,
             transaction_id,
             accepted,
-            completion: completion.in_queue(),
+            completion: completion.in_queue(self.retry_of(json, queue)),
             queued: Some(queued),
         }
     }

@@ -17,6 +17,16 @@ pub enum QueueFull {
     Bytes { limit_mb: u64 },
 }
 
+/// The queue as `[queue]` sets it: its bounds and the default policy of a call in it (an
+/// action's annotations set its own).
+#[derive(Clone, Copy, Debug)]
+pub struct QueueSettings {
+    pub bounds: QueueBounds,
+    pub max_event_age: std::time::Duration,
+    pub max_retry_attempts: u32,
+    pub retry_backoff: std::time::Duration,
+}
+
 /// The bounds, as `[queue]` sets them.
 #[derive(Clone, Copy, Debug)]
 pub struct QueueBounds {

@@ -131,6 +131,7 @@ fn validate_action(config: &Config, put: ActionPut, ns: &str, name: &str) -> Res
             return Err(bad(format!("parameters[{i}].key: must not be empty")));
         }
     }
+    check_queue_policy(&put.annotations).map_err(bad)?;
     Ok(Action {
         namespace: ns.into(),
         name: name.into(),
@@ -143,6 +144,22 @@ fn validate_action(config: &Config, put: ActionPut, ns: &str, name: &str) -> Res
         updated: epoch_ms(),
         revision: 0,
     })
+}
+
+/// An action's own policy for its asynchronous calls, in its annotations: whole numbers within
+/// the bounds Lambda keeps (`max-retry-attempts` 0 to 2, `max-event-age` 60 to 21600 s).
+fn check_queue_policy(annotations: &[KeyValue]) -> Result<(), String> {
+    let bounds = [
+        (crate::model::MAX_RETRY_ATTEMPTS, 0, u64::from(crate::config::RETRY_ATTEMPTS_MAX)),
+        (crate::model::MAX_EVENT_AGE, crate::config::EVENT_AGE_MIN.as_secs(), crate::config::EVENT_AGE_MAX.as_secs()),
+    ];
+    for (key, lo, hi) in bounds {
+        let Some(value) = annotations.iter().find(|a| a.key == key).map(|a| &a.value) else { continue };
+        if !value.as_u64().is_some_and(|v| (lo..=hi).contains(&v)) {
+            return Err(format!("annotations.{key}: {value} must be a whole number from {lo} to {hi}"));
+        }
+    }
+    Ok(())
 }
 
 /// The code as it will lie in the container's directory fits the action's disk: a zip's

@@ -35,7 +35,7 @@ pub use kubernetes::{FnBridgeConfig, KubernetesFactoryConfig, KubernetesKindConf
 pub use limits::{disk_bytes_of, disk_inodes, LimitsConfig, DISK_INODES_RESERVED};
 pub use pool::{PoolConfig, PrewarmConfig};
 pub use proxy::ProxyConfig;
-pub use queue::{QueueConfig, EVENT_AGE_MAX, EVENT_AGE_MIN};
+pub use queue::{QueueConfig, EVENT_AGE_MAX, EVENT_AGE_MIN, RETRY_ATTEMPTS_MAX};
 pub use store::StoreConfig;
 pub use tracing::TracingConfig;
 

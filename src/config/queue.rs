@@ -8,6 +8,8 @@ use std::time::Duration;
 /// The least and the most a call may wait in the queue (AWS Lambda's bounds on an event's age).
 pub const EVENT_AGE_MIN: Duration = Duration::from_secs(60);
 pub const EVENT_AGE_MAX: Duration = Duration::from_secs(6 * 3600);
+/// The most retries a call may have (Lambda's bound).
+pub const RETRY_ATTEMPTS_MAX: u32 = 2;
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -19,13 +21,27 @@ pub struct QueueConfig {
     /// What the waiting calls hold (their parameters and requests, as kept on disk), in MB.
     pub max_mb: u64,
     /// How long a call may wait to start; past it, it ends unrun with a record saying so.
+    /// An action's `max-event-age` annotation (seconds) sets its own.
     #[serde(with = "humantime_serde")]
     pub max_event_age: Duration,
+    /// How many times a call that failed is tried again (0 to 2, as Lambda's default of 2); an
+    /// action's `max-retry-attempts` annotation sets its own.
+    pub max_retry_attempts: u32,
+    /// The wait before the first retry; each later one waits twice the one before.
+    #[serde(with = "humantime_serde")]
+    pub retry_backoff: Duration,
 }
 
 impl Default for QueueConfig {
     fn default() -> Self {
-        QueueConfig { max_calls: 100_000, max_calls_per_namespace: 10_000, max_mb: 1024, max_event_age: EVENT_AGE_MAX }
+        QueueConfig {
+            max_calls: 100_000,
+            max_calls_per_namespace: 10_000,
+            max_mb: 1024,
+            max_event_age: EVENT_AGE_MAX,
+            max_retry_attempts: RETRY_ATTEMPTS_MAX,
+            retry_backoff: Duration::from_secs(60),
+        }
     }
 }
 
@@ -42,6 +58,12 @@ impl QueueConfig {
         }
         if !(EVENT_AGE_MIN..=EVENT_AGE_MAX).contains(&self.max_event_age) {
             return Err(bad("queue.max_event_age", "must be from 1m to 6h"));
+        }
+        if self.max_retry_attempts > RETRY_ATTEMPTS_MAX {
+            return Err(bad("queue.max_retry_attempts", "must be from 0 to 2"));
+        }
+        if self.retry_backoff < Duration::from_millis(10) || self.retry_backoff > Duration::from_secs(3600) {
+            return Err(bad("queue.retry_backoff", "must be from 10ms to 1h"));
         }
         Ok(())
     }

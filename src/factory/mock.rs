@@ -2,7 +2,8 @@
 //!
 //! Each mock container is a real HTTP server on 127.0.0.1 that speaks the runtime protocol, so
 //! the proxies run unchanged. The action's parameters steer a run: `sleep_ms` delays it,
-//! `error` makes it an application error, `crash` kills the container mid-run.
+//! `error` makes it an application error, `crash` kills the container mid-run, and
+//! `fail_times: n` with `fail_key: k` makes the first n runs that name `k` application errors.
 
 use crate::http::{json_value, Response};
 use crate::pool::core::{ContainerId, NodeId, NodeStatsUpdate};
@@ -78,6 +79,8 @@ struct State {
     alive: HashMap<ContainerId, (NodeId, u32, Option<CancellationToken>)>,
     max_alive: usize,
     calls: Vec<MockCall>,
+    /// Runs so far by their `fail_key` parameter.
+    runs_by_key: HashMap<String, u64>,
     /// Past snapshots, for stats that lag: (time, the update published for it).
     history: std::collections::VecDeque<(crate::pool::core::Time, Vec<NodeStatsUpdate>)>,
     /// A paused container's runtime answers no run (503), as a frozen process would not.
@@ -200,6 +203,14 @@ impl MockFactory {
 
     fn is_paused(&self, id: ContainerId) -> bool {
         self.inner.state.lock().paused.contains(&id)
+    }
+
+    /// Counts a run that names `key`; how many did before it.
+    fn count_run(&self, key: &str) -> u64 {
+        let mut state = self.inner.state.lock();
+        let count = state.runs_by_key.entry(key.to_string()).or_default();
+        *count += 1;
+        *count - 1
     }
 }
 
@@ -403,6 +414,14 @@ async fn mock_run(state: &RuntimeState, body: &Value) -> Response {
     state.logs.push(Stream::Stderr, SENTINEL.into());
     if let Some(error) = params.get("error") {
         return json_value(StatusCode::OK, &json!({ "error": error }));
+    }
+    if let (Some(times), Some(key)) =
+        (params.get("fail_times").and_then(Value::as_u64), params.get("fail_key").and_then(Value::as_str))
+    {
+        let before = state.factory.count_run(key);
+        if before < times {
+            return json_value(StatusCode::OK, &json!({ "error": format!("failed run {} of {times}", before + 1) }));
+        }
     }
     json_value(StatusCode::OK, &json!({ "echo": params, "container": state.id.0 }))
 }

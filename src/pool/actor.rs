@@ -30,6 +30,10 @@ pub struct Submit(pub RunJob);
 #[rtype(result = "()")]
 struct StatsChanged(Vec<NodeStatsUpdate>);
 
+/// How long a queued call whose container could not be created waits before it is offered to
+/// the pool again (it is not failed: nothing ran, and it is durable).
+const QUEUED_AFTER_CREATE_FAILED: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// How often the factory is asked to observe the cluster while jobs wait for room.
 const OBSERVE_WHILE_WAITING: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -310,6 +314,14 @@ impl ContainerPool {
                         proxy.do_send(Resume);
                     }
                 }
+                Effect::Reject { job, reason: RejectReason::CreateFailed(why) } if self.is_queued(job) => {
+                    // Nothing ran: the call stays queued, and is offered again a little later.
+                    let Some(run) = self.jobs.remove(&job) else { continue };
+                    tracing::debug!(activation = %run.meta.activation_id, "a queued call waits on: {why:?}");
+                    ctx.run_later(QUEUED_AFTER_CREATE_FAILED, move |pool, ctx| {
+                        <Self as Handler<Submit>>::handle(pool, Submit(run), ctx);
+                    });
+                }
                 Effect::Reject { job, reason } => {
                     if let Some(run) = self.jobs.remove(&job) {
                         reject(run, reason);
@@ -327,6 +339,10 @@ impl ContainerPool {
                 let _ = waiter.send(());
             }
         }
+    }
+
+    fn is_queued(&self, job: JobId) -> bool {
+        self.jobs.get(&job).is_some_and(|run| run.queued.is_some())
     }
 
     fn node_stats(&mut self, snapshot: Vec<NodeStatsUpdate>, ctx: &mut Context<Self>) {

@@ -105,8 +105,24 @@ pub struct QueuedCall {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_key: Option<String>,
     pub transaction_id: String,
-    /// Epoch ms past which it is not run (its maximum event age).
+    /// Epoch ms past which it is not run (its maximum event age, from the first attempt).
     pub expires_at: u64,
+    /// Which attempt this is, from 1; a retry is an activation of its own.
+    #[serde(default = "first_attempt")]
+    pub attempt: u32,
+    /// The attempts it may have in all: 1 and its retries (the policy when it was accepted).
+    #[serde(default = "first_attempt")]
+    pub max_attempts: u32,
+    /// The first attempt's activation id, for a retry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_of: Option<String>,
+    /// Epoch ms before which it does not start (a retry's backoff).
+    #[serde(default)]
+    pub not_before: u64,
+}
+
+fn first_attempt() -> u32 {
+    1
 }
 
 /// A caller's request kept in the queue: its headers, and its body in base64 (it may not be
@@ -125,6 +141,9 @@ pub struct Recovered {
     pub guessed: Vec<ActivationMeta>,
     /// Asynchronous calls that never started: still queued, to be run.
     pub queued: Vec<QueuedCall>,
+    /// Asynchronous calls that started and did not end: left pending, without a record, for
+    /// whoever can retry them by their policy to end (`ActivationService::interrupted`).
+    pub interrupted: Vec<QueuedCall>,
 }
 
 /// Activation calls (`accept`, `finish`, `get_activation`) are made on async threads: an
@@ -148,7 +167,8 @@ pub trait Store: Send + Sync + 'static {
     /// chose its id) its id was seen before.
     fn enqueue(&self, call: &QueuedCall, json: &[u8], given: bool) -> Result<Accepted, StoreError>;
     /// Notes that a queued call was handed to a container: a restart no longer runs it again
-    /// as if it never started. Written before the hand-over.
+    /// as if it never started (it is interrupted, and retried by its policy). Written before
+    /// the hand-over. The call stays kept until its record is written.
     fn started(&self, id: &str) -> Result<(), StoreError>;
     /// Stores the final record (its JSON as encoded once) and clears the pending entry.
     fn finish(&self, record: &EncodedRecord) -> Result<(), StoreError>;
@@ -168,8 +188,8 @@ pub trait Store: Send + Sync + 'static {
         limit: usize,
     ) -> Result<Vec<ActivationRecord>, StoreError>;
     /// Gives every activation an earlier run left unfinished a whisk-error record written as a
-    /// guess ([`ActivationRecord::guess`]), except the queued calls that never started, which
-    /// stay queued; returns both.
+    /// guess ([`ActivationRecord::guess`]), except the queued calls: those that never started
+    /// stay queued, those that started stay pending for their retry policy; returns all three.
     fn recover_unfinished(&self, now_ms: u64) -> Result<Recovered, StoreError>;
     /// At the end of a run: writes what is held in memory alone (a disk that was full), for at
     /// most `within`; returns the ids of the records that could not be written anywhere.

@@ -145,18 +145,23 @@ struct State {
     /// JSON. Journaled again in each new segment until finished, so that a restart finishes
     /// such an activation with what its caller was told, not with a guess.
     answered: FxHashMap<String, (Arc<ActivationRecord>, bytes::Bytes)>,
-    /// Asynchronous calls accepted and not started (each pending too).
+    /// Asynchronous calls accepted and not finished (each pending too).
     queued: FxHashMap<String, QueueEntry>,
-    /// Queued calls that started or ended while redb held them queued: out of its queued
-    /// table with the next flush.
+    /// Queued calls that ended while redb held them: out of its queued table with the next
+    /// flush.
     unqueue: Vec<String>,
 }
 
-/// A queued call in memory: its JSON until redb has it.
+/// A queued call in memory: its JSON until redb has it, and whether it started.
+#[derive(Default)]
 struct QueueEntry {
     json: Option<bytes::Bytes>,
     /// In redb's queued table, or on its way there with a flush under way.
     saved: bool,
+    /// When it was handed to a container (epoch ms), if it was.
+    started: Option<u64>,
+    /// That it started is in redb, or on its way there.
+    started_saved: bool,
 }
 
 /// A finished record with its JSON as the journal wrote it (the store reuses the bytes).
@@ -242,8 +247,8 @@ enum Line {
     R(Box<ActivationRecord>),
     /// An asynchronous call accepted into the queue, with what it takes to run it.
     Q(Box<QueuedCall>),
-    /// A queued call handed to a container.
-    S(String),
+    /// A queued call handed to a container, and when (epoch ms).
+    S(String, u64),
 }
 
 /// A journal line as a restart reads it, written again as the journal writes it: `None` when
@@ -267,7 +272,7 @@ pub(crate) fn reread_line(bytes: &[u8]) -> Option<Vec<u8>> {
             line.pop();
             Some(line)
         }
-        Line::S(id) => serde_json::to_vec(&LineRef::S(&id)).ok(),
+        Line::S(id, at) => serde_json::to_vec(&LineRef::S(&id, at)).ok(),
     }
 }
 
@@ -276,7 +281,7 @@ pub(crate) fn reread_line(bytes: &[u8]) -> Option<Vec<u8>> {
 #[derive(serde::Serialize)]
 enum LineRef<'a> {
     A(&'a ActivationMeta),
-    S(&'a str),
+    S(&'a str, u64),
 }
 
 /// A queued call's line, newline included: `{"Q":<call>}` around its JSON, encoded once for
@@ -426,7 +431,9 @@ struct SegmentRead {
     accepted: Vec<ActivationMeta>,
     /// Queued calls (also in `accepted`): id and JSON.
     queued: Vec<(String, Vec<u8>)>,
-    /// Out of the queue: started, or ended (a record) without starting.
+    /// Queued calls that started, and when.
+    started: Vec<(String, u64)>,
+    /// Ended (a record): out of the queue.
     unqueued: Vec<String>,
     finished: Vec<(ActivationRecord, Vec<u8>)>,
     answered: Vec<(ActivationRecord, Vec<u8>)>,
@@ -438,6 +445,7 @@ fn read_segment(path: &Path) -> Result<SegmentRead, StoreError> {
     let mut read = SegmentRead {
         accepted: Vec::new(),
         queued: Vec::new(),
+        started: Vec::new(),
         unqueued: Vec::new(),
         finished: Vec::new(),
         answered: Vec::new(),
@@ -461,7 +469,7 @@ fn read_segment(path: &Path) -> Result<SegmentRead, StoreError> {
                 read.queued.push((call.meta.activation_id.clone(), json));
                 read.accepted.push(call.meta);
             }
-            Ok(Line::S(id)) => read.unqueued.push(id),
+            Ok(Line::S(id, at)) => read.started.push((id, at)),
             Ok(Line::R(record)) => {
                 let json = serde_json::to_vec(&record).expect("a record serialises");
                 read.answered.push((*record, json));
@@ -477,7 +485,9 @@ impl SegmentRead {
         let finished: Vec<(&ActivationRecord, &[u8], bool)> =
             self.finished.iter().map(|(r, j)| (r, j.as_slice(), true)).collect();
         let queued: Vec<(&str, &[u8])> = self.queued.iter().map(|(id, j)| (id.as_str(), j.as_slice())).collect();
-        db.apply(&Batch { accepted: &self.accepted, queued: &queued, unqueued: &self.unqueued, finished: &finished })
+        let started: Vec<(&str, u64)> = self.started.iter().map(|(id, at)| (id.as_str(), *at)).collect();
+        let unqueued = &self.unqueued;
+        db.apply(&Batch { accepted: &self.accepted, queued: &queued, started: &started, unqueued, finished: &finished })
     }
 
     /// Into memory, as if this run had journaled it (segments are read oldest first).
@@ -486,7 +496,12 @@ impl SegmentRead {
             state.pending.insert(meta.activation_id.clone(), (meta.clone(), false));
         }
         for (id, json) in &self.queued {
-            state.queued.insert(id.clone(), QueueEntry { json: Some(json.clone().into()), saved: false });
+            state.queued.insert(id.clone(), QueueEntry { json: Some(json.clone().into()), ..QueueEntry::default() });
+        }
+        for (id, at) in &self.started {
+            if let Some(q) = state.queued.get_mut(id) {
+                q.started = Some(*at);
+            }
         }
         for id in &self.unqueued {
             state.queued.remove(id);
@@ -532,8 +547,8 @@ impl Inner {
         Self::append_line(state, &bytes)
     }
 
-    /// Takes a call out of the queue (it started, or ended without starting); out of redb's
-    /// queue too with the next flush if it may be there.
+    /// Takes a call out of the queue (it ended); out of redb's queue too with the next flush
+    /// if it may be there.
     fn unqueue(state: &mut State, id: &str) {
         if let Some(QueueEntry { saved: true, .. }) = state.queued.remove(id) {
             state.unqueue.push(id.to_string());
@@ -660,7 +675,7 @@ impl Inner {
 
     fn flush(&self) -> Result<(), StoreError> {
         let _one_at_a_time = self.flushing.lock();
-        let (old_segment, accepted, queued, unqueued, finished) = {
+        let (old_segment, accepted, queued, started, unqueued, finished) = {
             let mut state = self.state.lock();
             let unsaved: Vec<ActivationMeta> = state
                 .pending
@@ -682,8 +697,19 @@ impl Inner {
                     Some((id.clone(), q.json.clone()?))
                 })
                 .collect();
+            let started: Vec<(String, u64)> = state
+                .queued
+                .iter_mut()
+                .filter(|(_, q)| !q.started_saved)
+                .filter_map(|(id, q)| {
+                    let at = q.started?;
+                    q.started_saved = true;
+                    Some((id.clone(), at))
+                })
+                .collect();
             let unqueued = std::mem::take(&mut state.unqueue);
-            if unsaved.is_empty() && queued.is_empty() && unqueued.is_empty() && state.finished.is_empty() {
+            let nothing_queued = queued.is_empty() && started.is_empty() && unqueued.is_empty();
+            if unsaved.is_empty() && nothing_queued && state.finished.is_empty() {
                 return Ok(());
             }
             let old = state.segment;
@@ -693,12 +719,14 @@ impl Inner {
             // The old segments go once this flush is in redb: the answered lines move on.
             Inner::journal_answered(&mut state).map_err(|e| self.troubled(e))?;
             state.in_flight = Arc::new(std::mem::take(&mut state.finished));
-            (old, unsaved, queued, unqueued, state.in_flight.clone())
+            (old, unsaved, queued, started, unqueued, state.in_flight.clone())
         };
         let records: Vec<(&ActivationRecord, &[u8], bool)> =
             finished.values().map(|f| (&*f.record, &*f.json, f.pending_in_db)).collect();
         let calls: Vec<(&str, &[u8])> = queued.iter().map(|(id, json)| (id.as_str(), &**json)).collect();
-        let batch = Batch { accepted: &accepted, queued: &calls, unqueued: &unqueued, finished: &records };
+        let starts: Vec<(&str, u64)> = started.iter().map(|(id, at)| (id.as_str(), *at)).collect();
+        let batch =
+            Batch { accepted: &accepted, queued: &calls, started: &starts, unqueued: &unqueued, finished: &records };
         let applied = self.db.apply(&batch);
         let mut state = self.state.lock();
         match applied {
@@ -728,9 +756,14 @@ impl Inner {
                     }
                 }
                 for (id, _) in &queued {
-                    // One that started meanwhile is taken out of redb's queue, which never had it.
+                    // One that ended meanwhile is taken out of redb's queue, which never had it.
                     if let Some(q) = state.queued.get_mut(id) {
                         q.saved = false;
+                    }
+                }
+                for (id, _) in &started {
+                    if let Some(q) = state.queued.get_mut(id) {
+                        q.started_saved = false;
                     }
                 }
                 state.unqueue.extend(unqueued);
@@ -833,19 +866,22 @@ impl Store for JournaledStore {
         }
         Inner::append_line(&mut state, &line).map_err(|e| inner.troubled(e))?;
         state.pending.insert(id.to_string(), (meta.clone(), false));
-        state.queued.insert(id.to_string(), QueueEntry { json: Some(json), saved: false });
+        state.queued.insert(id.to_string(), QueueEntry { json: Some(json), ..QueueEntry::default() });
         Ok(Accepted::New)
     }
 
     fn started(&self, id: &str) -> Result<(), StoreError> {
         let inner = &self.inner;
         let mut state = inner.state.lock();
-        let line = serde_json::to_vec(&LineRef::S(id)).map(|mut l| {
+        let at = crate::model::epoch_ms();
+        let line = serde_json::to_vec(&LineRef::S(id, at)).map(|mut l| {
             l.push(b'\n');
             l
         });
         Inner::append_line(&mut state, &line.expect("an id serialises")).map_err(|e| inner.troubled(e))?;
-        Inner::unqueue(&mut state, id);
+        if let Some(q) = state.queued.get_mut(id) {
+            q.started = Some(at);
+        }
         Ok(())
     }
 
@@ -933,21 +969,34 @@ impl Store for JournaledStore {
         left.extend(state.pending.iter().map(|(id, (meta, _))| (id.clone(), meta.clone())));
         // Finished already, on its way to redb: not unfinished.
         left.retain(|id, _| !state.finished.contains_key(id) && !state.in_flight.contains_key(id));
-        // Queued and never started: it stays queued (and pending), to be run.
-        let mut queued = Vec::new();
+        // Queued and never started: it stays queued (and pending), to be run. Started: it stays
+        // pending, for its retry policy.
+        let (mut queued, mut interrupted) = (Vec::new(), Vec::new());
         let mut seen = FxHashSet::default();
         let taken_out: FxHashSet<&String> = state.unqueue.iter().collect();
-        for call in in_db_queue {
+        // One answered before its logs came ended as far as its caller knows: it ends with
+        // what was answered, below, and is not tried again.
+        let kept = |id: &String| left.contains_key(id) && !state.answered.contains_key(id);
+        for (call, started_in_db) in in_db_queue {
             let id = call.meta.activation_id.clone();
-            if left.contains_key(&id) && !taken_out.contains(&id) && seen.insert(id) {
-                queued.push(call);
+            if kept(&id) && !taken_out.contains(&id) && seen.insert(id.clone()) {
+                let started = started_in_db || state.queued.get(&id).is_some_and(|q| q.started.is_some());
+                if started {
+                    interrupted.push(call)
+                } else {
+                    queued.push(call)
+                }
             }
         }
         for (id, q) in &state.queued {
             let Some(json) = &q.json else { continue };
-            if left.contains_key(id) && seen.insert(id.clone()) {
+            if kept(id) && seen.insert(id.clone()) {
                 if let Ok(call) = serde_json::from_slice::<QueuedCall>(json) {
-                    queued.push(call);
+                    if q.started.is_some() {
+                        interrupted.push(call)
+                    } else {
+                        queued.push(call)
+                    }
                 }
             }
         }
@@ -978,7 +1027,7 @@ impl Store for JournaledStore {
             tracing::warn!("the records of unfinished activations are kept in memory until the store writes: {e}");
         }
         queued.sort_by_key(|c| c.meta.accepted_at);
-        Ok(Recovered { guessed: left.into_values().collect(), queued })
+        Ok(Recovered { guessed: left.into_values().collect(), queued, interrupted })
     }
 
     fn write_out(&self, within: Duration) -> Vec<String> {
@@ -1143,6 +1192,10 @@ mod tests {
             api_key: None,
             transaction_id: "t".into(),
             expires_at: 99,
+            attempt: 1,
+            max_attempts: 3,
+            retry_of: None,
+            not_before: 0,
         };
         let json = serde_json::to_vec(&call).unwrap();
         (call, json)
@@ -1150,8 +1203,9 @@ mod tests {
 
     /// Asynchronous calls across SIGKILLs, whether a flush came between their steps or not:
     /// those never started stay queued (run by the next start, with their parameters), those
-    /// that started get the guess, one that ended is neither; and a start that recovered them
-    /// and was killed again before running them leaves them queued still.
+    /// that started are interrupted (kept, with their parameters, for their retry policy), one
+    /// that ended is neither; and a start that recovered them and was killed again before
+    /// running them leaves them as they were.
     #[test]
     fn queued_calls_never_started_survive_kills_with_their_parameters() {
         let dir = tempfile::tempdir().unwrap();
@@ -1180,9 +1234,11 @@ mod tests {
         queued_ids.sort();
         assert_eq!(queued_ids, ["flushed", "only-journaled"]);
         assert!(recovered.queued.iter().all(|c| c.params["n"] == c.meta.activation_id.as_str()), "with its parameters");
-        let mut guessed: Vec<_> = recovered.guessed.iter().map(|m| m.activation_id.clone()).collect();
-        guessed.sort();
-        assert_eq!(guessed, ["started-after-flush", "started-before-flush"]);
+        let mut interrupted = ids(&recovered.interrupted);
+        interrupted.sort();
+        assert_eq!(interrupted, ["started-after-flush", "started-before-flush"]);
+        assert!(recovered.interrupted.iter().all(|c| c.params["n"] == c.meta.activation_id.as_str()));
+        assert!(recovered.guessed.is_empty());
         assert!(store.get_activation("flushed").unwrap().is_none(), "no record while it waits");
         std::mem::forget(store);
         let again = tempfile::tempdir().unwrap();
@@ -1192,6 +1248,7 @@ mod tests {
         let mut queued_ids = ids(&recovered.queued);
         queued_ids.sort();
         assert_eq!(queued_ids, ["flushed", "only-journaled"], "still queued until they start");
+        assert_eq!(recovered.interrupted.len(), 2, "still pending until their policy ends them");
         assert!(recovered.guessed.is_empty());
         assert_eq!(store.get_activation("ended").unwrap().unwrap().response.status_code, 0);
     }

@@ -24,6 +24,9 @@ const PENDING: TableDefinition<&str, &[u8]> = TableDefinition::new("pending");
 /// activation id → [`QueuedCall`] JSON: an asynchronous call accepted and not started (its
 /// pending entry is in `PENDING` too).
 const QUEUED: TableDefinition<&str, &[u8]> = TableDefinition::new("queued");
+/// activation id → when it started (epoch ms): a queued call handed to a container, kept in
+/// `QUEUED` until its record is written, so that a restart can retry it by its policy.
+const STARTED: TableDefinition<&str, u64> = TableDefinition::new("queued_started");
 /// `namespace \0 start(20 digits) \0 id` → action name: listing newest first, and retention
 /// (namespace by namespace, oldest first).
 const BY_NAMESPACE: TableDefinition<&str, &str> = TableDefinition::new("activations_by_namespace");
@@ -140,6 +143,7 @@ impl RedbStore {
             txn.open_table(ACTIVATIONS).map_err(db_err)?;
             txn.open_table(PENDING).map_err(db_err)?;
             txn.open_table(QUEUED).map_err(db_err)?;
+            txn.open_table(STARTED).map_err(db_err)?;
             txn.open_table(BY_NAMESPACE).map_err(db_err)?;
             txn.delete_table(BY_END).map_err(db_err)?;
             txn.open_table(SETTINGS).map_err(db_err)?;
@@ -162,15 +166,18 @@ impl RedbStore {
         })
     }
 
-    /// The queued calls that never started, as the queued table holds them (a read).
-    pub fn queued(&self) -> Result<Vec<QueuedCall>, StoreError> {
+    /// The queued calls not finished, as the queued table holds them, each with whether it
+    /// started (a read).
+    pub fn queued(&self) -> Result<Vec<(QueuedCall, bool)>, StoreError> {
         self.run(|db| {
             let txn = db.begin_read().map_err(db_err)?;
             let table = txn.open_table(QUEUED).map_err(db_err)?;
+            let started = txn.open_table(STARTED).map_err(db_err)?;
             let mut out = Vec::new();
             for entry in table.iter().map_err(db_err)? {
                 let (k, v) = entry.map_err(db_err)?;
-                out.push(decode(k.value(), v.value())?);
+                let was_started = started.get(k.value()).map_err(db_err)?.is_some();
+                out.push((decode(k.value(), v.value())?, was_started));
             }
             Ok(out)
         })
@@ -208,15 +215,22 @@ impl RedbStore {
                         tables.pending.insert(id, encode(meta).as_slice()).map_err(db_err)?;
                     }
                 }
-                if !batch.queued.is_empty() || !batch.unqueued.is_empty() {
+                if !batch.queued.is_empty() || !batch.started.is_empty() || !batch.unqueued.is_empty() {
                     let mut queued = txn.open_table(QUEUED).map_err(db_err)?;
+                    let mut started = txn.open_table(STARTED).map_err(db_err)?;
                     for &(id, call) in batch.queued {
                         if tables.records.get(id).map_err(db_err)?.is_none() {
                             queued.insert(id, call).map_err(db_err)?;
                         }
                     }
+                    for &(id, at) in batch.started {
+                        if queued.get(id).map_err(db_err)?.is_some() {
+                            started.insert(id, at).map_err(db_err)?;
+                        }
+                    }
                     for id in batch.unqueued {
                         queued.remove(id.as_str()).map_err(db_err)?;
+                        started.remove(id.as_str()).map_err(db_err)?;
                     }
                 }
                 for &(record, json, pending_in_db) in batch.finished {
@@ -236,7 +250,9 @@ pub struct Batch<'a> {
     pub accepted: &'a [ActivationMeta],
     /// Queued calls not yet in redb: id and [`QueuedCall`] JSON.
     pub queued: &'a [(&'a str, &'a [u8])],
-    /// Queued calls that started (or ended without starting): out of the queued table.
+    /// Queued calls that started: marked so (they stay kept until they end).
+    pub started: &'a [(&'a str, u64)],
+    /// Queued calls that ended (a record): out of the queued table.
     pub unqueued: &'a [String],
     /// Records, each with its JSON and whether its pending entry may be in redb.
     pub finished: &'a [(&'a ActivationRecord, &'a [u8], bool)],
@@ -244,7 +260,11 @@ pub struct Batch<'a> {
 
 impl Batch<'_> {
     fn is_empty(&self) -> bool {
-        self.accepted.is_empty() && self.queued.is_empty() && self.unqueued.is_empty() && self.finished.is_empty()
+        self.accepted.is_empty()
+            && self.queued.is_empty()
+            && self.started.is_empty()
+            && self.unqueued.is_empty()
+            && self.finished.is_empty()
     }
 }
 
@@ -407,14 +427,16 @@ impl Store for RedbStore {
     }
 
     fn started(&self, id: &str) -> Result<(), StoreError> {
-        self.apply(&Batch { unqueued: &[id.to_string()], ..Batch::default() })
+        self.apply(&Batch { started: &[(id, crate::model::epoch_ms())], ..Batch::default() })
     }
 
     fn finish(&self, record: &EncodedRecord) -> Result<(), StoreError> {
         self.run(|db| {
             let txn = db.begin_write().map_err(db_err)?;
             RecordTables::open(&txn)?.write_encoded(&record.record, &record.json, true)?;
-            txn.open_table(QUEUED).map_err(db_err)?.remove(record.record.activation_id.as_str()).map_err(db_err)?;
+            let id = record.record.activation_id.as_str();
+            txn.open_table(QUEUED).map_err(db_err)?.remove(id).map_err(db_err)?;
+            txn.open_table(STARTED).map_err(db_err)?.remove(id).map_err(db_err)?;
             txn.commit().map_err(db_err)?;
             Ok(())
         })
@@ -468,11 +490,19 @@ impl Store for RedbStore {
         let mut pending = self.pending()?;
         let unfinished: std::collections::HashSet<&str> = pending.iter().map(|m| m.activation_id.as_str()).collect();
         // A queued entry whose activation ended (expired unrun) is no longer queued.
-        let mut queued = self.queued()?;
-        queued.retain(|c| unfinished.contains(c.meta.activation_id.as_str()));
-        let still_queued: std::collections::HashSet<String> =
-            queued.iter().map(|c| c.meta.activation_id.clone()).collect();
-        pending.retain(|m| !still_queued.contains(&m.activation_id));
+        let (mut queued, mut interrupted) = (Vec::new(), Vec::new());
+        for (call, started) in self.queued()? {
+            if unfinished.contains(call.meta.activation_id.as_str()) {
+                if started {
+                    interrupted.push(call)
+                } else {
+                    queued.push(call)
+                }
+            }
+        }
+        let kept: std::collections::HashSet<String> =
+            queued.iter().chain(&interrupted).map(|c| c.meta.activation_id.clone()).collect();
+        pending.retain(|m| !kept.contains(&m.activation_id));
         if !pending.is_empty() {
             self.run(|db| {
                 let txn = db.begin_write().map_err(db_err)?;
@@ -485,7 +515,7 @@ impl Store for RedbStore {
                 txn.commit().map_err(db_err)
             })?;
         }
-        Ok(Recovered { guessed: pending, queued })
+        Ok(Recovered { guessed: pending, queued, interrupted })
     }
 
     fn get_setting(&self, key: &str) -> Result<Option<String>, StoreError> {
@@ -740,11 +770,16 @@ mod tests {
             api_key: None,
             transaction_id: "t".into(),
             expires_at: 1_000,
+            attempt: 1,
+            max_attempts: 3,
+            retry_of: None,
+            not_before: 0,
         }
     }
 
     /// A queued call that never started stays queued across a restart (it is run, not
-    /// guessed); one that started gets the guess; one that ended is neither.
+    /// guessed); one that started is interrupted (kept, with its parameters, for its retry
+    /// policy); one that ended is neither.
     #[test]
     fn queued_calls_that_never_started_stay_queued_across_a_restart() {
         let dir = tempfile::tempdir().unwrap();
@@ -762,8 +797,8 @@ mod tests {
         let s = RedbStore::open(&path).unwrap();
         let recovered = s.recover_unfinished(99).unwrap();
         assert_eq!(recovered.queued, [queued("q1")]);
-        let guessed: Vec<_> = recovered.guessed.iter().map(|m| m.activation_id.as_str()).collect();
-        assert_eq!(guessed, ["q2"]);
+        assert_eq!(recovered.interrupted, [queued("q2")]);
+        assert!(recovered.guessed.is_empty());
         assert!(s.get_activation("q1").unwrap().is_none(), "still to run: no record");
         assert_eq!(s.recover_unfinished(100).unwrap().queued, [queued("q1")], "queued until it starts");
     }

@@ -106,6 +106,22 @@ impl Action {
         }
     }
 
+    /// The action's own bound on the retries of an asynchronous call that failed
+    /// ([`MAX_RETRY_ATTEMPTS`]), if it sets one.
+    pub fn max_retry_attempts(&self) -> Option<u32> {
+        self.annotations
+            .iter()
+            .find(|a| a.key == MAX_RETRY_ATTEMPTS)?
+            .value
+            .as_u64()
+            .and_then(|v| u32::try_from(v).ok())
+    }
+
+    /// The action's own maximum age of an asynchronous call, in seconds ([`MAX_EVENT_AGE`]).
+    pub fn max_event_age_s(&self) -> Option<u64> {
+        self.annotations.iter().find(|a| a.key == MAX_EVENT_AGE)?.value.as_u64()
+    }
+
     /// OpenWhisk passes the caller's key to the action only when the `provide-api-key`
     /// annotation is true (new actions default to false).
     pub fn provides_api_key(&self) -> bool {
@@ -408,6 +424,19 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
 
 /// The annotation of a record written as a guess ([`ActivationRecord::guess`]).
 pub const GUESS: &str = "guess";
+
+/// An action's annotation: how many times an asynchronous call of it that failed is tried
+/// again (0 to 2), as `wsk action update a -a max-retry-attempts 1` sets it.
+pub const MAX_RETRY_ATTEMPTS: &str = "max-retry-attempts";
+/// An action's annotation: how long (seconds, 60 to 21600) an asynchronous call of it may wait
+/// to start, counted from its first attempt.
+pub const MAX_EVENT_AGE: &str = "max-event-age";
+/// A retry's record: the activation id of the call's first attempt.
+pub const RETRY_OF: &str = "retryOf";
+/// A retry's record: which attempt it is (2 or 3).
+pub const ATTEMPT: &str = "attempt";
+/// A failed attempt's record: the activation id of the attempt that follows it.
+pub const RETRIED_AS: &str = "retriedAs";
 
 impl ActivationRecord {
     /// Whether the record says its action provably never started (a rejection of the kinds
