@@ -1,6 +1,8 @@
 //! The HTTP surface against the mock factory: OpenWhisk's REST subset, the activation shim,
 //! status codes with one meaning each, and a property test that no request gets a 500.
 
+mod support;
+
 use base64::Engine as _;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -959,4 +961,62 @@ async fn an_actions_queue_policy_outside_its_bounds_is_refused_naming_it() {
     }
     let (s, body, _) = send(&app, put("/api/v1/namespaces/_/actions/p", with("max-retry-attempts", json!(0)))).await;
     assert_eq!((s, &body["annotations"][0]["value"]), (200, &json!(0)), "{body}");
+}
+
+/// A call that exhausts its attempts lands in its namespace's dead-letter list: listed, shown
+/// with its last record, never to another namespace; driven again as a new call (the letter
+/// goes), or deleted.
+#[actix_rt::test]
+async fn a_call_out_of_attempts_is_a_dead_letter_shown_redriven_and_deleted_in_its_namespace_only() {
+    let (_h, app) = harness(
+        |c| {
+            c.queue.retry_backoff = std::time::Duration::from_millis(10);
+            c.queue.max_retry_attempts = 1;
+        },
+        MockConfig::default(),
+    )
+    .await;
+    send(&app, put("/api/v1/namespaces/_/actions/flaky", echo_action())).await;
+    let (s, accepted, _) = send(&app, post("/api/v1/namespaces/_/actions/flaky", json!({"error": "nope"}))).await;
+    assert_eq!(s, 202);
+    let first = accepted["activationId"].as_str().unwrap().to_string();
+    let letters = || async {
+        let (s, list, _) = send(&app, get("/api/v1/namespaces/_/deadletters")).await;
+        assert_eq!(s, 200, "{list}");
+        list.as_array().unwrap().clone()
+    };
+    let bound = std::time::Duration::from_secs(30);
+    let letter = support::eventually(bound, "a dead letter", || async {
+        letters().await.first().cloned().ok_or_else(|| "none".to_string())
+    })
+    .await;
+    assert_eq!((&letter["first_activation_id"], &letter["attempts"]), (&json!(first), &json!(2)), "{letter}");
+    assert_eq!((&letter["reason"], &letter["action"]), (&json!("nope"), &json!("guest/flaky")), "{letter}");
+    let last = letter["activation_id"].as_str().unwrap().to_string();
+    let (s, shown, _) = send(&app, get(&format!("/api/v1/namespaces/_/deadletters/{last}"))).await;
+    assert_eq!((s, &shown["record"]["response"]["statusCode"]), (200, &json!(1)), "{shown}");
+    // Another tenant sees none of it, by its own namespace or by the id.
+    let as_other = |uri: &str| Req::get().uri(uri).insert_header(auth(OTHER));
+    let (s, theirs, _) = send(&app, as_other("/api/v1/namespaces/_/deadletters")).await;
+    assert_eq!((s, theirs), (200, json!([])));
+    let (s, _, _) = send(&app, as_other(&format!("/api/v1/namespaces/_/deadletters/{last}"))).await;
+    assert_eq!(s, 404);
+    let (s, _, _) = send(&app, as_other("/api/v1/namespaces/guest/deadletters")).await;
+    assert_eq!(s, 403);
+    // Driven again: a new call, and the letter goes.
+    let redrive =
+        Req::post().uri(&format!("/api/v1/namespaces/_/deadletters/{last}/redrive")).insert_header(auth(GUEST));
+    let (s, driven, _) = send(&app, redrive).await;
+    assert_eq!((s, &driven["redriven"]), (202, &json!(last)), "{driven}");
+    assert_ne!(driven["activationId"], json!(last));
+    assert!(!letters().await.iter().any(|l| l["activation_id"] == json!(last)));
+    // It fails again (same parameters) and comes back as a letter of its own; deleted, it goes.
+    let again = support::eventually(bound, "a second dead letter", || async {
+        let first = letters().await.first().cloned().ok_or_else(|| "none".to_string())?;
+        Ok(first["activation_id"].as_str().unwrap().to_string())
+    })
+    .await;
+    let delete = Req::delete().uri(&format!("/api/v1/namespaces/_/deadletters/{again}")).insert_header(auth(GUEST));
+    assert_eq!(send(&app, delete).await.0, 200);
+    assert!(letters().await.is_empty());
 }

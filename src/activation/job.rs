@@ -6,7 +6,7 @@ use super::queue::QueueTicket;
 use super::slot::NamespaceSlot;
 use crate::metrics::Metrics;
 use crate::model::{Action, ActivationMeta, ActivationRecord, EncodedRecord, KeyValue, Rejection};
-use crate::store::{QueuedCall, Store};
+use crate::store::{DeadLetter, DocKind, QueuedCall, Store};
 use crate::telemetry::ActivationTrace;
 use serde_json::{Map, Value};
 use std::sync::Arc;
@@ -55,20 +55,21 @@ pub struct Retry {
 impl Retry {
     /// Links `record` to its attempts, and queues the next attempt if it failed and its policy
     /// and age allow one.
-    fn decide(self, record: &mut ActivationRecord, store: &dyn Store) {
+    fn decide(self, record: &mut ActivationRecord, store: &Arc<dyn Store>) {
         let Ok(mut call) = serde_json::from_slice::<QueuedCall>(&self.call) else { return };
         if let Some(first) = &call.retry_of {
             record.annotations.push(KeyValue { key: crate::model::RETRY_OF.into(), value: first.clone().into() });
             record.annotations.push(KeyValue { key: crate::model::ATTEMPT.into(), value: call.attempt.into() });
         }
-        if record.response.status_code == 0 || call.attempt >= call.max_attempts {
+        if record.response.status_code == 0 {
             return;
         }
         let now = crate::model::epoch_ms();
         let backoff = self.backoff.saturating_mul(1 << (call.attempt - 1).min(16));
         let not_before = now.saturating_add(backoff.as_millis() as u64);
-        if not_before >= call.expires_at {
-            return; // past its age before it could start: no retry
+        // Out of attempts, or past its age before another could start: given up.
+        if call.attempt >= call.max_attempts || not_before >= call.expires_at {
+            return dead_letter(call, record, store);
         }
         let first = call.retry_of.take().unwrap_or_else(|| call.meta.activation_id.clone());
         call.meta.activation_id = crate::model::new_activation_id();
@@ -85,6 +86,36 @@ impl Retry {
         let next = call.meta.activation_id.clone();
         record.annotations.push(KeyValue { key: crate::model::RETRIED_AS.into(), value: next.into() });
         let _ = self.retries.send(call);
+    }
+}
+
+/// Keeps a call given up in its namespace's dead-letter list, off the thread that ends it (a
+/// document write is a durable commit).
+fn dead_letter(mut call: QueuedCall, record: &ActivationRecord, store: &Arc<dyn Store>) {
+    let store = store.clone();
+    call.api_key = None;
+    let first = call.retry_of.clone().unwrap_or_else(|| call.meta.activation_id.clone());
+    let result = &record.response.result;
+    let reason = result["error"].as_str().map_or_else(|| result.to_string(), str::to_string);
+    let letter = DeadLetter {
+        activation_id: record.activation_id.clone(),
+        first_activation_id: first,
+        action: format!("{}/{}", call.meta.namespace, call.meta.name),
+        attempts: call.attempt,
+        reason,
+        at: crate::model::epoch_ms(),
+        call,
+    };
+    let json = serde_json::to_string(&letter).expect("a dead letter serialises");
+    let keep = move || {
+        let ns = &letter.call.meta.namespace;
+        if let Err(e) = store.put_doc(ns, DocKind::DeadLetter, &letter.activation_id, Some(&json)) {
+            tracing::error!(activation = %letter.activation_id, "its dead letter was not kept: {e}");
+        }
+    };
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => drop(runtime.spawn_blocking(keep)),
+        Err(_) => keep(),
     }
 }
 
@@ -232,7 +263,7 @@ impl CompletionInner {
     /// record is encoded here, once: the store and the waiter share it and its bytes.
     fn finish(mut self, mut record: ActivationRecord, trace: &ActivationTrace) {
         if let Some(retry) = self.retry.take() {
-            retry.decide(&mut record, &*self.store);
+            retry.decide(&mut record, &self.store);
         }
         trace.ended(&record);
         let _write = crate::stage_span!(trace, "record").entered();

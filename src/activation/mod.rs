@@ -34,6 +34,9 @@ pub enum IntakeError {
     /// neither run nor answered from the other's record.
     #[error("activationId: {0} is already taken by another activation")]
     IdTaken(String),
+    /// What a dead letter would run again is gone (its action was deleted).
+    #[error("{0}")]
+    Gone(String),
     /// The durable queue of asynchronous calls is at one of its bounds.
     #[error(transparent)]
     QueueFull(#[from] QueueFull),
@@ -398,6 +401,40 @@ impl ActivationService {
         let queued = job::Queued { ticket, expires_at };
         let run = self.queued_run(call, json.into(), action, request, queued, Instant::now(), None, queue);
         self.hand_over_queued(run).await;
+    }
+
+    /// Drives a dead letter again: a new call (a new activation id, its first attempt, its
+    /// age from now) of the action as stored now, with the letter's parameters and request,
+    /// by the queue's path. `api_key`: the caller's, for an action that asks for it.
+    pub async fn redrive(
+        &self,
+        letter: &crate::store::DeadLetter,
+        api_key: Option<String>,
+    ) -> Result<String, IntakeError> {
+        if self.queue.is_none() {
+            return Err(IntakeError::Draining);
+        }
+        let action = self.action_of(&letter.call.meta).await.map_err(IntakeError::Gone)?;
+        let request = letter.call.request.as_ref().map(|r| {
+            let body = base64::engine::general_purpose::STANDARD.decode(&r.body).unwrap_or_default();
+            Arc::new(job::CallRequest { headers: r.headers.clone(), body: body.into() })
+        });
+        let req = InvokeRequest {
+            api_key: api_key.filter(|_| action.provides_api_key()),
+            action,
+            params: letter.call.params.clone(),
+            request,
+            subject: letter.call.meta.subject.clone(),
+            activation_id: None,
+            transaction_id: crate::model::new_activation_id(),
+            wait: None,
+            traceparent: None,
+            whole: None,
+        };
+        match self.invoke(req).await? {
+            Invoked::Accepted(id) => Ok(id),
+            Invoked::Done(record) => Ok(record.record.activation_id.clone()),
+        }
     }
 
     /// Ends a call that started in an earlier run and did not end: a whisk-error record written

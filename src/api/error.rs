@@ -62,6 +62,7 @@ impl From<IntakeError> for ApiError {
     fn from(e: IntakeError) -> Self {
         match e {
             IntakeError::NamespaceLimit { .. } | IntakeError::QueueFull(_) => ApiError::TooMany(e.to_string()),
+            IntakeError::Gone(why) => ApiError::Conflict(why),
             IntakeError::Draining => ApiError::Unavailable(e.to_string()),
             IntakeError::IdTaken(_) => ApiError::Conflict(e.to_string()),
             IntakeError::Store(s) => s.into(),

@@ -7,6 +7,7 @@ mod admin;
 pub(crate) mod archive;
 mod call;
 mod cluster;
+mod dead_letters;
 pub mod error;
 mod fn_routes;
 pub(crate) mod live;
@@ -45,6 +46,18 @@ enum Route {
         ns: String,
         id: String,
         part: String,
+    },
+    DeadLetters {
+        ns: String,
+    },
+    DeadLetter {
+        ns: String,
+        id: String,
+    },
+    DeadLetterRedrive {
+        ns: String,
+        /// `None`: every letter of the namespace.
+        id: Option<String>,
     },
     ActivationMessage,
     Invokers,
@@ -170,6 +183,10 @@ impl Route {
             [ns, "activations", id, part] => {
                 Route::ActivationPart { ns: decoded(ns)?, id: decoded(id)?, part: decoded(part)? }
             }
+            [ns, "deadletters"] => Route::DeadLetters { ns: decoded(ns)? },
+            [ns, "deadletters", "redrive"] => Route::DeadLetterRedrive { ns: decoded(ns)?, id: None },
+            [ns, "deadletters", id] => Route::DeadLetter { ns: decoded(ns)?, id: decoded(id)? },
+            [ns, "deadletters", id, "redrive"] => Route::DeadLetterRedrive { ns: decoded(ns)?, id: Some(decoded(id)?) },
             _ => return Ok(None),
         }))
     }
@@ -278,6 +295,15 @@ impl AppState {
             (Route::Activation { ns, id }, &Method::GET) => activations::get(self, &call, &ns, &id).await,
             (Route::ActivationPart { ns, id, part }, &Method::GET) => {
                 activations::get_part(self, &call, &ns, &id, &part).await
+            }
+            (Route::DeadLetters { ns }, &Method::GET) => dead_letters::list(self, &call, &ns).await,
+            (Route::DeadLetter { ns, id }, &Method::GET) => dead_letters::get(self, &call, &ns, &id).await,
+            (Route::DeadLetter { ns, id }, &Method::DELETE) => dead_letters::delete(self, &call, &ns, &id).await,
+            (Route::DeadLetterRedrive { ns, id: Some(id) }, &Method::POST) => {
+                dead_letters::redrive(self, &call, &ns, &id).await
+            }
+            (Route::DeadLetterRedrive { ns, id: None }, &Method::POST) => {
+                dead_letters::redrive_all(self, &call, &ns).await
             }
             (Route::ActivationMessage, &Method::POST) => shim::activation_message(self, &call).await,
             (Route::Invokers, &Method::GET) => cluster::invokers(self, &call).await,

@@ -125,6 +125,25 @@ fn first_attempt() -> u32 {
     1
 }
 
+/// An asynchronous call that exhausted its attempts or its age, kept in its namespace's
+/// dead-letter list (a document of [`DocKind::DeadLetter`]) until it is driven again or
+/// deleted.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DeadLetter {
+    /// The last attempt's activation id: the letter's id, and the record that says how it ended.
+    pub activation_id: String,
+    /// The first attempt's activation id (the same for a call tried once).
+    pub first_activation_id: String,
+    pub action: String,
+    pub attempts: u32,
+    /// Why the last attempt ended as it did (its record's error).
+    pub reason: String,
+    /// When it was given up (epoch ms).
+    pub at: u64,
+    /// The call as queued (without the caller's key), to drive it again.
+    pub call: QueuedCall,
+}
+
 /// A caller's request kept in the queue: its headers, and its body in base64 (it may not be
 /// text).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -240,6 +259,8 @@ pub enum DocKind {
     /// which no tenant has): a call to the function's invoke URL carries no credential but the
     /// key, and finds its namespace here.
     FnInvokeKey,
+    /// A namespace's dead letter ([`DeadLetter`]) by its activation id.
+    DeadLetter,
 }
 
 impl DocKind {
@@ -250,6 +271,7 @@ impl DocKind {
             DocKind::FnTrigger => "fn.trigger",
             DocKind::FnRoute => "fn.route",
             DocKind::FnInvokeKey => "fn.invoke",
+            DocKind::DeadLetter => "deadletter",
         }
     }
 
