@@ -23,6 +23,11 @@ pub struct StateLabel {
     pub state: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NamespaceLabel {
+    pub namespace: String,
+}
+
 pub struct Metrics {
     registry: Registry,
     /// What the live view (`/ui`) is sent, when somebody watches.
@@ -36,6 +41,12 @@ pub struct Metrics {
     cold: Counter,
     warm: Counter,
     prewarm: Counter,
+    /// The durable queue: calls waiting and the oldest's age, by namespace (set at scrape).
+    pub queued: Family<NamespaceLabel, Gauge>,
+    pub queued_oldest_seconds: Family<NamespaceLabel, Gauge>,
+    /// Attempts queued again by their policy, and calls given up to a dead-letter list.
+    pub retries: Counter,
+    pub dead_letters: Counter,
 }
 
 impl Default for Metrics {
@@ -61,8 +72,33 @@ impl Default for Metrics {
         let cold = starts.get_or_create(&StartLabel { start: "cold".into() }).clone();
         let warm = starts.get_or_create(&StartLabel { start: "warm".into() }).clone();
         let prewarm = starts.get_or_create(&StartLabel { start: "prewarm".into() }).clone();
+        let queued = Family::<NamespaceLabel, Gauge>::default();
+        let queued_oldest_seconds = Family::<NamespaceLabel, Gauge>::default();
+        let (retries, dead_letters) = (Counter::default(), Counter::default());
+        registry.register("queued_calls", "Asynchronous calls waiting in the durable queue", queued.clone());
+        registry.register(
+            "queued_oldest_seconds",
+            "Age of the oldest asynchronous call waiting in the durable queue",
+            queued_oldest_seconds.clone(),
+        );
+        registry.register("retries", "Asynchronous calls queued again by their retry policy", retries.clone());
+        registry.register("dead_letters", "Asynchronous calls given up to a dead-letter list", dead_letters.clone());
         let live = crate::live::LiveFeed::default();
-        Metrics { registry, live, latency, containers, waiting, by_outcome, cold, warm, prewarm }
+        Metrics {
+            registry,
+            live,
+            latency,
+            containers,
+            waiting,
+            by_outcome,
+            cold,
+            warm,
+            prewarm,
+            queued,
+            queued_oldest_seconds,
+            retries,
+            dead_letters,
+        }
     }
 }
 

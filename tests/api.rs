@@ -993,6 +993,11 @@ async fn a_call_out_of_attempts_is_a_dead_letter_shown_redriven_and_deleted_in_i
     assert_eq!((&letter["first_activation_id"], &letter["attempts"]), (&json!(first), &json!(2)), "{letter}");
     assert_eq!((&letter["reason"], &letter["action"]), (&json!("nope"), &json!("guest/flaky")), "{letter}");
     let last = letter["activation_id"].as_str().unwrap().to_string();
+    let metrics = call(&app, admin_get("/metrics")).await.into_body().collect().await.unwrap().to_bytes();
+    let metrics = String::from_utf8_lossy(&metrics);
+    for counted in ["invoker_retries_total 1", "invoker_dead_letters_total 1"] {
+        assert!(metrics.lines().any(|l| l == counted), "{counted}: {metrics}");
+    }
     let (s, shown, _) = send(&app, get(&format!("/api/v1/namespaces/_/deadletters/{last}"))).await;
     assert_eq!((s, &shown["record"]["response"]["statusCode"]), (200, &json!(1)), "{shown}");
     // Another tenant sees none of it, by its own namespace or by the id.

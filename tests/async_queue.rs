@@ -60,6 +60,12 @@ async fn a_burst_of_ten_times_the_pool_all_runs() {
     action["limits"] = json!({"memory": 128});
     inv.put_action("sleeper", action).await;
     let ids = burst(&inv, 20, 0.4).await;
+    // The backlog is seen in /metrics, by namespace, with the oldest's age.
+    let (status, _, metrics) = inv.send("GET", "/metrics", &inv.admin, &[], Vec::new()).await;
+    let metrics = String::from_utf8(metrics).unwrap();
+    let waiting = metrics.lines().find_map(|l| l.strip_prefix("invoker_queued_calls{namespace=\"guest\"} "));
+    assert!(status == 200 && waiting.is_some_and(|n| n.parse::<u32>().unwrap() > 0), "{metrics}");
+    assert!(metrics.contains("invoker_queued_oldest_seconds{namespace=\"guest\"}"), "{metrics}");
     let (status, body) = inv.invoke("sleeper", "blocking=true&result=true", json!({"n": "now"})).await;
     assert_eq!((status, &body), (200, &json!({"n": "now"})), "a blocking call goes before the queue");
     let records = records(&inv, &ids, Duration::from_secs(120)).await;

@@ -55,7 +55,7 @@ pub struct Retry {
 impl Retry {
     /// Links `record` to its attempts, and queues the next attempt if it failed and its policy
     /// and age allow one.
-    fn decide(self, record: &mut ActivationRecord, store: &Arc<dyn Store>) {
+    fn decide(self, record: &mut ActivationRecord, store: &Arc<dyn Store>, metrics: &Metrics) {
         let Ok(mut call) = serde_json::from_slice::<QueuedCall>(&self.call) else { return };
         if let Some(first) = &call.retry_of {
             record.annotations.push(KeyValue { key: crate::model::RETRY_OF.into(), value: first.clone().into() });
@@ -69,6 +69,7 @@ impl Retry {
         let not_before = now.saturating_add(backoff.as_millis() as u64);
         // Out of attempts, or past its age before another could start: given up.
         if call.attempt >= call.max_attempts || not_before >= call.expires_at {
+            metrics.dead_letters.inc();
             return dead_letter(call, record, store);
         }
         let first = call.retry_of.take().unwrap_or_else(|| call.meta.activation_id.clone());
@@ -85,6 +86,7 @@ impl Retry {
         }
         let next = call.meta.activation_id.clone();
         record.annotations.push(KeyValue { key: crate::model::RETRIED_AS.into(), value: next.into() });
+        metrics.retries.inc();
         let _ = self.retries.send(call);
     }
 }
@@ -263,7 +265,7 @@ impl CompletionInner {
     /// record is encoded here, once: the store and the waiter share it and its bytes.
     fn finish(mut self, mut record: ActivationRecord, trace: &ActivationTrace) {
         if let Some(retry) = self.retry.take() {
-            retry.decide(&mut record, &self.store);
+            retry.decide(&mut record, &self.store, &self.metrics);
         }
         trace.ended(&record);
         let _write = crate::stage_span!(trace, "record").entered();

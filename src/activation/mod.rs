@@ -360,7 +360,7 @@ impl ActivationService {
         };
         // Strings, numbers and JSON values: encoding cannot fail.
         let json = serde_json::to_vec(&call).expect("a queued call serialises");
-        let ticket = queue.counts.admit(&call.meta.namespace, json.len() as u64, false)?;
+        let ticket = queue.counts.admit(&call.meta.namespace, json.len() as u64, call.meta.accepted_at, false)?;
         match self.store.enqueue(&call, &json, given)? {
             Accepted::New => {}
             Accepted::Finished(record) if record.namespace == call.meta.namespace => {
@@ -390,14 +390,16 @@ impl ActivationService {
             Ok(action) => action,
             Err(why) => return self.end_unrun(&call, &why),
         };
-        let Ok(ticket) = queue.counts.admit(&call.meta.namespace, 0, true) else { return };
+        // Strings, numbers and JSON values: encoding cannot fail.
+        let json = serde_json::to_vec(&call).expect("a queued call serialises");
+        // A retry waits from when its backoff ended, a call a restart found from its acceptance.
+        let since = call.retry_of.as_ref().map_or(call.meta.accepted_at, |_| call.not_before);
+        let Ok(ticket) = queue.counts.admit(&call.meta.namespace, json.len() as u64, since, true) else { return };
         let request = call.request.as_ref().map(|r| {
             let body = base64::engine::general_purpose::STANDARD.decode(&r.body).unwrap_or_default();
             Arc::new(job::CallRequest { headers: r.headers.clone(), body: body.into() })
         });
         let expires_at = call.expires_at;
-        // Strings, numbers and JSON values: encoding cannot fail.
-        let json = serde_json::to_vec(&call).expect("a queued call serialises");
         let queued = job::Queued { ticket, expires_at };
         let run = self.queued_run(call, json.into(), action, request, queued, Instant::now(), None, queue);
         self.hand_over_queued(run).await;

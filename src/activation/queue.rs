@@ -39,7 +39,23 @@ pub struct QueueBounds {
 struct Held {
     calls: usize,
     bytes: u64,
-    by_namespace: FxHashMap<Arc<str>, usize>,
+    by_namespace: FxHashMap<Arc<str>, OfNamespace>,
+}
+
+/// One namespace's waiting calls: how many, and when each was accepted (for the oldest).
+#[derive(Default)]
+struct OfNamespace {
+    calls: usize,
+    since: std::collections::BTreeMap<u64, usize>,
+}
+
+/// What waits of one namespace, as `/metrics` says it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NamespaceDepth {
+    pub namespace: String,
+    pub calls: usize,
+    /// When the oldest waiting call was accepted (epoch ms).
+    pub oldest: u64,
 }
 
 /// What waits in the queue now; cheap to clone.
@@ -54,12 +70,13 @@ impl QueueCounts {
         QueueCounts { bounds, held: Arc::default() }
     }
 
-    /// Counts one more waiting call of `namespace` holding `bytes`, if the bounds allow.
-    /// `force`: counted whatever the bounds (a call a restart found queued, accepted before).
-    pub fn admit(&self, namespace: &str, bytes: u64, force: bool) -> Result<QueueTicket, QueueFull> {
+    /// Counts one more waiting call of `namespace` holding `bytes`, accepted at `since` (epoch
+    /// ms), if the bounds allow. `force`: counted whatever the bounds (a call accepted before:
+    /// found by a restart, or a retry).
+    pub fn admit(&self, namespace: &str, bytes: u64, since: u64, force: bool) -> Result<QueueTicket, QueueFull> {
         let b = self.bounds;
         let mut held = self.held.lock();
-        let of_namespace = held.by_namespace.get(namespace).copied().unwrap_or(0);
+        let of_namespace = held.by_namespace.get(namespace).map_or(0, |n| n.calls);
         if !force {
             if held.calls >= b.max_calls {
                 return Err(QueueFull::Calls { limit: b.max_calls });
@@ -77,8 +94,10 @@ impl QueueCounts {
         };
         held.calls += 1;
         held.bytes += bytes;
-        *held.by_namespace.entry(namespace.clone()).or_default() += 1;
-        Ok(QueueTicket { held: self.held.clone(), namespace, bytes })
+        let of = held.by_namespace.entry(namespace.clone()).or_default();
+        of.calls += 1;
+        *of.since.entry(since).or_default() += 1;
+        Ok(QueueTicket { held: self.held.clone(), namespace, bytes, since })
     }
 
     /// Calls waiting, all namespaces together.
@@ -86,10 +105,19 @@ impl QueueCounts {
         self.held.lock().calls
     }
 
-    /// Calls waiting, by namespace.
-    pub fn by_namespace(&self) -> Vec<(String, usize)> {
-        let mut out: Vec<_> = self.held.lock().by_namespace.iter().map(|(n, &c)| (n.to_string(), c)).collect();
-        out.sort();
+    /// Calls waiting, by namespace, with the oldest's acceptance.
+    pub fn by_namespace(&self) -> Vec<NamespaceDepth> {
+        let held = self.held.lock();
+        let mut out: Vec<_> = held
+            .by_namespace
+            .iter()
+            .map(|(n, of)| NamespaceDepth {
+                namespace: n.to_string(),
+                calls: of.calls,
+                oldest: of.since.keys().next().copied().unwrap_or_default(),
+            })
+            .collect();
+        out.sort_by(|a, b| a.namespace.cmp(&b.namespace));
         out
     }
 }
@@ -100,6 +128,7 @@ pub struct QueueTicket {
     held: Arc<Mutex<Held>>,
     namespace: Arc<str>,
     bytes: u64,
+    since: u64,
 }
 
 impl Drop for QueueTicket {
@@ -107,9 +136,15 @@ impl Drop for QueueTicket {
         let mut held = self.held.lock();
         held.calls -= 1;
         held.bytes -= self.bytes;
-        if let Some(count) = held.by_namespace.get_mut(&self.namespace) {
-            *count -= 1;
-            if *count == 0 {
+        if let Some(of) = held.by_namespace.get_mut(&self.namespace) {
+            of.calls -= 1;
+            if let Some(count) = of.since.get_mut(&self.since) {
+                *count -= 1;
+                if *count == 0 {
+                    of.since.remove(&self.since);
+                }
+            }
+            if of.calls == 0 {
                 held.by_namespace.remove(&self.namespace);
             }
         }
@@ -127,17 +162,18 @@ mod tests {
     #[test]
     fn each_bound_refuses_with_its_name_and_a_ticket_gives_its_place_back() {
         let q = counts();
-        let a1 = q.admit("a", 10, false).unwrap();
-        let _a2 = q.admit("a", 10, false).unwrap();
-        assert_eq!(q.admit("a", 10, false).err(), Some(QueueFull::Namespace { namespace: "a".into(), limit: 2 }));
-        assert_eq!(q.admit("b", 81, false).err(), Some(QueueFull::Bytes { limit_mb: 0 }));
-        let _b = q.admit("b", 10, false).unwrap();
-        assert_eq!(q.admit("c", 1, false).err(), Some(QueueFull::Calls { limit: 3 }));
-        let _forced = q.admit("c", 1, true).unwrap();
+        let a1 = q.admit("a", 10, 5, false).unwrap();
+        let _a2 = q.admit("a", 10, 7, false).unwrap();
+        assert_eq!(q.admit("a", 10, 8, false).err(), Some(QueueFull::Namespace { namespace: "a".into(), limit: 2 }));
+        assert_eq!(q.admit("b", 81, 8, false).err(), Some(QueueFull::Bytes { limit_mb: 0 }));
+        let _b = q.admit("b", 10, 9, false).unwrap();
+        assert_eq!(q.admit("c", 1, 9, false).err(), Some(QueueFull::Calls { limit: 3 }));
+        let forced = q.admit("c", 1, 1, true).unwrap();
         assert_eq!(q.calls(), 4);
         drop(a1);
-        drop(_forced);
-        assert_eq!(q.by_namespace(), [("a".to_string(), 1), ("b".to_string(), 1)]);
-        assert!(q.admit("c", 1, false).is_ok());
+        drop(forced);
+        let depth = |namespace: &str, calls, oldest| NamespaceDepth { namespace: namespace.into(), calls, oldest };
+        assert_eq!(q.by_namespace(), [depth("a", 1, 7), depth("b", 1, 9)], "the oldest left, not the first");
+        assert!(q.admit("c", 1, 10, false).is_ok());
     }
 }

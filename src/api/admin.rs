@@ -56,7 +56,20 @@ pub(super) async fn metrics(state: &AppState, call: &Call) -> Result<Response, A
     if let Some(pool) = state.service.pool() {
         pool.refresh_gauges().await;
     }
-    let mut text = state.service.metrics().render();
+    let metrics = state.service.metrics();
+    if let Some(queue) = state.service.queue_counts() {
+        // Only the namespaces with calls waiting now.
+        metrics.queued.clear();
+        metrics.queued_oldest_seconds.clear();
+        let now = crate::model::epoch_ms();
+        for depth in queue.by_namespace() {
+            let label = crate::metrics::NamespaceLabel { namespace: depth.namespace };
+            metrics.queued.get_or_create(&label).set(depth.calls as i64);
+            let age = now.saturating_sub(depth.oldest) / 1000;
+            metrics.queued_oldest_seconds.get_or_create(&label).set(age as i64);
+        }
+    }
+    let mut text = metrics.render();
     if let Some(dispatcher) = state.service.dispatcher() {
         text.push_str(&dispatcher.metrics.render());
     }
