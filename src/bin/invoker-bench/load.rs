@@ -54,6 +54,11 @@ impl Samples {
         self.cpu.idle += other.cpu.idle;
     }
 
+    /// Requests that succeeded.
+    pub fn count(&self) -> usize {
+        self.micros.len()
+    }
+
     /// CPU per request in µs: the load generator's, all cores busy, all cores idle.
     pub fn cpu_per_request(&self) -> (u64, u64, u64) {
         let per = |ticks: u64| (ticks as f64 * 10_000.0 / self.micros.len().max(1) as f64).round() as u64;

@@ -17,6 +17,7 @@ mod floor;
 mod fn_image;
 mod fn_side;
 mod load;
+mod queue;
 mod targets;
 mod tracing_ab;
 
@@ -82,6 +83,10 @@ struct Args {
     /// Measure only the warm path with tracing off, exporting every trace, and 1 % of them.
     #[arg(long)]
     tracing_only: bool,
+    /// Measure only the durable queue's intake (`queue.rs`): non-blocking invokes from this many
+    /// callers for one slice, then the backlog's drain.
+    #[arg(long)]
+    queue_only: Option<usize>,
     /// Serve the floor (`floor.rs`) in front of the runtimes at these sockets, and nothing
     /// else: how the benchmark starts its floor side.
     #[arg(long, num_args = 1..)]
@@ -188,6 +193,10 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         let ratio = hop.last().map_or(Value::Null, |r| r["rps_ratio"].clone());
         let figures = json!({ "sched_added_p50_us_c1": hop[0]["added_p50_us"], "sched_rps_ratio_c8": ratio });
         println!("{}", json!({ "scheduler": hop, "figures": figures }));
+        return Ok(());
+    }
+    if let Some(callers) = args.queue_only {
+        println!("{}", queue::queue_intake(&exe, &http, callers, k, slice).await?);
         return Ok(());
     }
     if args.tracing_only {
