@@ -1025,3 +1025,61 @@ async fn a_call_out_of_attempts_is_a_dead_letter_shown_redriven_and_deleted_in_i
     assert_eq!(send(&app, delete).await.0, 200);
     assert!(letters().await.is_empty());
 }
+
+/// Destinations: an asynchronous call's success goes to its action's `on-success`, a call given
+/// up to `on-failure`, each called asynchronously with the record; a destination's own call
+/// calls none (here the sink names the caller back: no loop).
+#[actix_rt::test]
+async fn destinations_get_the_record_of_a_success_and_of_a_call_given_up_and_never_loop() {
+    let (_h, app) = harness(|c| c.queue.max_retry_attempts = 0, MockConfig::default()).await;
+    let annotated = |pairs: Value| {
+        let mut action = echo_action();
+        action["annotations"] = pairs;
+        action
+    };
+    let sink = annotated(json!([{"key": "on-success", "value": "ok"}]));
+    send(&app, put("/api/v1/namespaces/_/actions/sink", sink)).await;
+    send(&app, put("/api/v1/namespaces/_/actions/ok", annotated(json!([{"key": "on-success", "value": "sink"}]))))
+        .await;
+    send(&app, put("/api/v1/namespaces/_/actions/bad", annotated(json!([{"key": "on-failure", "value": "sink"}]))))
+        .await;
+    let (_, ok, _) = send(&app, post("/api/v1/namespaces/_/actions/ok", json!({"n": 1}))).await;
+    let (_, bad, _) = send(&app, post("/api/v1/namespaces/_/actions/bad", json!({"error": "no"}))).await;
+    let bound = std::time::Duration::from_secs(30);
+    let sunk = support::eventually(bound, "the sink called twice", || async {
+        let (_, list, _) = send(&app, get("/api/v1/namespaces/_/activations?name=sink")).await;
+        let list = list.as_array().cloned().unwrap_or_default();
+        if list.len() == 2 {
+            Ok(list)
+        } else {
+            Err(format!("{} calls", list.len()))
+        }
+    })
+    .await;
+    let mut got: Vec<(String, String)> = sunk
+        .iter()
+        .map(|r| {
+            let echo = &r["response"]["result"]["echo"];
+            (
+                echo["destination"].as_str().unwrap().to_string(),
+                echo["activation"]["activationId"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    got.sort();
+    let mut want = vec![
+        ("on-failure".to_string(), bad["activationId"].as_str().unwrap().to_string()),
+        ("on-success".to_string(), ok["activationId"].as_str().unwrap().to_string()),
+    ];
+    want.sort();
+    assert_eq!(got, want);
+    // A blocking call through the same pool: any call back the sink made was queued before it.
+    let (s, _, _) = send(&app, post("/api/v1/namespaces/_/actions/bad?blocking=true", json!({}))).await;
+    assert_eq!(s, 200);
+    let (_, oks, _) = send(&app, get("/api/v1/namespaces/_/activations?name=ok")).await;
+    assert_eq!(oks.as_array().unwrap().len(), 1, "the sink's success did not call ok back: {oks}");
+    let bad_name = annotated(json!([{"key": "on-failure", "value": "no/such"}]));
+    let (s, body, _) = send(&app, put("/api/v1/namespaces/_/actions/worse", bad_name)).await;
+    assert_eq!(s, 400, "{body}");
+    assert!(body["error"].as_str().unwrap().starts_with("annotations.on-failure"), "{body}");
+}

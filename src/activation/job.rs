@@ -47,9 +47,17 @@ pub struct Retry {
     pub call: bytes::Bytes,
     /// Before the first retry; doubled for each later one.
     pub backoff: std::time::Duration,
-    /// The intake's retry loop. Unbounded, since each message is a call the queue's bounds
-    /// already admitted (and it is sent at most once per attempt).
-    pub retries: tokio::sync::mpsc::UnboundedSender<QueuedCall>,
+    /// The intake's loop. Unbounded, since each message is a call the queue's bounds already
+    /// admitted (and at most one is sent per attempt).
+    pub retries: tokio::sync::mpsc::UnboundedSender<QueueWork>,
+}
+
+/// What the intake's loop is handed by the end of an attempt.
+pub enum QueueWork {
+    /// A next attempt, journaled already, to run once its backoff passed.
+    Retry(Box<QueuedCall>),
+    /// A call's outcome for a destination action of its namespace (`on-success`, `on-failure`).
+    Destination { namespace: String, subject: String, action: String, params: serde_json::Map<String, Value> },
 }
 
 impl Retry {
@@ -62,7 +70,7 @@ impl Retry {
             record.annotations.push(KeyValue { key: crate::model::ATTEMPT.into(), value: call.attempt.into() });
         }
         if record.response.status_code == 0 {
-            return;
+            return self.destination(&call, call.on_success.as_deref(), "on-success", record);
         }
         let now = crate::model::epoch_ms();
         let backoff = self.backoff.saturating_mul(1 << (call.attempt - 1).min(16));
@@ -70,6 +78,7 @@ impl Retry {
         // Out of attempts, or past its age before another could start: given up.
         if call.attempt >= call.max_attempts || not_before >= call.expires_at {
             metrics.dead_letters.inc();
+            self.destination(&call, call.on_failure.as_deref(), "on-failure", record);
             return dead_letter(call, record, store);
         }
         let first = call.retry_of.take().unwrap_or_else(|| call.meta.activation_id.clone());
@@ -87,7 +96,17 @@ impl Retry {
         let next = call.meta.activation_id.clone();
         record.annotations.push(KeyValue { key: crate::model::RETRIED_AS.into(), value: next.into() });
         metrics.retries.inc();
-        let _ = self.retries.send(call);
+        let _ = self.retries.send(QueueWork::Retry(Box::new(call)));
+    }
+
+    /// Hands `record` to the call's destination `to`, if it names one.
+    fn destination(&self, call: &QueuedCall, to: Option<&str>, why: &str, record: &ActivationRecord) {
+        let Some(action) = to else { return };
+        let mut params = serde_json::Map::new();
+        params.insert("destination".into(), why.into());
+        params.insert("activation".into(), serde_json::to_value(record).unwrap_or_default());
+        let (namespace, subject) = (call.meta.namespace.clone(), call.meta.subject.clone());
+        let _ = self.retries.send(QueueWork::Destination { namespace, subject, action: action.to_string(), params });
     }
 }
 

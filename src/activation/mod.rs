@@ -114,15 +114,22 @@ pub struct ActivationService {
     queue: Option<AsyncQueue>,
 }
 
+/// Who made an asynchronous call: a caller, or a destination of another call's outcome.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Origin {
+    Caller,
+    Destination,
+}
+
 /// The durable queue as the intake sees it: its counts, its default policy, and its retries
 /// waiting out their backoff.
 #[derive(Clone)]
 struct AsyncQueue {
     counts: QueueCounts,
     settings: QueueSettings,
-    retries: tokio::sync::mpsc::UnboundedSender<QueuedCall>,
+    retries: tokio::sync::mpsc::UnboundedSender<job::QueueWork>,
     /// Taken by [`ActivationService::run_retries`].
-    waiting_retries: Arc<parking_lot::Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<QueuedCall>>>>,
+    waiting_retries: Arc<parking_lot::Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<job::QueueWork>>>>,
 }
 
 impl ActivationService {
@@ -164,12 +171,19 @@ impl ActivationService {
         let Some(mut waiting) = self.queue.as_ref().and_then(|q| q.waiting_retries.lock().take()) else { return };
         let service = self.clone();
         actix_rt::spawn(async move {
-            while let Some(call) = waiting.recv().await {
+            while let Some(work) = waiting.recv().await {
                 let service = service.clone();
                 actix_rt::spawn(async move {
-                    let wait = call.not_before.saturating_sub(epoch_ms());
-                    tokio::time::sleep(Duration::from_millis(wait)).await;
-                    service.requeue(call).await;
+                    match work {
+                        job::QueueWork::Retry(call) => {
+                            let wait = call.not_before.saturating_sub(epoch_ms());
+                            tokio::time::sleep(Duration::from_millis(wait)).await;
+                            service.requeue(*call).await;
+                        }
+                        job::QueueWork::Destination { namespace, subject, action, params } => {
+                            service.call_destination(&namespace, subject, &action, params).await;
+                        }
+                    }
                 });
             }
         });
@@ -251,7 +265,7 @@ impl ActivationService {
             return Err(IntakeError::Draining);
         }
         if let (None, Some(queue)) = (req.wait, &self.queue) {
-            return self.enqueue(req, queue).await;
+            return self.enqueue(req, queue, Origin::Caller).await;
         }
         let accepted = Instant::now();
         let action = req.action;
@@ -323,7 +337,7 @@ impl ActivationService {
     /// to run it, handed to the pool as a patient job; answered once it is durable. It holds no
     /// namespace slot while it waits (it runs when the pool has room; the queue's per-namespace
     /// bound is what keeps one tenant from filling it).
-    async fn enqueue(&self, req: InvokeRequest, queue: &AsyncQueue) -> Result<Invoked, IntakeError> {
+    async fn enqueue(&self, req: InvokeRequest, queue: &AsyncQueue, origin: Origin) -> Result<Invoked, IntakeError> {
         let accepted = Instant::now();
         let action = req.action;
         let given = req.activation_id.is_some();
@@ -357,6 +371,9 @@ impl ActivationService {
             max_attempts: 1 + retries,
             retry_of: None,
             not_before: 0,
+            // A destination's own call has none: an outcome never calls back in a loop.
+            on_success: action.destination(crate::model::ON_SUCCESS).filter(|_| origin == Origin::Caller),
+            on_failure: action.destination(crate::model::ON_FAILURE).filter(|_| origin == Origin::Caller),
         };
         // Strings, numbers and JSON values: encoding cannot fail.
         let json = serde_json::to_vec(&call).expect("a queued call serialises");
@@ -383,10 +400,10 @@ impl ActivationService {
     pub async fn requeue(&self, call: QueuedCall) {
         let Some(queue) = &self.queue else { return };
         if call.not_before > epoch_ms() {
-            let _ = queue.retries.send(call);
+            let _ = queue.retries.send(job::QueueWork::Retry(Box::new(call)));
             return;
         }
-        let action = match self.action_of(&call.meta).await {
+        let action = match self.action_of(&call.meta.namespace, &call.meta.name).await {
             Ok(action) => action,
             Err(why) => return self.end_unrun(&call, &why),
         };
@@ -416,7 +433,8 @@ impl ActivationService {
         if self.queue.is_none() {
             return Err(IntakeError::Draining);
         }
-        let action = self.action_of(&letter.call.meta).await.map_err(IntakeError::Gone)?;
+        let action =
+            self.action_of(&letter.call.meta.namespace, &letter.call.meta.name).await.map_err(IntakeError::Gone)?;
         let request = letter.call.request.as_ref().map(|r| {
             let body = base64::engine::general_purpose::STANDARD.decode(&r.body).unwrap_or_default();
             Arc::new(job::CallRequest { headers: r.headers.clone(), body: body.into() })
@@ -439,6 +457,31 @@ impl ActivationService {
         }
     }
 
+    /// Calls `action` of `namespace` (a destination) asynchronously with `params` (the outcome
+    /// of another call). One that cannot be called (deleted, the queue full) is said in the log.
+    async fn call_destination(&self, namespace: &str, subject: String, action: &str, params: Map<String, Value>) {
+        let Some(queue) = &self.queue else { return };
+        let target = match self.action_of(namespace, action).await {
+            Ok(target) => target,
+            Err(why) => return tracing::warn!(namespace, destination = action, "a destination was not called: {why}"),
+        };
+        let req = InvokeRequest {
+            action: target,
+            params,
+            request: None,
+            subject,
+            api_key: None,
+            activation_id: None,
+            transaction_id: crate::model::new_activation_id(),
+            wait: None,
+            traceparent: None,
+            whole: None,
+        };
+        if let Err(e) = self.enqueue(req, queue, Origin::Destination).await {
+            tracing::warn!(namespace, destination = action, "a destination was not called: {e}");
+        }
+    }
+
     /// Ends a call that started in an earlier run and did not end: a whisk-error record written
     /// as a guess, and its next attempt queued if its policy allows.
     pub fn interrupted(&self, call: QueuedCall) {
@@ -453,9 +496,9 @@ impl ActivationService {
     }
 
     /// The action a queued call runs, as stored now, or why there is none.
-    async fn action_of(&self, meta: &ActivationMeta) -> Result<Arc<Action>, String> {
+    async fn action_of(&self, namespace: &str, name: &str) -> Result<Arc<Action>, String> {
         let store = self.store.clone();
-        let (ns, name) = (meta.namespace.clone(), meta.name.clone());
+        let (ns, name) = (namespace.to_string(), name.to_string());
         match tokio::task::spawn_blocking(move || store.get_action(&ns, &name)).await {
             Ok(Ok(Some(action))) => Ok(action),
             Ok(Ok(None)) => Err("the action was deleted before this queued call could run".into()),

@@ -147,7 +147,8 @@ fn validate_action(config: &Config, put: ActionPut, ns: &str, name: &str) -> Res
 }
 
 /// An action's own policy for its asynchronous calls, in its annotations: whole numbers within
-/// the bounds Lambda keeps (`max-retry-attempts` 0 to 2, `max-event-age` 60 to 21600 s).
+/// the bounds Lambda keeps (`max-retry-attempts` 0 to 2, `max-event-age` 60 to 21600 s), and
+/// its destinations (`on-success`, `on-failure`), names of actions of its namespace.
 fn check_queue_policy(annotations: &[KeyValue]) -> Result<(), String> {
     let bounds = [
         (crate::model::MAX_RETRY_ATTEMPTS, 0, u64::from(crate::config::RETRY_ATTEMPTS_MAX)),
@@ -158,6 +159,12 @@ fn check_queue_policy(annotations: &[KeyValue]) -> Result<(), String> {
         if !value.as_u64().is_some_and(|v| (lo..=hi).contains(&v)) {
             return Err(format!("annotations.{key}: {value} must be a whole number from {lo} to {hi}"));
         }
+    }
+    // Destinations name an action of the same namespace.
+    for key in [crate::model::ON_SUCCESS, crate::model::ON_FAILURE] {
+        let Some(value) = annotations.iter().find(|a| a.key == key).map(|a| &a.value) else { continue };
+        let name = value.as_str().ok_or_else(|| format!("annotations.{key}: {value} must be an action's name"))?;
+        validate_entity_name(&format!("annotations.{key}"), name)?;
     }
     Ok(())
 }

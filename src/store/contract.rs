@@ -119,6 +119,12 @@ pub struct QueuedCall {
     /// Epoch ms before which it does not start (a retry's backoff).
     #[serde(default)]
     pub not_before: u64,
+    /// Actions of its namespace called (asynchronously, with its record) when it succeeds, and
+    /// when it is given up: its action's `on-success` and `on-failure` when it was accepted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_success: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_failure: Option<String>,
 }
 
 fn first_attempt() -> u32 {

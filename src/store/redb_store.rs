@@ -774,6 +774,8 @@ mod tests {
             max_attempts: 3,
             retry_of: None,
             not_before: 0,
+            on_success: None,
+            on_failure: None,
         }
     }
 

@@ -117,6 +117,12 @@ impl Action {
             .and_then(|v| u32::try_from(v).ok())
     }
 
+    /// The action its asynchronous calls' outcome goes to (`key`: [`ON_SUCCESS`] or
+    /// [`ON_FAILURE`]), if it names one.
+    pub fn destination(&self, key: &str) -> Option<String> {
+        self.annotations.iter().find(|a| a.key == key)?.value.as_str().map(str::to_string)
+    }
+
     /// The action's own maximum age of an asynchronous call, in seconds ([`MAX_EVENT_AGE`]).
     pub fn max_event_age_s(&self) -> Option<u64> {
         self.annotations.iter().find(|a| a.key == MAX_EVENT_AGE)?.value.as_u64()
@@ -431,6 +437,11 @@ pub const MAX_RETRY_ATTEMPTS: &str = "max-retry-attempts";
 /// An action's annotation: how long (seconds, 60 to 21600) an asynchronous call of it may wait
 /// to start, counted from its first attempt.
 pub const MAX_EVENT_AGE: &str = "max-event-age";
+/// An action's annotation: the action of its namespace called, asynchronously and with the
+/// record, when an asynchronous call of it succeeds (Lambda's on-success destination).
+pub const ON_SUCCESS: &str = "on-success";
+/// An action's annotation: the action called when an asynchronous call of it is given up.
+pub const ON_FAILURE: &str = "on-failure";
 /// A retry's record: the activation id of the call's first attempt.
 pub const RETRY_OF: &str = "retryOf";
 /// A retry's record: which attempt it is (2 or 3).
