@@ -279,6 +279,11 @@ async fn fn_routes_make_an_app_a_function_and_a_trigger_and_call_it_through_invo
         (function["memory"].as_u64(), function["timeout"].as_u64(), function["idle_timeout"].as_u64()),
         (Some(256), Some(5), Some(30))
     );
+    // Its detached calls' policy, from its annotations, checked as an action's.
+    let strict = json!({"name": "strict", "app_id": app_id, "image": "fn:python", "code": PY_GATEWAY,
+                        "annotations": {"max-retry-attempts": 5}});
+    let (status, refused) = inv.send_json("POST", "/v2/fns", strict).await;
+    assert!(status == 400 && refused.to_string().contains("annotations.max-retry-attempts"), "{refused}");
     let (status, listed) = inv.send_json("GET", &format!("/v2/fns?app_id={app_id}"), Value::Null).await;
     assert_eq!((status, listed["items"][0]["id"].as_str()), (200, Some(fn_id.as_str())));
 

@@ -139,12 +139,38 @@ pub(super) fn function_action(
         true => json!({ "kind": FN_IMAGE_KIND, "image": f.image, "main": code.main }),
         false => json!({ "kind": f.image, "code": code.code, "main": code.main }),
     };
+    let mut annotations =
+        vec![KeyValue { key: "fn".into(), value: serde_json::to_value(said).expect("strings serialise") }];
+    annotations.extend(queue_policy(f, app));
     let put = json!({
         "exec": exec,
         "limits": { "memory": f.memory, "timeout": u64::from(f.timeout) * 1000, "concurrency": 1 },
-        "annotations": [KeyValue { key: "fn".into(), value: serde_json::to_value(said).expect("strings serialise") }],
+        "annotations": annotations,
     });
     actions::action_from_json(config, put, ns, &f.action_name(app))
+}
+
+/// The policy of the function's detached calls, from its annotations (`fn update function app
+/// f --annotation max-retry-attempts=0`), as its action's: `max-retry-attempts` and
+/// `max-event-age` as given, `on-success` and `on-failure` naming a function of its app. Checked
+/// as an action's are.
+fn queue_policy(f: &Function, app: &App) -> Vec<KeyValue> {
+    let mut policy = Vec::new();
+    for key in [crate::model::MAX_RETRY_ATTEMPTS, crate::model::MAX_EVENT_AGE] {
+        if let Some(value) = f.annotations.get(key) {
+            policy.push(KeyValue { key: key.into(), value: value.clone() });
+        }
+    }
+    for key in [crate::model::ON_SUCCESS, crate::model::ON_FAILURE] {
+        if let Some(value) = f.annotations.get(key) {
+            let value = match value.as_str() {
+                Some(name) => json!(format!("{}.{name}", app.name)),
+                None => value.clone(),
+            };
+            policy.push(KeyValue { key: key.into(), value });
+        }
+    }
+    policy
 }
 
 /// Gives `f` an invoke key, with its entry in the index, if it has none (a function stored
