@@ -1,7 +1,9 @@
 //! A full disk never turns a finished result into a failure, and never stops a start: the
 //! invoker's `data_dir` on a small filesystem is filled while activations run, the invoker is
 //! stopped (SIGTERM) and started again while the disk is still full, then the disk is freed.
-//! Every activation whose caller was told it succeeded has a success record throughout.
+//! Every activation whose caller was told it succeeded has a success record throughout; every
+//! asynchronous call accepted (202) ends with a record; on the full disk a new one is refused
+//! with a 503 naming the disk, never accepted and dropped.
 
 mod support;
 
@@ -36,6 +38,13 @@ async fn results_finished_on_a_full_disk_stay_successes_across_a_restart_on_it()
             tokio::spawn(async move { request.send().await })
         })
         .collect();
+    // And asynchronous calls, on disk before their 202.
+    let mut queued = Vec::new();
+    for n in 0..5 {
+        let (status, body) = inv.invoke("slow", "blocking=false", json!({"n": n})).await;
+        assert_eq!(status, 202, "{body}");
+        queued.push(body["activationId"].as_str().unwrap().to_string());
+    }
     tokio::time::sleep(Duration::from_millis(300)).await;
     let ballast = disk.fill(64 << 10);
     let mut succeeded = Vec::new();
@@ -57,6 +66,13 @@ async fn results_finished_on_a_full_disk_stay_successes_across_a_restart_on_it()
     let inv = Invoker::start(dir.path(), &id, config);
     let (status, refused) = inv.try_invoke("slow", json!({})).await;
     assert_eq!(status, 503, "new work on a full disk: {refused}");
+    let path = "/api/v1/namespaces/_/actions/slow?blocking=false";
+    let (status, _, refused) = inv.send("POST", path, support::GUEST, &[], b"{}".to_vec()).await;
+    let refused = String::from_utf8_lossy(&refused);
+    assert!(
+        status == 503 && refused.contains("No space left on device"),
+        "an asynchronous call on a full disk: {status} {refused}"
+    );
     for id in &succeeded {
         let record = inv.record(id).await;
         assert_eq!(record["response"]["success"], true, "told success, recorded otherwise: {record}");
@@ -80,5 +96,9 @@ async fn results_finished_on_a_full_disk_stay_successes_across_a_restart_on_it()
     for id in &succeeded {
         let record = inv.record(id).await;
         assert_eq!(record["response"]["success"], true, "{record}");
+    }
+    for id in &queued {
+        let record = inv.record(id).await;
+        assert!(record["response"]["statusCode"].is_u64(), "an accepted asynchronous call ends: {record}");
     }
 }
