@@ -24,7 +24,10 @@
 # SIGKILLed; the first is thawed, then the second SIGKILLed. It prints the zombies left, whether
 # the dead invoker's files went, and the counts of `GET /v1/capacity` against the processes and
 # the registrations at the end.
-# Every run stops by itself (about 6 minutes in all).
+# Then the durable queue of asynchronous calls on one invoker (scripts/chaos_queue.py): a burst
+# of ten times what it runs, a SIGKILL with calls queued and running, calls past their maximum
+# age to the dead-letter list and driven again.
+# Every run stops by itself (about 8 minutes in all).
 #
 #   scripts/chaos.sh           # release build; as root the invokers isolate their containers
 set -euo pipefail
@@ -439,3 +442,5 @@ for m in managers.values():
 for pid in serving().values():
     os.kill(pid, signal.SIGTERM)
 PY
+mkdir -p "$work/queue"
+python3 scripts/chaos_queue.py "${CARGO_TARGET_DIR:-target}/release/invoker" "$work/queue"
