@@ -45,6 +45,10 @@ pub struct RunJob {
 /// journaled as a new queued call first, under an id of its own, linked both ways.
 pub struct Retry {
     pub call: bytes::Bytes,
+    /// A retry's first attempt and its number: what its record is annotated with.
+    pub link: Option<(String, u32)>,
+    /// Whether a success goes to a destination: only then, or on a failure, is `call` read.
+    pub on_success: bool,
     /// Before the first retry; doubled for each later one.
     pub backoff: std::time::Duration,
     /// The intake's loop. Unbounded, since each message is a call the queue's bounds already
@@ -63,13 +67,17 @@ pub enum QueueWork {
 impl Retry {
     /// Links `record` to its attempts, and queues the next attempt if it failed and its policy
     /// and age allow one.
-    fn decide(self, record: &mut ActivationRecord, store: &Arc<dyn Store>, metrics: &Metrics) {
-        let Ok(mut call) = serde_json::from_slice::<QueuedCall>(&self.call) else { return };
-        if let Some(first) = &call.retry_of {
-            record.annotations.push(KeyValue { key: crate::model::RETRY_OF.into(), value: first.clone().into() });
-            record.annotations.push(KeyValue { key: crate::model::ATTEMPT.into(), value: call.attempt.into() });
+    fn decide(mut self, record: &mut ActivationRecord, store: &Arc<dyn Store>, metrics: &Metrics) {
+        if let Some((first, attempt)) = self.link.take() {
+            record.annotations.push(KeyValue { key: crate::model::RETRY_OF.into(), value: first.into() });
+            record.annotations.push(KeyValue { key: crate::model::ATTEMPT.into(), value: attempt.into() });
         }
-        if record.response.status_code == 0 {
+        let succeeded = record.response.status_code == 0;
+        if succeeded && !self.on_success {
+            return; // the common end: nothing of the call is read again
+        }
+        let Ok(mut call) = serde_json::from_slice::<QueuedCall>(&self.call) else { return };
+        if succeeded {
             return self.destination(&call, call.on_success.as_deref(), "on-success", record);
         }
         let now = crate::model::epoch_ms();

@@ -487,9 +487,9 @@ impl ActivationService {
     pub fn interrupted(&self, call: QueuedCall) {
         let Some(queue) = &self.queue else { return };
         let json = serde_json::to_vec(&call).expect("a queued call serialises");
+        let retry = self.retry_of(&call, json.into(), queue);
         let meta = Arc::new(call.meta);
         let record = crate::model::ActivationRecord::guess(&meta, crate::store::STOPPED_UNFINISHED, epoch_ms());
-        let retry = self.retry_of(json.into(), queue);
         let trace = ActivationTrace::begin(None, &meta, &self.process);
         let completion = Completion::new(self.store.clone(), self.metrics.clone(), meta, None, None, trace);
         completion.interrupted(retry).finish(record);
@@ -515,8 +515,14 @@ impl ActivationService {
         Completion::new(self.store.clone(), self.metrics.clone(), meta, None, None, trace).finish(record);
     }
 
-    fn retry_of(&self, call: bytes::Bytes, queue: &AsyncQueue) -> job::Retry {
-        job::Retry { call, backoff: queue.settings.retry_backoff, retries: queue.retries.clone() }
+    fn retry_of(&self, call: &QueuedCall, json: bytes::Bytes, queue: &AsyncQueue) -> job::Retry {
+        job::Retry {
+            call: json,
+            link: call.retry_of.clone().map(|first| (first, call.attempt)),
+            on_success: call.on_success.is_some(),
+            backoff: queue.settings.retry_backoff,
+            retries: queue.retries.clone(),
+        }
     }
 
     /// The job of a queued call, its completion marked as in the queue, with its retry policy.
@@ -532,6 +538,7 @@ impl ActivationService {
         traceparent: Option<TraceParent>,
         queue: &AsyncQueue,
     ) -> RunJob {
+        let retry = self.retry_of(&call, json, queue);
         let QueuedCall { meta, params, api_key, transaction_id, .. } = call;
         let meta = Arc::new(meta);
         let trace = ActivationTrace::begin(traceparent, &meta, &self.process);
@@ -544,7 +551,7 @@ impl ActivationService {
             api_key,
             transaction_id,
             accepted,
-            completion: completion.in_queue(self.retry_of(json, queue)),
+            completion: completion.in_queue(retry),
             queued: Some(queued),
         }
     }
