@@ -59,8 +59,17 @@ async fn a_burst_of_ten_times_the_pool_all_runs() {
     let mut action = python(SLEEPER);
     action["limits"] = json!({"memory": 128});
     inv.put_action("sleeper", action).await;
+    let (user, pass) = inv.admin.split_once(':').unwrap();
+    let live = reqwest::Client::new().get(format!("{}/v1/live", inv.base)).basic_auth(user, Some(pass));
+    let mut live = live.send().await.unwrap();
     let ids = burst(&inv, 20, 0.4).await;
-    // The backlog is seen in /metrics, by namespace, with the oldest's age.
+    // The backlog is seen in the live view, each call marked as queued.
+    support::events_until(&mut live, Duration::from_secs(20), |events| {
+        let queued = |(kind, v): &(String, Value)| kind == "pool" && v["queue"][0]["queued"] == json!(true);
+        events.iter().any(queued)
+    })
+    .await;
+    // And in /metrics, by namespace, with the oldest's age.
     let (status, _, metrics) = inv.send("GET", "/metrics", &inv.admin, &[], Vec::new()).await;
     let metrics = String::from_utf8(metrics).unwrap();
     let waiting = metrics.lines().find_map(|l| l.strip_prefix("invoker_queued_calls{namespace=\"guest\"} "));

@@ -32,6 +32,8 @@ pub(crate) struct Waiting {
     activation_id: String,
     action: String,
     waited_ms: u64,
+    /// An asynchronous call from the durable queue (nobody waits on it), not a blocking one.
+    queued: bool,
 }
 
 #[derive(Serialize)]
@@ -94,6 +96,11 @@ pub(crate) fn container_row(view: ContainerView, action: String, wall: impl Fn(T
 /// The nodes, the counts and the oldest waiting activations.
 pub(crate) fn pool_row<'a>(status: PoolStatus, waiting: impl Iterator<Item = &'a RunJob>) -> PoolRow {
     let mut queue: Vec<&RunJob> = waiting.collect();
+    // The oldest few of what may be a queue of many thousands, without sorting them all.
+    if queue.len() > WAITING_SHOWN {
+        queue.select_nth_unstable_by_key(WAITING_SHOWN, |run| run.accepted);
+        queue.truncate(WAITING_SHOWN);
+    }
     queue.sort_by_key(|run| run.accepted);
     let queue = queue
         .into_iter()
@@ -102,6 +109,7 @@ pub(crate) fn pool_row<'a>(status: PoolStatus, waiting: impl Iterator<Item = &'a
             activation_id: run.meta.activation_id.clone(),
             action: format!("{}/{}", run.meta.namespace, run.meta.name),
             waited_ms: run.accepted.elapsed().as_millis() as u64,
+            queued: run.queued.is_some(),
         })
         .collect();
     PoolRow {

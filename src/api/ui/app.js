@@ -117,7 +117,7 @@ function drawPool(pool) {
   const queue = document.createDocumentFragment();
   for (const w of pool.queue) {
     const li = document.createElement("li");
-    li.textContent = `${w.action} (${w.activation_id.slice(0, 12)}…), waiting ${w.waited_ms} ms`;
+    li.textContent = `${w.action} (${w.activation_id.slice(0, 12)}…), waiting ${w.waited_ms} ms${w.queued ? ", queued (asynchronous)" : ""}`;
     queue.appendChild(li);
   }
   $("queue").replaceChildren(queue);
