@@ -121,3 +121,26 @@ async fn a_sigkill_with_calls_queued_loses_none_and_runs_those_never_started() {
         assert_eq!((&record["response"]["statusCode"], &record["response"]["result"]), (&json!(0), &json!({"n": n})));
     }
 }
+
+/// SIGTERM with calls queued: the drain lets the running ones finish and leaves the queued ones
+/// in the queue (not failed); the next start runs them. Every call succeeds, none is a guess.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sigterm_leaves_queued_calls_for_the_next_start() {
+    let dir = tempdir();
+    let id = format!("drained-{}", std::process::id());
+    let mut inv = Invoker::start(dir.path(), &id, TWO_CONTAINERS);
+    let mut action = python(SLEEPER);
+    action["limits"] = json!({"memory": 128});
+    inv.put_action("sleeper", action).await;
+    let ids = burst(&inv, 16, 0.3).await;
+    tokio::time::sleep(Duration::from_millis(500)).await; // a load window: some run, most wait
+    inv.signal(Signal::SIGTERM);
+    assert!(inv.wait_exit(Duration::from_secs(60)).success());
+    assert!(inv.stderr().contains("queued calls not started are kept for the next start"), "{}", inv.stderr());
+    let inv = Invoker::start(dir.path(), &id, TWO_CONTAINERS);
+    let records = records(&inv, &ids, Duration::from_secs(120)).await;
+    for (n, record) in records.iter().enumerate() {
+        assert_eq!(record["response"]["statusCode"], 0, "{record}");
+        assert_eq!(record["response"]["result"], json!({"n": n}), "{record}");
+    }
+}
