@@ -114,6 +114,20 @@ pub struct ActivationService {
     queue: Option<AsyncQueue>,
 }
 
+/// What is kept of an activation of `action` accepted now.
+fn accepted_now(action: &Action, activation_id: String, subject: String) -> ActivationMeta {
+    ActivationMeta {
+        activation_id,
+        namespace: action.namespace.clone(),
+        name: action.name.clone(),
+        version: action.version.clone(),
+        subject,
+        kind: action.exec.kind.clone(),
+        limits: action.limits,
+        accepted_at: epoch_ms(),
+    }
+}
+
 /// Who made an asynchronous call: a caller, or a destination of another call's outcome.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Origin {
@@ -271,16 +285,7 @@ impl ActivationService {
         let action = req.action;
         let given = req.activation_id.is_some();
         let activation_id = req.activation_id.unwrap_or_else(crate::model::new_activation_id);
-        let meta = ActivationMeta {
-            activation_id: activation_id.clone(),
-            namespace: action.namespace.clone(),
-            name: action.name.clone(),
-            version: action.version.clone(),
-            subject: req.subject,
-            kind: action.exec.kind.clone(),
-            limits: action.limits,
-            accepted_at: epoch_ms(),
-        };
+        let meta = accepted_now(&action, activation_id.clone(), req.subject);
         let slot = self.take_slot(&action.namespace)?;
         // A journal append (and, for a caller's id, an index lookup for an earlier delivery):
         // quick enough to call inline.
@@ -342,16 +347,7 @@ impl ActivationService {
         let action = req.action;
         let given = req.activation_id.is_some();
         let activation_id = req.activation_id.unwrap_or_else(crate::model::new_activation_id);
-        let meta = ActivationMeta {
-            activation_id: activation_id.clone(),
-            namespace: action.namespace.clone(),
-            name: action.name.clone(),
-            version: action.version.clone(),
-            subject: req.subject,
-            kind: action.exec.kind.clone(),
-            limits: action.limits,
-            accepted_at: epoch_ms(),
-        };
+        let meta = accepted_now(&action, activation_id.clone(), req.subject);
         let settings = &queue.settings;
         let max_age = action.max_event_age_s().map_or(settings.max_event_age, Duration::from_secs);
         let expires_at = meta.accepted_at.saturating_add(max_age.as_millis() as u64);

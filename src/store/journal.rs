@@ -547,6 +547,20 @@ impl Inner {
         Self::append_line(state, &bytes)
     }
 
+    /// An earlier delivery of `id` (pending or finished, in memory or in redb), if there was one.
+    fn seen(&self, state: &State, id: &str) -> Result<Option<Accepted>, StoreError> {
+        if let Some((earlier, _)) = state.pending.get(id) {
+            return Ok(Some(Accepted::Pending { namespace: earlier.namespace.clone() }));
+        }
+        if let Some(f) = state.finished.get(id).or_else(|| state.in_flight.get(id)) {
+            return Ok(Some(Accepted::Finished(Box::new((*f.record).clone()))));
+        }
+        match self.db.seen(id).map_err(|e| self.troubled(e))? {
+            Accepted::New => Ok(None),
+            seen => Ok(Some(seen)),
+        }
+    }
+
     /// Takes a call out of the queue (it ended); out of redb's queue too with the next flush
     /// if it may be there.
     fn unqueue(state: &mut State, id: &str) {
@@ -818,16 +832,9 @@ impl Store for JournaledStore {
         inner.check_trouble()?;
         let id = meta.activation_id.as_str();
         let mut state = inner.state.lock();
-        if let Some((earlier, _)) = state.pending.get(id) {
-            return Ok(Accepted::Pending { namespace: earlier.namespace.clone() });
-        }
-        if let Some(f) = state.finished.get(id).or_else(|| state.in_flight.get(id)) {
-            return Ok(Accepted::Finished(Box::new((*f.record).clone())));
-        }
         // Under the lock, so that two deliveries of one id cannot both be new.
-        match inner.db.seen(id).map_err(|e| inner.troubled(e))? {
-            Accepted::New => {}
-            seen => return Ok(seen),
+        if let Some(seen) = inner.seen(&state, id)? {
+            return Ok(seen);
         }
         Inner::append(&mut state, &LineRef::A(meta)).map_err(|e| inner.troubled(e))?;
         state.pending.insert(id.to_string(), (meta.clone(), false));
@@ -853,15 +860,8 @@ impl Store for JournaledStore {
         let json = bytes::Bytes::copy_from_slice(json);
         let mut state = inner.state.lock();
         if given {
-            if let Some((earlier, _)) = state.pending.get(id) {
-                return Ok(Accepted::Pending { namespace: earlier.namespace.clone() });
-            }
-            if let Some(f) = state.finished.get(id).or_else(|| state.in_flight.get(id)) {
-                return Ok(Accepted::Finished(Box::new((*f.record).clone())));
-            }
-            match inner.db.seen(id).map_err(|e| inner.troubled(e))? {
-                Accepted::New => {}
-                seen => return Ok(seen),
+            if let Some(seen) = inner.seen(&state, id)? {
+                return Ok(seen);
             }
         }
         Inner::append_line(&mut state, &line).map_err(|e| inner.troubled(e))?;
