@@ -126,7 +126,8 @@ async fn a_sampled_out_trace_exports_nothing_and_a_failure_marks_its_spans() {
     let receiver = Receiver::start().await;
     let dir = tempfile::Builder::new().prefix("invoker-traces-").tempdir().unwrap();
     let env = [("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint.as_str()), ("OTEL_BSP_SCHEDULE_DELAY", "50")];
-    let invoker = Invoker::start_with_env(dir.path(), &format!("sampled-{}", std::process::id()), "", &[], &env);
+    let retries = "[queue]\nretry_backoff = \"10ms\"\nmax_retry_attempts = 1\n";
+    let invoker = Invoker::start_with_env(dir.path(), &format!("sampled-{}", std::process::id()), retries, &[], &env);
     invoker.put_action("traced", traced_action()).await;
 
     // The caller's flags say not sampled: the action still gets the trace, unsampled.
@@ -154,6 +155,18 @@ async fn a_sampled_out_trace_exports_nothing_and_a_failure_marks_its_spans() {
     assert!(one(&spans, "invoker", "run").error.is_none(), "an action's own error keeps its container: {spans:#?}");
     let all = receiver.spans();
     assert!(all.iter().all(|s| s.trace_id != unsampled), "{all:#?}");
+
+    // An asynchronous call that fails is retried: the retry's span names the first attempt.
+    let (status, accepted) = invoker.invoke("traced", "blocking=false", json!({"fail": true})).await;
+    assert_eq!(status, 202, "{accepted}");
+    let first = accepted["activationId"].as_str().unwrap().to_string();
+    eventually(Duration::from_secs(20), "the retry's span", || async {
+        let spans = receiver.spans();
+        let retry = spans.iter().find(|s| s.name == "activation" && s.attributes.get("retry_of") == Some(&first));
+        let attempt = retry.and_then(|s| s.attributes.get("attempt").cloned());
+        done(attempt.as_deref() == Some("2")).map_err(|_| format!("{spans:#?}"))
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

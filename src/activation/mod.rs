@@ -535,9 +535,14 @@ impl ActivationService {
         queue: &AsyncQueue,
     ) -> RunJob {
         let retry = self.retry_of(&call, json, queue);
-        let QueuedCall { meta, params, api_key, transaction_id, .. } = call;
+        let QueuedCall { meta, params, api_key, transaction_id, retry_of, attempt, .. } = call;
         let meta = Arc::new(meta);
         let trace = ActivationTrace::begin(traceparent, &meta, &self.process);
+        // A retry's span names the attempt it follows up: each attempt is a trace of its own.
+        if let Some(first) = retry_of {
+            trace.span().record("retry_of", first.as_str());
+            trace.span().record("attempt", attempt);
+        }
         let completion = Completion::new(self.store.clone(), self.metrics.clone(), meta.clone(), None, None, trace);
         RunJob {
             meta,

@@ -124,6 +124,8 @@ impl ActivationTrace {
             container = Empty,
             start = Empty,
             outcome = Empty,
+            retry_of = Empty,
+            attempt = Empty,
             "otel.status_code" = Empty,
             "otel.status_description" = Empty,
         );
