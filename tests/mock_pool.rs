@@ -574,3 +574,25 @@ async fn a_policy_of_no_retries_ends_with_the_first_failure() {
     let second = record_of(&h, &next).await;
     assert_eq!((second.response.status_code, said(&second, "retriedAs")), (1, None), "{second:?}");
 }
+
+/// One action flooding the queue does not starve another: on a node that holds two containers,
+/// a call of a second action queued behind 120 of the first's gets a container of its own (the
+/// pool's claim after `claim_after`) and ends before most of the flood has run.
+#[actix_rt::test]
+async fn a_flooding_action_does_not_starve_another_actions_queued_call() {
+    let h = setup_config(MockConfig { nodes: vec![("n".into(), 512)], ..MockConfig::default() }, |_| {}).await;
+    let (flood, other) = (stored(&h, action("flood", 256)), stored(&h, action("other", 256)));
+    let mut flooded = Vec::new();
+    for _ in 0..120 {
+        flooded.push(invoke_async(&h, &flood, json!({"sleep_ms": 100})).await);
+    }
+    let alone = invoke_async(&h, &other, json!({})).await;
+    let alone = record_of(&h, &alone).await;
+    assert_eq!(alone.response.status_code, 0, "{alone:?}");
+    let store = h.service().store().clone();
+    let ended_before = flooded.iter().filter(|id| store.get_activation(id).ok().flatten().is_some()).count();
+    assert!(ended_before < 60, "{ended_before} of the flood's 120 ended before the other action's call: {alone:?}");
+    for id in &flooded {
+        assert_eq!(record_of(&h, id).await.response.status_code, 0);
+    }
+}

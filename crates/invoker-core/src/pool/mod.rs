@@ -672,13 +672,18 @@ impl PoolCore {
         }
     }
 
-    /// Drops a claim whose key no longer waits for room, and lets the key that has waited
-    /// longest for room, beyond `claim_after`, claim a node.
+    /// Drops a claim whose key no longer waits for room, and lets a key that has waited for
+    /// room beyond `claim_after` claim a node: the one with the fewest containers, then the one
+    /// that waited longest. A key with none is starving; one with containers is being served,
+    /// and a flood of its calls (a queue of them) would otherwise always be the oldest waiter.
     fn update_claim(&mut self, now: Time) {
-        if let Some(claim) = &self.claim {
-            if self.keys.get(&claim.key).is_some_and(|k| k.blocked && k.waiting_live > 0) {
-                return;
-            }
+        // The claim stands while its key still waits for room, unless a key with fewer
+        // containers has waited long enough to take it over.
+        let standing = self.claim.as_ref().and_then(|claim| {
+            let key = self.keys.get(&claim.key).filter(|k| k.blocked && k.waiting_live > 0)?;
+            Some(key.containers)
+        });
+        if standing.is_none() {
             self.claim = None;
         }
         let oldest = self
@@ -687,10 +692,13 @@ impl PoolCore {
             .filter_map(|&key_id| {
                 let key = self.keys.get(&key_id)?;
                 let since = key.room_wait_since.filter(|&t| t + self.config.claim_after <= now)?;
-                (key.waiting_live > 0).then_some((since, key_id, key.memory_mb))
+                (key.waiting_live > 0).then_some((key.containers, since, key_id, key.memory_mb))
             })
             .min();
-        if let Some((_, key, memory_mb)) = oldest {
+        if let Some((containers, _, key, memory_mb)) = oldest {
+            if standing.is_some_and(|held| held <= containers) {
+                return;
+            }
             self.claim = self.nodes.claim_target(memory_mb, now).map(|node| Claim { key, node });
         }
     }

@@ -581,3 +581,66 @@ fn the_view_of_an_idle_container_says_since_when_and_until_when_it_is_kept() {
     core.handle(Event::Finished { container: c, job: JobId(2), reusable: true }, ms(900));
     assert_eq!(core.container(c).unwrap().idle, Some((ms(900), Some(ms(60_900)))));
 }
+
+/// A key flooding the pool with queued jobs does not starve another key's job: once it has
+/// waited `claim_after` for room, one of the flood's containers makes way for it, even though
+/// the flood's own key, waiting for more room since before, claimed first.
+#[test]
+fn a_flooding_keys_queue_does_not_starve_another_key() {
+    let mut core = core_with(512);
+    let patient = |id, key| Job { patient: true, deadline: ms(1_000_000), ..job(id, key, 256) };
+    let mut running: Vec<(ContainerId, u64)> = Vec::new();
+    let mut next = 1;
+    for _ in 0..2 {
+        let fx = core.handle(Event::Arrived(patient(next, 1)), ms(1));
+        let c = created(&fx)[0];
+        let fx = core.handle(Event::Started { container: c, failure: None, at: ms(2) }, ms(2));
+        assert!(matches!(fx[0], Effect::Dispatch { .. }));
+        running.push((c, next));
+        next += 1;
+    }
+    for _ in 0..40 {
+        core.handle(Event::Arrived(patient(next, 1)), ms(3));
+        next += 1;
+    }
+    let mut now = 10;
+    for round in 0..30 {
+        now += 300;
+        if round == 5 {
+            // The flood's key has claimed the node by now (it waits for room since ms 3).
+            core.handle(Event::Arrived(patient(1000, 2)), ms(now));
+        }
+        core.handle(stats("n1", 512, 0, now), ms(now));
+        core.handle(Event::Tick, ms(now));
+        let (c, job) = running.remove(0);
+        let fx = core.handle(Event::Finished { container: c, job: JobId(job), reusable: true }, ms(now));
+        for effect in fx {
+            match effect {
+                Effect::Dispatch { job: JobId(1000), .. } => {
+                    assert!(round < 15, "the other key waited {} rounds", round - 5);
+                    return;
+                }
+                Effect::Dispatch { job, container } => running.push((container, job.0)),
+                Effect::Remove { container } => {
+                    let mut fx = core.handle(Event::Removed(container), ms(now));
+                    fx.extend(core.handle(stats("n1", 512, 256, now + 1), ms(now + 1)));
+                    for effect in fx {
+                        if let Effect::Create { container, .. } = effect {
+                            let fx = core.handle(Event::Started { container, failure: None, at: ms(now) }, ms(now));
+                            for effect in fx {
+                                if let Effect::Dispatch { job, container } = effect {
+                                    if job == JobId(1000) {
+                                        return;
+                                    }
+                                    running.push((container, job.0));
+                                }
+                            }
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    panic!("the other key's job never ran");
+}
