@@ -11,16 +11,20 @@
 #   K=8 scripts/bench.sh        # the concurrency K (and the number of warm containers)
 #   scripts/bench.sh --docker   # also an invoker on Docker, in the same run (starts the engine
 #                               # with scripts/dockerd.sh and builds the images; needs root)
+#   scripts/bench.sh --queue    # only the durable queue's intake: non-blocking calls accepted a
+#                               # second from 16 callers for 5 s while it drains into K containers
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 quick=false
+queue=false
 docker=()
 for arg in "$@"; do
     case "$arg" in
         --quick) quick=true ;;
+        --queue) queue=true ;;
         --docker) docker=(--docker-socket) ;;
-        *) echo "usage: scripts/bench.sh [--quick] [--docker]" >&2; exit 2 ;;
+        *) echo "usage: scripts/bench.sh [--quick] [--docker] | --queue" >&2; exit 2 ;;
     esac
 done
 
@@ -36,6 +40,9 @@ fi
 cargo build --release --bins --features "$features" >&2
 bin="${CARGO_TARGET_DIR:-target}/release"
 k="${K:-8}"
+if $queue; then
+    exec "$bin/invoker-bench" --k "$k" --queue-only 16 --slice 5
+fi
 if [ ${#docker[@]} -gt 0 ]; then
     socket=$(scripts/dockerd.sh | tail -1)
     # The images then hold the release binary the invoker runs, as in production.
