@@ -563,6 +563,14 @@ impl LogWindow {
         }
     }
 
+    /// A run on a container whose FDK writes frames, whose own frame has not come on both
+    /// streams yet.
+    fn awaits_own_frame(&self) -> bool {
+        let Mode::Timed { n, .. } = self.mode else { return false };
+        let inner = self.buffer.inner.lock();
+        inner.framed() && !(inner.frames[0] > n && inner.frames[1] > n)
+    }
+
     /// Collects the lines of its run once they are in, waiting at most `wait` for sentinels
     /// (at most `LOG_QUIET_MAX` for an engine's stream without them), keeping at most
     /// `limit_bytes` (OpenWhisk's log limit) and noting the cut.
@@ -578,7 +586,10 @@ impl LogWindow {
             if self.is_complete() || wait.is_zero() {
                 break;
             }
-            // Each line that comes starts the quiet time again.
+            // Each line that comes starts the quiet time again; a framed run's quiet time
+            // starts once its own frame came (an engine may pass its lines on late, and a
+            // frame is sure to come).
+            let quiet = quiet.filter(|_| !self.awaits_own_frame());
             let until = quiet.map_or(deadline, |q| deadline.min(tokio::time::Instant::now() + q));
             if tokio::time::timeout_at(until, notified).await.is_err() {
                 break;
@@ -903,6 +914,41 @@ mod tests {
         frame(2, true);
         buf.push(Stream::Stdout, "three".into());
         assert_eq!(texts(&third.collect(WAIT, 1000).await), ["two, later still", "three"]);
+    }
+
+    /// Where the FDK writes frames, the last call's lines are waited for until its own frame
+    /// came, however late the engine passes them on (under load, later than the quiet time).
+    #[tokio::test(start_paused = true)]
+    async fn a_framed_calls_lines_passed_on_late_are_waited_for() {
+        let buf = Arc::new(LogBuffer::default());
+        let frame = |i: u32| {
+            for stream in [Stream::Stderr, Stream::Stdout] {
+                buf.push(stream, format!("{FN_LOGFRAME_NAME}={i:032x}"));
+            }
+        };
+        let first = buf.open_sequential(Ends::Time);
+        frame(0);
+        buf.push(Stream::Stdout, "one".into());
+        let second = buf.open_sequential(Ends::Time);
+        frame(1);
+        assert_eq!(texts(&first.take(1000)), ["one"]);
+        let third = buf.open_sequential(Ends::Time);
+        let late = {
+            let buf = buf.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(LOG_QUIET * 4).await;
+                for stream in [Stream::Stderr, Stream::Stdout] {
+                    buf.push(stream, format!("{FN_LOGFRAME_NAME}={:032x}", 2));
+                }
+                buf.push(Stream::Stdout, "three".into());
+            })
+        };
+        drop(second);
+        let began = tokio::time::Instant::now();
+        let lines = third.collect(WAIT, 1000).await;
+        late.await.unwrap();
+        assert_eq!(texts(&lines), ["three"]);
+        assert_eq!(began.elapsed(), LOG_QUIET * 5, "its frame came late, then the quiet time");
     }
 
     /// Four overlapping runs whose sentinels come in another order than their answers: none
