@@ -20,7 +20,8 @@
 //!   (`FN_LOGFRAME_NAME=<call id>` on both streams at the start of each call, which the
 //!   invoker asks for on Docker and Kubernetes), the n-th run's lines on a stream are those
 //!   after its frame and before the next run's, however late the engine passes them on; a
-//!   run's lines are in once the next run's frame came on both streams. Without frames, by when
+//!   run's lines are in once the next run's frame came on both streams (the last run's, once
+//!   its own frame came and nothing more for `LOG_QUIET`). Without frames, by when
 //!   each line was read first (by Docker's daemon, a kubelet, or this process for a pipe it
 //!   reads), as Fn's agent swaps its log writer per call: a run's window ends where the next
 //!   run begins (or, with none, when its lines are taken); a line the engine reads only after
