@@ -21,7 +21,8 @@
 //!   invoker asks for on Docker and Kubernetes), the n-th run's lines on a stream are those
 //!   after its frame and before the next run's, however late the engine passes them on; a
 //!   run's lines are in once the next run's frame came on both streams (the last run's, once
-//!   its own frame came and nothing more for `LOG_QUIET`). Without frames, by when
+//!   its own frame came and nothing more for `LOG_QUIET`; in a pod's merged log, a line after
+//!   either of a call's two frames is that call's). Without frames, by when
 //!   each line was read first (by Docker's daemon, a kubelet, or this process for a pipe it
 //!   reads), as Fn's agent swaps its log writer per call: a run's window ends where the next
 //!   run begins (or, with none, when its lines are taken); a line the engine reads only after
@@ -249,7 +250,10 @@ impl Inner {
         // A sentinel is never shown: no clock read for it.
         let at = if sentinel { SystemTime::UNIX_EPOCH } else { at.unwrap_or_else(SystemTime::now) };
         self.latest = self.latest.max(at);
-        let frame_count = if merged { self.frames[0].min(self.frames[1]) } else { self.frames[s] };
+        // A merged log (a pod's) does not say a line's stream: a line after any frame of a call
+        // is that call's. The two frames of a call are written together at its start, but the
+        // engine copies each pipe on its own, so the call's first output may come between them.
+        let frame_count = if merged { self.frames[0].max(self.frames[1]) } else { self.frames[s] };
         let is_frame = tag == 0 && is_frame(&text);
         let mut hidden = is_frame;
         if is_frame {
@@ -483,6 +487,13 @@ impl LogBuffer {
 /// straight from the function. Neither delays an answer or the container's next run: only
 /// when the record is whole.
 const LOG_QUIET: Duration = Duration::from_millis(50);
+
+/// Whether a timed run's container writes Fn's log frames, and whether the run's own came.
+enum Framing {
+    None,
+    AwaitsOwnFrame,
+    Framed,
+}
 const LOG_QUIET_MAX: Duration = Duration::from_secs(2);
 
 /// How a window tells its lines (see the module's page).
@@ -564,12 +575,15 @@ impl LogWindow {
         }
     }
 
-    /// A run on a container whose FDK writes frames, whose own frame has not come on both
-    /// streams yet.
-    fn awaits_own_frame(&self) -> bool {
-        let Mode::Timed { n, .. } = self.mode else { return false };
+    /// Whether the run's container writes frames, and whether its own came on both streams.
+    fn framing(&self) -> Framing {
+        let Mode::Timed { n, .. } = self.mode else { return Framing::None };
         let inner = self.buffer.inner.lock();
-        inner.framed() && !(inner.frames[0] > n && inner.frames[1] > n)
+        match (inner.framed(), inner.frames[0] > n && inner.frames[1] > n) {
+            (false, _) => Framing::None,
+            (true, false) => Framing::AwaitsOwnFrame,
+            (true, true) => Framing::Framed,
+        }
     }
 
     /// Collects the lines of its run once they are in, waiting at most `wait` for sentinels
@@ -590,7 +604,10 @@ impl LogWindow {
             // Each line that comes starts the quiet time again; a framed run's quiet time
             // starts once its own frame came (an engine may pass its lines on late, and a
             // frame is sure to come).
-            let quiet = quiet.filter(|_| !self.awaits_own_frame());
+            let quiet = match self.framing() {
+                Framing::AwaitsOwnFrame => None,
+                Framing::Framed | Framing::None => quiet,
+            };
             let until = quiet.map_or(deadline, |q| deadline.min(tokio::time::Instant::now() + q));
             if tokio::time::timeout_at(until, notified).await.is_err() {
                 break;
@@ -950,6 +967,26 @@ mod tests {
         late.await.unwrap();
         assert_eq!(texts(&lines), ["three"]);
         assert_eq!(began.elapsed(), LOG_QUIET * 5, "its frame came late, then the quiet time");
+    }
+
+    /// A pod's merged log: a call's first output may come between its two frames (the engine
+    /// copies each pipe on its own); it is that call's, not the one before's.
+    #[tokio::test(start_paused = true)]
+    async fn in_a_merged_log_a_line_between_a_calls_two_frames_is_that_calls() {
+        let buf = Arc::new(LogBuffer::default());
+        let frame = |i: u32| format!("{FN_LOGFRAME_NAME}={i:032x}");
+        let mut first = buf.open_sequential(Ends::Time);
+        buf.push_merged(frame(0), None);
+        buf.push_merged(frame(0), None);
+        buf.push_merged("one".into(), None);
+        first.answered();
+        let second = buf.open_sequential(Ends::Time);
+        buf.push_merged(frame(1), None);
+        buf.push_merged("two".into(), None);
+        buf.push_merged(frame(1), None);
+        assert!(first.is_complete());
+        assert_eq!(texts(&first.take(1000)), ["one"]);
+        assert_eq!(texts(&second.collect(WAIT, 1000).await), ["two"]);
     }
 
     /// Four overlapping runs whose sentinels come in another order than their answers: none

@@ -19,24 +19,26 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 /// Follows `name`'s log into `logs` while `live` says the container is; then closes `logs`.
 pub async fn follow(pods: Api<Pod>, name: String, logs: Arc<LogBuffer>, live: impl Fn() -> bool) {
-    let mut since: Option<DateTime<Utc>> = None;
+    let mut read = Position::default();
     let mut backoff = Duration::from_millis(50);
     loop {
         let params = LogParams {
             follow: true,
             timestamps: true,
-            since_time: since,
+            since_time: read.at,
             container: Some(CONTAINER.into()),
             ..LogParams::default()
         };
         match pods.log_stream(&name, &params).await {
             Ok(stream) => {
                 backoff = Duration::from_millis(50);
+                read.resume();
                 read_lines(stream, |line| {
-                    if let Some(text) = after(&mut since, &line) {
+                    if let Some((text, at)) = read.take(&line) {
                         // The kubelet's stamp: a function without sentinels has its lines
                         // attributed by it (a piece of a cut line keeps its line's).
-                        logs.push_merged(text.to_string(), since.map(std::time::SystemTime::from));
+                        let at = at.or(read.at).map(std::time::SystemTime::from);
+                        logs.push_merged(text.to_string(), at);
                     }
                 })
                 .await;
@@ -52,17 +54,43 @@ pub async fn follow(pods: Api<Pod>, name: String, logs: Arc<LogBuffer>, live: im
     logs.close();
 }
 
-/// The text of a `<RFC 3339 timestamp> <text>` line not read before, moving `since` on; a
-/// line without a timestamp (a piece of a cut line) is all text.
-fn after<'a>(since: &mut Option<DateTime<Utc>>, line: &'a str) -> Option<&'a str> {
-    let Some((stamp, text)) = line.split_once(' ') else { return Some(line) };
-    let Ok(at) = DateTime::parse_from_rfc3339(stamp) else { return Some(line) };
-    let at = at.with_timezone(&Utc);
-    if since.is_some_and(|s| at <= s) {
-        return None;
+/// How far a pod's log was read: the newest stamp, and how many lines carried it. A stream
+/// resumed from that stamp (inclusive) comes with those lines again: they, and what is older,
+/// are skipped until a line not read before. Within one stream nothing is skipped: lines the
+/// kubelet read at once may carry one stamp.
+#[derive(Default)]
+struct Position {
+    at: Option<DateTime<Utc>>,
+    same: usize,
+    /// Resumed: the lines still to skip at `at`, until one not read before came.
+    resuming: Option<usize>,
+}
+
+impl Position {
+    fn resume(&mut self) {
+        self.resuming = self.at.map(|_| self.same);
     }
-    *since = Some(at);
-    Some(text)
+
+    /// The text and stamp of a `<RFC 3339 timestamp> <text>` line not read before; a line
+    /// without a timestamp (a piece of a cut line) is all text.
+    fn take<'a>(&mut self, line: &'a str) -> Option<(&'a str, Option<DateTime<Utc>>)> {
+        let Some((stamp, text)) = line.split_once(' ') else { return Some((line, None)) };
+        let Ok(at) = DateTime::parse_from_rfc3339(stamp) else { return Some((line, None)) };
+        let at = at.with_timezone(&Utc);
+        if let (Some(skip), Some(read)) = (self.resuming, self.at) {
+            if at < read || (at == read && skip > 0) {
+                self.resuming = Some(skip.saturating_sub(usize::from(at == read)));
+                return None;
+            }
+            self.resuming = None;
+        }
+        match self.at {
+            Some(read) if at == read => self.same += 1,
+            Some(read) if at < read => {}
+            _ => (self.at, self.same) = (Some(at), 1),
+        }
+        Some((text, Some(at)))
+    }
 }
 
 /// Calls `each` with every line of `stream` (without its newline), until the stream ends.
@@ -101,13 +129,21 @@ mod tests {
 
     #[test]
     fn a_resumed_stream_skips_what_was_read_and_keeps_what_was_not() {
-        let mut since = None;
-        assert_eq!(after(&mut since, "2026-01-01T00:00:00.000000001Z hello"), Some("hello"));
-        assert_eq!(after(&mut since, "2026-01-01T00:00:00.000000002Z world"), Some("world"));
-        // Resumed from the last timestamp (inclusive): the line read already comes again.
-        assert_eq!(after(&mut since, "2026-01-01T00:00:00.000000002Z world"), None);
-        assert_eq!(after(&mut since, "2026-01-01T00:00:00.000000003Z next"), Some("next"));
-        assert_eq!(after(&mut since, "no timestamp here"), Some("no timestamp here"));
+        let mut read = Position::default();
+        let text = |taken: Option<(&'static str, Option<DateTime<Utc>>)>| taken.map(|(t, _)| t);
+        read.resume();
+        assert_eq!(text(read.take("2026-01-01T00:00:00.000000001Z hello")), Some("hello"));
+        assert_eq!(text(read.take("2026-01-01T00:00:00.000000002Z world")), Some("world"));
+        // Lines the kubelet read at once, one stamp: none is lost within the stream.
+        assert_eq!(text(read.take("2026-01-01T00:00:00.000000002Z again")), Some("again"));
+        // Resumed from the last stamp (inclusive): the two lines read at it come again.
+        read.resume();
+        assert_eq!(text(read.take("2026-01-01T00:00:00.000000001Z hello")), None);
+        assert_eq!(text(read.take("2026-01-01T00:00:00.000000002Z world")), None);
+        assert_eq!(text(read.take("2026-01-01T00:00:00.000000002Z again")), None);
+        assert_eq!(text(read.take("2026-01-01T00:00:00.000000002Z third at it")), Some("third at it"));
+        assert_eq!(text(read.take("2026-01-01T00:00:00.000000003Z next")), Some("next"));
+        assert_eq!(text(read.take("no timestamp here")), Some("no timestamp here"));
     }
 
     #[tokio::test]
