@@ -151,25 +151,14 @@ impl InvokerApp {
                 config.action_kinds().into_iter().map(|(kind, max)| (kind.to_string(), max)).collect(),
             ),
         );
-        let queue = &config.queue;
-        let settings = QueueSettings {
-            bounds: QueueBounds {
-                max_calls: queue.max_calls,
-                max_calls_per_namespace: queue.max_calls_per_namespace,
-                max_bytes: queue.max_mb.saturating_mul(1024 * 1024),
-            },
-            max_event_age: queue.max_event_age,
-            max_retry_attempts: queue.max_retry_attempts,
-            retry_backoff: queue.retry_backoff,
-        };
         let service = ActivationService::new(store.clone(), pool.clone(), metrics, config.limits.namespace_concurrent)
             .named(&config.invoker_id)
-            .with_queue(settings);
+            .with_queue(queue_settings(&config));
         service.run_retries();
         // What an earlier run left: those that started end (and are retried by their policy),
         // those never started run now, oldest first.
         for call in recovered.interrupted {
-            service.interrupted(call);
+            let _ = service.interrupted(call);
         }
         for call in recovered.queued {
             service.requeue(call).await;
@@ -271,12 +260,21 @@ impl SchedulerApp {
         let runner = Runner::Cluster(dispatcher.clone());
         let service =
             ActivationService::with_runner(store.clone(), runner, metrics, config.limits.namespace_concurrent)
-                .named(&config.scheduler.id);
+                .named(&config.scheduler.id)
+                .with_queue(queue_settings(&config));
+        service.run_retries();
         let config = Arc::new(config);
         let state = Arc::new(AppState::new(service.clone(), config.clone()));
         let background = CancellationToken::new();
         actix_rt::spawn(dispatcher.clone().refresh(background.clone()));
-        actix_rt::spawn(dispatcher.clone().confirm_guesses(store.clone(), recovered.guessed, background.clone()));
+        // What an earlier run left: calls an invoker started have their records there (asked
+        // for, as guesses are), those never handed over go to the invokers now, oldest first.
+        let mut guessed = recovered.guessed;
+        guessed.extend(recovered.interrupted.into_iter().filter_map(|call| service.interrupted(call)));
+        for call in recovered.queued {
+            service.requeue(call).await;
+        }
+        actix_rt::spawn(dispatcher.clone().confirm_guesses(store.clone(), guessed, background.clone()));
         let presence = actix_rt::spawn(presence.run(background.clone()));
         let cluster = &config.cluster;
         let demand = actix_rt::spawn(crate::scheduler::demand::report(
@@ -412,6 +410,21 @@ impl CapacityApp {
 /// admin key, and the bound listener.
 /// What [`open`] gives: the store, the activations an earlier run left unfinished (now recorded
 /// as guesses), and the listener.
+/// The durable queue's bounds and default policy, as `[queue]` sets them.
+fn queue_settings(config: &Config) -> QueueSettings {
+    let queue = &config.queue;
+    QueueSettings {
+        bounds: QueueBounds {
+            max_calls: queue.max_calls,
+            max_calls_per_namespace: queue.max_calls_per_namespace,
+            max_bytes: queue.max_mb.saturating_mul(1024 * 1024),
+        },
+        max_event_age: queue.max_event_age,
+        max_retry_attempts: queue.max_retry_attempts,
+        retry_backoff: queue.retry_backoff,
+    }
+}
+
 struct Opened {
     store: Arc<dyn Store>,
     recovered: Recovered,

@@ -474,6 +474,70 @@ async fn the_answer_goes_out_with_the_result_and_the_record_once_its_lines_came(
     assert_eq!(ack["response"]["logs"], json!([]), "{ack}");
 }
 
+/// `POST /v1/activations` as a scheduler sends a queued call it keeps until it starts, on a
+/// connection of its own: the request's bytes.
+fn queued_call_request(id: &str) -> Vec<u8> {
+    let body = activation_message(id, true).to_string();
+    let key = base64::engine::general_purpose::STANDARD.encode(CONTROLLER);
+    format!(
+        "POST /v1/activations HTTP/1.1\r\nhost: invoker\r\nauthorization: Basic {key}\r\n\
+         content-type: application/json\r\naccept: application/x-ndjson\r\n{}: 1\r\n\
+         content-length: {}\r\n\r\n{body}",
+        invoker_wire::cluster::REPORT_START,
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// Issue 58: a queued call a scheduler keeps until an invoker starts it is told of its start
+/// on a line of its own, ahead of its record; and one whose scheduler went away before a
+/// container took it (its connection closed while the container started) never runs: its
+/// record says nothing ran, for the scheduler runs it elsewhere.
+#[actix_rt::test]
+async fn a_queued_call_is_reported_started_and_never_starts_once_its_scheduler_left() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let slow_start = MockConfig { start_latency: std::time::Duration::from_millis(800), ..MockConfig::default() };
+    let (h, app) = harness(|_| {}, slow_start).await;
+    send(&app, put("/api/v1/namespaces/_/actions/echo", echo_action())).await;
+    let bound = std::time::Duration::from_secs(10);
+
+    // Gone while its container starts (a cold one: 800 ms).
+    let gone_id = new_activation_id();
+    let mut gone = tokio::net::TcpStream::connect(h.app.addr()).await.unwrap();
+    gone.write_all(&queued_call_request(&gone_id)).await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    drop(gone);
+    let path = format!("/api/v1/namespaces/_/activations/{gone_id}");
+    let deadline = Instant::now() + bound;
+    let record = loop {
+        let (s, record, _) = send(&app, get(&path)).await;
+        if s == 200 {
+            break record;
+        }
+        assert!(Instant::now() < deadline, "the record was never stored");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    let rejected = record["annotations"].as_array().unwrap().iter().find(|a| a["key"] == "rejected");
+    assert_eq!(rejected.map(|a| &a["value"]), Some(&json!("caller_gone")), "{record}");
+    assert_eq!(record["response"]["statusCode"], 3, "{record}");
+
+    // Kept: the container it left behind takes the next.
+    let kept_id = new_activation_id();
+    let mut kept = tokio::net::TcpStream::connect(h.app.addr()).await.unwrap();
+    kept.write_all(&queued_call_request(&kept_id)).await.unwrap();
+    let mut answer = Vec::new();
+    let mut chunk = [0u8; 8192];
+    while !answer.ends_with(b"\r\n0\r\n\r\n") {
+        let n = tokio::time::timeout(bound, kept.read(&mut chunk)).await.expect("an answer").unwrap();
+        assert!(n > 0, "closed early: {}", String::from_utf8_lossy(&answer));
+        answer.extend_from_slice(&chunk[..n]);
+    }
+    let answer = String::from_utf8_lossy(&answer).to_string();
+    let started = answer.find(invoker_wire::cluster::STARTED_LINE).expect("the started line");
+    let record = answer.find("\"statusCode\":0").expect("then the record");
+    assert!(started < record, "{answer}");
+}
+
 #[actix_rt::test]
 async fn the_activation_shim_answers_with_the_combined_message_and_never_runs_twice() {
     let (h, state) = harness(|c| c.invoker_id = "invoker3".into(), MockConfig::default()).await;

@@ -91,6 +91,7 @@ async fn invoke_with_id(h: &Harness, action: &Arc<Action>, params: Value, id: St
         wait: Some(Duration::from_secs(60)),
         traceparent: None,
         whole: None,
+        start_notice: None,
     };
     match h.service().invoke(req).await.unwrap() {
         Invoked::Done(encoded) => Arc::unwrap_or_clone(encoded.record),
@@ -386,6 +387,7 @@ fn flood_request(a: &Arc<Action>, wait: Option<Duration>) -> InvokeRequest {
         wait,
         traceparent: None,
         whole: None,
+        start_notice: None,
     }
 }
 

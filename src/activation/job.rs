@@ -37,7 +37,16 @@ pub struct RunJob {
     pub completion: Completion,
     /// An asynchronous call from the durable queue, until it is handed to a container.
     pub queued: Option<Queued>,
+    /// A caller that must hear of the run's start before `/run` goes out: a scheduler keeping
+    /// a queued call until an invoker starts it.
+    pub start_notice: Option<StartNotice>,
 }
+
+/// How a caller hears that its call is being handed to a container: it is sent an
+/// acknowledgement, which it fires once it has passed the word on (the shim: once the started
+/// line is on its way to the scheduler); only then does the run begin. A caller gone before
+/// (the notice or the acknowledgement dropped) means the run never begins.
+pub type StartNotice = oneshot::Sender<oneshot::Sender<()>>;
 
 /// What an asynchronous call's completion needs to try it again: the call as queued (its
 /// parameters and request, encoded), the policy's backoff, and where a retry goes to wait for

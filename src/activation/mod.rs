@@ -71,6 +71,9 @@ pub struct InvokeRequest {
     /// (a scheduler, through the shim): where the whole record goes. Dropped unused when the
     /// answer was the whole record.
     pub whole: Option<oneshot::Sender<EncodedRecord>>,
+    /// A caller that keeps the call until it starts (a scheduler's queued call, through the
+    /// shim): told before `/run` goes out; gone, and nothing starts.
+    pub start_notice: Option<job::StartNotice>,
 }
 
 /// Where accepted activations run: the invoker's own pool, or (a scheduler) the invokers of
@@ -165,17 +168,16 @@ impl ActivationService {
     }
 
     /// Asynchronous calls (no wait) go through a durable queue with these bounds, rather than
-    /// straight to the runner; only where the runner is this invoker's pool.
+    /// straight to the runner: this invoker's pool, or (a scheduler) the cluster's invokers,
+    /// which report when they start one.
     pub fn with_queue(mut self, settings: QueueSettings) -> Self {
-        if matches!(self.runner, Runner::Pool(_)) {
-            let (retries, waiting) = tokio::sync::mpsc::unbounded_channel();
-            self.queue = Some(AsyncQueue {
-                counts: QueueCounts::new(settings.bounds),
-                settings,
-                retries,
-                waiting_retries: Arc::new(parking_lot::Mutex::new(Some(waiting))),
-            });
-        }
+        let (retries, waiting) = tokio::sync::mpsc::unbounded_channel();
+        self.queue = Some(AsyncQueue {
+            counts: QueueCounts::new(settings.bounds),
+            settings,
+            retries,
+            waiting_retries: Arc::new(parking_lot::Mutex::new(Some(waiting))),
+        });
         self
     }
 
@@ -322,6 +324,7 @@ impl ActivationService {
             accepted,
             completion,
             queued: None,
+            start_notice: req.start_notice,
         };
         if self.runner.submit(run).is_err() {
             // Answered at once, blocking or not: the record is written already.
@@ -446,6 +449,7 @@ impl ActivationService {
             wait: None,
             traceparent: None,
             whole: None,
+            start_notice: None,
         };
         match self.invoke(req).await? {
             Invoked::Accepted(id) => Ok(id),
@@ -472,6 +476,7 @@ impl ActivationService {
             wait: None,
             traceparent: None,
             whole: None,
+            start_notice: None,
         };
         if let Err(e) = self.enqueue(req, queue, Origin::Destination).await {
             tracing::warn!(namespace, destination = action, "a destination was not called: {e}");
@@ -479,9 +484,19 @@ impl ActivationService {
     }
 
     /// Ends a call that started in an earlier run and did not end: a whisk-error record written
-    /// as a guess, and its next attempt queued if its policy allows.
-    pub fn interrupted(&self, call: QueuedCall) {
-        let Some(queue) = &self.queue else { return };
+    /// as a guess, and its next attempt queued if its policy allows. In a scheduler the call
+    /// started on an invoker, which has its record: the guess waits to be replaced by it
+    /// (returned, for the scheduler's round of guesses), and nothing is retried.
+    pub fn interrupted(&self, call: QueuedCall) -> Option<crate::model::ActivationMeta> {
+        if let Runner::Cluster(_) = &self.runner {
+            let meta = Arc::new(call.meta);
+            let why = "the scheduler stopped while an invoker ran this call; its record is asked of the invokers";
+            let record = crate::model::ActivationRecord::guess(&meta, why, epoch_ms());
+            let trace = ActivationTrace::begin(None, &meta, &self.process);
+            Completion::new(self.store.clone(), self.metrics.clone(), meta.clone(), None, None, trace).finish(record);
+            return Some(Arc::unwrap_or_clone(meta));
+        }
+        let queue = self.queue.as_ref()?;
         let json = serde_json::to_vec(&call).expect("a queued call serialises");
         let retry = self.retry_of(&call, json.into(), queue);
         let meta = Arc::new(call.meta);
@@ -489,6 +504,7 @@ impl ActivationService {
         let trace = ActivationTrace::begin(None, &meta, &self.process);
         let completion = Completion::new(self.store.clone(), self.metrics.clone(), meta, None, None, trace);
         completion.interrupted(retry).finish(record);
+        None
     }
 
     /// The action a queued call runs, as stored now, or why there is none.
@@ -554,14 +570,17 @@ impl ActivationService {
             accepted,
             completion: completion.in_queue(retry),
             queued: Some(queued),
+            start_notice: None,
         }
     }
 
     /// Into the pool, waiting for room in its mailbox rather than refused: the call is durable
-    /// already. A pool gone (the invoker stopping) leaves it queued for the next start.
+    /// already. A pool gone (the invoker stopping) leaves it queued for the next start. In a
+    /// scheduler, into its action's line for an invoker.
     async fn hand_over_queued(&self, run: RunJob) {
-        if let Runner::Pool(pool) = &self.runner {
-            pool.submit_queued(run).await;
+        match &self.runner {
+            Runner::Pool(pool) => pool.submit_queued(run).await,
+            Runner::Cluster(dispatcher) => dispatcher.submit_queued(run),
         }
     }
 

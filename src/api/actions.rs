@@ -350,6 +350,7 @@ pub(super) async fn invoke(state: &AppState, call: &Call, ns: &str, name: &str) 
             wait: blocking.then_some(wait),
             traceparent: call.traceparent(),
             whole: None,
+            start_notice: None,
         })
         .await?;
     Ok(invoke_response(invoked, result_only))

@@ -10,7 +10,7 @@ use super::error::record_status;
 use super::error::ApiError;
 use super::state::{load_action, AppState};
 use crate::activation::job::CallRequest;
-use crate::activation::{InvokeRequest, Invoked};
+use crate::activation::{IntakeError, InvokeRequest, Invoked};
 use crate::http::Follows;
 use crate::http::Response;
 use crate::model::{
@@ -20,7 +20,7 @@ use crate::telemetry::TraceParent;
 use bytes::Bytes;
 use hyper::header::{HeaderValue, ACCEPT, CONTENT_TYPE};
 use hyper::StatusCode;
-use invoker_wire::cluster::TWO_PARTS;
+use invoker_wire::cluster::{REPORT_START, STARTED_LINE, TWO_PARTS};
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;
@@ -112,23 +112,96 @@ pub(super) async fn activation_message(state: &AppState, call: &Call) -> Result<
         false => (None, None),
     };
     let api_key = msg.user.authkey.filter(|_| action.provides_api_key()).map(|k| k.api_key.into_owned());
-    let invoked = state
-        .service
-        .invoke(InvokeRequest {
-            request,
-            action,
-            params,
-            subject: msg.user.subject.into_owned(),
-            api_key,
-            activation_id: Some(msg.activation_id.into_owned()),
-            transaction_id,
-            wait: msg.blocking.then_some(wait),
-            traceparent,
-            whole,
-        })
-        .await?;
+    // A scheduler keeping a queued call until it starts: told before `/run` goes out.
+    let (start_notice, heard) = match (rest.is_some(), reports_start(call)) {
+        (true, true) => {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            (Some(tx), Some(rx))
+        }
+        _ => (None, None),
+    };
+    let invoke = InvokeRequest {
+        request,
+        action,
+        params,
+        subject: msg.user.subject.into_owned(),
+        api_key,
+        activation_id: Some(msg.activation_id.into_owned()),
+        transaction_id,
+        wait: msg.blocking.then_some(wait),
+        traceparent,
+        whole,
+        start_notice,
+    };
+    let (heard, rest) = match (heard, rest) {
+        (Some(heard), Some(rest)) => (heard, rest),
+        (_, rest) => {
+            let invoked = state.service.invoke(invoke).await?;
+            return Ok(answer(state, invoked, rest, msg.transid));
+        }
+    };
+    let service = state.service.clone();
+    let (ended, mut end) = tokio::sync::oneshot::channel();
+    // Its own task: once started, the call's end is the answer's second line, whatever
+    // becomes of this handler.
+    tokio::task::spawn_local(async move {
+        let _ = ended.send(service.invoke(invoke).await);
+    });
+    let stopping = || ApiError::Unavailable("the invoker is stopping".into());
+    tokio::select! {
+        biased;
+        invoked = &mut end => Ok(answer(state, invoked.map_err(|_| stopping())??, Some(rest), msg.transid)),
+        ack = heard => match ack {
+            Ok(ack) => Ok(started_answer(state, ack, end, rest, msg.transid)),
+            // Ended without starting: answered as any call.
+            Err(_) => Ok(answer(state, end.await.map_err(|_| stopping())??, Some(rest), msg.transid)),
+        },
+    }
+}
+
+/// Whether the caller keeps the call until it starts ([`REPORT_START`]).
+fn reports_start(call: &Call) -> bool {
+    call.head.headers.contains_key(REPORT_START)
+}
+
+/// The answer to a call that started: [`STARTED_LINE`] now, and once the call ended, the
+/// `CombinedCompletionAndResultMessage` with its whole record as the second line. `ack` fires
+/// when the server takes the second part up, which is after it took the first: on the
+/// invoker's one thread the started line is written to the connection before the run's
+/// `/run` can go out.
+fn started_answer(
+    state: &AppState,
+    ack: tokio::sync::oneshot::Sender<()>,
+    end: tokio::sync::oneshot::Receiver<Result<Invoked, IntakeError>>,
+    rest: tokio::sync::oneshot::Receiver<EncodedRecord>,
+    transid: Value,
+) -> Response {
+    let user_memory_mb = state.service.pool().map_or(0, |p| p.user_memory_mb());
+    let invoker_id = state.config.invoker_id.clone();
+    let second = async move {
+        let _ = ack.send(());
+        let whole = match end.await.ok()?.ok()? {
+            Invoked::Done(encoded) => rest.await.unwrap_or(encoded),
+            Invoked::Accepted(_) => return None,
+        };
+        let mut ack = completion_message(&invoker_id, user_memory_mb, transid, &whole).to_vec();
+        ack.push(b'\n');
+        Some(Bytes::from(ack))
+    };
+    let mut response = crate::http::with_body(StatusCode::OK, TWO_PARTS, Bytes::new());
+    response.extensions_mut().insert(Follows::new(Bytes::from(format!("{STARTED_LINE}\n")), second));
+    response
+}
+
+/// The answer to a call that ended (or was accepted) without a start reported.
+fn answer(
+    state: &AppState,
+    invoked: Invoked,
+    rest: Option<tokio::sync::oneshot::Receiver<EncodedRecord>>,
+    transid: Value,
+) -> Response {
     match invoked {
-        Invoked::Accepted(id) => Ok(accepted(&id)),
+        Invoked::Accepted(id) => accepted(&id),
         Invoked::Done(encoded) => {
             let user_memory_mb = state.service.pool().map_or(0, |p| p.user_memory_mb());
             let invoker_id = state.config.invoker_id.clone();
@@ -138,19 +211,18 @@ pub(super) async fn activation_message(state: &AppState, call: &Call) -> Result<
                 Some((Err(TryRecvError::Empty), rest)) => rest,
                 // The answer was the whole record (or it is here already): one message.
                 Some((Ok(whole), _)) => {
-                    let ack = completion_message(&invoker_id, user_memory_mb, msg.transid, &whole);
-                    return Ok(record_response(&whole.record, status, ack));
+                    let ack = completion_message(&invoker_id, user_memory_mb, transid, &whole);
+                    return record_response(&whole.record, status, ack);
                 }
                 Some((Err(TryRecvError::Closed), _)) | None => {
-                    let ack = completion_message(&invoker_id, user_memory_mb, msg.transid, &encoded);
-                    return Ok(record_response(&encoded.record, status, ack));
+                    let ack = completion_message(&invoker_id, user_memory_mb, transid, &encoded);
+                    return record_response(&encoded.record, status, ack);
                 }
             };
             // OpenWhisk's split: a `ResultMessage` as soon as the result is known, then the
             // `CombinedCompletionAndResultMessage` with the whole record, each on a line.
-            let mut first = result_message(&msg.transid, &encoded);
+            let mut first = result_message(&transid, &encoded);
             first.push(b'\n');
-            let transid = msg.transid;
             let second = async move {
                 let whole = rest.await.ok()?;
                 let mut ack = completion_message(&invoker_id, user_memory_mb, transid, &whole).to_vec();
@@ -160,7 +232,7 @@ pub(super) async fn activation_message(state: &AppState, call: &Call) -> Result<
             let mut response = record_response(&encoded.record, status, Bytes::new());
             response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(TWO_PARTS));
             response.extensions_mut().insert(Follows::new(first.into(), second));
-            Ok(response)
+            response
         }
     }
 }

@@ -83,11 +83,15 @@ pub struct FactoryConfig {
 pub struct MockFactoryConfig {
     pub nodes: u32,
     pub node_memory_mb: u64,
+    /// How long a container takes to start (a slow cluster manager, or work an invoker holds
+    /// without having started it).
+    #[serde(with = "humantime_serde")]
+    pub start_latency: Duration,
 }
 
 impl Default for MockFactoryConfig {
     fn default() -> Self {
-        MockFactoryConfig { nodes: 1, node_memory_mb: 2048 }
+        MockFactoryConfig { nodes: 1, node_memory_mb: 2048, start_latency: Duration::ZERO }
     }
 }
 
@@ -180,6 +184,9 @@ impl FactoryConfig {
         super::kubernetes::validate(&self.kubernetes)?;
         if self.mock.nodes == 0 || self.mock.nodes > 10_000 {
             return Err(bad("factory.mock.nodes", "must be 1 to 10000"));
+        }
+        if self.mock.start_latency > Duration::from_secs(600) {
+            return Err(bad("factory.mock.start_latency", "must be at most 10m"));
         }
         let d = &self.docker;
         if d.max_concurrent_creates == 0 || d.pids_limit <= 0 {

@@ -107,7 +107,8 @@ impl Factory {
             FactoryKind::Mock => {
                 let m = &config.factory.mock;
                 let nodes = (0..m.nodes).map(|i| (format!("mock{i}"), m.node_memory_mb)).collect();
-                Factory::Mock(mock::MockFactory::new(mock::MockConfig { nodes, ..mock::MockConfig::default() }, epoch))
+                let config = mock::MockConfig { nodes, start_latency: m.start_latency, ..mock::MockConfig::default() };
+                Factory::Mock(mock::MockFactory::new(config, epoch))
             }
             // Refused by the config's validation already; said again for a caller that skipped it.
             #[allow(unreachable_patterns)]

@@ -16,7 +16,7 @@ mod record;
 use crate::activation::job::RunJob;
 use crate::config::{ProxyConfig, RuntimeProtocol};
 use crate::factory::{ContainerFactory, ContainerHandle, ContainerSpec, Factory};
-use crate::model::{epoch_ms, Outcome, StartKind};
+use crate::model::{epoch_ms, Outcome, Rejection, StartKind};
 use crate::pool::core::{ContainerId, CreateFailure, JobId, NodeId};
 use crate::telemetry;
 use actix::prelude::*;
@@ -32,6 +32,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::field::Empty;
 use tracing::Span;
+
+/// How long a run whose caller must hear of its start waits for the caller to pass the word
+/// on (the shim writing a line on a connection it holds): past it, the caller is taken as
+/// gone and nothing starts.
+const START_ACK_WAIT: Duration = Duration::from_secs(5);
 
 /// What a proxy reports to the pool.
 #[derive(Message, Debug)]
@@ -303,8 +308,31 @@ impl ContainerProxy {
         }
     }
 
+    /// Starts a run; one whose caller must hear of it first (a scheduler's queued call) waits
+    /// for the caller's acknowledgement, and does not start if the caller is gone.
     fn start_run(&mut self, job: JobId, first: bool, ctx: &mut Context<Self>) {
         let Some((mut run, began)) = self.runs.remove(&job) else { return };
+        let Some(notice) = run.start_notice.take() else { return self.run_now(job, run, began, first, ctx) };
+        let (ack, acked) = tokio::sync::oneshot::channel();
+        if notice.send(ack).is_err() {
+            return self.unstarted(job, run, ctx);
+        }
+        let acked = async move { matches!(tokio::time::timeout(START_ACK_WAIT, acked).await, Ok(Ok(()))) };
+        ctx.spawn(acked.into_actor(self).map(move |acked, act, ctx| match acked {
+            true => act.run_now(job, run, began, first, ctx),
+            false => act.unstarted(job, run, ctx),
+        }));
+    }
+
+    /// Ends a run whose caller was gone before it could start: nothing ran, and the container
+    /// takes its next run.
+    fn unstarted(&mut self, job: JobId, run: RunJob, ctx: &mut Context<Self>) {
+        tracing::info!(activation = %run.meta.activation_id, "its scheduler was gone before it started: not run");
+        run.reject_because(Rejection::CallerGone, &Rejection::CallerGone.message());
+        self.apply(Event::RunAnswered { job, reusable: true }, ctx);
+    }
+
+    fn run_now(&mut self, job: JobId, mut run: RunJob, began: Instant, first: bool, ctx: &mut Context<Self>) {
         let fields = self.record_fields(&run, began, first);
         self.trace_container(&run, &fields);
         let running = self.stage_span(&run, Stage::Run);

@@ -6,6 +6,7 @@
 //! invoker returns (annotated with the invoker's id) or with a whisk-error record when the
 //! invoker was lost: every activation the scheduler accepts ends with a record it serves.
 
+pub mod backlog;
 pub mod demand;
 pub mod guesses;
 pub mod metrics;
@@ -46,6 +47,8 @@ const QUIET_READING: Duration = Duration::from_secs(1);
 /// How long a drain this scheduler wrote may take to come back through its watch before it
 /// reads the prefix itself.
 const OWN_WRITE_SEEN: Duration = Duration::from_secs(2);
+/// A queued call every invoker refused in one round waits this long before the next.
+const QUEUED_ROUND_PAUSE: Duration = Duration::from_secs(1);
 
 /// The scheduler is at its `max_in_flight`: the activation was answered with a record.
 #[derive(Debug)]
@@ -97,6 +100,8 @@ pub struct Dispatcher {
     draws: AtomicU64,
     /// Records written as guesses, waiting for the invoker's record to replace them.
     guesses: guesses::Guesses,
+    /// Queued calls waiting for an invoker with room, in lines by action.
+    backlog: backlog::Backlog,
     pub metrics: SchedulerMetrics,
 }
 
@@ -140,6 +145,7 @@ impl Dispatcher {
             active: AtomicU32::new(0),
             draws: AtomicU64::new(u64::from(std::process::id()) << 32 | u64::from(epoch_ms() as u32) | 1),
             guesses: guesses::Guesses::default(),
+            backlog: backlog::Backlog::default(),
             metrics: SchedulerMetrics::default(),
         }
     }
@@ -170,6 +176,19 @@ impl Dispatcher {
         Ok(())
     }
 
+    /// Takes a queued (asynchronous) call, journaled already: it waits in its action's line for
+    /// an invoker with room for as long as its age allows, never refused for being busy, and
+    /// stays this scheduler's until an invoker says a container took it.
+    pub fn submit_queued(self: &Arc<Self>, run: RunJob) {
+        let dispatcher = self.clone();
+        tokio::spawn(async move { dispatcher.dispatch(run).await });
+    }
+
+    /// Queued calls waiting for an invoker with room.
+    pub fn backlog(&self) -> usize {
+        self.backlog.len()
+    }
+
     async fn dispatch(self: &Arc<Self>, mut run: RunJob) {
         let action = &run.action;
         let revision = cluster_revision(&self.id, action.revision, action.updated);
@@ -181,20 +200,54 @@ impl Dispatcher {
         let mut refusals = Vec::new();
         let mut tags = needs.tags.clone();
         tags.sort_unstable();
-        let trace = run.completion.trace();
-        for attempt in 0..=self.max_reschedules {
+        // A queued call: in its action's line until it is handed over, tried until its age
+        // passes, and kept here until an invoker says it started.
+        let expires_at = run.queued.as_ref().map(|q| q.expires_at);
+        let mut line = None;
+        let mut placed_before = false;
+        let mut attempt = 0;
+        loop {
+            if attempt > self.max_reschedules {
+                if expires_at.is_none() {
+                    break;
+                }
+                // Every invoker refused it this round: a pause, and another round.
+                attempt = 0;
+                tried.clear();
+                refusals.clear();
+                tokio::time::sleep(QUEUED_ROUND_PAUSE).await;
+            }
+            let until = match expires_at {
+                Some(expires_at) => Instant::now() + Duration::from_millis(expires_at.saturating_sub(epoch_ms())),
+                None => Instant::now() + self.wait_for_room,
+            };
+            if expires_at.is_some() {
+                // In line (one handed over that came back unstarted goes first of it), and
+                // never past its age.
+                let in_line = line.insert(self.backlog.join(&key, placed_before, &self.demand, &tags, needs.memory_mb));
+                if tokio::time::timeout_at(until.into(), in_line.first()).await.is_err() {
+                    let message = self.expired(&run, "it waited in its action's line");
+                    return run.reject_because(Rejection::Deadline, &with_refusals(message, &refusals));
+                }
+            }
+            attempt += 1;
             let placing = crate::stage_span!(
-                trace,
+                run.completion.trace(),
                 "placement",
-                attempt,
+                attempt = attempt - 1,
                 invoker = Empty,
                 rule = Empty,
                 "otel.status_code" = Empty,
                 "otel.status_description" = Empty
             );
-            let placed = self.place_or_wait(&key, &needs, &tags, &tried).await;
+            let placed = self.place_or_wait(&key, &needs, &tags, &tried, until, expires_at.is_none()).await;
             let (view, chosen) = match placed {
                 Ok(placed) => placed,
+                Err(why) if expires_at.is_some() => {
+                    let message = self.expired(&run, &why.to_string());
+                    crate::telemetry::failed(&placing, &message);
+                    return run.reject_because(Rejection::Deadline, &with_refusals(message, &refusals));
+                }
                 Err(why) => {
                     crate::telemetry::failed(&placing, &why.to_string());
                     self.metrics.unavailable(Some(&why));
@@ -203,7 +256,10 @@ impl Dispatcher {
                     return run.reject_because(Rejection::NoInvoker, &message);
                 }
             };
-            if attempt > 0 {
+            // Placed: the next of its line may go.
+            line = None;
+            placed_before = true;
+            if attempt > 1 {
                 self.metrics.reschedules.inc();
             }
             self.metrics.placed(chosen.rule);
@@ -224,18 +280,27 @@ impl Dispatcher {
                 continue;
             };
             let handing = crate::stage_span!(
-                trace,
+                run.completion.trace(),
                 "handover",
                 "otel.kind" = "client",
                 invoker = invoker.as_str(),
                 "otel.status_code" = Empty,
                 "otel.status_description" = Empty
             );
-            let message = self.message(&run, revision, trace.pass_on(&handing));
+            let message = self.message(&run, revision, run.completion.trace().pass_on(&handing));
             let send = self.enter(&invoker, &key, needs.memory_mb);
             self.demand.add(&tags, demand::Stage::InFlight, needs.memory_mb);
+            let mut started = false;
+            let mut on_started = || {
+                // Journaled before anything else: a restart of this scheduler never hands it
+                // over again as if it had not started.
+                started = true;
+                run.queued.take();
+                run.completion.started();
+            };
+            let on_started = expires_at.is_some().then_some(&mut on_started as &mut (dyn FnMut() + Send));
             let sent = tokio::select! {
-                sent = self.client.send(authority, message, self.handover_timeout, timeout) => sent,
+                sent = self.client.send(authority, message, self.handover_timeout, timeout, on_started) => sent,
                 _ = departure.cancelled() => Sent::Lost("it left the cluster (its lease expired)".into()),
             };
             if let Some(reason) = sent.failure() {
@@ -278,12 +343,25 @@ impl Dispatcher {
                     refusals.push(format!("{invoker}: {reason}"));
                     tried.insert(invoker);
                 }
+                // A queued call that did not start there: the invoker starts nothing whose caller
+                // is gone, so it goes elsewhere, first of its line.
+                Sent::Lost(reason) if expires_at.is_some() && !started => {
+                    self.metrics.lost.inc();
+                    refusals.push(format!("{invoker}: lost before it started the call ({reason})"));
+                    tried.insert(invoker);
+                }
                 Sent::Lost(reason) => {
                     self.metrics.lost.inc();
-                    let message = format!(
-                        "invoker {invoker} was lost while it held the activation ({reason}); it may have \
-                         started, so it is not run again"
-                    );
+                    let message = match expires_at {
+                        Some(_) => format!(
+                            "invoker {invoker} was lost while it ran the call ({reason}); it may have run, so \
+                             its retry policy decides whether it runs again"
+                        ),
+                        None => format!(
+                            "invoker {invoker} was lost while it held the activation ({reason}); it may have \
+                             started, so it is not run again"
+                        ),
+                    };
                     let mut record = ActivationRecord::guess(&run.meta, &message, epoch_ms());
                     record.annotations.push(KeyValue { key: "invoker".into(), value: json!(invoker) });
                     self.guesses.add(&run.meta.activation_id, Some(&invoker), Instant::now());
@@ -294,6 +372,13 @@ impl Dispatcher {
         self.metrics.unavailable(None);
         let message = with_refusals(format!("no invoker took the activation in {} tries", tried.len()), &refusals);
         run.reject_because(Rejection::NoInvoker, &message);
+    }
+
+    /// Why a queued call ends unstarted: its age passed (`while`: what it was waiting for).
+    fn expired(&self, run: &RunJob, while_: &str) -> String {
+        let expires_at = run.queued.as_ref().map_or(0, |q| q.expires_at);
+        let age = Duration::from_millis(expires_at.saturating_sub(run.meta.accepted_at));
+        format!("the call was not started within its maximum event age ({}): {while_}", humantime::format_duration(age))
     }
 
     /// Asks the invokers for the records of the activations this scheduler wrote guesses for
@@ -387,14 +472,17 @@ impl Dispatcher {
     }
 
     /// An invoker for the activation, on the cluster as last read; when none has room (or none
-    /// has the tags, or none is healthy), the placement is tried again every refresh for
-    /// `wait_for_room`, the activation counted as waiting meanwhile.
+    /// has the tags, or none is healthy), the placement is tried again at each new reading
+    /// until `until`, the activation counted as waiting meanwhile if `count_waiting` (a queued
+    /// call counts from its line).
     async fn place_or_wait(
         &self,
         key: &RevisionKey,
         needs: &ActionNeeds,
         tags: &[String],
         tried: &BTreeSet<String>,
+        until: Instant,
+        count_waiting: bool,
     ) -> Result<(Arc<ClusterView>, placement::Placement), placement::NoPlacement> {
         let mut waiting_since: Option<Instant> = None;
         let mut readings = self.directory.readings();
@@ -407,13 +495,14 @@ impl Dispatcher {
             let views = view.views(key, &in_flight, &unseen, &self.stalls.ids());
             match place(&views, needs, &self.placement, tried, &mut |n| self.draw(n)) {
                 Ok(chosen) => break Ok((view, chosen)),
-                Err(why) if self.wait_for_room.is_zero() => break Err(why),
+                Err(why) if Instant::now() >= until => break Err(why),
                 Err(why) => {
-                    let since = *waiting_since.get_or_insert_with(|| {
-                        self.demand.add(tags, demand::Stage::Waiting, needs.memory_mb);
+                    waiting_since.get_or_insert_with(|| {
+                        if count_waiting {
+                            self.demand.add(tags, demand::Stage::Waiting, needs.memory_mb);
+                        }
                         Instant::now()
                     });
-                    let until = since + self.wait_for_room;
                     if Instant::now() >= until {
                         break Err(why);
                     }
@@ -425,7 +514,9 @@ impl Dispatcher {
             }
         };
         if let Some(since) = waiting_since {
-            self.demand.remove(tags, demand::Stage::Waiting, needs.memory_mb);
+            if count_waiting {
+                self.demand.remove(tags, demand::Stage::Waiting, needs.memory_mb);
+            }
             self.metrics.room_wait_seconds.observe(since.elapsed().as_secs_f64());
         }
         placed

@@ -17,7 +17,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
 use hyper::body::{Body, Frame, SizeHint};
 use hyper::client::conn::http1::SendRequest;
-use invoker_wire::cluster::TWO_PARTS;
+use invoker_wire::cluster::{REPORT_START, STARTED_LINE, TWO_PARTS};
 use parking_lot::Mutex;
 use serde_json::Value;
 use std::collections::HashMap;
@@ -131,17 +131,27 @@ impl InvokerClient {
     }
 
     /// `message` to the invoker at `authority`: asked for within `handover`, answered within
-    /// `timeout` (both counted from now).
-    pub async fn send(&self, authority: &str, message: Bytes, handover: Duration, timeout: Duration) -> Sent {
+    /// `timeout` (both counted from now). With `on_started` (a queued call this scheduler keeps
+    /// until it starts), the invoker is asked to say when a container takes the call, and
+    /// `on_started` is called as soon as it does, before the record comes.
+    pub async fn send(
+        &self,
+        authority: &str,
+        message: Bytes,
+        handover: Duration,
+        timeout: Duration,
+        on_started: Option<&mut (dyn FnMut() + Send)>,
+    ) -> Sent {
         let (asked_tx, asked) = oneshot::channel();
         let (body_tx, body) = oneshot::channel();
         let len = message.len() as u64;
         let release: Release = Arc::new(Mutex::new(Some(Pending { message, body: body_tx, asked: asked_tx })));
-        let request = match self.request(authority, HeldMessage { body: Some(body), len }, &release) {
+        let reports_start = on_started.is_some();
+        let request = match self.request(authority, HeldMessage { body: Some(body), len }, &release, reports_start) {
             Ok(request) => request,
             Err(sent) => return sent,
         };
-        let exchange = self.exchange(authority, request, &release, asked, handover);
+        let exchange = self.exchange(authority, request, &release, asked, handover, on_started);
         match tokio::time::timeout(timeout, exchange).await {
             Err(_) if !withdraw(&release) => Sent::Unheard(format!("it did not ask for the message in {timeout:?}")),
             Err(_) => Sent::Lost(format!("no answer within {timeout:?}")),
@@ -169,6 +179,7 @@ impl InvokerClient {
         release: &Release,
         mut asked: oneshot::Receiver<()>,
         handover: Duration,
+        on_started: Option<&mut (dyn FnMut() + Send)>,
     ) -> Result<(u16, Bytes, Option<oneshot::Receiver<Bytes>>), Sent> {
         let handover = tokio::time::sleep(handover);
         tokio::pin!(handover);
@@ -237,7 +248,8 @@ impl InvokerClient {
             // the connection still waits for a body it will never get.
             let reusable = withdraw(release);
             if two_parts {
-                return self.two_parts(authority, status, response.into_body(), reusable.then_some(sender)).await;
+                let sender = reusable.then_some(sender);
+                return self.two_parts(authority, status, response.into_body(), sender, on_started).await;
             }
             let body = Limited::new(response.into_body(), MAX_ANSWER)
                 .collect()
@@ -252,13 +264,16 @@ impl InvokerClient {
     }
 
     /// An answer in two parts, a message on each line: the first read now, the rest by a task
-    /// that hands it on and then keeps the connection (`sender`, if it may be used again).
+    /// that hands it on and then keeps the connection (`sender`, if it may be used again). A
+    /// first line that says the call started (asked for with `on_started`) is followed by the
+    /// whole record, read here.
     async fn two_parts(
         &self,
         authority: &str,
         status: u16,
         mut body: hyper::body::Incoming,
         sender: Option<SendRequest<HeldMessage>>,
+        on_started: Option<&mut (dyn FnMut() + Send)>,
     ) -> Result<(u16, Bytes, Option<oneshot::Receiver<Bytes>>), Sent> {
         let mut read = bytes::BytesMut::new();
         let first = loop {
@@ -274,6 +289,21 @@ impl InvokerClient {
                 None => return Err(Sent::Lost("the answer ended before its first part".into())),
             }
         };
+        if let (Some(on_started), true) = (on_started, first.trim_ascii_end() == STARTED_LINE.as_bytes()) {
+            on_started();
+            let tail = Limited::new(body, MAX_ANSWER)
+                .collect()
+                .await
+                .map_err(|e| Sent::Lost(format!("the answer broke off after the call started: {e}")))?;
+            read.extend_from_slice(&tail.to_bytes());
+            if read.trim_ascii().is_empty() {
+                return Err(Sent::Lost("it started the call, and its answer ended without the record".into()));
+            }
+            if let Some(sender) = sender {
+                keep(&self.idle, authority, sender);
+            }
+            return Ok((status, read.freeze(), None));
+        }
         let (tx, rest) = oneshot::channel();
         let (idle, authority) = (self.idle.clone(), authority.to_string());
         tokio::spawn(async move {
@@ -292,15 +322,19 @@ impl InvokerClient {
         authority: &str,
         body: HeldMessage,
         release: &Release,
+        reports_start: bool,
     ) -> Result<hyper::Request<HeldMessage>, Sent> {
         let mut request = hyper::Request::post("/v1/activations")
             .header(hyper::header::HOST, authority)
             .header(hyper::header::AUTHORIZATION, &self.authorization)
             .header(hyper::header::CONTENT_TYPE, "application/json")
             .header(hyper::header::ACCEPT, TWO_PARTS)
-            .header(hyper::header::EXPECT, "100-continue")
-            .body(body)
-            .map_err(|e| Sent::Refused(format!("the request could not be made: {e}")))?;
+            .header(hyper::header::EXPECT, "100-continue");
+        if reports_start {
+            request = request.header(REPORT_START, "1");
+        }
+        let mut request =
+            request.body(body).map_err(|e| Sent::Refused(format!("the request could not be made: {e}")))?;
         let release = release.clone();
         hyper::ext::on_informational(&mut request, move |response| {
             if response.status() == hyper::StatusCode::CONTINUE {
@@ -510,7 +544,7 @@ mod tests {
     async fn an_invoker_that_never_asks_never_gets_the_message() {
         let (authority, seen) = peer(b"", Duration::from_secs(3600)).await;
         let client = InvokerClient::new("k:v");
-        let sent = client.send(&authority, message(), Duration::from_millis(100), Duration::from_secs(30)).await;
+        let sent = client.send(&authority, message(), Duration::from_millis(100), Duration::from_secs(30), None).await;
         assert!(matches!(sent, Sent::Unheard(_)), "{sent:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(received(&seen), (true, false), "the head went, the message did not");
@@ -521,7 +555,7 @@ mod tests {
     async fn a_late_ask_gets_nothing() {
         let (authority, seen) = peer(b"HTTP/1.1 100 Continue\r\n\r\n", Duration::from_millis(300)).await;
         let client = InvokerClient::new("k:v");
-        let sent = client.send(&authority, message(), Duration::from_millis(100), Duration::from_secs(30)).await;
+        let sent = client.send(&authority, message(), Duration::from_millis(100), Duration::from_secs(30), None).await;
         assert!(matches!(sent, Sent::Unheard(_)), "{sent:?}");
         tokio::time::sleep(Duration::from_millis(500)).await;
         assert_eq!(received(&seen), (true, false), "asked after the hand-over timeout: withdrawn");
@@ -531,7 +565,8 @@ mod tests {
     async fn once_asked_for_the_activation_is_the_invokers() {
         let (authority, seen) = peer(b"HTTP/1.1 100 Continue\r\n\r\n", Duration::ZERO).await;
         let client = InvokerClient::new("k:v");
-        let sent = client.send(&authority, message(), Duration::from_millis(100), Duration::from_millis(400)).await;
+        let sent =
+            client.send(&authority, message(), Duration::from_millis(100), Duration::from_millis(400), None).await;
         assert!(matches!(sent, Sent::Lost(_)), "it has the message and never answered: {sent:?}");
         assert_eq!(received(&seen), (true, true));
     }
@@ -572,7 +607,7 @@ mod tests {
         let authority = server(false).await;
         let client = InvokerClient::new("k:v");
         for _ in 0..3 {
-            let sent = client.send(&authority, message(), Duration::from_secs(5), Duration::from_secs(30)).await;
+            let sent = client.send(&authority, message(), Duration::from_secs(5), Duration::from_secs(30), None).await;
             assert!(matches!(sent, Sent::Finished(_)), "{sent:?}");
             assert_eq!(client.idle.lock()[&authority].len(), 1, "one connection, kept and used again");
         }
@@ -614,7 +649,7 @@ mod tests {
         });
         let client = InvokerClient::new("k:v");
         for _ in 0..2 {
-            let sent = client.send(&authority, message(), Duration::from_secs(5), Duration::from_secs(30)).await;
+            let sent = client.send(&authority, message(), Duration::from_secs(5), Duration::from_secs(30), None).await;
             let Sent::Answered { answer, whole } = sent else { panic!("{sent:?}") };
             assert!(answer.logs.is_empty(), "the result, before the logs: {answer:?}");
             let whole = whole.await.unwrap().expect("the whole record follows");
@@ -638,7 +673,7 @@ mod tests {
     async fn a_refusal_before_asking_goes_elsewhere() {
         let authority = server(true).await;
         let client = InvokerClient::new("k:v");
-        let sent = client.send(&authority, message(), Duration::from_secs(5), Duration::from_secs(30)).await;
+        let sent = client.send(&authority, message(), Duration::from_secs(5), Duration::from_secs(30), None).await;
         assert!(matches!(&sent, Sent::Refused(m) if m.contains("shutting down")), "{sent:?}");
         assert!(client.idle.lock().get(&authority).is_none_or(Vec::is_empty), "it waits for a body it never gets");
         let (frozen, _) = peer(b"", Duration::from_secs(3600)).await;

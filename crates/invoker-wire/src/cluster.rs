@@ -19,6 +19,15 @@ pub fn controller_wait(timeout: Duration, wait_deadline: Duration, init_timeout:
 /// it with `Accept`; an answer whose record was whole at once is the one message, as JSON.
 pub const TWO_PARTS: &str = "application/x-ndjson";
 
+/// The header a scheduler sends with a queued (asynchronous) call it keeps until the invoker
+/// starts it: the invoker answers as soon as the call is handed to a container, with
+/// [`STARTED_LINE`] as the first line of a [`TWO_PARTS`] answer, before `/run` goes out; the
+/// record follows as the second. An invoker whose caller is gone before that starts nothing.
+pub const REPORT_START: &str = "x-invoker-report-start";
+
+/// The first line of an answer to a [`REPORT_START`] call once it started (then a newline).
+pub const STARTED_LINE: &str = "{\"started\":true}";
+
 /// Most activation ids one `POST /v1/internal/records` (a scheduler asking an invoker for the
 /// records of activations it wrote guesses for) may name.
 pub const MAX_RECORDS_ASKED: usize = 1000;

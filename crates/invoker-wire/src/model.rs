@@ -252,6 +252,9 @@ pub enum Rejection {
     ContainerLost,
     /// A scheduler found no invoker that would take it (the record's message says why).
     NoInvoker,
+    /// The scheduler that handed over a queued call it keeps was gone before a container took
+    /// it: it runs where the scheduler sends it next.
+    CallerGone,
 }
 
 /// A rejection's kind, as the record's `rejected` annotation names it (`create_failed`): what
@@ -265,10 +268,11 @@ pub enum RejectionKind {
     Draining,
     ContainerLost,
     NoInvoker,
+    CallerGone,
 }
 
 impl RejectionKind {
-    const ALL: [RejectionKind; 7] = [
+    const ALL: [RejectionKind; 8] = [
         RejectionKind::NeverFits,
         RejectionKind::Deadline,
         RejectionKind::QueueFull,
@@ -276,6 +280,7 @@ impl RejectionKind {
         RejectionKind::Draining,
         RejectionKind::ContainerLost,
         RejectionKind::NoInvoker,
+        RejectionKind::CallerGone,
     ];
 
     /// The value of the record's `rejected` annotation.
@@ -288,6 +293,7 @@ impl RejectionKind {
             RejectionKind::Draining => "draining",
             RejectionKind::ContainerLost => "container_lost",
             RejectionKind::NoInvoker => "no_invoker",
+            RejectionKind::CallerGone => "caller_gone",
         }
     }
 
@@ -312,6 +318,7 @@ impl Rejection {
             Rejection::Draining => RejectionKind::Draining,
             Rejection::ContainerLost => RejectionKind::ContainerLost,
             Rejection::NoInvoker => RejectionKind::NoInvoker,
+            Rejection::CallerGone => RejectionKind::CallerGone,
         }
     }
 
@@ -346,6 +353,9 @@ impl Rejection {
             Rejection::Draining => "the invoker is shutting down; nothing ran".into(),
             Rejection::ContainerLost => "the container running the activation vanished".into(),
             Rejection::NoInvoker => "no invoker could take the activation; nothing ran".into(),
+            Rejection::CallerGone => {
+                "the scheduler that handed the call over was gone before it started; nothing ran here".into()
+            }
         }
     }
 }

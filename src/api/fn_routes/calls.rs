@@ -145,6 +145,7 @@ async fn run(
             transaction_id: new_activation_id(),
             wait: (!detached).then_some(wait),
             whole: None,
+            start_notice: None,
         })
         .await?;
     Ok(invoked)
