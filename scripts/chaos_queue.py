@@ -9,13 +9,16 @@ runs it last; alone:
   SIGKILL    100 calls of 0.3 s, the invoker SIGKILLed 1 s in and started again on its data
   age        five calls that cannot start (another action holds every container) past their
              maximum age of 60 s: dead letters, driven again once there is room
+  cluster    a scheduler in front of two invokers (its own etcd): 300 non-blocking calls of
+             0.3 s, one invoker SIGKILLed 1 s in and never started again; the calls it held
+             unstarted run on the other, those it had started follow their retry policy
 
 Each prints what was accepted, what ended and how, and what was lost (accepted, never ended).
-Stops by itself (about two minutes)."""
+Stops by itself (about three minutes)."""
 
 import json, os, signal, subprocess, sys, tempfile, threading, time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cluster_harness import GUEST, free_port, request
+from cluster_harness import GUEST, Cluster, EtcdMembers, free_port, request
 
 exe = sys.argv[1]
 work = sys.argv[2] if len(sys.argv) > 2 else tempfile.mkdtemp(prefix="invoker-chaos-queue-")
@@ -152,6 +155,54 @@ try:
         ("accepted (202)", len(ids)), ("ended unrun, past their age", len(expired)),
         ("dead letters", len(letters)), ("redriven once there was room", len(driven)),
         ("succeeded when redriven", sum(1 for r in again.values() if r["response"]["statusCode"] == 0))])
+
+    # The cluster: a scheduler keeps each call until an invoker says a container took it.
+    key = "c0ffee00-0000-4000-8000-00000000c0de:the-chaos-queue-controller-secret"
+    cluster = Cluster(exe, work, EtcdMembers(work, 1, name="queue-etcd").urls(), (
+        f'[cluster]\nprefix = "/chaosq"\nlease_ttl = "3s"\npublish_interval = "200ms"\ncontroller_key = "{key}"\n'
+        f'[admin]\ncontroller_keys = ["{key}"]\n[factory.process]\nuser_memory_mb = 256\n'
+        '[pool]\nwait_deadline = "2s"\n[queue]\nretry_backoff = "200ms"\n'
+        '[scheduler]\nrefresh_interval = "50ms"\nhandover_timeout = "1s"\n'))
+    ports = {name: free_port() for name in ("qinv0", "qinv1", "qsched")}
+    members = {name: cluster.start(name, ["--invoker-id", name], ports[name]) for name in ("qinv0", "qinv1")}
+    cluster.start("qsched", ["scheduler", "--scheduler-id", "chaosq"], ports["qsched"])
+    front = f"http://127.0.0.1:{ports['qsched']}"
+    admin = cluster.admin_key("qsched")
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        status, _, text = request("GET", front + "/v1/invokers", key=admin, timeout=5)
+        if status == 200 and len([i for i in json.loads(text) if i.get("nodes")]) == 2:
+            break
+        time.sleep(0.2)
+    else:
+        sys.exit("the two invokers never registered with the scheduler")
+    base = front + "/api/v1/namespaces/_"
+    put("spread", "import time\ndef main(a):\n    time.sleep(0.3)\n    return {'n': a.get('n')}")
+    killed = {}
+    def kill_one():
+        time.sleep(1)
+        os.killpg(members["qinv0"].pid, signal.SIGKILL)
+        members["qinv0"].wait()
+        killed["at"] = time.time()
+    killer = threading.Thread(target=kill_one)
+    killer.start()
+    ids, refused = fire("spread", 300, lambda n: {"n": n})
+    killer.join()
+    found = records(ids, 240)
+    finals = {id: final(r) for id, r in found.items()}
+    guessed = [r for r in found.values() if said(r, "guess") is not None]
+    first_ok = [r for r in found.values() if r["response"]["statusCode"] == 0]
+    table("Durable queue in a cluster: 300 calls of 0.3 s through a scheduler, one of two invokers "
+          "SIGKILLed 1 s in", [
+        ("accepted (202)", len(ids)), ("refused", len(refused)), ("ended with a record", len(found)),
+        ("succeeded at their first attempt", len(first_ok)),
+        ("  of those, on the invoker that was killed", sum(1 for r in first_ok if said(r, "invoker") == "qinv0")),
+        ("  on the other", sum(1 for r in first_ok if said(r, "invoker") == "qinv1")),
+        ("interrupted (started on the killed one: a guess)", len(guessed)),
+        ("of those, tried again by the policy", sum(1 for r in guessed if said(r, "retriedAs"))),
+        ("succeeded in the end (first attempt or a retry)",
+         sum(1 for r in finals.values() if r and r["response"]["statusCode"] == 0)),
+        ("lost (accepted, no record)", len(ids) - len(found))])
 finally:
     for proc in procs:
         if proc.poll() is None:

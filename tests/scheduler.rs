@@ -952,3 +952,46 @@ async fn an_invoker_killed_with_handed_over_unstarted_calls_leaves_them_to_the_o
     let (status, letters) = p.scheduler.get("deadletters").await;
     assert_eq!((status, letters.as_array().map(Vec::len)), (200, Some(0)), "{letters}");
 }
+
+/// Issue 58: asynchronous calls a scheduler accepted and had not handed over (no invoker had
+/// room) are kept through a SIGKILL of the scheduler: its restart hands them over, and each
+/// runs once, as its first attempt.
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
+async fn a_scheduler_killed_with_calls_in_line_hands_them_over_at_its_restart() {
+    let Some(etcd) = EtcdServer::start() else { return };
+    let mut p = platform(etcd, &[("one", &[], 256)], "").await;
+    // The invoker's one node is held by a call of its own (not the scheduler's) for 4 s.
+    let one = p.invoker("one");
+    one.put_action("hog", action(256, json!([]))).await;
+    let (status, _) = one.invoke("hog", "", json!({ "sleep_ms": 4000 })).await;
+    assert_eq!(status, 202);
+    p.wait_for(|list| list.len() == 1 && list[0]["nodes"][0]["free_mb"] == 0).await;
+    p.scheduler.put_action("a", action(256, json!([]))).await;
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        let (status, accepted) = p.scheduler.invoke("a", "", json!({ "i": i })).await;
+        assert_eq!(status, 202, "{accepted}");
+        ids.push(accepted["activationId"].as_str().unwrap().to_string());
+    }
+    let (_, list) = p.scheduler.get_url("/v1/invokers").await;
+    assert_eq!(list[0]["in_flight"], 0, "nothing handed over yet: {list}");
+    p.scheduler.signal(nix::sys::signal::Signal::SIGKILL);
+    p.scheduler.wait_exit(Duration::from_secs(10));
+    let config = scheduler_config(&p.etcd, "");
+    p.scheduler = Invoker::start_scheduler(p.scheduler_dir.path(), &config);
+    for id in &ids {
+        let record = support::eventually(Duration::from_secs(30), "its record", || async {
+            let (status, record) = p.scheduler.get(&format!("activations/{id}")).await;
+            if status == 200 {
+                Ok(record)
+            } else {
+                Err(format!("{status} {record}"))
+            }
+        })
+        .await;
+        assert_eq!(record["response"]["statusCode"], 0, "{record}");
+        assert_eq!(ran_on(&record), "one", "{record}");
+        assert_eq!(annotation(&record, "retryOf"), &Value::Null, "{record}");
+    }
+}

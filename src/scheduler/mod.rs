@@ -346,7 +346,6 @@ impl Dispatcher {
                 // A queued call that did not start there: the invoker starts nothing whose caller
                 // is gone, so it goes elsewhere, first of its line.
                 Sent::Lost(reason) if expires_at.is_some() && !started => {
-                    self.metrics.lost.inc();
                     refusals.push(format!("{invoker}: lost before it started the call ({reason})"));
                     tried.insert(invoker);
                 }
