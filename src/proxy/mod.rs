@@ -106,8 +106,8 @@ pub struct ContainerProxy {
     /// What the container's runtime speaks, which decides what the core waits for.
     protocol: RuntimeProtocol,
     core: ProxyCore,
-    handle: Option<ContainerHandle>,
-    runtime: Option<Arc<Runtime>>,
+    /// `None` until the factory made the container, and again once it is destroyed.
+    created: Option<Created>,
     /// The runs the pool sent, until they reach the runtime or fail.
     runs: HashMap<JobId, (RunJob, Instant)>,
     create_ms: u64,
@@ -123,6 +123,13 @@ pub struct ContainerProxy {
     creating: Span,
 }
 
+/// The container once the factory made it: its handle, and the client of its runtime.
+#[derive(Clone)]
+struct Created {
+    handle: ContainerHandle,
+    runtime: Arc<Runtime>,
+}
+
 impl ContainerProxy {
     pub fn new(spec: ContainerSpec, node: NodeId, ctx: ProxyContext, prewarmed: bool, creating: Span) -> Self {
         let protocol = ctx.protocols.get(&spec.kind).copied().unwrap_or_default();
@@ -132,8 +139,7 @@ impl ContainerProxy {
             ctx,
             protocol,
             core: ProxyCore::new(protocol.initialises()),
-            handle: None,
-            runtime: None,
+            created: None,
             runs: HashMap::new(),
             create_ms: 0,
             init_ms: None,
@@ -166,7 +172,7 @@ impl ContainerProxy {
                 Effect::Resume => self.resume(ctx),
                 Effect::Destroy => self.destroy(ctx),
                 Effect::ReportStarted { failure } => {
-                    let at = self.handle.as_ref().map(|h| h.ready_at).unwrap_or_default();
+                    let at = self.created.as_ref().map(|c| c.handle.ready_at).unwrap_or_default();
                     self.report(ProxyReport::Started { container: self.spec.id, failure, at });
                 }
                 Effect::ReportFinished { job, reusable } => {
@@ -179,7 +185,8 @@ impl ContainerProxy {
     }
 
     fn start_init(&mut self, with: JobId, ctx: &mut Context<Self>) {
-        let (Some(runtime), Some((run, _))) = (self.runtime.clone(), self.runs.get(&with)) else { return };
+        let (Some(created), Some((run, _))) = (&self.created, self.runs.get(&with)) else { return };
+        let runtime = created.runtime.clone();
         let action = run.action.clone();
         let span = self.stage_span(run, Stage::Init);
         let (api_host, timeout) = (self.ctx.api_host.clone(), self.ctx.config.init_timeout);
@@ -205,8 +212,15 @@ impl ContainerProxy {
     /// not reused.
     fn interpret_init_failure(&self, answer: Answer) -> Interpreted {
         let timeout_ms = self.ctx.config.init_timeout.as_millis() as u64;
-        let oom = self.handle.as_ref().is_some_and(|h| self.ctx.factory.was_oom_killed(h));
-        let runtime = self.runtime.as_ref().expect("initialised after its creation");
+        let failed_to_initialise = || Interpreted {
+            outcome: Outcome::DeveloperError,
+            reusable: false,
+            timed_out: false,
+            result: json!({ "error": "The action failed to initialise." }),
+        };
+        // `/init` is sent only to a created container; said again for the compiler.
+        let Some(Created { handle, runtime }) = &self.created else { return failed_to_initialise() };
+        let oom = self.ctx.factory.was_oom_killed(handle);
         let why = match &answer {
             Ok(_) => "init failed",
             failed => discard_reason(failed, oom),
@@ -217,12 +231,7 @@ impl ContainerProxy {
         if interpreted.outcome == Outcome::DeveloperError {
             return interpreted;
         }
-        Interpreted {
-            outcome: Outcome::DeveloperError,
-            reusable: false,
-            timed_out: false,
-            result: json!({ "error": "The action failed to initialise." }),
-        }
+        failed_to_initialise()
     }
 
     /// Ends a run that never reached the runtime with its record, then tells the core.
@@ -244,8 +253,8 @@ impl ContainerProxy {
             }
         };
         // The failed `/init` may have written why to its logs; nothing else did.
-        let window = match (cause, &self.handle) {
-            (FailCause::InitFailed, Some(handle)) => Some(self.open_window(&run, &handle.logs)),
+        let window = match (cause, &self.created) {
+            (FailCause::InitFailed, Some(created)) => Some(self.open_window(&run, &created.handle.logs)),
             _ => None,
         };
         let wait = self.ctx.config.log_sentinel_wait.min(Duration::from_millis(200));
@@ -339,8 +348,11 @@ impl ContainerProxy {
         let to_action = run.completion.trace().pass_on(&running);
         run.completion.trace_mut().set_to_action(to_action);
         let timeout_ms = run.meta.limits.timeout;
-        let runtime = self.runtime.clone().expect("the core runs nothing before the container is created");
-        let handle = self.handle.clone().expect("the core runs nothing before the container is created");
+        // The core runs nothing before the container is created; said again for the compiler.
+        let Some(Created { handle, runtime }) = self.created.clone() else {
+            self.runs.insert(job, (run, began));
+            return self.fail_run(job, FailCause::Removed, first, ctx);
+        };
         let factory = self.ctx.factory.clone();
         let max_result = self.ctx.max_result_bytes;
         let container = self.spec.id;
@@ -412,7 +424,7 @@ impl ContainerProxy {
     }
 
     fn pause(&mut self, ctx: &mut Context<Self>) {
-        let Some(handle) = self.handle.clone() else { return };
+        let Some(handle) = self.created.as_ref().map(|c| c.handle.clone()) else { return };
         let factory = self.ctx.factory.clone();
         let fut = async move { factory.pause(&handle).await };
         ctx.spawn(fut.into_actor(self).map(|paused, act, ctx| {
@@ -424,7 +436,7 @@ impl ContainerProxy {
     }
 
     fn resume(&mut self, ctx: &mut Context<Self>) {
-        let Some(handle) = self.handle.clone() else { return };
+        let Some(handle) = self.created.as_ref().map(|c| c.handle.clone()) else { return };
         let factory = self.ctx.factory.clone();
         let fut = async move { factory.resume(&handle).await };
         ctx.spawn(fut.into_actor(self).map(|resumed, act, ctx| {
@@ -438,7 +450,7 @@ impl ContainerProxy {
 
     fn destroy(&mut self, ctx: &mut Context<Self>) {
         let factory = self.ctx.factory.clone();
-        let handle = self.handle.take();
+        let handle = self.created.take().map(|c| c.handle);
         let fut = async move {
             if let Some(handle) = handle {
                 if let Err(e) = factory.destroy(&handle).await {
@@ -506,8 +518,7 @@ impl Actor for ContainerProxy {
                 Ok(handle) => {
                     let runtime =
                         Runtime::new(act.protocol, &handle.transport, handle.peer.clone(), act.ctx.max_result_bytes);
-                    act.runtime = Some(Arc::new(runtime));
-                    act.handle = Some(handle);
+                    act.created = Some(Created { handle, runtime: Arc::new(runtime) });
                     None
                 }
                 Err(reason) => {
