@@ -192,12 +192,16 @@ try:
     finals = {id: final(r) for id, r in found.items()}
     guessed = [r for r in found.values() if said(r, "guess") is not None]
     first_ok = [r for r in found.values() if r["response"]["statusCode"] == 0]
+    status, _, text = request("GET", front + "/metrics", key=admin, timeout=10)
+    moved = next((line.split()[-1] for line in text.decode().splitlines()
+                  if line.startswith("scheduler_reschedules_total")), "?") if status == 200 else "?"
     table("Durable queue in a cluster: 300 calls of 0.3 s through a scheduler, one of two invokers "
           "SIGKILLed 1 s in", [
         ("accepted (202)", len(ids)), ("refused", len(refused)), ("ended with a record", len(found)),
         ("succeeded at their first attempt", len(first_ok)),
         ("  of those, on the invoker that was killed", sum(1 for r in first_ok if said(r, "invoker") == "qinv0")),
         ("  on the other", sum(1 for r in first_ok if said(r, "invoker") == "qinv1")),
+        ("handed over again (refused, or lost unstarted)", moved),
         ("interrupted (started on the killed one: a guess)", len(guessed)),
         ("of those, tried again by the policy", sum(1 for r in guessed if said(r, "retriedAs"))),
         ("succeeded in the end (first attempt or a retry)",
