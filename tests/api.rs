@@ -128,6 +128,19 @@ async fn send(app: &AppState, req: Req) -> (u16, Value, Option<String>) {
     (status, read_json(response).await, id)
 }
 
+/// The record at `path` once it is stored (within 10 s).
+async fn stored(app: &AppState, path: &str) -> Value {
+    let deadline = Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let (s, record, _) = send(app, get(path)).await;
+        if s == 200 {
+            return record;
+        }
+        assert!(Instant::now() < deadline, "the record was never stored");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 fn put(path: &str, body: Value) -> Req {
     Req::put().uri(path).insert_header(auth(GUEST)).set_json(body)
 }
@@ -435,15 +448,7 @@ async fn the_answer_goes_out_with_the_result_and_the_record_once_its_lines_came(
     assert_eq!(answer["response"]["result"]["echo"], late);
     let path = format!("/api/v1/namespaces/_/activations/{}", id.unwrap());
     assert_eq!(send(&app, get(&path)).await.0, 404, "not whole yet: not shown");
-    let deadline = Instant::now() + std::time::Duration::from_secs(10);
-    let record = loop {
-        let (s, record, _) = send(&app, get(&path)).await;
-        if s == 200 {
-            break record;
-        }
-        assert!(Instant::now() < deadline, "the record was never stored");
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    };
+    let record = stored(&app, &path).await;
     assert!(record["logs"].to_string().contains("mock run in container"), "whole: {record}");
     assert_eq!(record["response"], answer["response"]);
 
@@ -507,16 +512,7 @@ async fn a_queued_call_is_reported_started_and_never_starts_once_its_scheduler_l
     gone.write_all(&queued_call_request(&gone_id)).await.unwrap();
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     drop(gone);
-    let path = format!("/api/v1/namespaces/_/activations/{gone_id}");
-    let deadline = Instant::now() + bound;
-    let record = loop {
-        let (s, record, _) = send(&app, get(&path)).await;
-        if s == 200 {
-            break record;
-        }
-        assert!(Instant::now() < deadline, "the record was never stored");
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    };
+    let record = stored(&app, &format!("/api/v1/namespaces/_/activations/{gone_id}")).await;
     let rejected = record["annotations"].as_array().unwrap().iter().find(|a| a["key"] == "rejected");
     assert_eq!(rejected.map(|a| &a["value"]), Some(&json!("caller_gone")), "{record}");
     assert_eq!(record["response"]["statusCode"], 3, "{record}");
