@@ -24,10 +24,11 @@
 # SIGKILLed; the first is thawed, then the second SIGKILLed. It prints the zombies left, whether
 # the dead invoker's files went, and the counts of `GET /v1/capacity` against the processes and
 # the registrations at the end.
-# Then the durable queue of asynchronous calls on one invoker (scripts/chaos_queue.py): a burst
+# Then the durable queue of asynchronous calls (scripts/chaos_queue.py): on one invoker a burst
 # of ten times what it runs, a SIGKILL with calls queued and running, calls past their maximum
-# age to the dead-letter list and driven again.
-# Every run stops by itself (about 8 minutes in all).
+# age to the dead-letter list and driven again; then a scheduler in front of two invokers, one
+# SIGKILLed mid-burst (what it held unstarted runs on the other).
+# Every run stops by itself (about 10 minutes in all).
 #
 #   scripts/chaos.sh           # release build; as root the invokers isolate their containers
 set -euo pipefail
