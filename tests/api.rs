@@ -534,6 +534,42 @@ async fn a_queued_call_is_reported_started_and_never_starts_once_its_scheduler_l
     assert!(started < record, "{answer}");
 }
 
+/// A scheduler's queued call that an earlier delivery ended unrun (here: its container could not
+/// be created) is run by the next delivery of the same id, not answered with the refusal: the
+/// scheduler keeps it until an invoker starts it, and it could never run here again otherwise.
+/// The activation keeps one record, the last.
+#[actix_rt::test]
+async fn a_queued_call_refused_unrun_runs_again_when_its_scheduler_sends_it_again() {
+    let failing = MockConfig { fail_creates: true, ..MockConfig::default() };
+    let (h, app) = harness(|_| {}, failing).await;
+    send(&app, put("/api/v1/namespaces/_/actions/echo", echo_action())).await;
+    let id = new_activation_id();
+    let deliver = || async {
+        let http = reqwest::Client::new();
+        let key = base64::engine::general_purpose::STANDARD.encode(CONTROLLER);
+        let answer = http
+            .post(format!("http://{}/v1/activations", h.app.addr()))
+            .header("authorization", format!("Basic {key}"))
+            .header("accept", "application/x-ndjson")
+            .header(invoker_wire::cluster::REPORT_START, "1")
+            .json(&activation_message(&id, true))
+            .send()
+            .await
+            .unwrap();
+        let answer: Value = serde_json::from_slice(&answer.bytes().await.unwrap()).unwrap();
+        answer["response"].clone()
+    };
+    let first = deliver().await;
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    let second = deliver().await;
+    let rejected = |r: &Value| r["annotations"].as_array().unwrap().iter().any(|a| a["value"] == "create_failed");
+    assert!(rejected(&first) && rejected(&second), "{first} {second}");
+    assert!(second["end"].as_u64() > first["end"].as_u64(), "tried again, not the first answer replayed: {second}");
+    let (_, listed, _) = send(&app, get("/api/v1/namespaces/_/activations?name=echo&limit=50")).await;
+    let mine = listed.as_array().unwrap().iter().filter(|r| r["activationId"] == id.as_str()).count();
+    assert_eq!(mine, 1, "{listed}");
+}
+
 #[actix_rt::test]
 async fn the_activation_shim_answers_with_the_combined_message_and_never_runs_twice() {
     let (h, state) = harness(|c| c.invoker_id = "invoker3".into(), MockConfig::default()).await;

@@ -294,6 +294,15 @@ impl ActivationService {
         if given {
             match self.store.accept(&meta)? {
                 Accepted::New => {}
+                // A scheduler's queued call that an earlier delivery here ended unrun (no room
+                // in time, a container that could not be created): it keeps the call until one
+                // starts it, so this delivery runs it (nothing ran twice), and its record
+                // replaces the refusal.
+                Accepted::Finished(record)
+                    if req.start_notice.is_some() && record.namespace == meta.namespace && record.ran_nothing() =>
+                {
+                    self.store.accept_new(&meta)?
+                }
                 Accepted::Finished(record) if record.namespace == meta.namespace => {
                     return Ok(Invoked::Done(EncodedRecord::new(*record)))
                 }
