@@ -49,6 +49,7 @@ fn warm_core(containers: usize, keys: u32) -> PoolCore {
             stem: None,
             idle_timeout: None,
             patient: false,
+            max_running: None,
         };
         for effect in core.handle(Event::Arrived(job), t0) {
             if let Effect::Create { container, .. } = effect {
@@ -104,6 +105,7 @@ fn decision(c: &mut Criterion) {
                     stem: None,
                     idle_timeout: None,
                     patient: false,
+                    max_running: None,
                 };
                 let effects = core.handle(Event::Arrived(job), now);
                 let Some(Effect::Dispatch { job, container }) = effects.first().cloned() else {

@@ -153,6 +153,7 @@ fn check_queue_policy(annotations: &[KeyValue]) -> Result<(), String> {
     let bounds = [
         (crate::model::MAX_RETRY_ATTEMPTS, 0, u64::from(crate::config::RETRY_ATTEMPTS_MAX)),
         (crate::model::MAX_EVENT_AGE, crate::config::EVENT_AGE_MIN.as_secs(), crate::config::EVENT_AGE_MAX.as_secs()),
+        (crate::model::MAX_CONCURRENCY, 1, crate::model::MAX_CONCURRENCY_MAX),
     ];
     for (key, lo, hi) in bounds {
         let Some(value) = annotations.iter().find(|a| a.key == key).map(|a| &a.value) else { continue };
@@ -383,7 +384,7 @@ fn with_activation_id(mut response: Response, id: &str) -> Response {
 /// `body` (JSON) with `status`, the activation's id, and Retry-After when nothing ran.
 pub(super) fn record_response(record: &ActivationRecord, status: StatusCode, body: Bytes) -> Response {
     let mut response = with_activation_id(with_body(status, "application/json", body), &record.activation_id);
-    if status == StatusCode::SERVICE_UNAVAILABLE {
+    if matches!(status, StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS) {
         response.headers_mut().insert(hyper::header::RETRY_AFTER, HeaderValue::from_static("1"));
     }
     response

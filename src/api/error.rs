@@ -125,6 +125,10 @@ pub(super) fn record_status(record: &ActivationRecord, failed: StatusCode) -> St
         (Outcome::Success, _) => StatusCode::OK,
         (Outcome::ApplicationError | Outcome::DeveloperError, _) => failed,
         (Outcome::WhiskError, Some(Rejection::NeverFits { .. })) => StatusCode::BAD_REQUEST,
+        // Held by the action's own `max-concurrency`: the caller's rate, not the platform's room.
+        (Outcome::WhiskError, _) if record.rejection_kind() == Some(RejectionKind::Capped) => {
+            StatusCode::TOO_MANY_REQUESTS
+        }
         (Outcome::WhiskError, _) if record.ran_nothing() => StatusCode::SERVICE_UNAVAILABLE,
         (Outcome::WhiskError, _) => StatusCode::BAD_GATEWAY,
     }

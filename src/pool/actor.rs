@@ -426,7 +426,7 @@ fn create_span(for_job: Option<&RunJob>, spec: &ContainerSpec, node: &NodeId, fa
 fn reject(run: RunJob, reason: RejectReason) {
     let why = match (&run.queued, reason) {
         (Some(_), RejectReason::Draining) => return drop(run),
-        (Some(queued), RejectReason::DeadlineExceeded) => {
+        (Some(queued), RejectReason::DeadlineExceeded | RejectReason::Capped { .. }) => {
             let age = std::time::Duration::from_millis(queued.expires_at.saturating_sub(run.meta.accepted_at));
             format!("the call was not started within its maximum event age ({})", humantime::format_duration(age))
         }
@@ -444,6 +444,7 @@ fn rejection(reason: RejectReason) -> Rejection {
         RejectReason::CreateFailed(why) => Rejection::CreateFailed(why),
         RejectReason::Draining => Rejection::Draining,
         RejectReason::ContainerLost => Rejection::ContainerLost,
+        RejectReason::Capped { cap } => Rejection::Capped { cap },
     }
 }
 
@@ -521,6 +522,7 @@ impl Handler<Submit> for ContainerPool {
             concurrency,
             deadline: self.epoch.now() + wait,
             patient: run.queued.is_some(),
+            max_running: run.action.max_concurrency(),
             stem: self.config.stem_for(&run.action.exec.kind, run.action.limits.memory, run.action.limits.disk),
             idle_timeout,
         };

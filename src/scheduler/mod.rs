@@ -23,7 +23,7 @@ use crate::cluster::{cluster_revision, controller_wait, drain_key, ClusterKv, Dr
 use crate::config::Config;
 use crate::model::{
     epoch_ms, ActivationMessage, ActivationRecord, ControllerIndex, KeyValue, MessageAction, MessageKey,
-    MessageNamespace, MessageRequest, MessageUser, Rejection,
+    MessageNamespace, MessageRequest, MessageUser, Rejection, RejectionKind,
 };
 use crate::telemetry::TraceParent;
 use bytes::Bytes;
@@ -310,6 +310,14 @@ impl Dispatcher {
             self.leave(&invoker, &key, send);
             self.demand.remove(&tags, demand::Stage::InFlight, needs.memory_mb);
             match sent {
+                // A queued call an invoker held back for the action's cap ran nothing: it
+                // stays queued, first of its line.
+                Sent::Finished(record)
+                    if expires_at.is_some() && record.rejection_kind() == Some(RejectionKind::Capped) =>
+                {
+                    refusals.push(format!("{invoker}: the action was at its max-concurrency there"));
+                    tried.insert(invoker);
+                }
                 Sent::Finished(mut record) => {
                     record.annotations.push(KeyValue { key: "invoker".into(), value: json!(invoker) });
                     return run.completion.finish(*record);

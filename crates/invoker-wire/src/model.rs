@@ -123,6 +123,18 @@ impl Action {
         self.annotations.iter().find(|a| a.key == key)?.value.as_str().map(str::to_string)
     }
 
+    /// The most activations of the action that may run at once ([`MAX_CONCURRENCY`]), if it
+    /// sets a cap.
+    pub fn max_concurrency(&self) -> Option<u32> {
+        self.annotations
+            .iter()
+            .find(|a| a.key == MAX_CONCURRENCY)?
+            .value
+            .as_u64()
+            .and_then(|v| u32::try_from(v).ok())
+            .filter(|&v| v > 0)
+    }
+
     /// The action's own maximum age of an asynchronous call, in seconds ([`MAX_EVENT_AGE`]).
     pub fn max_event_age_s(&self) -> Option<u64> {
         self.annotations.iter().find(|a| a.key == MAX_EVENT_AGE)?.value.as_u64()
@@ -255,6 +267,11 @@ pub enum Rejection {
     /// The scheduler that handed over a queued call it keeps was gone before a container took
     /// it: it runs where the scheduler sends it next.
     CallerGone,
+    /// It waited its bounded time while its action ran as many activations as its
+    /// `max-concurrency` allows.
+    Capped {
+        cap: u32,
+    },
 }
 
 /// A rejection's kind, as the record's `rejected` annotation names it (`create_failed`): what
@@ -269,10 +286,11 @@ pub enum RejectionKind {
     ContainerLost,
     NoInvoker,
     CallerGone,
+    Capped,
 }
 
 impl RejectionKind {
-    const ALL: [RejectionKind; 8] = [
+    const ALL: [RejectionKind; 9] = [
         RejectionKind::NeverFits,
         RejectionKind::Deadline,
         RejectionKind::QueueFull,
@@ -281,6 +299,7 @@ impl RejectionKind {
         RejectionKind::ContainerLost,
         RejectionKind::NoInvoker,
         RejectionKind::CallerGone,
+        RejectionKind::Capped,
     ];
 
     /// The value of the record's `rejected` annotation.
@@ -294,6 +313,7 @@ impl RejectionKind {
             RejectionKind::ContainerLost => "container_lost",
             RejectionKind::NoInvoker => "no_invoker",
             RejectionKind::CallerGone => "caller_gone",
+            RejectionKind::Capped => "capped",
         }
     }
 
@@ -319,6 +339,7 @@ impl Rejection {
             Rejection::ContainerLost => RejectionKind::ContainerLost,
             Rejection::NoInvoker => RejectionKind::NoInvoker,
             Rejection::CallerGone => RejectionKind::CallerGone,
+            Rejection::Capped { .. } => RejectionKind::Capped,
         }
     }
 
@@ -353,6 +374,10 @@ impl Rejection {
             Rejection::Draining => "the invoker is shutting down; nothing ran".into(),
             Rejection::ContainerLost => "the container running the activation vanished".into(),
             Rejection::NoInvoker => "no invoker could take the activation; nothing ran".into(),
+            Rejection::Capped { cap } => format!(
+                "the action ran its most activations at once (annotations.max-concurrency: {cap}) for as long as \
+                 this one could wait; nothing ran"
+            ),
             Rejection::CallerGone => {
                 "the scheduler that handed the call over was gone before it started; nothing ran here".into()
             }
@@ -452,6 +477,11 @@ pub const MAX_EVENT_AGE: &str = "max-event-age";
 pub const ON_SUCCESS: &str = "on-success";
 /// An action's annotation: the action called when an asynchronous call of it is given up.
 pub const ON_FAILURE: &str = "on-failure";
+/// An action's annotation: the most activations of it that run at once (1 to
+/// [`MAX_CONCURRENCY_MAX`]), as `wsk action update a -a max-concurrency 20` sets it.
+pub const MAX_CONCURRENCY: &str = "max-concurrency";
+/// The largest `max-concurrency` an action may set.
+pub const MAX_CONCURRENCY_MAX: u64 = 10_000;
 /// A retry's record: the activation id of the call's first attempt.
 pub const RETRY_OF: &str = "retryOf";
 /// A retry's record: which attempt it is (2 or 3).

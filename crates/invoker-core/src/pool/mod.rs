@@ -120,11 +120,29 @@ struct KeyState {
     idle_timeout: Option<std::time::Duration>,
     /// Its action is gone ([`Event::Retire`]): none of its containers is kept idle.
     retired: bool,
+    /// Jobs of the key running now (dispatched, not finished), and the most that may
+    /// ([`Job::max_running`]).
+    running: u32,
+    cap: Option<u32>,
 }
 
 impl KeyState {
     fn is_empty(&self) -> bool {
         self.containers == 0 && self.waiting_live == 0 && !self.blocked
+    }
+
+    /// Whether it may run one more job now.
+    fn below_cap(&self) -> bool {
+        self.cap.is_none_or(|cap| self.running < cap)
+    }
+
+    /// The waiting jobs it may run as soon as they have a container: all of them, or those
+    /// its cap leaves room for.
+    fn runnable(&self) -> usize {
+        match self.cap {
+            Some(cap) => self.waiting_live.min(cap.saturating_sub(self.running) as usize),
+            None => self.waiting_live,
+        }
     }
 }
 
@@ -452,10 +470,15 @@ impl PoolCore {
         key.concurrency = job.concurrency.max(1);
         key.stem = job.stem;
         key.idle_timeout = job.idle_timeout;
+        key.cap = job.max_running.map(|cap| cap.max(1));
         key.activations = key.activations.saturating_add(1);
         let containers = &self.containers;
-        let free =
-            key.partial.last().map(|&(_, c)| c).or_else(|| key.idle.pop(|id, seq| containers.has_mark(&id, seq)));
+        let free = match key.below_cap() {
+            true => {
+                key.partial.last().map(|&(_, c)| c).or_else(|| key.idle.pop(|id, seq| containers.has_mark(&id, seq)))
+            }
+            false => None,
+        };
         if let Some(container) = free {
             self.dispatch(container, job.id, now, fx);
             self.settle(container, now);
@@ -535,6 +558,7 @@ impl PoolCore {
         if let Owner::Key(key) = c.owner {
             if let Some(key) = self.keys.get_mut(&key) {
                 key.run_time.add(now.saturating_sub(Time::from_micros(dispatched)));
+                key.running = key.running.saturating_sub(1);
             }
         }
         if !reusable {
@@ -558,6 +582,9 @@ impl PoolCore {
         if let (true, Owner::Key(key)) = (make_way, owner) {
             self.maybe_start(key, now, fx);
         }
+        if let Owner::Key(key) = owner {
+            self.run_below_cap(key, now, fx);
+        }
         // An idle container is something a blocked key may evict to make room.
         if self.containers.is_marked(&id) {
             self.retry_blocked(now, fx);
@@ -573,6 +600,11 @@ impl PoolCore {
             Phase::Ready if matches!(c.owner, Owner::Key(_)) => self.warm_generation += 1,
             Phase::Ready => {}
         }
+        if let (Owner::Key(key_id), false) = (c.owner, c.running.is_empty()) {
+            if let Some(key) = self.keys.get_mut(&key_id) {
+                key.running = key.running.saturating_sub(c.running.len() as u32);
+            }
+        }
         for (job, _) in c.running {
             fx.push(Effect::Reject { job, reason: RejectReason::ContainerLost });
         }
@@ -587,6 +619,7 @@ impl PoolCore {
                 if c.phase == Phase::Starting {
                     key.starting -= 1;
                 }
+                self.run_below_cap(key_id, now, fx);
                 self.maybe_start(key_id, now, fx);
                 self.gc_key(key_id);
             }
@@ -610,7 +643,12 @@ impl PoolCore {
                     key.waiting.retain(|j| live.contains_key(j));
                     key.patient.retain(|j| live.contains_key(j));
                 }
-                fx.push(Effect::Reject { job, reason: RejectReason::DeadlineExceeded });
+                // Held back by its cap rather than for want of a container: said so.
+                let reason = match key.cap {
+                    Some(cap) if key.running >= cap => RejectReason::Capped { cap },
+                    _ => RejectReason::DeadlineExceeded,
+                };
+                fx.push(Effect::Reject { job, reason });
                 self.gc_key(w.key);
             }
         }
@@ -757,7 +795,7 @@ impl PoolCore {
     fn maybe_start(&mut self, key_id: KeyId, now: Time, fx: &mut Effects) {
         loop {
             let Some(key) = self.keys.get(&key_id) else { return };
-            if key.blocked || key.waiting_live <= key.starting as usize * key.concurrency as usize {
+            if key.blocked || key.runnable() <= key.starting as usize * key.concurrency as usize {
                 return;
             }
             if let Some(overdue_at) = self.busy_containers_will_serve(key_id, now) {
@@ -968,9 +1006,27 @@ impl PoolCore {
             return;
         }
         let concurrency = self.keys[&key_id].concurrency as usize;
-        while self.containers[&id].running.len() < concurrency {
+        while self.containers[&id].running.len() < concurrency && self.keys[&key_id].below_cap() {
             let Some(job) = self.pop_waiting(key_id) else { break };
             self.dispatch(id, job, now, fx);
+        }
+    }
+
+    /// A capped key whose running jobs dropped below its cap: its waiting jobs go to its free
+    /// containers (those the cap held them from), and containers start for the rest it may run.
+    fn run_below_cap(&mut self, key_id: KeyId, now: Time, fx: &mut Effects) {
+        loop {
+            let Some(key) = self.keys.get_mut(&key_id) else { return };
+            if key.cap.is_none() || key.waiting_live == 0 || !key.below_cap() {
+                return;
+            }
+            let containers = &self.containers;
+            let free =
+                key.partial.last().map(|&(_, c)| c).or_else(|| key.idle.pop(|id, seq| containers.has_mark(&id, seq)));
+            let Some(container) = free else { return self.maybe_start(key_id, now, fx) };
+            let Some(job) = self.pop_waiting(key_id) else { return };
+            self.dispatch(container, job, now, fx);
+            self.settle(container, now);
         }
     }
 
@@ -993,6 +1049,12 @@ impl PoolCore {
         let c = self.containers.get_mut(&id).expect("dispatch to a known container");
         c.running.push((job, micros(now)));
         c.ran = true;
+        if let Some(key) = match c.owner {
+            Owner::Key(key) => self.keys.get_mut(&key),
+            Owner::Stem(_) => None,
+        } {
+            key.running += 1;
+        }
         if c.paused {
             c.paused = false;
             fx.push(Effect::Resume { container: id });

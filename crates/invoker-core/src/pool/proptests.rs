@@ -5,7 +5,8 @@
 //! the memory of live containers never exceeds a node's capacity minus the buffer; no job waits
 //! while a warm container of its action is free; no action has more starts in flight than its
 //! waiting jobs need; a patient job is never refused for a full buffer, and never dispatched
-//! while a blocking job of its key waits.
+//! while a blocking job of its key waits; a capped key never runs more jobs than its cap, and
+//! below its cap none of its jobs waits beside a free container of it.
 
 use super::*;
 use proptest::prelude::*;
@@ -49,6 +50,12 @@ fn op() -> impl Strategy<Value = Op> {
 
 fn key_shape(key: u32) -> (u32, u32) {
     ([128, 256, 512][key as usize % 3], 1 + key / 3)
+}
+
+/// The most jobs of a key that may run at once: keys 1, 3 and 5 are capped (below what their
+/// containers could run), the others not.
+fn key_cap(key: u32) -> Option<u32> {
+    [None, Some(1), None, Some(2), None, Some(3)].get(key as usize).copied().flatten()
 }
 
 #[derive(Default)]
@@ -111,6 +118,9 @@ impl World {
                     });
                     prop_assert!(!(patient && blocking_waits), "a patient job dispatched before a blocking one");
                     prop_assert!(!self.paused.contains(&container), "a run sent to a paused container");
+                    if let Some(cap) = key_cap(key.0) {
+                        prop_assert!(self.running_of(key) < cap as usize, "key {:?} ran past its cap {}", key, cap);
+                    }
                     self.running.push((container, job));
                 }
                 Effect::Pause { container } => {
@@ -159,9 +169,18 @@ impl World {
         }
         for k in 0..6 {
             let (waiting, _) = core.key_load(KeyId(k));
-            prop_assert!(waiting == 0 || !core.has_free_container(KeyId(k)), "a job waits beside a free container");
+            let at_cap = key_cap(k).is_some_and(|cap| self.running_of(KeyId(k)) >= cap as usize);
+            prop_assert!(
+                waiting == 0 || at_cap || !core.has_free_container(KeyId(k)),
+                "a job waits beside a free container"
+            );
         }
         Ok(())
+    }
+
+    /// Jobs of `key` dispatched and not finished.
+    fn running_of(&self, key: KeyId) -> usize {
+        self.running.iter().filter(|(_, job)| self.shape[job].0 == key).count()
     }
 
     /// What the core keeps as containers change (counts, idle memory per node, the warm set's
@@ -207,8 +226,18 @@ impl World {
                 let deadline = self.now + Duration::from_millis(deadline_ms);
                 let stem = (memory_mb == STEM_MB).then_some(StemId(0));
                 self.shape.insert(id, (KeyId(key), patient));
-                let job =
-                    Job { id, key: KeyId(key), memory_mb, concurrency, deadline, stem, idle_timeout: None, patient };
+                let max_running = key_cap(key);
+                let job = Job {
+                    id,
+                    key: KeyId(key),
+                    memory_mb,
+                    concurrency,
+                    deadline,
+                    stem,
+                    idle_timeout: None,
+                    patient,
+                    max_running,
+                };
                 self.apply(core, Event::Arrived(job))?;
             }
             Op::FinishCreate { pick, ok } if !self.creating.is_empty() => {

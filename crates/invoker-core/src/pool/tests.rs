@@ -18,6 +18,7 @@ fn job(id: u64, key: u32, memory_mb: u32) -> Job {
         stem: None,
         idle_timeout: None,
         patient: false,
+        max_running: None,
     }
 }
 
@@ -643,4 +644,56 @@ fn a_flooding_keys_queue_does_not_starve_another_key() {
         }
     }
     panic!("the other key's job never ran");
+}
+
+/// Issue 60: an action's `max-concurrency`. Past its cap a job waits, no container is started
+/// for it, and it runs on the first container one of its key's runs frees; one that waits past
+/// its deadline is told it was the cap, not the lack of a container.
+#[test]
+fn a_capped_key_runs_at_most_its_cap_and_a_job_past_its_deadline_is_told_why() {
+    let mut core = core_with(100_000);
+    let capped = |id| Job { max_running: Some(2), ..job(id, 1, 128) };
+    let mut containers = Vec::new();
+    for id in 0..5 {
+        containers.extend(created(&core.handle(Event::Arrived(capped(id)), ms(1))));
+    }
+    assert_eq!(containers.len(), 2, "no container for what the cap holds back");
+    let mut dispatched = Vec::new();
+    for &c in &containers {
+        let fx = core.handle(Event::Started { container: c, failure: None, at: ms(2) }, ms(2));
+        dispatched.extend(fx.iter().filter(|e| matches!(e, Effect::Dispatch { .. })).cloned());
+    }
+    assert_eq!(dispatched.len(), 2);
+    // The first run ends: the next job takes its container, and only it.
+    let Effect::Dispatch { job, container } = dispatched[0] else { unreachable!() };
+    let fx = core.handle(Event::Finished { container, job, reusable: true }, ms(3));
+    assert_eq!(fx.as_slice(), &[Effect::Dispatch { job: JobId(2), container }]);
+    // The two still waiting pass their deadline while the key runs at its cap.
+    let fx = core.handle(Event::Tick, ms(10_001));
+    let capped_rejections =
+        fx.iter().filter(|e| matches!(e, Effect::Reject { reason: RejectReason::Capped { cap: 2 }, .. }));
+    assert_eq!(capped_rejections.count(), 2, "{fx:?}");
+}
+
+/// A capped key's container that retires (not reusable) leaves its waiting job to another
+/// container of the key that the cap had kept idle.
+#[test]
+fn below_its_cap_again_a_key_uses_the_container_the_cap_kept_idle() {
+    let mut core = core_with(100_000);
+    let capped = |id| Job { max_running: Some(1), ..job(id, 1, 128) };
+    let free = |id| Job { max_running: None, ..job(id, 1, 128) };
+    // Two containers of the key, both idle, before the cap is set.
+    let a = created(&core.handle(Event::Arrived(free(0)), ms(1)))[0];
+    let b = created(&core.handle(Event::Arrived(free(1)), ms(1)))[0];
+    core.handle(Event::Started { container: a, failure: None, at: ms(2) }, ms(2));
+    core.handle(Event::Started { container: b, failure: None, at: ms(2) }, ms(2));
+    core.handle(Event::Finished { container: a, job: JobId(0), reusable: true }, ms(3));
+    core.handle(Event::Finished { container: b, job: JobId(1), reusable: true }, ms(3));
+    let fx = core.handle(Event::Arrived(capped(2)), ms(4));
+    let Some(&Effect::Dispatch { container: running, .. }) = fx.first() else { panic!("{fx:?}") };
+    let fx = core.handle(Event::Arrived(capped(3)), ms(4));
+    assert!(fx.is_empty(), "at its cap of one, beside an idle container: {fx:?}");
+    let fx = core.handle(Event::Finished { container: running, job: JobId(2), reusable: false }, ms(5));
+    let other = if running == a { b } else { a };
+    assert!(fx.contains(&Effect::Dispatch { job: JobId(3), container: other }), "{fx:?}");
 }

@@ -72,6 +72,9 @@ pub struct Job {
     /// to its key's blocking calls (they are dispatched first), and it is bounded by that
     /// queue rather than by [`CoreConfig::max_waiting`]. Its `deadline` is its maximum age.
     pub patient: bool,
+    /// The most jobs of its key that may run at once (the action's `max-concurrency`): past
+    /// it, a job waits for one to end, and no container is started for it.
+    pub max_running: Option<u32>,
 }
 
 /// A full snapshot of one node, as the cluster manager last reported it.
@@ -150,6 +153,8 @@ pub enum RejectReason {
     Draining,
     /// The container it was running on vanished without reporting the job finished.
     ContainerLost,
+    /// It waited until its deadline while its key ran as many jobs as it may (`cap`).
+    Capped { cap: u32 },
 }
 
 /// What the core asks the caller to do.

@@ -346,6 +346,7 @@ impl Sim<'_> {
             stem: self.pool.stem_for(SIM_KIND, call.memory_mb, crate::pool::DEFAULT_DISK_MB),
             idle_timeout: None,
             patient: false,
+            max_running: None,
         };
         self.apply(Event::Arrived(job));
     }

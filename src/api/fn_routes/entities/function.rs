@@ -141,7 +141,7 @@ pub(super) fn function_action(
     };
     let mut annotations =
         vec![KeyValue { key: "fn".into(), value: serde_json::to_value(said).expect("strings serialise") }];
-    annotations.extend(queue_policy(f, app));
+    annotations.extend(call_policy(f, app));
     let put = json!({
         "exec": exec,
         "limits": { "memory": f.memory, "timeout": u64::from(f.timeout) * 1000, "concurrency": 1 },
@@ -150,13 +150,13 @@ pub(super) fn function_action(
     actions::action_from_json(config, put, ns, &f.action_name(app))
 }
 
-/// The policy of the function's detached calls, from its annotations (`fn update function app
-/// f --annotation max-retry-attempts=0`), as its action's: `max-retry-attempts` and
-/// `max-event-age` as given, `on-success` and `on-failure` naming a function of its app. Checked
-/// as an action's are.
-fn queue_policy(f: &Function, app: &App) -> Vec<KeyValue> {
+/// The policy of the function's calls, from its annotations (`fn update function app f
+/// --annotation max-retry-attempts=0`), as its action's: `max-concurrency`, and for its
+/// detached calls `max-retry-attempts` and `max-event-age` as given, `on-success` and
+/// `on-failure` naming a function of its app. Checked as an action's are.
+fn call_policy(f: &Function, app: &App) -> Vec<KeyValue> {
     let mut policy = Vec::new();
-    for key in [crate::model::MAX_RETRY_ATTEMPTS, crate::model::MAX_EVENT_AGE] {
+    for key in [crate::model::MAX_CONCURRENCY, crate::model::MAX_RETRY_ATTEMPTS, crate::model::MAX_EVENT_AGE] {
         if let Some(value) = f.annotations.get(key) {
             policy.push(KeyValue { key: key.into(), value: value.clone() });
         }

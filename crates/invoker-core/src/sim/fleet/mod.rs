@@ -497,6 +497,7 @@ impl FleetSim<'_> {
             stem: None,
             idle_timeout: None,
             patient: false,
+            max_running: None,
         };
         self.apply(i, Event::Arrived(job));
         true
