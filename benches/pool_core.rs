@@ -50,6 +50,7 @@ fn warm_core(containers: usize, keys: u32) -> PoolCore {
             idle_timeout: None,
             patient: false,
             max_running: None,
+            tenant: TenantId::default(),
         };
         for effect in core.handle(Event::Arrived(job), t0) {
             if let Effect::Create { container, .. } = effect {
@@ -106,6 +107,7 @@ fn decision(c: &mut Criterion) {
                     idle_timeout: None,
                     patient: false,
                     max_running: None,
+                    tenant: TenantId::default(),
                 };
                 let effects = core.handle(Event::Arrived(job), now);
                 let Some(Effect::Dispatch { job, container }) = effects.first().cloned() else {

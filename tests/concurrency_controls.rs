@@ -134,3 +134,56 @@ async fn a_blocking_call_held_by_the_cap_past_its_wait_is_429_saying_why() {
     assert_eq!(rejected.map(|a| &a["value"]), Some(&json!("capped")), "{record}");
     assert!(record["response"]["result"]["error"].as_str().unwrap().contains("max-concurrency"), "{record}");
 }
+
+const FLOODER: &str = "11111111-2222-3333-4444-555555555555:the-flooding-tenants-key";
+
+/// Issue 60's noisy neighbour: tenant `flood` fills the node (room for four) with forty
+/// asynchronous calls of a 2 s action, a backlog of about twenty seconds; the guest tenant's
+/// blocking calls meanwhile all succeed, each while the flood's backlog still waits: none waits
+/// behind it, and none fails.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tenant_flooding_the_node_does_not_hold_another_behind_its_backlog() {
+    let dir = tempdir();
+    let extra = format!(
+        "[namespaces]\nguest = \"{}\"\nflood = \"{FLOODER}\"\n[factory.process]\nuser_memory_mb = 512\n",
+        support::GUEST
+    );
+    let inv = Invoker::start(dir.path(), &format!("fair-{}", std::process::id()), &extra);
+    let json_headers = [("content-type", "application/json")];
+    let mut slow = python("import time\ndef main(a):\n    time.sleep(2)\n    return {}\n");
+    slow["limits"] = json!({ "memory": 128 });
+    let (status, _, body) = inv
+        .send("PUT", "/api/v1/namespaces/flood/actions/slow", FLOODER, &json_headers, slow.to_string().into_bytes())
+        .await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    let mut quick = python("def main(a):\n    return {'ok': True}\n");
+    quick["limits"] = json!({ "memory": 128 });
+    inv.put_action("quick", quick).await;
+
+    let mut flood = Vec::new();
+    for _ in 0..40 {
+        let (status, _, body) =
+            inv.send("POST", "/api/v1/namespaces/flood/actions/slow", FLOODER, &json_headers, b"{}".to_vec()).await;
+        assert_eq!(status, 202, "{}", String::from_utf8_lossy(&body));
+        let accepted: Value = serde_json::from_slice(&body).unwrap();
+        flood.push(accepted["activationId"].as_str().unwrap().to_string());
+    }
+    // The flood holds the node.
+    eventually(Duration::from_secs(20), "the flood on every container", || async {
+        let (_, pool) = inv.get_url("/v1/pool").await;
+        support::done(pool["busy"] == 4)
+    })
+    .await;
+    for _ in 0..3 {
+        let (status, record) = inv.invoke("quick", "blocking=true", json!({})).await;
+        assert_eq!(status, 200, "{record}");
+        // Served while the flood's backlog still waits.
+        let mut flood_ended = 0;
+        for id in &flood {
+            let (status, _, _) =
+                inv.send("GET", &format!("/api/v1/namespaces/flood/activations/{id}"), FLOODER, &[], Vec::new()).await;
+            flood_ended += usize::from(status == 200);
+        }
+        assert!(flood_ended < 30, "the guest's call waited behind the flood: {flood_ended} of its 40 ended first");
+    }
+}

@@ -3,7 +3,7 @@
 
 use super::core::{
     ContainerId, ContainerState, ContainerView, CoreConfig, CreateFailure, Effect, Event, Job, JobId, KeyId, NodeId,
-    NodeStatsUpdate, Owner, PoolCore, PoolCounts, RejectReason, StemId, Time,
+    NodeStatsUpdate, Owner, PoolCore, PoolCounts, RejectReason, StemId, TenantId, Time,
 };
 use super::live;
 use super::status::{ContainerSummary, PoolSnapshot, PoolStatus, WarmContainers};
@@ -91,6 +91,7 @@ struct KeyEntry {
     spec: String,
     concurrency: u32,
     idle: Option<std::time::Duration>,
+    tenant: TenantId,
 }
 
 pub struct ContainerPool {
@@ -115,6 +116,8 @@ pub struct ContainerPool {
     key_actions: HashMap<KeyId, KeyEntry>,
     /// Never reused: a key the core forgot may be interned again, as a new id.
     next_key: u32,
+    /// Each namespace the pool has run, as the core's tenant (as many as the namespaces).
+    tenants: HashMap<String, TenantId>,
     next_job: u64,
     drained: Vec<oneshot::Sender<()>>,
     /// Each kind's runtime protocol, for the proxies.
@@ -157,6 +160,7 @@ impl ContainerPool {
             jobs: HashMap::new(),
             keys: HashMap::new(),
             keys_by_action: rustc_hash::FxHashMap::default(),
+            tenants: HashMap::new(),
             key_actions: HashMap::new(),
             next_key: 0,
             next_job: 1,
@@ -192,11 +196,14 @@ impl ContainerPool {
     /// concurrency.
     /// The action revision's key, and its own idle bound (an Fn function's `idle_timeout`,
     /// read from its annotation once per key).
-    fn intern(&mut self, action: &Arc<Action>, concurrency: u32) -> (KeyId, Option<std::time::Duration>) {
+    fn intern(&mut self, action: &Arc<Action>, concurrency: u32) -> (KeyId, Option<std::time::Duration>, TenantId) {
         let by_action = (Arc::as_ptr(action) as usize, concurrency);
         if let Some(&id) = self.keys_by_action.get(&by_action) {
-            return (id, self.key_actions[&id].idle);
+            let entry = &self.key_actions[&id];
+            return (id, entry.idle, entry.tenant);
         }
+        let tenants = self.tenants.len() as u32;
+        let tenant = *self.tenants.entry(action.namespace.clone()).or_insert(TenantId(tenants));
         let (l, exec) = (&action.limits, &action.exec);
         // The revision never repeats in a store; `updated` keeps it so across a store restored
         // from an older copy (or another scheduler's).
@@ -211,14 +218,14 @@ impl ContainerPool {
         }
         let entry = self.key_actions.entry(id).or_insert_with(|| {
             let idle = action.fn_function().idle_timeout_s.map(|s| std::time::Duration::from_secs(u64::from(s)));
-            KeyEntry { action: action.clone(), spec, concurrency, idle }
+            KeyEntry { action: action.clone(), spec, concurrency, idle, tenant }
         });
         // Only the allocation the key keeps is known by its address (another copy of the same
         // revision is found by its spec, and is not kept).
         if Arc::ptr_eq(&entry.action, action) {
             self.keys_by_action.insert(by_action, id);
         }
-        (id, entry.idle)
+        (id, entry.idle, tenant)
     }
 
     /// Forgets what it keeps of the keys the core no longer holds (no container, no waiting
@@ -505,7 +512,7 @@ impl Handler<Submit> for ContainerPool {
 
     fn handle(&mut self, Submit(run): Submit, ctx: &mut Context<Self>) {
         let concurrency = self.runs_at_once(&run.action);
-        let (key, idle_timeout) = self.intern(&run.action, concurrency);
+        let (key, idle_timeout, tenant) = self.intern(&run.action, concurrency);
         let id = JobId(self.next_job);
         self.next_job += 1;
         // A queued call waits until its maximum age, a blocking one its bounded wait.
@@ -523,6 +530,7 @@ impl Handler<Submit> for ContainerPool {
             deadline: self.epoch.now() + wait,
             patient: run.queued.is_some(),
             max_running: run.action.max_concurrency(),
+            tenant,
             stem: self.config.stem_for(&run.action.exec.kind, run.action.limits.memory, run.action.limits.disk),
             idle_timeout,
         };

@@ -124,6 +124,7 @@ struct KeyState {
     /// ([`Job::max_running`]).
     running: u32,
     cap: Option<u32>,
+    tenant: TenantId,
 }
 
 impl KeyState {
@@ -471,6 +472,7 @@ impl PoolCore {
         key.stem = job.stem;
         key.idle_timeout = job.idle_timeout;
         key.cap = job.max_running.map(|cap| cap.max(1));
+        key.tenant = job.tenant;
         key.activations = key.activations.saturating_add(1);
         let containers = &self.containers;
         let free = match key.below_cap() {
@@ -714,31 +716,57 @@ impl PoolCore {
     /// room beyond `claim_after` claim a node: the one with the fewest containers, then the one
     /// that waited longest. A key with none is starving; one with containers is being served,
     /// and a flood of its calls (a queue of them) would otherwise always be the oldest waiter.
+    ///
+    /// Between tenants the share is fair: a key whose tenant holds less than an equal share of
+    /// the pool's memory, while another tenant holds more than its own, claims at once rather
+    /// than after `claim_after`, and keys claim in the order of what their tenants hold, least
+    /// first. So a tenant flooding the pool delays another's call by about one of its runs.
     fn update_claim(&mut self, now: Time) {
-        // The claim stands while its key still waits for room, unless a key with fewer
-        // containers has waited long enough to take it over.
+        if self.blocked.is_empty() {
+            self.claim = None;
+            return;
+        }
+        let held = self.tenants_held();
+        let tenant_mb = |key: &KeyState| held.get(&key.tenant).copied().unwrap_or(0);
+        let share = self.nodes.total_capacity_mb() / (held.len() as u64).max(1);
+        let someone_over = held.values().any(|&mb| mb > share);
+        // The claim stands while its key still waits for room, unless a key whose tenant holds
+        // less (or, of the same tenant, with fewer containers) may take it over.
         let standing = self.claim.as_ref().and_then(|claim| {
             let key = self.keys.get(&claim.key).filter(|k| k.blocked && k.waiting_live > 0)?;
-            Some(key.containers)
+            Some((tenant_mb(key), key.containers))
         });
         if standing.is_none() {
             self.claim = None;
         }
-        let oldest = self
+        let first = self
             .blocked
             .iter()
             .filter_map(|&key_id| {
                 let key = self.keys.get(&key_id)?;
-                let since = key.room_wait_since.filter(|&t| t + self.config.claim_after <= now)?;
-                (key.waiting_live > 0).then_some((key.containers, since, key_id, key.memory_mb))
+                let since = key.room_wait_since?;
+                let below_share = someone_over && tenant_mb(key) < share;
+                let eligible = key.waiting_live > 0 && (below_share || since + self.config.claim_after <= now);
+                eligible.then_some(((tenant_mb(key), key.containers), since, key_id, key.memory_mb))
             })
             .min();
-        if let Some((containers, _, key, memory_mb)) = oldest {
-            if standing.is_some_and(|held| held <= containers) {
+        if let Some((held, _, key, memory_mb)) = first {
+            if standing.is_some_and(|standing| standing <= held) {
                 return;
             }
             self.claim = self.nodes.claim_target(memory_mb, now).map(|node| Claim { key, node });
         }
+    }
+
+    /// The memory each tenant's containers hold, of the tenants with containers or waiting
+    /// jobs (those the pool is shared between). A scan of the keys: only while some wait for
+    /// room, once a tick.
+    fn tenants_held(&self) -> FxHashMap<TenantId, u64> {
+        let mut held: FxHashMap<TenantId, u64> = FxHashMap::default();
+        for key in self.keys.values().filter(|k| k.containers > 0 || k.waiting_live > 0) {
+            *held.entry(key.tenant).or_default() += u64::from(key.containers) * u64::from(key.memory_mb);
+        }
+        held
     }
 
     /// The node other keys than `key_id` must leave alone, if a key has claimed one.

@@ -178,6 +178,11 @@ impl Nodes {
         self.largest_capacity_mb
     }
 
+    /// What every node offers in all (less the buffer each keeps).
+    pub(super) fn total_capacity_mb(&self) -> u64 {
+        self.nodes.values().map(|n| n.capacity_mb.saturating_sub(self.buffer_mb)).sum()
+    }
+
     /// Best fit: the fresh node with the least room that still fits, so large holes stay free.
     /// `claimed` is a node kept for a starving action: skipped.
     pub(super) fn place(&self, memory_mb: u32, now: Time, claimed: Option<&NodeId>) -> Placement {

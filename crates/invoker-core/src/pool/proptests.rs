@@ -237,6 +237,7 @@ impl World {
                     idle_timeout: None,
                     patient,
                     max_running,
+                    tenant: TenantId(key % 2),
                 };
                 self.apply(core, Event::Arrived(job))?;
             }

@@ -19,6 +19,7 @@ fn job(id: u64, key: u32, memory_mb: u32) -> Job {
         idle_timeout: None,
         patient: false,
         max_running: None,
+        tenant: TenantId::default(),
     }
 }
 
@@ -696,4 +697,41 @@ fn below_its_cap_again_a_key_uses_the_container_the_cap_kept_idle() {
     let fx = core.handle(Event::Finished { container: running, job: JobId(2), reusable: false }, ms(5));
     let other = if running == a { b } else { a };
     assert!(fx.contains(&Effect::Dispatch { job: JobId(3), container: other }), "{fx:?}");
+}
+
+/// Issue 60: tenants share the pool fairly. One tenant's action fills the node with long runs
+/// and a backlog; another tenant's call, with nothing on the node, claims room at once (not
+/// after `claim_after`): the first of the flood's runs to end makes way for it rather than
+/// taking the flood's next job. Within one tenant the old rule stands (a claim only after
+/// `claim_after`).
+#[test]
+fn a_tenant_below_its_share_claims_room_from_one_above_it_at_once() {
+    for (other_tenant, made_way) in [(TenantId(1), true), (TenantId(0), false)] {
+        let mut core = core_with(1024);
+        let flood = |id| Job { tenant: TenantId(0), deadline: ms(600_000), ..job(id, 1, 128) };
+        let mut containers = Vec::new();
+        for id in 0..12 {
+            containers.extend(created(&core.handle(Event::Arrived(flood(id)), ms(1))));
+        }
+        let mut started = 0;
+        while started < containers.len() {
+            let fx = core.handle(Event::Started { container: containers[started], failure: None, at: ms(2) }, ms(2));
+            containers.extend(created(&fx));
+            started += 1;
+        }
+        assert_eq!(containers.len(), 8, "the node full of the flood's containers, four jobs behind them");
+        let fx = core.handle(Event::Arrived(Job { tenant: other_tenant, ..job(100, 2, 128) }), ms(100));
+        assert!(created(&fx).is_empty(), "no room yet: {fx:?}");
+        core.handle(Event::Tick, ms(200));
+        // The flood's first run ends, well before `claim_after` (1 s).
+        let fx = core.handle(Event::Finished { container: containers[0], job: JobId(0), reusable: true }, ms(300));
+        let removed = fx.contains(&Effect::Remove { container: containers[0] });
+        assert_eq!(removed, made_way, "{other_tenant:?}: {fx:?}");
+        if made_way {
+            let fx = core.handle(Event::Removed(containers[0]), ms(310));
+            assert_eq!(created(&fx).len(), 1, "the other tenant's container, in the room made: {fx:?}");
+        } else {
+            assert!(fx.iter().any(|e| matches!(e, Effect::Dispatch { job: JobId(8), .. })), "the flood's next: {fx:?}");
+        }
+    }
 }

@@ -24,6 +24,11 @@ pub struct ContainerId(pub u64);
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct KeyId(pub u32);
 
+/// An interned tenant (an OpenWhisk namespace): the pool shares its room fairly between the
+/// tenants that want it. The caller interns; one tenant for all is a pool without tenants.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TenantId(pub u32);
+
 /// A configured class of prewarmed containers ("stem cells"): an index into
 /// [`CoreConfig::prewarm`]. A stem container is started for a kind and memory, not an action,
 /// and is adopted by the first action of that kind and memory that would otherwise start cold.
@@ -75,6 +80,9 @@ pub struct Job {
     /// The most jobs of its key that may run at once (the action's `max-concurrency`): past
     /// it, a job waits for one to end, and no container is started for it.
     pub max_running: Option<u32>,
+    /// Whose it is: a tenant holding less than its share of the pool claims room from one
+    /// holding more at once, without waiting [`CoreConfig::claim_after`].
+    pub tenant: TenantId,
 }
 
 /// A full snapshot of one node, as the cluster manager last reported it.

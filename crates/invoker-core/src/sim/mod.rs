@@ -347,6 +347,7 @@ impl Sim<'_> {
             idle_timeout: None,
             patient: false,
             max_running: None,
+            tenant: crate::pool::TenantId::default(),
         };
         self.apply(Event::Arrived(job));
     }

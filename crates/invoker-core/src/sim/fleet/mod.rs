@@ -498,6 +498,7 @@ impl FleetSim<'_> {
             idle_timeout: None,
             patient: false,
             max_running: None,
+            tenant: crate::pool::TenantId::default(),
         };
         self.apply(i, Event::Arrived(job));
         true
