@@ -995,3 +995,68 @@ async fn a_scheduler_killed_with_calls_in_line_hands_them_over_at_its_restart() 
         assert_eq!(annotation(&record, "retryOf"), &Value::Null, "{record}");
     }
 }
+
+/// A scheduler's `/metrics` value of `name` (its Prometheus text).
+async fn scheduler_metric(scheduler: &Invoker, name: &str) -> f64 {
+    let (status, _, body) = scheduler.send("GET", "/metrics", &scheduler.admin, &[], Vec::new()).await;
+    assert_eq!(status, 200);
+    let text = String::from_utf8_lossy(&body).to_string();
+    let line = text.lines().find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '));
+    line.and_then(|l| l.rsplit(' ').next()?.parse().ok()).unwrap_or(0.0)
+}
+
+/// The most records whose runs overlapped, from their own start and end.
+fn most_at_once(records: &[Value]) -> usize {
+    let mut edges: Vec<(u64, i32)> = Vec::new();
+    for r in records {
+        edges.push((r["start"].as_u64().unwrap(), 1));
+        edges.push((r["end"].as_u64().unwrap(), -1));
+    }
+    edges.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)));
+    let (mut now, mut most) = (0, 0);
+    for (_, step) in edges {
+        now += step;
+        most = most.max(now);
+    }
+    most as usize
+}
+
+/// Issue 60: an action's `max-concurrency` across two schedulers in front of the same two
+/// invokers. Each invoker has room for three of its containers (six in all) and holds the cap
+/// only for itself; the schedulers share the cap of four, two each, so twenty-four calls
+/// through both never run more than four at once, and all succeed.
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
+async fn two_schedulers_share_an_actions_cap_and_together_never_exceed_it() {
+    let Some(etcd) = EtcdServer::start() else { return };
+    let p = platform(etcd, &[("one", &[], 384), ("two", &[], 384)], "wait_for_room = \"30s\"\n").await;
+    let second_dir = tempdir();
+    let config = scheduler_config(&p.etcd, "wait_for_room = \"30s\"\n").replace("id = \"s1\"", "id = \"s2\"");
+    let second = Invoker::start_scheduler(second_dir.path(), &config);
+    for scheduler in [&p.scheduler, &second] {
+        support::eventually(Duration::from_secs(20), "two schedulers seen", || async {
+            support::done(scheduler_metric(scheduler, "scheduler_schedulers").await == 2.0)
+        })
+        .await;
+    }
+    // Each scheduler keeps its own actions: the same action, saved in both.
+    for scheduler in [&p.scheduler, &second] {
+        scheduler.put_action("capped", action(128, json!([{ "key": "max-concurrency", "value": 4 }]))).await;
+    }
+    let (calls, more) = tokio::join!(
+        burst(&p.scheduler, "capped", 12, json!({ "sleep_ms": 400 })),
+        burst(&second, "capped", 12, json!({ "sleep_ms": 400 }))
+    );
+    let records: Vec<Value> = calls
+        .into_iter()
+        .chain(more)
+        .map(|(status, record)| {
+            assert_eq!(status, 200, "{record}");
+            record
+        })
+        .collect();
+    assert!(most_at_once(&records) <= 4, "{} at once", most_at_once(&records));
+    let waited = scheduler_metric(&p.scheduler, "scheduler_capped_waits_total").await
+        + scheduler_metric(&second, "scheduler_capped_waits_total").await;
+    assert!(waited > 0.0, "the schedulers held calls for the cap");
+}

@@ -40,6 +40,10 @@ pub struct SchedulerMetrics {
     pub room_wait_seconds: Histogram,
     /// Ranges of the cluster's prefix: one at the start, one per broken or compacted watch.
     pub etcd_ranges: Counter,
+    /// The schedulers this one reads in etcd (an action's cap is shared between them).
+    pub schedulers: Gauge,
+    /// Activations that waited for their action's `max-concurrency` (this scheduler's share).
+    pub capped_waits: Counter,
 }
 
 impl Default for SchedulerMetrics {
@@ -54,6 +58,14 @@ impl Default for SchedulerMetrics {
         let in_flight = Family::<InvokerLabel, Gauge>::default();
         let room_wait_seconds = Histogram::new([0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0]);
         let etcd_ranges = Counter::default();
+        let schedulers = Gauge::default();
+        let capped_waits = Counter::default();
+        registry.register("schedulers", "The schedulers this one reads in etcd", schedulers.clone());
+        registry.register(
+            "capped_waits",
+            "Activations that waited for their action's max-concurrency (this scheduler's share of it)",
+            capped_waits.clone(),
+        );
         registry.register(
             "placements",
             "Activations sent to an invoker, by the rule that chose it",
@@ -94,6 +106,8 @@ impl Default for SchedulerMetrics {
             in_flight,
             room_wait_seconds,
             etcd_ranges,
+            schedulers,
+            capped_waits,
         }
     }
 }

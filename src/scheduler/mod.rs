@@ -7,6 +7,7 @@
 //! invoker was lost: every activation the scheduler accepts ends with a record it serves.
 
 pub mod backlog;
+pub mod caps;
 pub mod demand;
 pub mod guesses;
 pub mod metrics;
@@ -102,6 +103,8 @@ pub struct Dispatcher {
     guesses: guesses::Guesses,
     /// Queued calls waiting for an invoker with room, in lines by action.
     backlog: backlog::Backlog,
+    /// What each capped action has running through this scheduler.
+    caps: caps::Caps,
     pub metrics: SchedulerMetrics,
 }
 
@@ -146,6 +149,7 @@ impl Dispatcher {
             draws: AtomicU64::new(u64::from(std::process::id()) << 32 | u64::from(epoch_ms() as u32) | 1),
             guesses: guesses::Guesses::default(),
             backlog: backlog::Backlog::default(),
+            caps: caps::Caps::default(),
             metrics: SchedulerMetrics::default(),
         }
     }
@@ -204,6 +208,7 @@ impl Dispatcher {
         // passes, and kept here until an invoker says it started.
         let expires_at = run.queued.as_ref().map(|q| q.expires_at);
         let mut line = None;
+        let mut permit = None;
         let mut placed_before = false;
         let mut attempt = 0;
         loop {
@@ -228,6 +233,29 @@ impl Dispatcher {
                 if tokio::time::timeout_at(until.into(), in_line.first()).await.is_err() {
                     let message = self.expired(&run, "it waited in its action's line");
                     return run.reject_because(Rejection::Deadline, &with_refusals(message, &refusals));
+                }
+            }
+            // Within this scheduler's share of the action's cap, held until it ends: a blocking
+            // call waits its bounded time, a queued one (first of its line) its age.
+            if let (Some(cap), None) = (run.action.max_concurrency(), &permit) {
+                let share = || caps::share(cap, self.directory.current().schedulers);
+                let bound = match expires_at {
+                    Some(_) => until,
+                    None => Instant::now() + self.wait_deadline,
+                };
+                if self.caps.running(&key.0, &key.1) >= share() {
+                    self.metrics.capped_waits.inc();
+                }
+                match self.caps.pass(&key.0, &key.1, share, bound).await {
+                    Ok(passed) => permit = Some(passed),
+                    Err(caps::AtCap) if expires_at.is_some() => {
+                        let message = self.expired(&run, "its action ran its max-concurrency meanwhile");
+                        return run.reject_because(Rejection::Deadline, &message);
+                    }
+                    Err(caps::AtCap) => {
+                        let rejection = Rejection::Capped { cap };
+                        return run.reject_because(rejection, &rejection.message());
+                    }
                 }
             }
             attempt += 1;
@@ -747,6 +775,7 @@ impl Dispatcher {
                 }
             }
         }
+        self.metrics.schedulers.set(view.schedulers as i64);
         self.directory.update(view);
     }
 

@@ -32,6 +32,9 @@ pub struct ClusterView {
     pub warm: HashMap<RevisionKey, BTreeMap<String, u32>>,
     /// Containers per invoker, of every action.
     pub containers: BTreeMap<String, u32>,
+    /// The schedulers registered (`{prefix}/schedulers/{id}`): an action's cap is shared
+    /// between them.
+    pub schedulers: usize,
     /// When this scheduler first read each invoker's record as it now is ([`Directory`]): what
     /// it sent there before (less a refresh) the record may show; what it sent since, not.
     pub changed: BTreeMap<String, Instant>,
@@ -55,6 +58,7 @@ impl ClusterView {
         let mut view = ClusterView::default();
         let (invokers, drains, containers) =
             (format!("{prefix}/invokers/"), format!("{prefix}/drain/"), format!("{prefix}/containers/"));
+        let schedulers = format!("{prefix}/schedulers/");
         let mut decoded = HashMap::with_capacity(cache.0.len());
         for (key, value) in entries {
             if key.starts_with(&invokers) {
@@ -78,6 +82,8 @@ impl ClusterView {
                 }
             } else if let Some(rest) = key.strip_prefix(&containers) {
                 view.add_container(key, rest);
+            } else if key.starts_with(&schedulers) {
+                view.schedulers += 1;
             }
         }
         cache.0 = decoded;
