@@ -1179,3 +1179,40 @@ async fn destinations_get_the_record_of_a_success_and_of_a_call_given_up_and_nev
     assert_eq!(s, 400, "{body}");
     assert!(body["error"].as_str().unwrap().starts_with("annotations.on-failure"), "{body}");
 }
+
+/// Issue 60: `reserved-concurrency` keeps part of a namespace's limit for one action. The
+/// reservations of a namespace never add up past its limit (refused at `PUT`, naming the
+/// field); while another action fills what is left, the reserved action still runs, and the
+/// other is refused at the shared part's end with a 429 that says why.
+#[actix_rt::test]
+async fn a_reservation_keeps_room_for_its_action_while_another_fills_the_namespace() {
+    let (h, app) = harness(|c| c.limits.namespace_concurrent = 4, MockConfig::default()).await;
+    let reserving = |r: u32| {
+        let mut action = echo_action();
+        action["annotations"] = json!([{ "key": "reserved-concurrency", "value": r }]);
+        action
+    };
+    assert_eq!(send(&app, put("/api/v1/namespaces/_/actions/kept", reserving(2))).await.0, 200);
+    let (s, refused, _) = send(&app, put("/api/v1/namespaces/_/actions/greedy", reserving(3))).await;
+    assert_eq!(s, 400, "{refused}");
+    assert!(refused["error"].as_str().unwrap().contains("annotations.reserved-concurrency"), "{refused}");
+    send(&app, put("/api/v1/namespaces/_/actions/flood", echo_action())).await;
+
+    // The flood takes the shared part (4 less 2 reserved) with two long calls.
+    let long = || send(&app, post("/api/v1/namespaces/_/actions/flood?blocking=true", json!({"sleep_ms": 3000})));
+    let meanwhile = async {
+        let pool = h.service().pool().unwrap();
+        support::eventually(std::time::Duration::from_secs(10), "the flood's two calls running", || async {
+            support::done(pool.status().await.is_some_and(|s| s.busy == 2))
+        })
+        .await;
+        let third = send(&app, post("/api/v1/namespaces/_/actions/flood?blocking=true", json!({}))).await;
+        let kept = send(&app, post("/api/v1/namespaces/_/actions/kept?blocking=true", json!({}))).await;
+        (third, kept)
+    };
+    let ((s1, ..), (s2, ..), ((s3, third, _), (s4, kept, _))) = tokio::join!(long(), long(), meanwhile);
+    assert_eq!((s1, s2), (200, 200));
+    assert_eq!(s3, 429, "{third}");
+    assert!(third["error"].as_str().unwrap().contains("reserve"), "{third}");
+    assert_eq!(s4, 200, "the reserved action runs beside the flood: {kept}");
+}

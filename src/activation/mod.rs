@@ -5,6 +5,7 @@
 
 pub mod job;
 pub mod queue;
+pub mod reservations;
 pub mod slot;
 
 use crate::metrics::Metrics;
@@ -26,8 +27,8 @@ use tokio::sync::oneshot;
 
 #[derive(Debug, thiserror::Error)]
 pub enum IntakeError {
-    #[error("namespace {namespace} has {limit} activations in flight, its limit")]
-    NamespaceLimit { namespace: String, limit: u32 },
+    #[error("namespace {namespace} has {limit} activations in flight, its limit{}", reserved_part(*.reserved))]
+    NamespaceLimit { namespace: String, limit: u32, reserved: u32 },
     #[error("the invoker is shutting down")]
     Draining,
     /// A caller's activation id that an activation of another namespace already has: it is
@@ -42,6 +43,13 @@ pub enum IntakeError {
     QueueFull(#[from] QueueFull),
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+fn reserved_part(reserved: u32) -> String {
+    match reserved {
+        0 => String::new(),
+        r => format!(" less the {r} its actions reserve for themselves (reserved-concurrency)"),
+    }
 }
 
 /// How an invoke ended, from the caller's side.
@@ -110,6 +118,8 @@ pub struct ActivationService {
     metrics: Arc<Metrics>,
     in_flight: NamespaceSlots,
     namespace_limit: u32,
+    /// What each namespace's actions keep of its limit for themselves.
+    reservations: reservations::Reservations,
     draining: Arc<std::sync::atomic::AtomicBool>,
     /// Who runs the activations here, on their spans (the invoker's or the scheduler's id).
     process: Arc<str>,
@@ -161,6 +171,7 @@ impl ActivationService {
             metrics,
             in_flight: NamespaceSlots::default(),
             namespace_limit,
+            reservations: reservations::Reservations::default(),
             draining: Arc::default(),
             process: Arc::from(""),
             queue: None,
@@ -240,6 +251,7 @@ impl ActivationService {
     /// of another revision runs anything again, and the idle ones are removed now, here or (a
     /// scheduler) on every invoker.
     pub async fn retire_action(&self, namespace: &str, name: &str, kept: Option<&crate::model::Action>) {
+        self.reservations.set(namespace, name, kept.and_then(|a| a.reserved_concurrency()));
         match &self.runner {
             Runner::Pool(pool) => pool.retire_action(namespace, name, kept.map(|a| a.revision)).await,
             Runner::Cluster(dispatcher) => dispatcher.retire_action(namespace, name, kept).await,
@@ -269,9 +281,47 @@ impl ActivationService {
         }
     }
 
-    fn take_slot(&self, namespace: &str) -> Result<NamespaceSlot, IntakeError> {
-        let limit = self.namespace_limit;
-        self.in_flight.take(namespace, limit).ok_or(IntakeError::NamespaceLimit { namespace: namespace.into(), limit })
+    /// A slot of the namespace's shared part: its limit less what its actions reserve.
+    async fn take_slot(&self, namespace: &str) -> Result<NamespaceSlot, IntakeError> {
+        let reserved = self.reserved_in(namespace).await?;
+        let limit = self.namespace_limit.saturating_sub(reserved);
+        let full = || IntakeError::NamespaceLimit { namespace: namespace.into(), limit, reserved };
+        self.in_flight.take(namespace, limit).ok_or_else(full)
+    }
+
+    /// What the actions of `namespace` reserve in all (read from the store the first time).
+    async fn reserved_in(&self, namespace: &str) -> Result<u32, IntakeError> {
+        if let Some(total) = self.reservations.total(namespace) {
+            return Ok(total);
+        }
+        self.read_reservations(namespace).await?;
+        Ok(self.reservations.total(namespace).unwrap_or(0))
+    }
+
+    /// What the actions of `namespace` other than `name` reserve: what `name` may reserve at
+    /// most is the namespace's limit less this.
+    pub async fn reserved_by_others(&self, namespace: &str, name: &str) -> Result<u32, IntakeError> {
+        if self.reservations.total(namespace).is_none() {
+            self.read_reservations(namespace).await?;
+        }
+        Ok(self.reservations.others(namespace, name).unwrap_or(0))
+    }
+
+    /// The namespace's limit on its blocking calls in flight (`limits.namespace_concurrent`).
+    pub fn namespace_limit(&self) -> u32 {
+        self.namespace_limit
+    }
+
+    async fn read_reservations(&self, namespace: &str) -> Result<(), IntakeError> {
+        let (store, ns) = (self.store.clone(), namespace.to_string());
+        let actions =
+            tokio::task::spawn_blocking(move || store.list_actions(&ns, 0, usize::MAX)).await.map_err(|e| {
+                StoreError::Io { what: format!("reading {namespace}'s actions"), source: std::io::Error::other(e) }
+            })??;
+        let reserved =
+            actions.into_iter().filter_map(|a| Some((a.name.clone(), a.reserved_concurrency()?))).collect::<Vec<_>>();
+        self.reservations.read(namespace, reserved);
+        Ok(())
     }
 
     /// Accepts, hands over and (for a blocking call) waits. A repeated activation id is
@@ -288,7 +338,12 @@ impl ActivationService {
         let given = req.activation_id.is_some();
         let activation_id = req.activation_id.unwrap_or_else(crate::model::new_activation_id);
         let meta = accepted_now(&action, activation_id.clone(), req.subject);
-        let slot = self.take_slot(&action.namespace)?;
+        // An action with a reservation runs on it alone (capped by it in the pool), not on the
+        // namespace's shared part.
+        let slot = match action.reserved_concurrency() {
+            Some(_) => None,
+            None => Some(self.take_slot(&action.namespace).await?),
+        };
         // A journal append (and, for a caller's id, an index lookup for an earlier delivery):
         // quick enough to call inline.
         if given {
@@ -318,7 +373,7 @@ impl ActivationService {
         let meta = Arc::new(meta);
         let trace = ActivationTrace::begin(req.traceparent, &meta, &self.process);
         let mut completion =
-            Completion::new(self.store.clone(), self.metrics.clone(), meta.clone(), Some(tx), Some(slot), trace);
+            Completion::new(self.store.clone(), self.metrics.clone(), meta.clone(), Some(tx), slot, trace);
         if let Some(whole) = req.whole {
             completion = completion.with_whole(whole);
         }

@@ -154,6 +154,7 @@ fn check_queue_policy(annotations: &[KeyValue]) -> Result<(), String> {
         (crate::model::MAX_RETRY_ATTEMPTS, 0, u64::from(crate::config::RETRY_ATTEMPTS_MAX)),
         (crate::model::MAX_EVENT_AGE, crate::config::EVENT_AGE_MIN.as_secs(), crate::config::EVENT_AGE_MAX.as_secs()),
         (crate::model::MAX_CONCURRENCY, 1, crate::model::MAX_CONCURRENCY_MAX),
+        (crate::model::RESERVED_CONCURRENCY, 1, crate::model::MAX_CONCURRENCY_MAX),
     ];
     for (key, lo, hi) in bounds {
         let Some(value) = annotations.iter().find(|a| a.key == key).map(|a| &a.value) else { continue };
@@ -166,6 +167,22 @@ fn check_queue_policy(annotations: &[KeyValue]) -> Result<(), String> {
         let Some(value) = annotations.iter().find(|a| a.key == key).map(|a| &a.value) else { continue };
         let name = value.as_str().ok_or_else(|| format!("annotations.{key}: {value} must be an action's name"))?;
         validate_entity_name(&format!("annotations.{key}"), name)?;
+    }
+    Ok(())
+}
+
+/// An action's `reserved-concurrency` with its namespace's other reservations stays within
+/// the namespace's limit (checked at each save: two saves at once may each pass alone).
+async fn check_reservation(state: &AppState, action: &Action) -> Result<(), ApiError> {
+    let Some(reserved) = action.reserved_concurrency() else { return Ok(()) };
+    let others = state.service.reserved_by_others(&action.namespace, &action.name).await?;
+    let limit = state.service.namespace_limit();
+    if others.saturating_add(reserved) > limit {
+        return Err(ApiError::BadRequest(format!(
+            "annotations.{}: {reserved} with the {others} the namespace's other actions reserve is more than \
+             limits.namespace_concurrent ({limit})",
+            crate::model::RESERVED_CONCURRENCY
+        )));
     }
     Ok(())
 }
@@ -279,6 +296,7 @@ pub(super) async fn put(state: &AppState, call: &Call, ns: &str, name: &str) -> 
     let overwrite = flag("overwrite", &call.query::<PutQuery>()?.overwrite)?;
     let put: ActionPut = super::call::parse_body(&call.body)?;
     let action = validate_action(&state.config, put, &ns, name)?;
+    check_reservation(state, &action).await?;
     let store = state.service.store().clone();
     let saved = blocking(move || store.put_action(action, overwrite)).await??;
     state.service.retire_action(&saved.namespace, &saved.name, Some(&saved)).await;

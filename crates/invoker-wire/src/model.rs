@@ -123,16 +123,22 @@ impl Action {
         self.annotations.iter().find(|a| a.key == key)?.value.as_str().map(str::to_string)
     }
 
-    /// The most activations of the action that may run at once ([`MAX_CONCURRENCY`]), if it
-    /// sets a cap.
+    /// The most activations of the action that may run at once, if it sets a cap: its
+    /// [`MAX_CONCURRENCY`], or its [`RESERVED_CONCURRENCY`] (which caps too), the smaller.
     pub fn max_concurrency(&self) -> Option<u32> {
-        self.annotations
-            .iter()
-            .find(|a| a.key == MAX_CONCURRENCY)?
-            .value
-            .as_u64()
-            .and_then(|v| u32::try_from(v).ok())
-            .filter(|&v| v > 0)
+        let cap = self.positive_annotation(MAX_CONCURRENCY);
+        let reserved = self.reserved_concurrency();
+        cap.into_iter().chain(reserved).min()
+    }
+
+    /// The part of its namespace's limit the action keeps for itself ([`RESERVED_CONCURRENCY`]).
+    pub fn reserved_concurrency(&self) -> Option<u32> {
+        self.positive_annotation(RESERVED_CONCURRENCY)
+    }
+
+    fn positive_annotation(&self, key: &str) -> Option<u32> {
+        let value = self.annotations.iter().find(|a| a.key == key)?.value.as_u64()?;
+        u32::try_from(value).ok().filter(|&v| v > 0)
     }
 
     /// The action's own maximum age of an asynchronous call, in seconds ([`MAX_EVENT_AGE`]).
@@ -482,6 +488,9 @@ pub const ON_FAILURE: &str = "on-failure";
 pub const MAX_CONCURRENCY: &str = "max-concurrency";
 /// The largest `max-concurrency` an action may set.
 pub const MAX_CONCURRENCY_MAX: u64 = 10_000;
+/// An action's annotation: activations of its namespace's limit kept for it alone, which also
+/// caps it (Lambda's reserved concurrency), as `wsk action update a -a reserved-concurrency 10`.
+pub const RESERVED_CONCURRENCY: &str = "reserved-concurrency";
 /// A retry's record: the activation id of the call's first attempt.
 pub const RETRY_OF: &str = "retryOf";
 /// A retry's record: which attempt it is (2 or 3).
