@@ -47,6 +47,9 @@ pub struct Metrics {
     /// Attempts queued again by their policy, and calls given up to a dead-letter list.
     pub retries: Counter,
     pub dead_letters: Counter,
+    /// Blocking calls held by their action's cap (`max-concurrency`, `reserved-concurrency`)
+    /// past their wait: answered 429.
+    capped: Counter,
 }
 
 impl Default for Metrics {
@@ -83,6 +86,12 @@ impl Default for Metrics {
         );
         registry.register("retries", "Asynchronous calls queued again by their retry policy", retries.clone());
         registry.register("dead_letters", "Asynchronous calls given up to a dead-letter list", dead_letters.clone());
+        let capped = Counter::default();
+        registry.register(
+            "capped",
+            "Blocking calls their action's max-concurrency held past their wait (answered 429)",
+            capped.clone(),
+        );
         let live = crate::live::LiveFeed::default();
         Metrics {
             registry,
@@ -98,6 +107,7 @@ impl Default for Metrics {
             queued_oldest_seconds,
             retries,
             dead_letters,
+            capped,
         }
     }
 }
@@ -119,6 +129,9 @@ impl Metrics {
                 self.prewarm.inc();
             }
             _ => {}
+        }
+        if record.rejection_kind() == Some(crate::model::RejectionKind::Capped) {
+            self.capped.inc();
         }
         self.latency.observe(record.duration as f64 / 1000.0);
     }

@@ -123,7 +123,19 @@ async fn a_blocking_call_held_by_the_cap_past_its_wait_is_429_saying_why() {
         .await;
         let headers = [("content-type", "application/json")];
         let body = json!({ "sleep": 0 }).to_string().into_bytes();
-        inv.send("POST", "/api/v1/namespaces/_/actions/one?blocking=true", support::GUEST, &headers, body).await
+        let answer =
+            inv.send("POST", "/api/v1/namespaces/_/actions/one?blocking=true", support::GUEST, &headers, body).await;
+        // Shown while the first still runs: the pool's view of the cap, and the count of 429s.
+        let (_, pool) = inv.get_url("/v1/pool").await;
+        let capped = pool["capped"].as_array().cloned().unwrap_or_default();
+        assert_eq!(capped.len(), 1, "{pool}");
+        assert_eq!(
+            (&capped[0]["action"], &capped[0]["cap"], &capped[0]["running"]),
+            (&json!("guest/one"), &json!(1), &json!(1))
+        );
+        let (_, _, metrics) = inv.send("GET", "/metrics", &inv.admin, &[], Vec::new()).await;
+        assert!(String::from_utf8_lossy(&metrics).contains("invoker_capped_total 1"), "the 429 counted");
+        answer
     };
     let ((status, first), (status2, headers, body)) = tokio::join!(first, second);
     assert_eq!(status, 200, "{first}");

@@ -6,7 +6,7 @@ use super::core::{
     NodeStatsUpdate, Owner, PoolCore, PoolCounts, RejectReason, StemId, TenantId, Time,
 };
 use super::live;
-use super::status::{ContainerSummary, PoolSnapshot, PoolStatus, WarmContainers};
+use super::status::{CappedAction, ContainerSummary, PoolSnapshot, PoolStatus, WarmContainers};
 use crate::activation::job::RunJob;
 use crate::config::{PoolConfig, ProxyConfig, RuntimeProtocol};
 use crate::factory::{ContainerFactory, ContainerSpec, Epoch, Factory};
@@ -678,7 +678,16 @@ impl Handler<Snapshot> for ContainerPool {
     type Result = MessageResult<Snapshot>;
 
     fn handle(&mut self, _: Snapshot, _: &mut Context<Self>) -> Self::Result {
-        MessageResult(PoolSnapshot { status: self.status(), containers: self.summaries(|_| true) })
+        let capped = self
+            .core
+            .capped_keys()
+            .filter_map(|(key, cap, running, waiting)| {
+                let entry = self.key_actions.get(&key)?;
+                let action = format!("{}/{}", entry.action.namespace, entry.action.name);
+                Some(CappedAction { action, revision: entry.action.revision, cap, running, waiting })
+            })
+            .collect();
+        MessageResult(PoolSnapshot { status: self.status(), containers: self.summaries(|_| true), capped })
     }
 }
 

@@ -43,6 +43,19 @@ pub struct PoolSnapshot {
     #[serde(flatten)]
     pub status: PoolStatus,
     pub containers: Vec<ContainerSummary>,
+    /// The actions with a cap (`max-concurrency`, `reserved-concurrency`) the pool holds now.
+    pub capped: Vec<CappedAction>,
+}
+
+/// An action with a cap, as the pool holds it now.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct CappedAction {
+    pub action: String,
+    pub revision: u64,
+    pub cap: u32,
+    pub running: u32,
+    /// Calls waiting: for the cap, or for a container.
+    pub waiting: usize,
 }
 
 /// The containers that run an action (idle, paused or busy), as of `generation`.

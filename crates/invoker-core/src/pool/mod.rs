@@ -431,6 +431,11 @@ impl PoolCore {
         self.keys.get(&key).map_or((0, 0), |k| (k.waiting_live, k.starting))
     }
 
+    /// The capped keys: each with its cap, its jobs running and its jobs waiting.
+    pub fn capped_keys(&self) -> impl Iterator<Item = (KeyId, u32, u32, usize)> + '_ {
+        self.keys.iter().filter_map(|(&id, k)| Some((id, k.cap?, k.running, k.waiting_live)))
+    }
+
     /// Whether the core holds anything of `key` (containers, waiting jobs, a blocked start).
     pub fn has_key(&self, key: KeyId) -> bool {
         self.keys.contains_key(&key)
