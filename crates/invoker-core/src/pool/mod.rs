@@ -976,6 +976,9 @@ impl PoolCore {
         let mut freed: FxHashMap<NodeId, (u64, Vec<Victim>)> = FxHashMap::default();
         let mut chosen = None;
         let claimed = self.claimed_against(Some(key_id));
+        let tenant = self.keys.get(&key_id).map(|k| k.tenant).unwrap_or_default();
+        // Read only if another tenant's idle container comes up.
+        let mut shares: Option<(FxHashMap<TenantId, u64>, u64)> = None;
         // Idle containers of other keys first, in the keep-alive policy's order; unadopted
         // stem containers last, since they hold memory for work that may never come.
         let containers = &self.containers;
@@ -985,6 +988,22 @@ impl PoolCore {
             let c = &self.containers[&id];
             if c.owner == Owner::Key(key_id) || claimed == Some(&c.node) {
                 continue;
+            }
+            // A tenant at or over its share of the pool does not evict the idle containers of
+            // one below its own: the flood does not take another tenant's warm container.
+            if let Some(owner) = match c.owner {
+                Owner::Key(owner) => self.keys.get(&owner).map(|k| k.tenant).filter(|&t| t != tenant),
+                Owner::Stem(_) => None,
+            } {
+                let (held, share) = shares.get_or_insert_with(|| {
+                    let held = self.tenants_held();
+                    let share = self.nodes.total_capacity_mb() / (held.len() as u64).max(1);
+                    (held, share)
+                });
+                let of = |t: TenantId| held.get(&t).copied().unwrap_or(0);
+                if of(tenant) >= *share && of(owner) < *share {
+                    continue;
+                }
             }
             let entry = freed.entry(c.node.clone()).or_default();
             entry.0 += u64::from(c.memory_mb);

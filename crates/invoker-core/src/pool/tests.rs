@@ -735,3 +735,37 @@ fn a_tenant_below_its_share_claims_room_from_one_above_it_at_once() {
         }
     }
 }
+
+/// A tenant over its share of the pool does not evict another tenant's idle container to make
+/// room for its own backlog: the other's next call finds it warm. One tenant evicts its own
+/// action's idle containers as before.
+#[test]
+fn a_flooding_tenant_does_not_evict_another_tenants_warm_container() {
+    for (other_tenant, kept) in [(TenantId(1), true), (TenantId(0), false)] {
+        let mut core = core_with(1024);
+        // The other tenant's call runs once and leaves its container idle.
+        let mine = |id| Job { tenant: other_tenant, ..job(id, 2, 128) };
+        let warm = created(&core.handle(Event::Arrived(mine(100)), ms(1)))[0];
+        core.handle(Event::Started { container: warm, failure: None, at: ms(2) }, ms(2));
+        core.handle(Event::Finished { container: warm, job: JobId(100), reusable: true }, ms(3));
+        // The flood fills the other seven places and waits for more.
+        let flood = |id| Job { tenant: TenantId(0), deadline: ms(600_000), ..job(id, 1, 128) };
+        let mut evicted = false;
+        let mut pending: Vec<ContainerId> = Vec::new();
+        for id in 0..10 {
+            let fx = core.handle(Event::Arrived(flood(id)), ms(10));
+            evicted |= fx.contains(&Effect::Remove { container: warm });
+            pending.extend(created(&fx));
+        }
+        while let Some(c) = pending.pop() {
+            let fx = core.handle(Event::Started { container: c, failure: None, at: ms(20) }, ms(20));
+            evicted |= fx.contains(&Effect::Remove { container: warm });
+            pending.extend(created(&fx));
+        }
+        assert_eq!(evicted, !kept, "{other_tenant:?}");
+        if kept {
+            let fx = core.handle(Event::Arrived(mine(101)), ms(30));
+            assert_eq!(fx.as_slice(), &[Effect::Dispatch { job: JobId(101), container: warm }], "warm");
+        }
+    }
+}
