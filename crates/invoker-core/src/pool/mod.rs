@@ -751,7 +751,11 @@ impl PoolCore {
                 let key = self.keys.get(&key_id)?;
                 let since = key.room_wait_since?;
                 let below_share = someone_over && tenant_mb(key) < share;
-                let eligible = key.waiting_live > 0 && (below_share || since + self.config.claim_after <= now);
+                // A tenant at or over its share waiting for more claims nothing while another
+                // is below its own: its claim would take that tenant's containers.
+                let others_below = held.iter().any(|(&t, &mb)| t != key.tenant && mb < share);
+                let waited = since + self.config.claim_after <= now && !(tenant_mb(key) >= share && others_below);
+                let eligible = key.waiting_live > 0 && (below_share || waited);
                 eligible.then_some(((tenant_mb(key), key.containers), since, key_id, key.memory_mb))
             })
             .min();

@@ -769,3 +769,29 @@ fn a_flooding_tenant_does_not_evict_another_tenants_warm_container() {
         }
     }
 }
+
+/// A tenant over its share that has waited `claim_after` for more room claims nothing while
+/// another tenant is below its share: its claim would retire that tenant's container after its
+/// next run. Alone, it claims as before.
+#[test]
+fn a_tenant_over_its_share_does_not_claim_from_one_below_it() {
+    for (other_tenant, claims) in [(TenantId(1), false), (TenantId(0), true)] {
+        let mut core = core_with(1024);
+        let mine = |id| Job { tenant: other_tenant, deadline: ms(600_000), ..job(id, 2, 128) };
+        let warm = created(&core.handle(Event::Arrived(mine(100)), ms(1)))[0];
+        core.handle(Event::Started { container: warm, failure: None, at: ms(2) }, ms(2));
+        let flood = |id| Job { tenant: TenantId(0), deadline: ms(600_000), ..job(id, 1, 128) };
+        let mut pending: Vec<ContainerId> = Vec::new();
+        for id in 0..10 {
+            pending.extend(created(&core.handle(Event::Arrived(flood(id)), ms(10))));
+        }
+        while let Some(c) = pending.pop() {
+            pending.extend(created(&core.handle(Event::Started { container: c, failure: None, at: ms(20) }, ms(20))));
+        }
+        // Long past `claim_after`, the other tenant's run ends on the full node.
+        core.handle(Event::Tick, ms(5_000));
+        let fx = core.handle(Event::Finished { container: warm, job: JobId(100), reusable: true }, ms(5_100));
+        let retired = fx.contains(&Effect::Remove { container: warm });
+        assert_eq!(retired, claims, "{other_tenant:?}: {fx:?}");
+    }
+}
