@@ -26,19 +26,7 @@ fn capped_action(cap: u64) -> Value {
 
 /// The most runs that overlapped, from their own times.
 fn most_at_once(results: &[Value]) -> usize {
-    let mut edges: Vec<(f64, i32)> = Vec::new();
-    for r in results {
-        edges.push((r["t0"].as_f64().unwrap(), 1));
-        edges.push((r["t1"].as_f64().unwrap(), -1));
-    }
-    // An end before a start at the same instant: touching runs did not overlap.
-    edges.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-    let (mut now, mut most) = (0, 0);
-    for (_, step) in edges {
-        now += step;
-        most = most.max(now);
-    }
-    most as usize
+    support::most_at_once(results.iter().map(|r| (r["t0"].as_f64().unwrap(), r["t1"].as_f64().unwrap())))
 }
 
 /// A cap of 3 on a node with room for sixteen: twelve blocking calls at once all succeed, and

@@ -1007,18 +1007,7 @@ async fn scheduler_metric(scheduler: &Invoker, name: &str) -> f64 {
 
 /// The most records whose runs overlapped, from their own start and end.
 fn most_at_once(records: &[Value]) -> usize {
-    let mut edges: Vec<(u64, i32)> = Vec::new();
-    for r in records {
-        edges.push((r["start"].as_u64().unwrap(), 1));
-        edges.push((r["end"].as_u64().unwrap(), -1));
-    }
-    edges.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)));
-    let (mut now, mut most) = (0, 0);
-    for (_, step) in edges {
-        now += step;
-        most = most.max(now);
-    }
-    most as usize
+    support::most_at_once(records.iter().map(|r| (r["start"].as_f64().unwrap(), r["end"].as_f64().unwrap())))
 }
 
 /// Issue 60: an action's `max-concurrency` across two schedulers in front of the same two

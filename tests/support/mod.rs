@@ -463,3 +463,16 @@ impl Drop for SmallDisk {
         let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
     }
 }
+
+/// The most of `runs` (start, end) that overlapped at once; a run ending when another starts
+/// did not overlap it.
+pub fn most_at_once(runs: impl IntoIterator<Item = (f64, f64)>) -> usize {
+    let mut edges: Vec<(f64, i32)> = runs.into_iter().flat_map(|(start, end)| [(start, 1), (end, -1)]).collect();
+    edges.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    let (mut now, mut most) = (0i32, 0i32);
+    for (_, step) in edges {
+        now += step;
+        most = most.max(now);
+    }
+    most as usize
+}
