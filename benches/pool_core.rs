@@ -6,7 +6,7 @@
 //! `cargo bench --bench pool_core`
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use invoker::pool::core::*;
+use invoker_core::pool::*;
 use std::hint::black_box;
 use std::time::Duration;
 

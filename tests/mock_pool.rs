@@ -348,7 +348,7 @@ async fn the_pool_forgets_actions_it_no_longer_holds() {
     // The fixed keep-alive: the hybrid one holds an action known for its histogram's range.
     let pool = PoolConfig {
         idle_timeout: Duration::from_millis(200),
-        keep_alive: invoker::pool::core::KeepAliveKind::Fixed,
+        keep_alive: invoker_core::pool::KeepAliveKind::Fixed,
         ..PoolConfig::default()
     };
     let h = setup(mock, pool).await;
@@ -456,7 +456,7 @@ async fn a_flood_of_asynchronous_calls_past_the_pool_mailbox_all_runs() {
 /// over-committed; the hybrid policy (on a seconds scale here) unloads and pre-warms.
 #[actix_rt::test]
 async fn every_keep_alive_policy_runs_in_the_live_pool() {
-    use invoker::pool::core::{KeepAliveKind, KeepAliveParams};
+    use invoker_core::pool::{KeepAliveKind, KeepAliveParams};
     for kind in [KeepAliveKind::Fixed, KeepAliveKind::GreedyDual, KeepAliveKind::Hybrid] {
         // Starts that take time: the priced window weighs a cold start by its start time, and
         // one that costs nothing is never worth keeping a container for.

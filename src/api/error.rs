@@ -4,10 +4,10 @@ use crate::activation::IntakeError;
 use crate::cluster::fetch::FetchError;
 use crate::http::Response;
 use crate::model::{ActivationRecord, Outcome, Rejection, RejectionKind};
-use crate::pool::core::CreateFailure;
 use crate::store::StoreError;
 use hyper::header::{self, HeaderValue};
 use hyper::StatusCode;
+use invoker_core::pool::CreateFailure;
 use serde_json::json;
 
 #[derive(Debug, thiserror::Error)]

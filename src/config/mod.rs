@@ -261,7 +261,7 @@ mod tests {
 
     #[test]
     fn the_default_keep_alive_is_the_priced_hybrid_and_a_bad_worth_is_named() {
-        use crate::pool::core::{HybridWindow, KeepAliveKind};
+        use invoker_core::pool::{HybridWindow, KeepAliveKind};
         let config = Config::default();
         assert_eq!(config.pool.keep_alive, KeepAliveKind::Hybrid);
         assert_eq!(config.pool.keep_alive_params.window, HybridWindow::Priced);
@@ -508,7 +508,7 @@ mod tests {
         let entry = |body: &str| format!("[[pool.prewarm]]\nkind = \"python:3\"\nmemory_mb = 256\n{body}");
         let ok = Config::from_toml(&entry("count = 2\nreactive = { min = 1, max = 3 }\n")).unwrap();
         ok.validate().unwrap();
-        assert_eq!(ok.pool.stem_for("python:3", 256, 256), Some(crate::pool::core::StemId(0)));
+        assert_eq!(ok.pool.stem_for("python:3", 256, 256), Some(invoker_core::pool::StemId(0)));
         assert_eq!(ok.pool.stem_for("python:3", 512, 256), None);
         assert_eq!(ok.pool.stem_for("python:3", 256, 64), None, "a stem has the default disk");
         assert_eq!(ok.pool.prewarm[0].reactive.as_ref().unwrap().window, Duration::from_secs(60));

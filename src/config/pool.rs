@@ -7,11 +7,11 @@ use super::limits::LimitsConfig;
 use std::collections::BTreeMap;
 
 /// `[pool]`: the core's tunables.
-pub type PoolConfig = crate::pool::core::CoreConfig;
+pub type PoolConfig = invoker_core::pool::CoreConfig;
 
 /// `[[pool.prewarm]]`: keep `count` containers of `kind` with `memory_mb` started and
 /// uninitialised; with `reactive`, the count follows recent cold starts within min..=max.
-pub type PrewarmConfig = crate::pool::core::PrewarmSpec;
+pub type PrewarmConfig = invoker_core::pool::PrewarmSpec;
 
 pub(super) fn validate(
     p: &PoolConfig,

@@ -6,9 +6,9 @@
 //! `fail_times: n` with `fail_key: k` makes the first n runs that name `k` application errors.
 
 use crate::http::{json_value, Response};
-use crate::pool::core::{ContainerId, NodeId, NodeStatsUpdate};
 use http_body_util::{BodyExt, Limited};
 use hyper::{Request, StatusCode};
+use invoker_core::pool::{ContainerId, NodeId, NodeStatsUpdate};
 use invoker_factory::contract::{ContainerFactory, ContainerHandle, ContainerSpec, Epoch, StatsReceiver, Transport};
 use invoker_factory::error::{CreateError, FactoryError};
 use invoker_factory::logs::{LogBuffer, Stream, SENTINEL};
@@ -82,7 +82,7 @@ struct State {
     /// Runs so far by their `fail_key` parameter.
     runs_by_key: HashMap<String, u64>,
     /// Past snapshots, for stats that lag: (time, the update published for it).
-    history: std::collections::VecDeque<(crate::pool::core::Time, Vec<NodeStatsUpdate>)>,
+    history: std::collections::VecDeque<(invoker_core::pool::Time, Vec<NodeStatsUpdate>)>,
     /// A paused container's runtime answers no run (503), as a frozen process would not.
     paused: std::collections::HashSet<ContainerId>,
 }

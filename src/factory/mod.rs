@@ -14,7 +14,7 @@ mod snapshot;
 pub mod watchdog;
 mod zygote;
 
-use crate::pool::core::{ContainerId, NodeId};
+use invoker_core::pool::{ContainerId, NodeId};
 #[cfg(feature = "docker")]
 pub use invoker_docker as docker;
 pub use invoker_factory::{contract, error, fn_socket, id_lock, logs, netns, one_host, own_disk, peer, uids};

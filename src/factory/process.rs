@@ -16,7 +16,7 @@ use super::sandbox::{resolve_interpreter, SandboxArgs, ACTION_PATH};
 use super::watchdog::{remove_left, Watchdog, WatchdogArgs};
 use super::zygote::{ForkRequest, Zygote};
 use crate::config::{Config, KindConfig, Network, ProcessFactoryConfig, RuntimeProtocol, TransportKind};
-use crate::pool::core::{ContainerId, NodeId};
+use invoker_core::pool::{ContainerId, NodeId};
 use invoker_factory::contract::{
     ContainerFactory, ContainerHandle, ContainerSpec, Epoch, FunctionStart, StatsReceiver, Transport,
 };

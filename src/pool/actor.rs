@@ -1,10 +1,6 @@
 //! The ContainerPool actor: a thin shell that feeds events to the pure core and carries out
 //! the effects it returns: starting proxies, handing them jobs, answering rejected jobs.
 
-use super::core::{
-    ContainerId, ContainerState, ContainerView, CoreConfig, CreateFailure, Effect, Event, Job, JobId, KeyId, NodeId,
-    NodeStatsUpdate, Owner, PoolCore, PoolCounts, RejectReason, StemId, TenantId, Time,
-};
 use super::live;
 use super::status::{CappedAction, ContainerSummary, PoolSnapshot, PoolStatus, WarmContainers};
 use crate::activation::job::RunJob;
@@ -15,6 +11,10 @@ use crate::model::{Action, Rejection};
 use crate::proxy::{ContainerProxy, DiscardLog, Gone, Pause, ProxyContext, ProxyReport, Remove, Resume, Run};
 use crate::telemetry::TARGET;
 use actix::prelude::*;
+use invoker_core::pool::{
+    ContainerId, ContainerState, ContainerView, CoreConfig, CreateFailure, Effect, Event, Job, JobId, KeyId, NodeId,
+    NodeStatsUpdate, Owner, PoolCore, PoolCounts, RejectReason, StemId, TenantId, Time,
+};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

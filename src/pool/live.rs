@@ -2,10 +2,10 @@
 //! nodes and the queue every half second, and the whole view once for a new viewer. Nothing is
 //! built while nobody watches.
 
-use super::core::{ContainerId, ContainerState, ContainerView, Effect, Event, NodeView, Time};
 use super::status::PoolStatus;
 use crate::activation::job::RunJob;
 use bytes::Bytes;
+use invoker_core::pool::{ContainerId, ContainerState, ContainerView, Effect, Event, NodeView, Time};
 use serde::Serialize;
 
 /// How often the nodes and the queue are sent while somebody watches.

@@ -3,4 +3,3 @@
 pub mod actor;
 pub(crate) mod live;
 pub mod status;
-pub use invoker_core::pool as core;

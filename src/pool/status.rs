@@ -2,7 +2,7 @@
 //! container (the admin's view), and the containers of an action (the registry's keys). Plain
 //! data, apart from the actor that answers with it, so that its readers need no actor.
 
-use super::core::{ContainerState, NodeView};
+use invoker_core::pool::{ContainerState, NodeView};
 use invoker_wire::cluster::Health;
 
 #[derive(Clone, Debug, serde::Serialize)]

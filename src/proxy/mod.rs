@@ -8,7 +8,6 @@
 //! result comes back to the actor as an event, so a long `/run` never blocks a removal or
 //! other runs.
 
-pub use invoker_core::proxy as core;
 mod discard;
 pub mod protocol;
 mod record;
@@ -17,12 +16,12 @@ use crate::activation::job::RunJob;
 use crate::config::{ProxyConfig, RuntimeProtocol};
 use crate::factory::{ContainerFactory, ContainerHandle, ContainerSpec, Factory};
 use crate::model::{epoch_ms, Outcome, Rejection, StartKind};
-use crate::pool::core::{ContainerId, CreateFailure, JobId, NodeId};
 use crate::telemetry;
 use actix::prelude::*;
-pub use core::ProxyState;
-use core::{Effect, Event, FailCause, ProxyCore};
 pub use discard::DiscardLog;
+use invoker_core::pool::{ContainerId, CreateFailure, JobId, NodeId};
+pub use invoker_core::proxy::ProxyState;
+use invoker_core::proxy::{Effect, Event, FailCause, ProxyCore};
 use invoker_factory::logs::{Ends, LogBuffer, LogWindow};
 use protocol::{discard_reason, Answer, Interpreted, Runtime};
 use record::{build_record, RecordFields};
@@ -46,7 +45,7 @@ pub enum ProxyReport {
     Started {
         container: ContainerId,
         failure: Option<CreateFailure>,
-        at: crate::pool::core::Time,
+        at: invoker_core::pool::Time,
     },
     Finished {
         container: ContainerId,

@@ -3,7 +3,7 @@
 
 use crate::activation::job::RunJob;
 use crate::model::{ActivationRecord, ActivationResponse, KeyValue, Outcome, StartKind};
-use crate::pool::core::ContainerId;
+use invoker_core::pool::ContainerId;
 use serde_json::{json, Value};
 
 /// What the proxy measured of one run, taken when it began.
