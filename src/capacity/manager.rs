@@ -6,10 +6,8 @@
 //! and carries the decisions out: the control plane starts and stops invokers; drains are the
 //! operators' drain keys, which every scheduler already honours.
 
-use super::core::{Action, Decision, Event, GroupCore, GroupCounts, GroupSpec, MemberState, Sighting};
 use super::metrics::{CapacityMetrics, DecisionLabel, GroupLabel, GroupState};
 use super::plane::{ControlPlane, InvokerSpec};
-use super::predictor::{AnyPredictor, Predictor};
 use crate::cluster::etcd::LeaseId;
 use crate::cluster::mirror::Snapshot;
 use crate::cluster::registry::{claim_key, RegistryError};
@@ -17,6 +15,8 @@ use crate::cluster::{capacity_leader_key, drain_key, ClusterKv, DemandReport, Dr
 use crate::config::{CapacityConfig, GroupConfig};
 use crate::model::epoch_ms;
 use invoker_core::capacity::packing::{packed_demand_mb, CallsByMb};
+use invoker_core::capacity::{Action, Decision, Event, GroupCore, GroupCounts, GroupSpec, MemberState, Sighting};
+use invoker_core::predictor::{AnyPredictor, Predictor};
 use invoker_wire::cluster::Health;
 use parking_lot::Mutex;
 use serde::Serialize;
@@ -627,7 +627,7 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
 
 /// Whether `id` is an invoker of group `name` (`<name>-<n>`).
 fn owns(name: &str, id: &str) -> bool {
-    super::core::ordinal_in(name, id).is_some()
+    invoker_core::capacity::ordinal_in(name, id).is_some()
 }
 
 #[cfg(test)]

@@ -1,8 +1,8 @@
 //! `[capacity]`: the groups of invokers `invoker capacity` keeps sized to demand, each read
-//! into the decision core's own spec ([`crate::capacity::core::GroupSpec`]) once validated.
+//! into the decision core's own spec ([`invoker_core::capacity::GroupSpec`]) once validated.
 
 use super::error::{bad, ConfigError};
-pub use crate::capacity::core::{ControlPlaneKind, GroupConfig};
+pub use invoker_core::capacity::{ControlPlaneKind, GroupConfig};
 pub use invoker_factory::settings::KubernetesPlaneConfig;
 use serde::Deserialize;
 use std::collections::BTreeMap;
