@@ -109,3 +109,23 @@ impl hyper::body::Body for FollowedBody {
         self.first.is_none() && self.rest.is_none()
     }
 }
+
+/// Headers that belong to one connection, never passed on (RFC 9110 §7.6.1, and what Go's
+/// reverse proxy strips); `content-length` is the new message's own.
+const HOP_BY_HOP: [&str; 9] = [
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "content-length",
+];
+
+/// Whether `name` is a header of one connection only ([`HOP_BY_HOP`]): the API and the
+/// proxies both strip them from what they pass on.
+pub fn is_hop_by_hop(name: &str) -> bool {
+    HOP_BY_HOP.iter().any(|h| name.eq_ignore_ascii_case(h))
+}

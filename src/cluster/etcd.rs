@@ -59,11 +59,7 @@ pub enum StreamError {
     Timeout(Duration),
 }
 
-/// The `host:port` of an `http://host:port` endpoint, or `None` when it is not one.
-pub fn authority(endpoint: &str) -> Option<&str> {
-    let authority = endpoint.strip_prefix("http://")?.trim_end_matches('/');
-    (!authority.is_empty() && !authority.contains(['/', ' '])).then_some(authority)
-}
+use invoker_wire::cluster::authority;
 
 /// One etcd cluster, reached through the member that answered last, or the next one that
 /// answers: a member that hangs costs one call's bound once, not on every call after it.

@@ -4,13 +4,14 @@
 //! controller key to its internal route); later ones find it here. Kept apart from the
 //! invoker's own store: nothing fetched is listed or served by the invoker's REST routes.
 
-use super::etcd::{authority, Etcd};
+use super::etcd::Etcd;
 use super::{cluster_revision, scheduler_key, ClusterKv, SchedulerRecord};
 use crate::model::Action;
 use crate::store::action_cache::ActionCache;
 use base64::Engine as _;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty, Limited};
+use invoker_wire::cluster::authority;
 use parking_lot::Mutex;
 use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
 use std::collections::HashMap;

@@ -51,7 +51,7 @@ impl ClusterConfig {
 
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
         for (i, e) in self.etcd.iter().enumerate() {
-            if crate::cluster::etcd::authority(e).is_none() {
+            if invoker_wire::cluster::authority(e).is_none() {
                 return Err(bad(&format!("cluster.etcd[{i}]"), "must be http://host:port"));
             }
         }

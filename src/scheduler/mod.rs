@@ -295,7 +295,7 @@ impl Dispatcher {
             placing.record("invoker", invoker.as_str());
             placing.record("rule", tracing::field::debug(chosen.rule));
             drop(placing);
-            let Some(authority) = view.invokers.get(&invoker).and_then(|r| crate::cluster::etcd::authority(&r.api))
+            let Some(authority) = view.invokers.get(&invoker).and_then(|r| invoker_wire::cluster::authority(&r.api))
             else {
                 refusals.push(format!("{invoker}: its address is not http://host:port"));
                 tried.insert(invoker);
@@ -454,7 +454,7 @@ impl Dispatcher {
         let view = self.directory.current();
         let mut found = Vec::new();
         for (invoker, registration) in &view.invokers {
-            let Some(authority) = crate::cluster::etcd::authority(&registration.api) else { continue };
+            let Some(authority) = invoker_wire::cluster::authority(&registration.api) else { continue };
             let mut ids = round.of_all.clone();
             ids.extend(round.of.get(invoker).into_iter().flatten().cloned());
             for chunk in ids.chunks(crate::cluster::MAX_RECORDS_ASKED) {
@@ -707,7 +707,7 @@ impl Dispatcher {
         if let Some(keep) = keep {
             path.push_str(&format!("?keep={keep}"));
         }
-        let told = view.invokers.values().filter_map(|r| crate::cluster::etcd::authority(&r.api)).map(|authority| {
+        let told = view.invokers.values().filter_map(|r| invoker_wire::cluster::authority(&r.api)).map(|authority| {
             let path = path.as_str();
             async move {
                 if !self.client.retire(authority, path, Duration::from_secs(2)).await {
@@ -770,7 +770,7 @@ impl Dispatcher {
         let before = self.directory.current();
         for (id, record) in &before.invokers {
             if view.invokers.get(id).is_none_or(|r| r.api != record.api) {
-                if let Some(authority) = crate::cluster::etcd::authority(&record.api) {
+                if let Some(authority) = invoker_wire::cluster::authority(&record.api) {
                     self.client.forget(authority);
                 }
             }

@@ -28,6 +28,13 @@ pub const REPORT_START: &str = "x-invoker-report-start";
 /// The first line of an answer to a [`REPORT_START`] call once it started (then a newline).
 pub const STARTED_LINE: &str = "{\"started\":true}";
 
+/// The `host:port` of an `http://host:port` endpoint (etcd's members, a member's `api`), or
+/// `None` when it is not one.
+pub fn authority(endpoint: &str) -> Option<&str> {
+    let authority = endpoint.strip_prefix("http://")?.trim_end_matches('/');
+    (!authority.is_empty() && !authority.contains(['/', ' '])).then_some(authority)
+}
+
 /// Most activation ids one `POST /v1/internal/records` (a scheduler asking an invoker for the
 /// records of activations it wrote guesses for) may name.
 pub const MAX_RECORDS_ASKED: usize = 1000;

@@ -7,6 +7,7 @@
 use super::answer::{Answer, Interpreted};
 use super::client::{RuntimeClient, RuntimeError, RuntimeResponse};
 use crate::activation::job::RunJob;
+use crate::http::is_hop_by_hop;
 use crate::model::{Action, Outcome};
 use base64::Engine;
 use bytes::Bytes;
@@ -14,24 +15,6 @@ use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
 use invoker_wire::runtime::{FN_LOGFRAME_HDR, FN_LOGFRAME_NAME};
 use serde_json::{json, Map, Value};
 use std::time::{Duration, SystemTime};
-
-/// Headers that belong to one connection, never passed on (RFC 9110 §7.6.1, and what Go's
-/// reverse proxy strips); `content-length` is the new message's own.
-const HOP_BY_HOP: [&str; 9] = [
-    "connection",
-    "keep-alive",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "content-length",
-];
-
-pub fn is_hop_by_hop(name: &str) -> bool {
-    HOP_BY_HOP.iter().any(|h| name.eq_ignore_ascii_case(h))
-}
 
 /// The environment Fn's agent gives a function, less the listener (the factory says where the
 /// socket directory is): the app's configuration, then the function's (the function's wins),
