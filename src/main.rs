@@ -30,9 +30,11 @@ struct Cli {
 /// Running the invoker: `invoker [FLAGS]`, or `invoker serve [FLAGS]`.
 #[derive(clap::Args)]
 struct ServeArgs {
-    /// The configuration file.
-    #[arg(long, env = "INVOKER_CONFIG", default_value = "config/default.toml")]
-    config: PathBuf,
+    /// The configuration file. Without one: `config/default.toml` in the current directory (a
+    /// checkout), else the same file compiled into the binary, with its data in
+    /// `$XDG_DATA_HOME/invoker/data` (`~/.local/share/invoker/data`).
+    #[arg(long, env = "INVOKER_CONFIG")]
+    config: Option<PathBuf>,
     /// Address to listen on (overrides the file); port 0 picks a free one.
     #[arg(long, env = "INVOKER_LISTEN")]
     listen: Option<SocketAddr>,
@@ -181,6 +183,37 @@ fn raise_open_files() {
     }
 }
 
+/// The embedded default (`config/default.toml` as this binary was built with it).
+const EMBEDDED_DEFAULT: &str = include_str!("../config/default.toml");
+
+/// The invoker's configuration when none is named: `config/default.toml` where a checkout has
+/// it, else the embedded default, whose relative `data_dir` goes under the user's data
+/// directory rather than wherever the command was started.
+fn load_default_config(
+    listen: Option<SocketAddr>,
+    data_dir: Option<PathBuf>,
+    etcd: Vec<String>,
+) -> anyhow::Result<Config> {
+    let in_checkout = std::path::Path::new("config/default.toml");
+    if in_checkout.exists() {
+        return load_config(in_checkout, listen, data_dir, etcd);
+    }
+    let mut config = Config::from_toml(EMBEDDED_DEFAULT)?;
+    if config.data_dir.is_relative() {
+        let base = std::env::var_os("XDG_DATA_HOME")
+            .map(PathBuf::from)
+            .filter(|p| p.is_absolute())
+            .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".local/share")))
+            .ok_or_else(|| {
+                anyhow::anyhow!(
+                    "no config file, and neither XDG_DATA_HOME nor HOME to keep data in: pass --config or --data-dir"
+                )
+            })?;
+        config.data_dir = base.join("invoker").join(&config.data_dir);
+    }
+    apply_flags(config, listen, data_dir, etcd)
+}
+
 /// The file, then the flags both commands take, then the guest key from the environment.
 fn load_config(
     file: &std::path::Path,
@@ -188,7 +221,15 @@ fn load_config(
     data_dir: Option<PathBuf>,
     etcd: Vec<String>,
 ) -> anyhow::Result<Config> {
-    let mut config = Config::from_file(file)?;
+    apply_flags(Config::from_file(file)?, listen, data_dir, etcd)
+}
+
+fn apply_flags(
+    mut config: Config,
+    listen: Option<SocketAddr>,
+    data_dir: Option<PathBuf>,
+    etcd: Vec<String>,
+) -> anyhow::Result<Config> {
     if let Some(listen) = listen {
         config.listen = listen;
     }
@@ -205,7 +246,10 @@ fn load_config(
 }
 
 fn serve_invoker(cli: ServeArgs) -> anyhow::Result<()> {
-    let mut config = load_config(&cli.config, cli.listen, cli.data_dir, cli.etcd)?;
+    let mut config = match &cli.config {
+        Some(file) => load_config(file, cli.listen, cli.data_dir, cli.etcd)?,
+        None => load_default_config(cli.listen, cli.data_dir, cli.etcd)?,
+    };
     let _telemetry = init_tracing(&config, "invoker")?;
     if let Some(id) = cli.invoker_id {
         config.invoker_id = id;

@@ -626,3 +626,65 @@ async fn a_full_disk_is_answered_503_nothing_accepted_is_lost_and_the_invoker_re
     }
     assert!(!inv.stderr().contains("panicked"), "{}", inv.stderr());
 }
+
+/// Issue 59: the binary runs anywhere. Started outside a checkout with no `--config` (as after
+/// `cargo install`), it takes the default compiled into it, keeps its data under the user's
+/// data directory, and serves a first action.
+#[tokio::test(flavor = "multi_thread")]
+async fn started_outside_a_checkout_it_runs_on_the_embedded_default() {
+    use std::io::BufRead;
+    let dir = tempdir();
+    let home = dir.path().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_invoker"))
+        .args(["--listen", "127.0.0.1:0", "--invoker-id", &id("anywhere")])
+        .current_dir(dir.path())
+        .env("HOME", &home)
+        .env_remove("XDG_DATA_HOME")
+        .env_remove("INVOKER_CONFIG")
+        .env_remove("INVOKER_DATA_DIR")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in stdout.lines().map_while(Result::ok) {
+            if let Some(addr) = line.split("listening on ").nth(1) {
+                let _ = tx.send(addr.trim().to_string());
+            }
+        }
+    });
+    let addr = rx.recv_timeout(Duration::from_secs(30));
+    let answer = match &addr {
+        Ok(addr) => {
+            let http = reqwest::Client::new();
+            let (user, pass) = support::GUEST.split_once(':').unwrap();
+            let action = python("def main(a):\n    return {'hello': a.get('name')}\n");
+            let put = http
+                .put(format!("http://{addr}/api/v1/namespaces/_/actions/hello"))
+                .basic_auth(user, Some(pass))
+                .json(&action)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(put.status(), 200);
+            let r = http
+                .post(format!("http://{addr}/api/v1/namespaces/_/actions/hello?blocking=true&result=true"))
+                .basic_auth(user, Some(pass))
+                .json(&json!({ "name": "anywhere" }))
+                .send()
+                .await
+                .unwrap();
+            Some(r.json::<Value>().await.unwrap())
+        }
+        Err(_) => None,
+    };
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), Signal::SIGTERM);
+    let _ = child.wait();
+    assert!(addr.is_ok(), "it did not start outside the checkout");
+    assert_eq!(answer, Some(json!({ "hello": "anywhere" })));
+    assert!(home.join(".local/share/invoker/data").is_dir(), "its data under the user's data directory");
+    assert!(!dir.path().join("data").exists(), "nothing in the directory it was started from");
+}
