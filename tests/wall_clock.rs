@@ -20,16 +20,19 @@ async fn across_a_jump(inv: &Invoker, clock: &Path, name: &str, offset: &str) ->
     let (status, accepted) = inv.invoke(name, "", json!({"s": 2})).await;
     assert_eq!(status, 202, "{accepted}");
     let id = accepted["activationId"].as_str().unwrap().to_string();
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    // While it runs: its container busy.
+    support::eventually(Duration::from_secs(20), &format!("{name} running"), || async {
+        support::done(inv.get_url("/v1/pool").await.1["busy"] == 1)
+    })
+    .await;
     std::fs::write(clock, offset).unwrap();
-    for _ in 0..100 {
-        let (status, record) = inv.get(&format!("activations/{id}")).await;
-        if status == 200 {
-            return record;
+    support::eventually(Duration::from_secs(20), &format!("{name}'s record"), || async {
+        match inv.get(&format!("activations/{id}")).await {
+            (200, record) => Ok(record),
+            (status, body) => Err(format!("{status} {body}")),
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("{name} never ended");
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread")]
