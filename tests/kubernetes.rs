@@ -1,6 +1,6 @@
 //! The Kubernetes factory's parts against the fake API server (`support::kube_api`), which
 //! speaks the real REST and watch wire format: what each node offers, kept current by watches.
-//! No Kubernetes cluster can run here; see the README for what was tested only against the fake.
+//! No Kubernetes cluster can run here; see docs/backends.md for what was tested only against the fake.
 
 mod support;
 

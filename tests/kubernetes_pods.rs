@@ -1,7 +1,7 @@
 //! The Kubernetes factory end to end: the invoker (`[factory] kind = "kubernetes"`) against the
 //! fake API server and its fake kubelet (`support::kube_api`), which run each pod as a local
 //! process of the project's runtime and refuse a pod beyond its node's allocatable memory.
-//! No Kubernetes cluster can run here; see the README for what was tested only against the fake.
+//! No Kubernetes cluster can run here; see docs/backends.md for what was tested only against the fake.
 
 mod support;
 

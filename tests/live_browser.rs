@@ -2,7 +2,7 @@
 //! (`tests/ui/live_view.mjs`, installed by `scripts/browser.sh`) against the real binary on its
 //! mock factory, with 2,000 containers that start, run, go warm, run again and go away; the
 //! page is checked through its DOM at each step, and its size and update cost measured. The
-//! screenshots go to `target/ui-screenshots/` (the README's are copies).
+//! screenshots go to `target/ui-screenshots/` (docs/ui's are copies, shown in docs/observability.md).
 
 mod support;
 
