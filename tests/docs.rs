@@ -49,3 +49,39 @@ fn every_relative_link_in_the_docs_resolves() {
     }
     assert!(broken.is_empty(), "links that resolve to nothing:\n{}", broken.join("\n"));
 }
+
+/// Every key `config/default.toml` sets, as `(section, key)`: a table's keys under its dotted
+/// path, an array of tables' under `name[]`.
+fn default_keys() -> Vec<(String, String)> {
+    fn walk(table: &toml::Table, prefix: &str, keys: &mut Vec<(String, String)>) {
+        for (key, value) in table {
+            let path = if prefix.is_empty() { key.clone() } else { format!("{prefix}.{key}") };
+            match value {
+                toml::Value::Table(inner) => walk(inner, &path, keys),
+                toml::Value::Array(items) if items.iter().all(toml::Value::is_table) && !items.is_empty() => {
+                    for item in items.iter().filter_map(toml::Value::as_table) {
+                        walk(item, &format!("{path}[]"), keys);
+                    }
+                }
+                _ => keys.push((if prefix.is_empty() { "(top)".into() } else { prefix.to_string() }, key.clone())),
+            }
+        }
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(root.join("config/default.toml")).unwrap();
+    let mut keys = Vec::new();
+    walk(&text.parse::<toml::Table>().unwrap(), "", &mut keys);
+    keys
+}
+
+#[test]
+fn every_key_of_the_default_config_is_in_the_configuration_page() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let page = std::fs::read_to_string(root.join("docs/configuration.md")).unwrap();
+    let missing: Vec<String> = default_keys()
+        .into_iter()
+        .filter(|(section, key)| !page.contains(&format!("| `{section}` | `{key}` |")))
+        .map(|(section, key)| format!("{section}.{key}"))
+        .collect();
+    assert!(missing.is_empty(), "keys of config/default.toml not in docs/configuration.md: {missing:?}");
+}
