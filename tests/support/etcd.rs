@@ -33,26 +33,32 @@ impl EtcdServer {
             eprintln!("skipped: no etcd binary (scripts/etcd.sh installs one)");
             return None;
         }
-        let mut members: Vec<EtcdServer> = (0..size)
-            .map(|i| EtcdServer {
-                dir: tempfile::Builder::new().prefix("invoker-etcd-").tempdir().unwrap(),
-                client: free_port(),
-                peer: free_port(),
-                child: None,
-                name: format!("m{i}"),
-                cluster: String::new(),
-            })
-            .collect();
-        let cluster =
-            members.iter().map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer)).collect::<Vec<_>>().join(",");
-        for member in &mut members {
-            member.cluster = cluster.clone();
-            member.spawn();
+        // Free ports are only free when chosen: another test's process may take one before
+        // etcd binds it, and etcd then exits. So a start that fails that way is tried again on
+        // fresh ports.
+        for _ in 0..3 {
+            let mut members: Vec<EtcdServer> = (0..size)
+                .map(|i| EtcdServer {
+                    dir: tempfile::Builder::new().prefix("invoker-etcd-").tempdir().unwrap(),
+                    client: free_port(),
+                    peer: free_port(),
+                    child: None,
+                    name: format!("m{i}"),
+                    cluster: String::new(),
+                })
+                .collect();
+            let cluster =
+                members.iter().map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer)).collect::<Vec<_>>().join(",");
+            for member in &mut members {
+                member.cluster = cluster.clone();
+                member.spawn();
+            }
+            if members.iter_mut().all(|m| m.listening()) {
+                return Some(members);
+            }
+            eprintln!("etcd exited before it listened (a port taken meanwhile?): {}", members[0].log_tail());
         }
-        for member in &members {
-            member.wait_listening();
-        }
-        Some(members)
+        panic!("etcd did not start in three tries");
     }
 
     pub fn url(&self) -> String {
@@ -79,12 +85,27 @@ impl EtcdServer {
         self.child = Some(child);
     }
 
-    fn wait_listening(&self) {
+    /// Whether it accepts connections within 20 s; `false` at once if it exited.
+    fn listening(&mut self) -> bool {
         let deadline = Instant::now() + Duration::from_secs(20);
         while std::net::TcpStream::connect(("127.0.0.1", self.client)).is_err() {
-            assert!(Instant::now() < deadline, "etcd did not start");
+            let exited = self.child.as_mut().is_some_and(|c| c.try_wait().ok().flatten().is_some());
+            if exited || Instant::now() >= deadline {
+                return false;
+            }
             std::thread::sleep(Duration::from_millis(50));
         }
+        true
+    }
+
+    fn wait_listening(&mut self) {
+        assert!(self.listening(), "etcd did not start: {}", self.log_tail());
+    }
+
+    /// The end of its log, for a failure's message.
+    fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(self.dir.path().join("etcd.log")).unwrap_or_default();
+        log.lines().rev().take(5).collect::<Vec<_>>().join(" | ")
     }
 
     pub fn stop(&mut self) {
