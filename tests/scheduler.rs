@@ -538,11 +538,16 @@ async fn a_restarted_scheduler_recovers_the_invokers_from_etcd_and_replaces_its_
     p.scheduler = Invoker::start_scheduler(p.scheduler_dir.path(), &config);
     p.wait_for(|list| list.len() == 1 && list[0]["id"] == "one").await;
     assert_eq!(p.scheduler.get(&format!("activations/{id}")).await.1["activationId"], id.as_str());
-    // At first a guess that says so; once the invoker has its record, that record, which says
-    // the activation succeeded there.
+    // At first a guess that says so (the scheduler had journaled its start), or nothing yet (it
+    // was killed between the invoker's started line and its journal: it hands the call over
+    // again, and the invoker, which has that activation id running, answers with its record
+    // rather than run it twice); in the end the invoker's record, which says the activation
+    // succeeded there.
     let (status, record) = p.scheduler.get(&format!("activations/{running}")).await;
-    assert_eq!((status, &record["response"]["statusCode"]), (200, &json!(3)), "{record}");
-    assert!(annotation(&record, "guess").is_string(), "a guess says so: {record}");
+    if status == 200 && record["response"]["statusCode"] != 0 {
+        assert_eq!(record["response"]["statusCode"], 3, "{record}");
+        assert!(annotation(&record, "guess").is_string(), "a guess says so: {record}");
+    }
     let record = support::eventually(Duration::from_secs(30), "the guess replaced by the invoker's record", || async {
         let (_, record) = p.scheduler.get(&format!("activations/{running}")).await;
         if record["response"]["statusCode"] == 0 {
