@@ -280,8 +280,12 @@ async fn a_timed_out_container_is_removed_and_replaced() {
     let (status, next) = inv.invoke("slow", "blocking=true", json!({})).await;
     assert_eq!(status, 200, "{next}");
     assert_ne!(container_id(&next), container_id(&first), "a timed-out container is never reused");
-    let inspect = docker.inspect_container(&timed_out_docker_id, None::<InspectContainerOptions>).await;
-    assert!(inspect.is_err(), "the engine no longer holds the timed-out container");
+    // Its removal runs beside the next call: waited for, not assumed done.
+    support::eventually(Duration::from_secs(20), "the engine no longer holds the timed-out container", || async {
+        let inspect = docker.inspect_container(&timed_out_docker_id, None::<InspectContainerOptions>).await;
+        support::done(inspect.is_err())
+    })
+    .await;
     stop(inv, &docker, &invoker_id).await;
 }
 
