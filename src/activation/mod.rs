@@ -555,9 +555,7 @@ impl ActivationService {
         if let Runner::Cluster(_) = &self.runner {
             let meta = Arc::new(call.meta);
             let why = "the scheduler stopped while an invoker ran this call; its record is asked of the invokers";
-            let record = crate::model::ActivationRecord::guess(&meta, why, epoch_ms());
-            let trace = ActivationTrace::begin(None, &meta, &self.process);
-            Completion::new(self.store.clone(), self.metrics.clone(), meta.clone(), None, None, trace).finish(record);
+            self.end_with(meta.clone(), crate::model::ActivationRecord::guess(&meta, why, epoch_ms()));
             return Some(Arc::unwrap_or_clone(meta));
         }
         let queue = self.queue.as_ref()?;
@@ -586,7 +584,11 @@ impl ActivationService {
     /// Ends a queued call that cannot run, with a record saying why.
     fn end_unrun(&self, call: &QueuedCall, why: &str) {
         let meta = Arc::new(call.meta.clone());
-        let record = crate::model::ActivationRecord::whisk_error(&meta, why, epoch_ms());
+        self.end_with(meta.clone(), crate::model::ActivationRecord::whisk_error(&meta, why, epoch_ms()));
+    }
+
+    /// Ends an activation nobody waits on with `record`.
+    fn end_with(&self, meta: Arc<ActivationMeta>, record: crate::model::ActivationRecord) {
         let trace = ActivationTrace::begin(None, &meta, &self.process);
         Completion::new(self.store.clone(), self.metrics.clone(), meta, None, None, trace).finish(record);
     }

@@ -54,12 +54,9 @@ impl Backlog {
     }
 
     /// Calls waiting in every line.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.lines.lock().values().map(VecDeque::len).sum()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 
@@ -123,6 +120,6 @@ mod tests {
         assert!(back.is_first() && !b.is_first(), "sent back unstarted: ahead of those after it");
         assert_eq!(backlog.len(), 3);
         drop((back, b, other));
-        assert!(backlog.is_empty());
+        assert_eq!(backlog.len(), 0);
     }
 }

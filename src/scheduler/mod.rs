@@ -188,11 +188,6 @@ impl Dispatcher {
         tokio::spawn(async move { dispatcher.dispatch(run).await });
     }
 
-    /// Queued calls waiting for an invoker with room.
-    pub fn backlog(&self) -> usize {
-        self.backlog.len()
-    }
-
     async fn dispatch(self: &Arc<Self>, mut run: RunJob) {
         let action = &run.action;
         let revision = cluster_revision(&self.id, action.revision, action.updated);

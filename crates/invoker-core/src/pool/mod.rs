@@ -137,6 +137,12 @@ impl KeyState {
         self.cap.is_none_or(|cap| self.running < cap)
     }
 
+    /// A container of the key that takes a job now: the most loaded that has room, else the
+    /// idle one used last.
+    fn take_free(&mut self, containers: &Slab<Container>) -> Option<ContainerId> {
+        self.partial.last().map(|&(_, c)| c).or_else(|| self.idle.pop(|id, seq| containers.has_mark(&id, seq)))
+    }
+
     /// The waiting jobs it may run as soon as they have a container: all of them, or those
     /// its cap leaves room for.
     fn runnable(&self) -> usize {
@@ -479,13 +485,7 @@ impl PoolCore {
         key.cap = job.max_running.map(|cap| cap.max(1));
         key.tenant = job.tenant;
         key.activations = key.activations.saturating_add(1);
-        let containers = &self.containers;
-        let free = match key.below_cap() {
-            true => {
-                key.partial.last().map(|&(_, c)| c).or_else(|| key.idle.pop(|id, seq| containers.has_mark(&id, seq)))
-            }
-            false => None,
-        };
+        let free = if key.below_cap() { key.take_free(&self.containers) } else { None };
         if let Some(container) = free {
             self.dispatch(container, job.id, now, fx);
             self.settle(container, now);
@@ -731,9 +731,8 @@ impl PoolCore {
             self.claim = None;
             return;
         }
-        let held = self.tenants_held();
+        let (held, share) = self.tenant_shares();
         let tenant_mb = |key: &KeyState| held.get(&key.tenant).copied().unwrap_or(0);
-        let share = self.nodes.total_capacity_mb() / (held.len() as u64).max(1);
         let someone_over = held.values().any(|&mb| mb > share);
         // The claim stands while its key still waits for room, unless a key whose tenant holds
         // less (or, of the same tenant, with fewer containers) may take it over.
@@ -768,14 +767,15 @@ impl PoolCore {
     }
 
     /// The memory each tenant's containers hold, of the tenants with containers or waiting
-    /// jobs (those the pool is shared between). A scan of the keys: only while some wait for
-    /// room, once a tick.
-    fn tenants_held(&self) -> FxHashMap<TenantId, u64> {
+    /// jobs (those the pool is shared between), and an equal share of the pool's memory. A scan
+    /// of the keys: only while some wait for room.
+    fn tenant_shares(&self) -> (FxHashMap<TenantId, u64>, u64) {
         let mut held: FxHashMap<TenantId, u64> = FxHashMap::default();
         for key in self.keys.values().filter(|k| k.containers > 0 || k.waiting_live > 0) {
             *held.entry(key.tenant).or_default() += u64::from(key.containers) * u64::from(key.memory_mb);
         }
-        held
+        let share = self.nodes.total_capacity_mb() / (held.len() as u64).max(1);
+        (held, share)
     }
 
     /// The node other keys than `key_id` must leave alone, if a key has claimed one.
@@ -999,11 +999,7 @@ impl PoolCore {
                 Owner::Key(owner) => self.keys.get(&owner).map(|k| k.tenant).filter(|&t| t != tenant),
                 Owner::Stem(_) => None,
             } {
-                let (held, share) = shares.get_or_insert_with(|| {
-                    let held = self.tenants_held();
-                    let share = self.nodes.total_capacity_mb() / (held.len() as u64).max(1);
-                    (held, share)
-                });
+                let (held, share) = shares.get_or_insert_with(|| self.tenant_shares());
                 let of = |t: TenantId| held.get(&t).copied().unwrap_or(0);
                 if of(tenant) >= *share && of(owner) < *share {
                     continue;
@@ -1076,10 +1072,7 @@ impl PoolCore {
             if key.cap.is_none() || key.waiting_live == 0 || !key.below_cap() {
                 return;
             }
-            let containers = &self.containers;
-            let free =
-                key.partial.last().map(|&(_, c)| c).or_else(|| key.idle.pop(|id, seq| containers.has_mark(&id, seq)));
-            let Some(container) = free else { return self.maybe_start(key_id, now, fx) };
+            let Some(container) = key.take_free(&self.containers) else { return self.maybe_start(key_id, now, fx) };
             let Some(job) = self.pop_waiting(key_id) else { return };
             self.dispatch(container, job, now, fx);
             self.settle(container, now);
