@@ -153,8 +153,12 @@ impl InvokerApp {
         );
         let service = ActivationService::new(store.clone(), pool.clone(), metrics, config.limits.namespace_concurrent)
             .named(&config.invoker_id)
-            .with_queue(queue_settings(&config));
+            .with_queue(queue_settings(&config))
+            .with_namespace_provisioned(config.limits.namespace_provisioned);
         service.run_retries();
+        if let Err(e) = service.provision_stored().await {
+            tracing::warn!("the actions' provisioned containers could not be read: {e}");
+        }
         // What an earlier run left: those that started end (and are retried by their policy),
         // those never started run now, oldest first.
         for call in recovered.interrupted {

@@ -4,6 +4,7 @@
 //! of how an accepted activation ends.
 
 pub mod job;
+mod provisioning;
 pub mod queue;
 pub mod reservations;
 pub mod slot;
@@ -120,6 +121,8 @@ pub struct ActivationService {
     namespace_limit: u32,
     /// What each namespace's actions keep of its limit for themselves.
     reservations: reservations::Reservations,
+    /// Provisioned containers each namespace's actions may keep in all.
+    namespace_provisioned: u32,
     draining: Arc<std::sync::atomic::AtomicBool>,
     /// Who runs the activations here, on their spans (the invoker's or the scheduler's id).
     process: Arc<str>,
@@ -172,6 +175,7 @@ impl ActivationService {
             in_flight: NamespaceSlots::default(),
             namespace_limit,
             reservations: reservations::Reservations::default(),
+            namespace_provisioned: 0,
             draining: Arc::default(),
             process: Arc::from(""),
             queue: None,
@@ -251,10 +255,13 @@ impl ActivationService {
     /// of another revision runs anything again, and the idle ones are removed now, here or (a
     /// scheduler) on every invoker.
     pub async fn retire_action(&self, namespace: &str, name: &str, kept: Option<&crate::model::Action>) {
-        self.reservations.set(namespace, name, kept.and_then(|a| a.reserved_concurrency()));
+        self.reservations.set(namespace, name, kept.map(reservations::Kept::of));
         match &self.runner {
             Runner::Pool(pool) => pool.retire_action(namespace, name, kept.map(|a| a.revision)).await,
             Runner::Cluster(dispatcher) => dispatcher.retire_action(namespace, name, kept).await,
+        }
+        if let Some(action) = kept {
+            self.provision_saved(action).await;
         }
     }
 
@@ -292,19 +299,20 @@ impl ActivationService {
     /// What the actions of `namespace` reserve in all (read from the store the first time).
     async fn reserved_in(&self, namespace: &str) -> Result<u32, IntakeError> {
         if let Some(total) = self.reservations.total(namespace) {
-            return Ok(total);
+            return Ok(total.reserved);
         }
         self.read_reservations(namespace).await?;
-        Ok(self.reservations.total(namespace).unwrap_or(0))
+        Ok(self.reservations.total(namespace).unwrap_or_default().reserved)
     }
 
-    /// What the actions of `namespace` other than `name` reserve: what `name` may reserve at
-    /// most is the namespace's limit less this.
-    pub async fn reserved_by_others(&self, namespace: &str, name: &str) -> Result<u32, IntakeError> {
+    /// What the actions of `namespace` other than `name` keep: what `name` may reserve at most
+    /// is the namespace's limit less what they reserve, and what it may provision
+    /// `limits.namespace_provisioned` less what they provision.
+    pub async fn kept_by_others(&self, namespace: &str, name: &str) -> Result<reservations::Kept, IntakeError> {
         if self.reservations.total(namespace).is_none() {
             self.read_reservations(namespace).await?;
         }
-        Ok(self.reservations.others(namespace, name).unwrap_or(0))
+        Ok(self.reservations.others(namespace, name).unwrap_or_default())
     }
 
     /// The namespace's limit on its blocking calls in flight (`limits.namespace_concurrent`).
@@ -318,9 +326,8 @@ impl ActivationService {
             tokio::task::spawn_blocking(move || store.list_actions(&ns, 0, usize::MAX)).await.map_err(|e| {
                 StoreError::Io { what: format!("reading {namespace}'s actions"), source: std::io::Error::other(e) }
             })??;
-        let reserved =
-            actions.into_iter().filter_map(|a| Some((a.name.clone(), a.reserved_concurrency()?))).collect::<Vec<_>>();
-        self.reservations.read(namespace, reserved);
+        let kept = actions.into_iter().map(|a| (a.name.clone(), reservations::Kept::of(&a))).collect::<Vec<_>>();
+        self.reservations.read(namespace, kept);
         Ok(())
     }
 

@@ -155,6 +155,7 @@ fn check_queue_policy(annotations: &[KeyValue]) -> Result<(), String> {
         (crate::model::MAX_EVENT_AGE, crate::config::EVENT_AGE_MIN.as_secs(), crate::config::EVENT_AGE_MAX.as_secs()),
         (crate::model::MAX_CONCURRENCY, 1, crate::model::MAX_CONCURRENCY_MAX),
         (crate::model::RESERVED_CONCURRENCY, 1, crate::model::MAX_CONCURRENCY_MAX),
+        (crate::model::PROVISIONED_CONCURRENCY, 1, crate::model::MAX_CONCURRENCY_MAX),
     ];
     for (key, lo, hi) in bounds {
         let Some(value) = annotations.iter().find(|a| a.key == key).map(|a| &a.value) else { continue };
@@ -172,16 +173,39 @@ fn check_queue_policy(annotations: &[KeyValue]) -> Result<(), String> {
 }
 
 /// An action's `reserved-concurrency` with its namespace's other reservations stays within
-/// the namespace's limit (checked at each save: two saves at once may each pass alone).
-async fn check_reservation(state: &AppState, action: &Action) -> Result<(), ApiError> {
-    let Some(reserved) = action.reserved_concurrency() else { return Ok(()) };
-    let others = state.service.reserved_by_others(&action.namespace, &action.name).await?;
+/// the namespace's limit, and its `provisioned-concurrency` within its cap and, with the
+/// namespace's other provisioned containers, within `limits.namespace_provisioned` (checked at
+/// each save: two saves at once may each pass alone; what is provisioned is bounded again
+/// when it is applied).
+async fn check_kept(state: &AppState, action: &Action) -> Result<(), ApiError> {
+    let (reserved, provisioned) = (action.reserved_concurrency(), action.provisioned_concurrency());
+    if reserved.is_none() && provisioned.is_none() {
+        return Ok(());
+    }
+    let others = state.service.kept_by_others(&action.namespace, &action.name).await?;
     let limit = state.service.namespace_limit();
-    if others.saturating_add(reserved) > limit {
+    if let Some(reserved) = reserved.filter(|r| others.reserved.saturating_add(*r) > limit) {
         return Err(ApiError::BadRequest(format!(
-            "annotations.{}: {reserved} with the {others} the namespace's other actions reserve is more than \
+            "annotations.{}: {reserved} with the {} the namespace's other actions reserve is more than \
              limits.namespace_concurrent ({limit})",
-            crate::model::RESERVED_CONCURRENCY
+            crate::model::RESERVED_CONCURRENCY,
+            others.reserved
+        )));
+    }
+    let Some(provisioned) = provisioned else { return Ok(()) };
+    let key = crate::model::PROVISIONED_CONCURRENCY;
+    if let Some(cap) = action.max_concurrency().filter(|cap| provisioned > *cap) {
+        return Err(ApiError::BadRequest(format!(
+            "annotations.{key}: {provisioned} is more than the action may run at once ({cap}, its \
+             max-concurrency or reserved-concurrency)"
+        )));
+    }
+    let bound = state.config.limits.namespace_provisioned;
+    if others.provisioned.saturating_add(provisioned) > bound {
+        return Err(ApiError::BadRequest(format!(
+            "annotations.{key}: {provisioned} with the {} the namespace's other actions keep is more than \
+             limits.namespace_provisioned ({bound})",
+            others.provisioned
         )));
     }
     Ok(())
@@ -296,7 +320,7 @@ pub(super) async fn put(state: &AppState, call: &Call, ns: &str, name: &str) -> 
     let overwrite = flag("overwrite", &call.query::<PutQuery>()?.overwrite)?;
     let put: ActionPut = super::call::parse_body(&call.body)?;
     let action = validate_action(&state.config, put, &ns, name)?;
-    check_reservation(state, &action).await?;
+    check_kept(state, &action).await?;
     let store = state.service.store().clone();
     let saved = blocking(move || store.put_action(action, overwrite)).await??;
     state.service.retire_action(&saved.namespace, &saved.name, Some(&saved)).await;

@@ -28,6 +28,9 @@ pub struct LimitsConfig {
     pub archive_unpacked_max_mb: u32,
     /// Activations one namespace may have in flight; more get 429.
     pub namespace_concurrent: u32,
+    /// Provisioned containers one namespace's actions may keep in all (their
+    /// `provisioned-concurrency`); 0 allows none.
+    pub namespace_provisioned: u32,
     /// How long a blocking invoke waits before answering 202 (OpenWhisk: 60 s).
     #[serde(with = "humantime_serde")]
     pub blocking_wait: Duration,
@@ -53,6 +56,7 @@ impl Default for LimitsConfig {
             code_max_bytes: 48 * 1024 * 1024,
             archive_unpacked_max_mb: 256,
             namespace_concurrent: 100,
+            namespace_provisioned: 10,
             blocking_wait: Duration::from_secs(60),
         }
     }

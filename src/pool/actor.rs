@@ -2,7 +2,7 @@
 //! the effects it returns: starting proxies, handing them jobs, answering rejected jobs.
 
 use super::live;
-use super::status::{CappedAction, ContainerSummary, PoolSnapshot, PoolStatus, WarmContainers};
+use super::status::{CappedAction, ContainerSummary, PoolSnapshot, PoolStatus, ProvisionedAction, WarmContainers};
 use crate::activation::job::RunJob;
 use crate::config::{PoolConfig, ProxyConfig, RuntimeProtocol};
 use crate::factory::{ContainerFactory, ContainerSpec, Epoch, Factory};
@@ -13,7 +13,7 @@ use crate::telemetry::TARGET;
 use actix::prelude::*;
 use invoker_core::pool::{
     ContainerId, ContainerState, ContainerView, CoreConfig, CreateFailure, Effect, Event, Job, JobId, KeyId, NodeId,
-    NodeStatsUpdate, Owner, PoolCore, PoolCounts, RejectReason, StemId, TenantId, Time,
+    NodeStatsUpdate, Owner, PoolCore, PoolCounts, Provision, RejectReason, StemId, TenantId, Time,
 };
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -50,6 +50,15 @@ struct RetireAction {
     namespace: String,
     name: String,
     keep: Option<u64>,
+}
+
+/// Keep `count` containers of `action` (this revision) created and initialised at all times;
+/// zero keeps none.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct ProvisionAction {
+    action: Arc<Action>,
+    count: u32,
 }
 
 /// Stop taking work; answers when every container is gone.
@@ -257,7 +266,7 @@ impl ContainerPool {
         }
         for effect in effects {
             match effect {
-                Effect::Create { container, owner, memory_mb, node, prewarm } => {
+                Effect::Create { container, owner, memory_mb, node, prewarm, provisioned } => {
                     let (kind, disk_mb, action_path, function) = match owner {
                         Owner::Key(key) => {
                             let action = &self.key_actions[&key].action;
@@ -289,8 +298,12 @@ impl ContainerPool {
                         }
                         _ => None,
                     };
-                    let creating = create_span(for_job, &spec, &node, self.factory.name(), prewarmed);
-                    let proxy = ContainerProxy::new(spec, node, proxy_ctx, prewarmed, creating).start();
+                    let creating = create_span(for_job, &spec, &node, self.factory.name(), prewarmed || provisioned);
+                    let mut proxy = ContainerProxy::new(spec, node, proxy_ctx, prewarmed, creating);
+                    if let (true, Owner::Key(key)) = (provisioned, owner) {
+                        proxy = proxy.initialised_ahead(self.key_actions[&key].action.clone());
+                    }
+                    let proxy = proxy.start();
                     self.proxies.insert(container, proxy);
                 }
                 // Messages to a proxy are bounded by the core, not by the proxy's mailbox: a
@@ -556,6 +569,8 @@ impl Handler<ProxyReport> for ContainerPool {
                 (self.create_failures_in_a_row, self.create_refusals_in_a_row) = match failure {
                     None => (0, 0),
                     Some(CreateFailure::Refused) => (failures, refusals.saturating_add(1)),
+                    // The action's fault (a provisioned container's `/init`), not the invoker's.
+                    Some(CreateFailure::InitFailed) => (failures, refusals),
                     Some(_) => (failures.saturating_add(1), refusals),
                 };
                 Event::Started { container, failure, at }
@@ -604,6 +619,23 @@ impl Handler<RetireAction> for ContainerPool {
         }
         for key in keys {
             self.apply(Event::Retire(key), ctx);
+        }
+    }
+}
+
+impl Handler<ProvisionAction> for ContainerPool {
+    type Result = ();
+
+    fn handle(&mut self, ProvisionAction { action, count }: ProvisionAction, ctx: &mut Context<Self>) {
+        let concurrency = self.runs_at_once(&action);
+        let (key, _, tenant) = self.intern(&action, concurrency);
+        let memory_mb = action.limits.memory;
+        let max_running = action.max_concurrency();
+        let provision = Provision { key, count, memory_mb, concurrency, max_running, tenant };
+        tracing::info!(action = %action.path(), revision = action.revision, count, "provisioned containers");
+        self.apply(Event::Provision(provision), ctx);
+        if !self.core.has_key(key) {
+            self.forget_keys([key]);
         }
     }
 }
@@ -687,7 +719,18 @@ impl Handler<Snapshot> for ContainerPool {
                 Some(CappedAction { action, revision: entry.action.revision, cap, running, waiting })
             })
             .collect();
-        MessageResult(PoolSnapshot { status: self.status(), containers: self.summaries(|_| true), capped })
+        let provisioned = self
+            .core
+            .provisioned_keys()
+            .filter_map(|(key, count, up)| {
+                let entry = self.key_actions.get(&key)?;
+                let action = format!("{}/{}", entry.action.namespace, entry.action.name);
+                let in_use = self.core.key_running(key);
+                Some(ProvisionedAction { action, revision: entry.action.revision, count, up, in_use })
+            })
+            .collect();
+        let containers = self.summaries(|_| true);
+        MessageResult(PoolSnapshot { status: self.status(), containers, capped, provisioned })
     }
 }
 
@@ -802,6 +845,12 @@ impl PoolHandle {
     pub async fn retire_action(&self, namespace: &str, name: &str, keep: Option<u64>) {
         let retire = RetireAction { namespace: namespace.to_string(), name: name.to_string(), keep };
         let _ = self.addr.send(retire).await;
+    }
+
+    /// Keeps `count` containers of `action` (its revision) created and initialised at all
+    /// times, here; zero keeps none. Its older revisions keep nothing once retired.
+    pub async fn provision(&self, action: Arc<Action>, count: u32) {
+        let _ = self.addr.send(ProvisionAction { action, count }).await;
     }
 
     pub async fn drain(&self) {

@@ -45,6 +45,21 @@ pub struct PoolSnapshot {
     pub containers: Vec<ContainerSummary>,
     /// The actions with a cap (`max-concurrency`, `reserved-concurrency`) the pool holds now.
     pub capped: Vec<CappedAction>,
+    /// The actions that keep provisioned containers here (`provisioned-concurrency`).
+    pub provisioned: Vec<ProvisionedAction>,
+}
+
+/// An action's provisioned containers, as the pool keeps them now.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ProvisionedAction {
+    pub action: String,
+    pub revision: u64,
+    /// How many it keeps...
+    pub count: u32,
+    /// ...how many are created (or being created and initialised)...
+    pub up: u32,
+    /// ...and the action's runs now, on them or on its other containers.
+    pub in_use: u32,
 }
 
 /// An action with a cap, as the pool holds it now.

@@ -15,7 +15,7 @@ mod record;
 use crate::activation::job::RunJob;
 use crate::config::{ProxyConfig, RuntimeProtocol};
 use crate::factory::{ContainerFactory, ContainerHandle, ContainerSpec, Factory};
-use crate::model::{epoch_ms, Outcome, Rejection, StartKind};
+use crate::model::{epoch_ms, Action, Outcome, Rejection, StartKind};
 use crate::telemetry;
 use actix::prelude::*;
 pub use discard::DiscardLog;
@@ -118,8 +118,11 @@ pub struct ContainerProxy {
     /// Started as a prewarm (stem) container: its first run is a prewarm start, whose path
     /// held no container creation.
     prewarmed: bool,
-    /// The creation's span, until the factory answers.
+    /// The creation's span, until the factory answers (and the runtime holds the code, for a
+    /// container initialised ahead).
     creating: Span,
+    /// The action a provisioned container is initialised with as it is created.
+    ahead: Option<Arc<Action>>,
 }
 
 /// The container once the factory made it: its handle, and the client of its runtime.
@@ -146,7 +149,16 @@ impl ContainerProxy {
             resume_failure: String::new(),
             prewarmed,
             creating,
+            ahead: None,
         }
+    }
+
+    /// A provisioned container of `action`: created and initialised before the pool hears it
+    /// started, so that every run of it is warm.
+    pub fn initialised_ahead(mut self, action: Arc<Action>) -> Self {
+        self.core = ProxyCore::initialised_ahead(self.protocol.initialises());
+        self.ahead = Some(action);
+        self
     }
 
     pub fn state(&self) -> ProxyState {
@@ -165,6 +177,7 @@ impl ContainerProxy {
         for effect in self.core.handle(event) {
             match effect {
                 Effect::Init { with } => self.start_init(with, ctx),
+                Effect::InitAhead => self.init_ahead(ctx),
                 Effect::Run { job, first } => self.start_run(job, first, ctx),
                 Effect::Fail { job, cause, first } => self.fail_run(job, cause, first, ctx),
                 Effect::Pause => self.pause(ctx),
@@ -203,6 +216,32 @@ impl ContainerProxy {
                 }
             };
             drop(span);
+            act.apply(Event::InitAnswered { ok }, ctx);
+        }));
+    }
+
+    /// Initialises a provisioned container with its action before any run. A failure is logged
+    /// as every discarded container's is, and the pool hears that the start failed once the
+    /// container is destroyed.
+    fn init_ahead(&mut self, ctx: &mut Context<Self>) {
+        let (Some(created), Some(action)) = (&self.created, &self.ahead) else { return };
+        let (runtime, action) = (created.runtime.clone(), action.clone());
+        let (api_host, timeout) = (self.ctx.api_host.clone(), self.ctx.config.init_timeout);
+        let span = tracing::info_span!(parent: &self.creating, "init", container = self.spec.id.0);
+        let began = Instant::now();
+        let fut = async move { runtime.init(&action, &api_host, timeout).await };
+        ctx.spawn(fut.into_actor(self).map(move |answer, act, ctx| {
+            act.init_ms = Some(began.elapsed().as_millis() as u64);
+            let ok = match answer {
+                Ok(()) => true,
+                Err(failed) => {
+                    let failure = act.interpret_init_failure(failed);
+                    telemetry::failed(&span, failure.result["error"].as_str().unwrap_or("init failed"));
+                    false
+                }
+            };
+            drop(span);
+            act.creating = Span::none();
             act.apply(Event::InitAnswered { ok }, ctx);
         }));
     }
@@ -512,7 +551,9 @@ impl Actor for ContainerProxy {
             if let Err(reason) = &created {
                 telemetry::failed(&act.creating, &reason.to_string());
             }
-            act.creating = Span::none();
+            if created.is_err() || act.ahead.is_none() {
+                act.creating = Span::none();
+            }
             let failure = match created {
                 Ok(handle) => {
                     let runtime =

@@ -178,6 +178,9 @@ pub trait Store: Send + Sync + 'static {
     fn put_action(&self, action: Action, overwrite: bool) -> Result<Action, StoreError>;
     fn get_action(&self, namespace: &str, name: &str) -> Result<Option<Arc<Action>>, StoreError>;
     fn list_actions(&self, namespace: &str, skip: usize, limit: usize) -> Result<Vec<Action>, StoreError>;
+    /// Every action of every namespace that `keep` keeps: read once, at a start (the actions
+    /// that keep provisioned containers).
+    fn find_actions(&self, keep: &dyn Fn(&Action) -> bool) -> Result<Vec<Action>, StoreError>;
     fn delete_action(&self, namespace: &str, name: &str) -> Result<Option<Action>, StoreError>;
 
     /// Records an activation as accepted, unless its id was seen before (in any namespace:

@@ -820,6 +820,10 @@ impl Store for JournaledStore {
         self.inner.db.list_actions(namespace, skip, limit).map_err(|e| self.inner.troubled(e))
     }
 
+    fn find_actions(&self, keep: &dyn Fn(&Action) -> bool) -> Result<Vec<Action>, StoreError> {
+        self.inner.db.find_actions(keep).map_err(|e| self.inner.troubled(e))
+    }
+
     fn delete_action(&self, namespace: &str, name: &str) -> Result<Option<Action>, StoreError> {
         let inner = &self.inner;
         let deleted = inner.db.delete_action(namespace, name).map_err(|e| inner.troubled(e))?;

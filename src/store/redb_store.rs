@@ -378,6 +378,22 @@ impl Store for RedbStore {
         })
     }
 
+    fn find_actions(&self, keep: &dyn Fn(&Action) -> bool) -> Result<Vec<Action>, StoreError> {
+        self.run(|db| {
+            let txn = db.begin_read().map_err(db_err)?;
+            let table = txn.open_table(ACTIONS).map_err(db_err)?;
+            let mut actions = Vec::new();
+            for entry in table.iter().map_err(db_err)? {
+                let (k, v) = entry.map_err(db_err)?;
+                let action = decode(k.value(), v.value())?;
+                if keep(&action) {
+                    actions.push(action);
+                }
+            }
+            Ok(actions)
+        })
+    }
+
     fn delete_action(&self, namespace: &str, name: &str) -> Result<Option<Action>, StoreError> {
         self.run(|db| {
             let key = action_key(namespace, name);

@@ -136,6 +136,12 @@ impl Action {
         self.positive_annotation(RESERVED_CONCURRENCY)
     }
 
+    /// The containers of the action kept created and initialised at all times
+    /// ([`PROVISIONED_CONCURRENCY`]).
+    pub fn provisioned_concurrency(&self) -> Option<u32> {
+        self.positive_annotation(PROVISIONED_CONCURRENCY)
+    }
+
     fn positive_annotation(&self, key: &str) -> Option<u32> {
         let value = self.annotations.iter().find(|a| a.key == key)?.value.as_u64()?;
         u32::try_from(value).ok().filter(|&v| v > 0)
@@ -374,6 +380,7 @@ impl Rejection {
                     }
                     CreateFailure::NotReady => "its runtime did not become ready in time",
                     CreateFailure::Failed => "it failed to start",
+                    CreateFailure::InitFailed => "the action failed to initialise in it",
                 };
                 format!("the action's container could not be created: {why}; nothing ran")
             }
@@ -491,6 +498,11 @@ pub const MAX_CONCURRENCY_MAX: u64 = 10_000;
 /// An action's annotation: activations of its namespace's limit kept for it alone, which also
 /// caps it (Lambda's reserved concurrency), as `wsk action update a -a reserved-concurrency 10`.
 pub const RESERVED_CONCURRENCY: &str = "reserved-concurrency";
+/// An action's annotation: containers of it kept created and initialised at all times, so that
+/// its calls find them warm (Lambda's provisioned concurrency), as
+/// `wsk action update a -a provisioned-concurrency 5` sets it; within its namespace's
+/// `limits.namespace_provisioned`.
+pub const PROVISIONED_CONCURRENCY: &str = "provisioned-concurrency";
 /// A retry's record: the activation id of the call's first attempt.
 pub const RETRY_OF: &str = "retryOf";
 /// A retry's record: which attempt it is (2 or 3).

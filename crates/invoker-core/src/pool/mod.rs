@@ -13,6 +13,9 @@ mod keep_alive;
 mod nodes;
 #[cfg(test)]
 mod proptests;
+mod provisioned;
+#[cfg(test)]
+mod provisioned_tests;
 mod slab;
 mod stems;
 #[cfg(test)]
@@ -125,11 +128,12 @@ struct KeyState {
     running: u32,
     cap: Option<u32>,
     tenant: TenantId,
+    provisioned: provisioned::Provisioned,
 }
 
 impl KeyState {
     fn is_empty(&self) -> bool {
-        self.containers == 0 && self.waiting_live == 0 && !self.blocked
+        self.containers == 0 && self.waiting_live == 0 && !self.blocked && !self.provisions()
     }
 
     /// Whether it may run one more job now.
@@ -151,6 +155,17 @@ impl KeyState {
             None => self.waiting_live,
         }
     }
+}
+
+/// Why a container is started for a key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ahead {
+    /// For its waiting jobs.
+    No,
+    /// Ahead of a call the keep-alive policy predicts.
+    Predicted,
+    /// One of its provisioned containers.
+    Provisioned,
 }
 
 /// A node kept for a key that waited too long for room (see `CoreConfig::claim_after`).
@@ -265,6 +280,9 @@ pub struct PoolCore {
     prewarms_started: u64,
     /// Pre-warms that found no room and asked for evictions: tried once more at the next tick.
     prewarm_retries: Vec<KeyId>,
+    /// Keys short of their provisioned containers, each with whether it waits for room (rather
+    /// than a backoff): tried again at every tick and stats update.
+    provisioning: std::collections::BTreeMap<KeyId, bool>,
 }
 
 impl PoolCore {
@@ -301,6 +319,7 @@ impl PoolCore {
             evictions: 0,
             prewarms_started: 0,
             prewarm_retries: Vec::new(),
+            provisioning: Default::default(),
         }
     }
 
@@ -317,12 +336,15 @@ impl PoolCore {
             Event::Removed(container) => self.on_removed(container, now, &mut fx),
             Event::NodeStats(update) => {
                 self.nodes.update(update, now);
+                // Provisioned starts first: a blocked key's jobs count its provisioned starts.
+                self.provision_wanting(now, &mut fx);
                 self.retry_blocked(now, &mut fx);
                 self.replenish_stems(now, &mut fx);
             }
             Event::Tick => self.on_tick(now, &mut fx),
             Event::Drain => self.on_drain(now, &mut fx),
             Event::Retire(key) => self.on_retire(key, now, &mut fx),
+            Event::Provision(provision) => self.on_provision(provision, now, &mut fx),
         }
         fx
     }
@@ -453,6 +475,11 @@ impl PoolCore {
         std::mem::take(&mut self.forgotten)
     }
 
+    /// Jobs, or provisioned containers, wait for room: nothing is started ahead of a call.
+    fn room_wanted(&self) -> bool {
+        !self.blocked.is_empty() || self.provisions_want_room()
+    }
+
     /// True when some action's jobs wait for room (or a start slot) on the nodes: O(1), for a
     /// factory that asks its cluster for resources only on demand.
     pub fn waiting_for_room(&self) -> bool {
@@ -520,6 +547,13 @@ impl PoolCore {
         };
         let (node, memory_mb) = (c.node.clone(), c.memory_mb);
         self.nodes.start_finished(&node);
+        if self.keys.get(&key_id).is_some_and(|k| k.provisioned.holds(id)) {
+            match failure {
+                Some(_) => self.provisioned_gone(key_id, id, true, now),
+                None => self.provisioned_started(key_id, id),
+            }
+        }
+        let c = self.containers.get_mut(&id).expect("checked above");
         let key = self.keys.get_mut(&key_id).expect("a container's key exists");
         key.starting -= 1;
         if let Some(failure) = failure {
@@ -575,6 +609,7 @@ impl PoolCore {
             claim.node == c.node
                 && c.owner != Owner::Key(claim.key)
                 && !c.retiring
+                && !matches!(c.owner, Owner::Key(k) if self.keys.get(&k).is_some_and(|k| k.provisioned.holds(id)))
                 && self.keys.get(&claim.key).is_some_and(|k| {
                     k.waiting_live > 0 && !self.nodes.fits_after_freeing(&claim.node, k.memory_mb, 0, now)
                 })
@@ -614,6 +649,11 @@ impl PoolCore {
         }
         for (job, _) in c.running {
             fx.push(Effect::Reject { job, reason: RejectReason::ContainerLost });
+        }
+        if let Owner::Key(key_id) = c.owner {
+            if self.keys.get(&key_id).is_some_and(|k| k.provisioned.holds(id)) {
+                self.provisioned_gone(key_id, id, false, now);
+            }
         }
         if c.phase == Phase::Starting {
             self.nodes.start_finished(&c.node);
@@ -694,6 +734,7 @@ impl PoolCore {
             }
         }
         self.pause_due(now, fx);
+        self.provision_wanting(now, fx);
         self.update_claim(now);
         self.resize_stems(now, fx);
         self.replenish_stems(now, fx);
@@ -799,6 +840,10 @@ impl PoolCore {
             }
         }
         let mut idle: Vec<ContainerId> = self.idle_by_eviction_order().collect();
+        // Provisioned ones are idle outside the keep-alive policy's order.
+        let containers = &self.containers;
+        let provisioned = self.keys.values().flat_map(|k| k.provisioned.ids());
+        idle.extend(provisioned.filter(|id| containers.is_marked(id)));
         idle.extend(self.stems.take_all_ready());
         for id in idle {
             self.retire(id, now, fx);
@@ -813,6 +858,8 @@ impl PoolCore {
     fn on_retire(&mut self, key_id: KeyId, now: Time, fx: &mut Effects) {
         let Some(key) = self.keys.get_mut(&key_id) else { return };
         key.retired = true;
+        key.provisioned.target = 0;
+        self.provisioning.remove(&key_id);
         let owned: Vec<ContainerId> =
             self.containers.iter().filter(|(_, c)| c.owner == Owner::Key(key_id)).map(|(id, _)| id).collect();
         for id in owned {
@@ -865,7 +912,7 @@ impl PoolCore {
                     if self.claim.as_ref().is_some_and(|c| c.key == key_id) {
                         self.claim = None;
                     }
-                    self.create_for_key(key_id, node, now, false, fx);
+                    self.create_for_key(key_id, node, now, Ahead::No, fx);
                 }
                 Placement::StartsCapped => return self.block(key_id),
                 Placement::NoRoom => {
@@ -910,13 +957,13 @@ impl PoolCore {
         }
     }
 
-    /// A container of `key` on `node`; `prewarm`: ahead of a predicted call, for no job.
-    fn create_for_key(&mut self, key_id: KeyId, node: NodeId, now: Time, prewarm: bool, fx: &mut Effects) {
+    /// A container of `key` on `node`, for its waiting jobs or `ahead` of them.
+    fn create_for_key(&mut self, key_id: KeyId, node: NodeId, now: Time, ahead: Ahead, fx: &mut Effects) {
         let key = self.keys.get_mut(&key_id).expect("key exists");
         key.starting += 1;
         key.containers += 1;
         let memory_mb = key.memory_mb;
-        self.create(Owner::Key(key_id), memory_mb, node, now, prewarm, fx);
+        self.create(Owner::Key(key_id), memory_mb, node, now, ahead, fx);
     }
 
     /// Starts a container for `key` ahead of the call its keep-alive policy predicts (the policy
@@ -926,13 +973,13 @@ impl PoolCore {
     fn prewarm_key(&mut self, key_id: KeyId, first_try: bool, now: Time, fx: &mut Effects) {
         let Some(key) = self.keys.get(&key_id) else { return };
         let wanted =
-            !self.draining && !key.retired && self.blocked.is_empty() && key.waiting_live == 0 && key.memory_mb > 0;
+            !self.draining && !key.retired && !self.room_wanted() && key.waiting_live == 0 && key.memory_mb > 0;
         let memory_mb = key.memory_mb;
         if wanted {
             match self.nodes.place(memory_mb, now, self.claimed_against(Some(key_id))) {
                 Placement::On(node) => {
                     self.prewarms_started += 1;
-                    return self.create_for_key(key_id, node, now, true, fx);
+                    return self.create_for_key(key_id, node, now, Ahead::Predicted, fx);
                 }
                 Placement::NoRoom if first_try => {
                     self.make_room(key_id, memory_mb, now, fx);
@@ -951,9 +998,10 @@ impl PoolCore {
         memory_mb: u32,
         node: NodeId,
         now: Time,
-        prewarm: bool,
+        ahead: Ahead,
         fx: &mut Effects,
     ) -> ContainerId {
+        let provisioned = ahead == Ahead::Provisioned;
         let id = self.containers.insert(Container {
             owner,
             node: node.clone(),
@@ -967,7 +1015,11 @@ impl PoolCore {
         });
         self.starting_total += 1;
         self.nodes.reserve(&node, id, memory_mb);
-        fx.push(Effect::Create { container: id, owner, memory_mb, node, prewarm });
+        if let (Owner::Key(key), true) = (owner, provisioned) {
+            self.keys.get_mut(&key).expect("a container's key exists").provisioned.add(id);
+        }
+        let prewarm = ahead == Ahead::Predicted;
+        fx.push(Effect::Create { container: id, owner, memory_mb, node, prewarm, provisioned });
         id
     }
 
@@ -1152,6 +1204,13 @@ impl PoolCore {
             let containers = &self.containers;
             key.idle.push(seq, id, |id, seq| containers.has_mark(&id, seq));
             self.idle_total += 1;
+            let grace = self.config.pause_grace;
+            if !grace.is_zero() {
+                self.pauses.push_back((now + grace, id, seq));
+            }
+            if key.provisioned.holds(id) {
+                return; // kept whatever the keep-alive policy or its own idle bound would say
+            }
             let start_cost = key.start_time.get().or(self.start_time.get()).unwrap_or(UNKNOWN_START_COST);
             // A key's activations shared over its containers: the tenth container of a burst
             // is worth a tenth of the first, or a hot action's idle surplus would stay forever.
@@ -1166,10 +1225,6 @@ impl PoolCore {
                 start_cost,
                 fresh,
             });
-            let grace = self.config.pause_grace;
-            if !grace.is_zero() {
-                self.pauses.push_back((now + grace, id, seq));
-            }
             if let Some(bound) = key.idle_timeout {
                 self.own_expiries.insert((now + bound, id, seq));
             }
@@ -1205,7 +1260,13 @@ impl PoolCore {
         c.retiring = true;
         self.removing_total += 1;
         self.nodes.removing(&c.node, id, c.memory_mb, now);
+        let owner = c.owner;
         fx.push(Effect::Remove { container: id });
+        if let Owner::Key(key_id) = owner {
+            if self.keys.get(&key_id).is_some_and(|k| k.provisioned.holds(id)) {
+                self.provisioned_gone(key_id, id, false, now);
+            }
+        }
     }
 
     /// Forgets a key that holds nothing, so that the map stays as large as the live keys.

@@ -6,7 +6,10 @@
 //! while a warm container of its action is free; no action has more starts in flight than its
 //! waiting jobs need; a patient job is never refused for a full buffer, and never dispatched
 //! while a blocking job of its key waits; a capped key never runs more jobs than its cap, and
-//! below its cap none of its jobs waits beside a free container of it.
+//! below its cap none of its jobs waits beside a free container of it; a provisioned container
+//! goes only when its key lets it go (retired, its count lowered, the pool draining) or it
+//! failed, and once things settle every key keeps its provisioned containers wherever a node
+//! has room for them.
 
 use super::*;
 use proptest::prelude::*;
@@ -30,6 +33,7 @@ enum Op {
     Advance { ms: u64 },
     Drain,
     Retire { key: u32 },
+    Provision { key: u32, count: u32 },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -45,6 +49,7 @@ fn op() -> impl Strategy<Value = Op> {
         3 => (1u64..2_000).prop_map(|ms| Op::Advance { ms }),
         1 => Just(Op::Drain),
         1 => (0u32..6).prop_map(|key| Op::Retire { key }),
+        1 => (0u32..6, 0u32..3).prop_map(|(key, count)| Op::Provision { key, count }),
     ]
 }
 
@@ -79,6 +84,14 @@ struct World {
     /// The containers that ran an action after the last event, and the core's generation then.
     warm: Vec<ContainerId>,
     warm_generation: u64,
+    /// Each key's provisioned count as last said, and the containers created as provisioned.
+    provision: HashMap<KeyId, u32>,
+    provisioned: HashSet<ContainerId>,
+    /// Keys that may let provisioned containers go: retired, or their count lowered.
+    released: HashSet<KeyId>,
+    /// Containers a run left unusable.
+    unusable: HashSet<ContainerId>,
+    drained: bool,
 }
 
 impl World {
@@ -97,12 +110,17 @@ impl World {
                 );
             }
             match effect {
-                Effect::Create { container, owner, memory_mb, node, prewarm } => {
+                Effect::Create { container, owner, memory_mb, node, prewarm, provisioned } => {
                     prop_assert!(self.alive.insert(container, (node, memory_mb, owner)).is_none());
                     self.creating.push(container);
+                    if provisioned {
+                        prop_assert!(matches!(owner, Owner::Key(_)) && !prewarm, "a provisioned stem or pre-warm");
+                        self.provisioned.insert(container);
+                    }
                     match (owner, prewarm) {
                         // Started ahead of a predicted call: never while one of its jobs waits.
                         (Owner::Key(key), true) => prewarmed_keys.push(key),
+                        (Owner::Key(_), false) if provisioned => {}
                         (Owner::Key(key), false) => created_keys.push(key),
                         (Owner::Stem(_), _) => {}
                     }
@@ -138,6 +156,14 @@ impl World {
                     prop_assert!(self.ready.contains(&container), "remove of a container not started");
                     prop_assert!(!self.removing.contains(&container), "removed twice");
                     prop_assert!(!self.running.iter().any(|&(c, _)| c == container), "removing a busy container");
+                    if self.provisioned.contains(&container) {
+                        let Some((_, _, Owner::Key(key))) = self.alive.get(&container) else { unreachable!() };
+                        prop_assert!(
+                            self.drained || self.released.contains(key) || self.unusable.contains(&container),
+                            "a provisioned container of {:?} removed while its key keeps it",
+                            key
+                        );
+                    }
                     self.ready.remove(&container);
                     self.paused.remove(&container);
                     self.removing.push(container);
@@ -165,7 +191,11 @@ impl World {
         for key in created_keys {
             let (waiting, starting) = core.key_load(key);
             let concurrency = key_shape(key.0).1 as usize;
-            prop_assert!(starting as usize <= waiting.div_ceil(concurrency), "more starts than waiting jobs need");
+            // Its provisioned containers start whether or not jobs wait.
+            let mine = |c: &&ContainerId| self.provisioned.contains(c) && self.alive[c].2 == Owner::Key(key);
+            let provisioned = self.creating.iter().filter(mine).count();
+            let for_jobs = (starting as usize).saturating_sub(provisioned);
+            prop_assert!(for_jobs <= waiting.div_ceil(concurrency), "more starts than waiting jobs need");
         }
         for k in 0..6 {
             let (waiting, _) = core.key_load(KeyId(k));
@@ -256,6 +286,9 @@ impl World {
             Op::FinishRun { pick, reusable } if !self.running.is_empty() => {
                 let (container, job) = self.running.swap_remove(pick % self.running.len());
                 self.finished.insert(job);
+                if !reusable {
+                    self.unusable.insert(container);
+                }
                 self.apply(core, Event::Finished { container, job, reusable })?;
             }
             Op::FinishRemove { pick } if !self.removing.is_empty() => {
@@ -269,6 +302,7 @@ impl World {
                 let container = ready[pick % ready.len()];
                 let jobs: Vec<JobId> = self.running.iter().filter(|&&(c, _)| c == container).map(|&(_, j)| j).collect();
                 self.running.retain(|&(c, _)| c != container);
+                self.unusable.insert(container);
                 for job in jobs {
                     self.finished.insert(job);
                     self.apply(core, Event::Finished { container, job, reusable: false })?;
@@ -287,8 +321,24 @@ impl World {
                 self.now += Duration::from_millis(ms);
                 self.apply(core, Event::Tick)?;
             }
-            Op::Drain => self.apply(core, Event::Drain)?,
-            Op::Retire { key } => self.apply(core, Event::Retire(KeyId(key)))?,
+            Op::Drain => {
+                self.drained = true;
+                self.apply(core, Event::Drain)?
+            }
+            Op::Retire { key } => {
+                self.released.insert(KeyId(key));
+                self.apply(core, Event::Retire(KeyId(key)))?
+            }
+            Op::Provision { key, count } => {
+                let before = self.provision.insert(KeyId(key), count).unwrap_or(0);
+                if count < before {
+                    self.released.insert(KeyId(key));
+                }
+                let (memory_mb, concurrency) = key_shape(key);
+                let (max_running, tenant) = (key_cap(key), TenantId(key % 2));
+                let provision = Provision { key: KeyId(key), count, memory_mb, concurrency, max_running, tenant };
+                self.apply(core, Event::Provision(provision))?
+            }
             _ => {}
         }
         Ok(())
@@ -320,6 +370,59 @@ impl World {
             }
         }
         prop_assert!(false, "the pool never became quiet");
+        Ok(())
+    }
+
+    /// After a long quiet spell (every start and removal done, fresh stats): every key that
+    /// keeps provisioned containers has them, unless no node has room for one beside the
+    /// provisioned containers already there.
+    fn check_provisioned_kept(&mut self, core: &mut PoolCore) -> Result<(), TestCaseError> {
+        for _ in 0..40 {
+            self.now += Duration::from_secs(30);
+            for node in 0..NODES.len() {
+                let update = self.observe(node);
+                self.apply(core, Event::NodeStats(update))?;
+            }
+            self.apply(core, Event::Tick)?;
+            while let Some(c) = self.creating.pop() {
+                self.ready.insert(c);
+                self.apply(core, Event::Started { container: c, failure: None, at: self.now })?;
+            }
+            while let Some(c) = self.removing.pop() {
+                self.alive.remove(&c);
+                self.apply(core, Event::Removed(c))?;
+            }
+        }
+        if self.drained {
+            return Ok(());
+        }
+        let kept = |world: &World, key: KeyId| {
+            world.provisioned.iter().filter(|c| world.ready.contains(c) && world.alive[c].2 == Owner::Key(key)).count()
+        };
+        let mut provisioned_mb: HashMap<&str, u64> = HashMap::new();
+        for c in self.provisioned.iter().filter(|c| self.ready.contains(c)) {
+            let (node, memory_mb, _) = &self.alive[c];
+            *provisioned_mb.entry(NODES.iter().find(|(n, _)| *n == &*node.0).expect("a node").0).or_default() +=
+                u64::from(*memory_mb);
+        }
+        for (&key, &count) in &self.provision {
+            if self.released.contains(&key) || count == 0 {
+                continue;
+            }
+            let memory_mb = u64::from(key_shape(key.0).0);
+            let room = NODES.iter().any(|(name, capacity)| {
+                capacity - BUFFER_MB >= provisioned_mb.get(name).copied().unwrap_or(0) + memory_mb
+            });
+            let kept = kept(self, key);
+            prop_assert!(kept <= count as usize, "{:?} keeps {} provisioned, more than {}", key, kept, count);
+            prop_assert!(
+                kept == count as usize || !room,
+                "{:?} keeps {} of its {} provisioned with room",
+                key,
+                kept,
+                count
+            );
+        }
         Ok(())
     }
 }
@@ -373,6 +476,11 @@ proptest! {
             world.step(&mut core, op)?;
         }
         world.settle(&mut core)?;
+        if max_idle.is_some() || keep_alive != KeepAliveKind::GreedyDual {
+            // (Greedy-dual without a ceiling keeps idle containers until room is needed, and a
+            // tenant over its share may not take another's for it.)
+            world.check_provisioned_kept(&mut core)?;
+        }
         for job in &world.arrived {
             let answered = world.finished.contains(job) as u8 + world.rejected.contains(job) as u8;
             prop_assert_eq!(answered, 1, "job {:?} answered {} times", job, answered);

@@ -160,12 +160,13 @@ impl PoolCore {
     }
 
     /// Starts stem containers up to each class's target, while nodes have room and no key is
-    /// blocked waiting for room (prewarms never take resources from waiting work).
+    /// blocked waiting for room (prewarms never take resources from waiting work, or from
+    /// provisioned containers that wait for it).
     pub(super) fn replenish_stems(&mut self, now: Time, fx: &mut Effects) {
         for index in 0..self.stems.classes.len() {
             loop {
                 let class = &self.stems.classes[index];
-                if self.draining || !self.blocked.is_empty() {
+                if self.draining || self.room_wanted() {
                     return;
                 }
                 if class.ready.len() as u32 + class.starting >= class.target {
@@ -175,7 +176,7 @@ impl PoolCore {
                 let Placement::On(node) = self.nodes.place(memory_mb, now, self.claimed_against(None)) else { return };
                 self.stems.classes[index].starting += 1;
                 let stem = StemId(index as u32);
-                self.create(Owner::Stem(stem), memory_mb, node, now, false, fx);
+                self.create(Owner::Stem(stem), memory_mb, node, now, super::Ahead::No, fx);
             }
         }
     }

@@ -127,6 +127,21 @@ pub enum Event {
     /// The key's action is gone (deleted, or replaced by a newer revision): its idle containers
     /// go now, its busy ones once their runs end; jobs already waiting still run.
     Retire(KeyId),
+    /// Keep this many containers of the key created and initialised at all times (the
+    /// action's `provisioned-concurrency`); zero keeps none. Said again whenever it changes.
+    Provision(Provision),
+}
+
+/// An action's provisioned containers ([`Event::Provision`]): the key's shape (what its jobs
+/// would say of it) and how many to keep.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Provision {
+    pub key: KeyId,
+    pub count: u32,
+    pub memory_mb: u32,
+    pub concurrency: u32,
+    pub max_running: Option<u32>,
+    pub tenant: TenantId,
 }
 
 /// Why a container could not be had: different things to the user (what to fix, or to wait
@@ -144,6 +159,9 @@ pub enum CreateFailure {
     NotReady,
     /// Anything else (the runtime exited, the sandbox failed).
     Failed,
+    /// A container initialised as it is created (a provisioned one): its action's `/init`
+    /// failed. The action's fault, not the invoker's.
+    InitFailed,
 }
 
 /// Why a job was answered without running. Every one of these means nothing ran.
@@ -175,6 +193,9 @@ pub enum Effect {
         node: NodeId,
         /// Started ahead of a call the keep-alive policy predicts, for no waiting job.
         prewarm: bool,
+        /// One of its key's provisioned containers: initialised as it is created (before the
+        /// core hears it started), never expired or evicted, replaced when it goes.
+        provisioned: bool,
     },
     /// Comes right before the `Dispatch` of a job to a paused container: the job waits for
     /// the resume.

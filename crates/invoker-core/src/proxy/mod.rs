@@ -81,6 +81,9 @@ pub enum Effect {
     Init {
         with: JobId,
     },
+    /// Give the runtime the code of the action the container was created for, before any run
+    /// (a provisioned container): answered with `InitAnswered`.
+    InitAhead,
     /// Call the runtime with the run; `first`: the first run of this container (its start
     /// kind is cold or prewarm, not warm).
     Run {
@@ -130,6 +133,11 @@ pub struct ProxyCore {
     resume_wanted: bool,
     /// A run has been sent to the runtime.
     ran: bool,
+    /// Initialised as it is created, before the pool hears it started (a provisioned
+    /// container): no run of it pays for a start.
+    ahead: bool,
+    /// Its initialisation ahead failed: the pool hears the start failed once it is destroyed.
+    ahead_failed: bool,
 }
 
 impl Default for ProxyCore {
@@ -151,7 +159,15 @@ impl ProxyCore {
             parked: Vec::new(),
             resume_wanted: false,
             ran: false,
+            ahead: false,
+            ahead_failed: false,
         }
+    }
+
+    /// A provisioned container's: created and initialised (where its protocol initialises)
+    /// before the pool hears it started, so that its first run is as warm as any other.
+    pub fn initialised_ahead(initialises: bool) -> Self {
+        ProxyCore { ahead: true, ..ProxyCore::new(initialises) }
     }
 }
 
@@ -182,6 +198,9 @@ impl ProxyCore {
             Event::Gone => {} // its runs fail on their own, and retire it
             Event::Destroyed => {
                 self.state = ProxyState::Removed;
+                if self.ahead_failed {
+                    fx.push(Effect::ReportStarted { failure: Some(CreateFailure::InitFailed) });
+                }
                 fx.extend([Effect::ReportRemoved, Effect::Stop]);
             }
         }
@@ -192,6 +211,19 @@ impl ProxyCore {
         if self.state != ProxyState::Starting {
             return;
         }
+        if self.ahead && self.init == Init::InProgress {
+            return; // told twice: the first is being initialised
+        }
+        if failure.is_none() && self.ahead && self.init == Init::NotYet {
+            // Still starting, as the pool sees it, until the runtime holds the code.
+            self.init = Init::InProgress;
+            fx.push(Effect::InitAhead);
+            return;
+        }
+        self.report_started(failure, fx);
+    }
+
+    fn report_started(&mut self, failure: Option<CreateFailure>, fx: &mut Effects) {
         fx.push(Effect::ReportStarted { failure });
         if failure.is_some() {
             // Nothing to destroy; the pool holds the container until it hears it is gone.
@@ -220,7 +252,7 @@ impl ProxyCore {
                 self.resume(fx);
             }
             ProxyState::Removing | ProxyState::Removed => {
-                fx.push(Effect::Fail { job, cause: FailCause::Removed, first: !self.ran });
+                fx.push(Effect::Fail { job, cause: FailCause::Removed, first: self.first() });
             }
             ProxyState::Started | ProxyState::Running | ProxyState::Ready => {
                 self.state = ProxyState::Running;
@@ -243,12 +275,29 @@ impl ProxyCore {
     }
 
     fn send(&mut self, job: JobId, fx: &mut Effects) {
-        fx.push(Effect::Run { job, first: !self.ran });
+        fx.push(Effect::Run { job, first: self.first() });
         self.ran = true;
+    }
+
+    /// Whether the next run is the one that pays for the container's start.
+    fn first(&self) -> bool {
+        !self.ran && !self.ahead
     }
 
     fn on_init(&mut self, ok: bool, fx: &mut Effects) {
         if self.init != Init::InProgress || self.state == ProxyState::Removing {
+            return;
+        }
+        if self.state == ProxyState::Starting {
+            // Initialised ahead: now it is started, or it goes and its start failed.
+            if ok {
+                self.init = Init::Done;
+                return self.report_started(None, fx);
+            }
+            self.ahead_failed = true;
+            self.fail_waiting(FailCause::InitFailed, fx);
+            self.state = ProxyState::Removing;
+            fx.push(Effect::Destroy);
             return;
         }
         if ok {
@@ -264,7 +313,7 @@ impl ProxyCore {
     }
 
     fn fail_waiting(&mut self, cause: FailCause, fx: &mut Effects) {
-        let first = !self.ran;
+        let first = self.first();
         for job in std::mem::take(&mut self.waiting).into_iter().chain(std::mem::take(&mut self.parked)) {
             fx.push(Effect::Fail { job, cause, first });
         }
@@ -388,6 +437,30 @@ mod tests {
         core.handle(Event::RunAnswered { job: job(2), reusable: true });
         assert_eq!(core.state(), ProxyState::Ready);
         assert_eq!(core.handle(Event::RunArrived(job(3))).to_vec(), [Effect::Run { job: job(3), first: false }]);
+    }
+
+    /// A provisioned container: initialised before the pool hears it started, so its first
+    /// run is warm; a failed initialisation destroys it, then says the start failed.
+    #[test]
+    fn a_container_initialised_ahead_is_started_only_once_initialised_and_runs_warm() {
+        let mut core = ProxyCore::initialised_ahead(true);
+        assert_eq!(core.handle(Event::Created { failure: None }).to_vec(), [Effect::InitAhead]);
+        assert_eq!(core.state(), ProxyState::Starting);
+        assert_eq!(core.handle(Event::InitAnswered { ok: true }).to_vec(), [Effect::ReportStarted { failure: None }]);
+        assert_eq!(core.handle(Event::RunArrived(job(1))).to_vec(), [Effect::Run { job: job(1), first: false }]);
+
+        let mut core = ProxyCore::initialised_ahead(true);
+        core.handle(Event::Created { failure: None });
+        assert_eq!(core.handle(Event::InitAnswered { ok: false }).to_vec(), [Effect::Destroy]);
+        assert_eq!(
+            core.handle(Event::Destroyed).to_vec(),
+            [Effect::ReportStarted { failure: Some(CreateFailure::InitFailed) }, Effect::ReportRemoved, Effect::Stop]
+        );
+
+        // A protocol that does not initialise (Fn's): started as soon as it is created.
+        let mut core = ProxyCore::initialised_ahead(false);
+        assert_eq!(core.handle(Event::Created { failure: None }).to_vec(), [Effect::ReportStarted { failure: None }]);
+        assert_eq!(core.handle(Event::RunArrived(job(1))).to_vec(), [Effect::Run { job: job(1), first: false }]);
     }
 
     #[test]

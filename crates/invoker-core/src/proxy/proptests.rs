@@ -4,7 +4,9 @@
 //! Invariants: no run reaches the runtime unless the container is created, initialised,
 //! running (not paused, pausing or resuming) and not being removed; every run the pool sent
 //! gets exactly one answer, `Finished`, or `Removed` while it was in the runtime, never both; a
-//! failed create ends with `Removed`; nothing is reported after `Removed`.
+//! failed create ends with `Removed`; nothing is reported after `Removed`. A container
+//! initialised ahead (a provisioned one) reports started only once initialised, and none of
+//! its runs is a first run.
 
 use super::*;
 use proptest::prelude::*;
@@ -48,6 +50,9 @@ fn op() -> impl Strategy<Value = Op> {
 struct World {
     next_job: u64,
     creating: bool,
+    /// The factory made it (its `Created` came, ok).
+    made: bool,
+    ahead: bool,
     init_in_flight: bool,
     initialised: bool,
     in_runtime: Vec<JobId>,
@@ -71,7 +76,12 @@ impl World {
                     prop_assert!(!self.creating && !self.init_in_flight, "an init while creating or initialising");
                     self.init_in_flight = true;
                 }
-                Effect::Run { job, .. } => {
+                Effect::InitAhead => {
+                    prop_assert!(self.ahead && self.made && !self.init_in_flight, "an init ahead out of turn");
+                    self.init_in_flight = true;
+                }
+                Effect::Run { job, first } => {
+                    prop_assert!(!(self.ahead && first), "a run of a container initialised ahead paid for its start");
                     let reachable = !self.creating && self.initialised && !self.destroying;
                     let running = !self.paused && !self.pausing && !self.resuming;
                     prop_assert!(reachable && running, "{job:?} sent to a container that cannot run it");
@@ -90,7 +100,13 @@ impl World {
                     prop_assert!(!self.destroying, "destroyed twice");
                     self.destroying = true;
                 }
-                Effect::ReportStarted { .. } => self.creating = false,
+                Effect::ReportStarted { failure } => {
+                    prop_assert!(
+                        !(self.ahead && failure.is_none() && !self.initialised),
+                        "a container initialised ahead reported started before it was initialised"
+                    );
+                    self.creating = false;
+                }
                 Effect::ReportFinished { job, .. } => *self.answers.entry(job).or_default() += 1,
                 Effect::ReportRemoved => {
                     // What had not answered ends with the container (the actor stops under it).
@@ -109,15 +125,18 @@ impl World {
     }
 }
 
-fn run(initialises: bool, ops: Vec<Op>) -> Result<(), TestCaseError> {
-    let mut core = ProxyCore::new(initialises);
-    let mut w = World { creating: true, initialised: !initialises, ..World::default() };
+fn run(initialises: bool, ahead: bool, ops: Vec<Op>) -> Result<(), TestCaseError> {
+    let mut core = if ahead { ProxyCore::initialised_ahead(initialises) } else { ProxyCore::new(initialises) };
+    let mut w = World { creating: true, initialised: !initialises, ahead, ..World::default() };
     for op in ops {
         if w.removed {
             break;
         }
         let event = match op {
-            Op::Create { ok } if w.creating => Event::Created { failure: (!ok).then_some(CreateFailure::Failed) },
+            Op::Create { ok } if w.creating && !w.made => {
+                w.made = ok;
+                Event::Created { failure: (!ok).then_some(CreateFailure::Failed) }
+            }
             Op::Arrive => {
                 let job = JobId(w.next_job);
                 w.next_job += 1;
@@ -162,8 +181,14 @@ fn run(initialises: bool, ops: Vec<Op>) -> Result<(), TestCaseError> {
     }
     // Whatever is left under way answers, and the pool removes the container.
     if !w.removed {
-        if w.creating {
+        if w.creating && !w.made {
+            w.made = true;
             w.apply(core.handle(Event::Created { failure: None }))?;
+        }
+        if w.init_in_flight {
+            w.init_in_flight = false;
+            w.initialised = true;
+            w.apply(core.handle(Event::InitAnswered { ok: true }))?;
         }
         w.apply(core.handle(Event::RemoveDecided))?;
         for _ in 0..64 {
@@ -201,8 +226,9 @@ proptest! {
     #[test]
     fn no_run_reaches_a_container_that_cannot_run_it_and_every_run_is_answered_once(
         initialises in prop::bool::weighted(0.8),
+        ahead in prop::bool::weighted(0.3),
         ops in prop::collection::vec(op(), 1..80)
     ) {
-        run(initialises, ops)?;
+        run(initialises, ahead, ops)?;
     }
 }

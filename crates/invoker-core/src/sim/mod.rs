@@ -299,7 +299,7 @@ impl Sim<'_> {
         let effects = self.core.handle(event, self.now);
         for effect in effects {
             match effect {
-                Effect::Create { container, owner, memory_mb, node, prewarm } => {
+                Effect::Create { container, owner, memory_mb, node, prewarm, .. } => {
                     self.create(container, memory_mb, &node, matches!(owner, Owner::Stem(_)), prewarm)
                 }
                 Effect::Dispatch { job, container } => self.dispatch(job, container),

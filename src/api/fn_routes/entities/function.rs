@@ -151,12 +151,18 @@ pub(super) fn function_action(
 }
 
 /// The policy of the function's calls, from its annotations (`fn update function app f
-/// --annotation max-retry-attempts=0`), as its action's: `max-concurrency`, and for its
+/// --annotation max-retry-attempts=0`), as its action's: `max-concurrency`,
+/// `provisioned-concurrency`, and for its
 /// detached calls `max-retry-attempts` and `max-event-age` as given, `on-success` and
 /// `on-failure` naming a function of its app. Checked as an action's are.
 fn call_policy(f: &Function, app: &App) -> Vec<KeyValue> {
     let mut policy = Vec::new();
-    for key in [crate::model::MAX_CONCURRENCY, crate::model::MAX_RETRY_ATTEMPTS, crate::model::MAX_EVENT_AGE] {
+    for key in [
+        crate::model::MAX_CONCURRENCY,
+        crate::model::PROVISIONED_CONCURRENCY,
+        crate::model::MAX_RETRY_ATTEMPTS,
+        crate::model::MAX_EVENT_AGE,
+    ] {
         if let Some(value) = f.annotations.get(key) {
             policy.push(KeyValue { key: key.into(), value: value.clone() });
         }
