@@ -7,6 +7,7 @@
 
 pub mod fleet;
 mod host;
+mod provisioned;
 pub mod scenario;
 pub mod sweep;
 mod timeline;
@@ -64,6 +65,8 @@ struct SimContainer {
     created_at: Duration,
     /// Started by the keep-alive policy ahead of a predicted call.
     prewarm: bool,
+    /// One of its function's provisioned containers: initialised as it started.
+    provisioned: bool,
 }
 
 struct SimJob {
@@ -92,6 +95,10 @@ struct Counts {
     /// Containers the keep-alive policy pre-warmed that took a call, and that went unused.
     prewarms_used: u64,
     prewarms_wasted: u64,
+    /// Calls that found a provisioned container never used before (each a cold start saved),
+    /// and the idle memory-time of provisioned containers (within `idle_mb_us`).
+    provisioned_first_uses: u64,
+    idle_provisioned_mb_us: u128,
 }
 
 struct Sim<'a> {
@@ -111,6 +118,9 @@ struct Sim<'a> {
     /// Idle memory is counted up to here (the end of the workload).
     horizon: Duration,
     counts: Counts,
+    /// The functions kept provisioned from the start: (action, memory), and how many each.
+    provision: Vec<(u32, u32)>,
+    provision_count: u32,
 }
 
 /// Runs a scenario to the end and returns its JSON summary; with `compare_start_rules`, one
@@ -118,6 +128,9 @@ struct Sim<'a> {
 pub fn run(scenario: &Scenario, host: &dyn Host) -> Result<Value, ScenarioError> {
     if let Some(fleet) = &scenario.fleet {
         return fleet::compare(scenario, fleet, host);
+    }
+    if let Some(comparison) = &scenario.compare_provisioned {
+        return provisioned::compare(scenario, comparison, host);
     }
     if let Some(choices) = &scenario.compare_keep_alive {
         return compare_keep_alive(scenario, choices, host);
@@ -216,6 +229,27 @@ fn run_with(
     node_memory_mb: u64,
     host: &dyn Host,
 ) -> Result<Value, ScenarioError> {
+    Ok(simulate(scenario, pool, node_memory_mb, &[], 0, host)?.summary)
+}
+
+/// One run's summary, with what the provisioned comparison reads beside it.
+struct Outcome {
+    summary: Value,
+    /// Per action: (cold starts, calls dispatched).
+    per_action: Vec<(u64, u64)>,
+    /// Per action: its memory (0 for one never called).
+    memory_mb: Vec<u32>,
+}
+
+/// Runs the scenario with `provision` (action, memory) kept provisioned, `count` each.
+fn simulate(
+    scenario: &Scenario,
+    pool: PoolConfig,
+    node_memory_mb: u64,
+    provision: &[(u32, u32)],
+    count: u32,
+    host: &dyn Host,
+) -> Result<Outcome, ScenarioError> {
     let began = host.elapsed();
     let (calls, actions) = workload::calls(&scenario.workload, scenario.seed, host)?;
     let core = PoolCore::new(crate::pool::CoreConfig { pause_grace: scenario.cluster.pause_grace, ..pool.clone() });
@@ -245,9 +279,16 @@ fn run_with(
         arrived: 0,
         horizon,
         counts: Counts { per_action: vec![(0, 0); actions as usize], ..Counts::default() },
+        provision: provision.to_vec(),
+        provision_count: count,
     };
+    let mut memory_mb = vec![0; actions as usize];
+    for call in &sim.calls {
+        memory_mb[call.action as usize] = call.memory_mb;
+    }
     sim.run();
-    Ok(sim.summary(host.elapsed().saturating_sub(began)))
+    let summary = sim.summary(host.elapsed().saturating_sub(began));
+    Ok(Outcome { summary, per_action: std::mem::take(&mut sim.counts.per_action), memory_mb })
 }
 
 impl Sim<'_> {
@@ -257,6 +298,17 @@ impl Sim<'_> {
 
     fn run(&mut self) {
         self.publish_stats();
+        for (action, memory_mb) in std::mem::take(&mut self.provision) {
+            let provision = crate::pool::Provision {
+                key: KeyId(action),
+                count: self.provision_count,
+                memory_mb,
+                concurrency: 1,
+                max_running: None,
+                tenant: crate::pool::TenantId::default(),
+            };
+            self.apply(Event::Provision(provision));
+        }
         self.at(Duration::ZERO, Ev::Stats);
         self.at(Duration::ZERO, Ev::Tick);
         for (i, call) in self.calls.iter().enumerate() {
@@ -299,8 +351,12 @@ impl Sim<'_> {
         let effects = self.core.handle(event, self.now);
         for effect in effects {
             match effect {
-                Effect::Create { container, owner, memory_mb, node, prewarm, .. } => {
-                    self.create(container, memory_mb, &node, matches!(owner, Owner::Stem(_)), prewarm)
+                Effect::Create { container, owner, memory_mb, node, prewarm, provisioned } => {
+                    let stem = matches!(owner, Owner::Stem(_));
+                    self.create(container, memory_mb, &node, stem, prewarm);
+                    if let Some(c) = self.containers.get_mut(&container) {
+                        c.provisioned = provisioned;
+                    }
                 }
                 Effect::Dispatch { job, container } => self.dispatch(job, container),
                 Effect::Pause { .. } => self.counts.pauses += 1,
@@ -316,7 +372,8 @@ impl Sim<'_> {
                             self.counts.prewarms_wasted += 1;
                         }
                         if let Some(since) = c.idle_since.take() {
-                            self.counts.idle_mb_us += idle(c.memory_mb, since, self.now, self.horizon);
+                            let spent = idle(c.memory_mb, since, self.now, self.horizon);
+                            self.counts.add_idle(spent, c.provisioned);
                         }
                     }
                     self.at(self.now + self.scenario.cluster.remove_latency, Ev::Removed(container));
@@ -396,6 +453,7 @@ impl Sim<'_> {
                 resuming: false,
                 created_at: self.now,
                 prewarm,
+                provisioned: false,
             },
         );
         self.at(ready_at, Ev::Ready(container, true, 0));
@@ -420,12 +478,17 @@ impl Sim<'_> {
             if std::mem::take(&mut c.resuming) { self.scenario.cluster.resume_latency } else { Duration::ZERO };
         self.counts.waits_us.push((self.now + resume - j.arrived).as_micros() as u64);
         if let Some(since) = c.idle_since.take() {
-            self.counts.idle_mb_us += idle(c.memory_mb, since, self.now, self.horizon);
+            let spent = idle(c.memory_mb, since, self.now, self.horizon);
+            self.counts.add_idle(spent, c.provisioned);
         }
         let per_action = &mut self.counts.per_action[call.action as usize];
         per_action.1 += 1;
         if c.ran {
             self.counts.warm += 1;
+        } else if c.provisioned {
+            self.counts.provisioned_first_uses += 1;
+            self.counts.warm += 1;
+            c.ran = true;
         } else if c.prewarm {
             self.counts.prewarms_used += 1;
             self.counts.warm += 1;
@@ -484,7 +547,8 @@ impl Sim<'_> {
     fn summary(&mut self, wall: Duration) -> Value {
         for container in self.containers.values_mut() {
             if let Some(since) = container.idle_since.take() {
-                self.counts.idle_mb_us += idle(container.memory_mb, since, self.horizon, self.horizon);
+                let spent = idle(container.memory_mb, since, self.horizon, self.horizon);
+                self.counts.add_idle(spent, container.provisioned);
             }
         }
         let c = &mut self.counts;
@@ -539,9 +603,20 @@ impl Sim<'_> {
             "prewarms_started": self.core.prewarms_started(),
             "prewarms_used": c.prewarms_used,
             "prewarms_wasted": c.prewarms_wasted,
+            "provisioned_first_uses": c.provisioned_first_uses,
+            "idle_memory_provisioned_gb_s": (c.idle_provisioned_mb_us as f64 / 1024.0 / 1e6 * 10.0).round() / 10.0,
             "virtual_seconds": self.now.as_secs(),
             "wall_ms": wall.as_millis() as u64,
         })
+    }
+}
+
+impl Counts {
+    fn add_idle(&mut self, mb_us: u128, provisioned: bool) {
+        self.idle_mb_us += mb_us;
+        if provisioned {
+            self.idle_provisioned_mb_us += mb_us;
+        }
     }
 }
 

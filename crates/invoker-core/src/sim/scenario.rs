@@ -30,6 +30,10 @@ pub struct Scenario {
     /// Fractions (0.25: 15 s) reach the idle memory of a policy that holds less than a minute.
     #[serde(default)]
     pub sweep_fixed_minutes: Option<Vec<f64>>,
+    /// Provision the functions that start cold most (or are called most) under each keep-alive
+    /// policy, and report what that saves and what it costs beside the policy alone.
+    #[serde(default)]
+    pub compare_provisioned: Option<ProvisionedComparison>,
     pub cluster: Cluster,
     pub workload: Workload,
     /// A fleet of invokers under the capacity manager instead of one invoker: `[cluster]`
@@ -87,6 +91,36 @@ fn all_predictors() -> Vec<crate::predictor::PredictorKind> {
 
 fn default_capacity_tick() -> Duration {
     Duration::from_secs(1)
+}
+
+/// The provisioned comparison (`[compare_provisioned]`): for every keep-alive policy (those of
+/// `compare_keep_alive`, or the pool's own) and node size, the policy alone, then with the top
+/// `k` functions provisioned, for each `k` in `top_k`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProvisionedComparison {
+    pub top_k: Vec<u32>,
+    /// Provisioned containers per chosen function.
+    #[serde(default = "one")]
+    pub count: u32,
+    #[serde(default)]
+    pub select: ProvisionSelect,
+}
+
+/// Which functions are "latency-critical", the ones provisioned: judged on the policy's own
+/// run without provisioning (what an operator would look at before choosing).
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ProvisionSelect {
+    /// Those with the most cold starts.
+    #[default]
+    MostColdStarts,
+    /// Those with the most calls.
+    MostCalls,
+}
+
+fn one() -> u32 {
+    1
 }
 
 /// One policy of a keep-alive comparison: a name, and the `[pool]` keys it changes.
