@@ -50,6 +50,10 @@ pub struct Metrics {
     /// Blocking calls held by their action's cap (`max-concurrency`, `reserved-concurrency`)
     /// past their wait: answered 429.
     capped: Counter,
+    /// Calls waiting for their action's cap now, and the actions' provisioned containers
+    /// (`wanted`, `up`); set at scrape.
+    pub capped_waiting: Gauge,
+    pub provisioned: Family<StateLabel, Gauge>,
 }
 
 impl Default for Metrics {
@@ -92,6 +96,18 @@ impl Default for Metrics {
             "Blocking calls their action's max-concurrency held past their wait (answered 429)",
             capped.clone(),
         );
+        let capped_waiting = Gauge::default();
+        registry.register(
+            "capped_waiting",
+            "Activations waiting for their action's max-concurrency now",
+            capped_waiting.clone(),
+        );
+        let provisioned = Family::<StateLabel, Gauge>::default();
+        registry.register(
+            "provisioned_containers",
+            "Provisioned containers of actions' provisioned-concurrency: wanted, and up",
+            provisioned.clone(),
+        );
         let live = crate::live::LiveFeed::default();
         Metrics {
             registry,
@@ -108,6 +124,8 @@ impl Default for Metrics {
             retries,
             dead_letters,
             capped,
+            capped_waiting,
+            provisioned,
         }
     }
 }

@@ -102,6 +102,28 @@ async fn provisioned_containers_are_warm_kept_replaced_and_never_evicted() {
     inv.put_action("hot", provisioned(json!(2))).await;
     let first = provisioned_up(&inv, "guest/hot", 2).await;
 
+    // Shown: the live view's actions and containers, and the metrics.
+    let (user, pass) = inv.admin.split_once(':').unwrap();
+    let live = reqwest::Client::new().get(format!("{}/v1/live", inv.base)).basic_auth(user, Some(pass));
+    let mut live = live.send().await.unwrap();
+    let events = support::events_until(&mut live, Duration::from_secs(10), |events| !events.is_empty()).await;
+    let (kind, snapshot) = &events[0];
+    assert_eq!(kind, "snapshot");
+    let row = &snapshot["pool"]["actions"][0];
+    assert_eq!(
+        (&row["action"], &row["provisioned"], &row["provisioned_up"]),
+        (&json!("guest/hot"), &json!(2), &json!(2))
+    );
+    let outlined = snapshot["containers"].as_array().unwrap().iter().filter(|c| c["provisioned"] == true).count();
+    assert_eq!(outlined, 2, "{snapshot}");
+    drop(live);
+    let (_, _, metrics) = inv.send("GET", "/metrics", &inv.admin, &[], Vec::new()).await;
+    let metrics = String::from_utf8_lossy(&metrics);
+    for line in ["invoker_provisioned_containers{state=\"wanted\"} 2", "invoker_provisioned_containers{state=\"up\"} 2"]
+    {
+        assert!(metrics.contains(line), "{line} in {metrics}");
+    }
+
     // An ordinary action's idle container goes after the keep-alive's 1 s; the provisioned stay.
     inv.put_action("plain", action(128, json!([]))).await;
     let (status, _) = inv.invoke("plain", "blocking=true", json!({})).await;

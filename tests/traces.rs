@@ -218,3 +218,42 @@ async fn an_fn_function_is_given_the_run_spans_traceparent_as_a_header() {
     assert_eq!(one(&spans, "invoker", "activation").parent, "00f067aa0ba902b7");
     assert_eq!(said["traceparent"], format!("00-{trace}-{}-01", run.span_id), "{said}");
 }
+
+/// Issue 60: a call that waited for its action's cap says so on its span (the cap); one that
+/// did not, does not.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_call_that_waited_for_its_actions_cap_says_so_on_its_span() {
+    let receiver = Receiver::start().await;
+    let dir = tempfile::Builder::new().prefix("invoker-traces-").tempdir().unwrap();
+    let env = [("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint.as_str()), ("OTEL_BSP_SCHEDULE_DELAY", "50")];
+    let invoker = Invoker::start_with_env(dir.path(), &format!("capspan-{}", std::process::id()), "", &[], &env);
+    let code = "import time\ndef main(a):\n    time.sleep(a.get('sleep', 0))\n    return {}";
+    let action = json!({
+        "exec": { "kind": "python:3", "code": code },
+        "limits": { "memory": 128 },
+        "annotations": [{ "key": "max-concurrency", "value": 1 }],
+    });
+    invoker.put_action("one", action).await;
+    let first = invoker.invoke("one", "blocking=true", json!({ "sleep": 2 }));
+    let second = async {
+        eventually(Duration::from_secs(10), "the first running", || async {
+            let (_, pool) = invoker.get_url("/v1/pool").await;
+            done(pool["busy"] == 1)
+        })
+        .await;
+        invoker.invoke("one", "blocking=true", json!({})).await
+    };
+    let ((s1, r1), (s2, r2)) = futures_util::future::join(first, second).await;
+    assert_eq!((s1, s2), (200, 200), "{r1} {r2}");
+    let waited = r2["activationId"].as_str().unwrap().to_string();
+    let ran = r1["activationId"].as_str().unwrap().to_string();
+    let spans = eventually(Duration::from_secs(20), "both activations' spans", || async {
+        let spans: Vec<Received> = receiver.spans().into_iter().filter(|s| s.name == "activation").collect();
+        let of = |id: &str| spans.iter().find(|s| s.attributes.get("activation_id").map(String::as_str) == Some(id));
+        done(of(&waited).is_some() && of(&ran).is_some()).map(|()| spans.clone()).map_err(|_| format!("{spans:#?}"))
+    })
+    .await;
+    let of = |id: &str| spans.iter().find(|s| s.attributes.get("activation_id").map(String::as_str) == Some(id));
+    assert_eq!(of(&waited).unwrap().attributes.get("capped").map(String::as_str), Some("1"), "{spans:#?}");
+    assert!(!of(&ran).unwrap().attributes.contains_key("capped"), "{spans:#?}");
+}

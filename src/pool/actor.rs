@@ -2,7 +2,9 @@
 //! the effects it returns: starting proxies, handing them jobs, answering rejected jobs.
 
 use super::live;
-use super::status::{CappedAction, ContainerSummary, PoolSnapshot, PoolStatus, ProvisionedAction, WarmContainers};
+use super::status::{
+    CappedAction, ContainerSummary, ControlledAction, PoolSnapshot, PoolStatus, ProvisionedAction, WarmContainers,
+};
 use crate::activation::job::RunJob;
 use crate::config::{PoolConfig, ProxyConfig, RuntimeProtocol};
 use crate::factory::{ContainerFactory, ContainerSpec, Epoch, Factory};
@@ -394,6 +396,28 @@ impl ContainerPool {
         }
     }
 
+    /// The actions with a cap or provisioned containers, as the core holds them now.
+    fn controlled_actions(&self) -> Vec<ControlledAction> {
+        let mut actions: Vec<ControlledAction> = self
+            .core
+            .controlled_keys()
+            .filter_map(|k| {
+                let entry = self.key_actions.get(&k.key)?;
+                Some(ControlledAction {
+                    action: entry.action.path(),
+                    revision: entry.action.revision,
+                    cap: k.cap,
+                    running: k.running,
+                    waiting: k.waiting,
+                    provisioned: k.provisioned,
+                    provisioned_up: k.provisioned_up,
+                })
+            })
+            .collect();
+        actions.sort_by(|a, b| (&a.action, a.revision).cmp(&(&b.action, b.revision)));
+        actions
+    }
+
     fn summaries(&self, keep: impl Fn(ContainerState) -> bool) -> Vec<ContainerSummary> {
         let views = self.core.containers().into_iter().filter(|c| keep(c.state));
         views
@@ -411,6 +435,7 @@ impl ContainerPool {
                 memory_mb: c.memory_mb,
                 state: c.state,
                 running: c.running,
+                provisioned: c.provisioned,
             })
             .collect()
     }
@@ -554,6 +579,10 @@ impl Handler<Submit> for ContainerPool {
         self.apply(Event::Arrived(job), ctx);
         if !self.core.has_key(key) {
             self.forget_keys([key]); // answered at once, nothing of it kept
+        } else if let (Some(cap), Some(run)) = (self.core.waits_for_cap(key), self.jobs.get(&id)) {
+            // It waits for its action's cap: said on its span (the `queue` stage's length is the
+            // wait).
+            run.completion.trace().span().record("capped", cap);
         }
         self.metrics.waiting.set(self.jobs.len() as i64);
     }
@@ -692,7 +721,8 @@ impl ContainerPool {
     /// The nodes and the queue, every [`live::POOL_EVERY`] while somebody watches.
     fn publish_pool(&self) {
         if self.metrics.live.watched() {
-            self.metrics.live.publish("pool", &live::pool_row(self.status(), self.jobs.values()));
+            let row = live::pool_row(self.status(), self.jobs.values(), self.controlled_actions());
+            self.metrics.live.publish("pool", &row);
         }
     }
 }
@@ -702,7 +732,8 @@ impl Handler<LiveSnapshot> for ContainerPool {
 
     fn handle(&mut self, _: LiveSnapshot, _: &mut Context<Self>) -> Self::Result {
         let containers = self.core.containers().into_iter().map(|view| self.live_row(view)).collect();
-        MessageResult(live::snapshot(live::pool_row(self.status(), self.jobs.values()), containers))
+        let pool = live::pool_row(self.status(), self.jobs.values(), self.controlled_actions());
+        MessageResult(live::snapshot(pool, containers))
     }
 }
 
@@ -710,23 +741,23 @@ impl Handler<Snapshot> for ContainerPool {
     type Result = MessageResult<Snapshot>;
 
     fn handle(&mut self, _: Snapshot, _: &mut Context<Self>) -> Self::Result {
-        let capped = self
-            .core
-            .capped_keys()
-            .filter_map(|(key, cap, running, waiting)| {
-                let entry = self.key_actions.get(&key)?;
-                let action = format!("{}/{}", entry.action.namespace, entry.action.name);
-                Some(CappedAction { action, revision: entry.action.revision, cap, running, waiting })
+        let controlled = self.controlled_actions();
+        let capped = controlled
+            .iter()
+            .filter_map(|c| {
+                let (action, revision, running, waiting) = (c.action.clone(), c.revision, c.running, c.waiting);
+                Some(CappedAction { action, revision, cap: c.cap?, running, waiting })
             })
             .collect();
-        let provisioned = self
-            .core
-            .provisioned_keys()
-            .filter_map(|(key, count, up)| {
-                let entry = self.key_actions.get(&key)?;
-                let action = format!("{}/{}", entry.action.namespace, entry.action.name);
-                let in_use = self.core.key_running(key);
-                Some(ProvisionedAction { action, revision: entry.action.revision, count, up, in_use })
+        let provisioned = controlled
+            .iter()
+            .filter(|c| c.provisioned > 0)
+            .map(|c| ProvisionedAction {
+                action: c.action.clone(),
+                revision: c.revision,
+                count: c.provisioned,
+                up: c.provisioned_up,
+                in_use: c.running,
             })
             .collect();
         let containers = self.summaries(|_| true);
@@ -760,6 +791,18 @@ impl Handler<RefreshGauges> for ContainerPool {
         for (state, n) in [("starting", starting), ("idle", idle), ("busy", busy), ("removing", removing)] {
             self.metrics.containers.get_or_create(&crate::metrics::StateLabel { state: state.into() }).set(n as i64);
         }
+        let (mut wanted, mut up, mut capped_waiting) = (0u64, 0u64, 0u64);
+        for k in self.core.controlled_keys() {
+            wanted += u64::from(k.provisioned);
+            up += u64::from(k.provisioned_up);
+            if k.cap.is_some_and(|cap| k.running >= cap) {
+                capped_waiting += k.waiting as u64;
+            }
+        }
+        for (state, n) in [("wanted", wanted), ("up", up)] {
+            self.metrics.provisioned.get_or_create(&crate::metrics::StateLabel { state: state.into() }).set(n as i64);
+        }
+        self.metrics.capped_waiting.set(capped_waiting as i64);
     }
 }
 

@@ -2,7 +2,7 @@
 //! nodes and the queue every half second, and the whole view once for a new viewer. Nothing is
 //! built while nobody watches.
 
-use super::status::PoolStatus;
+use super::status::{ControlledAction, PoolStatus};
 use crate::activation::job::RunJob;
 use bytes::Bytes;
 use invoker_core::pool::{ContainerId, ContainerState, ContainerView, Effect, Event, NodeView, Time};
@@ -22,6 +22,7 @@ pub(crate) struct ContainerRow {
     memory_mb: u32,
     state: ContainerState,
     running: usize,
+    provisioned: bool,
     created_ms: u64,
     idle_since_ms: Option<u64>,
     keep_until_ms: Option<u64>,
@@ -48,6 +49,8 @@ pub(crate) struct PoolRow {
     nodes: Vec<NodeView>,
     /// The oldest waiting activations, at most [`WAITING_SHOWN`].
     queue: Vec<Waiting>,
+    /// The actions with a cap or provisioned containers (each a handful of numbers).
+    actions: Vec<ControlledAction>,
 }
 
 #[derive(Serialize)]
@@ -87,14 +90,19 @@ pub(crate) fn container_row(view: ContainerView, action: String, wall: impl Fn(T
         memory_mb: view.memory_mb,
         state: view.state,
         running: view.running,
+        provisioned: view.provisioned,
         created_ms: wall(view.created_at),
         idle_since_ms: view.idle.map(|(since, _)| wall(since)),
         keep_until_ms: view.idle.and_then(|(_, until)| until).map(wall),
     }
 }
 
-/// The nodes, the counts and the oldest waiting activations.
-pub(crate) fn pool_row<'a>(status: PoolStatus, waiting: impl Iterator<Item = &'a RunJob>) -> PoolRow {
+/// The nodes, the counts, the oldest waiting activations, and the controlled actions.
+pub(crate) fn pool_row<'a>(
+    status: PoolStatus,
+    waiting: impl Iterator<Item = &'a RunJob>,
+    actions: Vec<ControlledAction>,
+) -> PoolRow {
     let mut queue: Vec<&RunJob> = waiting.collect();
     // The oldest few of what may be a queue of many thousands, without sorting them all.
     if queue.len() > WAITING_SHOWN {
@@ -122,6 +130,7 @@ pub(crate) fn pool_row<'a>(status: PoolStatus, waiting: impl Iterator<Item = &'a
         waiting: status.waiting,
         nodes: status.nodes,
         queue,
+        actions,
     }
 }
 

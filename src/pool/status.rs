@@ -15,6 +15,8 @@ pub struct ContainerSummary {
     pub memory_mb: u32,
     pub state: ContainerState,
     pub running: usize,
+    /// One of its action's provisioned containers.
+    pub provisioned: bool,
 }
 
 #[derive(Clone, Debug, serde::Serialize)]
@@ -47,6 +49,20 @@ pub struct PoolSnapshot {
     pub capped: Vec<CappedAction>,
     /// The actions that keep provisioned containers here (`provisioned-concurrency`).
     pub provisioned: Vec<ProvisionedAction>,
+}
+
+/// An action with a cap or provisioned containers, as the pool holds it now (the live view).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ControlledAction {
+    pub action: String,
+    pub revision: u64,
+    pub cap: Option<u32>,
+    /// Its runs now, and its calls waiting (for the cap, or for a container).
+    pub running: u32,
+    pub waiting: usize,
+    /// Its provisioned containers wanted (0: none), and up (created or being initialised).
+    pub provisioned: u32,
+    pub provisioned_up: u32,
 }
 
 /// An action's provisioned containers, as the pool keeps them now.

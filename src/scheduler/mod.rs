@@ -240,6 +240,7 @@ impl Dispatcher {
                 };
                 if self.caps.running(&key.0, &key.1) >= share() {
                     self.metrics.capped_waits.inc();
+                    run.completion.trace().span().record("capped", cap);
                 }
                 match self.caps.pass(&key.0, &key.1, share, bound).await {
                     Ok(passed) => permit = Some(passed),

@@ -123,6 +123,7 @@ impl ActivationTrace {
             node = Empty,
             container = Empty,
             start = Empty,
+            capped = Empty,
             outcome = Empty,
             retry_of = Empty,
             attempt = Empty,

@@ -42,6 +42,7 @@ function group(action) {
 
 function describe(row) {
   let text = `#${row.id} ${row.action} on ${row.node}, ${row.memory_mb} MB, ${row.state}`;
+  if (row.provisioned) text += " (provisioned)";
   if (row.running > 0) text += `, ${row.running} running`;
   text += `, created ${ago(row.created_ms)} ago`;
   if (row.idle_since_ms) text += `, idle ${ago(row.idle_since_ms)}`;
@@ -62,7 +63,7 @@ function upsert(row) {
     containers.set(row.id, c);
   }
   c.row = row;
-  c.el.className = `c s-${row.state}`;
+  c.el.className = `c s-${row.state}${row.provisioned ? " provisioned" : ""}`;
   c.el.dataset.state = row.state;
   c.el.textContent = row.running > 1 ? `${row.running}` : "";
   c.el.title = describe(row);
@@ -121,6 +122,20 @@ function drawPool(pool) {
     queue.appendChild(li);
   }
   $("queue").replaceChildren(queue);
+  const controlled = document.createDocumentFragment();
+  for (const a of pool.actions || []) {
+    const tr = document.createElement("tr");
+    const cells = [a.action, a.cap ?? "", a.running, a.waiting,
+      a.provisioned ? `${a.provisioned_up} of ${a.provisioned}` : ""];
+    for (const v of cells) {
+      const td = document.createElement("td");
+      td.textContent = `${v}`;
+      tr.appendChild(td);
+    }
+    controlled.appendChild(tr);
+  }
+  $("controlled").replaceChildren(controlled);
+  $("controls").hidden = !(pool.actions && pool.actions.length);
 }
 
 function drawInvokers(data) {

@@ -196,6 +196,19 @@ pub struct PoolCounts {
     pub prewarm: usize,
 }
 
+/// A key with a cap or provisioned containers ([`PoolCore::controlled_keys`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ControlledKey {
+    pub key: KeyId,
+    pub cap: Option<u32>,
+    /// Its jobs running, and waiting (for the cap or a container).
+    pub running: u32,
+    pub waiting: usize,
+    /// Its provisioned containers wanted, and up (starting or ready).
+    pub provisioned: u32,
+    pub provisioned_up: u32,
+}
+
 /// One container as the pool view shows it.
 #[derive(Clone, Debug)]
 pub struct ContainerView {
@@ -208,6 +221,8 @@ pub struct ContainerView {
     pub created_at: Time,
     /// Idle (or paused): since when, and until when the keep-alive policy keeps it, if it says.
     pub idle: Option<(Time, Option<Time>)>,
+    /// One of its action's provisioned containers.
+    pub provisioned: bool,
 }
 
 /// A container's state as the pool's view (`/v1/pool`, the cluster registration) shows it.
@@ -438,6 +453,10 @@ impl PoolCore {
             true => self.containers.mark(&id).and_then(|seq| self.keep_alive.spell(seq)),
             false => None,
         };
+        let provisioned = match c.owner {
+            Owner::Key(key) => self.keys.get(&key).is_some_and(|k| k.provisioned.holds(id)),
+            Owner::Stem(_) => false,
+        };
         ContainerView {
             id,
             owner: c.owner,
@@ -447,6 +466,7 @@ impl PoolCore {
             running: c.running.len(),
             created_at: std::time::Duration::from_micros(c.created_at),
             idle,
+            provisioned,
         }
     }
 
@@ -462,6 +482,25 @@ impl PoolCore {
     /// The capped keys: each with its cap, its jobs running and its jobs waiting.
     pub fn capped_keys(&self) -> impl Iterator<Item = (KeyId, u32, u32, usize)> + '_ {
         self.keys.iter().filter_map(|(&id, k)| Some((id, k.cap?, k.running, k.waiting_live)))
+    }
+
+    /// The keys with a cap or provisioned containers, as the live view and the metrics show
+    /// them.
+    pub fn controlled_keys(&self) -> impl Iterator<Item = ControlledKey> + '_ {
+        self.keys.iter().filter(|(_, k)| k.cap.is_some() || k.provisions()).map(|(&key, k)| ControlledKey {
+            key,
+            cap: k.cap,
+            running: k.running,
+            waiting: k.waiting_live,
+            provisioned: k.provisioned.target,
+            provisioned_up: k.provisioned.ids().count() as u32,
+        })
+    }
+
+    /// The cap `key`'s jobs wait for now, if it runs at its cap with jobs waiting.
+    pub fn waits_for_cap(&self, key: KeyId) -> Option<u32> {
+        let k = self.keys.get(&key)?;
+        k.cap.filter(|&cap| k.running >= cap && k.waiting_live > 0)
     }
 
     /// Whether the core holds anything of `key` (containers, waiting jobs, a blocked start).

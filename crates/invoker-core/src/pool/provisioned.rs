@@ -182,18 +182,6 @@ impl PoolCore {
             }
         }
     }
-
-    /// The jobs of `key` running now.
-    pub fn key_running(&self, key: KeyId) -> u32 {
-        self.keys.get(&key).map_or(0, |k| k.running)
-    }
-
-    /// The provisioned counts of the keys that have any: each key with how many it keeps and
-    /// how many are up (starting or ready).
-    pub fn provisioned_keys(&self) -> impl Iterator<Item = (KeyId, u32, u32)> + '_ {
-        let keys = self.keys.iter().filter(|(_, k)| k.provisioned.target > 0);
-        keys.map(|(&id, k)| (id, k.provisioned.target, k.provisioned.up()))
-    }
 }
 
 impl KeyState {
