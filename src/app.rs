@@ -98,6 +98,8 @@ pub struct InvokerApp {
     pool: PoolHandle,
     factory: Factory,
     registration: Option<(CancellationToken, actix_rt::task::JoinHandle<()>)>,
+    /// Stops what follows the cluster beside the registration (the provisioned asks).
+    following: CancellationToken,
 }
 
 impl InvokerApp {
@@ -168,17 +170,23 @@ impl InvokerApp {
             service.requeue(call).await;
         }
         let mut state = AppState::new(service.clone(), config.clone());
+        let following = CancellationToken::new();
         if let (true, Some(key)) = (config.cluster.enabled(), &config.cluster.controller_key) {
             let kv = Etcd::new(&config.cluster.etcd)?;
-            let remote = RemoteActions::new(kv, config.cluster.prefix.clone(), key, action_cache_bytes(&config));
-            state = state.with_remote_actions(Arc::new(remote));
+            let prefix = config.cluster.prefix.clone();
+            let mine = crate::cluster::provisioned_prefix(&prefix, &config.invoker_id);
+            let asks = crate::cluster::ClusterKv::mirror(&kv, &mine, following.clone());
+            let remote = Arc::new(RemoteActions::new(kv, prefix.clone(), key, action_cache_bytes(&config)));
+            state = state.with_remote_actions(remote.clone());
+            let (id, pool, stop) = (config.invoker_id.clone(), pool.clone(), following.clone());
+            actix_rt::spawn(crate::cluster::provisioned::follow(asks, prefix, id, remote, pool, stop));
         }
         let serving = serve(listener, addr, store, Arc::new(state), service.clone(), &config);
         let registration = registrar.map(|r| {
             let stop = CancellationToken::new();
             (stop.clone(), actix_rt::spawn(r.run(service, stop)))
         });
-        Ok(InvokerApp { serving, config, pool, factory, registration })
+        Ok(InvokerApp { serving, config, pool, factory, registration, following })
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -214,6 +222,7 @@ impl InvokerApp {
         let began = std::time::Instant::now();
         tracing::info!("draining: new work gets 503, running work has {grace:?} to finish");
         self.serving.service.set_draining();
+        self.following.cancel();
         if tokio::time::timeout(grace, self.pool.drain()).await.is_err() {
             tracing::warn!("the grace period passed with work still running");
         }
@@ -265,7 +274,8 @@ impl SchedulerApp {
         let service =
             ActivationService::with_runner(store.clone(), runner, metrics, config.limits.namespace_concurrent)
                 .named(&config.scheduler.id)
-                .with_queue(queue_settings(&config));
+                .with_queue(queue_settings(&config))
+                .with_namespace_provisioned(config.limits.namespace_provisioned);
         service.run_retries();
         let config = Arc::new(config);
         let state = Arc::new(AppState::new(service.clone(), config.clone()));
@@ -289,6 +299,10 @@ impl SchedulerApp {
             dispatcher.demand.clone(),
             background.clone(),
         ));
+        if let Err(e) = service.provision_stored().await {
+            tracing::warn!("the actions' provisioned containers could not be read: {e}");
+        }
+        actix_rt::spawn(dispatcher.clone().publish_provisioned(cluster.lease_ttl, background.clone()));
         let serving = serve(listener, addr, store, state, service, &config);
         Ok(SchedulerApp { serving, config, dispatcher, background, presence, demand })
     }

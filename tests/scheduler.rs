@@ -1054,3 +1054,63 @@ async fn two_schedulers_share_an_actions_cap_and_together_never_exceed_it() {
         + scheduler_metric(&second, "scheduler_capped_waits_total").await;
     assert!(waited > 0.0, "the schedulers held calls for the cap");
 }
+
+/// The provisioned row of `action` on an invoker's pool: (count, up).
+async fn provisioned_on(invoker: &Invoker, action: &str) -> (u64, u64) {
+    let (_, pool) = invoker.get_url("/v1/pool").await;
+    let rows = pool["provisioned"].as_array().cloned().unwrap_or_default();
+    let row = rows.iter().find(|r| r["action"] == action);
+    row.map_or((0, 0), |r| (r["count"].as_u64().unwrap_or(0), r["up"].as_u64().unwrap_or(0)))
+}
+
+/// Issue 60: an action's provisioned containers across a cluster. The scheduler spreads four
+/// over two invokers, two each, and counts their memory as demand for the capacity manager;
+/// calls through it find them warm; when an invoker dies its two move to the other; when the
+/// action is deleted they all go.
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
+async fn provisioned_containers_are_spread_over_the_invokers_and_move_when_one_dies() {
+    let Some(etcd) = EtcdServer::start() else { return };
+    let mut p = platform(etcd, &[("one", &[], 1024), ("two", &[], 1024)], "").await;
+    p.scheduler.put_action("hot", action(128, json!([{ "key": "provisioned-concurrency", "value": 4 }]))).await;
+    for id in ["one", "two"] {
+        let invoker = &p.invokers.iter().find(|i| i.invoker_id == id).unwrap();
+        support::eventually(Duration::from_secs(20), "two provisioned on each invoker", || async {
+            let got = provisioned_on(invoker, "guest/hot").await;
+            support::done(got == (2, 2)).map_err(|_| format!("{id}: {got:?}"))
+        })
+        .await;
+    }
+    // Their memory is demand, as if four calls were in flight.
+    let kv = p.etcd.kv();
+    support::eventually(Duration::from_secs(5), "the provisioned memory in the demand report", || async {
+        let reports = kv.get_prefix("/invoker/demand/").await.unwrap();
+        let report: Option<Value> = reports.first().and_then(|(_, v)| serde_json::from_str(v).ok());
+        let untagged =
+            report.as_ref().and_then(|r| r["needs"].as_array()?.iter().find(|n| n["tags"] == json!([])).cloned());
+        support::done(untagged.is_some_and(|n| n["in_flight_mb"] == 512)).map_err(|_| format!("{reports:?}"))
+    })
+    .await;
+    for _ in 0..4 {
+        let (status, record) = p.scheduler.invoke("hot", "blocking=true", json!({})).await;
+        assert_eq!(status, 200, "{record}");
+        assert_eq!(annotation(&record, "startKind"), &json!("warm"), "{record}");
+    }
+    // One invoker dies: once its registration is gone, the other keeps all four.
+    p.invoker("two").signal(nix::sys::signal::Signal::SIGKILL);
+    p.invoker("two").wait_exit(Duration::from_secs(10));
+    let one = &p.invokers.iter().find(|i| i.invoker_id == "one").unwrap();
+    support::eventually(Duration::from_secs(30), "all four on the invoker left", || async {
+        let got = provisioned_on(one, "guest/hot").await;
+        support::done(got == (4, 4)).map_err(|_| format!("{got:?}"))
+    })
+    .await;
+    // Deleted: they go.
+    let (status, body) = p.scheduler.send_json("DELETE", "/api/v1/namespaces/_/actions/hot", Value::Null).await;
+    assert_eq!(status, 200, "{body}");
+    support::eventually(Duration::from_secs(20), "none provisioned once the action is deleted", || async {
+        let got = provisioned_on(one, "guest/hot").await;
+        support::done(got == (0, 0)).map_err(|_| format!("{got:?}"))
+    })
+    .await;
+}

@@ -260,8 +260,9 @@ impl ActivationService {
             Runner::Pool(pool) => pool.retire_action(namespace, name, kept.map(|a| a.revision)).await,
             Runner::Cluster(dispatcher) => dispatcher.retire_action(namespace, name, kept).await,
         }
-        if let Some(action) = kept {
-            self.provision_saved(action).await;
+        match kept {
+            Some(action) => self.provision_saved(action).await,
+            None => self.unprovision(namespace, name),
         }
     }
 

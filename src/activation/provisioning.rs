@@ -18,10 +18,15 @@ impl ActivationService {
     }
 
     /// `action` was saved: its provisioned containers, within what its namespace's other
-    /// actions leave of the bound. Its older revisions keep none once retired.
+    /// actions leave of the bound; kept by this invoker's pool, or spread over the invokers by
+    /// this scheduler. Its older revisions keep none once retired.
     pub(super) async fn provision_saved(&self, action: &Action) {
-        let Runner::Pool(pool) = &self.runner else { return };
-        let Some(wanted) = action.provisioned_concurrency() else { return };
+        let Some(wanted) = action.provisioned_concurrency() else {
+            if let Runner::Cluster(dispatcher) = &self.runner {
+                dispatcher.provisioned.forget(&action.namespace, &action.name);
+            }
+            return;
+        };
         let others = match self.kept_by_others(&action.namespace, &action.name).await {
             Ok(others) => others.provisioned,
             Err(e) => {
@@ -30,13 +35,27 @@ impl ActivationService {
             }
         };
         let count = self.within_bound(action, wanted, others);
-        pool.provision(Arc::new(action.clone()), count).await;
+        self.provision(Arc::new(action.clone()), count).await;
+    }
+
+    /// `action` was deleted: a scheduler asks nothing more of its invokers for it (an invoker's
+    /// pool forgets it as it retires its containers).
+    pub(super) fn unprovision(&self, namespace: &str, name: &str) {
+        if let Runner::Cluster(dispatcher) = &self.runner {
+            dispatcher.provisioned.forget(namespace, name);
+        }
+    }
+
+    async fn provision(&self, action: Arc<Action>, count: u32) {
+        match &self.runner {
+            Runner::Pool(pool) => pool.provision(action, count).await,
+            Runner::Cluster(dispatcher) => dispatcher.provisioned.set(action, count),
+        }
     }
 
     /// At a start: every stored action that keeps provisioned containers, each namespace's in
     /// name order within its bound.
     pub async fn provision_stored(&self) -> Result<(), StoreError> {
-        let Runner::Pool(pool) = &self.runner else { return Ok(()) };
         let store = self.store.clone();
         let keep = |a: &Action| a.provisioned_concurrency().is_some();
         let found = tokio::task::spawn_blocking(move || store.find_actions(&keep)).await.map_err(|e| {
@@ -53,7 +72,7 @@ impl ActivationService {
                 let wanted = action.provisioned_concurrency().unwrap_or(0);
                 let count = self.within_bound(&action, wanted, kept);
                 kept = kept.saturating_add(count);
-                pool.provision(Arc::new(action), count).await;
+                self.provision(Arc::new(action), count).await;
             }
         }
         Ok(())

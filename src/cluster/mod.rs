@@ -8,6 +8,7 @@ pub mod etcd;
 pub mod fetch;
 mod kv;
 pub mod mirror;
+pub mod provisioned;
 pub mod registry;
 
 pub use kv::{ClusterKv, LeaseId};

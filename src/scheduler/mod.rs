@@ -13,6 +13,8 @@ pub mod guesses;
 pub mod metrics;
 pub use invoker_core::placement;
 pub mod presence;
+pub mod provisioned;
+mod publish;
 pub mod send;
 pub mod stalls;
 pub mod view;
@@ -105,6 +107,8 @@ pub struct Dispatcher {
     backlog: backlog::Backlog,
     /// What each capped action has running through this scheduler.
     caps: caps::Caps,
+    /// The actions of its store that keep provisioned containers on the invokers.
+    pub provisioned: provisioned::Provisioned,
     pub metrics: SchedulerMetrics,
 }
 
@@ -150,6 +154,7 @@ impl Dispatcher {
             guesses: guesses::Guesses::default(),
             backlog: backlog::Backlog::default(),
             caps: caps::Caps::default(),
+            provisioned: provisioned::Provisioned::default(),
             metrics: SchedulerMetrics::default(),
         }
     }
@@ -233,7 +238,7 @@ impl Dispatcher {
             // Within this scheduler's share of the action's cap, held until it ends: a blocking
             // call waits its bounded time, a queued one (first of its line) its age.
             if let (Some(cap), None) = (run.action.max_concurrency(), &permit) {
-                let share = || caps::share(cap, self.directory.current().schedulers);
+                let share = || caps::share(cap, self.directory.current().schedulers.len());
                 let bound = match expires_at {
                     Some(_) => until,
                     None => Instant::now() + self.wait_deadline,
@@ -771,7 +776,7 @@ impl Dispatcher {
                 }
             }
         }
-        self.metrics.schedulers.set(view.schedulers as i64);
+        self.metrics.schedulers.set(view.schedulers.len() as i64);
         self.directory.update(view);
     }
 

@@ -32,9 +32,9 @@ pub struct ClusterView {
     pub warm: HashMap<RevisionKey, BTreeMap<String, u32>>,
     /// Containers per invoker, of every action.
     pub containers: BTreeMap<String, u32>,
-    /// The schedulers registered (`{prefix}/schedulers/{id}`): an action's cap is shared
-    /// between them.
-    pub schedulers: usize,
+    /// The schedulers registered (`{prefix}/schedulers/{id}`): an action's cap and its
+    /// provisioned containers are shared between them.
+    pub schedulers: BTreeSet<String>,
     /// When this scheduler first read each invoker's record as it now is ([`Directory`]): what
     /// it sent there before (less a refresh) the record may show; what it sent since, not.
     pub changed: BTreeMap<String, Instant>,
@@ -82,8 +82,8 @@ impl ClusterView {
                 }
             } else if let Some(rest) = key.strip_prefix(&containers) {
                 view.add_container(key, rest);
-            } else if key.starts_with(&schedulers) {
-                view.schedulers += 1;
+            } else if let Some(id) = key.strip_prefix(&schedulers) {
+                view.schedulers.insert(id.to_string());
             }
         }
         cache.0 = decoded;

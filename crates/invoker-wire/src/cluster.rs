@@ -114,6 +114,39 @@ pub fn demand_key(prefix: &str, scheduler_id: &str) -> String {
     format!("{prefix}/demand/{scheduler_id}")
 }
 
+/// `{prefix}/provisioned/{invoker}/`: the provisioned containers schedulers ask of an invoker,
+/// one key per scheduler and action ([`provisioned_key`]), each under its scheduler's lease.
+pub fn provisioned_prefix(prefix: &str, invoker_id: &str) -> String {
+    format!("{prefix}/provisioned/{invoker_id}/")
+}
+
+/// `{prefix}/provisioned/{invoker}/{scheduler}/{ns}/{name}`, the namespace and the name
+/// percent-encoded (neither holds a `/` then).
+pub fn provisioned_key(prefix: &str, invoker_id: &str, scheduler_id: &str, ns: &str, name: &str) -> String {
+    use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
+    let (ns, name) = (utf8_percent_encode(ns, NON_ALPHANUMERIC), utf8_percent_encode(name, NON_ALPHANUMERIC));
+    format!("{}{scheduler_id}/{ns}/{name}", provisioned_prefix(prefix, invoker_id))
+}
+
+/// What one scheduler asks of one invoker for one action: `count` containers of the action at
+/// `revision` (a [`cluster_revision`]) kept provisioned there.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ProvisionedEntry {
+    pub revision: u64,
+    pub count: u32,
+}
+
+/// A key under [`provisioned_prefix`] read back: the scheduler, the namespace and the name.
+pub fn parse_provisioned_key(rest: &str) -> Option<(String, String, String)> {
+    let mut parts = rest.split('/');
+    let (scheduler, ns, name) = (parts.next()?, parts.next()?, parts.next()?);
+    if parts.next().is_some() {
+        return None;
+    }
+    let decode = |s: &str| percent_encoding::percent_decode_str(s).decode_utf8().ok().map(|s| s.into_owned());
+    Some((scheduler.to_string(), decode(ns)?, decode(name)?))
+}
+
 /// `{prefix}/capacity/leader`: the active capacity manager, under its lease.
 pub fn capacity_leader_key(prefix: &str) -> String {
     format!("{prefix}/capacity/leader")

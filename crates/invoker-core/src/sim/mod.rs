@@ -130,7 +130,9 @@ pub fn run(scenario: &Scenario, host: &dyn Host) -> Result<Value, ScenarioError>
         return fleet::compare(scenario, fleet, host);
     }
     if let Some(comparison) = &scenario.compare_provisioned {
-        return provisioned::compare(scenario, comparison, host);
+        let mut run =
+            |pool, size, provision: &[(u32, u32)], count| simulate(scenario, pool, size, provision, count, host);
+        return provisioned::compare(scenario, comparison, &mut run);
     }
     if let Some(choices) = &scenario.compare_keep_alive {
         return compare_keep_alive(scenario, choices, host);
@@ -232,15 +234,6 @@ fn run_with(
     Ok(simulate(scenario, pool, node_memory_mb, &[], 0, host)?.summary)
 }
 
-/// One run's summary, with what the provisioned comparison reads beside it.
-struct Outcome {
-    summary: Value,
-    /// Per action: (cold starts, calls dispatched).
-    per_action: Vec<(u64, u64)>,
-    /// Per action: its memory (0 for one never called).
-    memory_mb: Vec<u32>,
-}
-
 /// Runs the scenario with `provision` (action, memory) kept provisioned, `count` each.
 fn simulate(
     scenario: &Scenario,
@@ -249,7 +242,7 @@ fn simulate(
     provision: &[(u32, u32)],
     count: u32,
     host: &dyn Host,
-) -> Result<Outcome, ScenarioError> {
+) -> Result<provisioned::Outcome, ScenarioError> {
     let began = host.elapsed();
     let (calls, actions) = workload::calls(&scenario.workload, scenario.seed, host)?;
     let core = PoolCore::new(crate::pool::CoreConfig { pause_grace: scenario.cluster.pause_grace, ..pool.clone() });
@@ -288,7 +281,7 @@ fn simulate(
     }
     sim.run();
     let summary = sim.summary(host.elapsed().saturating_sub(began));
-    Ok(Outcome { summary, per_action: std::mem::take(&mut sim.counts.per_action), memory_mb })
+    Ok(provisioned::Outcome { summary, per_action: std::mem::take(&mut sim.counts.per_action), memory_mb })
 }
 
 impl Sim<'_> {

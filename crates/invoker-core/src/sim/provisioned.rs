@@ -8,14 +8,27 @@
 //! placed well, not how well a function can be picked in advance.
 
 use super::scenario::{ProvisionSelect, ProvisionedComparison, Scenario, ScenarioError};
-use super::{simulate, Host, Outcome, PoolConfig};
+use crate::pool::CoreConfig as PoolConfig;
 use serde_json::{json, Value};
+
+/// One run's summary, with what the comparison reads beside it.
+pub(super) struct Outcome {
+    pub(super) summary: Value,
+    /// Per action: (cold starts, calls dispatched).
+    pub(super) per_action: Vec<(u64, u64)>,
+    /// Per action: its memory (0 for one never called).
+    pub(super) memory_mb: Vec<u32>,
+}
+
+/// What runs the workload once: with this pool, on nodes of this size, these functions
+/// (action, memory) provisioned, this many each.
+pub(super) type Simulate<'a> = dyn FnMut(PoolConfig, u64, &[(u32, u32)], u32) -> Result<Outcome, ScenarioError> + 'a;
 
 /// One section per node size, one per policy in it, one entry per `k` (`"none"` first).
 pub(super) fn compare(
     scenario: &Scenario,
     comparison: &ProvisionedComparison,
-    host: &dyn Host,
+    simulate: &mut Simulate<'_>,
 ) -> Result<Value, ScenarioError> {
     let sizes = scenario.node_sizes_mb.clone().unwrap_or_else(|| vec![scenario.cluster.node_memory_mb]);
     let policies: Vec<(String, PoolConfig)> = match &scenario.compare_keep_alive {
@@ -39,13 +52,13 @@ pub(super) fn compare(
     for size in sizes {
         let mut section = serde_json::Map::new();
         for (name, pool) in &policies {
-            let alone = simulate(scenario, pool.clone(), size, &[], 0, host)?;
+            let alone = simulate(pool.clone(), size, &[], 0)?;
             let ranked = rank(&alone, comparison.select);
             let mut entries = serde_json::Map::new();
             for &k in &comparison.top_k {
                 let chosen: Vec<u32> = ranked.iter().take(k as usize).copied().collect();
                 let provision: Vec<(u32, u32)> = chosen.iter().map(|&a| (a, alone.memory_mb[a as usize])).collect();
-                let with = simulate(scenario, pool.clone(), size, &provision, comparison.count, host)?;
+                let with = simulate(pool.clone(), size, &provision, comparison.count)?;
                 entries.insert(format!("top{k}"), entry(&with, &alone, &chosen, comparison.count));
             }
             let mut none = alone.summary.clone();
