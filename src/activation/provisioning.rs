@@ -1,6 +1,6 @@
-//! An action's provisioned containers (`provisioned-concurrency`), handed to the pool that
-//! keeps them: at every save of the action, and at a start for every stored action that keeps
-//! any. Each namespace's actions keep at most `limits.namespace_provisioned` in all: a `PUT`
+//! An action's provisioned containers (`provisioned-concurrency`), handed to what keeps them
+//! (an invoker's pool, or a scheduler that spreads them over its invokers): at every save of the
+//! action, and at a start for every stored action that keeps any. Each namespace's actions keep at most `limits.namespace_provisioned` in all: a `PUT`
 //! past it is refused (`api::actions`), and what reaches the pool is bounded again here, so
 //! that no other route (an Fn function, two saves at once) gets past it.
 
