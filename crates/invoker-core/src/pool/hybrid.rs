@@ -12,7 +12,7 @@
 //! the core forgets the key: one fixed-size histogram per action, no more.
 
 use super::keep_alive::{IdleSpell, KeepAlivePolicy, Live};
-use super::{HybridWindow, KeepAliveParams, KeyId, Time};
+use super::types::{HybridWindow, KeepAliveParams, KeyId, Time};
 use rustc_hash::FxHashMap;
 use std::collections::{BTreeSet, VecDeque};
 use std::time::Duration;

@@ -11,11 +11,13 @@ mod hybrid;
 mod idle_stack;
 mod keep_alive;
 mod nodes;
+mod prewarming;
 #[cfg(test)]
 mod proptests;
 mod provisioned;
 #[cfg(test)]
 mod provisioned_tests;
+mod provisioning;
 mod slab;
 mod stems;
 #[cfg(test)]
