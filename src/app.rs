@@ -10,12 +10,15 @@ use crate::cluster::etcd::{Etcd, EtcdError};
 use crate::cluster::fetch::RemoteActions;
 use crate::cluster::registry::{Identity, Registrar, RegistryError};
 use crate::config::Config;
-use crate::factory::{ContainerFactory, Epoch, Factory, FactoryError};
+use crate::factory::Factory;
 use crate::metrics::Metrics;
 use crate::pool::actor::{ContainerPool, PoolHandle};
 use crate::scheduler::presence::Presence;
 use crate::scheduler::Dispatcher;
 use crate::store::{JournalOptions, JournaledStore, Recovered, Store, StoreError};
+use invoker_factory::contract::ContainerFactory;
+use invoker_factory::contract::Epoch;
+use invoker_factory::error::FactoryError;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -46,7 +49,7 @@ pub enum AppError {
     Plane(std::io::Error),
     #[cfg(feature = "kubernetes")]
     #[error("the capacity manager's Kubernetes plane: {0}")]
-    KubernetesPlane(crate::factory::kubernetes::KubeError),
+    KubernetesPlane(invoker_kubernetes::KubeError),
 }
 
 /// What both commands share: the store, the API server and the record retention.
@@ -68,7 +71,7 @@ impl Serving {
         self.stop.cancel();
         let _ = self.server.await;
         self.expiry.abort();
-        let recovered = self.store.recover_unfinished(crate::model::epoch_ms())?;
+        let recovered = self.store.recover_unfinished(invoker_wire::model::epoch_ms())?;
         if !recovered.guessed.is_empty() {
             tracing::warn!(
                 unfinished = recovered.guessed.len(),
@@ -460,7 +463,7 @@ fn open(config: &mut Config, file: &str) -> Result<Opened, AppError> {
         end_reserve_bytes: config.store.end_reserve_mb.saturating_mul(1024 * 1024),
     };
     let store = JournaledStore::open_with(&config.data_dir.join(file), &config.data_dir.join("journal"), options)?;
-    let recovered = store.recover_unfinished(crate::model::epoch_ms())?;
+    let recovered = store.recover_unfinished(invoker_wire::model::epoch_ms())?;
     if !recovered.guessed.is_empty() {
         tracing::warn!(
             recovered = recovered.guessed.len(),
@@ -575,7 +578,7 @@ async fn register(config: &Config, addr: SocketAddr) -> Result<Option<Registrar<
 /// at the next round.
 async fn expire_records(store: Arc<dyn Store>, retention: Duration, every: Duration) {
     loop {
-        let cutoff = crate::model::epoch_ms().saturating_sub(retention.as_millis() as u64);
+        let cutoff = invoker_wire::model::epoch_ms().saturating_sub(retention.as_millis() as u64);
         let s = store.clone();
         match tokio::task::spawn_blocking(move || s.expire(cutoff)).await {
             Ok(Ok(0)) => {}

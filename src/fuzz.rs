@@ -11,8 +11,8 @@
 //! trip on, tokens of the formats inserted, spans deleted, duplicated or spliced from another
 //! seed, truncation. It is deterministic for a seed, so a failure is replayed by its number.
 
-use crate::factory::Transport;
 use crate::proxy::protocol::{Runtime, RuntimeResponse};
+use invoker_factory::contract::Transport;
 use invoker_factory::peer::Peer;
 use std::sync::Arc;
 
@@ -243,7 +243,10 @@ fn openwhisk_answer(bytes: &[u8]) {
         let answer = Ok(RuntimeResponse { status, headers: Default::default(), body: body.clone().into() });
         let _ = runtime.answered(&answer);
         let read = runtime.interpret(answer, 1000, oom, 1 << 20);
-        assert!(read.outcome != crate::model::Outcome::Success || read.reusable, "a success keeps its container");
+        assert!(
+            read.outcome != invoker_wire::model::Outcome::Success || read.reusable,
+            "a success keeps its container"
+        );
     }
 }
 
@@ -320,7 +323,7 @@ fn journal_line(bytes: &[u8]) {
 fn recordio_corpus() -> Vec<Vec<u8>> {
     let mut stream = Vec::new();
     for record in [&b"{\"type\":\"SUBSCRIBED\"}"[..], b"{\"type\":\"HEARTBEAT\"}", b""] {
-        stream.extend(crate::factory::mesos::recordio::frame(record));
+        stream.extend(invoker_mesos::recordio::frame(record));
     }
     vec![stream]
 }
@@ -330,7 +333,7 @@ fn recordio_corpus() -> Vec<Vec<u8>> {
 fn recordio(bytes: &[u8]) {
     use tokio_util::codec::Decoder as _;
     let decode = |chunks: &mut dyn Iterator<Item = &[u8]>| {
-        let mut decoder = crate::factory::mesos::recordio::RecordIo::new(4096);
+        let mut decoder = invoker_mesos::recordio::RecordIo::new(4096);
         let (mut buffer, mut records) = (bytes::BytesMut::new(), Vec::new());
         for chunk in chunks {
             buffer.extend_from_slice(chunk);

@@ -19,7 +19,6 @@ pub mod fuzz;
 pub mod http;
 pub mod live;
 pub mod metrics;
-pub mod model;
 pub mod pool;
 pub mod proxy;
 pub mod read_watched;

@@ -142,7 +142,7 @@ pub struct ActivationRow<'a> {
 }
 
 impl<'a> ActivationRow<'a> {
-    pub fn of(record: &'a crate::model::ActivationRecord) -> Self {
+    pub fn of(record: &'a invoker_wire::model::ActivationRecord) -> Self {
         let number = |key: &str| record.annotation(key).and_then(|v| v.as_u64());
         ActivationRow {
             id: &record.activation_id,

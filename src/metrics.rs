@@ -1,6 +1,6 @@
 //! Prometheus metrics: counters kept as activations end; pool gauges read at scrape time.
 
-use crate::model::ActivationRecord;
+use invoker_wire::model::ActivationRecord;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -148,7 +148,7 @@ impl Metrics {
             }
             _ => {}
         }
-        if record.rejection_kind() == Some(crate::model::RejectionKind::Capped) {
+        if record.rejection_kind() == Some(invoker_wire::model::RejectionKind::Capped) {
             self.capped.inc();
         }
         self.latency.observe(record.duration as f64 / 1000.0);

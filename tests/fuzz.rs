@@ -10,8 +10,9 @@ use http_body_util::Full;
 use invoker::app::InvokerApp;
 use invoker::config::Config;
 use invoker::factory::mock::{MockConfig, MockFactory};
-use invoker::factory::{Epoch, Factory};
+use invoker::factory::Factory;
 use invoker::fuzz::{run, targets, Inputs};
+use invoker_factory::contract::Epoch;
 use std::time::Instant;
 
 const GUEST: &str =

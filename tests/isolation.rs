@@ -281,7 +281,7 @@ async fn a_tenant_key_reads_no_other_namespace_and_no_admin_route() {
         .unwrap();
     assert_eq!(put.status(), 200);
     // guest's activation through the shim, then other's replay of its id.
-    let id = invoker::model::new_activation_id();
+    let id = invoker_wire::model::new_activation_id();
     let message = |ns: &str, action: &str, subject: &str| {
         json!({"transid": ["t", 1], "action": {"path": ns, "name": action},
                "user": {"subject": subject, "namespace": {"name": ns}}, "activationId": id, "blocking": true,

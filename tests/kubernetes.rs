@@ -4,8 +4,8 @@
 
 mod support;
 
-use invoker::factory::kubernetes::offers::NodeOffer;
-use invoker::factory::kubernetes::watch::{watch_cluster, watch_offers};
+use invoker_kubernetes::offers::NodeOffer;
+use invoker_kubernetes::watch::{watch_cluster, watch_offers};
 use invoker_kubernetes::{k8s_openapi, kube};
 use std::time::Duration;
 use support::kube_api::FakeApiServer;

@@ -5,8 +5,9 @@ use invoker::activation::{ActivationService, InvokeRequest, Invoked};
 use invoker::app::InvokerApp;
 use invoker::config::{Config, PoolConfig, ProxyConfig};
 use invoker::factory::mock::{MockCall, MockConfig, MockFactory};
-use invoker::factory::{Epoch, Factory};
-use invoker::model::{new_activation_id, Action, ActivationRecord, Exec, Limits, Outcome};
+use invoker::factory::Factory;
+use invoker_factory::contract::Epoch;
+use invoker_wire::model::{new_activation_id, Action, ActivationRecord, Exec, Limits, Outcome};
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -411,7 +412,7 @@ async fn a_full_pool_mailbox_answers_a_blocking_call_at_once_and_every_activatio
             std::task::Poll::Ready(invoked) => invoked,
             std::task::Poll::Pending => call.await,
         };
-        let Invoked::Done(invoker::model::EncodedRecord { record, .. }) = invoked.unwrap() else {
+        let Invoked::Done(invoker_wire::model::EncodedRecord { record, .. }) = invoked.unwrap() else {
             panic!("a blocking call within its wait is answered with its record")
         };
         if record.response.status_code == 0 {
@@ -419,7 +420,7 @@ async fn a_full_pool_mailbox_answers_a_blocking_call_at_once_and_every_activatio
             continue;
         }
         assert_eq!(record.annotation("rejected"), Some(&json!("queue_full")), "{record:?}");
-        assert_eq!(record.rejection, Some(invoker::model::Rejection::QueueFull));
+        assert_eq!(record.rejection, Some(invoker_wire::model::Rejection::QueueFull));
         assert!(h.service().store().get_activation(&record.activation_id).unwrap().is_some());
         answered += 1;
     }
@@ -564,7 +565,7 @@ async fn a_policy_of_no_retries_ends_with_the_first_failure() {
     })
     .await;
     let mut never = Arc::unwrap_or_clone(action("never", 256));
-    never.annotations.push(invoker::model::KeyValue { key: "max-retry-attempts".into(), value: json!(0) });
+    never.annotations.push(invoker_wire::model::KeyValue { key: "max-retry-attempts".into(), value: json!(0) });
     let never = stored(&h, Arc::new(never));
     let id = invoke_async(&h, &never, json!({"error": "always"})).await;
     let record = record_of(&h, &id).await;

@@ -5,9 +5,9 @@
 use super::queue::QueueTicket;
 use super::slot::NamespaceSlot;
 use crate::metrics::Metrics;
-use crate::model::{Action, ActivationMeta, ActivationRecord, EncodedRecord, KeyValue, Rejection};
 use crate::store::{DeadLetter, DocKind, QueuedCall, Store};
 use crate::telemetry::ActivationTrace;
+use invoker_wire::model::{Action, ActivationMeta, ActivationRecord, EncodedRecord, KeyValue, Rejection};
 use serde_json::{Map, Value};
 use std::sync::Arc;
 use std::time::Instant;
@@ -78,8 +78,8 @@ impl Retry {
     /// and age allow one.
     fn decide(mut self, record: &mut ActivationRecord, store: &Arc<dyn Store>, metrics: &Metrics) {
         if let Some((first, attempt)) = self.link.take() {
-            record.annotations.push(KeyValue { key: crate::model::RETRY_OF.into(), value: first.into() });
-            record.annotations.push(KeyValue { key: crate::model::ATTEMPT.into(), value: attempt.into() });
+            record.annotations.push(KeyValue { key: invoker_wire::model::RETRY_OF.into(), value: first.into() });
+            record.annotations.push(KeyValue { key: invoker_wire::model::ATTEMPT.into(), value: attempt.into() });
         }
         let succeeded = record.response.status_code == 0;
         if succeeded && !self.on_success {
@@ -89,7 +89,7 @@ impl Retry {
         if succeeded {
             return self.destination(&call, call.on_success.as_deref(), "on-success", record);
         }
-        let now = crate::model::epoch_ms();
+        let now = invoker_wire::model::epoch_ms();
         let backoff = self.backoff.saturating_mul(1 << (call.attempt - 1).min(16));
         let not_before = now.saturating_add(backoff.as_millis() as u64);
         // Out of attempts, or past its age before another could start: given up.
@@ -99,7 +99,7 @@ impl Retry {
             return dead_letter(call, record, store);
         }
         let first = call.retry_of.take().unwrap_or_else(|| call.meta.activation_id.clone());
-        call.meta.activation_id = crate::model::new_activation_id();
+        call.meta.activation_id = invoker_wire::model::new_activation_id();
         call.meta.accepted_at = now;
         call.attempt += 1;
         call.retry_of = Some(first);
@@ -111,7 +111,7 @@ impl Retry {
             return;
         }
         let next = call.meta.activation_id.clone();
-        record.annotations.push(KeyValue { key: crate::model::RETRIED_AS.into(), value: next.into() });
+        record.annotations.push(KeyValue { key: invoker_wire::model::RETRIED_AS.into(), value: next.into() });
         metrics.retries.inc();
         let _ = self.retries.send(QueueWork::Retry(Box::new(call)));
     }
@@ -141,7 +141,7 @@ fn dead_letter(mut call: QueuedCall, record: &ActivationRecord, store: &Arc<dyn 
         action: format!("{}/{}", call.meta.namespace, call.meta.name),
         attempts: call.attempt,
         reason,
-        at: crate::model::epoch_ms(),
+        at: invoker_wire::model::epoch_ms(),
         call,
     };
     let json = serde_json::to_string(&letter).expect("a dead letter serialises");
@@ -289,7 +289,7 @@ impl RunJob {
     /// As [`Self::reject`], the record's message saying why.
     pub fn reject_because(self, rejection: Rejection, message: &str) {
         let wait_ms = self.accepted.elapsed().as_millis() as u64;
-        let now = crate::model::epoch_ms();
+        let now = invoker_wire::model::epoch_ms();
         let record = ActivationRecord::rejected_because(&self.meta, rejection, message, wait_ms, now);
         self.completion.finish(record);
     }
@@ -333,7 +333,7 @@ impl Drop for Completion {
                 tracing::info!(activation = %inner.meta.activation_id, "a queued call is left for the next start");
                 return;
             }
-            let now = crate::model::epoch_ms();
+            let now = invoker_wire::model::epoch_ms();
             let record = ActivationRecord::whisk_error(&inner.meta, "the activation was dropped by the invoker", now);
             tracing::error!(activation = %record.activation_id, "an activation was dropped unfinished");
             inner.finish(record, &self.trace);

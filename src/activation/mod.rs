@@ -10,7 +10,6 @@ pub mod reservations;
 pub mod slot;
 
 use crate::metrics::Metrics;
-use crate::model::{epoch_ms, Action, ActivationMeta, EncodedRecord};
 use crate::pool::actor::PoolHandle;
 use crate::pool::status::PoolStatus;
 use crate::scheduler::Dispatcher;
@@ -18,6 +17,7 @@ use crate::store::{Accepted, QueuedCall, QueuedRequest, Store, StoreError};
 use crate::telemetry::{ActivationTrace, TraceParent};
 use base64::Engine as _;
 use invoker_wire::cluster::Health;
+use invoker_wire::model::{epoch_ms, Action, ActivationMeta, EncodedRecord};
 use job::{Completion, RunJob};
 use queue::{QueueCounts, QueueFull, QueueSettings};
 use serde_json::{Map, Value};
@@ -254,7 +254,7 @@ impl ActivationService {
     /// The action `namespace/name` was deleted (`kept: None`) or saved as `kept`: no container
     /// of another revision runs anything again, and the idle ones are removed now, here or (a
     /// scheduler) on every invoker.
-    pub async fn retire_action(&self, namespace: &str, name: &str, kept: Option<&crate::model::Action>) {
+    pub async fn retire_action(&self, namespace: &str, name: &str, kept: Option<&invoker_wire::model::Action>) {
         self.reservations.set(namespace, name, kept.map(reservations::Kept::of));
         match &self.runner {
             Runner::Pool(pool) => pool.retire_action(namespace, name, kept.map(|a| a.revision)).await,
@@ -344,7 +344,7 @@ impl ActivationService {
         let accepted = Instant::now();
         let action = req.action;
         let given = req.activation_id.is_some();
-        let activation_id = req.activation_id.unwrap_or_else(crate::model::new_activation_id);
+        let activation_id = req.activation_id.unwrap_or_else(invoker_wire::model::new_activation_id);
         let meta = accepted_now(&action, activation_id.clone(), req.subject);
         // An action with a reservation runs on it alone (capped by it in the pool), not on the
         // namespace's shared part.
@@ -421,7 +421,7 @@ impl ActivationService {
         let accepted = Instant::now();
         let action = req.action;
         let given = req.activation_id.is_some();
-        let activation_id = req.activation_id.unwrap_or_else(crate::model::new_activation_id);
+        let activation_id = req.activation_id.unwrap_or_else(invoker_wire::model::new_activation_id);
         let meta = accepted_now(&action, activation_id.clone(), req.subject);
         let settings = &queue.settings;
         let max_age = action.max_event_age_s().map_or(settings.max_event_age, Duration::from_secs);
@@ -443,8 +443,8 @@ impl ActivationService {
             retry_of: None,
             not_before: 0,
             // A destination's own call has none: an outcome never calls back in a loop.
-            on_success: action.destination(crate::model::ON_SUCCESS).filter(|_| origin == Origin::Caller),
-            on_failure: action.destination(crate::model::ON_FAILURE).filter(|_| origin == Origin::Caller),
+            on_success: action.destination(invoker_wire::model::ON_SUCCESS).filter(|_| origin == Origin::Caller),
+            on_failure: action.destination(invoker_wire::model::ON_FAILURE).filter(|_| origin == Origin::Caller),
         };
         // Strings, numbers and JSON values: encoding cannot fail.
         let json = serde_json::to_vec(&call).expect("a queued call serialises");
@@ -517,7 +517,7 @@ impl ActivationService {
             request,
             subject: letter.call.meta.subject.clone(),
             activation_id: None,
-            transaction_id: crate::model::new_activation_id(),
+            transaction_id: invoker_wire::model::new_activation_id(),
             wait: None,
             traceparent: None,
             whole: None,
@@ -544,7 +544,7 @@ impl ActivationService {
             subject,
             api_key: None,
             activation_id: None,
-            transaction_id: crate::model::new_activation_id(),
+            transaction_id: invoker_wire::model::new_activation_id(),
             wait: None,
             traceparent: None,
             whole: None,
@@ -559,18 +559,18 @@ impl ActivationService {
     /// as a guess, and its next attempt queued if its policy allows. In a scheduler the call
     /// started on an invoker, which has its record: the guess waits to be replaced by it
     /// (returned, for the scheduler's round of guesses), and nothing is retried.
-    pub fn interrupted(&self, call: QueuedCall) -> Option<crate::model::ActivationMeta> {
+    pub fn interrupted(&self, call: QueuedCall) -> Option<invoker_wire::model::ActivationMeta> {
         if let Runner::Cluster(_) = &self.runner {
             let meta = Arc::new(call.meta);
             let why = "the scheduler stopped while an invoker ran this call; its record is asked of the invokers";
-            self.end_with(meta.clone(), crate::model::ActivationRecord::guess(&meta, why, epoch_ms()));
+            self.end_with(meta.clone(), invoker_wire::model::ActivationRecord::guess(&meta, why, epoch_ms()));
             return Some(Arc::unwrap_or_clone(meta));
         }
         let queue = self.queue.as_ref()?;
         let json = serde_json::to_vec(&call).expect("a queued call serialises");
         let retry = self.retry_of(&call, json.into(), queue);
         let meta = Arc::new(call.meta);
-        let record = crate::model::ActivationRecord::guess(&meta, crate::store::STOPPED_UNFINISHED, epoch_ms());
+        let record = invoker_wire::model::ActivationRecord::guess(&meta, crate::store::STOPPED_UNFINISHED, epoch_ms());
         let trace = ActivationTrace::begin(None, &meta, &self.process);
         let completion = Completion::new(self.store.clone(), self.metrics.clone(), meta, None, None, trace);
         completion.interrupted(retry).finish(record);
@@ -592,11 +592,11 @@ impl ActivationService {
     /// Ends a queued call that cannot run, with a record saying why.
     fn end_unrun(&self, call: &QueuedCall, why: &str) {
         let meta = Arc::new(call.meta.clone());
-        self.end_with(meta.clone(), crate::model::ActivationRecord::whisk_error(&meta, why, epoch_ms()));
+        self.end_with(meta.clone(), invoker_wire::model::ActivationRecord::whisk_error(&meta, why, epoch_ms()));
     }
 
     /// Ends an activation nobody waits on with `record`.
-    fn end_with(&self, meta: Arc<ActivationMeta>, record: crate::model::ActivationRecord) {
+    fn end_with(&self, meta: Arc<ActivationMeta>, record: invoker_wire::model::ActivationRecord) {
         let trace = ActivationTrace::begin(None, &meta, &self.process);
         Completion::new(self.store.clone(), self.metrics.clone(), meta, None, None, trace).finish(record);
     }

@@ -5,8 +5,8 @@
 //! that no other route (an Fn function, two saves at once) gets past it.
 
 use super::{ActivationService, Runner};
-use crate::model::Action;
 use crate::store::StoreError;
+use invoker_wire::model::Action;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 

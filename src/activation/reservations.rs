@@ -4,7 +4,7 @@
 //! `limits.namespace_provisioned`. Read from the store once per namespace, then kept current by
 //! every save and delete of an action through this process.
 
-use crate::model::Action;
+use invoker_wire::model::Action;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -7,12 +7,12 @@ use super::state::{load_action, AppState};
 use crate::activation::{InvokeRequest, Invoked};
 use crate::config::{Config, KindLanguage};
 use crate::http::{with_body, Response};
-use crate::model::{
-    epoch_ms, new_activation_id, validate_entity_name, Action, ActivationRecord, Exec, KeyValue, Limits,
-};
 use bytes::Bytes;
 use hyper::header::HeaderValue;
 use hyper::StatusCode;
+use invoker_wire::model::{
+    epoch_ms, new_activation_id, validate_entity_name, Action, ActivationRecord, Exec, KeyValue, Limits,
+};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use std::time::Duration;
@@ -81,7 +81,7 @@ fn validate_action(config: &Config, put: ActionPut, ns: &str, name: &str) -> Res
     };
     // A function made from an image of its own holds its code in the image.
     match (exec.kind == crate::config::FN_IMAGE_KIND, exec.image.as_deref()) {
-        (true, Some(image)) if crate::model::is_image_reference(image) => {}
+        (true, Some(image)) if invoker_wire::model::is_image_reference(image) => {}
         (true, Some(_)) => return Err(bad("exec.image: not an image reference (name[:tag][@digest])".into())),
         (true, None) => return Err(bad(format!("exec.image: is required for kind {}", exec.kind))),
         (false, _) if exec.code.as_deref().is_none_or(str::is_empty) => {
@@ -151,11 +151,15 @@ fn validate_action(config: &Config, put: ActionPut, ns: &str, name: &str) -> Res
 /// its destinations (`on-success`, `on-failure`), names of actions of its namespace.
 fn check_queue_policy(annotations: &[KeyValue]) -> Result<(), String> {
     let bounds = [
-        (crate::model::MAX_RETRY_ATTEMPTS, 0, u64::from(crate::config::RETRY_ATTEMPTS_MAX)),
-        (crate::model::MAX_EVENT_AGE, crate::config::EVENT_AGE_MIN.as_secs(), crate::config::EVENT_AGE_MAX.as_secs()),
-        (crate::model::MAX_CONCURRENCY, 1, crate::model::MAX_CONCURRENCY_MAX),
-        (crate::model::RESERVED_CONCURRENCY, 1, crate::model::MAX_CONCURRENCY_MAX),
-        (crate::model::PROVISIONED_CONCURRENCY, 1, crate::model::MAX_CONCURRENCY_MAX),
+        (invoker_wire::model::MAX_RETRY_ATTEMPTS, 0, u64::from(crate::config::RETRY_ATTEMPTS_MAX)),
+        (
+            invoker_wire::model::MAX_EVENT_AGE,
+            crate::config::EVENT_AGE_MIN.as_secs(),
+            crate::config::EVENT_AGE_MAX.as_secs(),
+        ),
+        (invoker_wire::model::MAX_CONCURRENCY, 1, invoker_wire::model::MAX_CONCURRENCY_MAX),
+        (invoker_wire::model::RESERVED_CONCURRENCY, 1, invoker_wire::model::MAX_CONCURRENCY_MAX),
+        (invoker_wire::model::PROVISIONED_CONCURRENCY, 1, invoker_wire::model::MAX_CONCURRENCY_MAX),
     ];
     for (key, lo, hi) in bounds {
         let Some(value) = annotations.iter().find(|a| a.key == key).map(|a| &a.value) else { continue };
@@ -164,7 +168,7 @@ fn check_queue_policy(annotations: &[KeyValue]) -> Result<(), String> {
         }
     }
     // Destinations name an action of the same namespace.
-    for key in [crate::model::ON_SUCCESS, crate::model::ON_FAILURE] {
+    for key in [invoker_wire::model::ON_SUCCESS, invoker_wire::model::ON_FAILURE] {
         let Some(value) = annotations.iter().find(|a| a.key == key).map(|a| &a.value) else { continue };
         let name = value.as_str().ok_or_else(|| format!("annotations.{key}: {value} must be an action's name"))?;
         validate_entity_name(&format!("annotations.{key}"), name)?;
@@ -188,12 +192,12 @@ async fn check_kept(state: &AppState, action: &Action) -> Result<(), ApiError> {
         return Err(ApiError::BadRequest(format!(
             "annotations.{}: {reserved} with the {} the namespace's other actions reserve is more than \
              limits.namespace_concurrent ({limit})",
-            crate::model::RESERVED_CONCURRENCY,
+            invoker_wire::model::RESERVED_CONCURRENCY,
             others.reserved
         )));
     }
     let Some(provisioned) = provisioned else { return Ok(()) };
-    let key = crate::model::PROVISIONED_CONCURRENCY;
+    let key = invoker_wire::model::PROVISIONED_CONCURRENCY;
     if let Some(cap) = action.max_concurrency().filter(|cap| provisioned > *cap) {
         return Err(ApiError::BadRequest(format!(
             "annotations.{key}: {provisioned} is more than the action may run at once ({cap}, its \

@@ -4,8 +4,8 @@ use super::call::{blocking, json, page, Call, PageQuery};
 use super::error::ApiError;
 use super::state::AppState;
 use crate::http::Response;
-use crate::model::validate_entity_name;
 use hyper::StatusCode;
+use invoker_wire::model::validate_entity_name;
 
 pub(super) async fn list(state: &AppState, call: &Call, ns: &str) -> Result<Response, ApiError> {
     let (ns, _) = state.namespace(call, ns)?;
@@ -25,9 +25,9 @@ async fn find_activation(
     call: &Call,
     ns: &str,
     id: &str,
-) -> Result<crate::model::ActivationRecord, ApiError> {
+) -> Result<invoker_wire::model::ActivationRecord, ApiError> {
     let (ns, _) = state.namespace(call, ns)?;
-    if !crate::model::is_activation_id(id) {
+    if !invoker_wire::model::is_activation_id(id) {
         return Err(ApiError::BadRequest("activation id: must be 32 hexadecimal digits".into()));
     }
     let store = state.service.store().clone();

@@ -61,7 +61,7 @@ pub(super) async fn metrics(state: &AppState, call: &Call) -> Result<Response, A
         // Only the namespaces with calls waiting now.
         metrics.queued.clear();
         metrics.queued_oldest_seconds.clear();
-        let now = crate::model::epoch_ms();
+        let now = invoker_wire::model::epoch_ms();
         for depth in queue.by_namespace() {
             let label = crate::metrics::NamespaceLabel { namespace: depth.namespace };
             metrics.queued.get_or_create(&label).set(depth.calls as i64);

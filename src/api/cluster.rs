@@ -7,9 +7,9 @@ use super::error::ApiError;
 use super::state::AppState;
 use crate::cluster::{cluster_revision, MAX_RECORDS_ASKED};
 use crate::http::Response;
-use crate::model::validate_entity_name;
 use crate::scheduler::Dispatcher;
 use hyper::StatusCode;
+use invoker_wire::model::validate_entity_name;
 use serde::Deserialize;
 use serde_json::json;
 use std::sync::Arc;
@@ -98,7 +98,7 @@ pub(super) async fn internal_records(state: &AppState, call: &Call) -> Result<Re
     if asked.activation_ids.len() > MAX_RECORDS_ASKED {
         return Err(ApiError::BadRequest(format!("activation_ids: at most {MAX_RECORDS_ASKED} at once")));
     }
-    if let Some(bad) = asked.activation_ids.iter().find(|id| !crate::model::is_activation_id(id)) {
+    if let Some(bad) = asked.activation_ids.iter().find(|id| !invoker_wire::model::is_activation_id(id)) {
         let bad: String = bad.chars().take(64).collect();
         return Err(ApiError::BadRequest(format!("activation_ids: '{bad}' is not 32 hexadecimal digits")));
     }

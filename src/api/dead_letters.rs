@@ -21,7 +21,7 @@ async fn letters(state: &AppState, ns: &str) -> Result<Vec<DeadLetter>, ApiError
 }
 
 async fn letter(state: &AppState, ns: &str, id: &str) -> Result<DeadLetter, ApiError> {
-    if !crate::model::is_activation_id(id) {
+    if !invoker_wire::model::is_activation_id(id) {
         return Err(ApiError::BadRequest("dead letter id: must be 32 hexadecimal digits".into()));
     }
     let store = state.service.store().clone();

@@ -3,11 +3,11 @@
 use crate::activation::IntakeError;
 use crate::cluster::fetch::FetchError;
 use crate::http::Response;
-use crate::model::{ActivationRecord, Outcome, Rejection, RejectionKind};
 use crate::store::StoreError;
 use hyper::header::{self, HeaderValue};
 use hyper::StatusCode;
 use invoker_core::pool::CreateFailure;
+use invoker_wire::model::{ActivationRecord, Outcome, Rejection, RejectionKind};
 use serde_json::json;
 
 #[derive(Debug, thiserror::Error)]
@@ -87,7 +87,7 @@ impl ApiError {
     }
 
     pub fn into_response(self) -> Response {
-        let body = json!({ "error": self.to_string(), "code": crate::model::new_activation_id() });
+        let body = json!({ "error": self.to_string(), "code": invoker_wire::model::new_activation_id() });
         self.respond(&body)
     }
 
@@ -176,7 +176,7 @@ pub(super) fn fn_record_status(record: &ActivationRecord, image: Option<&str>) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::ActivationMeta;
+    use invoker_wire::model::ActivationMeta;
 
     fn meta() -> ActivationMeta {
         ActivationMeta::for_test("0123456789abcdef0123456789abcdef")

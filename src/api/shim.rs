@@ -13,14 +13,14 @@ use crate::activation::job::CallRequest;
 use crate::activation::{IntakeError, InvokeRequest, Invoked};
 use crate::http::Follows;
 use crate::http::Response;
-use crate::model::{
-    is_activation_id, validate_entity_name, ActivationMessage, ActivationRecord, EncodedRecord, Outcome,
-};
 use crate::telemetry::TraceParent;
 use bytes::Bytes;
 use hyper::header::{HeaderValue, ACCEPT, CONTENT_TYPE};
 use hyper::StatusCode;
 use invoker_wire::cluster::{REPORT_START, STARTED_LINE, TWO_PARTS};
+use invoker_wire::model::{
+    is_activation_id, validate_entity_name, ActivationMessage, ActivationRecord, EncodedRecord, Outcome,
+};
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;

@@ -7,9 +7,9 @@ use super::fn_routes::cache::FnCache;
 use crate::activation::ActivationService;
 use crate::cluster::fetch::RemoteActions;
 use crate::config::Config;
-use crate::model::{validate_entity_name, Action};
 use base64::Engine as _;
 use hyper::HeaderMap;
+use invoker_wire::model::{validate_entity_name, Action};
 use std::collections::HashMap;
 use std::sync::Arc;
 

@@ -185,7 +185,7 @@ fn reason(status: u16) -> &'static str {
 /// A complete answer with the API's error body; the connection closes after it.
 fn refusal(status: u16, reason: &str) -> Vec<u8> {
     let phrase = hyper::StatusCode::from_u16(status).ok().and_then(|s| s.canonical_reason()).unwrap_or("Error");
-    let body = serde_json::json!({ "error": reason, "code": crate::model::new_activation_id() }).to_string();
+    let body = serde_json::json!({ "error": reason, "code": invoker_wire::model::new_activation_id() }).to_string();
     format!(
         "HTTP/1.1 {status} {phrase}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
         body.len()

@@ -6,12 +6,12 @@
 
 use super::etcd::Etcd;
 use super::{cluster_revision, scheduler_key, ClusterKv, SchedulerRecord};
-use crate::model::Action;
 use crate::store::action_cache::ActionCache;
 use base64::Engine as _;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty, Limited};
 use invoker_wire::cluster::authority;
+use invoker_wire::model::Action;
 use parking_lot::Mutex;
 use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
 use std::collections::HashMap;

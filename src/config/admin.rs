@@ -20,7 +20,7 @@ pub struct AdminConfig {
 pub(super) fn validate_keys(namespaces: &BTreeMap<String, String>, admin: &AdminConfig) -> Result<(), ConfigError> {
     let mut seen = HashSet::new();
     for (ns, key) in namespaces {
-        crate::model::validate_entity_name("namespaces", ns).map_err(|r| bad(&format!("namespaces.{ns}"), r))?;
+        invoker_wire::model::validate_entity_name("namespaces", ns).map_err(|r| bad(&format!("namespaces.{ns}"), r))?;
         check_key(&format!("namespaces.{ns}"), key, &mut seen)?;
     }
     if let Some(key) = &admin.key {

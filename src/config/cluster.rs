@@ -141,7 +141,7 @@ impl Default for SchedulerConfig {
 
 impl SchedulerConfig {
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
-        crate::model::validate_entity_name("scheduler.id", &self.id).map_err(|r| bad("scheduler.id", r))?;
+        invoker_wire::model::validate_entity_name("scheduler.id", &self.id).map_err(|r| bad("scheduler.id", r))?;
         for (key, f) in [
             ("scheduler.managed_fraction", self.managed_fraction),
             ("scheduler.blackbox_fraction", self.blackbox_fraction),

@@ -51,7 +51,7 @@ impl Default for LimitsConfig {
             concurrency_default: 1,
             disk_min_mb: 16,
             disk_max_mb: 2048,
-            disk_default_mb: crate::model::Limits::DEFAULT_DISK_MB,
+            disk_default_mb: invoker_wire::model::Limits::DEFAULT_DISK_MB,
             payload_max_bytes: 1024 * 1024,
             code_max_bytes: 48 * 1024 * 1024,
             archive_unpacked_max_mb: 256,

@@ -16,16 +16,14 @@ mod zygote;
 
 use invoker_core::pool::{ContainerId, NodeId};
 #[cfg(feature = "docker")]
-pub use invoker_docker as docker;
-pub use invoker_factory::{contract, error, fn_socket, id_lock, logs, netns, one_host, own_disk, peer, uids};
+use invoker_docker as docker;
+use invoker_factory::contract::{ContainerFactory, ContainerHandle, ContainerSpec, Epoch, StatsReceiver};
+use invoker_factory::error::{FactoryError, SetupError};
 #[cfg(feature = "kubernetes")]
-pub use invoker_kubernetes as kubernetes;
+use invoker_kubernetes as kubernetes;
 #[cfg(feature = "mesos")]
-pub use invoker_mesos as mesos;
+use invoker_mesos as mesos;
 use std::sync::Arc;
-
-pub use contract::{ContainerFactory, ContainerHandle, ContainerSpec, Epoch, FunctionStart, StatsReceiver, Transport};
-pub use error::{Cause, CreateError, FactoryError, SetupError};
 
 #[derive(Clone)]
 pub enum Factory {

@@ -7,9 +7,8 @@ use super::status::{
 };
 use crate::activation::job::RunJob;
 use crate::config::{PoolConfig, ProxyConfig, RuntimeProtocol};
-use crate::factory::{ContainerFactory, ContainerSpec, Epoch, Factory};
+use crate::factory::Factory;
 use crate::metrics::Metrics;
-use crate::model::{Action, Rejection};
 use crate::proxy::{ContainerProxy, DiscardLog, Gone, Pause, ProxyContext, ProxyReport, Remove, Resume, Run};
 use crate::telemetry::TARGET;
 use actix::prelude::*;
@@ -17,6 +16,10 @@ use invoker_core::pool::{
     ContainerId, ContainerState, ContainerView, CoreConfig, CreateFailure, Effect, Event, Job, JobId, KeyId, NodeId,
     NodeStatsUpdate, Owner, PoolCore, PoolCounts, Provision, RejectReason, StemId, TenantId, Time,
 };
+use invoker_factory::contract::ContainerFactory;
+use invoker_factory::contract::ContainerSpec;
+use invoker_factory::contract::Epoch;
+use invoker_wire::model::{Action, Rejection};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -556,7 +559,7 @@ impl Handler<Submit> for ContainerPool {
         // A queued call waits until its maximum age, a blocking one its bounded wait.
         let wait = match &run.queued {
             Some(queued) => {
-                std::time::Duration::from_millis(queued.expires_at.saturating_sub(crate::model::epoch_ms()))
+                std::time::Duration::from_millis(queued.expires_at.saturating_sub(invoker_wire::model::epoch_ms()))
             }
             None => self.config.wait_deadline,
         };
@@ -689,7 +692,7 @@ impl Handler<Drain> for ContainerPool {
 impl ContainerPool {
     /// Core time `t` in milliseconds since the epoch.
     fn wall_ms(&self, t: Time) -> u64 {
-        let (now, wall) = (self.epoch.now(), crate::model::epoch_ms());
+        let (now, wall) = (self.epoch.now(), invoker_wire::model::epoch_ms());
         match t.checked_sub(now) {
             Some(ahead) => wall + ahead.as_millis() as u64,
             None => wall.saturating_sub((now - t).as_millis() as u64),

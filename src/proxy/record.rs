@@ -2,8 +2,8 @@
 //! annotations (`waitTime`, `initTime`, `startKind`, ...) from what the proxy measured.
 
 use crate::activation::job::RunJob;
-use crate::model::{ActivationRecord, ActivationResponse, KeyValue, Outcome, StartKind};
 use invoker_core::pool::ContainerId;
+use invoker_wire::model::{ActivationRecord, ActivationResponse, KeyValue, Outcome, StartKind};
 use serde_json::{json, Value};
 
 /// What the proxy measured of one run, taken when it began.

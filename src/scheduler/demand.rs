@@ -7,8 +7,8 @@
 //! a lease of its own.
 
 use crate::cluster::{demand_key, ClusterKv, DemandReport, Needs, TagNeeds};
-use crate::model::epoch_ms;
 use invoker_core::capacity::packing::CallTally;
+use invoker_wire::model::epoch_ms;
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

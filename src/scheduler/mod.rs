@@ -1,6 +1,6 @@
 //! The scheduler (`invoker scheduler`): the front door of many invokers. Its API is the
 //! invoker's REST subset over its own store; what differs is where an accepted activation runs.
-//! [`Dispatcher`] places each one with the pure [`placement`] rules on the cluster as
+//! [`Dispatcher`] places each one with the pure [`invoker_core::placement`] rules on the cluster as
 //! [`view`] last read it from etcd, hands it to the chosen invoker's shim ([`send`]), tries
 //! another when that one refused before running anything, and ends it with the record the
 //! invoker returns (annotated with the invoker's id) or with a whisk-error record when the
@@ -11,7 +11,6 @@ pub mod caps;
 pub mod demand;
 pub mod guesses;
 pub mod metrics;
-pub use invoker_core::placement;
 pub mod presence;
 pub mod provisioned;
 mod publish;
@@ -24,15 +23,15 @@ use crate::cluster::etcd::Etcd;
 use crate::cluster::mirror::Snapshot;
 use crate::cluster::{cluster_revision, controller_wait, drain_key, ClusterKv, DrainMark, InvokerRecord};
 use crate::config::Config;
-use crate::model::{
+use crate::telemetry::TraceParent;
+use bytes::Bytes;
+use invoker_core::placement::{place, ActionNeeds, PlacementConfig};
+use invoker_wire::model::{
     epoch_ms, ActivationMessage, ActivationRecord, ControllerIndex, KeyValue, MessageAction, MessageKey,
     MessageNamespace, MessageRequest, MessageUser, Rejection, RejectionKind,
 };
-use crate::telemetry::TraceParent;
-use bytes::Bytes;
 use metrics::SchedulerMetrics;
 use parking_lot::Mutex;
-use placement::{place, ActionNeeds, PlacementConfig};
 use send::{InvokerClient, Sent};
 use serde_json::{json, Value};
 use std::borrow::Cow;
@@ -423,7 +422,7 @@ impl Dispatcher {
     pub async fn confirm_guesses(
         self: Arc<Self>,
         store: Arc<dyn crate::store::Store>,
-        recovered: Vec<crate::model::ActivationMeta>,
+        recovered: Vec<invoker_wire::model::ActivationMeta>,
         stop: CancellationToken,
     ) {
         let started = Instant::now();
@@ -519,7 +518,7 @@ impl Dispatcher {
         tried: &BTreeSet<String>,
         until: Instant,
         count_waiting: bool,
-    ) -> Result<(Arc<ClusterView>, placement::Placement), placement::NoPlacement> {
+    ) -> Result<(Arc<ClusterView>, invoker_core::placement::Placement), invoker_core::placement::NoPlacement> {
         let mut waiting_since: Option<Instant> = None;
         let mut readings = self.directory.readings();
         let placed = loop {
@@ -697,7 +696,7 @@ impl Dispatcher {
     /// `kept`, so that its idle containers of other revisions go now. Best effort and bounded:
     /// an invoker that misses it never reuses them anyway (a revision never repeats), it only
     /// keeps them until its keep-alive ends.
-    pub async fn retire_action(&self, ns: &str, name: &str, kept: Option<&crate::model::Action>) {
+    pub async fn retire_action(&self, ns: &str, name: &str, kept: Option<&invoker_wire::model::Action>) {
         let view = self.directory.current();
         let keep = kept.map(|a| cluster_revision(&self.id, a.revision, a.updated));
         let mut path = format!(
@@ -822,7 +821,7 @@ fn with_refusals(why: String, refusals: &[String]) -> String {
 
 /// What an action asks of an invoker: its memory, and its `invoker-resources` tags (strict
 /// unless `invoker-resources-strict-policy` is false), and whether it is a blackbox (image) one.
-fn needs_of(action: &crate::model::Action) -> ActionNeeds {
+fn needs_of(action: &invoker_wire::model::Action) -> ActionNeeds {
     let annotation = |key: &str| action.annotations.iter().find(|a| a.key == key).map(|a| &a.value);
     let tags = match annotation("invoker-resources") {
         Some(Value::Array(tags)) => tags.iter().filter_map(Value::as_str).map(str::to_string).collect(),

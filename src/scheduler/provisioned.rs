@@ -18,7 +18,7 @@
 //! container were a call in flight: a fleet without room for them grows (`publish.rs` carries
 //! the asks out).
 
-use crate::model::Action;
+use invoker_wire::model::Action;
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;

@@ -12,12 +12,12 @@
 //! (a connection refused, a 503 whose record says nothing ran) may go elsewhere too; once the
 //! message was released, the activation is the invoker's, whatever happens next.
 
-use crate::model::ActivationRecord;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
 use hyper::body::{Body, Frame, SizeHint};
 use hyper::client::conn::http1::SendRequest;
 use invoker_wire::cluster::{REPORT_START, STARTED_LINE, TWO_PARTS};
+use invoker_wire::model::ActivationRecord;
 use parking_lot::Mutex;
 use serde_json::Value;
 use std::collections::HashMap;

@@ -2,7 +2,7 @@
 //! code may be tens of megabytes, and an invoker that sees many actions must not keep every
 //! one. The least recently used go first when an insert passes the budget.
 
-use crate::model::Action;
+use invoker_wire::model::Action;
 use rustc_hash::FxHashMap;
 use std::sync::Arc;
 
@@ -27,8 +27,9 @@ struct Entry {
 /// An estimate of what an action holds in memory: its code, image and names, and its
 /// parameters and annotations as JSON, plus a fixed overhead.
 fn weight(action: &Action) -> usize {
-    let json =
-        |kv: &[crate::model::KeyValue]| kv.iter().map(|p| p.key.len() + p.value.to_string().len()).sum::<usize>();
+    let json = |kv: &[invoker_wire::model::KeyValue]| {
+        kv.iter().map(|p| p.key.len() + p.value.to_string().len()).sum::<usize>()
+    };
     let exec = &action.exec;
     256 + action.namespace.len()
         + action.name.len()

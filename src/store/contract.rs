@@ -1,7 +1,7 @@
 //! What every store promises (the trait, its errors and its entries), apart from the stores
 //! that keep it, so that each store imports the promise and not its siblings.
 
-use crate::model::{Action, ActivationMeta, ActivationRecord, EncodedRecord};
+use invoker_wire::model::{Action, ActivationMeta, ActivationRecord, EncodedRecord};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use std::sync::Arc;

@@ -27,7 +27,7 @@
 use super::action_cache::ActionCache;
 use super::contract::{Accepted, DocKind, QueuedCall, Recovered, Store, StoreError};
 use super::redb_store::{Batch, RedbStore};
-use crate::model::{Action, ActivationMeta, ActivationRecord, EncodedRecord};
+use invoker_wire::model::{Action, ActivationMeta, ActivationRecord, EncodedRecord};
 use parking_lot::Mutex;
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::fs::File;
@@ -627,7 +627,7 @@ impl Inner {
         let journal = std::fs::write(&scratch, vec![0u8; PROBE_BYTES]);
         let _ = std::fs::remove_file(&scratch);
         let probed = match journal {
-            Ok(()) => self.db.put_setting("store.probe", &crate::model::epoch_ms().to_string()),
+            Ok(()) => self.db.put_setting("store.probe", &invoker_wire::model::epoch_ms().to_string()),
             Err(e) => Err(io_err("journal directory", e)),
         };
         let probed = probed.and_then(|()| self.reserve.lock().fill());
@@ -877,7 +877,7 @@ impl Store for JournaledStore {
     fn started(&self, id: &str) -> Result<(), StoreError> {
         let inner = &self.inner;
         let mut state = inner.state.lock();
-        let at = crate::model::epoch_ms();
+        let at = invoker_wire::model::epoch_ms();
         let line = serde_json::to_vec(&LineRef::S(id, at)).map(|mut l| {
             l.push(b'\n');
             l
@@ -1087,7 +1087,7 @@ impl Store for JournaledStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::Outcome;
+    use invoker_wire::model::Outcome;
 
     fn meta(id: &str) -> ActivationMeta {
         ActivationMeta::for_test(id)
@@ -1099,7 +1099,7 @@ mod tests {
 
     fn record(id: &str) -> ActivationRecord {
         let mut r = ActivationRecord::whisk_error(&meta(id), "x", 5);
-        r.response = crate::model::ActivationResponse::new(Outcome::Success, serde_json::json!({"ok": true}));
+        r.response = invoker_wire::model::ActivationResponse::new(Outcome::Success, serde_json::json!({"ok": true}));
         r.status_code = 0;
         r
     }

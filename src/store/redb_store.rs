@@ -2,7 +2,7 @@
 //! one redb file, with the indexes the API lists by (namespace, then newest first).
 
 use super::contract::{next_version, Accepted, DocKind, QueuedCall, Recovered, Store, StoreError};
-use crate::model::{Action, ActivationMeta, ActivationRecord, EncodedRecord};
+use invoker_wire::model::{Action, ActivationMeta, ActivationRecord, EncodedRecord};
 use parking_lot::RwLock;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::de::DeserializeOwned;
@@ -443,7 +443,7 @@ impl Store for RedbStore {
     }
 
     fn started(&self, id: &str) -> Result<(), StoreError> {
-        self.apply(&Batch { started: &[(id, crate::model::epoch_ms())], ..Batch::default() })
+        self.apply(&Batch { started: &[(id, invoker_wire::model::epoch_ms())], ..Batch::default() })
     }
 
     fn finish(&self, record: &EncodedRecord) -> Result<(), StoreError> {
@@ -666,7 +666,7 @@ impl RedbStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{ActivationMeta, Exec, Limits};
+    use invoker_wire::model::{ActivationMeta, Exec, Limits};
 
     fn store() -> (tempfile::TempDir, RedbStore) {
         let dir = tempfile::tempdir().unwrap();

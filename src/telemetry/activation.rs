@@ -1,7 +1,7 @@
 //! One activation's trace in this process, and the W3C `traceparent` it takes and passes on.
 
 use super::sampling::{exporting, head_sampled, TARGET};
-use crate::model::ActivationMeta;
+use invoker_wire::model::ActivationMeta;
 use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState};
 use tracing::field::Empty;
 use tracing::Span;
@@ -178,7 +178,7 @@ impl ActivationTrace {
 
 impl ActivationTrace {
     /// Says on the activation's span how it ended; anything but a success marks it failed.
-    pub fn ended(&self, record: &crate::model::ActivationRecord) {
+    pub fn ended(&self, record: &invoker_wire::model::ActivationRecord) {
         let span = self.span();
         if span.is_disabled() {
             return;

@@ -2,8 +2,8 @@
 //! rules their names, ids and configuration follow.
 
 use crate::api::error::ApiError;
-use crate::model::{epoch_ms, Action};
 use crate::store::{DocKind, Store};
+use invoker_wire::model::{epoch_ms, Action};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -105,7 +105,7 @@ pub(super) fn now() -> String {
 
 /// A new id (Fn's are ULIDs; ours are time-ordered too).
 pub(super) fn new_id() -> String {
-    crate::model::new_activation_id().to_uppercase()
+    invoker_wire::model::new_activation_id().to_uppercase()
 }
 
 /// A route's id: an app's name has no `/` and a source begins with one, so the two never run

@@ -57,7 +57,7 @@ impl Floor {
         self.next.set(n + 1);
         let run = json!({"value": params, "namespace": "guest", "action_name": "/guest/noop",
             "activation_id": format!("{n:032x}"), "transaction_id": format!("floor{n}"),
-            "deadline": (invoker::model::epoch_ms() + 60_000).to_string()});
+            "deadline": (invoker_wire::model::epoch_ms() + 60_000).to_string()});
         let popped = self.idle.borrow_mut().pop();
         let mut sender = match popped {
             Some(sender) => sender,

@@ -76,7 +76,7 @@ impl DirectFdk {
         let r = self
             .client
             .post("http://localhost/call")
-            .header("fn-call-id", invoker::model::new_activation_id())
+            .header("fn-call-id", invoker_wire::model::new_activation_id())
             .header("fn-deadline", deadline.to_string())
             .send()
             .await?;

@@ -163,7 +163,7 @@ impl Direct {
         let n = RUNS.fetch_add(1, Ordering::Relaxed);
         let body = json!({"value": {}, "namespace": "guest", "action_name": "/guest/noop", "action_version": "0.0.1",
             "activation_id": format!("{n:032x}"), "transaction_id": format!("bench{n}"),
-            "deadline": (invoker::model::epoch_ms() + 60_000).to_string()});
+            "deadline": (invoker_wire::model::epoch_ms() + 60_000).to_string()});
         let r = self.client.post("http://localhost/run").json(&body).send().await?;
         if !r.status().is_success() {
             bail!("/run: {}", r.status());

@@ -2,7 +2,7 @@
 //! back to the proxy.
 
 use super::client::{RuntimeError, RuntimeResponse};
-use crate::model::Outcome;
+use invoker_wire::model::Outcome;
 use serde_json::Value;
 
 /// A runtime's answer as it came, before it is interpreted.

@@ -8,10 +8,10 @@ use super::answer::{Answer, Interpreted};
 use super::client::{RuntimeClient, RuntimeError, RuntimeResponse};
 use crate::activation::job::RunJob;
 use crate::http::is_hop_by_hop;
-use crate::model::{Action, Outcome};
 use base64::Engine;
 use bytes::Bytes;
 use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
+use invoker_wire::model::{Action, Outcome};
 use invoker_wire::runtime::{FN_LOGFRAME_HDR, FN_LOGFRAME_NAME};
 use serde_json::{json, Map, Value};
 use std::time::{Duration, SystemTime};
@@ -230,7 +230,7 @@ mod tests {
         let mut action = Action::for_test("f", "x");
         let said = json!({"fn_id": "01F", "app_id": "01A",
             "app_config": {"A": "app", "B": "app"}, "config": {"B": "fn", "FN_MEMORY": "9"}});
-        action.annotations.push(crate::model::KeyValue { key: "fn".into(), value: said });
+        action.annotations.push(invoker_wire::model::KeyValue { key: "fn".into(), value: said });
         let env = environment(&action, 256);
         let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
         assert_eq!((get("A"), get("B")), (Some("app"), Some("fn")));

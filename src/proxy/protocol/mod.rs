@@ -15,9 +15,10 @@ pub use invoker_wire::runtime::{EXITED_UNEXPECTEDLY, NOT_A_RESULT};
 
 use crate::activation::job::RunJob;
 use crate::config::RuntimeProtocol;
-use crate::factory::{FunctionStart, Transport};
-use crate::model::Action;
+use invoker_factory::contract::FunctionStart;
+use invoker_factory::contract::Transport;
 use invoker_factory::peer::Peer;
+use invoker_wire::model::Action;
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -5,8 +5,8 @@
 use super::answer::{Answer, Interpreted};
 use super::client::{RuntimeClient, RuntimeError, RuntimeResponse};
 use crate::activation::job::RunJob;
-use crate::model::{epoch_ms, Action, Outcome};
 use bytes::Bytes;
+use invoker_wire::model::{epoch_ms, Action, Outcome};
 use invoker_wire::runtime::{EXITED_UNEXPECTEDLY, NOT_A_RESULT};
 use serde_json::{json, Value};
 use std::time::Duration;

@@ -10,8 +10,8 @@ use crate::api::fn_routes::docs::{
     Function, InvokeKey, Trigger, INVOKE_KEYS,
 };
 use crate::config::{Config, RuntimeProtocol, FN_IMAGE_KIND};
-use crate::model::{Action, KeyValue};
 use crate::store::DocKind;
+use invoker_wire::model::{Action, KeyValue};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
@@ -96,7 +96,7 @@ pub(super) fn function_action(
     // `fn:image` is only ever the kind of a function with an image of its own.
     let fn_kind =
         f.image != FN_IMAGE_KIND && config.kinds.get(&f.image).is_some_and(|k| k.protocol == RuntimeProtocol::Fn);
-    let own_image = !fn_kind && !f.image.starts_with("fn:") && crate::model::is_image_reference(&f.image);
+    let own_image = !fn_kind && !f.image.starts_with("fn:") && invoker_wire::model::is_image_reference(&f.image);
     if own_image && !config.factory.kind.runs_images() {
         return Err(ApiError::BadRequest(format!(
             "image: '{}' is an image of the function's own, which the {} factory does not run \
@@ -128,7 +128,7 @@ pub(super) fn function_action(
             f.idle_timeout
         )));
     }
-    let said = crate::model::FnFunction {
+    let said = invoker_wire::model::FnFunction {
         fn_id: f.id.clone(),
         app_id: app.id.clone(),
         config: f.config.clone(),
@@ -158,16 +158,16 @@ pub(super) fn function_action(
 fn call_policy(f: &Function, app: &App) -> Vec<KeyValue> {
     let mut policy = Vec::new();
     for key in [
-        crate::model::MAX_CONCURRENCY,
-        crate::model::PROVISIONED_CONCURRENCY,
-        crate::model::MAX_RETRY_ATTEMPTS,
-        crate::model::MAX_EVENT_AGE,
+        invoker_wire::model::MAX_CONCURRENCY,
+        invoker_wire::model::PROVISIONED_CONCURRENCY,
+        invoker_wire::model::MAX_RETRY_ATTEMPTS,
+        invoker_wire::model::MAX_EVENT_AGE,
     ] {
         if let Some(value) = f.annotations.get(key) {
             policy.push(KeyValue { key: key.into(), value: value.clone() });
         }
     }
-    for key in [crate::model::ON_SUCCESS, crate::model::ON_FAILURE] {
+    for key in [invoker_wire::model::ON_SUCCESS, invoker_wire::model::ON_FAILURE] {
         if let Some(value) = f.annotations.get(key) {
             let value = match value.as_str() {
                 Some(name) => json!(format!("{}.{name}", app.name)),
