@@ -1,5 +1,6 @@
 //! The docs stay honest: every relative link in `README.md`, `BENCHMARKS.md` and `docs/`
-//! resolves to a file of the repository.
+//! resolves to a file of the repository, every key of the default config is in the
+//! configuration page, and every route in the API's reference.
 
 use std::path::{Path, PathBuf};
 
@@ -84,4 +85,43 @@ fn every_key_of_the_default_config_is_in_the_configuration_page() {
         .map(|(section, key)| format!("{section}.{key}"))
         .collect();
     assert!(missing.is_empty(), "keys of config/default.toml not in docs/configuration.md: {missing:?}");
+}
+
+/// Every route the API answers (the paths `src/api/mod.rs` and `src/api/server.rs` match, and
+/// the parts of a namespace's routes) appears in its reference page: `docs/api.md`, or Fn's
+/// routes in `docs/fn.md`.
+#[test]
+fn every_route_is_in_its_reference_page() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let read = |p: &str| std::fs::read_to_string(root.join(p)).unwrap();
+    let (api, fn_page) = (read("docs/api.md"), read("docs/fn.md"));
+    let mut missing = Vec::new();
+    let mut routes = 0;
+    for source in ["src/api/mod.rs", "src/api/server.rs"] {
+        let code = read(source);
+        // Path literals: "/v1/pool", "/api/v1/namespaces/", ...
+        for literal in code.split('"').skip(1).step_by(2) {
+            let is_path = literal.starts_with('/') && literal.len() > 1 && !literal.contains([' ', '{']);
+            if !is_path || literal.starts_with("/ui/app.") {
+                continue;
+            }
+            routes += 1;
+            let route = literal.trim_end_matches('/');
+            if !api.contains(route) && !fn_page.contains(route) {
+                missing.push(format!("{source}: {literal}"));
+            }
+        }
+        // A namespace's routes: `[ns, "actions", name]`, `[ns, "deadletters", id, "redrive"]`.
+        for pattern in code.split("[ns, ").skip(1) {
+            let pattern = pattern.split(']').next().unwrap_or_default();
+            for part in pattern.split('"').skip(1).step_by(2) {
+                routes += 1;
+                if !api.contains(&format!("/{part}")) {
+                    missing.push(format!("{source}: namespaces/{{ns}}/.../{part}"));
+                }
+            }
+        }
+    }
+    assert!(routes > 20, "the routes were read: {routes}");
+    assert!(missing.is_empty(), "routes not in docs/api.md or docs/fn.md:\n{}", missing.join("\n"));
 }
