@@ -7,6 +7,7 @@
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use invoker_core::pool::*;
+use invoker_ids::{JobId, NodeId, NodeStatsUpdate};
 use std::hint::black_box;
 use std::time::Duration;
 

@@ -205,6 +205,21 @@ fn the_scan_finds_a_circle_through_a_child_module_or_a_use_group() {
     assert_eq!(import_cycle_in(dir.path()).0, None, "a tree without a circle");
 }
 
+/// The layers the crates' manifests say: the shared names (`invoker-ids`) depend on nothing of
+/// ours; the wire, the factory API and the backends that make containers (Docker, Mesos) name
+/// a container through them and never depend on the decision cores (only Kubernetes' control
+/// plane does, for the capacity manager's contract), nor on the invoker.
+#[test]
+fn the_crates_depend_down_the_layers_only() {
+    let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates");
+    assert!(dependencies_of(&crates.join("invoker-ids")).iter().all(|d| !d.starts_with("invoker")));
+    for krate in ["invoker-wire", "invoker-factory", "invoker-docker", "invoker-mesos"] {
+        let named = dependencies_of(&crates.join(krate));
+        assert!(named.contains(&"invoker-ids".to_string()), "{krate}: the dependencies were read: {named:?}");
+        assert!(!named.iter().any(|d| d == "invoker-core" || d == "invoker"), "{krate} depends on {named:?}");
+    }
+}
+
 /// The crates `invoker-wire` may not depend on: it is data and the rules of its shape.
 #[test]
 fn the_wire_depends_on_no_runtime_server_or_store() {
@@ -226,7 +241,7 @@ fn the_wire_depends_on_no_runtime_server_or_store() {
 fn the_factory_api_depends_on_no_server_store_or_engine() {
     let api = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/invoker-factory");
     let named = dependencies_of(&api);
-    assert!(named.contains(&"invoker-core".to_string()), "the dependencies were read: {named:?}");
+    assert!(named.contains(&"invoker-ids".to_string()), "the dependencies were read: {named:?}");
     for name in &named {
         let engine = ["actix", "actix-rt", "hyper", "hyper-util", "redb", "reqwest", "bollard", "kube", "prost"];
         assert!(!engine.contains(&name.as_str()) && name != "invoker", "invoker-factory depends on {name}");

@@ -6,7 +6,7 @@ use crate::http::Response;
 use crate::store::StoreError;
 use hyper::header::{self, HeaderValue};
 use hyper::StatusCode;
-use invoker_core::pool::CreateFailure;
+use invoker_ids::CreateFailure;
 use invoker_wire::model::{ActivationRecord, Outcome, Rejection, RejectionKind};
 use serde_json::json;
 

@@ -8,7 +8,7 @@
 //! each `cgroup.procs`), so every process of the container is in them from its first
 //! instruction; the groups' files are root's, so an action cannot move itself out.
 
-use invoker_core::pool::ContainerId;
+use invoker_ids::ContainerId;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 

@@ -8,10 +8,10 @@
 use crate::http::{json_value, Response};
 use http_body_util::{BodyExt, Limited};
 use hyper::{Request, StatusCode};
-use invoker_core::pool::{ContainerId, NodeId, NodeStatsUpdate};
 use invoker_factory::contract::{ContainerFactory, ContainerHandle, ContainerSpec, Epoch, StatsReceiver, Transport};
 use invoker_factory::error::{CreateError, FactoryError};
 use invoker_factory::logs::{LogBuffer, Stream, SENTINEL};
+use invoker_ids::{ContainerId, NodeId, NodeStatsUpdate};
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -82,7 +82,7 @@ struct State {
     /// Runs so far by their `fail_key` parameter.
     runs_by_key: HashMap<String, u64>,
     /// Past snapshots, for stats that lag: (time, the update published for it).
-    history: std::collections::VecDeque<(invoker_core::pool::Time, Vec<NodeStatsUpdate>)>,
+    history: std::collections::VecDeque<(invoker_ids::Time, Vec<NodeStatsUpdate>)>,
     /// A paused container's runtime answers no run (503), as a frozen process would not.
     paused: std::collections::HashSet<ContainerId>,
 }

@@ -14,11 +14,11 @@ mod snapshot;
 pub mod watchdog;
 mod zygote;
 
-use invoker_core::pool::{ContainerId, NodeId};
 #[cfg(feature = "docker")]
 use invoker_docker as docker;
 use invoker_factory::contract::{ContainerFactory, ContainerHandle, ContainerSpec, Epoch, StatsReceiver};
 use invoker_factory::error::{FactoryError, SetupError};
+use invoker_ids::{ContainerId, NodeId};
 #[cfg(feature = "kubernetes")]
 use invoker_kubernetes as kubernetes;
 #[cfg(feature = "mesos")]

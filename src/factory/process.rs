@@ -16,7 +16,6 @@ use super::sandbox::{resolve_interpreter, SandboxArgs, ACTION_PATH};
 use super::watchdog::{remove_left, Watchdog, WatchdogArgs};
 use super::zygote::{ForkRequest, Zygote};
 use crate::config::{Config, KindConfig, Network, ProcessFactoryConfig, RuntimeProtocol, TransportKind};
-use invoker_core::pool::{ContainerId, NodeId};
 use invoker_factory::contract::{
     ContainerFactory, ContainerHandle, ContainerSpec, Epoch, FunctionStart, StatsReceiver, Transport,
 };
@@ -29,6 +28,7 @@ use invoker_factory::one_host::OneHost;
 use invoker_factory::own_disk;
 use invoker_factory::peer::{ContainerSocket, Peer, RuntimeLife};
 use invoker_factory::uids::{HeldUid, UidRange};
+use invoker_ids::{ContainerId, NodeId};
 use invoker_wire::runtime::{fn_listener_env, FN_SOCKET_DIR};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;

@@ -13,12 +13,13 @@ use crate::proxy::{ContainerProxy, DiscardLog, Gone, Pause, ProxyContext, ProxyR
 use crate::telemetry::TARGET;
 use actix::prelude::*;
 use invoker_core::pool::{
-    ContainerId, ContainerState, ContainerView, CoreConfig, CreateFailure, Effect, Event, Job, JobId, KeyId, NodeId,
-    NodeStatsUpdate, Owner, PoolCore, PoolCounts, Provision, RejectReason, StemId, TenantId, Time,
+    ContainerState, ContainerView, CoreConfig, Effect, Event, Job, KeyId, Owner, PoolCore, PoolCounts, Provision,
+    RejectReason, StemId, TenantId,
 };
 use invoker_factory::contract::ContainerFactory;
 use invoker_factory::contract::ContainerSpec;
 use invoker_factory::contract::Epoch;
+use invoker_ids::{ContainerId, CreateFailure, JobId, NodeId, NodeStatsUpdate, Time};
 use invoker_wire::model::{Action, Rejection};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

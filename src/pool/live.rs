@@ -5,7 +5,8 @@
 use super::status::{ControlledAction, PoolStatus};
 use crate::activation::job::RunJob;
 use bytes::Bytes;
-use invoker_core::pool::{ContainerId, ContainerState, ContainerView, Effect, Event, NodeView, Time};
+use invoker_core::pool::{ContainerState, ContainerView, Effect, Event, NodeView};
+use invoker_ids::{ContainerId, Time};
 use serde::Serialize;
 
 /// How often the nodes and the queue are sent while somebody watches.

@@ -18,13 +18,13 @@ use crate::factory::Factory;
 use crate::telemetry;
 use actix::prelude::*;
 pub use discard::DiscardLog;
-use invoker_core::pool::{ContainerId, CreateFailure, JobId, NodeId};
 pub use invoker_core::proxy::ProxyState;
 use invoker_core::proxy::{Effect, Event, FailCause, ProxyCore};
 use invoker_factory::contract::ContainerFactory;
 use invoker_factory::contract::ContainerHandle;
 use invoker_factory::contract::ContainerSpec;
 use invoker_factory::logs::{Ends, LogBuffer, LogWindow};
+use invoker_ids::{ContainerId, CreateFailure, JobId, NodeId};
 use invoker_wire::model::{epoch_ms, Action, Outcome, Rejection, StartKind};
 use protocol::{discard_reason, Answer, Interpreted, Runtime};
 use record::{build_record, RecordFields};
@@ -48,7 +48,7 @@ pub enum ProxyReport {
     Started {
         container: ContainerId,
         failure: Option<CreateFailure>,
-        at: invoker_core::pool::Time,
+        at: invoker_ids::Time,
     },
     Finished {
         container: ContainerId,

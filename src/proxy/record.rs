@@ -2,7 +2,7 @@
 //! annotations (`waitTime`, `initTime`, `startKind`, ...) from what the proxy measured.
 
 use crate::activation::job::RunJob;
-use invoker_core::pool::ContainerId;
+use invoker_ids::ContainerId;
 use invoker_wire::model::{ActivationRecord, ActivationResponse, KeyValue, Outcome, StartKind};
 use serde_json::{json, Value};
 

@@ -5,12 +5,12 @@
 
 use super::{own_disk, DockerFactory, SOCKET_DIR_MB};
 use bollard::models::{ContainerCreateBody, HostConfig};
-use invoker_core::pool::NodeId;
 use invoker_factory::contract::{ContainerHandle, ContainerSpec, FunctionStart, Transport};
 use invoker_factory::error::{CreateError, FactoryError};
 use invoker_factory::fn_socket::ListenerWatch;
 use invoker_factory::logs::LogBuffer;
 use invoker_factory::settings::DockerKindConfig;
+use invoker_ids::NodeId;
 use invoker_wire::runtime::{fn_listener_env, FN_SOCKET_DIR};
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;

@@ -6,7 +6,7 @@ use super::error::FactoryError;
 use super::logs::LogBuffer;
 use super::netns::NetNs;
 use super::peer::{ContainerSocket, Peer};
-use invoker_core::pool::{ContainerId, NodeId, NodeStatsUpdate, Time};
+use invoker_ids::{ContainerId, NodeId, NodeStatsUpdate, Time};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -40,8 +40,8 @@ pub enum FactoryError {
 
 impl FactoryError {
     /// What a failed create means to the pool and to the record.
-    pub fn create_failure(&self) -> invoker_core::pool::CreateFailure {
-        use invoker_core::pool::CreateFailure;
+    pub fn create_failure(&self) -> invoker_ids::CreateFailure {
+        use invoker_ids::CreateFailure;
         match self {
             FactoryError::Refused(_) => CreateFailure::Refused,
             FactoryError::Image(_) => CreateFailure::Image,

@@ -3,7 +3,7 @@
 //! containers, published whenever a container comes or goes and on every `observe`.
 
 use super::contract::{Epoch, StatsReceiver};
-use invoker_core::pool::{NodeId, NodeStatsUpdate, Time};
+use invoker_ids::{NodeId, NodeStatsUpdate, Time};
 use tokio::sync::watch;
 
 pub struct OneHost {

@@ -23,11 +23,11 @@ pub mod watch;
 
 use doomed::{DoomedPods, Why};
 pub use error::KubeError;
-use invoker_core::pool::{ContainerId, NodeId, NodeStatsUpdate};
 use invoker_factory::contract::{ContainerFactory, ContainerHandle, ContainerSpec, Epoch, StatsReceiver, Transport};
 use invoker_factory::error::{CreateError, FactoryError, SetupError};
 use invoker_factory::logs::LogBuffer;
 use invoker_factory::settings::KubernetesFactoryConfig;
+use invoker_ids::{ContainerId, NodeId, NodeStatsUpdate};
 use k8s_openapi::api::core::v1::{Pod, Toleration};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{DeleteParams, ListParams, PostParams};

@@ -21,11 +21,11 @@ pub mod scheduler;
 
 use client::{MasterClient, MesosError};
 use futures_util::StreamExt;
-use invoker_core::pool::{ContainerId, NodeId, NodeStatsUpdate};
 use invoker_factory::contract::{ContainerFactory, ContainerHandle, ContainerSpec, Epoch, StatsReceiver, Transport};
 use invoker_factory::error::{Cause, CreateError, FactoryError, SetupError};
 use invoker_factory::logs::LogBuffer;
 use invoker_factory::settings::MesosFactoryConfig;
+use invoker_ids::{ContainerId, NodeId, NodeStatsUpdate};
 use offers::Need;
 use parking_lot::Mutex;
 use proto::v1::scheduler::{call, event, Call, Event};
@@ -276,7 +276,7 @@ impl MesosFactory {
 
 impl Inner {
     /// Runs one scheduler decision and carries out what it asks.
-    fn apply(&self, decide: impl FnOnce(&mut Scheduler, invoker_core::pool::Time, &mut Step)) {
+    fn apply(&self, decide: impl FnOnce(&mut Scheduler, invoker_ids::Time, &mut Step)) {
         let mut state = self.state.lock();
         let mut step = Step::default();
         decide(&mut state.scheduler, self.epoch.now(), &mut step);

@@ -2,7 +2,7 @@
 //! may be launched with. Nothing is ever taken beyond what the offers of one agent hold.
 
 use super::proto::v1::{value, Offer, Resource};
-use invoker_core::pool::Time;
+use invoker_ids::Time;
 use std::collections::BTreeMap;
 
 /// One offer as held: its id and the scalar and port resources it carries.

@@ -7,7 +7,7 @@
 use super::offers::{Need, OfferBook, Remaining};
 use super::proto::v1::scheduler::{call, Call};
 use super::proto::v1::*;
-use invoker_core::pool::{ContainerId, NodeId, NodeStatsUpdate, Time};
+use invoker_ids::{ContainerId, NodeId, NodeStatsUpdate, Time};
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 

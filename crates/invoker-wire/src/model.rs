@@ -43,7 +43,7 @@ pub struct Limits {
 
 impl Limits {
     /// `limits.disk_default_mb`'s own default, and the disk of actions stored without one.
-    pub const DEFAULT_DISK_MB: u32 = invoker_core::pool::DEFAULT_DISK_MB;
+    pub const DEFAULT_DISK_MB: u32 = invoker_ids::DEFAULT_DISK_MB;
 
     fn default_disk() -> u32 {
         Self::DEFAULT_DISK_MB
@@ -271,7 +271,7 @@ pub enum Rejection {
     Deadline,
     QueueFull,
     /// Its container could not be had, for this reason (the pure core's own word for it).
-    CreateFailed(invoker_core::pool::CreateFailure),
+    CreateFailed(invoker_ids::CreateFailure),
     Draining,
     ContainerLost,
     /// A scheduler found no invoker that would take it (the record's message says why).
@@ -370,7 +370,7 @@ impl Rejection {
             }
             Rejection::QueueFull => "the invoker's waiting buffer is full; nothing ran".into(),
             Rejection::CreateFailed(why) => {
-                use invoker_core::pool::CreateFailure;
+                use invoker_ids::CreateFailure;
                 let why = match why {
                     CreateFailure::Refused => "the cluster refused it (no room on the node after all)",
                     CreateFailure::Image => "its image cannot be had",

@@ -12,7 +12,8 @@
 //! the core forgets the key: one fixed-size histogram per action, no more.
 
 use super::keep_alive::{IdleSpell, KeepAlivePolicy, Live};
-use super::types::{HybridWindow, KeepAliveParams, KeyId, Time};
+use super::types::{HybridWindow, KeepAliveParams, KeyId};
+use invoker_ids::Time;
 use rustc_hash::FxHashMap;
 use std::collections::{BTreeSet, VecDeque};
 use std::time::Duration;
@@ -438,7 +439,7 @@ impl Window {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pool::ContainerId;
+    use invoker_ids::ContainerId;
 
     /// Serverless in the Wild's own windows (head and tail percentiles).
     fn policy() -> HybridHistogram {

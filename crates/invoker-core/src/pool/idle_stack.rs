@@ -6,7 +6,7 @@
 //! is kept inline, in the key's own state: with one warm container per action (the common
 //! case) a warm activation then pops and pushes without reaching another allocation.
 
-use super::types::ContainerId;
+use invoker_ids::ContainerId;
 
 /// Marks `top` empty without the tag an `Option` would add to every key's state.
 const EMPTY: (u64, ContainerId) = (u64::MAX, ContainerId(0));

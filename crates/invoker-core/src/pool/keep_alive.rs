@@ -4,7 +4,8 @@
 //! Instead each idle spell carries the core's mark, and the core passes a liveness check
 //! whenever it asks the policy something: spells that ended are skipped and dropped lazily.
 
-use super::types::{ContainerId, KeyId, Time};
+use super::types::KeyId;
+use invoker_ids::{ContainerId, Time};
 use rustc_hash::FxHashMap;
 use std::collections::{BTreeSet, VecDeque};
 use std::fmt::Debug;

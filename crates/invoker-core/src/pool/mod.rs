@@ -30,16 +30,13 @@ pub use types::*;
 
 use estimates::{served_before_a_start, Ewma};
 use idle_stack::IdleStack;
+use invoker_ids::{ContainerId, CreateFailure, JobId, NodeId, Time};
 use nodes::{Nodes, Placement};
 use rustc_hash::FxHashMap;
 use slab::Slab;
 use smallvec::SmallVec;
 use std::collections::{BTreeSet, VecDeque};
 use stems::Stems;
-
-/// The disk of an action that names none (`limits.disk_default_mb`'s own default): the prewarm
-/// classes and the simulators' calls ask for it too.
-pub const DEFAULT_DISK_MB: u32 = 256;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {

@@ -11,7 +11,7 @@
 //!
 //! Stats older than the TTL count as nothing free. The launchability buffer is kept free in both.
 
-use super::types::{ContainerId, NodeId, NodeStatsUpdate, Time};
+use invoker_ids::{ContainerId, NodeId, NodeStatsUpdate, Time};
 use rustc_hash::FxHashMap;
 use std::collections::BTreeSet;
 use std::time::Duration;

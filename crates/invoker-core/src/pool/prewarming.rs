@@ -3,8 +3,9 @@
 //! reactive class.
 
 use super::nodes::Placement;
-use super::types::{ContainerId, KeyId, Owner, StemId, Time};
+use super::types::{KeyId, Owner, StemId};
 use super::{Container, Effects, Phase, PoolCore};
+use invoker_ids::{ContainerId, Time};
 
 impl PoolCore {
     /// Gives `key` a ready stem container of its class, if there is one, and starts its

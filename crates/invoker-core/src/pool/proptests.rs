@@ -12,6 +12,7 @@
 //! has room for them.
 
 use super::*;
+use invoker_ids::NodeStatsUpdate;
 use proptest::prelude::*;
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;

@@ -16,7 +16,7 @@
 //! provisioned ones) when that alone makes it fit, and otherwise tried again at every tick
 //! and stats update.
 
-use super::types::{ContainerId, Time};
+use invoker_ids::{ContainerId, Time};
 
 /// What a key keeps of its provisioning. The ids are kept here rather than as a flag on each
 /// container, which is one cache line already; a key without provisioning has none to search.

@@ -3,6 +3,7 @@
 //! go, backed off when their start fails, and let go when the count is lowered.
 
 use super::*;
+use invoker_ids::NodeStatsUpdate;
 use std::time::Duration;
 
 fn ms(n: u64) -> Time {

@@ -3,8 +3,9 @@
 //! failed starts, letting the surplus go when the count is lowered.
 
 use super::nodes::Placement;
-use super::types::{ContainerId, KeyId, Provision, Time};
+use super::types::{KeyId, Provision};
 use super::{Ahead, Effects, KeyState, Phase, PoolCore};
+use invoker_ids::{ContainerId, Time};
 use std::time::Duration;
 
 /// The first wait after a provisioned container failed to start; it doubles with each

@@ -6,7 +6,7 @@
 //! its mark) sits in a dense array beside them, so that lazily deleted index entries are
 //! checked without touching the values.
 
-use super::types::ContainerId;
+use invoker_ids::ContainerId;
 
 /// One slot's value, aligned so that a value of up to 64 bytes is one cache line.
 #[derive(Debug)]

@@ -6,7 +6,8 @@
 //! A reactive class sizes itself from the cold starts it failed to prevent. Here the classes'
 //! own state; the pool core's decisions about them are in `prewarming.rs`.
 
-use super::types::{ContainerId, PrewarmSpec, StemId, Time};
+use super::types::{PrewarmSpec, StemId};
+use invoker_ids::{ContainerId, Time};
 
 #[derive(Debug)]
 pub(super) struct Stem {

@@ -2,6 +2,7 @@
 //! eviction, each decision checked on its effects.
 
 use super::*;
+use invoker_ids::NodeStatsUpdate;
 use std::time::Duration;
 
 fn ms(n: u64) -> Time {

@@ -2,22 +2,12 @@
 //!
 //! Nothing here knows about HTTP, actors or clocks. Time is a [`Time`] since an epoch that
 //! the caller chooses (the actor's start, or the simulator's zero), so the same core runs in
-//! real and in virtual time.
+//! real and in virtual time. The names the core shares with the backends and the wire (a
+//! container, a node, a job, the time, a node's stats, a failed create) are `invoker-ids`'.
 
+use invoker_ids::{ContainerId, CreateFailure, JobId, NodeId, NodeStatsUpdate, Time};
 use smallvec::SmallVec;
-use std::sync::Arc;
 use std::time::Duration;
-
-/// Time since the pool's epoch. Monotonic: the caller never passes a smaller `now`.
-pub type Time = Duration;
-
-/// One activation waiting to run, as the pool sees it (the payload stays with the caller).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct JobId(pub u64);
-
-/// A container the pool decided to create. Assigned by the core, never reused.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ContainerId(pub u64);
 
 /// An interned action key: containers of one key are interchangeable for its jobs
 /// (same namespace, action, revision, kind, memory, concurrency). The caller interns.
@@ -40,22 +30,6 @@ pub struct StemId(pub u32);
 pub enum Owner {
     Key(KeyId),
     Stem(StemId),
-}
-
-/// A node of the cluster, as the factory names it (a host, a Mesos agent, a k8s node).
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct NodeId(pub Arc<str>);
-
-impl NodeId {
-    pub fn new(name: &str) -> Self {
-        NodeId(Arc::from(name))
-    }
-}
-
-impl std::fmt::Display for NodeId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,18 +57,6 @@ pub struct Job {
     /// Whose it is: a tenant holding less than its share of the pool claims room from one
     /// holding more at once, without waiting [`CoreConfig::claim_after`].
     pub tenant: TenantId,
-}
-
-/// A full snapshot of one node, as the cluster manager last reported it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NodeStatsUpdate {
-    pub node: NodeId,
-    /// Memory the node offers to action containers in total.
-    pub capacity_mb: u64,
-    /// Memory free for new containers at `observed_at`.
-    pub free_mb: u64,
-    /// When the cluster manager observed it (not when it reached us: stats lag).
-    pub observed_at: Time,
 }
 
 /// What the caller reports to the core.
@@ -142,26 +104,6 @@ pub struct Provision {
     pub concurrency: u32,
     pub max_running: Option<u32>,
     pub tenant: TenantId,
-}
-
-/// Why a container could not be had: different things to the user (what to fix, or to wait
-/// for) and to the pool (a cluster that is full is not an invoker that is broken).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CreateFailure {
-    /// The cluster refused it (no room on the node after all, a kubelet's refusal).
-    Refused,
-    /// Its image cannot be had (not in the registry, not pullable).
-    Image,
-    /// Its image was built on the engine under another namespace's name: a local image runs
-    /// only for the namespace it is named after.
-    ImageNotOwned,
-    /// It did not become ready within the factory's bound.
-    NotReady,
-    /// Anything else (the runtime exited, the sandbox failed).
-    Failed,
-    /// A container initialised as it is created (a provisioned one): its action's `/init`
-    /// failed. The action's fault, not the invoker's.
-    InitFailed,
 }
 
 /// Why a job was answered without running. Every one of these means nothing ran.

@@ -11,7 +11,7 @@
 //! the pool, a `Finished`, or the container's `Removed` while it ran; a failed create ends with
 //! `Removed`, so that the pool forgets the container; nothing is reported after `Removed`.
 
-use crate::pool::{CreateFailure, JobId};
+use invoker_ids::{CreateFailure, JobId};
 
 /// The OpenWhisk ContainerProxy states.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -15,11 +15,9 @@ pub mod workload;
 
 use crate::pool::CoreConfig as PoolConfig;
 use crate::pool::StartRule;
-use crate::pool::{
-    ContainerId, CreateFailure, Effect, Event, Job, JobId, KeyId, NodeId, NodeStatsUpdate, Owner, PoolCore,
-    RejectReason,
-};
+use crate::pool::{Effect, Event, Job, KeyId, Owner, PoolCore, RejectReason};
 pub use host::Host;
+use invoker_ids::{ContainerId, CreateFailure, JobId, NodeId, NodeStatsUpdate};
 use scenario::{KeepAliveChoice, Scenario, ScenarioError};
 use serde_json::{json, Value};
 use std::collections::{HashMap, VecDeque};
@@ -393,7 +391,7 @@ impl Sim<'_> {
             memory_mb: call.memory_mb,
             concurrency: 1,
             deadline: self.now + self.pool.wait_deadline,
-            stem: self.pool.stem_for(SIM_KIND, call.memory_mb, crate::pool::DEFAULT_DISK_MB),
+            stem: self.pool.stem_for(SIM_KIND, call.memory_mb, invoker_ids::DEFAULT_DISK_MB),
             idle_timeout: None,
             patient: false,
             max_running: None,

@@ -262,7 +262,7 @@ impl Scenario {
             }
         }
         // Simulated calls ask for the default disk, as the prewarm classes do unless they say.
-        scenario.pool.fill_prewarm_disk(crate::pool::DEFAULT_DISK_MB);
+        scenario.pool.fill_prewarm_disk(invoker_ids::DEFAULT_DISK_MB);
         if scenario.cluster.nodes == 0 || scenario.cluster.node_memory_mb == 0 {
             let reason = "cluster.nodes and cluster.node_memory_mb must be above 0".into();
             return Err(ScenarioError::Read { path: path.display().to_string(), reason });

@@ -33,12 +33,10 @@ use super::workload::{self, Call, Rng};
 use crate::capacity::packing::{packed_demand_mb, CallTally};
 use crate::capacity::{Action, Event as GroupEvent, GroupCore, GroupSpec, Sighting};
 use crate::placement::{place, ActionNeeds, InvokerView, PlacementConfig};
-use crate::pool::{
-    ContainerId, CoreConfig, CreateFailure, Effect, Event, Job, JobId, KeyId, NodeId, NodeStatsUpdate, Owner, PoolCore,
-    RejectReason,
-};
+use crate::pool::{CoreConfig, Effect, Event, Job, KeyId, Owner, PoolCore, RejectReason};
 use crate::predictor::{AnyPredictor, Predictor, PredictorKind};
 use floors::Floors;
+use invoker_ids::{ContainerId, CreateFailure, JobId, NodeId, NodeStatsUpdate};
 use oracle::DemandProfile;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
