@@ -3,7 +3,6 @@
 //! the integration tests build the invoker through here, so that a test runs what a user runs.
 //! Both must be called inside an actix system (the pool and its proxies are actors on it).
 
-use crate::activation::queue::{QueueBounds, QueueSettings};
 use crate::activation::{ActivationService, Runner};
 use crate::api::AppState;
 use crate::cluster::etcd::{Etcd, EtcdError};
@@ -11,6 +10,7 @@ use crate::cluster::fetch::RemoteActions;
 use crate::cluster::registry::{Identity, Registrar, RegistryError};
 use crate::config::Config;
 use crate::factory::Factory;
+use crate::job::queue::{QueueBounds, QueueSettings};
 use crate::metrics::Metrics;
 use crate::pool::actor::{ContainerPool, PoolHandle};
 use crate::scheduler::presence::Presence;

@@ -17,6 +17,7 @@ pub mod factory;
 #[cfg(feature = "test-util")]
 pub mod fuzz;
 pub mod http;
+pub mod job;
 pub mod live;
 pub mod metrics;
 pub mod pool;

@@ -3,12 +3,12 @@
 //! the pool, and the blocking wait. [`job`] is the record's path from there on: the one owner
 //! of how an accepted activation ends.
 
-pub mod job;
 mod provisioning;
-pub mod queue;
 pub mod reservations;
-pub mod slot;
 
+use crate::job::queue::{QueueCounts, QueueFull, QueueSettings};
+use crate::job::slot::{NamespaceSlot, NamespaceSlots};
+use crate::job::{Completion, RunJob};
 use crate::metrics::Metrics;
 use crate::pool::actor::PoolHandle;
 use crate::pool::status::PoolStatus;
@@ -18,10 +18,7 @@ use crate::telemetry::{ActivationTrace, TraceParent};
 use base64::Engine as _;
 use invoker_wire::cluster::Health;
 use invoker_wire::model::{epoch_ms, Action, ActivationMeta, EncodedRecord};
-use job::{Completion, RunJob};
-use queue::{QueueCounts, QueueFull, QueueSettings};
 use serde_json::{Map, Value};
-use slot::{NamespaceSlot, NamespaceSlots};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
@@ -66,7 +63,7 @@ pub struct InvokeRequest {
     pub action: Arc<Action>,
     pub params: Map<String, Value>,
     /// The caller's request as it came (Fn's routes); `None`: the runtime gets `params`.
-    pub request: Option<Arc<job::CallRequest>>,
+    pub request: Option<Arc<crate::job::CallRequest>>,
     pub subject: String,
     pub api_key: Option<String>,
     /// Given by the caller (the shim: checked for an earlier delivery), or `None` for a new one.
@@ -82,7 +79,7 @@ pub struct InvokeRequest {
     pub whole: Option<oneshot::Sender<EncodedRecord>>,
     /// A caller that keeps the call until it starts (a scheduler's queued call, through the
     /// shim): told before `/run` goes out; gone, and nothing starts.
-    pub start_notice: Option<job::StartNotice>,
+    pub start_notice: Option<crate::job::StartNotice>,
 }
 
 /// Where accepted activations run: the invoker's own pool, or (a scheduler) the invokers of
@@ -157,9 +154,9 @@ enum Origin {
 struct AsyncQueue {
     counts: QueueCounts,
     settings: QueueSettings,
-    retries: tokio::sync::mpsc::UnboundedSender<job::QueueWork>,
+    retries: tokio::sync::mpsc::UnboundedSender<crate::job::QueueWork>,
     /// Taken by [`ActivationService::run_retries`].
-    waiting_retries: Arc<parking_lot::Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<job::QueueWork>>>>,
+    waiting_retries: Arc<parking_lot::Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<crate::job::QueueWork>>>>,
 }
 
 impl ActivationService {
@@ -206,12 +203,12 @@ impl ActivationService {
                 let service = service.clone();
                 actix_rt::spawn(async move {
                     match work {
-                        job::QueueWork::Retry(call) => {
+                        crate::job::QueueWork::Retry(call) => {
                             let wait = call.not_before.saturating_sub(epoch_ms());
                             tokio::time::sleep(Duration::from_millis(wait)).await;
                             service.requeue(*call).await;
                         }
-                        job::QueueWork::Destination { namespace, subject, action, params } => {
+                        crate::job::QueueWork::Destination { namespace, subject, action, params } => {
                             service.call_destination(&namespace, subject, &action, params).await;
                         }
                     }
@@ -459,7 +456,7 @@ impl ActivationService {
             }
             Accepted::Finished(_) | Accepted::Pending { .. } => return Err(IntakeError::IdTaken(activation_id)),
         }
-        let queued = job::Queued { ticket, expires_at };
+        let queued = crate::job::Queued { ticket, expires_at };
         let run = self.queued_run(call, json.into(), action, req.request, queued, accepted, req.traceparent, queue);
         self.hand_over_queued(run).await;
         Ok(Invoked::Accepted(activation_id))
@@ -471,7 +468,7 @@ impl ActivationService {
     pub async fn requeue(&self, call: QueuedCall) {
         let Some(queue) = &self.queue else { return };
         if call.not_before > epoch_ms() {
-            let _ = queue.retries.send(job::QueueWork::Retry(Box::new(call)));
+            let _ = queue.retries.send(crate::job::QueueWork::Retry(Box::new(call)));
             return;
         }
         let action = match self.action_of(&call.meta.namespace, &call.meta.name).await {
@@ -485,10 +482,10 @@ impl ActivationService {
         let Ok(ticket) = queue.counts.admit(&call.meta.namespace, json.len() as u64, since, true) else { return };
         let request = call.request.as_ref().map(|r| {
             let body = base64::engine::general_purpose::STANDARD.decode(&r.body).unwrap_or_default();
-            Arc::new(job::CallRequest { headers: r.headers.clone(), body: body.into() })
+            Arc::new(crate::job::CallRequest { headers: r.headers.clone(), body: body.into() })
         });
         let expires_at = call.expires_at;
-        let queued = job::Queued { ticket, expires_at };
+        let queued = crate::job::Queued { ticket, expires_at };
         let run = self.queued_run(call, json.into(), action, request, queued, Instant::now(), None, queue);
         self.hand_over_queued(run).await;
     }
@@ -508,7 +505,7 @@ impl ActivationService {
             self.action_of(&letter.call.meta.namespace, &letter.call.meta.name).await.map_err(IntakeError::Gone)?;
         let request = letter.call.request.as_ref().map(|r| {
             let body = base64::engine::general_purpose::STANDARD.decode(&r.body).unwrap_or_default();
-            Arc::new(job::CallRequest { headers: r.headers.clone(), body: body.into() })
+            Arc::new(crate::job::CallRequest { headers: r.headers.clone(), body: body.into() })
         });
         let req = InvokeRequest {
             api_key: api_key.filter(|_| action.provides_api_key()),
@@ -601,8 +598,8 @@ impl ActivationService {
         Completion::new(self.store.clone(), self.metrics.clone(), meta, None, None, trace).finish(record);
     }
 
-    fn retry_of(&self, call: &QueuedCall, json: bytes::Bytes, queue: &AsyncQueue) -> job::Retry {
-        job::Retry {
+    fn retry_of(&self, call: &QueuedCall, json: bytes::Bytes, queue: &AsyncQueue) -> crate::job::Retry {
+        crate::job::Retry {
             call: json,
             link: call.retry_of.clone().map(|first| (first, call.attempt)),
             on_success: call.on_success.is_some(),
@@ -618,8 +615,8 @@ impl ActivationService {
         call: QueuedCall,
         json: bytes::Bytes,
         action: Arc<Action>,
-        request: Option<Arc<job::CallRequest>>,
-        queued: job::Queued,
+        request: Option<Arc<crate::job::CallRequest>>,
+        queued: crate::job::Queued,
         accepted: Instant,
         traceparent: Option<TraceParent>,
         queue: &AsyncQueue,

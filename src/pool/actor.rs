@@ -5,9 +5,9 @@ use super::live;
 use super::status::{
     CappedAction, ContainerSummary, ControlledAction, PoolSnapshot, PoolStatus, ProvisionedAction, WarmContainers,
 };
-use crate::activation::job::RunJob;
 use crate::config::{PoolConfig, ProxyConfig, RuntimeProtocol};
 use crate::factory::Factory;
+use crate::job::RunJob;
 use crate::metrics::Metrics;
 use crate::proxy::{ContainerProxy, DiscardLog, Gone, Pause, ProxyContext, ProxyReport, Remove, Resume, Run};
 use crate::telemetry::TARGET;

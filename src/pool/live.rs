@@ -3,7 +3,7 @@
 //! built while nobody watches.
 
 use super::status::{ControlledAction, PoolStatus};
-use crate::activation::job::RunJob;
+use crate::job::RunJob;
 use bytes::Bytes;
 use invoker_core::pool::{ContainerState, ContainerView, Effect, Event, NodeView};
 use invoker_ids::{ContainerId, Time};

@@ -12,9 +12,9 @@ mod discard;
 pub mod protocol;
 mod record;
 
-use crate::activation::job::RunJob;
 use crate::config::{ProxyConfig, RuntimeProtocol};
 use crate::factory::Factory;
+use crate::job::RunJob;
 use crate::telemetry;
 use actix::prelude::*;
 pub use discard::DiscardLog;

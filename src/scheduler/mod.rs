@@ -18,11 +18,11 @@ pub mod send;
 pub mod stalls;
 pub mod view;
 
-use crate::activation::job::RunJob;
 use crate::cluster::etcd::Etcd;
 use crate::cluster::mirror::Snapshot;
 use crate::cluster::{cluster_revision, controller_wait, drain_key, ClusterKv, DrainMark, InvokerRecord};
 use crate::config::Config;
+use crate::job::RunJob;
 use crate::telemetry::TraceParent;
 use bytes::Bytes;
 use invoker_core::placement::{place, ActionNeeds, PlacementConfig};

@@ -5,13 +5,13 @@
 
 use super::cache::Target;
 use super::docs::{fn_not_found, Docs, InvokeKey, INVOKE_KEYS};
-use crate::activation::job::CallRequest;
 use crate::activation::{InvokeRequest, Invoked};
 use crate::api::call::{Call, Principal};
 use crate::api::error::{fn_record_status, ApiError};
 use crate::api::state::AppState;
 use crate::http::is_hop_by_hop;
 use crate::http::Response;
+use crate::job::CallRequest;
 use crate::store::DocKind;
 use crate::telemetry::TraceParent;
 use base64::Engine as _;

@@ -6,8 +6,8 @@
 
 use super::answer::{Answer, Interpreted};
 use super::client::{RuntimeClient, RuntimeError, RuntimeResponse};
-use crate::activation::job::RunJob;
 use crate::http::is_hop_by_hop;
+use crate::job::RunJob;
 use base64::Engine;
 use bytes::Bytes;
 use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};

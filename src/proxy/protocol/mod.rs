@@ -13,8 +13,8 @@ pub use answer::{discard_reason, Answer, Interpreted};
 pub use client::{RuntimeClient, RuntimeError, RuntimeResponse};
 pub use invoker_wire::runtime::{EXITED_UNEXPECTEDLY, NOT_A_RESULT};
 
-use crate::activation::job::RunJob;
 use crate::config::RuntimeProtocol;
+use crate::job::RunJob;
 use invoker_factory::contract::FunctionStart;
 use invoker_factory::contract::Transport;
 use invoker_factory::peer::Peer;

@@ -4,7 +4,7 @@
 
 use super::answer::{Answer, Interpreted};
 use super::client::{RuntimeClient, RuntimeError, RuntimeResponse};
-use crate::activation::job::RunJob;
+use crate::job::RunJob;
 use bytes::Bytes;
 use invoker_wire::model::{epoch_ms, Action, Outcome};
 use invoker_wire::runtime::{EXITED_UNEXPECTEDLY, NOT_A_RESULT};

@@ -1,14 +1,18 @@
-//! An accepted activation on its way through the pool, and the one place it ends. A leaf: it
-//! depends on the model, the store and the metrics only, so the pool and the proxies that carry
-//! a job import nothing of the intake.
+//! An accepted activation on its way through the pool, and the one place it ends, with what it
+//! holds while it runs (its namespace's slot, its place in the durable queue's counts). A leaf:
+//! it depends on the model, the store and the metrics only, so the pool, the proxies and the
+//! scheduler that carry a job import nothing of the intake (`activation`).
 
-use super::queue::QueueTicket;
-use super::slot::NamespaceSlot;
+pub mod queue;
+pub mod slot;
+
 use crate::metrics::Metrics;
 use crate::store::{DeadLetter, DocKind, QueuedCall, Store};
 use crate::telemetry::ActivationTrace;
 use invoker_wire::model::{Action, ActivationMeta, ActivationRecord, EncodedRecord, KeyValue, Rejection};
+use queue::QueueTicket;
 use serde_json::{Map, Value};
+use slot::NamespaceSlot;
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::oneshot;
