@@ -3,7 +3,7 @@
 //! the integration tests build the invoker through here, so that a test runs what a user runs.
 //! Both must be called inside an actix system (the pool and its proxies are actors on it).
 
-use crate::activation::{ActivationService, Runner};
+use crate::activation::ActivationService;
 use crate::api::AppState;
 use crate::cluster::etcd::{Etcd, EtcdError};
 use crate::cluster::fetch::RemoteActions;
@@ -156,7 +156,8 @@ impl InvokerApp {
                 config.action_kinds().into_iter().map(|(kind, max)| (kind.to_string(), max)).collect(),
             ),
         );
-        let service = ActivationService::new(store.clone(), pool.clone(), metrics, config.limits.namespace_concurrent)
+        let runner = Arc::new(pool.clone());
+        let service = ActivationService::new(store.clone(), runner, metrics, config.limits.namespace_concurrent)
             .named(&config.invoker_id)
             .with_queue(queue_settings(&config))
             .with_namespace_provisioned(config.limits.namespace_provisioned);
@@ -172,7 +173,7 @@ impl InvokerApp {
         for call in recovered.queued {
             service.requeue(call).await;
         }
-        let mut state = AppState::new(service.clone(), config.clone());
+        let mut state = AppState::new(service.clone(), config.clone()).with_pool(pool.clone());
         let following = CancellationToken::new();
         if let (true, Some(key)) = (config.cluster.enabled(), &config.cluster.controller_key) {
             let kv = Etcd::new(&config.cluster.etcd)?;
@@ -187,7 +188,7 @@ impl InvokerApp {
         let serving = serve(listener, addr, store, Arc::new(state), service.clone(), &config);
         let registration = registrar.map(|r| {
             let stop = CancellationToken::new();
-            (stop.clone(), actix_rt::spawn(r.run(service, stop)))
+            (stop.clone(), actix_rt::spawn(r.run(service, pool.clone(), stop)))
         });
         Ok(InvokerApp { serving, config, pool, factory, registration, following })
     }
@@ -208,6 +209,11 @@ impl InvokerApp {
 
     pub fn service(&self) -> &ActivationService {
         &self.serving.service
+    }
+
+    /// The invoker's pool.
+    pub fn pool(&self) -> &PoolHandle {
+        &self.pool
     }
 
     pub fn store(&self) -> &Arc<dyn Store> {
@@ -273,15 +279,14 @@ impl SchedulerApp {
         }
         let dispatcher = Arc::new(Dispatcher::new(&config, Etcd::new(&cluster.etcd)?, &key));
         let metrics = Arc::new(Metrics::default());
-        let runner = Runner::Cluster(dispatcher.clone());
-        let service =
-            ActivationService::with_runner(store.clone(), runner, metrics, config.limits.namespace_concurrent)
-                .named(&config.scheduler.id)
-                .with_queue(queue_settings(&config))
-                .with_namespace_provisioned(config.limits.namespace_provisioned);
+        let runner = Arc::new(dispatcher.clone());
+        let service = ActivationService::new(store.clone(), runner, metrics, config.limits.namespace_concurrent)
+            .named(&config.scheduler.id)
+            .with_queue(queue_settings(&config))
+            .with_namespace_provisioned(config.limits.namespace_provisioned);
         service.run_retries();
         let config = Arc::new(config);
-        let state = Arc::new(AppState::new(service.clone(), config.clone()));
+        let state = Arc::new(AppState::new(service.clone(), config.clone()).with_dispatcher(dispatcher.clone()));
         let background = CancellationToken::new();
         actix_rt::spawn(dispatcher.clone().refresh(background.clone()));
         // What an earlier run left: calls an invoker started have their records there (asked

@@ -1202,7 +1202,7 @@ async fn a_reservation_keeps_room_for_its_action_while_another_fills_the_namespa
     // The flood takes the shared part (4 less 2 reserved) with two long calls.
     let long = || send(&app, post("/api/v1/namespaces/_/actions/flood?blocking=true", json!({"sleep_ms": 3000})));
     let meanwhile = async {
-        let pool = h.service().pool().unwrap();
+        let pool = h.app.pool();
         support::eventually(std::time::Duration::from_secs(10), "the flood's two calls running", || async {
             support::done(pool.status().await.is_some_and(|s| s.busy == 2))
         })

@@ -182,7 +182,7 @@ async fn after_a_failed_create_a_drain_ends_without_waiting_for_the_failed_conta
     let h = setup(mock, PoolConfig::default()).await;
     let record = invoke(&h, &action("broken", 256), json!({})).await;
     assert_eq!(record.response.status_code, 3, "{record:?}");
-    let pool = h.service().pool().unwrap();
+    let pool = h.app.pool();
     let drained = tokio::time::timeout(Duration::from_secs(30), pool.drain()).await;
     assert!(drained.is_ok(), "the drain waited for a container whose create failed");
     let snapshot = pool.snapshot().await.unwrap();
@@ -339,7 +339,7 @@ async fn a_prewarmed_container_is_adopted_without_a_create_and_replaced() {
     let cold = invoke(&h, &action("big", 512), json!({})).await;
     assert_eq!(cold.annotation("startKind"), Some(&json!("cold")));
     assert_eq!(h.mock.count(|c| matches!(c, MockCall::Refused(_))), 0);
-    let snapshot = h.service().pool().unwrap().snapshot().await.unwrap();
+    let snapshot = h.app.pool().snapshot().await.unwrap();
     assert_eq!(snapshot.status.prewarm, 1, "{snapshot:?}");
 }
 
@@ -359,7 +359,7 @@ async fn the_pool_forgets_actions_it_no_longer_holds() {
     }
     // Every container idles out; then the pool keeps no trace of the 80 actions.
     eventually(Duration::from_secs(10), "every container and key gone", || async {
-        let snapshot = h.service().pool().unwrap().snapshot().await.unwrap();
+        let snapshot = h.app.pool().snapshot().await.unwrap();
         let (containers, keys) = (snapshot.containers.len(), snapshot.status.action_keys);
         if containers == 0 && keys == 0 {
             Ok(())
@@ -371,7 +371,7 @@ async fn the_pool_forgets_actions_it_no_longer_holds() {
     // An action answered at once (larger than any node) leaves nothing behind either.
     let huge = action("huge", 2_000_000);
     assert_ne!(invoke(&h, &huge, json!({})).await.response.status_code, 0);
-    assert_eq!(h.service().pool().unwrap().status().await.unwrap().action_keys, 0);
+    assert_eq!(h.app.pool().status().await.unwrap().action_keys, 0);
     // An action seen again is tracked again, under a new key, and runs.
     assert_eq!(invoke(&h, &actions[0], json!({})).await.response.status_code, 0);
 }
@@ -495,7 +495,7 @@ async fn every_keep_alive_policy_runs_in_the_live_pool() {
             start_kinds.push(record.annotation("startKind").and_then(|v| v.as_str()).unwrap_or("").to_string());
             tokio::time::sleep(Duration::from_millis(400)).await;
         }
-        let snapshot = h.service().pool().unwrap().snapshot().await.unwrap();
+        let snapshot = h.app.pool().snapshot().await.unwrap();
         let committed: u64 = snapshot.containers.iter().map(|c| u64::from(c.memory_mb)).sum();
         assert!(committed <= 1024, "{kind:?}: {committed} MB on a 1024 MB node");
         if kind == KeepAliveKind::Hybrid {

@@ -7,12 +7,10 @@ mod provisioning;
 pub mod reservations;
 
 use crate::job::queue::{QueueCounts, QueueFull, QueueSettings};
+use crate::job::runner::Runner;
 use crate::job::slot::{NamespaceSlot, NamespaceSlots};
 use crate::job::{Completion, RunJob};
 use crate::metrics::Metrics;
-use crate::pool::actor::PoolHandle;
-use crate::pool::status::PoolStatus;
-use crate::scheduler::Dispatcher;
 use crate::store::{Accepted, QueuedCall, QueuedRequest, Store, StoreError};
 use crate::telemetry::{ActivationTrace, TraceParent};
 use base64::Engine as _;
@@ -82,37 +80,11 @@ pub struct InvokeRequest {
     pub start_notice: Option<crate::job::StartNotice>,
 }
 
-/// Where accepted activations run: the invoker's own pool, or (a scheduler) the invokers of
-/// a cluster.
-#[derive(Clone)]
-pub enum Runner {
-    Pool(PoolHandle),
-    Cluster(Arc<Dispatcher>),
-}
-
-impl Runner {
-    /// Hands `run` over; `Err` when it was refused and ended with a record already.
-    fn submit(&self, run: RunJob) -> Result<(), Refused> {
-        match self {
-            Runner::Pool(pool) => pool.submit(run).map_err(|_| Refused::PoolFull),
-            Runner::Cluster(dispatcher) => dispatcher.submit(run).map_err(|_| Refused::SchedulerFull),
-        }
-    }
-}
-
-/// Why a runner did not take a job; its record is written already (`queue_full`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Refused {
-    /// The pool's mailbox is full.
-    PoolFull,
-    /// The scheduler has its most activations in flight.
-    SchedulerFull,
-}
-
 #[derive(Clone)]
 pub struct ActivationService {
     store: Arc<dyn Store>,
-    runner: Runner,
+    /// Where accepted activations run: this invoker's pool, or (a scheduler) its invokers.
+    runner: Arc<dyn Runner>,
     metrics: Arc<Metrics>,
     in_flight: NamespaceSlots,
     namespace_limit: u32,
@@ -160,11 +132,9 @@ struct AsyncQueue {
 }
 
 impl ActivationService {
-    pub fn new(store: Arc<dyn Store>, pool: PoolHandle, metrics: Arc<Metrics>, namespace_limit: u32) -> Self {
-        Self::with_runner(store, Runner::Pool(pool), metrics, namespace_limit)
-    }
-
-    pub fn with_runner(store: Arc<dyn Store>, runner: Runner, metrics: Arc<Metrics>, namespace_limit: u32) -> Self {
+    /// The intake of activations that `runner` runs (an invoker's pool, a scheduler's
+    /// dispatcher: `app.rs` chooses).
+    pub fn new(store: Arc<dyn Store>, runner: Arc<dyn Runner>, metrics: Arc<Metrics>, namespace_limit: u32) -> Self {
         ActivationService {
             store,
             runner,
@@ -232,34 +202,14 @@ impl ActivationService {
         &self.store
     }
 
-    /// The invoker's pool; `None` in a scheduler.
-    pub fn pool(&self) -> Option<&PoolHandle> {
-        match &self.runner {
-            Runner::Pool(pool) => Some(pool),
-            Runner::Cluster(_) => None,
-        }
-    }
-
-    /// The scheduler's dispatcher; `None` in an invoker.
-    pub fn dispatcher(&self) -> Option<&Arc<Dispatcher>> {
-        match &self.runner {
-            Runner::Pool(_) => None,
-            Runner::Cluster(dispatcher) => Some(dispatcher),
-        }
-    }
-
     /// The action `namespace/name` was deleted (`kept: None`) or saved as `kept`: no container
     /// of another revision runs anything again, and the idle ones are removed now, here or (a
     /// scheduler) on every invoker.
     pub async fn retire_action(&self, namespace: &str, name: &str, kept: Option<&invoker_wire::model::Action>) {
         self.reservations.set(namespace, name, kept.map(reservations::Kept::of));
-        match &self.runner {
-            Runner::Pool(pool) => pool.retire_action(namespace, name, kept.map(|a| a.revision)).await,
-            Runner::Cluster(dispatcher) => dispatcher.retire_action(namespace, name, kept).await,
-        }
-        match kept {
-            Some(action) => self.provision_saved(action).await,
-            None => self.unprovision(namespace, name),
+        self.runner.retire_action(namespace, name, kept).await;
+        if let Some(action) = kept {
+            self.provision_saved(action).await;
         }
     }
 
@@ -275,11 +225,11 @@ impl ActivationService {
         self.draining.load(std::sync::atomic::Ordering::SeqCst)
     }
 
-    /// The invoker's health as `/health` and its cluster registration say it: the pool's,
-    /// unless the store cannot write, when new work would be refused whatever the pool could
+    /// The invoker's health as `/health` and its cluster registration say it: the pool's (as
+    /// its status says it, with this intake's draining), unless the store cannot write, when new work would be refused whatever the pool could
     /// run (draining is said as it is).
-    pub fn health(&self, status: &PoolStatus, min_mb: u64) -> Health {
-        match status.health(self.is_draining(), min_mb) {
+    pub fn health(&self, of_the_pool: Health) -> Health {
+        match of_the_pool {
             Health::Draining => Health::Draining,
             _ if self.store.trouble().is_some() => Health::Unhealthy,
             health => health,
@@ -557,7 +507,7 @@ impl ActivationService {
     /// started on an invoker, which has its record: the guess waits to be replaced by it
     /// (returned, for the scheduler's round of guesses), and nothing is retried.
     pub fn interrupted(&self, call: QueuedCall) -> Option<invoker_wire::model::ActivationMeta> {
-        if let Runner::Cluster(_) = &self.runner {
+        if self.runner.records_elsewhere() {
             let meta = Arc::new(call.meta);
             let why = "the scheduler stopped while an invoker ran this call; its record is asked of the invokers";
             self.end_with(meta.clone(), invoker_wire::model::ActivationRecord::guess(&meta, why, epoch_ms()));
@@ -649,10 +599,7 @@ impl ActivationService {
     /// already. A pool gone (the invoker stopping) leaves it queued for the next start. In a
     /// scheduler, into its action's line for an invoker.
     async fn hand_over_queued(&self, run: RunJob) {
-        match &self.runner {
-            Runner::Pool(pool) => pool.submit_queued(run).await,
-            Runner::Cluster(dispatcher) => dispatcher.submit_queued(run),
-        }
+        self.runner.submit_queued(run).await;
     }
 
     /// For a duplicate still running: polls the store for its record within the wait. Only a

@@ -4,7 +4,7 @@
 //! past it is refused (`api::actions`), and what reaches the pool is bounded again here, so
 //! that no other route (an Fn function, two saves at once) gets past it.
 
-use super::{ActivationService, Runner};
+use super::ActivationService;
 use crate::store::StoreError;
 use invoker_wire::model::Action;
 use std::collections::BTreeMap;
@@ -17,40 +17,21 @@ impl ActivationService {
         self
     }
 
-    /// `action` was saved: its provisioned containers, within what its namespace's other
-    /// actions leave of the bound; kept by this invoker's pool, or spread over the invokers by
-    /// this scheduler. Its older revisions keep none once retired.
+    /// `action` was saved: its provisioned containers (none if it names none), within what its
+    /// namespace's other actions leave of the bound; kept by this invoker's pool, or spread
+    /// over the invokers by this scheduler. Its older revisions keep none once retired.
     pub(super) async fn provision_saved(&self, action: &Action) {
-        let Some(wanted) = action.provisioned_concurrency() else {
-            if let Runner::Cluster(dispatcher) = &self.runner {
-                dispatcher.provisioned.forget(&action.namespace, &action.name);
-            }
-            return;
+        let count = match action.provisioned_concurrency() {
+            None => 0,
+            Some(wanted) => match self.kept_by_others(&action.namespace, &action.name).await {
+                Ok(others) => self.within_bound(action, wanted, others.provisioned),
+                Err(e) => {
+                    tracing::warn!(action = %action.path(), "its namespace's provisioned containers cannot be read: {e}");
+                    return;
+                }
+            },
         };
-        let others = match self.kept_by_others(&action.namespace, &action.name).await {
-            Ok(others) => others.provisioned,
-            Err(e) => {
-                tracing::warn!(action = %action.path(), "its namespace's provisioned containers cannot be read: {e}");
-                return;
-            }
-        };
-        let count = self.within_bound(action, wanted, others);
-        self.provision(Arc::new(action.clone()), count).await;
-    }
-
-    /// `action` was deleted: a scheduler asks nothing more of its invokers for it (an invoker's
-    /// pool forgets it as it retires its containers).
-    pub(super) fn unprovision(&self, namespace: &str, name: &str) {
-        if let Runner::Cluster(dispatcher) = &self.runner {
-            dispatcher.provisioned.forget(namespace, name);
-        }
-    }
-
-    async fn provision(&self, action: Arc<Action>, count: u32) {
-        match &self.runner {
-            Runner::Pool(pool) => pool.provision(action, count).await,
-            Runner::Cluster(dispatcher) => dispatcher.provisioned.set(action, count),
-        }
+        self.runner.provision(Arc::new(action.clone()), count).await;
     }
 
     /// At a start: every stored action that keeps provisioned containers, each namespace's in
@@ -72,7 +53,7 @@ impl ActivationService {
                 let wanted = action.provisioned_concurrency().unwrap_or(0);
                 let count = self.within_bound(&action, wanted, kept);
                 kept = kept.saturating_add(count);
-                self.provision(Arc::new(action), count).await;
+                self.runner.provision(Arc::new(action), count).await;
             }
         }
         Ok(())

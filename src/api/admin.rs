@@ -15,11 +15,11 @@ pub(super) fn ping() -> Response {
 /// counts, for the admin key only.
 pub(super) async fn health(state: &AppState, call: &Call) -> Result<Response, ApiError> {
     let details = state.admin(call).is_ok();
-    let Some(pool) = state.service.pool() else { return Ok(super::cluster::health(state, details)) };
+    let Some(pool) = state.pool() else { return Ok(super::cluster::health(state, details)) };
     let status = pool.status().await.ok_or(ApiError::Unavailable("the pool is gone".into()))?;
     let launchable = status.launchable_mb();
     let min_mb = u64::from(state.config.limits.memory_min_mb);
-    let word = state.service.health(&status, min_mb).as_str();
+    let word = state.service.health(status.health(state.service.is_draining(), min_mb)).as_str();
     if !details {
         return Ok(json(StatusCode::OK, &json!({ "status": word })));
     }
@@ -53,7 +53,7 @@ pub(super) async fn health(state: &AppState, call: &Call) -> Result<Response, Ap
 
 pub(super) async fn metrics(state: &AppState, call: &Call) -> Result<Response, ApiError> {
     state.admin(call)?;
-    if let Some(pool) = state.service.pool() {
+    if let Some(pool) = state.pool() {
         pool.refresh_gauges().await;
     }
     let metrics = state.service.metrics();
@@ -70,7 +70,7 @@ pub(super) async fn metrics(state: &AppState, call: &Call) -> Result<Response, A
         }
     }
     let mut text = metrics.render();
-    if let Some(dispatcher) = state.service.dispatcher() {
+    if let Some(dispatcher) = state.dispatcher() {
         text.push_str(&dispatcher.metrics.render());
     }
     Ok(with_body(StatusCode::OK, "text/plain; version=0.0.4", text.into_bytes()))
@@ -79,7 +79,7 @@ pub(super) async fn metrics(state: &AppState, call: &Call) -> Result<Response, A
 /// Every namespace's action names are in it: the admin key only.
 pub(super) async fn pool(state: &AppState, call: &Call) -> Result<Response, ApiError> {
     state.admin(call)?;
-    let pool = state.service.pool().ok_or(ApiError::NotFound)?;
+    let pool = state.pool().ok_or(ApiError::NotFound)?;
     let snapshot = pool.snapshot().await.ok_or(ApiError::Unavailable("the pool is gone".into()))?;
     Ok(json(StatusCode::OK, &snapshot))
 }

@@ -15,7 +15,7 @@ use serde_json::json;
 use std::sync::Arc;
 
 fn dispatcher(state: &AppState) -> Result<&Arc<Dispatcher>, ApiError> {
-    state.service.dispatcher().ok_or(ApiError::NotFound)
+    state.dispatcher().ok_or(ApiError::NotFound)
 }
 
 /// `GET /v1/invokers`: health, tags, headroom, containers held, activations in flight.
@@ -69,7 +69,7 @@ struct KeepQuery {
 /// The controller key only.
 pub(super) async fn retire_action(state: &AppState, call: &Call, ns: &str, name: &str) -> Result<Response, ApiError> {
     state.controller(call)?;
-    let pool = state.service.pool().ok_or(ApiError::NotFound)?;
+    let pool = state.pool().ok_or(ApiError::NotFound)?;
     let query: KeepQuery = call.query()?;
     let keep = match query.keep {
         Some(keep) => Some(keep.parse().map_err(|_| ApiError::BadRequest("keep: must be an unsigned integer".into()))?),
@@ -92,7 +92,7 @@ struct RecordsAsked {
 /// invoker restarted under it) is no answer. The controller key only.
 pub(super) async fn internal_records(state: &AppState, call: &Call) -> Result<Response, ApiError> {
     state.controller(call)?;
-    state.service.pool().ok_or(ApiError::NotFound)?;
+    state.pool().ok_or(ApiError::NotFound)?;
     let asked: RecordsAsked = serde_json::from_slice(&call.body)
         .map_err(|e| ApiError::BadRequest(format!("body: {{\"activation_ids\": [...]}} expected: {e}")))?;
     if asked.activation_ids.len() > MAX_RECORDS_ASKED {
@@ -118,7 +118,7 @@ pub(super) async fn internal_records(state: &AppState, call: &Call) -> Result<Re
 
 /// A scheduler's health: healthy while some invoker would take work.
 pub(super) fn health(state: &AppState, details: bool) -> Response {
-    let Some(dispatcher) = state.service.dispatcher() else {
+    let Some(dispatcher) = state.dispatcher() else {
         return json(StatusCode::OK, &json!({ "status": "unhealthy" }));
     };
     let status = if state.service.is_draining() {

@@ -75,7 +75,7 @@ pub(super) async fn events(
     if feed.viewers() >= MAX_VIEWERS {
         return Err(ApiError::Unavailable(format!("{MAX_VIEWERS} viewers already watch; try again later")));
     }
-    let view = match (state.service.pool(), state.service.dispatcher()) {
+    let view = match (state.pool(), state.dispatcher()) {
         (Some(pool), _) => View::Pool(pool.clone()),
         (None, Some(dispatcher)) => View::Scheduler(dispatcher.clone()),
         (None, None) => return Err(ApiError::NotFound),

@@ -176,7 +176,7 @@ fn started_answer(
     rest: tokio::sync::oneshot::Receiver<EncodedRecord>,
     transid: Value,
 ) -> Response {
-    let user_memory_mb = state.service.pool().map_or(0, |p| p.user_memory_mb());
+    let user_memory_mb = state.pool().map_or(0, |p| p.user_memory_mb());
     let invoker_id = state.config.invoker_id.clone();
     let second = async move {
         let _ = ack.send(());
@@ -203,7 +203,7 @@ fn answer(
     match invoked {
         Invoked::Accepted(id) => accepted(&id),
         Invoked::Done(encoded) => {
-            let user_memory_mb = state.service.pool().map_or(0, |p| p.user_memory_mb());
+            let user_memory_mb = state.pool().map_or(0, |p| p.user_memory_mb());
             let invoker_id = state.config.invoker_id.clone();
             let status = record_status(&encoded.record, StatusCode::OK);
             let rest = rest.map(|mut rest| (rest.try_recv(), rest));

@@ -7,6 +7,8 @@ use super::fn_routes::cache::FnCache;
 use crate::activation::ActivationService;
 use crate::cluster::fetch::RemoteActions;
 use crate::config::Config;
+use crate::pool::actor::PoolHandle;
+use crate::scheduler::Dispatcher;
 use base64::Engine as _;
 use hyper::HeaderMap;
 use invoker_wire::model::{validate_entity_name, Action};
@@ -26,6 +28,9 @@ pub struct AppState {
     remote_actions: Option<Arc<RemoteActions>>,
     /// Where Fn's calls lead.
     pub(super) fn_cache: FnCache,
+    /// What this process runs activations on: an invoker's pool, or a scheduler's dispatcher.
+    pool: Option<PoolHandle>,
+    dispatcher: Option<Arc<Dispatcher>>,
 }
 
 impl AppState {
@@ -43,7 +48,38 @@ impl AppState {
         });
         let bearer = keys.iter().map(|(key, who)| (format!("Bearer {key}"), who.clone()));
         let headers = basic.chain(bearer).collect();
-        AppState { service, config, keys, headers, remote_actions: None, fn_cache: FnCache::default() }
+        AppState {
+            service,
+            config,
+            keys,
+            headers,
+            remote_actions: None,
+            fn_cache: FnCache::default(),
+            pool: None,
+            dispatcher: None,
+        }
+    }
+
+    /// An invoker's: its pool, for the routes that show or drive it.
+    pub fn with_pool(mut self, pool: PoolHandle) -> Self {
+        self.pool = Some(pool);
+        self
+    }
+
+    /// A scheduler's: its dispatcher, for the routes that show its invokers.
+    pub fn with_dispatcher(mut self, dispatcher: Arc<Dispatcher>) -> Self {
+        self.dispatcher = Some(dispatcher);
+        self
+    }
+
+    /// The invoker's pool; `None` in a scheduler.
+    pub fn pool(&self) -> Option<&PoolHandle> {
+        self.pool.as_ref()
+    }
+
+    /// The scheduler's dispatcher; `None` in an invoker.
+    pub fn dispatcher(&self) -> Option<&Arc<Dispatcher>> {
+        self.dispatcher.as_ref()
     }
 
     /// An invoker of a cluster: messages from its schedulers name actions it fetches.

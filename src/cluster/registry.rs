@@ -9,6 +9,7 @@ use super::etcd::LeaseId;
 use super::{boot_id, container_key, drain_key, invoker_key, ClusterKv, DrainMark, InvokerRecord, NodeHeadroom};
 use crate::activation::ActivationService;
 use crate::config::ClusterConfig;
+use crate::pool::actor::PoolHandle;
 use crate::pool::status::ContainerSummary;
 use invoker_wire::cluster::Health;
 use std::collections::BTreeMap;
@@ -203,7 +204,7 @@ impl<K: ClusterKv> Registrar<K> {
 
     /// Keeps the registration of the invoker `service` belongs to until `stop`, then revokes
     /// the lease (every key goes at once).
-    pub async fn run(mut self, service: ActivationService, stop: CancellationToken) {
+    pub async fn run(mut self, service: ActivationService, pool: PoolHandle, stop: CancellationToken) {
         let interval = self.config.publish_interval;
         let drain = drain_key(&self.config.prefix, &self.identity.invoker_id);
         let mut drains = self.kv.mirror(&drain, stop.child_token());
@@ -214,7 +215,7 @@ impl<K: ClusterKv> Registrar<K> {
                 let watched = drains.borrow_and_update();
                 watched.current.then(|| watched.entries.get(&drain).cloned())
             };
-            if let Err(e) = self.step(&service, drained).await {
+            if let Err(e) = self.step(&service, &pool, drained).await {
                 self.complain(&e);
             }
             // A drain (or its end) is published as it comes, not at the next interval.
@@ -240,7 +241,12 @@ impl<K: ClusterKv> Registrar<K> {
     /// One round: (re)claim when there is no live lease, renew it when a third of the TTL
     /// passed, put what changed. `drain`: the value of this invoker's drain key, as the watch
     /// of it says (none while the watch is not current: read it).
-    async fn step(&mut self, service: &ActivationService, drain: Option<Option<String>>) -> Result<(), RegistryError> {
+    async fn step(
+        &mut self,
+        service: &ActivationService,
+        pool: &PoolHandle,
+        drain: Option<Option<String>>,
+    ) -> Result<(), RegistryError> {
         let etcd = |e: K::Error| RegistryError::Etcd(e.to_string());
         let ttl = self.config.lease_ttl;
         if self.lease.is_some() && self.renewed.elapsed() >= ttl {
@@ -269,7 +275,6 @@ impl<K: ClusterKv> Registrar<K> {
             self.last_complaint = None;
         }
         let lease = self.lease.expect("claimed above");
-        let Some(pool) = service.pool() else { return Ok(()) };
         let Some(status) = pool.status().await else { return Ok(()) };
         let drain = match drain {
             Some(value) => value,
@@ -287,7 +292,7 @@ impl<K: ClusterKv> Registrar<K> {
                 Health::Draining
             }
         } else {
-            service.health(&status, self.identity.min_mb)
+            service.health(status.health(service.is_draining(), self.identity.min_mb))
         };
         let nodes = status
             .nodes

@@ -4,6 +4,7 @@
 //! scheduler that carry a job import nothing of the intake (`activation`).
 
 pub mod queue;
+pub mod runner;
 pub mod slot;
 
 use crate::metrics::Metrics;

@@ -7,11 +7,13 @@ use super::status::{
 };
 use crate::config::{PoolConfig, ProxyConfig, RuntimeProtocol};
 use crate::factory::Factory;
+use crate::job::runner::{Refused, Runner};
 use crate::job::RunJob;
 use crate::metrics::Metrics;
 use crate::proxy::{ContainerProxy, DiscardLog, Gone, Pause, ProxyContext, ProxyReport, Remove, Resume, Run};
 use crate::telemetry::TARGET;
 use actix::prelude::*;
+use futures_util::future::BoxFuture;
 use invoker_core::pool::{
     ContainerState, ContainerView, CoreConfig, Effect, Event, Job, KeyId, Owner, PoolCore, PoolCounts, Provision,
     RejectReason, StemId, TenantId,
@@ -807,6 +809,29 @@ impl Handler<RefreshGauges> for ContainerPool {
             self.metrics.provisioned.get_or_create(&crate::metrics::StateLabel { state: state.into() }).set(n as i64);
         }
         self.metrics.capped_waiting.set(capped_waiting as i64);
+    }
+}
+
+/// An invoker's activations run in its own pool.
+impl Runner for PoolHandle {
+    fn submit(&self, run: RunJob) -> Result<(), Refused> {
+        PoolHandle::submit(self, run).map_err(|PoolBusy| Refused::PoolFull)
+    }
+
+    fn submit_queued(&self, run: RunJob) -> BoxFuture<'_, ()> {
+        Box::pin(PoolHandle::submit_queued(self, run))
+    }
+
+    fn retire_action<'a>(&'a self, namespace: &'a str, name: &'a str, kept: Option<&'a Action>) -> BoxFuture<'a, ()> {
+        Box::pin(PoolHandle::retire_action(self, namespace, name, kept.map(|a| a.revision)))
+    }
+
+    fn provision(&self, action: Arc<Action>, count: u32) -> BoxFuture<'_, ()> {
+        Box::pin(PoolHandle::provision(self, action, count))
+    }
+
+    fn records_elsewhere(&self) -> bool {
+        false
     }
 }
 

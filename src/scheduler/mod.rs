@@ -22,12 +22,14 @@ use crate::cluster::etcd::Etcd;
 use crate::cluster::mirror::Snapshot;
 use crate::cluster::{cluster_revision, controller_wait, drain_key, ClusterKv, DrainMark, InvokerRecord};
 use crate::config::Config;
+use crate::job::runner::{Refused, Runner};
 use crate::job::RunJob;
 use crate::telemetry::TraceParent;
 use bytes::Bytes;
+use futures_util::future::BoxFuture;
 use invoker_core::placement::{place, ActionNeeds, PlacementConfig};
 use invoker_wire::model::{
-    epoch_ms, ActivationMessage, ActivationRecord, ControllerIndex, KeyValue, MessageAction, MessageKey,
+    epoch_ms, Action, ActivationMessage, ActivationRecord, ControllerIndex, KeyValue, MessageAction, MessageKey,
     MessageNamespace, MessageRequest, MessageUser, Rejection, RejectionKind,
 };
 use metrics::SchedulerMetrics;
@@ -821,6 +823,34 @@ fn with_refusals(why: String, refusals: &[String]) -> String {
 
 /// What an action asks of an invoker: its memory, and its `invoker-resources` tags (strict
 /// unless `invoker-resources-strict-policy` is false), and whether it is a blackbox (image) one.
+/// A scheduler's activations run on its invokers.
+impl Runner for Arc<Dispatcher> {
+    fn submit(&self, run: RunJob) -> Result<(), Refused> {
+        Dispatcher::submit(self, run).map_err(|_| Refused::SchedulerFull)
+    }
+
+    fn submit_queued(&self, run: RunJob) -> BoxFuture<'_, ()> {
+        Dispatcher::submit_queued(self, run);
+        Box::pin(std::future::ready(()))
+    }
+
+    fn retire_action<'a>(&'a self, namespace: &'a str, name: &'a str, kept: Option<&'a Action>) -> BoxFuture<'a, ()> {
+        if kept.is_none() {
+            self.provisioned.forget(namespace, name);
+        }
+        Box::pin(Dispatcher::retire_action(self, namespace, name, kept))
+    }
+
+    fn provision(&self, action: Arc<Action>, count: u32) -> BoxFuture<'_, ()> {
+        self.provisioned.set(action, count);
+        Box::pin(std::future::ready(()))
+    }
+
+    fn records_elsewhere(&self) -> bool {
+        true
+    }
+}
+
 fn needs_of(action: &invoker_wire::model::Action) -> ActionNeeds {
     let annotation = |key: &str| action.annotations.iter().find(|a| a.key == key).map(|a| &a.value);
     let tags = match annotation("invoker-resources") {
