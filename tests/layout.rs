@@ -289,7 +289,7 @@ fn dependencies_of(krate: &Path) -> Vec<String> {
     let dependencies = manifest.split("\n[dependencies]").nth(1).unwrap().split("\n[").next().unwrap();
     dependencies
         .lines()
-        .filter_map(|l| l.split('=').next().map(str::trim))
+        .filter_map(|l| l.split('=').next().map(|name| name.trim().trim_end_matches(".workspace")))
         .filter(|name| !name.is_empty() && !name.starts_with('#'))
         .map(String::from)
         .collect()
