@@ -686,11 +686,11 @@ async fn an_etcd_frozen_past_the_leases_fails_nothing_that_ran_and_refuses_almos
             })
         })
         .collect();
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    tokio::time::sleep(Duration::from_secs(2)).await; // load window: the paced load runs steadily before the freeze
     p.etcd.freeze();
     tokio::time::sleep(Duration::from_secs(20)).await; // past the 3 s lease, many times
     p.etcd.thaw();
-    tokio::time::sleep(Duration::from_secs(6)).await;
+    tokio::time::sleep(Duration::from_secs(6)).await; // load window: the load runs on after the thaw, what it measures
     stop.store(true, Ordering::Relaxed);
     let mut answers = Vec::new();
     for worker in workers {
@@ -732,7 +732,7 @@ async fn one_frozen_invoker_never_blocks_the_other_and_its_taken_work_ends_once(
     let frozen = invokers.iter().find(|i| i.invoker_id == "cold1").unwrap();
     let scheduler = Arc::new(scheduler);
     let load = PacedLoad::start(&scheduler, &["paced1", "paced2"], 4);
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    tokio::time::sleep(Duration::from_secs(2)).await; // load window: the paced load runs steadily on both invokers first
     frozen.signal(nix::sys::signal::Signal::SIGSTOP);
     let froze = Instant::now();
     // New work that prefers the frozen invoker, while it is still registered (its lease is
@@ -749,10 +749,11 @@ async fn one_frozen_invoker_never_blocks_the_other_and_its_taken_work_ends_once(
     };
     assert_eq!(stalled(&list, "cold1"), json!(true), "{list}");
     assert_eq!(stalled(&list, "cold2"), json!(false), "{list}");
+    // The freeze lasts 15 s in all, past the frozen invoker's 3 s lease many times.
     tokio::time::sleep(Duration::from_secs(15).saturating_sub(froze.elapsed())).await;
     frozen.signal(nix::sys::signal::Signal::SIGCONT);
     let thawed = Instant::now();
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    tokio::time::sleep(Duration::from_secs(4)).await; // load window: the thawed invoker's late answers come in meanwhile
     let (_, list) = scheduler.get_url("/v1/invokers").await;
     assert_eq!(stalled(&list, "cold1"), json!(false), "it answers again: taken back {list}");
     assert!(counter(&scheduler, "scheduler_unheard_total").await >= 1, "no hand-over went unheard");
@@ -803,7 +804,7 @@ async fn an_invoker_cut_from_etcd_alone_keeps_serving_what_it_is_sent_and_regist
     let Platform { etcd: _etcd, scheduler, scheduler_dir: _scheduler_dir, invokers: _invokers, _dirs } = p;
     let scheduler = Arc::new(scheduler);
     let load = PacedLoad::start(&scheduler, &["paced1", "paced2"], 4);
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    tokio::time::sleep(Duration::from_secs(2)).await; // load window: the paced load runs steadily before the cut
     partition.cut();
     let cut_at = Instant::now();
     // The lease (3 s) and the scheduler's grace (one lease TTL) go by.
@@ -815,7 +816,7 @@ async fn an_invoker_cut_from_etcd_alone_keeps_serving_what_it_is_sent_and_regist
         }
     })
     .await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    tokio::time::sleep(Duration::from_secs(3)).await; // load window: the cut lasts, the load running on the other invoker
     partition.heal();
     let healed = Instant::now();
     support::eventually(Duration::from_secs(20), "the cut invoker registered again", || async {
@@ -823,7 +824,7 @@ async fn an_invoker_cut_from_etcd_alone_keeps_serving_what_it_is_sent_and_regist
         support::done(listed(list.as_array().map_or(&[][..], Vec::as_slice), "cut1")).map_err(|_| list.to_string())
     })
     .await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    tokio::time::sleep(Duration::from_secs(3)).await; // load window: the load runs on after the heal
     let back = Instant::now();
     let timed = load.stop().await;
     let on = |id: &str, from: Instant, to: Instant| {
@@ -860,7 +861,7 @@ async fn an_activation_without_room_waits_for_it_and_the_demand_report_says_so()
         let s = scheduler.clone();
         tokio::spawn(async move { s.try_invoke("slow", json!({ "sleep_ms": 2500 })).await })
     };
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await; // the first call holds the one invoker's room first (its own 2.5 s run is the window)
     let second = {
         let s = scheduler.clone();
         tokio::spawn(async move { s.try_invoke("slow", json!({ "sleep_ms": 10 })).await })

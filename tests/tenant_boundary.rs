@@ -160,6 +160,8 @@ async fn a_runtime_killed_and_replaced_by_its_own_action_ends_its_container() {
     let (status, first) = inv.invoke("hijacker", "blocking=true", json!({"hijack": true})).await;
     assert_eq!(status, 200, "{first}");
     let before = containers_of(&inv, "guest/hijacker").await;
+    // The attack's own time: what the action left behind kills its runtime 0.3 s after the
+    // answer and serves its socket 0.2 s later; nothing of ours to wait on happens meanwhile.
     tokio::time::sleep(Duration::from_millis(2000)).await;
     let (status, next) = inv.invoke("hijacker", "blocking=true", json!({})).await;
     assert_eq!(status, 200, "{next}");
@@ -263,6 +265,7 @@ async fn an_fn_listener_swapped_after_it_was_ready_for_a_link_to_another_tenants
     inv.put_action("swapper", function(FN_SWAPPER)).await;
     let (status, a) = inv.invoke("swapper", "blocking=true", json!({"target": target})).await;
     assert_eq!(status, 200, "{a}");
+    // The attack's own time: what A's function left behind tries its swap meanwhile.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     for _ in 0..3 {
         let (status, a) = inv.invoke("swapper", "blocking=true", json!({"payload": "A's secret"})).await;
