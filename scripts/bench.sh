@@ -33,11 +33,12 @@ if [ ! -x /usr/bin/python3 ]; then
     apt-get install -y python3-minimal >&2
 fi
 
-features=bench
+# The invoker with the mock factory (the scheduler hop runs on it), and the bench beside it.
+features=invoker/test-util
 if [ ${#docker[@]} -gt 0 ]; then
-    features=bench,docker
+    features=invoker/test-util,invoker/docker
 fi
-cargo build --release --bins --features "$features" >&2
+cargo build --release --bins -p invoker -p invoker-bench --features "$features" >&2
 bin="${CARGO_TARGET_DIR:-target}/release"
 k="${K:-8}"
 if $queue; then

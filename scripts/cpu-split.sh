@@ -8,7 +8,7 @@
 #   scripts/cpu-split.sh        # builds the release binaries first
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release --bins --features bench >&2
+cargo build --release --bins -p invoker -p invoker-bench --features invoker/test-util >&2
 bin="${CARGO_TARGET_DIR:-target}/release"
 flag="$(mktemp /tmp/cpu-split-XXXXXX)"
 python3 - "$flag" <<'PY' &

@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 if ! command -v perf >/dev/null 2>&1; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq linux-perf >/dev/null
 fi
-cargo build --release --bins --features bench >&2
+cargo build --release --bins -p invoker -p invoker-bench --features invoker/test-util >&2
 bin="${CARGO_TARGET_DIR:-target}/release"
 work="$(mktemp -d /tmp/perf-split-XXXXXX)"
 trap 'rm -rf "$work"' EXIT
