@@ -26,5 +26,4 @@ pub mod read_watched;
 pub mod runtime;
 pub mod scheduler;
 pub mod sim;
-pub mod store;
 pub mod telemetry;

@@ -11,9 +11,9 @@ use crate::job::runner::Runner;
 use crate::job::slot::{NamespaceSlot, NamespaceSlots};
 use crate::job::{Completion, RunJob};
 use crate::metrics::Metrics;
-use crate::store::{Accepted, QueuedCall, QueuedRequest, Store, StoreError};
 use crate::telemetry::{ActivationTrace, TraceParent};
 use base64::Engine as _;
+use invoker_store::{Accepted, QueuedCall, QueuedRequest, Store, StoreError};
 use invoker_wire::cluster::Health;
 use invoker_wire::model::{epoch_ms, Action, ActivationMeta, EncodedRecord};
 use serde_json::{Map, Value};
@@ -445,7 +445,7 @@ impl ActivationService {
     /// by the queue's path. `api_key`: the caller's, for an action that asks for it.
     pub async fn redrive(
         &self,
-        letter: &crate::store::DeadLetter,
+        letter: &invoker_store::DeadLetter,
         api_key: Option<String>,
     ) -> Result<String, IntakeError> {
         if self.queue.is_none() {
@@ -517,7 +517,7 @@ impl ActivationService {
         let json = serde_json::to_vec(&call).expect("a queued call serialises");
         let retry = self.retry_of(&call, json.into(), queue);
         let meta = Arc::new(call.meta);
-        let record = invoker_wire::model::ActivationRecord::guess(&meta, crate::store::STOPPED_UNFINISHED, epoch_ms());
+        let record = invoker_wire::model::ActivationRecord::guess(&meta, invoker_store::STOPPED_UNFINISHED, epoch_ms());
         let trace = ActivationTrace::begin(None, &meta, &self.process);
         let completion = Completion::new(self.store.clone(), self.metrics.clone(), meta, None, None, trace);
         completion.interrupted(retry).finish(record);

@@ -5,7 +5,7 @@
 //! that no other route (an Fn function, two saves at once) gets past it.
 
 use super::ActivationService;
-use crate::store::StoreError;
+use invoker_store::StoreError;
 use invoker_wire::model::Action;
 use std::collections::BTreeMap;
 use std::sync::Arc;

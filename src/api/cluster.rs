@@ -110,7 +110,7 @@ pub(super) async fn internal_records(state: &AppState, call: &Call) -> Result<Re
                 found.push(record);
             }
         }
-        Ok::<_, crate::store::StoreError>(found)
+        Ok::<_, invoker_store::StoreError>(found)
     })
     .await??;
     Ok(json(StatusCode::OK, &json!({ "records": records })))

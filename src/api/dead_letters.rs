@@ -6,8 +6,8 @@ use super::call::{blocking, json, page, Call, PageQuery};
 use super::error::ApiError;
 use super::state::AppState;
 use crate::http::Response;
-use crate::store::{DeadLetter, DocKind};
 use hyper::StatusCode;
+use invoker_store::{DeadLetter, DocKind};
 use serde_json::json;
 
 /// The namespace's letters, newest first.

@@ -3,10 +3,10 @@
 use crate::activation::IntakeError;
 use crate::cluster::fetch::FetchError;
 use crate::http::Response;
-use crate::store::StoreError;
 use hyper::header::{self, HeaderValue};
 use hyper::StatusCode;
 use invoker_ids::CreateFailure;
+use invoker_store::StoreError;
 use invoker_wire::model::{ActivationRecord, Outcome, Rejection, RejectionKind};
 use serde_json::json;
 

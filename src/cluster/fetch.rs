@@ -6,10 +6,10 @@
 
 use super::etcd::Etcd;
 use super::{cluster_revision, scheduler_key, ClusterKv, SchedulerRecord};
-use crate::store::action_cache::ActionCache;
 use base64::Engine as _;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty, Limited};
+use invoker_store::action_cache::ActionCache;
 use invoker_wire::cluster::authority;
 use invoker_wire::model::Action;
 use parking_lot::Mutex;

@@ -22,9 +22,9 @@ pub struct StoreConfig {
 impl Default for StoreConfig {
     fn default() -> Self {
         StoreConfig {
-            action_cache_mb: (crate::store::DEFAULT_ACTION_CACHE_BYTES / (1024 * 1024)) as u64,
+            action_cache_mb: (invoker_store::DEFAULT_ACTION_CACHE_BYTES / (1024 * 1024)) as u64,
             expire_every: Duration::from_secs(3600),
-            end_reserve_mb: crate::store::DEFAULT_END_RESERVE_BYTES >> 20,
+            end_reserve_mb: invoker_store::DEFAULT_END_RESERVE_BYTES >> 20,
         }
     }
 }

@@ -76,7 +76,7 @@ impl Factory {
     pub async fn from_config(
         config: &crate::config::Config,
         epoch: Epoch,
-        store: Arc<dyn crate::store::Store>,
+        store: Arc<dyn invoker_store::Store>,
     ) -> Result<Self, FactoryError> {
         use crate::config::FactoryKind;
         let _ = &store; // only the Mesos backend keeps anything
@@ -124,7 +124,7 @@ impl Factory {
 async fn mesos_factory(
     config: &crate::config::Config,
     epoch: Epoch,
-    store: Arc<dyn crate::store::Store>,
+    store: Arc<dyn invoker_store::Store>,
 ) -> Result<mesos::MesosFactory, FactoryError> {
     let m = &config.factory.mesos;
     let agent_invoker = match &m.agent_invoker {
@@ -143,7 +143,7 @@ async fn mesos_factory(
 
 /// The invoker's store, as the Mesos factory keeps its framework id in it.
 #[cfg(feature = "mesos")]
-struct KeptInStore(Arc<dyn crate::store::Store>);
+struct KeptInStore(Arc<dyn invoker_store::Store>);
 
 #[cfg(feature = "mesos")]
 impl mesos::KeptSettings for KeptInStore {

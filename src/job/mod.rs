@@ -8,8 +8,8 @@ pub mod runner;
 pub mod slot;
 
 use crate::metrics::Metrics;
-use crate::store::{DeadLetter, DocKind, QueuedCall, Store};
 use crate::telemetry::ActivationTrace;
+use invoker_store::{DeadLetter, DocKind, QueuedCall, Store};
 use invoker_wire::model::{Action, ActivationMeta, ActivationRecord, EncodedRecord, KeyValue, Rejection};
 use queue::QueueTicket;
 use serde_json::{Map, Value};

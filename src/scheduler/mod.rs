@@ -423,7 +423,7 @@ impl Dispatcher {
     /// replaces each guess with the record found, until `stop` ([`guesses`]).
     pub async fn confirm_guesses(
         self: Arc<Self>,
-        store: Arc<dyn crate::store::Store>,
+        store: Arc<dyn invoker_store::Store>,
         recovered: Vec<invoker_wire::model::ActivationMeta>,
         stop: CancellationToken,
     ) {
@@ -472,7 +472,7 @@ impl Dispatcher {
     /// activation, if the guess is still there and of the same action; whether it did.
     async fn replace_guess(
         &self,
-        store: &Arc<dyn crate::store::Store>,
+        store: &Arc<dyn invoker_store::Store>,
         invoker: &str,
         mut record: ActivationRecord,
     ) -> bool {

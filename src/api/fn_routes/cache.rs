@@ -4,7 +4,7 @@
 //! trigger empties it. The action itself is read through the store's action cache, which its
 //! own updates keep true.
 
-use crate::store::Store;
+use invoker_store::Store;
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 

@@ -2,7 +2,7 @@
 //! rules their names, ids and configuration follow.
 
 use crate::api::error::ApiError;
-use crate::store::{DocKind, Store};
+use invoker_store::{DocKind, Store};
 use invoker_wire::model::{epoch_ms, Action};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -348,7 +348,7 @@ mod tests {
     #[test]
     pub(super) fn a_trigger_is_found_by_its_route_without_reading_the_others() {
         let dir = tempfile::tempdir().unwrap();
-        let store: Arc<dyn Store> = Arc::new(crate::store::RedbStore::open(&dir.path().join("s.redb")).unwrap());
+        let store: Arc<dyn Store> = Arc::new(invoker_store::RedbStore::open(&dir.path().join("s.redb")).unwrap());
         let docs = Docs { store: &store, ns: "guest" };
         let (a, b) = (app("A", "shop"), app("B", "blog"));
         docs.put(DocKind::FnApp, &a.id, &a).unwrap();

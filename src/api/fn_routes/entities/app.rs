@@ -8,7 +8,7 @@ use crate::api::error::ApiError;
 use crate::api::fn_routes::docs::{
     annotations_of, check_name, check_shape, merge_annotations, merge_config, new_id, now, App, Docs, Function,
 };
-use crate::store::DocKind;
+use invoker_store::DocKind;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;

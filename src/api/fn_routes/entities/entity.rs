@@ -5,7 +5,7 @@
 use crate::api::error::ApiError;
 use crate::api::fn_routes::docs::{fn_not_found, Docs};
 use crate::config::Config;
-use crate::store::DocKind;
+use invoker_store::DocKind;
 use invoker_wire::model::Action;
 use serde::de::DeserializeOwned;
 use serde::Serialize;

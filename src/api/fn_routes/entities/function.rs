@@ -10,7 +10,7 @@ use crate::api::fn_routes::docs::{
     Function, InvokeKey, Trigger, INVOKE_KEYS,
 };
 use crate::config::{Config, RuntimeProtocol, FN_IMAGE_KIND};
-use crate::store::DocKind;
+use invoker_store::DocKind;
 use invoker_wire::model::{Action, KeyValue};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};

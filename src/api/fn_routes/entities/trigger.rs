@@ -6,7 +6,7 @@ use crate::api::error::ApiError;
 use crate::api::fn_routes::docs::{
     annotations_of, check_name, merge_annotations, new_id, now, route_id, App, Docs, Trigger,
 };
-use crate::store::DocKind;
+use invoker_store::DocKind;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 

@@ -254,7 +254,7 @@ enum Line {
 /// A journal line as a restart reads it, written again as the journal writes it: `None` when
 /// it does not parse (what the fuzz targets feed with arbitrary bytes).
 #[cfg(any(test, feature = "test-util"))]
-pub(crate) fn reread_line(bytes: &[u8]) -> Option<Vec<u8>> {
+pub fn reread_line(bytes: &[u8]) -> Option<Vec<u8>> {
     match serde_json::from_slice::<Line>(bytes).ok()? {
         Line::A(meta) => serde_json::to_vec(&LineRef::A(&meta)).ok(),
         Line::F(record) => {
@@ -1016,7 +1016,7 @@ impl Store for JournaledStore {
                     let mut record = (*answered).clone();
                     record.logs.push(format!(
                         "{} stderr: {}",
-                        invoker_factory::logs::timestamp(),
+                        humantime::format_rfc3339_millis(std::time::SystemTime::now()),
                         super::contract::STOPPED_BEFORE_LOGS
                     ));
                     record

@@ -4,9 +4,11 @@
 //! the activation is acknowledged, `finish` replaces it with the record, and at start-up
 //! `recover_unfinished` turns whatever an earlier run left pending into whisk-error records.
 
+#![forbid(unsafe_code)]
+
 pub mod action_cache;
 mod contract;
-pub(crate) mod journal;
+pub mod journal;
 mod redb_store;
 
 pub use contract::*;
