@@ -396,6 +396,10 @@ fn flood_request(a: &Arc<Action>, wait: Option<Duration>) -> InvokeRequest {
 async fn a_full_pool_mailbox_answers_a_blocking_call_at_once_and_every_activation_still_gets_its_record() {
     let h = setup(MockConfig::default(), PoolConfig::default()).await;
     let a = action("flood", 256);
+    // One call first, to its end: the intake reads the namespace's reservations from the store
+    // at its first call (a blocking read, which yields when the read is not done by the first
+    // poll, as on a busy machine), and every later call finds them read.
+    assert!(h.service().invoke(flood_request(&a, Some(Duration::from_secs(300)))).await.is_ok());
     // Each call is polled once, here, without yielding: it hands its job over (or is answered)
     // before the pool actor (on this thread) takes a message, so its mailbox fills, and what
     // follows is answered at once.
