@@ -178,7 +178,7 @@ impl InvokerApp {
         if let (true, Some(key)) = (config.cluster.enabled(), &config.cluster.controller_key) {
             let kv = Etcd::new(&config.cluster.etcd)?;
             let prefix = config.cluster.prefix.clone();
-            let mine = crate::cluster::provisioned_prefix(&prefix, &config.invoker_id);
+            let mine = invoker_wire::cluster::provisioned_prefix(&prefix, &config.invoker_id);
             let asks = crate::cluster::ClusterKv::mirror(&kv, &mine, following.clone());
             let remote = Arc::new(RemoteActions::new(kv, prefix.clone(), key, action_cache_bytes(&config)));
             state = state.with_remote_actions(remote.clone());

@@ -632,8 +632,9 @@ impl FakeManaged {
 #[tokio::test(flavor = "multi_thread")]
 #[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
 async fn the_manager_step_by_step_on_the_fake_control_plane() {
-    use invoker::cluster::Health;
-    use invoker::cluster::{ClusterKv, DemandReport, InvokerRecord, Needs, NodeHeadroom, TagNeeds};
+    use invoker::cluster::ClusterKv;
+    use invoker_wire::cluster::Health;
+    use invoker_wire::cluster::{DemandReport, InvokerRecord, Needs, NodeHeadroom, TagNeeds};
     let Some(etcd) = EtcdServer::start() else { return };
     let kv = etcd.kv();
     // Drains a manager before this one left: its own are taken back, an operator's stay.
@@ -760,7 +761,8 @@ async fn the_manager_step_by_step_on_the_fake_control_plane() {
 #[tokio::test(flavor = "multi_thread")]
 #[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
 async fn a_burst_is_answered_between_ticks() {
-    use invoker::cluster::{ClusterKv, DemandReport, Needs, TagNeeds};
+    use invoker::cluster::ClusterKv;
+    use invoker_wire::cluster::{DemandReport, Needs, TagNeeds};
     let Some(etcd) = EtcdServer::start() else { return };
     let kv = etcd.kv();
     let managed = FakeManaged::start(

@@ -7,8 +7,9 @@
 mod support;
 
 use invoker::cluster::etcd::Etcd;
-use invoker::cluster::Health;
-use invoker::cluster::{ClusterKv, DrainMark, InvokerRecord};
+use invoker::cluster::ClusterKv;
+use invoker_wire::cluster::Health;
+use invoker_wire::cluster::{DrainMark, InvokerRecord};
 use serde_json::json;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -119,7 +120,7 @@ async fn an_invoker_publishes_a_drain_and_its_end_as_they_come() {
     let _inv = Invoker::start(dir.path(), &invoker_id, &config);
     let kv = etcd.kv();
     record(&kv, &invoker_id, |r| r.health == Health::Healthy && !r.nodes.is_empty()).await;
-    let drain = invoker::cluster::drain_key("/invoker", &invoker_id);
+    let drain = invoker_wire::cluster::drain_key("/invoker", &invoker_id);
     kv.put(&drain, &DrainMark::operator(true, 1).to_value(), None).await.unwrap();
     record(&kv, &invoker_id, |r| r.health == Health::Drained).await;
     kv.put(&drain, &DrainMark::operator(false, 2).to_value(), None).await.unwrap();

@@ -442,7 +442,7 @@ async fn an_operators_drain_outlives_an_etcd_that_restarts_empty() {
 
     p.etcd.wipe();
     let kv = p.etcd.kv();
-    let drain = invoker::cluster::drain_key("/invoker", "d");
+    let drain = invoker_wire::cluster::drain_key("/invoker", "d");
     support::eventually(Duration::from_secs(30), "the drain back in the empty etcd", || async {
         support::done(matches!(kv.get(&drain).await, Ok(Some(_))))
     })

@@ -5,10 +5,10 @@
 use super::call::{json, Call};
 use super::error::ApiError;
 use super::state::AppState;
-use crate::cluster::{cluster_revision, MAX_RECORDS_ASKED};
 use crate::http::Response;
 use crate::scheduler::Dispatcher;
 use hyper::StatusCode;
+use invoker_wire::cluster::{cluster_revision, MAX_RECORDS_ASKED};
 use invoker_wire::model::validate_entity_name;
 use serde::Deserialize;
 use serde_json::json;

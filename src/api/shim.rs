@@ -91,7 +91,7 @@ pub(super) async fn activation_message(state: &AppState, call: &Call) -> Result<
     // A controller waits for the end, as it would for the completion message on Kafka: the
     // invoker's own blocking wait is for callers that can fetch the record later.
     let wait = match caller {
-        Principal::Controller => crate::cluster::controller_wait(
+        Principal::Controller => invoker_wire::cluster::controller_wait(
             Duration::from_millis(action.limits.timeout),
             state.config.pool.wait_deadline,
             state.config.proxy.init_timeout,

@@ -5,12 +5,13 @@
 //! invoker's own store: nothing fetched is listed or served by the invoker's REST routes.
 
 use super::etcd::Etcd;
-use super::{cluster_revision, scheduler_key, ClusterKv, SchedulerRecord};
+use super::ClusterKv;
 use base64::Engine as _;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty, Limited};
 use invoker_store::action_cache::ActionCache;
 use invoker_wire::cluster::authority;
+use invoker_wire::cluster::{cluster_revision, scheduler_key, SchedulerRecord};
 use invoker_wire::model::Action;
 use parking_lot::Mutex;
 use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};

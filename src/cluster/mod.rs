@@ -13,8 +13,6 @@ pub mod registry;
 
 pub use kv::{ClusterKv, LeaseId};
 
-pub use invoker_wire::cluster::*;
-
 /// This machine's boot: with a pid, it names one process of one boot of one machine.
 pub fn boot_id() -> String {
     std::fs::read_to_string("/proc/sys/kernel/random/boot_id").map(|s| s.trim().to_string()).unwrap_or_default()

@@ -7,8 +7,8 @@
 
 use super::fetch::RemoteActions;
 use super::mirror::Snapshot;
-use super::{parse_provisioned_key, provisioned_prefix, ProvisionedEntry};
 use crate::pool::actor::PoolHandle;
+use invoker_wire::cluster::{parse_provisioned_key, provisioned_prefix, ProvisionedEntry};
 use invoker_wire::model::Action;
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -6,12 +6,13 @@
 //! and every key is put again.
 
 use super::etcd::LeaseId;
-use super::{boot_id, container_key, drain_key, invoker_key, ClusterKv, DrainMark, InvokerRecord, NodeHeadroom};
+use super::{boot_id, ClusterKv};
 use crate::activation::ActivationService;
 use crate::config::ClusterConfig;
 use crate::pool::actor::PoolHandle;
 use crate::pool::status::ContainerSummary;
 use invoker_wire::cluster::Health;
+use invoker_wire::cluster::{container_key, drain_key, invoker_key, DrainMark, InvokerRecord, NodeHeadroom};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};

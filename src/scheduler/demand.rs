@@ -6,8 +6,9 @@
 //! once, within that bound, when an activation starts waiting), off the activation path, under
 //! a lease of its own.
 
-use crate::cluster::{demand_key, ClusterKv, DemandReport, Needs, TagNeeds};
+use crate::cluster::ClusterKv;
 use invoker_core::capacity::packing::CallTally;
+use invoker_wire::cluster::{demand_key, DemandReport, Needs, TagNeeds};
 use invoker_wire::model::epoch_ms;
 use parking_lot::Mutex;
 use std::collections::BTreeMap;

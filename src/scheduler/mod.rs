@@ -20,7 +20,7 @@ pub mod view;
 
 use crate::cluster::etcd::Etcd;
 use crate::cluster::mirror::Snapshot;
-use crate::cluster::{cluster_revision, controller_wait, drain_key, ClusterKv, DrainMark, InvokerRecord};
+use crate::cluster::ClusterKv;
 use crate::config::Config;
 use crate::job::runner::{Refused, Runner};
 use crate::job::RunJob;
@@ -28,6 +28,7 @@ use crate::telemetry::TraceParent;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use invoker_core::placement::{place, ActionNeeds, PlacementConfig};
+use invoker_wire::cluster::{cluster_revision, controller_wait, drain_key, DrainMark, InvokerRecord};
 use invoker_wire::model::{
     epoch_ms, Action, ActivationMessage, ActivationRecord, ControllerIndex, KeyValue, MessageAction, MessageKey,
     MessageNamespace, MessageRequest, MessageUser, Rejection, RejectionKind,
@@ -80,7 +81,7 @@ pub struct Dispatcher {
     refresh_interval: Duration,
     placement: PlacementConfig,
     /// The bounds an invoker's answer is awaited within, with the action's timeout
-    /// ([`crate::cluster::controller_wait`], and 10 s more for the way back).
+    /// ([`invoker_wire::cluster::controller_wait`], and 10 s more for the way back).
     wait_deadline: Duration,
     init_timeout: Duration,
     /// How long an invoker has to ask for a message ([`send`]).
@@ -459,7 +460,7 @@ impl Dispatcher {
             let Some(authority) = invoker_wire::cluster::authority(&registration.api) else { continue };
             let mut ids = round.of_all.clone();
             ids.extend(round.of.get(invoker).into_iter().flatten().cloned());
-            for chunk in ids.chunks(crate::cluster::MAX_RECORDS_ASKED) {
+            for chunk in ids.chunks(invoker_wire::cluster::MAX_RECORDS_ASKED) {
                 if let Some(records) = self.client.records(authority, chunk, Duration::from_secs(2)).await {
                     found.extend(records.into_iter().map(|r| (invoker.clone(), r)));
                 }

@@ -4,7 +4,8 @@
 
 use crate::cluster::etcd::LeaseId;
 use crate::cluster::registry::{claim_key, RegistryError};
-use crate::cluster::{boot_id, scheduler_key, ClusterKv, SchedulerRecord};
+use crate::cluster::{boot_id, ClusterKv};
+use invoker_wire::cluster::{scheduler_key, SchedulerRecord};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 

@@ -11,7 +11,7 @@
 //! overloaded, not drained or stalled), with the action's tags where it names any.
 //!
 //! A scheduler publishes what it asks of each invoker under `{prefix}/provisioned/{invoker}/`
-//! ([`crate::cluster::provisioned_key`]), under a lease of its own: one that dies takes its
+//! ([`invoker_wire::cluster::provisioned_key`]), under a lease of its own: one that dies takes its
 //! asks with it, and the others' slices grow to cover its part when they read it gone. Each
 //! invoker follows its own keys and keeps what they say (`crate::cluster::provisioned`). The
 //! memory of what a scheduler asks is demand it reports to the capacity manager, as if each

@@ -5,7 +5,8 @@
 use super::demand::Stage;
 use super::provisioned::assign;
 use super::Dispatcher;
-use crate::cluster::{cluster_revision, provisioned_key, ClusterKv, Health, LeaseId, ProvisionedEntry};
+use crate::cluster::{ClusterKv, LeaseId};
+use invoker_wire::cluster::{cluster_revision, provisioned_key, Health, ProvisionedEntry};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

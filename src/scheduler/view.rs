@@ -5,9 +5,10 @@
 //! etcd away freezes the picture: the invokers last seen keep their work, and those whose
 //! leases expired meanwhile are placed on for a grace after etcd answers again (`Directory`).
 
-use crate::cluster::{ClusterKv, InvokerRecord};
+use crate::cluster::ClusterKv;
 use invoker_core::placement::InvokerView;
 use invoker_wire::cluster::Health;
+use invoker_wire::cluster::InvokerRecord;
 use parking_lot::{Mutex, RwLock};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -77,7 +78,7 @@ impl ClusterView {
                 }
                 decoded.insert(owned_key, entry);
             } else if let Some(id) = key.strip_prefix(&drains) {
-                if crate::cluster::DrainMark::read(value).drained {
+                if invoker_wire::cluster::DrainMark::read(value).drained {
                     view.drained.insert(id.to_string());
                 }
             } else if let Some(rest) = key.strip_prefix(&containers) {
