@@ -476,7 +476,7 @@ async fn an_fn_function_made_from_its_own_image_runs_its_entry_point() {
         "import io, json, os\ndef handler(ctx, data: io.BytesIO = None):\n    return json.dumps({'said': data.getvalue().decode(), 'uid': os.getuid(), 'cwd': os.getcwd(), 'mine': os.environ.get('MINE')})\n",
     )
     .unwrap();
-    let fdk_main = invoker::config::FDK_MAIN;
+    let fdk_main = invoker_wire::runtime::FDK_MAIN;
     std::fs::write(
         context.path().join("Dockerfile"),
         format!(

@@ -489,7 +489,7 @@ async fn an_fn_function_made_from_its_own_image_runs_its_entry_point_in_a_pod() 
         &script,
         format!(
             "#!/bin/sh\nexec /usr/bin/env PYTHONPATH=/usr/local/lib/invoker-fdk/python /usr/bin/python3 -c \"{}\" {} handler\n",
-            invoker::config::FDK_MAIN,
+            invoker_wire::runtime::FDK_MAIN,
             func.display()
         ),
     )

@@ -253,7 +253,7 @@ fn check_code_fits(config: &Config, exec: &Exec, disk_mb: u32) -> Result<(), Api
         let unpacked = archive::check_zip(&bytes, max).map_err(|e| bad(format!("exec.code: {e}, {bound}")))?;
         // As the container's disk keeps them: whole pages, and a file each (the disk's files
         // run out before its bytes when they are many and small).
-        let files = crate::config::disk_inodes(disk_mb).saturating_sub(crate::config::DISK_INODES_RESERVED);
+        let files = invoker_factory::own_disk::disk_inodes(disk_mb).saturating_sub(crate::config::DISK_INODES_RESERVED);
         if unpacked.files > files {
             return Err(bad(format!(
                 "exec.code: the archive unpacks to {} files and directories, more than the {files} a disk of limits.disk \

@@ -3,7 +3,7 @@
 use super::error::{bad, ConfigError};
 use super::limits::LimitsConfig;
 use super::pool::PoolConfig;
-pub use invoker_factory::settings::{DockerFactoryConfig, DockerKindConfig, MesosFactoryConfig};
+use invoker_factory::settings::{DockerFactoryConfig, MesosFactoryConfig};
 use serde::Deserialize;
 use std::path::PathBuf;
 use std::time::Duration;

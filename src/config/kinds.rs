@@ -2,8 +2,8 @@
 //! protocol it speaks.
 
 use super::error::{bad, ConfigError};
-pub use invoker_factory::settings::Network;
-pub use invoker_wire::runtime::{FDK_MAIN, FDK_PYTHON_COMMAND, OPENWHISK_PORT};
+use invoker_factory::settings::Network;
+use invoker_wire::runtime::{FDK_PYTHON_COMMAND, OPENWHISK_PORT};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

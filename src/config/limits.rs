@@ -62,8 +62,6 @@ impl Default for LimitsConfig {
     }
 }
 
-pub use invoker_factory::own_disk::disk_inodes;
-
 /// What a disk keeps of a file of `bytes`: whole 4 KiB pages.
 pub fn disk_bytes_of(bytes: u64) -> u64 {
     bytes.div_ceil(4096).saturating_mul(4096)

@@ -24,15 +24,11 @@ pub use capacity::{CapacityConfig, ControlPlaneKind, GroupConfig, KubernetesPlan
 pub use cluster::{ClusterConfig, SchedulerConfig};
 use error::bad;
 pub use error::ConfigError;
-pub use factory::{
-    DockerFactoryConfig, DockerKindConfig, FactoryConfig, FactoryKind, MesosFactoryConfig, MockFactoryConfig,
-    ProcessFactoryConfig, TransportKind,
-};
-pub use kinds::{
-    default_kinds, KindConfig, Network, RuntimeProtocol, FDK_DIR, FDK_MAIN, FN_IMAGE_KIND, OPENWHISK_PORT,
-};
+pub use factory::{FactoryConfig, FactoryKind, MockFactoryConfig, ProcessFactoryConfig, TransportKind};
+use invoker_factory::settings::DockerFactoryConfig;
+pub use kinds::{default_kinds, KindConfig, RuntimeProtocol, FDK_DIR, FN_IMAGE_KIND};
 pub use kubernetes::{FnBridgeConfig, KubernetesFactoryConfig, KubernetesKindConfig, Toleration};
-pub use limits::{disk_bytes_of, disk_inodes, LimitsConfig, DISK_INODES_RESERVED};
+pub use limits::{disk_bytes_of, LimitsConfig, DISK_INODES_RESERVED};
 pub use pool::{PoolConfig, PrewarmConfig};
 pub use proxy::ProxyConfig;
 pub use queue::{QueueConfig, EVENT_AGE_MAX, EVENT_AGE_MIN, RETRY_ATTEMPTS_MAX};
@@ -258,6 +254,8 @@ fn locate_key(text: &str, offset: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use invoker_factory::settings::Network;
+    use invoker_wire::runtime::OPENWHISK_PORT;
 
     #[test]
     fn the_default_keep_alive_is_the_priced_hybrid_and_a_bad_worth_is_named() {

@@ -15,7 +15,7 @@ use super::pipe_lines::PipeLines;
 use super::sandbox::{resolve_interpreter, SandboxArgs, ACTION_PATH};
 use super::watchdog::{remove_left, Watchdog, WatchdogArgs};
 use super::zygote::{ForkRequest, Zygote};
-use crate::config::{Config, KindConfig, Network, ProcessFactoryConfig, RuntimeProtocol, TransportKind};
+use crate::config::{Config, KindConfig, ProcessFactoryConfig, RuntimeProtocol, TransportKind};
 use invoker_factory::contract::{
     ContainerFactory, ContainerHandle, ContainerSpec, Epoch, FunctionStart, StatsReceiver, Transport,
 };
@@ -27,6 +27,7 @@ use invoker_factory::netns::NetNs;
 use invoker_factory::one_host::OneHost;
 use invoker_factory::own_disk;
 use invoker_factory::peer::{ContainerSocket, Peer, RuntimeLife};
+use invoker_factory::settings::Network;
 use invoker_factory::uids::{HeldUid, UidRange};
 use invoker_ids::{ContainerId, NodeId};
 use invoker_wire::runtime::{fn_listener_env, FN_SOCKET_DIR};

@@ -13,7 +13,6 @@ mod handlers;
 mod options;
 
 pub use action::NODE_SNAPSHOT;
-pub use invoker_wire::runtime::SENTINEL;
 pub use options::{Launcher, Listen, RuntimeOptions};
 pub use sched::{policy_of, SchedPolicy};
 

@@ -40,7 +40,7 @@ impl DirectFdk {
         std::fs::write(dir.path().join("func.py"), NOOP)?;
         let listener = dir.path().join("lsnr.sock");
         let child = Command::new("/usr/bin/python3")
-            .args(["-c", invoker::config::FDK_MAIN, "func.py", "handler"])
+            .args(["-c", invoker_wire::runtime::FDK_MAIN, "func.py", "handler"])
             .current_dir(dir.path())
             .env_clear()
             .env("PATH", "/usr/bin:/bin")
