@@ -511,7 +511,12 @@ async fn a_queued_call_is_reported_started_and_never_starts_once_its_scheduler_l
     let gone_id = new_activation_id();
     let mut gone = tokio::net::TcpStream::connect(h.app.addr()).await.unwrap();
     gone.write_all(&queued_call_request(&gone_id)).await.unwrap();
-    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    // The call is in: its container is starting (800 ms) when the caller goes.
+    let pool = h.app.pool().clone();
+    support::eventually(bound, "the call's container starting", || async {
+        support::done(pool.status().await.is_some_and(|s| s.starting == 1))
+    })
+    .await;
     drop(gone);
     let record = stored(&app, &format!("/api/v1/namespaces/_/activations/{gone_id}")).await;
     let rejected = record["annotations"].as_array().unwrap().iter().find(|a| a["key"] == "rejected");
@@ -561,6 +566,7 @@ async fn a_queued_call_refused_unrun_runs_again_when_its_scheduler_sends_it_agai
         answer["response"].clone()
     };
     let first = deliver().await;
+    // Records' times are whole milliseconds: the second attempt ends visibly later.
     tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     let second = deliver().await;
     let rejected = |r: &Value| r["annotations"].as_array().unwrap().iter().any(|a| a["value"] == "create_failed");

@@ -300,6 +300,7 @@ async fn of_two_managers_one_leads_and_the_other_takes_over_when_it_dies() {
     .await;
     std::os::unix::fs::symlink(dir.path().join("data"), other.path().join("data")).unwrap();
     let second = start_manager(other.path(), &config);
+    // A window: for a second beside a live leader, the second manager must not lead.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let standby = capacity(&second).await;
     assert_eq!(standby["leader"], false, "{standby}");
@@ -381,6 +382,7 @@ async fn managers_that_hand_over_stop_reap_and_clean_what_they_find() {
     std::os::unix::fs::symlink(dir.path().join("data"), other.path().join("data")).unwrap();
     let shrinking = "min = 1\nmax = 2\ninvoker_memory_mb = 256\nscale_down_after = \"1s\"\ndrain_deadline = \"60s\"\n";
     let mut second = start_manager(other.path(), &manager_config(&etcd, shrinking));
+    // A window: for a second beside a live leader, the second manager must not lead.
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(capacity(&second).await["leader"], false, "one leader at a time");
     first.signal(nix::sys::signal::Signal::SIGSTOP);
@@ -543,6 +545,7 @@ async fn a_standby_leads_as_soon_as_the_leader_stops() {
     })
     .await;
     let second = start_manager(other.path(), &config);
+    // A window: for a second beside a live leader, the second manager must not lead.
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(capacity(&second).await["leader"], false, "one leader at a time");
     first.signal(nix::sys::signal::Signal::SIGTERM);
@@ -688,6 +691,7 @@ async fn the_manager_step_by_step_on_the_fake_control_plane() {
     assert!(kv.get("/invoker/drain/default-7").await.unwrap().is_none(), "the manager before's drain");
     assert!(kv.get("/invoker/drain/default-8").await.unwrap().is_some(), "an operator's drain");
     register("default-0", Health::Healthy, false).await;
+    // A window: registered without headroom for half a second, it must not count as up.
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(group("counts"), counts(1, 0, 0, 0), "claimed without headroom: not up");
     register("default-0", Health::Healthy, true).await;
