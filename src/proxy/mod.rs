@@ -200,10 +200,25 @@ impl ContainerProxy {
     }
 
     fn start_init(&mut self, with: JobId, ctx: &mut Context<Self>) {
-        let (Some(created), Some((run, _))) = (&self.created, self.runs.get(&with)) else { return };
+        let Some((run, _)) = self.runs.get(&with) else { return };
+        let (action, span) = (run.action.clone(), self.stage_span(run, Stage::Init));
+        self.send_init(action, span, ctx);
+    }
+
+    /// Initialises a provisioned container with its action before any run. A failure is logged
+    /// as every discarded container's is, and the pool hears that the start failed once the
+    /// container is destroyed.
+    fn init_ahead(&mut self, ctx: &mut Context<Self>) {
+        let Some(action) = self.ahead.clone() else { return };
+        let span = tracing::info_span!(parent: &self.creating, "init", container = self.spec.id.0);
+        self.send_init(action, span, ctx);
+    }
+
+    /// `/init` with `action`'s code, timed, its failure interpreted for the runs it fails; the
+    /// core hears the answer.
+    fn send_init(&mut self, action: Arc<Action>, span: Span, ctx: &mut Context<Self>) {
+        let Some(created) = &self.created else { return };
         let runtime = created.runtime.clone();
-        let action = run.action.clone();
-        let span = self.stage_span(run, Stage::Init);
         let (api_host, timeout) = (self.ctx.api_host.clone(), self.ctx.config.init_timeout);
         let began = Instant::now();
         let fut = async move { runtime.init(&action, &api_host, timeout).await };
@@ -219,31 +234,7 @@ impl ContainerProxy {
                 }
             };
             drop(span);
-            act.apply(Event::InitAnswered { ok }, ctx);
-        }));
-    }
-
-    /// Initialises a provisioned container with its action before any run. A failure is logged
-    /// as every discarded container's is, and the pool hears that the start failed once the
-    /// container is destroyed.
-    fn init_ahead(&mut self, ctx: &mut Context<Self>) {
-        let (Some(created), Some(action)) = (&self.created, &self.ahead) else { return };
-        let (runtime, action) = (created.runtime.clone(), action.clone());
-        let (api_host, timeout) = (self.ctx.api_host.clone(), self.ctx.config.init_timeout);
-        let span = tracing::info_span!(parent: &self.creating, "init", container = self.spec.id.0);
-        let began = Instant::now();
-        let fut = async move { runtime.init(&action, &api_host, timeout).await };
-        ctx.spawn(fut.into_actor(self).map(move |answer, act, ctx| {
-            act.init_ms = Some(began.elapsed().as_millis() as u64);
-            let ok = match answer {
-                Ok(()) => true,
-                Err(failed) => {
-                    let failure = act.interpret_init_failure(failed);
-                    telemetry::failed(&span, failure.result["error"].as_str().unwrap_or("init failed"));
-                    false
-                }
-            };
-            drop(span);
+            // A container initialised ahead is created once its runtime holds the code.
             act.creating = Span::none();
             act.apply(Event::InitAnswered { ok }, ctx);
         }));

@@ -345,30 +345,38 @@ impl World {
         Ok(())
     }
 
+    /// Time passes by `step`, with fresh stats and a tick; every start and removal in flight
+    /// ends, and (with `runs`) every run.
+    fn round(&mut self, core: &mut PoolCore, step: Duration, runs: bool) -> Result<(), TestCaseError> {
+        self.now += step;
+        for node in 0..NODES.len() {
+            let update = self.observe(node);
+            self.apply(core, Event::NodeStats(update))?;
+        }
+        self.apply(core, Event::Tick)?;
+        while let Some(c) = self.creating.pop() {
+            self.ready.insert(c);
+            self.apply(core, Event::Started { container: c, failure: None, at: self.now })?;
+        }
+        let mut running = if runs { std::mem::take(&mut self.running) } else { Vec::new() };
+        while let Some((container, job)) = running.pop() {
+            self.finished.insert(job);
+            self.apply(core, Event::Finished { container, job, reusable: true })?;
+        }
+        while let Some(c) = self.removing.pop() {
+            self.alive.remove(&c);
+            self.apply(core, Event::Removed(c))?;
+        }
+        Ok(())
+    }
+
     /// Lets everything in flight finish, with fresh stats, until the pool is quiet.
     fn settle(&mut self, core: &mut PoolCore) -> Result<(), TestCaseError> {
         for _ in 0..1_000 {
             if self.creating.is_empty() && self.running.is_empty() && self.removing.is_empty() && core.is_quiet() {
                 return Ok(());
             }
-            self.now += Duration::from_millis(500);
-            for node in 0..NODES.len() {
-                let update = self.observe(node);
-                self.apply(core, Event::NodeStats(update))?;
-            }
-            self.apply(core, Event::Tick)?;
-            while let Some(c) = self.creating.pop() {
-                self.ready.insert(c);
-                self.apply(core, Event::Started { container: c, failure: None, at: self.now })?;
-            }
-            while let Some((container, job)) = self.running.pop() {
-                self.finished.insert(job);
-                self.apply(core, Event::Finished { container, job, reusable: true })?;
-            }
-            while let Some(c) = self.removing.pop() {
-                self.alive.remove(&c);
-                self.apply(core, Event::Removed(c))?;
-            }
+            self.round(core, Duration::from_millis(500), true)?;
         }
         prop_assert!(false, "the pool never became quiet");
         Ok(())
@@ -379,20 +387,7 @@ impl World {
     /// provisioned containers already there.
     fn check_provisioned_kept(&mut self, core: &mut PoolCore) -> Result<(), TestCaseError> {
         for _ in 0..40 {
-            self.now += Duration::from_secs(30);
-            for node in 0..NODES.len() {
-                let update = self.observe(node);
-                self.apply(core, Event::NodeStats(update))?;
-            }
-            self.apply(core, Event::Tick)?;
-            while let Some(c) = self.creating.pop() {
-                self.ready.insert(c);
-                self.apply(core, Event::Started { container: c, failure: None, at: self.now })?;
-            }
-            while let Some(c) = self.removing.pop() {
-                self.alive.remove(&c);
-                self.apply(core, Event::Removed(c))?;
-            }
+            self.round(core, Duration::from_secs(30), false)?;
         }
         if self.drained {
             return Ok(());

@@ -171,15 +171,7 @@ fn compare_keep_alive(
         let mut section = serde_json::Map::new();
         let mut baseline: Option<(f64, f64)> = None;
         for choice in choices {
-            let mut pool = scenario.pool.clone();
-            pool.keep_alive = choice.keep_alive;
-            if let Some(timeout) = choice.idle_timeout {
-                pool.idle_timeout = timeout;
-            }
-            if let Some(params) = &choice.keep_alive_params {
-                pool.keep_alive_params = params.clone();
-            }
-            let mut summary = run_with(scenario, pool, size, host)?;
+            let mut summary = run_with(scenario, choice.applied_to(&scenario.pool), size, host)?;
             let overhead = summary["cold_start_overhead_s"].as_f64().unwrap_or(0.0);
             let idle = summary["idle_memory_gb_s"].as_f64().unwrap_or(0.0);
             let (base_overhead, base_idle) = *baseline.get_or_insert((overhead, idle));

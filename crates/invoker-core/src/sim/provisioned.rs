@@ -32,20 +32,9 @@ pub(super) fn compare(
 ) -> Result<Value, ScenarioError> {
     let sizes = scenario.node_sizes_mb.clone().unwrap_or_else(|| vec![scenario.cluster.node_memory_mb]);
     let policies: Vec<(String, PoolConfig)> = match &scenario.compare_keep_alive {
-        Some(choices) => choices
-            .iter()
-            .map(|choice| {
-                let mut pool = scenario.pool.clone();
-                pool.keep_alive = choice.keep_alive;
-                if let Some(timeout) = choice.idle_timeout {
-                    pool.idle_timeout = timeout;
-                }
-                if let Some(params) = &choice.keep_alive_params {
-                    pool.keep_alive_params = params.clone();
-                }
-                (choice.name.clone(), pool)
-            })
-            .collect(),
+        Some(choices) => {
+            choices.iter().map(|choice| (choice.name.clone(), choice.applied_to(&scenario.pool))).collect()
+        }
         None => vec![("pool".to_string(), scenario.pool.clone())],
     };
     let mut out = serde_json::Map::new();

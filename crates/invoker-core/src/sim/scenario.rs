@@ -135,6 +135,21 @@ pub struct KeepAliveChoice {
     pub keep_alive_params: Option<crate::pool::KeepAliveParams>,
 }
 
+impl KeepAliveChoice {
+    /// `pool` with the keys this choice changes.
+    pub fn applied_to(&self, pool: &PoolConfig) -> PoolConfig {
+        let mut pool = pool.clone();
+        pool.keep_alive = self.keep_alive;
+        if let Some(timeout) = self.idle_timeout {
+            pool.idle_timeout = timeout;
+        }
+        if let Some(params) = &self.keep_alive_params {
+            pool.keep_alive_params = params.clone();
+        }
+        pool
+    }
+}
+
 fn default_seed() -> u64 {
     7
 }
