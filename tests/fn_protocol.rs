@@ -479,6 +479,7 @@ async fn a_functions_idle_timeout_ends_its_idle_container() {
         let fn_id = function["id"].as_str().unwrap().to_string();
         tokens.push((fn_id.clone(), call(fn_id).await));
     }
+    // Idle time: past the first function's 1 s idle_timeout, within the second's.
     tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
     let (brief, kept) = (&tokens[0], &tokens[1]);
     assert_ne!(call(brief.0.clone()).await, brief.1, "idle past its 1 s: a new container");

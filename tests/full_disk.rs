@@ -45,6 +45,7 @@ async fn results_finished_on_a_full_disk_stay_successes_across_a_restart_on_it()
         assert_eq!(status, 202, "{body}");
         queued.push(body["activationId"].as_str().unwrap().to_string());
     }
+    // A load window: the queued calls are under way when the disk fills.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let ballast = disk.fill(64 << 10);
     let mut succeeded = Vec::new();

@@ -156,6 +156,7 @@ async fn a_rescinded_offer_is_never_used() {
     .await;
     let call = inv.invoke("echo", "blocking=true&result=true", json!({"n": 1}));
     let resume = async {
+        // A window: the call waits a second without offers, then they come back.
         tokio::time::sleep(Duration::from_secs(1)).await;
         master.pause_offers(false);
     };
@@ -188,6 +189,7 @@ async fn a_lost_agents_activation_gets_a_clear_record_and_its_container_is_repla
 
     let in_flight = inv.invoke("slow", "blocking=true", json!({"sleep": 5}));
     let lose = async {
+        // The fault's time: 1.5 s into the 5 s run.
         tokio::time::sleep(Duration::from_millis(1500)).await;
         master.lose_agent(&lost);
     };
@@ -308,6 +310,7 @@ async fn a_task_that_fails_while_idle_is_replaced_and_a_failover_does_not_break_
     // An activation runs on its task while the master fails over: it is not disturbed.
     let running = inv.invoke("slow", "blocking=true&result=true", json!({"n": 2, "sleep": 2}));
     let fail_over = async {
+        // The fault's time: half a second into the 2 s run.
         tokio::time::sleep(Duration::from_millis(500)).await;
         master.fail_over();
     };

@@ -292,6 +292,7 @@ async fn a_job_that_cannot_get_a_container_by_its_deadline_gets_a_status_3_recor
     let (busy, waiting) = (action("busy", 256), action("waits", 256));
     let long = invoke(&h, &busy, json!({ "sleep_ms": 2000 }));
     let late = async {
+        // A window: the second call comes once the first holds the node.
         tokio::time::sleep(Duration::from_millis(100)).await;
         invoke(&h, &waiting, json!({})).await
     };
@@ -497,6 +498,7 @@ async fn every_keep_alive_policy_runs_in_the_live_pool() {
             let record = invoke(&h, &steady, json!({})).await;
             assert_eq!(record.outcome(), Outcome::Success, "{kind:?}: {record:?}");
             start_kinds.push(record.annotation("startKind").and_then(|v| v.as_str()).unwrap_or("").to_string());
+            // Idle time between calls: the steady gap the keep-alive policy learns.
             tokio::time::sleep(Duration::from_millis(400)).await;
         }
         let snapshot = h.app.pool().snapshot().await.unwrap();

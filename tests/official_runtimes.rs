@@ -61,6 +61,7 @@ async fn a_warm_call_after_the_runtime_closed_its_idle_connection_reaches_the_sa
         assert_eq!(status, 200, "{label}: {first}\n{}", inv.stderr());
         let pid = &first["response"]["result"]["pid"];
         for idle_ms in [700, 700, 1500, 700] {
+            // Idle time between calls: what the keep-alive and the pause see.
             tokio::time::sleep(Duration::from_millis(idle_ms)).await;
             let (status, body) = inv.invoke("pid", "blocking=true", json!({})).await;
             assert_eq!(status, 200, "{label}, after {idle_ms} ms idle: {body}\n{}", inv.stderr());
