@@ -209,9 +209,12 @@ async fn an_fn_function_is_given_the_run_spans_traceparent_as_a_header() {
     let (status, _, body) = invoker.send("POST", &path, GUEST, &headers, Vec::new()).await;
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
     let said: Value = serde_json::from_slice(&body).unwrap();
-    let spans = eventually(Duration::from_secs(20), "the call's run span is exported", || async {
+    // The activation's span ends after its run's (with its record), and may leave in a later
+    // batch: both are waited for.
+    let spans = eventually(Duration::from_secs(20), "the call's run and activation spans are exported", || async {
         let spans: Vec<Received> = receiver.spans().into_iter().filter(|s| s.trace_id == trace).collect();
-        done(spans.iter().any(|s| s.name == "run")).map(|()| spans.clone()).map_err(|_| format!("{spans:#?}"))
+        let both = spans.iter().any(|s| s.name == "run") && spans.iter().any(|s| s.name == "activation");
+        done(both).map(|()| spans.clone()).map_err(|_| format!("{spans:#?}"))
     })
     .await;
     let run = one(&spans, "invoker", "run");
