@@ -8,7 +8,7 @@
 //!
 //! `cargo bench --bench simulate_days` (release; about three minutes on 2 cores)
 
-use invoker::sim::scenario::Scenario;
+use invoker_core::sim::scenario::Scenario;
 use serde_json::Value;
 use std::path::Path;
 use std::time::Instant;

@@ -377,8 +377,8 @@ impl CapacityApp {
         let cluster = &config.cluster;
         let (plane, lead) = match config.capacity.groups.values().next().map(|g| g.control_plane) {
             #[cfg(feature = "kubernetes")]
-            Some(crate::config::ControlPlaneKind::Kubernetes) => {
-                let plane = crate::capacity::plane::kubernetes::KubernetesPlane::new(
+            Some(invoker_core::capacity::ControlPlaneKind::Kubernetes) => {
+                let plane = invoker_kubernetes::plane::KubernetesPlane::new(
                     config.capacity.kubernetes.clone(),
                     cluster.etcd.clone(),
                     config.capacity.groups.clone(),

@@ -470,7 +470,7 @@ async fn past_exec(pid: i32) {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_local_plane_trusts_the_pid_files_not_its_handles_from_before() {
     use invoker::capacity::plane::local::LocalPlane;
-    use invoker::capacity::plane::{ControlPlane, InvokerSpec};
+    use invoker_factory::plane::{ControlPlane, InvokerSpec};
     let dir = tempdir();
     let _fleet = Fleet(dir.path().to_path_buf());
     let script = dir.path().join("fake-invoker.sh");

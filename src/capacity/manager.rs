@@ -7,15 +7,16 @@
 //! operators' drain keys, which every scheduler already honours.
 
 use super::metrics::{CapacityMetrics, DecisionLabel, GroupLabel, GroupState};
-use super::plane::{ControlPlane, InvokerSpec};
 use crate::cluster::etcd::LeaseId;
 use crate::cluster::mirror::Snapshot;
 use crate::cluster::registry::{claim_key, RegistryError};
 use crate::cluster::ClusterKv;
-use crate::config::{CapacityConfig, GroupConfig};
+use crate::config::CapacityConfig;
 use invoker_core::capacity::packing::{packed_demand_mb, CallsByMb};
+use invoker_core::capacity::GroupConfig;
 use invoker_core::capacity::{Action, Decision, Event, GroupCore, GroupCounts, GroupSpec, MemberState, Sighting};
 use invoker_core::predictor::{AnyPredictor, Predictor};
+use invoker_factory::plane::{ControlPlane, InvokerSpec};
 use invoker_wire::cluster::Health;
 use invoker_wire::cluster::{capacity_leader_key, drain_key, DemandReport, DrainMark, InvokerRecord};
 use invoker_wire::model::epoch_ms;
@@ -74,7 +75,7 @@ pub struct GroupStatus {
     pub name: String,
     pub tags: Vec<String>,
     pub predictor: &'static str,
-    pub control_plane: crate::config::ControlPlaneKind,
+    pub control_plane: invoker_core::capacity::ControlPlaneKind,
     pub demand_mb: u64,
     pub target_mb: u64,
     pub target_invokers: u32,

@@ -2,8 +2,8 @@
 //! into the decision core's own spec ([`invoker_core::capacity::GroupSpec`]) once validated.
 
 use super::error::{bad, ConfigError};
-pub use invoker_core::capacity::{ControlPlaneKind, GroupConfig};
-pub use invoker_factory::settings::KubernetesPlaneConfig;
+use invoker_core::capacity::{ControlPlaneKind, GroupConfig};
+use invoker_factory::settings::KubernetesPlaneConfig;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::time::Duration;

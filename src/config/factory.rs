@@ -3,7 +3,7 @@
 use super::error::{bad, ConfigError};
 use super::limits::LimitsConfig;
 use super::pool::PoolConfig;
-use invoker_factory::settings::{DockerFactoryConfig, MesosFactoryConfig};
+use invoker_factory::settings::{DockerFactoryConfig, KubernetesFactoryConfig, MesosFactoryConfig};
 use serde::Deserialize;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -74,7 +74,7 @@ pub struct FactoryConfig {
     pub mock: MockFactoryConfig,
     pub docker: DockerFactoryConfig,
     pub mesos: MesosFactoryConfig,
-    pub kubernetes: super::kubernetes::KubernetesFactoryConfig,
+    pub kubernetes: KubernetesFactoryConfig,
 }
 
 /// The mock factory (for tests and benchmarks): in-process HTTP runtimes on simulated nodes.
@@ -137,7 +137,7 @@ impl Default for FactoryConfig {
             mock: MockFactoryConfig::default(),
             docker: DockerFactoryConfig::default(),
             mesos: MesosFactoryConfig::default(),
-            kubernetes: super::kubernetes::KubernetesFactoryConfig::default(),
+            kubernetes: KubernetesFactoryConfig::default(),
         }
     }
 }

@@ -1,7 +1,7 @@
 //! `[factory.kubernetes]`: action containers as pods, bound to the node the pool chose.
 
 use super::error::{bad, ConfigError};
-pub use invoker_factory::settings::{FnBridgeConfig, KubernetesFactoryConfig, KubernetesKindConfig, Toleration};
+use invoker_factory::settings::KubernetesFactoryConfig;
 
 /// An API server's URL as the config gives it: `https://host:port` or `http://host:port`.
 pub(super) fn check_api_server(url: Option<&str>, key: &str) -> Result<(), ConfigError> {

@@ -20,14 +20,13 @@ mod tracing;
 
 pub use admin::AdminConfig;
 pub use api::ApiConfig;
-pub use capacity::{CapacityConfig, ControlPlaneKind, GroupConfig, KubernetesPlaneConfig};
+pub use capacity::CapacityConfig;
 pub use cluster::{ClusterConfig, SchedulerConfig};
 use error::bad;
 pub use error::ConfigError;
 pub use factory::{FactoryConfig, FactoryKind, MockFactoryConfig, ProcessFactoryConfig, TransportKind};
-use invoker_factory::settings::DockerFactoryConfig;
+use invoker_factory::settings::{DockerFactoryConfig, KubernetesFactoryConfig};
 pub use kinds::{default_kinds, KindConfig, RuntimeProtocol, FDK_DIR, FN_IMAGE_KIND};
-pub use kubernetes::{FnBridgeConfig, KubernetesFactoryConfig, KubernetesKindConfig, Toleration};
 pub use limits::{disk_bytes_of, LimitsConfig, DISK_INODES_RESERVED};
 pub use pool::{PoolConfig, PrewarmConfig};
 pub use proxy::ProxyConfig;
@@ -416,7 +415,7 @@ mod tests {
         assert_eq!(config.factory.kubernetes.namespace, "invoker-actions");
         let kinds: Vec<&str> = config.action_kinds().into_keys().collect();
         assert_eq!(kinds, ["fn:image", "fn:python", "native", "python:3"], "the kinds with an image");
-        assert_eq!(config.factory.kubernetes.fn_bridge, crate::config::FnBridgeConfig::default());
+        assert_eq!(config.factory.kubernetes.fn_bridge, invoker_factory::settings::FnBridgeConfig::default());
         for (text, key) in [
             (
                 "[factory.kubernetes.kinds.x]\nimage = \"i\"\ncode_file = \"../f.py\"\n",

@@ -18,8 +18,8 @@ use crate::job::RunJob;
 use crate::telemetry;
 use actix::prelude::*;
 pub use discard::DiscardLog;
-pub use invoker_core::proxy::ProxyState;
-use invoker_core::proxy::{Effect, Event, FailCause, ProxyCore};
+
+use invoker_core::proxy::{Effect, Event, FailCause, ProxyCore, ProxyState};
 use invoker_factory::contract::ContainerFactory;
 use invoker_factory::contract::ContainerHandle;
 use invoker_factory::contract::ContainerSpec;

@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
-pub use invoker_core::capacity::REPORT_EVERY;
+use invoker_core::capacity::REPORT_EVERY;
 
 #[derive(Default)]
 pub struct DemandLedger {

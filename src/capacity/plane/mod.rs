@@ -4,11 +4,11 @@
 
 #[cfg(any(test, feature = "test-util"))]
 pub mod fake;
-#[cfg(feature = "kubernetes")]
-pub use invoker_kubernetes::plane as kubernetes;
 pub mod local;
 
-pub use invoker_factory::plane::{ControlPlane, InvokerSpec, PlaneError, PlaneFailure};
+use invoker_factory::plane::{ControlPlane, InvokerSpec, PlaneError};
+#[cfg(feature = "kubernetes")]
+use invoker_kubernetes::plane as kubernetes;
 
 pub enum AnyPlane {
     Local(local::LocalPlane),

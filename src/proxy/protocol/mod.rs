@@ -11,7 +11,6 @@ mod openwhisk;
 pub use answer::{discard_reason, Answer, Interpreted};
 
 pub use client::{RuntimeClient, RuntimeError, RuntimeResponse};
-pub use invoker_wire::runtime::{EXITED_UNEXPECTEDLY, NOT_A_RESULT};
 
 use crate::config::RuntimeProtocol;
 use crate::job::RunJob;
