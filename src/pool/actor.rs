@@ -585,10 +585,12 @@ impl Handler<Submit> for ContainerPool {
         self.apply(Event::Arrived(job), ctx);
         if !self.core.has_key(key) {
             self.forget_keys([key]); // answered at once, nothing of it kept
-        } else if let (Some(cap), Some(run)) = (self.core.waits_for_cap(key), self.jobs.get(&id)) {
-            // It waits for its action's cap: said on its span (the `queue` stage's length is the
-            // wait).
-            run.completion.trace().span().record("capped", cap);
+        } else if let Some(run) = self.jobs.get(&id) {
+            // Still waiting (a dispatched job has left `jobs`): if for its action's cap, its
+            // span says so (the `queue` stage's length is the wait).
+            if let Some(cap) = self.core.waits_for_cap(key) {
+                run.completion.trace().span().record("capped", cap);
+            }
         }
         self.metrics.waiting.set(self.jobs.len() as i64);
     }
@@ -826,8 +828,13 @@ impl Runner for PoolHandle {
         Box::pin(PoolHandle::retire_action(self, namespace, name, kept.map(|a| a.revision)))
     }
 
+    /// The intake provisions a revision it has just saved (or read at a start), which keeps
+    /// nothing yet (its older revisions' containers are retired with them): zero is nothing to do.
     fn provision(&self, action: Arc<Action>, count: u32) -> BoxFuture<'_, ()> {
-        Box::pin(PoolHandle::provision(self, action, count))
+        match count {
+            0 => Box::pin(std::future::ready(())),
+            _ => Box::pin(PoolHandle::provision(self, action, count)),
+        }
     }
 
     fn records_elsewhere(&self) -> bool {

@@ -28,6 +28,11 @@ struct Ask {
 impl Dispatcher {
     /// What this scheduler asks of every invoker now, by key.
     fn provisioned_asks(&self) -> BTreeMap<String, Ask> {
+        let mut asks = BTreeMap::new();
+        let actions = self.provisioned.all();
+        if actions.is_empty() {
+            return asks;
+        }
         let view = self.directory.current();
         let taking: Vec<(&str, &[String])> = view
             .invokers
@@ -36,8 +41,7 @@ impl Dispatcher {
             .filter(|r| !view.drained.contains(&r.id) && !self.stalls.contains(&r.id))
             .map(|r| (r.id.as_str(), r.tags.as_slice()))
             .collect();
-        let mut asks = BTreeMap::new();
-        for (action, wanted) in self.provisioned.all() {
+        for (action, wanted) in actions {
             let needs = super::needs_of(&action);
             let mut tags = needs.tags.clone();
             tags.sort_unstable();

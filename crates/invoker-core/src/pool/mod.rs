@@ -132,7 +132,16 @@ struct KeyState {
 
 impl KeyState {
     fn is_empty(&self) -> bool {
-        self.containers == 0 && self.waiting_live == 0 && !self.blocked && !self.provisions()
+        self.containers == 0 && self.waiting_live == 0 && !self.blocked && !self.provisioned.keeps_any()
+    }
+
+    /// What its jobs (or its provisioning) say of it: the memory of a container, the runs one
+    /// takes at once, the most that may run, and whose it is.
+    fn shape(&mut self, memory_mb: u32, concurrency: u32, max_running: Option<u32>, tenant: TenantId) {
+        self.memory_mb = memory_mb;
+        self.concurrency = concurrency.max(1);
+        self.cap = max_running.map(|cap| cap.max(1));
+        self.tenant = tenant;
     }
 
     /// Whether it may run one more job now.
@@ -486,13 +495,13 @@ impl PoolCore {
     /// The keys with a cap or provisioned containers, as the live view and the metrics show
     /// them.
     pub fn controlled_keys(&self) -> impl Iterator<Item = ControlledKey> + '_ {
-        self.keys.iter().filter(|(_, k)| k.cap.is_some() || k.provisions()).map(|(&key, k)| ControlledKey {
+        self.keys.iter().filter(|(_, k)| k.cap.is_some() || k.provisioned.keeps_any()).map(|(&key, k)| ControlledKey {
             key,
             cap: k.cap,
             running: k.running,
             waiting: k.waiting_live,
             provisioned: k.provisioned.target,
-            provisioned_up: k.provisioned.ids().count() as u32,
+            provisioned_up: k.provisioned.up(),
         })
     }
 
@@ -543,12 +552,9 @@ impl PoolCore {
         }
         self.keep_alive.arrived(job.key, now);
         let key = self.keys.entry(job.key).or_default();
-        key.memory_mb = job.memory_mb;
-        key.concurrency = job.concurrency.max(1);
+        key.shape(job.memory_mb, job.concurrency, job.max_running, job.tenant);
         key.stem = job.stem;
         key.idle_timeout = job.idle_timeout;
-        key.cap = job.max_running.map(|cap| cap.max(1));
-        key.tenant = job.tenant;
         key.activations = key.activations.saturating_add(1);
         let free = if key.below_cap() { key.take_free(&self.containers) } else { None };
         if let Some(container) = free {

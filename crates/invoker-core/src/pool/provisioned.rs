@@ -25,7 +25,7 @@ pub(super) struct Provisioned {
     /// How many to keep.
     pub(super) target: u32,
     /// Its provisioned containers starting or ready, not retiring.
-    pub(super) ids: Vec<ContainerId>,
+    ids: Vec<ContainerId>,
     /// Starts in a row that failed, and when the next may be tried.
     pub(super) failures: u32,
     pub(super) retry_at: Option<Time>,
@@ -42,6 +42,11 @@ impl Provisioned {
 
     pub(super) fn add(&mut self, id: ContainerId) {
         self.ids.push(id);
+    }
+
+    /// Whether it keeps any, or still holds some (so its key is never forgotten).
+    pub(super) fn keeps_any(&self) -> bool {
+        self.target > 0 || !self.ids.is_empty()
     }
 
     pub(super) fn up(&self) -> u32 {

@@ -4,7 +4,7 @@
 
 use super::nodes::Placement;
 use super::types::{KeyId, Provision};
-use super::{Ahead, Effects, KeyState, Phase, PoolCore};
+use super::{Ahead, Effects, Phase, PoolCore};
 use invoker_ids::{ContainerId, Time};
 use std::time::Duration;
 
@@ -23,10 +23,7 @@ impl PoolCore {
         if key.retired {
             return; // a revision gone for good keeps nothing
         }
-        key.memory_mb = p.memory_mb;
-        key.concurrency = p.concurrency.max(1);
-        key.cap = p.max_running.map(|cap| cap.max(1));
-        key.tenant = p.tenant;
+        key.shape(p.memory_mb, p.concurrency, p.max_running, p.tenant);
         let before = key.provisioned.target;
         key.provisioned.target = p.count;
         if p.count < before {
@@ -137,12 +134,5 @@ impl PoolCore {
                 self.retire(id, now, fx);
             }
         }
-    }
-}
-
-impl KeyState {
-    /// Whether it keeps provisioned containers (and so is never forgotten).
-    pub(super) fn provisions(&self) -> bool {
-        self.provisioned.target > 0 || !self.provisioned.ids.is_empty()
     }
 }
