@@ -16,7 +16,7 @@ fn main() {
         if !on_path("etcd") {
             println!("cargo:rustc-cfg=invoker_without_etcd");
         }
-        // Fn's FDKs, where `scripts/fdk.sh` puts them (`config::kinds::FDK_DIR`).
+        // Fn's FDKs, where `scripts/fdk.sh` puts them (`invoker_factory::kinds::FDK_DIR`).
         let fdk = std::path::Path::new("/usr/local/lib/invoker-fdk");
         if fdk.exists() {
             println!("cargo:rerun-if-changed={}", fdk.display());

@@ -219,7 +219,7 @@ fn activation_message(bytes: &[u8]) {
 }
 
 /// A runtime of `protocol` no connection is ever made to: interpreting an answer needs none.
-fn runtime(protocol: crate::config::RuntimeProtocol) -> Runtime {
+fn runtime(protocol: invoker_factory::kinds::RuntimeProtocol) -> Runtime {
     let nowhere = Transport::Tcp(std::net::SocketAddr::from(([127, 0, 0, 1], 9)));
     Runtime::new(protocol, &nowhere, Arc::new(Peer::default()), 1 << 20)
 }
@@ -238,7 +238,7 @@ fn answer_corpus() -> Vec<Vec<u8>> {
 fn openwhisk_answer(bytes: &[u8]) {
     let status = u16::from_be_bytes([bytes.first().copied().unwrap_or(0), bytes.get(1).copied().unwrap_or(0)]);
     let body = bytes.get(2..).unwrap_or_default().to_vec();
-    let runtime = runtime(crate::config::RuntimeProtocol::OpenWhisk);
+    let runtime = runtime(invoker_factory::kinds::RuntimeProtocol::OpenWhisk);
     for oom in [false, true] {
         let answer = Ok(RuntimeResponse { status, headers: Default::default(), body: body.clone().into() });
         let _ = runtime.answered(&answer);
@@ -275,7 +275,7 @@ fn fn_answer(bytes: &[u8]) {
         }
     }
     let body = rest.get(split + 2..).unwrap_or_default().to_vec();
-    let runtime = runtime(crate::config::RuntimeProtocol::Fn);
+    let runtime = runtime(invoker_factory::kinds::RuntimeProtocol::Fn);
     let answer = Ok(RuntimeResponse { status, headers, body: body.into() });
     let _ = runtime.answered(&answer);
     let _ = runtime.interpret(answer, 1000, false, 1 << 20);

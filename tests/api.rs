@@ -899,7 +899,7 @@ mod router_fuzz {
 /// config says more; an action asking for more is refused at `PUT`, naming the field and why.
 #[actix_rt::test]
 async fn a_kind_that_is_not_ours_refuses_a_concurrency_above_its_max_concurrency() {
-    use invoker::config::KindConfig;
+    use invoker_factory::kinds::KindConfig;
     let (_h, app) = harness(
         |c| {
             let foreign = |max: Option<u32>| {

@@ -80,7 +80,7 @@ fn validate_action(config: &Config, put: ActionPut, ns: &str, name: &str) -> Res
         return Err(bad(format!("exec.kind: '{}' is not a supported kind ({})", exec.kind, known.join(", "))));
     };
     // A function made from an image of its own holds its code in the image.
-    match (exec.kind == crate::config::FN_IMAGE_KIND, exec.image.as_deref()) {
+    match (exec.kind == invoker_factory::kinds::FN_IMAGE_KIND, exec.image.as_deref()) {
         (true, Some(image)) if invoker_wire::model::is_image_reference(image) => {}
         (true, Some(_)) => return Err(bad("exec.image: not an image reference (name[:tag][@digest])".into())),
         (true, None) => return Err(bad(format!("exec.image: is required for kind {}", exec.kind))),

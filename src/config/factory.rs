@@ -3,9 +3,10 @@
 use super::error::{bad, ConfigError};
 use super::limits::LimitsConfig;
 use super::pool::PoolConfig;
-use invoker_factory::settings::{DockerFactoryConfig, KubernetesFactoryConfig, MesosFactoryConfig};
+use invoker_factory::settings::{
+    DockerFactoryConfig, KubernetesFactoryConfig, MesosFactoryConfig, ProcessFactoryConfig,
+};
 use serde::Deserialize;
-use std::path::PathBuf;
 use std::time::Duration;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
@@ -95,40 +96,6 @@ impl Default for MockFactoryConfig {
     }
 }
 
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ProcessFactoryConfig {
-    /// Memory the node offers to action containers (the sum of their declared limits).
-    pub user_memory_mb: u64,
-    /// Bound on a runtime process answering on its address after it was spawned.
-    #[serde(with = "humantime_serde")]
-    pub ready_timeout: Duration,
-    /// Where the cgroup memory controller is mounted; found automatically when unset.
-    pub cgroup_root: Option<PathBuf>,
-    /// Refuse to start when no memory limit can be enforced.
-    pub require_memory_limit: bool,
-    /// How the invoker reaches the runtime of a kind with `network = "host"`: a unix socket in
-    /// the container's directory (no port to race for), or a free 127.0.0.1 port. A kind with
-    /// its own network namespace (`network = "none"`) is always reached on its unix socket.
-    pub transport: TransportKind,
-    /// Each container under a uid of its own, in its own root, mount, IPC and network
-    /// namespaces (`invoker sandbox`). Needs root; `false` runs actions as the invoker's own
-    /// user, without isolation (a warning at start says so).
-    pub unprivileged: bool,
-    /// Containers get uids from `uid_base` on, one per live container (its gid the same).
-    pub uid_base: u32,
-    pub uid_count: u32,
-    /// Processes a container may have at once (its pids cgroup).
-    pub pids_max: u32,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum TransportKind {
-    Unix,
-    Tcp,
-}
-
 impl Default for FactoryConfig {
     fn default() -> Self {
         FactoryConfig {
@@ -138,22 +105,6 @@ impl Default for FactoryConfig {
             docker: DockerFactoryConfig::default(),
             mesos: MesosFactoryConfig::default(),
             kubernetes: KubernetesFactoryConfig::default(),
-        }
-    }
-}
-
-impl Default for ProcessFactoryConfig {
-    fn default() -> Self {
-        ProcessFactoryConfig {
-            user_memory_mb: 2048,
-            ready_timeout: Duration::from_secs(10),
-            cgroup_root: None,
-            require_memory_limit: false,
-            transport: TransportKind::Unix,
-            unprivileged: true,
-            uid_base: 100_000,
-            uid_count: 60_000,
-            pids_max: 256,
         }
     }
 }

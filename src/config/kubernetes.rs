@@ -46,7 +46,7 @@ pub(super) fn validate(k8s: &KubernetesFactoryConfig) -> Result<(), ConfigError>
     }
     for (name, kind) in &k8s.kinds {
         // `fn:image` runs the image each function names.
-        if kind.image.is_empty() && name != super::kinds::FN_IMAGE_KIND {
+        if kind.image.is_empty() && name != invoker_factory::kinds::FN_IMAGE_KIND {
             return Err(bad(&key(&format!("kinds.\"{name}\".image")), "must be set"));
         }
         if kind.port == Some(0) {

@@ -24,9 +24,9 @@ pub use capacity::CapacityConfig;
 pub use cluster::{ClusterConfig, SchedulerConfig};
 use error::bad;
 pub use error::ConfigError;
-pub use factory::{FactoryConfig, FactoryKind, MockFactoryConfig, ProcessFactoryConfig, TransportKind};
+pub use factory::{FactoryConfig, FactoryKind, MockFactoryConfig};
+use invoker_factory::kinds::{default_kinds, launcher_in, runs_at_once, KindConfig};
 use invoker_factory::settings::{DockerFactoryConfig, KubernetesFactoryConfig};
-pub use kinds::{default_kinds, KindConfig, RuntimeProtocol, FDK_DIR, FN_IMAGE_KIND};
 pub use limits::{disk_bytes_of, LimitsConfig, DISK_INODES_RESERVED};
 pub use pool::{PoolConfig, PrewarmConfig};
 pub use proxy::ProxyConfig;
@@ -176,14 +176,14 @@ impl Config {
                 .docker
                 .kinds
                 .iter()
-                .map(|(name, d)| (name.as_str(), capped(name, kinds::runs_at_once(set(name), d.is_own_runtime(), max))))
+                .map(|(name, d)| (name.as_str(), capped(name, runs_at_once(set(name), d.is_own_runtime(), max))))
                 .collect(),
             FactoryKind::Kubernetes => self
                 .factory
                 .kubernetes
                 .kinds
                 .iter()
-                .map(|(name, k)| (name.as_str(), capped(name, kinds::runs_at_once(set(name), k.is_own_runtime(), max))))
+                .map(|(name, k)| (name.as_str(), capped(name, runs_at_once(set(name), k.is_own_runtime(), max))))
                 .collect(),
             _ => self.kinds.iter().map(|(name, k)| (name.as_str(), k.max_concurrency(max))).collect(),
         }
@@ -210,7 +210,7 @@ impl Config {
             }
             _ => self.kinds.get(kind).map(|k| (k.is_own_runtime(), &k.command))?,
         };
-        own.then(|| kinds::launcher_in(command))
+        own.then(|| launcher_in(command))
     }
 
     /// Whether a kind's containers can run a zip (`binary`) action: every runtime can but our
@@ -253,6 +253,7 @@ fn locate_key(text: &str, offset: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use invoker_factory::kinds::RuntimeProtocol;
     use invoker_factory::settings::Network;
     use invoker_wire::runtime::OPENWHISK_PORT;
 

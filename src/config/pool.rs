@@ -2,8 +2,8 @@
 //! `PrewarmSpec`): what this file adds is their validation against the rest of the config.
 
 use super::error::{bad, ConfigError};
-use super::kinds::KindConfig;
 use super::limits::LimitsConfig;
+use invoker_factory::kinds::KindConfig;
 use std::collections::BTreeMap;
 
 /// `[pool]`: the core's tunables.

@@ -15,19 +15,21 @@ use super::pipe_lines::PipeLines;
 use super::sandbox::{resolve_interpreter, SandboxArgs, ACTION_PATH};
 use super::watchdog::{remove_left, Watchdog, WatchdogArgs};
 use super::zygote::{ForkRequest, Zygote};
-use crate::config::{Config, KindConfig, ProcessFactoryConfig, RuntimeProtocol, TransportKind};
+use crate::config::Config;
 use invoker_factory::contract::{
     ContainerFactory, ContainerHandle, ContainerSpec, Epoch, FunctionStart, StatsReceiver, Transport,
 };
 use invoker_factory::error::{CreateError, FactoryError, SetupError};
 use invoker_factory::fn_socket::ListenerWatch;
 use invoker_factory::id_lock::IdLock;
+use invoker_factory::kinds::{KindConfig, RuntimeProtocol};
 use invoker_factory::logs::{LogBuffer, Stream};
 use invoker_factory::netns::NetNs;
 use invoker_factory::one_host::OneHost;
 use invoker_factory::own_disk;
 use invoker_factory::peer::{ContainerSocket, Peer, RuntimeLife};
 use invoker_factory::settings::Network;
+use invoker_factory::settings::{ProcessFactoryConfig, TransportKind};
 use invoker_factory::uids::{HeldUid, UidRange};
 use invoker_ids::{ContainerId, NodeId};
 use invoker_wire::runtime::{fn_listener_env, FN_SOCKET_DIR};

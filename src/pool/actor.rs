@@ -5,7 +5,7 @@ use super::live;
 use super::status::{
     CappedAction, ContainerSummary, ControlledAction, PoolSnapshot, PoolStatus, ProvisionedAction, WarmContainers,
 };
-use crate::config::{PoolConfig, ProxyConfig, RuntimeProtocol};
+use crate::config::{PoolConfig, ProxyConfig};
 use crate::factory::Factory;
 use crate::job::runner::{Refused, Runner};
 use crate::job::RunJob;
@@ -21,6 +21,7 @@ use invoker_core::pool::{
 use invoker_factory::contract::ContainerFactory;
 use invoker_factory::contract::ContainerSpec;
 use invoker_factory::contract::Epoch;
+use invoker_factory::kinds::RuntimeProtocol;
 use invoker_ids::{ContainerId, CreateFailure, JobId, NodeId, NodeStatsUpdate, Time};
 use invoker_wire::model::{Action, Rejection};
 use std::collections::HashMap;

@@ -12,12 +12,13 @@ mod discard;
 pub mod protocol;
 mod record;
 
-use crate::config::{ProxyConfig, RuntimeProtocol};
+use crate::config::ProxyConfig;
 use crate::factory::Factory;
 use crate::job::RunJob;
 use crate::telemetry;
 use actix::prelude::*;
 pub use discard::DiscardLog;
+use invoker_factory::kinds::RuntimeProtocol;
 
 use invoker_core::proxy::{Effect, Event, FailCause, ProxyCore, ProxyState};
 use invoker_factory::contract::ContainerFactory;

@@ -20,7 +20,7 @@ const NOOP: &str = "import io, json, time\ndef handler(ctx, data: io.BytesIO = N
 
 /// Where `scripts/fdk.sh` installs the python FDK.
 fn fdk_python() -> PathBuf {
-    Path::new(invoker::config::FDK_DIR).join("python")
+    Path::new(invoker_factory::kinds::FDK_DIR).join("python")
 }
 
 /// An FDK serving `NOOP`: a process the benchmark started on its own socket directory, or

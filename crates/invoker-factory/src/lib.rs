@@ -16,6 +16,7 @@ pub mod contract;
 pub mod error;
 pub mod fn_socket;
 pub mod id_lock;
+pub mod kinds;
 pub mod logs;
 pub mod netns;
 pub mod one_host;

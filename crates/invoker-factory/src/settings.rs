@@ -1,4 +1,4 @@
-//! What each backend's section of the config says (`[factory.docker]`, `[factory.kubernetes]`,
+//! What each backend's section of the config says (`[factory.process]`, `[factory.docker]`, `[factory.kubernetes]`,
 //! `[factory.mesos]`, and the capacity manager's `[capacity.kubernetes]`) and the network an action container has. These are here, beside the
 //! contract, and not in a backend's crate, because the invoker reads every section in every
 //! build (a config naming a backend this build lacks is refused by name, not by a parse error);
@@ -23,6 +23,58 @@ pub enum Network {
     /// on a TCP port there (OpenWhisk's runtimes serve on `:8080`); the invoker opens its
     /// connections inside that namespace. No bridge, no host port.
     Isolated,
+}
+
+/// The process factory (`[factory.process]`): each action container a process tree on this
+/// host, in namespaces and cgroups of its own.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProcessFactoryConfig {
+    /// Memory the node offers to action containers (the sum of their declared limits).
+    pub user_memory_mb: u64,
+    /// Bound on a runtime process answering on its address after it was spawned.
+    #[serde(with = "humantime_serde")]
+    pub ready_timeout: Duration,
+    /// Where the cgroup memory controller is mounted; found automatically when unset.
+    pub cgroup_root: Option<PathBuf>,
+    /// Refuse to start when no memory limit can be enforced.
+    pub require_memory_limit: bool,
+    /// How the invoker reaches the runtime of a kind with `network = "host"`: a unix socket in
+    /// the container's directory (no port to race for), or a free 127.0.0.1 port. A kind with
+    /// its own network namespace (`network = "none"`) is always reached on its unix socket.
+    pub transport: TransportKind,
+    /// Each container under a uid of its own, in its own root, mount, IPC and network
+    /// namespaces (`invoker sandbox`). Needs root; `false` runs actions as the invoker's own
+    /// user, without isolation (a warning at start says so).
+    pub unprivileged: bool,
+    /// Containers get uids from `uid_base` on, one per live container (its gid the same).
+    pub uid_base: u32,
+    pub uid_count: u32,
+    /// Processes a container may have at once (its pids cgroup).
+    pub pids_max: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TransportKind {
+    Unix,
+    Tcp,
+}
+
+impl Default for ProcessFactoryConfig {
+    fn default() -> Self {
+        ProcessFactoryConfig {
+            user_memory_mb: 2048,
+            ready_timeout: Duration::from_secs(10),
+            cgroup_root: None,
+            require_memory_limit: false,
+            transport: TransportKind::Unix,
+            unprivileged: true,
+            uid_base: 100_000,
+            uid_count: 60_000,
+            pids_max: 256,
+        }
+    }
 }
 
 /// The Mesos factory: action containers as tasks of a framework, through the v1 scheduler

@@ -9,7 +9,8 @@ use crate::api::fn_routes::docs::{
     annotations_of, check_name, check_shape, merge_annotations, merge_config, new_id, new_invoke_key, now, App, Docs,
     Function, InvokeKey, Trigger, INVOKE_KEYS,
 };
-use crate::config::{Config, RuntimeProtocol, FN_IMAGE_KIND};
+use crate::config::Config;
+use invoker_factory::kinds::{RuntimeProtocol, FN_IMAGE_KIND};
 use invoker_store::DocKind;
 use invoker_wire::model::{Action, KeyValue};
 use serde::Deserialize;
