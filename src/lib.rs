@@ -16,13 +16,11 @@ pub mod config;
 pub mod factory;
 #[cfg(feature = "test-util")]
 pub mod fuzz;
-pub mod http;
 pub mod job;
 pub mod live;
 pub mod metrics;
 pub mod pool;
 pub mod proxy;
-pub mod read_watched;
 pub mod runtime;
 pub mod scheduler;
 pub mod sim;

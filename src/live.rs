@@ -23,14 +23,14 @@ const STYLE: &str = include_str!("api/ui/app.css");
 /// One of the page's files (`/ui`, `/ui/app.js`, `/ui/app.css`), answered with the page's own
 /// files only allowed (no script from elsewhere, no frame, no plugin). Every process serves
 /// the same page; what it shows follows the events it is sent.
-pub fn asset(path: &str) -> Option<crate::http::Response> {
+pub fn asset(path: &str) -> Option<invoker_http::Response> {
     let (content_type, body) = match path {
         "/ui" | "/ui/" => ("text/html; charset=utf-8", PAGE),
         "/ui/app.js" => ("text/javascript; charset=utf-8", SCRIPT),
         "/ui/app.css" => ("text/css; charset=utf-8", STYLE),
         _ => return None,
     };
-    let mut page = crate::http::with_body(hyper::StatusCode::OK, content_type, Bytes::from_static(body.as_bytes()));
+    let mut page = invoker_http::with_body(hyper::StatusCode::OK, content_type, Bytes::from_static(body.as_bytes()));
     let policy = "default-src 'self'; connect-src 'self'; img-src 'self' data:; frame-ancestors 'none'";
     page.headers_mut().insert("content-security-policy", hyper::header::HeaderValue::from_static(policy));
     Some(page)

@@ -462,7 +462,7 @@ async fn the_answer_goes_out_with_the_result_and_the_record_once_its_lines_came(
     let asks = post("/v1/activations", message).insert_header(("accept", "application/x-ndjson".into()));
     let response = call(&app, asks).await;
     assert_eq!(response.headers()["content-type"], "application/x-ndjson");
-    let follows = response.extensions().get::<invoker::http::Follows>().cloned().expect("a second part follows");
+    let follows = response.extensions().get::<invoker_http::Follows>().cloned().expect("a second part follows");
     let body = follows.into_body().collect().await.unwrap().to_bytes();
     let parts: Vec<Value> =
         body.split(|&b| b == b'\n').filter(|l| !l.is_empty()).map(|l| serde_json::from_slice(l).unwrap()).collect();
@@ -475,7 +475,7 @@ async fn the_answer_goes_out_with_the_result_and_the_record_once_its_lines_came(
     let mut message = activation_message(&new_activation_id(), true);
     message["content"] = late;
     let response = call(&app, post("/v1/activations", message)).await;
-    assert!(response.extensions().get::<invoker::http::Follows>().is_none());
+    assert!(response.extensions().get::<invoker_http::Follows>().is_none());
     let ack = read_json(response).await;
     assert_eq!(ack["response"]["logs"], json!([]), "{ack}");
 }

@@ -6,10 +6,10 @@ use super::error::ApiError;
 use super::state::{load_action, AppState};
 use crate::activation::{InvokeRequest, Invoked};
 use crate::config::{Config, KindLanguage};
-use crate::http::{with_body, Response};
 use bytes::Bytes;
 use hyper::header::HeaderValue;
 use hyper::StatusCode;
+use invoker_http::{with_body, Response};
 use invoker_wire::model::{
     epoch_ms, new_activation_id, validate_entity_name, Action, ActivationRecord, Exec, KeyValue, Limits,
 };

@@ -3,8 +3,8 @@
 use super::call::{blocking, json, page, Call, PageQuery};
 use super::error::ApiError;
 use super::state::AppState;
-use crate::http::Response;
 use hyper::StatusCode;
+use invoker_http::Response;
 use invoker_wire::model::validate_entity_name;
 
 pub(super) async fn list(state: &AppState, call: &Call, ns: &str) -> Result<Response, ApiError> {

@@ -3,8 +3,8 @@
 use super::call::{json, Call};
 use super::error::ApiError;
 use super::state::AppState;
-use crate::http::{with_body, Response};
 use hyper::StatusCode;
+use invoker_http::{with_body, Response};
 use serde_json::json;
 
 pub(super) fn ping() -> Response {

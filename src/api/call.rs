@@ -2,10 +2,10 @@
 //! answers with.
 
 use super::error::ApiError;
-use crate::http::{with_body, Response};
 use crate::telemetry::TraceParent;
 use bytes::Bytes;
 use hyper::StatusCode;
+use invoker_http::{with_body, Response};
 use serde::Deserialize;
 
 /// Who a request's key belongs to. Each key is one principal's (the config checks it).

@@ -5,8 +5,8 @@
 use super::call::{blocking, json, page, Call, PageQuery};
 use super::error::ApiError;
 use super::state::AppState;
-use crate::http::Response;
 use hyper::StatusCode;
+use invoker_http::Response;
 use invoker_store::{DeadLetter, DocKind};
 use serde_json::json;
 

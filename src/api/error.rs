@@ -2,9 +2,9 @@
 
 use crate::activation::IntakeError;
 use crate::cluster::fetch::FetchError;
-use crate::http::Response;
 use hyper::header::{self, HeaderValue};
 use hyper::StatusCode;
+use invoker_http::Response;
 use invoker_ids::CreateFailure;
 use invoker_store::StoreError;
 use invoker_wire::model::{ActivationRecord, Outcome, Rejection, RejectionKind};
@@ -98,7 +98,7 @@ impl ApiError {
     }
 
     fn respond(self, body: &serde_json::Value) -> Response {
-        let mut response = crate::http::json_value(self.status(), body);
+        let mut response = invoker_http::json_value(self.status(), body);
         let headers = response.headers_mut();
         if matches!(self, ApiError::Unavailable(_) | ApiError::TooMany(_)) {
             headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));

@@ -371,4 +371,4 @@ impl AppState {
 /// How long a request's body may take to arrive.
 const BODY_TIMEOUT: Duration = Duration::from_secs(60);
 
-pub use crate::http::{with_body, Response};
+pub use invoker_http::{with_body, Response};

@@ -10,7 +10,6 @@
 
 use super::state::AppState;
 use super::wire::{ApiStream, HeldAnswer};
-use crate::http::Follows;
 use bytes::Bytes;
 use http_body_util::{Either, Full};
 use hyper::body::Body as _;
@@ -19,6 +18,7 @@ use hyper::service::service_fn;
 use hyper::StatusCode;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
+use invoker_http::Follows;
 use serde_json::json;
 use std::convert::Infallible;
 use std::rc::Rc;

@@ -10,13 +10,13 @@ use super::error::record_status;
 use super::error::ApiError;
 use super::state::{load_action, AppState};
 use crate::activation::{IntakeError, InvokeRequest, Invoked};
-use crate::http::Follows;
-use crate::http::Response;
 use crate::job::CallRequest;
 use crate::telemetry::TraceParent;
 use bytes::Bytes;
 use hyper::header::{HeaderValue, ACCEPT, CONTENT_TYPE};
 use hyper::StatusCode;
+use invoker_http::Follows;
+use invoker_http::Response;
 use invoker_wire::cluster::{REPORT_START, STARTED_LINE, TWO_PARTS};
 use invoker_wire::model::{
     is_activation_id, validate_entity_name, ActivationMessage, ActivationRecord, EncodedRecord, Outcome,
@@ -188,7 +188,7 @@ fn started_answer(
         ack.push(b'\n');
         Some(Bytes::from(ack))
     };
-    let mut response = crate::http::with_body(StatusCode::OK, TWO_PARTS, Bytes::new());
+    let mut response = invoker_http::with_body(StatusCode::OK, TWO_PARTS, Bytes::new());
     response.extensions_mut().insert(Follows::new(Bytes::from(format!("{STARTED_LINE}\n")), second));
     response
 }

@@ -4,11 +4,11 @@
 
 use super::manager::CapacityStatus;
 use super::metrics::CapacityMetrics;
-use crate::http::{json_value, with_body, Response};
 use crate::live::LiveBody;
 use bytes::Bytes;
 use http_body_util::{Either, Full};
 use hyper::{Method, StatusCode};
+use invoker_http::{json_value, with_body, Response};
 use parking_lot::Mutex;
 use serde_json::json;
 use std::collections::VecDeque;

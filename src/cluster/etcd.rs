@@ -46,7 +46,7 @@ impl EtcdError {
 #[derive(Debug, thiserror::Error)]
 pub enum StreamError {
     #[error(transparent)]
-    Connection(#[from] crate::http::ConnectionError),
+    Connection(#[from] invoker_http::ConnectionError),
     #[error("the request could not be built: {0}")]
     Request(#[from] hyper::http::Error),
     #[error("not JSON: {0}")]
@@ -152,12 +152,12 @@ async fn post(authority: &str, path: &str, body: &Value) -> Result<(u16, Value),
 
 /// A POST of JSON whose answer is read as a stream of JSON objects.
 async fn post_for_stream(authority: &str, path: &str, body: &Value) -> Result<(u16, JsonStream), StreamError> {
-    let mut sender = crate::http::connect(authority).await?;
+    let mut sender = invoker_http::connect(authority).await?;
     let request = hyper::Request::post(path)
         .header(hyper::header::HOST, authority)
         .header(hyper::header::CONTENT_TYPE, "application/json")
         .body(Full::new(Bytes::from(body.to_string())))?;
-    let response = sender.send_request(request).await.map_err(crate::http::ConnectionError::from)?;
+    let response = sender.send_request(request).await.map_err(invoker_http::ConnectionError::from)?;
     let status = response.status().as_u16();
     Ok((status, JsonStream { body: response.into_body(), buffer: Vec::new() }))
 }
@@ -192,7 +192,7 @@ impl JsonStream {
                         self.buffer.extend_from_slice(data);
                     }
                 }
-                Some(Err(e)) => return Err(crate::http::ConnectionError::from(e).into()),
+                Some(Err(e)) => return Err(invoker_http::ConnectionError::from(e).into()),
                 None => return Err(StreamError::Closed),
             }
         }

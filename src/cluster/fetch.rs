@@ -150,7 +150,7 @@ const MAX_ANSWER: usize = 64 * 1024 * 1024;
 
 /// One GET on a new connection (a fetch happens once per action revision).
 async fn get(authority: &str, path: &str, authorization: &str) -> Result<(u16, Bytes), String> {
-    let mut sender = crate::http::connect(authority).await.map_err(|e| e.to_string())?;
+    let mut sender = invoker_http::connect(authority).await.map_err(|e| e.to_string())?;
     let request = hyper::Request::get(path)
         .header(hyper::header::HOST, authority)
         .header(hyper::header::AUTHORIZATION, authorization)

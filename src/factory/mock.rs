@@ -5,12 +5,12 @@
 //! `error` makes it an application error, `crash` kills the container mid-run, and
 //! `fail_times: n` with `fail_key: k` makes the first n runs that name `k` application errors.
 
-use crate::http::{json_value, Response};
 use http_body_util::{BodyExt, Limited};
 use hyper::{Request, StatusCode};
 use invoker_factory::contract::{ContainerFactory, ContainerHandle, ContainerSpec, Epoch, StatsReceiver, Transport};
 use invoker_factory::error::{CreateError, FactoryError};
 use invoker_factory::logs::{LogBuffer, Stream, SENTINEL};
+use invoker_http::{json_value, Response};
 use invoker_ids::{ContainerId, NodeId, NodeStatsUpdate};
 use parking_lot::Mutex;
 use serde_json::{json, Value};

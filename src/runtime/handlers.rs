@@ -3,9 +3,9 @@
 
 use super::action::{ActionError, ActionProcess, InitSpec, PreparedAction};
 use super::options::Launcher;
-use crate::http::{json_value, with_body, Response};
 use base64::Engine as _;
 use hyper::StatusCode;
+use invoker_http::{json_value, with_body, Response};
 use invoker_wire::runtime::{EXITED_UNEXPECTEDLY, SENTINEL_LINE};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};

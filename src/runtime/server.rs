@@ -8,8 +8,6 @@
 
 use super::handlers::{error, init, run_action, Runtime};
 use super::options::MAX_BODY;
-use crate::http::Response;
-use crate::read_watched::ReadWatchedStream;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use hyper::header::{HeaderValue, ALLOW};
@@ -17,6 +15,8 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
+use invoker_http::read_watched::ReadWatchedStream;
+use invoker_http::Response;
 use std::convert::Infallible;
 use std::rc::Rc;
 use std::time::Duration;

@@ -194,7 +194,7 @@ impl InvokerClient {
             let mut sender = match pooled {
                 Some(sender) => sender,
                 None => {
-                    crate::http::connect(authority).await.map_err(|e| Sent::Refused(format!("unreachable: {e}")))?
+                    invoker_http::connect(authority).await.map_err(|e| Sent::Refused(format!("unreachable: {e}")))?
                 }
             };
             let unsent = |reason: String| Sent::Refused(format!("a new connection took nothing: {reason}"));
@@ -374,7 +374,7 @@ impl InvokerClient {
         }
         let body = serde_json::to_vec(&serde_json::json!({ "activation_ids": activation_ids })).ok()?;
         let exchange = async {
-            let mut sender = crate::http::connect::<http_body_util::Full<Bytes>>(authority).await.ok()?;
+            let mut sender = invoker_http::connect::<http_body_util::Full<Bytes>>(authority).await.ok()?;
             let request = hyper::Request::post("/v1/internal/records")
                 .header(hyper::header::HOST, authority)
                 .header(hyper::header::AUTHORIZATION, &self.authorization)
@@ -420,7 +420,7 @@ async fn one_request(
     timeout: Duration,
 ) -> bool {
     let exchange = async {
-        let mut sender = crate::http::connect::<http_body_util::Empty<Bytes>>(authority).await.ok()?;
+        let mut sender = invoker_http::connect::<http_body_util::Empty<Bytes>>(authority).await.ok()?;
         let mut request = hyper::Request::builder().method(method).uri(path).header(hyper::header::HOST, authority);
         if let Some(authorization) = authorization {
             request = request.header(hyper::header::AUTHORIZATION, authorization);
@@ -580,11 +580,11 @@ mod tests {
             while let Ok((stream, _)) = listener.accept().await {
                 let service = service_fn(move |request: hyper::Request<hyper::body::Incoming>| async move {
                     if request.uri().path() == "/ping" {
-                        return Ok(crate::http::with_body(hyper::StatusCode::OK, "application/json", "{}"));
+                        return Ok(invoker_http::with_body(hyper::StatusCode::OK, "application/json", "{}"));
                     }
                     if refuse {
                         let answer = json!({ "error": "the invoker is shutting down" }).to_string();
-                        return Ok::<_, std::convert::Infallible>(crate::http::with_body(
+                        return Ok::<_, std::convert::Infallible>(invoker_http::with_body(
                             hyper::StatusCode::SERVICE_UNAVAILABLE,
                             "application/json",
                             answer,
@@ -593,7 +593,7 @@ mod tests {
                     let body = request.into_body().collect().await.unwrap().to_bytes();
                     assert!(String::from_utf8_lossy(&body).contains(MARK));
                     let answer = record(json!([])).to_string();
-                    Ok(crate::http::with_body(hyper::StatusCode::OK, "application/json", answer))
+                    Ok(invoker_http::with_body(hyper::StatusCode::OK, "application/json", answer))
                 });
                 let io = hyper_util::rt::TokioIo::new(stream);
                 tokio::spawn(hyper::server::conn::http1::Builder::new().serve_connection(io, service));
@@ -636,7 +636,7 @@ mod tests {
                         tokio::time::sleep(Duration::from_millis(100)).await;
                         Some(Bytes::from(format!("{whole}\n")))
                     };
-                    let body = crate::http::Follows::new(Bytes::from(format!("{first}\n")), rest).into_body();
+                    let body = invoker_http::Follows::new(Bytes::from(format!("{first}\n")), rest).into_body();
                     let mut response = hyper::Response::new(body);
                     response
                         .headers_mut()

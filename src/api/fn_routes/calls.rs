@@ -9,14 +9,14 @@ use crate::activation::{InvokeRequest, Invoked};
 use crate::api::call::{Call, Principal};
 use crate::api::error::{fn_record_status, ApiError};
 use crate::api::state::AppState;
-use crate::http::is_hop_by_hop;
-use crate::http::Response;
 use crate::job::CallRequest;
 use crate::telemetry::TraceParent;
 use base64::Engine as _;
 use bytes::Bytes;
 use hyper::header::{HeaderName, HeaderValue, CONTENT_TYPE};
 use hyper::StatusCode;
+use invoker_http::is_hop_by_hop;
+use invoker_http::Response;
 use invoker_store::DocKind;
 use invoker_wire::model::{new_activation_id, Action, ActivationRecord};
 use serde_json::{json, Map, Value};
@@ -55,7 +55,7 @@ pub(in crate::api) async fn invoke(state: &AppState, call: &Call, fn_id: &str) -
 /// A detached call (`Fn-Invoke-Type: detached`), as Fn's agent answers it: 202 at once, its id
 /// in `Fn-Call-Id`. It waits in the durable queue until it runs; its record says how it ended.
 fn detached_accepted(id: &str) -> Response {
-    let mut response = crate::http::with_body(StatusCode::ACCEPTED, "application/json", Bytes::from_static(b"{}"));
+    let mut response = invoker_http::with_body(StatusCode::ACCEPTED, "application/json", Bytes::from_static(b"{}"));
     if let Ok(id) = HeaderValue::from_str(id) {
         response.headers_mut().insert("fn-call-id", id);
     }
@@ -153,7 +153,7 @@ async fn run(
 
 /// Past the wait the call still runs, and its record will say how it ended.
 fn still_running(id: &str) -> Response {
-    let mut response = crate::http::json_value(StatusCode::GATEWAY_TIMEOUT, &json!({ "message": "Timed out" }));
+    let mut response = invoker_http::json_value(StatusCode::GATEWAY_TIMEOUT, &json!({ "message": "Timed out" }));
     if let Ok(id) = HeaderValue::from_str(id) {
         response.headers_mut().insert("fn-call-id", id);
     }
@@ -172,7 +172,7 @@ enum Mapping {
 /// is what failed); `Fn-Call-Id` either way.
 fn answer(record: &ActivationRecord, image: Option<&str>, mapping: Mapping) -> Response {
     let mut response = match fn_record_status(record, image) {
-        Err((status, message)) => crate::http::json_value(status, &json!({ "message": message })),
+        Err((status, message)) => invoker_http::json_value(status, &json!({ "message": message })),
         Ok(()) => {
             let result = &record.response.result;
             let empty = Map::new();
@@ -181,7 +181,7 @@ fn answer(record: &ActivationRecord, image: Option<&str>, mapping: Mapping) -> R
                 Mapping::Invoke => (StatusCode::OK, headers.iter().map(|(k, v)| (k.clone(), v)).collect()),
                 Mapping::Gateway => gateway_response(headers),
             };
-            let mut response = crate::http::with_body(status, "application/json", body_of(result));
+            let mut response = invoker_http::with_body(status, "application/json", body_of(result));
             response.headers_mut().remove(CONTENT_TYPE);
             for (name, value) in headers {
                 let (Ok(name), Some(Ok(value))) =

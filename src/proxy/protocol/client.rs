@@ -12,8 +12,6 @@
 //! byte of an answer came back provably never reached the runtime's handler: it is sent once
 //! more, on a fresh connection. A request on a fresh connection is never sent twice.
 
-use crate::http::{handshake, ConnectionError};
-use crate::read_watched::ReadWatchedStream;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::client::conn::http1::SendRequest;
@@ -21,6 +19,8 @@ use hyper::header::{HeaderMap, HeaderValue, CONTENT_TYPE, HOST};
 use hyper_util::rt::TokioIo;
 use invoker_factory::contract::Transport;
 use invoker_factory::peer::{Peer, StrangerError};
+use invoker_http::read_watched::ReadWatchedStream;
+use invoker_http::{handshake, ConnectionError};
 use parking_lot::Mutex;
 use serde_json::Value;
 use std::pin::Pin;

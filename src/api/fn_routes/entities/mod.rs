@@ -12,9 +12,9 @@ use super::docs::{body, App, Docs, Function, Trigger};
 use crate::api::call::{blocking, json, Call};
 use crate::api::error::ApiError;
 use crate::api::state::AppState;
-use crate::http::Response;
 use entity::{Entity, Retired, Scope};
 use hyper::{Method, StatusCode};
+use invoker_http::Response;
 use serde_json::json;
 
 /// Which of Fn's entities a route names.
@@ -119,7 +119,7 @@ async fn item<E: Entity>(state: &AppState, call: &Call, id: &str) -> Result<Resp
             .await??;
             retire(state, &ns, retired).await;
             // Fn answers a delete with 204 and no body; its client takes any other 2xx as an error.
-            Ok(crate::http::with_body(StatusCode::NO_CONTENT, "text/plain", ""))
+            Ok(invoker_http::with_body(StatusCode::NO_CONTENT, "text/plain", ""))
         }
         _ => Err(ApiError::MethodNotAllowed { method: call.head.method.to_string(), allowed: "GET, PUT, DELETE" }),
     }

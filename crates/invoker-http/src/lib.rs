@@ -1,4 +1,12 @@
-//! The responses of the crate's HTTP servers: the API, the action runtime, the mock containers.
+//! The HTTP pieces the invoker's servers and clients share: a response with a body
+//! (`Response`, `with_body`, `json_value`), one client connection (`connect`, `handshake`), an
+//! answer that goes out in two parts (`Follows`), the hop-by-hop headers, and a unix stream
+//! the reactor watches for reading only ([`read_watched`]). Used by the API, the action runtime,
+//! the proxies, the mock containers and the cluster's clients, below all of them.
+
+#![forbid(unsafe_code)]
+
+pub mod read_watched;
 
 use bytes::Bytes;
 use http_body_util::Full;
