@@ -9,7 +9,7 @@
 #   scripts/launcher-instructions.sh [launcher.py]   # the repository's by default
 set -euo pipefail
 cd "$(dirname "$0")/.."
-launcher="$(realpath "${1:-src/runtime/launchers/python.py}")"
+launcher="$(realpath "${1:-crates/invoker-runtime/src/launchers/python.py}")"
 command -v valgrind >/dev/null || apt-get install -y valgrind >&2
 # The interpreter itself, not a shim script that would exec it (valgrind would count the shim).
 python="$(python3 -c 'import sys; print(sys.executable)')"

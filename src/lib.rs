@@ -4,7 +4,7 @@
 //! runs (its pure core makes every decision), a [`proxy`] per container speaks the action
 //! runtime protocol, a [`factory`] creates containers within what the cluster says is free,
 //! and the [`store`] keeps actions and activation records.
-// One audited exception: `runtime::sched` (a `sched_setscheduler` call no crate in the tree wraps).
+// One audited exception: `factory::sandbox` (the container's namespaces, mounts and limits).
 #![deny(unsafe_code)]
 
 pub mod activation;
@@ -21,7 +21,6 @@ pub mod live;
 pub mod metrics;
 pub mod pool;
 pub mod proxy;
-pub mod runtime;
 pub mod scheduler;
 pub mod sim;
 pub mod telemetry;

@@ -4,7 +4,7 @@
 use clap::Parser;
 use invoker::app::{InvokerApp, SchedulerApp};
 use invoker::config::Config;
-use invoker::runtime::RuntimeOptions;
+use invoker_runtime::RuntimeOptions;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -125,7 +125,7 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Some(Command::ActionRuntime(options)) => {
             // No tracing here: the runtime's stdout and stderr are the action's logs.
-            invoker::runtime::run(options)?;
+            invoker_runtime::run(options)?;
             return Ok(());
         }
         Some(Command::Sandbox(args)) => {

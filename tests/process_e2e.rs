@@ -168,7 +168,7 @@ const POLICY_ACTION: &str =
 /// `--sched normal`, when they keep the invoker's policy.
 #[tokio::test(flavor = "multi_thread")]
 async fn actions_run_as_sched_batch_unless_the_kind_says_normal() {
-    let invoker_policy = invoker::runtime::policy_of(std::process::id()).unwrap();
+    let invoker_policy = invoker_runtime::policy_of(std::process::id()).unwrap();
     let normal = r#"[kinds."python:3"]
 command = ["{invoker}", "action-runtime", "--listen", "{listen}", "--launcher", "python", "--sched", "normal"]
 "#;
@@ -180,7 +180,7 @@ command = ["{invoker}", "action-runtime", "--listen", "{listen}", "--launcher", 
         assert_eq!(status, 200, "{body}");
         assert_eq!(body["policy"], expected, "the action, with {config:?}");
         let runtime = body["runtime"].as_u64().unwrap() as u32;
-        assert_eq!(invoker::runtime::policy_of(runtime).unwrap(), expected, "the runtime, with {config:?}");
+        assert_eq!(invoker_runtime::policy_of(runtime).unwrap(), expected, "the runtime, with {config:?}");
     }
 }
 

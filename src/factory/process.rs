@@ -548,13 +548,13 @@ impl ProcessFactory {
             }
             (_, Network::Host, TransportKind::Tcp) => {
                 let addr = free_port()?;
-                (Reach::At(Transport::Tcp(addr)), crate::runtime::Listen::Tcp(addr).to_string())
+                (Reach::At(Transport::Tcp(addr)), invoker_runtime::Listen::Tcp(addr).to_string())
             }
             _ => {
                 let path = dir.join("sock");
                 // Opened before the runtime starts: see `peer.rs`.
                 let socket = ContainerSocket::in_dir(&dir, "sock").map_err(|e| create_err("container directory", e))?;
-                (Reach::At(Transport::Unix(Arc::new(socket))), crate::runtime::Listen::Unix(path).to_string())
+                (Reach::At(Transport::Unix(Arc::new(socket))), invoker_runtime::Listen::Unix(path).to_string())
             }
         };
         let cgroup_procs = match &inner.cgroups {
@@ -692,7 +692,7 @@ impl ProcessFactory {
             env.push(("INVOKER_ADOPT".into(), adopt.display().to_string()));
         }
         if let Some(blob) = inner.node_snapshot.as_ref().filter(|_| kind.snapshot) {
-            env.push((crate::runtime::NODE_SNAPSHOT.into(), blob.display().to_string()));
+            env.push((invoker_runtime::NODE_SNAPSHOT.into(), blob.display().to_string()));
         }
         env.into_iter().collect()
     }

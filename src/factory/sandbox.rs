@@ -172,7 +172,7 @@ pub fn enter(args: SandboxArgs) -> std::io::Error {
             // A uid change made the process undumpable (its /proc files root's); an exec would
             // have reset that, and nothing of root's is left to protect.
             let _ = nix::sys::prctl::set_dumpable(true);
-            match crate::runtime::run(own.expect("checked")) {
+            match invoker_runtime::run(own.expect("checked")) {
                 Ok(()) => std::process::exit(0),
                 Err(e) => e,
             }
@@ -188,11 +188,11 @@ pub fn enter(args: SandboxArgs) -> std::io::Error {
 }
 
 /// The runtime's options when `command` is this binary's `action-runtime` (and parses).
-fn own_runtime(command: &[OsString]) -> Option<crate::runtime::RuntimeOptions> {
+fn own_runtime(command: &[OsString]) -> Option<invoker_runtime::RuntimeOptions> {
     #[derive(clap::Parser)]
     struct ActionRuntime {
         #[command(flatten)]
-        options: crate::runtime::RuntimeOptions,
+        options: invoker_runtime::RuntimeOptions,
     }
     let exe = std::env::current_exe().ok()?;
     let (program, rest) = command.split_first()?;
@@ -537,7 +537,7 @@ mod tests {
                 .collect()
         };
         let options = own_runtime(&args(&exe, "action-runtime")).expect("ours");
-        assert_eq!(options.launcher, crate::runtime::Launcher::Python);
+        assert_eq!(options.launcher, invoker_runtime::Launcher::Python);
         assert!(own_runtime(&args(&"/usr/bin/python3".into(), "action-runtime")).is_none(), "another program");
         assert!(own_runtime(&args(&exe, "sandbox")).is_none(), "another subcommand");
     }

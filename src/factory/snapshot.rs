@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const LAUNCHER: &str = include_str!("../runtime/launchers/nodejs.js");
+const LAUNCHER: &str = invoker_runtime::launchers::NODEJS;
 
 /// How long `node --build-snapshot` may take (a fraction of a second here).
 const BUILD_DEADLINE: Duration = Duration::from_secs(60);

@@ -1,7 +1,7 @@
 //! The python zygote, from the invoker's side: a python interpreter started with the process
 //! factory that has imported the launcher, and forks one into each new python container
 //! instead of a new interpreter starting there (SOCK, USENIX ATC 2018). What the child does
-//! before it runs anything of an action is in `runtime/launchers/zygote.py`.
+//! before it runs anything of an action is in `invoker-runtime`'s `launchers/zygote.py`.
 //!
 //! The container is made as any other (its directory, cgroups, uid; the sandbox's namespaces
 //! and root; our runtime serving `/init` and `/run` on its socket); only its action process
@@ -24,8 +24,8 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
-const ZYGOTE: &str = include_str!("../runtime/launchers/zygote.py");
-const LAUNCHER: &str = include_str!("../runtime/launchers/python.py");
+const ZYGOTE: &str = invoker_runtime::launchers::ZYGOTE;
+const LAUNCHER: &str = invoker_runtime::launchers::PYTHON;
 
 /// A fork answers in about a millisecond; a zygote that takes this long is broken.
 const FORK_TIMEOUT: Duration = Duration::from_secs(5);

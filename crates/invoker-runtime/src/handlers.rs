@@ -223,7 +223,7 @@ fn write_sentinels(tag: Option<&str>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime::options::Listen;
+    use crate::options::Listen;
     use std::path::Path;
 
     fn value(v: Value) -> InitValue {

@@ -273,7 +273,7 @@ fn write_action(launcher: Launcher, work: &Path, spec: &InitSpec) -> Result<Vec<
             } else {
                 std::fs::write(path("__main__.py"), text()?).map_err(|e| io("__main__.py", e))?;
             }
-            std::fs::write(path(".launcher.py"), super::options::launchers::PYTHON).map_err(|e| io("launcher", e))?;
+            std::fs::write(path(".launcher.py"), crate::launchers::PYTHON).map_err(|e| io("launcher", e))?;
             Ok(vec![interpreter("INVOKER_PYTHON", "python3"), "-u".into(), ".launcher.py".into(), spec.main.clone()])
         }
         Launcher::Nodejs => {
@@ -288,7 +288,7 @@ fn write_action(launcher: Launcher, work: &Path, spec: &InitSpec) -> Result<Vec<
             if let Ok(blob) = std::env::var(NODE_SNAPSHOT) {
                 return Ok(vec![node, "--snapshot-blob".into(), blob, spec.main.clone()]);
             }
-            std::fs::write(path(".launcher.js"), super::options::launchers::NODEJS).map_err(|e| io("launcher", e))?;
+            std::fs::write(path(".launcher.js"), crate::launchers::NODEJS).map_err(|e| io("launcher", e))?;
             Ok(vec![node, ".launcher.js".into(), spec.main.clone()])
         }
         Launcher::Native => {

@@ -1,4 +1,4 @@
-//! How the runtime is started (its command line) and what it is built with (its launchers).
+//! How the runtime is started: its command line.
 
 use super::sched::SchedPolicy;
 use std::path::PathBuf;
@@ -15,11 +15,6 @@ pub enum Launcher {
     Python,
     Nodejs,
     Native,
-}
-
-pub(super) mod launchers {
-    pub const PYTHON: &str = include_str!("launchers/python.py");
-    pub const NODEJS: &str = include_str!("launchers/nodejs.js");
 }
 
 /// Where the runtime listens: `127.0.0.1:PORT`, or `unix:/path/to.sock`.
