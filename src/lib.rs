@@ -4,8 +4,7 @@
 //! runs (its pure core makes every decision), a [`proxy`] per container speaks the action
 //! runtime protocol, a [`factory`] creates containers within what the cluster says is free,
 //! and the [`store`] keeps actions and activation records.
-// One audited exception: `factory::sandbox` (the container's namespaces, mounts and limits).
-#![deny(unsafe_code)]
+#![forbid(unsafe_code)]
 
 pub mod activation;
 pub mod api;
@@ -23,4 +22,3 @@ pub mod pool;
 pub mod proxy;
 pub mod scheduler;
 pub mod sim;
-pub mod telemetry;

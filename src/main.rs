@@ -99,11 +99,11 @@ enum Command {
     ActionRuntime(RuntimeOptions),
     /// Set up one process-factory container (cgroups, namespaces, root, uid), then run its
     /// runtime command; the process factory starts every runtime through it.
-    Sandbox(invoker::factory::sandbox::SandboxArgs),
+    Sandbox(invoker_process::sandbox::SandboxArgs),
     /// Wait for the invoker to die (stdin closes), then remove every container it left; the
     /// process factory starts one beside itself.
     #[command(hide = true)]
-    Watchdog(invoker::factory::watchdog::WatchdogArgs),
+    Watchdog(invoker_process::watchdog::WatchdogArgs),
     /// Run the scheduler: the front door of the invokers registered in etcd (the same REST
     /// API, actions in its own store, each activation placed on an invoker).
     Scheduler(SchedulerArgs),
@@ -129,12 +129,12 @@ fn main() -> anyhow::Result<()> {
             return Ok(());
         }
         Some(Command::Sandbox(args)) => {
-            let error = invoker::factory::sandbox::enter(args);
+            let error = invoker_process::sandbox::enter(args);
             eprintln!("{error}");
             std::process::exit(126);
         }
         Some(Command::Watchdog(args)) => {
-            invoker::factory::watchdog::watch(args)?;
+            invoker_process::watchdog::watch(args)?;
             return Ok(());
         }
         Some(Command::FnBridge(args)) => {
@@ -161,8 +161,8 @@ fn main() -> anyhow::Result<()> {
 
 /// Log lines, and traces when `[tracing]` or the `OTEL_*` variables say where; the guard
 /// flushes the last spans when dropped, after the runtime has stopped.
-fn init_tracing(config: &Config, service: &str) -> anyhow::Result<invoker::telemetry::Telemetry> {
-    let telemetry = invoker::telemetry::Telemetry::init(&config.tracing.settings(), service)?;
+fn init_tracing(config: &Config, service: &str) -> anyhow::Result<invoker_telemetry::Telemetry> {
+    let telemetry = invoker_telemetry::Telemetry::init(&config.tracing.settings(), service)?;
     raise_open_files();
     Ok(telemetry)
 }

@@ -2,10 +2,10 @@
 //! answers with.
 
 use super::error::ApiError;
-use crate::telemetry::TraceParent;
 use bytes::Bytes;
 use hyper::StatusCode;
 use invoker_http::{with_body, Response};
+use invoker_telemetry::TraceParent;
 use serde::Deserialize;
 
 /// Who a request's key belongs to. Each key is one principal's (the config checks it).
@@ -31,7 +31,7 @@ impl Call {
     /// The caller's W3C `traceparent`: one valid header, else none (an invalid or repeated one
     /// is ignored and the activation starts a trace of its own, as the recommendation asks).
     pub(crate) fn traceparent(&self) -> Option<TraceParent> {
-        let mut found = self.head.headers.get_all(crate::telemetry::HEADER).iter();
+        let mut found = self.head.headers.get_all(invoker_telemetry::HEADER).iter();
         match (found.next(), found.next()) {
             (Some(value), None) => TraceParent::parse(value.to_str().ok()?),
             _ => None,

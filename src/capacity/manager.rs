@@ -214,7 +214,7 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
         loop {
             let Some(lease) = self.acquire(&stop).await else { return };
             tracing::info!("the active capacity manager");
-            crate::telemetry::moment("capacity.leader", &self.settings.api, None);
+            invoker_telemetry::moment("capacity.leader", &self.settings.api, None);
             self.groups = self.fresh_groups();
             for id in self.plane.found() {
                 for g in &mut self.groups {
@@ -232,7 +232,7 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
                 return;
             }
             tracing::warn!("lost the capacity manager's lease: standby");
-            crate::telemetry::moment("capacity.lease.lost", &self.settings.api, Some("the leader's lease was lost"));
+            invoker_telemetry::moment("capacity.lease.lost", &self.settings.api, Some("the leader's lease was lost"));
         }
     }
 
@@ -506,7 +506,7 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
             // The decision's span lasts while it is carried out (a provision, until the plane
             // has asked; a removal, until the invoker is stopped).
             let span = tracing::info_span!(
-                target: crate::telemetry::TARGET,
+                target: invoker_telemetry::TARGET,
                 parent: None,
                 "capacity.decision",
                 group = %g.name,
@@ -530,7 +530,7 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
                         if let Err(e) = self.plane.provision(&spec).await {
                             // Given up at the provision timeout, and asked for again.
                             tracing::warn!("{e}");
-                            crate::telemetry::failed(&span, &e.to_string());
+                            invoker_telemetry::failed(&span, &e.to_string());
                         }
                     }
                     "provision"
@@ -539,7 +539,7 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
                     let value = DrainMark::capacity(epoch_ms()).to_value();
                     if let Err(e) = self.kv.put(&drain_key(&self.settings.prefix, id), &value, None).await {
                         tracing::warn!(invoker = %id, "draining: {e}");
-                        crate::telemetry::failed(&span, &e.to_string());
+                        invoker_telemetry::failed(&span, &e.to_string());
                     }
                     g.drains.insert(id.clone());
                     "drain"
@@ -547,7 +547,7 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
                 Action::Reactivate { id } => {
                     if let Err(e) = self.kv.delete(&drain_key(&self.settings.prefix, id)).await {
                         tracing::warn!(invoker = %id, "reactivating: {e}");
-                        crate::telemetry::failed(&span, &e.to_string());
+                        invoker_telemetry::failed(&span, &e.to_string());
                     }
                     g.drains.remove(id);
                     "reactivate"
@@ -559,7 +559,7 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
                     tokio::spawn(async move {
                         if let Err(e) = plane.remove(&id).await {
                             tracing::warn!("{e}");
-                            crate::telemetry::failed(&span, &e.to_string());
+                            invoker_telemetry::failed(&span, &e.to_string());
                         }
                         if let Some(done) = stopping.lock().get_mut(&id) {
                             *done = true;

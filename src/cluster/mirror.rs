@@ -145,7 +145,7 @@ async fn follow<S: Source>(etcd: &S, prefix: &str, sender: &watch::Sender<Snapsh
         let watched = Instant::now();
         let why = watch_from(etcd, prefix, revision + 1, sender).await;
         tracing::debug!(%prefix, "the etcd watch ended: {why}; ranging again");
-        crate::telemetry::moment("etcd.watch.ended", prefix, Some(&why.to_string()));
+        invoker_telemetry::moment("etcd.watch.ended", prefix, Some(&why.to_string()));
         // A watch that cannot stay up must not turn into a range after range.
         if watched.elapsed() < Duration::from_secs(1) {
             tokio::time::sleep(backoff).await;

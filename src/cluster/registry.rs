@@ -170,7 +170,7 @@ impl<K: ClusterKv> Registrar<K> {
     pub async fn claim(&mut self) -> Result<(), RegistryError> {
         let claimed = self.claim_under_new_lease().await;
         let failure = claimed.as_ref().err().map(ToString::to_string);
-        crate::telemetry::moment("etcd.lease.granted", &self.key(), failure.as_deref());
+        invoker_telemetry::moment("etcd.lease.granted", &self.key(), failure.as_deref());
         claimed
     }
 
@@ -252,7 +252,7 @@ impl<K: ClusterKv> Registrar<K> {
         let ttl = self.config.lease_ttl;
         if self.lease.is_some() && self.renewed.elapsed() >= ttl {
             // Cut off for longer than the TTL: etcd has dropped the lease and every key.
-            crate::telemetry::moment("etcd.lease.lost", &self.key(), Some("not renewed within its TTL"));
+            invoker_telemetry::moment("etcd.lease.lost", &self.key(), Some("not renewed within its TTL"));
             self.lease = None;
         }
         if let Some(lease) = self.lease {
@@ -260,7 +260,7 @@ impl<K: ClusterKv> Registrar<K> {
                 match self.kv.keep_alive(lease).await.map_err(etcd)? {
                     Some(_) => self.renewed = Instant::now(),
                     None => {
-                        crate::telemetry::moment(
+                        invoker_telemetry::moment(
                             "etcd.lease.lost",
                             &self.key(),
                             Some("etcd no longer knows the lease"),

@@ -21,8 +21,8 @@ pub struct TracingConfig {
 
 impl TracingConfig {
     /// What the tracing module is given.
-    pub fn settings(&self) -> crate::telemetry::TracingSettings {
-        crate::telemetry::TracingSettings {
+    pub fn settings(&self) -> invoker_telemetry::TracingSettings {
+        invoker_telemetry::TracingSettings {
             otlp_endpoint: self.otlp_endpoint.clone(),
             sample_ratio: self.sample_ratio,
             service_name: self.service_name.clone(),

@@ -3,16 +3,9 @@
 //! of its own; the [`Factory`] enum, selected by config, delegates to the one that runs, and
 //! nothing outside this module knows which one it is.
 
-mod cgroup;
 pub mod fn_bridge;
 #[cfg(feature = "test-util")]
 pub mod mock;
-mod pipe_lines;
-pub mod process;
-pub mod sandbox;
-mod snapshot;
-pub mod watchdog;
-mod zygote;
 
 #[cfg(feature = "docker")]
 use invoker_docker as docker;
@@ -27,7 +20,7 @@ use std::sync::Arc;
 
 #[derive(Clone)]
 pub enum Factory {
-    Process(process::ProcessFactory),
+    Process(invoker_process::ProcessFactory),
     #[cfg(feature = "docker")]
     Docker(docker::DockerFactory),
     #[cfg(feature = "mesos")]
@@ -81,7 +74,14 @@ impl Factory {
         use crate::config::FactoryKind;
         let _ = &store; // only the Mesos backend keeps anything
         Ok(match config.factory.kind {
-            FactoryKind::Process => Factory::Process(process::ProcessFactory::new(config, epoch)?),
+            FactoryKind::Process => Factory::Process(invoker_process::ProcessFactory::new(
+                &config.factory.process,
+                &config.kinds,
+                &config.invoker_id,
+                &config.data_dir,
+                config.source.as_deref(),
+                epoch,
+            )?),
             #[cfg(feature = "docker")]
             FactoryKind::Docker => {
                 let docker = &config.factory.docker;

@@ -8,8 +8,8 @@ pub mod runner;
 pub mod slot;
 
 use crate::metrics::Metrics;
-use crate::telemetry::ActivationTrace;
 use invoker_store::{DeadLetter, DocKind, QueuedCall, Store};
+use invoker_telemetry::ActivationTrace;
 use invoker_wire::model::{Action, ActivationMeta, ActivationRecord, EncodedRecord, KeyValue, Rejection};
 use queue::QueueTicket;
 use serde_json::{Map, Value};
@@ -309,7 +309,7 @@ impl CompletionInner {
             retry.decide(&mut record, &self.store, &self.metrics);
         }
         trace.ended(&record);
-        let _write = crate::stage_span!(trace, "record").entered();
+        let _write = invoker_telemetry::stage_span!(trace, "record").entered();
         self.metrics.activation_finished(&record);
         let record = EncodedRecord::new(record);
         if let Err(e) = self.store.finish(&record) {

@@ -11,7 +11,6 @@ use crate::job::runner::{Refused, Runner};
 use crate::job::RunJob;
 use crate::metrics::Metrics;
 use crate::proxy::{ContainerProxy, DiscardLog, Gone, Pause, ProxyContext, ProxyReport, Remove, Resume, Run};
-use crate::telemetry::TARGET;
 use actix::prelude::*;
 use futures_util::future::BoxFuture;
 use invoker_core::pool::{
@@ -23,6 +22,7 @@ use invoker_factory::contract::ContainerSpec;
 use invoker_factory::contract::Epoch;
 use invoker_factory::kinds::RuntimeProtocol;
 use invoker_ids::{ContainerId, CreateFailure, JobId, NodeId, NodeStatsUpdate, Time};
+use invoker_telemetry::TARGET;
 use invoker_wire::model::{Action, Rejection};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -484,7 +484,7 @@ fn reject(run: RunJob, reason: RejectReason) {
         }
         _ => rejection(reason).message(),
     };
-    crate::telemetry::failed(run.completion.trace().queued(), &why);
+    invoker_telemetry::failed(run.completion.trace().queued(), &why);
     run.reject_because(rejection(reason), &why);
 }
 
@@ -580,7 +580,7 @@ impl Handler<Submit> for ContainerPool {
             idle_timeout,
         };
         let mut run = run;
-        let queued = crate::stage_span!(run.completion.trace(), "queue");
+        let queued = invoker_telemetry::stage_span!(run.completion.trace(), "queue");
         run.completion.trace_mut().set_queued(queued);
         self.jobs.insert(id, run);
         self.apply(Event::Arrived(job), ctx);

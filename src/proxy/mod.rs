@@ -15,7 +15,6 @@ mod record;
 use crate::config::ProxyConfig;
 use crate::factory::Factory;
 use crate::job::RunJob;
-use crate::telemetry;
 use actix::prelude::*;
 pub use discard::DiscardLog;
 use invoker_factory::kinds::RuntimeProtocol;
@@ -229,7 +228,7 @@ impl ContainerProxy {
                 Ok(()) => true,
                 Err(failed) => {
                     let failure = act.interpret_init_failure(failed);
-                    telemetry::failed(&span, failure.result["error"].as_str().unwrap_or("init failed"));
+                    invoker_telemetry::failed(&span, failure.result["error"].as_str().unwrap_or("init failed"));
                     act.init_failure = Some(failure);
                     false
                 }
@@ -401,7 +400,7 @@ impl ContainerProxy {
             if !interpreted.reusable {
                 let said = interpreted.result["error"].as_str().unwrap_or_default();
                 let detail = failed.unwrap_or_else(|| said.to_string());
-                telemetry::failed(&running, &detail);
+                invoker_telemetry::failed(&running, &detail);
                 discards.discarded(container.0, &format!("{}/{}", run.meta.namespace, run.meta.name), why, &detail);
             }
             drop(running);
@@ -500,9 +499,15 @@ fn stage_span(run: &RunJob, container: ContainerId, stage: Stage) -> Span {
     let (trace, container) = (run.completion.trace(), container.0);
     match stage {
         Stage::Init => {
-            crate::stage_span!(trace, "init", container, "otel.status_code" = Empty, "otel.status_description" = Empty)
+            invoker_telemetry::stage_span!(
+                trace,
+                "init",
+                container,
+                "otel.status_code" = Empty,
+                "otel.status_description" = Empty
+            )
         }
-        Stage::Run => crate::stage_span!(
+        Stage::Run => invoker_telemetry::stage_span!(
             trace,
             "run",
             container,
@@ -510,7 +515,7 @@ fn stage_span(run: &RunJob, container: ContainerId, stage: Stage) -> Span {
             "otel.status_code" = Empty,
             "otel.status_description" = Empty
         ),
-        Stage::Logs => crate::stage_span!(trace, "logs", container),
+        Stage::Logs => invoker_telemetry::stage_span!(trace, "logs", container),
     }
 }
 
@@ -544,7 +549,7 @@ impl Actor for ContainerProxy {
         ctx.spawn(fut.into_actor(self).map(move |created, act, ctx| {
             act.create_ms = began.elapsed().as_millis() as u64;
             if let Err(reason) = &created {
-                telemetry::failed(&act.creating, &reason.to_string());
+                invoker_telemetry::failed(&act.creating, &reason.to_string());
             }
             if created.is_err() || act.ahead.is_none() {
                 act.creating = Span::none();

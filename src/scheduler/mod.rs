@@ -24,10 +24,10 @@ use crate::cluster::ClusterKv;
 use crate::config::Config;
 use crate::job::runner::{Refused, Runner};
 use crate::job::RunJob;
-use crate::telemetry::TraceParent;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use invoker_core::placement::{place, ActionNeeds, PlacementConfig};
+use invoker_telemetry::TraceParent;
 use invoker_wire::cluster::{cluster_revision, controller_wait, drain_key, DrainMark, InvokerRecord};
 use invoker_wire::model::{
     epoch_ms, Action, ActivationMessage, ActivationRecord, ControllerIndex, KeyValue, MessageAction, MessageKey,
@@ -262,7 +262,7 @@ impl Dispatcher {
                 }
             }
             attempt += 1;
-            let placing = crate::stage_span!(
+            let placing = invoker_telemetry::stage_span!(
                 run.completion.trace(),
                 "placement",
                 attempt = attempt - 1,
@@ -276,11 +276,11 @@ impl Dispatcher {
                 Ok(placed) => placed,
                 Err(why) if expires_at.is_some() => {
                     let message = self.expired(&run, &why.to_string());
-                    crate::telemetry::failed(&placing, &message);
+                    invoker_telemetry::failed(&placing, &message);
                     return run.reject_because(Rejection::Deadline, &with_refusals(message, &refusals));
                 }
                 Err(why) => {
-                    crate::telemetry::failed(&placing, &why.to_string());
+                    invoker_telemetry::failed(&placing, &why.to_string());
                     self.metrics.unavailable(Some(&why));
                     self.demand.refused(&tags, needs.memory_mb);
                     let message = with_refusals(why.to_string(), &refusals);
@@ -310,7 +310,7 @@ impl Dispatcher {
                 tried.insert(invoker);
                 continue;
             };
-            let handing = crate::stage_span!(
+            let handing = invoker_telemetry::stage_span!(
                 run.completion.trace(),
                 "handover",
                 "otel.kind" = "client",
@@ -335,7 +335,7 @@ impl Dispatcher {
                 _ = departure.cancelled() => Sent::Lost("it left the cluster (its lease expired)".into()),
             };
             if let Some(reason) = sent.failure() {
-                crate::telemetry::failed(&handing, reason);
+                invoker_telemetry::failed(&handing, reason);
             }
             drop(handing);
             self.leave(&invoker, &key, send);
@@ -594,7 +594,7 @@ impl Dispatcher {
                 body: Cow::Owned(base64::Engine::encode(&base64::engine::general_purpose::STANDARD, &r.body)),
             }),
             trace_context: traceparent.map(|t| {
-                BTreeMap::from([(Cow::Borrowed(crate::telemetry::HEADER), Cow::Owned(t.as_str().to_string()))])
+                BTreeMap::from([(Cow::Borrowed(invoker_telemetry::HEADER), Cow::Owned(t.as_str().to_string()))])
             }),
         };
         Bytes::from(serde_json::to_vec(&message).expect("a message serialises"))

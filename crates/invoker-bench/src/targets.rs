@@ -123,7 +123,7 @@ impl Direct {
     pub async fn start(exe: &Path, socket: &Path) -> anyhow::Result<(Direct, Duration)> {
         let began = Instant::now();
         // The interpreter the invoker's containers run, so that both sides run the same python.
-        let python = invoker::factory::sandbox::resolve_interpreter("python3").ok().flatten();
+        let python = invoker_process::sandbox::resolve_interpreter("python3").ok().flatten();
         let python = python.map_or_else(|| "python3".into(), |p| p.display().to_string());
         let child = Command::new(exe)
             .args(["action-runtime", "--launcher", "python", "--listen"])

@@ -71,7 +71,7 @@ pub(super) async fn call(client: &RuntimeClient, run: &RunJob, timeout: Duration
     // run span's children.
     let traceparent = run.completion.trace().to_action().map(|t| t.as_str());
     let ours = [("fn-call-id", Some(run.meta.activation_id.as_str())), ("fn-deadline", Some(deadline.as_str()))];
-    for (name, value) in ours.into_iter().chain([(crate::telemetry::HEADER, traceparent)]) {
+    for (name, value) in ours.into_iter().chain([(invoker_telemetry::HEADER, traceparent)]) {
         if let Some(Ok(value)) = value.map(HeaderValue::try_from) {
             headers.insert(HeaderName::from_static(name), value);
         }

@@ -9,13 +9,26 @@
 //! or not; and every live container is recorded in `data_dir/processes/<invoker_id>/`, so that
 //! a restart kills what an earlier run of the same invoker left (its cgroups, and the recorded
 //! process groups whose environment names this invoker), and nothing else.
+//!
+//! It takes its own section of the config (`[factory.process]`) and the kinds it runs, as the
+//! other backends take theirs; it depends on the factory contract and the project's own
+//! runtime (run in place by the sandbox), never on the invoker.
 
-use super::cgroup::ContainerCgroups;
-use super::pipe_lines::PipeLines;
-use super::sandbox::{resolve_interpreter, SandboxArgs, ACTION_PATH};
-use super::watchdog::{remove_left, Watchdog, WatchdogArgs};
-use super::zygote::{ForkRequest, Zygote};
-use crate::config::Config;
+// One audited exception: `sandbox` (the container's namespaces, mounts and limits).
+#![deny(unsafe_code)]
+
+mod cgroup;
+mod pipe_lines;
+pub mod sandbox;
+mod snapshot;
+pub mod watchdog;
+mod zygote;
+
+use crate::cgroup::ContainerCgroups;
+use crate::pipe_lines::PipeLines;
+use crate::sandbox::{resolve_interpreter, SandboxArgs, ACTION_PATH};
+use crate::watchdog::{remove_left, Watchdog, WatchdogArgs};
+use crate::zygote::{ForkRequest, Zygote};
 use invoker_factory::contract::{
     ContainerFactory, ContainerHandle, ContainerSpec, Epoch, FunctionStart, StatsReceiver, Transport,
 };
@@ -39,7 +52,7 @@ use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
@@ -112,11 +125,20 @@ fn unfit(setting: &str, why: impl Into<String>) -> SetupError {
 
 impl ProcessFactory {
     /// Sets up the factory and kills what an earlier run of this invoker left behind.
-    pub fn new(config: &Config, epoch: Epoch) -> Result<Self, FactoryError> {
+    /// `kinds` are the runtimes it starts; `data_dir` holds the live containers' record (under
+    /// `processes/<invoker_id>`); no action may see `data_dir` or `config_file`.
+    pub fn new(
+        settings: &ProcessFactoryConfig,
+        kinds: &BTreeMap<String, KindConfig>,
+        invoker_id: &str,
+        data_dir: &Path,
+        config_file: Option<&Path>,
+        epoch: Epoch,
+    ) -> Result<Self, FactoryError> {
         // Before anything of an earlier run of this id is touched: see `id_lock.rs`.
-        let id = IdLock::take(&config.invoker_id).map_err(setup_error)?;
-        let settings = config.factory.process.clone();
-        let pid_dir = config.data_dir.join("processes").join(&config.invoker_id);
+        let id = IdLock::take(invoker_id).map_err(setup_error)?;
+        let settings = settings.clone();
+        let pid_dir = data_dir.join("processes").join(invoker_id);
         let pid_dir = std::path::absolute(&pid_dir).map_err(|e| setup_error(at(&pid_dir)(e)))?;
         // A socket path must fit in sun_path (108 bytes) with `/<container id>/sock` appended.
         if pid_dir.as_os_str().len() > 80 {
@@ -135,7 +157,7 @@ impl ProcessFactory {
         }
         let executable = std::env::current_exe()
             .map_err(|e| setup_error(SetupError::Failed { what: "the invoker's own executable", source: e.into() }))?;
-        let cgroups = ContainerCgroups::detect(settings.cgroup_root.as_deref(), &config.invoker_id);
+        let cgroups = ContainerCgroups::detect(settings.cgroup_root.as_deref(), invoker_id);
         if settings.require_memory_limit {
             if let Err(reason) = &cgroups {
                 return Err(setup_error(unfit("factory.process.require_memory_limit", format!("set, but {reason}"))));
@@ -179,7 +201,7 @@ impl ProcessFactory {
             probe_sandbox(&executable, &pid_dir, range)?;
         }
         if uids.is_none() {
-            if let Some((name, _)) = config.kinds.iter().find(|(_, k)| k.network == Network::Isolated) {
+            if let Some((name, _)) = kinds.iter().find(|(_, k)| k.network == Network::Isolated) {
                 return Err(setup_error(unfit(
                     &format!("kinds.\"{name}\".network"),
                     "\"isolated\" gives each container a network namespace of its own, which only the isolated \
@@ -187,10 +209,10 @@ impl ProcessFactory {
                 )));
             }
         }
-        let env = runtime_env(&config.kinds, uids.is_some())?;
+        let env = runtime_env(kinds, uids.is_some())?;
         if settings.transport == TransportKind::Tcp {
             let own: Vec<&str> =
-                config.kinds.iter().filter(|(_, k)| k.network == Network::None).map(|(n, _)| n.as_str()).collect();
+                kinds.iter().filter(|(_, k)| k.network == Network::None).map(|(n, _)| n.as_str()).collect();
             if !own.is_empty() {
                 tracing::info!(
                     kinds = own.join(", "),
@@ -201,12 +223,12 @@ impl ProcessFactory {
         }
         // What an earlier run of this invoker left goes (its watchdog and zygote included; see
         // `watchdog.rs`) before this run's watchdog and zygote start.
-        let killed = remove_left(&config.invoker_id, &pid_dir, cgroups.as_ref().ok());
+        let killed = remove_left(invoker_id, &pid_dir, cgroups.as_ref().ok());
         if killed > 0 {
             tracing::info!(killed, "removed runtime processes left by an earlier run of this invoker");
         }
         let watchdog_args = WatchdogArgs {
-            invoker_id: config.invoker_id.clone(),
+            invoker_id: invoker_id.to_string(),
             pid_dir: pid_dir.clone(),
             cgroup_root: settings.cgroup_root.clone(),
         };
@@ -216,18 +238,18 @@ impl ProcessFactory {
         // Without it python containers start their own launcher, a little slower: no reason to
         // refuse the start (a full disk, say).
         let zygote = match uids {
-            Some(_) => start_zygote(&env, &config.invoker_id, &pid_dir, &config.kinds).unwrap_or_else(|e| {
+            Some(_) => start_zygote(&env, invoker_id, &pid_dir, kinds).unwrap_or_else(|e| {
                 tracing::warn!("{e}; python containers start without it");
                 None
             }),
             None => None,
         };
-        let node_snapshot = build_node_snapshot(&env, &pid_dir, &config.kinds)?;
+        let node_snapshot = build_node_snapshot(&env, &pid_dir, kinds)?;
         let masked: Vec<PathBuf> =
-            config.source.iter().cloned().chain(std::path::absolute(&config.data_dir).ok()).collect();
+            config_file.map(Path::to_path_buf).into_iter().chain(std::path::absolute(data_dir).ok()).collect();
         // A kind's `paths` are bound after the masks: one holding the config or the store would
         // show every tenant's records to its actions.
-        for (name, kind) in &config.kinds {
+        for (name, kind) in kinds {
             let exposed = kind
                 .paths
                 .iter()
@@ -251,9 +273,9 @@ impl ProcessFactory {
         let (gone, gone_rx) = mpsc::channel(GONE_BACKLOG);
         let factory = ProcessFactory {
             inner: Arc::new(Inner {
-                invoker_id: config.invoker_id.clone(),
+                invoker_id: invoker_id.to_string(),
                 settings,
-                kinds: config.kinds.clone(),
+                kinds: kinds.clone(),
                 executable,
                 pid_dir,
                 cgroups,
@@ -392,7 +414,7 @@ impl ContainerFactory for ProcessFactory {
                 work: &work,
                 socket: &adopt,
                 wait_ms: inner.settings.ready_timeout.as_millis() as u64,
-                open_files: super::sandbox::CONTAINER_OPEN_FILES,
+                open_files: crate::sandbox::CONTAINER_OPEN_FILES,
                 env: env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect(),
             };
             Some(zygote.fork(&request).await)
@@ -771,7 +793,7 @@ fn build_node_snapshot(
 ) -> Result<Option<PathBuf>, FactoryError> {
     let Some((name, _)) = kinds.iter().find(|(_, k)| k.snapshot) else { return Ok(None) };
     let node = env.iter().find(|(k, _)| k == "INVOKER_NODE").map_or("node", |(_, v)| v.as_str());
-    let blob = super::snapshot::build(std::path::Path::new(node), &pid_dir.join("snapshot"))
+    let blob = crate::snapshot::build(std::path::Path::new(node), &pid_dir.join("snapshot"))
         .map_err(|e| setup_error(unfit(&format!("kinds.\"{name}\".snapshot"), e.to_string())))?;
     tracing::info!(blob = %blob.display(), "built the node launcher's startup snapshot");
     Ok(Some(blob))

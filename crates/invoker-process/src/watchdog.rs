@@ -15,7 +15,7 @@
 //! A restart kills an earlier run's watchdog with the rest (it is recorded as
 //! `watchdog.pid` under the invoker's id), so it cannot outlive its run into the next one.
 
-use super::cgroup::ContainerCgroups;
+use crate::cgroup::ContainerCgroups;
 use clap::Args;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;

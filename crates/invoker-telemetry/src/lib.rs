@@ -7,6 +7,11 @@
 //!
 //! Why a span and not a timestamp in the record: a trace crosses processes (scheduler,
 //! invoker, the action), and a collector already knows how to draw it.
+//!
+//! A crate below everything that makes spans (the intake, the proxies, the scheduler, the
+//! etcd client), so that each names the same target and shapes.
+
+#![forbid(unsafe_code)]
 
 mod activation;
 mod sampling;
@@ -47,7 +52,7 @@ macro_rules! stage_span {
         if parent.is_disabled() {
             tracing::Span::none()
         } else {
-            tracing::info_span!(target: $crate::telemetry::TARGET, parent: parent, $name $(, $($fields)*)?)
+            tracing::info_span!(target: $crate::TARGET, parent: parent, $name $(, $($fields)*)?)
         }
     }};
 }
@@ -82,8 +87,8 @@ pub struct Telemetry {
     provider: Option<SdkTracerProvider>,
 }
 
-/// What `[tracing]` says (`crate::config::TracingConfig`), handed over by `main`: this module
-/// depends on no config (the cluster's files it traces import it).
+/// What `[tracing]` says (the invoker's `config::TracingConfig`), handed over by `main`: this
+/// crate depends on no config (the cluster's files it traces import it).
 #[derive(Clone, Debug, Default)]
 pub struct TracingSettings {
     pub otlp_endpoint: String,

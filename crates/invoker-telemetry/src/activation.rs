@@ -137,7 +137,7 @@ impl ActivationTrace {
     }
 
     /// The activation's span here; disabled when tracing is off or its trace sampled out, and
-    /// then its stages get none either ([`crate::stage_span`]).
+    /// then its stages get none either ([`crate::stage_span!`]).
     pub fn span(&self) -> &Span {
         self.0.as_ref().map_or(&NO_SPAN, |t| &t.span)
     }
