@@ -5,7 +5,6 @@
 
 use crate::activation::ActivationService;
 use crate::api::AppState;
-use crate::cluster::etcd::{Etcd, EtcdError};
 use crate::cluster::fetch::RemoteActions;
 use crate::cluster::registry::{Identity, Registrar, RegistryError};
 use crate::config::Config;
@@ -15,6 +14,7 @@ use crate::metrics::Metrics;
 use crate::pool::actor::{ContainerPool, PoolHandle};
 use crate::scheduler::presence::Presence;
 use crate::scheduler::Dispatcher;
+use invoker_etcd::client::{Etcd, EtcdError};
 use invoker_factory::contract::ContainerFactory;
 use invoker_factory::contract::Epoch;
 use invoker_factory::error::FactoryError;
@@ -179,7 +179,7 @@ impl InvokerApp {
             let kv = Etcd::new(&config.cluster.etcd)?;
             let prefix = config.cluster.prefix.clone();
             let mine = invoker_wire::cluster::provisioned_prefix(&prefix, &config.invoker_id);
-            let asks = crate::cluster::ClusterKv::mirror(&kv, &mine, following.clone());
+            let asks = invoker_etcd::kv::ClusterKv::mirror(&kv, &mine, following.clone());
             let remote = Arc::new(RemoteActions::new(kv, prefix.clone(), key, action_cache_bytes(&config)));
             state = state.with_remote_actions(remote.clone());
             let (id, pool, stop) = (config.invoker_id.clone(), pool.clone(), following.clone());

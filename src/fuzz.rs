@@ -365,7 +365,7 @@ fn etcd_watch(bytes: &[u8]) {
     let objects = serde_json::Deserializer::from_slice(bytes).into_iter::<serde_json::Value>();
     for object in objects {
         let Ok(object) = object else { break };
-        let _ = crate::cluster::etcd::watch_news(&object);
+        let _ = invoker_etcd::client::watch_news(&object);
     }
 }
 

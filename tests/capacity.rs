@@ -359,7 +359,7 @@ async fn keep_busy(api: &str) {
 #[tokio::test(flavor = "multi_thread")]
 #[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
 async fn managers_that_hand_over_stop_reap_and_clean_what_they_find() {
-    use invoker::cluster::ClusterKv;
+    use invoker_etcd::kv::ClusterKv;
     let Some(etcd) = EtcdServer::start() else { return };
     let kv = etcd.kv();
     let (dir, other) = (tempdir(), tempdir());
@@ -599,7 +599,7 @@ struct FakeManaged {
 
 #[cfg(feature = "test-util")]
 impl FakeManaged {
-    fn start(kv: &invoker::cluster::etcd::Etcd, capacity: &str) -> FakeManaged {
+    fn start(kv: &invoker_etcd::client::Etcd, capacity: &str) -> FakeManaged {
         use invoker::capacity::manager::{Manager, ManagerSettings};
         use invoker::capacity::plane::{fake::FakePlane, AnyPlane};
         let config = invoker::config::Config::from_toml(capacity).unwrap();
@@ -635,7 +635,7 @@ impl FakeManaged {
 #[tokio::test(flavor = "multi_thread")]
 #[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
 async fn the_manager_step_by_step_on_the_fake_control_plane() {
-    use invoker::cluster::ClusterKv;
+    use invoker_etcd::kv::ClusterKv;
     use invoker_wire::cluster::Health;
     use invoker_wire::cluster::{DemandReport, InvokerRecord, Needs, NodeHeadroom, TagNeeds};
     let Some(etcd) = EtcdServer::start() else { return };
@@ -765,7 +765,7 @@ async fn the_manager_step_by_step_on_the_fake_control_plane() {
 #[tokio::test(flavor = "multi_thread")]
 #[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
 async fn a_burst_is_answered_between_ticks() {
-    use invoker::cluster::ClusterKv;
+    use invoker_etcd::kv::ClusterKv;
     use invoker_wire::cluster::{DemandReport, Needs, TagNeeds};
     let Some(etcd) = EtcdServer::start() else { return };
     let kv = etcd.kv();

@@ -6,8 +6,8 @@
 
 mod support;
 
-use invoker::cluster::etcd::Etcd;
-use invoker::cluster::ClusterKv;
+use invoker_etcd::client::Etcd;
+use invoker_etcd::kv::ClusterKv;
 use invoker_wire::cluster::Health;
 use invoker_wire::cluster::{DrainMark, InvokerRecord};
 use serde_json::json;

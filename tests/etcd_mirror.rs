@@ -5,8 +5,8 @@
 
 mod support;
 
-use invoker::cluster::mirror::{mirror, Snapshot, Source, Watch, WatchEnd, WatchNews};
-use invoker::cluster::ClusterKv;
+use invoker_etcd::kv::ClusterKv;
+use invoker_etcd::mirror::{mirror, Snapshot, Source, Watch, WatchEnd, WatchNews};
 use std::time::Duration;
 use support::etcd::EtcdServer;
 use tokio::sync::watch;
@@ -90,13 +90,13 @@ async fn a_frozen_etcd_is_noticed_by_a_quiet_watch_and_followed_again_once_thawe
 async fn a_watch_on_a_frozen_member_of_three_is_replaced_on_a_member_that_serves() {
     let Some(members) = EtcdServer::start_cluster(3) else { return };
     let urls: Vec<String> = members.iter().map(EtcdServer::url).collect();
-    let kv = invoker::cluster::etcd::Etcd::new(&urls).unwrap();
+    let kv = invoker_etcd::client::Etcd::new(&urls).unwrap();
     put_until_done(&kv, "/m/before", "1").await;
     // The mirror's own client, made once the first member serves reads: it starts there (a
     // client that found the first member slow while the cluster elected its leader would start
     // at another, and the freeze below would not be of the watch's member).
     put_until_done(&members[0].kv(), "/m/first-serves", "1").await;
-    let watching = invoker::cluster::etcd::Etcd::new(&urls).unwrap();
+    let watching = invoker_etcd::client::Etcd::new(&urls).unwrap();
     let stop = CancellationToken::new();
     let mut snapshots = mirror(watching, "/m/".into(), stop.clone());
     until(&mut snapshots, "the first range", |s| s.current && has(s, "/m/before", "1")).await;
@@ -117,7 +117,7 @@ async fn a_watch_on_a_frozen_member_of_three_is_replaced_on_a_member_that_serves
 }
 
 /// A put retried while the cluster elects a leader (a frozen leader's followers take a second).
-async fn put_until_done(kv: &invoker::cluster::etcd::Etcd, key: &str, value: &str) {
+async fn put_until_done(kv: &invoker_etcd::client::Etcd, key: &str, value: &str) {
     for _ in 0..40 {
         if kv.put(key, value, None).await.is_ok() {
             return;

@@ -8,7 +8,7 @@
 
 mod support;
 
-use invoker::cluster::ClusterKv;
+use invoker_etcd::kv::ClusterKv;
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
 use std::sync::Arc;

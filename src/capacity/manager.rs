@@ -7,15 +7,15 @@
 //! operators' drain keys, which every scheduler already honours.
 
 use super::metrics::{CapacityMetrics, DecisionLabel, GroupLabel, GroupState};
-use crate::cluster::etcd::LeaseId;
-use crate::cluster::mirror::Snapshot;
 use crate::cluster::registry::{claim_key, RegistryError};
-use crate::cluster::ClusterKv;
 use crate::config::CapacityConfig;
 use invoker_core::capacity::packing::{packed_demand_mb, CallsByMb};
 use invoker_core::capacity::GroupConfig;
 use invoker_core::capacity::{Action, Decision, Event, GroupCore, GroupCounts, GroupSpec, MemberState, Sighting};
 use invoker_core::predictor::{AnyPredictor, Predictor};
+use invoker_etcd::kv::ClusterKv;
+use invoker_etcd::kv::LeaseId;
+use invoker_etcd::mirror::Snapshot;
 use invoker_factory::plane::{ControlPlane, InvokerSpec};
 use invoker_wire::cluster::Health;
 use invoker_wire::cluster::{capacity_leader_key, drain_key, DemandReport, DrainMark, InvokerRecord};

@@ -4,11 +4,11 @@
 //! controller key to its internal route); later ones find it here. Kept apart from the
 //! invoker's own store: nothing fetched is listed or served by the invoker's REST routes.
 
-use super::etcd::Etcd;
-use super::ClusterKv;
 use base64::Engine as _;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty, Limited};
+use invoker_etcd::client::Etcd;
+use invoker_etcd::kv::ClusterKv;
 use invoker_store::action_cache::ActionCache;
 use invoker_wire::cluster::authority;
 use invoker_wire::cluster::{cluster_revision, scheduler_key, SchedulerRecord};

@@ -2,16 +2,12 @@
 //! under a lease (its API address, tags, health and headroom, and the containers it holds, in
 //! the key layout of OpenWhisk's scheduler), so a scheduler can place activations across
 //! invokers. Nothing here is on an activation's path: registration runs beside the pool and
-//! never slows or fails an activation, whatever etcd does.
+//! never slows or fails an activation, whatever etcd does. etcd itself (the client, the trait
+//! the cluster layer is written against, a mirrored prefix) is `invoker_etcd`'s.
 
-pub mod etcd;
 pub mod fetch;
-mod kv;
-pub mod mirror;
 pub mod provisioned;
 pub mod registry;
-
-pub use kv::{ClusterKv, LeaseId};
 
 /// This machine's boot: with a pid, it names one process of one boot of one machine.
 pub fn boot_id() -> String {

@@ -6,8 +6,8 @@
 //! old one's containers go. A fetch that fails is tried again at the next reading.
 
 use super::fetch::RemoteActions;
-use super::mirror::Snapshot;
 use crate::pool::actor::PoolHandle;
+use invoker_etcd::mirror::Snapshot;
 use invoker_wire::cluster::{parse_provisioned_key, provisioned_prefix, ProvisionedEntry};
 use invoker_wire::model::Action;
 use std::collections::BTreeMap;

@@ -5,12 +5,13 @@
 //! a failure is logged, and once etcd answers again a lease that expired meanwhile is replaced
 //! and every key is put again.
 
-use super::etcd::LeaseId;
-use super::{boot_id, ClusterKv};
+use super::boot_id;
 use crate::activation::ActivationService;
 use crate::config::ClusterConfig;
 use crate::pool::actor::PoolHandle;
 use crate::pool::status::ContainerSummary;
+use invoker_etcd::kv::ClusterKv;
+use invoker_etcd::kv::LeaseId;
 use invoker_wire::cluster::Health;
 use invoker_wire::cluster::{container_key, drain_key, invoker_key, DrainMark, InvokerRecord, NodeHeadroom};
 use std::collections::BTreeMap;

@@ -6,8 +6,8 @@
 //! once, within that bound, when an activation starts waiting), off the activation path, under
 //! a lease of its own.
 
-use crate::cluster::ClusterKv;
 use invoker_core::capacity::packing::CallTally;
+use invoker_etcd::kv::ClusterKv;
 use invoker_wire::cluster::{demand_key, DemandReport, Needs, TagNeeds};
 use invoker_wire::model::epoch_ms;
 use parking_lot::Mutex;

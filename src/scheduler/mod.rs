@@ -18,15 +18,15 @@ pub mod send;
 pub mod stalls;
 pub mod view;
 
-use crate::cluster::etcd::Etcd;
-use crate::cluster::mirror::Snapshot;
-use crate::cluster::ClusterKv;
 use crate::config::Config;
 use crate::job::runner::{Refused, Runner};
 use crate::job::RunJob;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use invoker_core::placement::{place, ActionNeeds, PlacementConfig};
+use invoker_etcd::client::Etcd;
+use invoker_etcd::kv::ClusterKv;
+use invoker_etcd::mirror::Snapshot;
 use invoker_telemetry::TraceParent;
 use invoker_wire::cluster::{cluster_revision, controller_wait, drain_key, DrainMark, InvokerRecord};
 use invoker_wire::model::{
@@ -739,7 +739,7 @@ impl Dispatcher {
     /// Marks `invoker` drained (`drain`) or takes it back, for every scheduler (the key lives in
     /// etcd, and the invoker keeps the operator's word should etcd lose it); this scheduler's
     /// view follows at once.
-    pub async fn set_drained(&self, invoker: &str, drain: bool) -> Result<(), crate::cluster::etcd::EtcdError> {
+    pub async fn set_drained(&self, invoker: &str, drain: bool) -> Result<(), invoker_etcd::client::EtcdError> {
         let key = drain_key(&self.prefix, invoker);
         self.kv.put(&key, &DrainMark::operator(drain, epoch_ms()).to_value(), None).await?;
         let seen = |s: &Snapshot| s.current && s.entries.get(&key).is_some_and(|v| DrainMark::read(v).drained == drain);

@@ -2,9 +2,10 @@
 //! there when they fetch an action it sent them. The id is unique, as an invoker's is: a second
 //! scheduler with a live one's id refuses to start.
 
-use crate::cluster::etcd::LeaseId;
+use crate::cluster::boot_id;
 use crate::cluster::registry::{claim_key, RegistryError};
-use crate::cluster::{boot_id, ClusterKv};
+use invoker_etcd::kv::ClusterKv;
+use invoker_etcd::kv::LeaseId;
 use invoker_wire::cluster::{scheduler_key, SchedulerRecord};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;

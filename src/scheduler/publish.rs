@@ -5,7 +5,7 @@
 use super::demand::Stage;
 use super::provisioned::assign;
 use super::Dispatcher;
-use crate::cluster::{ClusterKv, LeaseId};
+use invoker_etcd::kv::{ClusterKv, LeaseId};
 use invoker_wire::cluster::{cluster_revision, provisioned_key, Health, ProvisionedEntry};
 use std::collections::BTreeMap;
 use std::sync::Arc;

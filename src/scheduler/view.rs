@@ -5,8 +5,8 @@
 //! etcd away freezes the picture: the invokers last seen keep their work, and those whose
 //! leases expired meanwhile are placed on for a grace after etcd answers again (`Directory`).
 
-use crate::cluster::ClusterKv;
 use invoker_core::placement::InvokerView;
+use invoker_etcd::kv::ClusterKv;
 use invoker_wire::cluster::Health;
 use invoker_wire::cluster::InvokerRecord;
 use parking_lot::{Mutex, RwLock};

@@ -1,7 +1,7 @@
 //! A real etcd for the cluster tests: one member per test on free loopback ports, with a data
 //! dir that survives a stop and a start.
 
-use invoker::cluster::etcd::Etcd;
+use invoker_etcd::client::Etcd;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 

@@ -1,7 +1,7 @@
 //! What the cluster layer asks of etcd, as a trait: the registry, the schedulers and the
-//! capacity manager are written against it, and [`super::etcd::Etcd`] is the real one.
+//! capacity manager are written against it, and [`crate::client::Etcd`] is the real one.
 
-use super::mirror::Snapshot;
+use crate::mirror::Snapshot;
 use std::future::Future;
 use std::time::Duration;
 
@@ -9,7 +9,7 @@ use std::time::Duration;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LeaseId(pub i64);
 
-/// The few etcd operations the cluster layer needs; [`super::etcd::Etcd`] is the real one, and the
+/// The few etcd operations the cluster layer needs; [`crate::client::Etcd`] is the real one, and the
 /// tests run against a real etcd (there is no fake).
 pub trait ClusterKv: Send + Sync + 'static {
     type Error: std::error::Error + Send + Sync + 'static;
@@ -30,7 +30,7 @@ pub trait ClusterKv: Send + Sync + 'static {
     fn get(&self, key: &str) -> impl Future<Output = Result<Option<(String, LeaseId)>, Self::Error>> + Send;
     fn get_prefix(&self, prefix: &str) -> impl Future<Output = Result<Vec<(String, String)>, Self::Error>> + Send;
     fn delete(&self, key: &str) -> impl Future<Output = Result<(), Self::Error>> + Send;
-    /// `prefix` kept in memory until `stop` ([`super::mirror::mirror`]).
+    /// `prefix` kept in memory until `stop` ([`crate::mirror::mirror`]).
     fn mirror(&self, prefix: &str, stop: tokio_util::sync::CancellationToken)
         -> tokio::sync::watch::Receiver<Snapshot>;
 }

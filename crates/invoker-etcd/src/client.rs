@@ -2,9 +2,8 @@
 //! over the hyper client the invoker already has: no gRPC stack and no `protoc` for a few calls
 //! every half second. Keys and values travel base64-encoded, as the gateway wants.
 
-use super::kv::ClusterKv;
-pub use super::kv::LeaseId;
-use super::mirror::{Change, Ranged, Source, Watch, WatchEnd, WatchNews};
+use crate::kv::{ClusterKv, LeaseId};
+use crate::mirror::{Change, Ranged, Source, Watch, WatchEnd, WatchNews};
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine as _;
 use bytes::Bytes;
@@ -360,7 +359,7 @@ impl ClusterKv for Etcd {
         prefix: &str,
         stop: tokio_util::sync::CancellationToken,
     ) -> tokio::sync::watch::Receiver<super::mirror::Snapshot> {
-        super::mirror::mirror(self.clone(), prefix.to_string(), stop)
+        crate::mirror::mirror(self.clone(), prefix.to_string(), stop)
     }
 }
 
