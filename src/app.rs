@@ -6,7 +6,7 @@
 use crate::activation::ActivationService;
 use crate::api::AppState;
 use crate::cluster::fetch::RemoteActions;
-use crate::cluster::registry::{Identity, Registrar, RegistryError};
+use crate::cluster::registry::{Identity, Registrar};
 use crate::config::Config;
 use crate::factory::Factory;
 use crate::job::queue::{QueueBounds, QueueSettings};
@@ -14,6 +14,7 @@ use crate::metrics::Metrics;
 use crate::pool::actor::{ContainerPool, PoolHandle};
 use crate::scheduler::presence::Presence;
 use crate::scheduler::Dispatcher;
+use invoker_etcd::claim::ClaimError;
 use invoker_etcd::client::{Etcd, EtcdError};
 use invoker_factory::contract::ContainerFactory;
 use invoker_factory::contract::Epoch;
@@ -37,7 +38,7 @@ pub enum AppError {
     #[error(transparent)]
     Etcd(#[from] EtcdError),
     #[error(transparent)]
-    Registry(#[from] RegistryError),
+    Registry(#[from] ClaimError),
     /// What a scheduler or a capacity manager needs and its config lacks.
     #[error("{0}")]
     Config(&'static str),
@@ -274,7 +275,7 @@ impl SchedulerApp {
             Presence::new(Etcd::new(&cluster.etcd)?, &cluster.prefix, &config.scheduler.id, api, cluster.lease_ttl);
         match presence.claim().await {
             Ok(()) => {}
-            Err(e @ RegistryError::IdTaken { .. }) => return Err(e.into()),
+            Err(e @ ClaimError::IdTaken { .. }) => return Err(e.into()),
             Err(e) => tracing::warn!("not registered in etcd yet: {e}; serving, and retrying"),
         }
         let dispatcher = Arc::new(Dispatcher::new(&config, Etcd::new(&cluster.etcd)?, &key));
@@ -573,7 +574,7 @@ async fn register(config: &Config, addr: SocketAddr) -> Result<Option<Registrar<
         .with_drain_file(config.data_dir.join("operator-drain"));
     match registrar.claim().await {
         Ok(()) => tracing::info!(etcd = cluster.etcd.join(","), "registered in the cluster"),
-        Err(e @ RegistryError::IdTaken { .. }) => return Err(e.into()),
+        Err(e @ ClaimError::IdTaken { .. }) => return Err(e.into()),
         Err(e) => tracing::warn!("not registered in the cluster yet: {e}; serving, and retrying"),
     }
     Ok(Some(registrar))

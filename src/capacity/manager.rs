@@ -7,12 +7,12 @@
 //! operators' drain keys, which every scheduler already honours.
 
 use super::metrics::{CapacityMetrics, DecisionLabel, GroupLabel, GroupState};
-use crate::cluster::registry::{claim_key, RegistryError};
 use crate::config::CapacityConfig;
 use invoker_core::capacity::packing::{packed_demand_mb, CallsByMb};
 use invoker_core::capacity::GroupConfig;
 use invoker_core::capacity::{Action, Decision, Event, GroupCore, GroupCounts, GroupSpec, MemberState, Sighting};
 use invoker_core::predictor::{AnyPredictor, Predictor};
+use invoker_etcd::claim::{claim_key, ClaimError};
 use invoker_etcd::kv::ClusterKv;
 use invoker_etcd::kv::LeaseId;
 use invoker_etcd::mirror::Snapshot;
@@ -257,7 +257,7 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
     async fn acquire(&self, stop: &CancellationToken) -> Option<LeaseId> {
         let key = capacity_leader_key(&self.settings.prefix);
         let record =
-            LeaderRecord { api: &self.settings.api, boot_id: crate::cluster::boot_id(), pid: std::process::id() };
+            LeaderRecord { api: &self.settings.api, boot_id: invoker_etcd::claim::boot_id(), pid: std::process::id() };
         let value = serde_json::to_string(&record).expect("a record serialises");
         let mut said_standby = false;
         // A standby claims again as soon as the leader's key goes (its lease revoked or
@@ -268,7 +268,7 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
         loop {
             let claimed = async {
                 let lease =
-                    self.kv.grant(self.settings.lease_ttl).await.map_err(|e| RegistryError::Etcd(e.to_string()))?;
+                    self.kv.grant(self.settings.lease_ttl).await.map_err(|e| ClaimError::Etcd(e.to_string()))?;
                 match claim_key(&self.kv, &key, &value, lease, ("capacity manager", "[capacity]", "leader")).await {
                     Ok(()) => Ok(lease),
                     Err(e) => {
@@ -279,7 +279,7 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
             };
             let taken = match claimed.await {
                 Ok(lease) => return Some(lease),
-                Err(RegistryError::IdTaken { api, pid, .. }) => {
+                Err(ClaimError::IdTaken { api, pid, .. }) => {
                     if !said_standby {
                         tracing::info!("standby: the active capacity manager is {api} (pid {pid})");
                         said_standby = true;

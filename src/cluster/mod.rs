@@ -8,8 +8,3 @@
 pub mod fetch;
 pub mod provisioned;
 pub mod registry;
-
-/// This machine's boot: with a pid, it names one process of one boot of one machine.
-pub fn boot_id() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/random/boot_id").map(|s| s.trim().to_string()).unwrap_or_default()
-}

@@ -5,11 +5,11 @@
 //! a failure is logged, and once etcd answers again a lease that expired meanwhile is replaced
 //! and every key is put again.
 
-use super::boot_id;
 use crate::activation::ActivationService;
 use crate::config::ClusterConfig;
 use crate::pool::actor::PoolHandle;
 use crate::pool::status::ContainerSummary;
+use invoker_etcd::claim::{boot_id, claim_key, ClaimError};
 use invoker_etcd::kv::ClusterKv;
 use invoker_etcd::kv::LeaseId;
 use invoker_wire::cluster::Health;
@@ -18,17 +18,6 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
-
-#[derive(Debug, thiserror::Error)]
-pub enum RegistryError {
-    #[error(
-        "{what} id '{id}' is held by a live {what} (api {api}, pid {pid}); {what} ids must be unique: \
-         choose another {flag}"
-    )]
-    IdTaken { what: &'static str, flag: &'static str, id: String, api: String, pid: u32 },
-    #[error("etcd: {0}")]
-    Etcd(String),
-}
 
 /// What the registration says of this invoker besides the pool's state.
 #[derive(Clone, Debug)]
@@ -97,12 +86,12 @@ impl<K: ClusterKv> Registrar<K> {
     /// An operator's mark is kept; with none in etcd while the kept one drains (etcd restarted
     /// empty, or a member lost its data), the kept one is put back: the operator's drain stands
     /// until the operator takes it back.
-    async fn drained(&mut self, value: Option<&str>) -> Result<bool, RegistryError> {
+    async fn drained(&mut self, value: Option<&str>) -> Result<bool, ClaimError> {
         let Some(mark) = value.map(DrainMark::read) else {
             let Some(kept) = self.operator_drain.as_ref().filter(|m| m.drained) else { return Ok(false) };
             tracing::warn!(invoker = %self.identity.invoker_id, "etcd lost the operator's drain of this invoker; putting it back");
             let drain = drain_key(&self.config.prefix, &self.identity.invoker_id);
-            self.kv.put(&drain, &kept.to_value(), None).await.map_err(|e| RegistryError::Etcd(e.to_string()))?;
+            self.kv.put(&drain, &kept.to_value(), None).await.map_err(|e| ClaimError::Etcd(e.to_string()))?;
             return Ok(true);
         };
         if mark.by_operator() && self.operator_drain.as_ref() != Some(&mark) {
@@ -140,8 +129,8 @@ impl<K: ClusterKv> Registrar<K> {
 
     /// Puts a key for each container that runs an action (warm affinity for the schedulers)
     /// and deletes the keys of those gone.
-    async fn sync_containers(&mut self, warm: &[ContainerSummary], lease: LeaseId) -> Result<(), RegistryError> {
-        let etcd = |e: K::Error| RegistryError::Etcd(e.to_string());
+    async fn sync_containers(&mut self, warm: &[ContainerSummary], lease: LeaseId) -> Result<(), ClaimError> {
+        let etcd = |e: K::Error| ClaimError::Etcd(e.to_string());
         let mut now: BTreeMap<u64, (String, u32)> = BTreeMap::new();
         for c in warm {
             let Some((ns, action)) = c.action.split_once('/') else { continue };
@@ -168,15 +157,15 @@ impl<K: ClusterKv> Registrar<K> {
     /// Takes the invoker's key under a new lease. A key held by a live invoker is refused;
     /// one held by a dead run of this invoker on this machine (a crash, then a restart within
     /// the lease's TTL) is taken over.
-    pub async fn claim(&mut self) -> Result<(), RegistryError> {
+    pub async fn claim(&mut self) -> Result<(), ClaimError> {
         let claimed = self.claim_under_new_lease().await;
         let failure = claimed.as_ref().err().map(ToString::to_string);
         invoker_telemetry::moment("etcd.lease.granted", &self.key(), failure.as_deref());
         claimed
     }
 
-    async fn claim_under_new_lease(&mut self) -> Result<(), RegistryError> {
-        let lease = self.kv.grant(self.config.lease_ttl).await.map_err(|e| RegistryError::Etcd(e.to_string()))?;
+    async fn claim_under_new_lease(&mut self) -> Result<(), ClaimError> {
+        let lease = self.kv.grant(self.config.lease_ttl).await.map_err(|e| ClaimError::Etcd(e.to_string()))?;
         // Again after a lost lease: the record as last published, headroom and all, so that no
         // scheduler reads this invoker without room between this put and the round's next.
         let record = self.published.clone().unwrap_or_else(|| self.record(Health::Healthy, Vec::new()));
@@ -232,7 +221,7 @@ impl<K: ClusterKv> Registrar<K> {
         }
     }
 
-    fn complain(&mut self, e: &RegistryError) {
+    fn complain(&mut self, e: &ClaimError) {
         let quiet = self.last_complaint.is_some_and(|t| t.elapsed() < Duration::from_secs(10));
         if !quiet {
             tracing::warn!("cluster registration: {e} (activations go on; retrying)");
@@ -248,8 +237,8 @@ impl<K: ClusterKv> Registrar<K> {
         service: &ActivationService,
         pool: &PoolHandle,
         drain: Option<Option<String>>,
-    ) -> Result<(), RegistryError> {
-        let etcd = |e: K::Error| RegistryError::Etcd(e.to_string());
+    ) -> Result<(), ClaimError> {
+        let etcd = |e: K::Error| ClaimError::Etcd(e.to_string());
         let ttl = self.config.lease_ttl;
         if self.lease.is_some() && self.renewed.elapsed() >= ttl {
             // Cut off for longer than the TTL: etcd has dropped the lease and every key.
@@ -321,52 +310,4 @@ impl<K: ClusterKv> Registrar<K> {
         }
         Ok(())
     }
-}
-
-/// Who holds a claimed key: the fields every claimed value (an invoker's, a scheduler's) has.
-#[derive(serde::Deserialize)]
-struct Holder {
-    #[serde(default)]
-    api: String,
-    boot_id: String,
-    pid: u32,
-}
-
-/// Puts `value` (a record naming this process by `boot_id` and `pid`) at `key` under `lease`
-/// unless a live process holds the key. One held by a dead process of this machine's boot (a
-/// crash, then a restart within the lease's TTL) is taken over. `who` names the key in the
-/// refusal: `(what, flag, id)`.
-pub async fn claim_key<K: ClusterKv>(
-    kv: &K,
-    key: &str,
-    value: &str,
-    lease: LeaseId,
-    who: (&'static str, &'static str, &str),
-) -> Result<(), RegistryError> {
-    let etcd = |e: K::Error| RegistryError::Etcd(e.to_string());
-    let mine: Holder =
-        serde_json::from_str(value).map_err(|e| RegistryError::Etcd(format!("the value to claim: {e}")))?;
-    for _ in 0..2 {
-        if kv.create(key, value, lease).await.map_err(etcd)? {
-            return Ok(());
-        }
-        let Some((held, holder)) = kv.get(key).await.map_err(etcd)? else { continue };
-        match serde_json::from_str::<Holder>(&held).ok() {
-            Some(o) if o.boot_id == mine.boot_id && (o.pid == mine.pid || !process_alive(o.pid)) => {
-                tracing::info!(pid = o.pid, %key, "taking over the registration a dead run left");
-                let _ = kv.revoke(holder).await;
-                let _ = kv.delete(key).await;
-            }
-            other => {
-                let (api, pid) = other.map(|o| (o.api, o.pid)).unwrap_or_default();
-                let (what, flag, id) = who;
-                return Err(RegistryError::IdTaken { what, flag, id: id.to_string(), api, pid });
-            }
-        }
-    }
-    Err(RegistryError::Etcd("the key changed hands while it was claimed".into()))
-}
-
-fn process_alive(pid: u32) -> bool {
-    pid != 0 && std::path::Path::new(&format!("/proc/{pid}")).exists()
 }

@@ -2,8 +2,8 @@
 //! there when they fetch an action it sent them. The id is unique, as an invoker's is: a second
 //! scheduler with a live one's id refuses to start.
 
-use crate::cluster::boot_id;
-use crate::cluster::registry::{claim_key, RegistryError};
+use invoker_etcd::claim::boot_id;
+use invoker_etcd::claim::{claim_key, ClaimError};
 use invoker_etcd::kv::ClusterKv;
 use invoker_etcd::kv::LeaseId;
 use invoker_wire::cluster::{scheduler_key, SchedulerRecord};
@@ -26,8 +26,8 @@ impl<K: ClusterKv> Presence<K> {
     }
 
     /// Takes the key under a new lease; refused when a live scheduler holds it.
-    pub async fn claim(&mut self) -> Result<(), RegistryError> {
-        let lease = self.kv.grant(self.ttl).await.map_err(|e| RegistryError::Etcd(e.to_string()))?;
+    pub async fn claim(&mut self) -> Result<(), ClaimError> {
+        let lease = self.kv.grant(self.ttl).await.map_err(|e| ClaimError::Etcd(e.to_string()))?;
         let value = serde_json::to_string(&self.record).expect("a record serialises");
         if let Err(e) =
             claim_key(&self.kv, &self.key, &value, lease, ("scheduler", "[scheduler] id", &self.record.id)).await
@@ -62,7 +62,7 @@ impl<K: ClusterKv> Presence<K> {
                         self.lease = None;
                         Ok(())
                     }
-                    Err(e) => Err(RegistryError::Etcd(e.to_string())),
+                    Err(e) => Err(ClaimError::Etcd(e.to_string())),
                 },
                 None => self.claim().await,
             };

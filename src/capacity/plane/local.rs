@@ -77,7 +77,7 @@ impl LocalPlane {
             etcd,
             dir,
             stop_grace,
-            boot_id: crate::cluster::boot_id(),
+            boot_id: invoker_etcd::claim::boot_id(),
             procs: Mutex::new(BTreeMap::new()),
         };
         plane.adopt()?;
