@@ -16,7 +16,6 @@ pub mod factory;
 #[cfg(feature = "test-util")]
 pub mod fuzz;
 pub mod job;
-pub mod live;
 pub mod metrics;
 pub mod pool;
 pub mod proxy;

@@ -31,7 +31,7 @@ pub struct NamespaceLabel {
 pub struct Metrics {
     registry: Registry,
     /// What the live view (`/ui`) is sent, when somebody watches.
-    pub live: crate::live::LiveFeed,
+    pub live: invoker_live::LiveFeed,
     /// Seconds from acceptance to the end of the run.
     latency: Histogram,
     pub containers: Family<StateLabel, Gauge>,
@@ -108,7 +108,7 @@ impl Default for Metrics {
             "Provisioned containers of actions' provisioned-concurrency: wanted, and up",
             provisioned.clone(),
         );
-        let live = crate::live::LiveFeed::default();
+        let live = invoker_live::LiveFeed::default();
         Metrics {
             registry,
             live,
@@ -133,7 +133,7 @@ impl Default for Metrics {
 impl Metrics {
     pub fn activation_finished(&self, record: &ActivationRecord) {
         if self.live.watched() {
-            self.live.activation(&crate::live::ActivationRow::of(record));
+            self.live.activation(&invoker_live::ActivationRow::of(record));
         }
         self.by_outcome[record.outcome().status_code() as usize % 4].inc();
         match record.annotation("startKind").and_then(|v| v.as_str()) {

@@ -6,8 +6,8 @@
 use super::call::Call;
 use super::error::ApiError;
 use super::state::AppState;
-use crate::live::LiveBody;
 use bytes::Bytes;
+use invoker_live::LiveBody;
 use std::collections::VecDeque;
 use std::time::Duration;
 use tokio::sync::{broadcast, mpsc};
@@ -31,7 +31,7 @@ impl View {
     async fn snapshot(&self) -> Option<Bytes> {
         match self {
             View::Pool(pool) => pool.live_snapshot().await,
-            View::Scheduler(dispatcher) => Some(crate::live::frame("invokers", &invokers(dispatcher))),
+            View::Scheduler(dispatcher) => Some(invoker_live::frame("invokers", &invokers(dispatcher))),
         }
     }
 
@@ -120,5 +120,5 @@ pub(super) async fn events(
             }
         }
     });
-    Ok(crate::live::event_stream(first, rest))
+    Ok(invoker_live::event_stream(first, rest))
 }

@@ -319,7 +319,7 @@ impl AppState {
             (Route::Health, &Method::GET) => admin::health(self, &call).await,
             (Route::Metrics, &Method::GET) => admin::metrics(self, &call).await,
             (Route::Pool, &Method::GET) => admin::pool(self, &call).await,
-            (Route::Ui, &Method::GET) => crate::live::asset(call.head.uri.path()).ok_or(ApiError::NotFound),
+            (Route::Ui, &Method::GET) => invoker_live::asset(call.head.uri.path()).ok_or(ApiError::NotFound),
             (route @ (Route::FnApps | Route::FnFunctions | Route::FnTriggers), &Method::GET | &Method::POST)
             | (
                 route @ (Route::FnApp { .. } | Route::FnFunction { .. } | Route::FnTrigger { .. }),

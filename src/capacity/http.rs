@@ -4,11 +4,11 @@
 
 use super::manager::CapacityStatus;
 use super::metrics::CapacityMetrics;
-use crate::live::LiveBody;
 use bytes::Bytes;
 use http_body_util::{Either, Full};
 use hyper::{Method, StatusCode};
 use invoker_http::{json_value, with_body, Response};
+use invoker_live::LiveBody;
 use parking_lot::Mutex;
 use serde_json::json;
 use std::collections::VecDeque;
@@ -58,7 +58,7 @@ impl CapacityApi {
     fn live_snapshot(&self) -> Bytes {
         let status = self.status.lock();
         let groups: Vec<_> = status.groups.iter().map(|g| live_group(g, g.history.iter().collect())).collect();
-        crate::live::frame("capacity", &json!({ "snapshot": true, "leader": status.leader, "groups": groups }))
+        invoker_live::frame("capacity", &json!({ "snapshot": true, "leader": status.leader, "groups": groups }))
     }
 
     /// What a round changed: each group's newest sample and its last decisions.
@@ -66,7 +66,7 @@ impl CapacityApi {
         let status = self.status.lock();
         let groups: Vec<_> =
             status.groups.iter().map(|g| live_group(g, g.history.back().into_iter().collect())).collect();
-        crate::live::frame("capacity", &json!({ "snapshot": false, "leader": status.leader, "groups": groups }))
+        invoker_live::frame("capacity", &json!({ "snapshot": false, "leader": status.leader, "groups": groups }))
     }
 
     /// `GET /v1/live` (the admin key): the capacity view's events, a snapshot and then each
@@ -104,7 +104,7 @@ impl CapacityApi {
                 }
             }
         });
-        crate::live::event_stream(first, rest).map(Either::Right)
+        invoker_live::event_stream(first, rest).map(Either::Right)
     }
 
     /// Serves until `stop` (every request is answered from memory: no body is read).
@@ -125,7 +125,7 @@ impl CapacityApi {
                 let authorization = request.headers().get(hyper::header::AUTHORIZATION).and_then(|v| v.to_str().ok());
                 let response = match (request.method(), request.uri().path()) {
                     (&Method::GET, "/v1/live") => api.live(authorization, stop.clone()),
-                    (method, path) => match crate::live::asset(path).filter(|_| method == Method::GET) {
+                    (method, path) => match invoker_live::asset(path).filter(|_| method == Method::GET) {
                         Some(page) => page.map(Either::Left),
                         None => api.answer(method, path, authorization).map(Either::Left),
                     },

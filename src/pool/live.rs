@@ -137,5 +137,5 @@ pub(crate) fn pool_row<'a>(
 
 /// A new viewer's first event.
 pub(crate) fn snapshot(pool: PoolRow, containers: Vec<ContainerRow>) -> Bytes {
-    crate::live::frame("snapshot", &Snapshot { pool, containers })
+    invoker_live::frame("snapshot", &Snapshot { pool, containers })
 }

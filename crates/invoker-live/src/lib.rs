@@ -6,6 +6,11 @@
 //! A viewer gets a snapshot first (the pool's whole view, once), then the changes. The events
 //! are framed once and shared by every viewer (`Bytes`); a viewer that falls behind the
 //! bounded channel gets a new snapshot instead of the changes it missed.
+//!
+//! The page itself (`ui/`) and the stream's framing are shared by the invoker, the scheduler
+//! and the capacity manager: each serves the same page, fed its own events.
+
+#![forbid(unsafe_code)]
 
 use bytes::Bytes;
 use hyper::body::{Body, Frame, SizeHint};
@@ -16,9 +21,9 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use tokio::sync::{broadcast, mpsc};
 
-const PAGE: &str = include_str!("api/ui/index.html");
-const SCRIPT: &str = include_str!("api/ui/app.js");
-const STYLE: &str = include_str!("api/ui/app.css");
+const PAGE: &str = include_str!("../ui/index.html");
+const SCRIPT: &str = include_str!("../ui/app.js");
+const STYLE: &str = include_str!("../ui/app.css");
 
 /// One of the page's files (`/ui`, `/ui/app.js`, `/ui/app.css`), answered with the page's own
 /// files only allowed (no script from elsewhere, no frame, no plugin). Every process serves
