@@ -353,7 +353,7 @@ pub struct CapacityApp {
 impl CapacityApp {
     pub async fn start(mut config: Config) -> Result<Self, AppError> {
         config.validate()?;
-        use crate::capacity::plane::{local::LocalPlane, AnyPlane};
+        use invoker_capacity::plane::{local::LocalPlane, AnyPlane};
         if !config.cluster.enabled() {
             return Err(AppError::Config("the capacity manager needs etcd: --etcd URL or [cluster] etcd"));
         }
@@ -399,17 +399,18 @@ impl CapacityApp {
             }
         };
         let api = cluster.advertise.clone().unwrap_or_else(|| format!("http://{addr}"));
-        let settings = crate::capacity::manager::ManagerSettings {
+        let settings = invoker_capacity::manager::ManagerSettings {
             prefix: cluster.prefix.clone(),
-            capacity: config.capacity.clone(),
+            tick: config.capacity.tick,
+            groups: config.capacity.groups.clone(),
             publish_interval: cluster.publish_interval,
             lease_ttl: cluster.lease_ttl,
             api,
             lead,
         };
-        let manager = crate::capacity::manager::Manager::new(Etcd::new(&cluster.etcd)?, settings, plane);
+        let manager = invoker_capacity::manager::Manager::new(Etcd::new(&cluster.etcd)?, settings, plane);
         let admin = config.admin.key.clone().unwrap_or_default();
-        let http = crate::capacity::http::CapacityApi::new(&admin, manager.status.clone(), manager.metrics.clone());
+        let http = invoker_capacity::http::CapacityApi::new(&admin, manager.status.clone(), manager.metrics.clone());
         let stop = CancellationToken::new();
         let manager = actix_rt::spawn(manager.run(stop.clone()));
         let api = actix_rt::spawn(http.serve(listener, stop.clone()));

@@ -9,7 +9,6 @@
 pub mod activation;
 pub mod api;
 pub mod app;
-pub mod capacity;
 pub mod cluster;
 pub mod config;
 pub mod factory;

@@ -469,7 +469,7 @@ async fn past_exec(pid: i32) {
 /// script whose command line reads as one (`serve ... --invoker-id <id>`).
 #[tokio::test(flavor = "multi_thread")]
 async fn the_local_plane_trusts_the_pid_files_not_its_handles_from_before() {
-    use invoker::capacity::plane::local::LocalPlane;
+    use invoker_capacity::plane::local::LocalPlane;
     use invoker_factory::plane::{ControlPlane, InvokerSpec};
     let dir = tempdir();
     let _fleet = Fleet(dir.path().to_path_buf());
@@ -591,8 +591,8 @@ async fn an_invoker_killed_under_the_manager_is_replaced() {
 /// against `kv` (the test writes the invokers' records and the demand reports itself).
 #[cfg(feature = "test-util")]
 struct FakeManaged {
-    plane: invoker::capacity::plane::fake::FakePlane,
-    status: Arc<parking_lot::Mutex<invoker::capacity::manager::CapacityStatus>>,
+    plane: invoker_capacity::plane::fake::FakePlane,
+    status: Arc<parking_lot::Mutex<invoker_capacity::manager::CapacityStatus>>,
     stop: tokio_util::sync::CancellationToken,
     running: tokio::task::JoinHandle<()>,
 }
@@ -600,13 +600,14 @@ struct FakeManaged {
 #[cfg(feature = "test-util")]
 impl FakeManaged {
     fn start(kv: &invoker_etcd::client::Etcd, capacity: &str) -> FakeManaged {
-        use invoker::capacity::manager::{Manager, ManagerSettings};
-        use invoker::capacity::plane::{fake::FakePlane, AnyPlane};
+        use invoker_capacity::manager::{Manager, ManagerSettings};
+        use invoker_capacity::plane::{fake::FakePlane, AnyPlane};
         let config = invoker::config::Config::from_toml(capacity).unwrap();
         config.validate().unwrap();
         let settings = ManagerSettings {
             prefix: "/invoker".into(),
-            capacity: config.capacity.clone(),
+            tick: config.capacity.tick,
+            groups: config.capacity.groups.clone(),
             publish_interval: Duration::from_millis(100),
             lease_ttl: Duration::from_secs(3),
             api: "http://127.0.0.1:1".into(),

@@ -6,8 +6,7 @@
 //! and carries the decisions out: the control plane starts and stops invokers; drains are the
 //! operators' drain keys, which every scheduler already honours.
 
-use super::metrics::{CapacityMetrics, DecisionLabel, GroupLabel, GroupState};
-use crate::config::CapacityConfig;
+use crate::metrics::{CapacityMetrics, DecisionLabel, GroupLabel, GroupState};
 use invoker_core::capacity::packing::{packed_demand_mb, CallsByMb};
 use invoker_core::capacity::GroupConfig;
 use invoker_core::capacity::{Action, Decision, Event, GroupCore, GroupCounts, GroupSpec, MemberState, Sighting};
@@ -129,7 +128,10 @@ struct GroupLoop {
 /// What a manager is told besides its etcd and control plane.
 pub struct ManagerSettings {
     pub prefix: String,
-    pub capacity: CapacityConfig,
+    /// How often each group decides (`[capacity] tick`).
+    pub tick: Duration,
+    /// Group name → its bounds and pace (`[capacity.groups]`, checked by the invoker's config).
+    pub groups: BTreeMap<String, GroupConfig>,
     /// The invokers' `publish_interval`: a drained report is trusted two of these after the drain.
     pub publish_interval: Duration,
     pub lease_ttl: Duration,
@@ -178,7 +180,6 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
 
     fn fresh_groups(&self) -> Vec<GroupLoop> {
         self.settings
-            .capacity
             .groups
             .iter()
             .map(|(name, g)| GroupLoop {
@@ -313,7 +314,7 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
     /// while that lasts (a predictor may follow a rise only once it has lasted).
     async fn lead_until_lost(&mut self, lease: LeaseId, stop: &CancellationToken) -> bool {
         let mut renewed = Instant::now();
-        let tick = self.settings.capacity.tick;
+        let tick = self.settings.tick;
         let watching = stop.child_token();
         let _watched = watching.clone().drop_guard();
         let prefix = &self.settings.prefix;
@@ -387,7 +388,7 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
     /// Each group's demand in MB, from the schedulers' reports: what their calls take in the
     /// group's invokers when each must fit whole on one (`packing::packed_demand_mb`).
     fn demand_of<'a>(&self, reports: impl Iterator<Item = &'a str>) -> BTreeMap<String, u64> {
-        let groups = &self.settings.capacity.groups;
+        let groups = &self.settings.groups;
         let mut demand: BTreeMap<&str, (u64, CallsByMb)> = BTreeMap::new();
         for value in reports {
             let Ok(report) = serde_json::from_str::<DemandReport>(value) else { continue };
@@ -638,13 +639,13 @@ mod tests {
 
     #[test]
     fn demand_goes_to_the_closest_group_that_holds_its_tags() {
-        let config = crate::config::Config::from_toml(
-            "[capacity.groups.default]\n[capacity.groups.gpu]\ntags = [\"gpu\"]\n\
-             [capacity.groups.gpu-ssd]\ntags = [\"gpu\", \"ssd\"]\n",
-        )
-        .unwrap();
-        let groups = &config.capacity.groups;
         let tags = |t: &[&str]| t.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let group = |t: &[&str]| GroupConfig { tags: tags(t), ..GroupConfig::default() };
+        let groups = &BTreeMap::from([
+            ("default".to_string(), group(&[])),
+            ("gpu".to_string(), group(&["gpu"])),
+            ("gpu-ssd".to_string(), group(&["gpu", "ssd"])),
+        ]);
         assert_eq!(group_for(&[], groups), Some("default"));
         assert_eq!(group_for(&tags(&["gpu"]), groups), Some("gpu"));
         assert_eq!(group_for(&tags(&["ssd"]), groups), Some("gpu-ssd"));
