@@ -15,7 +15,6 @@ pub mod factory;
 #[cfg(feature = "test-util")]
 pub mod fuzz;
 pub mod job;
-pub mod metrics;
 pub mod pool;
 pub mod proxy;
 pub mod scheduler;

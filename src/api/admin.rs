@@ -63,7 +63,7 @@ pub(super) async fn metrics(state: &AppState, call: &Call) -> Result<Response, A
         metrics.queued_oldest_seconds.clear();
         let now = invoker_wire::model::epoch_ms();
         for depth in queue.by_namespace() {
-            let label = crate::metrics::NamespaceLabel { namespace: depth.namespace };
+            let label = invoker_metrics::NamespaceLabel { namespace: depth.namespace };
             metrics.queued.get_or_create(&label).set(depth.calls as i64);
             let age = now.saturating_sub(depth.oldest) / 1000;
             metrics.queued_oldest_seconds.get_or_create(&label).set(age as i64);

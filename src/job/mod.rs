@@ -7,7 +7,7 @@ pub mod queue;
 pub mod runner;
 pub mod slot;
 
-use crate::metrics::Metrics;
+use invoker_metrics::Metrics;
 use invoker_store::{DeadLetter, DocKind, QueuedCall, Store};
 use invoker_telemetry::ActivationTrace;
 use invoker_wire::model::{Action, ActivationMeta, ActivationRecord, EncodedRecord, KeyValue, Rejection};

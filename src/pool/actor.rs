@@ -9,7 +9,6 @@ use crate::config::{PoolConfig, ProxyConfig};
 use crate::factory::Factory;
 use crate::job::runner::{Refused, Runner};
 use crate::job::RunJob;
-use crate::metrics::Metrics;
 use crate::proxy::{ContainerProxy, DiscardLog, Gone, Pause, ProxyContext, ProxyReport, Remove, Resume, Run};
 use actix::prelude::*;
 use futures_util::future::BoxFuture;
@@ -22,6 +21,7 @@ use invoker_factory::contract::ContainerSpec;
 use invoker_factory::contract::Epoch;
 use invoker_factory::kinds::RuntimeProtocol;
 use invoker_ids::{ContainerId, CreateFailure, JobId, NodeId, NodeStatsUpdate, Time};
+use invoker_metrics::Metrics;
 use invoker_telemetry::TARGET;
 use invoker_wire::model::{Action, Rejection};
 use std::collections::HashMap;
@@ -798,7 +798,7 @@ impl Handler<RefreshGauges> for ContainerPool {
     fn handle(&mut self, _: RefreshGauges, _: &mut Context<Self>) {
         let PoolCounts { starting, idle, busy, removing, .. } = self.core.counts();
         for (state, n) in [("starting", starting), ("idle", idle), ("busy", busy), ("removing", removing)] {
-            self.metrics.containers.get_or_create(&crate::metrics::StateLabel { state: state.into() }).set(n as i64);
+            self.metrics.containers.get_or_create(&invoker_metrics::StateLabel { state: state.into() }).set(n as i64);
         }
         let (mut wanted, mut up, mut capped_waiting) = (0u64, 0u64, 0u64);
         for k in self.core.controlled_keys() {
@@ -809,7 +809,7 @@ impl Handler<RefreshGauges> for ContainerPool {
             }
         }
         for (state, n) in [("wanted", wanted), ("up", up)] {
-            self.metrics.provisioned.get_or_create(&crate::metrics::StateLabel { state: state.into() }).set(n as i64);
+            self.metrics.provisioned.get_or_create(&invoker_metrics::StateLabel { state: state.into() }).set(n as i64);
         }
         self.metrics.capped_waiting.set(capped_waiting as i64);
     }

@@ -1,4 +1,7 @@
-//! Prometheus metrics: counters kept as activations end; pool gauges read at scrape time.
+//! Prometheus metrics: counters kept as activations end; pool gauges read at scrape time. A
+//! leaf below the job (whose completion counts), the pool, the proxies and the API (`/metrics`).
+
+#![forbid(unsafe_code)]
 
 use invoker_wire::model::ActivationRecord;
 use prometheus_client::encoding::EncodeLabelSet;
