@@ -9,15 +9,15 @@ use crate::cluster::fetch::RemoteActions;
 use crate::cluster::registry::{Identity, Registrar};
 use crate::config::Config;
 use crate::factory::Factory;
-use crate::job::queue::{QueueBounds, QueueSettings};
 use crate::pool::actor::{ContainerPool, PoolHandle};
 use crate::scheduler::presence::Presence;
-use crate::scheduler::Dispatcher;
+use crate::scheduler::{Dispatcher, SchedulerRunner};
 use invoker_etcd::claim::ClaimError;
 use invoker_etcd::client::{Etcd, EtcdError};
 use invoker_factory::contract::ContainerFactory;
 use invoker_factory::contract::Epoch;
 use invoker_factory::error::FactoryError;
+use invoker_job::queue::{QueueBounds, QueueSettings};
 use invoker_metrics::Metrics;
 use invoker_store::{JournalOptions, JournaledStore, Recovered, Store, StoreError};
 use std::net::SocketAddr;
@@ -280,7 +280,7 @@ impl SchedulerApp {
         }
         let dispatcher = Arc::new(Dispatcher::new(&config, Etcd::new(&cluster.etcd)?, &key));
         let metrics = Arc::new(Metrics::default());
-        let runner = Arc::new(dispatcher.clone());
+        let runner = Arc::new(SchedulerRunner(dispatcher.clone()));
         let service = ActivationService::new(store.clone(), runner, metrics, config.limits.namespace_concurrent)
             .named(&config.scheduler.id)
             .with_queue(queue_settings(&config))

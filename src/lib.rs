@@ -14,7 +14,6 @@ pub mod config;
 pub mod factory;
 #[cfg(feature = "test-util")]
 pub mod fuzz;
-pub mod job;
 pub mod pool;
 pub mod proxy;
 pub mod scheduler;

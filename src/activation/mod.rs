@@ -6,11 +6,11 @@
 mod provisioning;
 pub mod reservations;
 
-use crate::job::queue::{QueueCounts, QueueFull, QueueSettings};
-use crate::job::runner::Runner;
-use crate::job::slot::{NamespaceSlot, NamespaceSlots};
-use crate::job::{Completion, RunJob};
 use base64::Engine as _;
+use invoker_job::queue::{QueueCounts, QueueFull, QueueSettings};
+use invoker_job::runner::Runner;
+use invoker_job::slot::{NamespaceSlot, NamespaceSlots};
+use invoker_job::{Completion, RunJob};
 use invoker_metrics::Metrics;
 use invoker_store::{Accepted, QueuedCall, QueuedRequest, Store, StoreError};
 use invoker_telemetry::{ActivationTrace, TraceParent};
@@ -61,7 +61,7 @@ pub struct InvokeRequest {
     pub action: Arc<Action>,
     pub params: Map<String, Value>,
     /// The caller's request as it came (Fn's routes); `None`: the runtime gets `params`.
-    pub request: Option<Arc<crate::job::CallRequest>>,
+    pub request: Option<Arc<invoker_job::CallRequest>>,
     pub subject: String,
     pub api_key: Option<String>,
     /// Given by the caller (the shim: checked for an earlier delivery), or `None` for a new one.
@@ -77,7 +77,7 @@ pub struct InvokeRequest {
     pub whole: Option<oneshot::Sender<EncodedRecord>>,
     /// A caller that keeps the call until it starts (a scheduler's queued call, through the
     /// shim): told before `/run` goes out; gone, and nothing starts.
-    pub start_notice: Option<crate::job::StartNotice>,
+    pub start_notice: Option<invoker_job::StartNotice>,
 }
 
 #[derive(Clone)]
@@ -126,9 +126,9 @@ enum Origin {
 struct AsyncQueue {
     counts: QueueCounts,
     settings: QueueSettings,
-    retries: tokio::sync::mpsc::UnboundedSender<crate::job::QueueWork>,
+    retries: tokio::sync::mpsc::UnboundedSender<invoker_job::QueueWork>,
     /// Taken by [`ActivationService::run_retries`].
-    waiting_retries: Arc<parking_lot::Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<crate::job::QueueWork>>>>,
+    waiting_retries: Arc<parking_lot::Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<invoker_job::QueueWork>>>>,
 }
 
 impl ActivationService {
@@ -173,12 +173,12 @@ impl ActivationService {
                 let service = service.clone();
                 actix_rt::spawn(async move {
                     match work {
-                        crate::job::QueueWork::Retry(call) => {
+                        invoker_job::QueueWork::Retry(call) => {
                             let wait = call.not_before.saturating_sub(epoch_ms());
                             tokio::time::sleep(Duration::from_millis(wait)).await;
                             service.requeue(*call).await;
                         }
-                        crate::job::QueueWork::Destination { namespace, subject, action, params } => {
+                        invoker_job::QueueWork::Destination { namespace, subject, action, params } => {
                             service.call_destination(&namespace, subject, &action, params).await;
                         }
                     }
@@ -406,7 +406,7 @@ impl ActivationService {
             }
             Accepted::Finished(_) | Accepted::Pending { .. } => return Err(IntakeError::IdTaken(activation_id)),
         }
-        let queued = crate::job::Queued { ticket, expires_at };
+        let queued = invoker_job::Queued { ticket, expires_at };
         let run = self.queued_run(call, json.into(), action, req.request, queued, accepted, req.traceparent, queue);
         self.hand_over_queued(run).await;
         Ok(Invoked::Accepted(activation_id))
@@ -418,7 +418,7 @@ impl ActivationService {
     pub async fn requeue(&self, call: QueuedCall) {
         let Some(queue) = &self.queue else { return };
         if call.not_before > epoch_ms() {
-            let _ = queue.retries.send(crate::job::QueueWork::Retry(Box::new(call)));
+            let _ = queue.retries.send(invoker_job::QueueWork::Retry(Box::new(call)));
             return;
         }
         let action = match self.action_of(&call.meta.namespace, &call.meta.name).await {
@@ -432,10 +432,10 @@ impl ActivationService {
         let Ok(ticket) = queue.counts.admit(&call.meta.namespace, json.len() as u64, since, true) else { return };
         let request = call.request.as_ref().map(|r| {
             let body = base64::engine::general_purpose::STANDARD.decode(&r.body).unwrap_or_default();
-            Arc::new(crate::job::CallRequest { headers: r.headers.clone(), body: body.into() })
+            Arc::new(invoker_job::CallRequest { headers: r.headers.clone(), body: body.into() })
         });
         let expires_at = call.expires_at;
-        let queued = crate::job::Queued { ticket, expires_at };
+        let queued = invoker_job::Queued { ticket, expires_at };
         let run = self.queued_run(call, json.into(), action, request, queued, Instant::now(), None, queue);
         self.hand_over_queued(run).await;
     }
@@ -455,7 +455,7 @@ impl ActivationService {
             self.action_of(&letter.call.meta.namespace, &letter.call.meta.name).await.map_err(IntakeError::Gone)?;
         let request = letter.call.request.as_ref().map(|r| {
             let body = base64::engine::general_purpose::STANDARD.decode(&r.body).unwrap_or_default();
-            Arc::new(crate::job::CallRequest { headers: r.headers.clone(), body: body.into() })
+            Arc::new(invoker_job::CallRequest { headers: r.headers.clone(), body: body.into() })
         });
         let req = InvokeRequest {
             api_key: api_key.filter(|_| action.provides_api_key()),
@@ -548,8 +548,8 @@ impl ActivationService {
         Completion::new(self.store.clone(), self.metrics.clone(), meta, None, None, trace).finish(record);
     }
 
-    fn retry_of(&self, call: &QueuedCall, json: bytes::Bytes, queue: &AsyncQueue) -> crate::job::Retry {
-        crate::job::Retry {
+    fn retry_of(&self, call: &QueuedCall, json: bytes::Bytes, queue: &AsyncQueue) -> invoker_job::Retry {
+        invoker_job::Retry {
             call: json,
             link: call.retry_of.clone().map(|first| (first, call.attempt)),
             on_success: call.on_success.is_some(),
@@ -565,8 +565,8 @@ impl ActivationService {
         call: QueuedCall,
         json: bytes::Bytes,
         action: Arc<Action>,
-        request: Option<Arc<crate::job::CallRequest>>,
-        queued: crate::job::Queued,
+        request: Option<Arc<invoker_job::CallRequest>>,
+        queued: invoker_job::Queued,
         accepted: Instant,
         traceparent: Option<TraceParent>,
         queue: &AsyncQueue,

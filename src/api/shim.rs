@@ -10,12 +10,12 @@ use super::error::record_status;
 use super::error::ApiError;
 use super::state::{load_action, AppState};
 use crate::activation::{IntakeError, InvokeRequest, Invoked};
-use crate::job::CallRequest;
 use bytes::Bytes;
 use hyper::header::{HeaderValue, ACCEPT, CONTENT_TYPE};
 use hyper::StatusCode;
 use invoker_http::Follows;
 use invoker_http::Response;
+use invoker_job::CallRequest;
 use invoker_telemetry::TraceParent;
 use invoker_wire::cluster::{REPORT_START, STARTED_LINE, TWO_PARTS};
 use invoker_wire::model::{

@@ -7,8 +7,6 @@ use super::status::{
 };
 use crate::config::{PoolConfig, ProxyConfig};
 use crate::factory::Factory;
-use crate::job::runner::{Refused, Runner};
-use crate::job::RunJob;
 use crate::proxy::{ContainerProxy, DiscardLog, Gone, Pause, ProxyContext, ProxyReport, Remove, Resume, Run};
 use actix::prelude::*;
 use futures_util::future::BoxFuture;
@@ -21,6 +19,8 @@ use invoker_factory::contract::ContainerSpec;
 use invoker_factory::contract::Epoch;
 use invoker_factory::kinds::RuntimeProtocol;
 use invoker_ids::{ContainerId, CreateFailure, JobId, NodeId, NodeStatsUpdate, Time};
+use invoker_job::runner::{Refused, Runner};
+use invoker_job::RunJob;
 use invoker_metrics::Metrics;
 use invoker_telemetry::TARGET;
 use invoker_wire::model::{Action, Rejection};

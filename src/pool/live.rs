@@ -3,10 +3,10 @@
 //! built while nobody watches.
 
 use super::status::{ControlledAction, PoolStatus};
-use crate::job::RunJob;
 use bytes::Bytes;
 use invoker_core::pool::{ContainerState, ContainerView, Effect, Event, NodeView};
 use invoker_ids::{ContainerId, Time};
+use invoker_job::RunJob;
 use serde::Serialize;
 
 /// How often the nodes and the queue are sent while somebody watches.

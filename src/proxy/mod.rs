@@ -14,10 +14,10 @@ mod record;
 
 use crate::config::ProxyConfig;
 use crate::factory::Factory;
-use crate::job::RunJob;
 use actix::prelude::*;
 pub use discard::DiscardLog;
 use invoker_factory::kinds::RuntimeProtocol;
+use invoker_job::RunJob;
 
 use invoker_core::proxy::{Effect, Event, FailCause, ProxyCore, ProxyState};
 use invoker_factory::contract::ContainerFactory;

@@ -1,8 +1,8 @@
 //! The record of an activation that ran (or was meant to run) on a container: OpenWhisk's
 //! annotations (`waitTime`, `initTime`, `startKind`, ...) from what the proxy measured.
 
-use crate::job::RunJob;
 use invoker_ids::ContainerId;
+use invoker_job::RunJob;
 use invoker_wire::model::{ActivationRecord, ActivationResponse, KeyValue, Outcome, StartKind};
 use serde_json::{json, Value};
 

@@ -19,14 +19,14 @@ pub mod stalls;
 pub mod view;
 
 use crate::config::Config;
-use crate::job::runner::{Refused, Runner};
-use crate::job::RunJob;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use invoker_core::placement::{place, ActionNeeds, PlacementConfig};
 use invoker_etcd::client::Etcd;
 use invoker_etcd::kv::ClusterKv;
 use invoker_etcd::mirror::Snapshot;
+use invoker_job::runner::{Refused, Runner};
+use invoker_job::RunJob;
 use invoker_telemetry::TraceParent;
 use invoker_wire::cluster::{cluster_revision, controller_wait, drain_key, DrainMark, InvokerRecord};
 use invoker_wire::model::{
@@ -822,28 +822,29 @@ fn with_refusals(why: String, refusals: &[String]) -> String {
     }
 }
 
-/// What an action asks of an invoker: its memory, and its `invoker-resources` tags (strict
-/// unless `invoker-resources-strict-policy` is false), and whether it is a blackbox (image) one.
-/// A scheduler's activations run on its invokers.
-impl Runner for Arc<Dispatcher> {
+/// Where a scheduler's intake hands its activations: its dispatcher, which runs them on its
+/// invokers (a handle of its own, as the dispatcher's methods take the `Arc` they spawn with).
+pub struct SchedulerRunner(pub Arc<Dispatcher>);
+
+impl Runner for SchedulerRunner {
     fn submit(&self, run: RunJob) -> Result<(), Refused> {
-        Dispatcher::submit(self, run).map_err(|_| Refused::SchedulerFull)
+        self.0.submit(run).map_err(|_| Refused::SchedulerFull)
     }
 
     fn submit_queued(&self, run: RunJob) -> BoxFuture<'_, ()> {
-        Dispatcher::submit_queued(self, run);
+        self.0.submit_queued(run);
         Box::pin(std::future::ready(()))
     }
 
     fn retire_action<'a>(&'a self, namespace: &'a str, name: &'a str, kept: Option<&'a Action>) -> BoxFuture<'a, ()> {
         if kept.is_none() {
-            self.provisioned.forget(namespace, name);
+            self.0.provisioned.forget(namespace, name);
         }
-        Box::pin(Dispatcher::retire_action(self, namespace, name, kept))
+        Box::pin(self.0.retire_action(namespace, name, kept))
     }
 
     fn provision(&self, action: Arc<Action>, count: u32) -> BoxFuture<'_, ()> {
-        self.provisioned.set(action, count);
+        self.0.provisioned.set(action, count);
         Box::pin(std::future::ready(()))
     }
 
@@ -852,6 +853,8 @@ impl Runner for Arc<Dispatcher> {
     }
 }
 
+/// What an action asks of an invoker: its memory, and its `invoker-resources` tags (strict
+/// unless `invoker-resources-strict-policy` is false), and whether it is a blackbox (image) one.
 fn needs_of(action: &invoker_wire::model::Action) -> ActionNeeds {
     let annotation = |key: &str| action.annotations.iter().find(|a| a.key == key).map(|a| &a.value);
     let tags = match annotation("invoker-resources") {

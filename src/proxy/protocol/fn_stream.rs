@@ -6,11 +6,11 @@
 
 use super::answer::{Answer, Interpreted};
 use super::client::{RuntimeClient, RuntimeError, RuntimeResponse};
-use crate::job::RunJob;
 use base64::Engine;
 use bytes::Bytes;
 use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
 use invoker_http::is_hop_by_hop;
+use invoker_job::RunJob;
 use invoker_wire::model::{Action, Outcome};
 use invoker_wire::runtime::{FN_LOGFRAME_HDR, FN_LOGFRAME_NAME};
 use serde_json::{json, Map, Value};

@@ -12,11 +12,11 @@ pub use answer::{discard_reason, Answer, Interpreted};
 
 pub use client::{RuntimeClient, RuntimeError, RuntimeResponse};
 
-use crate::job::RunJob;
 use invoker_factory::contract::FunctionStart;
 use invoker_factory::contract::Transport;
 use invoker_factory::kinds::RuntimeProtocol;
 use invoker_factory::peer::Peer;
+use invoker_job::RunJob;
 use invoker_wire::model::Action;
 use std::sync::Arc;
 use std::time::Duration;

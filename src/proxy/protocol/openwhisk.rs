@@ -4,8 +4,8 @@
 
 use super::answer::{Answer, Interpreted};
 use super::client::{RuntimeClient, RuntimeError, RuntimeResponse};
-use crate::job::RunJob;
 use bytes::Bytes;
+use invoker_job::RunJob;
 use invoker_wire::model::{epoch_ms, Action, Outcome};
 use invoker_wire::runtime::{EXITED_UNEXPECTEDLY, NOT_A_RESULT};
 use serde_json::{json, Value};

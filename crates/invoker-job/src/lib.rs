@@ -3,6 +3,8 @@
 //! it depends on the model, the store and the metrics only, so the pool, the proxies and the
 //! scheduler that carry a job import nothing of the intake (`activation`).
 
+#![forbid(unsafe_code)]
+
 pub mod queue;
 pub mod runner;
 pub mod slot;
