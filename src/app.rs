@@ -10,8 +10,7 @@ use crate::cluster::registry::{Identity, Registrar};
 use crate::config::Config;
 use crate::factory::Factory;
 use crate::pool::actor::{ContainerPool, PoolHandle};
-use crate::scheduler::presence::Presence;
-use crate::scheduler::{Dispatcher, SchedulerRunner};
+use invoker_core::placement::PlacementConfig;
 use invoker_etcd::claim::ClaimError;
 use invoker_etcd::client::{Etcd, EtcdError};
 use invoker_factory::contract::ContainerFactory;
@@ -19,6 +18,8 @@ use invoker_factory::contract::Epoch;
 use invoker_factory::error::FactoryError;
 use invoker_job::queue::{QueueBounds, QueueSettings};
 use invoker_metrics::Metrics;
+use invoker_scheduler::presence::Presence;
+use invoker_scheduler::{Dispatcher, DispatcherSettings, SchedulerRunner};
 use invoker_store::{JournalOptions, JournaledStore, Recovered, Store, StoreError};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -278,7 +279,21 @@ impl SchedulerApp {
             Err(e @ ClaimError::IdTaken { .. }) => return Err(e.into()),
             Err(e) => tracing::warn!("not registered in etcd yet: {e}; serving, and retrying"),
         }
-        let dispatcher = Arc::new(Dispatcher::new(&config, Etcd::new(&cluster.etcd)?, &key));
+        let s = &config.scheduler;
+        let settings = DispatcherSettings {
+            id: s.id.clone(),
+            prefix: cluster.prefix.clone(),
+            max_reschedules: s.max_reschedules,
+            max_in_flight: s.max_in_flight,
+            refresh_interval: s.refresh_interval,
+            placement: PlacementConfig { managed_fraction: s.managed_fraction, blackbox_fraction: s.blackbox_fraction },
+            wait_deadline: config.pool.wait_deadline,
+            init_timeout: config.proxy.init_timeout,
+            handover_timeout: s.handover_timeout,
+            wait_for_room: s.wait_for_room,
+            registration_grace: s.registration_grace.unwrap_or(cluster.lease_ttl),
+        };
+        let dispatcher = Arc::new(Dispatcher::new(settings, Etcd::new(&cluster.etcd)?, &key));
         let metrics = Arc::new(Metrics::default());
         let runner = Arc::new(SchedulerRunner(dispatcher.clone()));
         let service = ActivationService::new(store.clone(), runner, metrics, config.limits.namespace_concurrent)
@@ -300,7 +315,7 @@ impl SchedulerApp {
         actix_rt::spawn(dispatcher.clone().confirm_guesses(store.clone(), guessed, background.clone()));
         let presence = actix_rt::spawn(presence.run(background.clone()));
         let cluster = &config.cluster;
-        let demand = actix_rt::spawn(crate::scheduler::demand::report(
+        let demand = actix_rt::spawn(invoker_scheduler::demand::report(
             Etcd::new(&cluster.etcd)?,
             cluster.prefix.clone(),
             config.scheduler.id.clone(),

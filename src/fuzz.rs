@@ -382,8 +382,8 @@ fn view_corpus() -> Vec<Vec<u8>> {
 fn etcd_view(bytes: &[u8]) {
     let text = String::from_utf8_lossy(bytes);
     let pairs: Vec<(&str, &str)> = text.lines().map(|l| l.split_once('\t').unwrap_or((l, ""))).collect();
-    let mut cache = crate::scheduler::view::RecordCache::default();
+    let mut cache = invoker_scheduler::view::RecordCache::default();
     for _ in 0..2 {
-        let _ = crate::scheduler::view::ClusterView::from_entries("w", pairs.iter().copied(), &mut cache);
+        let _ = invoker_scheduler::view::ClusterView::from_entries("w", pairs.iter().copied(), &mut cache);
     }
 }

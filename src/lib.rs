@@ -16,5 +16,4 @@ pub mod factory;
 pub mod fuzz;
 pub mod pool;
 pub mod proxy;
-pub mod scheduler;
 pub mod sim;

@@ -351,8 +351,8 @@ async fn an_invoker_started_while_etcd_is_away_serves_and_registers_once_it_answ
 #[tokio::test(flavor = "multi_thread")]
 #[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
 async fn a_scheduler_reads_every_invoker_and_places_an_action_on_the_warm_one() {
-    use invoker::scheduler::view::ClusterView;
     use invoker_core::placement::{place, ActionNeeds, PlacementConfig, Rule};
+    use invoker_scheduler::view::ClusterView;
     let Some(etcd) = EtcdServer::start() else { return };
     let (d1, d2) = (tempdir(), tempdir());
     let (id1, id2) = (id("dir1"), id("dir2"));
@@ -387,8 +387,8 @@ async fn a_scheduler_reads_every_invoker_and_places_an_action_on_the_warm_one() 
 #[cfg_attr(invoker_without_root, ignore = "needs root: the sandbox, cgroups, a tmpfs (run by .ci/run)")]
 #[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
 async fn an_invoker_with_a_full_disk_is_unhealthy_in_etcd_and_no_placement_chooses_it() {
-    use invoker::scheduler::view::ClusterView;
     use invoker_core::placement::{place, ActionNeeds, NoPlacement, PlacementConfig};
+    use invoker_scheduler::view::ClusterView;
     let Some(etcd) = EtcdServer::start() else { return };
     let dir = tempdir();
     let Some(disk) = SmallDisk::mount(&dir.path().join("data"), 16) else { return };

@@ -5,9 +5,9 @@
 use super::call::{json, Call};
 use super::error::ApiError;
 use super::state::AppState;
-use crate::scheduler::Dispatcher;
 use hyper::StatusCode;
 use invoker_http::Response;
+use invoker_scheduler::Dispatcher;
 use invoker_wire::cluster::{cluster_revision, MAX_RECORDS_ASKED};
 use invoker_wire::model::validate_entity_name;
 use serde::Deserialize;

@@ -24,7 +24,7 @@ const KEEP_ALIVE: Duration = Duration::from_secs(15);
 /// scheduler the invokers it sees (sent when they changed, looked at every second).
 enum View {
     Pool(crate::pool::actor::PoolHandle),
-    Scheduler(std::sync::Arc<crate::scheduler::Dispatcher>),
+    Scheduler(std::sync::Arc<invoker_scheduler::Dispatcher>),
 }
 
 impl View {
@@ -54,7 +54,7 @@ impl View {
 }
 
 /// The invokers a scheduler sees, by id.
-fn invokers(dispatcher: &crate::scheduler::Dispatcher) -> serde_json::Value {
+fn invokers(dispatcher: &invoker_scheduler::Dispatcher) -> serde_json::Value {
     let mut invokers = dispatcher.invokers();
     invokers.sort_by(|a, b| a.record.id.cmp(&b.record.id));
     serde_json::json!({ "scheduler": dispatcher.id(), "invokers": invokers })

@@ -13,7 +13,7 @@
 //! A scheduler publishes what it asks of each invoker under `{prefix}/provisioned/{invoker}/`
 //! ([`invoker_wire::cluster::provisioned_key`]), under a lease of its own: one that dies takes its
 //! asks with it, and the others' slices grow to cover its part when they read it gone. Each
-//! invoker follows its own keys and keeps what they say (`crate::cluster::provisioned`). The
+//! invoker follows its own keys and keeps what they say (the invoker's `cluster::provisioned`). The
 //! memory of what a scheduler asks is demand it reports to the capacity manager, as if each
 //! container were a call in flight: a fleet without room for them grows (`publish.rs` carries
 //! the asks out).

@@ -5,6 +5,12 @@
 //! another when that one refused before running anything, and ends it with the record the
 //! invoker returns (annotated with the invoker's id) or with a whisk-error record when the
 //! invoker was lost: every activation the scheduler accepts ends with a record it serves.
+//!
+//! Its own crate, below the invoker's API and assembly: it takes its settings
+//! ([`DispatcherSettings`]) rather than the invoker's config, and the jobs it runs are
+//! `invoker_job`'s, as the pool's are.
+
+#![forbid(unsafe_code)]
 
 pub mod backlog;
 pub mod caps;
@@ -18,7 +24,6 @@ pub mod send;
 pub mod stalls;
 pub mod view;
 
-use crate::config::Config;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use invoker_core::placement::{place, ActionNeeds, PlacementConfig};
@@ -58,6 +63,29 @@ const QUEUED_ROUND_PAUSE: Duration = Duration::from_secs(1);
 /// The scheduler is at its `max_in_flight`: the activation was answered with a record.
 #[derive(Debug)]
 pub struct SchedulerBusy;
+
+/// What a dispatcher is told: `[scheduler]`, and the few settings of the cluster, the pool and
+/// the proxies its waits follow (the invoker's config checks them all).
+#[derive(Clone, Debug)]
+pub struct DispatcherSettings {
+    /// Unique among the schedulers of one etcd.
+    pub id: String,
+    /// The cluster's etcd prefix.
+    pub prefix: String,
+    pub max_reschedules: u32,
+    pub max_in_flight: u32,
+    pub refresh_interval: Duration,
+    pub placement: PlacementConfig,
+    /// The pool's `wait_deadline`: with the action's timeout, how long an invoker's answer is
+    /// awaited.
+    pub wait_deadline: Duration,
+    /// The proxies' `init_timeout`.
+    pub init_timeout: Duration,
+    pub handover_timeout: Duration,
+    pub wait_for_room: Duration,
+    /// How long an invoker last read healthy is still placed on after its registration went.
+    pub registration_grace: Duration,
+}
 
 /// An invoker as `GET /v1/invokers` shows it.
 #[derive(serde::Serialize)]
@@ -129,23 +157,23 @@ struct InFlight {
 type SendKey = (Instant, u64);
 
 impl Dispatcher {
-    /// `config.cluster.controller_key` must be set (the caller checks).
-    pub fn new(config: &Config, kv: Etcd, controller_key: &str) -> Self {
-        let s = &config.scheduler;
+    /// `controller_key` is what the invokers' shims take from their schedulers.
+    pub fn new(settings: DispatcherSettings, kv: Etcd, controller_key: &str) -> Self {
+        let s = settings;
         Dispatcher {
-            id: s.id.clone(),
+            id: s.id,
             kv,
-            prefix: config.cluster.prefix.clone(),
+            prefix: s.prefix,
             max_reschedules: s.max_reschedules,
             max_in_flight: s.max_in_flight,
             refresh_interval: s.refresh_interval,
-            placement: PlacementConfig { managed_fraction: s.managed_fraction, blackbox_fraction: s.blackbox_fraction },
-            wait_deadline: config.pool.wait_deadline,
-            init_timeout: config.proxy.init_timeout,
+            placement: s.placement,
+            wait_deadline: s.wait_deadline,
+            init_timeout: s.init_timeout,
             handover_timeout: s.handover_timeout,
             wait_for_room: s.wait_for_room,
             demand: Arc::default(),
-            directory: Directory::new(s.registration_grace.unwrap_or(config.cluster.lease_ttl)),
+            directory: Directory::new(s.registration_grace),
             snapshots: Mutex::default(),
             taken: Mutex::default(),
             stalls: stalls::Stalls::default(),
