@@ -1,7 +1,9 @@
-//! The seams of the source tree: no two files of a crate import each other, directly or through
-//! others (tests and `mod tests` blocks aside), so each module can be read, tested and replaced
-//! from its own imports downward; and the decision cores (`crates/invoker-core`) depend on
-//! nothing that does I/O, so that they stay pure functions of their events.
+//! The seams of the source tree: every crate depends only on crates of the layers below its own
+//! ([`CRATE_LAYERS`]), and the invoker's folders import only folders below theirs
+//! ([`FOLDER_LAYERS`]); no two files of a crate import each other, directly or through others
+//! (tests and `mod tests` blocks aside), so each module can be read, tested and replaced from
+//! its own imports downward; and the decision cores (`crates/invoker-core`) depend on nothing
+//! that does I/O, so that they stay pure functions of their events.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -218,6 +220,103 @@ fn the_crates_depend_down_the_layers_only() {
         assert!(named.contains(&"invoker-ids".to_string()), "{krate}: the dependencies were read: {named:?}");
         assert!(!named.iter().any(|d| d == "invoker-core" || d == "invoker"), "{krate} depends on {named:?}");
     }
+}
+
+/// The workspace's layers, lowest first: a crate depends only on crates of layers below its own,
+/// and every crate has its place (a crate added later must be given one).
+const CRATE_LAYERS: &[&[&str]] = &[
+    // The names and the HTTP pieces everything shares.
+    &["invoker-ids", "invoker-http"],
+    // What is said (the wire) and what is decided (the pure cores).
+    &["invoker-wire", "invoker-core"],
+    // The parts: spans, the store, the live view, the action runtime, the factory contract.
+    &["invoker-telemetry", "invoker-store", "invoker-live", "invoker-runtime", "invoker-factory"],
+    // Built on the parts: metrics, etcd, the backends.
+    &["invoker-metrics", "invoker-etcd", "invoker-process", "invoker-docker", "invoker-mesos", "invoker-kubernetes"],
+    // An accepted activation and its end.
+    &["invoker-job"],
+    // The cluster's two programs besides the invoker.
+    &["invoker-scheduler", "invoker-capacity"],
+    // The invoker: the API, the config, the two actors, the intake, the assembly.
+    &["invoker"],
+    // What measures it.
+    &["invoker-bench"],
+];
+
+fn layer_of(krate: &str) -> usize {
+    CRATE_LAYERS.iter().position(|l| l.contains(&krate)).unwrap_or_else(|| panic!("{krate} has no layer"))
+}
+
+/// Each crate's own dependencies (the workspace's) are in layers below its own.
+#[test]
+fn every_crate_depends_on_lower_layers_only() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut crates: Vec<(String, PathBuf)> = vec![("invoker".into(), root.to_path_buf())];
+    for entry in std::fs::read_dir(root.join("crates")).unwrap() {
+        let path = entry.unwrap().path();
+        crates.push((path.file_name().unwrap().to_string_lossy().into_owned(), path));
+    }
+    assert!(crates.len() >= 19, "the crates were read: {crates:?}");
+    for (krate, path) in &crates {
+        let own = layer_of(krate);
+        for dependency in dependencies_of(path).iter().filter(|d| *d == "invoker" || d.starts_with("invoker-")) {
+            assert!(layer_of(dependency) < own, "{krate} (layer {own}) depends on {dependency}, not below it");
+        }
+    }
+}
+
+/// The invoker crate's own folders, lowest first: a folder imports only folders of layers
+/// below its own (`crate::...`), so that the intake never names the pool nor a backend the
+/// API. `main.rs` and `lib.rs` stand above them all.
+const FOLDER_LAYERS: &[&[&str]] =
+    &[&["config", "sim"], &["factory", "activation"], &["proxy"], &["pool"], &["cluster"], &["api"], &["app", "fuzz"]];
+
+/// Every import of a folder (its first module) that does not go to a lower layer, as
+/// `(from, to)`, and how many imports went from one folder to another.
+fn upward_imports(root: &Path, layers: &[&[&str]]) -> (Vec<(String, String)>, usize) {
+    let mut modules = BTreeMap::new();
+    files(root, root, &mut modules);
+    let layer = |folder: &str| layers.iter().position(|l| l.contains(&folder));
+    let (mut upward, mut across) = (Vec::new(), 0);
+    for (module, path) in &modules {
+        let Some(folder) = module.first() else { continue };
+        let own = layer(folder).unwrap_or_else(|| panic!("the folder {folder} has no layer"));
+        let source = std::fs::read_to_string(path).unwrap();
+        for reference in references(&source, module) {
+            let Some(target) = reference.first().filter(|t| *t != folder) else { continue };
+            across += 1;
+            if layer(target).is_some_and(|theirs| theirs >= own) {
+                upward.push((module.join("::"), reference.join("::")));
+            }
+        }
+    }
+    (upward, across)
+}
+
+#[test]
+fn the_invokers_folders_import_down_the_layers_only() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let (upward, across) = upward_imports(&root, FOLDER_LAYERS);
+    assert_eq!(upward, Vec::<(String, String)>::new());
+    assert!(across >= 50, "the scan found the imports between folders: {across}");
+}
+
+/// The rule finds an import up the layers, in a path and in a use group.
+#[test]
+fn the_folder_rule_finds_an_import_up_the_layers() {
+    let dir = tempfile::tempdir().unwrap();
+    for (file, text) in [
+        ("low/mod.rs", "pub mod inner;\n"),
+        ("low/inner.rs", "use crate::{high::Thing, low::Other};\n"),
+        ("high.rs", "use crate::low::inner;\n"),
+    ] {
+        let path = dir.path().join(file);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    }
+    let pair = |from: &str, to: &str| vec![(from.to_string(), to.to_string())];
+    assert_eq!(upward_imports(dir.path(), &[&["low"], &["high"]]), (pair("low::inner", "high::Thing"), 2));
+    assert_eq!(upward_imports(dir.path(), &[&["high"], &["low"]]), (pair("high", "low::inner"), 2));
 }
 
 /// The crates `invoker-wire` may not depend on: it is data and the rules of its shape.
