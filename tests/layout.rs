@@ -226,7 +226,7 @@ fn the_crates_depend_down_the_layers_only() {
 /// and every crate has its place (a crate added later must be given one).
 const CRATE_LAYERS: &[&[&str]] = &[
     // The names and the HTTP pieces everything shares.
-    &["invoker-ids", "invoker-http"],
+    &["invoker-ids", "invoker-http", "invoker-build"],
     // What is said (the wire) and what is decided (the pure cores).
     &["invoker-wire", "invoker-core"],
     // The parts: spans, the store, the live view, the action runtime, the factory contract.
