@@ -113,6 +113,10 @@ enum Command {
     /// Offer an Fn function's unix socket on TCP, from a container beside it in its pod (the
     /// Kubernetes factory's Fn pods); listens once the function is ready.
     FnBridge(invoker::factory::fn_bridge::FnBridgeArgs),
+    /// Replay a trace's calls through a live cluster on this machine (etcd, a scheduler, the
+    /// capacity manager and its invokers), compressed in time, and print what happened beside
+    /// what the simulator says of the same calls.
+    Replay(invoker_replay::ReplayArgs),
     /// Run the pool core in virtual time against a simulated cluster; prints a JSON summary.
     Simulate {
         #[arg(long)]
@@ -149,6 +153,14 @@ fn main() -> anyhow::Result<()> {
         Some(Command::Simulate { scenario }) => {
             let scenario = invoker::sim::load(&scenario)?;
             println!("{}", invoker::sim::run(&scenario)?);
+            return Ok(());
+        }
+        Some(Command::Replay(args)) => {
+            let scenario = invoker::sim::load(&args.scenario)?;
+            let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            let host = invoker::sim::Machine::default();
+            let verdict = runtime.block_on(invoker_replay::replay(&args, scenario, &host))?;
+            println!("{verdict}");
             return Ok(());
         }
         Some(Command::Serve(args)) => return serve_invoker(args),

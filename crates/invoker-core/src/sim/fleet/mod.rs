@@ -53,6 +53,48 @@ const DELAYED: Duration = Duration::from_secs(1);
 /// sooner than `scale_down_after` (60 s) after a rise, so a shorter window sees nothing.
 const REVERSAL: Duration = Duration::from_secs(300);
 
+/// The thresholds a run counts against: a call delayed past `delayed_over`, a decision undone
+/// within `reversal`. The trace's own (1 s, 5 minutes) unless the calls were compressed in
+/// time (a replay's slice, `invoker replay`), when they shrink by the same factor.
+#[derive(Clone, Copy, Debug)]
+pub struct Scale {
+    pub delayed_over: Duration,
+    pub reversal: Duration,
+}
+
+impl Scale {
+    /// The thresholds of a trace compressed `factor` times.
+    pub fn compressed(factor: f64) -> Scale {
+        let factor = factor.max(1.0);
+        Scale { delayed_over: DELAYED.div_f64(factor), reversal: REVERSAL.div_f64(factor) }
+    }
+}
+
+/// One managed fleet on `calls` as given (a replay's slice, already compressed in time): the
+/// group's own predictor and headroom, an invoker up `latency` after it is asked for, the
+/// delays and reversals counted against `scale`. What `invoker replay` sets beside what really
+/// happened: the same summary as each entry of [`compare`].
+pub fn managed_run(
+    scenario: &Scenario,
+    fleet: &Fleet,
+    calls: &[Call],
+    latency: Duration,
+    scale: Scale,
+    host: &dyn Host,
+) -> Value {
+    let minutes = calls.last().map_or(0, |c| c.at.as_secs() / 60 + 1) as usize;
+    let floors = Floors::of(calls, Duration::from_secs(minutes as u64 * 60), fleet.group.invoker_memory_mb);
+    let profile = DemandProfile::of(calls, minutes);
+    let oracle_seconds =
+        profile.oracle_invokers(fleet.group.invoker_memory_mb).iter().map(|&n| u64::from(n) * 60).sum();
+    let bounds = Bounds { oracle_seconds, floors };
+    let sizing = Sizing::Managed(fleet.group.predictor, fleet.group.headroom_mb);
+    let sim = run_scaled(scenario, fleet, calls, minutes, sizing, latency, scale, host);
+    let mut summary = sim.summary(&bounds);
+    summary["activations"] = json!(calls.len());
+    summary
+}
+
 /// How a run sizes its fleet.
 #[derive(Clone, Copy, Debug)]
 enum Sizing {
@@ -187,6 +229,21 @@ fn run<'a>(
     latency: Duration,
     host: &dyn Host,
 ) -> FleetSim<'a> {
+    let scale = Scale { delayed_over: DELAYED, reversal: REVERSAL };
+    run_scaled(scenario, fleet, calls, minutes, sizing, latency, scale, host)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_scaled<'a>(
+    scenario: &'a Scenario,
+    fleet: &'a Fleet,
+    calls: &'a [Call],
+    minutes: usize,
+    sizing: Sizing,
+    latency: Duration,
+    scale: Scale,
+    host: &dyn Host,
+) -> FleetSim<'a> {
     let began = host.elapsed();
     let group = match sizing {
         Sizing::Fixed(_) => None,
@@ -200,6 +257,7 @@ fn run<'a>(
         fleet,
         calls,
         latency,
+        scale,
         horizon: Duration::from_secs(minutes as u64 * 60),
         now: Duration::ZERO,
         timeline: Timeline::default(),
@@ -322,6 +380,7 @@ struct FleetSim<'a> {
     fleet: &'a Fleet,
     calls: &'a [Call],
     latency: Duration,
+    scale: Scale,
     horizon: Duration,
     now: Duration,
     timeline: Timeline<Ev>,
@@ -635,7 +694,7 @@ impl FleetSim<'_> {
         let call = self.calls[job.call];
         let waited = self.now - job.arrived;
         self.counts.waits_us.push(waited.as_micros() as u64);
-        if waited > DELAYED {
+        if waited > self.scale.delayed_over {
             self.counts.delayed += 1;
         }
         if let Some(c) = self.invokers[i].containers.get_mut(&container) {
@@ -754,7 +813,7 @@ impl FleetSim<'_> {
                 let inv = &mut self.invokers[self.by_id[&id]];
                 inv.phase = Phase::Draining;
                 self.counts.drained += 1;
-                if self.counts.last_grown.is_some_and(|t| self.now < t + REVERSAL) {
+                if self.counts.last_grown.is_some_and(|t| self.now < t + self.scale.reversal) {
                     self.counts.reversals += 1;
                 }
                 self.counts.last_drained = Some(self.now);
@@ -781,7 +840,7 @@ impl FleetSim<'_> {
 
     /// The group grows by an invoker: a reversal when it drained one within [`REVERSAL`].
     fn grew(&mut self) {
-        if self.counts.last_drained.is_some_and(|t| self.now < t + REVERSAL) {
+        if self.counts.last_drained.is_some_and(|t| self.now < t + self.scale.reversal) {
             self.counts.reversals += 1;
         }
         self.counts.last_grown = Some(self.now);

@@ -1,0 +1,208 @@
+//! The verdict: the simulator's figures (calls, refused, delayed over a second, cold starts,
+//! invoker-seconds, idle memory-time, reversals) from what really happened in the replay, and
+//! from the simulator on the same calls, side by side. Times are given in the trace's own scale
+//! (the replay's seconds times the factor), delays against a second of the trace.
+
+use crate::drive::Outcome;
+use crate::observe::FleetSeen;
+use invoker_core::sim::fleet::Scale;
+use invoker_core::sim::scenario::Scenario;
+use invoker_core::sim::workload::Call;
+use serde_json::{json, Value};
+use std::time::Duration;
+
+/// How far apart the two sides may be on a figure and still agree (issue 61: 15 %).
+pub const AGREEMENT: f64 = 0.15;
+
+/// One side's figures.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Verdict {
+    pub calls: u64,
+    pub completed: u64,
+    pub refused: u64,
+    /// Neither completed nor refused: an error, or no answer in time.
+    pub failed: u64,
+    pub delayed_over_1s: u64,
+    pub cold_starts: u64,
+    /// In the trace's seconds.
+    pub invoker_seconds: f64,
+    pub invokers_max: u64,
+    /// In the trace's seconds.
+    pub idle_gb_s: f64,
+    pub reversals: u64,
+}
+
+/// What the replay measured of the real parts, which the simulator then takes as its model's.
+#[derive(Clone, Debug)]
+pub struct Measured {
+    /// From an invoker asked for to serving (the median; 1 s when none was seen).
+    pub invoker_start: Duration,
+    /// What a cold start added to its call (the median over cold calls of the answer's
+    /// latency less the run; 100 ms when none was seen).
+    pub cold_start: Duration,
+    /// The calls' own overhead when warm (median), for the record.
+    pub warm_overhead: Duration,
+}
+
+fn median(mut values: Vec<Duration>) -> Option<Duration> {
+    values.sort_unstable();
+    values.get(values.len() / 2).copied()
+}
+
+impl Measured {
+    pub fn of(calls: &[Call], outcomes: &[Outcome], seen: &FleetSeen) -> Measured {
+        let overheads = |cold: bool| {
+            calls
+                .iter()
+                .zip(outcomes)
+                .filter(|(_, o)| o.status == 200 && o.cold == cold)
+                .map(|(c, o)| o.latency.saturating_sub(c.run))
+                .collect::<Vec<_>>()
+        };
+        Measured {
+            invoker_start: median(seen.start_latencies.clone()).unwrap_or(Duration::from_secs(1)),
+            cold_start: median(overheads(true)).unwrap_or(Duration::from_millis(100)),
+            warm_overhead: median(overheads(false)).unwrap_or_default(),
+        }
+    }
+}
+
+impl Verdict {
+    /// From the calls' answers and the fleet as watched. An answer with a record (200, or 502
+    /// for an action's own error) completed; 429 and 503 were refused; anything else failed.
+    pub fn of_replay(calls: &[Call], outcomes: &[Outcome], seen: &FleetSeen, scale: Scale, factor: f64) -> Verdict {
+        let completed = outcomes.iter().filter(|o| matches!(o.status, 200 | 502)).count() as u64;
+        let refused = outcomes.iter().filter(|o| matches!(o.status, 429 | 503)).count() as u64;
+        let delayed = calls
+            .iter()
+            .zip(outcomes)
+            .filter(|(c, o)| matches!(o.status, 200 | 502) && o.latency.saturating_sub(c.run) > scale.delayed_over)
+            .count() as u64;
+        Verdict {
+            calls: calls.len() as u64,
+            completed,
+            refused,
+            failed: calls.len() as u64 - completed - refused,
+            delayed_over_1s: delayed,
+            cold_starts: outcomes.iter().filter(|o| o.cold).count() as u64,
+            invoker_seconds: seen.invoker_seconds * factor,
+            invokers_max: seen.invokers_max as u64,
+            idle_gb_s: seen.idle_mb_s / 1024.0 * factor,
+            reversals: seen.reversals,
+        }
+    }
+
+    /// From the simulator's summary of one managed run ([`invoker_core::sim::fleet::managed_run`]).
+    pub fn of_simulator(summary: &Value, factor: f64) -> Verdict {
+        let n = |key: &str| summary[key].as_u64().unwrap_or(0);
+        let f = |key: &str| summary[key].as_f64().unwrap_or(0.0);
+        Verdict {
+            calls: n("activations"),
+            completed: n("completed"),
+            refused: n("refused"),
+            failed: n("failed") + n("lost") + n("killed_at_drain_deadline"),
+            delayed_over_1s: n("delayed_over_1s"),
+            cold_starts: n("cold_starts"),
+            invoker_seconds: f("invoker_seconds") * factor,
+            invokers_max: n("invokers_max"),
+            idle_gb_s: f("idle_gb_s") * factor,
+            reversals: n("reversals"),
+        }
+    }
+
+    fn rows(&self) -> Vec<(&'static str, f64)> {
+        vec![
+            ("calls", self.calls as f64),
+            ("completed", self.completed as f64),
+            ("refused", self.refused as f64),
+            ("failed", self.failed as f64),
+            ("delayed over 1 s", self.delayed_over_1s as f64),
+            ("cold starts", self.cold_starts as f64),
+            ("invoker-seconds", self.invoker_seconds.round()),
+            ("invokers at most", self.invokers_max as f64),
+            ("idle memory GB·s", self.idle_gb_s.round()),
+            ("reversals", self.reversals as f64),
+        ]
+    }
+}
+
+/// The figures the two sides must agree on within [`AGREEMENT`] (issue 61).
+const COMPARED: [&str; 5] = ["cold starts", "delayed over 1 s", "invoker-seconds", "idle memory GB·s", "completed"];
+
+/// How far `simulated` is from `real`, as a share of the larger (0 when both are 0).
+fn difference(real: f64, simulated: f64) -> f64 {
+    let larger = real.abs().max(simulated.abs());
+    if larger == 0.0 {
+        0.0
+    } else {
+        (simulated - real).abs() / larger
+    }
+}
+
+/// Both verdicts as one JSON value, and the same as a table on stderr.
+pub fn side_by_side(
+    scenario: &Scenario,
+    factor: f64,
+    calls: usize,
+    measured: &Measured,
+    real: &Verdict,
+    simulated: &Verdict,
+) -> Value {
+    let mut rows = Vec::new();
+    let mut agree = true;
+    eprintln!("{:<20} {:>14} {:>14} {:>8}", "figure", "replay", "simulator", "apart");
+    for ((name, r), (_, s)) in real.rows().into_iter().zip(simulated.rows()) {
+        let apart = difference(r, s);
+        if COMPARED.contains(&name) && apart > AGREEMENT {
+            agree = false;
+        }
+        eprintln!("{name:<20} {r:>14} {s:>14} {:>7.1}%", apart * 100.0);
+        rows.push(json!({ "figure": name, "replay": r, "simulator": s, "apart_pct": (apart * 1000.0).round() / 10.0 }));
+    }
+    json!({
+        "scenario": scenario.name,
+        "factor": factor,
+        "calls": calls,
+        "measured": {
+            "invoker_start_ms": measured.invoker_start.as_millis() as u64,
+            "cold_start_ms": (measured.cold_start.as_secs_f64() * 1000.0 * 10.0).round() / 10.0,
+            "warm_overhead_ms": (measured.warm_overhead.as_secs_f64() * 1000.0 * 10.0).round() / 10.0,
+        },
+        "rows": rows,
+        "agree_within_15_pct": agree,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(run_ms: u64) -> Call {
+        Call { at: Duration::ZERO, action: 0, memory_mb: 128, run: Duration::from_millis(run_ms) }
+    }
+
+    fn answered(status: u16, latency_ms: u64, cold: bool) -> Outcome {
+        Outcome { status, latency: Duration::from_millis(latency_ms), cold, wait: None }
+    }
+
+    /// At 60×, a call whose answer came more than 1/60 s after its run should have ended is
+    /// delayed; 503 is refused, no answer failed; the fleet's seconds are the trace's.
+    #[test]
+    fn the_replays_verdict_counts_in_the_traces_scale() {
+        let calls = [call(100), call(100), call(100), call(100)];
+        let outcomes =
+            [answered(200, 110, false), answered(200, 140, true), answered(503, 1, false), Outcome::default()];
+        let seen = FleetSeen { invoker_seconds: 10.0, idle_mb_s: 1024.0, reversals: 1, ..FleetSeen::default() };
+        let v = Verdict::of_replay(&calls, &outcomes, &seen, Scale::compressed(60.0), 60.0);
+        assert_eq!((v.completed, v.refused, v.failed, v.delayed_over_1s, v.cold_starts), (2, 1, 1, 1, 1));
+        assert_eq!((v.invoker_seconds, v.idle_gb_s, v.reversals), (600.0, 60.0, 1));
+        let m = Measured::of(&calls, &outcomes, &seen);
+        assert_eq!((m.cold_start, m.warm_overhead), (Duration::from_millis(40), Duration::from_millis(10)));
+    }
+
+    #[test]
+    fn figures_apart_by_more_than_fifteen_percent_disagree() {
+        assert_eq!(difference(0.0, 0.0), 0.0);
+        assert!(difference(100.0, 90.0) <= AGREEMENT && difference(100.0, 80.0) > AGREEMENT);
+    }
+}
