@@ -118,27 +118,31 @@ pub async fn replay(
     let memory = (cluster::MEMORY_MIN_MB, fleet.group.invoker_memory_mb as u32);
     let calls = compressed_calls(&scenario, args.factor, args.max_calls, memory, host)?;
     let scale = Scale::compressed(args.factor);
+    // The slice's whole minutes, compressed: both sides count the fleet over it.
+    let last = calls.last().map_or(Duration::ZERO, |c| c.at.mul_f64(args.factor));
+    let horizon = Duration::from_secs((last.as_secs() / 60 + 1) * 60).div_f64(args.factor);
     let cluster = cluster::Cluster::start(args, &scenario).await?;
     let outcome = async {
         let actions = drive::create_actions(&cluster, &calls).await?;
-        let watch = observe::Watch::start(&cluster, scale.reversal);
+        let watch = observe::Watch::start(&cluster, scale.reversal, horizon);
         let outcomes = drive::send(&cluster, &calls, &actions, args.factor).await;
-        let fleet_seen = watch.stop().await;
+        let fleet_seen = watch.seen().await;
         Ok::<_, ReplayError>((outcomes, fleet_seen))
     }
     .await;
     cluster.stop().await;
     let (outcomes, fleet_seen) = outcome?;
-    let real = verdict::Verdict::of_replay(&calls, &outcomes, &fleet_seen, scale, args.factor);
     let measured = verdict::Measured::of(&calls, &outcomes, &fleet_seen);
-    // The simulator with what the replay measured: an invoker's node is the group's, a cold
-    // start what the replay's took, node stats as often as an invoker publishes them.
+    let real = verdict::Verdict::of_replay(&calls, &outcomes, &fleet_seen, &measured, scale, args.factor);
+    // The simulator with what the replay measured: an invoker's node is the group's, each cold
+    // start one the replay's took, node stats as often as an invoker publishes them.
     scenario.cluster.node_memory_mb = fleet.group.invoker_memory_mb;
-    scenario.cluster.start_latency = measured.cold_start;
+    scenario.cluster.start_latency = measured.cold_start();
+    scenario.cluster.start_latency_sample = measured.cold_starts.clone();
     scenario.cluster.stats_every = cluster::PUBLISH_INTERVAL;
     let fleet = scenario.fleet.as_ref().ok_or(ReplayError::NotAFleetTrace)?;
     let simulated =
-        invoker_core::sim::fleet::managed_run(&scenario, fleet, &calls, measured.invoker_start, scale, host);
+        invoker_core::sim::fleet::managed_run(&scenario, fleet, &calls, horizon, measured.invoker_start, scale, host);
     let simulated = verdict::Verdict::of_simulator(&simulated, args.factor);
     Ok(verdict::side_by_side(&scenario, args.factor, calls.len(), &measured, &real, &simulated))
 }

@@ -11,7 +11,6 @@ use invoker_wire::cluster::InvokerRecord;
 use std::collections::BTreeMap;
 use std::time::Duration;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
 /// How often the fleet is looked at.
 const EVERY: Duration = Duration::from_millis(100);
@@ -36,21 +35,21 @@ pub struct FleetSeen {
 }
 
 pub struct Watch {
-    stop: CancellationToken,
     task: tokio::task::JoinHandle<FleetSeen>,
 }
 
 impl Watch {
-    pub fn start(cluster: &Cluster, reversal: Duration) -> Watch {
-        let stop = CancellationToken::new();
+    /// Watches from now until `horizon` has passed: the slice's length, over which the
+    /// simulator counts the fleet too.
+    pub fn start(cluster: &Cluster, reversal: Duration, horizon: Duration) -> Watch {
         let capacity = format!("{}/v1/capacity", cluster.capacity);
         let etcd = Etcd::new(std::slice::from_ref(&cluster.etcd_url));
-        let task = tokio::spawn(watch(capacity, etcd.ok(), reversal, stop.clone()));
-        Watch { stop, task }
+        let until = Instant::now() + horizon;
+        Watch { task: tokio::spawn(watch(capacity, etcd.ok(), reversal, until)) }
     }
 
-    pub async fn stop(self) -> FleetSeen {
-        self.stop.cancel();
+    /// What it saw, once the horizon has passed.
+    pub async fn seen(self) -> FleetSeen {
         self.task.await.unwrap_or_default()
     }
 }
@@ -88,16 +87,16 @@ async fn look(capacity: &str, etcd: Option<&Etcd>) -> Option<(BTreeMap<String, S
     Some((states, idle_mb))
 }
 
-async fn watch(capacity: String, etcd: Option<Etcd>, reversal: Duration, stop: CancellationToken) -> FleetSeen {
+async fn watch(capacity: String, etcd: Option<Etcd>, reversal: Duration, until: Instant) -> FleetSeen {
     let mut seen = FleetSeen::default();
     let mut before: BTreeMap<String, String> = BTreeMap::new();
     let mut asked_at: BTreeMap<String, Instant> = BTreeMap::new();
     let (mut last_grown, mut last_drained): (Option<Instant>, Option<Instant>) = (None, None);
     let mut last_look = Instant::now();
     loop {
-        tokio::select! {
-            _ = stop.cancelled() => break,
-            _ = tokio::time::sleep(EVERY) => {}
+        tokio::time::sleep(EVERY).await;
+        if Instant::now() >= until {
+            break;
         }
         let Some((now_states, idle_mb)) = look(&capacity, etcd.as_ref()).await else {
             seen.missed_looks += 1;

@@ -37,11 +37,12 @@ pub struct Verdict {
 pub struct Measured {
     /// From an invoker asked for to serving (the median; 1 s when none was seen).
     pub invoker_start: Duration,
-    /// What a cold start added to its call (the median over cold calls of the answer's
-    /// latency less the run; 100 ms when none was seen).
-    pub cold_start: Duration,
-    /// The calls' own overhead when warm (median), for the record.
+    /// What every warm call costs beyond its run (HTTP, the scheduler's hop, the invoker, the
+    /// runtime): the median over warm calls of the answer's latency less the run. The simulator
+    /// dispatches without it, so neither side counts it as a wait.
     pub warm_overhead: Duration,
+    /// What each cold start added beyond that: the simulator draws its starts from these.
+    pub cold_starts: Vec<Duration>,
 }
 
 fn median(mut values: Vec<Duration>) -> Option<Duration> {
@@ -59,24 +60,43 @@ impl Measured {
                 .map(|(c, o)| o.latency.saturating_sub(c.run))
                 .collect::<Vec<_>>()
         };
+        let warm_overhead = median(overheads(false)).unwrap_or_default();
+        let cold_starts = overheads(true).into_iter().map(|o| o.saturating_sub(warm_overhead)).collect();
         Measured {
             invoker_start: median(seen.start_latencies.clone()).unwrap_or(Duration::from_secs(1)),
-            cold_start: median(overheads(true)).unwrap_or(Duration::from_millis(100)),
-            warm_overhead: median(overheads(false)).unwrap_or_default(),
+            warm_overhead,
+            cold_starts,
         }
+    }
+
+    /// The median cold start (100 ms when none was seen).
+    pub fn cold_start(&self) -> Duration {
+        median(self.cold_starts.clone()).unwrap_or(Duration::from_millis(100))
+    }
+
+    /// What a call waited: its answer's latency less its run and the warm overhead.
+    pub fn waited(&self, call: &Call, outcome: &Outcome) -> Duration {
+        outcome.latency.saturating_sub(call.run).saturating_sub(self.warm_overhead)
     }
 }
 
 impl Verdict {
     /// From the calls' answers and the fleet as watched. An answer with a record (200, or 502
     /// for an action's own error) completed; 429 and 503 were refused; anything else failed.
-    pub fn of_replay(calls: &[Call], outcomes: &[Outcome], seen: &FleetSeen, scale: Scale, factor: f64) -> Verdict {
+    pub fn of_replay(
+        calls: &[Call],
+        outcomes: &[Outcome],
+        seen: &FleetSeen,
+        measured: &Measured,
+        scale: Scale,
+        factor: f64,
+    ) -> Verdict {
         let completed = outcomes.iter().filter(|o| matches!(o.status, 200 | 502)).count() as u64;
         let refused = outcomes.iter().filter(|o| matches!(o.status, 429 | 503)).count() as u64;
         let delayed = calls
             .iter()
             .zip(outcomes)
-            .filter(|(c, o)| matches!(o.status, 200 | 502) && o.latency.saturating_sub(c.run) > scale.delayed_over)
+            .filter(|(c, o)| matches!(o.status, 200 | 502) && measured.waited(c, o) > scale.delayed_over)
             .count() as u64;
         Verdict {
             calls: calls.len() as u64,
@@ -103,9 +123,9 @@ impl Verdict {
             failed: n("failed") + n("lost") + n("killed_at_drain_deadline"),
             delayed_over_1s: n("delayed_over_1s"),
             cold_starts: n("cold_starts"),
-            invoker_seconds: f("invoker_seconds") * factor,
+            invoker_seconds: f("invoker_seconds_exact") * factor,
             invokers_max: n("invokers_max"),
-            idle_gb_s: f("idle_gb_s") * factor,
+            idle_gb_s: f("idle_gb_s_exact") * factor,
             reversals: n("reversals"),
         }
     }
@@ -165,7 +185,8 @@ pub fn side_by_side(
         "calls": calls,
         "measured": {
             "invoker_start_ms": measured.invoker_start.as_millis() as u64,
-            "cold_start_ms": (measured.cold_start.as_secs_f64() * 1000.0 * 10.0).round() / 10.0,
+            "cold_start_ms_p50": (measured.cold_start().as_secs_f64() * 1000.0 * 10.0).round() / 10.0,
+            "cold_starts_measured": measured.cold_starts.len(),
             "warm_overhead_ms": (measured.warm_overhead.as_secs_f64() * 1000.0 * 10.0).round() / 10.0,
         },
         "rows": rows,
@@ -185,19 +206,20 @@ mod tests {
         Outcome { status, latency: Duration::from_millis(latency_ms), cold, wait: None }
     }
 
-    /// At 60×, a call whose answer came more than 1/60 s after its run should have ended is
-    /// delayed; 503 is refused, no answer failed; the fleet's seconds are the trace's.
+    /// At 60×, a call that waited more than 1/60 s (its answer's latency less its run and the
+    /// warm calls' overhead) is delayed; 503 is refused, no answer failed; the fleet's seconds
+    /// are the trace's.
     #[test]
     fn the_replays_verdict_counts_in_the_traces_scale() {
         let calls = [call(100), call(100), call(100), call(100)];
         let outcomes =
             [answered(200, 110, false), answered(200, 140, true), answered(503, 1, false), Outcome::default()];
         let seen = FleetSeen { invoker_seconds: 10.0, idle_mb_s: 1024.0, reversals: 1, ..FleetSeen::default() };
-        let v = Verdict::of_replay(&calls, &outcomes, &seen, Scale::compressed(60.0), 60.0);
+        let m = Measured::of(&calls, &outcomes, &seen);
+        assert_eq!((m.cold_start(), m.warm_overhead), (Duration::from_millis(30), Duration::from_millis(10)));
+        let v = Verdict::of_replay(&calls, &outcomes, &seen, &m, Scale::compressed(60.0), 60.0);
         assert_eq!((v.completed, v.refused, v.failed, v.delayed_over_1s, v.cold_starts), (2, 1, 1, 1, 1));
         assert_eq!((v.invoker_seconds, v.idle_gb_s, v.reversals), (600.0, 60.0, 1));
-        let m = Measured::of(&calls, &outcomes, &seen);
-        assert_eq!((m.cold_start, m.warm_overhead), (Duration::from_millis(40), Duration::from_millis(10)));
     }
 
     #[test]

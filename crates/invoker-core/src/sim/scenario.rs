@@ -180,6 +180,10 @@ pub struct Cluster {
     /// What resuming a paused container adds before its next run starts.
     #[serde(default, with = "humantime_serde")]
     pub resume_latency: Duration,
+    /// Container starts as measured on a real cluster (`invoker replay`): when given, the fleet
+    /// simulator draws each start's latency from them instead of taking `start_latency`.
+    #[serde(skip)]
+    pub start_latency_sample: Vec<Duration>,
 }
 
 fn default_remove() -> Duration {

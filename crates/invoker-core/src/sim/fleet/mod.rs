@@ -70,28 +70,32 @@ impl Scale {
     }
 }
 
-/// One managed fleet on `calls` as given (a replay's slice, already compressed in time): the
-/// group's own predictor and headroom, an invoker up `latency` after it is asked for, the
-/// delays and reversals counted against `scale`. What `invoker replay` sets beside what really
-/// happened: the same summary as each entry of [`compare`].
+/// One managed fleet on `calls` as given (a replay's slice, already compressed in time) over
+/// `horizon`: the group's own predictor and headroom, an invoker up `latency` after it is asked
+/// for, the delays and reversals counted against `scale`. What `invoker replay` sets beside what
+/// really happened: the same summary as each entry of [`compare`] (its bounds, per-minute and
+/// continuous, are of the compressed calls).
 pub fn managed_run(
     scenario: &Scenario,
     fleet: &Fleet,
     calls: &[Call],
+    horizon: Duration,
     latency: Duration,
     scale: Scale,
     host: &dyn Host,
 ) -> Value {
-    let minutes = calls.last().map_or(0, |c| c.at.as_secs() / 60 + 1) as usize;
-    let floors = Floors::of(calls, Duration::from_secs(minutes as u64 * 60), fleet.group.invoker_memory_mb);
+    let minutes = (horizon.as_secs() / 60 + 1) as usize;
+    let floors = Floors::of(calls, horizon, fleet.group.invoker_memory_mb);
     let profile = DemandProfile::of(calls, minutes);
     let oracle_seconds =
         profile.oracle_invokers(fleet.group.invoker_memory_mb).iter().map(|&n| u64::from(n) * 60).sum();
     let bounds = Bounds { oracle_seconds, floors };
     let sizing = Sizing::Managed(fleet.group.predictor, fleet.group.headroom_mb);
-    let sim = run_scaled(scenario, fleet, calls, minutes, sizing, latency, scale, host);
+    let sim = run_scaled(scenario, fleet, calls, horizon, sizing, latency, scale, host);
     let mut summary = sim.summary(&bounds);
     summary["activations"] = json!(calls.len());
+    summary["invoker_seconds_exact"] = json!(sim.invoker_seconds_exact());
+    summary["idle_gb_s_exact"] = json!(sim.counts.idle_mb_us as f64 / 1024.0 / 1e6);
     summary
 }
 
@@ -230,7 +234,8 @@ fn run<'a>(
     host: &dyn Host,
 ) -> FleetSim<'a> {
     let scale = Scale { delayed_over: DELAYED, reversal: REVERSAL };
-    run_scaled(scenario, fleet, calls, minutes, sizing, latency, scale, host)
+    let horizon = Duration::from_secs(minutes as u64 * 60);
+    run_scaled(scenario, fleet, calls, horizon, sizing, latency, scale, host)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -238,7 +243,7 @@ fn run_scaled<'a>(
     scenario: &'a Scenario,
     fleet: &'a Fleet,
     calls: &'a [Call],
-    minutes: usize,
+    horizon: Duration,
     sizing: Sizing,
     latency: Duration,
     scale: Scale,
@@ -258,7 +263,7 @@ fn run_scaled<'a>(
         calls,
         latency,
         scale,
-        horizon: Duration::from_secs(minutes as u64 * 60),
+        horizon,
         now: Duration::ZERO,
         timeline: Timeline::default(),
         invokers: Vec::new(),
@@ -680,7 +685,12 @@ impl FleetSim<'_> {
             *inv.containers_of.entry(action).or_insert(0) += 1;
         }
         inv.containers.insert(container, SimContainer { action, memory_mb, ran: false });
-        self.at(self.now + self.scenario.cluster.start_latency, Ev::Ready(i, container));
+        let sample = &self.scenario.cluster.start_latency_sample;
+        let latency = match sample.len() {
+            0 => self.scenario.cluster.start_latency,
+            n => sample[self.rng.between(0, n as u64 - 1) as usize],
+        };
+        self.at(self.now + latency, Ev::Ready(i, container));
     }
 
     fn ready(&mut self, i: usize, container: ContainerId) {
@@ -849,6 +859,11 @@ impl FleetSim<'_> {
     // --- the summary -----------------------------------------------------------------------
 
     fn invoker_seconds(&self) -> u64 {
+        self.invoker_seconds_exact() as u64
+    }
+
+    /// Invoker-seconds up to the horizon, unrounded (a compressed replay's are few).
+    fn invoker_seconds_exact(&self) -> f64 {
         let micros: u128 = self
             .invokers
             .iter()
@@ -857,7 +872,7 @@ impl FleetSim<'_> {
                 end.saturating_sub(inv.asked_at).as_micros()
             })
             .sum();
-        (micros / 1_000_000) as u64
+        micros as f64 / 1e6
     }
 
     fn summary(&self, bounds: &Bounds) -> Value {
