@@ -122,6 +122,10 @@ pub struct ContainerPool {
     max_result_bytes: usize,
     metrics: Arc<Metrics>,
     proxies: HashMap<ContainerId, Addr<ContainerProxy>>,
+    /// When the core asked each container being removed to go: its removal's time is
+    /// measured to its proxy's report (`invoker_container_remove_seconds`; the simulator's
+    /// `remove_latency`).
+    removing: HashMap<ContainerId, std::time::Instant>,
     create_failures_in_a_row: u32,
     create_refusals_in_a_row: u32,
     jobs: HashMap<JobId, RunJob>,
@@ -173,6 +177,7 @@ impl ContainerPool {
             max_result_bytes,
             metrics,
             proxies: HashMap::new(),
+            removing: HashMap::new(),
             create_failures_in_a_row: 0,
             create_refusals_in_a_row: 0,
             jobs: HashMap::new(),
@@ -330,6 +335,7 @@ impl ContainerPool {
                 }
                 Effect::Remove { container } => {
                     if let Some(proxy) = self.proxies.get(&container) {
+                        self.removing.insert(container, std::time::Instant::now());
                         proxy.do_send(Remove);
                     }
                 }
@@ -616,6 +622,9 @@ impl Handler<ProxyReport> for ContainerPool {
             ProxyReport::Finished { container, job, reusable } => Event::Finished { container, job, reusable },
             ProxyReport::Removed { container } => {
                 self.proxies.remove(&container);
+                if let Some(asked) = self.removing.remove(&container) {
+                    self.metrics.container_removed(asked.elapsed());
+                }
                 Event::Removed(container)
             }
         };

@@ -57,6 +57,9 @@ pub struct Metrics {
     /// (`wanted`, `up`); set at scrape.
     pub capped_waiting: Gauge,
     pub provisioned: Family<StateLabel, Gauge>,
+    /// From the pool's asking a container to go to its being gone (the factory's destroy and
+    /// the actors' hops): what a cold start that must first make room waits for.
+    remove_seconds: Histogram,
 }
 
 impl Default for Metrics {
@@ -111,6 +114,12 @@ impl Default for Metrics {
             "Provisioned containers of actions' provisioned-concurrency: wanted, and up",
             provisioned.clone(),
         );
+        let remove_seconds = Histogram::new(exponential_buckets(0.0005, 2.0, 16));
+        registry.register(
+            "container_remove_seconds",
+            "From the pool asking a container to go to its being gone",
+            remove_seconds.clone(),
+        );
         let live = invoker_live::LiveFeed::default();
         Metrics {
             registry,
@@ -129,11 +138,17 @@ impl Default for Metrics {
             capped,
             capped_waiting,
             provisioned,
+            remove_seconds,
         }
     }
 }
 
 impl Metrics {
+    /// A container the pool asked to go is gone, `took` after it asked.
+    pub fn container_removed(&self, took: std::time::Duration) {
+        self.remove_seconds.observe(took.as_secs_f64());
+    }
+
     pub fn activation_finished(&self, record: &ActivationRecord) {
         if self.live.watched() {
             self.live.activation(&invoker_live::ActivationRow::of(record));
