@@ -139,12 +139,14 @@ pub async fn replay(
     scenario.cluster.node_memory_mb = fleet.group.invoker_memory_mb;
     scenario.cluster.start_latency = measured.cold_start();
     scenario.cluster.start_latency_sample = measured.cold_starts.clone();
+    scenario.cluster.remove_latency = measured.remove_latency;
     scenario.cluster.stats_every = cluster::PUBLISH_INTERVAL;
     let fleet = scenario.fleet.as_ref().ok_or(ReplayError::NotAFleetTrace)?;
     let simulated =
         invoker_core::sim::fleet::managed_run(&scenario, fleet, &calls, horizon, measured.invoker_start, scale, host);
+    let by_minute = (fleet_seen.invokers_by_minute(scale.minute, horizon), simulated["invokers_by_minute"].clone());
     let simulated = verdict::Verdict::of_simulator(&simulated, args.factor);
-    Ok(verdict::side_by_side(&scenario, args.factor, calls.len(), &measured, &real, &simulated))
+    Ok(verdict::side_by_side(&scenario, args.factor, calls.len(), &measured, (&real, &simulated), by_minute))
 }
 
 /// How long after its last call is sent the replay waits for the answers still out.

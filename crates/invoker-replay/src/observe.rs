@@ -14,6 +14,8 @@ use tokio::time::Instant;
 
 /// How often the fleet is looked at.
 const EVERY: Duration = Duration::from_millis(100);
+/// Every this many looks, each registered invoker's `/metrics` is read too.
+const SCRAPE_EVERY: u64 = 10;
 
 /// What the watch saw.
 #[derive(Clone, Debug, Default)]
@@ -32,6 +34,35 @@ pub struct FleetSeen {
     pub start_latencies: Vec<Duration>,
     /// Looks that failed (the manager or etcd did not answer in time).
     pub missed_looks: u64,
+    /// Each look: seconds from the start, and how many invokers the group had.
+    pub counts: Vec<(f64, usize)>,
+    /// Per invoker, its containers' removals as its `/metrics` last said: (seconds in all,
+    /// how many).
+    pub removals: BTreeMap<String, (f64, u64)>,
+}
+
+impl FleetSeen {
+    /// The mean time from a pool's asking a container to go to its being gone, over every
+    /// invoker's removals (`None` when none was seen).
+    pub fn remove_latency(&self) -> Option<Duration> {
+        let (seconds, count) = self.removals.values().fold((0.0, 0), |(s, n), (ds, dn)| (s + ds, n + dn));
+        (count > 0).then(|| Duration::from_secs_f64(seconds / count as f64))
+    }
+
+    /// The invokers the group had, averaged over each `minute` (a minute of the trace,
+    /// compressed) up to `horizon`, to one decimal.
+    pub fn invokers_by_minute(&self, minute: Duration, horizon: Duration) -> Vec<f64> {
+        let minute = minute.as_secs_f64().max(1e-6);
+        let buckets = ((horizon.as_secs_f64() / minute) as usize).max(1);
+        let mut sums = vec![(0.0, 0usize); buckets];
+        for &(at, count) in &self.counts {
+            if let Some(bucket) = sums.get_mut((at / minute) as usize) {
+                bucket.0 += count as f64;
+                bucket.1 += 1;
+            }
+        }
+        sums.into_iter().map(|(sum, n)| if n == 0 { 0.0 } else { (sum / n as f64 * 10.0).round() / 10.0 }).collect()
+    }
 }
 
 pub struct Watch {
@@ -56,7 +87,7 @@ impl Watch {
 
 /// One look: the default group's invokers and their states, and every registered invoker's
 /// idle memory.
-async fn look(capacity: &str, etcd: Option<&Etcd>) -> Option<(BTreeMap<String, String>, u64)> {
+async fn look(capacity: &str, etcd: Option<&Etcd>) -> Option<(BTreeMap<String, String>, u64, Vec<(String, String)>)> {
     let (status, body) = crate::client::get(capacity, Some(ADMIN_KEY)).await.ok()?;
     if status != 200 {
         return None;
@@ -68,23 +99,29 @@ async fn look(capacity: &str, etcd: Option<&Etcd>) -> Option<(BTreeMap<String, S
         .iter()
         .map(|(id, state)| (id.clone(), state.as_str().unwrap_or_default().to_string()))
         .collect();
-    let idle_mb = match etcd {
+    let records: Vec<InvokerRecord> = match etcd {
         Some(etcd) => {
-            let registered =
-                tokio::time::timeout(Duration::from_secs(2), etcd.get_prefix(&format!("{PREFIX}/invokers/")))
-                    .await
-                    .ok()?
-                    .ok()?;
-            registered
-                .iter()
-                .filter_map(|(_, value)| serde_json::from_str::<InvokerRecord>(value).ok())
-                .flat_map(|r| r.nodes)
-                .map(|n| n.idle_mb)
-                .sum()
+            let prefix = format!("{PREFIX}/invokers/");
+            let registered = tokio::time::timeout(Duration::from_secs(2), etcd.get_prefix(&prefix)).await.ok()?.ok()?;
+            registered.iter().filter_map(|(_, value)| serde_json::from_str::<InvokerRecord>(value).ok()).collect()
         }
-        None => 0,
+        None => Vec::new(),
     };
-    Some((states, idle_mb))
+    let idle_mb = records.iter().flat_map(|r| &r.nodes).map(|n| n.idle_mb).sum();
+    let apis = records.into_iter().map(|r| (r.id, r.api)).collect();
+    Some((states, idle_mb, apis))
+}
+
+/// What an invoker's `/metrics` says of its containers' removals: (seconds in all, how many).
+async fn removals(api: &str) -> Option<(f64, u64)> {
+    let url = format!("{}/metrics", api.trim_end_matches('/'));
+    let (status, body) = crate::client::get(&url, Some(ADMIN_KEY)).await.ok()?;
+    if status != 200 {
+        return None;
+    }
+    let text = String::from_utf8_lossy(&body);
+    let value = |name: &str| text.lines().find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok());
+    Some((value("invoker_container_remove_seconds_sum")?, value("invoker_container_remove_seconds_count")? as u64))
 }
 
 async fn watch(capacity: String, etcd: Option<Etcd>, reversal: Duration, until: Instant) -> FleetSeen {
@@ -92,21 +129,32 @@ async fn watch(capacity: String, etcd: Option<Etcd>, reversal: Duration, until: 
     let mut before: BTreeMap<String, String> = BTreeMap::new();
     let mut asked_at: BTreeMap<String, Instant> = BTreeMap::new();
     let (mut last_grown, mut last_drained): (Option<Instant>, Option<Instant>) = (None, None);
-    let mut last_look = Instant::now();
+    let began = Instant::now();
+    let mut looks = 0u64;
+    let mut last_look = began;
     loop {
         tokio::time::sleep(EVERY).await;
         if Instant::now() >= until {
             break;
         }
-        let Some((now_states, idle_mb)) = look(&capacity, etcd.as_ref()).await else {
+        let Some((now_states, idle_mb, apis)) = look(&capacity, etcd.as_ref()).await else {
             seen.missed_looks += 1;
             continue;
         };
+        looks += 1;
+        if looks.is_multiple_of(SCRAPE_EVERY) {
+            for (id, api) in apis {
+                if let Some(counted) = removals(&api).await {
+                    seen.removals.insert(id, counted);
+                }
+            }
+        }
         let now = Instant::now();
         let dt = now.duration_since(last_look).as_secs_f64();
         last_look = now;
         seen.invoker_seconds += now_states.len() as f64 * dt;
         seen.invokers_max = seen.invokers_max.max(now_states.len());
+        seen.counts.push((now.duration_since(began).as_secs_f64(), now_states.len()));
         seen.idle_mb_s += idle_mb as f64 * dt;
         for (id, state) in &now_states {
             let was = before.get(id).map(String::as_str);

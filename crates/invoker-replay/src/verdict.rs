@@ -43,6 +43,9 @@ pub struct Measured {
     pub warm_overhead: Duration,
     /// What each cold start added beyond that: the simulator draws its starts from these.
     pub cold_starts: Vec<Duration>,
+    /// From a pool's asking a container to go to its being gone (the mean; 10 ms, the
+    /// simulator's default, when none was seen): a cold start that must make room waits for it.
+    pub remove_latency: Duration,
 }
 
 fn median(mut values: Vec<Duration>) -> Option<Duration> {
@@ -66,6 +69,7 @@ impl Measured {
             invoker_start: median(seen.start_latencies.clone()).unwrap_or(Duration::from_secs(1)),
             warm_overhead,
             cold_starts,
+            remove_latency: seen.remove_latency().unwrap_or(Duration::from_millis(10)),
         }
     }
 
@@ -165,8 +169,8 @@ pub fn side_by_side(
     factor: f64,
     calls: usize,
     measured: &Measured,
-    real: &Verdict,
-    simulated: &Verdict,
+    (real, simulated): (&Verdict, &Verdict),
+    invokers_by_minute: (Vec<f64>, Value),
 ) -> Value {
     let mut rows = Vec::new();
     let mut agree = true;
@@ -188,9 +192,11 @@ pub fn side_by_side(
             "cold_start_ms_p50": (measured.cold_start().as_secs_f64() * 1000.0 * 10.0).round() / 10.0,
             "cold_starts_measured": measured.cold_starts.len(),
             "warm_overhead_ms": (measured.warm_overhead.as_secs_f64() * 1000.0 * 10.0).round() / 10.0,
+            "remove_latency_ms": (measured.remove_latency.as_secs_f64() * 1000.0 * 10.0).round() / 10.0,
         },
         "rows": rows,
         "agree_within_15_pct": agree,
+        "invokers_by_minute": { "replay": invokers_by_minute.0, "simulator": invokers_by_minute.1 },
     })
 }
 

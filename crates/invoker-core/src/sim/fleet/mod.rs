@@ -60,13 +60,16 @@ const REVERSAL: Duration = Duration::from_secs(300);
 pub struct Scale {
     pub delayed_over: Duration,
     pub reversal: Duration,
+    /// A minute of the trace.
+    pub minute: Duration,
 }
 
 impl Scale {
     /// The thresholds of a trace compressed `factor` times.
     pub fn compressed(factor: f64) -> Scale {
         let factor = factor.max(1.0);
-        Scale { delayed_over: DELAYED.div_f64(factor), reversal: REVERSAL.div_f64(factor) }
+        let minute = Duration::from_secs(60).div_f64(factor);
+        Scale { delayed_over: DELAYED.div_f64(factor), reversal: REVERSAL.div_f64(factor), minute }
     }
 }
 
@@ -96,6 +99,7 @@ pub fn managed_run(
     summary["activations"] = json!(calls.len());
     summary["invoker_seconds_exact"] = json!(sim.invoker_seconds_exact());
     summary["idle_gb_s_exact"] = json!(sim.counts.idle_mb_us as f64 / 1024.0 / 1e6);
+    summary["invokers_by_minute"] = json!(sim.invokers_by_minute());
     summary
 }
 
@@ -233,7 +237,7 @@ fn run<'a>(
     latency: Duration,
     host: &dyn Host,
 ) -> FleetSim<'a> {
-    let scale = Scale { delayed_over: DELAYED, reversal: REVERSAL };
+    let scale = Scale { delayed_over: DELAYED, reversal: REVERSAL, minute: Duration::from_secs(60) };
     let horizon = Duration::from_secs(minutes as u64 * 60);
     run_scaled(scenario, fleet, calls, horizon, sizing, latency, scale, host)
 }
@@ -737,6 +741,9 @@ impl FleetSim<'_> {
             }
         }
         self.apply(i, Event::Removed(container));
+        // The memory it held is free at once, as a one-host factory publishes its node's
+        // stats whenever a container goes (`invoker_factory::one_host`), not at the next tick.
+        self.publish_stats(i);
         self.place_waiting();
     }
 
@@ -860,6 +867,27 @@ impl FleetSim<'_> {
 
     fn invoker_seconds(&self) -> u64 {
         self.invoker_seconds_exact() as u64
+    }
+
+    /// The invokers the group had (asked for and not yet removed), averaged over each minute of
+    /// the trace up to the horizon, to one decimal.
+    fn invokers_by_minute(&self) -> Vec<f64> {
+        let minute = self.scale.minute.max(Duration::from_micros(1));
+        let buckets = (self.horizon.as_micros() / minute.as_micros()).max(1) as usize;
+        (0..buckets)
+            .map(|b| {
+                let (from, to) = (minute * b as u32, minute * (b as u32 + 1));
+                let held: f64 = self
+                    .invokers
+                    .iter()
+                    .map(|inv| {
+                        let end = inv.removed_at.unwrap_or(self.horizon).min(to);
+                        end.saturating_sub(inv.asked_at.max(from)).as_secs_f64()
+                    })
+                    .sum();
+                (held / minute.as_secs_f64() * 10.0).round() / 10.0
+            })
+            .collect()
     }
 
     /// Invoker-seconds up to the horizon, unrounded (a compressed replay's are few).
