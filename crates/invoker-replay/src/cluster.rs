@@ -80,6 +80,14 @@ fn config(scenario_file: &toml::Table, scenario: &Scenario, etcd: &str) -> Strin
     group.insert("control_plane".into(), toml::Value::String("local".into()));
     let group = toml::to_string(&group).unwrap_or_default();
     let pool = section(scenario_file, &["pool"]);
+    // Not root: the invokers cannot isolate their containers (the process factory says so at
+    // start); the replay measures the same paths without it.
+    let factory = if nix::unistd::geteuid().is_root() {
+        String::new()
+    } else {
+        eprintln!("replay: not root, so the invokers run their actions unprivileged = false (no isolation)");
+        "[factory.process]\nunprivileged = false\n".to_string()
+    };
     format!(
         "listen = \"127.0.0.1:0\"\n\n\
          [cluster]\netcd = [{etcd}]\nprefix = {prefix}\nlease_ttl = \"10s\"\npublish_interval = \"{publish}ms\"\n\
@@ -90,7 +98,7 @@ fn config(scenario_file: &toml::Table, scenario: &Scenario, etcd: &str) -> Strin
          timeout_max_ms = 300000\n\n\
          [scheduler]\nid = \"replay0\"\nwait_for_room = \"{wait}ms\"\nmax_in_flight = 100000\n\n\
          [capacity]\ntick = \"{tick}ms\"\n\n[capacity.groups.default]\n{group}\n\
-         [pool]\n{pool}\n",
+         [pool]\n{pool}\n{factory}",
         etcd = quoted(etcd),
         prefix = quoted(PREFIX),
         publish = PUBLISH_INTERVAL.as_millis(),
