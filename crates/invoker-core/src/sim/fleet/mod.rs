@@ -21,7 +21,10 @@
 //!   no new work and is removed once idle (or at its drain deadline: what it still runs is
 //!   counted as killed, as the scheduler ends it with a record);
 //! - the scheduler sees every invoker's room at once (no etcd lag), and each invoker is one
-//!   node whose stats its pool sees every pool tick.
+//!   node whose stats its pool sees every pool tick and as soon as a container goes (as the
+//!   one-host factories publish them);
+//! - a container's start and removal take `[cluster] start_latency` and `remove_latency`, or,
+//!   from `invoker replay`, starts drawn from those it measured on the real cluster.
 
 pub mod floors;
 pub mod oracle;
