@@ -145,8 +145,16 @@ pub async fn replay(
     let simulated =
         invoker_core::sim::fleet::managed_run(&scenario, fleet, &calls, horizon, measured.invoker_start, scale, host);
     let by_minute = (fleet_seen.invokers_by_minute(scale.minute, horizon), simulated["invokers_by_minute"].clone());
+    let span = horizon.as_secs_f64().max(1e-9);
+    let manager = serde_json::json!({
+        "demand_mb_mean": { "replay": (fleet_seen.demand_mb_s / span).round(), "simulator": simulated["demand_mb_mean"] },
+        "target_mb_mean": { "replay": (fleet_seen.target_mb_s / span).round(), "simulator": simulated["target_mb_mean"] },
+    });
     let simulated = verdict::Verdict::of_simulator(&simulated, args.factor);
-    Ok(verdict::side_by_side(&scenario, args.factor, calls.len(), &measured, (&real, &simulated), by_minute))
+    let mut verdict =
+        verdict::side_by_side(&scenario, args.factor, calls.len(), &measured, (&real, &simulated), by_minute);
+    verdict["manager"] = manager;
+    Ok(verdict)
 }
 
 /// How long after its last call is sent the replay waits for the answers still out.

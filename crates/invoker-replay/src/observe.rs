@@ -36,6 +36,9 @@ pub struct FleetSeen {
     pub missed_looks: u64,
     /// Each look: seconds from the start, and how many invokers the group had.
     pub counts: Vec<(f64, usize)>,
+    /// The demand the manager's last round took and the target it set, integrated (MB·s).
+    pub demand_mb_s: f64,
+    pub target_mb_s: f64,
     /// Per invoker, its containers' removals as its `/metrics` last said: (seconds in all,
     /// how many).
     pub removals: BTreeMap<String, (f64, u64)>,
@@ -87,7 +90,20 @@ impl Watch {
 
 /// One look: the default group's invokers and their states, and every registered invoker's
 /// idle memory.
-async fn look(capacity: &str, etcd: Option<&Etcd>) -> Option<(BTreeMap<String, String>, u64, Vec<(String, String)>)> {
+/// One look at the fleet.
+struct Look {
+    /// The default group's invokers and their states.
+    states: BTreeMap<String, String>,
+    /// The demand and the target of the manager's last round (MB).
+    demand_mb: u64,
+    target_mb: u64,
+    /// Every registered invoker's idle memory.
+    idle_mb: u64,
+    /// Each registered invoker's id and API.
+    apis: Vec<(String, String)>,
+}
+
+async fn look(capacity: &str, etcd: Option<&Etcd>) -> Option<Look> {
     let (status, body) = crate::client::get(capacity, Some(ADMIN_KEY)).await.ok()?;
     if status != 200 {
         return None;
@@ -109,7 +125,8 @@ async fn look(capacity: &str, etcd: Option<&Etcd>) -> Option<(BTreeMap<String, S
     };
     let idle_mb = records.iter().flat_map(|r| &r.nodes).map(|n| n.idle_mb).sum();
     let apis = records.into_iter().map(|r| (r.id, r.api)).collect();
-    Some((states, idle_mb, apis))
+    let (demand_mb, target_mb) = (group["demand_mb"].as_u64().unwrap_or(0), group["target_mb"].as_u64().unwrap_or(0));
+    Some(Look { states, demand_mb, target_mb, idle_mb, apis })
 }
 
 /// What an invoker's `/metrics` says of its containers' removals: (seconds in all, how many).
@@ -137,7 +154,9 @@ async fn watch(capacity: String, etcd: Option<Etcd>, reversal: Duration, until: 
         if Instant::now() >= until {
             break;
         }
-        let Some((now_states, idle_mb, apis)) = look(&capacity, etcd.as_ref()).await else {
+        let Some(Look { states: now_states, demand_mb, target_mb, idle_mb, apis }) =
+            look(&capacity, etcd.as_ref()).await
+        else {
             seen.missed_looks += 1;
             continue;
         };
@@ -156,6 +175,8 @@ async fn watch(capacity: String, etcd: Option<Etcd>, reversal: Duration, until: 
         seen.invokers_max = seen.invokers_max.max(now_states.len());
         seen.counts.push((now.duration_since(began).as_secs_f64(), now_states.len()));
         seen.idle_mb_s += idle_mb as f64 * dt;
+        seen.demand_mb_s += demand_mb as f64 * dt;
+        seen.target_mb_s += target_mb as f64 * dt;
         for (id, state) in &now_states {
             let was = before.get(id).map(String::as_str);
             let grew = match (was, state.as_str()) {

@@ -103,6 +103,9 @@ pub fn managed_run(
     summary["invoker_seconds_exact"] = json!(sim.invoker_seconds_exact());
     summary["idle_gb_s_exact"] = json!(sim.counts.idle_mb_us as f64 / 1024.0 / 1e6);
     summary["invokers_by_minute"] = json!(sim.invokers_by_minute());
+    let (demand, target) = sim.demand_and_target_means();
+    summary["demand_mb_mean"] = json!(demand.round());
+    summary["target_mb_mean"] = json!(target.round());
     summary
 }
 
@@ -385,6 +388,8 @@ struct Counts {
     idle_mb_us: u128,
     invokers_max: usize,
     wall: Duration,
+    /// Each manager's round: when, the demand it took (MB) and the target it set.
+    rounds: Vec<(Duration, u64, u64)>,
 }
 
 struct FleetSim<'a> {
@@ -811,6 +816,7 @@ impl FleetSim<'_> {
         }
         let active_mb = u64::from(core.counts().active) * self.fleet.group.invoker_memory_mb;
         let target_mb = predictor.target_mb(now, self.ledger.reported_mb, active_mb);
+        self.counts.rounds.push((now, self.ledger.reported_mb, target_mb));
         decisions.extend(core.handle(GroupEvent::Tick { target_mb }, now));
         self.group = Some((core, predictor));
         for decision in decisions {
@@ -891,6 +897,21 @@ impl FleetSim<'_> {
                 (held / minute.as_secs_f64() * 10.0).round() / 10.0
             })
             .collect()
+    }
+
+    /// The demand the manager's rounds took and the targets they set, each held until the
+    /// next round, averaged over the horizon (MB).
+    fn demand_and_target_means(&self) -> (f64, f64) {
+        let rounds = &self.counts.rounds;
+        let (mut demand, mut target) = (0.0, 0.0);
+        for (i, &(at, d, t)) in rounds.iter().enumerate() {
+            let until = rounds.get(i + 1).map_or(self.horizon, |r| r.0).min(self.horizon);
+            let held = until.saturating_sub(at).as_secs_f64();
+            demand += d as f64 * held;
+            target += t as f64 * held;
+        }
+        let span = self.horizon.as_secs_f64().max(1e-9);
+        (demand / span, target / span)
     }
 
     /// Invoker-seconds up to the horizon, unrounded (a compressed replay's are few).
