@@ -41,7 +41,10 @@ pub struct Measured {
     /// runtime): the median over warm calls of the answer's latency less the run. The simulator
     /// dispatches without it, so neither side counts it as a wait.
     pub warm_overhead: Duration,
-    /// What each cold start added beyond that: the simulator draws its starts from these.
+    /// What each cold start added, at its invoker: the record's `waitTime` (from the invoker's
+    /// acceptance to the run's start, the container's creation and `/init` included) less the
+    /// warm calls' median. The simulator draws its starts from these; a wait at the scheduler
+    /// for an invoker with room is not in them (the simulator models that wait itself).
     pub cold_starts: Vec<Duration>,
     /// From a pool's asking a container to go to its being gone (the mean; 10 ms, the
     /// simulator's default, when none was seen): a cold start that must make room waits for it.
@@ -55,16 +58,12 @@ fn median(mut values: Vec<Duration>) -> Option<Duration> {
 
 impl Measured {
     pub fn of(calls: &[Call], outcomes: &[Outcome], seen: &FleetSeen) -> Measured {
-        let overheads = |cold: bool| {
-            calls
-                .iter()
-                .zip(outcomes)
-                .filter(|(_, o)| o.status == 200 && o.cold == cold)
-                .map(|(c, o)| o.latency.saturating_sub(c.run))
-                .collect::<Vec<_>>()
-        };
-        let warm_overhead = median(overheads(false)).unwrap_or_default();
-        let cold_starts = overheads(true).into_iter().map(|o| o.saturating_sub(warm_overhead)).collect();
+        let warm = calls.iter().zip(outcomes).filter(|(_, o)| o.status == 200 && !o.cold);
+        let warm_overhead = median(warm.map(|(c, o)| o.latency.saturating_sub(c.run)).collect()).unwrap_or_default();
+        let waits =
+            |cold: bool| outcomes.iter().filter(move |o| o.status == 200 && o.cold == cold).filter_map(|o| o.wait);
+        let warm_wait = median(waits(false).collect()).unwrap_or_default();
+        let cold_starts = waits(true).map(|w| w.saturating_sub(warm_wait)).collect();
         Measured {
             invoker_start: median(seen.start_latencies.clone()).unwrap_or(Duration::from_secs(1)),
             warm_overhead,
@@ -209,7 +208,8 @@ mod tests {
     }
 
     fn answered(status: u16, latency_ms: u64, cold: bool) -> Outcome {
-        Outcome { status, latency: Duration::from_millis(latency_ms), cold, wait: None }
+        let wait = Some(Duration::from_millis(if cold { 31 } else { 1 }));
+        Outcome { status, latency: Duration::from_millis(latency_ms), cold, wait }
     }
 
     /// At 60×, a call that waited more than 1/60 s (its answer's latency less its run and the
