@@ -521,16 +521,13 @@ mod tests {
     /// A backend the binary was built without is refused at start, naming the feature.
     #[test]
     fn a_factory_this_build_lacks_is_refused_with_the_feature_to_build_it_with() {
-        for (kind, feature) in
-            [("docker", "docker"), ("mesos", "mesos"), ("kubernetes", "kubernetes"), ("mock", "test-util")]
-        {
+        for (kind, feature, built) in [
+            ("docker", "docker", cfg!(feature = "docker")),
+            ("mesos", "mesos", cfg!(feature = "mesos")),
+            ("kubernetes", "kubernetes", cfg!(feature = "kubernetes")),
+            ("mock", "test-util", cfg!(feature = "test-util")),
+        ] {
             let config = Config::from_toml(&format!("[factory]\nkind = \"{kind}\"\n")).unwrap();
-            let built = match kind {
-                "docker" => cfg!(feature = "docker"),
-                "mesos" => cfg!(feature = "mesos"),
-                "kubernetes" => cfg!(feature = "kubernetes"),
-                _ => cfg!(feature = "test-util"),
-            };
             match config.validate() {
                 Err(e) if !built => {
                     assert_eq!(e.key, "factory.kind");
