@@ -12,8 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// How often an invoker publishes its registration (the config's `publish_interval`): the
-/// simulator's node stats come as often.
+/// How often an invoker publishes its registration (the config's `publish_interval`).
 pub const PUBLISH_INTERVAL: Duration = Duration::from_millis(500);
 /// The least memory an action may declare (the invoker's `limits.memory_min_mb`).
 pub const MEMORY_MIN_MB: u32 = 128;

@@ -135,18 +135,29 @@ pub async fn replay(
     let measured = verdict::Measured::of(&calls, &outcomes, &fleet_seen);
     let real = verdict::Verdict::of_replay(&calls, &outcomes, &fleet_seen, &measured, scale, args.factor);
     // The simulator with what the replay measured: an invoker's node is the group's, each cold
-    // start one the replay's took, node stats as often as an invoker publishes them.
+    // start one the replay's took, each removal as long as theirs; each call holds its container
+    // and its scheduler's demand for its run and what a warm call costs beyond it (at 60× a run
+    // of a few milliseconds is held a good part longer than it runs).
     scenario.cluster.node_memory_mb = fleet.group.invoker_memory_mb;
     scenario.cluster.start_latency = measured.cold_start();
     scenario.cluster.start_latency_sample = measured.cold_starts.clone();
     scenario.cluster.remove_latency = measured.remove_latency;
-    scenario.cluster.stats_every = cluster::PUBLISH_INTERVAL;
+    let held: Vec<Call> = calls.iter().map(|c| Call { run: c.run + measured.warm_overhead, ..*c }).collect();
     let fleet = scenario.fleet.as_ref().ok_or(ReplayError::NotAFleetTrace)?;
     let simulated =
-        invoker_core::sim::fleet::managed_run(&scenario, fleet, &calls, horizon, measured.invoker_start, scale, host);
+        invoker_core::sim::fleet::managed_run(&scenario, fleet, &held, horizon, &measured.invoker_starts, scale, host);
     let by_minute = (fleet_seen.invokers_by_minute(scale.minute, horizon), simulated["invokers_by_minute"].clone());
     let span = horizon.as_secs_f64().max(1e-9);
+    let early = scale.minute.as_secs_f64() * 5.0;
+    let mut last = (u64::MAX, u64::MAX);
+    let replay_rounds: Vec<(f64, u64, u64)> = fleet_seen
+        .manager
+        .iter()
+        .filter(|&&(at, d, t)| at < early && std::mem::replace(&mut last, (d, t)) != (d, t))
+        .map(|&(at, d, t)| ((at * 1000.0).round() / 1000.0, d, t))
+        .collect();
     let manager = serde_json::json!({
+        "first_changes": { "replay": replay_rounds, "simulator": simulated["first_rounds"] },
         "demand_mb_mean": { "replay": (fleet_seen.demand_mb_s / span).round(), "simulator": simulated["demand_mb_mean"] },
         "target_mb_mean": { "replay": (fleet_seen.target_mb_s / span).round(), "simulator": simulated["target_mb_mean"] },
     });

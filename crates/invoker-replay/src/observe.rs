@@ -39,6 +39,8 @@ pub struct FleetSeen {
     /// The demand the manager's last round took and the target it set, integrated (MB·s).
     pub demand_mb_s: f64,
     pub target_mb_s: f64,
+    /// Each look's seconds from the start, and the manager's demand and target then (MB).
+    pub manager: Vec<(f64, u64, u64)>,
     /// Per invoker, its containers' removals as its `/metrics` last said: (seconds in all,
     /// how many).
     pub removals: BTreeMap<String, (f64, u64)>,
@@ -176,6 +178,7 @@ async fn watch(capacity: String, etcd: Option<Etcd>, reversal: Duration, until: 
         seen.counts.push((now.duration_since(began).as_secs_f64(), now_states.len()));
         seen.idle_mb_s += idle_mb as f64 * dt;
         seen.demand_mb_s += demand_mb as f64 * dt;
+        seen.manager.push((now.duration_since(began).as_secs_f64(), demand_mb, target_mb));
         seen.target_mb_s += target_mb as f64 * dt;
         for (id, state) in &now_states {
             let was = before.get(id).map(String::as_str);

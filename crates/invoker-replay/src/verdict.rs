@@ -37,6 +37,9 @@ pub struct Verdict {
 pub struct Measured {
     /// From an invoker asked for to serving (the median; 1 s when none was seen).
     pub invoker_start: Duration,
+    /// Each invoker's, as seen: the simulator draws its invokers' starts from these (the first,
+    /// on an idle machine, comes up faster than those asked for under load).
+    pub invoker_starts: Vec<Duration>,
     /// What every warm call costs beyond its run (HTTP, the scheduler's hop, the invoker, the
     /// runtime): the median over warm calls of the answer's latency less the run. The simulator
     /// dispatches without it, so neither side counts it as a wait.
@@ -66,6 +69,7 @@ impl Measured {
         let cold_starts = waits(true).map(|w| w.saturating_sub(warm_wait)).collect();
         Measured {
             invoker_start: median(seen.start_latencies.clone()).unwrap_or(Duration::from_secs(1)),
+            invoker_starts: seen.start_latencies.clone(),
             warm_overhead,
             cold_starts,
             remove_latency: seen.remove_latency().unwrap_or(Duration::from_millis(10)),
@@ -188,6 +192,7 @@ pub fn side_by_side(
         "calls": calls,
         "measured": {
             "invoker_start_ms": measured.invoker_start.as_millis() as u64,
+            "invoker_starts_ms": measured.invoker_starts.iter().map(|d| d.as_millis() as u64).collect::<Vec<_>>(),
             "cold_start_ms_p50": (measured.cold_start().as_secs_f64() * 1000.0 * 10.0).round() / 10.0,
             "cold_starts_measured": measured.cold_starts.len(),
             "warm_overhead_ms": (measured.warm_overhead.as_secs_f64() * 1000.0 * 10.0).round() / 10.0,

@@ -77,8 +77,8 @@ impl Scale {
 }
 
 /// One managed fleet on `calls` as given (a replay's slice, already compressed in time) over
-/// `horizon`: the group's own predictor and headroom, an invoker up `latency` after it is asked
-/// for, the delays and reversals counted against `scale`. What `invoker replay` sets beside what
+/// `horizon`: the group's own predictor and headroom, each invoker up a time drawn from
+/// `invoker_starts` after it is asked for, the delays and reversals counted against `scale`. What `invoker replay` sets beside what
 /// really happened: the same summary as each entry of [`compare`] (its bounds, per-minute and
 /// continuous, are of the compressed calls).
 pub fn managed_run(
@@ -86,7 +86,7 @@ pub fn managed_run(
     fleet: &Fleet,
     calls: &[Call],
     horizon: Duration,
-    latency: Duration,
+    invoker_starts: &[Duration],
     scale: Scale,
     host: &dyn Host,
 ) -> Value {
@@ -97,7 +97,15 @@ pub fn managed_run(
         profile.oracle_invokers(fleet.group.invoker_memory_mb).iter().map(|&n| u64::from(n) * 60).sum();
     let bounds = Bounds { oracle_seconds, floors };
     let sizing = Sizing::Managed(fleet.group.predictor, fleet.group.headroom_mb);
-    let sim = run_scaled(scenario, fleet, calls, horizon, sizing, latency, scale, host);
+    let mut sorted = invoker_starts.to_vec();
+    sorted.sort_unstable();
+    // The predictors plan `lead` ahead: the typical start, as the manager's own figure for a plane.
+    let latency = sorted.get(sorted.len() / 2).copied().unwrap_or(Duration::from_secs(1));
+    let began = host.elapsed();
+    let mut sim = prepared(scenario, fleet, calls, horizon, sizing, latency, scale);
+    sim.latency_sample = sorted;
+    sim.run();
+    sim.counts.wall = host.elapsed().saturating_sub(began);
     let mut summary = sim.summary(&bounds);
     summary["activations"] = json!(calls.len());
     summary["invoker_seconds_exact"] = json!(sim.invoker_seconds_exact());
@@ -106,8 +114,20 @@ pub fn managed_run(
     let (demand, target) = sim.demand_and_target_means();
     summary["demand_mb_mean"] = json!(demand.round());
     summary["target_mb_mean"] = json!(target.round());
+    // Its rounds over the slice's first trace minutes (when, the demand it took, the target).
+    let early: Vec<(f64, u64, u64)> = sim
+        .counts
+        .rounds
+        .iter()
+        .take_while(|r| r.0 < scale.minute * EARLY_MINUTES)
+        .map(|&(at, demand, target)| ((at.as_secs_f64() * 1000.0).round() / 1000.0, demand, target))
+        .collect();
+    summary["first_rounds"] = json!(early);
     summary
 }
+
+/// The trace minutes a replay's side by side shows the manager's rounds of.
+const EARLY_MINUTES: u32 = 5;
 
 /// How a run sizes its fleet.
 #[derive(Clone, Copy, Debug)]
@@ -260,6 +280,22 @@ fn run_scaled<'a>(
     host: &dyn Host,
 ) -> FleetSim<'a> {
     let began = host.elapsed();
+    let mut sim = prepared(scenario, fleet, calls, horizon, sizing, latency, scale);
+    sim.run();
+    sim.counts.wall = host.elapsed().saturating_sub(began);
+    sim
+}
+
+/// A fleet ready to run: its group core and predictor, and the fixed invokers up.
+fn prepared<'a>(
+    scenario: &'a Scenario,
+    fleet: &'a Fleet,
+    calls: &'a [Call],
+    horizon: Duration,
+    sizing: Sizing,
+    latency: Duration,
+    scale: Scale,
+) -> FleetSim<'a> {
     let group = match sizing {
         Sizing::Fixed(_) => None,
         Sizing::Managed(kind, headroom_mb) => {
@@ -272,6 +308,7 @@ fn run_scaled<'a>(
         fleet,
         calls,
         latency,
+        latency_sample: Vec::new(),
         scale,
         horizon,
         now: Duration::ZERO,
@@ -294,8 +331,6 @@ fn run_scaled<'a>(
             sim.up(index);
         }
     }
-    sim.run();
-    sim.counts.wall = host.elapsed().saturating_sub(began);
     sim
 }
 
@@ -397,6 +432,8 @@ struct FleetSim<'a> {
     fleet: &'a Fleet,
     calls: &'a [Call],
     latency: Duration,
+    /// Invoker starts as measured (`invoker replay`): each drawn from these when given.
+    latency_sample: Vec<Duration>,
     scale: Scale,
     horizon: Duration,
     now: Duration,
@@ -832,7 +869,11 @@ impl FleetSim<'_> {
                     self.grew();
                     self.counts.provisioned += 1;
                     let i = self.add_invoker(id);
-                    self.at(self.now + self.latency, Ev::Up(i));
+                    let latency = match self.latency_sample.len() {
+                        0 => self.latency,
+                        n => self.latency_sample[self.rng.between(0, n as u64 - 1) as usize],
+                    };
+                    self.at(self.now + latency, Ev::Up(i));
                 }
             }
             Action::Drain { id } => {
