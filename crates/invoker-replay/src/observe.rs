@@ -30,7 +30,8 @@ pub struct FleetSeen {
     pub removed: u64,
     /// A drain within the reversal window of a growth, or a growth within it of a drain.
     pub reversals: u64,
-    /// Each invoker's time from being asked for to serving (active).
+    /// Each invoker's time from being asked for (first seen provisioning) to its registration
+    /// showing its node (a scheduler may place on it).
     pub start_latencies: Vec<Duration>,
     /// Looks that failed (the manager or etcd did not answer in time).
     pub missed_looks: u64,
@@ -81,7 +82,8 @@ impl Watch {
         let capacity = format!("{}/v1/capacity", cluster.capacity);
         let etcd = Etcd::new(std::slice::from_ref(&cluster.etcd_url));
         let until = Instant::now() + horizon;
-        Watch { task: tokio::spawn(watch(capacity, etcd.ok(), reversal, until)) }
+        let pids = cluster.work.join("capacity").join("invokers");
+        Watch { task: tokio::spawn(watch(capacity, etcd.ok(), pids, reversal, until)) }
     }
 
     /// What it saw, once the horizon has passed.
@@ -103,6 +105,8 @@ struct Look {
     idle_mb: u64,
     /// Each registered invoker's id and API.
     apis: Vec<(String, String)>,
+    /// The invokers whose registration shows their node: a scheduler may place on them.
+    serving: std::collections::BTreeSet<String>,
 }
 
 async fn look(capacity: &str, etcd: Option<&Etcd>) -> Option<Look> {
@@ -126,9 +130,10 @@ async fn look(capacity: &str, etcd: Option<&Etcd>) -> Option<Look> {
         None => Vec::new(),
     };
     let idle_mb = records.iter().flat_map(|r| &r.nodes).map(|n| n.idle_mb).sum();
+    let serving = records.iter().filter(|r| !r.nodes.is_empty()).map(|r| r.id.clone()).collect();
     let apis = records.into_iter().map(|r| (r.id, r.api)).collect();
     let (demand_mb, target_mb) = (group["demand_mb"].as_u64().unwrap_or(0), group["target_mb"].as_u64().unwrap_or(0));
-    Some(Look { states, demand_mb, target_mb, idle_mb, apis })
+    Some(Look { states, demand_mb, target_mb, idle_mb, apis, serving })
 }
 
 /// What an invoker's `/metrics` says of its containers' removals: (seconds in all, how many).
@@ -143,7 +148,13 @@ async fn removals(api: &str) -> Option<(f64, u64)> {
     Some((value("invoker_container_remove_seconds_sum")?, value("invoker_container_remove_seconds_count")? as u64))
 }
 
-async fn watch(capacity: String, etcd: Option<Etcd>, reversal: Duration, until: Instant) -> FleetSeen {
+async fn watch(
+    capacity: String,
+    etcd: Option<Etcd>,
+    pids: std::path::PathBuf,
+    reversal: Duration,
+    until: Instant,
+) -> FleetSeen {
     let mut seen = FleetSeen::default();
     let mut before: BTreeMap<String, String> = BTreeMap::new();
     let mut asked_at: BTreeMap<String, Instant> = BTreeMap::new();
@@ -156,7 +167,7 @@ async fn watch(capacity: String, etcd: Option<Etcd>, reversal: Duration, until: 
         if Instant::now() >= until {
             break;
         }
-        let Some(Look { states: now_states, demand_mb, target_mb, idle_mb, apis }) =
+        let Some(Look { states: now_states, demand_mb, target_mb, idle_mb, apis, serving }) =
             look(&capacity, etcd.as_ref()).await
         else {
             seen.missed_looks += 1;
@@ -183,8 +194,10 @@ async fn watch(capacity: String, etcd: Option<Etcd>, reversal: Duration, until: 
         for (id, state) in &now_states {
             let was = before.get(id).map(String::as_str);
             let grew = match (was, state.as_str()) {
-                (None, _) => {
-                    asked_at.insert(id.clone(), now);
+                (None, state) => {
+                    if state == "provisioning" {
+                        asked_at.insert(id.clone(), now);
+                    }
                     true
                 }
                 (Some("draining"), "active") => true,
@@ -204,9 +217,16 @@ async fn watch(capacity: String, etcd: Option<Etcd>, reversal: Duration, until: 
                 }
                 last_drained = Some(now);
             }
-            if state == "active" && was == Some("provisioning") {
-                if let Some(at) = asked_at.remove(id) {
-                    seen.start_latencies.push(now.duration_since(at));
+        }
+        // Up once its registration shows its node (what a scheduler places by), not once the
+        // manager's next round calls it active (up to a tick later); started when the local
+        // plane spawned it and wrote its pid file (the manager's status shows it only after its
+        // round, when a fast invoker may already be up).
+        for id in &serving {
+            if asked_at.remove(id).is_some() {
+                let spawned = std::fs::metadata(pids.join(format!("{id}.pid"))).and_then(|m| m.modified());
+                if let Ok(Ok(took)) = spawned.map(|at| std::time::SystemTime::now().duration_since(at)) {
+                    seen.start_latencies.push(took);
                 }
             }
         }
