@@ -165,6 +165,8 @@ pub async fn replay(
     let mut verdict =
         verdict::side_by_side(&scenario, args.factor, calls.len(), &measured, (&real, &simulated), by_minute);
     verdict["manager"] = manager;
+    // Looks at the fleet the manager or etcd did not answer in time: its figures miss them.
+    verdict["missed_looks"] = serde_json::json!(fleet_seen.missed_looks);
     Ok(verdict)
 }
 

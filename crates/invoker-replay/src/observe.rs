@@ -24,10 +24,6 @@ pub struct FleetSeen {
     pub invokers_max: usize,
     /// Idle containers' memory, integrated (MB·s).
     pub idle_mb_s: f64,
-    /// Invokers asked for, or taken back from a drain.
-    pub grown: u64,
-    pub drained: u64,
-    pub removed: u64,
     /// A drain within the reversal window of a growth, or a growth within it of a drain.
     pub reversals: u64,
     /// Each invoker's time from being asked for (first seen provisioning) to its registration
@@ -204,14 +200,12 @@ async fn watch(
                 _ => false,
             };
             if grew {
-                seen.grown += 1;
                 if last_drained.is_some_and(|t| now < t + reversal) {
                     seen.reversals += 1;
                 }
                 last_grown = Some(now);
             }
             if state == "draining" && was != Some("draining") {
-                seen.drained += 1;
                 if last_grown.is_some_and(|t| now < t + reversal) {
                     seen.reversals += 1;
                 }
@@ -230,7 +224,6 @@ async fn watch(
                 }
             }
         }
-        seen.removed += before.keys().filter(|id| !now_states.contains_key(*id)).count() as u64;
         before = now_states;
     }
     seen
