@@ -101,11 +101,9 @@ pub fn managed_run(
     sorted.sort_unstable();
     // The predictors plan `lead` ahead: the typical start, as the manager's own figure for a plane.
     let latency = sorted.get(sorted.len() / 2).copied().unwrap_or(Duration::from_secs(1));
-    let began = host.elapsed();
     let mut sim = prepared(scenario, fleet, calls, horizon, sizing, latency, scale);
     sim.latency_sample = sorted;
-    sim.run();
-    sim.counts.wall = host.elapsed().saturating_sub(began);
+    sim.run_timed(host);
     let mut summary = sim.summary(&bounds);
     summary["activations"] = json!(calls.len());
     summary["invoker_seconds_exact"] = json!(sim.invoker_seconds_exact());
@@ -265,24 +263,8 @@ fn run<'a>(
 ) -> FleetSim<'a> {
     let scale = Scale { delayed_over: DELAYED, reversal: REVERSAL, minute: Duration::from_secs(60) };
     let horizon = Duration::from_secs(minutes as u64 * 60);
-    run_scaled(scenario, fleet, calls, horizon, sizing, latency, scale, host)
-}
-
-#[allow(clippy::too_many_arguments)]
-fn run_scaled<'a>(
-    scenario: &'a Scenario,
-    fleet: &'a Fleet,
-    calls: &'a [Call],
-    horizon: Duration,
-    sizing: Sizing,
-    latency: Duration,
-    scale: Scale,
-    host: &dyn Host,
-) -> FleetSim<'a> {
-    let began = host.elapsed();
     let mut sim = prepared(scenario, fleet, calls, horizon, sizing, latency, scale);
-    sim.run();
-    sim.counts.wall = host.elapsed().saturating_sub(began);
+    sim.run_timed(host);
     sim
 }
 
@@ -457,6 +439,13 @@ struct FleetSim<'a> {
 impl FleetSim<'_> {
     fn at(&mut self, when: Duration, ev: Ev) {
         self.timeline.at(when, ev);
+    }
+
+    /// Runs to the end, timed by the host's stopwatch (`wall_ms`).
+    fn run_timed(&mut self, host: &dyn Host) {
+        let began = host.elapsed();
+        self.run();
+        self.counts.wall = host.elapsed().saturating_sub(began);
     }
 
     fn run(&mut self) {
