@@ -203,7 +203,12 @@ impl Predictor for Seasonal {
         }
         let coming = (1..=self.lead.as_secs() + 1).map(|k| self.expected(second + k)).max().unwrap_or(0);
         self.recent.push_back((now, demand_mb));
-        while self.recent.front().is_some_and(|(t, _)| now.saturating_sub(*t) > LASTING) {
+        // The demand is what the last look saw until the next one: the look before the
+        // window's start still holds at its start and stays. Dropping it instead made the
+        // rule hang on the rounds' jitter: a manager whose tick fires a millisecond late saw
+        // only the demand now, while the simulator's exact ticks saw the one before too.
+        let start = now.saturating_sub(LASTING);
+        while self.recent.get(1).is_some_and(|(t, _)| *t <= start) {
             self.recent.pop_front();
         }
         // With nothing active, no call ends to make room: waiting a second would only delay.
@@ -291,6 +296,19 @@ mod tests {
         assert_eq!(p.target_mb(secs(1.6), 900, 1024), 900, "lasted past a second");
         assert_eq!(p.target_mb(secs(2.0), 0, 1024), 0, "a fall is followed at once");
         assert_eq!(p.target_mb(secs(2.2), 300, 0), 300, "with nothing active, a rise is followed at once");
+    }
+
+    #[test]
+    fn seasonal_sees_the_last_second_whole_whatever_the_rounds_jitter() {
+        // Rounds a tick apart, each a little late as a real timer fires: the demand seen a tick
+        // ago held until now, so a rise seen once has not lasted a second yet.
+        for late in [0.0, 0.001, 0.013] {
+            let mut p = Seasonal::new(Duration::from_secs(1));
+            let tick = 1.0 + late;
+            assert_eq!(p.target_mb(secs(0.0), 100, 1024), 100);
+            assert_eq!(p.target_mb(secs(tick), 900, 1024), 100, "late by {late}");
+            assert_eq!(p.target_mb(secs(2.0 * tick), 900, 1024), 900, "late by {late}");
+        }
     }
 
     #[test]
