@@ -899,6 +899,52 @@ async fn an_activation_without_room_waits_for_it_and_the_demand_report_says_so()
     .await;
 }
 
+/// Issue 61: a call waiting for room on a full invoker goes there as soon as a call this
+/// scheduler sent there ends, not when the invoker next publishes a record showing the room
+/// (the replay's calls refused at `wait_for_room` while the simulator's were placed). Here the
+/// invoker is cut from etcd once its record shows both its calls running, so no later record
+/// ever comes: only the scheduler's own sight of the first call's end can free the room.
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
+async fn a_call_waiting_for_room_takes_it_when_a_call_there_ends_before_any_record_says_so() {
+    let Some(etcd) = EtcdServer::start() else { return };
+    let partition = support::partition::Partition::to(etcd.url().trim_start_matches("http://")).await;
+    let (dir, scheduler_dir) = (tempdir(), tempdir());
+    // A lease that outlasts the test: the record stays in etcd, as last published.
+    let config = invoker_config_at(&partition.url(), &[], 512).replace("lease_ttl = \"3s\"", "lease_ttl = \"60s\"");
+    let invoker = Invoker::start(dir.path(), "full", &config);
+    let scheduler =
+        Invoker::start_scheduler(scheduler_dir.path(), &scheduler_config(&etcd, "wait_for_room = \"8s\"\n"));
+    let p = Platform { etcd, scheduler, scheduler_dir, invokers: vec![invoker], _dirs: vec![dir] };
+    let launchable = |want: u64| {
+        move |list: &[Value]| list.len() == 1 && list[0]["nodes"][0]["launchable_mb"].as_u64() == Some(want)
+    };
+    p.wait_for(launchable(512)).await;
+    p.scheduler.put_action("slow", action(256, json!([]))).await;
+    let call = |sleep_ms: u64| p.scheduler.try_invoke("slow", json!({ "sleep_ms": sleep_ms }));
+    let (first, second, third) = (call(3000), call(3500), call(10));
+    // The record showing the second call's container comes from a publish after the one that
+    // showed the first call's: at least a publish interval (100 ms) after the first call was
+    // sent, more than the scheduler's refresh, so it shows the first call running too.
+    let (first, second, third) = tokio::join!(
+        first,
+        async {
+            p.wait_for(launchable(256)).await;
+            second.await
+        },
+        async {
+            p.wait_for(launchable(256)).await;
+            p.wait_for(launchable(0)).await;
+            partition.cut();
+            third.await
+        }
+    );
+    for (name, (status, record)) in [("first", first), ("second", second), ("third", third)] {
+        assert_eq!(status, 200, "the {name} call: {record}");
+    }
+    partition.heal();
+}
+
 /// Issue 58: the scheduler keeps an asynchronous call until an invoker says a container took
 /// it. An invoker SIGKILLed while it held calls it had not started (its containers were still
 /// starting) leaves them to the other invoker: each runs there exactly once, as its first

@@ -21,6 +21,7 @@ pub mod presence;
 pub mod provisioned;
 mod publish;
 pub mod send;
+pub mod sends;
 pub mod stalls;
 pub mod view;
 
@@ -41,6 +42,7 @@ use invoker_wire::model::{
 use metrics::SchedulerMetrics;
 use parking_lot::Mutex;
 use send::{InvokerClient, Sent};
+use sends::{RoomCorrection, SendKey, Sends};
 use serde_json::{json, Value};
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -146,15 +148,11 @@ pub struct Dispatcher {
 #[derive(Default)]
 struct InFlight {
     per_revision: HashMap<RevisionKey, BTreeMap<String, u32>>,
-    /// Per invoker, the memory of each hand-over by when it was sent (and a number, to tell
-    /// two apart): placement takes what the invoker's record cannot show yet off its room, and
-    /// `GET /v1/invokers` counts them.
-    sends: HashMap<String, BTreeMap<(Instant, u64), u64>>,
+    /// Per invoker, each hand-over out and those ended lately: placement corrects the room
+    /// the invoker's record shows by them, and `GET /v1/invokers` counts those out.
+    sends: HashMap<String, Sends>,
     sent: u64,
 }
-
-/// One hand-over in [`InFlight::sends`].
-type SendKey = (Instant, u64);
 
 impl Dispatcher {
     /// `controller_key` is what the invokers' shims take from their schedulers.
@@ -554,11 +552,12 @@ impl Dispatcher {
         let mut readings = self.directory.readings();
         let placed = loop {
             let view = self.directory.current();
-            let (in_flight, unseen) = {
-                let in_flight = self.in_flight.lock();
-                (in_flight.per_revision.get(key).cloned().unwrap_or_default(), self.unseen_mb(&in_flight, &view))
+            let (in_flight, corrections) = {
+                let mut in_flight = self.in_flight.lock();
+                let corrections = self.room_corrections(&mut in_flight, &view);
+                (in_flight.per_revision.get(key).cloned().unwrap_or_default(), corrections)
             };
-            let views = view.views(key, &in_flight, &unseen, &self.stalls.ids());
+            let views = view.views(key, &in_flight, &corrections, &self.stalls.ids());
             match place(&views, needs, &self.placement, tried, &mut |n| self.draw(n)) {
                 Ok(chosen) => break Ok((view, chosen)),
                 Err(why) if Instant::now() >= until => break Err(why),
@@ -628,27 +627,32 @@ impl Dispatcher {
         Bytes::from(serde_json::to_vec(&message).expect("a message serialises"))
     }
 
-    /// Per invoker, the memory of the hand-overs its record cannot show: those sent after
-    /// this scheduler first read the record as it is, less a refresh (the invoker published it
-    /// some time before it was read).
-    fn unseen_mb(&self, in_flight: &InFlight, view: &ClusterView) -> BTreeMap<String, u64> {
-        in_flight
-            .sends
-            .iter()
-            .filter_map(|(invoker, sends)| {
-                let changed = view.changed.get(invoker)?;
-                let since = changed.checked_sub(self.refresh_interval).unwrap_or(*changed);
-                let mb: u64 = sends.range((since, 0)..).map(|(_, mb)| mb).sum();
-                (mb > 0).then(|| (invoker.clone(), mb))
-            })
-            .collect()
+    /// Each invoker's room as its record shows it, corrected by this scheduler's sends there
+    /// ([`sends`]): a record is read at most a refresh after it was published. The ends kept
+    /// for an invoker no longer in the view go.
+    fn room_corrections(&self, in_flight: &mut InFlight, view: &ClusterView) -> BTreeMap<String, RoomCorrection> {
+        let mut corrections = BTreeMap::new();
+        in_flight.sends.retain(|invoker, sends| match view.changed.get(invoker) {
+            Some(read_at) => {
+                let correction = sends.correction(*read_at, self.refresh_interval);
+                if correction != RoomCorrection::default() {
+                    corrections.insert(invoker.clone(), correction);
+                }
+                !sends.is_empty()
+            }
+            None => {
+                sends.forget_ended();
+                !sends.is_empty()
+            }
+        });
+        corrections
     }
 
     fn enter(&self, invoker: &str, key: &RevisionKey, memory_mb: u64) -> SendKey {
         let mut in_flight = self.in_flight.lock();
         in_flight.sent += 1;
         let send = (Instant::now(), in_flight.sent);
-        in_flight.sends.entry(invoker.to_string()).or_default().insert(send, memory_mb);
+        in_flight.sends.entry(invoker.to_string()).or_default().send(send, memory_mb);
         *in_flight.per_revision.entry(key.clone()).or_default().entry(invoker.to_string()).or_insert(0) += 1;
         self.metrics.in_flight.get_or_create(&metrics::InvokerLabel { invoker: invoker.to_string() }).inc();
         send
@@ -657,10 +661,7 @@ impl Dispatcher {
     fn leave(&self, invoker: &str, key: &RevisionKey, send: SendKey) {
         let mut in_flight = self.in_flight.lock();
         if let Some(sends) = in_flight.sends.get_mut(invoker) {
-            sends.remove(&send);
-            if sends.is_empty() {
-                in_flight.sends.remove(invoker);
-            }
+            sends.end(send, Instant::now());
         }
         if let Some(per) = in_flight.per_revision.get_mut(key) {
             if let Some(n) = per.get_mut(invoker) {
@@ -710,7 +711,7 @@ impl Dispatcher {
     pub fn invokers(&self) -> Vec<InvokerStatus> {
         let view = self.directory.current();
         let in_flight: HashMap<String, u32> =
-            self.in_flight.lock().sends.iter().map(|(id, sends)| (id.clone(), sends.len() as u32)).collect();
+            self.in_flight.lock().sends.iter().map(|(id, sends)| (id.clone(), sends.out() as u32)).collect();
         view.invokers
             .values()
             .map(|r| InvokerStatus {

@@ -5,6 +5,7 @@
 //! etcd away freezes the picture: the invokers last seen keep their work, and those whose
 //! leases expired meanwhile are placed on for a grace after etcd answers again (`Directory`).
 
+use crate::sends::RoomCorrection;
 use invoker_core::placement::InvokerView;
 use invoker_etcd::kv::ClusterKv;
 use invoker_wire::cluster::Health;
@@ -105,14 +106,14 @@ impl ClusterView {
     }
 
     /// The invokers as placement sees them for one action revision; `in_flight` says what this
-    /// scheduler has running there of it, `unseen_mb` the memory of what it sent there that
-    /// the invoker's record cannot show yet (it comes off the room). A drained or stalled
-    /// invoker is not healthy, whatever it says.
+    /// scheduler has running there of it, `corrections` how its sends there correct the room
+    /// the invoker's record shows ([`crate::sends`]). A drained or stalled invoker is not
+    /// healthy, whatever it says.
     pub fn views(
         &self,
         revision: &RevisionKey,
         in_flight: &BTreeMap<String, u32>,
-        unseen_mb: &BTreeMap<String, u64>,
+        corrections: &BTreeMap<String, RoomCorrection>,
         stalled: &BTreeSet<String>,
     ) -> Vec<InvokerView> {
         let warm = self.warm.get(revision);
@@ -122,7 +123,7 @@ impl ClusterView {
                 id: r.id.clone(),
                 tags: r.tags.clone(),
                 healthy: r.health == Health::Healthy && !self.drained.contains(&r.id) && !stalled.contains(&r.id),
-                launchable_mb: r.room_mb().saturating_sub(unseen_mb.get(&r.id).copied().unwrap_or(0)),
+                launchable_mb: corrections.get(&r.id).copied().unwrap_or_default().apply(r.room_mb()),
                 warm: warm.and_then(|w| w.get(&r.id)).copied().unwrap_or(0),
                 in_flight: in_flight.get(&r.id).copied().unwrap_or(0),
             })

@@ -1,0 +1,147 @@
+//! What one scheduler sent to one invoker, and what that changes of the room the invoker's
+//! record shows. A record is the invoker's picture when it last published (every
+//! `publish_interval`), read here a little later: a send made since may not be in it yet
+//! (*unseen*: it comes off the room), and a send it showed running may have ended since
+//! (*freed*: its container is idle now, and idle containers are room). Without the second, a
+//! call waiting for room on a full invoker waited for the next publish after a call there
+//! ended, up to half a second, while the scheduler had seen the end itself: `invoker replay`
+//! found calls refused at `wait_for_room` that way, which the simulator (whose scheduler sees
+//! room as it frees) never refused.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::time::{Duration, Instant};
+
+/// One hand-over: when it was sent, and a number to tell two sent at once apart.
+pub type SendKey = (Instant, u64);
+
+/// Sends that ended kept per invoker at most, until a record read after their end: a record
+/// that never changes does not keep them without bound.
+const ENDED_KEPT: usize = 4096;
+
+/// One invoker's sends from this scheduler: those out, and those ended since its record.
+#[derive(Debug, Default)]
+pub struct Sends {
+    /// Each send out, by its key, with its memory.
+    out: BTreeMap<SendKey, u64>,
+    /// Each send that ended: when it was sent, when it ended, its memory (oldest end first).
+    ended: VecDeque<(Instant, Instant, u64)>,
+}
+
+/// How a record's room is corrected by what this scheduler knows better.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RoomCorrection {
+    /// Sent, and perhaps not in the record yet.
+    pub unseen_mb: u64,
+    /// In the record as running, and ended since.
+    pub freed_mb: u64,
+}
+
+impl RoomCorrection {
+    /// `room_mb` as corrected.
+    pub fn apply(self, room_mb: u64) -> u64 {
+        room_mb.saturating_add(self.freed_mb).saturating_sub(self.unseen_mb)
+    }
+}
+
+impl Sends {
+    pub fn send(&mut self, key: SendKey, memory_mb: u64) {
+        self.out.insert(key, memory_mb);
+    }
+
+    /// The send ended at `at` (its answer, or its loss).
+    pub fn end(&mut self, key: SendKey, at: Instant) {
+        if let Some(memory_mb) = self.out.remove(&key) {
+            if self.ended.len() == ENDED_KEPT {
+                self.ended.pop_front();
+            }
+            self.ended.push_back((key.0, at, memory_mb));
+        }
+    }
+
+    pub fn out(&self) -> usize {
+        self.out.len()
+    }
+
+    /// Its invoker left the view: no record of it to correct.
+    pub fn forget_ended(&mut self) {
+        self.ended.clear();
+    }
+
+    /// Nothing out and nothing ended to remember.
+    pub fn is_empty(&self) -> bool {
+        self.out.is_empty() && self.ended.is_empty()
+    }
+
+    /// The correction to a record first read at `read_at`. A send made before `read_at` less
+    /// `lag` (how late a record may be read after it was published) is taken as in the record;
+    /// one made since, as not. An end before `read_at` may be in it already and is forgotten:
+    /// what is freed counts only ends after the record was read, of sends it showed.
+    pub fn correction(&mut self, read_at: Instant, lag: Duration) -> RoomCorrection {
+        while self.ended.front().is_some_and(|(_, ended, _)| *ended <= read_at) {
+            self.ended.pop_front();
+        }
+        let shown_before = read_at.checked_sub(lag).unwrap_or(read_at);
+        let unseen_mb = self.out.range((shown_before, 0)..).map(|(_, mb)| mb).sum();
+        let freed_mb = self.ended.iter().filter(|(sent, ..)| *sent < shown_before).map(|(.., mb)| mb).sum();
+        RoomCorrection { unseen_mb, freed_mb }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn a_send_the_record_showed_frees_its_room_when_it_ends_until_a_newer_record() {
+        let t0 = Instant::now();
+        let lag = ms(50);
+        let mut s = Sends::default();
+        s.send((t0, 1), 256);
+        // Read at 300 ms: the send (at 0) is in it.
+        let read = t0 + ms(300);
+        assert_eq!(s.correction(read, lag), RoomCorrection::default());
+        s.end((t0, 1), t0 + ms(400));
+        let c = s.correction(read, lag);
+        assert_eq!(c, RoomCorrection { unseen_mb: 0, freed_mb: 256 });
+        assert_eq!(c.apply(100), 356);
+        // The next record, read after the end, shows it free itself.
+        assert_eq!(s.correction(t0 + ms(800), lag), RoomCorrection::default());
+        assert!(s.is_empty());
+    }
+
+    #[test]
+    fn a_send_the_record_cannot_show_comes_off_the_room_and_frees_nothing_when_it_ends() {
+        let t0 = Instant::now();
+        let lag = ms(50);
+        let mut s = Sends::default();
+        let read = t0 + ms(300);
+        s.send((t0 + ms(280), 1), 128);
+        s.send((t0 + ms(400), 2), 128);
+        let c = s.correction(read, lag);
+        assert_eq!(c, RoomCorrection { unseen_mb: 256, freed_mb: 0 });
+        assert_eq!(c.apply(200), 0, "never below none");
+        s.end((t0 + ms(280), 1), t0 + ms(450));
+        assert_eq!(s.correction(read, lag), RoomCorrection { unseen_mb: 128, freed_mb: 0 });
+        assert_eq!(s.out(), 1);
+    }
+
+    #[test]
+    fn ends_kept_are_bounded_when_no_newer_record_comes() {
+        let t0 = Instant::now();
+        let mut s = Sends::default();
+        for i in 0..(ENDED_KEPT as u64 + 10) {
+            s.send((t0, i), 1);
+            s.end((t0, i), t0 + ms(1));
+        }
+        assert_eq!(s.correction(t0 + ms(100), ms(0)).freed_mb, 0, "read after every end");
+        for i in 0..(ENDED_KEPT as u64 + 10) {
+            s.send((t0, i), 1);
+            s.end((t0, i), t0 + ms(200));
+        }
+        assert_eq!(s.correction(t0 + ms(100), ms(0)).freed_mb, ENDED_KEPT as u64);
+    }
+}
