@@ -23,7 +23,12 @@ pub struct Outcome {
     pub cold: bool,
     /// The record's `waitTime` (from the invoker's acceptance to the run's start).
     pub wait: Option<Duration>,
+    /// Why it was refused, as the answer says (429 and 503).
+    pub refusal: Option<String>,
 }
+
+/// How much of a refusal's reason the verdict keeps.
+const REFUSAL_CHARS: usize = 200;
 
 /// Answers still out this long after their call's run should have ended count as none.
 const ANSWER_BOUND: Duration = Duration::from_secs(90);
@@ -130,11 +135,17 @@ fn outcome(status: u16, body: &[u8], latency: Duration) -> Outcome {
     let annotation = |key: &str| {
         record["annotations"].as_array().and_then(|a| a.iter().find(|x| x["key"] == key)).map(|x| &x["value"])
     };
+    let error = record["response"]["result"]["error"].as_str().or(record["error"].as_str());
+    let refusal = matches!(status, 429 | 503).then(|| match error {
+        Some(error) => error.chars().take(REFUSAL_CHARS).collect(),
+        None => String::from_utf8_lossy(&body[..body.len().min(REFUSAL_CHARS)]).into_owned(),
+    });
     Outcome {
         status,
         latency,
         cold: annotation("initTime").is_some(),
         wait: annotation("waitTime").and_then(serde_json::Value::as_u64).map(Duration::from_millis),
+        refusal,
     }
 }
 
@@ -150,6 +161,10 @@ mod tests {
         let (c, w) = (outcome(200, cold, at), outcome(200, warm, at));
         assert!(c.cold && !w.cold);
         assert_eq!((c.wait, w.wait), (Some(Duration::from_millis(12)), Some(Duration::from_millis(1))));
-        assert!(!outcome(503, b"not json", at).cold);
+        let refused = outcome(503, br#"{"response":{"result":{"error":"no invoker has room"}}}"#, at);
+        assert_eq!(refused.refusal.as_deref(), Some("no invoker has room"));
+        let refused = outcome(429, br#"{"error":"too many"}"#, at);
+        assert_eq!(refused.refusal.as_deref(), Some("too many"));
+        assert_eq!(outcome(503, b"not json", at).refusal.as_deref(), Some("not json"));
     }
 }

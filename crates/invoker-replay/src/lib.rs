@@ -160,11 +160,27 @@ pub async fn replay(
         "first_changes": { "replay": replay_rounds, "simulator": simulated["first_rounds"] },
         "demand_mb_mean": { "replay": (fleet_seen.demand_mb_s / span).round(), "simulator": simulated["demand_mb_mean"] },
         "target_mb_mean": { "replay": (fleet_seen.target_mb_s / span).round(), "simulator": simulated["target_mb_mean"] },
+        "demand_and_target_by_minute": {
+            "replay": fleet_seen.manager_by_minute(scale.minute, horizon),
+            "simulator": simulated["manager_by_minute"],
+        },
+    });
+    let (refused_at, delayed_at) = verdict::troubles(&calls, &outcomes, &measured, scale);
+    let count = |times: &[Duration]| invoker_core::sim::fleet::by_minute(times, scale.minute);
+    let mut reasons: std::collections::BTreeMap<&str, u64> = std::collections::BTreeMap::new();
+    for refusal in outcomes.iter().filter_map(|o| o.refusal.as_deref()) {
+        *reasons.entry(refusal).or_default() += 1;
+    }
+    let troubles = serde_json::json!({
+        "refusals": reasons,
+        "refused_by_minute": { "replay": count(&refused_at), "simulator": simulated["refused_by_minute"] },
+        "delayed_by_minute": { "replay": count(&delayed_at), "simulator": simulated["delayed_by_minute"] },
     });
     let simulated = verdict::Verdict::of_simulator(&simulated, args.factor);
     let mut verdict =
         verdict::side_by_side(&scenario, args.factor, calls.len(), &measured, (&real, &simulated), by_minute);
     verdict["manager"] = manager;
+    verdict["troubles"] = troubles;
     // Looks at the fleet the manager or etcd did not answer in time: its figures miss them.
     verdict["missed_looks"] = serde_json::json!(fleet_seen.missed_looks);
     Ok(verdict)

@@ -65,6 +65,19 @@ impl FleetSeen {
         }
         sums.into_iter().map(|(sum, n)| if n == 0 { 0.0 } else { (sum / n as f64 * 10.0).round() / 10.0 }).collect()
     }
+
+    /// The manager's demand and target as looked at, averaged over each minute (MB).
+    pub fn manager_by_minute(&self, minute: Duration, horizon: Duration) -> Vec<(u64, u64)> {
+        let minute = minute.as_secs_f64().max(1e-6);
+        let buckets = ((horizon.as_secs_f64() / minute) as usize).max(1);
+        let mut sums = vec![(0u64, 0u64, 0u64); buckets];
+        for &(at, demand, target) in &self.manager {
+            if let Some(bucket) = sums.get_mut((at / minute) as usize) {
+                *bucket = (bucket.0 + demand, bucket.1 + target, bucket.2 + 1);
+            }
+        }
+        sums.into_iter().map(|(d, t, n)| (d / n.max(1), t / n.max(1))).collect()
+    }
 }
 
 pub struct Watch {

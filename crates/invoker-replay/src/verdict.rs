@@ -87,6 +87,25 @@ impl Measured {
     }
 }
 
+/// When each refused call and each delayed one was due (the replay's time), for
+/// [`invoker_core::sim::fleet::by_minute`].
+pub fn troubles(
+    calls: &[Call],
+    outcomes: &[Outcome],
+    measured: &Measured,
+    scale: Scale,
+) -> (Vec<Duration>, Vec<Duration>) {
+    let both = || calls.iter().zip(outcomes);
+    let refused = both().filter(|(_, o)| matches!(o.status, 429 | 503)).map(|(c, _)| c.at).collect();
+    let delayed = both().filter(|(c, o)| delayed(c, o, measured, scale)).map(|(c, _)| c.at).collect();
+    (refused, delayed)
+}
+
+/// Answered with a record after waiting longer than the scale's delay.
+fn delayed(call: &Call, outcome: &Outcome, measured: &Measured, scale: Scale) -> bool {
+    matches!(outcome.status, 200 | 502) && measured.waited(call, outcome) > scale.delayed_over
+}
+
 impl Verdict {
     /// From the calls' answers and the fleet as watched. An answer with a record (200, or 502
     /// for an action's own error) completed; 429 and 503 were refused; anything else failed.
@@ -100,11 +119,7 @@ impl Verdict {
     ) -> Verdict {
         let completed = outcomes.iter().filter(|o| matches!(o.status, 200 | 502)).count() as u64;
         let refused = outcomes.iter().filter(|o| matches!(o.status, 429 | 503)).count() as u64;
-        let delayed = calls
-            .iter()
-            .zip(outcomes)
-            .filter(|(c, o)| matches!(o.status, 200 | 502) && measured.waited(c, o) > scale.delayed_over)
-            .count() as u64;
+        let delayed = calls.iter().zip(outcomes).filter(|(c, o)| delayed(c, o, measured, scale)).count() as u64;
         Verdict {
             calls: calls.len() as u64,
             completed,
@@ -214,7 +229,7 @@ mod tests {
 
     fn answered(status: u16, latency_ms: u64, cold: bool) -> Outcome {
         let wait = Some(Duration::from_millis(if cold { 31 } else { 1 }));
-        Outcome { status, latency: Duration::from_millis(latency_ms), cold, wait }
+        Outcome { status, latency: Duration::from_millis(latency_ms), cold, wait, refusal: None }
     }
 
     /// At 60×, a call that waited more than 1/60 s (its answer's latency less its run and the

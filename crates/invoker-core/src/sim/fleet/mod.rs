@@ -121,7 +121,20 @@ pub fn managed_run(
         .map(|&(at, demand, target)| ((at.as_secs_f64() * 1000.0).round() / 1000.0, demand, target))
         .collect();
     summary["first_rounds"] = json!(early);
+    summary["manager_by_minute"] = json!(sim.manager_by_minute());
+    summary["refused_by_minute"] = by_minute(&sim.counts.refused_at, scale.minute);
+    summary["delayed_by_minute"] = by_minute(&sim.counts.delayed_at, scale.minute);
     summary
+}
+
+/// How many of `times` fall in each minute (of the trace, `minute` long), the minutes with
+/// none left out: `{"118": 3, ...}`. Where a replay's two sides part, by minute.
+pub fn by_minute(times: &[Duration], minute: Duration) -> Value {
+    let mut counts: BTreeMap<u64, u64> = BTreeMap::new();
+    for t in times {
+        *counts.entry((t.as_micros() / minute.as_micros().max(1)) as u64).or_default() += 1;
+    }
+    json!(counts)
 }
 
 /// The trace minutes a replay's side by side shows the manager's rounds of.
@@ -393,6 +406,9 @@ struct Counts {
     delayed: u64,
     cold: u64,
     waits_us: Vec<u64>,
+    /// When each refused call and each delayed one arrived.
+    refused_at: Vec<Duration>,
+    delayed_at: Vec<Duration>,
     provisioned: u64,
     drained: u64,
     reactivated: u64,
@@ -632,13 +648,14 @@ impl FleetSim<'_> {
         if self.waiting.remove(&job.seq).is_none() {
             return;
         }
-        let mb = u64::from(self.calls[job.call].memory_mb);
+        let (mb, arrived) = (u64::from(self.calls[job.call].memory_mb), job.arrived);
         self.jobs.remove(&id);
         self.ledger.waiting_mb -= mb;
         self.ledger.refused_mb += mb;
         self.ledger.calls.went(mb);
         self.ledger.calls.refused(mb);
         self.counts.refused += 1;
+        self.counts.refused_at.push(arrived);
         self.ledger_changed();
     }
 
@@ -744,6 +761,7 @@ impl FleetSim<'_> {
         self.counts.waits_us.push(waited.as_micros() as u64);
         if waited > self.scale.delayed_over {
             self.counts.delayed += 1;
+            self.counts.delayed_at.push(job.arrived);
         }
         if let Some(c) = self.invokers[i].containers.get_mut(&container) {
             if !c.ran {
@@ -942,6 +960,31 @@ impl FleetSim<'_> {
         }
         let span = self.horizon.as_secs_f64().max(1e-9);
         (demand / span, target / span)
+    }
+
+    /// The demand the manager's rounds took and the targets they set, each held until the
+    /// next round, averaged over each minute of the trace up to the horizon (MB).
+    fn manager_by_minute(&self) -> Vec<(u64, u64)> {
+        let minute = self.scale.minute.max(Duration::from_micros(1));
+        let buckets = (self.horizon.as_micros() / minute.as_micros()).max(1) as usize;
+        let mut sums = vec![(0.0, 0.0); buckets];
+        let rounds = &self.counts.rounds;
+        for (i, &(at, demand, target)) in rounds.iter().enumerate() {
+            let until = rounds.get(i + 1).map_or(self.horizon, |r| r.0).min(self.horizon);
+            let mut from = at;
+            while from < until {
+                let b = (from.as_micros() / minute.as_micros()) as usize;
+                let end = (minute * (b as u32 + 1)).min(until);
+                if let Some(bucket) = sums.get_mut(b) {
+                    let held = (end - from).as_secs_f64();
+                    bucket.0 += demand as f64 * held;
+                    bucket.1 += target as f64 * held;
+                }
+                from = end;
+            }
+        }
+        let span = minute.as_secs_f64();
+        sums.into_iter().map(|(d, t)| ((d / span).round() as u64, (t / span).round() as u64)).collect()
     }
 
     /// Invoker-seconds up to the horizon, unrounded (a compressed replay's are few).
