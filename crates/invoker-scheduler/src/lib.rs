@@ -659,9 +659,15 @@ impl Dispatcher {
     }
 
     fn leave(&self, invoker: &str, key: &RevisionKey, send: SendKey) {
+        let shown_before = self
+            .directory
+            .current()
+            .changed
+            .get(invoker)
+            .map(|read_at| sends::shown_before(*read_at, self.refresh_interval));
         let mut in_flight = self.in_flight.lock();
         if let Some(sends) = in_flight.sends.get_mut(invoker) {
-            sends.end(send, Instant::now());
+            sends.end(send, Instant::now(), shown_before);
         }
         if let Some(per) = in_flight.per_revision.get_mut(key) {
             if let Some(n) = per.get_mut(invoker) {

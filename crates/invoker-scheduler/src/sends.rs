@@ -18,13 +18,17 @@ pub type SendKey = (Instant, u64);
 /// that never changes does not keep them without bound.
 const ENDED_KEPT: usize = 4096;
 
-/// One invoker's sends from this scheduler: those out, and those ended since its record.
+/// One invoker's sends from this scheduler: those out, and those the record showed running
+/// that ended since. Placement asks for the correction at every call, so it costs a range over
+/// the sends out (a few) and a running sum, never a walk over every end since the record.
 #[derive(Debug, Default)]
 pub struct Sends {
     /// Each send out, by its key, with its memory.
     out: BTreeMap<SendKey, u64>,
-    /// Each send that ended: when it was sent, when it ended, its memory (oldest end first).
-    ended: VecDeque<(Instant, Instant, u64)>,
+    /// Each send the record showed that ended: when it ended, its memory (oldest end first).
+    ended: VecDeque<(Instant, u64)>,
+    /// Their memory.
+    freed_mb: u64,
 }
 
 /// How a record's room is corrected by what this scheduler knows better.
@@ -48,14 +52,22 @@ impl Sends {
         self.out.insert(key, memory_mb);
     }
 
-    /// The send ended at `at` (its answer, or its loss).
-    pub fn end(&mut self, key: SendKey, at: Instant) {
-        if let Some(memory_mb) = self.out.remove(&key) {
-            if self.ended.len() == ENDED_KEPT {
-                self.ended.pop_front();
-            }
-            self.ended.push_back((key.0, at, memory_mb));
+    /// The send ended at `at` (its answer, or its loss). `shown_before`: sends made before it
+    /// are in the invoker's record as now read ([`Sends::correction`]'s rule; none when there
+    /// is no record): only their ends free room the record does not show. A later record shows
+    /// them too, so the rule holds until a record read after the end makes it moot.
+    pub fn end(&mut self, key: SendKey, at: Instant, shown_before: Option<Instant>) {
+        let Some(memory_mb) = self.out.remove(&key) else { return };
+        if shown_before.is_none_or(|shown| key.0 >= shown) {
+            return;
         }
+        if self.ended.len() == ENDED_KEPT {
+            if let Some((_, mb)) = self.ended.pop_front() {
+                self.freed_mb -= mb;
+            }
+        }
+        self.ended.push_back((at, memory_mb));
+        self.freed_mb += memory_mb;
     }
 
     pub fn out(&self) -> usize {
@@ -65,6 +77,7 @@ impl Sends {
     /// Its invoker left the view: no record of it to correct.
     pub fn forget_ended(&mut self) {
         self.ended.clear();
+        self.freed_mb = 0;
     }
 
     /// Nothing out and nothing ended to remember.
@@ -73,18 +86,23 @@ impl Sends {
     }
 
     /// The correction to a record first read at `read_at`. A send made before `read_at` less
-    /// `lag` (how late a record may be read after it was published) is taken as in the record;
-    /// one made since, as not. An end before `read_at` may be in it already and is forgotten:
-    /// what is freed counts only ends after the record was read, of sends it showed.
+    /// `lag` (how late a record may be read after it was published) is taken as in the record
+    /// ([`shown_before`]); one made since, as not. An end before `read_at` may be in it already
+    /// and is forgotten: what is freed counts only ends after the record was read.
     pub fn correction(&mut self, read_at: Instant, lag: Duration) -> RoomCorrection {
-        while self.ended.front().is_some_and(|(_, ended, _)| *ended <= read_at) {
+        while let Some(&(_, mb)) = self.ended.front().filter(|(ended, _)| *ended <= read_at) {
             self.ended.pop_front();
+            self.freed_mb -= mb;
         }
-        let shown_before = read_at.checked_sub(lag).unwrap_or(read_at);
-        let unseen_mb = self.out.range((shown_before, 0)..).map(|(_, mb)| mb).sum();
-        let freed_mb = self.ended.iter().filter(|(sent, ..)| *sent < shown_before).map(|(.., mb)| mb).sum();
-        RoomCorrection { unseen_mb, freed_mb }
+        let unseen_mb = self.out.range((shown_before(read_at, lag), 0)..).map(|(_, mb)| mb).sum();
+        RoomCorrection { unseen_mb, freed_mb: self.freed_mb }
     }
+}
+
+/// Sends made before this are in a record first read at `read_at`, one read at most `lag`
+/// after it was published.
+pub fn shown_before(read_at: Instant, lag: Duration) -> Instant {
+    read_at.checked_sub(lag).unwrap_or(read_at)
 }
 
 #[cfg(test)]
@@ -104,7 +122,7 @@ mod tests {
         // Read at 300 ms: the send (at 0) is in it.
         let read = t0 + ms(300);
         assert_eq!(s.correction(read, lag), RoomCorrection::default());
-        s.end((t0, 1), t0 + ms(400));
+        s.end((t0, 1), t0 + ms(400), Some(shown_before(read, lag)));
         let c = s.correction(read, lag);
         assert_eq!(c, RoomCorrection { unseen_mb: 0, freed_mb: 256 });
         assert_eq!(c.apply(100), 356);
@@ -124,7 +142,7 @@ mod tests {
         let c = s.correction(read, lag);
         assert_eq!(c, RoomCorrection { unseen_mb: 256, freed_mb: 0 });
         assert_eq!(c.apply(200), 0, "never below none");
-        s.end((t0 + ms(280), 1), t0 + ms(450));
+        s.end((t0 + ms(280), 1), t0 + ms(450), Some(shown_before(read, lag)));
         assert_eq!(s.correction(read, lag), RoomCorrection { unseen_mb: 128, freed_mb: 0 });
         assert_eq!(s.out(), 1);
     }
@@ -133,15 +151,21 @@ mod tests {
     fn ends_kept_are_bounded_when_no_newer_record_comes() {
         let t0 = Instant::now();
         let mut s = Sends::default();
+        let shown = Some(t0 + ms(1));
         for i in 0..(ENDED_KEPT as u64 + 10) {
             s.send((t0, i), 1);
-            s.end((t0, i), t0 + ms(1));
+            s.end((t0, i), t0 + ms(1), shown);
         }
         assert_eq!(s.correction(t0 + ms(100), ms(0)).freed_mb, 0, "read after every end");
         for i in 0..(ENDED_KEPT as u64 + 10) {
             s.send((t0, i), 1);
-            s.end((t0, i), t0 + ms(200));
+            s.end((t0, i), t0 + ms(200), shown);
         }
         assert_eq!(s.correction(t0 + ms(100), ms(0)).freed_mb, ENDED_KEPT as u64);
+        // With no record of the invoker, an end frees nothing.
+        s.forget_ended();
+        s.send((t0, 1), 64);
+        s.end((t0, 1), t0 + ms(300), None);
+        assert!(s.is_empty());
     }
 }
