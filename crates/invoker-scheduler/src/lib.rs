@@ -129,6 +129,9 @@ pub struct Dispatcher {
     stalls: stalls::Stalls,
     client: InvokerClient,
     in_flight: Mutex<InFlight>,
+    /// A send ended: the room it held may be free ([`sends`]), and the calls waiting for room
+    /// look again at once rather than at their next refresh.
+    ended: tokio::sync::Notify,
     /// Activations between `submit` and their end.
     active: AtomicU32,
     /// The state of the random draws of placement (xorshift).
@@ -177,6 +180,7 @@ impl Dispatcher {
             stalls: stalls::Stalls::default(),
             client: InvokerClient::new(controller_key),
             in_flight: Mutex::default(),
+            ended: tokio::sync::Notify::new(),
             active: AtomicU32::new(0),
             draws: AtomicU64::new(u64::from(std::process::id()) << 32 | u64::from(epoch_ms() as u32) | 1),
             guesses: guesses::Guesses::default(),
@@ -551,6 +555,8 @@ impl Dispatcher {
         let mut waiting_since: Option<Instant> = None;
         let mut readings = self.directory.readings();
         let placed = loop {
+            // Taken before the look, so that an end between the look and the wait wakes it.
+            let ended = self.ended.notified();
             let view = self.directory.current();
             let (in_flight, corrections) = {
                 let mut in_flight = self.in_flight.lock();
@@ -571,10 +577,16 @@ impl Dispatcher {
                     if Instant::now() >= until {
                         break Err(why);
                     }
-                    // A new reading (an invoker with room, one more invoker) or, at the latest
-                    // after a refresh interval, what this scheduler's own sends freed.
+                    // A new reading (an invoker with room, one more invoker), or one of this
+                    // scheduler's own sends ended; at the latest after a refresh interval.
                     let wait = self.refresh_interval.min(until - Instant::now());
-                    let _ = tokio::time::timeout(wait, readings.changed()).await;
+                    let _ = tokio::time::timeout(wait, async {
+                        tokio::select! {
+                            _ = readings.changed() => {}
+                            () = ended => {}
+                        }
+                    })
+                    .await;
                 }
             }
         };
@@ -669,6 +681,7 @@ impl Dispatcher {
         if let Some(sends) = in_flight.sends.get_mut(invoker) {
             sends.end(send, Instant::now(), shown_before);
         }
+        self.ended.notify_waiters();
         if let Some(per) = in_flight.per_revision.get_mut(key) {
             if let Some(n) = per.get_mut(invoker) {
                 *n -= 1;
