@@ -126,7 +126,8 @@ pub async fn replay(
         let actions = drive::create_actions(&cluster, &calls).await?;
         let watch = observe::Watch::start(&cluster, scale.reversal, horizon);
         let outcomes = drive::send(&cluster, &calls, &actions, args.factor).await;
-        let fleet_seen = watch.seen().await;
+        let mut fleet_seen = watch.seen().await;
+        fleet_seen.room_waits = observe::room_waits(&cluster.scheduler).await;
         Ok::<_, ReplayError>((outcomes, fleet_seen))
     }
     .await;

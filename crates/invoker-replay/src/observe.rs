@@ -41,6 +41,9 @@ pub struct FleetSeen {
     /// Per invoker, its containers' removals as its `/metrics` last said: (seconds in all,
     /// how many).
     pub removals: BTreeMap<String, (f64, u64)>,
+    /// The calls that found no invoker with room, as the scheduler's `/metrics` said at the
+    /// end: (seconds they waited in all, how many).
+    pub room_waits: Option<(f64, u64)>,
 }
 
 impl FleetSeen {
@@ -147,14 +150,28 @@ async fn look(capacity: &str, etcd: Option<&Etcd>) -> Option<Look> {
 
 /// What an invoker's `/metrics` says of its containers' removals: (seconds in all, how many).
 async fn removals(api: &str) -> Option<(f64, u64)> {
+    histogram(api, "invoker_container_remove_seconds").await
+}
+
+/// What the scheduler's `/metrics` says of the calls that found no invoker with room: (seconds
+/// they waited in all, how many), placed or refused at `wait_for_room`.
+pub async fn room_waits(scheduler: &str) -> Option<(f64, u64)> {
+    histogram(scheduler, "scheduler_room_wait_seconds").await
+}
+
+/// A histogram's sum and count from the `/metrics` of the process at `api`.
+async fn histogram(api: &str, name: &str) -> Option<(f64, u64)> {
     let url = format!("{}/metrics", api.trim_end_matches('/'));
     let (status, body) = crate::client::get(&url, Some(ADMIN_KEY)).await.ok()?;
     if status != 200 {
         return None;
     }
     let text = String::from_utf8_lossy(&body);
-    let value = |name: &str| text.lines().find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok());
-    Some((value("invoker_container_remove_seconds_sum")?, value("invoker_container_remove_seconds_count")? as u64))
+    let value = |suffix: &str| {
+        let prefix = format!("{name}_{suffix} ");
+        text.lines().find_map(|l| l.strip_prefix(&prefix)?.trim().parse::<f64>().ok())
+    };
+    Some((value("sum")?, value("count")? as u64))
 }
 
 async fn watch(

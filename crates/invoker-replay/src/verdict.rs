@@ -30,6 +30,10 @@ pub struct Verdict {
     /// In the trace's seconds.
     pub idle_gb_s: f64,
     pub reversals: u64,
+    /// Calls that found no invoker with room and waited for one (placed or refused), and their
+    /// mean wait in the trace's seconds: how fast the fleet answers a call it has no room for.
+    pub room_waits: u64,
+    pub room_wait_mean_s: f64,
 }
 
 /// What the replay measured of the real parts, which the simulator then takes as its model's.
@@ -131,6 +135,8 @@ impl Verdict {
             invokers_max: seen.invokers_max as u64,
             idle_gb_s: seen.idle_mb_s / 1024.0 * factor,
             reversals: seen.reversals,
+            room_waits: seen.room_waits.map_or(0, |(_, n)| n),
+            room_wait_mean_s: seen.room_waits.map_or(0.0, |(s, n)| s / n.max(1) as f64 * factor),
         }
     }
 
@@ -149,6 +155,8 @@ impl Verdict {
             invokers_max: n("invokers_max"),
             idle_gb_s: f("idle_gb_s_exact") * factor,
             reversals: n("reversals"),
+            room_waits: n("room_waits"),
+            room_wait_mean_s: f("room_wait_seconds") / n("room_waits").max(1) as f64 * factor,
         }
     }
 
@@ -164,6 +172,8 @@ impl Verdict {
             ("invokers at most", self.invokers_max as f64),
             ("idle memory GB·s", self.idle_gb_s.round()),
             ("reversals", self.reversals as f64),
+            ("calls waiting for room", self.room_waits as f64),
+            ("their mean wait, s", (self.room_wait_mean_s * 100.0).round() / 100.0),
         ]
     }
 }
@@ -240,12 +250,19 @@ mod tests {
         let calls = [call(100), call(100), call(100), call(100)];
         let outcomes =
             [answered(200, 110, false), answered(200, 140, true), answered(503, 1, false), Outcome::default()];
-        let seen = FleetSeen { invoker_seconds: 10.0, idle_mb_s: 1024.0, reversals: 1, ..FleetSeen::default() };
+        let seen = FleetSeen {
+            invoker_seconds: 10.0,
+            idle_mb_s: 1024.0,
+            reversals: 1,
+            room_waits: Some((0.5, 2)),
+            ..FleetSeen::default()
+        };
         let m = Measured::of(&calls, &outcomes, &seen);
         assert_eq!((m.cold_start(), m.warm_overhead), (Duration::from_millis(30), Duration::from_millis(10)));
         let v = Verdict::of_replay(&calls, &outcomes, &seen, &m, Scale::compressed(60.0), 60.0);
         assert_eq!((v.completed, v.refused, v.failed, v.delayed_over_1s, v.cold_starts), (2, 1, 1, 1, 1));
         assert_eq!((v.invoker_seconds, v.idle_gb_s, v.reversals), (600.0, 60.0, 1));
+        assert_eq!((v.room_waits, v.room_wait_mean_s), (2, 15.0), "two waits of 0.25 s: 15 s of the trace");
     }
 
     #[test]

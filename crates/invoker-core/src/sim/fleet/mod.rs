@@ -123,6 +123,9 @@ pub fn managed_run(
     summary["first_rounds"] = json!(early);
     summary["manager_by_minute"] = json!(sim.manager_by_minute());
     summary["refused_by_minute"] = by_minute(&sim.counts.refused_at, scale.minute);
+    let waits = &sim.counts.room_waits;
+    summary["room_waits"] = json!(waits.len());
+    summary["room_wait_seconds"] = json!(waits.iter().map(Duration::as_secs_f64).sum::<f64>());
     summary["delayed_by_minute"] = by_minute(&sim.counts.delayed_at, scale.minute);
     summary
 }
@@ -408,6 +411,9 @@ struct Counts {
     waits_us: Vec<u64>,
     /// When each refused call and each delayed one arrived.
     refused_at: Vec<Duration>,
+    /// How long each call that found no invoker with room waited for one (placed or refused
+    /// at `wait_for_room`), as the scheduler's `scheduler_room_wait_seconds` counts.
+    room_waits: Vec<Duration>,
     delayed_at: Vec<Duration>,
     provisioned: u64,
     drained: u64,
@@ -636,6 +642,7 @@ impl FleetSim<'_> {
                 break;
             }
             self.waiting.remove(&seq);
+            self.counts.room_waits.push(self.now - self.jobs[&id].arrived);
             let mb = u64::from(self.calls[self.jobs[&id].call].memory_mb);
             self.ledger.waiting_mb -= mb;
             self.ledger.calls.went(mb);
@@ -656,6 +663,7 @@ impl FleetSim<'_> {
         self.ledger.calls.refused(mb);
         self.counts.refused += 1;
         self.counts.refused_at.push(arrived);
+        self.counts.room_waits.push(self.now - arrived);
         self.ledger_changed();
     }
 
