@@ -172,7 +172,20 @@ pub async fn replay(
     for refusal in outcomes.iter().filter_map(|o| o.refusal.as_deref()) {
         *reasons.entry(refusal).or_default() += 1;
     }
+    // What each call waited beyond its run and a warm call's overhead, against the
+    // simulator's wait from arrival to its run's start (each call's cold start in both).
+    let mut waited: Vec<Duration> = calls
+        .iter()
+        .zip(&outcomes)
+        .filter(|(_, o)| matches!(o.status, 200 | 502))
+        .map(|(c, o)| measured.waited(c, o))
+        .collect();
+    let waits_ms = serde_json::json!({
+        "replay": invoker_core::sim::fleet::quantiles_ms(&mut waited),
+        "simulator": simulated["waits_ms"],
+    });
     let troubles = serde_json::json!({
+        "waits_ms": waits_ms,
         "refusals": reasons,
         "refused_by_minute": { "replay": count(&refused_at), "simulator": simulated["refused_by_minute"] },
         "delayed_by_minute": { "replay": count(&delayed_at), "simulator": simulated["delayed_by_minute"] },

@@ -123,11 +123,27 @@ pub fn managed_run(
     summary["first_rounds"] = json!(early);
     summary["manager_by_minute"] = json!(sim.manager_by_minute());
     summary["refused_by_minute"] = by_minute(&sim.counts.refused_at, scale.minute);
+    let mut waited: Vec<Duration> = sim.counts.waits_us.iter().map(|&us| Duration::from_micros(us)).collect();
+    summary["waits_ms"] = quantiles_ms(&mut waited);
     let waits = &sim.counts.room_waits;
     summary["room_waits"] = json!(waits.len());
     summary["room_wait_seconds"] = json!(waits.iter().map(Duration::as_secs_f64).sum::<f64>());
     summary["delayed_by_minute"] = by_minute(&sim.counts.delayed_at, scale.minute);
     summary
+}
+
+/// The 50th, 90th, 95th and 99th percentiles of `waits`, in milliseconds to a tenth:
+/// `{"p50": 0.4, ...}` (all 0 when there are none).
+pub fn quantiles_ms(waits: &mut [Duration]) -> Value {
+    waits.sort_unstable();
+    let at = |p: f64| match waits.len() {
+        0 => 0.0,
+        n => {
+            let i = ((n as f64 * p).ceil() as usize).clamp(1, n) - 1;
+            (waits[i].as_secs_f64() * 10_000.0).round() / 10.0
+        }
+    };
+    json!({ "p50": at(0.5), "p90": at(0.9), "p95": at(0.95), "p99": at(0.99) })
 }
 
 /// How many of `times` fall in each minute (of the trace, `minute` long), the minutes with
@@ -1122,6 +1138,16 @@ mod tests {
     /// Ten calls of 400 MB: 4,000 MB is four invokers of 1 GiB by memory, but two fit in one,
     /// so they take five. Counted in megabytes, the group asked for four and two calls waited
     /// for the first ones to end; counted by packing, it asks for five at once.
+    #[test]
+    fn a_replays_side_by_side_counts_by_minute_and_by_quantile() {
+        let ms = Duration::from_millis;
+        let minute = ms(1000);
+        assert_eq!(by_minute(&[ms(10), ms(999), ms(1000), ms(3500)], minute), json!({"0": 2, "1": 1, "3": 1}));
+        let mut waits: Vec<Duration> = (1..=100).rev().map(ms).collect();
+        assert_eq!(quantiles_ms(&mut waits), json!({"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0}));
+        assert_eq!(quantiles_ms(&mut []), json!({"p50": 0.0, "p90": 0.0, "p95": 0.0, "p99": 0.0}));
+    }
+
     #[test]
     fn a_burst_is_sized_by_the_calls_that_fit_not_by_its_megabytes() {
         let s = burst_of("[\"conservative\"]", 0, 400, 10);
