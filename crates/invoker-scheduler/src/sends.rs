@@ -7,6 +7,11 @@
 //! ended, up to half a second, while the scheduler had seen the end itself: `invoker replay`
 //! found calls refused at `wait_for_room` that way, which the simulator (whose scheduler sees
 //! room as it frees) never refused.
+//!
+//! Both corrections are by memory, against the room of the invoker's roomiest node: on an
+//! invoker of several nodes a freed container may sit on another node. An estimate too high
+//! costs a call a wait in that invoker's pool (or its refusal, and another invoker), never a
+//! container past a node's memory: the invoker's own pool decides where a container goes.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
