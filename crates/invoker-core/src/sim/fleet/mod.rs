@@ -157,7 +157,16 @@ pub fn by_minute(times: &[Duration], minute: Duration) -> Value {
 }
 
 /// The trace minutes a replay's side by side shows the manager's rounds of.
-const EARLY_MINUTES: u32 = 5;
+pub const EARLY_MINUTES: u32 = 5;
+
+/// One of `sample` drawn at random, or `otherwise` when it is empty: a latency as measured
+/// (`invoker replay`), else the scenario's figure.
+fn drawn(rng: &mut Rng, sample: &[Duration], otherwise: Duration) -> Duration {
+    match sample.len() {
+        0 => otherwise,
+        n => sample[rng.between(0, n as u64 - 1) as usize],
+    }
+}
 
 /// How a run sizes its fleet.
 #[derive(Clone, Copy, Debug)]
@@ -764,11 +773,8 @@ impl FleetSim<'_> {
             *inv.containers_of.entry(action).or_insert(0) += 1;
         }
         inv.containers.insert(container, SimContainer { action, memory_mb, ran: false });
-        let sample = &self.scenario.cluster.start_latency_sample;
-        let latency = match sample.len() {
-            0 => self.scenario.cluster.start_latency,
-            n => sample[self.rng.between(0, n as u64 - 1) as usize],
-        };
+        let cluster = &self.scenario.cluster;
+        let latency = drawn(&mut self.rng, &cluster.start_latency_sample, cluster.start_latency);
         self.at(self.now + latency, Ev::Ready(i, container));
     }
 
@@ -900,10 +906,7 @@ impl FleetSim<'_> {
                     self.grew();
                     self.counts.provisioned += 1;
                     let i = self.add_invoker(id);
-                    let latency = match self.latency_sample.len() {
-                        0 => self.latency,
-                        n => self.latency_sample[self.rng.between(0, n as u64 - 1) as usize],
-                    };
+                    let latency = drawn(&mut self.rng, &self.latency_sample, self.latency);
                     self.at(self.now + latency, Ev::Up(i));
                 }
             }
@@ -971,13 +974,21 @@ impl FleetSim<'_> {
             .collect()
     }
 
+    /// The manager's rounds, each as (from, until, demand, target): the demand it took and the
+    /// target it set, held until the next round or the horizon.
+    fn held_rounds(&self) -> impl Iterator<Item = (Duration, Duration, u64, u64)> + '_ {
+        let rounds = &self.counts.rounds;
+        rounds.iter().enumerate().map(|(i, &(at, demand, target))| {
+            let until = rounds.get(i + 1).map_or(self.horizon, |r| r.0).min(self.horizon);
+            (at, until, demand, target)
+        })
+    }
+
     /// The demand the manager's rounds took and the targets they set, each held until the
     /// next round, averaged over the horizon (MB).
     fn demand_and_target_means(&self) -> (f64, f64) {
-        let rounds = &self.counts.rounds;
         let (mut demand, mut target) = (0.0, 0.0);
-        for (i, &(at, d, t)) in rounds.iter().enumerate() {
-            let until = rounds.get(i + 1).map_or(self.horizon, |r| r.0).min(self.horizon);
+        for (at, until, d, t) in self.held_rounds() {
             let held = until.saturating_sub(at).as_secs_f64();
             demand += d as f64 * held;
             target += t as f64 * held;
@@ -992,9 +1003,7 @@ impl FleetSim<'_> {
         let minute = self.scale.minute.max(Duration::from_micros(1));
         let buckets = (self.horizon.as_micros() / minute.as_micros()).max(1) as usize;
         let mut sums = vec![(0.0, 0.0); buckets];
-        let rounds = &self.counts.rounds;
-        for (i, &(at, demand, target)) in rounds.iter().enumerate() {
-            let until = rounds.get(i + 1).map_or(self.horizon, |r| r.0).min(self.horizon);
+        for (at, until, demand, target) in self.held_rounds() {
             let mut from = at;
             while from < until {
                 let b = (from.as_micros() / minute.as_micros()) as usize;
