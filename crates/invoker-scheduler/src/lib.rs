@@ -644,18 +644,17 @@ impl Dispatcher {
     /// for an invoker no longer in the view go.
     fn room_corrections(&self, in_flight: &mut InFlight, view: &ClusterView) -> BTreeMap<String, RoomCorrection> {
         let mut corrections = BTreeMap::new();
-        in_flight.sends.retain(|invoker, sends| match view.changed.get(invoker) {
-            Some(read_at) => {
-                let correction = sends.correction(*read_at, self.refresh_interval);
-                if correction != RoomCorrection::default() {
-                    corrections.insert(invoker.clone(), correction);
+        in_flight.sends.retain(|invoker, sends| {
+            match view.changed.get(invoker) {
+                Some(read_at) => {
+                    let correction = sends.correction(*read_at, self.refresh_interval);
+                    if correction != RoomCorrection::default() {
+                        corrections.insert(invoker.clone(), correction);
+                    }
                 }
-                !sends.is_empty()
+                None => sends.forget_ended(),
             }
-            None => {
-                sends.forget_ended();
-                !sends.is_empty()
-            }
+            !sends.is_empty()
         });
         corrections
     }
