@@ -148,48 +148,8 @@ pub async fn replay(
     let simulated =
         invoker_core::sim::fleet::managed_run(&scenario, fleet, &held, horizon, &measured.invoker_starts, scale, host);
     let by_minute = (fleet_seen.invokers_by_minute(scale.minute, horizon), simulated["invokers_by_minute"].clone());
-    let span = horizon.as_secs_f64().max(1e-9);
-    let early = scale.minute.as_secs_f64() * 5.0;
-    let mut last = (u64::MAX, u64::MAX);
-    let replay_rounds: Vec<(f64, u64, u64)> = fleet_seen
-        .manager
-        .iter()
-        .filter(|&&(at, d, t)| at < early && std::mem::replace(&mut last, (d, t)) != (d, t))
-        .map(|&(at, d, t)| ((at * 1000.0).round() / 1000.0, d, t))
-        .collect();
-    let manager = serde_json::json!({
-        "first_changes": { "replay": replay_rounds, "simulator": simulated["first_rounds"] },
-        "demand_mb_mean": { "replay": (fleet_seen.demand_mb_s / span).round(), "simulator": simulated["demand_mb_mean"] },
-        "target_mb_mean": { "replay": (fleet_seen.target_mb_s / span).round(), "simulator": simulated["target_mb_mean"] },
-        "demand_and_target_by_minute": {
-            "replay": fleet_seen.manager_by_minute(scale.minute, horizon),
-            "simulator": simulated["manager_by_minute"],
-        },
-    });
-    let (refused_at, delayed_at) = verdict::troubles(&calls, &outcomes, &measured, scale);
-    let count = |times: &[Duration]| invoker_core::sim::fleet::by_minute(times, scale.minute);
-    let mut reasons: std::collections::BTreeMap<&str, u64> = std::collections::BTreeMap::new();
-    for refusal in outcomes.iter().filter_map(|o| o.refusal.as_deref()) {
-        *reasons.entry(refusal).or_default() += 1;
-    }
-    // What each call waited beyond its run and a warm call's overhead, against the
-    // simulator's wait from arrival to its run's start (each call's cold start in both).
-    let mut waited: Vec<Duration> = calls
-        .iter()
-        .zip(&outcomes)
-        .filter(|(_, o)| matches!(o.status, 200 | 502))
-        .map(|(c, o)| measured.waited(c, o))
-        .collect();
-    let waits_ms = serde_json::json!({
-        "replay": invoker_core::sim::fleet::quantiles_ms(&mut waited),
-        "simulator": simulated["waits_ms"],
-    });
-    let troubles = serde_json::json!({
-        "waits_ms": waits_ms,
-        "refusals": reasons,
-        "refused_by_minute": { "replay": count(&refused_at), "simulator": simulated["refused_by_minute"] },
-        "delayed_by_minute": { "replay": count(&delayed_at), "simulator": simulated["delayed_by_minute"] },
-    });
+    let manager = verdict::managers(&fleet_seen, &simulated, scale, horizon);
+    let troubles = verdict::troubles(&calls, &outcomes, &measured, scale, &simulated);
     let simulated = verdict::Verdict::of_simulator(&simulated, args.factor);
     let mut verdict =
         verdict::side_by_side(&scenario, args.factor, calls.len(), &measured, (&real, &simulated), by_minute);

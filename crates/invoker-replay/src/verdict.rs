@@ -5,10 +5,11 @@
 
 use crate::drive::Outcome;
 use crate::observe::FleetSeen;
-use invoker_core::sim::fleet::Scale;
+use invoker_core::sim::fleet::{self, Scale};
 use invoker_core::sim::scenario::Scenario;
 use invoker_core::sim::workload::Call;
 use serde_json::{json, Value};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// How far apart the two sides may be on a figure and still agree (issue 61: 15 %).
@@ -91,18 +92,50 @@ impl Measured {
     }
 }
 
-/// When each refused call and each delayed one was due (the replay's time), for
-/// [`invoker_core::sim::fleet::by_minute`].
-pub fn troubles(
-    calls: &[Call],
-    outcomes: &[Outcome],
-    measured: &Measured,
-    scale: Scale,
-) -> (Vec<Duration>, Vec<Duration>) {
+/// Where the two sides part, call by call: the calls refused and delayed by trace minute, why
+/// each refused call was refused (as its record says), and what the calls waited by quantile
+/// (beyond the run and a warm call's overhead, against the simulator's arrival to start; each
+/// call's cold start in both). `simulated` is [`invoker_core::sim::fleet::managed_run`]'s.
+pub fn troubles(calls: &[Call], outcomes: &[Outcome], measured: &Measured, scale: Scale, simulated: &Value) -> Value {
     let both = || calls.iter().zip(outcomes);
-    let refused = both().filter(|(_, o)| matches!(o.status, 429 | 503)).map(|(c, _)| c.at).collect();
-    let delayed = both().filter(|(c, o)| delayed(c, o, measured, scale)).map(|(c, _)| c.at).collect();
-    (refused, delayed)
+    let refused_at: Vec<Duration> = both().filter(|(_, o)| matches!(o.status, 429 | 503)).map(|(c, _)| c.at).collect();
+    let delayed_at: Vec<Duration> = both().filter(|(c, o)| delayed(c, o, measured, scale)).map(|(c, _)| c.at).collect();
+    let mut reasons: BTreeMap<&str, u64> = BTreeMap::new();
+    for refusal in outcomes.iter().filter_map(|o| o.refusal.as_deref()) {
+        *reasons.entry(refusal).or_default() += 1;
+    }
+    let mut waited: Vec<Duration> =
+        both().filter(|(_, o)| matches!(o.status, 200 | 502)).map(|(c, o)| measured.waited(c, o)).collect();
+    let count = |times: &[Duration]| fleet::by_minute(times, scale.minute);
+    json!({
+        "waits_ms": { "replay": fleet::quantiles_ms(&mut waited), "simulator": simulated["waits_ms"] },
+        "refusals": reasons,
+        "refused_by_minute": { "replay": count(&refused_at), "simulator": simulated["refused_by_minute"] },
+        "delayed_by_minute": { "replay": count(&delayed_at), "simulator": simulated["delayed_by_minute"] },
+    })
+}
+
+/// The two managers side by side: their first changes of demand or target over the first
+/// [`fleet::EARLY_MINUTES`] trace minutes, their mean demand and target, and both by minute.
+pub fn managers(seen: &FleetSeen, simulated: &Value, scale: Scale, horizon: Duration) -> Value {
+    let span = horizon.as_secs_f64().max(1e-9);
+    let early = (scale.minute * fleet::EARLY_MINUTES).as_secs_f64();
+    let mut last = (u64::MAX, u64::MAX);
+    let changes: Vec<(f64, u64, u64)> = seen
+        .manager
+        .iter()
+        .filter(|&&(at, d, t)| at < early && std::mem::replace(&mut last, (d, t)) != (d, t))
+        .map(|&(at, d, t)| ((at * 1000.0).round() / 1000.0, d, t))
+        .collect();
+    json!({
+        "first_changes": { "replay": changes, "simulator": simulated["first_rounds"] },
+        "demand_mb_mean": { "replay": (seen.demand_mb_s / span).round(), "simulator": simulated["demand_mb_mean"] },
+        "target_mb_mean": { "replay": (seen.target_mb_s / span).round(), "simulator": simulated["target_mb_mean"] },
+        "demand_and_target_by_minute": {
+            "replay": seen.manager_by_minute(scale.minute, horizon),
+            "simulator": simulated["manager_by_minute"],
+        },
+    })
 }
 
 /// Answered with a record after waiting longer than the scale's delay.
