@@ -54,6 +54,16 @@ async fn three_kinds_blocking_non_blocking_and_logs() {
     }
 }
 
+/// Issue 57, item 4, on processes: the pipes are read once per stream at a warm run (the
+/// reading task stops at a short read), and each record still holds exactly its own lines:
+/// a chatty call, silent ones, and a line written after an Fn function's answer.
+#[tokio::test(flavor = "multi_thread")]
+async fn each_record_holds_exactly_its_own_lines_when_the_pipes_are_read_once_a_run() {
+    let dir = tempdir();
+    let inv = Invoker::start(dir.path(), &id("lines"), "");
+    support::own_lines::each_record_holds_exactly_its_own_lines(&inv).await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn application_error_is_502_with_the_error() {
     let dir = tempdir();

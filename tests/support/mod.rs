@@ -7,6 +7,7 @@ pub mod fn_cli;
 #[cfg(feature = "kubernetes")]
 pub mod kube_api;
 pub mod otlp;
+pub mod own_lines;
 pub mod partition;
 
 use serde_json::{json, Value};

@@ -544,8 +544,14 @@ impl LogWindow {
                 inner.answered += 1;
                 *answered = Some(inner.answered - *answered_before);
             }
-            Mode::Ordinal(_) => {
-                self.buffer.drain();
+            // The reading task has often read both sentinels by the answer (the runtime writes
+            // them before it answers): then there is nothing to hurry.
+            Mode::Ordinal(n) => {
+                let n = *n;
+                let sentinels = self.buffer.inner.lock().sentinels;
+                if sentinels[0] <= n || sentinels[1] <= n {
+                    self.buffer.drain();
+                }
             }
             Mode::Timed { drained, .. } => {
                 *drained = self.buffer.drain();

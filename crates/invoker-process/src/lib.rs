@@ -955,10 +955,8 @@ fn follow_output(child: &mut Child, logs: &Arc<LogBuffer>) {
         (child.stderr.take().map(ChildStderr::into_owned_fd), Stream::Stderr),
     ];
     for (fd, stream) in pipes {
-        match fd.map(|fd| fd.and_then(tokio::net::unix::pipe::Receiver::from_owned_fd)) {
-            Some(Ok(pipe)) => PipeLines::follow(pipe, stream, logs),
-            Some(Err(e)) => tracing::warn!("a container's {} is not read: {e}", stream.name()),
-            None => {}
+        if let Some(Err(e)) = fd.map(|fd| fd.and_then(|pipe| PipeLines::follow(pipe, stream, logs))) {
+            tracing::warn!("a container's {} is not read: {e}", stream.name());
         }
     }
 }

@@ -1,83 +1,94 @@
 //! A container's stdout or stderr read into its log buffer, line by line: by a task that
-//! waits for the pipe, and at once by [`LogBuffer::drain`] when a run's answer came from a
-//! runtime that marks no ends (Fn's), whose last lines are in the pipe by then and must be the
-//! run's, not the next one's. Both read under one lock, without blocking.
+//! waits for the pipe, and at once by [`LogBuffer::drain`] when a run's answer came before its
+//! last lines were read (a runtime that marks no ends, Fn's, or sentinels the task has not
+//! read yet), whose last lines are in the pipe by then and must be the run's, not the next
+//! one's. Both read under one lock, without blocking, and stop at a read shorter than asked
+//! (the pipe is empty): a warm run costs one read per stream.
 
 use invoker_factory::logs::{LineSource, LogBuffer, Stream};
 use parking_lot::Mutex;
-use std::io::ErrorKind;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
-use tokio::net::unix::pipe;
+use tokio::io::unix::AsyncFd;
 
 /// Longer lines are cut into pieces of this many bytes.
 pub const MAX_LINE: usize = 64 * 1024;
 /// Room made for each read.
 const READ_CHUNK: usize = 4096;
 
-/// How a read reaches the pipe. The reading task goes through tokio, whose readiness it must
-/// see cleared when the pipe is empty (or its wait would return at once forever). A drain makes
-/// the syscall itself: tokio's `try_read` answers "would block" without reading while its driver
-/// has not yet seen the pipe readable, which is exactly the moment a drain is for.
-#[derive(Clone, Copy)]
-enum Through {
-    Tokio,
-    Syscall,
-}
-
 pub struct PipeLines {
-    pipe: pipe::Receiver,
+    /// Read by the task through tokio's readiness, and by a drain with a plain `read(2)`:
+    /// tokio's own `try_read` answers "would block" without reading while its driver has not
+    /// yet seen the pipe readable, which is exactly the moment a drain is for.
+    pipe: AsyncFd<OwnedFd>,
     stream: Stream,
     /// Bytes of a line not yet ended.
     partial: Mutex<Vec<u8>>,
 }
 
+/// What a read of everything the pipe held left behind.
+#[derive(Debug, PartialEq, Eq)]
+enum Read {
+    /// It is empty now: a later write wakes the task again.
+    Emptied,
+    /// It is closed (or broken): nothing more will come.
+    Closed,
+}
+
 impl PipeLines {
     /// Reads `pipe` into `logs` until it closes; [`LogBuffer::drain`] reads it too meanwhile.
-    pub fn follow(pipe: pipe::Receiver, stream: Stream, logs: &Arc<LogBuffer>) {
+    pub fn follow(pipe: OwnedFd, stream: Stream, logs: &Arc<LogBuffer>) -> std::io::Result<()> {
+        nix::fcntl::fcntl(&pipe, nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK))?;
+        // Deprecated for a `T` whose descriptor may be closed or replaced behind tokio's back;
+        // an `OwnedFd` it owns keeps its descriptor until the `AsyncFd` drops it.
+        #[allow(deprecated)]
+        let pipe = AsyncFd::new(pipe)?;
         let source = Arc::new(PipeLines { pipe, stream, partial: Mutex::new(Vec::new()) });
         let registered: Arc<dyn LineSource> = source.clone();
         logs.add_source(registered.clone());
         let logs = logs.clone();
         tokio::spawn(async move {
-            while source.pipe.readable().await.is_ok() {
-                if source.read_ready(&logs, Through::Tokio) {
-                    break;
+            while let Ok(mut ready) = source.pipe.readable().await {
+                match source.read_all(&logs) {
+                    Read::Closed => break,
+                    // Its readiness goes with what it held, so the next wait sleeps until a
+                    // write (the pipe is edge-triggered): without a read that would block, one
+                    // syscall fewer for each wake (a warm run wakes this once per stream).
+                    Read::Emptied => ready.clear_ready(),
                 }
             }
             logs.remove_source(&registered);
         });
+        Ok(())
     }
 
-    /// Reads what the pipe holds now into `logs`; true once it is closed (or broken).
-    fn read_ready(&self, logs: &LogBuffer, through: Through) -> bool {
+    /// Reads what the pipe holds now into `logs`. A read shorter than asked emptied it (a
+    /// pipe gives all it holds, up to the room given), so it stops there rather than read once
+    /// more to hear "would block".
+    fn read_all(&self, logs: &LogBuffer) -> Read {
         let mut partial = self.partial.lock();
         loop {
-            // Straight into the line's buffer (no zeroed scratch buffer per wake-up: a warm run
-            // wakes this twice).
-            partial.reserve(READ_CHUNK);
-            let read = match through {
-                Through::Tokio => self.pipe.try_read_buf(&mut *partial),
-                Through::Syscall => {
-                    let mut buf = [0u8; 1024];
-                    let read = nix::unistd::read(&self.pipe, &mut buf).map_err(std::io::Error::from);
-                    if let Ok(n) = read {
-                        partial.extend_from_slice(&buf[..n]);
-                    }
-                    read
-                }
-            };
+            let held = partial.len();
+            partial.resize(held + READ_CHUNK, 0);
+            let read = nix::unistd::read(self.pipe.get_ref().as_fd(), &mut partial[held..]);
+            partial.truncate(held + *read.as_ref().unwrap_or(&0));
             match read {
                 Ok(0) => {
                     if !partial.is_empty() {
                         logs.push(self.stream, line_of(&partial));
                         partial.clear();
                     }
-                    return true;
+                    return Read::Closed;
                 }
-                Ok(_) => self.push_lines(&mut partial, logs),
-                Err(e) if e.kind() == ErrorKind::WouldBlock => return false,
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(_) => return true,
+                Ok(n) => {
+                    self.push_lines(&mut partial, logs);
+                    if n < READ_CHUNK {
+                        return Read::Emptied;
+                    }
+                }
+                Err(nix::errno::Errno::EAGAIN) => return Read::Emptied,
+                Err(nix::errno::Errno::EINTR) => {}
+                Err(_) => return Read::Closed,
             }
         }
     }
@@ -99,7 +110,7 @@ impl PipeLines {
 
 impl LineSource for PipeLines {
     fn read_now(&self, logs: &LogBuffer) {
-        self.read_ready(logs, Through::Syscall);
+        self.read_all(logs);
     }
 }
 
@@ -119,7 +130,7 @@ mod tests {
         let logs = Arc::new(LogBuffer::default());
         // On this one-thread runtime the reading task runs only when the test awaits: what the
         // window gets before that, `drain` read.
-        PipeLines::follow(pipe::Receiver::from_owned_fd(read).unwrap(), Stream::Stdout, &logs);
+        PipeLines::follow(read, Stream::Stdout, &logs).unwrap();
         let mut write = std::fs::File::from(write);
         let window = logs.open_sequential(Ends::Time);
         write.write_all(b"one\ntwo\r\nthr").unwrap();
