@@ -22,8 +22,16 @@ pub struct PipeLines {
     /// yet seen the pipe readable, which is exactly the moment a drain is for.
     pipe: AsyncFd<OwnedFd>,
     stream: Stream,
+    reading: Mutex<Reading>,
+}
+
+/// What reads keep between them, under one lock.
+struct Reading {
     /// Bytes of a line not yet ended.
-    partial: Mutex<Vec<u8>>,
+    partial: Vec<u8>,
+    /// Where each read lands, zeroed once (a read into `partial`'s own spare room would need
+    /// it zeroed before every read).
+    scratch: Box<[u8]>,
 }
 
 /// What a read of everything the pipe held left behind.
@@ -43,7 +51,8 @@ impl PipeLines {
         // an `OwnedFd` it owns keeps its descriptor until the `AsyncFd` drops it.
         #[allow(deprecated)]
         let pipe = AsyncFd::new(pipe)?;
-        let source = Arc::new(PipeLines { pipe, stream, partial: Mutex::new(Vec::new()) });
+        let reading = Reading { partial: Vec::new(), scratch: vec![0; READ_CHUNK].into_boxed_slice() };
+        let source = Arc::new(PipeLines { pipe, stream, reading: Mutex::new(reading) });
         let registered: Arc<dyn LineSource> = source.clone();
         logs.add_source(registered.clone());
         let logs = logs.clone();
@@ -66,23 +75,21 @@ impl PipeLines {
     /// pipe gives all it holds, up to the room given), so it stops there rather than read once
     /// more to hear "would block".
     fn read_all(&self, logs: &LogBuffer) -> Read {
-        let mut partial = self.partial.lock();
+        let mut reading = self.reading.lock();
+        let Reading { partial, scratch } = &mut *reading;
         loop {
-            let held = partial.len();
-            partial.resize(held + READ_CHUNK, 0);
-            let read = nix::unistd::read(self.pipe.get_ref().as_fd(), &mut partial[held..]);
-            partial.truncate(held + *read.as_ref().unwrap_or(&0));
-            match read {
+            match nix::unistd::read(self.pipe.get_ref().as_fd(), scratch) {
                 Ok(0) => {
                     if !partial.is_empty() {
-                        logs.push(self.stream, line_of(&partial));
+                        logs.push(self.stream, line_of(partial));
                         partial.clear();
                     }
                     return Read::Closed;
                 }
                 Ok(n) => {
-                    self.push_lines(&mut partial, logs);
-                    if n < READ_CHUNK {
+                    partial.extend_from_slice(&scratch[..n]);
+                    self.push_lines(partial, logs);
+                    if n < scratch.len() {
                         return Read::Emptied;
                     }
                 }
