@@ -3,12 +3,18 @@
 //! invoker. What came back decides what happens next, and the line between "nothing ran" and
 //! "it may have run" is drawn here.
 //!
-//! The message goes in two steps: the request's head with `Expect: 100-continue`, and the
-//! message itself only when the invoker asks for it (hyper's server sends `100 Continue` when
-//! the shim starts reading the body). A frozen invoker (SIGSTOP, a stalled disk, a partition)
-//! still takes TCP connections and buffers what is written to them, and would run it when it
-//! thaws; an invoker that never asked never received the message, so the activation may go to
-//! another at once ([`Sent::Unheard`]) and is never run twice. Everything else that ran nothing
+//! To an invoker not heard from in the last `HEARD_WITHIN`, the message goes in two steps: the
+//! request's head with `Expect: 100-continue`, and the message itself only when the invoker
+//! asks for it (hyper's server sends `100 Continue` when the shim starts reading the body). A
+//! frozen invoker (SIGSTOP, a stalled disk, a partition) still takes TCP connections and
+//! buffers what is written to them, and would run it when it thaws; an invoker that never asked
+//! never received the message, so the activation may go to another at once
+//! ([`Sent::Unheard`]) and is never run twice. To an invoker that answered within
+//! `HEARD_WITHIN` (one under steady load), the message goes with the head, in one write: the
+//! round trip of the ask is what a hop costs most at one call at a time. The price is bounded:
+//! what goes that way to an invoker that froze since its last answer, in the `HEARD_WITHIN`
+//! after it, is its own (as what it held when it froze), answered when it thaws or lost; the
+//! first message after that asks again, and finds it frozen. Everything else that ran nothing
 //! (a connection refused, a 503 whose record says nothing ran) may go elsewhere too; once the
 //! message was released, the activation is the invoker's, whatever happens next.
 
@@ -25,7 +31,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 /// Idle connections kept per invoker at most.
@@ -69,7 +75,15 @@ pub struct InvokerClient {
     authorization: String,
     /// Invoker address (`host:port`) → idle connections.
     idle: Arc<Mutex<HashMap<String, Vec<SendRequest<HeldMessage>>>>>,
+    /// Invoker address → when it last answered (a response's head, or a `100 Continue`).
+    heard: Heard,
 }
+
+type Heard = Arc<Mutex<HashMap<String, Instant>>>;
+
+/// How recently an invoker must have answered for a message to go with its request's head,
+/// without waiting for it to ask (see the module's page).
+const HEARD_WITHIN: Duration = Duration::from_millis(20);
 
 /// The message, and the invoker's request for it, until one side takes it: the `100 Continue`
 /// callback (it releases the message) or the hand-over timeout (it withdraws it). Whoever takes
@@ -123,11 +137,29 @@ fn withdraw(release: &Release) -> bool {
     release.lock().take().is_none()
 }
 
+/// Lets the message go to the invoker, unless it was withdrawn.
+fn let_go(release: &Release) {
+    if let Some(pending) = release.lock().take() {
+        let _ = pending.body.send(pending.message);
+        let _ = pending.asked.send(());
+    }
+}
+
+fn mark_heard(heard: &Heard, authority: &str) {
+    let mut heard = heard.lock();
+    match heard.get_mut(authority) {
+        Some(at) => *at = Instant::now(),
+        None => {
+            heard.insert(authority.to_string(), Instant::now());
+        }
+    }
+}
+
 impl InvokerClient {
     pub fn new(controller_key: &str) -> Self {
         use base64::Engine as _;
         let authorization = format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(controller_key));
-        InvokerClient { authorization, idle: Arc::default() }
+        InvokerClient { authorization, idle: Arc::default(), heard: Arc::default() }
     }
 
     /// `message` to the invoker at `authority`: asked for within `handover`, answered within
@@ -147,10 +179,15 @@ impl InvokerClient {
         let len = message.len() as u64;
         let release: Release = Arc::new(Mutex::new(Some(Pending { message, body: body_tx, asked: asked_tx })));
         let reports_start = on_started.is_some();
-        let request = match self.request(authority, HeldMessage { body: Some(body), len }, &release, reports_start) {
-            Ok(request) => request,
-            Err(sent) => return sent,
-        };
+        let asks = self.heard.lock().get(authority).is_none_or(|at| at.elapsed() >= HEARD_WITHIN);
+        let request =
+            match self.request(authority, HeldMessage { body: Some(body), len }, &release, reports_start, asks) {
+                Ok(request) => request,
+                Err(sent) => return sent,
+            };
+        if !asks {
+            let_go(&release);
+        }
         let exchange = self.exchange(authority, request, &release, asked, handover, on_started);
         match tokio::time::timeout(timeout, exchange).await {
             Err(_) if !withdraw(&release) => Sent::Unheard(format!("it did not ask for the message in {timeout:?}")),
@@ -223,7 +260,10 @@ impl InvokerClient {
                 None => answer.await,
             };
             let response = match answered {
-                Ok(response) => response,
+                Ok(response) => {
+                    mark_heard(&self.heard, authority);
+                    response
+                }
                 Err(mut e) => match e.take_message() {
                     Some(_) if is_new => return Err(unsent(e.error().to_string())),
                     Some(unsent) => {
@@ -323,27 +363,30 @@ impl InvokerClient {
         body: HeldMessage,
         release: &Release,
         reports_start: bool,
+        asks: bool,
     ) -> Result<hyper::Request<HeldMessage>, Sent> {
         let mut request = hyper::Request::post("/v1/activations")
             .header(hyper::header::HOST, authority)
             .header(hyper::header::AUTHORIZATION, &self.authorization)
             .header(hyper::header::CONTENT_TYPE, "application/json")
-            .header(hyper::header::ACCEPT, TWO_PARTS)
-            .header(hyper::header::EXPECT, "100-continue");
+            .header(hyper::header::ACCEPT, TWO_PARTS);
+        if asks {
+            request = request.header(hyper::header::EXPECT, "100-continue");
+        }
         if reports_start {
             request = request.header(REPORT_START, "1");
         }
         let mut request =
             request.body(body).map_err(|e| Sent::Refused(format!("the request could not be made: {e}")))?;
-        let release = release.clone();
-        hyper::ext::on_informational(&mut request, move |response| {
-            if response.status() == hyper::StatusCode::CONTINUE {
-                if let Some(pending) = release.lock().take() {
-                    let _ = pending.body.send(pending.message);
-                    let _ = pending.asked.send(());
+        if asks {
+            let (release, heard, authority) = (release.clone(), self.heard.clone(), authority.to_string());
+            hyper::ext::on_informational(&mut request, move |response| {
+                if response.status() == hyper::StatusCode::CONTINUE {
+                    mark_heard(&heard, &authority);
+                    let_go(&release);
                 }
-            }
-        });
+            });
+        }
         Ok(request)
     }
 
@@ -573,33 +616,82 @@ mod tests {
 
     /// The shim's server: hyper's, which asks for the body when the handler reads it.
     async fn server(refuse: bool) -> String {
+        server_noting_asks(refuse).await.0
+    }
+
+    /// [`server`], and whether each message's request asked to be asked for it, in order.
+    async fn server_noting_asks(refuse: bool) -> (String, Arc<Mutex<Vec<bool>>>) {
         use hyper::service::service_fn;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let authority = listener.local_addr().unwrap().to_string();
+        let asks = Arc::new(Mutex::new(Vec::new()));
+        let noted = asks.clone();
         tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
-                let service = service_fn(move |request: hyper::Request<hyper::body::Incoming>| async move {
-                    if request.uri().path() == "/ping" {
-                        return Ok(invoker_http::with_body(hyper::StatusCode::OK, "application/json", "{}"));
+                let asks = noted.clone();
+                let service = service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
+                    let asks = asks.clone();
+                    async move {
+                        if request.uri().path() == "/ping" {
+                            return Ok(invoker_http::with_body(hyper::StatusCode::OK, "application/json", "{}"));
+                        }
+                        if refuse {
+                            let answer = json!({ "error": "the invoker is shutting down" }).to_string();
+                            return Ok::<_, std::convert::Infallible>(invoker_http::with_body(
+                                hyper::StatusCode::SERVICE_UNAVAILABLE,
+                                "application/json",
+                                answer,
+                            ));
+                        }
+                        asks.lock().push(request.headers().contains_key(hyper::header::EXPECT));
+                        let body = request.into_body().collect().await.unwrap().to_bytes();
+                        assert!(String::from_utf8_lossy(&body).contains(MARK));
+                        let answer = record(json!([])).to_string();
+                        Ok(invoker_http::with_body(hyper::StatusCode::OK, "application/json", answer))
                     }
-                    if refuse {
-                        let answer = json!({ "error": "the invoker is shutting down" }).to_string();
-                        return Ok::<_, std::convert::Infallible>(invoker_http::with_body(
-                            hyper::StatusCode::SERVICE_UNAVAILABLE,
-                            "application/json",
-                            answer,
-                        ));
-                    }
-                    let body = request.into_body().collect().await.unwrap().to_bytes();
-                    assert!(String::from_utf8_lossy(&body).contains(MARK));
-                    let answer = record(json!([])).to_string();
-                    Ok(invoker_http::with_body(hyper::StatusCode::OK, "application/json", answer))
                 });
                 let io = hyper_util::rt::TokioIo::new(stream);
                 tokio::spawn(hyper::server::conn::http1::Builder::new().serve_connection(io, service));
             }
         });
-        authority
+        (authority, asks)
+    }
+
+    /// One round trip less a hop: an invoker that answered within `HEARD_WITHIN` gets the
+    /// message with the request's head; one silent for longer is asked first again.
+    #[tokio::test]
+    async fn an_invoker_heard_from_just_now_gets_the_message_without_asking_for_it() {
+        let (authority, asks) = server_noting_asks(false).await;
+        let client = InvokerClient::new("k:v");
+        for _ in 0..3 {
+            let sent = client.send(&authority, message(), Duration::from_secs(5), Duration::from_secs(30), None).await;
+            assert!(matches!(sent, Sent::Finished(_)), "{sent:?}");
+        }
+        tokio::time::sleep(HEARD_WITHIN * 2).await;
+        let sent = client.send(&authority, message(), Duration::from_secs(5), Duration::from_secs(30), None).await;
+        assert!(matches!(sent, Sent::Finished(_)), "{sent:?}");
+        assert_eq!(*asks.lock(), [true, false, false, true], "asked first, then heard from, then silent too long");
+        assert_eq!(client.idle.lock()[&authority].len(), 1, "one connection all along");
+    }
+
+    /// What went with its head to an invoker that froze since its last answer is its own (it
+    /// may run it when it thaws): it ends lost, never elsewhere; the next message after
+    /// `HEARD_WITHIN` asks, goes unheard, and may go elsewhere.
+    #[tokio::test]
+    async fn a_message_sent_with_its_head_to_an_invoker_that_froze_is_its_own() {
+        let (authority, seen) = peer(b"", Duration::from_secs(3600)).await;
+        let client = InvokerClient::new("k:v");
+        // As if it had just answered.
+        mark_heard(&client.heard, &authority);
+        let sent =
+            client.send(&authority, message(), Duration::from_millis(100), Duration::from_millis(300), None).await;
+        assert!(matches!(sent, Sent::Lost(_)), "it has the message: {sent:?}");
+        assert_eq!(received(&seen), (false, true), "the message went with the head");
+        seen.lock().clear();
+        let sent = client.send(&authority, message(), Duration::from_millis(100), Duration::from_secs(30), None).await;
+        assert!(matches!(sent, Sent::Unheard(_)), "{sent:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(received(&seen), (true, false), "asked again, and the message stayed");
     }
 
     #[tokio::test]
