@@ -1,5 +1,6 @@
 //! The activation hot path without an fsync: `accept` and `finish` append one line each to a
-//! journal file (a `write(2)`, in the page cache, so it survives a SIGKILL of the invoker) and
+//! journal file (a copy into a shared mapping of it, `segment.rs`: in the page cache, so it
+//! survives a SIGKILL of the invoker, without a syscall) and
 //! keep the entry in memory; a background thread moves what the journal holds into redb in one
 //! transaction every `FLUSH_EVERY` (group commit), then deletes the journal segment it covered.
 //! At open, segments an earlier run left are replayed into redb first. Reads see the memory
@@ -27,11 +28,12 @@
 use super::action_cache::ActionCache;
 use super::contract::{Accepted, DocKind, QueuedCall, Recovered, Store, StoreError};
 use super::redb_store::{Batch, RedbStore};
+use super::segment::Segment;
 use invoker_wire::model::{Action, ActivationMeta, ActivationRecord, EncodedRecord};
 use parking_lot::Mutex;
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::fs::File;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -125,16 +127,17 @@ struct Inner {
     state: Mutex<State>,
     /// Serialises flushes (the thread's and an explicit one).
     flushing: Mutex<()>,
+    /// The segment the next flush moves the journal to (its number), made with room for a
+    /// flush's lines by the flush before, off the activations' path.
+    prepared: Mutex<Option<(u64, Segment)>>,
     /// Why writes fail now; `None` while they succeed.
     trouble: Mutex<Option<String>>,
     reserve: Mutex<Reserve>,
 }
 
 struct State {
-    file: File,
+    file: Segment,
     segment: u64,
-    /// The segment's length: a line cut short by a full disk is cut off again.
-    len: u64,
     /// Accepted and not finished; `true` once redb's pending table has it.
     pending: FxHashMap<String, (ActivationMeta, bool)>,
     /// Finished, not yet in redb.
@@ -228,15 +231,8 @@ fn survey(dir: &Path) -> Result<u64, StoreError> {
     Ok(next)
 }
 
-fn open_segment(dir: &Path, n: u64) -> Result<File, StoreError> {
-    use std::os::unix::fs::OpenOptionsExt as _;
-    // Records hold results, logs and parameters: the invoker's alone.
-    File::options()
-        .create(true)
-        .append(true)
-        .mode(0o600)
-        .open(segment_path(dir, n))
-        .map_err(|e| io_err("journal segment", e))
+fn open_segment(dir: &Path, n: u64) -> Result<Segment, StoreError> {
+    Segment::create(&segment_path(dir, n)).map_err(|e| io_err("journal segment", e))
 }
 
 #[derive(serde::Deserialize)]
@@ -332,7 +328,6 @@ impl JournaledStore {
         let mut state = State {
             file: open_segment(dir, segment)?,
             segment,
-            len: 0,
             pending: FxHashMap::default(),
             finished: FxHashMap::default(),
             in_flight: Arc::default(),
@@ -407,6 +402,7 @@ impl JournaledStore {
             dir: dir.to_path_buf(),
             state: Mutex::new(state),
             flushing: Mutex::new(()),
+            prepared: Mutex::new(None),
             trouble: Mutex::new(trouble),
             reserve: Mutex::new(reserve),
         });
@@ -456,6 +452,10 @@ fn read_segment(path: &Path) -> Result<SegmentRead, StoreError> {
             read.unread += 1;
             break;
         };
+        // The segment's room not yet written (`segment.rs`): the end of its lines.
+        if line.iter().all(|&b| b == 0) {
+            break;
+        }
         match serde_json::from_slice::<Line>(&line) {
             Ok(Line::A(meta)) => read.accepted.push(meta),
             Ok(Line::F(record)) => {
@@ -538,8 +538,7 @@ fn flush_loop(inner: Weak<Inner>) {
 const PROBE_BYTES: usize = 256 * 1024;
 
 impl Inner {
-    /// Writes one line. A line the disk took only part of is cut off, so that the next line
-    /// starts where it should.
+    /// Writes one line, whole or not at all.
     fn append(state: &mut State, line: &LineRef<'_>) -> Result<(), StoreError> {
         // Model types of strings, numbers and JSON values: encoding cannot fail.
         let mut bytes = serde_json::to_vec(line).expect("a journal line serialises");
@@ -575,14 +574,9 @@ impl Inner {
         lines.iter().try_for_each(|line| Self::append_line(state, line))
     }
 
-    /// Writes one line, its newline included, in one write.
+    /// Writes one line, its newline included, whole or not at all.
     fn append_line(state: &mut State, bytes: &[u8]) -> Result<(), StoreError> {
-        if let Err(e) = state.file.write_all(bytes) {
-            let _ = state.file.set_len(state.len);
-            return Err(io_err("journal append", e));
-        }
-        state.len += bytes.len() as u64;
-        Ok(())
+        state.file.append(bytes).map_err(|e| io_err("journal append", e))
     }
 
     /// Notes a failed write: the store takes no new work until `try_recover` finds both the
@@ -661,6 +655,17 @@ impl Inner {
         }
     }
 
+    /// Makes segment `n` with room for about `expected` bytes (what the last flush's segment
+    /// held, and a quarter more), so that the lines it takes need no allocation or page fault.
+    /// A full disk leaves it without room: its first line then finds the disk full.
+    fn prepare(&self, n: u64, expected: usize) {
+        let Ok(mut segment) = open_segment(&self.dir, n) else { return };
+        if expected > 0 {
+            let _ = segment.make_room(expected + expected / 4);
+        }
+        *self.prepared.lock() = Some((n, segment));
+    }
+
     /// Journals the records held in memory alone (the reserve may have room again), then
     /// flushes; the ids of those still in memory alone.
     fn write_out_once(&self) -> Vec<String> {
@@ -689,7 +694,7 @@ impl Inner {
 
     fn flush(&self) -> Result<(), StoreError> {
         let _one_at_a_time = self.flushing.lock();
-        let (old_segment, accepted, queued, started, unqueued, finished) = {
+        let (old_segment, old_len, accepted, queued, started, unqueued, finished) = {
             let mut state = self.state.lock();
             let unsaved: Vec<ActivationMeta> = state
                 .pending
@@ -727,13 +732,16 @@ impl Inner {
                 return Ok(());
             }
             let old = state.segment;
-            state.file = open_segment(&self.dir, old + 1).map_err(|e| self.troubled(e))?;
+            let next = match self.prepared.lock().take() {
+                Some((n, prepared)) if n == old + 1 => prepared,
+                _ => open_segment(&self.dir, old + 1).map_err(|e| self.troubled(e))?,
+            };
+            let old_len = std::mem::replace(&mut state.file, next).written();
             state.segment = old + 1;
-            state.len = 0;
             // The old segments go once this flush is in redb: the answered lines move on.
             Inner::journal_answered(&mut state).map_err(|e| self.troubled(e))?;
             state.in_flight = Arc::new(std::mem::take(&mut state.finished));
-            (old, unsaved, queued, started, unqueued, state.in_flight.clone())
+            (old, old_len, unsaved, queued, started, unqueued, state.in_flight.clone())
         };
         let records: Vec<(&ActivationRecord, &[u8], bool)> =
             finished.values().map(|f| (&*f.record, &*f.json, f.pending_in_db)).collect();
@@ -758,6 +766,7 @@ impl Inner {
                         let _ = std::fs::remove_file(path);
                     }
                 }
+                self.prepare(old_segment + 2, old_len);
                 Ok(())
             }
             Err(e) => {
@@ -1088,6 +1097,7 @@ impl Store for JournaledStore {
 mod tests {
     use super::*;
     use invoker_wire::model::Outcome;
+    use std::io::Write;
 
     fn meta(id: &str) -> ActivationMeta {
         ActivationMeta::for_test(id)
@@ -1186,6 +1196,35 @@ mod tests {
         assert_eq!(store.get_activation("done").unwrap().unwrap().response.status_code, 0);
         assert_eq!(store.recover_unfinished(9).unwrap().guessed.len(), 1, "the open one gets its whisk-error record");
         assert_eq!(store.get_activation("open").unwrap().unwrap().response.status_code, 3);
+    }
+
+    /// A segment's room not yet written (zeros, `segment.rs`) is its end, not damage: a kill
+    /// leaves it, and the restart replays the lines before it and sets nothing aside.
+    #[test]
+    fn the_unwritten_room_of_a_killed_runs_segment_is_no_damage() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        store.accept(&meta("done")).unwrap();
+        store.finish(&record("done").into()).unwrap();
+        store.accept(&meta("open")).unwrap();
+        std::mem::forget(store);
+        let journal = dir.path().join("journal");
+        let found = segments(&journal).unwrap();
+        let room = std::fs::metadata(&found.last().unwrap().1).unwrap().len();
+        assert_eq!(room, crate::segment::ROOM_STEP, "the lines' segment has its room, zeros after them");
+        let copy = tempfile::tempdir().unwrap();
+        for (_, path) in found {
+            std::fs::copy(&path, copy.path().join(path.file_name().unwrap())).unwrap();
+        }
+        let store = JournaledStore::open(&dir.path().join("s2.redb"), copy.path()).unwrap();
+        assert_eq!(store.get_activation("done").unwrap().unwrap().response.status_code, 0);
+        assert_eq!(store.recover_unfinished(9).unwrap().guessed.len(), 1);
+        let aside: Vec<_> = std::fs::read_dir(copy.path())
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|name| name.ends_with(DAMAGED))
+            .collect();
+        assert!(aside.is_empty(), "set aside as damaged: {aside:?}");
     }
 
     fn queued(id: &str) -> (QueuedCall, Vec<u8>) {
