@@ -1176,20 +1176,25 @@ mod tests {
         assert!(store.get_action("guest", "a").unwrap().is_none());
     }
 
-    #[test]
-    fn a_killed_run_is_replayed_from_the_journal() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = open(dir.path());
+    /// A run that finished "done" and left "open" running, killed: a copy of its journal as
+    /// the kill left it (no flush, no drop: only the segments on disk remain).
+    fn killed_run(dir: &Path) -> tempfile::TempDir {
+        let store = open(dir);
         store.accept(&meta("done")).unwrap();
         store.finish(&record("done").into()).unwrap();
         store.accept(&meta("open")).unwrap();
-        // A SIGKILL: no flush, no drop; only the journal on disk remains.
         std::mem::forget(store);
-        let journal = dir.path().join("journal");
         let copy = tempfile::tempdir().unwrap();
-        for (_, path) in segments(&journal).unwrap() {
+        for (_, path) in segments(&dir.join("journal")).unwrap() {
             std::fs::copy(&path, copy.path().join(path.file_name().unwrap())).unwrap();
         }
+        copy
+    }
+
+    #[test]
+    fn a_killed_run_is_replayed_from_the_journal() {
+        let dir = tempfile::tempdir().unwrap();
+        let copy = killed_run(dir.path());
         let mut torn = File::options().append(true).open(segments(copy.path()).unwrap()[0].1.clone()).unwrap();
         torn.write_all(b"{\"A\":{\"activation_id\":").unwrap();
         let store = JournaledStore::open(&dir.path().join("s2.redb"), copy.path()).unwrap();
@@ -1203,19 +1208,10 @@ mod tests {
     #[test]
     fn the_unwritten_room_of_a_killed_runs_segment_is_no_damage() {
         let dir = tempfile::tempdir().unwrap();
-        let store = open(dir.path());
-        store.accept(&meta("done")).unwrap();
-        store.finish(&record("done").into()).unwrap();
-        store.accept(&meta("open")).unwrap();
-        std::mem::forget(store);
-        let journal = dir.path().join("journal");
-        let found = segments(&journal).unwrap();
+        let copy = killed_run(dir.path());
+        let found = segments(copy.path()).unwrap();
         let room = std::fs::metadata(&found.last().unwrap().1).unwrap().len();
         assert_eq!(room, crate::segment::ROOM_STEP, "the lines' segment has its room, zeros after them");
-        let copy = tempfile::tempdir().unwrap();
-        for (_, path) in found {
-            std::fs::copy(&path, copy.path().join(path.file_name().unwrap())).unwrap();
-        }
         let store = JournaledStore::open(&dir.path().join("s2.redb"), copy.path()).unwrap();
         assert_eq!(store.get_activation("done").unwrap().unwrap().response.status_code, 0);
         assert_eq!(store.recover_unfinished(9).unwrap().guessed.len(), 1);
