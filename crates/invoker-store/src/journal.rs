@@ -519,6 +519,18 @@ impl SegmentRead {
     }
 }
 
+/// The records of a flush as redb takes them best: in id order. Ids are time-ordered
+/// (`new_activation_id`), so a batch in their order lands at the end of the records table and
+/// of its index, leaf after leaf; in the order of a hash map it lands on the last few leaves
+/// at random, splitting each again and again (a fifth more of the flush's work a record, and a
+/// larger file, measured).
+fn in_id_order(finished: &FxHashMap<String, Finished>) -> Vec<(&ActivationRecord, &[u8], bool)> {
+    let mut records: Vec<(&ActivationRecord, &[u8], bool)> =
+        finished.values().map(|f| (&*f.record, &*f.json, f.pending_in_db)).collect();
+    records.sort_unstable_by(|a, b| a.0.activation_id.cmp(&b.0.activation_id));
+    records
+}
+
 fn flush_loop(inner: Weak<Inner>) {
     loop {
         std::thread::sleep(FLUSH_EVERY);
@@ -696,7 +708,7 @@ impl Inner {
         let _one_at_a_time = self.flushing.lock();
         let (old_segment, old_len, accepted, queued, started, unqueued, finished) = {
             let mut state = self.state.lock();
-            let unsaved: Vec<ActivationMeta> = state
+            let mut unsaved: Vec<ActivationMeta> = state
                 .pending
                 .values_mut()
                 .filter(|(_, saved)| !*saved)
@@ -705,6 +717,8 @@ impl Inner {
                     meta.clone()
                 })
                 .collect();
+            // In id order, as `in_id_order` says why.
+            unsaved.sort_unstable_by(|a, b| a.activation_id.cmp(&b.activation_id));
             // Marked saved before redb has them: a call that starts meanwhile is then taken out
             // of redb's queue by the next flush, after this one put it there.
             let queued: Vec<(String, bytes::Bytes)> = state
@@ -743,8 +757,7 @@ impl Inner {
             state.in_flight = Arc::new(std::mem::take(&mut state.finished));
             (old, old_len, unsaved, queued, started, unqueued, state.in_flight.clone())
         };
-        let records: Vec<(&ActivationRecord, &[u8], bool)> =
-            finished.values().map(|f| (&*f.record, &*f.json, f.pending_in_db)).collect();
+        let records = in_id_order(&finished);
         let calls: Vec<(&str, &[u8])> = queued.iter().map(|(id, json)| (id.as_str(), &**json)).collect();
         let starts: Vec<(&str, u64)> = started.iter().map(|(id, at)| (id.as_str(), *at)).collect();
         let batch =
@@ -1174,6 +1187,19 @@ mod tests {
         assert_eq!((cached.exec.code.as_deref(), cached.version.as_str()), (Some("two"), "0.0.2"));
         store.delete_action("guest", "a").unwrap();
         assert!(store.get_action("guest", "a").unwrap().is_none());
+    }
+
+    #[test]
+    fn a_flush_hands_its_records_to_redb_in_id_order() {
+        let finished: FxHashMap<String, Finished> = (0..64)
+            .map(|n| invoker_wire::model::new_activation_id() + &format!("{n}"))
+            .map(|id| {
+                let record = Arc::new(record(&id));
+                (id, Finished { record, json: bytes::Bytes::new(), journaled: true, pending_in_db: false })
+            })
+            .collect();
+        let ids: Vec<&str> = in_id_order(&finished).iter().map(|r| r.0.activation_id.as_str()).collect();
+        assert!(ids.windows(2).all(|w| w[0] < w[1]), "{ids:?}");
     }
 
     /// A run that finished "done" and left "open" running, killed: a copy of its journal as
