@@ -9,4 +9,5 @@
 
 pub mod cluster;
 pub mod model;
+mod record_json;
 pub mod runtime;

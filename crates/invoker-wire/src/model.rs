@@ -439,27 +439,12 @@ impl ActivationResponse {
 pub struct EncodedRecord {
     pub record: Arc<ActivationRecord>,
     pub json: Bytes,
-    result: Range<usize>,
+    /// Where the result lies in `json`.
+    pub(crate) result: Range<usize>,
 }
 
+/// `EncodedRecord::new`, which writes the JSON, is in `record_json.rs`.
 impl EncodedRecord {
-    /// Encodes `record`, its result once (which also gives its `size`).
-    pub fn new(mut record: ActivationRecord) -> Self {
-        let result = std::mem::take(&mut record.response.result);
-        // Strings, numbers and JSON values: encoding cannot fail.
-        let result_json = serde_json::to_vec(&result).expect("a JSON value serialises");
-        record.response.size = Some(result_json.len() as u64);
-        let mut json = serde_json::to_vec(&record).expect("a record serialises");
-        record.response.result = result;
-        // The result's place: the first `"result":null` after `"response":{`. Neither can occur
-        // inside a JSON string, where every quote is escaped, and no key before them is either.
-        let at = find(&json, b"\"response\":{")
-            .and_then(|r| find(&json[r..], b"\"result\":null").map(|i| r + i + b"\"result\":".len()))
-            .expect("a record's JSON has its response's result");
-        json.splice(at..at + b"null".len(), result_json.iter().copied());
-        EncodedRecord { record: Arc::new(record), json: json.into(), result: at..at + result_json.len() }
-    }
-
     /// The result's JSON, as the record holds it.
     pub fn result_json(&self) -> Bytes {
         self.json.slice(self.result.clone())
@@ -470,10 +455,6 @@ impl From<ActivationRecord> for EncodedRecord {
     fn from(record: ActivationRecord) -> Self {
         EncodedRecord::new(record)
     }
-}
-
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack.windows(needle.len()).position(|w| w == needle)
 }
 
 /// The annotation of a record written as a guess ([`ActivationRecord::guess`]).
