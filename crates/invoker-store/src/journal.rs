@@ -252,7 +252,11 @@ enum Line {
 #[cfg(any(test, feature = "test-util"))]
 pub fn reread_line(bytes: &[u8]) -> Option<Vec<u8>> {
     match serde_json::from_slice::<Line>(bytes).ok()? {
-        Line::A(meta) => serde_json::to_vec(&LineRef::A(&meta)).ok(),
+        Line::A(meta) => {
+            let mut line = accepted_line(&meta);
+            line.pop();
+            Some(line)
+        }
         Line::F(record) => {
             let mut line = finished_line(&EncodedRecord::new(*record).json);
             line.pop();
@@ -272,12 +276,20 @@ pub fn reread_line(bytes: &[u8]) -> Option<Vec<u8>> {
     }
 }
 
-/// What `Line` reads of an acceptance, written without a copy (a finished record's line is
-/// [`finished_line`]).
+/// What `Line` reads of a start, written without a copy (an acceptance's line is
+/// [`accepted_line`], a finished record's [`finished_line`]).
 #[derive(serde::Serialize)]
 enum LineRef<'a> {
-    A(&'a ActivationMeta),
     S(&'a str, u64),
+}
+
+/// An acceptance's line, newline included: `{"A":<meta>}`, as `Line::A` reads it.
+fn accepted_line(meta: &ActivationMeta) -> Vec<u8> {
+    let mut line = Vec::with_capacity(256);
+    line.extend_from_slice(b"{\"A\":");
+    meta.write_json(&mut line);
+    line.extend_from_slice(b"}\n");
+    line
 }
 
 /// A queued call's line, newline included: `{"Q":<call>}` around its JSON, encoded once for
@@ -550,14 +562,6 @@ fn flush_loop(inner: Weak<Inner>) {
 const PROBE_BYTES: usize = 256 * 1024;
 
 impl Inner {
-    /// Writes one line, whole or not at all.
-    fn append(state: &mut State, line: &LineRef<'_>) -> Result<(), StoreError> {
-        // Model types of strings, numbers and JSON values: encoding cannot fail.
-        let mut bytes = serde_json::to_vec(line).expect("a journal line serialises");
-        bytes.push(b'\n');
-        Self::append_line(state, &bytes)
-    }
-
     /// An earlier delivery of `id` (pending or finished, in memory or in redb), if there was one.
     fn seen(&self, state: &State, id: &str) -> Result<Option<Accepted>, StoreError> {
         if let Some((earlier, _)) = state.pending.get(id) {
@@ -862,7 +866,7 @@ impl Store for JournaledStore {
         if let Some(seen) = inner.seen(&state, id)? {
             return Ok(seen);
         }
-        Inner::append(&mut state, &LineRef::A(meta)).map_err(|e| inner.troubled(e))?;
+        Inner::append_line(&mut state, &accepted_line(meta)).map_err(|e| inner.troubled(e))?;
         state.pending.insert(id.to_string(), (meta.clone(), false));
         Ok(Accepted::New)
     }
@@ -871,7 +875,7 @@ impl Store for JournaledStore {
         let inner = &self.inner;
         inner.check_trouble()?;
         let mut state = inner.state.lock();
-        Inner::append(&mut state, &LineRef::A(meta)).map_err(|e| inner.troubled(e))?;
+        Inner::append_line(&mut state, &accepted_line(meta)).map_err(|e| inner.troubled(e))?;
         state.pending.insert(meta.activation_id.clone(), (meta.clone(), false));
         Ok(())
     }
