@@ -536,6 +536,11 @@ impl LogWindow {
     /// and the container's pipes are read, so that what it wrote before it answered is in.
     /// Only the first call ends the window; [`Self::collect`] and [`Self::take`] make it.
     pub fn answered(&mut self) {
+        // A run counted by sentinels whose sentinels the reading task already read (the
+        // runtime writes them before it answers) has nothing to hurry.
+        if matches!(self.mode, Mode::Ordinal(_)) && self.is_complete() {
+            return;
+        }
         match &mut self.mode {
             Mode::Overlapping { answered: Some(_), .. } => {}
             Mode::Overlapping { answered_before, answered } => {
@@ -544,14 +549,8 @@ impl LogWindow {
                 inner.answered += 1;
                 *answered = Some(inner.answered - *answered_before);
             }
-            // The reading task has often read both sentinels by the answer (the runtime writes
-            // them before it answers): then there is nothing to hurry.
-            Mode::Ordinal(n) => {
-                let n = *n;
-                let sentinels = self.buffer.inner.lock().sentinels;
-                if sentinels[0] <= n || sentinels[1] <= n {
-                    self.buffer.drain();
-                }
+            Mode::Ordinal(_) => {
+                self.buffer.drain();
             }
             Mode::Timed { drained, .. } => {
                 *drained = self.buffer.drain();
