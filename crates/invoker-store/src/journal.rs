@@ -464,8 +464,9 @@ fn read_segment(path: &Path) -> Result<SegmentRead, StoreError> {
             read.unread += 1;
             break;
         };
-        // The segment's room not yet written (`segment.rs`): the end of its lines.
-        if line.iter().all(|&b| b == 0) {
+        // The segment's room not yet written (`segment.rs`): the end of its lines. (An empty
+        // line is no such room: it is unreadable, as any line that does not parse.)
+        if !line.is_empty() && line.iter().all(|&b| b == 0) {
             break;
         }
         match serde_json::from_slice::<Line>(&line) {

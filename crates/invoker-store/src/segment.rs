@@ -8,8 +8,8 @@
 //! The file's blocks are allocated before they are mapped (`posix_fallocate`, a step at a
 //! time, from the first line), so a full disk is an error of [`Segment::append`] when it needs
 //! the next step, never a fault at a copy or at write-back, and never an error of a segment's
-//! creation (a start on a full disk makes one). The file is longer than what was written: the rest is
-//! zeros, which no line holds (JSON escapes a NUL), so a reader stops at the first one.
+//! creation (a start on a full disk makes one). The file is longer than what was written: the
+//! rest is zeros, which no line holds (JSON escapes a NUL), so a reader stops at the first one.
 
 use memmap2::MmapMut;
 use std::fs::File;
