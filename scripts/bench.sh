@@ -3,8 +3,10 @@
 # alternating; a cold start each way; cold starts by kind (20 new actions each: python forked
 # from the zygote, python started in its container, node from its snapshot and plain) and a burst of 50 first calls to 50
 # new python actions; the invoker's resident memory; the scheduler hop (a
-# scheduler in front of one invoker against that invoker called directly). The last line printed is
-# one JSON object (see BENCHMARKS.md).
+# scheduler in front of one invoker against that invoker called directly). Each warm path also
+# beside its floor, measured in the same rounds (`crates/invoker-bench/src/floor.rs`: hyper in,
+# one request to the same runtimes, FDKs or invoker, the answer out, and nothing else). The last
+# line printed is one JSON object (see BENCHMARKS.md).
 #
 #   scripts/bench.sh            # full: 5 s slices, 3 rounds per mode and concurrency, memory
 #   scripts/bench.sh --quick    # within 60 s once built: 2 s slices, 2 rounds

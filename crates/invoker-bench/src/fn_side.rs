@@ -6,7 +6,8 @@
 //! invoker on Docker, against its FDK called directly on the socket in its container's
 //! directory, and that function's cold start (a new function of the same image).
 
-use crate::load::{measure, median, run_json, Samples};
+use crate::floor::{FloorKind, FloorProcess};
+use crate::load::{measure, median, run_json, with_floor, Samples};
 use crate::targets::{Invoker, GUEST};
 use anyhow::{bail, Context as _};
 use serde_json::{json, Value};
@@ -28,6 +29,8 @@ fn fdk_python() -> PathBuf {
 struct DirectFdk {
     child: Option<Child>,
     client: reqwest::Client,
+    /// Its listener's socket (where the floor reaches it too).
+    listener: PathBuf,
     _dir: Option<tempfile::TempDir>,
 }
 
@@ -59,7 +62,7 @@ impl DirectFdk {
             tokio::time::sleep(Duration::from_micros(500)).await;
         }
         let client = reqwest::Client::builder().unix_socket(listener.as_path()).build()?;
-        let fdk = DirectFdk { child: Some(child), client, _dir: Some(dir) };
+        let fdk = DirectFdk { child: Some(child), client, listener, _dir: Some(dir) };
         fdk.call().await?;
         Ok((fdk, began.elapsed()))
     }
@@ -67,7 +70,7 @@ impl DirectFdk {
     /// The FDK listening at `listener` (a container's).
     fn attach(listener: &Path) -> anyhow::Result<DirectFdk> {
         let client = reqwest::Client::builder().unix_socket(listener).build()?;
-        Ok(DirectFdk { child: None, client, _dir: None })
+        Ok(DirectFdk { child: None, client, listener: listener.to_path_buf(), _dir: None })
     }
 
     /// One call as the invoker makes it: `Fn-Call-Id` and `Fn-Deadline`, an empty body.
@@ -151,6 +154,8 @@ struct ImageSide {
     app: String,
     url: String,
     directs: Arc<Vec<DirectFdk>>,
+    /// The floor in front of the same FDKs.
+    floor: FloorProcess,
     runs: Vec<Value>,
     cold: Vec<Duration>,
 }
@@ -163,8 +168,18 @@ impl ImageSide {
         let directs =
             invoker.sockets_named("lsnr.sock").iter().map(|s| DirectFdk::attach(s)).collect::<Result<Vec<_>, _>>()?;
         anyhow::ensure!(directs.len() == k, "{} warm Fn image containers, expected {k}", directs.len());
-        Ok(ImageSide { invoker, app, url, directs: Arc::new(directs), runs: Vec::new(), cold: Vec::new() })
+        let floor = fn_floor(&directs)?;
+        Ok(ImageSide { invoker, app, url, directs: Arc::new(directs), floor, runs: Vec::new(), cold: Vec::new() })
     }
+}
+
+/// The floor (`floor.rs`) in front of `fdks`, and its `/invoke` URL.
+fn fn_floor(fdks: &[DirectFdk]) -> anyhow::Result<FloorProcess> {
+    FloorProcess::start(FloorKind::Fn, &fdks.iter().map(|f| f.listener.clone()).collect::<Vec<_>>())
+}
+
+fn floor_url(floor: &FloorProcess) -> String {
+    format!("{}/invoke/floor", floor.base)
 }
 
 async fn call(http: &reqwest::Client, url: &str, body: &'static str) -> anyhow::Result<()> {
@@ -200,6 +215,7 @@ pub async fn fn_side(
     for _ in 0..k {
         directs.push(DirectFdk::start().await?.0);
     }
+    let floor = fn_floor(&directs)?;
     let directs = Arc::new(directs);
     let direct_slice = |c: usize, slice: Duration| {
         let d = directs.clone();
@@ -234,27 +250,40 @@ pub async fn fn_side(
     for c in levels {
         direct_slice(c, Duration::from_millis(300)).await;
         invoke_slice(c, Duration::from_millis(300)).await;
+        invoke_on(floor_url(&floor), c, Duration::from_millis(300)).await;
         if let Some(side) = &image {
             direct_on(side.directs.clone(), c, Duration::from_millis(300)).await;
             invoke_on(side.url.clone(), c, Duration::from_millis(300)).await;
+            invoke_on(floor_url(&side.floor), c, Duration::from_millis(300)).await;
         }
-        let (mut direct, mut invoked) = (Samples::default(), Samples::default());
-        let (mut image_direct, mut image_invoked) = (Samples::default(), Samples::default());
+        let (mut direct, mut invoked, mut floored) = (Samples::default(), Samples::default(), Samples::default());
+        let (mut image_direct, mut image_invoked, mut image_floored) =
+            (Samples::default(), Samples::default(), Samples::default());
         for _ in 0..rounds {
             direct.add(direct_slice(c, slice).await);
             invoked.add(invoke_slice(c, slice).await);
+            floored.add(invoke_on(floor_url(&floor), c, slice).await);
             if let Some(side) = &image {
                 image_direct.add(direct_on(side.directs.clone(), c, slice).await);
                 image_invoked.add(invoke_on(side.url.clone(), c, slice).await);
+                image_floored.add(invoke_on(floor_url(&side.floor), c, slice).await);
             }
         }
-        eprintln!("fn (\"direct\": the FDK's /call on its socket; \"invoker\": POST /invoke/{{fn_id}}):");
-        runs.push(run_json(c, &mut direct, &mut invoked));
+        eprintln!(
+            "fn (\"direct\": the FDK's /call on its socket; \"invoker\": POST /invoke/{{fn_id}}; the floor: hyper \
+             to the same FDKs):"
+        );
+        let mut run = run_json(c, &mut direct, &mut invoked);
+        with_floor(&mut run, &mut floored);
+        runs.push(run);
         if let Some(side) = &mut image {
             eprintln!(
-                "fn image on docker (\"direct\": the FDK's /call on its container's socket; \"invoker\": /invoke):"
+                "fn image on docker (\"direct\": the FDK's /call on its container's socket; \"invoker\": /invoke; \
+                 the floor: hyper to the same FDKs):"
             );
-            side.runs.push(run_json(c, &mut image_direct, &mut image_invoked));
+            let mut run = run_json(c, &mut image_direct, &mut image_invoked);
+            with_floor(&mut run, &mut image_floored);
+            side.runs.push(run);
         }
     }
     let (mut cold_invoker, mut cold_direct) = (Vec::new(), Vec::new());
@@ -279,6 +308,7 @@ pub async fn fn_side(
     let mut figures = json!({
         "fn_added_p50_us_c1": runs[0]["added_p50_us"],
         "fn_rps_ratio_c8": runs.last().map_or(Value::Null, |r| r["rps_ratio"].clone()),
+        "fn_floor_ratio_c8": runs.last().map_or(Value::Null, |r| r["floor_ratio"].clone()),
         "cold_fn_python_ms_p50": ms(ci),
         "cold_fn_direct_ms_p50": ms(cd),
         "fn_runs": runs,
@@ -289,6 +319,7 @@ pub async fn fn_side(
         figures["fn_image_docker_added_p50_us_c1"] = side.runs[0]["added_p50_us"].clone();
         figures["fn_image_docker_p50_us_c1"] = side.runs[0]["invoker_p50_us"].clone();
         figures["fn_image_docker_rps_ratio_c8"] = side.runs.last().map_or(Value::Null, |r| r["rps_ratio"].clone());
+        figures["fn_image_docker_floor_ratio_c8"] = side.runs.last().map_or(Value::Null, |r| r["floor_ratio"].clone());
         figures["cold_fn_image_docker_ms_p50"] = json!(ms(cold));
         figures["fn_image_docker_runs"] = Value::Array(side.runs);
     }

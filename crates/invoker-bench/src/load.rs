@@ -145,3 +145,30 @@ pub fn run_json(concurrency: usize, direct: &mut Samples, invoker: &mut Samples)
         "errors": direct.errors + invoker.errors,
     })
 }
+
+/// Puts the floor's figures (`floor.rs`, measured in the same rounds) beside a run's: its
+/// requests a second and p50, its ratio to the direct side, the real path's ratio to it, and
+/// the real path's p50 over it.
+pub fn with_floor(run: &mut Value, floor: &mut Samples) {
+    let (f_rps, f50, f90, f99) = floor.summary();
+    let (_, f_busy, _) = floor.cpu_per_request();
+    let concurrency = run["concurrency"].as_u64().unwrap_or(0);
+    eprintln!(
+        "c={concurrency:<3} floor   {f_rps:>8.0} req/s  p50 {f50:>6} us  p90 {f90:>6} us  p99 {f99:>6} us  errors {}  \
+         CPU {f_busy} us busy",
+        floor.errors
+    );
+    let number = |key: &str| run[key].as_f64().unwrap_or(0.0);
+    let ratio = |a: f64, b: f64| (a / b.max(1e-9) * 1000.0).round() / 1000.0;
+    let (d_rps, i_rps) = (number("direct_rps"), number("invoker_rps"));
+    let (d50, i50) = (number("direct_p50_us") as i64, number("invoker_p50_us") as i64);
+    let figures = json!({
+        "floor_rps": f_rps.round(), "floor_p50_us": f50, "floor_p99_us": f99, "floor_cpu_us": f_busy,
+        "floor_ratio": ratio(f_rps, d_rps), "invoker_floor_ratio": ratio(i_rps, f_rps),
+        "floor_added_p50_us": f50 as i64 - d50, "added_over_floor_p50_us": i50 - f50 as i64,
+        "floor_errors": floor.errors,
+    });
+    if let (Some(run), Value::Object(figures)) = (run.as_object_mut(), figures) {
+        run.extend(figures);
+    }
+}

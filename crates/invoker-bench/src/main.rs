@@ -22,7 +22,8 @@ mod targets;
 mod tracing_ab;
 
 use clap::Parser;
-use load::{measure, median, run_json, Samples};
+use floor::{FloorKind, FloorProcess};
+use load::{measure, median, run_json, with_floor, Samples};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -87,20 +88,26 @@ struct Args {
     /// callers for one slice, then the backlog's drain.
     #[arg(long)]
     queue_only: Option<usize>,
-    /// Serve the floor (`floor.rs`) in front of the runtimes at these sockets, and nothing
-    /// else: how the benchmark starts its floor side.
+    /// Serve a floor (`floor.rs`) in front of these targets (unix sockets, or one
+    /// `host:port`), and nothing else: how the benchmark starts each floor side.
     #[arg(long, num_args = 1..)]
-    floor: Vec<PathBuf>,
+    floor: Vec<String>,
+    /// What the floor of `--floor` forwards to.
+    #[arg(long, value_enum, default_value_t = floor::FloorKind::Openwhisk)]
+    floor_kind: floor::FloorKind,
 }
 
-/// One factory under test: its invoker, K warm runtimes to call directly, and the figures.
+/// One factory under test: its invoker, K warm runtimes to call directly, the floor in front
+/// of the same runtimes, and the figures.
 struct Side {
     name: &'static str,
     invoker: Invoker,
     url: String,
     directs: Arc<Vec<Direct>>,
+    floor: Option<FloorProcess>,
     direct: Samples,
     invoked: Samples,
+    floored: Samples,
     runs: Vec<Value>,
     cold: Vec<Duration>,
 }
@@ -127,8 +134,10 @@ impl Side {
             invoker,
             url,
             directs: Arc::new(Vec::new()),
+            floor: None,
             direct: Samples::default(),
             invoked: Samples::default(),
+            floored: Samples::default(),
             runs: Vec::new(),
             cold: Vec::new(),
         })
@@ -144,12 +153,20 @@ impl Side {
     }
 
     async fn slice_invoker(&mut self, c: usize, slice: Duration, http: &reqwest::Client) -> Samples {
-        let (h, u) = (http.clone(), self.url.clone());
-        measure(c, slice, move |_| {
-            let (h, u) = (h.clone(), u.clone());
-            async move { invoke(&h, &u, json!({})).await }
-        })
-        .await
+        slice_of(http, &self.url, c, slice).await
+    }
+
+    async fn slice_floor(&mut self, c: usize, slice: Duration, http: &reqwest::Client) -> Samples {
+        match &self.floor {
+            Some(floor) => slice_of(http, &floor.invoke_url(), c, slice).await,
+            None => Samples::default(),
+        }
+    }
+
+    /// Starts the floor in front of the runtimes at `sockets` (the direct side's).
+    fn start_floor(&mut self, sockets: &[PathBuf]) -> anyhow::Result<()> {
+        self.floor = Some(FloorProcess::start(FloorKind::Openwhisk, sockets)?);
+        Ok(())
     }
 
     async fn cold_start(&mut self, http: &reqwest::Client, i: usize) -> anyhow::Result<()> {
@@ -162,6 +179,16 @@ impl Side {
     }
 }
 
+/// A closed loop of `c` blocking invokes with empty parameters at `url`.
+async fn slice_of(http: &reqwest::Client, url: &str, c: usize, slice: Duration) -> Samples {
+    let (h, u) = (http.clone(), url.to_string());
+    measure(c, slice, move |_| {
+        let (h, u) = (h.clone(), u.clone());
+        async move { invoke(&h, &u, json!({})).await }
+    })
+    .await
+}
+
 fn ms(d: Duration) -> f64 {
     (d.as_secs_f64() * 10_000.0).round() / 10.0
 }
@@ -169,7 +196,7 @@ fn ms(d: Duration) -> f64 {
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     if !args.floor.is_empty() {
-        return floor::serve(args.floor);
+        return floor::serve(args.floor_kind, args.floor);
     }
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(bench(args))
 }
@@ -191,7 +218,9 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         let etcd = args.etcd.as_deref().ok_or_else(|| anyhow::anyhow!("--scheduler-only needs --etcd"))?;
         let hop = scheduler_hop(&exe, etcd, &http, k, slice, args.rounds).await?;
         let ratio = hop.last().map_or(Value::Null, |r| r["rps_ratio"].clone());
-        let figures = json!({ "sched_added_p50_us_c1": hop[0]["added_p50_us"], "sched_rps_ratio_c8": ratio });
+        let floor_ratio = hop.last().map_or(Value::Null, |r| r["floor_ratio"].clone());
+        let figures = json!({ "sched_added_p50_us_c1": hop[0]["added_p50_us"], "sched_rps_ratio_c8": ratio,
+            "sched_floor_added_p50_us_c1": hop[0]["floor_added_p50_us"], "sched_floor_ratio_c8": floor_ratio });
         println!("{}", json!({ "scheduler": hop, "figures": figures }));
         return Ok(());
     }
@@ -231,16 +260,7 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         directs.push(Direct::start(&exe, socket).await?.0);
     }
     sides[0].directs = Arc::new(directs);
-    // The floor, in front of the same runtimes the direct side calls.
-    let floor = floor::FloorProcess::start(&runtime_sockets)?;
-    let (mut floor_samples, mut floor_runs) = (Samples::default(), Vec::new());
-    let slice_floor = |c: usize, slice: Duration| {
-        let (h, u) = (http.clone(), floor.url.clone());
-        measure(c, slice, move |_| {
-            let (h, u) = (h.clone(), u.clone());
-            async move { invoke(&h, &u, json!({})).await }
-        })
-    };
+    sides[0].start_floor(&runtime_sockets)?;
     if let Some(socket) = &args.docker_socket {
         let config = format!(
             "[factory]\nkind = \"docker\"\n[factory.docker]\nsocket = \"{}\"\n[proxy]\npause_grace = \"0s\"\n",
@@ -253,6 +273,7 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         }
         anyhow::ensure!(directs.len() == k, "{} warm Docker runtimes, expected {k}", directs.len());
         docker.directs = Arc::new(directs);
+        docker.start_floor(&docker.invoker.runtime_sockets())?;
         sides.push(docker);
     }
 
@@ -263,24 +284,24 @@ async fn bench(args: Args) -> anyhow::Result<()> {
             // Warm both paths; then every slice alternates, so drift hits all alike.
             side.slice_direct(c, Duration::from_millis(300)).await;
             side.slice_invoker(c, Duration::from_millis(300), &http).await;
+            side.slice_floor(c, Duration::from_millis(300), &http).await;
         }
-        slice_floor(c, Duration::from_millis(300)).await;
         for _ in 0..args.rounds {
             for side in &mut sides {
                 let direct = side.slice_direct(c, slice).await;
                 side.direct.add(direct);
                 let invoked = side.slice_invoker(c, slice, &http).await;
                 side.invoked.add(invoked);
+                let floored = side.slice_floor(c, slice, &http).await;
+                side.floored.add(floored);
             }
-            floor_samples.add(slice_floor(c, slice).await);
         }
-        eprintln!("floor (\"direct\": the floor, hyper to the same runtimes; \"invoker\": the invoker):");
-        floor_runs.push(run_json(c, &mut floor_samples, &mut sides[0].invoked));
-        floor_samples = Samples::default();
         for side in &mut sides {
             let (mut direct, mut invoked) = (std::mem::take(&mut side.direct), std::mem::take(&mut side.invoked));
-            eprintln!("{}:", side.name);
-            side.runs.push(run_json(c, &mut direct, &mut invoked));
+            eprintln!("{} (the floor: hyper to the same runtimes, `floor.rs`):", side.name);
+            let mut run = run_json(c, &mut direct, &mut invoked);
+            with_floor(&mut run, &mut std::mem::take(&mut side.floored));
+            side.runs.push(run);
         }
     }
     let busy_rss_kb = sides[0].invoker.rss_kb();
@@ -316,7 +337,6 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     }
     let runs = sides[0].runs.clone();
     drop(sides);
-    drop(floor);
 
     let mut memory = json!({ "idle_rss_kb": idle_rss_kb, "after_load_rss_kb": busy_rss_kb });
     eprintln!("memory  invoker idle {idle_rss_kb} kB, after the load with {k} containers {busy_rss_kb} kB");
@@ -348,6 +368,8 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     if let Some(hop) = hop {
         last["sched_added_p50_us_c1"] = hop[0]["added_p50_us"].clone();
         last["sched_rps_ratio_c8"] = hop.last().map_or(Value::Null, |r| r["rps_ratio"].clone());
+        last["sched_floor_added_p50_us_c1"] = hop[0]["floor_added_p50_us"].clone();
+        last["sched_floor_ratio_c8"] = hop.last().map_or(Value::Null, |r| r["floor_ratio"].clone());
         last["scheduler"] = Value::Array(hop);
     }
     if let (Value::Object(by_kind), Some(last)) = (by_kind, last.as_object_mut()) {
@@ -358,10 +380,9 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     last["cold_direct_ms"] = json!(ms(cd));
     last["memory"] = memory;
     last["cold_starts_in_warm_runs"] = json!(starts.saturating_sub(k as u64));
+    last["floor_added_p50_us_c1"] = runs[0]["floor_added_p50_us"].clone();
+    last["invoker_added_over_floor_p50_us_c1"] = runs[0]["added_over_floor_p50_us"].clone();
     last["runs"] = Value::Array(runs);
-    last["floor_added_p50_us_c1"] = floor_runs[0]["added_p50_us"].clone();
-    last["floor_ratio_c8"] = floor_runs.last().map_or(Value::Null, |r| r["rps_ratio"].clone());
-    last["floor"] = Value::Array(floor_runs);
     if !docker.is_null() {
         last["docker"] = docker;
     }
@@ -410,26 +431,29 @@ async fn scheduler_hop(
         }
         urls.push(url);
     }
-    let slice_of = |url: &String, c: usize, slice: Duration| {
-        let (h, u) = (http.clone(), url.clone());
-        measure(c, slice, move |_| {
-            let (h, u) = (h.clone(), u.clone());
-            async move { invoke(&h, &u, json!({})).await }
-        })
-    };
+    // The hop's floor: a forwarder in front of the same invoker, and nothing else.
+    let floor = FloorProcess::start(FloorKind::Forward, &[invoker.base.trim_start_matches("http://")])?;
+    let floor_url = urls[0].replace(&invoker.base, &floor.base);
     let mut levels = vec![1, k];
     levels.dedup();
     let mut runs = Vec::new();
     for c in levels {
-        slice_of(&urls[0], c, Duration::from_millis(300)).await;
-        slice_of(&urls[1], c, Duration::from_millis(300)).await;
-        let (mut direct, mut hop) = (Samples::default(), Samples::default());
-        for _ in 0..rounds {
-            direct.add(slice_of(&urls[0], c, slice).await);
-            hop.add(slice_of(&urls[1], c, slice).await);
+        for url in [&urls[0], &urls[1], &floor_url] {
+            slice_of(http, url, c, Duration::from_millis(300)).await;
         }
-        eprintln!("scheduler hop (\"direct\": the invoker called directly; \"invoker\": through the scheduler):");
-        runs.push(run_json(c, &mut direct, &mut hop));
+        let (mut direct, mut hop, mut floored) = (Samples::default(), Samples::default(), Samples::default());
+        for _ in 0..rounds {
+            direct.add(slice_of(http, &urls[0], c, slice).await);
+            hop.add(slice_of(http, &urls[1], c, slice).await);
+            floored.add(slice_of(http, &floor_url, c, slice).await);
+        }
+        eprintln!(
+            "scheduler hop (\"direct\": the invoker called directly; \"invoker\": through the scheduler; \
+             the floor: a forwarder in front of the invoker):"
+        );
+        let mut run = run_json(c, &mut direct, &mut hop);
+        with_floor(&mut run, &mut floored);
+        runs.push(run);
     }
     Ok(runs)
 }
