@@ -103,6 +103,10 @@ struct KeyState {
     patient: VecDeque<JobId>,
     /// Live jobs in `waiting` and `patient`.
     waiting_live: usize,
+    /// Since when some of its jobs have waited without a break (cleared when none waits): a
+    /// queue that callers refill as fast as busy containers drain it never gets old jobs, but
+    /// stays full, which says as surely that the busy containers do not keep up.
+    backlog_since: Option<Time>,
     containers: u32,
     concurrency: u32,
     memory_mb: u32,
@@ -131,6 +135,14 @@ struct KeyState {
 }
 
 impl KeyState {
+    /// A waiting job left its queue (ran, expired or was refused); the last one ends the backlog.
+    fn one_waits_less(&mut self) {
+        self.waiting_live -= 1;
+        if self.waiting_live == 0 {
+            self.backlog_since = None;
+        }
+    }
+
     fn is_empty(&self) -> bool {
         self.containers == 0 && self.waiting_live == 0 && !self.blocked && !self.provisioned.keeps_any()
     }
@@ -187,7 +199,6 @@ struct Claim {
 struct Waiting {
     key: KeyId,
     deadline: Time,
-    since: Time,
     patient: bool,
 }
 
@@ -573,7 +584,8 @@ impl PoolCore {
             key.waiting.push_back(job.id);
         }
         key.waiting_live += 1;
-        self.waiting.insert(job.id, Waiting { key: job.key, deadline: job.deadline, since: now, patient: job.patient });
+        key.backlog_since.get_or_insert(now);
+        self.waiting.insert(job.id, Waiting { key: job.key, deadline: job.deadline, patient: job.patient });
         self.deadlines.insert((job.deadline, job.id));
         self.maybe_start(job.key, now, fx);
     }
@@ -728,7 +740,7 @@ impl PoolCore {
             if let Some(w) = self.waiting.remove(&job) {
                 self.patient_waiting -= usize::from(w.patient);
                 let key = self.keys.get_mut(&w.key).expect("a waiting job's key exists");
-                key.waiting_live -= 1;
+                key.one_waits_less();
                 if key.waiting.len() + key.patient.len() > 2 * key.waiting_live + 32 {
                     let live = &self.waiting;
                     key.waiting.retain(|j| live.contains_key(j));
@@ -876,7 +888,7 @@ impl PoolCore {
             if let Some(w) = self.waiting.remove(&job) {
                 self.patient_waiting -= usize::from(w.patient);
                 if let Some(key) = self.keys.get_mut(&w.key) {
-                    key.waiting_live -= 1;
+                    key.one_waits_less();
                     key.waiting.clear();
                     key.patient.clear();
                 }
@@ -973,7 +985,8 @@ impl PoolCore {
 
     /// Under our start rule: when the key's busy containers are expected to take every waiting
     /// job the starting ones will not, before a new container would be ready, the time at
-    /// which that expectation is overdue (the oldest waiting job has waited a start's time).
+    /// which that expectation is overdue: jobs have waited without a break for a start's time
+    /// (the oldest waiting job, or callers that refill the queue as it drains).
     fn busy_containers_will_serve(&self, key_id: KeyId, now: Time) -> Option<Time> {
         if self.config.start_rule != StartRule::Capped {
             return None;
@@ -987,10 +1000,9 @@ impl PoolCore {
         if busy == 0 || key.waiting_live > covered {
             return None;
         }
-        // Each queue is in arrival order: its first live job is its oldest.
-        let first = |queue: &VecDeque<JobId>| queue.iter().find_map(|job| self.waiting.get(job)).map(|w| w.since);
-        let oldest = first(&key.waiting).into_iter().chain(first(&key.patient)).min()?;
-        Some(oldest + start).filter(|&overdue_at| overdue_at > now)
+        // Set by the first of the jobs waiting now, or before them: no later than the oldest.
+        let since = key.backlog_since?;
+        Some(since + start).filter(|&overdue_at| overdue_at > now)
     }
 
     fn recheck_at(&mut self, key_id: KeyId, at: Time) {
@@ -1182,7 +1194,7 @@ impl PoolCore {
             if let Some(w) = self.waiting.remove(&job) {
                 self.patient_waiting -= usize::from(w.patient);
                 self.deadlines.remove(&(w.deadline, job));
-                key.waiting_live -= 1;
+                key.one_waits_less();
                 return Some(job);
             }
         }

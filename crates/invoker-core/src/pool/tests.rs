@@ -485,6 +485,55 @@ fn a_job_waits_for_a_busy_container_that_frees_sooner_than_a_start_unless_it_is_
     assert_eq!(created(&fx).len(), 1, "{fx:?}");
 }
 
+/// Eight callers, each calling again as soon as it is answered, on one warm container of an
+/// action whose runs are short beside a start: each job waits only a few runs, never a start's
+/// time, yet the queue never empties. Once it has stayed full for a start's time, the busy
+/// container is shown not to keep up and containers start (before, the eight were served one at
+/// a time for as long as they kept calling).
+#[test]
+fn callers_that_keep_a_busy_containers_queue_full_for_a_starts_time_get_containers_of_their_own() {
+    let mut core = core_with(4096);
+    // Learn: a start takes 60 ms, a run 1 ms.
+    let c = created(&core.handle(Event::Arrived(job(1, 1, 256)), ms(0)))[0];
+    core.handle(Event::Started { container: c, failure: None, at: ms(60) }, ms(60));
+    core.handle(Event::Finished { container: c, job: JobId(1), reusable: true }, ms(61));
+    let mut next = 2;
+    let mut running = Vec::new();
+    let mut started: Vec<(ContainerId, u64)> = Vec::new();
+    for _ in 0..8 {
+        let fx = core.handle(Event::Arrived(job(next, 1, 256)), ms(100));
+        running.extend(fx.iter().filter_map(|e| match e {
+            Effect::Dispatch { job, container } => Some((*container, *job)),
+            _ => None,
+        }));
+        started.extend(created(&fx).into_iter().map(|c| (c, 100)));
+        next += 1;
+    }
+    assert!(started.is_empty(), "a burst of eight waits a few runs for the busy container: {started:?}");
+    // Each millisecond the running job ends and its caller calls again.
+    for t in 101..400u64 {
+        let mut fx = Effects::new();
+        for (container, job) in std::mem::take(&mut running) {
+            fx.extend(core.handle(Event::Finished { container, job, reusable: true }, ms(t)));
+        }
+        fx.extend(core.handle(Event::Arrived(job(next, 1, 256)), ms(t)));
+        next += 1;
+        fx.extend(core.handle(Event::Tick, ms(t)));
+        running.extend(fx.iter().filter_map(|e| match e {
+            Effect::Dispatch { job, container } => Some((*container, *job)),
+            _ => None,
+        }));
+        started.extend(created(&fx).into_iter().map(|c| (c, t)));
+        if !started.is_empty() {
+            break;
+        }
+    }
+    let at = started.first().map(|(_, t)| *t);
+    assert!(at.is_some_and(|t| t <= 100 + 61), "containers start once the queue stayed full a start's time: {at:?}");
+    let capped = 7.min(CoreConfig::default().max_starts_per_action as usize);
+    assert_eq!(started.len(), capped, "one for each waiting caller, within the starts' cap: {started:?}");
+}
+
 #[test]
 fn a_job_does_not_wait_for_a_busy_container_whose_runs_outlast_a_start() {
     let mut core = core_with(4096);
