@@ -38,6 +38,10 @@ fn created(fx: &Effects) -> Vec<ContainerId> {
     fx.iter().filter_map(|e| if let Effect::Create { container, .. } = e { Some(*container) } else { None }).collect()
 }
 
+fn dispatched(fx: &Effects) -> impl Iterator<Item = (ContainerId, JobId)> + '_ {
+    fx.iter().filter_map(|e| if let Effect::Dispatch { job, container } = e { Some((*container, *job)) } else { None })
+}
+
 #[test]
 fn a_cold_job_creates_one_container_then_runs_on_it() {
     let mut core = core_with(1024);
@@ -502,10 +506,7 @@ fn callers_that_keep_a_busy_containers_queue_full_for_a_starts_time_get_containe
     let mut started: Vec<(ContainerId, u64)> = Vec::new();
     for _ in 0..8 {
         let fx = core.handle(Event::Arrived(job(next, 1, 256)), ms(100));
-        running.extend(fx.iter().filter_map(|e| match e {
-            Effect::Dispatch { job, container } => Some((*container, *job)),
-            _ => None,
-        }));
+        running.extend(dispatched(&fx));
         started.extend(created(&fx).into_iter().map(|c| (c, 100)));
         next += 1;
     }
@@ -519,10 +520,7 @@ fn callers_that_keep_a_busy_containers_queue_full_for_a_starts_time_get_containe
         fx.extend(core.handle(Event::Arrived(job(next, 1, 256)), ms(t)));
         next += 1;
         fx.extend(core.handle(Event::Tick, ms(t)));
-        running.extend(fx.iter().filter_map(|e| match e {
-            Effect::Dispatch { job, container } => Some((*container, *job)),
-            _ => None,
-        }));
+        running.extend(dispatched(&fx));
         started.extend(created(&fx).into_iter().map(|c| (c, t)));
         if !started.is_empty() {
             break;
