@@ -7,7 +7,7 @@
 mod support;
 
 use invoker_docker::bollard::query_parameters::{
-    InspectContainerOptions, ListContainersOptions, RemoveContainerOptions, RemoveImageOptions,
+    InspectContainerOptions, ListContainersOptions, LogsOptions, RemoveContainerOptions, RemoveImageOptions,
 };
 use invoker_docker::bollard::Docker;
 use nix::sys::signal::Signal;
@@ -105,8 +105,7 @@ async fn python_and_native_actions_run_in_isolated_containers_and_are_reused_war
     let (status, first) = inv.invoke("py", "blocking=true", json!({"name": "docker"})).await;
     assert_eq!(status, 200, "{first}");
     assert_eq!(first["response"]["result"], json!({"hello": "docker", "uid": 65534}), "runs as a non-root user");
-    // The answer goes with the result; the record is whole once the daemon's stream brought
-    // the run's lines.
+    // The answer goes with the result; the record is whole once the run's lines are read.
     let whole = inv.record(first["activationId"].as_str().unwrap()).await;
     assert!(whole["logs"].to_string().contains("uid 65534"), "{whole}");
     let (_, second) = inv.invoke("py", "blocking=true", json!({"name": "again"})).await;
@@ -129,7 +128,49 @@ async fn python_and_native_actions_run_in_isolated_containers_and_are_reused_war
         assert_eq!(host.cap_drop, Some(vec!["ALL".to_string()]));
         assert!(host.pids_limit.is_some_and(|p| p > 0));
         assert_eq!(c.config.unwrap().user.as_deref(), Some("65534:65534"));
+        // Our runtime's output (the action's lines, the sentinels) went to the invoker through
+        // the pipes in its directory: the engine's log of the container holds none of it.
+        let engines = engine_log(&docker, id).await;
+        assert!(!engines.contains("uid 65534") && !engines.contains("native saw"), "{engines}");
     }
+    stop(inv, &docker, &invoker_id).await;
+}
+
+/// What the engine logged of a container's stdout and stderr.
+async fn engine_log(docker: &Docker, id: &str) -> String {
+    use futures_util::StreamExt;
+    let options = LogsOptions { stdout: true, stderr: true, ..Default::default() };
+    let chunks: Vec<_> = docker.logs(id, Some(options)).collect().await;
+    chunks.into_iter().filter_map(Result::ok).map(|c| c.to_string()).collect()
+}
+
+/// A create that fails after the factory made a container's output pipes (here the engine
+/// holds no such image) leaves nothing open behind it: the pipes' readers, which never saw the
+/// runtime that would have written, are ended with the container.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs a Docker Engine and the runtime images: run by .ci/run"]
+async fn creates_that_fail_leave_no_output_pipes_open() {
+    let docker = engine().await;
+    let dir = tempdir();
+    let invoker_id = id("dk-pipes");
+    let kind = "[factory.docker.kinds.\"python:3\"]\nimage = \"invoker-no-such-image:latest\"\n\
+                command = [\"/invoker\", \"action-runtime\", \"--listen\", \"{listen}\", \"--launcher\", \"python\"]\n";
+    let inv = start(dir.path(), &invoker_id, None, kind).await;
+    inv.put_action("gone", python("def main(a):\n    return {}\n")).await;
+    let open_files = || std::fs::read_dir(format!("/proc/{}/fd", inv.child.id())).unwrap().count();
+    let (status, first) = inv.invoke("gone", "blocking=true", json!({})).await;
+    assert_ne!(status, 200, "{first}");
+    let before = open_files();
+    for _ in 0..20 {
+        let (status, record) = inv.invoke("gone", "blocking=true", json!({})).await;
+        assert_ne!(status, 200, "{record}");
+    }
+    // Two pipes a create: forty more had each reader waited for a writer that never came.
+    support::eventually(Duration::from_secs(10), "the failed creates' pipes are closed", || async {
+        let now = open_files();
+        support::done(now < before + 10).map_err(|_| format!("{before} open files before, {now} after"))
+    })
+    .await;
     stop(inv, &docker, &invoker_id).await;
 }
 

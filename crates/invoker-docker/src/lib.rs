@@ -9,7 +9,11 @@
 //! a container may write is its own: `/tmp` (where our runtime keeps the code) and `/dev/shm`
 //! are each a tmpfs of the action's `limits.disk`, and the socket directory bound from
 //! `data_dir` is a small disk of its own (`own_disk.rs`), so nothing it writes reaches the
-//! host's filesystem. Every container carries the `invoker_id` label; at start the factory removes
+//! host's filesystem. A container's output: where the kind runs our runtime in a socket
+//! directory, the runtime writes it to two named pipes there that the invoker made and reads
+//! as the process factory reads its pipes (`action-runtime --output`), so the engine carries
+//! none of it; every other container's comes from the engine's log stream (`log_stream.rs`),
+//! each line stamped by the daemon. Every container carries the `invoker_id` label; at start the factory removes
 //! what an earlier run of the same invoker left, and nothing else. An Fn function is made as
 //! Fn's agent makes one (`function.rs`).
 
@@ -26,15 +30,18 @@ use bollard::query_parameters::{CreateContainerOptions, ListContainersOptions, L
 use bollard::Docker;
 use invoker_factory::contract::{ContainerFactory, ContainerHandle, ContainerSpec, Epoch, StatsReceiver, Transport};
 use invoker_factory::error::{Cause, CreateError, FactoryError, SetupError};
-use invoker_factory::logs::LogBuffer;
+use invoker_factory::logs::{LogBuffer, Stream};
 use invoker_factory::netns::NetNs;
 use invoker_factory::one_host::OneHost;
 use invoker_factory::own_disk;
 use invoker_factory::peer::{ContainerSocket, Peer};
+use invoker_factory::pipe_lines::{NamedPipe, PipeLines};
 use invoker_factory::settings::{DockerFactoryConfig, DockerKindConfig, LocalImages, Network};
 use invoker_ids::{ContainerId, NodeId};
+use invoker_wire::runtime::OUTPUT_PIPES;
 use parking_lot::Mutex;
 use std::collections::HashMap;
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -65,6 +72,9 @@ struct Inner {
     owner: (u32, u32),
     creates: Semaphore,
     live: Mutex<HashMap<ContainerId, Live>>,
+    /// The invoker's own writing ends of each container's output pipes, let go when it is gone
+    /// (`NamedPipe`: its reading tasks end then).
+    output_held: Mutex<HashMap<ContainerId, [OwnedFd; 2]>>,
 }
 
 struct Live {
@@ -147,6 +157,7 @@ impl DockerFactory {
                 dir,
                 owner,
                 live: Mutex::new(HashMap::new()),
+                output_held: Mutex::new(HashMap::new()),
             }),
         };
         factory.clean_up_earlier_run().await?;
@@ -191,14 +202,20 @@ impl ContainerFactory for DockerFactory {
         let _slot = inner.creates.acquire().await.map_err(|_| CreateError::Stopped("its create slots closed"))?;
         let dir = self.container_dir(spec.id);
         let network = kind.network(inner.config.network);
+        // Our runtime in a directory of its own writes its output to pipes there, which the
+        // invoker reads as the process factory reads its containers' (no engine on the way).
+        let mut output = None;
         let (transport, listen) = match network {
             Network::None => {
-                // A mount and a directory: file system work, off the async thread.
-                let (at, owner) = (dir.clone(), inner.owner);
-                let prepared = tokio::task::spawn_blocking(move || prepare_dir(&at, owner))
-                    .await
-                    .unwrap_or_else(|e| Err(std::io::Error::other(e)));
-                prepared.map_err(|source| CreateError::Path { path: dir.clone(), source })?;
+                // A mount, a directory and pipes: file system work, off the async thread.
+                let (at, owner, own_runtime) = (dir.clone(), inner.owner, kind.is_own_runtime());
+                let prepared = tokio::task::spawn_blocking(move || {
+                    prepare_dir(&at, owner)?;
+                    own_runtime.then(|| output_pipes(&at, owner)).transpose()
+                })
+                .await
+                .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+                output = prepared.map_err(|source| CreateError::Path { path: dir.clone(), source })?;
                 let listen = format!("unix:{SOCKET_DIR}/runtime.sock");
                 // Opened before the container starts: see `peer.rs`.
                 let socket = ContainerSocket::in_dir(&dir, "runtime.sock")
@@ -214,10 +231,23 @@ impl ContainerFactory for DockerFactory {
                 (Some(Transport::Tcp(addr)), addr.to_string())
             }
         };
-        let body = self.container_body(spec, kind, network, &listen, &dir);
-        let docker_id = self.create_and_start(spec, &kind.image, body).await?;
+        let body = self.container_body(spec, kind, network, &listen, &dir, output.is_some());
         let logs = Arc::new(LogBuffer::default());
-        self.follow_logs(&docker_id, logs.clone());
+        // Followed before the container starts: a create that fails ends them (`forget`).
+        let piped = output.is_some();
+        if let Some([stdout, stderr]) = output {
+            inner.output_held.lock().insert(spec.id, [stdout.held, stderr.held]);
+            for (pipe, stream) in [(stdout.reader, Stream::Stdout), (stderr.reader, Stream::Stderr)] {
+                if let Err(source) = PipeLines::follow(pipe, stream, &logs) {
+                    self.forget(spec.id).await;
+                    return Err(CreateError::Path { path: dir.clone(), source }.into());
+                }
+            }
+        }
+        let docker_id = self.create_and_start(spec, &kind.image, body).await?;
+        if !piped {
+            self.follow_logs(&docker_id, logs.clone());
+        }
         let ready = async {
             let transport = match transport {
                 Some(transport) => transport,
@@ -358,6 +388,7 @@ impl DockerFactory {
         network: Network,
         listen: &str,
         dir: &Path,
+        piped_output: bool,
     ) -> ContainerCreateBody {
         let (image, command) = (&kind.image, &kind.command);
         let c = &self.inner.config;
@@ -368,7 +399,10 @@ impl DockerFactory {
         if network == Network::None {
             host.binds = Some(vec![format!("{}:{SOCKET_DIR}", dir.display())]);
         }
-        let cmd = (!command.is_empty()).then(|| command.iter().map(|a| a.replace("{listen}", listen)).collect());
+        let output = piped_output.then(|| ["--output".to_string(), SOCKET_DIR.to_string()]);
+        let cmd = (!command.is_empty()).then(|| {
+            command.iter().map(|a| a.replace("{listen}", listen)).chain(output.into_iter().flatten()).collect()
+        });
         ContainerCreateBody {
             image: Some(image.into()),
             cmd,
@@ -445,6 +479,7 @@ impl DockerFactory {
 
     async fn forget(&self, id: ContainerId) {
         self.inner.live.lock().remove(&id);
+        self.inner.output_held.lock().remove(&id);
         let dir = self.container_dir(id);
         let _ = tokio::task::spawn_blocking(move || {
             own_disk::unmount(&dir);
@@ -493,6 +528,13 @@ fn parse_user(user: &str) -> Option<(u32, u32)> {
 fn prepare_dir(dir: &Path, owner: (u32, u32)) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
     own_disk::mount_on(dir, SOCKET_DIR_MB, owner, 0o700)
+}
+
+/// The pipes our runtime writes its stdout and stderr to, in the per-container directory
+/// (`action-runtime --output`), their reading ends opened.
+fn output_pipes(dir: &Path, owner: (u32, u32)) -> std::io::Result<[NamedPipe; 2]> {
+    let [stdout, stderr] = OUTPUT_PIPES.map(|name| NamedPipe::make(&dir.join(name), owner));
+    Ok([stdout?, stderr?])
 }
 
 /// OOM kills counted by the container's memory cgroup, wherever the engine put it (cgroup v1

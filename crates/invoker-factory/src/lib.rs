@@ -1,7 +1,7 @@
 //! What every container factory is and shares. The [`contract`] (`ContainerFactory`, what a
 //! container is made of and how the invoker reaches it) and its typed [`error`]s; what a
 //! backend needs to keep a container to its limits and its tenant ([`logs`], each run's window
-//! of its lines; [`peer`], that only the container answers; [`own_disk`]; [`netns`]; Fn's
+//! of its lines, and [`pipe_lines`], a pipe read into one; [`peer`], that only the container answers; [`own_disk`]; [`netns`]; Fn's
 //! socket, [`fn_socket`]; [`uids`]; [`id_lock`]); the node stats of a one-host backend
 //! ([`one_host`]); what each backend's section of the config says ([`settings`]); and the
 //! capacity manager's other contract, a control plane ([`plane`]).
@@ -22,6 +22,7 @@ pub mod netns;
 pub mod one_host;
 pub mod own_disk;
 pub mod peer;
+pub mod pipe_lines;
 pub mod plane;
 pub mod settings;
 pub mod uids;

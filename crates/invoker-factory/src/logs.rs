@@ -349,6 +349,11 @@ impl LogBuffer {
         self.sources.lock().retain(|s| !Arc::ptr_eq(s, source));
     }
 
+    #[cfg(test)]
+    pub(crate) fn source_count(&self) -> usize {
+        self.sources.lock().len()
+    }
+
     /// Reads what the container's pipes hold now: every line it wrote before this call is in
     /// the buffer when it returns. False when the buffer reads no pipes (a factory that gets
     /// its containers' output from elsewhere, Docker's log stream), which `drain` cannot hurry.

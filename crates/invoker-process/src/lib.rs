@@ -18,14 +18,12 @@
 #![deny(unsafe_code)]
 
 mod cgroup;
-mod pipe_lines;
 pub mod sandbox;
 mod snapshot;
 pub mod watchdog;
 mod zygote;
 
 use crate::cgroup::ContainerCgroups;
-use crate::pipe_lines::PipeLines;
 use crate::sandbox::{resolve_interpreter, SandboxArgs, ACTION_PATH};
 use crate::watchdog::{remove_left, Watchdog, WatchdogArgs};
 use crate::zygote::{ForkRequest, Zygote};
@@ -41,6 +39,7 @@ use invoker_factory::netns::NetNs;
 use invoker_factory::one_host::OneHost;
 use invoker_factory::own_disk;
 use invoker_factory::peer::{ContainerSocket, Peer, RuntimeLife};
+use invoker_factory::pipe_lines::PipeLines;
 use invoker_factory::settings::Network;
 use invoker_factory::settings::{ProcessFactoryConfig, TransportKind};
 use invoker_factory::uids::{HeldUid, UidRange};

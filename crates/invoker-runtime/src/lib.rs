@@ -25,8 +25,30 @@ use options::PARENT_CHECK;
 use std::rc::Rc;
 use std::sync::OnceLock;
 
+/// Sends this process's stdout and stderr, and so its action's (which inherits them), to the
+/// named pipes in `dir`. Opened without waiting: no reader means the invoker that made them is
+/// gone, and the runtime stops rather than hang. Writes then wait for room, as on any pipe.
+fn output_to(dir: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let [stdout, stderr] = invoker_wire::runtime::OUTPUT_PIPES.map(|name| {
+        let path = dir.join(name);
+        let opened = std::fs::OpenOptions::new().write(true).custom_flags(libc::O_NONBLOCK).open(&path);
+        opened.map_err(|e| std::io::Error::new(e.kind(), format!("--output {}: {e}", path.display())))
+    });
+    let (stdout, stderr) = (stdout?, stderr?);
+    for pipe in [&stdout, &stderr] {
+        nix::fcntl::fcntl(pipe, nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::empty()))?;
+    }
+    nix::unistd::dup2_stdout(&stdout)?;
+    nix::unistd::dup2_stderr(&stderr)?;
+    Ok(())
+}
+
 /// Runs the runtime until it is killed or its invoker dies.
 pub fn run(options: RuntimeOptions) -> std::io::Result<()> {
+    if let Some(dir) = &options.output {
+        output_to(dir)?;
+    }
     options.sched.apply().map_err(|e| std::io::Error::new(e.kind(), format!("--sched: {e}")))?;
     let (work, _temp) = match &options.work_dir {
         Some(dir) => (dir.clone(), None),

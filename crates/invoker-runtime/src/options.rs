@@ -66,4 +66,9 @@ pub struct RuntimeOptions {
     /// action process is then forked from a warm interpreter instead of started here.
     #[arg(long, env = "INVOKER_ADOPT")]
     pub adopt: Option<PathBuf>,
+    /// A directory holding the named pipes `stdout` and `stderr`, which the invoker made and
+    /// reads: the runtime's and its action's output goes there rather than to this process's
+    /// own streams (a container's, which an engine would carry through its log path).
+    #[arg(long)]
+    pub output: Option<PathBuf>,
 }

@@ -14,6 +14,11 @@ pub const NOT_A_RESULT: &str = "The action did not return a dictionary or array.
 /// exited); our nodejs runtime says the same when the action's process exits.
 pub const EXITED_UNEXPECTEDLY: &str = "The action did not produce a valid response and exited unexpectedly.";
 
+/// The named pipes our runtime writes the action's stdout and stderr to when it is given a
+/// directory (`action-runtime --output DIR`), made and read by the factory that starts it: an
+/// engine's container then sends its output to the invoker without the engine's log path.
+pub const OUTPUT_PIPES: [&str; 2] = ["stdout", "stderr"];
+
 /// Where the socket directory is inside a container (Fn's `iofs` mount).
 pub const FN_SOCKET_DIR: &str = "/tmp/iofs";
 

@@ -5,9 +5,11 @@
 //! one's. Both read under one lock, without blocking, and stop at a read shorter than asked
 //! (the pipe is empty): a warm run costs one read per stream.
 
-use invoker_factory::logs::{LineSource, LogBuffer, Stream};
+use crate::logs::{LineSource, LogBuffer, Stream};
 use parking_lot::Mutex;
 use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
 use std::sync::Arc;
 use tokio::io::unix::AsyncFd;
 
@@ -121,6 +123,36 @@ impl LineSource for PipeLines {
     }
 }
 
+/// A named pipe a container writes and the invoker reads ([`PipeLines::follow`] its
+/// `reader`). The invoker holds a writing end too, until the container is gone: the reader
+/// sees the stream end only once every writer closed, so dropping `held` ends it whatever the
+/// container did (its runtime never opened the pipe, a create that failed; it unlinked or
+/// replaced the path, which the invoker therefore never opens again).
+pub struct NamedPipe {
+    pub reader: OwnedFd,
+    pub held: OwnedFd,
+}
+
+impl NamedPipe {
+    /// Makes the pipe at `path`, which only `owner` (a container's user) may open, and opens
+    /// both ends: before the container starts, so that its runtime's opening finds a reader.
+    pub fn make(path: &Path, owner: (u32, u32)) -> std::io::Result<NamedPipe> {
+        let fifo = |e: nix::errno::Errno| std::io::Error::other(format!("named pipe {}: {e}", path.display()));
+        nix::unistd::mkfifo(path, nix::sys::stat::Mode::S_IRUSR | nix::sys::stat::Mode::S_IWUSR).map_err(fifo)?;
+        let (uid, gid) = (nix::unistd::Uid::from_raw(owner.0), nix::unistd::Gid::from_raw(owner.1));
+        if nix::unistd::geteuid() != uid {
+            nix::unistd::chown(path, Some(uid), Some(gid)).map_err(fifo)?;
+        }
+        let open = |write: bool| {
+            let mut options = std::fs::OpenOptions::new();
+            options.read(!write).write(write).custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW);
+            options.open(path).map(OwnedFd::from)
+        };
+        let reader = open(false)?;
+        Ok(NamedPipe { reader, held: open(true)? })
+    }
+}
+
 fn line_of(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes.strip_suffix(b"\r").unwrap_or(bytes)).into_owned()
 }
@@ -128,7 +160,7 @@ fn line_of(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use invoker_factory::logs::Ends;
+    use crate::logs::Ends;
     use std::io::Write;
 
     #[tokio::test]
@@ -158,5 +190,49 @@ mod tests {
         let lines = window.collect(std::time::Duration::from_secs(5), 1 << 20).await;
         let lengths: Vec<usize> = lines.iter().map(|l| l.rsplit_once("stdout: ").unwrap().1.len()).collect();
         assert_eq!(lengths, [5, MAX_LINE, 10], "three, a full piece, and the rest at the close: {lines:?}");
+    }
+
+    /// The reading task ends (and leaves its buffer) once the invoker lets go of its own end
+    /// of a named pipe, whether the container's writer came and went or none ever came.
+    #[tokio::test]
+    async fn a_named_pipes_reader_ends_when_the_invoker_lets_go_of_it_whatever_the_writer_did() {
+        let dir = tempfile::tempdir().unwrap();
+        let me = (nix::unistd::geteuid().as_raw(), nix::unistd::getegid().as_raw());
+        let path = dir.path().join("stdout");
+        let logs = Arc::new(LogBuffer::default());
+        let pipe = NamedPipe::make(&path, me).unwrap();
+        PipeLines::follow(pipe.reader, Stream::Stdout, &logs).unwrap();
+        let window = logs.open_sequential(Ends::Time);
+        let mut writer = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        writer.write_all(b"one\ntwo\n").unwrap();
+        drop(writer);
+        let lines = window.collect(std::time::Duration::from_secs(5), 1 << 20).await;
+        let texts: Vec<&str> = lines.iter().map(|l| l.rsplit_once("stdout: ").unwrap().1).collect();
+        assert_eq!(texts, ["one", "two"]);
+        assert!(!eventually_sourceless_within(&logs, 10).await, "the invoker's own end keeps it open");
+        drop(pipe.held);
+        assert!(eventually_sourceless(&logs).await, "let go, the task ends");
+
+        let never = dir.path().join("stderr");
+        let logs = Arc::new(LogBuffer::default());
+        let pipe = NamedPipe::make(&never, me).unwrap();
+        PipeLines::follow(pipe.reader, Stream::Stderr, &logs).unwrap();
+        assert!(!eventually_sourceless_within(&logs, 10).await, "no writer came: the task waits");
+        drop(pipe.held);
+        assert!(eventually_sourceless(&logs).await, "let go, the task ends");
+    }
+
+    async fn eventually_sourceless(logs: &LogBuffer) -> bool {
+        eventually_sourceless_within(logs, 500).await
+    }
+
+    async fn eventually_sourceless_within(logs: &LogBuffer, tries: u32) -> bool {
+        for _ in 0..tries {
+            if logs.source_count() == 0 {
+                return true;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        false
     }
 }
