@@ -315,6 +315,21 @@ impl Inner {
         }
     }
 
+    /// Where the lines of runs up to ordinal `through` end: past the first line of a later one
+    /// on each stream (each stream's ordinals only grow), or at the last line. A window reads
+    /// its own lines and the next run's first, not the whole buffer.
+    fn ordinal_end(&self, from: u64, through: u64) -> u64 {
+        let skip = from.saturating_sub(self.first) as usize;
+        let mut past = [false, false];
+        for (i, line) in self.lines.iter().enumerate().skip(skip) {
+            past[line.stream as usize] |= line.ordinal > through;
+            if past == [true, true] {
+                return self.first + i as u64;
+            }
+        }
+        self.next_seq()
+    }
+
     /// The sequence number of the first line from `from` on that `later` says is past a
     /// collected window, or the next one: where what is still needed begins.
     fn first_past(&self, from: u64, later: impl Fn(&Line) -> bool) -> u64 {
@@ -433,7 +448,8 @@ impl LogBuffer {
         let mode = match ends {
             Ends::Sentinels => {
                 inner.sequential += 1;
-                Mode::Ordinal(inner.sequential - 1)
+                let n = inner.sequential - 1;
+                Mode::Ordinal { n, through: n, resynced: false }
             }
             Ends::Time => {
                 // The run before ends where this one begins: what it wrote is stamped before.
@@ -510,8 +526,16 @@ enum Mode {
         /// Runs answered since it opened, itself included; set by its answer.
         answered: Option<u64>,
     },
-    /// The n-th run on a container that writes sentinels.
-    Ordinal(u64),
+    /// The n-th run on a container that writes sentinels: its lines are those after the
+    /// (n-1)-th pair, through pair `through` (n, unless pairs no run of ours wrote came before
+    /// its answer: a caller of the runtime other than the invoker, an action that prints the
+    /// sentinel itself; then every pair up to its own, the last at its answer).
+    Ordinal {
+        n: u64,
+        through: u64,
+        /// Its answer came and `through` was settled.
+        resynced: bool,
+    },
     Timed {
         /// The n-th such run on the container: where its FDK writes frames, its lines are
         /// those after the n-th frame on each stream (and the first's, those before any).
@@ -541,10 +565,8 @@ impl LogWindow {
     /// and the container's pipes are read, so that what it wrote before it answered is in.
     /// Only the first call ends the window; [`Self::collect`] and [`Self::take`] make it.
     pub fn answered(&mut self) {
-        // A run counted by sentinels whose sentinels the reading task already read (the
-        // runtime writes them before it answers) has nothing to hurry.
-        if matches!(self.mode, Mode::Ordinal(_)) && self.is_complete() {
-            return;
+        if let Mode::Ordinal { n, through, resynced } = &mut self.mode {
+            return Self::resync(&self.buffer, *n, through, resynced);
         }
         match &mut self.mode {
             Mode::Overlapping { answered: Some(_), .. } => {}
@@ -554,12 +576,39 @@ impl LogWindow {
                 inner.answered += 1;
                 *answered = Some(inner.answered - *answered_before);
             }
-            Mode::Ordinal(_) => {
-                self.buffer.drain();
-            }
+            Mode::Ordinal { .. } => {}
             Mode::Timed { drained, .. } => {
                 *drained = self.buffer.drain();
             }
+        }
+    }
+
+    /// A run counted by sentinels, answered: its sentinels are in, or its pipes are read so that
+    /// they are. Its own pair is then the last one in the pipes: pairs beyond its ordinal came
+    /// from no run of ours, and it takes them and the lines between them, so that the next
+    /// run's ordinal is the next pair again (otherwise every later run would take an earlier
+    /// pair's lines, and the lines past them would pile up unclaimed). Without pipes to read
+    /// (an engine's stream) the count is not known at the answer, and it stays as it is.
+    fn resync(buffer: &LogBuffer, n: u64, through: &mut u64, resynced: &mut bool) {
+        if std::mem::replace(resynced, true) {
+            return;
+        }
+        let pairs = |inner: &Inner| inner.sentinels[0].min(inner.sentinels[1]);
+        {
+            // The usual case: its sentinels, and no others, were read before the answer.
+            let inner = buffer.inner.lock();
+            if pairs(&inner) == n + 1 {
+                return;
+            }
+        }
+        if !buffer.drain() {
+            return;
+        }
+        let mut inner = buffer.inner.lock();
+        let last = pairs(&inner);
+        if last > n + 1 {
+            *through = last - 1;
+            inner.sequential = inner.sequential.max(last);
         }
     }
 
@@ -577,7 +626,7 @@ impl LogWindow {
             Mode::Overlapping { answered, .. } => {
                 LogBuffer::overlapping_end(inner, self, answered.unwrap_or(1)).is_some()
             }
-            Mode::Ordinal(n) => inner.sentinels[0] > *n && inner.sentinels[1] > *n,
+            Mode::Ordinal { through, .. } => inner.sentinels[0] > *through && inner.sentinels[1] > *through,
             // The next call's frame on both streams: every line before it is in.
             Mode::Timed { drained: true, .. } => true,
             Mode::Timed { n, .. } if inner.framed() => inner.frames[0] > n + 1 && inner.frames[1] > n + 1,
@@ -643,7 +692,9 @@ impl LogWindow {
                     .unwrap_or_else(|| inner.next_seq());
                 (end, end, None)
             }
-            Mode::Ordinal(n) => (inner.next_seq(), inner.first_past(from, |l| l.ordinal > *n), None),
+            Mode::Ordinal { through, .. } => {
+                (inner.ordinal_end(from, *through), inner.first_past(from, |l| l.ordinal > *through), None)
+            }
             Mode::Timed { n, .. } if inner.framed() => {
                 inner.cut(self.key);
                 (inner.next_seq(), inner.first_past(from, |l| l.frame > n + 1), None)
@@ -656,7 +707,7 @@ impl LogWindow {
         let framed = inner.framed();
         let mine = |line: &Line| match &self.mode {
             Mode::Overlapping { .. } => true,
-            Mode::Ordinal(n) => line.ordinal == *n,
+            Mode::Ordinal { n, through, .. } => (*n..=*through).contains(&line.ordinal),
             // Its own, and any earlier one no window took (written after the last one's lines
             // were taken, before this one's frame).
             Mode::Timed { n, .. } if framed => !line.taken && line.frame <= n + 1,
@@ -711,7 +762,7 @@ impl Drop for LogWindow {
             // The last run that never ran wrote no sentinels: the next takes its place (and,
             // by time, its window: the last cut stays where it was).
             match self.mode {
-                Mode::Ordinal(n) if inner.sequential == n + 1 => inner.sequential = n,
+                Mode::Ordinal { n, .. } if inner.sequential == n + 1 => inner.sequential = n,
                 Mode::Timed { n, .. } => {
                     if inner.timed == n + 1 {
                         inner.timed = n;
@@ -806,6 +857,48 @@ mod tests {
         let lines = window.collect(Duration::from_secs(2), 1000).await;
         assert_eq!(began.elapsed(), Duration::ZERO);
         assert!(lines.len() == 1 && lines[0].ends_with("stdout: y"), "{lines:?}");
+    }
+
+    /// A source whose lines are all pushed already: the buffer reads pipes, and `drain` is done.
+    struct ReadAlready;
+
+    impl LineSource for ReadAlready {
+        fn read_now(&self, _: &LogBuffer) {}
+    }
+
+    /// Pairs of sentinels that no run of the invoker's wrote (the runtime called by another,
+    /// an action that prints the sentinel itself) come between runs on a container whose pipes
+    /// the invoker reads: the run answered next takes them with what it wrote, and every later
+    /// run has exactly its own lines again, nothing piling up. Before, every later run took an
+    /// earlier pair's lines, and the lines past them stayed in the buffer.
+    #[tokio::test]
+    async fn pairs_no_run_wrote_go_to_the_next_run_and_later_runs_keep_their_own_lines() {
+        let buf = Arc::new(LogBuffer::default());
+        buf.add_source(Arc::new(ReadAlready));
+        let window = buf.open_sequential(Ends::Sentinels);
+        buf.push(Stream::Stdout, "first".into());
+        pair(&buf);
+        assert_eq!(texts(&window.take(1000)), ["first"]);
+        for i in 0..100 {
+            buf.push(Stream::Stdout, format!("stray {i}"));
+            pair(&buf);
+        }
+        let window = buf.open_sequential(Ends::Sentinels);
+        buf.push(Stream::Stdout, "second".into());
+        pair(&buf);
+        let second = window.take(100_000);
+        assert_eq!(second.len(), 101, "the strays and its own: {second:?}");
+        assert_eq!(texts(&second)[100], "second");
+        for run in ["third", "fourth"] {
+            let window = buf.open_sequential(Ends::Sentinels);
+            buf.push(Stream::Stderr, run.into());
+            pair(&buf);
+            let mut window = window;
+            window.answered();
+            assert!(window.is_complete());
+            assert_eq!(texts(&window.take(1000)), [run]);
+        }
+        assert!(buf.inner.lock().lines.len() <= 2, "what runs took is not kept");
     }
 
     /// The answer comes before the run's sentinels, and the container takes the next run at
