@@ -302,9 +302,11 @@ impl World {
                 ready.sort();
                 let container = ready[pick % ready.len()];
                 let jobs: Vec<JobId> = self.running.iter().filter(|&&(c, _)| c == container).map(|&(_, j)| j).collect();
-                self.running.retain(|&(c, _)| c != container);
                 self.unusable.insert(container);
+                // Each run stays running, as the checks after every event see the world, until
+                // its own end is delivered.
                 for job in jobs {
+                    self.running.retain(|&run| run != (container, job));
                     self.finished.insert(job);
                     self.apply(core, Event::Finished { container, job, reusable: false })?;
                 }
@@ -358,8 +360,11 @@ impl World {
             self.ready.insert(c);
             self.apply(core, Event::Started { container: c, failure: None, at: self.now })?;
         }
-        let mut running = if runs { std::mem::take(&mut self.running) } else { Vec::new() };
-        while let Some((container, job)) = running.pop() {
+        // The runs of the round's start end one by one: each stays running, as the checks after
+        // every event see the world, until its own end is delivered.
+        let ending = if runs { self.running.clone() } else { Vec::new() };
+        for (container, job) in ending.into_iter().rev() {
+            self.running.retain(|&run| run != (container, job));
             self.finished.insert(job);
             self.apply(core, Event::Finished { container, job, reusable: true })?;
         }
