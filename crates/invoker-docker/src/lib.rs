@@ -13,9 +13,9 @@
 //! directory, the runtime writes it to two named pipes there that the invoker made and reads
 //! as the process factory reads its pipes (`action-runtime --output`), so the engine carries
 //! none of it; every other container's comes from the engine's log stream (`log_stream.rs`),
-//! each line stamped by the daemon. Every container carries the `invoker_id` label; at start the factory removes
-//! what an earlier run of the same invoker left, and nothing else. An Fn function is made as
-//! Fn's agent makes one (`function.rs`).
+//! each line stamped by the daemon. Every container carries the `invoker_id` label; at start
+//! the factory removes what an earlier run of the same invoker left, and nothing else. An Fn
+//! function is made as Fn's agent makes one (`function.rs`).
 
 #![forbid(unsafe_code)]
 
