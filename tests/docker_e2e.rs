@@ -144,6 +144,30 @@ async fn engine_log(docker: &Docker, id: &str) -> String {
     chunks.into_iter().filter_map(Result::ok).map(|c| c.to_string()).collect()
 }
 
+/// A runtime that cannot start says why, and the invoker's log says it (the record says only
+/// that the container could not be created): here an image whose runtime does not take an
+/// argument the invoker passes (as one built before it would), which it says before its
+/// output goes to the pipes, in the engine's log.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs a Docker Engine and the runtime images: run by .ci/run"]
+async fn a_runtime_that_cannot_start_says_why_in_the_invokers_log() {
+    let docker = engine().await;
+    let dir = tempdir();
+    let invoker_id = id("dk-why");
+    let kind = "[factory.docker.kinds.\"python:3\"]\nimage = \"invoker-python:latest\"\n\
+                command = [\"/invoker\", \"action-runtime\", \"--listen\", \"{listen}\", \"--launcher\", \"python\", \
+                \"--no-such-flag\"]\n";
+    let inv = start(dir.path(), &invoker_id, None, kind).await;
+    inv.put_action("why", python("def main(a):\n    return {}\n")).await;
+    let (status, record) = inv.invoke("why", "blocking=true", json!({})).await;
+    assert_eq!(annotation(&record, "rejected"), json!("create_failed"), "{status} {record}");
+    support::eventually(Duration::from_secs(10), "the invoker's log says why", || async {
+        support::done(inv.stderr().contains("unexpected argument '--no-such-flag'")).map_err(|_| inv.stderr())
+    })
+    .await;
+    stop(inv, &docker, &invoker_id).await;
+}
+
 /// A create that fails after the factory made a container's output pipes (here the engine
 /// holds no such image) leaves nothing open behind it: the pipes' readers, which never saw the
 /// runtime that would have written, are ended with the container.

@@ -258,8 +258,17 @@ impl ContainerFactory for DockerFactory {
         let transport = match ready.await {
             Ok(transport) => transport,
             Err(e) => {
+                let said = match &e {
+                    FactoryError::Create(_) => self.last_words(&docker_id, &logs).await,
+                    _ => None,
+                };
                 self.remove(spec.id).await;
-                return Err(e);
+                return Err(match (e, said) {
+                    (FactoryError::Create(cause), Some(said)) => {
+                        CreateError::Said { cause: Box::new(cause), said }.into()
+                    }
+                    (e, _) => e,
+                });
             }
         };
         // Its processes, and no other container's, are in cgroups that name it.
@@ -438,6 +447,24 @@ impl DockerFactory {
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+    }
+
+    /// What a container whose runtime never became ready last wrote on stderr, which names what
+    /// failed: in its log buffer, or (what its runtime wrote before it sent its output to the
+    /// pipes: an argument it does not take, from an image built before the invoker) in the
+    /// engine's log.
+    async fn last_words(&self, docker_id: &str, logs: &LogBuffer) -> Option<String> {
+        if let Some(said) = logs.last_stderr() {
+            return Some(said);
+        }
+        let options = LogsOptions { stderr: true, tail: "10".into(), ..Default::default() };
+        let engines = futures_util::StreamExt::collect::<Vec<_>>(self.inner.docker.logs(docker_id, Some(options)));
+        let chunks = tokio::time::timeout(Duration::from_secs(2), engines).await.ok()?;
+        let text: String = chunks.into_iter().filter_map(Result::ok).map(|c| c.to_string()).collect();
+        // A usage error ends with help; the line that says what was wrong begins `error`.
+        let lines = || text.lines().map(str::trim).filter(|l| !l.is_empty());
+        let last = lines().rfind(|l| l.to_ascii_lowercase().starts_with("error")).or_else(|| lines().next_back())?;
+        Some(last.chars().take(300).collect())
     }
 
     /// Streams the container's stdout and stderr into its log buffer, line by line, each
