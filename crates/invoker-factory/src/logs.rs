@@ -565,9 +565,6 @@ impl LogWindow {
     /// and the container's pipes are read, so that what it wrote before it answered is in.
     /// Only the first call ends the window; [`Self::collect`] and [`Self::take`] make it.
     pub fn answered(&mut self) {
-        if let Mode::Ordinal { n, through, resynced } = &mut self.mode {
-            return Self::resync(&self.buffer, *n, through, resynced);
-        }
         match &mut self.mode {
             Mode::Overlapping { answered: Some(_), .. } => {}
             Mode::Overlapping { answered_before, answered } => {
@@ -576,7 +573,7 @@ impl LogWindow {
                 inner.answered += 1;
                 *answered = Some(inner.answered - *answered_before);
             }
-            Mode::Ordinal { .. } => {}
+            Mode::Ordinal { n, through, resynced } => Self::resync(&self.buffer, *n, through, resynced),
             Mode::Timed { drained, .. } => {
                 *drained = self.buffer.drain();
             }
