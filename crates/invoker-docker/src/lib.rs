@@ -263,12 +263,7 @@ impl ContainerFactory for DockerFactory {
                     _ => None,
                 };
                 self.remove(spec.id).await;
-                return Err(match (e, said) {
-                    (FactoryError::Create(cause), Some(said)) => {
-                        CreateError::Said { cause: Box::new(cause), said }.into()
-                    }
-                    (e, _) => e,
-                });
+                return Err(e.with_said(said));
             }
         };
         // Its processes, and no other container's, are in cgroups that name it.

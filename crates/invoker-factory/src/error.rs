@@ -39,6 +39,15 @@ pub enum FactoryError {
 }
 
 impl FactoryError {
+    /// A create's failure with the line the runtime (or sandbox) last wrote on stderr, which
+    /// names the step that failed inside it; any other error as it is.
+    pub fn with_said(self, said: Option<String>) -> FactoryError {
+        match (self, said) {
+            (FactoryError::Create(cause), Some(said)) => CreateError::Said { cause: Box::new(cause), said }.into(),
+            (e, _) => e,
+        }
+    }
+
     /// What a failed create means to the pool and to the record.
     pub fn create_failure(&self) -> invoker_ids::CreateFailure {
         use invoker_ids::CreateFailure;

@@ -432,13 +432,7 @@ impl ContainerFactory for ProcessFactory {
                 self.kill(spec.id).await;
                 // The sandbox says on stderr which step failed.
                 tokio::time::sleep(Duration::from_millis(20)).await;
-                let said = logs.last_stderr();
-                return Err(match (e, said) {
-                    (FactoryError::Create(cause), Some(said)) => {
-                        CreateError::Said { cause: Box::new(cause), said }.into()
-                    }
-                    (e, _) => e,
-                });
+                return Err(e.with_said(logs.last_stderr()));
             }
         };
         if let Some(Err(e)) = forked {
