@@ -698,3 +698,42 @@ async fn started_outside_a_checkout_it_runs_on_the_embedded_default() {
     assert!(home.join(".local/share/invoker/data").is_dir(), "its data under the user's data directory");
     assert!(!dir.path().join("data").exists(), "nothing in the directory it was started from");
 }
+
+/// Issue 61: a starting container is counted once. The node holds two 256 MB containers; one
+/// starts and is not ready for minutes (a kind whose command only sleeps), and a call of
+/// another action must start beside it. Before, the node's stats showed the starting container
+/// while the pool also held it reserved, so the node looked full and the call waited for room
+/// until its deadline (503).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_call_that_fits_beside_a_starting_container_does_not_wait_for_its_start() {
+    let dir = tempdir();
+    let extra = "[factory.process]\nuser_memory_mb = 512\n[pool]\nwait_deadline = \"5s\"\n\
+                 [kinds.\"python:sleepy\"]\ncommand = [\"/bin/sh\", \"-c\", \"sleep 600\", \"sh\", \"{listen}\"]\n\
+                 zygote = false\nstart_timeout = \"10m\"\n";
+    let inv = Invoker::start(dir.path(), &id("starting"), extra);
+    let sleepy =
+        json!({"exec": {"kind": "python:sleepy", "code": "def main(a):\n    return a\n"}, "limits": {"memory": 256}});
+    inv.put_action("sleepy", sleepy).await;
+    let mut quick = python("def main(a):\n    return {'quick': True}\n");
+    quick["limits"] = json!({"memory": 256});
+    inv.put_action("quick", quick).await;
+
+    let (status, body) = inv.invoke("sleepy", "blocking=false", json!({})).await;
+    assert_eq!(status, 202, "{body}");
+    let sleepy_id = body["activationId"].as_str().unwrap().to_string();
+    support::eventually(Duration::from_secs(10), "the sleepy container starting", || {
+        let inv = &inv;
+        async move {
+            let (_, pool) = inv.get_url("/v1/pool").await;
+            support::done(pool["starting"] == 1)
+        }
+    })
+    .await;
+
+    let (status, body) = inv.invoke("quick", "blocking=true&result=true", json!({})).await;
+    assert_eq!((status, body), (200, json!({"quick": true})));
+    let (_, pool) = inv.get_url("/v1/pool").await;
+    assert_eq!(pool["starting"], 1, "answered while the other container still starts: {pool}");
+    let (status, _) = inv.get(&format!("activations/{sleepy_id}")).await;
+    assert_eq!(status, 404, "the sleepy call has no record yet");
+}

@@ -85,7 +85,7 @@ impl DockerFactory {
                 transport: Transport::Unix(Arc::new(listener)),
                 peer: Arc::new(invoker_factory::peer::Peer { cgroup_name: Some(docker_id), ..Default::default() }),
                 logs,
-                ready_at: inner.host.now(),
+                ready_at: self.count_ready(spec).await?,
             }),
             Err(e) => {
                 self.remove(spec.id).await;

@@ -37,7 +37,7 @@ use invoker_factory::own_disk;
 use invoker_factory::peer::{ContainerSocket, Peer};
 use invoker_factory::pipe_lines::{NamedPipe, PipeLines};
 use invoker_factory::settings::{DockerFactoryConfig, DockerKindConfig, LocalImages, Network};
-use invoker_ids::{ContainerId, NodeId};
+use invoker_ids::{ContainerId, NodeId, Time};
 use invoker_wire::runtime::OUTPUT_PIPES;
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -79,7 +79,6 @@ struct Inner {
 
 struct Live {
     docker_id: String,
-    memory_mb: u32,
 }
 
 fn setup(source: impl Into<SetupError>) -> FactoryError {
@@ -188,9 +187,10 @@ impl ContainerFactory for DockerFactory {
         self.inner.host.subscribe()
     }
 
-    /// Publishes the host's memory for actions minus the limits of the containers it runs.
+    /// Publishes the host's memory for actions minus the limits of the ready containers it
+    /// runs (`one_host`: a starting one is the pool's reservation).
     fn observe(&self) {
-        self.inner.host.publish(self.inner.live.lock().values().map(|l| l.memory_mb));
+        self.inner.host.publish();
     }
 
     async fn create(&self, spec: &ContainerSpec, node: &NodeId) -> Result<ContainerHandle, FactoryError> {
@@ -268,7 +268,8 @@ impl ContainerFactory for DockerFactory {
         };
         // Its processes, and no other container's, are in cgroups that name it.
         let peer = Arc::new(Peer { cgroup_name: Some(docker_id), ..Peer::default() });
-        Ok(ContainerHandle { id: spec.id, node: node.clone(), transport, peer, logs, ready_at: inner.host.now() })
+        let ready_at = self.count_ready(spec).await?;
+        Ok(ContainerHandle { id: spec.id, node: node.clone(), transport, peer, logs, ready_at })
     }
 
     async fn pause(&self, c: &ContainerHandle) -> Result<(), FactoryError> {
@@ -315,8 +316,8 @@ impl DockerFactory {
         Ok(ns)
     }
 
-    /// Creates the container (recorded as live first, so that its memory counts at once) and
-    /// starts it; answers its engine id. What failed is cleaned up.
+    /// Creates the container (recorded as live first, so that a clean-up finds it) and starts
+    /// it; answers its engine id. What failed is cleaned up.
     async fn create_and_start(
         &self,
         spec: &ContainerSpec,
@@ -326,8 +327,7 @@ impl DockerFactory {
         let inner = &self.inner;
         let name = format!("invoker-{}-{}", inner.invoker_id, spec.id.0);
         let options = CreateContainerOptions { name: Some(name), ..Default::default() };
-        inner.live.lock().insert(spec.id, Live { docker_id: String::new(), memory_mb: spec.memory_mb });
-        self.observe();
+        inner.live.lock().insert(spec.id, Live { docker_id: String::new() });
         let docker_id = match inner.docker.create_container(Some(options), body).await {
             Ok(c) => c.id,
             Err(e) => {
@@ -349,6 +349,20 @@ impl DockerFactory {
             return Err(CreateError::Engine { op: "docker start", source: Cause::backend(e) }.into());
         }
         Ok(docker_id)
+    }
+
+    /// Counts a ready container in the node's stats and answers its `ready_at`. Only while it
+    /// is known live: a removal takes it out of `live` before it uncounts it.
+    async fn count_ready(&self, spec: &ContainerSpec) -> Result<Time, FactoryError> {
+        let inner = &self.inner;
+        let ready_at = inner.live.lock().get(&spec.id).map(|_| inner.host.count(spec.id, spec.memory_mb));
+        match ready_at {
+            Some(at) => Ok(at),
+            None => {
+                self.remove(spec.id).await;
+                Err(CreateError::ExitedAsReady.into())
+            }
+        }
     }
 
     /// Every action container's limits: memory, CPU in proportion, pids, a read-only root, the
@@ -508,7 +522,7 @@ impl DockerFactory {
             let _ = std::fs::remove_dir_all(&dir);
         })
         .await;
-        self.observe();
+        self.inner.host.uncount(id);
     }
 
     fn container_dir(&self, id: ContainerId) -> PathBuf {

@@ -98,7 +98,6 @@ struct Inner {
 
 struct Live {
     pgid: Pid,
-    memory_mb: u32,
     /// How the runtime's exit is said: its status, once it exited.
     exit: watch::Receiver<Option<String>>,
     /// Ready: an exit from now on is the container's end, for the pool to hear of.
@@ -319,9 +318,10 @@ impl ContainerFactory for ProcessFactory {
         self.inner.gone_rx.lock().take()
     }
 
-    /// Publishes a fresh snapshot: user memory minus the declared limits of live containers.
+    /// Publishes a fresh snapshot: user memory minus the declared limits of ready containers
+    /// (`one_host`: a starting one is the pool's reservation).
     fn observe(&self) {
-        self.inner.host.publish(self.inner.live.lock().values().map(|l| l.memory_mb));
+        self.inner.host.publish();
         self.keep_watchdog();
     }
 
@@ -396,11 +396,7 @@ impl ContainerFactory for ProcessFactory {
         let uid_number = uid.as_ref().map(|held| held.uid);
         let life = Arc::new(RuntimeLife::new(pid as i32));
         let mut exit = self.wait_for_exit(spec.id, child, life.clone());
-        inner
-            .live
-            .lock()
-            .insert(spec.id, Live { pgid, memory_mb: spec.memory_mb, exit: exit.clone(), ready: false, uid });
-        self.observe();
+        inner.live.lock().insert(spec.id, Live { pgid, exit: exit.clone(), ready: false, uid });
 
         // The zygote forks the launcher while the sandbox sets up; the child joins the
         // container's cgroups at once and enters the rest once the runtime is up.
@@ -440,20 +436,19 @@ impl ContainerFactory for ProcessFactory {
             // As root: the runtime tells the invoker from a launcher and stops waiting.
             drop(tokio::net::UnixStream::connect(&adopt).await);
         }
-        let exited = match inner.live.lock().get_mut(&spec.id) {
+        // Counted while it is known live: a kill takes it out of `live` before it uncounts it.
+        let ready_at = match inner.live.lock().get_mut(&spec.id) {
             Some(live) if live.exit.borrow().is_none() => {
                 live.ready = true;
-                false
+                Some(inner.host.count(spec.id, spec.memory_mb))
             }
-            _ => true,
+            _ => None,
         };
-        if exited {
+        let Some(ready_at) = ready_at else {
             // Whatever was made of it goes, as for any failed create.
             self.kill(spec.id).await;
             return Err(CreateError::ExitedAsReady.into());
-        }
-        let ready_at = inner.host.now();
-        self.observe();
+        };
         let peer = Peer {
             uid: uid_number,
             // Containers that share the invoker's uid are told apart by their cgroup.
@@ -641,7 +636,7 @@ impl ProcessFactory {
         })
         .await;
         drop(uid);
-        self.observe();
+        self.inner.host.uncount(id);
     }
 
     /// Waits for the runtime's exit in a task of its own, and says it: to `life` (so that no

@@ -247,10 +247,20 @@ impl Nodes {
         }
     }
 
-    pub(super) fn confirm_started(&mut self, node: &NodeId, id: ContainerId, now: Time) {
-        if let Some((_, started)) = self.nodes.get_mut(node).and_then(|n| n.unconfirmed.get_mut(&id)) {
-            *started = Some(now);
-        }
+    /// The container is ready since `at`: stats observed from then on show it (the factory's
+    /// contract, `ContainerHandle::ready_at`). The latest stats, if observed since, already do:
+    /// kept reserved until the next, it would count twice (a one-host factory publishes as a
+    /// container becomes ready, and its stats may come before the container's report does).
+    pub(super) fn confirm_started(&mut self, node: &NodeId, id: ContainerId, at: Time) {
+        self.change(node, |n| {
+            if n.observed_at >= at {
+                if let Some((memory_mb, _)) = n.unconfirmed.remove(&id) {
+                    n.reserved_mb -= u64::from(memory_mb);
+                }
+            } else if let Some((_, started)) = n.unconfirmed.get_mut(&id) {
+                *started = Some(at);
+            }
+        });
     }
 
     pub(super) fn removing(&mut self, node: &NodeId, id: ContainerId, memory_mb: u32, now: Time) {

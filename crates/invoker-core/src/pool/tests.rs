@@ -263,6 +263,22 @@ fn reservations_hold_until_stats_observed_after_the_start() {
     assert_eq!(view.launchable_mb, 0);
 }
 
+/// Issue 61: a one-host factory publishes as a container becomes ready, stamped at its ready
+/// time, and that snapshot may reach the pool before the container's report does. Kept
+/// reserved until the next snapshot, the container counted twice meanwhile.
+#[test]
+fn a_start_whose_stats_came_first_is_not_counted_twice() {
+    let mut core = core_with(1024);
+    let a = created(&core.handle(Event::Arrived(job(1, 1, 512)), ms(1)))[0];
+    core.handle(stats("n1", 1024, 512, 10), ms(10));
+    assert_eq!(core.nodes(ms(10))[0].launchable_mb, 0, "ready since 10 ms: the pool cannot know yet");
+    core.handle(Event::Started { container: a, failure: None, at: ms(10) }, ms(11));
+    let view = &core.nodes(ms(11))[0];
+    assert_eq!((view.reserved_mb, view.launchable_mb), (0, 512));
+    let fx = core.handle(Event::Arrived(job(2, 2, 512)), ms(12));
+    assert_eq!(created(&fx).len(), 1, "the other half of the node is free");
+}
+
 #[test]
 fn concurrent_jobs_pack_onto_the_busiest_container() {
     let mut core = core_with(4096);

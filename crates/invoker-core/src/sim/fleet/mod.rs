@@ -384,6 +384,9 @@ struct SimContainer {
     action: Option<u32>,
     memory_mb: u64,
     ran: bool,
+    /// In the node's stats: from its readiness on, as a one-host factory counts it
+    /// (`invoker_factory::one_host`).
+    shown: bool,
 }
 
 struct SimInvoker {
@@ -391,7 +394,10 @@ struct SimInvoker {
     phase: Phase,
     core: PoolCore,
     node: NodeId,
+    /// Every container's memory, starting ones included: what the node holds.
     used_mb: u64,
+    /// The ready containers' memory: what its stats show.
+    shown_mb: u64,
     containers: HashMap<ContainerId, SimContainer>,
     /// Containers per action, and this scheduler's calls per action there (placement's view).
     containers_of: HashMap<u32, u32>,
@@ -553,6 +559,7 @@ impl FleetSim<'_> {
             phase: Phase::Provisioning,
             core: PoolCore::new(config),
             used_mb: 0,
+            shown_mb: 0,
             containers: HashMap::new(),
             containers_of: HashMap::new(),
             running_of: HashMap::new(),
@@ -582,7 +589,7 @@ impl FleetSim<'_> {
         let update = NodeStatsUpdate {
             node: inv.node.clone(),
             capacity_mb,
-            free_mb: capacity_mb.saturating_sub(inv.used_mb),
+            free_mb: capacity_mb.saturating_sub(inv.shown_mb),
             observed_at: self.now,
         };
         self.apply(i, Event::NodeStats(update));
@@ -772,16 +779,24 @@ impl FleetSim<'_> {
         if let Some(action) = action {
             *inv.containers_of.entry(action).or_insert(0) += 1;
         }
-        inv.containers.insert(container, SimContainer { action, memory_mb, ran: false });
+        inv.containers.insert(container, SimContainer { action, memory_mb, ran: false, shown: false });
         let cluster = &self.scenario.cluster;
         let latency = drawn(&mut self.rng, &cluster.start_latency_sample, cluster.start_latency);
         self.at(self.now + latency, Ev::Ready(i, container));
     }
 
+    /// The factory counts the container and publishes, then reports it ready.
     fn ready(&mut self, i: usize, container: ContainerId) {
-        if self.invokers[i].phase != Phase::Removed {
-            self.apply(i, Event::Started { container, failure: None, at: self.now });
+        let inv = &mut self.invokers[i];
+        if inv.phase == Phase::Removed {
+            return;
         }
+        if let Some(c) = inv.containers.get_mut(&container) {
+            c.shown = true;
+            inv.shown_mb += c.memory_mb;
+        }
+        self.publish_stats(i);
+        self.apply(i, Event::Started { container, failure: None, at: self.now });
     }
 
     fn dispatch(&mut self, i: usize, id: JobId, container: ContainerId) {
@@ -818,6 +833,9 @@ impl FleetSim<'_> {
         }
         if let Some(c) = inv.containers.remove(&container) {
             inv.used_mb -= c.memory_mb;
+            if c.shown {
+                inv.shown_mb -= c.memory_mb;
+            }
             if let Some(n) = c.action.and_then(|a| inv.containers_of.get_mut(&a)) {
                 *n -= 1;
             }
