@@ -9,6 +9,12 @@
 //!
 //! Both integrated over the trace, in invoker-seconds.
 //!
+//! And each **ahead** of a control plane's lead ([`Floors::ahead`]): an invoker serves a lead
+//! after it is asked for and costs from then, so a fleet that delays no call holds at each
+//! moment what the next lead will need. Even knowing every call to come, the memory floor
+//! ahead is the least such a fleet can pay (what the policies are judged against, beside the
+//! floors that ignore the lead).
+//!
 //! Beside them, the **first-fit ideal**: what a fleet with no delay of any kind pays when calls,
 //! as in any real fleet, stay where they were placed. Each call goes, at its arrival, to the
 //! first invoker with room among those running calls (a new one if none has); an invoker
@@ -23,13 +29,25 @@ use std::time::Duration;
 
 /// Both floors over a trace, in invoker-seconds, and their highest moment; and the first-fit
 /// ideal.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Floors {
     pub packing_seconds: f64,
     pub memory_seconds: f64,
     pub packing_max: u64,
     pub first_fit_seconds: f64,
     pub first_fit_max: u64,
+    /// The memory floor's and the first-fit ideal's invokers over time, each as (from, count)
+    /// up to the next entry or the horizon.
+    memory_steps: Vec<(Duration, u64)>,
+    first_fit_steps: Vec<(Duration, u64)>,
+    horizon: Duration,
+}
+
+/// The memory floor and the first-fit ideal ahead of one lead (invoker-seconds).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Ahead {
+    pub memory_seconds: f64,
+    pub first_fit_seconds: f64,
 }
 
 impl Floors {
@@ -44,7 +62,7 @@ impl Floors {
         steps.sort_unstable_by_key(|&(at, delta, _)| (at, delta));
         let mut running = CallsByMb::new();
         let mut total_mb: u64 = 0;
-        let mut floors = Floors::default();
+        let mut floors = Floors { horizon, ..Floors::default() };
         let mut i = 0;
         while i < steps.len() {
             let at = steps[i].0;
@@ -69,16 +87,62 @@ impl Floors {
             let span = until.saturating_sub(at).as_secs_f64();
             let packed = ffd_invokers(&running, invoker_mb);
             floors.packing_seconds += packed as f64 * span;
-            floors.memory_seconds += memory_invokers(total_mb, invoker_mb) as f64 * span;
+            let memory = memory_invokers(total_mb, invoker_mb);
+            floors.memory_seconds += memory as f64 * span;
+            floors.memory_steps.push((at, memory));
             floors.packing_max = floors.packing_max.max(packed);
         }
-        (floors.first_fit_seconds, floors.first_fit_max) = first_fit(calls, horizon, invoker_mb);
+        (floors.first_fit_seconds, floors.first_fit_max) =
+            first_fit(calls, horizon, invoker_mb, &mut floors.first_fit_steps);
         floors
+    }
+
+    /// Both ahead of `lead`: at each moment, the most the next `lead` needs.
+    pub fn ahead(&self, lead: Duration) -> Ahead {
+        Ahead {
+            memory_seconds: held_ahead(&self.memory_steps, self.horizon, lead),
+            first_fit_seconds: held_ahead(&self.first_fit_steps, self.horizon, lead),
+        }
     }
 }
 
+/// The integral up to `horizon` of `t ↦ max(steps over [t, t + lead])`, for a step function
+/// given as (from, value) in time order. Level by level: the moments it is at least `v` are
+/// those within `lead` before a moment the steps are, so each interval of the steps at `v` or
+/// more is stretched back by `lead`, the overlaps merged.
+fn held_ahead(steps: &[(Duration, u64)], horizon: Duration, lead: Duration) -> f64 {
+    let top = steps.iter().map(|&(_, v)| v).max().unwrap_or(0);
+    let mut total = 0.0;
+    for level in 1..=top {
+        let mut covered = Duration::ZERO;
+        // The merged interval being built.
+        let mut open: Option<(Duration, Duration)> = None;
+        for (k, &(from, value)) in steps.iter().enumerate() {
+            if value < level {
+                continue;
+            }
+            let until = steps.get(k + 1).map_or(horizon, |s| s.0).min(horizon);
+            let start = from.saturating_sub(lead);
+            open = match open {
+                Some((a, b)) if start <= b => Some((a, b.max(until))),
+                Some((a, b)) => {
+                    covered += b - a;
+                    Some((start, until))
+                }
+                None => Some((start, until)),
+            };
+        }
+        if let Some((a, b)) = open {
+            covered += b.saturating_sub(a);
+        }
+        total += covered.as_secs_f64();
+    }
+    total
+}
+
 /// The first-fit ideal's invoker-seconds and most invokers at once (see the module's doc).
-fn first_fit(calls: &[Call], horizon: Duration, invoker_mb: u64) -> (f64, u64) {
+/// Its steps (from, invokers open) go to `steps`.
+fn first_fit(calls: &[Call], horizon: Duration, invoker_mb: u64, steps_out: &mut Vec<(Duration, u64)>) -> (f64, u64) {
     // (time, 0 = an end before 1 = an arrival, call index).
     let mut steps: Vec<(Duration, u8, usize)> = Vec::with_capacity(calls.len() * 2);
     for (i, c) in calls.iter().enumerate() {
@@ -94,6 +158,9 @@ fn first_fit(calls: &[Call], horizon: Duration, invoker_mb: u64) -> (f64, u64) {
     for (at, kind, i) in steps {
         let at = at.min(horizon);
         seconds += open as f64 * at.saturating_sub(last).as_secs_f64();
+        if at > last {
+            steps_out.push((last, open));
+        }
         last = at;
         if at >= horizon {
             break;
@@ -123,6 +190,7 @@ fn first_fit(calls: &[Call], horizon: Duration, invoker_mb: u64) -> (f64, u64) {
     }
     if last < horizon {
         seconds += open as f64 * (horizon - last).as_secs_f64();
+        steps_out.push((last, open));
     }
     (seconds, most)
 }
@@ -154,6 +222,27 @@ mod tests {
         let f = Floors::of(&[call(50.0, 30.0, 512)], Duration::from_secs(60), 1024);
         assert_eq!(f.packing_seconds, 10.0);
         assert_eq!(f.first_fit_seconds, 10.0);
+    }
+
+    /// Ahead of a lead, each moment holds the most the next lead needs: a 10 s call at 20 s,
+    /// 5 s ahead, is held from 15 s; two calls 3 s apart, 5 s ahead, are one stretch.
+    #[test]
+    fn ahead_of_a_lead_each_moment_holds_what_the_lead_after_it_needs() {
+        let one = Floors::of(&[call(20.0, 10.0, 512)], Duration::from_secs(60), 1024);
+        let ahead = one.ahead(Duration::from_secs(5));
+        assert_eq!((ahead.memory_seconds, ahead.first_fit_seconds), (15.0, 15.0));
+        assert_eq!(one.ahead(Duration::ZERO).memory_seconds, one.memory_seconds);
+        // 900 MB from 10 s to 12 s, 200 MB beside it from 11.5 s (two invokers for half a
+        // second), 900 MB again from 15 s to 17 s.
+        let calls = [call(10.0, 2.0, 900), call(11.5, 1.0, 200), call(15.0, 2.0, 900)];
+        let f = Floors::of(&calls, Duration::from_secs(60), 1024);
+        assert_eq!(f.memory_seconds, 1.5 + 2.0 * 0.5 + 0.5 + 2.0);
+        // 5 s ahead: one invoker from 5 s to 17 s (the gap from 12.5 s to 15 s is shorter than
+        // the lead), a second from 6.5 s to 12 s.
+        let ahead = f.ahead(Duration::from_secs(5));
+        assert_eq!((ahead.memory_seconds, ahead.first_fit_seconds), (12.0 + 5.5, 12.0 + 5.5));
+        // Nothing is held before the trace starts.
+        assert_eq!(f.ahead(Duration::from_secs(30)).memory_seconds, 17.0 + 12.0);
     }
 
     /// Calls stay where they were placed: when its neighbour ends, a call keeps its invoker,

@@ -186,6 +186,7 @@ pub fn compare(scenario: &Scenario, fleet: &Fleet, host: &dyn Host) -> Result<Va
     let oracle_seconds: u64 = oracle_invokers.iter().map(|&n| u64::from(n) * 60).sum();
     let floors = Floors::of(&calls, Duration::from_secs(minutes as u64 * 60), invoker_mb);
     let bounds = Bounds { oracle_seconds, floors };
+    let floors = &bounds.floors;
     let mut fixed = BTreeMap::new();
     // Sized for the peak's calls as they pack, not only its megabytes (which hold fewer).
     let peak = profile.fixed_for_peak(invoker_mb).max(floors.packing_max as u32);
@@ -216,6 +217,16 @@ pub fn compare(scenario: &Scenario, fleet: &Fleet, host: &dyn Host) -> Result<Va
         });
         bounds.compare(&mut first_fit, floors.first_fit_seconds);
         section.insert("first_fit_ideal".into(), first_fit);
+        // What no fleet that delays no call can beat on this plane, knowing every call to come.
+        let ahead = floors.ahead(plane.provision_latency);
+        for (name, seconds) in
+            [("memory_floor_ahead", ahead.memory_seconds), ("first_fit_ahead", ahead.first_fit_seconds)]
+        {
+            let mut entry = json!({ "invoker_seconds": seconds.round() });
+            bounds.compare(&mut entry, seconds);
+            section.insert(name.into(), entry);
+        }
+        let vs_ahead = |seconds: f64| (seconds / ahead.memory_seconds.max(1.0) * 100.0).round() / 100.0;
         for (name, result) in &fixed {
             section.insert((*name).into(), result.summary(&bounds));
         }
@@ -234,7 +245,9 @@ pub fn compare(scenario: &Scenario, fleet: &Fleet, host: &dyn Host) -> Result<Va
                     h if h == fleet.group.headroom_mb => kind.name().to_string(),
                     h => format!("{}+{h}MB", kind.name()),
                 };
-                section.insert(name.clone(), result.summary(&bounds));
+                let mut summary = result.summary(&bounds);
+                summary["vs_memory_floor_ahead"] = json!(vs_ahead(result.invoker_seconds_exact()));
+                section.insert(name.clone(), summary);
                 managed.push((kind, headroom, name));
             }
         }
