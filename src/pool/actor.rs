@@ -393,7 +393,7 @@ impl ContainerPool {
     }
 
     fn status(&self) -> PoolStatus {
-        let PoolCounts { starting, idle, busy, removing, waiting, prewarm, .. } = self.core.counts();
+        let PoolCounts { starting, idle, busy, removing, waiting, prewarm, blocked_keys } = self.core.counts();
         PoolStatus {
             draining: self.core.is_draining(),
             starting,
@@ -402,6 +402,7 @@ impl ContainerPool {
             busy,
             removing,
             waiting,
+            blocked: blocked_keys,
             nodes: self.core.nodes(self.epoch.now()),
             create_failures_in_a_row: self.create_failures_in_a_row,
             create_refusals_in_a_row: self.create_refusals_in_a_row,

@@ -29,6 +29,9 @@ pub struct PoolStatus {
     pub busy: usize,
     pub removing: usize,
     pub waiting: usize,
+    /// Action keys with jobs that no container already coming will take, whose start waits
+    /// for room or a start slot.
+    pub blocked: usize,
     pub nodes: Vec<NodeView>,
     /// Container creations that failed in a row, other than refusals (reset by one that
     /// succeeds): the invoker or its runtime is broken.
@@ -107,14 +110,17 @@ impl PoolStatus {
     }
 
     /// `draining` is the intake's; `min_mb` the smallest action's memory. A job waiting while
-    /// idle containers are removed to make its room is not overload.
+    /// idle containers are removed to make its room is not overload, nor one waiting for a
+    /// container already starting for it: only jobs no container coming will take, with no
+    /// room for another. (Counting every waiting job, a node filled by its own starts said
+    /// overloaded for as long as they took, and schedulers stopped placing on it.)
     pub fn health(&self, draining: bool, min_mb: u64) -> Health {
         let room = self.nodes.iter().map(|n| n.launchable_mb + n.idle_mb).max().unwrap_or(0);
         if draining || self.draining {
             Health::Draining
         } else if self.create_failures_in_a_row >= UNHEALTHY_AFTER_FAILURES {
             Health::Unhealthy
-        } else if (self.waiting > 0 && room < min_mb) || self.create_refusals_in_a_row >= UNHEALTHY_AFTER_FAILURES {
+        } else if (self.blocked > 0 && room < min_mb) || self.create_refusals_in_a_row >= UNHEALTHY_AFTER_FAILURES {
             Health::Overloaded
         } else {
             Health::Healthy
@@ -126,6 +132,7 @@ impl PoolStatus {
 mod tests {
     use super::*;
 
+    /// `waiting` jobs, each blocked (none has a container starting for it).
     fn status(waiting: usize, launchable_mb: u64, idle_mb: u64) -> PoolStatus {
         PoolStatus {
             draining: false,
@@ -135,6 +142,7 @@ mod tests {
             busy: 1,
             removing: 0,
             waiting,
+            blocked: waiting,
             nodes: vec![NodeView {
                 node: "n".into(),
                 capacity_mb: 2048,
@@ -159,6 +167,16 @@ mod tests {
         assert_eq!(status(1, 0, 0).health(false, 128), Health::Overloaded, "all of it busy");
         assert_eq!(status(0, 0, 0).health(false, 128), Health::Healthy, "nothing waits");
         assert_eq!(status(1, 0, 0).health(true, 128), Health::Draining);
+    }
+
+    /// Issue 61: a node full of its own starts, each for a job that waits for it, is not
+    /// overloaded: a scheduler that read it so stopped placing there until the next record.
+    #[test]
+    fn a_job_waiting_for_its_starting_container_is_not_overload() {
+        let starting = PoolStatus { starting: 2, blocked: 0, ..status(2, 0, 0) };
+        assert_eq!(starting.health(false, 128), Health::Healthy);
+        let beyond = PoolStatus { blocked: 1, ..starting };
+        assert_eq!(beyond.health(false, 128), Health::Overloaded, "a third job no start will take");
     }
 
     #[test]
