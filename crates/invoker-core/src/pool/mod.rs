@@ -677,11 +677,14 @@ impl PoolCore {
         let owner = c.owner;
         self.fill(id, now, fx);
         self.settle_or_retire(id, now, fx);
-        if let (true, Owner::Key(key)) = (make_way, owner) {
-            self.maybe_start(key, now, fx);
-        }
+        // A capped key's free containers first: a container started for a job that one of
+        // them then takes is one too many (the property test found it, a container making way
+        // for a claim while its key's provisioned one stood idle behind the cap).
         if let Owner::Key(key) = owner {
             self.run_below_cap(key, now, fx);
+        }
+        if let (true, Owner::Key(key)) = (make_way, owner) {
+            self.maybe_start(key, now, fx);
         }
         // An idle container is something a blocked key may evict to make room.
         if self.containers.is_marked(&id) {
