@@ -92,8 +92,9 @@ impl Floors {
             floors.memory_steps.push((at, memory));
             floors.packing_max = floors.packing_max.max(packed);
         }
-        (floors.first_fit_seconds, floors.first_fit_max) =
-            first_fit(calls, horizon, invoker_mb, &mut floors.first_fit_steps);
+        let (first_fit_steps, first_fit_max) = first_fit(calls, horizon, invoker_mb);
+        floors.first_fit_seconds = held_ahead(&first_fit_steps, horizon, Duration::ZERO);
+        (floors.first_fit_steps, floors.first_fit_max) = (first_fit_steps, first_fit_max);
         floors
     }
 
@@ -140,9 +141,9 @@ fn held_ahead(steps: &[(Duration, u64)], horizon: Duration, lead: Duration) -> f
     total
 }
 
-/// The first-fit ideal's invoker-seconds and most invokers at once (see the module's doc).
-/// Its steps (from, invokers open) go to `steps`.
-fn first_fit(calls: &[Call], horizon: Duration, invoker_mb: u64, steps_out: &mut Vec<(Duration, u64)>) -> (f64, u64) {
+/// The first-fit ideal's invokers over time, as (from, invokers open) steps up to `horizon`,
+/// and the most at once (see the module's doc).
+fn first_fit(calls: &[Call], horizon: Duration, invoker_mb: u64) -> (Vec<(Duration, u64)>, u64) {
     // (time, 0 = an end before 1 = an arrival, call index).
     let mut steps: Vec<(Duration, u8, usize)> = Vec::with_capacity(calls.len() * 2);
     for (i, c) in calls.iter().enumerate() {
@@ -153,13 +154,12 @@ fn first_fit(calls: &[Call], horizon: Duration, invoker_mb: u64, steps_out: &mut
     // Each invoker's memory in use and its calls; where each call went.
     let mut used: Vec<(u64, u32)> = Vec::new();
     let mut on: Vec<Option<usize>> = vec![None; calls.len()];
-    let (mut seconds, mut most, mut last) = (0.0, 0u64, Duration::ZERO);
+    let (mut held, mut most, mut last) = (Vec::new(), 0u64, Duration::ZERO);
     let mut open = 0u64;
     for (at, kind, i) in steps {
         let at = at.min(horizon);
-        seconds += open as f64 * at.saturating_sub(last).as_secs_f64();
         if at > last {
-            steps_out.push((last, open));
+            held.push((last, open));
         }
         last = at;
         if at >= horizon {
@@ -189,10 +189,9 @@ fn first_fit(calls: &[Call], horizon: Duration, invoker_mb: u64, steps_out: &mut
         }
     }
     if last < horizon {
-        seconds += open as f64 * (horizon - last).as_secs_f64();
-        steps_out.push((last, open));
+        held.push((last, open));
     }
-    (seconds, most)
+    (held, most)
 }
 
 #[cfg(test)]
@@ -225,7 +224,7 @@ mod tests {
     }
 
     /// Ahead of a lead, each moment holds the most the next lead needs: a 10 s call at 20 s,
-    /// 5 s ahead, is held from 15 s; two calls 3 s apart, 5 s ahead, are one stretch.
+    /// 5 s ahead, is held from 15 s; a gap shorter than the lead is held through.
     #[test]
     fn ahead_of_a_lead_each_moment_holds_what_the_lead_after_it_needs() {
         let one = Floors::of(&[call(20.0, 10.0, 512)], Duration::from_secs(60), 1024);
