@@ -26,6 +26,7 @@
 //! - a container's start and removal take `[cluster] start_latency` and `remove_latency`, or,
 //!   from `invoker replay`, starts drawn from those it measured on the real cluster.
 
+pub mod count_oracle;
 pub mod floors;
 pub mod oracle;
 
@@ -227,6 +228,7 @@ pub fn compare(scenario: &Scenario, fleet: &Fleet, host: &dyn Host) -> Result<Va
             section.insert(name.into(), entry);
         }
         let vs_ahead = |seconds: f64| (seconds / ahead.memory_seconds.max(1.0) * 100.0).round() / 100.0;
+        section.insert("count_oracle".into(), counted(&calls, &bounds, fleet, plane, scenario, minutes));
         for (name, result) in &fixed {
             section.insert((*name).into(), result.summary(&bounds));
         }
@@ -288,6 +290,48 @@ pub fn compare(scenario: &Scenario, fleet: &Fleet, host: &dyn Host) -> Result<Va
         "planes": planes,
     }))
 }
+
+/// The count oracle's cheapest confidence that delays at most [`COUNT_ORACLE_DELAYED_PCT`] of
+/// the calls on `plane` (the fewest delays when none does), with its cost against the bounds.
+fn counted(
+    calls: &[Call],
+    bounds: &Bounds,
+    fleet: &Fleet,
+    plane: &super::scenario::Plane,
+    scenario: &Scenario,
+    minutes: usize,
+) -> Value {
+    let zs: Vec<f64> = (0..=50).map(|i| f64::from(i) * 0.1).collect();
+    let grace = DELAYED.saturating_sub(scenario.cluster.start_latency);
+    let horizon = Duration::from_secs(minutes as u64 * 60);
+    let runs = count_oracle::sweep(
+        calls,
+        horizon,
+        fleet.group.invoker_memory_mb,
+        plane.provision_latency,
+        grace,
+        Duration::from_secs(60),
+        &zs,
+    );
+    let pct = |delayed: u64| delayed as f64 * 100.0 / calls.len().max(1) as f64;
+    let within = runs.iter().filter(|r| pct(r.delayed) <= COUNT_ORACLE_DELAYED_PCT);
+    let best = within
+        .min_by(|a, b| a.invoker_seconds.total_cmp(&b.invoker_seconds))
+        .or_else(|| runs.iter().min_by_key(|r| r.delayed))
+        .copied()
+        .unwrap_or(count_oracle::CountOracle { z: 0.0, invoker_seconds: 0.0, delayed: 0 });
+    let mut entry = json!({
+        "z": (best.z * 10.0).round() / 10.0,
+        "invoker_seconds": best.invoker_seconds.round(),
+        "delayed_over_1s": best.delayed,
+        "delayed_over_1s_pct": (pct(best.delayed) * 100.0).round() / 100.0,
+    });
+    bounds.compare(&mut entry, best.invoker_seconds);
+    entry
+}
+
+/// The delay goal the count oracle is sized for (issue 61's, in % of calls).
+const COUNT_ORACLE_DELAYED_PCT: f64 = 0.5;
 
 /// What every fleet's invoker-seconds are divided by: the per-minute oracle, and the
 /// continuous packing and memory floors.
