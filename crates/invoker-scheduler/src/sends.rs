@@ -50,6 +50,12 @@ impl RoomCorrection {
     pub fn apply(self, room_mb: u64) -> u64 {
         room_mb.saturating_add(self.freed_mb).saturating_sub(self.unseen_mb)
     }
+
+    /// A record's free memory (no idle container removed) as corrected: a send not in the
+    /// record may take some of it; a call that ended since leaves its container idle, not free.
+    pub fn apply_free(self, free_mb: u64) -> u64 {
+        free_mb.saturating_sub(self.unseen_mb)
+    }
 }
 
 impl Sends {
@@ -131,6 +137,8 @@ mod tests {
         let c = s.correction(read, lag);
         assert_eq!(c, RoomCorrection { unseen_mb: 0, freed_mb: 256 });
         assert_eq!(c.apply(100), 356);
+        // Its container is idle now, not free: no free memory comes back.
+        assert_eq!(c.apply_free(100), 100);
         // The next record, read after the end, shows it free itself.
         assert_eq!(s.correction(t0 + ms(800), lag), RoomCorrection::default());
         assert!(s.is_empty());
@@ -147,6 +155,7 @@ mod tests {
         let c = s.correction(read, lag);
         assert_eq!(c, RoomCorrection { unseen_mb: 256, freed_mb: 0 });
         assert_eq!(c.apply(200), 0, "never below none");
+        assert_eq!(c.apply_free(300), 44, "a send not in the record may take free memory");
         s.end((t0 + ms(280), 1), t0 + ms(450), Some(shown_before(read, lag)));
         assert_eq!(s.correction(read, lag), RoomCorrection { unseen_mb: 128, freed_mb: 0 });
         assert_eq!(s.out(), 1);

@@ -674,12 +674,14 @@ impl FleetSim<'_> {
             .iter()
             .filter(|inv| inv.phase == Phase::Active)
             .map(|inv| {
-                let room = inv.core.nodes(self.now).iter().map(|n| n.launchable_mb + n.idle_mb).max().unwrap_or(0);
+                let nodes = inv.core.nodes(self.now);
+                let room = nodes.iter().map(|n| n.launchable_mb + n.idle_mb).max().unwrap_or(0);
                 InvokerView {
                     id: inv.id.clone(),
                     tags: Vec::new(),
                     healthy: true,
                     launchable_mb: room,
+                    free_mb: nodes.iter().map(|n| n.launchable_mb).max().unwrap_or(0),
                     warm: inv.containers_of.get(&call.action).copied().unwrap_or(0),
                     in_flight: inv.running_of.get(&call.action).copied().unwrap_or(0),
                 }
