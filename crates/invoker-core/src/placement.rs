@@ -128,7 +128,7 @@ pub fn place(
     }
     // Where the call fits in free memory it removes no other action's idle container, and so
     // costs that action no cold start: those invokers first, when any has that room. In the
-    // fleet simulator this took 1 to 3 % off the cold starts of every managed fleet, with the
+    // fleet simulator this took 1 to 12 % off the cold starts of every managed fleet, with the
     // same delays and cost (`scenarios/fleet-*.toml`, BENCHMARKS.md).
     let free: Vec<&InvokerView> = candidates.iter().copied().filter(|i| i.free_mb >= needs.memory_mb).collect();
     let chosen = match free.is_empty() {
