@@ -9,7 +9,7 @@
 //!
 //! What it models of the real parts, and what it leaves out:
 //! - the scheduler places only where an invoker has room (idle containers count as room, as
-//!   [`crate::cluster::InvokerRecord::room_mb`] does; where the call fits in free memory first,
+//!   the invoker record's `room_mb` does; where the call fits in free memory first,
 //!   as [`crate::placement::place`] prefers), keeps what fits nowhere waiting for
 //!   `wait_for_room` and then refuses it, and reports its demand (in flight, waiting, refused
 //!   since the last report, in MB and by call size) at most every 500 ms, as the scheduler's
