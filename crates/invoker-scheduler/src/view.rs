@@ -119,14 +119,17 @@ impl ClusterView {
         let warm = self.warm.get(revision);
         self.invokers
             .values()
-            .map(|r| InvokerView {
-                id: r.id.clone(),
-                tags: r.tags.clone(),
-                healthy: r.health == Health::Healthy && !self.drained.contains(&r.id) && !stalled.contains(&r.id),
-                launchable_mb: corrections.get(&r.id).copied().unwrap_or_default().apply(r.room_mb()),
-                free_mb: corrections.get(&r.id).copied().unwrap_or_default().apply_free(r.launchable_mb()),
-                warm: warm.and_then(|w| w.get(&r.id)).copied().unwrap_or(0),
-                in_flight: in_flight.get(&r.id).copied().unwrap_or(0),
+            .map(|r| {
+                let correction = corrections.get(&r.id).copied().unwrap_or_default();
+                InvokerView {
+                    id: r.id.clone(),
+                    tags: r.tags.clone(),
+                    healthy: r.health == Health::Healthy && !self.drained.contains(&r.id) && !stalled.contains(&r.id),
+                    launchable_mb: correction.apply(r.room_mb()),
+                    free_mb: correction.apply_free(r.launchable_mb()),
+                    warm: warm.and_then(|w| w.get(&r.id)).copied().unwrap_or(0),
+                    in_flight: in_flight.get(&r.id).copied().unwrap_or(0),
+                }
             })
             .collect()
     }
