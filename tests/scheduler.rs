@@ -317,7 +317,7 @@ async fn a_512_mb_action_never_goes_to_an_invoker_with_less_headroom() {
 
 #[tokio::test(flavor = "multi_thread")]
 #[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
-async fn blackbox_actions_go_to_the_blackbox_part_and_managed_ones_stay_out_of_it() {
+async fn blackbox_actions_go_to_the_blackbox_part_and_managed_ones_only_when_their_part_is_full() {
     let Some(etcd) = EtcdServer::start() else { return };
     // Three untagged invokers in id order: x0 and x1 managed (60 %), x2 blackbox (30 %).
     let split = "managed_fraction = 0.6\nblackbox_fraction = 0.3\n";
@@ -333,6 +333,15 @@ async fn blackbox_actions_go_to_the_blackbox_part_and_managed_ones_stay_out_of_i
     let places: BTreeSet<String> =
         burst(s, "managed", 9, json!({ "sleep_ms": 300 })).await.iter().map(|(_, r)| ran_on(r)).collect();
     assert!(!places.contains("x2") && !places.is_empty(), "{places:?}");
+    // Nine calls of 512 MB at once: eight fill the managed invokers, and the ninth takes the
+    // blackbox invoker's room rather than a 503 beside it (before, "no invoker fits 512 MB").
+    s.put_action("large", action(512, json!([]))).await;
+    let answers = burst(s, "large", 9, json!({ "sleep_ms": 3000 })).await;
+    for (status, record) in &answers {
+        assert_eq!(*status, 200, "{record}");
+    }
+    let places: BTreeSet<String> = answers.iter().map(|(_, r)| ran_on(r)).collect();
+    assert_eq!(places, BTreeSet::from(["x0".into(), "x1".into(), "x2".into()]));
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -118,6 +118,7 @@ impl SchedulerMetrics {
             Rule::Warm => "warm",
             Rule::Headroom => "headroom",
             Rule::Tag => "tag",
+            Rule::Spill => "spill",
             Rule::Fallback => "fallback",
         };
         self.placements.get_or_create(&RuleLabel { rule }).inc();

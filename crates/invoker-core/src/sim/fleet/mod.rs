@@ -689,7 +689,9 @@ impl FleetSim<'_> {
             })
             .collect();
         let needs = ActionNeeds { memory_mb: u64::from(call.memory_mb), ..ActionNeeds::default() };
-        let config = PlacementConfig { managed_fraction: 1.0, blackbox_fraction: 0.0 };
+        // The scheduler's own default split: the trace's actions are all managed, and the
+        // fleet must not pay for a part they cannot use.
+        let config = PlacementConfig::default();
         let rng = &mut self.rng;
         let Ok(placement) = place(&views, &needs, &config, &job.tried, &mut |n| rng.between(0, n as u64 - 1) as usize)
         else {
