@@ -104,7 +104,7 @@ burst_spread = "200ms"
 fn the_keep_alive_comparison_runs_every_policy_on_every_node_size_and_loses_nothing() {
     let s = run_window("keepalive-50");
     let sizes = s["node_mb"].as_object().unwrap();
-    assert_eq!(sizes.len(), 3, "{s}");
+    assert_eq!(sizes.len(), 4, "{s}");
     for (size, section) in sizes {
         for policy in ["fixed-10m", "greedy_dual", "greedy_dual-10m", "hybrid"] {
             let r = &section[policy];
@@ -206,14 +206,18 @@ fn the_200_function_comparison_loses_nothing_and_the_hybrid_policy_lies_under_th
         assert_eq!(s["fixed_curve"][size].as_array().map(Vec::len), Some(10), "{s}");
         assert_eq!(s["node_mb"][size]["fixed-10m"]["vs_fixed_curve"], 1.0, "{size}: {s}");
     }
-    // Priced, the default keeps less idle memory than fixed-10m for as many cold starts in this
-    // window (323 each; 0.74 of the curve at 16 GiB), and nearly all its pre-warms take a call.
+    // Priced, the default lies under the curve with less idle memory than fixed-10m at both
+    // sizes (in this window, 0.53 of the curve at 8 GiB and 0.80 at 16 GiB, where its young
+    // histograms buy a tenth less idle memory with a tenth more cold starts: 355 against 323);
+    // where memory is short it also starts fewer cold (989 against 1,593); and nearly all its
+    // pre-warms take a call.
     for size in ["8192", "16384"] {
         let (hybrid, fixed) = (&s["node_mb"][size]["hybrid"], &s["node_mb"][size]["fixed-10m"]);
         assert!(hybrid["vs_fixed_curve"].as_f64().is_some_and(|r| r < 1.0), "{size}: {s}");
-        assert!(count(hybrid, "cold_starts") <= count(fixed, "cold_starts"), "{size}: {s}");
         assert!(hybrid["idle_memory_gb_s"].as_f64() < fixed["idle_memory_gb_s"].as_f64(), "{size}: {s}");
     }
+    let short = (&s["node_mb"]["8192"]["hybrid"], &s["node_mb"]["8192"]["fixed-10m"]);
+    assert!(count(short.0, "cold_starts") < count(short.1, "cold_starts"), "{s}");
     let roomy = &s["node_mb"]["16384"];
     assert!(count(&roomy["hybrid"], "prewarms_used") > 10 * count(&roomy["hybrid"], "prewarms_wasted"), "{roomy}");
 }

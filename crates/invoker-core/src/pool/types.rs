@@ -251,7 +251,7 @@ pub struct KeepAliveParams {
     /// hybrid: the histogram's range, 4 h...
     #[serde(with = "humantime_serde")]
     pub range: Duration,
-    /// ...in bins of this width, 1 min (at most 1,440 bins).
+    /// ...in bins of this width, 30 s (at most 1,440 bins; the paper's are 1 min).
     #[serde(with = "humantime_serde")]
     pub bin: Duration,
     /// hybrid: how the window is drawn from the histogram ("priced").
@@ -281,7 +281,7 @@ impl Default for KeepAliveParams {
         KeepAliveParams {
             max_idle: None,
             range: Duration::from_secs(4 * 3600),
-            bin: Duration::from_secs(60),
+            bin: Duration::from_secs(30),
             window: HybridWindow::Priced,
             start_second_worth_gb_s: 300.0,
             head_percentile: 5.0,
