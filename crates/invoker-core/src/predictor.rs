@@ -149,7 +149,7 @@ impl Predictor for Windowed {
 ///   recurs each minute has its invokers up before it from its third minute on; one that does
 ///   not recur never raises the target beyond its own minute (a decayed profile, tried first,
 ///   held every one-off burst's invokers for minutes: 5 % more invoker-seconds than `windowed`).
-/// - **What lasts.** The lowest demand of the last second ([`LASTING`]), not the demand now: a
+/// - **What lasts.** The lowest demand of the last second, not the demand now: a
 ///   call that waits a fraction of a second for a container's next turn asks for an invoker that
 ///   would come up after it ran and then cost a minute of `scale_down_after`. Following only
 ///   rises that last a second (or any, when nothing is active) took 2 % off the invoker-seconds on the 200-function sample, for
