@@ -450,8 +450,7 @@ mod tests {
     use super::*;
     use invoker_ids::ContainerId;
 
-    /// Serverless in the Wild's own windows (head and tail percentiles).
-    /// The paper's window, on its one-minute bins.
+    /// Serverless in the Wild's own windows (head and tail percentiles), on its one-minute bins.
     fn policy() -> HybridHistogram {
         let params = KeepAliveParams { window: HybridWindow::Percentiles, bin: MIN, ..KeepAliveParams::default() };
         HybridHistogram::new(params, Duration::from_secs(600))
