@@ -113,20 +113,23 @@ pub fn place(
         }
     } else {
         let part = split_part(invokers, needs.blackbox, config);
-        let (wanted, other): (Vec<&InvokerView>, Vec<&InvokerView>) =
-            fitting.iter().copied().partition(|i| part.contains(&i.id.as_str()));
-        // The split is OpenWhisk's, which sizes no fleet: under a capacity manager that counts
-        // every invoker's memory, a part kept for the other kind would sit paid and unused
-        // while calls wait for room (the fleet simulator's burst refused 5 % of its calls
-        // with 10 % of its invokers idle). So it is a preference: the other untagged part
-        // next, and tagged invokers (kept for the actions that ask for their tags) last.
-        let (untagged_other, tagged): (Vec<&InvokerView>, Vec<&InvokerView>) =
-            other.into_iter().partition(|i| i.tags.is_empty());
-        match (wanted.is_empty(), untagged_other.is_empty(), tagged.is_empty()) {
-            (false, _, _) => (wanted, Rule::Headroom),
-            (true, false, _) => (untagged_other, Rule::Spill),
-            (true, true, false) => (tagged, Rule::Fallback),
-            (true, true, true) => return Err(NoPlacement::NoneFits(needs.memory_mb)),
+        let wanted: Vec<&InvokerView> = fitting.iter().copied().filter(|i| part.contains(&i.id.as_str())).collect();
+        if !wanted.is_empty() {
+            (wanted, Rule::Headroom)
+        } else {
+            // The split is OpenWhisk's, which sizes no fleet: under a capacity manager that
+            // counts every invoker's memory, a part kept for the other kind would sit paid and
+            // unused while calls wait for room (the fleet simulator's burst refused 5 % of its
+            // calls with 10 % of its invokers idle). So it is a preference: the other untagged
+            // part next (what fits, none of it in the wanted part), and tagged invokers (kept
+            // for the actions that ask for their tags) last.
+            let (untagged, tagged): (Vec<&InvokerView>, Vec<&InvokerView>) =
+                fitting.into_iter().partition(|i| i.tags.is_empty());
+            match (untagged.is_empty(), tagged.is_empty()) {
+                (false, _) => (untagged, Rule::Spill),
+                (true, false) => (tagged, Rule::Fallback),
+                (true, true) => return Err(NoPlacement::NoneFits(needs.memory_mb)),
+            }
         }
     };
     if let Some(warm) =
