@@ -409,8 +409,7 @@ impl CapacityApp {
                 let plane =
                     LocalPlane::new(exe, config_file, cluster.etcd.clone(), config.data_dir.clone(), stop_grace)
                         .map_err(AppError::Plane)?;
-                // How long a local invoker takes to come up and register.
-                (AnyPlane::Local(plane), Duration::from_secs(1))
+                (AnyPlane::Local(plane), invoker_capacity::plane::local::LEAD)
             }
         };
         let api = cluster.advertise.clone().unwrap_or_else(|| format!("http://{addr}"));

@@ -130,7 +130,10 @@ mod tests {
         ok.validate().unwrap();
         let gpu = &ok.capacity.groups["gpu"];
         assert_eq!((gpu.min, gpu.max, gpu.max_step), (0, 10, 20));
-        assert_eq!(gpu.spec("gpu").drain_deadline, std::time::Duration::from_secs(50));
+        assert_eq!(
+            gpu.spec("gpu", std::time::Duration::from_secs(1)).drain_deadline,
+            std::time::Duration::from_secs(50)
+        );
         assert_eq!(error("[capacity.groups.Big]\n"), "capacity.groups.Big");
         assert_eq!(error("[capacity.groups.default]\ntags = [\"a\"]\n"), "capacity.groups.default.tags");
         assert_eq!(error("[capacity.groups.web]\n"), "capacity.groups.web.tags");

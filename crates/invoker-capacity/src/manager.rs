@@ -186,7 +186,10 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
                 name: name.clone(),
                 config: g.clone(),
                 // The invokers' reports lag a decision by up to two publish intervals.
-                core: GroupCore::new(GroupSpec { settle: 2 * self.settings.publish_interval, ..g.spec(name) }),
+                core: GroupCore::new(GroupSpec {
+                    settle: 2 * self.settings.publish_interval,
+                    ..g.spec(name, self.settings.lead)
+                }),
                 predictor: g.predictor.build(self.settings.lead),
                 drains: BTreeSet::new(),
                 asked: HashMap::new(),

@@ -153,7 +153,12 @@ impl Predictor for Windowed {
 ///   call that waits a fraction of a second for a container's next turn asks for an invoker that
 ///   would come up after it ran and then cost a minute of `scale_down_after`. Following only
 ///   rises that last a second (or any, when nothing is active) took 2 % off the invoker-seconds on the 200-function sample, for
-///   a few more calls delayed (0.91 % against 0.51 %; `windowed`: 1.0 %).
+///   a few more calls delayed (0.91 % against 0.51 %; `windowed`: 1.0 %). On a [`quick`]
+///   plane the demand now: there the invoker comes while the call that asked for it still
+///   waits, and the group gives it back within seconds (its hold,
+///   [`crate::capacity::default_hold`]), so waiting a second to see the rise last would only
+///   delay that call (`scenarios/fleet-50.toml`'s local plane with a 10 s hold: a window as
+///   long as the plane's 200 ms delayed 0.79 % of the calls, none 0.38 %).
 ///
 /// `scenarios/fleet-200.toml` and `fleet-50.toml` compare them (`BENCHMARKS.md`).
 pub struct Seasonal {
@@ -162,16 +167,30 @@ pub struct Seasonal {
     /// Per second of the period: the peak demand there in each of the (at most three) last
     /// periods it was seen in, as (period, peak), the latest last.
     profile: Vec<Vec<(u64, u64)>>,
-    /// The demand over the last [`LASTING`], to see whether a rise lasted.
+    /// How long a rise must last to be followed: [`LASTING`], none on a [`quick`] plane.
+    lasting: Duration,
+    /// The demand over the last `lasting`, to see whether a rise lasted.
     recent: VecDeque<(Duration, u64)>,
 }
 
 /// How long a rise in demand must last before the seasonal predictor follows it.
 const LASTING: Duration = Duration::from_secs(1);
 
+/// A control plane that brings an invoker up in less than this is quick: a call that waits for
+/// the invoker it made the group ask for can still start within its second (half of it left
+/// for the invoker, half for its container's start). The local plane's processes register in
+/// 60 to 130 ms on this machine; a pod's or a VM's take seconds.
+pub const QUICK_LEAD: Duration = Duration::from_millis(500);
+
+/// Whether a plane whose invokers take `lead` to come up is quick ([`QUICK_LEAD`]).
+pub fn quick(lead: Duration) -> bool {
+    lead < QUICK_LEAD
+}
+
 impl Seasonal {
     pub fn new(lead: Duration) -> Self {
-        Seasonal { lead, period_s: 60, profile: vec![Vec::new(); 60], recent: VecDeque::new() }
+        let lasting = if quick(lead) { Duration::ZERO } else { LASTING };
+        Seasonal { lead, period_s: 60, profile: vec![Vec::new(); 60], lasting, recent: VecDeque::new() }
     }
 
     /// What second `second` of the clock is expected to need: the lower of what the two
@@ -207,7 +226,7 @@ impl Predictor for Seasonal {
         // window's start still holds at its start and stays. Dropping it instead made the
         // rule hang on the rounds' jitter: a manager whose tick fires a millisecond late saw
         // only the demand now, while the simulator's exact ticks saw the one before too.
-        let start = now.saturating_sub(LASTING);
+        let start = now.saturating_sub(self.lasting);
         while self.recent.get(1).is_some_and(|(t, _)| *t <= start) {
             self.recent.pop_front();
         }
@@ -296,6 +315,19 @@ mod tests {
         assert_eq!(p.target_mb(secs(1.6), 900, 1024), 900, "lasted past a second");
         assert_eq!(p.target_mb(secs(2.0), 0, 1024), 0, "a fall is followed at once");
         assert_eq!(p.target_mb(secs(2.2), 300, 0), 300, "with nothing active, a rise is followed at once");
+    }
+
+    #[test]
+    fn seasonal_on_a_quick_plane_follows_a_rise_at_once() {
+        // Invokers that come in 200 ms come while the call that asked for one still waits.
+        let mut p = Seasonal::new(Duration::from_millis(200));
+        assert_eq!(p.target_mb(secs(0.0), 100, 1024), 100);
+        assert_eq!(p.target_mb(secs(0.5), 900, 1024), 900, "followed at once");
+        assert_eq!(p.target_mb(secs(0.7), 0, 1024), 0, "and a fall too");
+        // A plane of a second or more waits for the rise to last, as before.
+        let mut slow = Seasonal::new(Duration::from_secs(1));
+        assert_eq!(slow.target_mb(secs(0.0), 100, 1024), 100);
+        assert_eq!(slow.target_mb(secs(0.5), 900, 1024), 100);
     }
 
     #[test]

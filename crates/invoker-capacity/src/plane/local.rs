@@ -28,6 +28,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// How long a local invoker takes from the manager's ask to its registration: its process
+/// registers 60 to 130 ms after its spawn on this machine (`invoker replay`'s measured starts),
+/// rounded up. Below [`invoker_core::predictor::QUICK_LEAD`]: groups on this plane follow a
+/// rise at once and give an idle invoker back after 5 s (`invoker_core::capacity::default_hold`).
+pub const LEAD: Duration = Duration::from_millis(200);
+
 pub struct LocalPlane {
     exe: PathBuf,
     config_file: PathBuf,

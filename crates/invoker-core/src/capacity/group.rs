@@ -42,9 +42,10 @@ pub struct GroupConfig {
     pub invoker_memory_mb: u64,
     /// Invokers asked for at once at most (Fn: 20).
     pub max_step: u32,
-    /// How long demand must stay an invoker below what is active before one is drained.
+    /// How long demand must stay an invoker below what is active before one is drained; unset,
+    /// the control plane's own ([`crate::capacity::default_hold`]).
     #[serde(with = "humantime_serde")]
-    pub scale_down_after: Duration,
+    pub scale_down_after: Option<Duration>,
     /// A draining invoker is removed at the latest this long after its drain began (Fn: 50 s).
     #[serde(with = "humantime_serde")]
     pub drain_deadline: Duration,
@@ -67,7 +68,7 @@ impl Default for GroupConfig {
             max: 10,
             invoker_memory_mb: 1024,
             max_step: 20,
-            scale_down_after: Duration::from_secs(60),
+            scale_down_after: None,
             drain_deadline: Duration::from_secs(50),
             provision_timeout: Duration::from_secs(60),
             headroom_mb: 0,
@@ -97,7 +98,7 @@ impl GroupConfig {
             return Err(BadSetting::new(key("max_step"), "at least 1"));
         }
         for (field, d) in [
-            ("scale_down_after", self.scale_down_after),
+            ("scale_down_after", self.scale_down_after.unwrap_or(Duration::from_secs(1))),
             ("drain_deadline", self.drain_deadline),
             ("provision_timeout", self.provision_timeout),
         ] {

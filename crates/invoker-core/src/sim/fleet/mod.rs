@@ -380,8 +380,8 @@ fn prepared<'a>(
     let group = match sizing {
         Sizing::Fixed(_) => None,
         Sizing::Managed(kind, headroom_mb) => {
-            let spec = GroupSpec { headroom_mb, ..fleet.group.spec("default") };
-            Some((GroupCore::new(spec), kind.build(latency.max(Duration::from_secs(1)))))
+            let spec = GroupSpec { headroom_mb, ..fleet.group.spec("default", latency) };
+            Some((GroupCore::new(spec), kind.build(latency)))
         }
     };
     let mut sim = FleetSim {
