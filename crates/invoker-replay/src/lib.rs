@@ -143,7 +143,7 @@ pub async fn replay(
     scenario.cluster.start_latency = measured.cold_start();
     scenario.cluster.start_latency_sample = measured.cold_starts.clone();
     scenario.cluster.remove_latency = measured.remove_latency;
-    let held: Vec<Call> = calls.iter().map(|c| Call { run: c.run + measured.warm_overhead, ..*c }).collect();
+    let held: Vec<Call> = calls.iter().map(|c| Call { run: c.run + measured.warm_overhead_mean, ..*c }).collect();
     let fleet = scenario.fleet.as_ref().ok_or(ReplayError::NotAFleetTrace)?;
     let simulated =
         invoker_core::sim::fleet::managed_run(&scenario, fleet, &held, horizon, &measured.invoker_starts, scale, host);

@@ -49,6 +49,10 @@ pub struct Measured {
     /// runtime): the median over warm calls of the answer's latency less the run. The simulator
     /// dispatches without it, so neither side counts it as a wait.
     pub warm_overhead: Duration,
+    /// The mean of the same: what the simulator holds each call's container and its
+    /// scheduler's demand for beyond its run. Those are sums over time, which a tail of slow
+    /// answers adds to and the median does not see.
+    pub warm_overhead_mean: Duration,
     /// What each cold start added, at its invoker: the record's `waitTime` (from the invoker's
     /// acceptance to the run's start, the container's creation and `/init` included) less the
     /// warm calls' median. The simulator draws its starts from these; a wait at the scheduler
@@ -67,7 +71,12 @@ fn median(mut values: Vec<Duration>) -> Option<Duration> {
 impl Measured {
     pub fn of(calls: &[Call], outcomes: &[Outcome], seen: &FleetSeen) -> Measured {
         let warm = calls.iter().zip(outcomes).filter(|(_, o)| o.status == 200 && !o.cold);
-        let warm_overhead = median(warm.map(|(c, o)| o.latency.saturating_sub(c.run)).collect()).unwrap_or_default();
+        let overheads: Vec<Duration> = warm.map(|(c, o)| o.latency.saturating_sub(c.run)).collect();
+        let warm_overhead_mean = match overheads.len() {
+            0 => Duration::ZERO,
+            n => overheads.iter().sum::<Duration>() / n as u32,
+        };
+        let warm_overhead = median(overheads).unwrap_or_default();
         let waits =
             |cold: bool| outcomes.iter().filter(move |o| o.status == 200 && o.cold == cold).filter_map(|o| o.wait);
         let warm_wait = median(waits(false).collect()).unwrap_or_default();
@@ -76,6 +85,7 @@ impl Measured {
             invoker_start: median(seen.start_latencies.clone()).unwrap_or(Duration::from_secs(1)),
             invoker_starts: seen.start_latencies.clone(),
             warm_overhead,
+            warm_overhead_mean,
             cold_starts,
             remove_latency: seen.remove_latency().unwrap_or(Duration::from_millis(10)),
         }
@@ -254,6 +264,7 @@ pub fn side_by_side(
             "cold_start_ms_p50": (measured.cold_start().as_secs_f64() * 1000.0 * 10.0).round() / 10.0,
             "cold_starts_measured": measured.cold_starts.len(),
             "warm_overhead_ms": (measured.warm_overhead.as_secs_f64() * 1000.0 * 10.0).round() / 10.0,
+            "warm_overhead_mean_ms": (measured.warm_overhead_mean.as_secs_f64() * 1000.0 * 10.0).round() / 10.0,
             "remove_latency_ms": (measured.remove_latency.as_secs_f64() * 1000.0 * 10.0).round() / 10.0,
         },
         "rows": rows,
@@ -292,6 +303,14 @@ mod tests {
         };
         let m = Measured::of(&calls, &outcomes, &seen);
         assert_eq!((m.cold_start(), m.warm_overhead), (Duration::from_millis(30), Duration::from_millis(10)));
+        // Warm overheads of 10, 12 and 50 ms: the median 12, the mean (what calls are held for) 24.
+        let warm = [call(100), call(100), call(100)];
+        let tail = [answered(200, 110, false), answered(200, 112, false), answered(200, 150, false)];
+        let held = Measured::of(&warm, &tail, &seen);
+        assert_eq!(
+            (held.warm_overhead, held.warm_overhead_mean),
+            (Duration::from_millis(12), Duration::from_millis(24))
+        );
         let v = Verdict::of_replay(&calls, &outcomes, &seen, &m, Scale::compressed(60.0), 60.0);
         assert_eq!((v.completed, v.refused, v.failed, v.delayed_over_1s, v.cold_starts), (2, 1, 1, 1, 1));
         assert_eq!((v.invoker_seconds, v.idle_gb_s, v.reversals), (600.0, 60.0, 1));
