@@ -98,11 +98,11 @@ impl GroupConfig {
             return Err(BadSetting::new(key("max_step"), "at least 1"));
         }
         for (field, d) in [
-            ("scale_down_after", self.scale_down_after.unwrap_or(Duration::from_secs(1))),
-            ("drain_deadline", self.drain_deadline),
-            ("provision_timeout", self.provision_timeout),
+            ("scale_down_after", self.scale_down_after),
+            ("drain_deadline", Some(self.drain_deadline)),
+            ("provision_timeout", Some(self.provision_timeout)),
         ] {
-            if d < Duration::from_secs(1) || d > Duration::from_secs(24 * 3600) {
+            if d.is_some_and(|d| d < Duration::from_secs(1) || d > Duration::from_secs(24 * 3600)) {
                 return Err(BadSetting::new(key(field), "between 1s and 24h"));
             }
         }
