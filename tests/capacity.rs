@@ -150,6 +150,7 @@ async fn a_burst_grows_the_group_and_the_quiet_after_it_shrinks_it_back_to_min()
         async move { registered(&s).await == BTreeSet::from(["default-0".to_string()]) }
     })
     .await;
+    assert_eq!(capacity(&manager).await["groups"][0]["scale_down_after_ms"], 5000, "the local plane's hold");
     // The live view: the group's last rounds at once, then each round as it is decided.
     let (user, pass) = manager.admin.split_once(':').unwrap();
     let mut live = reqwest::Client::new()

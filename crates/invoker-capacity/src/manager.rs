@@ -75,6 +75,9 @@ pub struct GroupStatus {
     pub tags: Vec<String>,
     pub predictor: &'static str,
     pub control_plane: invoker_core::capacity::ControlPlaneKind,
+    /// How long the target must stay an invoker below what is active before one is drained:
+    /// the group's `scale_down_after`, or its control plane's when it sets none.
+    pub scale_down_after_ms: u64,
     pub demand_mb: u64,
     pub target_mb: u64,
     pub target_invokers: u32,
@@ -182,24 +185,20 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
         self.settings
             .groups
             .iter()
-            .map(|(name, g)| GroupLoop {
+            .map(|(name, g)| {
+                // The invokers' reports lag a decision by up to two publish intervals.
+                let spec = GroupSpec { settle: 2 * self.settings.publish_interval, ..g.spec(name, self.settings.lead) };
+                (name, g, spec)
+            })
+            .map(|(name, g, spec)| GroupLoop {
                 name: name.clone(),
                 config: g.clone(),
-                // The invokers' reports lag a decision by up to two publish intervals.
-                core: GroupCore::new(GroupSpec {
-                    settle: 2 * self.settings.publish_interval,
-                    ..g.spec(name, self.settings.lead)
-                }),
-                predictor: g.predictor.build(self.settings.lead),
-                drains: BTreeSet::new(),
-                asked: HashMap::new(),
-                stopping: Arc::default(),
-                forgotten_drains: Vec::new(),
                 status: GroupStatus {
                     name: name.clone(),
                     tags: g.tags.clone(),
                     predictor: g.predictor.name(),
                     control_plane: g.control_plane,
+                    scale_down_after_ms: spec.scale_down_after.as_millis() as u64,
                     demand_mb: 0,
                     target_mb: 0,
                     target_invokers: 0,
@@ -209,6 +208,12 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
                     last_failed_start: None,
                     history: VecDeque::new(),
                 },
+                core: GroupCore::new(spec),
+                predictor: g.predictor.build(self.settings.lead),
+                drains: BTreeSet::new(),
+                asked: HashMap::new(),
+                stopping: Arc::default(),
+                forgotten_drains: Vec::new(),
             })
             .collect()
     }
