@@ -28,9 +28,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// How long a local invoker takes from the manager's ask to its registration: its process
-/// registers 60 to 130 ms after its spawn on this machine (`invoker replay`'s measured starts),
-/// rounded up. Below [`invoker_core::predictor::QUICK_LEAD`]: groups on this plane follow a
+/// How long a local invoker takes from the manager's ask to its registration: its process (on
+/// the process factory, the one that takes `--memory-mb`) registers 22 to 29 ms after its spawn
+/// on this machine at rest and 48 to 128 ms under `invoker replay`'s load, rounded up. Below [`invoker_core::predictor::QUICK_LEAD`]: groups on this plane follow a
 /// rise at once and give an idle invoker back after 5 s (`invoker_core::capacity::default_hold`).
 pub const LEAD: Duration = Duration::from_millis(200);
 
