@@ -188,32 +188,31 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
             .map(|(name, g)| {
                 // The invokers' reports lag a decision by up to two publish intervals.
                 let spec = GroupSpec { settle: 2 * self.settings.publish_interval, ..g.spec(name, self.settings.lead) };
-                (name, g, spec)
-            })
-            .map(|(name, g, spec)| GroupLoop {
-                name: name.clone(),
-                config: g.clone(),
-                status: GroupStatus {
+                GroupLoop {
                     name: name.clone(),
-                    tags: g.tags.clone(),
-                    predictor: g.predictor.name(),
-                    control_plane: g.control_plane,
-                    scale_down_after_ms: spec.scale_down_after.as_millis() as u64,
-                    demand_mb: 0,
-                    target_mb: 0,
-                    target_invokers: 0,
-                    counts: GroupCounts::default(),
-                    invokers: BTreeMap::new(),
-                    decisions: VecDeque::new(),
-                    last_failed_start: None,
-                    history: VecDeque::new(),
-                },
-                core: GroupCore::new(spec),
-                predictor: g.predictor.build(self.settings.lead),
-                drains: BTreeSet::new(),
-                asked: HashMap::new(),
-                stopping: Arc::default(),
-                forgotten_drains: Vec::new(),
+                    config: g.clone(),
+                    status: GroupStatus {
+                        name: name.clone(),
+                        tags: g.tags.clone(),
+                        predictor: g.predictor.name(),
+                        control_plane: g.control_plane,
+                        scale_down_after_ms: spec.scale_down_after.as_millis() as u64,
+                        demand_mb: 0,
+                        target_mb: 0,
+                        target_invokers: 0,
+                        counts: GroupCounts::default(),
+                        invokers: BTreeMap::new(),
+                        decisions: VecDeque::new(),
+                        last_failed_start: None,
+                        history: VecDeque::new(),
+                    },
+                    core: GroupCore::new(spec),
+                    predictor: g.predictor.build(self.settings.lead),
+                    drains: BTreeSet::new(),
+                    asked: HashMap::new(),
+                    stopping: Arc::default(),
+                    forgotten_drains: Vec::new(),
+                }
             })
             .collect()
     }
