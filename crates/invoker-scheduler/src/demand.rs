@@ -2,9 +2,9 @@
 //! of the activations it has in flight on invokers, of those waiting for an invoker with room,
 //! and of those it refused for lack of room since its last report, and all of them by the
 //! memory one takes (the manager packs them: each must fit whole). Counted as activations
-//! come and go (a map update under a lock), published by [`report`] every 500 ms at most (at
-//! once, within that bound, when an activation starts waiting), off the activation path, under
-//! a lease of its own.
+//! come and go (a map update under a lock), published by [`report`] every [`REPORT_EVERY`]
+//! (200 ms) at most (at once, within that bound, when an activation starts waiting), off the
+//! activation path, under a lease of its own.
 
 use invoker_core::capacity::packing::CallTally;
 use invoker_etcd::kv::ClusterKv;
@@ -20,7 +20,7 @@ use invoker_core::capacity::REPORT_EVERY;
 #[derive(Default)]
 pub struct DemandLedger {
     by_tags: Mutex<BTreeMap<Vec<String>, Tracked>>,
-    /// An activation started waiting for room: the report goes out as soon as the 500 ms
+    /// An activation started waiting for room: the report goes out as soon as the 200 ms
     /// since the last one allow, not at the next period.
     waiting: tokio::sync::Notify,
 }

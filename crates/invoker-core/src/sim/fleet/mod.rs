@@ -12,7 +12,7 @@
 //!   the invoker record's `room_mb` does; where the call fits in free memory first,
 //!   as [`crate::placement::place`] prefers), keeps what fits nowhere waiting for
 //!   `wait_for_room` and then refuses it, and reports its demand (in flight, waiting, refused
-//!   since the last report, in MB and by call size) at most every 500 ms, as the scheduler's
+//!   since the last report, in MB and by call size) at most every 200 ms, as the scheduler's
 //!   demand ledger does; the manager takes what those calls need packed whole on invokers
 //!   ([`crate::capacity::packing`]), not their megabytes;
 //! - the manager runs a round every `tick`, and between ticks as a report comes that puts the
