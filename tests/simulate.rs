@@ -227,11 +227,15 @@ fn the_fleet_comparison_loses_nothing_and_a_managed_fleet_costs_less_than_one_si
     let s = run_window("fleet-200");
     assert_eq!(count(&s["trace"], "activations"), AZURE_200_WINDOW_CALLS, "{s}");
     let planes = s["planes"].as_object().unwrap();
-    assert_eq!(planes.len(), 3, "local, local-1s and kubernetes: {s}");
+    assert_eq!(planes.len(), 4, "local, local-1s, kubernetes and kubernetes-standby: {s}");
     // The quick plane's group gives idle invokers back within seconds (a second's plane holds
     // them a minute): the same calls on fewer invoker-seconds.
     let seasonal = |plane: &str| planes[plane]["seasonal"]["invoker_seconds"].as_f64().unwrap_or(f64::NAN);
     assert!(seasonal("local (200ms)") < seasonal("local-1s (1s)"), "{s}");
+    // Pods grown by a resize: fewer calls wait for an invoker than with new pods only.
+    let delayed = |plane: &str| count(&planes[plane]["seasonal"], "delayed_over_1s");
+    let standby = "kubernetes-standby (10s, 2 standby of 32 MB resized in 300ms)";
+    assert!(delayed(standby) < delayed("kubernetes (10s)"), "{s}");
     for (plane, runs) in planes {
         // Sized for the peak, next to nothing waits: 3 calls of the 12,405, each for the stats
         // to show an evicted container's memory free before it is taken again (a removal the

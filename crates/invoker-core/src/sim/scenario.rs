@@ -82,6 +82,32 @@ pub struct Plane {
     pub name: String,
     #[serde(with = "humantime_serde")]
     pub provision_latency: Duration,
+    /// Invokers kept started but small, that the group grows by resizing.
+    #[serde(default)]
+    pub standby: Option<Standby>,
+}
+
+impl Plane {
+    /// How long the group waits for an invoker it asks for while a standby one is there: what
+    /// its predictor plans ahead for.
+    pub fn lead(&self) -> Duration {
+        self.standby.map_or(self.provision_latency, |s| s.resize_latency)
+    }
+}
+
+/// Standby invokers: started (their pod scheduled, image pulled, process up) but holding only
+/// their own memory, so that the group grows by resizing one in place (`resize_latency`, as
+/// Kubernetes' in-place pod resize does) rather than starting one (`provision_latency`). One
+/// taken is replaced by a new one, which takes `provision_latency`; one drained goes back to
+/// standby when fewer than `pods` wait.
+#[derive(Clone, Copy, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Standby {
+    pub pods: u32,
+    #[serde(with = "humantime_serde")]
+    pub resize_latency: Duration,
+    /// What one holds while it waits (its pod's request), MB: counted in the fleet's cost.
+    pub memory_mb: u64,
 }
 
 fn all_predictors() -> Vec<crate::predictor::PredictorKind> {

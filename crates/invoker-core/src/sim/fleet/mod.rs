@@ -32,7 +32,7 @@ pub mod floors;
 pub mod oracle;
 
 use super::host::Host;
-use super::scenario::{Fleet, Scenario, ScenarioError};
+use super::scenario::{Fleet, Scenario, ScenarioError, Standby};
 use super::timeline::Timeline;
 use super::workload::{self, Call, Rng};
 use crate::capacity::packing::{packed_demand_mb, CallTally};
@@ -103,7 +103,8 @@ pub fn managed_run(
     sorted.sort_unstable();
     // The predictors plan `lead` ahead: the typical start, as the manager's own figure for a plane.
     let latency = sorted.get(sorted.len() / 2).copied().unwrap_or(Duration::from_secs(1));
-    let mut sim = prepared(scenario, fleet, calls, horizon, sizing, latency, scale);
+    let plane = PlaneModel { provision: latency, standby: None };
+    let mut sim = prepared(scenario, fleet, calls, horizon, sizing, plane, scale);
     sim.latency_sample = sorted;
     sim.run_timed(host);
     let mut summary = sim.summary(&bounds);
@@ -170,6 +171,42 @@ fn drawn(rng: &mut Rng, sample: &[Duration], otherwise: Duration) -> Duration {
     }
 }
 
+/// The control plane a managed fleet grows on.
+#[derive(Clone, Copy, Debug)]
+struct PlaneModel {
+    /// How long a new invoker takes to come up.
+    provision: Duration,
+    standby: Option<Standby>,
+}
+
+/// The plane's standby pods: those up and those coming, both held (their request) from the
+/// moment they are asked for, integrated as MB·µs.
+struct StandbyPods {
+    spec: Standby,
+    ready: u32,
+    coming: u32,
+    since: Duration,
+    held_mb_us: u128,
+}
+
+impl StandbyPods {
+    fn new(spec: Standby) -> Self {
+        StandbyPods { spec, ready: 0, coming: 0, since: Duration::ZERO, held_mb_us: 0 }
+    }
+
+    /// Adds what the pods held since the last change, before one.
+    fn account(&mut self, now: Duration) {
+        self.held_mb_us = self.mb_us(now);
+        self.since = now;
+    }
+
+    /// What they held up to `until`.
+    fn mb_us(&self, until: Duration) -> u128 {
+        let pods = u128::from(self.ready + self.coming);
+        self.held_mb_us + pods * u128::from(self.spec.memory_mb) * until.saturating_sub(self.since).as_micros()
+    }
+}
+
 /// How a run sizes its fleet.
 #[derive(Clone, Copy, Debug)]
 enum Sizing {
@@ -193,7 +230,8 @@ pub fn compare(scenario: &Scenario, fleet: &Fleet, host: &dyn Host) -> Result<Va
     // Sized for the peak's calls as they pack, not only its megabytes (which hold fewer).
     let peak = profile.fixed_for_peak(invoker_mb).max(floors.packing_max as u32);
     for (name, n) in [("fixed-peak", peak), ("fixed-mean", profile.fixed_for_mean(invoker_mb))] {
-        fixed.insert(name, run(scenario, fleet, &calls, minutes, Sizing::Fixed(n), Duration::ZERO, host));
+        let plane = PlaneModel { provision: Duration::ZERO, standby: None };
+        fixed.insert(name, run(scenario, fleet, &calls, minutes, Sizing::Fixed(n), plane, host));
     }
     let mut planes = serde_json::Map::new();
     for plane in &fleet.planes {
@@ -239,7 +277,8 @@ pub fn compare(scenario: &Scenario, fleet: &Fleet, host: &dyn Host) -> Result<Va
         for &kind in &fleet.predictors {
             for &headroom in &fleet.headrooms_mb() {
                 let sizing = Sizing::Managed(kind, headroom);
-                let result = run(scenario, fleet, &calls, minutes, sizing, plane.provision_latency, host);
+                let model = PlaneModel { provision: plane.provision_latency, standby: plane.standby };
+                let result = run(scenario, fleet, &calls, minutes, sizing, model, host);
                 if kind == PredictorKind::Windowed {
                     let c = &result.counts;
                     windowed.insert(headroom, (result.invoker_seconds(), c.delayed, c.cold));
@@ -276,7 +315,13 @@ pub fn compare(scenario: &Scenario, fleet: &Fleet, host: &dyn Host) -> Result<Va
                 entry["beats_windowed"] = json!(none_worse && (s, d, c) != (seconds, delayed, cold));
             }
         }
-        let name = format!("{} ({:?})", plane.name, plane.provision_latency);
+        let name = match plane.standby {
+            None => format!("{} ({:?})", plane.name, plane.provision_latency),
+            Some(s) => format!(
+                "{} ({:?}, {} standby of {} MB resized in {:?})",
+                plane.name, plane.provision_latency, s.pods, s.memory_mb, s.resize_latency
+            ),
+        };
         planes.insert(name, Value::Object(section));
     }
     Ok(json!({
@@ -357,12 +402,12 @@ fn run<'a>(
     calls: &'a [Call],
     minutes: usize,
     sizing: Sizing,
-    latency: Duration,
+    plane: PlaneModel,
     host: &dyn Host,
 ) -> FleetSim<'a> {
     let scale = Scale { delayed_over: DELAYED, reversal: REVERSAL, minute: Duration::from_secs(60) };
     let horizon = Duration::from_secs(minutes as u64 * 60);
-    let mut sim = prepared(scenario, fleet, calls, horizon, sizing, latency, scale);
+    let mut sim = prepared(scenario, fleet, calls, horizon, sizing, plane, scale);
     sim.run_timed(host);
     sim
 }
@@ -374,22 +419,28 @@ fn prepared<'a>(
     calls: &'a [Call],
     horizon: Duration,
     sizing: Sizing,
-    latency: Duration,
+    plane: PlaneModel,
     scale: Scale,
 ) -> FleetSim<'a> {
+    let lead = plane.standby.map_or(plane.provision, |s| s.resize_latency);
     let group = match sizing {
         Sizing::Fixed(_) => None,
         Sizing::Managed(kind, headroom_mb) => {
-            let spec = GroupSpec { headroom_mb, ..fleet.group.spec("default", latency) };
-            Some((GroupCore::new(spec), kind.build(latency)))
+            let spec = GroupSpec { headroom_mb, ..fleet.group.spec("default", lead) };
+            Some((GroupCore::new(spec), kind.build(lead)))
         }
+    };
+    let standby = match sizing {
+        Sizing::Managed(..) => plane.standby.map(StandbyPods::new),
+        Sizing::Fixed(_) => None,
     };
     let mut sim = FleetSim {
         scenario,
         fleet,
         calls,
-        latency,
+        latency: plane.provision,
         latency_sample: Vec::new(),
+        standby,
         scale,
         horizon,
         now: Duration::ZERO,
@@ -423,6 +474,8 @@ enum Ev {
     Removed(usize, ContainerId),
     /// A provisioned invoker registered.
     Up(usize),
+    /// A standby pod came up.
+    StandbyUp,
     /// The manager's look at the demand (a round when a tick passed or a burst waits).
     Check,
     Report,
@@ -527,6 +580,7 @@ struct FleetSim<'a> {
     latency: Duration,
     /// Invoker starts as measured (`invoker replay`): each drawn from these when given.
     latency_sample: Vec<Duration>,
+    standby: Option<StandbyPods>,
     scale: Scale,
     horizon: Duration,
     now: Duration,
@@ -564,6 +618,7 @@ impl FleetSim<'_> {
             self.timeline.at(call.at, Ev::Arrive(i));
         }
         self.at(Duration::ZERO, Ev::PoolTick);
+        self.replenish_standby();
         if self.group.is_some() {
             self.next_check = Some(Duration::ZERO);
             self.at(Duration::ZERO, Ev::Check);
@@ -576,6 +631,13 @@ impl FleetSim<'_> {
                 Ev::Done(i, c, job) => self.done(i, c, job),
                 Ev::Removed(i, c) => self.container_removed(i, c),
                 Ev::Up(i) => self.up(i),
+                Ev::StandbyUp => {
+                    if let Some(s) = self.standby.as_mut() {
+                        s.account(self.now);
+                        s.coming -= 1;
+                        s.ready += 1;
+                    }
+                }
                 // Stale: a report moved the manager's next look.
                 Ev::Check if self.next_check != Some(self.now) => {}
                 Ev::Check => self.check(),
@@ -986,8 +1048,16 @@ impl FleetSim<'_> {
                     self.grew();
                     self.counts.provisioned += 1;
                     let i = self.add_invoker(id);
-                    let latency = drawn(&mut self.rng, &self.latency_sample, self.latency);
+                    let latency = match self.standby.as_mut().filter(|s| s.ready > 0) {
+                        Some(s) => {
+                            s.account(self.now);
+                            s.ready -= 1;
+                            s.spec.resize_latency
+                        }
+                        None => drawn(&mut self.rng, &self.latency_sample, self.latency),
+                    };
                     self.at(self.now + latency, Ev::Up(i));
+                    self.replenish_standby();
                 }
             }
             Action::Drain { id } => {
@@ -1010,12 +1080,31 @@ impl FleetSim<'_> {
                 self.invokers[i].phase = Phase::Removed;
                 self.invokers[i].removed_at = Some(self.now);
                 self.counts.removed += 1;
+                // Its pod resized down, back to standby, while fewer than wanted wait.
+                if let Some(s) = self.standby.as_mut().filter(|s| s.ready + s.coming < s.spec.pods) {
+                    s.account(self.now);
+                    s.ready += 1;
+                }
                 let killed: Vec<JobId> = self.jobs.iter().filter(|(_, j)| j.on == Some(i)).map(|(id, _)| *id).collect();
                 for id in killed {
                     self.leave(i, id);
                     self.counts.killed += 1;
                 }
             }
+        }
+    }
+
+    /// New standby pods asked for until as many wait or come as the plane keeps.
+    fn replenish_standby(&mut self) {
+        let Some(s) = self.standby.as_mut() else { return };
+        let mut asked = 0;
+        while s.ready + s.coming < s.spec.pods {
+            s.account(self.now);
+            s.coming += 1;
+            asked += 1;
+        }
+        for _ in 0..asked {
+            self.at(self.now + self.latency, Ev::StandbyUp);
         }
     }
 
@@ -1110,7 +1199,11 @@ impl FleetSim<'_> {
                 end.saturating_sub(inv.asked_at).as_micros()
             })
             .sum();
-        micros as f64 / 1e6
+        let standby = self.standby.as_ref().map_or(0.0, |s| {
+            let held = s.mb_us(self.horizon) as f64;
+            held / self.fleet.group.invoker_memory_mb.max(1) as f64
+        });
+        (micros as f64 + standby) / 1e6
     }
 
     fn summary(&self, bounds: &Bounds) -> Value {
@@ -1151,6 +1244,11 @@ impl FleetSim<'_> {
             "reversals": c.reversals,
             "wall_ms": c.wall.as_millis() as u64,
         });
+        if let Some(standby) = &self.standby {
+            let held = standby.mb_us(self.horizon) as f64 / self.fleet.group.invoker_memory_mb.max(1) as f64;
+            // Included in `invoker_seconds`: what the standby pods held, in invokers' memory.
+            entry["standby_invoker_seconds"] = json!((held / 1e6).round());
+        }
         bounds.compare(&mut entry, seconds as f64);
         entry
     }
@@ -1211,6 +1309,41 @@ mod tests {
         assert!(run["idle_gb_s"].as_f64().unwrap() > 0.0, "{s}");
         assert_eq!(plane["fixed-peak"]["invoker_seconds"], 3 * 11 * 60, "{s}");
         assert!(plane["fixed-peak"]["delayed_over_1s"].as_u64().unwrap() < 24, "{s}");
+    }
+
+    #[test]
+    fn standby_pods_bring_a_burst_its_invokers_in_a_resize_and_are_counted_in_the_cost() {
+        let text = "name = \"burst\"\n[cluster]\nnodes = 1\nnode_memory_mb = 1024\nstart_latency = \"500ms\"\n\
+             [workload]\nkind = \"bursts\"\nactions = 12\nmemory_mb = [256, 256]\nrun_ms = [5000, 5000]\n\
+             bursts = 2\nburst_size = 12\nburst_every = \"10m\"\nburst_spread = \"1ms\"\n\
+             [fleet]\nwait_for_room = \"30s\"\npredictors = [\"conservative\"]\n\
+             [fleet.group]\nmin = 0\nmax = 8\ninvoker_memory_mb = 1024\n\
+             [[fleet.planes]]\nname = \"pods\"\nprovision_latency = \"10s\"\n\
+             [[fleet.planes]]\nname = \"three\"\nprovision_latency = \"10s\"\n\
+             standby = { pods = 3, resize_latency = \"200ms\", memory_mb = 64 }\n\
+             [[fleet.planes]]\nname = \"two\"\nprovision_latency = \"10s\"\n\
+             standby = { pods = 2, resize_latency = \"200ms\", memory_mb = 64 }\n";
+        let scenario: Scenario = toml::from_str(text).unwrap();
+        let s = compare(&scenario, scenario.fleet.as_ref().unwrap(), &crate::sim::host::NoFiles).unwrap();
+        let run = |plane: &str| s["planes"][plane]["conservative"].clone();
+        let pods = run("pods (10s)");
+        let three = run("three (10s, 3 standby of 64 MB resized in 200ms)");
+        let two = run("two (10s, 2 standby of 64 MB resized in 200ms)");
+        for r in [&pods, &three, &two] {
+            assert_eq!((r["completed"].as_u64(), r["lost"].as_u64()), (Some(24), Some(0)), "{s}");
+            assert_eq!(r["provisioned"], 6, "three invokers per burst: {s}");
+        }
+        // New pods: every call waits ten seconds. The standby pods start with the trace, so the
+        // first burst waits for them as for new ones. Three standby: the second burst's three
+        // invokers come in a resize, and its calls start within their second. Two: its third
+        // invoker is a new pod, and the four calls that wait for it are late.
+        assert_eq!(pods["delayed_over_1s"], 24, "{s}");
+        assert_eq!(three["delayed_over_1s"], 12, "{s}");
+        assert_eq!(two["delayed_over_1s"], 12 + 4, "{s}");
+        // Three pods of 64 MB held the whole trace (eleven minutes): those taken are replaced,
+        // and invokers given back return to standby only while fewer wait.
+        assert_eq!(three["standby_invoker_seconds"], (3.0 * 64.0 / 1024.0 * 660.0f64).round(), "{s}");
+        assert!(pods.get("standby_invoker_seconds").is_none(), "{s}");
     }
 
     #[test]
