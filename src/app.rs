@@ -190,6 +190,10 @@ impl InvokerApp {
         let serving = serve(listener, addr, store, Arc::new(state), service.clone(), &config);
         let registration = registrar.map(|r| {
             let stop = CancellationToken::new();
+            let r = match config.factory.memory_limit() {
+                Some(_) => r.following_offer(factory.stats()),
+                None => r,
+            };
             (stop.clone(), actix_rt::spawn(r.run(service, pool.clone(), stop)))
         });
         Ok(InvokerApp { serving, config, pool, factory, registration, following })
@@ -587,6 +591,17 @@ async fn register(config: &Config, addr: SocketAddr) -> Result<Option<Registrar<
     };
     let mut registrar = Registrar::new(Etcd::new(&cluster.etcd)?, cluster.clone(), identity)
         .with_drain_file(config.data_dir.join("operator-drain"));
+    // A standby pod's invoker offers nothing: it claims its id when its pod is grown.
+    let standing_by = config
+        .factory
+        .memory_limit()
+        .is_some_and(|(file, own_mb)| invoker_process::memory_limit::read(file, own_mb).is_ok_and(|mb| mb == Some(0)));
+    if standing_by {
+        tracing::info!(
+            "standing by: the pod's memory limit leaves nothing for actions; out of the cluster until it grows"
+        );
+        return Ok(Some(registrar));
+    }
     match registrar.claim().await {
         Ok(()) => tracing::info!(etcd = cluster.etcd.join(","), "registered in the cluster"),
         Err(e @ ClaimError::IdTaken { .. }) => return Err(e.into()),

@@ -54,6 +54,14 @@ struct ServeArgs {
     /// `user_memory_mb`, or the mock factory's `node_memory_mb`); the capacity manager sets it.
     #[arg(long)]
     memory_mb: Option<u64>,
+    /// Offer instead what this memory limit leaves beyond `--own-memory-mb` (the process
+    /// factory's `memory_limit_file`: a pod's `/sys/fs/cgroup/memory.max`, which Kubernetes
+    /// changes when it resizes the pod), read again every 100 ms.
+    #[arg(long)]
+    memory_limit_file: Option<PathBuf>,
+    /// The invoker's own share of `--memory-limit-file`, in MB.
+    #[arg(long, default_value_t = 0, requires = "memory_limit_file")]
+    own_memory_mb: u64,
 }
 
 /// Running the scheduler: `invoker scheduler --etcd URL [FLAGS]`.
@@ -272,6 +280,9 @@ fn serve_invoker(cli: ServeArgs) -> anyhow::Result<()> {
     }
     if let Some(mb) = cli.memory_mb {
         config.factory.set_memory_mb(mb)?;
+    }
+    if let Some(file) = cli.memory_limit_file {
+        config.factory.follow_memory_limit(file, cli.own_memory_mb)?;
     }
     actix_rt::System::new().block_on(async {
         let app = InvokerApp::start(config).await?;

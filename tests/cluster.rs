@@ -132,6 +132,45 @@ async fn an_invoker_publishes_a_drain_and_its_end_as_they_come() {
     record(&kv, &invoker_id, |r| r.health == Health::Healthy).await;
 }
 
+/// An invoker that follows its pod's memory limit (`memory_limit_file`, which Kubernetes
+/// changes when it resizes a pod in place): out of the cluster while the limit leaves nothing
+/// beyond its own share (a standby pod), in it with what the limit leaves as soon as the pod
+/// grows, and out again once it shrinks back. (With a publish interval of 100 s, neither change
+/// would show within the bounded waits.)
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
+async fn an_invoker_following_its_pods_memory_limit_stands_by_grows_and_shrinks_with_it() {
+    let Some(etcd) = EtcdServer::start() else { return };
+    let dir = tempdir();
+    let invoker_id = id("standby");
+    let limit = dir.path().join("memory.max");
+    std::fs::write(&limit, (32u64 << 20).to_string()).unwrap();
+    let config = format!(
+        "[cluster]\netcd = [\"{}\"]\nlease_ttl = \"300s\"\npublish_interval = \"100s\"\n\
+         [factory.process]\nmemory_limit_file = \"{}\"\nown_memory_mb = 32\n",
+        etcd.url(),
+        limit.display()
+    );
+    let inv = Invoker::start(dir.path(), &invoker_id, &config);
+    let kv = etcd.kv();
+    // Serving, and nothing of it in etcd: not its record, not its id's claim.
+    let (status, health) = inv.get_url("/health").await;
+    assert_eq!(status, 200, "{health}");
+    assert_eq!(keys(&kv, "/invoker/").await, Vec::<String>::new());
+    // Grown to 1 GiB beyond its own share: in the cluster with it.
+    std::fs::write(&limit, ((1024u64 + 32) << 20).to_string()).unwrap();
+    let r = record(&kv, &invoker_id, |r| !r.nodes.is_empty()).await;
+    assert_eq!((r.nodes[0].capacity_mb, r.launchable_mb(), r.health), (1024, 1024, Health::Healthy), "{r:?}");
+    // It runs what it is sent on what it was given.
+    inv.put_action("grown", python("def main(a):\n    return {'ok': True}")).await;
+    let (status, body) = inv.invoke("grown", "blocking=true", json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    // Back to standby: its keys go with its lease.
+    std::fs::write(&limit, (32u64 << 20).to_string()).unwrap();
+    keys_until(&kv, "/invoker/invokers/", |held| held.is_empty()).await;
+    keys_until(&kv, "/invoker/", |held| held.iter().all(|k| !k.contains(&invoker_id))).await;
+}
+
 /// The keys under `prefix` once `until` holds of them (bounded wait).
 async fn keys_until(kv: &Etcd, prefix: &str, until: impl Fn(&[String]) -> bool) -> Vec<String> {
     let until = &until;

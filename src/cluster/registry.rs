@@ -12,6 +12,7 @@ use crate::pool::status::ContainerSummary;
 use invoker_etcd::claim::{boot_id, claim_key, ClaimError};
 use invoker_etcd::kv::ClusterKv;
 use invoker_etcd::kv::LeaseId;
+use invoker_factory::contract::StatsReceiver;
 use invoker_wire::cluster::Health;
 use invoker_wire::cluster::{container_key, drain_key, invoker_key, DrainMark, InvokerRecord, NodeHeadroom};
 use std::collections::BTreeMap;
@@ -50,6 +51,32 @@ pub struct Registrar<K: ClusterKv> {
     /// file in the data dir that keeps it across restarts. Put back should etcd lose it.
     operator_drain: Option<DrainMark>,
     drain_file: Option<PathBuf>,
+    /// The factory's node stats, when what the invoker offers follows its pod's memory limit:
+    /// it is in the cluster only while that leaves something (a standby pod's does not), and a
+    /// resize is published as it comes, not at the next interval.
+    offer: Option<StatsReceiver>,
+}
+
+/// How soon a round comes again when the pool had not yet seen the memory the factory offers.
+const CATCH_UP: Duration = Duration::from_millis(50);
+
+/// The memory every node of the snapshot offers to actions.
+fn offered_mb(stats: &StatsReceiver) -> u64 {
+    stats.borrow().iter().map(|n| n.capacity_mb).sum()
+}
+
+/// Returns once the memory offered differs from `before` (never without a followed offer, or
+/// once its factory is gone).
+async fn offer_changed(offer: &mut Option<StatsReceiver>, before: u64) {
+    let Some(stats) = offer else { return std::future::pending().await };
+    loop {
+        if stats.changed().await.is_err() {
+            return std::future::pending().await;
+        }
+        if offered_mb(stats) != before {
+            return;
+        }
+    }
 }
 
 impl<K: ClusterKv> Registrar<K> {
@@ -67,7 +94,33 @@ impl<K: ClusterKv> Registrar<K> {
             boot_id: boot_id(),
             operator_drain: None,
             drain_file: None,
+            offer: None,
         }
+    }
+
+    /// Follows what the invoker offers in `stats` (its factory's): out of the cluster while it
+    /// offers nothing, each change published at once.
+    pub fn following_offer(mut self, stats: StatsReceiver) -> Self {
+        self.offer = Some(stats);
+        self
+    }
+
+    /// Whether the invoker offers anything (always, when its offer is fixed).
+    fn offers(&self) -> bool {
+        self.offer.as_ref().is_none_or(|stats| offered_mb(stats) > 0)
+    }
+
+    /// Leaves the cluster (the lease revoked: the record, its containers' keys and the id's
+    /// claim go with it) until the invoker offers memory again.
+    async fn stand_by(&mut self) {
+        let Some(lease) = self.lease.take() else { return };
+        tracing::info!(key = %self.key(), "standing by: no memory to offer until the pod is resized; out of the cluster");
+        if let Err(e) = self.kv.revoke(lease).await {
+            tracing::warn!("leaving the cluster: {e} (the lease expires within its TTL)");
+        }
+        self.published = None;
+        self.containers.clear();
+        self.synced = None;
     }
 
     /// Keeps the operator's drains in `path` (the invoker's data dir), and takes the one kept
@@ -206,14 +259,26 @@ impl<K: ClusterKv> Registrar<K> {
                 let watched = drains.borrow_and_update();
                 watched.current.then(|| watched.entries.get(&drain).cloned())
             };
-            if let Err(e) = self.step(&service, &pool, drained).await {
+            let offered = self.offer.as_ref().map_or(0, offered_mb);
+            if !self.offers() {
+                self.stand_by().await;
+            } else if let Err(e) = self.step(&service, &pool, drained).await {
                 self.complain(&e);
             }
-            // A drain (or its end) is published as it comes, not at the next interval.
+            // The pool may not have taken a resize in yet when this round read it: soon again.
+            let behind = self.offer.is_some()
+                && self
+                    .published
+                    .as_ref()
+                    .is_some_and(|r| r.nodes.iter().map(|n| n.capacity_mb).sum::<u64>() != offered);
+            let next = if behind { CATCH_UP.min(interval) } else { interval };
+            // A drain (or its end), and a resize, are published as they come, not at the next
+            // interval.
             tokio::select! {
                 _ = stop.cancelled() => break,
-                _ = tokio::time::sleep(interval) => {}
+                _ = tokio::time::sleep(next) => {}
                 _ = drains.changed() => {}
+                _ = offer_changed(&mut self.offer, offered) => {}
             }
         }
         if let Some(lease) = self.lease.take() {

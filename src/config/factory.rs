@@ -7,6 +7,7 @@ use invoker_factory::settings::{
     DockerFactoryConfig, KubernetesFactoryConfig, MesosFactoryConfig, ProcessFactoryConfig,
 };
 use serde::Deserialize;
+use std::path::PathBuf;
 use std::time::Duration;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
@@ -127,6 +128,24 @@ impl FactoryConfig {
         Ok(())
     }
 
+    /// Offers what the memory limit in `file` leaves beyond `own_mb` (the process factory
+    /// only): an invoker in a pod that is resized in place.
+    pub fn follow_memory_limit(&mut self, file: PathBuf, own_mb: u64) -> Result<(), ConfigError> {
+        if self.kind != FactoryKind::Process {
+            return Err(bad("--memory-limit-file", format!("only the process factory takes it, not {:?}", self.kind)));
+        }
+        self.process.memory_limit_file = Some(file);
+        self.process.own_memory_mb = own_mb;
+        Ok(())
+    }
+
+    /// The memory limit the invoker follows and its own share of it, when it follows one.
+    pub fn memory_limit(&self) -> Option<(&std::path::Path, u64)> {
+        let process = &self.process;
+        let file = process.memory_limit_file.as_deref().filter(|_| self.kind == FactoryKind::Process)?;
+        Some((file, process.own_memory_mb))
+    }
+
     pub(super) fn validate(&self, pool: &PoolConfig, limits: &LimitsConfig) -> Result<(), ConfigError> {
         if let Some(missing) = self.kind.missing_feature() {
             return Err(bad("factory.kind", missing.to_string()));
@@ -159,6 +178,15 @@ impl FactoryConfig {
             }
         }
         let fp = &self.process;
+        if fp.own_memory_mb > 1 << 20 {
+            return Err(bad("factory.process.own_memory_mb", "must be at most 1048576 (a TiB)"));
+        }
+        if fp.own_memory_mb > 0 && fp.memory_limit_file.is_none() {
+            return Err(bad("factory.process.own_memory_mb", "is a share of memory_limit_file, which is not set"));
+        }
+        if fp.memory_limit_file.as_ref().is_some_and(|f| f.as_os_str().is_empty()) {
+            return Err(bad("factory.process.memory_limit_file", "is empty"));
+        }
         if fp.user_memory_mb < u64::from(limits.memory_min_mb) {
             return Err(bad(
                 "factory.process.user_memory_mb",

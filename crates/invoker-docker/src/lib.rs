@@ -173,7 +173,7 @@ impl ContainerFactory for DockerFactory {
             "docker factory: node {} offers {} MB; containers {} network, memory and pids limits, read-only root, \
              user {}",
             self.inner.host.node,
-            self.inner.host.capacity_mb,
+            self.inner.host.capacity_mb(),
             match self.inner.config.network {
                 Network::None => "without",
                 Network::Isolated => "with only a loopback",

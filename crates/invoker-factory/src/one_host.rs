@@ -20,7 +20,6 @@ use tokio::sync::watch;
 
 pub struct OneHost {
     pub node: NodeId,
-    pub capacity_mb: u64,
     pub epoch: Epoch,
     stats: watch::Sender<Vec<NodeStatsUpdate>>,
     /// The counted containers' limits and the last snapshot's stamp, under one lock: counts
@@ -28,16 +27,37 @@ pub struct OneHost {
     counted: Mutex<Counted>,
 }
 
-#[derive(Default)]
 struct Counted {
     limits_mb: HashMap<ContainerId, u32>,
     last_observed: Time,
+    /// What the node offers: fixed, unless the invoker follows its pod's memory limit
+    /// (`set_capacity`).
+    capacity_mb: u64,
 }
 
 impl OneHost {
     pub fn new(node: NodeId, capacity_mb: u64, epoch: Epoch) -> Self {
         let (stats, _) = watch::channel(Vec::new());
-        OneHost { node, capacity_mb, epoch, stats, counted: Mutex::new(Counted::default()) }
+        let counted = Counted { limits_mb: HashMap::new(), last_observed: Time::ZERO, capacity_mb };
+        OneHost { node, epoch, stats, counted: Mutex::new(counted) }
+    }
+
+    pub fn capacity_mb(&self) -> u64 {
+        self.counted.lock().capacity_mb
+    }
+
+    /// The node offers `mb` from now on (the invoker's pod was resized); publishes when that
+    /// changed, and answers whether it did. Containers counted stay: a node that shrank below
+    /// them shows no free memory until they go.
+    pub fn set_capacity(&self, mb: u64) -> bool {
+        let mut counted = self.counted.lock();
+        if counted.capacity_mb == mb {
+            return false;
+        }
+        counted.capacity_mb = mb;
+        let now = self.now();
+        self.publish_locked(&mut counted, now);
+        true
     }
 
     pub fn subscribe(&self) -> StatsReceiver {
@@ -83,8 +103,8 @@ impl OneHost {
         let used: u64 = counted.limits_mb.values().map(|&mb| u64::from(mb)).sum();
         self.stats.send_replace(vec![NodeStatsUpdate {
             node: self.node.clone(),
-            capacity_mb: self.capacity_mb,
-            free_mb: self.capacity_mb.saturating_sub(used),
+            capacity_mb: counted.capacity_mb,
+            free_mb: counted.capacity_mb.saturating_sub(used),
             observed_at,
         }]);
     }
@@ -137,5 +157,19 @@ mod tests {
             last = observed;
         }
         assert_eq!(latest(&rx).free_mb, 24);
+    }
+
+    #[test]
+    fn a_new_capacity_publishes_once_and_keeps_what_is_counted() {
+        let host = host();
+        let rx = host.subscribe();
+        host.count(ContainerId(1), 256);
+        assert!(host.set_capacity(2048));
+        assert_eq!((latest(&rx).capacity_mb, latest(&rx).free_mb), (2048, 1792));
+        assert!(!host.set_capacity(2048), "the same figure is no change");
+        assert!(host.set_capacity(128));
+        assert_eq!((latest(&rx).capacity_mb, latest(&rx).free_mb), (128, 0), "shrunk below what runs: none free");
+        host.uncount(ContainerId(1));
+        assert_eq!(latest(&rx).free_mb, 128);
     }
 }

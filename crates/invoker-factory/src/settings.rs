@@ -32,6 +32,13 @@ pub enum Network {
 pub struct ProcessFactoryConfig {
     /// Memory the node offers to action containers (the sum of their declared limits).
     pub user_memory_mb: u64,
+    /// Offer instead what this memory limit (a cgroup's `memory.max`, in bytes) leaves beyond
+    /// `own_memory_mb`, read again every 100 ms: an invoker whose pod Kubernetes resizes in
+    /// place offers what the pod was given, and nothing while it stands by (`user_memory_mb`
+    /// where the file sets no limit).
+    pub memory_limit_file: Option<PathBuf>,
+    /// The invoker's own share of that limit.
+    pub own_memory_mb: u64,
     /// Bound on a runtime process answering on its address after it was spawned.
     #[serde(with = "humantime_serde")]
     pub ready_timeout: Duration,
@@ -65,6 +72,8 @@ impl Default for ProcessFactoryConfig {
     fn default() -> Self {
         ProcessFactoryConfig {
             user_memory_mb: 2048,
+            memory_limit_file: None,
+            own_memory_mb: 0,
             ready_timeout: Duration::from_secs(10),
             cgroup_root: None,
             require_memory_limit: false,

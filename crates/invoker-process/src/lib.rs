@@ -18,6 +18,7 @@
 #![deny(unsafe_code)]
 
 mod cgroup;
+pub mod memory_limit;
 pub mod sandbox;
 mod snapshot;
 pub mod watchdog;
@@ -267,7 +268,13 @@ impl ProcessFactory {
                  what an action writes lands in data_dir"
             );
         }
-        let host = OneHost::new(NodeId::new("local"), settings.user_memory_mb, epoch);
+        let offered = match &settings.memory_limit_file {
+            Some(path) => memory_limit::read(path, settings.own_memory_mb)
+                .map_err(|e| setup_error(unfit("factory.process.memory_limit_file", e)))?
+                .unwrap_or(settings.user_memory_mb),
+            None => settings.user_memory_mb,
+        };
+        let host = OneHost::new(NodeId::new("local"), offered, epoch);
         let (gone, gone_rx) = mpsc::channel(GONE_BACKLOG);
         let factory = ProcessFactory {
             inner: Arc::new(Inner {
@@ -293,6 +300,17 @@ impl ProcessFactory {
             }),
         };
         factory.observe();
+        if let Some(path) = &factory.inner.settings.memory_limit_file {
+            let (own, unlimited) = (factory.inner.settings.own_memory_mb, factory.inner.settings.user_memory_mb);
+            let inner = Arc::downgrade(&factory.inner);
+            memory_limit::follow(path, own, unlimited, move |mb| {
+                let Some(inner) = inner.upgrade() else { return false };
+                if inner.host.set_capacity(mb) {
+                    tracing::info!("the pod's memory limit now leaves {mb} MB for actions");
+                }
+                true
+            });
+        }
         Ok(factory)
     }
 }
