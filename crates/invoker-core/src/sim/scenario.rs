@@ -98,8 +98,8 @@ impl Plane {
 /// Standby invokers: started (their pod scheduled, image pulled, process up) but holding only
 /// their own memory, so that the group grows by resizing one in place (`resize_latency`, as
 /// Kubernetes' in-place pod resize does) rather than starting one (`provision_latency`). One
-/// taken is replaced by a new one, which takes `provision_latency`; one drained goes back to
-/// standby when fewer than `pods` wait.
+/// taken is replaced by a new one, which takes `provision_latency`; an invoker removed goes with
+/// its pod (a pod shrunk back would keep what its containers hold).
 #[derive(Clone, Copy, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Standby {

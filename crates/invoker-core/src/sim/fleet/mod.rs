@@ -1080,11 +1080,6 @@ impl FleetSim<'_> {
                 self.invokers[i].phase = Phase::Removed;
                 self.invokers[i].removed_at = Some(self.now);
                 self.counts.removed += 1;
-                // Its pod resized down, back to standby, while fewer than wanted wait.
-                if let Some(s) = self.standby.as_mut().filter(|s| s.ready + s.coming < s.spec.pods) {
-                    s.account(self.now);
-                    s.ready += 1;
-                }
                 let killed: Vec<JobId> = self.jobs.iter().filter(|(_, j)| j.on == Some(i)).map(|(id, _)| *id).collect();
                 for id in killed {
                     self.leave(i, id);
@@ -1341,7 +1336,7 @@ mod tests {
         assert_eq!(three["delayed_over_1s"], 12, "{s}");
         assert_eq!(two["delayed_over_1s"], 12 + 4, "{s}");
         // Three pods of 64 MB held the whole trace (eleven minutes): those taken are replaced,
-        // and invokers given back return to standby only while fewer wait.
+        // and the invokers given back go with their pods.
         assert_eq!(three["standby_invoker_seconds"], (3.0 * 64.0 / 1024.0 * 660.0f64).round(), "{s}");
         assert!(pods.get("standby_invoker_seconds").is_none(), "{s}");
     }
