@@ -405,8 +405,10 @@ impl CapacityApp {
                 )
                 .await
                 .map_err(AppError::KubernetesPlane)?;
-                // A pod is scheduled, its image pulled and its invoker started: seconds.
-                (AnyPlane::Kubernetes(Box::new(plane)), Duration::from_secs(10))
+                // A pod is scheduled, its image pulled and its invoker started: seconds; a standby
+                // pod is grown in a fraction of one.
+                let lead = invoker_kubernetes::plane::lead(&config.capacity.kubernetes);
+                (AnyPlane::Kubernetes(Box::new(plane)), lead)
             }
             // Local (a build without a plane a group names was refused by the config's checks).
             _ => {

@@ -869,3 +869,92 @@ async fn the_burst_through_the_kubernetes_control_plane_scales_a_statefulset_up_
     assert!(actions.contains(&"drain default-2".to_string()), "the highest ordinal went: {actions:?}");
     assert!(!actions.contains(&"drain default-0".to_string()), "never below min: {actions:?}");
 }
+
+/// The Kubernetes plane with standby pods: the StatefulSet runs two pods more than the invokers
+/// wanted, at 32 MB, their invokers following their pod's memory limit and so out of the
+/// cluster; a burst's invokers are those pods grown by an in-place resize (the fake's `resize`
+/// subresource, its kubelet rewriting the container's `memory.max`), and the quiet after it
+/// shrinks them back to standby, the StatefulSet back at the one invoker of `min` and two.
+#[cfg(feature = "kubernetes")]
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
+async fn standby_pods_are_grown_for_a_burst_and_shrunk_back_after_it() {
+    let Some(etcd) = EtcdServer::start() else { return };
+    let api = support::kube_api::FakeApiServer::start().await;
+    api.add_node("node-a", 64 * 1024);
+    api.add_image("invoker:test");
+    let (manager_dir, scheduler_dir, pods_dir) = (tempdir(), tempdir(), tempdir());
+    let config_file = manager_dir.path().join("invoker.toml");
+    let command = json!([
+        env!("CARGO_BIN_EXE_invoker"),
+        "serve",
+        "--config",
+        config_file,
+        "--etcd",
+        "{etcd}",
+        "--invoker-id",
+        "$(POD_NAME)",
+        "--tags={tags}",
+        "--memory-limit-file=/sys/fs/cgroup/memory.max",
+        "--own-memory-mb={overhead_mb}",
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        pods_dir.path().join("$(POD_NAME)"),
+    ]);
+    let group = format!(
+        "min = 1\nmax = 3\ninvoker_memory_mb = 256\nscale_down_after = \"3s\"\ndrain_deadline = \"20s\"\n\
+         predictor = \"conservative\"\ncontrol_plane = \"kubernetes\"\n\
+         [capacity.kubernetes]\napi_server = \"{}\"\nnamespace = \"invokers\"\nimage = \"invoker:test\"\n\
+         termination_grace = \"20s\"\noverhead_mb = 64\nstandby = 2\nstandby_mb = 32\ncommand = {command}\n",
+        api.url
+    );
+    let manager = start_manager(manager_dir.path(), &manager_config(&etcd, &group));
+    let scheduler = waiting_scheduler_with_work(&etcd, scheduler_dir.path()).await;
+    let replicas = |api: &support::kube_api::FakeApiServer| {
+        api.statefulset("invokers", "default").and_then(|s| s["spec"]["replicas"].as_u64())
+    };
+    let given = |api: &support::kube_api::FakeApiServer, pod: &str| api.pod_memory("invokers", pod).map(|(m, _)| m);
+    wait_until(Duration::from_secs(30), "min's invoker grown and registered, two standby pods", || {
+        let (s, r) = (scheduler.clone(), replicas(&api));
+        let sizes: Vec<Option<String>> = (0..3).map(|i| given(&api, &format!("default-{i}"))).collect();
+        async move {
+            r == Some(3)
+                && sizes == [Some("320Mi".into()), Some("32Mi".into()), Some("32Mi".into())]
+                && registered(&s).await == BTreeSet::from(["default-0".to_string()])
+        }
+    })
+    .await;
+    let template = api.statefulset("invokers", "default").unwrap()["spec"]["template"].clone();
+    assert_eq!(template["spec"]["containers"][0]["resources"]["limits"]["memory"], "32Mi", "{template}");
+    assert_eq!(api.created_and_refused(), (3, 0), "min's pod grown in place, not made again");
+
+    // Four activations of 2 s at once; each invoker holds one. The two standby pods become
+    // invokers by a resize, and two new ones stand by behind them.
+    let resized = api.resizes();
+    let ran_on = burst_of_work(&scheduler, 4).await;
+    assert!(ran_on.len() >= 2, "pods the manager grew took work: {ran_on:?}");
+    assert!(api.resizes() >= resized + 2, "grown in place: {} resizes", api.resizes());
+
+    // Quiet: after scale_down_after the invokers above min are shrunk back to standby, and the
+    // StatefulSet keeps two of them beside min's.
+    wait_until(Duration::from_secs(60), "back to min: one invoker, two pods standing by", || {
+        let (s, m, r) = (scheduler.clone(), &manager, replicas(&api));
+        let sizes: Vec<Option<String>> = (0..3).map(|i| given(&api, &format!("default-{i}"))).collect();
+        let pods = api.pods("invokers").len();
+        async move {
+            let counts = capacity(m).await["groups"][0]["counts"].clone();
+            r == Some(3)
+                && pods == 3
+                && sizes == [Some("320Mi".into()), Some("32Mi".into()), Some("32Mi".into())]
+                && registered(&s).await.len() == 1
+                && counts == json!({ "provisioning": 0, "active": 1, "draining": 0, "removing": 0 })
+        }
+    })
+    .await;
+    let actions = decisions(&manager).await;
+    assert!(actions.iter().any(|a| a.starts_with("provision")), "{actions:?}");
+    assert!(!actions.contains(&"drain default-0".to_string()), "never below min: {actions:?}");
+    // Shrunk in place: none of the five pods was made again.
+    assert_eq!(api.created_and_refused(), (5, 0), "{actions:?}");
+}

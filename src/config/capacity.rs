@@ -55,6 +55,20 @@ fn validate_kubernetes(plane: &KubernetesPlaneConfig) -> Result<(), ConfigError>
     if plane.call_timeout.is_zero() {
         return Err(bad(&key("call_timeout"), "must be positive"));
     }
+    if plane.standby > 64 {
+        return Err(bad(&key("standby"), "at most 64 pods per group"));
+    }
+    if plane.standby > 0 {
+        if !plane.command.iter().any(|a| a.starts_with("--memory-limit-file")) {
+            return Err(bad(
+                &key("command"),
+                "with standby pods the invoker must follow its pod's memory limit (--memory-limit-file)",
+            ));
+        }
+        if plane.standby_mb == 0 || plane.standby_mb > plane.overhead_mb {
+            return Err(bad(&key("standby_mb"), "above 0 and at most overhead_mb (a standby pod offers nothing)"));
+        }
+    }
     Ok(())
 }
 
@@ -182,6 +196,15 @@ mod tests {
         assert_eq!(error(&k8s("command = [\"/invoker\", \"serve\"]\n")), "capacity.kubernetes.command");
         assert_eq!(error(&k8s("termination_grace = \"0s\"\n")), "capacity.kubernetes.termination_grace");
         assert_eq!(error(&k8s("api_server = \"kube:6443\"\n")), "capacity.kubernetes.api_server");
+        Config::from_toml(&k8s("standby = 2\n")).unwrap().validate().unwrap();
+        assert_eq!(error(&k8s("standby = 65\n")), "capacity.kubernetes.standby");
+        // A standby pod's invoker must follow its pod's limit, and its pod must hold no more
+        // than the invoker's own share (or it would offer memory it was never given).
+        let fixed =
+            "standby = 2\ncommand = [\"/invoker\", \"serve\", \"--invoker-id\", \"$(POD_NAME)\", \"--memory-mb=1\"]\n";
+        assert_eq!(error(&k8s(fixed)), "capacity.kubernetes.command");
+        assert_eq!(error(&k8s("standby = 2\nstandby_mb = 512\n")), "capacity.kubernetes.standby_mb");
+        assert_eq!(error(&k8s("standby = 2\nstandby_mb = 0\n")), "capacity.kubernetes.standby_mb");
         // The section is read only for a manager on Kubernetes.
         let local = "[capacity.groups.default]\n[capacity.kubernetes]\nnamespace = \"Invokers\"\n";
         Config::from_toml(local).unwrap().validate().unwrap();

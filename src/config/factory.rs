@@ -89,11 +89,21 @@ pub struct MockFactoryConfig {
     /// without having started it).
     #[serde(with = "humantime_serde")]
     pub start_latency: Duration,
+    /// As the process factory's: each node offers what this memory limit leaves beyond
+    /// `own_memory_mb` (the capacity manager's tests run the mock factory in resized pods).
+    pub memory_limit_file: Option<PathBuf>,
+    pub own_memory_mb: u64,
 }
 
 impl Default for MockFactoryConfig {
     fn default() -> Self {
-        MockFactoryConfig { nodes: 1, node_memory_mb: 2048, start_latency: Duration::ZERO }
+        MockFactoryConfig {
+            nodes: 1,
+            node_memory_mb: 2048,
+            start_latency: Duration::ZERO,
+            memory_limit_file: None,
+            own_memory_mb: 0,
+        }
     }
 }
 
@@ -128,22 +138,30 @@ impl FactoryConfig {
         Ok(())
     }
 
-    /// Offers what the memory limit in `file` leaves beyond `own_mb` (the process factory
-    /// only): an invoker in a pod that is resized in place.
+    /// Offers what the memory limit in `file` leaves beyond `own_mb` (the process and mock
+    /// factories, as `--memory-mb`): an invoker in a pod that is resized in place.
     pub fn follow_memory_limit(&mut self, file: PathBuf, own_mb: u64) -> Result<(), ConfigError> {
-        if self.kind != FactoryKind::Process {
-            return Err(bad("--memory-limit-file", format!("only the process factory takes it, not {:?}", self.kind)));
-        }
-        self.process.memory_limit_file = Some(file);
-        self.process.own_memory_mb = own_mb;
+        let (limit, own) = match self.kind {
+            FactoryKind::Process => (&mut self.process.memory_limit_file, &mut self.process.own_memory_mb),
+            FactoryKind::Mock => (&mut self.mock.memory_limit_file, &mut self.mock.own_memory_mb),
+            other => {
+                let why = format!("only the process and mock factories take it, not {other:?}");
+                return Err(bad("--memory-limit-file", why));
+            }
+        };
+        *limit = Some(file);
+        *own = own_mb;
         Ok(())
     }
 
     /// The memory limit the invoker follows and its own share of it, when it follows one.
     pub fn memory_limit(&self) -> Option<(&std::path::Path, u64)> {
-        let process = &self.process;
-        let file = process.memory_limit_file.as_deref().filter(|_| self.kind == FactoryKind::Process)?;
-        Some((file, process.own_memory_mb))
+        let (file, own) = match self.kind {
+            FactoryKind::Process => (&self.process.memory_limit_file, self.process.own_memory_mb),
+            FactoryKind::Mock => (&self.mock.memory_limit_file, self.mock.own_memory_mb),
+            _ => return None,
+        };
+        Some((file.as_deref()?, own))
     }
 
     pub(super) fn validate(&self, pool: &PoolConfig, limits: &LimitsConfig) -> Result<(), ConfigError> {
@@ -178,14 +196,21 @@ impl FactoryConfig {
             }
         }
         let fp = &self.process;
-        if fp.own_memory_mb > 1 << 20 {
-            return Err(bad("factory.process.own_memory_mb", "must be at most 1048576 (a TiB)"));
-        }
-        if fp.own_memory_mb > 0 && fp.memory_limit_file.is_none() {
-            return Err(bad("factory.process.own_memory_mb", "is a share of memory_limit_file, which is not set"));
-        }
-        if fp.memory_limit_file.as_ref().is_some_and(|f| f.as_os_str().is_empty()) {
-            return Err(bad("factory.process.memory_limit_file", "is empty"));
+        let followed = [
+            ("process", &fp.memory_limit_file, fp.own_memory_mb),
+            ("mock", &self.mock.memory_limit_file, self.mock.own_memory_mb),
+        ];
+        for (section, file, own_mb) in followed {
+            let key = |k: &str| format!("factory.{section}.{k}");
+            if own_mb > 1 << 20 {
+                return Err(bad(&key("own_memory_mb"), "must be at most 1048576 (a TiB)"));
+            }
+            if own_mb > 0 && file.is_none() {
+                return Err(bad(&key("own_memory_mb"), "is a share of memory_limit_file, which is not set"));
+            }
+            if file.as_ref().is_some_and(|f| f.as_os_str().is_empty()) {
+                return Err(bad(&key("memory_limit_file"), "is empty"));
+            }
         }
         if fp.user_memory_mb < u64::from(limits.memory_min_mb) {
             return Err(bad(

@@ -490,6 +490,24 @@ mod tests {
     }
 
     #[test]
+    fn a_followed_memory_limit_is_checked() {
+        let ok = "[factory.process]\nmemory_limit_file = \"/sys/fs/cgroup/memory.max\"\nown_memory_mb = 256\n";
+        Config::from_toml(ok).unwrap().validate().unwrap();
+        for (bad, key) in [
+            ("[factory.process]\nown_memory_mb = 256", "factory.process.own_memory_mb"),
+            ("[factory.process]\nmemory_limit_file = \"/m\"\nown_memory_mb = 2000000", "factory.process.own_memory_mb"),
+            ("[factory.process]\nmemory_limit_file = \"\"", "factory.process.memory_limit_file"),
+            ("[factory.mock]\nown_memory_mb = 1", "factory.mock.own_memory_mb"),
+        ] {
+            let err = Config::from_toml(&format!("{bad}\n")).unwrap().validate().unwrap_err();
+            assert_eq!(err.key, key, "{bad}");
+        }
+        let mut docker = Config::from_toml("[factory]\nkind = \"docker\"\n").unwrap().factory;
+        let err = docker.follow_memory_limit("/sys/fs/cgroup/memory.max".into(), 0).unwrap_err();
+        assert_eq!(err.key, "--memory-limit-file");
+    }
+
+    #[test]
     fn errors_name_the_key() {
         let err = Config::from_toml("[pool]\nidle_timeout = \"soon\"\n").unwrap_err();
         assert_eq!(err.key, "pool.idle_timeout");

@@ -107,6 +107,27 @@ impl MockFactory {
         factory
     }
 
+    /// Every node offers what the memory limit in `file` leaves beyond `own_mb`, read at once
+    /// and then as the process factory reads it (`unlimited_mb` where it sets none).
+    pub fn follow_memory_limit(&self, file: &std::path::Path, own_mb: u64, unlimited_mb: u64) {
+        let offer = |factory: &MockFactory, mb: u64| {
+            let changed = factory.inner.config.lock().nodes.iter().any(|(_, capacity)| *capacity != mb);
+            if changed {
+                factory.configure(|c| c.nodes.iter_mut().for_each(|(_, capacity)| *capacity = mb));
+            }
+        };
+        match invoker_process::memory_limit::read(file, own_mb) {
+            Ok(mb) => offer(self, mb.unwrap_or(unlimited_mb)),
+            Err(e) => tracing::warn!("the mock factory's memory limit: {e}"),
+        }
+        let weak = Arc::downgrade(&self.inner);
+        invoker_process::memory_limit::follow(file, own_mb, unlimited_mb, move |mb| {
+            let Some(inner) = weak.upgrade() else { return false };
+            offer(&MockFactory { inner }, mb);
+            true
+        });
+    }
+
     /// Changes the programmable behaviour for what comes next.
     pub fn configure(&self, f: impl FnOnce(&mut MockConfig)) {
         f(&mut self.inner.config.lock());

@@ -106,7 +106,11 @@ impl Factory {
                 let m = &config.factory.mock;
                 let nodes = (0..m.nodes).map(|i| (format!("mock{i}"), m.node_memory_mb)).collect();
                 let config = mock::MockConfig { nodes, start_latency: m.start_latency, ..mock::MockConfig::default() };
-                Factory::Mock(mock::MockFactory::new(config, epoch))
+                let factory = mock::MockFactory::new(config, epoch);
+                if let Some(file) = &m.memory_limit_file {
+                    factory.follow_memory_limit(file, m.own_memory_mb, m.node_memory_mb);
+                }
+                Factory::Mock(factory)
             }
             // Refused by the config's validation already; said again for a caller that skipped it.
             #[allow(unreachable_patterns)]

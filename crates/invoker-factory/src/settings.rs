@@ -472,13 +472,22 @@ pub struct KubernetesPlaneConfig {
     pub namespace: String,
     pub image: String,
     pub image_pull_policy: String,
-    /// The invoker's command in the image. `{etcd}`, `{tags}` and `{memory_mb}` are the group's;
-    /// `$(POD_NAME)` (the invoker's id) and `$(POD_IP)` Kubernetes fills in for each pod.
+    /// The invoker's command in the image. `{etcd}`, `{tags}`, `{memory_mb}` and `{overhead_mb}`
+    /// are the group's; `$(POD_NAME)` (the invoker's id) and `$(POD_IP)` Kubernetes fills in for
+    /// each pod. The default follows the pod's memory limit (`--memory-limit-file`), which a
+    /// resize changes.
     pub command: Vec<String>,
     /// A ConfigMap with the invokers' config file, mounted read-only at `/etc/invoker`.
     pub config_map: Option<String>,
     /// Memory a pod asks for beyond its invoker's memory for actions (the invoker itself).
     pub overhead_mb: u64,
+    /// Pods per group kept started at `standby_mb` (their invoker offers nothing and stays out
+    /// of the cluster), each grown to its group's size by an in-place resize (Kubernetes 1.33 or
+    /// later) when the group asks for an invoker, within a fraction of a second where a new pod
+    /// takes seconds; one taken is replaced. 0: every invoker is a new pod.
+    pub standby: u32,
+    /// What a standby pod asks for: its idle invoker (14 MB resident), not more than `overhead_mb`.
+    pub standby_mb: u64,
     /// A removed invoker's pod has this long to drain and exit (`terminationGracePeriodSeconds`).
     #[serde(with = "humantime_serde")]
     pub termination_grace: Duration,
@@ -499,7 +508,8 @@ impl Default for KubernetesPlaneConfig {
             "--invoker-id",
             "$(POD_NAME)",
             "--tags={tags}",
-            "--memory-mb={memory_mb}",
+            "--memory-limit-file=/sys/fs/cgroup/memory.max",
+            "--own-memory-mb={overhead_mb}",
             "--listen",
             "$(POD_IP):3233",
             "--data-dir",
@@ -514,6 +524,8 @@ impl Default for KubernetesPlaneConfig {
             command: command.iter().map(|s| s.to_string()).collect(),
             config_map: Some("invoker-config".into()),
             overhead_mb: 256,
+            standby: 0,
+            standby_mb: 32,
             termination_grace: Duration::from_secs(60),
             call_timeout: Duration::from_secs(10),
         }

@@ -12,6 +12,20 @@
 //! Pods are watched (a reflector on the groups' label), so that whether an invoker runs, why
 //! its pod failed and which invokers run at a manager's start are answered from memory. The
 //! StatefulSet restarts a pod that fails; its invoker registers again under the same name.
+//!
+//! **Standby pods** (`standby`): a new pod takes seconds (scheduled, its image pulled, its
+//! invoker started); a running one can grow within a fraction of one. With standby pods the
+//! StatefulSet runs `standby` more pods than the highest invoker wanted, its template at
+//! `standby_mb`: their invokers follow their pod's memory limit and offer nothing, so they stay
+//! out of the cluster. The group asking for an invoker grows that invoker's pod to the group's
+//! size by an in-place resize (the pod's `resize` subresource; Kubernetes 1.33 or later), its
+//! invoker registers with what it was given, and the StatefulSet's next pod is the new standby.
+//! A pod made for an invoker (a scale-up beyond the standby ones, a pod the StatefulSet made
+//! again) comes at standby size and is grown as soon as it is there. An invoker removed below the
+//! highest is shrunk back to standby (its containers gone with its drain), or, where its
+//! kubelet does not shrink it within [`SHRINK_WAIT`], its pod is deleted and made again. A
+//! resize its node has no room for stays pending (`PodResizePending`), said by `last_error`
+//! until the group's provision timeout gives that invoker up.
 
 use crate::error::KubeError;
 use futures_util::StreamExt as _;
@@ -26,8 +40,26 @@ use kube::runtime::{reflector, watcher, WatchStreamExt as _};
 use kube::Api;
 use parking_lot::Mutex;
 use serde_json::json;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// How soon an invoker asked for comes up: a new pod's, or with standby pods a resize's. A
+/// resize was not measured here (no cluster): 300 ms is what the fleet scenarios' standby plane
+/// counts, and the manager's `invoker_capacity_provisioning_seconds` shows the real figure.
+pub fn lead(config: &KubernetesPlaneConfig) -> Duration {
+    match config.standby {
+        0 => Duration::from_secs(10),
+        _ => Duration::from_millis(300),
+    }
+}
+
+/// How often the pods of wanted invokers are checked for a resize still to ask.
+const GROW_EVERY: Duration = Duration::from_millis(100);
+/// A resize asked for and not yet in the pod's spec is asked again after this.
+const RESIZE_AGAIN: Duration = Duration::from_secs(2);
+/// How long a shrink back to standby may take before the pod is made again instead.
+pub const SHRINK_WAIT: Duration = Duration::from_secs(5);
 
 /// The label every invoker pod and StatefulSet of the manager carries, and the group's.
 const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "invoker-capacity");
@@ -35,6 +67,7 @@ const GROUP_LABEL: &str = "app.kubernetes.io/instance";
 
 pub struct KubernetesPlane {
     statefulsets: Api<StatefulSet>,
+    pod_api: Api<Pod>,
     pods: Store<Pod>,
     namespace: String,
     config: KubernetesPlaneConfig,
@@ -42,10 +75,12 @@ pub struct KubernetesPlane {
     groups: BTreeMap<String, GroupConfig>,
     /// Per group: the ordinals wanted, and the replicas its StatefulSet was last given (`None`:
     /// it does not exist yet).
-    scale: Mutex<BTreeMap<String, GroupScale>>,
+    scale: Arc<Mutex<BTreeMap<String, GroupScale>>>,
     /// One scale change at a time (read, decide, patch).
     changing: tokio::sync::Mutex<()>,
     watch: tokio::task::JoinHandle<()>,
+    /// With standby pods: grows the pods of wanted invokers not yet at their group's size.
+    grower: Option<tokio::task::JoinHandle<()>>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -55,14 +90,90 @@ struct GroupScale {
 }
 
 impl GroupScale {
-    fn replicas_wanted(&self) -> u32 {
-        self.wanted.last().map_or(0, |o| o + 1)
+    /// The highest wanted ordinal's pod and `standby` more.
+    fn replicas_wanted(&self, standby: u32) -> u32 {
+        self.wanted.last().map_or(0, |o| o + 1) + standby
     }
 }
 
 impl Drop for KubernetesPlane {
     fn drop(&mut self) {
         self.watch.abort();
+        if let Some(grower) = &self.grower {
+            grower.abort();
+        }
+    }
+}
+
+/// A memory quantity as the plane writes it.
+fn quantity(mb: u64) -> String {
+    format!("{mb}Mi")
+}
+
+/// The memory limit a pod's invoker container asks for (its spec).
+fn asked_memory(pod: &Pod) -> Option<String> {
+    let container = pod.spec.as_ref()?.containers.first()?;
+    let limits = container.resources.as_ref()?.limits.as_ref()?;
+    limits.get("memory").map(|q| q.0.clone())
+}
+
+/// The memory limit its kubelet last gave it (its status).
+fn given_memory(pod: &Pod) -> Option<String> {
+    let status = pod.status.as_ref()?.container_statuses.as_ref()?.first()?;
+    let limits = status.resources.as_ref()?.limits.as_ref()?;
+    limits.get("memory").map(|q| q.0.clone())
+}
+
+/// Asks for the pod's invoker container to be resized to `mb`, requests and limits alike.
+async fn resize(pods: &Api<Pod>, name: &str, mb: u64, bound: Duration) -> Result<(), KubeError> {
+    let q = quantity(mb);
+    let patch = Patch::Strategic(json!({ "spec": { "containers": [{
+        "name": "invoker",
+        "resources": { "requests": { "memory": q }, "limits": { "memory": q } },
+    }] } }));
+    tokio::time::timeout(bound, pods.patch_subresource("resize", name, &PatchParams::default(), &patch))
+        .await
+        .map_err(|_| KubeError::Timeout { doing: format!("resizing pod {name}"), bound })?
+        .map_err(KubeError::call(format!("resizing pod {name} to {q}")))?;
+    Ok(())
+}
+
+/// With standby pods, every [`GROW_EVERY`]: each wanted invoker's pod that does not yet ask for
+/// its group's size (`sizes`, MB) is resized to it, asked again after [`RESIZE_AGAIN`].
+async fn grow_wanted(
+    api: Api<Pod>,
+    pods: Store<Pod>,
+    namespace: String,
+    scale: Arc<Mutex<BTreeMap<String, GroupScale>>>,
+    sizes: BTreeMap<String, u64>,
+    bound: Duration,
+) {
+    let mut asked: HashMap<String, Instant> = HashMap::new();
+    loop {
+        tokio::time::sleep(GROW_EVERY).await;
+        let wanted: Vec<(String, u64)> = scale
+            .lock()
+            .iter()
+            .flat_map(|(group, s)| {
+                let mb = sizes.get(group).copied().unwrap_or(0);
+                s.wanted.iter().map(move |o| (format!("{group}-{o}"), mb))
+            })
+            .collect();
+        asked.retain(|name, _| wanted.iter().any(|(n, _)| n == name));
+        for (name, mb) in wanted {
+            let Some(pod) = pods.get(&ObjectRef::new(&name).within(&namespace)) else { continue };
+            if pod.metadata.deletion_timestamp.is_some() || asked_memory(&pod).as_deref() == Some(&quantity(mb)) {
+                asked.remove(&name);
+                continue;
+            }
+            if asked.get(&name).is_some_and(|t| t.elapsed() < RESIZE_AGAIN) {
+                continue;
+            }
+            asked.insert(name.clone(), Instant::now());
+            if let Err(e) = resize(&api, &name, mb, bound).await {
+                tracing::warn!(invoker = %name, "growing its pod: {e}");
+            }
+        }
     }
 }
 
@@ -77,13 +188,11 @@ impl KubernetesPlane {
         let (client, server) = crate::kube_client(config.api_server.as_deref(), config.kubeconfig.as_deref()).await?;
         let namespace = config.namespace.clone();
         let statefulsets = Api::<StatefulSet>::namespaced(client.clone(), &namespace);
+        let pod_api = Api::<Pod>::namespaced(client, &namespace);
         let (pods, writer) = reflector::store::<Pod>();
         let selector = format!("{}={}", MANAGED_BY.0, MANAGED_BY.1);
-        let events = reflector(
-            writer,
-            watcher(Api::<Pod>::namespaced(client, &namespace), watcher::Config::default().labels(&selector)),
-        )
-        .default_backoff();
+        let events =
+            reflector(writer, watcher(pod_api.clone(), watcher::Config::default().labels(&selector))).default_backoff();
         let watch = tokio::spawn(async move {
             let mut events = std::pin::pin!(events);
             while let Some(event) = events.next().await {
@@ -98,26 +207,51 @@ impl KubernetesPlane {
             .map_err(|_| KubeError::Timeout { doing: format!("{server}: listing the invoker pods"), bound })?
             .map_err(|_| KubeError::WatchEnded(format!("{server}: the invoker pods")))?;
         let mut scale = BTreeMap::new();
+        let sizes: BTreeMap<String, u64> =
+            groups.iter().map(|(name, g)| (name.clone(), g.invoker_memory_mb + config.overhead_mb)).collect();
         for name in groups.keys() {
             let found = tokio::time::timeout(bound, statefulsets.get_opt(name))
                 .await
                 .map_err(|_| KubeError::Timeout { doing: format!("{server}: reading StatefulSet {name}"), bound })?
                 .map_err(KubeError::call(format!("{server}: reading StatefulSet {name}")))?;
             let replicas = found.map(|s| s.spec.and_then(|s| s.replicas).unwrap_or(0).max(0) as u32);
-            let wanted = (0..replicas.unwrap_or(0)).collect();
+            // Without standby pods every pod is an invoker wanted; with them, those grown.
+            let wanted = match config.standby {
+                0 => (0..replicas.unwrap_or(0)).collect(),
+                _ => {
+                    let full = quantity(sizes[name]);
+                    pods.state()
+                        .iter()
+                        .filter(|pod| asked_memory(pod).as_deref() == Some(full.as_str()))
+                        .filter_map(|pod| ordinal_in(name, pod.metadata.name.as_deref()?))
+                        .collect()
+                }
+            };
             scale.insert(name.clone(), GroupScale { wanted, replicas });
         }
+        let scale = Arc::new(Mutex::new(scale));
+        let grower = (config.standby > 0).then(|| {
+            let task = grow_wanted(pod_api.clone(), pods.clone(), namespace.clone(), scale.clone(), sizes, bound);
+            tokio::spawn(task)
+        });
         Ok(KubernetesPlane {
             statefulsets,
+            pod_api,
             pods,
             namespace,
             config,
             etcd,
             groups,
-            scale: Mutex::new(scale),
+            scale,
             changing: tokio::sync::Mutex::new(()),
             watch,
+            grower,
         })
+    }
+
+    /// A group's invoker pod at its full size: its invoker's memory and the invoker's own.
+    fn full_mb(&self, group: &str) -> u64 {
+        self.groups.get(group).map_or(0, |g| g.invoker_memory_mb) + self.config.overhead_mb
     }
 
     fn pod(&self, id: &str) -> Option<std::sync::Arc<Pod>> {
@@ -136,10 +270,15 @@ impl KubernetesPlane {
             arg.replace("{etcd}", &self.etcd.join(","))
                 .replace("{tags}", &group.tags.join(","))
                 .replace("{memory_mb}", &group.invoker_memory_mb.to_string())
+                .replace("{overhead_mb}", &c.overhead_mb.to_string())
         };
         let command: Vec<String> = c.command.iter().map(fill).collect();
         let labels = json!({ MANAGED_BY.0: MANAGED_BY.1, GROUP_LABEL: name });
-        let memory = format!("{}Mi", group.invoker_memory_mb + c.overhead_mb);
+        // With standby pods every pod starts as one; those wanted are grown.
+        let memory = match c.standby {
+            0 => quantity(group.invoker_memory_mb + c.overhead_mb),
+            _ => quantity(c.standby_mb),
+        };
         let mut mounts = vec![json!({ "name": "data", "mountPath": "/data" })];
         let mut volumes = vec![json!({ "name": "data", "emptyDir": {} })];
         if let Some(map) = &c.config_map {
@@ -170,6 +309,7 @@ impl KubernetesPlane {
                                 { "name": "POD_IP", "valueFrom": { "fieldRef": { "fieldPath": "status.podIP" } } },
                             ],
                             "resources": { "requests": { "memory": memory }, "limits": { "memory": memory } },
+                            "resizePolicy": [{ "resourceName": "memory", "restartPolicy": "NotRequired" }],
                             "volumeMounts": mounts,
                         }],
                         "volumes": volumes,
@@ -200,7 +340,8 @@ impl KubernetesPlane {
                 s.replicas = Some(0);
             }
         }
-        let replicas = self.scale.lock().get(name).map(GroupScale::replicas_wanted).unwrap_or(0);
+        let standby = self.config.standby;
+        let replicas = self.scale.lock().get(name).map_or(0, |s| s.replicas_wanted(standby));
         if current.replicas == Some(replicas) {
             return Ok(());
         }
@@ -218,28 +359,82 @@ impl KubernetesPlane {
     }
 }
 
+impl KubernetesPlane {
+    /// Shrinks invoker `id`'s pod back to standby (its invoker then offers nothing and leaves
+    /// the cluster); a pod its kubelet has not shrunk within [`SHRINK_WAIT`] (a kubelet keeps a
+    /// shrink below what the container uses pending) is deleted, and the StatefulSet makes it
+    /// again at standby size.
+    async fn back_to_standby(&self, id: &str) -> Result<(), PlaneFailure> {
+        let Some(uid) = self.pod(id).and_then(|pod| pod.metadata.uid.clone()) else { return Ok(()) };
+        let small = quantity(self.config.standby_mb);
+        let same_pod = |plane: &Self| plane.pod(id).filter(|pod| pod.metadata.uid.as_deref() == Some(uid.as_str()));
+        match resize(&self.pod_api, id, self.config.standby_mb, self.config.call_timeout).await {
+            Ok(()) => {
+                let deadline = Instant::now() + SHRINK_WAIT;
+                while Instant::now() < deadline {
+                    match same_pod(self) {
+                        None => return Ok(()),
+                        Some(pod) if given_memory(&pod).as_deref() == Some(small.as_str()) => {
+                            tracing::info!(invoker = %id, "its pod is back to standby");
+                            return Ok(());
+                        }
+                        Some(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+                    }
+                }
+                tracing::warn!(invoker = %id, "its pod was not shrunk within {SHRINK_WAIT:?}: made again instead");
+            }
+            Err(e) => tracing::warn!(invoker = %id, "shrinking its pod: {e}; made again instead"),
+        }
+        let bound = self.config.call_timeout;
+        let params = kube::api::DeleteParams::default();
+        tokio::time::timeout(bound, self.pod_api.delete(id, &params))
+            .await
+            .map_err(|_| KubeError::Timeout { doing: format!("deleting pod {id}"), bound })?
+            .map_err(KubeError::call(format!("deleting pod {id}")))?;
+        let deadline = Instant::now() + self.config.termination_grace + Duration::from_secs(10);
+        while same_pod(self).is_some() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        match same_pod(self) {
+            Some(_) => Err(PlaneFailure::StillThere(self.config.termination_grace)),
+            None => Ok(()),
+        }
+    }
+}
+
 impl ControlPlane for KubernetesPlane {
     async fn provision(&self, spec: &InvokerSpec) -> Result<(), PlaneError> {
         let fail = |cause: PlaneFailure| PlaneError::Start { id: spec.id.clone(), cause };
         let (group, ordinal) = self.group_of(&spec.id).ok_or_else(|| fail(PlaneFailure::NotInAGroup))?;
         self.scale.lock().entry(group.clone()).or_default().wanted.insert(ordinal);
-        self.apply_scale(&group).await.map_err(fail)
+        self.apply_scale(&group).await.map_err(fail)?;
+        // A standby pod there: grown now (one still to come, once it is).
+        let full = self.full_mb(&group);
+        let standby = self.pod(&spec.id).filter(|pod| asked_memory(pod) != Some(quantity(full)));
+        if self.config.standby > 0 && standby.is_some() {
+            resize(&self.pod_api, &spec.id, full, self.config.call_timeout).await.map_err(|e| fail(e.into()))?;
+        }
+        Ok(())
     }
 
     async fn remove(&self, id: &str) -> Result<(), PlaneError> {
         let fail = |cause: PlaneFailure| PlaneError::Stop { id: id.to_string(), cause };
         let (group, ordinal) = self.group_of(id).ok_or_else(|| fail(PlaneFailure::NotInAGroup))?;
+        let standby = self.config.standby;
         let below_the_highest = {
             let mut scale = self.scale.lock();
             let s = scale.entry(group.clone()).or_default();
             s.wanted.remove(&ordinal);
-            ordinal < s.replicas_wanted()
+            ordinal < s.replicas_wanted(standby)
         };
-        if below_the_highest {
+        if below_the_highest && standby == 0 {
             tracing::info!(invoker = %id, "stays (drained) until the invokers above it in its StatefulSet go");
             return Ok(());
         }
         self.apply_scale(&group).await.map_err(fail)?;
+        if below_the_highest {
+            return self.back_to_standby(id).await.map_err(fail);
+        }
         // The StatefulSet deletes the pod; it has its grace to drain and exit.
         let deadline = Instant::now() + self.config.termination_grace + Duration::from_secs(10);
         while self.pod(id).is_some() && Instant::now() < deadline {
@@ -284,12 +479,18 @@ impl ControlPlane for KubernetesPlane {
     /// A pod is the StatefulSet's to keep or delete, with its volume.
     fn forget(&self, _id: &str) {}
 
+    /// The invokers running (with standby pods, those grown: a standby pod is no invoker).
     fn found(&self) -> Vec<String> {
+        let grown = |pod: &Pod, name: &str| {
+            let group = self.group_of(name).map(|(g, _)| g);
+            self.config.standby == 0 || group.is_some_and(|g| asked_memory(pod) == Some(quantity(self.full_mb(&g))))
+        };
         self.pods
             .state()
             .iter()
-            .filter_map(|pod| pod.metadata.name.clone())
-            .filter(|name| self.group_of(name).is_some() && self.running(name) == Some(true))
+            .filter_map(|pod| Some((pod.clone(), pod.metadata.name.clone()?)))
+            .filter(|(pod, name)| self.group_of(name).is_some() && self.running(name) == Some(true) && grown(pod, name))
+            .map(|(_, name)| name)
             .collect()
     }
 }

@@ -140,6 +140,22 @@ pub(super) async fn serve(
                 Err(response) => response,
             }
         }
+        (&Method::PATCH, ["api", "v1", "namespaces", ns, "pods", name, "resize"]) => {
+            let strategic =
+                request.headers().get("content-type").is_some_and(|t| t == "application/strategic-merge-patch+json");
+            if !strategic {
+                let message = "the fake takes strategic merge patches of a pod's resize only";
+                return json_response(415, status(415, "UnsupportedMediaType", message));
+            }
+            let (ns, name) = (ns.to_string(), name.to_string());
+            match read_json(request).await {
+                Ok(patch) => {
+                    shared.cluster.lock().resizes += 1;
+                    super::resize::resize(&shared, &ns, &name, &patch)
+                }
+                Err(response) => response,
+            }
+        }
         (&Method::GET, ["apis", "apps", "v1", "namespaces", ns, "statefulsets", name]) => {
             statefulset::get(&shared, ns, name)
         }

@@ -42,7 +42,7 @@ impl PodLog {
 }
 
 /// Bytes of a memory quantity as the invoker writes them (`256Mi`, `1Gi`, plain bytes).
-fn quantity_bytes(q: &str) -> Option<u64> {
+pub(super) fn quantity_bytes(q: &str) -> Option<u64> {
     let (number, unit) = q.split_at(q.find(|c: char| !c.is_ascii_digit()).unwrap_or(q.len()));
     let n: u64 = number.parse().ok()?;
     let factor = match unit {
@@ -59,7 +59,7 @@ fn quantity_bytes(q: &str) -> Option<u64> {
 }
 
 /// The memory a pod asks for: its containers' requests (their limits where no request is set).
-fn pod_request(pod: &Value) -> u64 {
+pub(super) fn pod_request(pod: &Value) -> u64 {
     let containers = pod["spec"]["containers"].as_array().cloned().unwrap_or_default();
     containers
         .iter()
@@ -68,6 +68,12 @@ fn pod_request(pod: &Value) -> u64 {
             r["requests"]["memory"].as_str().or(r["limits"]["memory"].as_str()).and_then(quantity_bytes).unwrap_or(0)
         })
         .sum()
+}
+
+/// A container's memory limit as its cgroup's `memory.max` says it: bytes, or `max`.
+pub(super) fn limit_bytes(container: &Value) -> String {
+    let limit = container["resources"]["limits"]["memory"].as_str().and_then(quantity_bytes);
+    limit.map_or("max".to_string(), |b| b.to_string())
 }
 
 /// `$(NAME)` replaced by the variable's value, as the kubelet expands a container's command.
@@ -247,8 +253,16 @@ pub(super) async fn kubelet(shared: Arc<Shared>, key: String) {
     let mut children = Vec::new();
     let mut logs = Vec::new();
     let mut group: Option<i32> = None;
+    // Each container's cgroup directory: its `memory.max`, which a resize rewrites.
+    let mut cgroups = Vec::new();
     for (i, container) in containers.iter().enumerate() {
-        let mounts = volumes.mounts(container);
+        let mut mounts = volumes.mounts(container);
+        let cgroup = tempfile::Builder::new().prefix("kcg").tempdir_in("/tmp").unwrap();
+        std::fs::write(cgroup.path().join("memory.max"), limit_bytes(container)).unwrap();
+        mounts.push(("/sys/fs/cgroup".to_string(), cgroup.path().display().to_string()));
+        let name = container["name"].as_str().unwrap_or_default();
+        shared.cluster.lock().cgroups.insert(format!("{key}#{name}"), cgroup.path().to_path_buf());
+        cgroups.push(cgroup);
         let mut env = BTreeMap::new();
         for var in container["env"].as_array().cloned().unwrap_or_default() {
             let name = var["name"].as_str().unwrap_or_default().to_string();
@@ -363,6 +377,28 @@ pub(super) async fn kubelet(shared: Arc<Shared>, key: String) {
     let running = |ready: bool, status_of: &dyn Fn(bool) -> Value| {
         let status = status_of(ready);
         move |p: &mut Value| {
+            // What each container was given (its last resize's, else its spec at the start) and
+            // a resize left pending stay as they were.
+            let given: Vec<Value> = p["status"]["containerStatuses"].as_array().cloned().unwrap_or_default();
+            let pending: Vec<Value> = p["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|c| c["type"] == "PodResizePending")
+                .cloned()
+                .collect();
+            let specs = p["spec"]["containers"].clone();
+            let mut status = status.clone();
+            for s in status["containerStatuses"].as_array_mut().into_iter().flatten() {
+                let before = given.iter().find(|g| g["name"] == s["name"] && !g["resources"].is_null());
+                let spec = specs.as_array().into_iter().flatten().find(|c| c["name"] == s["name"]);
+                let resources = before.map(|g| g["resources"].clone()).or(spec.map(|c| c["resources"].clone()));
+                s["resources"] = resources.clone().unwrap_or(Value::Null);
+                s["allocatedResources"] = resources.map_or(Value::Null, |r| r["requests"].clone());
+            }
+            if let Some(conditions) = status["conditions"].as_array_mut() {
+                conditions.extend(pending);
+            }
             if let Some(i) = served {
                 if let Some(first) =
                     p["spec"]["containers"][i]["ports"].as_array_mut().and_then(|ports| ports.first_mut())
@@ -436,6 +472,7 @@ pub(super) async fn kubelet(shared: Arc<Shared>, key: String) {
     let evicted = {
         let mut cluster = shared.cluster.lock();
         cluster.admitted.remove(&key);
+        cluster.cgroups.retain(|k, _| !k.starts_with(&format!("{key}#")));
         cluster.processes.remove(&key);
         cluster.evicting.remove(&key)
     };

@@ -28,6 +28,7 @@ use tokio::sync::broadcast;
 
 mod http;
 mod kubelet;
+mod resize;
 mod statefulset;
 use kubelet::PodLog;
 
@@ -85,6 +86,9 @@ struct Cluster {
     failed_deletes: usize,
     /// Changes of a StatefulSet's replicas through its `scale` subresource.
     scale_changes: usize,
+    /// Each running container's cgroup directory (`<key>#<container>`), and resizes served.
+    cgroups: BTreeMap<String, std::path::PathBuf>,
+    resizes: usize,
 }
 
 /// What the server's tasks and the kubelet share.
@@ -398,6 +402,21 @@ impl FakeApiServer {
     /// Changes of replicas made through the `scale` subresource.
     pub fn scale_changes(&self) -> usize {
         self.shared.cluster.lock().scale_changes
+    }
+
+    /// Patches served by pods' `resize` subresource.
+    pub fn resizes(&self) -> usize {
+        self.shared.cluster.lock().resizes
+    }
+
+    /// The memory limit the pod `namespace/name`'s first container was last given (its status),
+    /// and a resize of it left pending (its reason).
+    pub fn pod_memory(&self, namespace: &str, name: &str) -> Option<(String, Option<String>)> {
+        let pod = self.shared.get(Kind::Pod, &format!("{namespace}/{name}"))?;
+        let given = pod["status"]["containerStatuses"][0]["resources"]["limits"]["memory"].as_str()?.to_string();
+        let conditions = pod["status"]["conditions"].as_array().cloned().unwrap_or_default();
+        let pending = conditions.iter().find(|c| c["type"] == "PodResizePending");
+        Some((given, pending.and_then(|c| c["reason"].as_str().map(str::to_string))))
     }
 
     /// Lists, watches (each resumed or restarted watch is one) and watches refused with 410.
