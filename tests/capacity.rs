@@ -35,6 +35,18 @@ fn manager_config(etcd: &EtcdServer, group: &str) -> String {
     )
 }
 
+/// The manager's `/metrics` (admin key).
+async fn metrics(manager: &Invoker) -> String {
+    let (user, pass) = manager.admin.split_once(':').unwrap();
+    let response = reqwest::Client::new()
+        .get(format!("{}/metrics", manager.base))
+        .basic_auth(user, Some(pass))
+        .send()
+        .await
+        .unwrap();
+    response.text().await.unwrap()
+}
+
 /// Kills every invoker the manager in `dir` left (its pid files), at the end of a test.
 struct Fleet(PathBuf);
 
@@ -129,6 +141,26 @@ async fn wait_until<F: std::future::Future<Output = bool>>(bound: Duration, what
         async move { support::done(pending.await) }
     })
     .await
+}
+
+/// An invoker's start is timed as its registration comes, not at the manager's next round:
+/// with a tick of a minute, min's invoker is in `provisioning_seconds` long before the second
+/// round. (Timed at the round, its count stayed 0 for the minute.)
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
+async fn an_invokers_start_is_timed_as_it_registers_not_at_the_next_round() {
+    let Some(etcd) = EtcdServer::start() else { return };
+    let manager_dir = tempdir();
+    let config = manager_config(&etcd, "min = 1\nmax = 2\ninvoker_memory_mb = 256\n");
+    let config = config.replace("tick = \"200ms\"", "tick = \"60s\"");
+    let _fleet = Fleet(manager_dir.path().to_path_buf());
+    let manager = start_manager(manager_dir.path(), &config);
+    wait_until(Duration::from_secs(30), "min's invoker timed", || {
+        let m = &manager;
+        async move { metrics(m).await.lines().any(|l| l.contains("provisioning_seconds_count") && l.ends_with(" 1")) }
+    })
+    .await;
+    assert_eq!(decisions(&manager).await, ["provision default-0"], "one round so far");
 }
 
 /// A group at `min = 1` gets a burst one invoker cannot hold: the manager starts more (the

@@ -17,7 +17,7 @@ use invoker_etcd::kv::LeaseId;
 use invoker_etcd::mirror::Snapshot;
 use invoker_factory::plane::{ControlPlane, InvokerSpec};
 use invoker_wire::cluster::Health;
-use invoker_wire::cluster::{capacity_leader_key, drain_key, DemandReport, DrainMark, InvokerRecord};
+use invoker_wire::cluster::{capacity_leader_key, drain_key, invoker_key, DemandReport, DrainMark, InvokerRecord};
 use invoker_wire::model::epoch_ms;
 use parking_lot::Mutex;
 use serde::Serialize;
@@ -333,7 +333,7 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
             let _ = registrations.wait_for(|s| s.current).await;
         };
         let _ = tokio::time::timeout(tick, both_read).await;
-        let mut reports_open = true;
+        let (mut reports_open, mut registrations_open) = (true, true);
         let mut complained: Option<Instant> = None;
         let mut bursting = false;
         // The first round at once (a group below its min gets its invokers now).
@@ -346,10 +346,17 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
             if bursting {
                 wait = wait.min(BURST_RECHECK);
             }
+            // A registration only times the starts it ends: the rounds keep their own pace.
+            let mut sighting = false;
             tokio::select! {
                 _ = stop.cancelled() => return false,
                 _ = tokio::time::sleep(wait) => {}
                 changed = reports.changed(), if reports_open => reports_open = changed.is_ok(),
+                changed = registrations.changed(), if registrations_open => {
+                    registrations_open = changed.is_ok();
+                    self.sighted(&registrations.borrow_and_update());
+                    sighting = true;
+                }
             }
             if renewed.elapsed() >= self.settings.lease_ttl / 3 {
                 match self.kv.keep_alive(lease).await {
@@ -363,7 +370,8 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
                 }
             }
             bursting = self.a_burst_waits(&reports.borrow_and_update());
-            if last_round.is_some_and(|t| t.elapsed() < tick) && !bursting {
+            let due = |every: Duration| last_round.is_none_or(|t| t.elapsed() >= every);
+            if (!due(tick) && !bursting) || (sighting && !due(tick) && !due(BURST_RECHECK)) {
                 continue;
             }
             last_round = Some(Instant::now());
@@ -376,6 +384,25 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
                 complained = Some(Instant::now());
             }
             bursting = self.a_burst_waits(&reports.borrow());
+        }
+    }
+
+    /// Invokers asked for that now serve (registered with their nodes): their start is timed
+    /// as the registration comes, not at the next round (a tick or 200 ms later).
+    fn sighted(&mut self, registrations: &Snapshot) {
+        let prefix = &self.settings.prefix;
+        for g in &mut self.groups {
+            g.asked.retain(|id, asked| {
+                let serving = registrations
+                    .entries
+                    .get(&invoker_key(prefix, id))
+                    .and_then(|value| serde_json::from_str::<InvokerRecord>(value).ok())
+                    .is_some_and(|record| !record.nodes.is_empty());
+                if serving {
+                    self.metrics.provisioning_seconds.observe(asked.elapsed().as_secs_f64());
+                }
+                !serving
+            });
         }
     }
 

@@ -41,7 +41,8 @@ impl Default for CapacityMetrics {
         let demand_mb = Family::<GroupLabel, Gauge>::default();
         let target_mb = Family::<GroupLabel, Gauge>::default();
         let decisions = Family::<DecisionLabel, Counter>::default();
-        let buckets = [0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0];
+        // From a standby pod's resize or a local process (tenths of a second) to a new pod's.
+        let buckets = [0.05, 0.1, 0.2, 0.3, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0];
         let provisioning_seconds = Histogram::new(buckets);
         registry.register("invokers", "Invokers by group and state", invokers.clone());
         registry.register("demand_mb", "Memory the schedulers need, per group", demand_mb.clone());

@@ -46,7 +46,7 @@ use std::time::{Duration, Instant};
 
 /// How soon an invoker asked for comes up: a new pod's, or with standby pods a resize's. A
 /// resize was not measured here (no cluster): 300 ms is what the fleet scenarios' standby plane
-/// counts, and the manager's `invoker_capacity_provisioning_seconds` shows the real figure.
+/// counts, and the manager's `capacity_provisioning_seconds` shows the real figure.
 pub fn lead(config: &KubernetesPlaneConfig) -> Duration {
     match config.standby {
         0 => Duration::from_secs(10),
