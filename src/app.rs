@@ -407,7 +407,7 @@ impl CapacityApp {
                 .map_err(AppError::KubernetesPlane)?;
                 // A pod is scheduled, its image pulled and its invoker started: seconds; a standby
                 // pod is grown in a fraction of one.
-                let lead = invoker_kubernetes::plane::lead(&config.capacity.kubernetes);
+                let lead = invoker_kubernetes::standby::lead(&config.capacity.kubernetes);
                 (AnyPlane::Kubernetes(Box::new(plane)), lead)
             }
             // Local (a build without a plane a group names was refused by the config's checks).

@@ -19,6 +19,7 @@ pub mod plane;
 pub mod pod;
 mod pod_log;
 pub mod policy;
+pub mod standby;
 pub mod watch;
 
 use doomed::{DoomedPods, Why};

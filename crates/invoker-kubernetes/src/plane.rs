@@ -22,12 +22,14 @@
 //! invoker registers with what it was given, and the StatefulSet's next pod is the new standby.
 //! A pod made for an invoker (a scale-up beyond the standby ones, a pod the StatefulSet made
 //! again) comes at standby size and is grown as soon as it is there. An invoker removed below the
-//! highest is shrunk back to standby (its containers gone with its drain), or, where its
-//! kubelet does not shrink it within [`SHRINK_WAIT`], its pod is deleted and made again. A
+//! highest is shrunk back to standby in place, or, where its kubelet does not shrink it within
+//! [`SHRINK_WAIT`] (a kubelet keeps a shrink below what the container uses pending, and a
+//! drained invoker may still hold idle containers), its pod is deleted and made again. A
 //! resize its node has no room for stays pending (`PodResizePending`), said by `last_error`
 //! until the group's provision timeout gives that invoker up.
 
 use crate::error::KubeError;
+use crate::standby::{asked_memory, given_memory, grow_wanted, quantity, resize, SHRINK_WAIT};
 use futures_util::StreamExt as _;
 use invoker_core::capacity::{ordinal_in, GroupConfig};
 use invoker_factory::plane::{ControlPlane, InvokerSpec, PlaneError, PlaneFailure};
@@ -40,26 +42,9 @@ use kube::runtime::{reflector, watcher, WatchStreamExt as _};
 use kube::Api;
 use parking_lot::Mutex;
 use serde_json::json;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// How soon an invoker asked for comes up: a new pod's, or with standby pods a resize's. A
-/// resize was not measured here (no cluster): 300 ms is what the fleet scenarios' standby plane
-/// counts, and the manager's `capacity_provisioning_seconds` shows the real figure.
-pub fn lead(config: &KubernetesPlaneConfig) -> Duration {
-    match config.standby {
-        0 => Duration::from_secs(10),
-        _ => Duration::from_millis(300),
-    }
-}
-
-/// How often the pods of wanted invokers are checked for a resize still to ask.
-const GROW_EVERY: Duration = Duration::from_millis(100);
-/// A resize asked for and not yet in the pod's spec is asked again after this.
-const RESIZE_AGAIN: Duration = Duration::from_secs(2);
-/// How long a shrink back to standby may take before the pod is made again instead.
-pub const SHRINK_WAIT: Duration = Duration::from_secs(5);
 
 /// The label every invoker pod and StatefulSet of the manager carries, and the group's.
 const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "invoker-capacity");
@@ -84,8 +69,8 @@ pub struct KubernetesPlane {
 }
 
 #[derive(Clone, Debug, Default)]
-struct GroupScale {
-    wanted: BTreeSet<u32>,
+pub(crate) struct GroupScale {
+    pub(crate) wanted: BTreeSet<u32>,
     replicas: Option<u32>,
 }
 
@@ -101,78 +86,6 @@ impl Drop for KubernetesPlane {
         self.watch.abort();
         if let Some(grower) = &self.grower {
             grower.abort();
-        }
-    }
-}
-
-/// A memory quantity as the plane writes it.
-fn quantity(mb: u64) -> String {
-    format!("{mb}Mi")
-}
-
-/// The memory limit a pod's invoker container asks for (its spec).
-fn asked_memory(pod: &Pod) -> Option<String> {
-    let container = pod.spec.as_ref()?.containers.first()?;
-    let limits = container.resources.as_ref()?.limits.as_ref()?;
-    limits.get("memory").map(|q| q.0.clone())
-}
-
-/// The memory limit its kubelet last gave it (its status).
-fn given_memory(pod: &Pod) -> Option<String> {
-    let status = pod.status.as_ref()?.container_statuses.as_ref()?.first()?;
-    let limits = status.resources.as_ref()?.limits.as_ref()?;
-    limits.get("memory").map(|q| q.0.clone())
-}
-
-/// Asks for the pod's invoker container to be resized to `mb`, requests and limits alike.
-async fn resize(pods: &Api<Pod>, name: &str, mb: u64, bound: Duration) -> Result<(), KubeError> {
-    let q = quantity(mb);
-    let patch = Patch::Strategic(json!({ "spec": { "containers": [{
-        "name": "invoker",
-        "resources": { "requests": { "memory": q }, "limits": { "memory": q } },
-    }] } }));
-    tokio::time::timeout(bound, pods.patch_subresource("resize", name, &PatchParams::default(), &patch))
-        .await
-        .map_err(|_| KubeError::Timeout { doing: format!("resizing pod {name}"), bound })?
-        .map_err(KubeError::call(format!("resizing pod {name} to {q}")))?;
-    Ok(())
-}
-
-/// With standby pods, every [`GROW_EVERY`]: each wanted invoker's pod that does not yet ask for
-/// its group's size (`sizes`, MB) is resized to it, asked again after [`RESIZE_AGAIN`].
-async fn grow_wanted(
-    api: Api<Pod>,
-    pods: Store<Pod>,
-    namespace: String,
-    scale: Arc<Mutex<BTreeMap<String, GroupScale>>>,
-    sizes: BTreeMap<String, u64>,
-    bound: Duration,
-) {
-    let mut asked: HashMap<String, Instant> = HashMap::new();
-    loop {
-        tokio::time::sleep(GROW_EVERY).await;
-        let wanted: Vec<(String, u64)> = scale
-            .lock()
-            .iter()
-            .flat_map(|(group, s)| {
-                let mb = sizes.get(group).copied().unwrap_or(0);
-                s.wanted.iter().map(move |o| (format!("{group}-{o}"), mb))
-            })
-            .collect();
-        asked.retain(|name, _| wanted.iter().any(|(n, _)| n == name));
-        for (name, mb) in wanted {
-            let Some(pod) = pods.get(&ObjectRef::new(&name).within(&namespace)) else { continue };
-            if pod.metadata.deletion_timestamp.is_some() || asked_memory(&pod).as_deref() == Some(&quantity(mb)) {
-                asked.remove(&name);
-                continue;
-            }
-            if asked.get(&name).is_some_and(|t| t.elapsed() < RESIZE_AGAIN) {
-                continue;
-            }
-            asked.insert(name.clone(), Instant::now());
-            if let Err(e) = resize(&api, &name, mb, bound).await {
-                tracing::warn!(invoker = %name, "growing its pod: {e}");
-            }
         }
     }
 }
