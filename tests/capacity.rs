@@ -828,6 +828,47 @@ async fn a_burst_is_answered_between_ticks() {
     managed.stop().await;
 }
 
+/// A manager on the Kubernetes plane of a fake API server (one node of 64 GiB, the image
+/// `invoker:test`), whose fake kubelet runs each pod as a real `invoker serve` (with
+/// `memory_args`) against the test's etcd, and a scheduler holding the action `work`; the
+/// group `default` (1 to 3 invokers of 256 MB, a 3 s hold, `conservative`), with
+/// `plane_keys` added to `[capacity.kubernetes]`.
+#[cfg(feature = "kubernetes")]
+struct KubeFleet {
+    api: support::kube_api::FakeApiServer,
+    manager: Invoker,
+    scheduler: Arc<Invoker>,
+    _dirs: [tempfile::TempDir; 3],
+}
+
+#[cfg(feature = "kubernetes")]
+impl KubeFleet {
+    async fn start(etcd: &EtcdServer, memory_args: &[&str], plane_keys: &str) -> KubeFleet {
+        let api = support::kube_api::FakeApiServer::start().await;
+        api.add_node("node-a", 64 * 1024);
+        api.add_image("invoker:test");
+        let (manager_dir, scheduler_dir, pods_dir) = (tempdir(), tempdir(), tempdir());
+        let config_file = manager_dir.path().join("invoker.toml");
+        let mut command = vec![env!("CARGO_BIN_EXE_invoker").to_string(), "serve".into(), "--config".into()];
+        command.push(config_file.display().to_string());
+        command.extend(["--etcd", "{etcd}", "--invoker-id", "$(POD_NAME)", "--tags={tags}"].map(String::from));
+        command.extend(memory_args.iter().map(|a| a.to_string()));
+        command.extend(["--listen", "127.0.0.1:0", "--data-dir"].map(String::from));
+        command.push(pods_dir.path().join("$(POD_NAME)").display().to_string());
+        let group = format!(
+            "min = 1\nmax = 3\ninvoker_memory_mb = 256\nscale_down_after = \"3s\"\ndrain_deadline = \"20s\"\n\
+             predictor = \"conservative\"\ncontrol_plane = \"kubernetes\"\n\
+             [capacity.kubernetes]\napi_server = \"{}\"\nnamespace = \"invokers\"\nimage = \"invoker:test\"\n\
+             termination_grace = \"20s\"\n{plane_keys}command = {}\n",
+            api.url,
+            json!(command)
+        );
+        let manager = start_manager(manager_dir.path(), &manager_config(etcd, &group));
+        let scheduler = waiting_scheduler_with_work(etcd, scheduler_dir.path()).await;
+        KubeFleet { api, manager, scheduler, _dirs: [manager_dir, scheduler_dir, pods_dir] }
+    }
+}
+
 /// The burst of the first test through the Kubernetes control plane: the group is a StatefulSet
 /// on the fake API server, whose controller makes a pod per ordinal and whose fake kubelet runs
 /// each as a real `invoker serve` process against the test's etcd. The manager scales it through
@@ -838,36 +879,7 @@ async fn a_burst_is_answered_between_ticks() {
 #[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
 async fn the_burst_through_the_kubernetes_control_plane_scales_a_statefulset_up_and_back() {
     let Some(etcd) = EtcdServer::start() else { return };
-    let api = support::kube_api::FakeApiServer::start().await;
-    api.add_node("node-a", 64 * 1024);
-    api.add_image("invoker:test");
-    let (manager_dir, scheduler_dir, pods_dir) = (tempdir(), tempdir(), tempdir());
-    let config_file = manager_dir.path().join("invoker.toml");
-    let command = json!([
-        env!("CARGO_BIN_EXE_invoker"),
-        "serve",
-        "--config",
-        config_file,
-        "--etcd",
-        "{etcd}",
-        "--invoker-id",
-        "$(POD_NAME)",
-        "--tags={tags}",
-        "--memory-mb={memory_mb}",
-        "--listen",
-        "127.0.0.1:0",
-        "--data-dir",
-        pods_dir.path().join("$(POD_NAME)"),
-    ]);
-    let group = format!(
-        "min = 1\nmax = 3\ninvoker_memory_mb = 256\nscale_down_after = \"3s\"\ndrain_deadline = \"20s\"\n\
-         predictor = \"conservative\"\ncontrol_plane = \"kubernetes\"\n\
-         [capacity.kubernetes]\napi_server = \"{}\"\nnamespace = \"invokers\"\nimage = \"invoker:test\"\n\
-         termination_grace = \"20s\"\ncommand = {command}\n",
-        api.url
-    );
-    let manager = start_manager(manager_dir.path(), &manager_config(&etcd, &group));
-    let scheduler = waiting_scheduler_with_work(&etcd, scheduler_dir.path()).await;
+    let KubeFleet { _dirs, api, manager, scheduler } = KubeFleet::start(&etcd, &["--memory-mb={memory_mb}"], "").await;
     let replicas = |api: &support::kube_api::FakeApiServer| {
         api.statefulset("invokers", "default").and_then(|s| s["spec"]["replicas"].as_u64())
     };
@@ -912,37 +924,9 @@ async fn the_burst_through_the_kubernetes_control_plane_scales_a_statefulset_up_
 #[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
 async fn standby_pods_are_grown_for_a_burst_and_shrunk_back_after_it() {
     let Some(etcd) = EtcdServer::start() else { return };
-    let api = support::kube_api::FakeApiServer::start().await;
-    api.add_node("node-a", 64 * 1024);
-    api.add_image("invoker:test");
-    let (manager_dir, scheduler_dir, pods_dir) = (tempdir(), tempdir(), tempdir());
-    let config_file = manager_dir.path().join("invoker.toml");
-    let command = json!([
-        env!("CARGO_BIN_EXE_invoker"),
-        "serve",
-        "--config",
-        config_file,
-        "--etcd",
-        "{etcd}",
-        "--invoker-id",
-        "$(POD_NAME)",
-        "--tags={tags}",
-        "--memory-limit-file=/sys/fs/cgroup/memory.max",
-        "--own-memory-mb={overhead_mb}",
-        "--listen",
-        "127.0.0.1:0",
-        "--data-dir",
-        pods_dir.path().join("$(POD_NAME)"),
-    ]);
-    let group = format!(
-        "min = 1\nmax = 3\ninvoker_memory_mb = 256\nscale_down_after = \"3s\"\ndrain_deadline = \"20s\"\n\
-         predictor = \"conservative\"\ncontrol_plane = \"kubernetes\"\n\
-         [capacity.kubernetes]\napi_server = \"{}\"\nnamespace = \"invokers\"\nimage = \"invoker:test\"\n\
-         termination_grace = \"20s\"\noverhead_mb = 64\nstandby = 2\nstandby_mb = 32\ncommand = {command}\n",
-        api.url
-    );
-    let manager = start_manager(manager_dir.path(), &manager_config(&etcd, &group));
-    let scheduler = waiting_scheduler_with_work(&etcd, scheduler_dir.path()).await;
+    let follow = ["--memory-limit-file=/sys/fs/cgroup/memory.max", "--own-memory-mb={overhead_mb}"];
+    let standby = "overhead_mb = 64\nstandby = 2\nstandby_mb = 32\n";
+    let KubeFleet { _dirs, api, manager, scheduler } = KubeFleet::start(&etcd, &follow, standby).await;
     let replicas = |api: &support::kube_api::FakeApiServer| {
         api.statefulset("invokers", "default").and_then(|s| s["spec"]["replicas"].as_u64())
     };
