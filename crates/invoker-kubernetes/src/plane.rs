@@ -69,8 +69,8 @@ pub struct KubernetesPlane {
 }
 
 #[derive(Clone, Debug, Default)]
-pub(crate) struct GroupScale {
-    pub(crate) wanted: BTreeSet<u32>,
+struct GroupScale {
+    wanted: BTreeSet<u32>,
     replicas: Option<u32>,
 }
 
@@ -144,7 +144,17 @@ impl KubernetesPlane {
         }
         let scale = Arc::new(Mutex::new(scale));
         let grower = (config.standby > 0).then(|| {
-            let task = grow_wanted(pod_api.clone(), pods.clone(), namespace.clone(), scale.clone(), sizes, bound);
+            let scale = scale.clone();
+            // Each wanted invoker's pod, and its group's size.
+            let wanted = move || -> Vec<(String, u64)> {
+                let scale = scale.lock();
+                let sized = |(group, s): (&String, &GroupScale)| {
+                    let mb = sizes.get(group).copied().unwrap_or(0);
+                    s.wanted.iter().map(move |o| (format!("{group}-{o}"), mb)).collect::<Vec<_>>()
+                };
+                scale.iter().flat_map(sized).collect()
+            };
+            let task = grow_wanted(pod_api.clone(), pods.clone(), namespace.clone(), wanted, bound);
             tokio::spawn(task)
         });
         Ok(KubernetesPlane {

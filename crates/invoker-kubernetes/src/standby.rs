@@ -2,16 +2,13 @@
 //! in-place resize, and the task that grows the pods of wanted invokers.
 
 use crate::error::KubeError;
-use crate::plane::GroupScale;
 use invoker_factory::settings::KubernetesPlaneConfig;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::Api;
-use parking_lot::Mutex;
 use serde_json::json;
-use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 /// How soon an invoker asked for comes up: a new pod's, or with standby pods a resize's. A
@@ -70,21 +67,13 @@ pub(crate) async fn grow_wanted(
     api: Api<Pod>,
     pods: Store<Pod>,
     namespace: String,
-    scale: Arc<Mutex<BTreeMap<String, GroupScale>>>,
-    sizes: BTreeMap<String, u64>,
+    wanted: impl Fn() -> Vec<(String, u64)>,
     bound: Duration,
 ) {
     let mut asked: HashMap<String, Instant> = HashMap::new();
     loop {
         tokio::time::sleep(GROW_EVERY).await;
-        let wanted: Vec<(String, u64)> = scale
-            .lock()
-            .iter()
-            .flat_map(|(group, s)| {
-                let mb = sizes.get(group).copied().unwrap_or(0);
-                s.wanted.iter().map(move |o| (format!("{group}-{o}"), mb))
-            })
-            .collect();
+        let wanted = wanted();
         asked.retain(|name, _| wanted.iter().any(|(n, _)| n == name));
         for (name, mb) in wanted {
             let Some(pod) = pods.get(&ObjectRef::new(&name).within(&namespace)) else { continue };
