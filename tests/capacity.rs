@@ -660,6 +660,53 @@ impl FakeManaged {
     }
 }
 
+/// A plane counted slow (the fake's 1 s) whose invokers come at once: once five starts were
+/// timed under half a second, the group takes a quick plane's settings, its hold 5 s instead
+/// of a minute, and says the lead it measured. (Before, a plane kept the lead it was counted
+/// at, whatever its invokers did.)
+#[cfg(feature = "test-util")]
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
+async fn a_plane_measured_quicker_than_counted_takes_a_quick_planes_settings() {
+    use invoker_etcd::kv::ClusterKv;
+    use invoker_wire::cluster::{Health, InvokerRecord, NodeHeadroom};
+    let Some(etcd) = EtcdServer::start() else { return };
+    let kv = etcd.kv();
+    let managed = FakeManaged::start(
+        &kv,
+        "[capacity]\ntick = \"100ms\"\n[capacity.groups.default]\nmin = 5\nmax = 5\ninvoker_memory_mb = 256\n\
+         predictor = \"conservative\"\n",
+    );
+    let (plane, status) = (managed.plane.clone(), managed.status.clone());
+    let group = move || serde_json::to_value(status.lock().groups.first().cloned()).unwrap_or(Value::Null);
+    wait_until(Duration::from_secs(10), "min's five asked for", || {
+        let asked = plane.calls().len();
+        async move { asked == 5 }
+    })
+    .await;
+    assert_eq!((group()["lead_ms"].as_u64(), group()["scale_down_after_ms"].as_u64()), (Some(1000), Some(60_000)));
+    for i in 0..5 {
+        let id = format!("default-{i}");
+        let node = NodeHeadroom { node: "n".into(), launchable_mb: 256, free_mb: 256, capacity_mb: 256, idle_mb: 0 };
+        let record = InvokerRecord {
+            id: id.clone(),
+            api: "http://127.0.0.1:2".into(),
+            tags: vec![],
+            health: Health::Healthy,
+            nodes: vec![node],
+            boot_id: "b".into(),
+            pid: 1,
+        };
+        kv.put(&format!("/invoker/invokers/{id}"), &serde_json::to_string(&record).unwrap(), None).await.unwrap();
+    }
+    wait_until(Duration::from_secs(10), "the quick plane's hold", || {
+        let g = group();
+        async move { g["scale_down_after_ms"] == 5000 && g["lead_ms"].as_u64().is_some_and(|ms| ms < 500) }
+    })
+    .await;
+    managed.stop().await;
+}
+
 /// The manager step by step on the in-memory control plane, the test playing the invokers (it
 /// writes their records into etcd) and the schedulers (their demand reports): the drains a
 /// manager before left are taken back; an invoker is up only once it publishes headroom; an

@@ -8,9 +8,9 @@
 
 use crate::metrics::{CapacityMetrics, DecisionLabel, GroupLabel, GroupState};
 use invoker_core::capacity::packing::{packed_demand_mb, CallsByMb};
-use invoker_core::capacity::GroupConfig;
+use invoker_core::capacity::{default_hold, GroupConfig};
 use invoker_core::capacity::{Action, Decision, Event, GroupCore, GroupCounts, GroupSpec, MemberState, Sighting};
-use invoker_core::predictor::{AnyPredictor, Predictor};
+use invoker_core::predictor::{quick, AnyPredictor, Predictor};
 use invoker_etcd::claim::{claim_key, ClaimError};
 use invoker_etcd::kv::ClusterKv;
 use invoker_etcd::kv::LeaseId;
@@ -78,6 +78,10 @@ pub struct GroupStatus {
     /// How long the target must stay an invoker below what is active before one is drained:
     /// the group's `scale_down_after`, or its control plane's when it sets none.
     pub scale_down_after_ms: u64,
+    /// How soon an invoker asked for comes up, as the predictor plans: the control plane's
+    /// figure, until the median of the group's last starts says otherwise across
+    /// [`invoker_core::predictor::QUICK_LEAD`].
+    pub lead_ms: u64,
     pub demand_mb: u64,
     pub target_mb: u64,
     pub target_invokers: u32,
@@ -117,6 +121,9 @@ struct GroupLoop {
     drains: BTreeSet<String>,
     /// When each invoker was asked for (for the provisioning latency).
     asked: HashMap<String, Instant>,
+    /// The lead the predictor and the hold were built with, and the last starts timed.
+    lead: Duration,
+    starts: VecDeque<Duration>,
     /// Invokers being stopped by the control plane: a registration still there is not taken
     /// for one that came up; [`Event::Gone`] once the plane is done and it left etcd.
     stopping: Arc<Mutex<HashMap<String, bool>>>,
@@ -126,6 +133,50 @@ struct GroupLoop {
     /// removal (a StatefulSet's pod below the highest), and it must stay drained meanwhile.
     forgotten_drains: Vec<String>,
     status: GroupStatus,
+}
+
+/// How many of a group's last starts are kept, and how many it takes to judge its plane.
+const STARTS_KEPT: usize = 16;
+const STARTS_JUDGED: usize = 5;
+
+impl GroupLoop {
+    /// An invoker of the group came up `took` after it was asked for. Once the median of its
+    /// last starts puts the plane on the other side of [`invoker_core::predictor::QUICK_LEAD`]
+    /// than the lead it was counted at (a Kubernetes plane whose resizes come slower than
+    /// counted, a slow host's local plane), the predictor is built again for the measured lead,
+    /// and a group that sets no hold takes that lead's ([`default_hold`]).
+    fn started(&mut self, took: Duration, metrics: &CapacityMetrics) {
+        metrics.provisioning_seconds.observe(took.as_secs_f64());
+        self.starts.push_back(took);
+        if self.starts.len() > STARTS_KEPT {
+            self.starts.pop_front();
+        }
+        if self.starts.len() < STARTS_JUDGED {
+            return;
+        }
+        let mut sorted: Vec<Duration> = self.starts.iter().copied().collect();
+        sorted.sort_unstable();
+        let measured = sorted[sorted.len() / 2];
+        if quick(measured) == quick(self.lead) {
+            return;
+        }
+        let settings = if quick(measured) { "a quick plane's" } else { "a slow plane's" };
+        tracing::warn!(
+            group = %self.name,
+            "its invokers come up in {measured:?} (the median of its last {} starts), not the {:?} counted: \
+             {settings} settings from now on",
+            sorted.len(),
+            self.lead
+        );
+        self.lead = measured;
+        self.predictor = self.config.predictor.build(measured);
+        self.status.lead_ms = measured.as_millis() as u64;
+        if self.config.scale_down_after.is_none() {
+            let hold = default_hold(measured);
+            self.core.set_scale_down_after(hold);
+            self.status.scale_down_after_ms = hold.as_millis() as u64;
+        }
+    }
 }
 
 /// What a manager is told besides its etcd and control plane.
@@ -197,6 +248,7 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
                         predictor: g.predictor.name(),
                         control_plane: g.control_plane,
                         scale_down_after_ms: spec.scale_down_after.as_millis() as u64,
+                        lead_ms: self.settings.lead.as_millis() as u64,
                         demand_mb: 0,
                         target_mb: 0,
                         target_invokers: 0,
@@ -210,6 +262,8 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
                     predictor: g.predictor.build(self.settings.lead),
                     drains: BTreeSet::new(),
                     asked: HashMap::new(),
+                    lead: self.settings.lead,
+                    starts: VecDeque::new(),
                     stopping: Arc::default(),
                     forgotten_drains: Vec::new(),
                 }
@@ -392,17 +446,20 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
     fn sighted(&mut self, registrations: &Snapshot) {
         let prefix = &self.settings.prefix;
         for g in &mut self.groups {
-            g.asked.retain(|id, asked| {
-                let serving = registrations
-                    .entries
-                    .get(&invoker_key(prefix, id))
-                    .and_then(|value| serde_json::from_str::<InvokerRecord>(value).ok())
-                    .is_some_and(|record| !record.nodes.is_empty());
-                if serving {
-                    self.metrics.provisioning_seconds.observe(asked.elapsed().as_secs_f64());
-                }
-                !serving
-            });
+            let serving: Vec<(String, Duration)> = g
+                .asked
+                .iter()
+                .filter(|(id, _)| {
+                    let value = registrations.entries.get(&invoker_key(prefix, id));
+                    let record = value.and_then(|v| serde_json::from_str::<InvokerRecord>(v).ok());
+                    record.is_some_and(|r| !r.nodes.is_empty())
+                })
+                .map(|(id, asked)| (id.clone(), asked.elapsed()))
+                .collect();
+            for (id, took) in serving {
+                g.asked.remove(&id);
+                g.started(took, &self.metrics);
+            }
         }
     }
 
@@ -478,14 +535,15 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
     ) -> Vec<Decision> {
         let mut decisions = Vec::new();
         let stopping = g.stopping.lock().clone();
-        for (id, record) in records.iter().filter(|(id, _)| owns(&g.name, id)) {
+        let name = g.name.clone();
+        for (id, record) in records.iter().filter(|(id, _)| owns(&name, id)) {
             // Up once it serves: an invoker claims its key before its factory starts, and
             // publishes its headroom after.
             if stopping.contains_key(id) || record.nodes.is_empty() {
                 continue;
             }
             if let Some(asked) = g.asked.remove(id) {
-                self.metrics.provisioning_seconds.observe(asked.elapsed().as_secs_f64());
+                g.started(asked.elapsed(), &self.metrics);
             }
             decisions.extend(g.core.handle(Event::Up { id: id.clone() }, now));
             // Whether a report is taken (settling after a reactivation, trusted after a drain) is

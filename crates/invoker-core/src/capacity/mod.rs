@@ -240,6 +240,12 @@ impl GroupCore {
         &self.spec
     }
 
+    /// The hold from now on (its plane measured quicker or slower than it was counted; see
+    /// [`default_hold`]). A low already seen keeps its start: it drains at its new end.
+    pub fn set_scale_down_after(&mut self, hold: Duration) {
+        self.spec.scale_down_after = hold;
+    }
+
     pub fn members(&self) -> impl Iterator<Item = &Member> {
         self.members.values()
     }
