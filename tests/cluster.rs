@@ -135,8 +135,9 @@ async fn an_invoker_publishes_a_drain_and_its_end_as_they_come() {
 /// An invoker that follows its pod's memory limit (`memory_limit_file`, which Kubernetes
 /// changes when it resizes a pod in place): out of the cluster while the limit leaves nothing
 /// beyond its own share (a standby pod), in it with what the limit leaves as soon as the pod
-/// grows, and out again once it shrinks back. (With a publish interval of 100 s, neither change
-/// would show within the bounded waits.)
+/// grows, and out again once it shrinks back; drained by the capacity manager first, it sheds
+/// its idle containers. (With a publish interval of 100 s, neither change would show within the
+/// bounded waits; without the shedding, the warm container idled on.)
 #[tokio::test(flavor = "multi_thread")]
 #[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
 async fn an_invoker_following_its_pods_memory_limit_stands_by_grows_and_shrinks_with_it() {
@@ -161,14 +162,26 @@ async fn an_invoker_following_its_pods_memory_limit_stands_by_grows_and_shrinks_
     std::fs::write(&limit, ((1024u64 + 32) << 20).to_string()).unwrap();
     let r = record(&kv, &invoker_id, |r| !r.nodes.is_empty()).await;
     assert_eq!((r.nodes[0].capacity_mb, r.launchable_mb(), r.health), (1024, 1024, Health::Healthy), "{r:?}");
-    // It runs what it is sent on what it was given.
+    // It runs what it is sent on what it was given; the container stays warm.
     inv.put_action("grown", python("def main(a):\n    return {'ok': True}")).await;
     let (status, body) = inv.invoke("grown", "blocking=true", json!({})).await;
     assert_eq!(status, 200, "{body}");
+    let containers = || async { inv.get_url("/v1/pool").await.1["containers"].as_array().map_or(0, Vec::len) };
+    assert_eq!(containers().await, 1);
+    // Given back by the capacity manager (its drain): the idle container goes at once, so that
+    // a kubelet can shrink the pod (it waits for what the pod uses to fit).
+    let drain = invoker_wire::cluster::drain_key("/invoker", &invoker_id);
+    kv.put(&drain, &DrainMark::capacity(1).to_value(), None).await.unwrap();
+    record(&kv, &invoker_id, |r| r.health == Health::Drained).await;
+    support::eventually(Duration::from_secs(20), "the idle container gone", || async {
+        support::done(containers().await == 0)
+    })
+    .await;
     // Back to standby: its keys go with its lease.
     std::fs::write(&limit, (32u64 << 20).to_string()).unwrap();
     keys_until(&kv, "/invoker/invokers/", |held| held.is_empty()).await;
-    keys_until(&kv, "/invoker/", |held| held.iter().all(|k| !k.contains(&invoker_id))).await;
+    // Its drain is the capacity manager's to take back.
+    keys_until(&kv, "/invoker/", |held| held.iter().all(|k| !k.contains(&invoker_id) || k.contains("/drain/"))).await;
 }
 
 /// The keys under `prefix` once `until` holds of them (bounded wait).

@@ -55,6 +55,8 @@ pub struct Registrar<K: ClusterKv> {
     /// it is in the cluster only while that leaves something (a standby pod's does not), and a
     /// resize is published as it comes, not at the next interval.
     offer: Option<StatsReceiver>,
+    /// Its idle containers were shed for the capacity manager's drain now in force.
+    shed: bool,
 }
 
 /// How soon a round comes again when the pool had not yet seen the memory the factory offers.
@@ -95,6 +97,7 @@ impl<K: ClusterKv> Registrar<K> {
             operator_drain: None,
             drain_file: None,
             offer: None,
+            shed: false,
         }
     }
 
@@ -340,6 +343,14 @@ impl<K: ClusterKv> Registrar<K> {
             }
         };
         let drained = self.drained(drain.as_deref()).await?;
+        // Given back by the capacity manager, an invoker whose pod is to shrink to standby sheds
+        // its idle containers: a kubelet shrinks a pod only once what it uses fits.
+        let by_manager = drained && drain.as_deref().map(DrainMark::read).is_some_and(|m| !m.by_operator());
+        if self.offer.is_some() && by_manager && status.busy == 0 && status.waiting == 0 && !self.shed {
+            pool.shed_idle().await;
+            self.shed = true;
+        }
+        self.shed &= drained;
         let health = if drained {
             // An operator's drain: no scheduler sends new work; what runs finishes.
             if status.busy == 0 && status.waiting == 0 {

@@ -75,6 +75,11 @@ struct ProvisionAction {
 #[rtype(result = "()")]
 pub struct Drain(pub oneshot::Sender<()>);
 
+/// The idle containers go now ([`Event::ShedIdle`]).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ShedIdle;
+
 /// The live view's snapshot, framed: every container's row, the nodes and the queue.
 #[derive(Message)]
 #[rtype(result = "bytes::Bytes")]
@@ -696,6 +701,14 @@ impl Handler<StatsChanged> for ContainerPool {
     }
 }
 
+impl Handler<ShedIdle> for ContainerPool {
+    type Result = ();
+
+    fn handle(&mut self, _: ShedIdle, ctx: &mut Context<Self>) {
+        self.apply(Event::ShedIdle, ctx);
+    }
+}
+
 impl Handler<Drain> for ContainerPool {
     type Result = ();
 
@@ -941,6 +954,11 @@ impl PoolHandle {
     /// times, here; zero keeps none. Its older revisions keep nothing once retired.
     pub async fn provision(&self, action: Arc<Action>, count: u32) {
         let _ = self.addr.send(ProvisionAction { action, count }).await;
+    }
+
+    /// Removes the idle containers now (an invoker given back, whose pod is to shrink).
+    pub async fn shed_idle(&self) {
+        let _ = self.addr.send(ShedIdle).await;
     }
 
     pub async fn drain(&self) {

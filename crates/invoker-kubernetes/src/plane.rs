@@ -23,8 +23,9 @@
 //! A pod made for an invoker (a scale-up beyond the standby ones, a pod the StatefulSet made
 //! again) comes at standby size and is grown as soon as it is there. An invoker removed below the
 //! highest is shrunk back to standby in place, or, where its kubelet does not shrink it within
-//! [`SHRINK_WAIT`] (a kubelet keeps a shrink below what the container uses pending, and a
-//! drained invoker may still hold idle containers), its pod is deleted and made again. A
+//! [`SHRINK_WAIT`] (a kubelet keeps a shrink below what the container uses pending: a drained
+//! invoker sheds its idle containers, but its provisioned ones stay), its pod is deleted and
+//! made again. A
 //! resize its node has no room for stays pending (`PodResizePending`), said by `last_error`
 //! until the group's provision timeout gives that invoker up.
 

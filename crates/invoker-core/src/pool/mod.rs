@@ -377,6 +377,12 @@ impl PoolCore {
             }
             Event::Tick => self.on_tick(now, &mut fx),
             Event::Drain => self.on_drain(now, &mut fx),
+            Event::ShedIdle => {
+                let idle: Vec<ContainerId> = self.idle_by_eviction_order().collect();
+                for id in idle {
+                    self.retire(id, now, &mut fx);
+                }
+            }
             Event::Retire(key) => self.on_retire(key, now, &mut fx),
             Event::Provision(provision) => self.on_provision(provision, now, &mut fx),
         }

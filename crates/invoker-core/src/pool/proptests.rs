@@ -33,6 +33,7 @@ enum Op {
     DeliverStats { pick: usize },
     Advance { ms: u64 },
     Drain,
+    ShedIdle,
     Retire { key: u32 },
     Provision { key: u32, count: u32 },
 }
@@ -49,6 +50,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => any::<usize>().prop_map(|pick| Op::DeliverStats { pick }),
         3 => (1u64..2_000).prop_map(|ms| Op::Advance { ms }),
         1 => Just(Op::Drain),
+        1 => Just(Op::ShedIdle),
         1 => (0u32..6).prop_map(|key| Op::Retire { key }),
         1 => (0u32..6, 0u32..3).prop_map(|(key, count)| Op::Provision { key, count }),
     ]
@@ -328,6 +330,7 @@ impl World {
                 self.drained = true;
                 self.apply(core, Event::Drain)?
             }
+            Op::ShedIdle => self.apply(core, Event::ShedIdle)?,
             Op::Retire { key } => {
                 self.released.insert(KeyId(key));
                 self.apply(core, Event::Retire(KeyId(key)))?

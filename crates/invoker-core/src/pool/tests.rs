@@ -607,6 +607,23 @@ fn a_retired_key_loses_its_idle_containers_at_once_and_its_busy_ones_after_their
 }
 
 #[test]
+fn shedding_removes_the_idle_containers_and_keeps_the_busy_ones_and_the_key() {
+    let mut core = core_with(4096);
+    let a = created(&core.handle(Event::Arrived(job(1, 1, 256)), ms(1)))[0];
+    let b = created(&core.handle(Event::Arrived(job(2, 1, 256)), ms(1)))[0];
+    core.handle(Event::Started { container: a, failure: None, at: Time::ZERO }, ms(2));
+    core.handle(Event::Started { container: b, failure: None, at: Time::ZERO }, ms(2));
+    core.handle(Event::Finished { container: a, job: JobId(1), reusable: true }, ms(3));
+    let fx = core.handle(Event::ShedIdle, ms(4));
+    assert_eq!(fx.as_slice(), &[Effect::Remove { container: a }], "the idle one at once, the busy one runs on");
+    // Unlike a retired key's, the busy one idles after its run, and takes the next job.
+    let fx = core.handle(Event::Finished { container: b, job: JobId(2), reusable: true }, ms(5));
+    assert!(fx.is_empty(), "{fx:?}");
+    let fx = core.handle(Event::Arrived(job(3, 1, 256)), ms(6));
+    assert_eq!(fx.as_slice(), &[Effect::Dispatch { job: JobId(3), container: b }]);
+}
+
+#[test]
 fn a_job_waiting_for_a_retired_key_still_runs_and_its_container_then_goes() {
     // Room for two containers: the third job waits.
     let mut core = core_with(512 + CoreConfig::default().buffer_mb);

@@ -86,6 +86,11 @@ pub enum Event {
     Tick,
     /// Stop taking work: reject what waits, remove idle containers, retire the rest when done.
     Drain,
+    /// The invoker is given back for a while (drained by the capacity manager, its pod to be
+    /// shrunk to standby, which a kubelet does only once what the pod uses fits): the idle
+    /// containers the keep-alive policy holds go now. Nothing else changes: work still waits and
+    /// runs, provisioned and prewarmed containers stay.
+    ShedIdle,
     /// The key's action is gone (deleted, or replaced by a newer revision): its idle containers
     /// go now, its busy ones once their runs end; jobs already waiting still run.
     Retire(KeyId),
