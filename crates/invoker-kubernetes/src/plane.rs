@@ -405,16 +405,12 @@ impl ControlPlane for KubernetesPlane {
 
     /// The invokers running (with standby pods, those grown: a standby pod is no invoker).
     fn found(&self) -> Vec<String> {
-        let grown = |pod: &Pod, name: &str| {
-            let group = self.group_of(name).map(|(g, _)| g);
-            self.config.standby == 0 || group.is_some_and(|g| asked_memory(pod) == Some(quantity(self.full_mb(&g))))
+        let invoker = |pod: &Pod| {
+            let name = pod.metadata.name.clone()?;
+            let (group, _) = self.group_of(&name)?;
+            let grown = self.config.standby == 0 || asked_memory(pod) == Some(quantity(self.full_mb(&group)));
+            (grown && self.running(&name) == Some(true)).then_some(name)
         };
-        self.pods
-            .state()
-            .iter()
-            .filter_map(|pod| Some((pod.clone(), pod.metadata.name.clone()?)))
-            .filter(|(pod, name)| self.group_of(name).is_some() && self.running(name) == Some(true) && grown(pod, name))
-            .map(|(_, name)| name)
-            .collect()
+        self.pods.state().iter().filter_map(|pod| invoker(pod)).collect()
     }
 }

@@ -592,14 +592,20 @@ fn without_a_pause_grace_nothing_is_ever_paused() {
     assert!(core.handle(Event::Tick, ms(500_000)).is_empty());
 }
 
-#[test]
-fn a_retired_key_loses_its_idle_containers_at_once_and_its_busy_ones_after_their_runs() {
+/// Two containers of key 1 on a roomy node: `a` idle since 3 ms, `b` running job 2.
+fn one_idle_one_busy() -> (PoolCore, ContainerId, ContainerId) {
     let mut core = core_with(4096);
     let a = created(&core.handle(Event::Arrived(job(1, 1, 256)), ms(1)))[0];
     let b = created(&core.handle(Event::Arrived(job(2, 1, 256)), ms(1)))[0];
     core.handle(Event::Started { container: a, failure: None, at: Time::ZERO }, ms(2));
     core.handle(Event::Started { container: b, failure: None, at: Time::ZERO }, ms(2));
     core.handle(Event::Finished { container: a, job: JobId(1), reusable: true }, ms(3));
+    (core, a, b)
+}
+
+#[test]
+fn a_retired_key_loses_its_idle_containers_at_once_and_its_busy_ones_after_their_runs() {
+    let (mut core, a, b) = one_idle_one_busy();
     let fx = core.handle(Event::Retire(KeyId(1)), ms(4));
     assert_eq!(fx.as_slice(), &[Effect::Remove { container: a }], "the idle one at once, the busy one runs on");
     let fx = core.handle(Event::Finished { container: b, job: JobId(2), reusable: true }, ms(5));
@@ -608,12 +614,7 @@ fn a_retired_key_loses_its_idle_containers_at_once_and_its_busy_ones_after_their
 
 #[test]
 fn shedding_removes_the_idle_containers_and_keeps_the_busy_ones_and_the_key() {
-    let mut core = core_with(4096);
-    let a = created(&core.handle(Event::Arrived(job(1, 1, 256)), ms(1)))[0];
-    let b = created(&core.handle(Event::Arrived(job(2, 1, 256)), ms(1)))[0];
-    core.handle(Event::Started { container: a, failure: None, at: Time::ZERO }, ms(2));
-    core.handle(Event::Started { container: b, failure: None, at: Time::ZERO }, ms(2));
-    core.handle(Event::Finished { container: a, job: JobId(1), reusable: true }, ms(3));
+    let (mut core, a, b) = one_idle_one_busy();
     let fx = core.handle(Event::ShedIdle, ms(4));
     assert_eq!(fx.as_slice(), &[Effect::Remove { container: a }], "the idle one at once, the busy one runs on");
     // Unlike a retired key's, the busy one idles after its run, and takes the next job.

@@ -87,14 +87,6 @@ pub struct Plane {
     pub standby: Option<Standby>,
 }
 
-impl Plane {
-    /// How long the group waits for an invoker it asks for while a standby one is there: what
-    /// its predictor plans ahead for.
-    pub fn lead(&self) -> Duration {
-        self.standby.map_or(self.provision_latency, |s| s.resize_latency)
-    }
-}
-
 /// Standby invokers: started (their pod scheduled, image pulled, process up) but holding only
 /// their own memory, so that the group grows by resizing one in place (`resize_latency`, as
 /// Kubernetes' in-place pod resize does) rather than starting one (`provision_latency`). One

@@ -179,6 +179,14 @@ struct PlaneModel {
     standby: Option<Standby>,
 }
 
+impl PlaneModel {
+    /// How long the group waits for an invoker it asks for while a standby one is there: what
+    /// its predictor and its hold are built for.
+    fn lead(&self) -> Duration {
+        self.standby.map_or(self.provision, |s| s.resize_latency)
+    }
+}
+
 /// The plane's standby pods: those up and those coming, both held (their request) from the
 /// moment they are asked for, integrated as MB·µs.
 struct StandbyPods {
@@ -422,7 +430,7 @@ fn prepared<'a>(
     plane: PlaneModel,
     scale: Scale,
 ) -> FleetSim<'a> {
-    let lead = plane.standby.map_or(plane.provision, |s| s.resize_latency);
+    let lead = plane.lead();
     let group = match sizing {
         Sizing::Fixed(_) => None,
         Sizing::Managed(kind, headroom_mb) => {
