@@ -645,6 +645,7 @@ impl FakeManaged {
             lease_ttl: Duration::from_secs(3),
             api: "http://127.0.0.1:1".into(),
             lead: Duration::from_secs(1),
+            drain_order: invoker_core::capacity::DrainOrder::LeastBusy,
         };
         let plane = FakePlane::default();
         let manager = Manager::new(kv.clone(), settings, AnyPlane::Fake(plane.clone()));
@@ -842,6 +843,57 @@ async fn the_manager_step_by_step_on_the_fake_control_plane() {
 /// once, and demand past what the group has is answered at the next burst check (within the
 /// bounded wait; a minute on the code before). The burst is five calls of 140 MB: 700 MB is
 /// three invokers of 256 MB by memory, but one call fits in each, so five are asked for.
+/// A shrinking group drains the invoker whose calls hold the least memory (as its registration
+/// says), not the newest: it has the least to finish, so its memory is given back soonest.
+/// (Drained newest-first, `default-2` went, busy with 200 MB.)
+#[cfg(feature = "test-util")]
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
+async fn a_shrinking_group_drains_its_least_busy_invoker() {
+    use invoker_etcd::kv::ClusterKv;
+    use invoker_wire::cluster::{DemandReport, Health, InvokerRecord, Needs, NodeHeadroom, TagNeeds};
+    let Some(etcd) = EtcdServer::start() else { return };
+    let kv = etcd.kv();
+    let managed = FakeManaged::start(
+        &kv,
+        "[capacity]\ntick = \"100ms\"\n[capacity.groups.default]\nmin = 0\nmax = 3\ninvoker_memory_mb = 256\n\
+         scale_down_after = \"1s\"\npredictor = \"conservative\"\n",
+    );
+    let (plane, status) = (managed.plane.clone(), managed.status.clone());
+    let demand = |mb: u64| {
+        let needs = vec![TagNeeds { tags: vec![], needs: Needs { in_flight_mb: mb, ..Default::default() } }];
+        let report = DemandReport { scheduler: "s1".into(), at_ms: 0, needs };
+        let kv = kv.clone();
+        async move { kv.put("/invoker/demand/s1", &serde_json::to_string(&report).unwrap(), None).await.unwrap() }
+    };
+    demand(700).await;
+    wait_until(Duration::from_secs(10), "three asked for", || async { plane.started().len() == 3 }).await;
+    // Memory at work: 256, 40 and 200 MB (idle containers are not work).
+    for (id, free_mb, idle_mb) in [("default-0", 0, 0), ("default-1", 16, 200), ("default-2", 56, 0)] {
+        let node = NodeHeadroom { node: "n".into(), launchable_mb: free_mb, free_mb, capacity_mb: 256, idle_mb };
+        let record = InvokerRecord {
+            id: id.into(),
+            api: "http://127.0.0.1:2".into(),
+            tags: vec![],
+            health: Health::Healthy,
+            nodes: vec![node],
+            boot_id: "b".into(),
+            pid: 1,
+        };
+        kv.put(&format!("/invoker/invokers/{id}"), &serde_json::to_string(&record).unwrap(), None).await.unwrap();
+    }
+    let active = || status.lock().groups.first().map_or(0, |g| g.counts.active);
+    wait_until(Duration::from_secs(10), "three up", || async { active() == 3 }).await;
+    demand(500).await;
+    wait_until(Duration::from_secs(10), "one drained", || async {
+        kv.get_prefix("/invoker/drain/").await.unwrap().len() == 1
+    })
+    .await;
+    let drained: Vec<String> = kv.get_prefix("/invoker/drain/").await.unwrap().into_iter().map(|(k, _)| k).collect();
+    assert_eq!(drained, ["/invoker/drain/default-1"], "the least busy");
+    managed.stop().await;
+}
+
 #[cfg(feature = "test-util")]
 #[tokio::test(flavor = "multi_thread")]
 #[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]

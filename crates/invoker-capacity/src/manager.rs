@@ -8,7 +8,7 @@
 
 use crate::metrics::{CapacityMetrics, DecisionLabel, GroupLabel, GroupState};
 use invoker_core::capacity::packing::{packed_demand_mb, CallsByMb};
-use invoker_core::capacity::{default_hold, GroupConfig};
+use invoker_core::capacity::{default_hold, DrainOrder, GroupConfig};
 use invoker_core::capacity::{Action, Decision, Event, GroupCore, GroupCounts, GroupSpec, MemberState, Sighting};
 use invoker_core::predictor::{quick, AnyPredictor, Predictor};
 use invoker_etcd::claim::{claim_key, ClaimError};
@@ -194,6 +194,9 @@ pub struct ManagerSettings {
     /// How long the control plane takes to bring an invoker up (the predictors plan that far
     /// ahead).
     pub lead: Duration,
+    /// Which invoker a shrinking group drains first: the least busy, unless the plane gives
+    /// back only its newest invoker's memory.
+    pub drain_order: DrainOrder,
 }
 
 pub struct Manager<K: ClusterKv, P: ControlPlane> {
@@ -238,7 +241,11 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
             .iter()
             .map(|(name, g)| {
                 // The invokers' reports lag a decision by up to two publish intervals.
-                let spec = GroupSpec { settle: 2 * self.settings.publish_interval, ..g.spec(name, self.settings.lead) };
+                let spec = GroupSpec {
+                    settle: 2 * self.settings.publish_interval,
+                    drain_order: self.settings.drain_order,
+                    ..g.spec(name, self.settings.lead)
+                };
                 GroupLoop {
                     name: name.clone(),
                     config: g.clone(),
@@ -546,6 +553,9 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
                 g.started(asked.elapsed(), &self.metrics);
             }
             decisions.extend(g.core.handle(Event::Up { id: id.clone() }, now));
+            // What its calls hold: its nodes' memory neither free nor idle.
+            let busy_mb = record.nodes.iter().map(|n| n.capacity_mb.saturating_sub(n.free_mb + n.idle_mb)).sum();
+            decisions.extend(g.core.handle(Event::Busy { id: id.clone(), busy_mb }, now));
             // Whether a report is taken (settling after a reactivation, trusted after a drain) is
             // the core's to decide: `GroupSpec::settle`.
             let serving = matches!(record.health, Health::Healthy | Health::Overloaded);

@@ -155,6 +155,7 @@ mod tests {
             provision_timeout: Duration::from_secs(120),
             headroom_mb: 0,
             settle: Duration::ZERO,
+            drain_order: crate::capacity::DrainOrder::LeastBusy,
         }
     }
 

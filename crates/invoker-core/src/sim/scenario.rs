@@ -85,6 +85,10 @@ pub struct Plane {
     /// Invokers kept started but small, that the group grows by resizing.
     #[serde(default)]
     pub standby: Option<Standby>,
+    /// Which invoker a shrinking group drains first: `newest` where only the newest gives its
+    /// memory back (a StatefulSet without standby pods), `least_busy` (the default) elsewhere.
+    #[serde(default)]
+    pub drain_order: crate::capacity::DrainOrder,
 }
 
 /// Standby invokers: started (their pod scheduled, image pulled, process up) but holding only

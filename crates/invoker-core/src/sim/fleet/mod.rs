@@ -36,7 +36,7 @@ use super::scenario::{Fleet, Scenario, ScenarioError, Standby};
 use super::timeline::Timeline;
 use super::workload::{self, Call, Rng};
 use crate::capacity::packing::{packed_demand_mb, CallTally};
-use crate::capacity::{Action, Event as GroupEvent, GroupCore, GroupSpec, Sighting};
+use crate::capacity::{Action, DrainOrder, Event as GroupEvent, GroupCore, GroupSpec, Sighting};
 use crate::placement::{place, ActionNeeds, InvokerView, PlacementConfig};
 use crate::pool::{CoreConfig, Effect, Event, Job, KeyId, Owner, PoolCore, RejectReason};
 use crate::predictor::{AnyPredictor, Predictor, PredictorKind};
@@ -103,7 +103,7 @@ pub fn managed_run(
     sorted.sort_unstable();
     // The predictors plan `lead` ahead: the typical start, as the manager's own figure for a plane.
     let latency = sorted.get(sorted.len() / 2).copied().unwrap_or(Duration::from_secs(1));
-    let plane = PlaneModel { provision: latency, standby: None };
+    let plane = PlaneModel { provision: latency, standby: None, drain_order: DrainOrder::LeastBusy };
     let mut sim = prepared(scenario, fleet, calls, horizon, sizing, plane, scale);
     sim.latency_sample = sorted;
     sim.run_timed(host);
@@ -177,6 +177,7 @@ struct PlaneModel {
     /// How long a new invoker takes to come up.
     provision: Duration,
     standby: Option<Standby>,
+    drain_order: DrainOrder,
 }
 
 impl PlaneModel {
@@ -238,7 +239,7 @@ pub fn compare(scenario: &Scenario, fleet: &Fleet, host: &dyn Host) -> Result<Va
     // Sized for the peak's calls as they pack, not only its megabytes (which hold fewer).
     let peak = profile.fixed_for_peak(invoker_mb).max(floors.packing_max as u32);
     for (name, n) in [("fixed-peak", peak), ("fixed-mean", profile.fixed_for_mean(invoker_mb))] {
-        let plane = PlaneModel { provision: Duration::ZERO, standby: None };
+        let plane = PlaneModel { provision: Duration::ZERO, standby: None, drain_order: DrainOrder::LeastBusy };
         fixed.insert(name, run(scenario, fleet, &calls, minutes, Sizing::Fixed(n), plane, host));
     }
     let mut planes = serde_json::Map::new();
@@ -285,7 +286,11 @@ pub fn compare(scenario: &Scenario, fleet: &Fleet, host: &dyn Host) -> Result<Va
         for &kind in &fleet.predictors {
             for &headroom in &fleet.headrooms_mb() {
                 let sizing = Sizing::Managed(kind, headroom);
-                let model = PlaneModel { provision: plane.provision_latency, standby: plane.standby };
+                let model = PlaneModel {
+                    provision: plane.provision_latency,
+                    standby: plane.standby,
+                    drain_order: plane.drain_order,
+                };
                 let result = run(scenario, fleet, &calls, minutes, sizing, model, host);
                 if kind == PredictorKind::Windowed {
                     let c = &result.counts;
@@ -434,7 +439,7 @@ fn prepared<'a>(
     let group = match sizing {
         Sizing::Fixed(_) => None,
         Sizing::Managed(kind, headroom_mb) => {
-            let spec = GroupSpec { headroom_mb, ..fleet.group.spec("default", lead) };
+            let spec = GroupSpec { headroom_mb, drain_order: plane.drain_order, ..fleet.group.spec("default", lead) };
             Some((GroupCore::new(spec), kind.build(lead)))
         }
     };
@@ -1014,7 +1019,13 @@ impl FleetSim<'_> {
             let id = inv.id.clone();
             match inv.phase {
                 Phase::Provisioning | Phase::Removed => {}
-                Phase::Active => decisions.extend(core.handle(GroupEvent::Up { id: id.clone() }, now)),
+                Phase::Active => {
+                    decisions.extend(core.handle(GroupEvent::Up { id: id.clone() }, now));
+                    // What its registration says: its nodes' memory neither free nor idle.
+                    let nodes = inv.core.nodes(now);
+                    let busy_mb = nodes.iter().map(|n| n.capacity_mb.saturating_sub(n.free_mb + n.idle_mb)).sum();
+                    decisions.extend(core.handle(GroupEvent::Busy { id: id.clone(), busy_mb }, now));
+                }
                 Phase::Draining if inv.jobs == 0 => {
                     decisions.extend(core.handle(GroupEvent::Drained { id: id.clone() }, now));
                 }
