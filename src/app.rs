@@ -408,10 +408,10 @@ impl CapacityApp {
                 .map_err(AppError::KubernetesPlane)?;
                 // A pod is scheduled, its image pulled and its invoker started: seconds; a standby
                 // pod is grown in a fraction of one.
-                let lead = invoker_kubernetes::standby::lead(&config.capacity.kubernetes);
+                let lead = plane.lead();
                 // A StatefulSet gives back only its highest pod; with standby pods, any one
                 // shrinks back in place.
-                let order = match config.capacity.kubernetes.standby {
+                let order = match plane.standby() {
                     0 => DrainOrder::Newest,
                     _ => DrainOrder::LeastBusy,
                 };

@@ -1013,6 +1013,41 @@ async fn the_burst_through_the_kubernetes_control_plane_scales_a_statefulset_up_
     assert!(!actions.contains(&"drain default-0".to_string()), "never below min: {actions:?}");
 }
 
+/// `[capacity.kubernetes] standby` unset: two standby pods per group where the API server
+/// serves pods' `resize` (its discovery lists `pods/resize`, as from Kubernetes 1.33) and the
+/// invokers follow their pod's limit, none (a new pod per invoker, the 10 s lead) elsewhere; a
+/// number set is taken as it is.
+#[cfg(feature = "kubernetes")]
+#[tokio::test(flavor = "multi_thread")]
+async fn a_kubernetes_plane_keeps_standby_pods_where_its_cluster_can_resize_one() {
+    use invoker_factory::settings::KubernetesPlaneConfig;
+    use invoker_kubernetes::plane::KubernetesPlane;
+    let groups = invoker::config::Config::from_toml("[capacity.groups.default]\ncontrol_plane = \"kubernetes\"\n")
+        .unwrap()
+        .capacity
+        .groups;
+    let standby_of = |api: &support::kube_api::FakeApiServer, standby: Option<u32>, follows: bool| {
+        let mut config =
+            KubernetesPlaneConfig { api_server: Some(api.url.clone()), standby, ..KubernetesPlaneConfig::default() };
+        if !follows {
+            config.command.retain(|a| !a.starts_with("--memory-limit-file"));
+        }
+        let groups = groups.clone();
+        async move {
+            let plane = KubernetesPlane::new(config, vec!["http://127.0.0.1:1".into()], groups).await.unwrap();
+            (plane.standby(), plane.lead())
+        }
+    };
+    let resizing = support::kube_api::FakeApiServer::start().await;
+    assert_eq!(standby_of(&resizing, None, true).await, (2, Duration::from_millis(300)));
+    assert_eq!(standby_of(&resizing, None, false).await, (0, Duration::from_secs(10)), "a command that cannot follow");
+    assert_eq!(standby_of(&resizing, Some(0), true).await.0, 0);
+    let older = support::kube_api::FakeApiServer::start().await;
+    older.without_resize();
+    assert_eq!(standby_of(&older, None, true).await, (0, Duration::from_secs(10)), "no resize served");
+    assert_eq!(standby_of(&older, Some(3), true).await.0, 3, "as the config says");
+}
+
 /// The Kubernetes plane with standby pods: the StatefulSet runs two pods more than the invokers
 /// wanted, at 32 MB, their invokers following their pod's memory limit and so out of the
 /// cluster; a burst's invokers are those pods grown by an in-place resize (the fake's `resize`
@@ -1024,7 +1059,8 @@ async fn the_burst_through_the_kubernetes_control_plane_scales_a_statefulset_up_
 async fn standby_pods_are_grown_for_a_burst_and_shrunk_back_after_it() {
     let Some(etcd) = EtcdServer::start() else { return };
     let follow = ["--memory-limit-file=/sys/fs/cgroup/memory.max", "--own-memory-mb={overhead_mb}"];
-    let standby = "overhead_mb = 64\nstandby = 2\nstandby_mb = 32\n";
+    // `standby` unset: the server serves pods' resize, so the plane keeps two.
+    let standby = "overhead_mb = 64\nstandby_mb = 32\n";
     let KubeFleet { _dirs, api, manager, scheduler } = KubeFleet::start(&etcd, &follow, standby).await;
     let replicas = |api: &support::kube_api::FakeApiServer| {
         api.statefulset("invokers", "default").and_then(|s| s["spec"]["replicas"].as_u64())

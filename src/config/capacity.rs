@@ -55,11 +55,12 @@ fn validate_kubernetes(plane: &KubernetesPlaneConfig) -> Result<(), ConfigError>
     if plane.call_timeout.is_zero() {
         return Err(bad(&key("call_timeout"), "must be positive"));
     }
-    if plane.standby > 64 {
+    if plane.standby.is_some_and(|n| n > 64) {
         return Err(bad(&key("standby"), "at most 64 pods per group"));
     }
-    if plane.standby > 0 {
-        if !plane.command.iter().any(|a| a.starts_with("--memory-limit-file")) {
+    // Unset, the plane may keep standby pods (the cluster decides): their size must hold.
+    if plane.standby != Some(0) {
+        if plane.standby.is_some() && !plane.follows_its_limit() {
             return Err(bad(
                 &key("command"),
                 "with standby pods the invoker must follow its pod's memory limit (--memory-limit-file)",
@@ -203,6 +204,10 @@ mod tests {
         let fixed =
             "standby = 2\ncommand = [\"/invoker\", \"serve\", \"--invoker-id\", \"$(POD_NAME)\", \"--memory-mb=1\"]\n";
         assert_eq!(error(&k8s(fixed)), "capacity.kubernetes.command");
+        // Unset, such a command only keeps the plane from standing pods by.
+        Config::from_toml(&k8s(&fixed["standby = 2\n".len()..])).unwrap().validate().unwrap();
+        assert_eq!(error(&k8s("standby_mb = 512\n")), "capacity.kubernetes.standby_mb");
+        Config::from_toml(&k8s("standby = 0\nstandby_mb = 512\n")).unwrap().validate().unwrap();
         assert_eq!(error(&k8s("standby = 2\nstandby_mb = 512\n")), "capacity.kubernetes.standby_mb");
         assert_eq!(error(&k8s("standby = 2\nstandby_mb = 0\n")), "capacity.kubernetes.standby_mb");
         // The section is read only for a manager on Kubernetes.

@@ -484,8 +484,10 @@ pub struct KubernetesPlaneConfig {
     /// Pods per group kept started at `standby_mb` (their invoker offers nothing and stays out
     /// of the cluster), each grown to its group's size by an in-place resize (Kubernetes 1.33 or
     /// later) when the group asks for an invoker, within a fraction of a second where a new pod
-    /// takes seconds; one taken is replaced. 0: every invoker is a new pod.
-    pub standby: u32,
+    /// takes seconds; one taken is replaced. 0: every invoker is a new pod. Unset: the cluster
+    /// decides (`invoker_kubernetes::standby::AUTO`: two where the API server serves pods'
+    /// `resize` and `command` follows the pod's memory limit, none elsewhere).
+    pub standby: Option<u32>,
     /// What a standby pod asks for: its idle invoker (14 MB resident), not more than `overhead_mb`.
     pub standby_mb: u64,
     /// A removed invoker's pod has this long to drain and exit (`terminationGracePeriodSeconds`).
@@ -494,6 +496,14 @@ pub struct KubernetesPlaneConfig {
     /// Bound on one call to the API server.
     #[serde(with = "humantime_serde")]
     pub call_timeout: Duration,
+}
+
+impl KubernetesPlaneConfig {
+    /// Whether the invoker `command` runs follows its pod's memory limit (as a standby pod's
+    /// must, to offer what a resize gives it).
+    pub fn follows_its_limit(&self) -> bool {
+        self.command.iter().any(|a| a.starts_with("--memory-limit-file"))
+    }
 }
 
 impl Default for KubernetesPlaneConfig {
@@ -524,7 +534,7 @@ impl Default for KubernetesPlaneConfig {
             command: command.iter().map(|s| s.to_string()).collect(),
             config_map: Some("invoker-config".into()),
             overhead_mb: 256,
-            standby: 0,
+            standby: None,
             standby_mb: 32,
             termination_grace: Duration::from_secs(60),
             call_timeout: Duration::from_secs(10),

@@ -30,7 +30,7 @@
 //! until the group's provision timeout gives that invoker up.
 
 use crate::error::KubeError;
-use crate::standby::{asked_memory, given_memory, grow_wanted, quantity, resize, SHRINK_WAIT};
+use crate::standby::{asked_memory, given_memory, grow_wanted, quantity, resize, standby_pods, SHRINK_WAIT};
 use futures_util::StreamExt as _;
 use invoker_core::capacity::{ordinal_in, GroupConfig};
 use invoker_factory::plane::{ControlPlane, InvokerSpec, PlaneError, PlaneFailure};
@@ -57,6 +57,9 @@ pub struct KubernetesPlane {
     pods: Store<Pod>,
     namespace: String,
     config: KubernetesPlaneConfig,
+    /// Standby pods per group: the config's, or where it leaves it unset the cluster's
+    /// ([`standby_pods`]).
+    standby: u32,
     etcd: Vec<String>,
     groups: BTreeMap<String, GroupConfig>,
     /// Per group: the ordinals wanted, and the replicas its StatefulSet was last given (`None`:
@@ -100,6 +103,7 @@ impl KubernetesPlane {
         groups: BTreeMap<String, GroupConfig>,
     ) -> Result<Self, KubeError> {
         let (client, server) = crate::kube_client(config.api_server.as_deref(), config.kubeconfig.as_deref()).await?;
+        let standby = standby_pods(&client, &config, &server).await?;
         let namespace = config.namespace.clone();
         let statefulsets = Api::<StatefulSet>::namespaced(client.clone(), &namespace);
         let pod_api = Api::<Pod>::namespaced(client, &namespace);
@@ -130,7 +134,7 @@ impl KubernetesPlane {
                 .map_err(KubeError::call(format!("{server}: reading StatefulSet {name}")))?;
             let replicas = found.map(|s| s.spec.and_then(|s| s.replicas).unwrap_or(0).max(0) as u32);
             // Without standby pods every pod is an invoker wanted; with them, those grown.
-            let wanted = match config.standby {
+            let wanted = match standby {
                 0 => (0..replicas.unwrap_or(0)).collect(),
                 _ => {
                     let full = quantity(sizes[name]);
@@ -144,7 +148,7 @@ impl KubernetesPlane {
             scale.insert(name.clone(), GroupScale { wanted, replicas });
         }
         let scale = Arc::new(Mutex::new(scale));
-        let grower = (config.standby > 0).then(|| {
+        let grower = (standby > 0).then(|| {
             let scale = scale.clone();
             // Each wanted invoker's pod, and its group's size.
             let wanted = move || -> Vec<(String, u64)> {
@@ -164,6 +168,7 @@ impl KubernetesPlane {
             pods,
             namespace,
             config,
+            standby,
             etcd,
             groups,
             scale,
@@ -171,6 +176,16 @@ impl KubernetesPlane {
             watch,
             grower,
         })
+    }
+
+    /// Standby pods per group (see [`KubernetesPlane::standby`]).
+    pub fn standby(&self) -> u32 {
+        self.standby
+    }
+
+    /// How soon an invoker asked for comes up: a new pod's, or with standby pods a resize's.
+    pub fn lead(&self) -> Duration {
+        crate::standby::lead(self.standby)
     }
 
     /// A group's invoker pod at its full size: its invoker's memory and the invoker's own.
@@ -199,7 +214,7 @@ impl KubernetesPlane {
         let command: Vec<String> = c.command.iter().map(fill).collect();
         let labels = json!({ MANAGED_BY.0: MANAGED_BY.1, GROUP_LABEL: name });
         // With standby pods every pod starts as one; those wanted are grown.
-        let memory = match c.standby {
+        let memory = match self.standby {
             0 => quantity(group.invoker_memory_mb + c.overhead_mb),
             _ => quantity(c.standby_mb),
         };
@@ -264,7 +279,7 @@ impl KubernetesPlane {
                 s.replicas = Some(0);
             }
         }
-        let standby = self.config.standby;
+        let standby = self.standby;
         let replicas = self.scale.lock().get(name).map_or(0, |s| s.replicas_wanted(standby));
         if current.replicas == Some(replicas) {
             return Ok(());
@@ -335,7 +350,7 @@ impl ControlPlane for KubernetesPlane {
         // A standby pod there: grown now (one still to come, once it is).
         let full = self.full_mb(&group);
         let standby = self.pod(&spec.id).filter(|pod| asked_memory(pod) != Some(quantity(full)));
-        if self.config.standby > 0 && standby.is_some() {
+        if self.standby > 0 && standby.is_some() {
             resize(&self.pod_api, &spec.id, full, self.config.call_timeout).await.map_err(|e| fail(e.into()))?;
         }
         Ok(())
@@ -344,7 +359,7 @@ impl ControlPlane for KubernetesPlane {
     async fn remove(&self, id: &str) -> Result<(), PlaneError> {
         let fail = |cause: PlaneFailure| PlaneError::Stop { id: id.to_string(), cause };
         let (group, ordinal) = self.group_of(id).ok_or_else(|| fail(PlaneFailure::NotInAGroup))?;
-        let standby = self.config.standby;
+        let standby = self.standby;
         let below_the_highest = {
             let mut scale = self.scale.lock();
             let s = scale.entry(group.clone()).or_default();
@@ -408,7 +423,7 @@ impl ControlPlane for KubernetesPlane {
         let invoker = |pod: &Pod| {
             let name = pod.metadata.name.clone()?;
             let (group, _) = self.group_of(&name)?;
-            let grown = self.config.standby == 0 || asked_memory(pod) == Some(quantity(self.full_mb(&group)));
+            let grown = self.standby == 0 || asked_memory(pod) == Some(quantity(self.full_mb(&group)));
             (grown && self.running(&name) == Some(true)).then_some(name)
         };
         self.pods.state().iter().filter_map(|pod| invoker(pod)).collect()

@@ -11,13 +11,55 @@ use serde_json::json;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-/// How soon an invoker asked for comes up: a new pod's, or with standby pods a resize's. A
+/// How soon an invoker asked for comes up: a new pod's, or with `standby` pods a resize's. A
 /// resize was not measured here (no cluster): 300 ms is what the fleet scenarios' standby plane
-/// counts, and the manager's `capacity_provisioning_seconds` shows the real figure.
-pub fn lead(config: &KubernetesPlaneConfig) -> Duration {
-    match config.standby {
+/// counts, and the manager's `capacity_provisioning_seconds` (and the lead it measures) shows
+/// the real figure.
+pub fn lead(standby: u32) -> Duration {
+    match standby {
         0 => Duration::from_secs(10),
         _ => Duration::from_millis(300),
+    }
+}
+
+/// Standby pods per group where `[capacity.kubernetes] standby` is unset: the fleet scenarios'
+/// standby plane keeps two (one delayed more calls, three cost more and delayed no fewer).
+pub const AUTO: u32 = 2;
+
+/// The standby pods the plane keeps: the config's, or where it is unset [`AUTO`] when the API
+/// server serves pods' `resize` subresource (Kubernetes 1.33 and later, where in-place resize
+/// is on by default; its discovery lists `pods/resize` only then) and the invokers follow their
+/// pod's memory limit, none otherwise: a pod that cannot be resized would never be grown.
+pub(crate) async fn standby_pods(
+    client: &kube::Client,
+    config: &KubernetesPlaneConfig,
+    server: &str,
+) -> Result<u32, KubeError> {
+    if let Some(n) = config.standby {
+        return Ok(n);
+    }
+    if !config.follows_its_limit() {
+        tracing::info!("no standby pods: the invokers' command does not follow their pod's memory limit");
+        return Ok(0);
+    }
+    let bound = config.call_timeout;
+    let doing = format!("{server}: listing the core API's resources");
+    let resources = tokio::time::timeout(bound, client.list_core_api_resources("v1"))
+        .await
+        .map_err(|_| KubeError::Timeout { doing: doing.clone(), bound })?
+        .map_err(KubeError::call(doing))?;
+    match resources.resources.iter().any(|r| r.name == "pods/resize") {
+        true => {
+            tracing::info!("{AUTO} standby pods per group, grown by an in-place resize");
+            Ok(AUTO)
+        }
+        false => {
+            tracing::warn!(
+                "no standby pods: {server} serves no pod resize (Kubernetes 1.33 or later has it); \
+                 every invoker is a new pod, which takes seconds"
+            );
+            Ok(0)
+        }
     }
 }
 

@@ -59,6 +59,7 @@ pub(super) async fn serve(
     let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     use hyper::Method;
     match (&method, segments.as_slice()) {
+        (&Method::GET, ["api", "v1"]) => json_response(200, core_resources(shared.cluster.lock().without_resize)),
         (&Method::GET, ["api", "v1", "nodes"]) => list_or_watch(&shared, Kind::Node, None, &query),
         (&Method::GET, ["api", "v1", "pods"]) => list_or_watch(&shared, Kind::Pod, None, &query),
         (&Method::GET, ["api", "v1", "namespaces", ns, "pods"]) => list_or_watch(&shared, Kind::Pod, Some(ns), &query),
@@ -140,6 +141,11 @@ pub(super) async fn serve(
                 Err(response) => response,
             }
         }
+        (&Method::PATCH, ["api", "v1", "namespaces", _, "pods", _, "resize"])
+            if shared.cluster.lock().without_resize =>
+        {
+            json_response(404, status(404, "NotFound", "the server could not find the requested resource"))
+        }
         (&Method::PATCH, ["api", "v1", "namespaces", ns, "pods", name, "resize"]) => {
             let strategic =
                 request.headers().get("content-type").is_some_and(|t| t == "application/strategic-merge-patch+json");
@@ -185,6 +191,21 @@ pub(super) async fn serve(
 }
 
 /// The request's body as JSON, or the 400 that says why not.
+/// The core group's discovery (`GET /api/v1`): the resources the fake serves, as an
+/// `APIResourceList`; `pods/resize` only on a server that has it.
+fn core_resources(without_resize: bool) -> Value {
+    let resource = |name: &str, kind: &str, verbs: &[&str]| json!({ "name": name, "singularName": "", "namespaced": name != "nodes", "kind": kind, "verbs": verbs });
+    let mut resources = vec![
+        resource("nodes", "Node", &["get", "list", "watch"]),
+        resource("pods", "Pod", &["create", "delete", "get", "list", "watch"]),
+        resource("pods/log", "Pod", &["get"]),
+    ];
+    if !without_resize {
+        resources.push(resource("pods/resize", "Pod", &["get", "patch", "update"]));
+    }
+    json!({ "kind": "APIResourceList", "groupVersion": "v1", "resources": resources })
+}
+
 async fn read_json(request: hyper::Request<hyper::body::Incoming>) -> Result<Value, hyper::Response<Body>> {
     let body = request
         .into_body()

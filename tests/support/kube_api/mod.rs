@@ -89,6 +89,9 @@ struct Cluster {
     /// Each running container's cgroup directory (`<key>#<container>`), and resizes served.
     cgroups: BTreeMap<String, std::path::PathBuf>,
     resizes: usize,
+    /// A server before Kubernetes 1.33 (or with `InPlacePodVerticalScaling` off): no `resize`
+    /// subresource, in its discovery or served.
+    without_resize: bool,
 }
 
 /// What the server's tasks and the kubelet share.
@@ -360,6 +363,11 @@ impl FakeApiServer {
     }
 
     /// Each pod creation takes `delay` before the server acts on it (and answers).
+    /// Serves no pod `resize` subresource, as a server before Kubernetes 1.33 does.
+    pub fn without_resize(&self) {
+        self.shared.cluster.lock().without_resize = true;
+    }
+
     pub fn slow_creates(&self, delay: Duration) {
         self.shared.cluster.lock().slow_creates = delay;
     }
