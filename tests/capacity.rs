@@ -661,6 +661,23 @@ impl FakeManaged {
     }
 }
 
+/// Writes invoker `id`'s registration as a healthy invoker of one node publishes it.
+#[cfg(feature = "test-util")]
+async fn register_healthy(kv: &invoker_etcd::client::Etcd, id: &str, node: invoker_wire::cluster::NodeHeadroom) {
+    use invoker_etcd::kv::ClusterKv;
+    use invoker_wire::cluster::{Health, InvokerRecord};
+    let record = InvokerRecord {
+        id: id.into(),
+        api: "http://127.0.0.1:2".into(),
+        tags: vec![],
+        health: Health::Healthy,
+        nodes: vec![node],
+        boot_id: "b".into(),
+        pid: 1,
+    };
+    kv.put(&format!("/invoker/invokers/{id}"), &serde_json::to_string(&record).unwrap(), None).await.unwrap();
+}
+
 /// A plane counted slow (the fake's 1 s) whose invokers come at once: once five starts were
 /// timed under half a second, the group takes a quick plane's settings, its hold 5 s instead
 /// of a minute, and says the lead it measured. (Before, a plane kept the lead it was counted
@@ -669,8 +686,7 @@ impl FakeManaged {
 #[tokio::test(flavor = "multi_thread")]
 #[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
 async fn a_plane_measured_quicker_than_counted_takes_a_quick_planes_settings() {
-    use invoker_etcd::kv::ClusterKv;
-    use invoker_wire::cluster::{Health, InvokerRecord, NodeHeadroom};
+    use invoker_wire::cluster::NodeHeadroom;
     let Some(etcd) = EtcdServer::start() else { return };
     let kv = etcd.kv();
     let managed = FakeManaged::start(
@@ -687,18 +703,8 @@ async fn a_plane_measured_quicker_than_counted_takes_a_quick_planes_settings() {
     .await;
     assert_eq!((group()["lead_ms"].as_u64(), group()["scale_down_after_ms"].as_u64()), (Some(1000), Some(60_000)));
     for i in 0..5 {
-        let id = format!("default-{i}");
         let node = NodeHeadroom { node: "n".into(), launchable_mb: 256, free_mb: 256, capacity_mb: 256, idle_mb: 0 };
-        let record = InvokerRecord {
-            id: id.clone(),
-            api: "http://127.0.0.1:2".into(),
-            tags: vec![],
-            health: Health::Healthy,
-            nodes: vec![node],
-            boot_id: "b".into(),
-            pid: 1,
-        };
-        kv.put(&format!("/invoker/invokers/{id}"), &serde_json::to_string(&record).unwrap(), None).await.unwrap();
+        register_healthy(&kv, &format!("default-{i}"), node).await;
     }
     wait_until(Duration::from_secs(10), "the quick plane's hold", || {
         let g = group();
@@ -839,10 +845,6 @@ async fn the_manager_step_by_step_on_the_fake_control_plane() {
     managed.stop().await;
 }
 
-/// Neither `min` nor a burst waits for a tick: with a tick of a minute, the first round runs at
-/// once, and demand past what the group has is answered at the next burst check (within the
-/// bounded wait; a minute on the code before). The burst is five calls of 140 MB: 700 MB is
-/// three invokers of 256 MB by memory, but one call fits in each, so five are asked for.
 /// A shrinking group drains the invoker whose calls hold the least memory (as its registration
 /// says), not the newest: it has the least to finish, so its memory is given back soonest.
 /// (Drained newest-first, `default-2` went, busy with 200 MB.)
@@ -851,7 +853,7 @@ async fn the_manager_step_by_step_on_the_fake_control_plane() {
 #[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
 async fn a_shrinking_group_drains_its_least_busy_invoker() {
     use invoker_etcd::kv::ClusterKv;
-    use invoker_wire::cluster::{DemandReport, Health, InvokerRecord, Needs, NodeHeadroom, TagNeeds};
+    use invoker_wire::cluster::{DemandReport, Needs, NodeHeadroom, TagNeeds};
     let Some(etcd) = EtcdServer::start() else { return };
     let kv = etcd.kv();
     let managed = FakeManaged::start(
@@ -871,16 +873,7 @@ async fn a_shrinking_group_drains_its_least_busy_invoker() {
     // Memory at work: 256, 40 and 200 MB (idle containers are not work).
     for (id, free_mb, idle_mb) in [("default-0", 0, 0), ("default-1", 16, 200), ("default-2", 56, 0)] {
         let node = NodeHeadroom { node: "n".into(), launchable_mb: free_mb, free_mb, capacity_mb: 256, idle_mb };
-        let record = InvokerRecord {
-            id: id.into(),
-            api: "http://127.0.0.1:2".into(),
-            tags: vec![],
-            health: Health::Healthy,
-            nodes: vec![node],
-            boot_id: "b".into(),
-            pid: 1,
-        };
-        kv.put(&format!("/invoker/invokers/{id}"), &serde_json::to_string(&record).unwrap(), None).await.unwrap();
+        register_healthy(&kv, id, node).await;
     }
     let active = || status.lock().groups.first().map_or(0, |g| g.counts.active);
     wait_until(Duration::from_secs(10), "three up", || async { active() == 3 }).await;
@@ -894,6 +887,10 @@ async fn a_shrinking_group_drains_its_least_busy_invoker() {
     managed.stop().await;
 }
 
+/// Neither `min` nor a burst waits for a tick: with a tick of a minute, the first round runs at
+/// once, and demand past what the group has is answered at the next burst check (within the
+/// bounded wait; a minute on the code before). The burst is five calls of 140 MB: 700 MB is
+/// three invokers of 256 MB by memory, but one call fits in each, so five are asked for.
 #[cfg(feature = "test-util")]
 #[tokio::test(flavor = "multi_thread")]
 #[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
