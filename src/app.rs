@@ -10,7 +10,6 @@ use crate::cluster::registry::{Identity, Registrar};
 use crate::config::Config;
 use crate::factory::Factory;
 use crate::pool::actor::{ContainerPool, PoolHandle};
-use invoker_core::capacity::DrainOrder;
 use invoker_core::placement::PlacementConfig;
 use invoker_etcd::claim::ClaimError;
 use invoker_etcd::client::{Etcd, EtcdError};
@@ -396,7 +395,7 @@ impl CapacityApp {
         // An invoker stopped has its shutdown grace to drain, and a little more to exit.
         let stop_grace = config.shutdown_grace + Duration::from_secs(15);
         let cluster = &config.cluster;
-        let (plane, lead, drain_order) = match config.capacity.groups.values().next().map(|g| g.control_plane) {
+        let (plane, lead, newest_only) = match config.capacity.groups.values().next().map(|g| g.control_plane) {
             #[cfg(feature = "kubernetes")]
             Some(invoker_core::capacity::ControlPlaneKind::Kubernetes) => {
                 let plane = invoker_kubernetes::plane::KubernetesPlane::new(
@@ -411,18 +410,15 @@ impl CapacityApp {
                 let lead = plane.lead();
                 // A StatefulSet gives back only its highest pod; with standby pods, any one
                 // shrinks back in place.
-                let order = match plane.standby() {
-                    0 => DrainOrder::Newest,
-                    _ => DrainOrder::LeastBusy,
-                };
-                (AnyPlane::Kubernetes(Box::new(plane)), lead, order)
+                let newest_only = plane.standby() == 0;
+                (AnyPlane::Kubernetes(Box::new(plane)), lead, newest_only)
             }
             // Local (a build without a plane a group names was refused by the config's checks).
             _ => {
                 let plane =
                     LocalPlane::new(exe, config_file, cluster.etcd.clone(), config.data_dir.clone(), stop_grace)
                         .map_err(AppError::Plane)?;
-                (AnyPlane::Local(plane), invoker_capacity::plane::local::LEAD, DrainOrder::LeastBusy)
+                (AnyPlane::Local(plane), invoker_capacity::plane::local::LEAD, false)
             }
         };
         let api = cluster.advertise.clone().unwrap_or_else(|| format!("http://{addr}"));
@@ -434,7 +430,7 @@ impl CapacityApp {
             lease_ttl: cluster.lease_ttl,
             api,
             lead,
-            drain_order,
+            newest_only,
         };
         let manager = invoker_capacity::manager::Manager::new(Etcd::new(&cluster.etcd)?, settings, plane);
         let admin = config.admin.key.clone().unwrap_or_default();

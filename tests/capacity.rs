@@ -645,7 +645,7 @@ impl FakeManaged {
             lease_ttl: Duration::from_secs(3),
             api: "http://127.0.0.1:1".into(),
             lead: Duration::from_secs(1),
-            drain_order: invoker_core::capacity::DrainOrder::LeastBusy,
+            newest_only: false,
         };
         let plane = FakePlane::default();
         let manager = Manager::new(kv.clone(), settings, AnyPlane::Fake(plane.clone()));
@@ -845,20 +845,21 @@ async fn the_manager_step_by_step_on_the_fake_control_plane() {
     managed.stop().await;
 }
 
-/// A shrinking group drains the invoker whose calls hold the least memory (as its registration
-/// says), not the newest: it has the least to finish, so its memory is given back soonest.
-/// (Drained newest-first, `default-2` went, busy with 200 MB.)
+/// On a quick plane a shrinking group drains the invoker whose calls hold the least memory (as
+/// its registration says), not the newest: it has the least to finish, so its memory is given
+/// back soonest. The fake plane is counted slow (1 s), where the newest goes first; its five
+/// invokers registering at once make it quick. (Drained newest-first, `default-4`, busy, went.)
 #[cfg(feature = "test-util")]
 #[tokio::test(flavor = "multi_thread")]
 #[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
-async fn a_shrinking_group_drains_its_least_busy_invoker() {
+async fn a_shrinking_group_on_a_quick_plane_drains_its_least_busy_invoker() {
     use invoker_etcd::kv::ClusterKv;
     use invoker_wire::cluster::{DemandReport, Needs, NodeHeadroom, TagNeeds};
     let Some(etcd) = EtcdServer::start() else { return };
     let kv = etcd.kv();
     let managed = FakeManaged::start(
         &kv,
-        "[capacity]\ntick = \"100ms\"\n[capacity.groups.default]\nmin = 0\nmax = 3\ninvoker_memory_mb = 256\n\
+        "[capacity]\ntick = \"100ms\"\n[capacity.groups.default]\nmin = 0\nmax = 5\ninvoker_memory_mb = 256\n\
          scale_down_after = \"1s\"\npredictor = \"conservative\"\n",
     );
     let (plane, status) = (managed.plane.clone(), managed.status.clone());
@@ -868,16 +869,20 @@ async fn a_shrinking_group_drains_its_least_busy_invoker() {
         let kv = kv.clone();
         async move { kv.put("/invoker/demand/s1", &serde_json::to_string(&report).unwrap(), None).await.unwrap() }
     };
-    demand(700).await;
-    wait_until(Duration::from_secs(10), "three asked for", || async { plane.started().len() == 3 }).await;
-    // Memory at work: 256, 40 and 200 MB (idle containers are not work).
-    for (id, free_mb, idle_mb) in [("default-0", 0, 0), ("default-1", 16, 200), ("default-2", 56, 0)] {
+    demand(1200).await;
+    wait_until(Duration::from_secs(10), "five asked for", || async { plane.started().len() == 5 }).await;
+    // Memory at work: 256, 40, 200, 256 and 256 MB (idle containers are not work).
+    let busy = [(0, 0), (16, 200), (56, 0), (0, 0), (0, 0)];
+    for (i, (free_mb, idle_mb)) in busy.into_iter().enumerate() {
         let node = NodeHeadroom { node: "n".into(), launchable_mb: free_mb, free_mb, capacity_mb: 256, idle_mb };
-        register_healthy(&kv, id, node).await;
+        register_healthy(&kv, &format!("default-{i}"), node).await;
     }
-    let active = || status.lock().groups.first().map_or(0, |g| g.counts.active);
-    wait_until(Duration::from_secs(10), "three up", || async { active() == 3 }).await;
-    demand(500).await;
+    let group = || status.lock().groups.first().cloned();
+    wait_until(Duration::from_secs(10), "five up, the plane measured quick", || async {
+        group().is_some_and(|g| g.counts.active == 5 && g.lead_ms < 500)
+    })
+    .await;
+    demand(1000).await;
     wait_until(Duration::from_secs(10), "one drained", || async {
         kv.get_prefix("/invoker/drain/").await.unwrap().len() == 1
     })

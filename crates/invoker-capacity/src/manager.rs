@@ -8,7 +8,7 @@
 
 use crate::metrics::{CapacityMetrics, DecisionLabel, GroupLabel, GroupState};
 use invoker_core::capacity::packing::{packed_demand_mb, CallsByMb};
-use invoker_core::capacity::{default_hold, DrainOrder, GroupConfig};
+use invoker_core::capacity::{default_hold, drain_order, GroupConfig};
 use invoker_core::capacity::{Action, Decision, Event, GroupCore, GroupCounts, GroupSpec, MemberState, Sighting};
 use invoker_core::predictor::{quick, AnyPredictor, Predictor};
 use invoker_etcd::claim::{claim_key, ClaimError};
@@ -115,6 +115,8 @@ struct LeaderRecord<'a> {
 struct GroupLoop {
     name: String,
     config: GroupConfig,
+    /// Its plane gives back only the newest invoker's memory (see `ManagerSettings`).
+    newest_only: bool,
     core: GroupCore,
     predictor: AnyPredictor,
     /// The invokers this manager drained (their drain keys are its to take back).
@@ -170,6 +172,7 @@ impl GroupLoop {
         );
         self.lead = measured;
         self.predictor = self.config.predictor.build(measured);
+        self.core.set_drain_order(drain_order(measured, self.newest_only));
         self.status.lead_ms = measured.as_millis() as u64;
         if self.config.scale_down_after.is_none() {
             let hold = default_hold(measured);
@@ -194,9 +197,9 @@ pub struct ManagerSettings {
     /// How long the control plane takes to bring an invoker up (the predictors plan that far
     /// ahead).
     pub lead: Duration,
-    /// Which invoker a shrinking group drains first: the least busy, unless the plane gives
-    /// back only its newest invoker's memory.
-    pub drain_order: DrainOrder,
+    /// The plane gives back only its newest invoker's memory (a StatefulSet without standby
+    /// pods): groups drain the newest first, whatever their lead (`drain_order`).
+    pub newest_only: bool,
 }
 
 pub struct Manager<K: ClusterKv, P: ControlPlane> {
@@ -243,12 +246,13 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
                 // The invokers' reports lag a decision by up to two publish intervals.
                 let spec = GroupSpec {
                     settle: 2 * self.settings.publish_interval,
-                    drain_order: self.settings.drain_order,
+                    drain_order: drain_order(self.settings.lead, self.settings.newest_only),
                     ..g.spec(name, self.settings.lead)
                 };
                 GroupLoop {
                     name: name.clone(),
                     config: g.clone(),
+                    newest_only: self.settings.newest_only,
                     status: GroupStatus {
                         name: name.clone(),
                         tags: g.tags.clone(),

@@ -68,6 +68,20 @@ pub struct GroupSpec {
     pub drain_order: DrainOrder,
 }
 
+/// The drain order of a group on a plane whose invokers take `lead` to come up: the least busy
+/// first on a [`crate::predictor::quick`] plane; the newest first on a slow one, where the
+/// newest invoker's calls finishing in place leave their memory free on the others for the
+/// rises the plane cannot answer in time (on the fleet scenarios' 1 s plane the least busy
+/// first saved nothing, 1.62× either way on 200 functions, and delayed 0.61 % of the calls
+/// against 0.50 %), and on a plane that gives back only its newest invoker's memory
+/// (`newest_only`).
+pub fn drain_order(lead: Duration, newest_only: bool) -> DrainOrder {
+    match crate::predictor::quick(lead) && !newest_only {
+        true => DrainOrder::LeastBusy,
+        false => DrainOrder::Newest,
+    }
+}
+
 /// Which active invoker a shrinking group drains first (those that take no work always come
 /// first). A draining invoker is paid for until its last call ends: on the fleet scenarios'
 /// quick planes an eighth of the invoker-seconds went to drains (30,000 a day of 236,000 on
@@ -80,8 +94,9 @@ pub enum DrainOrder {
     /// among equals: it has the least to finish, so it goes soonest.
     #[default]
     LeastBusy,
-    /// The newest (the highest ordinal): a plane that gives back only its newest invoker's
-    /// memory (a StatefulSet without standby pods) gains nothing from draining another.
+    /// The newest (the highest ordinal): on a slow plane, and on one that gives back only its
+    /// newest invoker's memory (a StatefulSet without standby pods), which gains nothing from
+    /// draining another.
     Newest,
 }
 
@@ -116,7 +131,7 @@ impl GroupConfig {
             provision_timeout: self.provision_timeout,
             headroom_mb: self.headroom_mb,
             settle: Duration::ZERO,
-            drain_order: DrainOrder::LeastBusy,
+            drain_order: drain_order(lead, false),
         }
     }
 }
@@ -269,6 +284,11 @@ impl GroupCore {
     /// [`default_hold`]). A low already seen keeps its start: it drains at its new end.
     pub fn set_scale_down_after(&mut self, hold: Duration) {
         self.spec.scale_down_after = hold;
+    }
+
+    /// The drain order from now on (its plane measured quicker or slower: [`drain_order`]).
+    pub fn set_drain_order(&mut self, order: DrainOrder) {
+        self.spec.drain_order = order;
     }
 
     pub fn members(&self) -> impl Iterator<Item = &Member> {
@@ -776,6 +796,15 @@ mod tests {
         assert!(g.handle(Event::Tick { target_mb: 3 * MB }, s(5)).is_empty());
         let drained = actions(&g.handle(Event::Tick { target_mb: 3 * MB }, s(65)));
         assert_eq!(drained, vec![Action::Drain { id: "g-0".into() }], "the one that takes no work, not g-3");
+    }
+
+    #[test]
+    fn a_quick_plane_drains_the_least_busy_and_a_slow_or_newest_only_one_the_newest() {
+        assert_eq!(drain_order(Duration::from_millis(200), false), DrainOrder::LeastBusy);
+        assert_eq!(drain_order(Duration::from_millis(200), true), DrainOrder::Newest);
+        assert_eq!(drain_order(Duration::from_secs(1), false), DrainOrder::Newest);
+        let quick = GroupConfig::default().spec("g", Duration::from_millis(200));
+        assert_eq!(quick.drain_order, DrainOrder::LeastBusy);
     }
 
     #[test]

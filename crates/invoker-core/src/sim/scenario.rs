@@ -85,8 +85,9 @@ pub struct Plane {
     /// Invokers kept started but small, that the group grows by resizing.
     #[serde(default)]
     pub standby: Option<Standby>,
-    /// Which invoker a shrinking group drains first: `newest` where only the newest gives its
-    /// memory back (a StatefulSet without standby pods), `least_busy` (the default) elsewhere.
+    /// `newest` where only the newest invoker gives its memory back (a StatefulSet without
+    /// standby pods): a shrinking group drains the newest first. `least_busy` (the default):
+    /// any, so the group's lead decides (`crate::capacity::drain_order`).
     #[serde(default)]
     pub drain_order: crate::capacity::DrainOrder,
 }

@@ -439,7 +439,9 @@ fn prepared<'a>(
     let group = match sizing {
         Sizing::Fixed(_) => None,
         Sizing::Managed(kind, headroom_mb) => {
-            let spec = GroupSpec { headroom_mb, drain_order: plane.drain_order, ..fleet.group.spec("default", lead) };
+            let newest_only = plane.drain_order == DrainOrder::Newest;
+            let drain_order = crate::capacity::drain_order(lead, newest_only);
+            let spec = GroupSpec { headroom_mb, drain_order, ..fleet.group.spec("default", lead) };
             Some((GroupCore::new(spec), kind.build(lead)))
         }
     };
