@@ -557,9 +557,7 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
                 g.started(asked.elapsed(), &self.metrics);
             }
             decisions.extend(g.core.handle(Event::Up { id: id.clone() }, now));
-            // What its calls hold: its nodes' memory neither free nor idle.
-            let busy_mb = record.nodes.iter().map(|n| n.capacity_mb.saturating_sub(n.free_mb + n.idle_mb)).sum();
-            decisions.extend(g.core.handle(Event::Busy { id: id.clone(), busy_mb }, now));
+            decisions.extend(g.core.handle(Event::Busy { id: id.clone(), busy_mb: record.busy_mb() }, now));
             // Whether a report is taken (settling after a reactivation, trusted after a drain) is
             // the core's to decide: `GroupSpec::settle`.
             let serving = matches!(record.health, Health::Healthy | Health::Overloaded);

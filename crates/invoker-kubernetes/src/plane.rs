@@ -178,7 +178,8 @@ impl KubernetesPlane {
         })
     }
 
-    /// Standby pods per group (see [`KubernetesPlane::standby`]).
+    /// Standby pods per group: the config's, or the cluster's where it leaves it unset
+    /// ([`standby_pods`]).
     pub fn standby(&self) -> u32 {
         self.standby
     }

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 /// resize was not measured here (no cluster): 300 ms is what the fleet scenarios' standby plane
 /// counts, and the manager's `capacity_provisioning_seconds` (and the lead it measures) shows
 /// the real figure.
-pub fn lead(standby: u32) -> Duration {
+pub(crate) fn lead(standby: u32) -> Duration {
     match standby {
         0 => Duration::from_secs(10),
         _ => Duration::from_millis(300),

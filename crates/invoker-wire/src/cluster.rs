@@ -274,6 +274,12 @@ impl InvokerRecord {
     pub fn room_mb(&self) -> u64 {
         self.nodes.iter().map(|n| n.launchable_mb + n.idle_mb).max().unwrap_or(0)
     }
+
+    /// The memory its calls hold (running and starting containers): its nodes' memory neither
+    /// free nor idle.
+    pub fn busy_mb(&self) -> u64 {
+        self.nodes.iter().map(|n| n.capacity_mb.saturating_sub(n.free_mb + n.idle_mb)).sum()
+    }
 }
 
 /// What the invoker can take, as `/health`, its cluster registration and the schedulers
