@@ -51,6 +51,12 @@ impl IdleStack {
         None
     }
 
+    /// The container [`IdleStack::pop`] would take, left in the stack.
+    pub(super) fn peek(&self, is_live: impl Fn(ContainerId, u64) -> bool) -> Option<ContainerId> {
+        let top = (self.top != EMPTY).then_some(self.top);
+        top.into_iter().chain(self.below.iter().rev().copied()).find(|&(seq, id)| is_live(id, seq)).map(|(_, id)| id)
+    }
+
     /// A live entry's container stopped being idle (its mark was cleared).
     pub(super) fn ended(&mut self) {
         self.live -= 1;

@@ -11,6 +11,7 @@ mod hybrid;
 mod idle_stack;
 mod keep_alive;
 mod nodes;
+mod offers;
 mod prewarming;
 #[cfg(test)]
 mod proptests;
@@ -317,6 +318,9 @@ pub struct PoolCore {
     /// Keys short of their provisioned containers, each with whether it waits for room (rather
     /// than a backoff): tried again at every tick and stats update.
     provisioning: std::collections::BTreeMap<KeyId, bool>,
+    /// Keys whose [`PoolCore::offer`] may have changed since the caller last asked
+    /// ([`PoolCore::take_offer_changes`]), and whether every key's may have.
+    offers: offers::Dirty,
 }
 
 impl PoolCore {
@@ -354,6 +358,7 @@ impl PoolCore {
             prewarms_started: 0,
             prewarm_retries: Vec::new(),
             provisioning: Default::default(),
+            offers: offers::Dirty::default(),
         }
     }
 
@@ -363,8 +368,10 @@ impl PoolCore {
 
     pub fn handle(&mut self, event: Event, now: Time) -> Effects {
         let mut fx = Effects::new();
+        let before = self.offers_before(&event);
         match event {
             Event::Arrived(job) => self.on_arrived(job, now, &mut fx),
+            Event::Taken { job, container } => self.on_taken(job, container, now, &mut fx),
             Event::Started { container, failure, at } => self.on_started(container, failure, at.min(now), now, &mut fx),
             Event::Finished { container, job, reusable } => self.on_finished(container, job, reusable, now, &mut fx),
             Event::Removed(container) => self.on_removed(container, now, &mut fx),
@@ -386,6 +393,7 @@ impl PoolCore {
             Event::Retire(key) => self.on_retire(key, now, &mut fx),
             Event::Provision(provision) => self.on_provision(provision, now, &mut fx),
         }
+        self.offers_after(before, &fx);
         fx
     }
 

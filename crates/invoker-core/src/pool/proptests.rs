@@ -9,7 +9,10 @@
 //! below its cap none of its jobs waits beside a free container of it; a provisioned container
 //! goes only when its key lets it go (retired, its count lowered, the pool draining) or it
 //! failed, and once things settle every key keeps its provisioned containers wherever a node
-//! has room for them.
+//! has room for them. The warm path's offers ([`PoolCore::offer`]), kept in a table from
+//! the changes the core says after every event as the pool actor keeps them, never differ from
+//! the core's own answer; a job taken to an offered container runs there, and the core and the
+//! world agree after every event on how many runs each container has.
 
 use super::*;
 use invoker_ids::NodeStatsUpdate;
@@ -24,24 +27,55 @@ const STEM_MB: u32 = 256;
 
 #[derive(Clone, Debug)]
 enum Op {
-    Arrive { key: u32, deadline_ms: u64, patient: bool },
-    FinishCreate { pick: usize, ok: bool },
-    FinishRun { pick: usize, reusable: bool },
-    FinishRemove { pick: usize },
-    Crash { pick: usize },
-    ObserveStats { node: usize },
-    DeliverStats { pick: usize },
-    Advance { ms: u64 },
+    Arrive {
+        key: u32,
+        deadline_ms: u64,
+        patient: bool,
+    },
+    /// A job handed straight to its key's offered container, as the pool's fast path does (an
+    /// arrival when the key has no offer).
+    Take {
+        key: u32,
+    },
+    FinishCreate {
+        pick: usize,
+        ok: bool,
+    },
+    FinishRun {
+        pick: usize,
+        reusable: bool,
+    },
+    FinishRemove {
+        pick: usize,
+    },
+    Crash {
+        pick: usize,
+    },
+    ObserveStats {
+        node: usize,
+    },
+    DeliverStats {
+        pick: usize,
+    },
+    Advance {
+        ms: u64,
+    },
     Drain,
     ShedIdle,
-    Retire { key: u32 },
-    Provision { key: u32, count: u32 },
+    Retire {
+        key: u32,
+    },
+    Provision {
+        key: u32,
+        count: u32,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         6 => (0u32..6, 200u64..5_000, prop::bool::weighted(0.3))
             .prop_map(|(key, deadline_ms, patient)| Op::Arrive { key, deadline_ms, patient }),
+        4 => (0u32..6).prop_map(|key| Op::Take { key }),
         4 => (any::<usize>(), prop::bool::weighted(0.85)).prop_map(|(pick, ok)| Op::FinishCreate { pick, ok }),
         5 => (any::<usize>(), prop::bool::weighted(0.9)).prop_map(|(pick, reusable)| Op::FinishRun { pick, reusable }),
         3 => any::<usize>().prop_map(|pick| Op::FinishRemove { pick }),
@@ -95,6 +129,8 @@ struct World {
     /// Containers a run left unusable.
     unusable: HashSet<ContainerId>,
     drained: bool,
+    /// The offers as a caller keeps them from [`PoolCore::take_offer_changes`].
+    offers: HashMap<KeyId, ContainerId>,
 }
 
 impl World {
@@ -200,6 +236,7 @@ impl World {
             let for_jobs = (starting as usize).saturating_sub(provisioned);
             prop_assert!(for_jobs <= waiting.div_ceil(concurrency), "more starts than waiting jobs need");
         }
+        self.check_offers(core)?;
         for k in 0..6 {
             let (waiting, _) = core.key_load(KeyId(k));
             let at_cap = key_cap(k).is_some_and(|cap| self.running_of(KeyId(k)) >= cap as usize);
@@ -209,6 +246,54 @@ impl World {
             );
         }
         Ok(())
+    }
+
+    /// The offers table follows the core's changes and equals its answer for every key; an
+    /// offered container is ready, unpaused and has room; every container's runs are the
+    /// world's.
+    fn check_offers(&mut self, core: &mut PoolCore) -> Result<(), TestCaseError> {
+        for (key, offer) in core.take_offer_changes() {
+            match offer {
+                Some(container) => self.offers.insert(key, container),
+                None => self.offers.remove(&key),
+            };
+        }
+        for k in 0..6 {
+            let key = KeyId(k);
+            prop_assert_eq!(self.offers.get(&key).copied(), core.offer(key), "the offer of {:?} is stale", key);
+            if let Some(c) = self.offers.get(&key) {
+                prop_assert!(self.ready.contains(c) && !self.paused.contains(c), "{:?} offered, not ready", c);
+                let runs = self.running.iter().filter(|(r, _)| r == c).count();
+                prop_assert!(runs < key_shape(k).1 as usize, "{:?} offered with no room", c);
+                prop_assert!(!self.drained, "an offer while the pool drains");
+            }
+        }
+        for view in core.containers() {
+            let runs = self.running.iter().filter(|(r, _)| *r == view.id).count();
+            prop_assert_eq!(view.running, runs, "the core and the world disagree on {:?}'s runs", view.id);
+        }
+        Ok(())
+    }
+
+    /// A new job of `key`, known to the world as arrived.
+    fn new_job(&mut self, key: u32, deadline_ms: u64, patient: bool) -> Job {
+        let (memory_mb, concurrency) = key_shape(key);
+        let id = JobId(self.next_job);
+        self.next_job += 1;
+        self.arrived.insert(id);
+        self.shape.insert(id, (KeyId(key), patient));
+        Job {
+            id,
+            key: KeyId(key),
+            memory_mb,
+            concurrency,
+            deadline: self.now + Duration::from_millis(deadline_ms),
+            stem: (memory_mb == STEM_MB).then_some(StemId(0)),
+            idle_timeout: None,
+            patient,
+            max_running: key_cap(key),
+            tenant: TenantId(key % 2),
+        }
     }
 
     /// Jobs of `key` dispatched and not finished.
@@ -252,27 +337,17 @@ impl World {
     fn step(&mut self, core: &mut PoolCore, op: Op) -> Result<(), TestCaseError> {
         match op {
             Op::Arrive { key, deadline_ms, patient } => {
-                let (memory_mb, concurrency) = key_shape(key);
-                let id = JobId(self.next_job);
-                self.next_job += 1;
-                self.arrived.insert(id);
-                let deadline = self.now + Duration::from_millis(deadline_ms);
-                let stem = (memory_mb == STEM_MB).then_some(StemId(0));
-                self.shape.insert(id, (KeyId(key), patient));
-                let max_running = key_cap(key);
-                let job = Job {
-                    id,
-                    key: KeyId(key),
-                    memory_mb,
-                    concurrency,
-                    deadline,
-                    stem,
-                    idle_timeout: None,
-                    patient,
-                    max_running,
-                    tenant: TenantId(key % 2),
-                };
+                let job = self.new_job(key, deadline_ms, patient);
                 self.apply(core, Event::Arrived(job))?;
+            }
+            Op::Take { key } => {
+                let Some(container) = self.offers.remove(&KeyId(key)) else {
+                    return self.step(core, Op::Arrive { key, deadline_ms: 1_000, patient: false });
+                };
+                let job = self.new_job(key, 1_000, false);
+                let id = job.id;
+                self.apply(core, Event::Taken { job, container })?;
+                prop_assert!(self.running.contains(&(container, id)), "a taken job did not run where it was taken");
             }
             Op::FinishCreate { pick, ok } if !self.creating.is_empty() => {
                 let container = self.creating.swap_remove(pick % self.creating.len());

@@ -63,6 +63,15 @@ pub struct Job {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
     Arrived(Job),
+    /// A job its caller handed straight to `container`, the one [`PoolCore::offer`] last named
+    /// for the job's key (the warm path's one hand-off, see `docs/architecture.md`): the core
+    /// counts it as an arrival it dispatched there itself, and stays the one owner of what
+    /// runs where. Said before any other event, so no decision is taken on the container as
+    /// idle after it was taken.
+    Taken {
+        job: Job,
+        container: ContainerId,
+    },
     /// The factory finished creating `container`: ready for work (since `at`, stamped by the
     /// factory in the time base of its node stats), or failed.
     Started {
