@@ -6,6 +6,7 @@
 //! (LIFO for idle ones, most-loaded-first for concurrent ones), idle containers in one global
 //! LRU, deadlines in one ordered set. Only cold-start placement looks at the nodes.
 
+mod dirty_offers;
 mod estimates;
 mod hybrid;
 mod idle_stack;
@@ -320,7 +321,7 @@ pub struct PoolCore {
     provisioning: std::collections::BTreeMap<KeyId, bool>,
     /// Keys whose [`PoolCore::offer`] may have changed since the caller last asked
     /// ([`PoolCore::take_offer_changes`]), and whether every key's may have.
-    offers: offers::Dirty,
+    offers: dirty_offers::Dirty,
 }
 
 impl PoolCore {
@@ -358,7 +359,7 @@ impl PoolCore {
             prewarms_started: 0,
             prewarm_retries: Vec::new(),
             provisioning: Default::default(),
-            offers: offers::Dirty::default(),
+            offers: dirty_offers::Dirty::default(),
         }
     }
 
@@ -936,11 +937,14 @@ impl PoolCore {
         let owned: Vec<ContainerId> =
             self.containers.iter().filter(|(_, c)| c.owner == Owner::Key(key_id)).map(|(id, _)| id).collect();
         for id in owned {
-            let c = self.containers.get_mut(&id).expect("listed above");
+            let c = &self.containers[&id];
             if c.phase == Phase::Ready && c.running.is_empty() {
                 self.retire(id, now, fx);
             } else {
-                c.retiring = true;
+                // Out of its key's free containers too: a busy one with room took the key's
+                // next job while it retired (the offers' property test found it).
+                self.unsettle(id);
+                self.containers.get_mut(&id).expect("listed above").retiring = true;
             }
         }
         self.keep_alive.forget(key_id);

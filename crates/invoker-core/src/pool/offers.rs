@@ -11,25 +11,10 @@
 //! as one it dispatched there itself. The property tests hold the table to the core's own
 //! answer after every event, and a taken container to busy.
 
+use super::dirty_offers::Dirty;
 use super::{Effect, Effects, Event, Job, KeyId, Owner, Phase, PoolCore};
 use invoker_ids::{ContainerId, Time};
 use smallvec::SmallVec;
-
-/// Keys whose offer may have changed since the caller last asked.
-#[derive(Debug, Default)]
-pub(super) struct Dirty {
-    keys: SmallVec<[KeyId; 2]>,
-    /// Every key's (the pool drains; the largest node changed, which decides what never fits).
-    all: bool,
-}
-
-impl Dirty {
-    fn mark(&mut self, key: KeyId) {
-        if !self.keys.contains(&key) {
-            self.keys.push(key);
-        }
-    }
-}
 
 /// What an event touched before the core handled it: the key of its job or container (a
 /// removed container's key is gone with it after), and the largest node's capacity.
@@ -64,9 +49,8 @@ impl PoolCore {
 
     /// The keys whose offer may have changed since the last call, each with its offer now.
     pub fn take_offer_changes(&mut self) -> SmallVec<[(KeyId, Option<ContainerId>); 2]> {
-        let dirty = std::mem::take(&mut self.offers);
-        let mut keys = dirty.keys;
-        if dirty.all {
+        let Dirty { mut keys, all } = std::mem::take(&mut self.offers);
+        if all {
             keys.extend(self.keys.keys().copied().filter(|k| !keys.contains(k)).collect::<Vec<_>>());
         }
         keys.into_iter().map(|key| (key, self.offer(key))).collect()
