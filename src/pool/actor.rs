@@ -1,6 +1,7 @@
 //! The ContainerPool actor: a thin shell that feeds events to the pure core and carries out
 //! the effects it returns: starting proxies, handing them jobs, answering rejected jobs.
 
+use super::hand_off::{HandOff, JobShape};
 use super::live;
 use super::status::{
     CappedAction, ContainerSummary, ControlledAction, PoolSnapshot, PoolStatus, ProvisionedAction, WarmContainers,
@@ -145,7 +146,8 @@ pub struct ContainerPool {
     next_key: u32,
     /// Each namespace the pool has run, as the core's tenant (as many as the namespaces).
     tenants: HashMap<String, TenantId>,
-    next_job: u64,
+    /// The offers a caller hands a job to without a message here, and the jobs it took.
+    hand_off: Arc<HandOff>,
     drained: Vec<oneshot::Sender<()>>,
     /// Each kind's runtime protocol, for the proxies.
     protocols: Arc<HashMap<String, RuntimeProtocol>>,
@@ -191,7 +193,7 @@ impl ContainerPool {
             tenants: HashMap::new(),
             key_actions: HashMap::new(),
             next_key: 0,
-            next_job: 1,
+            hand_off: Arc::new(HandOff::new(epoch)),
             drained: Vec::new(),
             user_memory_mb: Arc::default(),
             protocols: Arc::default(),
@@ -268,7 +270,43 @@ impl ContainerPool {
         }
     }
 
+    /// Applies the jobs taken from the offers since the last event, then `event`, then
+    /// publishes the offers it changed.
     fn apply(&mut self, event: Event, ctx: &mut Context<Self>) {
+        for taken in self.hand_off.taken() {
+            self.apply_one(taken, ctx);
+        }
+        self.apply_one(event, ctx);
+        self.publish_offers();
+    }
+
+    /// The offers the core changed, as the hand-off keeps them.
+    fn publish_offers(&mut self) {
+        for (key, offer) in self.core.take_offer_changes() {
+            let (Some(container), Some(entry)) = (offer, self.key_actions.get(&key)) else {
+                self.hand_off.withdraw(key);
+                continue;
+            };
+            let Some(proxy) = self.proxies.get(&container) else {
+                self.hand_off.withdraw(key);
+                continue;
+            };
+            let action = &entry.action;
+            let (l, kind) = (&action.limits, &action.exec.kind);
+            let shape = JobShape {
+                key,
+                memory_mb: l.memory,
+                concurrency: entry.concurrency,
+                max_running: action.max_concurrency(),
+                tenant: entry.tenant,
+                stem: self.config.stem_for(kind, l.memory, l.disk),
+                idle_timeout: entry.idle,
+            };
+            self.hand_off.offer(action.clone(), container, proxy.clone(), shape);
+        }
+    }
+
+    fn apply_one(&mut self, event: Event, ctx: &mut Context<Self>) {
         // A container created on a job's arrival is created for it: its span is that job's.
         let arrived = match &event {
             Event::Arrived(job) => Some((job.id, job.key)),
@@ -570,8 +608,7 @@ impl Handler<Submit> for ContainerPool {
     fn handle(&mut self, Submit(run): Submit, ctx: &mut Context<Self>) {
         let concurrency = self.runs_at_once(&run.action);
         let (key, idle_timeout, tenant) = self.intern(&run.action, concurrency);
-        let id = JobId(self.next_job);
-        self.next_job += 1;
+        let id = self.hand_off.next_job();
         // A queued call waits until its maximum age, a blocking one its bounded wait.
         let wait = match &run.queued {
             Some(queued) => {
@@ -881,16 +918,18 @@ pub struct PoolBusy;
 pub struct PoolHandle {
     addr: Addr<ContainerPool>,
     user_memory_mb: Arc<AtomicU64>,
+    hand_off: Arc<HandOff>,
 }
 
 impl PoolHandle {
     pub fn start(pool: ContainerPool) -> Self {
         let user_memory_mb = pool.user_memory_mb.clone();
+        let hand_off = pool.hand_off.clone();
         let addr = ContainerPool::create(move |ctx| {
             ctx.set_mailbox_capacity(MAILBOX);
             pool
         });
-        PoolHandle { addr, user_memory_mb }
+        PoolHandle { addr, user_memory_mb, hand_off }
     }
 
     /// The memory of every node of the cluster, as the factory last reported it.
@@ -908,7 +947,9 @@ impl PoolHandle {
         let _ = self.addr.send(Submit(run)).await;
     }
 
+    /// A job whose action has an offered container goes to it directly (see `hand_off`).
     pub fn submit(&self, run: RunJob) -> Result<(), PoolBusy> {
+        let Err(run) = self.hand_off.take(run) else { return Ok(()) };
         match self.addr.try_send(Submit(run)) {
             Ok(()) => Ok(()),
             Err(SendError::Full(Submit(run))) => {

@@ -63,9 +63,10 @@ struct Snapshot {
 /// The containers an event or an effect names.
 pub(crate) fn touched(event: &Event) -> Option<ContainerId> {
     match event {
-        Event::Started { container, .. } | Event::Finished { container, .. } | Event::Removed(container) => {
-            Some(*container)
-        }
+        Event::Started { container, .. }
+        | Event::Finished { container, .. }
+        | Event::Removed(container)
+        | Event::Taken { container, .. } => Some(*container),
         _ => None,
     }
 }
