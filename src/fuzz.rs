@@ -313,8 +313,8 @@ fn journal_corpus() -> Vec<Vec<u8>> {
 
 /// A journal line as a restart reads it: read back and written again, it reads the same.
 fn journal_line(bytes: &[u8]) {
-    if let Some(again) = invoker_store::journal::reread_line(bytes) {
-        let twice = invoker_store::journal::reread_line(&again);
+    if let Some(again) = invoker_store::journal::lines::reread_line(bytes) {
+        let twice = invoker_store::journal::lines::reread_line(&again);
         assert_eq!(twice.as_deref(), Some(again.as_slice()), "a line written by the journal reads back as written");
     }
 }
