@@ -949,7 +949,7 @@ impl PoolHandle {
 
     /// A job whose action has an offered container goes to it directly (see `hand_off`).
     pub fn submit(&self, run: RunJob) -> Result<(), PoolBusy> {
-        let Err(run) = self.hand_off.take(run) else { return Ok(()) };
+        let Some(run) = self.hand_off.take(run) else { return Ok(()) };
         match self.addr.try_send(Submit(run)) {
             Ok(()) => Ok(()),
             Err(SendError::Full(Submit(run))) => {

@@ -72,14 +72,14 @@ impl HandOff {
         JobId(self.next_job.fetch_add(1, Ordering::Relaxed))
     }
 
-    /// Hands `run` to its action's offered container, if there is one; `Err` gives it back. A
-    /// queued call, or one whose caller must hear of its start, goes through the pool.
-    pub(super) fn take(&self, run: RunJob) -> Result<(), RunJob> {
+    /// Hands `run` to its action's offered container, if there is one; otherwise gives it
+    /// back. A queued call, or one whose caller must hear of its start, goes through the pool.
+    pub(super) fn take(&self, run: RunJob) -> Option<RunJob> {
         if run.queued.is_some() || run.start_notice.is_some() {
-            return Err(run);
+            return Some(run);
         }
         let mut table = self.table.lock();
-        let Some(offer) = table.offers.remove(&(Arc::as_ptr(&run.action) as usize)) else { return Err(run) };
+        let Some(offer) = table.offers.remove(&(Arc::as_ptr(&run.action) as usize)) else { return Some(run) };
         table.by_key.remove(&offer.shape.key);
         debug_assert!(Arc::ptr_eq(&offer.action, &run.action), "an offer found by another action's address");
         let id = self.next_job();
@@ -102,7 +102,7 @@ impl HandOff {
         // Bounded by the core as every run sent to a proxy is: the container was offered
         // because it has room for one more.
         offer.proxy.do_send(Run { job: id, run });
-        Ok(())
+        None
     }
 
     /// The jobs taken since the last call, as the core's events.
