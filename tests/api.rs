@@ -224,6 +224,34 @@ async fn a_metrics_scrape_counts_the_containers_by_state() {
     assert!(text.contains("invoker_containers{state=\"busy\"} 0"), "{text}");
 }
 
+/// The caller's parameters reach the runtime as the bytes they came as, over the action's
+/// defaults (a default the caller also gives is the caller's); a body that is not one JSON
+/// object is a 400 naming the body, and nothing runs.
+#[actix_rt::test]
+async fn the_callers_parameters_go_over_the_actions_defaults_as_they_came() {
+    let (_h, app) = harness(|_| {}, MockConfig::default()).await;
+    let url = "/api/v1/namespaces/_/actions/defaults";
+    let defaults = json!([{"key": "name", "value": "default"}, {"key": "greeting", "value": "hi \"you\""}]);
+    let action = json!({"exec": {"kind": "python:3", "code": "def main(a): return a"}, "parameters": defaults});
+    assert_eq!(send(&app, put(url, action)).await.0, 200);
+    let given = json!({"name": "caller", "n": [1, {"x": null}]});
+    let (s, body, _) = send(&app, post(&format!("{url}?blocking=true&result=true"), given)).await;
+    assert_eq!(s, 200, "{body}");
+    let expected = json!({"greeting": "hi \"you\"", "name": "caller", "n": [1, {"x": null}]});
+    assert_eq!(body["echo"], expected);
+    for empty in ["", " \n", "{}", " { } "] {
+        let req = Req::post().uri(&format!("{url}?blocking=true&result=true")).insert_header(auth(GUEST));
+        let (s, body, _) = send(&app, req.set_payload(empty)).await;
+        assert_eq!((s, &body["echo"]), (200, &json!({"greeting": "hi \"you\"", "name": "default"})), "{empty:?}");
+    }
+    for bad in ["[1]", "\"x\"", "{\"a\":", "{} {}", "{\"a\" 1}"] {
+        let req = Req::post().uri(&format!("{url}?blocking=true")).insert_header(auth(GUEST));
+        let (s, answer, _) = send(&app, req.set_payload(bad)).await;
+        assert_eq!(s, 400, "{bad}: {answer}");
+        assert!(answer["error"].as_str().unwrap().contains("request body"), "{bad}: {answer}");
+    }
+}
+
 #[actix_rt::test]
 async fn admin_routes_need_the_admin_key() {
     let (_h, state) = harness(|_| {}, MockConfig::default()).await;

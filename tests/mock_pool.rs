@@ -8,6 +8,7 @@ use invoker::factory::mock::{MockCall, MockConfig, MockFactory};
 use invoker::factory::Factory;
 use invoker_factory::contract::Epoch;
 use invoker_wire::model::{new_activation_id, Action, ActivationRecord, Exec, Limits, Outcome};
+use invoker_wire::params::Params;
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -81,6 +82,7 @@ fn action(name: &str, memory: u32) -> Arc<Action> {
 
 async fn invoke_with_id(h: &Harness, action: &Arc<Action>, params: Value, id: String) -> ActivationRecord {
     let Value::Object(params) = params else { panic!("params must be an object") };
+    let params = Params::from_map(&params);
     let req = InvokeRequest {
         request: None,
         action: action.clone(),
@@ -520,7 +522,7 @@ fn stored(h: &Harness, action: Arc<Action>) -> Arc<Action> {
 
 async fn invoke_async(h: &Harness, action: &Arc<Action>, params: Value) -> String {
     let Value::Object(params) = params else { panic!("params must be an object") };
-    let req = InvokeRequest { params, ..flood_request(action, None) };
+    let req = InvokeRequest { params: Params::from_map(&params), ..flood_request(action, None) };
     match h.service().invoke(req).await.unwrap() {
         Invoked::Accepted(id) => id,
         Invoked::Done(done) => panic!("an asynchronous call answered at once: {:?}", done.record),

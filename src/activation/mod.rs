@@ -59,7 +59,7 @@ pub enum Invoked {
 
 pub struct InvokeRequest {
     pub action: Arc<Action>,
-    pub params: Map<String, Value>,
+    pub params: invoker_wire::params::Params,
     /// The caller's request as it came (Fn's routes); `None`: the runtime gets `params`.
     pub request: Option<Arc<invoker_job::CallRequest>>,
     pub subject: String,
@@ -179,7 +179,7 @@ impl ActivationService {
                             service.requeue(*call).await;
                         }
                         invoker_job::QueueWork::Destination { namespace, subject, action, params } => {
-                            service.call_destination(&namespace, subject, &action, params).await;
+                            service.call_destination(&namespace, subject, &action, &params).await;
                         }
                     }
                 });
@@ -478,7 +478,7 @@ impl ActivationService {
 
     /// Calls `action` of `namespace` (a destination) asynchronously with `params` (the outcome
     /// of another call). One that cannot be called (deleted, the queue full) is said in the log.
-    async fn call_destination(&self, namespace: &str, subject: String, action: &str, params: Map<String, Value>) {
+    async fn call_destination(&self, namespace: &str, subject: String, action: &str, params: &Map<String, Value>) {
         let Some(queue) = &self.queue else { return };
         let target = match self.action_of(namespace, action).await {
             Ok(target) => target,
@@ -486,7 +486,7 @@ impl ActivationService {
         };
         let req = InvokeRequest {
             action: target,
-            params,
+            params: invoker_wire::params::Params::from_map(params),
             request: None,
             subject,
             api_key: None,

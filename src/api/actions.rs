@@ -13,8 +13,9 @@ use invoker_http::{with_body, Response};
 use invoker_wire::model::{
     epoch_ms, new_activation_id, validate_entity_name, Action, ActivationRecord, Exec, KeyValue, Limits,
 };
+use invoker_wire::params::Params;
 use serde::Deserialize;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 use std::time::Duration;
 
 pub(super) async fn list(state: &AppState, call: &Call, ns: &str) -> Result<Response, ApiError> {
@@ -373,15 +374,8 @@ pub(super) async fn invoke(state: &AppState, call: &Call, ns: &str, name: &str) 
             }
         },
     };
-    let params: Map<String, Value> = if body.iter().all(u8::is_ascii_whitespace) {
-        Map::new()
-    } else {
-        match serde_json::from_slice(body) {
-            Ok(Value::Object(m)) => m,
-            Ok(_) => return Err(ApiError::BadRequest("request body: the parameters must be a JSON object".into())),
-            Err(e) => return Err(ApiError::BadRequest(format!("request body: {e}"))),
-        }
-    };
+    // Checked by a scan, passed on as the bytes they came as (`invoker_wire::params`).
+    let params = Params::from_body(body).map_err(|e| ApiError::BadRequest(format!("request body: {e}")))?;
     let action = load_action(state, &ns, name).await?;
     let api_key = action.provides_api_key().then_some(key);
     let invoked = state

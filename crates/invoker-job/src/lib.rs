@@ -14,7 +14,7 @@ use invoker_store::{DeadLetter, DocKind, QueuedCall, Store};
 use invoker_telemetry::ActivationTrace;
 use invoker_wire::model::{Action, ActivationMeta, ActivationRecord, EncodedRecord, KeyValue, Rejection};
 use queue::QueueTicket;
-use serde_json::{Map, Value};
+use serde_json::Value;
 use slot::NamespaceSlot;
 use std::sync::Arc;
 use std::time::Instant;
@@ -33,7 +33,7 @@ pub struct RunJob {
     /// Shared with the job's completion, which needs it only if the job is dropped unfinished.
     pub meta: Arc<ActivationMeta>,
     pub action: Arc<Action>,
-    pub params: Map<String, Value>,
+    pub params: invoker_wire::params::Params,
     /// The caller's request as it came, where the route keeps it (Fn's); `None`: the runtime
     /// gets `params`.
     pub request: Option<Arc<CallRequest>>,

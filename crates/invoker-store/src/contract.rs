@@ -3,7 +3,6 @@
 
 use invoker_wire::model::{Action, ActivationMeta, ActivationRecord, EncodedRecord};
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
 use std::sync::Arc;
 
 #[derive(Debug, thiserror::Error)]
@@ -96,7 +95,7 @@ pub struct QueuedCall {
     pub meta: ActivationMeta,
     /// The caller's parameters (the action's own are merged in when it runs).
     #[serde(default)]
-    pub params: Map<String, Value>,
+    pub params: invoker_wire::params::Params,
     /// The caller's HTTP request as it came, for a function that takes it so (Fn's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request: Option<QueuedRequest>,

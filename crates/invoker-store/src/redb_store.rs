@@ -781,7 +781,7 @@ mod tests {
     fn queued(id: &str) -> QueuedCall {
         QueuedCall {
             meta: meta(id),
-            params: serde_json::json!({"x": 1}).as_object().cloned().unwrap_or_default(),
+            params: invoker_wire::params::Params::from_body(br#"{"x": 1}"#).expect("an object"),
             request: None,
             api_key: None,
             transaction_id: "t".into(),

@@ -9,5 +9,6 @@
 
 pub mod cluster;
 pub mod model;
+pub mod params;
 mod record_json;
 pub mod runtime;

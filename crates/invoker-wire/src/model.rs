@@ -1,8 +1,9 @@
 //! Actions and activation records, in the JSON shapes OpenWhisk clients read and write.
 
+use crate::params::Params;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 use std::borrow::Cow;
 use std::ops::Range;
 use std::sync::Arc;
@@ -177,12 +178,10 @@ impl Action {
         function
     }
 
-    /// The default parameters merged under the invocation's (the invocation wins).
-    pub fn merged_params(&self, mut params: serde_json::Map<String, Value>) -> serde_json::Map<String, Value> {
-        for p in &self.parameters {
-            params.entry(p.key.clone()).or_insert_with(|| p.value.clone());
-        }
-        params
+    /// The default parameters merged under the invocation's (the invocation wins), spliced
+    /// into the caller's bytes ([`Params::merged_under`]).
+    pub fn merged_params(&self, params: Params) -> Params {
+        params.merged_under(self.parameters.iter().map(|p| (p.key.as_str(), &p.value)))
     }
 }
 
@@ -809,7 +808,7 @@ pub struct ActivationMessage<'a> {
     pub blocking: bool,
     /// The parameters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub content: Option<Cow<'a, Map<String, Value>>>,
+    pub content: Option<Cow<'a, Params>>,
     /// Ours, not OpenWhisk's: the caller's request as it came, for a runtime that takes one
     /// (an Fn function called through a scheduler).
     #[serde(default, skip_serializing_if = "Option::is_none")]

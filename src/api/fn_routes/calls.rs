@@ -138,7 +138,7 @@ async fn run(
             traceparent,
             request: Some(Arc::new(request)),
             action,
-            params: Map::new(),
+            params: invoker_wire::params::Params::empty(),
             subject: ns.to_string(),
             api_key,
             activation_id: None,

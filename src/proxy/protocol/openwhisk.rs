@@ -66,7 +66,7 @@ pub(super) async fn run(client: &RuntimeClient, run: &RunJob, timeout: Duration)
 /// between).
 #[derive(serde::Serialize)]
 struct RunBody<'a> {
-    value: &'a serde_json::Map<String, Value>,
+    value: &'a invoker_wire::params::Params,
     namespace: &'a str,
     action_name: String,
     action_version: &'a str,

@@ -147,7 +147,7 @@ fn the_unwritten_room_of_a_killed_runs_segment_is_no_damage() {
 fn queued(id: &str) -> (QueuedCall, Vec<u8>) {
     let call = QueuedCall {
         meta: meta(id),
-        params: serde_json::json!({ "n": id }).as_object().cloned().unwrap_or_default(),
+        params: invoker_wire::params::Params::from_map(serde_json::json!({ "n": id }).as_object().expect("an object")),
         request: None,
         api_key: None,
         transaction_id: "t".into(),
@@ -195,11 +195,14 @@ fn queued_calls_never_started_survive_kills_with_their_parameters() {
     let mut queued_ids = ids(&recovered.queued);
     queued_ids.sort();
     assert_eq!(queued_ids, ["flushed", "only-journaled"]);
-    assert!(recovered.queued.iter().all(|c| c.params["n"] == c.meta.activation_id.as_str()), "with its parameters");
+    assert!(
+        recovered.queued.iter().all(|c| c.params.to_map()["n"] == c.meta.activation_id.as_str()),
+        "with its parameters"
+    );
     let mut interrupted = ids(&recovered.interrupted);
     interrupted.sort();
     assert_eq!(interrupted, ["started-after-flush", "started-before-flush"]);
-    assert!(recovered.interrupted.iter().all(|c| c.params["n"] == c.meta.activation_id.as_str()));
+    assert!(recovered.interrupted.iter().all(|c| c.params.to_map()["n"] == c.meta.activation_id.as_str()));
     assert!(recovered.guessed.is_empty());
     assert!(store.get_activation("flushed").unwrap().is_none(), "no record while it waits");
     std::mem::forget(store);
