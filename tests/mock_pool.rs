@@ -117,7 +117,7 @@ async fn sequential_activations_of_one_action_use_one_container() {
     for i in 0..100 {
         let record = invoke(&h, &a, json!({ "i": i })).await;
         assert_eq!(record.outcome(), Outcome::Success, "{record:?}");
-        assert_eq!(record.response.result["echo"]["i"], json!(i));
+        assert_eq!(record.response.result.to_value()["echo"]["i"], json!(i));
     }
     assert_eq!(creates(&h), 1);
 }

@@ -64,6 +64,24 @@ async fn each_record_holds_exactly_its_own_lines_when_the_pipes_are_read_once_a_
     support::own_lines::each_record_holds_exactly_its_own_lines(&inv).await;
 }
 
+/// A runtime's answer is the result as the bytes it came as: a number no float holds, a
+/// number's own spelling and the answer's spacing reach the caller and the record unchanged
+/// (they were decoded into a tree and encoded again before).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_result_is_the_runtimes_answer_byte_for_byte() {
+    let dir = tempdir();
+    let inv = Invoker::start(dir.path(), &id("bytes"), "");
+    let answer = r#"{"n": 12345678901234567890123, "f": 1.50, "s": "caf\u00e9"}"#;
+    let script = format!("#!/bin/sh\nwhile read line; do echo '{answer}' >&3; done\n");
+    inv.put_action("raw", json!({"exec": {"kind": "native", "code": script}})).await;
+    let path = "/api/v1/namespaces/_/actions/raw?blocking=true";
+    let (status, _, body) = inv.send("POST", &format!("{path}&result=true"), support::GUEST, &[], Vec::new()).await;
+    assert_eq!((status, String::from_utf8_lossy(&body).as_ref()), (200, answer));
+    let (status, _, record) = inv.send("POST", path, support::GUEST, &[], Vec::new()).await;
+    let record = String::from_utf8_lossy(&record);
+    assert!(status == 200 && record.contains(&format!(r#""result":{answer},"size":{}"#, answer.len())), "{record}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn application_error_is_502_with_the_error() {
     let dir = tempdir();

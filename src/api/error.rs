@@ -140,7 +140,7 @@ pub(super) fn record_status(record: &ActivationRecord, failed: StatusCode) -> St
 /// can never fit, 503 when nothing ran and a retry may. A function's own `image` that cannot be
 /// had is Fn's "Failed to pull image" (502), and one it may not run 403.
 pub(super) fn fn_record_status(record: &ActivationRecord, image: Option<&str>) -> Result<(), (StatusCode, String)> {
-    let error = || record.response.result["error"].as_str().unwrap_or("function failed").to_string();
+    let error = || record.response.result.error().unwrap_or_else(|| "function failed".to_string());
     let timed_out = record.annotation("timeout") == Some(&serde_json::Value::Bool(true));
     let fdk = "please ensure you are using the latest fdk and check the logs";
     match (record.outcome(), record.rejection) {

@@ -228,7 +228,7 @@ impl ContainerProxy {
                 Ok(()) => true,
                 Err(failed) => {
                     let failure = act.interpret_init_failure(failed);
-                    invoker_telemetry::failed(&span, failure.result["error"].as_str().unwrap_or("init failed"));
+                    invoker_telemetry::failed(&span, failure.result.error().as_deref().unwrap_or("init failed"));
                     act.init_failure = Some(failure);
                     false
                 }
@@ -248,7 +248,7 @@ impl ContainerProxy {
             outcome: Outcome::DeveloperError,
             reusable: false,
             timed_out: false,
-            result: json!({ "error": "The action failed to initialise." }),
+            result: json!({ "error": "The action failed to initialise." }).into(),
         };
         // `/init` is sent only to a created container; said again for the compiler.
         let Some(Created { handle, runtime }) = &self.created else { return failed_to_initialise() };
@@ -258,7 +258,7 @@ impl ContainerProxy {
             failed => discard_reason(failed, oom),
         };
         let interpreted = runtime.interpret(answer, timeout_ms, oom, self.ctx.max_result_bytes);
-        let detail = interpreted.result["error"].as_str().unwrap_or_default();
+        let detail = interpreted.result.error().unwrap_or_default();
         self.ctx.discards.discarded(self.spec.id.0, &self.spec.action_path, why, &format!("/init: {detail}"));
         if interpreted.outcome == Outcome::DeveloperError {
             return interpreted;
@@ -274,14 +274,14 @@ impl ContainerProxy {
         let (outcome, result) = match cause {
             FailCause::InitFailed => match &self.init_failure {
                 Some(failed) => (Outcome::DeveloperError, failed.result.clone()),
-                None => (Outcome::DeveloperError, json!({ "error": "The action failed to initialise." })),
+                None => (Outcome::DeveloperError, json!({ "error": "The action failed to initialise." }).into()),
             },
             FailCause::ResumeFailed => (
                 Outcome::WhiskError,
-                json!({ "error": format!("the container could not be resumed: {}", self.resume_failure) }),
+                json!({ "error": format!("the container could not be resumed: {}", self.resume_failure) }).into(),
             ),
             FailCause::Removed => {
-                (Outcome::WhiskError, json!({ "error": "the container was removed before the run could start" }))
+                (Outcome::WhiskError, json!({ "error": "the container was removed before the run could start" }).into())
             }
         };
         // The failed `/init` may have written why to its logs; nothing else did.
@@ -398,8 +398,7 @@ impl ContainerProxy {
             let failed = answer.as_ref().err().map(ToString::to_string);
             let interpreted = runtime.interpret(answer, timeout_ms, oom, max_result);
             if !interpreted.reusable {
-                let said = interpreted.result["error"].as_str().unwrap_or_default();
-                let detail = failed.unwrap_or_else(|| said.to_string());
+                let detail = failed.unwrap_or_else(|| interpreted.result.error().unwrap_or_default());
                 invoker_telemetry::failed(&running, &detail);
                 discards.discarded(container.0, &format!("{}/{}", run.meta.namespace, run.meta.name), why, &detail);
             }

@@ -4,7 +4,7 @@
 use invoker_ids::ContainerId;
 use invoker_job::RunJob;
 use invoker_wire::model::{ActivationRecord, ActivationResponse, KeyValue, Outcome, StartKind};
-use serde_json::{json, Value};
+use serde_json::json;
 
 /// What the proxy measured of one run, taken when it began.
 pub(super) struct RecordFields {
@@ -22,7 +22,7 @@ pub(super) fn build_record(
     run: &RunJob,
     f: RecordFields,
     outcome: Outcome,
-    result: Value,
+    result: invoker_wire::result_json::ResultJson,
     logs: Vec<String>,
     timed_out: bool,
 ) -> ActivationRecord {

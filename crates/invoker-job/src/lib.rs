@@ -141,7 +141,7 @@ fn dead_letter(mut call: QueuedCall, record: &ActivationRecord, store: &Arc<dyn 
     call.api_key = None;
     let first = call.retry_of.clone().unwrap_or_else(|| call.meta.activation_id.clone());
     let result = &record.response.result;
-    let reason = result["error"].as_str().map_or_else(|| result.to_string(), str::to_string);
+    let reason = result.error().unwrap_or_else(|| result.get().to_string());
     let letter = DeadLetter {
         activation_id: record.activation_id.clone(),
         first_activation_id: first,

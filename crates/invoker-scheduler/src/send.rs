@@ -495,7 +495,7 @@ fn interpret(status: u16, body: &[u8]) -> Sent {
         (_, Some(record)) => {
             let rejected = record.ran_nothing();
             if rejected && matches!(status, 400 | 503) {
-                Sent::Refused(record.response.result["error"].as_str().unwrap_or("refused").to_string())
+                Sent::Refused(record.response.result.error().unwrap_or_else(|| "refused".to_string()))
             } else {
                 Sent::Finished(Box::new(record))
             }

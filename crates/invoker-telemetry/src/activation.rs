@@ -185,8 +185,8 @@ impl ActivationTrace {
         }
         span.record("outcome", record.response.status.as_str());
         if !record.response.success {
-            let why = record.response.result.get("error").and_then(|e| e.as_str());
-            failed(span, why.unwrap_or(record.response.status.as_str()));
+            let why = record.response.result.error();
+            failed(span, why.as_deref().unwrap_or(record.response.status.as_str()));
         }
     }
 }

@@ -11,4 +11,5 @@ pub mod cluster;
 pub mod model;
 pub mod params;
 mod record_json;
+pub mod result_json;
 pub mod runtime;

@@ -1,6 +1,7 @@
 //! Actions and activation records, in the JSON shapes OpenWhisk clients read and write.
 
 use crate::params::Params;
+use crate::result_json::ResultJson;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -403,20 +404,22 @@ pub struct ActivationResponse {
     pub status: String,
     pub status_code: u8,
     pub success: bool,
-    pub result: Value,
+    pub result: ResultJson,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub size: Option<u64>,
 }
 
 impl ActivationResponse {
+    /// A result the invoker makes itself (an error, a guess), with its size.
     pub fn new(outcome: Outcome, result: Value) -> Self {
-        let size = Some(result.to_string().len() as u64);
+        let result = ResultJson::from_value(&result);
+        let size = Some(result.get().len() as u64);
         ActivationResponse { size, ..Self::without_size(outcome, result) }
     }
 
     /// Without its `size`, for a record that is encoded next ([`EncodedRecord::new`] sets it
     /// from the one encoding of the result).
-    pub fn without_size(outcome: Outcome, result: Value) -> Self {
+    pub fn without_size(outcome: Outcome, result: ResultJson) -> Self {
         ActivationResponse {
             status: outcome.status().to_string(),
             status_code: outcome.status_code(),
@@ -728,7 +731,7 @@ mod tests {
         let meta = ActivationMeta::for_test("0123456789abcdef0123456789abcdef");
         for result in [json!({"a": [1, 2.5, "x\"y"], "result": null}), json!([]), json!({"error": "bad"})] {
             let mut record = ActivationRecord::whisk_error(&meta, "x", 10);
-            record.response = ActivationResponse::without_size(Outcome::Success, result.clone());
+            record.response = ActivationResponse::without_size(Outcome::Success, result.clone().into());
             record.logs = vec!["\"response\":{\"result\":null".into()];
             let encoded = EncodedRecord::new(record.clone());
             record.response.size = Some(result.to_string().len() as u64);

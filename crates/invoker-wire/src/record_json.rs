@@ -15,10 +15,10 @@ use std::sync::Arc;
 impl EncodedRecord {
     /// Encodes `record`, its result once (which also gives its `size`).
     pub fn new(mut record: ActivationRecord) -> Self {
-        // Strings, numbers and JSON values: encoding cannot fail.
-        let result_json = serde_json::to_vec(&record.response.result).expect("a JSON value serialises");
+        // The result as its bytes came (a runtime's answer, or the invoker's own, encoded once).
+        let result_json = record.response.result.get().as_bytes();
         record.response.size = Some(result_json.len() as u64);
-        let (json, result) = encode(&record, &result_json);
+        let (json, result) = encode(&record, result_json);
         EncodedRecord { record: Arc::new(record), json: json.into(), result }
     }
 }
@@ -186,7 +186,7 @@ mod tests {
                         status: r.0,
                         status_code: r.1,
                         success: r.2,
-                        result: r.3,
+                        result: r.3.into(),
                         size: r.4,
                     },
                     logs: l.0,

@@ -174,7 +174,8 @@ fn answer(record: &ActivationRecord, image: Option<&str>, mapping: Mapping) -> R
     let mut response = match fn_record_status(record, image) {
         Err((status, message)) => invoker_http::json_value(status, &json!({ "message": message })),
         Ok(()) => {
-            let result = &record.response.result;
+            // The function's response as the invoker wrote it: decoded here, where it is read.
+            let result = &record.response.result.to_value();
             let empty = Map::new();
             let headers = result["headers"].as_object().unwrap_or(&empty);
             let (status, headers) = match mapping {

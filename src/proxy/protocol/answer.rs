@@ -3,7 +3,7 @@
 
 use super::client::{RuntimeError, RuntimeResponse};
 use invoker_wire::model::Outcome;
-use serde_json::Value;
+use invoker_wire::result_json::ResultJson;
 
 /// A runtime's answer as it came, before it is interpreted.
 pub type Answer = Result<RuntimeResponse, RuntimeError>;
@@ -24,7 +24,7 @@ pub fn discard_reason(answer: &Answer, oom: bool) -> &'static str {
 #[derive(Debug, PartialEq)]
 pub struct Interpreted {
     pub outcome: Outcome,
-    pub result: Value,
+    pub result: ResultJson,
     /// False for developer and whisk errors: the container is removed, never reused.
     pub reusable: bool,
     pub timed_out: bool,

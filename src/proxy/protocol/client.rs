@@ -22,7 +22,6 @@ use invoker_factory::peer::{Peer, StrangerError};
 use invoker_http::read_watched::ReadWatchedStream;
 use invoker_http::{handshake, ConnectionError};
 use parking_lot::Mutex;
-use serde_json::Value;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -53,9 +52,9 @@ pub struct RuntimeResponse {
 }
 
 impl RuntimeResponse {
-    /// The body as JSON, or (when it does not parse) its first 200 characters as text.
-    pub fn json(&self) -> Result<Value, String> {
-        serde_json::from_slice(&self.body).map_err(|_| String::from_utf8_lossy(&self.body).chars().take(200).collect())
+    /// The body's first 200 characters as text (what an answer that is not JSON is shown as).
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).chars().take(200).collect()
     }
 }
 

@@ -115,7 +115,7 @@ fn result_of(response: &RuntimeResponse) -> Map<String, Value> {
 }
 
 fn failed(outcome: Outcome, error: &str, reusable: bool, timed_out: bool) -> Interpreted {
-    Interpreted { outcome, result: json!({ "error": error }), reusable, timed_out }
+    Interpreted { outcome, result: json!({ "error": error }).into(), reusable, timed_out }
 }
 
 /// Fn's agent's reading of an answer: 200 is the function's answer; 502 its failure and 504
@@ -147,7 +147,7 @@ pub(super) fn interpret(answer: Answer, oom: bool, max_result_bytes: usize) -> I
         200 => {
             return Interpreted {
                 outcome: Outcome::Success,
-                result: Value::Object(result),
+                result: Value::Object(result).into(),
                 reusable: true,
                 timed_out: false,
             }
@@ -160,14 +160,14 @@ pub(super) fn interpret(answer: Answer, oom: bool, max_result_bytes: usize) -> I
         status => {
             let error = format!("invalid function response (HTTP {status})");
             return Interpreted {
-                result: json!({ "error": error }),
+                result: json!({ "error": error }).into(),
                 ..failed(Outcome::DeveloperError, "", false, false)
             };
         }
     };
     let error = if timed_out { "Timed out" } else { "function failed" };
     result.insert("error".into(), Value::String(error.into()));
-    Interpreted { outcome, result: Value::Object(result), reusable: true, timed_out }
+    Interpreted { outcome, result: Value::Object(result).into(), reusable: true, timed_out }
 }
 
 /// Whether an answer is one of the contract's (200, 502, 504): anything else may mean the
@@ -194,18 +194,24 @@ mod tests {
         let r = interpret(answer(200, &headers, b"hello"), false, 1000);
         assert_eq!((r.outcome, r.reusable, r.timed_out), (Outcome::Success, true, false));
         assert_eq!(
-            r.result,
+            r.result.to_value(),
             json!({"statusCode": 200, "headers": {"content-type": "text/plain", "x-a": "1, 2"}, "body": "hello"})
         );
         let r = interpret(answer(200, &[], &[0xff, 0x00]), false, 1000);
-        assert_eq!((r.result["body"].as_str(), r.result["encoding"].as_str()), (Some("/wA="), Some("base64")));
+        assert_eq!(
+            (r.result.to_value()["body"].as_str(), r.result.to_value()["encoding"].as_str()),
+            (Some("/wA="), Some("base64"))
+        );
     }
 
     #[test]
     fn a_502_is_the_functions_failure_and_a_504_its_timeout_both_keep_the_container() {
         let r = interpret(answer(502, &[], b"boom"), false, 1000);
         assert_eq!((r.outcome, r.reusable, r.timed_out), (Outcome::ApplicationError, true, false));
-        assert_eq!((r.result["error"].as_str(), r.result["body"].as_str()), (Some("function failed"), Some("boom")));
+        assert_eq!(
+            (r.result.to_value()["error"].as_str(), r.result.to_value()["body"].as_str()),
+            (Some("function failed"), Some("boom"))
+        );
         let r = interpret(answer(504, &[], b""), false, 1000);
         assert_eq!((r.outcome, r.reusable, r.timed_out), (Outcome::ApplicationError, true, true));
     }
@@ -214,14 +220,20 @@ mod tests {
     fn another_status_a_broken_connection_a_deadline_or_too_much_removes_the_container() {
         let r = interpret(answer(400, &[], b"{\"message\":\"Invalid method\"}"), false, 1000);
         assert_eq!((r.outcome, r.reusable), (Outcome::DeveloperError, false));
-        assert_eq!(r.result["error"], "invalid function response (HTTP 400)");
+        assert_eq!(r.result.to_value()["error"], "invalid function response (HTTP 400)");
         let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
         let r = interpret(Err(RuntimeError::Connection(reset.into())), false, 1000);
-        assert_eq!((r.reusable, r.result["error"].as_str()), (false, Some("error receiving function response")));
+        assert_eq!(
+            (r.reusable, r.result.to_value()["error"].as_str()),
+            (false, Some("error receiving function response"))
+        );
         let r = interpret(Err(RuntimeError::Timeout), false, 1000);
-        assert_eq!((r.reusable, r.timed_out, r.result["error"].as_str()), (false, true, Some("Timed out")));
+        assert_eq!((r.reusable, r.timed_out, r.result.to_value()["error"].as_str()), (false, true, Some("Timed out")));
         let r = interpret(answer(200, &[], &[b'x'; 11]), false, 10);
-        assert_eq!((r.reusable, r.result["error"].as_str()), (false, Some("function response body too large")));
+        assert_eq!(
+            (r.reusable, r.result.to_value()["error"].as_str()),
+            (false, Some("function response body too large"))
+        );
         assert!(answered(&answer(502, &[], b"")) && !answered(&answer(503, &[], b"")));
     }
 

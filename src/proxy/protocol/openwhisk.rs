@@ -7,6 +7,7 @@ use super::client::{RuntimeClient, RuntimeError, RuntimeResponse};
 use bytes::Bytes;
 use invoker_job::RunJob;
 use invoker_wire::model::{epoch_ms, Action, Outcome};
+use invoker_wire::result_json::ResultJson;
 use invoker_wire::runtime::{EXITED_UNEXPECTEDLY, NOT_A_RESULT};
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -86,7 +87,7 @@ struct RunBody<'a> {
 fn developer(message: String) -> Interpreted {
     Interpreted {
         outcome: Outcome::DeveloperError,
-        result: json!({ "error": message }),
+        result: json!({ "error": message }).into(),
         reusable: false,
         timed_out: false,
     }
@@ -117,14 +118,17 @@ pub(super) fn interpret(answer: Answer, timeout_ms: u64, oom: bool, max_result_b
         }
         Ok(r) => r,
     };
-    let body = match response.json() {
+    // Checked by a scan; the bytes are the result as they came.
+    let body = match ResultJson::from_slice(&response.body) {
         Ok(body) => body,
-        Err(text) if oom => developer(format!("The action exhausted its memory and was aborted. {text}")).result,
-        Err(text) => return developer(format!("The action did not produce a valid JSON response: {text}")),
+        Err(_) if oom => {
+            developer(format!("The action exhausted its memory and was aborted. {}", response.text())).result
+        }
+        Err(_) => return developer(format!("The action did not produce a valid JSON response: {}", response.text())),
     };
     // As current OpenWhisk runtimes: a dictionary or an array is a result, anything else is
     // the developer's error.
-    if !body.is_object() && !body.is_array() {
+    if !body.is_dict_or_array() {
         return developer(NOT_A_RESULT.into());
     }
     let size = response.body.len();
@@ -133,7 +137,7 @@ pub(super) fn interpret(answer: Answer, timeout_ms: u64, oom: bool, max_result_b
             "The action produced a response that exceeded the allowed length: {size} > {max_result_bytes} bytes."
         ));
     }
-    match (response.status, body.get("error").is_some()) {
+    match (response.status, body.field("error").is_some()) {
         (200, false) => Interpreted { outcome: Outcome::Success, result: body, reusable: true, timed_out: false },
         (200, true) => {
             Interpreted { outcome: Outcome::ApplicationError, result: body, reusable: true, timed_out: false }
@@ -160,23 +164,23 @@ mod tests {
         assert_eq!((r.outcome, r.reusable), (Outcome::ApplicationError, true));
         let r = interpret(ok(502, json!({"error": "command exited"})), 100, false, 1000);
         assert_eq!(
-            (r.outcome, r.reusable, r.result),
+            (r.outcome, r.reusable, r.result.to_value()),
             (Outcome::DeveloperError, false, json!({"error": "command exited"}))
         );
         let r = interpret(Err(RuntimeError::Timeout), 100, false, 1000);
-        assert!(r.timed_out && r.result["error"].as_str().unwrap().contains("100 milliseconds"));
+        assert!(r.timed_out && r.result.to_value()["error"].as_str().unwrap().contains("100 milliseconds"));
         let r = interpret(
             Err(RuntimeError::Connection(std::io::Error::from(std::io::ErrorKind::ConnectionReset).into())),
             100,
             true,
             1000,
         );
-        assert!(r.result["error"].as_str().unwrap().contains("memory"));
+        assert!(r.result.to_value()["error"].as_str().unwrap().contains("memory"));
         let r = interpret(ok(200, json!([1, 2])), 100, false, 1000);
-        assert_eq!((r.outcome, r.result), (Outcome::Success, json!([1, 2])));
+        assert_eq!((r.outcome, r.result.to_value()), (Outcome::Success, json!([1, 2])));
         let r = interpret(ok(200, json!(5)), 100, false, 1000);
-        assert_eq!((r.outcome, r.result), (Outcome::DeveloperError, json!({"error": NOT_A_RESULT})));
+        assert_eq!((r.outcome, r.result.to_value()), (Outcome::DeveloperError, json!({"error": NOT_A_RESULT})));
         let r = interpret(ok(200, json!({"big": "x".repeat(50)})), 100, false, 10);
-        assert!(r.result["error"].as_str().unwrap().contains("exceeded the allowed length"));
+        assert!(r.result.to_value()["error"].as_str().unwrap().contains("exceeded the allowed length"));
     }
 }

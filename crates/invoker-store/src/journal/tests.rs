@@ -324,7 +324,7 @@ fn a_full_disk_refuses_new_work_keeps_every_record_and_recovers_by_itself() {
     let store = JournaledStore::open_with(&dir.path().join("s.redb"), &dir.path().join("journal"), options).unwrap();
     let big = |id: &str| {
         let mut r = record(id);
-        r.response.result = serde_json::json!({ "data": "x".repeat(64 * 1024) });
+        r.response.result = serde_json::json!({ "data": "x".repeat(64 * 1024) }).into();
         EncodedRecord::from(r)
     };
     for id in ["a1", "a2"] {
