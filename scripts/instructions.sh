@@ -8,6 +8,8 @@
 #
 #   scripts/instructions.sh [N]      # N = 300 by default
 #   QUERY=blocking=true scripts/instructions.sh   # the whole record answered, not the result
+#   BODY='{"name":"you","n":[1,2,3]}' scripts/instructions.sh   # with these parameters (none by
+#                                                                # default)
 #   INVOKER_BIN=path scripts/instructions.sh   # that binary, not built here (an older build, to
 #                                              # compare alternately with this one)
 set -euo pipefail
@@ -39,7 +41,7 @@ curl -sf -u "$auth" -X PUT "$api" -d '{"exec":{"kind":"python:3","code":"def mai
 curl -sf -u "$auth" -X POST "$api?blocking=true" > /dev/null
 callgrind_control -z "$pid" > /dev/null
 for _ in $(seq "$n"); do
-    curl -sf -u "$auth" -X POST "$api?${QUERY:-blocking=true&result=true}" > /dev/null
+    curl -sf -u "$auth" -X POST "$api?${QUERY:-blocking=true&result=true}" ${BODY:+-d "$BODY"} > /dev/null
 done
 sleep 0.5  # one more store flush, so its share is counted
 callgrind_control -d "$pid" > /dev/null
