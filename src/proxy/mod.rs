@@ -392,8 +392,8 @@ impl ContainerProxy {
         let mut window = self.open_window(&run, &handle.logs);
         let fut = async move {
             let answer = runtime.run(&run, Duration::from_millis(timeout_ms)).await;
-            window.answered();
-            let oom = !runtime.answered(&answer) && factory.was_oom_killed(&handle);
+            window.close_at_answer();
+            let oom = !runtime.within_protocol(&answer) && factory.was_oom_killed(&handle);
             let why = discard_reason(&answer, oom);
             let failed = answer.as_ref().err().map(ToString::to_string);
             let interpreted = runtime.interpret(answer, timeout_ms, oom, max_result);

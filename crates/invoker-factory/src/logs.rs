@@ -564,7 +564,7 @@ impl LogWindow {
     /// The run's answer is in: the window ends here (on the clock, or in the count of answers),
     /// and the container's pipes are read, so that what it wrote before it answered is in.
     /// Only the first call ends the window; [`Self::collect`] and [`Self::take`] make it.
-    pub fn answered(&mut self) {
+    pub fn close_at_answer(&mut self) {
         match &mut self.mode {
             Mode::Overlapping { answered: Some(_), .. } => {}
             Mode::Overlapping { answered_before, answered } => {
@@ -646,7 +646,7 @@ impl LogWindow {
     /// (at most `LOG_QUIET_MAX` for an engine's stream without them), keeping at most
     /// `limit_bytes` (OpenWhisk's log limit) and noting the cut.
     pub async fn collect(mut self, wait: Duration, limit_bytes: usize) -> Vec<String> {
-        self.answered();
+        self.close_at_answer();
         let (wait, quiet) = match self.mode {
             Mode::Timed { .. } => (wait.min(LOG_QUIET_MAX), Some(LOG_QUIET)),
             _ => (wait, None),
@@ -674,7 +674,7 @@ impl LogWindow {
 
     /// The lines of its run that are in now (see [`Self::is_complete`]).
     pub fn take(mut self, limit_bytes: usize) -> Vec<String> {
-        self.answered();
+        self.close_at_answer();
         self.collected = true;
         let buffer = self.buffer.clone();
         let mut inner = buffer.inner.lock();
@@ -891,7 +891,7 @@ mod tests {
             buf.push(Stream::Stderr, run.into());
             pair(&buf);
             let mut window = window;
-            window.answered();
+            window.close_at_answer();
             assert!(window.is_complete());
             assert_eq!(texts(&window.take(1000)), [run]);
         }
@@ -907,7 +907,7 @@ mod tests {
         let mut first = buf.open_sequential(Ends::Sentinels);
         buf.push(Stream::Stdout, "one out".into());
         buf.push(Stream::Stdout, SENTINEL.into());
-        first.answered();
+        first.close_at_answer();
         assert!(!first.is_complete(), "its stderr sentinel is not in");
         let mut second = buf.open_sequential(Ends::Sentinels);
         buf.push(Stream::Stdout, "two out".into());
@@ -915,7 +915,7 @@ mod tests {
         buf.push(Stream::Stderr, SENTINEL.into());
         assert!(first.is_complete());
         buf.push(Stream::Stderr, "two err".into());
-        second.answered();
+        second.close_at_answer();
         assert!(!second.is_complete());
         let collecting = tokio::spawn(second.collect(Duration::from_secs(2), 1000));
         tokio::task::yield_now().await;
@@ -946,7 +946,7 @@ mod tests {
     async fn a_chatty_run_holds_every_line_it_wrote_and_no_other() {
         let buf = Arc::new(LogBuffer::default());
         let mut first = buf.open_sequential(Ends::Sentinels);
-        first.answered();
+        first.close_at_answer();
         let second = buf.open_sequential(Ends::Sentinels);
         for run in 0..2 {
             for i in 0..10_000 {
@@ -971,7 +971,7 @@ mod tests {
         let mut first = buf.open_sequential(Ends::Time);
         let written = SystemTime::now() - Duration::from_millis(1);
         buf.push_stamped(Stream::Stdout, "early".into(), Some(written));
-        first.answered();
+        first.close_at_answer();
         assert!(!first.is_complete(), "a stream's line may still come");
         let mut second = buf.open_sequential(Ends::Time);
         // Written by the first run before its answer, read after the second began.
@@ -981,7 +981,7 @@ mod tests {
         assert!(first.is_complete(), "a line stamped after its answer came");
         assert_eq!(texts(&first.take(1000)), ["early", "late"]);
         std::thread::sleep(Duration::from_millis(10));
-        second.answered();
+        second.close_at_answer();
         let began = tokio::time::Instant::now();
         let lines = second.collect(WAIT, 1000).await;
         assert_eq!(texts(&lines), ["second"]);
@@ -1011,7 +1011,7 @@ mod tests {
         let mut first = buf.open_sequential(Ends::Time);
         frame(0, true);
         buf.push(Stream::Stdout, "one".into());
-        first.answered();
+        first.close_at_answer();
         assert!(!first.is_complete(), "its last lines may still come");
         let mut second = buf.open_sequential(Ends::Time);
         // Written before the first's answer, passed on after the second began.
@@ -1021,7 +1021,7 @@ mod tests {
         buf.push(Stream::Stdout, "two".into());
         buf.push(Stream::Stdout, String::new());
         assert_eq!(texts(&first.take(1000)), ["starting", "one", "one late"]);
-        second.answered();
+        second.close_at_answer();
         let began = tokio::time::Instant::now();
         let lines = second.collect(WAIT, 1000).await;
         assert_eq!(texts(&lines), ["two", ""], "its own empty line is kept, the frame's are not");
@@ -1079,7 +1079,7 @@ mod tests {
         buf.push_merged(frame(0), None);
         buf.push_merged(frame(0), None);
         buf.push_merged("one".into(), None);
-        first.answered();
+        first.close_at_answer();
         let second = buf.open_sequential(Ends::Time);
         buf.push_merged(frame(1), None);
         buf.push_merged("two".into(), None);

@@ -172,7 +172,7 @@ pub(super) fn interpret(answer: Answer, oom: bool, max_result_bytes: usize) -> I
 
 /// Whether an answer is one of the contract's (200, 502, 504): anything else may mean the
 /// container died, and its OOM state is worth reading.
-pub(super) fn answered(answer: &Answer) -> bool {
+pub(super) fn within_contract(answer: &Answer) -> bool {
     matches!(answer, Ok(RuntimeResponse { status: 200 | 502 | 504, .. }))
 }
 
@@ -234,7 +234,7 @@ mod tests {
             (r.reusable, r.result.to_value()["error"].as_str()),
             (false, Some("function response body too large"))
         );
-        assert!(answered(&answer(502, &[], b"")) && !answered(&answer(503, &[], b"")));
+        assert!(within_contract(&answer(502, &[], b"")) && !within_contract(&answer(503, &[], b"")));
     }
 
     #[test]

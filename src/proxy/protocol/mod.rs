@@ -75,10 +75,10 @@ impl Runtime {
 
     /// Whether a run's answer is a success of the protocol (not of the action): when it is not,
     /// the container may have died, and its OOM state is worth reading.
-    pub fn answered(&self, answer: &Answer) -> bool {
+    pub fn within_protocol(&self, answer: &Answer) -> bool {
         match self.protocol {
             RuntimeProtocol::OpenWhisk => matches!(answer, Ok(RuntimeResponse { status: 200, .. })),
-            RuntimeProtocol::Fn => fn_stream::answered(answer),
+            RuntimeProtocol::Fn => fn_stream::within_contract(answer),
         }
     }
 }
