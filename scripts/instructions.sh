@@ -10,6 +10,8 @@
 #   QUERY=blocking=true scripts/instructions.sh   # the whole record answered, not the result
 #   BODY='{"name":"you","n":[1,2,3]}' scripts/instructions.sh   # with these parameters (none by
 #                                                                # default)
+#   ECHO=1 BODY=... scripts/instructions.sh   # the action answers its parameters (a result of
+#                                            # their size, not {})
 #   INVOKER_BIN=path scripts/instructions.sh   # that binary, not built here (an older build, to
 #                                              # compare alternately with this one)
 set -euo pipefail
@@ -37,7 +39,9 @@ addr="$(sed -n 's/^listening on //p' "$work/stdout")"
 [ -n "$addr" ] || { cat "$work/stderr" >&2; exit 1; }
 auth="$(sed -n 's/^guest auth: //p' "$work/stdout")"
 api="http://$addr/api/v1/namespaces/_/actions/noop"
-curl -sf -u "$auth" -X PUT "$api" -d '{"exec":{"kind":"python:3","code":"def main(a):\n    return {}"}}' > /dev/null
+returns='{}'
+if [ -n "${ECHO:-}" ]; then returns=a; fi
+curl -sf -u "$auth" -X PUT "$api" -d '{"exec":{"kind":"python:3","code":"def main(a):\n    return '"$returns"'"}}' > /dev/null
 curl -sf -u "$auth" -X POST "$api?blocking=true" > /dev/null
 callgrind_control -z "$pid" > /dev/null
 for _ in $(seq "$n"); do
