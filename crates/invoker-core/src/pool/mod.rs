@@ -158,6 +158,14 @@ impl KeyState {
         self.tenant = tenant;
     }
 
+    /// A job of it arrived: what the job says of the key, and one activation more.
+    fn arrived(&mut self, job: &Job) {
+        self.shape(job.memory_mb, job.concurrency, job.max_running, job.tenant);
+        self.stem = job.stem;
+        self.idle_timeout = job.idle_timeout;
+        self.activations = self.activations.saturating_add(1);
+    }
+
     /// Whether it may run one more job now.
     fn below_cap(&self) -> bool {
         self.cap.is_none_or(|cap| self.running < cap)
@@ -578,10 +586,7 @@ impl PoolCore {
         }
         self.keep_alive.arrived(job.key, now);
         let key = self.keys.entry(job.key).or_default();
-        key.shape(job.memory_mb, job.concurrency, job.max_running, job.tenant);
-        key.stem = job.stem;
-        key.idle_timeout = job.idle_timeout;
-        key.activations = key.activations.saturating_add(1);
+        key.arrived(&job);
         let free = if key.below_cap() { key.take_free(&self.containers) } else { None };
         if let Some(container) = free {
             self.dispatch(container, job.id, now, fx);

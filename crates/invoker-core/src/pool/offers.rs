@@ -106,11 +106,7 @@ impl PoolCore {
     /// job's, ignored) rather than a decision taken on a container the caller already used.
     pub(super) fn on_taken(&mut self, job: Job, container: ContainerId, now: Time, fx: &mut Effects) {
         self.keep_alive.arrived(job.key, now);
-        let key = self.keys.entry(job.key).or_default();
-        key.shape(job.memory_mb, job.concurrency, job.max_running, job.tenant);
-        key.stem = job.stem;
-        key.idle_timeout = job.idle_timeout;
-        key.activations = key.activations.saturating_add(1);
+        self.keys.entry(job.key).or_default().arrived(&job);
         let ours = self.containers.get(&container).is_some_and(|c| {
             c.owner == Owner::Key(job.key) && matches!(c.phase, Phase::Ready) && !c.retiring && !c.paused
         });
