@@ -12,7 +12,7 @@ use crate::proxy::{ContainerProxy, DiscardLog, Gone, Pause, ProxyContext, ProxyR
 use actix::prelude::*;
 use futures_util::future::BoxFuture;
 use invoker_core::pool::{
-    ContainerState, ContainerView, CoreConfig, Effect, Event, Job, KeyId, Owner, PoolCore, PoolCounts, Provision,
+    ContainerState, ContainerView, CoreConfig, Effect, Event, KeyId, Owner, PoolCore, PoolCounts, Provision,
     RejectReason, StemId, TenantId,
 };
 use invoker_factory::contract::ContainerFactory;
@@ -291,18 +291,9 @@ impl ContainerPool {
                 self.hand_off.withdraw(key);
                 continue;
             };
-            let action = &entry.action;
-            let (l, kind) = (&action.limits, &action.exec.kind);
-            let shape = JobShape {
-                key,
-                memory_mb: l.memory,
-                concurrency: entry.concurrency,
-                max_running: action.max_concurrency(),
-                tenant: entry.tenant,
-                stem: self.config.stem_for(kind, l.memory, l.disk),
-                idle_timeout: entry.idle,
-            };
-            self.hand_off.offer(action.clone(), container, proxy.clone(), shape);
+            let interned = (entry.concurrency, entry.tenant, entry.idle);
+            let shape = JobShape::of(key, &entry.action, interned, &self.config);
+            self.hand_off.offer(entry.action.clone(), container, proxy.clone(), shape);
         }
     }
 
@@ -616,18 +607,8 @@ impl Handler<Submit> for ContainerPool {
             }
             None => self.config.wait_deadline,
         };
-        let job = Job {
-            id,
-            key,
-            memory_mb: run.action.limits.memory,
-            concurrency,
-            deadline: self.epoch.now() + wait,
-            patient: run.queued.is_some(),
-            max_running: run.action.max_concurrency(),
-            tenant,
-            stem: self.config.stem_for(&run.action.exec.kind, run.action.limits.memory, run.action.limits.disk),
-            idle_timeout,
-        };
+        let shape = JobShape::of(key, &run.action, (concurrency, tenant, idle_timeout), &self.config);
+        let job = shape.job(id, self.epoch.now() + wait, run.queued.is_some());
         let mut run = run;
         let queued = invoker_telemetry::stage_span!(run.completion.trace(), "queue");
         run.completion.trace_mut().set_queued(queued);

@@ -13,9 +13,9 @@
 
 use crate::proxy::{ContainerProxy, Run};
 use actix::Addr;
-use invoker_core::pool::{Event, Job, KeyId, StemId, TenantId};
+use invoker_core::pool::{CoreConfig, Event, Job, KeyId, StemId, TenantId};
 use invoker_factory::contract::Epoch;
-use invoker_ids::{ContainerId, JobId};
+use invoker_ids::{ContainerId, JobId, Time};
 use invoker_job::RunJob;
 use invoker_wire::model::Action;
 use parking_lot::Mutex;
@@ -33,6 +33,44 @@ pub(super) struct JobShape {
     pub tenant: TenantId,
     pub stem: Option<StemId>,
     pub idle_timeout: Option<std::time::Duration>,
+}
+
+impl JobShape {
+    /// A job of `action` under `key`, as the actor interned it (the runs a container takes, the
+    /// tenant, the key's own idle bound).
+    pub(super) fn of(
+        key: KeyId,
+        action: &Action,
+        (concurrency, tenant, idle_timeout): (u32, TenantId, Option<std::time::Duration>),
+        config: &CoreConfig,
+    ) -> Self {
+        let l = &action.limits;
+        JobShape {
+            key,
+            memory_mb: l.memory,
+            concurrency,
+            max_running: action.max_concurrency(),
+            tenant,
+            stem: config.stem_for(&action.exec.kind, l.memory, l.disk),
+            idle_timeout,
+        }
+    }
+
+    /// The job `id` of this shape, waiting until `deadline`.
+    pub(super) fn job(self, id: JobId, deadline: Time, patient: bool) -> Job {
+        Job {
+            id,
+            key: self.key,
+            memory_mb: self.memory_mb,
+            concurrency: self.concurrency,
+            deadline,
+            stem: self.stem,
+            idle_timeout: self.idle_timeout,
+            patient,
+            max_running: self.max_running,
+            tenant: self.tenant,
+        }
+    }
 }
 
 /// One key's offer: the container, its proxy, and the action allocation the key keeps (a
@@ -83,20 +121,8 @@ impl HandOff {
         table.by_key.remove(&offer.shape.key);
         debug_assert!(Arc::ptr_eq(&offer.action, &run.action), "an offer found by another action's address");
         let id = self.next_job();
-        let s = offer.shape;
-        let job = Job {
-            id,
-            key: s.key,
-            memory_mb: s.memory_mb,
-            concurrency: s.concurrency,
-            // Dispatched now: it never waits.
-            deadline: self.epoch.now(),
-            stem: s.stem,
-            idle_timeout: s.idle_timeout,
-            patient: false,
-            max_running: s.max_running,
-            tenant: s.tenant,
-        };
+        // Dispatched now: it never waits.
+        let job = offer.shape.job(id, self.epoch.now(), false);
         table.taken.push((job, offer.container));
         drop(table);
         // Bounded by the core as every run sent to a proxy is: the container was offered
