@@ -33,6 +33,20 @@ if ! answers; then
     exit 1
   fi
   mkdir -p "$run_dir" "$root"
+  # A pid file left by an engine that is gone (a reboot, or a machine image taken while one
+  # ran, when /run is not a tmpfs) may name a pid some other process now has: dockerd then
+  # takes it for its containerd "still running" and waits for a socket nobody will open.
+  # Keep a pid file only while the process it names is what wrote it.
+  for pair in "$run_dir/dockerd.pid:dockerd" "$run_dir/exec/containerd/containerd.pid:containerd"; do
+    file=${pair%%:*}
+    name=${pair##*:}
+    [ -f "$file" ] || continue
+    pid=$(cat "$file" 2>/dev/null || true)
+    if [ -z "$pid" ] || [ "$(cat "/proc/$pid/comm" 2>/dev/null || true)" != "$name" ]; then
+      echo "dockerd.sh: removing stale $file (pid ${pid:-none} is not $name)" >&2
+      rm -f "$file"
+    fi
+  done
   echo "dockerd.sh: starting dockerd on $sock (log: $run_dir/dockerd.log)" >&2
   # setsid: the engine outlives this script and the shell that ran it.
   HTTP_PROXY=$proxy HTTPS_PROXY=$proxy NO_PROXY=localhost,127.0.0.1,::1 setsid dockerd \
@@ -48,7 +62,7 @@ if ! answers; then
   done
   if ! answers; then
     echo "dockerd.sh: dockerd did not answer within 60 s; its log:" >&2
-    tail -20 "$run_dir/dockerd.log" >&2
+    grep -v 'module=grpc' "$run_dir/dockerd.log" | tail -20 >&2
     exit 1
   fi
 fi

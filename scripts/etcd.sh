@@ -25,8 +25,14 @@ fi
 
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 mkdir -p "$dir"
+# The etcd this script started before, if it runs still but no longer answers. A pid file that
+# outlived its etcd (a reboot, a machine image) may name another process now: kill only an etcd.
 if [ -f "$dir/etcd.pid" ]; then
-  kill "$(cat "$dir/etcd.pid")" 2>/dev/null || true
+  old_pid=$(cat "$dir/etcd.pid" 2>/dev/null || true)
+  if [ -n "$old_pid" ] && [ "$(cat "/proc/$old_pid/comm" 2>/dev/null || true)" = etcd ]; then
+    kill "$old_pid" 2>/dev/null || true
+  fi
+  rm -f "$dir/etcd.pid"
 fi
 client=$(free_port)
 peer=$(free_port)
