@@ -34,6 +34,10 @@ use std::time::{Duration, Instant};
 /// rise at once and give an idle invoker back after 5 s (`invoker_core::capacity::default_hold`).
 pub const LEAD: Duration = Duration::from_millis(200);
 
+/// The name a gone invoker's data directory takes while it is deleted (no invoker id starts
+/// with a dot).
+const GONE_PREFIX: &str = ".gone-";
+
 pub struct LocalPlane {
     exe: PathBuf,
     config_file: PathBuf,
@@ -86,6 +90,7 @@ impl LocalPlane {
             boot_id: invoker_etcd::claim::boot_id(),
             procs: Mutex::new(BTreeMap::new()),
         };
+        plane.sweep_aside();
         plane.adopt()?;
         Ok(plane)
     }
@@ -127,15 +132,36 @@ impl LocalPlane {
         self.procs.lock().get(id).map(|k| k.pid)
     }
 
-    /// Removes `id`'s pid file and data directory (its log stays, for why it ended).
+    /// Removes `id`'s pid file and data directory (its log stays, for why it ended). Both are
+    /// gone from their names before this returns (the directory renamed aside, then deleted
+    /// by the future): a replacement asked for under the same name in the same round creates
+    /// its own directory, which a deletion still under way must not take with it.
     fn clean_up(&self, id: &str) -> impl std::future::Future<Output = std::io::Result<()>> + 'static {
         let _ = std::fs::remove_file(self.pid_file(id));
         let data = self.dir.join(id);
+        let aside = self.dir.join(format!("{GONE_PREFIX}{id}-{}", std::process::id()));
+        let moved = match std::fs::rename(&data, &aside) {
+            Ok(()) => Ok(Some(aside)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        };
         async move {
-            tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&data))
+            let Some(aside) = moved? else { return Ok(()) };
+            tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&aside))
                 .await
                 .map_err(std::io::Error::other)?
                 .or_else(|e| if e.kind() == std::io::ErrorKind::NotFound { Ok(()) } else { Err(e) })
+        }
+    }
+
+    /// Deletes the directories a clean-up renamed aside and did not finish deleting (its
+    /// manager stopped meanwhile).
+    fn sweep_aside(&self) {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else { return };
+        for entry in entries.flatten() {
+            if entry.file_name().to_str().is_some_and(|n| n.starts_with(GONE_PREFIX)) {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
         }
     }
 }
@@ -279,5 +305,70 @@ impl ControlPlane for LocalPlane {
                 tracing::warn!(invoker = %id, "removing what it left: {e}");
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A plane whose "invoker" is a script that keeps running until it is killed.
+    fn plane(dir: &std::path::Path) -> LocalPlane {
+        let exe = dir.join("fake-invoker");
+        std::fs::write(&exe, "#!/bin/sh\nexec sleep 60\n").unwrap();
+        std::fs::set_permissions(&exe, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        LocalPlane::new(exe, dir.join("config.toml"), vec![], dir.join("manager"), Duration::from_secs(1)).unwrap()
+    }
+
+    fn spec(id: &str) -> InvokerSpec {
+        InvokerSpec { id: id.into(), group: "default".into(), tags: vec![], memory_mb: 256 }
+    }
+
+    /// An invoker that died is forgotten and, in the same round, replaced under its name (the
+    /// lowest free ordinal): the replacement's data directory stays. Before, the forgotten
+    /// one's directory was deleted by a task that ran after the replacement had created it,
+    /// so a replacement could start without its data (under load, a third start was asked for).
+    #[tokio::test]
+    async fn a_replacement_under_a_forgotten_invokers_name_keeps_its_data() {
+        let dir = tempfile::tempdir().unwrap();
+        let plane = plane(dir.path());
+        plane.provision(&spec("default-0")).await.unwrap();
+        let pid = plane.pid_of("default-0").unwrap();
+        kill(pid, Signal::SIGKILL).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while plane.running("default-0") == Some(true) {
+            assert!(Instant::now() < deadline, "the killed process was not reaped");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        plane.forget("default-0");
+        plane.provision(&spec("default-0")).await.unwrap();
+        let data = plane.dir.join("default-0");
+        std::fs::write(data.join("written-by-the-replacement"), b"x").unwrap();
+        // Whatever the forgotten one's clean-up still had to do, it does now.
+        for _ in 0..50 {
+            tokio::task::yield_now().await;
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(data.join("written-by-the-replacement").exists(), "the replacement's data was deleted");
+        assert!(plane.pid_file("default-0").exists(), "the replacement's pid file was deleted");
+        let aside: Vec<_> = std::fs::read_dir(&plane.dir)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with(GONE_PREFIX))
+            .collect();
+        assert!(aside.is_empty(), "the forgotten one's data is deleted in the end");
+        plane.remove("default-0").await.unwrap();
+        assert!(!data.exists());
+    }
+
+    /// A directory renamed aside by a manager that stopped before deleting it is deleted when
+    /// the next plane starts on the data dir.
+    #[test]
+    fn directories_left_aside_are_swept_at_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let left = dir.path().join("manager/invokers/.gone-default-1-42");
+        std::fs::create_dir_all(left.join("journal")).unwrap();
+        let _plane = plane(dir.path());
+        assert!(!left.exists());
     }
 }
