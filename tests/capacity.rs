@@ -134,6 +134,17 @@ async fn registered(scheduler: &Invoker) -> BTreeSet<String> {
     list.as_array().map(|l| l.iter().filter_map(|i| i["id"].as_str().map(String::from)).collect()).unwrap_or_default()
 }
 
+/// Waits until the manager started in `dir` found the leader's key taken and stands by (not
+/// for some time, which under load may pass before it even asked).
+async fn stands_by(dir: &Path) {
+    let log = dir.join("stderr.log");
+    wait_until(Duration::from_secs(30), "the second manager stands by", || {
+        let log = &log;
+        async move { std::fs::read_to_string(log).unwrap_or_default().contains("standby: the active capacity manager") }
+    })
+    .await;
+}
+
 async fn wait_until<F: std::future::Future<Output = bool>>(bound: Duration, what: &str, mut check: impl FnMut() -> F) {
     let check = &mut check;
     support::eventually(bound, what, || {
@@ -333,14 +344,15 @@ async fn of_two_managers_one_leads_and_the_other_takes_over_when_it_dies() {
     .await;
     std::os::unix::fs::symlink(dir.path().join("data"), other.path().join("data")).unwrap();
     let second = start_manager(other.path(), &config);
-    // A window: for a second beside a live leader, the second manager must not lead.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    stands_by(other.path()).await;
     let standby = capacity(&second).await;
     assert_eq!(standby["leader"], false, "{standby}");
     first.signal(nix::sys::signal::Signal::SIGKILL);
     first.wait_exit(Duration::from_secs(10));
     let killed = Instant::now();
-    wait_until(Duration::from_secs(10), "the second leads with the two adopted", || {
+    // Bounded, not timed: the lease's TTL is 3 s, and a loaded machine's etcd may take longer
+    // to expire it.
+    wait_until(Duration::from_secs(30), "the second leads with the two adopted", || {
         let m = &second;
         async move {
             let status = capacity(m).await;
@@ -415,8 +427,7 @@ async fn managers_that_hand_over_stop_reap_and_clean_what_they_find() {
     std::os::unix::fs::symlink(dir.path().join("data"), other.path().join("data")).unwrap();
     let shrinking = "min = 1\nmax = 2\ninvoker_memory_mb = 256\nscale_down_after = \"1s\"\ndrain_deadline = \"60s\"\n";
     let mut second = start_manager(other.path(), &manager_config(&etcd, shrinking));
-    // A window: for a second beside a live leader, the second manager must not lead.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    stands_by(other.path()).await;
     assert_eq!(capacity(&second).await["leader"], false, "one leader at a time");
     first.signal(nix::sys::signal::Signal::SIGSTOP);
     let drained = support::eventually(Duration::from_secs(30), "the second drains one", || async {
@@ -578,12 +589,11 @@ async fn a_standby_leads_as_soon_as_the_leader_stops() {
     })
     .await;
     let second = start_manager(other.path(), &config);
-    // A window: for a second beside a live leader, the second manager must not lead.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    stands_by(other.path()).await;
     assert_eq!(capacity(&second).await["leader"], false, "one leader at a time");
     first.signal(nix::sys::signal::Signal::SIGTERM);
     first.wait_exit(Duration::from_secs(20));
-    wait_until(Duration::from_secs(15), "the standby leads", || {
+    wait_until(Duration::from_secs(30), "the standby leads", || {
         let m = &second;
         async move { capacity(m).await["leader"] == true }
     })
