@@ -1,12 +1,14 @@
 //! The HTTP pieces the invoker's servers and clients share: a response with a body
 //! (`Response`, `with_body`, `json_value`), one client connection (`connect`, `handshake`), an
-//! answer that goes out in two parts (`Follows`), the hop-by-hop headers, and a unix stream
+//! answer that goes out in two parts (`Follows`), one that goes out as it is made
+//! ([`streamed`]), the hop-by-hop headers, and a unix stream
 //! the reactor watches for reading only ([`read_watched`]). Used by the API, the action runtime,
 //! the proxies, the mock containers and the cluster's clients, below all of them.
 
 #![forbid(unsafe_code)]
 
 pub mod read_watched;
+pub mod streamed;
 
 use bytes::Bytes;
 use http_body_util::Full;
