@@ -4,6 +4,7 @@
 
 use super::options::Launcher;
 use command_fds::{CommandFdExt, FdMapping};
+use invoker_wire::runtime::{STREAM_END, STREAM_VALUE};
 use serde::de::IgnoredAny;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -16,7 +17,7 @@ use tokio::process::{Child, ChildStdin, Command};
 use tokio_util::either::Either;
 
 /// Longest result line read from fd 3; a longer one is refused rather than buffered.
-const MAX_RESULT_BYTES: u64 = 64 * 1024 * 1024;
+pub(crate) const MAX_RESULT_BYTES: u64 = 64 * 1024 * 1024;
 
 /// How long a launcher may take to load the action and acknowledge it.
 const ACK_TIMEOUT: Duration = Duration::from_secs(120);
@@ -39,6 +40,45 @@ pub enum ActionError {
     TooLarge,
     #[error("talking to the action process failed: {0}")]
     Io(#[from] std::io::Error),
+}
+
+/// What a run's action process answered.
+#[derive(Debug)]
+pub enum Answered {
+    /// One result, a JSON object or array.
+    Result(Vec<u8>),
+    /// The first line of a stream.
+    Stream(StreamLine),
+}
+
+/// One line of a stream, as the launcher wrote it, its mark first and without its newline
+/// (`invoker_wire::runtime::STREAM_TYPE`).
+#[derive(Debug)]
+pub enum StreamLine {
+    /// `>` then a value's JSON.
+    Value(Vec<u8>),
+    /// `=` then `{}` or `{"error": ...}`.
+    End(Vec<u8>),
+}
+
+impl StreamLine {
+    /// The line's JSON, without its mark.
+    pub fn json(&self) -> &[u8] {
+        match self {
+            StreamLine::Value(line) | StreamLine::End(line) => &line[1..],
+        }
+    }
+}
+
+fn stream_line(line: Vec<u8>) -> Result<StreamLine, ActionError> {
+    match line.first() {
+        Some(&STREAM_VALUE) => Ok(StreamLine::Value(line)),
+        Some(&STREAM_END) => Ok(StreamLine::End(line)),
+        _ => Err(ActionError::Io(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "a line within a stream is neither a value nor its end",
+        ))),
+    }
 }
 
 /// What `/init` gave: the code and how to start it.
@@ -171,23 +211,35 @@ impl ActionProcess {
     }
 
     /// Sends one `/run` body (already one line of JSON, without its newline) and returns the
-    /// result line, checked to be a JSON object or array but otherwise passed through untouched.
-    pub async fn run(&mut self, mut line: Vec<u8>) -> Result<Vec<u8>, ActionError> {
+    /// result line, checked to be a JSON object or array but otherwise passed through untouched,
+    /// or the first line of a stream (the action's `main` returned a generator), whose next
+    /// lines [`Self::next_in_stream`] reads.
+    pub async fn run(&mut self, mut line: Vec<u8>) -> Result<Answered, ActionError> {
         // One write: a line in two would wake the action's reader twice.
         line.push(b'\n');
         if let Err(e) = self.send(&line).await {
             return Err(self.exited().await.unwrap_or(ActionError::Io(e)));
         }
         let mut result = self.read_line().await?;
-        if result.first() == Some(&b'!') {
-            result.remove(0);
-            return Err(ActionError::Developer(result));
+        match result.first() {
+            Some(b'!') => {
+                result.remove(0);
+                return Err(ActionError::Developer(result));
+            }
+            Some(&STREAM_VALUE | &STREAM_END) => return stream_line(result).map(Answered::Stream),
+            _ => {}
         }
         let first = result.iter().find(|b| !b.is_ascii_whitespace());
         if !matches!(first, Some(b'{' | b'[')) || serde_json::from_slice::<IgnoredAny>(&result).is_err() {
             return Err(ActionError::NotAnObject);
         }
-        Ok(result)
+        Ok(Answered::Result(result))
+    }
+
+    /// The next line of a stream [`Self::run`] began.
+    pub async fn next_in_stream(&mut self) -> Result<StreamLine, ActionError> {
+        let line = self.read_line().await?;
+        stream_line(line)
     }
 
     async fn send(&mut self, line: &[u8]) -> std::io::Result<()> {

@@ -1,17 +1,21 @@
 //! `/init` and `/run`: the action prepared once, then each run handed to an action process
 //! through the actionloop protocol, with the sentinels after it.
 
-use super::action::{ActionError, ActionProcess, InitSpec, PreparedAction};
+use super::action::{ActionError, ActionProcess, Answered, InitSpec, PreparedAction};
 use super::options::Launcher;
+use super::stream;
 use base64::Engine as _;
+use bytes::Bytes;
 use hyper::StatusCode;
+use invoker_http::streamed::Streamed;
 use invoker_http::{json_value, with_body, Response};
-use invoker_wire::runtime::{EXITED_UNEXPECTEDLY, SENTINEL_LINE};
+use invoker_wire::runtime::{EXITED_UNEXPECTEDLY, SENTINEL_LINE, STREAM_TYPE};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::path::PathBuf;
+use std::rc::Rc;
 use std::sync::OnceLock;
 
 pub(super) struct Runtime {
@@ -137,7 +141,9 @@ fn init_spec(value: InitValue) -> Result<InitSpec, String> {
     Ok(InitSpec { main, code, binary: value.binary, env })
 }
 
-pub(super) async fn run_action(runtime: &Runtime, body: &[u8]) -> Response {
+/// `streams`: the invoker takes a stream (`Accept: STREAM_TYPE`); otherwise a generator's
+/// values are answered as one JSON array.
+pub(super) async fn run_action(runtime: &Rc<Runtime>, body: &[u8], streams: bool) -> Response {
     let mut body: Value = match serde_json::from_slice(body) {
         Ok(v @ Value::Object(_)) => v,
         Ok(_) => return error(StatusCode::BAD_REQUEST, "the /run body must be a JSON object"),
@@ -164,10 +170,25 @@ pub(super) async fn run_action(runtime: &Runtime, body: &[u8]) -> Response {
     let answer = match process {
         Err(e) => Err((StatusCode::BAD_GATEWAY, e.to_string())),
         Ok(mut process) => match process.run(line).await {
-            Ok(result) => {
+            Ok(Answered::Result(result)) => {
                 runtime.idle.lock().push(process);
                 Ok(result)
             }
+            Ok(Answered::Stream(first)) if streams => {
+                let (values, streamed) = Streamed::channel();
+                tokio::task::spawn_local(stream::relay(runtime.clone(), process, first, values, tag));
+                let mut response = with_body(StatusCode::OK, STREAM_TYPE, Bytes::new());
+                response.extensions_mut().insert(streamed);
+                return response;
+            }
+            Ok(Answered::Stream(first)) => match stream::collect(&mut process, first).await {
+                Ok(result) => {
+                    runtime.idle.lock().push(process);
+                    Ok(result)
+                }
+                Err(ActionError::Exited(_)) => Err(exited(runtime.launcher)),
+                Err(e) => Err((StatusCode::BAD_GATEWAY, e.to_string())),
+            },
             // The launcher's own error body, as OpenWhisk's runtime would answer it.
             Err(ActionError::Developer(body)) => {
                 runtime.idle.lock().push(process);
@@ -192,7 +213,7 @@ pub(super) async fn run_action(runtime: &Runtime, body: &[u8]) -> Response {
 /// The sentinels go before the response: the invoker, answered, reads the container's pipes
 /// to their end and finds them there, so the run's record is whole with its answer and
 /// nothing waits for them.
-fn sentinels_then(tag: Option<String>, response: Response) -> Response {
+pub(super) fn sentinels_then(tag: Option<String>, response: Response) -> Response {
     write_sentinels(tag.as_deref());
     response
 }
@@ -209,7 +230,7 @@ fn exited(launcher: Launcher) -> (StatusCode, String) {
 
 /// One `write(2)` per stream: `writeln!` on the unbuffered stderr would make two. `tag`: the
 /// activation id that starts the run's lines, when they are tagged.
-fn write_sentinels(tag: Option<&str>) {
+pub(super) fn write_sentinels(tag: Option<&str>) {
     let line = match tag {
         Some(id) => std::borrow::Cow::Owned(format!("{id} {SENTINEL_LINE}")),
         None => std::borrow::Cow::Borrowed(SENTINEL_LINE),

@@ -8,15 +8,18 @@
 
 use super::handlers::{error, init, run_action, Runtime};
 use super::options::MAX_BODY;
+use http_body_util::Either;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Incoming;
-use hyper::header::{HeaderValue, ALLOW};
+use hyper::header::{HeaderValue, ACCEPT, ALLOW};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use invoker_http::read_watched::ReadWatchedStream;
+use invoker_http::streamed::Streamed;
 use invoker_http::Response;
+use invoker_wire::runtime::STREAM_TYPE;
 use std::convert::Infallible;
 use std::rc::Rc;
 use std::time::Duration;
@@ -58,7 +61,14 @@ where
 {
     let service = service_fn(move |request| {
         let runtime = runtime.clone();
-        async move { Ok::<_, Infallible>(route(&runtime, request).await) }
+        async move {
+            let mut response = route(&runtime, request).await;
+            // A streamed run's body goes out as the action makes it.
+            Ok::<_, Infallible>(match response.extensions_mut().remove::<Streamed>() {
+                Some(streamed) => response.map(|_| Either::Right(streamed.into_body())),
+                None => response.map(Either::Left),
+            })
+        }
     });
     tokio::task::spawn_local(async move {
         let _ = http1::Builder::new().serve_connection(io, service).await;
@@ -66,7 +76,7 @@ where
     });
 }
 
-async fn route(runtime: &Runtime, request: Request<Incoming>) -> Response {
+async fn route(runtime: &Rc<Runtime>, request: Request<Incoming>) -> Response {
     let is_init = match request.uri().path() {
         "/init" => true,
         "/run" => false,
@@ -79,6 +89,11 @@ async fn route(runtime: &Runtime, request: Request<Incoming>) -> Response {
         response.headers_mut().insert(ALLOW, HeaderValue::from_static("POST"));
         return response;
     }
+    let streams = request
+        .headers()
+        .get_all(ACCEPT)
+        .iter()
+        .any(|v| v.to_str().is_ok_and(|v| v.split(',').any(|t| t.trim() == STREAM_TYPE)));
     let too_large = || error(StatusCode::PAYLOAD_TOO_LARGE, format!("the body is larger than {MAX_BODY} bytes"));
     if hyper::body::Body::size_hint(request.body()).lower() > MAX_BODY as u64 {
         return too_large();
@@ -91,6 +106,6 @@ async fn route(runtime: &Runtime, request: Request<Incoming>) -> Response {
     if is_init {
         init(runtime, &body).await
     } else {
-        run_action(runtime, &body).await
+        run_action(runtime, &body, streams).await
     }
 }

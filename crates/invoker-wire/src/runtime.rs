@@ -10,6 +10,18 @@ pub const SENTINEL_LINE: &str = "XXX_THE_END_OF_A_WHISK_ACTIVATION_XXX\n";
 /// runtime's own answer says the same).
 pub const NOT_A_RESULT: &str = "The action did not return a dictionary or array.";
 
+/// Ours, not OpenWhisk's: what a `/run` asks for (`Accept`) when its caller takes a stream, and
+/// what our runtime answers with when the action streams (its `main` a generator). The body
+/// has one line per value the action yielded, [`STREAM_VALUE`] then the value's JSON, as it is
+/// yielded, and one last line, [`STREAM_END`] then `{}` (every value was made) or
+/// `{"error": ...}` (the action failed after the values before it). Asked without it, our
+/// runtime answers a generator's values as one JSON array; OpenWhisk's runtimes ignore it.
+pub const STREAM_TYPE: &str = "application/x-invoker-stream";
+/// The first byte of a streamed value's line ([`STREAM_TYPE`]).
+pub const STREAM_VALUE: u8 = b'>';
+/// The first byte of a stream's last line ([`STREAM_TYPE`]).
+pub const STREAM_END: u8 = b'=';
+
 /// OpenWhisk's words for a runtime that dropped the connection without an answer (its process
 /// exited); our nodejs runtime says the same when the action's process exits.
 pub const EXITED_UNEXPECTEDLY: &str = "The action did not produce a valid response and exited unexpectedly.";

@@ -4,7 +4,7 @@
 // with `node --build-snapshot`, which runs everything but `start`). The action is index.js in
 // the working directory: a plain `function main(params)` or `exports.main`/`module.exports`.
 // Writes {"ok":true} on fd 3 once loaded, then one result line per stdin line; a returned
-// Promise is awaited. Answers follow OpenWhisk's nodejs runtime (see runOnce). Writes to pipes are synchronous on Linux, so the action's output precedes
+// Promise is awaited, a returned generator streamed (see stream). Answers follow OpenWhisk's nodejs runtime (see runOnce). Writes to pipes are synchronous on Linux, so the action's output precedes
 // the runtime's sentinels.
 'use strict';
 const fs = require('fs');
@@ -86,6 +86,7 @@ async function runOnce(params) {
     console.error(err);
     return developer('An error has occurred: ' + String(err));
   }
+  if (isStream(returned)) return stream(returned);
   let result;
   try {
     result = await returned;
@@ -98,6 +99,28 @@ async function runOnce(params) {
     return developer('The action did not return a dictionary.');
   }
   answer(result);
+}
+
+// A generator or an async generator: its values are streamed, each a line ">" then its JSON
+// as it is yielded, then a last line "=" then {} or {"error": ...} (invoker_wire::runtime::
+// STREAM_TYPE). The write to fd 3 is synchronous: a full pipe holds the generator back.
+function isStream(value) {
+  return value !== null && typeof value === 'object' && typeof value.next === 'function' &&
+    (typeof value[Symbol.asyncIterator] === 'function' || typeof value[Symbol.iterator] === 'function');
+}
+
+async function stream(values) {
+  let end = {};
+  try {
+    for await (const value of values) {
+      const json = JSON.stringify(value);
+      fs.writeSync(3, '>' + (json === undefined ? 'null' : json) + '\n');
+    }
+  } catch (err) {
+    console.error(err);
+    end = { error: String(err && err.message !== undefined ? err.message : err) };
+  }
+  fs.writeSync(3, '=' + JSON.stringify(end) + '\n');
 }
 
 function answer(result) {

@@ -2,10 +2,13 @@
 # argv: [launcher.py, main]. The action is __main__.py (or the extracted zip) in the working
 # directory. Writes {"ok": true} on fd 3 once the action is loaded, then, for every line on
 # stdin (one /run body), one result line on fd 3. Output is flushed before each result so
-# the runtime's sentinels follow the action's own lines.
+# the runtime's sentinels follow the action's own lines. A main that returns an iterator (a
+# generator) streams: one line per value, ">" then its JSON, written as it is yielded, then
+# a last line, "=" then {} or {"error": ...} (invoker_wire::runtime::STREAM_TYPE).
 # The zygote (zygote.py) imports this file and calls serve() in each container it forks.
 import json
 import os
+from collections.abc import Iterator
 import sys
 import traceback
 
@@ -51,11 +54,26 @@ def set_context(name, value):
     _mapping[key] = val
 
 
-def reply(obj):
+def reply(obj, mark=""):
     sys.stdout.flush()
     sys.stderr.flush()
-    out.write(json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n")
+    out.write(mark + json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n")
     out.flush()
+
+
+def stream_values(values):
+    """Writes each value as it is yielded; returns how the stream ended. A full pipe blocks the
+    write, and so the generator: the reader sets the pace."""
+    try:
+        for value in values:
+            out.write(">" + json.dumps(value, ensure_ascii=False, separators=(",", ":")) + "\n")
+            out.flush()
+        return {}
+    except Exception as ex:
+        print(traceback.format_exc(), file=sys.stderr)
+        if isinstance(ex, (TypeError, ValueError)) and "JSON" in str(ex):
+            return {"error": "a yielded value is not JSON: %s" % ex}
+        return {"error": str(ex)}
 
 
 def load(entry):
@@ -143,11 +161,17 @@ def serve(entry):
         except Exception as ex:
             print(traceback.format_exc(), file=sys.stderr)
             result = {"error": str(ex)}
+        streamed = isinstance(result, Iterator)
+        if streamed:
+            result = stream_values(result)
         if tagged is not None:
             sys.stdout.flush()
             sys.stderr.flush()
-            for stream in tagged:
-                stream.end_run()
+            for tagged_stream in tagged:
+                tagged_stream.end_run()
+        if streamed:
+            reply(result, "=")
+            continue
         try:
             reply(result)
         except (TypeError, ValueError) as ex:
