@@ -95,10 +95,12 @@ async fn invoke_with_id(h: &Harness, action: &Arc<Action>, params: Value, id: St
         traceparent: None,
         whole: None,
         start_notice: None,
+        stream: None,
     };
     match h.service().invoke(req).await.unwrap() {
         Invoked::Done(encoded) => Arc::unwrap_or_clone(encoded.record),
         Invoked::Accepted(id) => panic!("activation {id} did not finish within the blocking wait"),
+        Invoked::Streaming { activation_id, .. } => panic!("activation {activation_id} streamed unasked"),
     }
 }
 
@@ -392,6 +394,7 @@ fn flood_request(a: &Arc<Action>, wait: Option<Duration>) -> InvokeRequest {
         traceparent: None,
         whole: None,
         start_notice: None,
+        stream: None,
     }
 }
 
@@ -445,6 +448,7 @@ async fn a_flood_of_asynchronous_calls_past_the_pool_mailbox_all_runs() {
         match h.service().invoke(flood_request(&a, None)).await.unwrap() {
             Invoked::Accepted(id) => accepted.push(id),
             Invoked::Done(done) => panic!("an asynchronous call answered at once: {:?}", done.record),
+            Invoked::Streaming { activation_id, .. } => panic!("{activation_id} streamed unasked"),
         }
     }
     // The accepted ones run (slowly in a debug build: a bound, not a measure).
@@ -526,6 +530,7 @@ async fn invoke_async(h: &Harness, action: &Arc<Action>, params: Value) -> Strin
     match h.service().invoke(req).await.unwrap() {
         Invoked::Accepted(id) => id,
         Invoked::Done(done) => panic!("an asynchronous call answered at once: {:?}", done.record),
+        Invoked::Streaming { activation_id, .. } => panic!("{activation_id} streamed unasked"),
     }
 }
 

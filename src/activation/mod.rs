@@ -7,9 +7,11 @@ mod provisioning;
 pub mod reservations;
 
 use base64::Engine as _;
+use invoker_http::streamed::StreamPart;
 use invoker_job::queue::{QueueCounts, QueueFull, QueueSettings};
 use invoker_job::runner::Runner;
 use invoker_job::slot::{NamespaceSlot, NamespaceSlots};
+use invoker_job::stream::{StreamFormat, StreamRequest};
 use invoker_job::{Completion, RunJob};
 use invoker_metrics::Metrics;
 use invoker_store::{Accepted, QueuedCall, QueuedRequest, Store, StoreError};
@@ -19,7 +21,7 @@ use invoker_wire::model::{epoch_ms, Action, ActivationMeta, EncodedRecord};
 use serde_json::{Map, Value};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 
 #[derive(Debug, thiserror::Error)]
 pub enum IntakeError {
@@ -55,6 +57,9 @@ pub enum Invoked {
     Done(EncodedRecord),
     /// Accepted; the record will be there later (non-blocking, or the blocking wait passed).
     Accepted(String),
+    /// The action streams its answer: its values as the caller reads them, as they come (the
+    /// record is stored once the stream ends).
+    Streaming { activation_id: String, format: StreamFormat, body: mpsc::Receiver<StreamPart> },
 }
 
 pub struct InvokeRequest {
@@ -78,6 +83,9 @@ pub struct InvokeRequest {
     /// A caller that keeps the call until it starts (a scheduler's queued call, through the
     /// shim): told before `/run` goes out; gone, and nothing starts.
     pub start_notice: Option<invoker_job::StartNotice>,
+    /// A blocking caller that takes the answer as a stream in this format (its `Accept`),
+    /// should the action stream one.
+    pub stream: Option<StreamFormat>,
 }
 
 #[derive(Clone)]
@@ -333,6 +341,13 @@ impl ActivationService {
             completion = completion.with_whole(whole);
         }
         let params = action.merged_params(req.params);
+        let (stream, mut streamed) = match req.stream.filter(|_| req.wait.is_some()) {
+            Some(format) => {
+                let (started, streamed) = oneshot::channel();
+                (Some(StreamRequest { format, started }), Some((format, streamed)))
+            }
+            None => (None, None),
+        };
         let run = RunJob {
             meta: meta.clone(),
             action,
@@ -344,6 +359,7 @@ impl ActivationService {
             completion,
             queued: None,
             start_notice: req.start_notice,
+            stream,
         };
         if self.runner.submit(run).is_err() {
             // Answered at once, blocking or not: the record is written already.
@@ -353,8 +369,18 @@ impl ActivationService {
             });
         }
         let Some(wait) = req.wait else { return Ok(Invoked::Accepted(activation_id)) };
-        match tokio::time::timeout(wait, rx).await {
-            Ok(Ok(record)) => Ok(Invoked::Done(record)),
+        let answered = async {
+            // A stream that starts answers the caller; a run that ends without one drops its
+            // sender, and the record is the answer.
+            let Some((format, started)) = streamed.take() else { return rx.await.map(Invoked::Done) };
+            tokio::select! {
+                biased;
+                record = rx => record.map(Invoked::Done),
+                Ok(body) = started => Ok(Invoked::Streaming { activation_id: activation_id.clone(), format, body }),
+            }
+        };
+        match tokio::time::timeout(wait, answered).await {
+            Ok(Ok(invoked)) => Ok(invoked),
             Ok(Err(_)) => Ok(self.await_existing(activation_id, &meta.namespace, Some(Duration::from_secs(1))).await),
             Err(_) => Ok(Invoked::Accepted(activation_id)),
         }
@@ -469,9 +495,10 @@ impl ActivationService {
             traceparent: None,
             whole: None,
             start_notice: None,
+            stream: None,
         };
         match self.invoke(req).await? {
-            Invoked::Accepted(id) => Ok(id),
+            Invoked::Accepted(id) | Invoked::Streaming { activation_id: id, .. } => Ok(id),
             Invoked::Done(record) => Ok(record.record.activation_id.clone()),
         }
     }
@@ -496,6 +523,7 @@ impl ActivationService {
             traceparent: None,
             whole: None,
             start_notice: None,
+            stream: None,
         };
         if let Err(e) = self.enqueue(req, queue, Origin::Destination).await {
             tracing::warn!(namespace, destination = action, "a destination was not called: {e}");
@@ -592,6 +620,7 @@ impl ActivationService {
             completion: completion.in_queue(retry),
             queued: Some(queued),
             start_notice: None,
+            stream: None,
         }
     }
 

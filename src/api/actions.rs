@@ -9,7 +9,9 @@ use crate::config::{Config, KindLanguage};
 use bytes::Bytes;
 use hyper::header::HeaderValue;
 use hyper::StatusCode;
+use invoker_http::streamed::Streamed;
 use invoker_http::{with_body, Response};
+use invoker_job::stream::StreamFormat;
 use invoker_wire::model::{
     epoch_ms, new_activation_id, validate_entity_name, Action, ActivationRecord, Exec, KeyValue, Limits,
 };
@@ -392,15 +394,32 @@ pub(super) async fn invoke(state: &AppState, call: &Call, ns: &str, name: &str) 
             traceparent: call.traceparent(),
             whole: None,
             start_notice: None,
+            stream: stream_format(call)?,
         })
         .await?;
     Ok(invoke_response(invoked, result_only))
 }
 
-/// 200 done, 202 accepted, 502 the action failed, 503 nothing ran, 400 can never fit.
+/// The stream a blocking caller takes, should the action stream its answer (`Accept`).
+fn stream_format(call: &Call) -> Result<Option<StreamFormat>, ApiError> {
+    let mut accept = call.head.headers.get_all(hyper::header::ACCEPT).iter();
+    accept.try_fold(None, |found, value| {
+        let value = value.to_str().map_err(|_| ApiError::BadRequest("Accept: not ASCII text".into()))?;
+        Ok(found.or(StreamFormat::from_accept(value)))
+    })
+}
+
+/// 200 done, 202 accepted, 502 the action failed, 503 nothing ran, 400 can never fit; a
+/// stream's 200 goes as its first value came, its values after it as they come.
 fn invoke_response(invoked: Invoked, result_only: bool) -> Response {
     let encoded = match invoked {
         Invoked::Accepted(id) => return accepted(&id),
+        Invoked::Streaming { activation_id, format, body } => {
+            let mut response = with_body(StatusCode::OK, format.content_type(), Bytes::new());
+            response.headers_mut().insert(hyper::header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+            response.extensions_mut().insert(Streamed::new(body));
+            return with_activation_id(response, &activation_id);
+        }
         Invoked::Done(encoded) => encoded,
     };
     let status = super::error::record_status(&encoded.record, StatusCode::BAD_GATEWAY);

@@ -18,6 +18,7 @@ use hyper::service::service_fn;
 use hyper::StatusCode;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
+use invoker_http::streamed::Streamed;
 use invoker_http::Follows;
 use serde_json::json;
 use std::convert::Infallible;
@@ -164,7 +165,11 @@ pub async fn serve(listener: TcpListener, state: Arc<AppState>, stop: Cancellati
                 let mut response = state.handle(request).await;
                 // An answer in two parts: read as it is written, it holds no budget either.
                 if let Some(follows) = response.extensions_mut().remove::<Follows>() {
-                    return Ok(response.map(|_| Either::Right(Either::Right(follows.into_body()))));
+                    return Ok(response.map(|_| Either::Right(Either::Right(Either::Left(follows.into_body())))));
+                }
+                // A streamed answer: its parts wait in a bounded channel, not in this budget.
+                if let Some(streamed) = response.extensions_mut().remove::<Streamed>() {
+                    return Ok(response.map(|_| Either::Right(Either::Right(Either::Right(streamed.into_body())))));
                 }
                 Ok::<_, Infallible>(unread.count(read, response, &held).map(Either::Left))
             }

@@ -132,6 +132,7 @@ pub(super) async fn activation_message(state: &AppState, call: &Call) -> Result<
         traceparent,
         whole,
         start_notice,
+        stream: None,
     };
     let (heard, rest) = match (heard, rest) {
         (Some(heard), Some(rest)) => (heard, rest),
@@ -182,7 +183,8 @@ fn started_answer(
         let _ = ack.send(());
         let whole = match end.await.ok()?.ok()? {
             Invoked::Done(encoded) => rest.await.unwrap_or(encoded),
-            Invoked::Accepted(_) => return None,
+            // Not asked for (a scheduler's call takes no stream yet): dropped, it stops.
+            Invoked::Accepted(_) | Invoked::Streaming { .. } => return None,
         };
         let mut ack = completion_message(&invoker_id, user_memory_mb, transid, &whole).to_vec();
         ack.push(b'\n');
@@ -201,7 +203,7 @@ fn answer(
     transid: Value,
 ) -> Response {
     match invoked {
-        Invoked::Accepted(id) => accepted(&id),
+        Invoked::Accepted(id) | Invoked::Streaming { activation_id: id, .. } => accepted(&id),
         Invoked::Done(encoded) => {
             let user_memory_mb = state.pool().map_or(0, |p| p.user_memory_mb());
             let invoker_id = state.config.invoker_id.clone();

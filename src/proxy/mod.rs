@@ -390,8 +390,9 @@ impl ContainerProxy {
         let container = self.spec.id;
         let discards = self.ctx.discards.clone();
         let mut window = self.open_window(&run, &handle.logs);
+        let stream = run.stream.take();
         let fut = async move {
-            let answer = runtime.run(&run, Duration::from_millis(timeout_ms)).await;
+            let answer = runtime.run(&run, stream, Duration::from_millis(timeout_ms)).await;
             window.close_at_answer();
             let oom = !runtime.within_protocol(&answer) && factory.was_oom_killed(&handle);
             let why = discard_reason(&answer, oom);

@@ -8,6 +8,7 @@
 pub mod queue;
 pub mod runner;
 pub mod slot;
+pub mod stream;
 
 use invoker_metrics::Metrics;
 use invoker_store::{DeadLetter, DocKind, QueuedCall, Store};
@@ -47,6 +48,8 @@ pub struct RunJob {
     /// A caller that must hear of the run's start before `/run` goes out: a scheduler keeping
     /// a queued call until an invoker starts it.
     pub start_notice: Option<StartNotice>,
+    /// A caller that takes the answer as a stream, should the action stream one.
+    pub stream: Option<stream::StreamRequest>,
 }
 
 /// How a caller hears that its call is being handed to a container: it is sent an

@@ -47,7 +47,8 @@ pub(in crate::api) async fn invoke(state: &AppState, call: &Call, fn_id: &str) -
     let record = match run(state, &ns, key, action, request, detached).await? {
         Invoked::Done(record) => record,
         Invoked::Accepted(id) if detached => return Ok(detached_accepted(&id)),
-        Invoked::Accepted(id) => return Ok(still_running(&id)),
+        // Not asked for (Fn's calls take no stream of values): dropped, it stops.
+        Invoked::Accepted(id) | Invoked::Streaming { activation_id: id, .. } => return Ok(still_running(&id)),
     };
     Ok(answer(&record.record, image.as_deref(), Mapping::Invoke))
 }
@@ -110,7 +111,7 @@ pub(in crate::api) async fn trigger(
     let image = action.exec.image.clone();
     let record = match run(state, &ns, key, action, request, false).await? {
         Invoked::Done(record) => record,
-        Invoked::Accepted(id) => return Ok(still_running(&id)),
+        Invoked::Accepted(id) | Invoked::Streaming { activation_id: id, .. } => return Ok(still_running(&id)),
     };
     Ok(answer(&record.record, image.as_deref(), Mapping::Gateway))
 }
@@ -146,6 +147,7 @@ async fn run(
             wait: (!detached).then_some(wait),
             whole: None,
             start_notice: None,
+            stream: None,
         })
         .await?;
     Ok(invoked)

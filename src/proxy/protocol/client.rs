@@ -12,15 +12,17 @@
 //! byte of an answer came back provably never reached the runtime's handler: it is sent once
 //! more, on a fresh connection. A request on a fresh connection is never sent twice.
 
+use super::stream::StreamRelay;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::client::conn::http1::SendRequest;
-use hyper::header::{HeaderMap, HeaderValue, CONTENT_TYPE, HOST};
+use hyper::header::{HeaderMap, HeaderValue, ACCEPT, CONTENT_TYPE, HOST};
 use hyper_util::rt::TokioIo;
 use invoker_factory::contract::Transport;
 use invoker_factory::peer::{Peer, StrangerError};
 use invoker_http::read_watched::ReadWatchedStream;
 use invoker_http::{handshake, ConnectionError};
+use invoker_wire::runtime::STREAM_TYPE;
 use parking_lot::Mutex;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -96,6 +98,11 @@ impl RuntimeClient {
         }
     }
 
+    /// The largest result an answer may carry (the payload limit).
+    pub fn max_result(&self) -> usize {
+        self.max_body - ENVELOPE_BYTES
+    }
+
     /// A new connection, once its peer proved to be the container's own.
     async fn connect(&self) -> Result<Connection, RuntimeError> {
         let received = Arc::new(AtomicU64::new(0));
@@ -150,7 +157,15 @@ impl RuntimeClient {
     /// One request and its answer on one connection. `Err(Retry)` says nothing of the answer
     /// came back on a connection that had served before: the request never reached the runtime.
     /// `headers`: the request's own; `None`, a JSON body's (OpenWhisk's, without a map built).
-    async fn exchange(&self, path: &str, headers: Option<&HeaderMap>, body: Bytes) -> Result<RuntimeResponse, Failed> {
+    /// `relay`: a caller that takes a stream, which an answer of our runtime's `STREAM_TYPE` is
+    /// passed on to as it comes (asked for with `Accept`).
+    async fn exchange(
+        &self,
+        path: &str,
+        headers: Option<&HeaderMap>,
+        body: Bytes,
+        relay: Option<&mut StreamRelay>,
+    ) -> Result<RuntimeResponse, Failed> {
         let (mut c, reused) = self.connection().await.map_err(Failed::Other)?;
         let before = c.received.load(Ordering::Relaxed);
         let unanswered = |e: hyper::Error| {
@@ -170,11 +185,23 @@ impl RuntimeClient {
             }
         }
         request.headers_mut().insert(HOST, HeaderValue::from_static("localhost"));
+        if relay.is_some() {
+            request.headers_mut().insert(ACCEPT, HeaderValue::from_static(STREAM_TYPE));
+        }
         let response = match c.sender.send_request(request).await {
             Ok(response) => response,
             Err(e) => return Err(unanswered(e)),
         };
         let (parts, body) = response.into_parts();
+        let streamed = parts.headers.get(CONTENT_TYPE).is_some_and(|t| t.as_bytes() == STREAM_TYPE.as_bytes());
+        if let (Some(relay), true) = (relay, streamed) {
+            let (result, read_to_end) = relay.pump(body).await.map_err(Failed::Other)?;
+            // A stream left unread (its caller gone) ends with its connection.
+            if read_to_end {
+                self.keep(c);
+            }
+            return Ok(RuntimeResponse { status: parts.status.as_u16(), headers: parts.headers, body: result });
+        }
         let bytes = match Limited::new(body, self.max_body).collect().await {
             Ok(collected) => collected.to_bytes(),
             // The connection is dropped with the rest of the answer unread.
@@ -190,17 +217,34 @@ impl RuntimeClient {
                 return Err(Failed::Other(failed.into()));
             }
         };
+        self.keep(c);
+        Ok(RuntimeResponse { status: parts.status.as_u16(), headers: parts.headers, body: bytes })
+    }
+
+    /// Keeps `c` for the next request, if there is room.
+    fn keep(&self, mut c: Connection) {
         c.idle_since = Instant::now();
         let mut idle = self.idle.lock();
         if idle.len() < MAX_IDLE {
             idle.push(c);
         }
-        Ok(RuntimeResponse { status: parts.status.as_u16(), headers: parts.headers, body: bytes })
     }
 
     /// `body` (JSON) to `path`; the answer, within `timeout`.
     pub async fn post(&self, path: &str, body: Bytes, timeout: Duration) -> Result<RuntimeResponse, RuntimeError> {
-        self.exchange_within(path, None, body, timeout).await
+        self.exchange_within(path, None, body, timeout, None).await
+    }
+
+    /// As [`Self::post`], a stream passed on to `relay` as it comes; the answer's body is then
+    /// what the record keeps of the stream ([`StreamRelay::pump`]).
+    pub async fn post_streaming(
+        &self,
+        path: &str,
+        body: Bytes,
+        timeout: Duration,
+        relay: &mut StreamRelay,
+    ) -> Result<RuntimeResponse, RuntimeError> {
+        self.exchange_within(path, None, body, timeout, Some(relay)).await
     }
 
     /// `body` with `headers` to `path` (a `POST`); the answer, within `timeout`.
@@ -211,7 +255,7 @@ impl RuntimeClient {
         body: Bytes,
         timeout: Duration,
     ) -> Result<RuntimeResponse, RuntimeError> {
-        self.exchange_within(path, Some(headers), body, timeout).await
+        self.exchange_within(path, Some(headers), body, timeout, None).await
     }
 
     async fn exchange_within(
@@ -220,12 +264,13 @@ impl RuntimeClient {
         headers: Option<&HeaderMap>,
         body: Bytes,
         timeout: Duration,
+        mut relay: Option<&mut StreamRelay>,
     ) -> Result<RuntimeResponse, RuntimeError> {
         let exchange = async {
-            match self.exchange(path, headers, body.clone()).await {
+            match self.exchange(path, headers, body.clone(), relay.as_deref_mut()).await {
                 Err(Failed::Retry(e)) => {
                     tracing::debug!("a kept-alive runtime connection was closed under a request ({e}); sent again");
-                    self.exchange(path, headers, body).await.map_err(Failed::into_error)
+                    self.exchange(path, headers, body, relay).await.map_err(Failed::into_error)
                 }
                 other => other.map_err(Failed::into_error),
             }

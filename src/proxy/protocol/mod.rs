@@ -7,6 +7,7 @@ mod answer;
 mod client;
 pub mod fn_stream;
 mod openwhisk;
+mod stream;
 
 pub use answer::{discard_reason, Answer, Interpreted};
 
@@ -16,6 +17,7 @@ use invoker_factory::contract::FunctionStart;
 use invoker_factory::contract::Transport;
 use invoker_factory::kinds::RuntimeProtocol;
 use invoker_factory::peer::Peer;
+use invoker_job::stream::StreamRequest;
 use invoker_job::RunJob;
 use invoker_wire::model::Action;
 use std::sync::Arc;
@@ -57,9 +59,11 @@ impl Runtime {
         }
     }
 
-    pub async fn run(&self, run: &RunJob, timeout: Duration) -> Answer {
+    /// `stream`: the caller takes the answer as a stream, should the action stream one (our
+    /// runtime's; Fn's functions answer as they always do).
+    pub async fn run(&self, run: &RunJob, stream: Option<StreamRequest>, timeout: Duration) -> Answer {
         match self.protocol {
-            RuntimeProtocol::OpenWhisk => openwhisk::run(&self.client, run, timeout).await,
+            RuntimeProtocol::OpenWhisk => openwhisk::run(&self.client, run, stream, timeout).await,
             RuntimeProtocol::Fn => fn_stream::call(&self.client, run, timeout).await,
         }
     }

@@ -4,7 +4,9 @@
 
 use super::answer::{Answer, Interpreted};
 use super::client::{RuntimeClient, RuntimeError, RuntimeResponse};
+use super::stream::StreamRelay;
 use bytes::Bytes;
+use invoker_job::stream::StreamRequest;
 use invoker_job::RunJob;
 use invoker_wire::model::{epoch_ms, Action, Outcome};
 use invoker_wire::result_json::ResultJson;
@@ -45,7 +47,14 @@ pub(super) async fn init(
 }
 
 /// `POST /run` with the activation's parameters and context.
-pub(super) async fn run(client: &RuntimeClient, run: &RunJob, timeout: Duration) -> Answer {
+/// `stream`: a caller that takes a streamed answer, which our runtime sends a generator's
+/// values to as they come (other runtimes answer one JSON as always).
+pub(super) async fn run(
+    client: &RuntimeClient,
+    run: &RunJob,
+    stream: Option<StreamRequest>,
+    timeout: Duration,
+) -> Answer {
     let meta = &run.meta;
     let body = RunBody {
         value: &run.params,
@@ -60,7 +69,13 @@ pub(super) async fn run(client: &RuntimeClient, run: &RunJob, timeout: Duration)
     };
     // Strings and a JSON map: serialising cannot fail.
     let body = Bytes::from(serde_json::to_vec(&body).expect("a run body serialises"));
-    client.post("/run", body, timeout).await
+    match stream {
+        None => client.post("/run", body, timeout).await,
+        Some(stream) => {
+            let mut relay = StreamRelay::new(stream, client.max_result());
+            client.post_streaming("/run", body, timeout, &mut relay).await
+        }
+    }
 }
 
 /// The `/run` body, written straight from the job (no copy of the parameters, no JSON tree in
