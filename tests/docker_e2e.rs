@@ -682,3 +682,40 @@ async fn each_record_holds_exactly_its_own_lines_when_the_answer_goes_before_the
     support::own_lines::each_record_holds_exactly_its_own_lines(&inv).await;
     stop(inv, &docker, &invoker_id).await;
 }
+
+/// A generator's values stream from a container of the runtime image as from a process: the
+/// first value is read while the generator still sleeps 30 s (a bound, not a measure), the
+/// caller that leaves stops it, and the container takes the next call warm.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs a Docker Engine and the runtime images: run by .ci/run"]
+async fn a_generator_streams_from_a_container_and_a_caller_that_leaves_stops_it() {
+    use futures_util::StreamExt as _;
+    let dir = tempdir();
+    let invoker_id = id("dk-stream");
+    let inv = start(dir.path(), &invoker_id, None, "").await;
+    let code = "import time\ndef main(a):\n    yield {'first': True}\n    if a.get('wait'):\n        time.sleep(30)\n    yield {'second': True}\n";
+    inv.put_action("gen", python(code)).await;
+    let (user, pass) = support::GUEST.split_once(':').unwrap();
+    let response = reqwest::Client::new()
+        .post(inv.url("actions/gen?blocking=true"))
+        .basic_auth(user, Some(pass))
+        .header("accept", "application/x-ndjson")
+        .json(&json!({ "wait": true }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let id = response.headers()["x-openwhisk-activation-id"].to_str().unwrap().to_string();
+    let mut body = response.bytes_stream();
+    let first = tokio::time::timeout(Duration::from_secs(20), body.next()).await.expect("the first value came early");
+    assert_eq!(&first.unwrap().unwrap()[..], b"{\"first\":true}\n");
+    drop(body);
+    let record = inv.record(&id).await;
+    assert_eq!(record["response"]["result"]["end"], "the caller left", "{record}");
+    let (status, next) = inv.invoke("gen", "blocking=true", json!({})).await;
+    assert_eq!(status, 200, "{next}");
+    assert_eq!(next["response"]["result"], json!([{ "first": true }, { "second": true }]));
+    assert_eq!(annotation(&next, "startKind"), json!("warm"));
+    assert_eq!(annotation(&next, "containerId"), annotation(&record, "containerId"));
+    stop(inv, &engine().await, &invoker_id).await;
+}
