@@ -3,17 +3,17 @@
 
 use super::action::{ActionError, ActionProcess, Answered, InitSpec, PreparedAction};
 use super::options::Launcher;
+use super::sentinels::write_sentinels;
 use super::stream;
 use base64::Engine as _;
 use bytes::Bytes;
 use hyper::StatusCode;
 use invoker_http::streamed::Streamed;
 use invoker_http::{json_value, with_body, Response};
-use invoker_wire::runtime::{EXITED_UNEXPECTEDLY, SENTINEL_LINE, STREAM_TYPE};
+use invoker_wire::runtime::{EXITED_UNEXPECTEDLY, STREAM_TYPE};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
-use std::io::Write as _;
 use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::OnceLock;
@@ -176,7 +176,9 @@ pub(super) async fn run_action(runtime: &Rc<Runtime>, body: &[u8], streams: bool
             }
             Ok(Answered::Stream(first)) if streams => {
                 let (values, streamed) = Streamed::channel();
-                tokio::task::spawn_local(stream::relay(runtime.clone(), process, first, values, tag));
+                let runtime = runtime.clone();
+                let give_back = move |process| runtime.idle.lock().push(process);
+                tokio::task::spawn_local(stream::relay(process, first, values, tag, give_back));
                 let mut response = with_body(StatusCode::OK, STREAM_TYPE, Bytes::new());
                 response.extensions_mut().insert(streamed);
                 return response;
@@ -213,7 +215,7 @@ pub(super) async fn run_action(runtime: &Rc<Runtime>, body: &[u8], streams: bool
 /// The sentinels go before the response: the invoker, answered, reads the container's pipes
 /// to their end and finds them there, so the run's record is whole with its answer and
 /// nothing waits for them.
-pub(super) fn sentinels_then(tag: Option<String>, response: Response) -> Response {
+fn sentinels_then(tag: Option<String>, response: Response) -> Response {
     write_sentinels(tag.as_deref());
     response
 }
@@ -226,19 +228,6 @@ fn exited(launcher: Launcher) -> (StatusCode, String) {
         Launcher::Python | Launcher::Native => (StatusCode::BAD_REQUEST, "command exited".into()),
         Launcher::Nodejs => (StatusCode::BAD_GATEWAY, EXITED_UNEXPECTEDLY.into()),
     }
-}
-
-/// One `write(2)` per stream: `writeln!` on the unbuffered stderr would make two. `tag`: the
-/// activation id that starts the run's lines, when they are tagged.
-pub(super) fn write_sentinels(tag: Option<&str>) {
-    let line = match tag {
-        Some(id) => std::borrow::Cow::Owned(format!("{id} {SENTINEL_LINE}")),
-        None => std::borrow::Cow::Borrowed(SENTINEL_LINE),
-    };
-    let mut out = std::io::stdout().lock();
-    let _ = out.write_all(line.as_bytes());
-    let _ = out.flush();
-    let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }
 
 #[cfg(test)]

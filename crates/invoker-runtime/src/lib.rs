@@ -15,6 +15,7 @@ mod server;
 
 mod handlers;
 mod options;
+mod sentinels;
 mod stream;
 
 pub use action::NODE_SNAPSHOT;

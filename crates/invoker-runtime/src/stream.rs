@@ -3,22 +3,21 @@
 //! gathered into the one JSON array OpenWhisk's clients expect.
 
 use super::action::{ActionError, ActionProcess, StreamLine, MAX_RESULT_BYTES};
-use super::handlers::{write_sentinels, Runtime};
+use super::sentinels::write_sentinels;
 use bytes::Bytes;
 use invoker_http::streamed::StreamPart;
-use std::rc::Rc;
 use tokio::sync::mpsc;
 
 /// Passes the stream `first` began on to `values`, a line each, until its end; the process
-/// then takes the next run. An invoker that stops reading slows the action (the channel is
+/// then takes the next run (`give_back`). An invoker that stops reading slows the action (the channel is
 /// bounded, the launcher's pipe fills, its `write` blocks); one that leaves stops it: the
 /// process is killed, and the next run starts another (the runtime itself is sound).
 pub(super) async fn relay(
-    runtime: Rc<Runtime>,
     mut process: ActionProcess,
     first: StreamLine,
     values: mpsc::Sender<StreamPart>,
     tag: Option<String>,
+    give_back: impl FnOnce(ActionProcess),
 ) {
     let mut line: Result<StreamLine, ActionError> = Ok(first);
     loop {
@@ -29,7 +28,7 @@ pub(super) async fn relay(
                 }
             }
             Ok(StreamLine::End(end)) => {
-                runtime.idle.lock().push(process);
+                give_back(process);
                 // The action's lines are all out before the stream's end reaches the invoker.
                 write_sentinels(tag.as_deref());
                 if values.send(StreamPart::Data(as_line(end))).await.is_ok() {

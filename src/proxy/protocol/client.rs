@@ -12,7 +12,7 @@
 //! byte of an answer came back provably never reached the runtime's handler: it is sent once
 //! more, on a fresh connection. A request on a fresh connection is never sent twice.
 
-use super::stream::StreamRelay;
+use super::stream::{StreamBroken, StreamRelay};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::client::conn::http1::SendRequest;
@@ -195,7 +195,12 @@ impl RuntimeClient {
         let (parts, body) = response.into_parts();
         let streamed = parts.headers.get(CONTENT_TYPE).is_some_and(|t| t.as_bytes() == STREAM_TYPE.as_bytes());
         if let (Some(relay), true) = (relay, streamed) {
-            let (result, read_to_end) = relay.pump(body).await.map_err(Failed::Other)?;
+            let (result, read_to_end) = relay.pump(body).await.map_err(|broken| {
+                Failed::Other(match broken {
+                    StreamBroken::TooLarge(limit) => RuntimeError::TooLarge(limit),
+                    StreamBroken::Connection(e) => RuntimeError::Connection(e),
+                })
+            })?;
             // A stream left unread (its caller gone) ends with its connection.
             if read_to_end {
                 self.keep(c);

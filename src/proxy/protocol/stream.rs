@@ -4,7 +4,6 @@
 //! record keeps of a stream is its count of values, its size and its last value (bounded), not
 //! every byte.
 
-use super::client::RuntimeError;
 use bytes::{Buf, Bytes, BytesMut};
 use http_body_util::BodyExt;
 use invoker_http::streamed::{StreamPart, STREAM_PARTS};
@@ -44,6 +43,14 @@ pub struct StreamRelay {
     pending: BytesMut,
 }
 
+/// Why a stream could not be read to its end.
+#[derive(Debug)]
+pub enum StreamBroken {
+    /// A line ran past the payload limit.
+    TooLarge(usize),
+    Connection(ConnectionError),
+}
+
 /// How a stream ended, as the record says it.
 enum End {
     Complete,
@@ -66,7 +73,7 @@ impl StreamRelay {
     /// Reads `body` (a `STREAM_TYPE` answer) to its end, or until the caller leaves; the
     /// result the record keeps, and whether the body was read to its end (the connection may
     /// serve again).
-    pub async fn pump(&mut self, mut body: hyper::body::Incoming) -> Result<(Bytes, bool), RuntimeError> {
+    pub async fn pump(&mut self, mut body: hyper::body::Incoming) -> Result<(Bytes, bool), StreamBroken> {
         loop {
             while let Some(end) = self.pending.iter().position(|b| *b == b'\n') {
                 let line = self.pending.split_to(end + 1).freeze();
@@ -76,7 +83,7 @@ impl StreamRelay {
                 }
             }
             if self.pending.len() > self.max_line {
-                return Err(RuntimeError::TooLarge(self.max_line));
+                return Err(StreamBroken::TooLarge(self.max_line));
             }
             // A caller that leaves while the action thinks stops it now, not at its next value.
             let next = tokio::select! {
@@ -85,10 +92,10 @@ impl StreamRelay {
             };
             let frame = match next {
                 Some(Ok(frame)) => frame,
-                Some(Err(e)) => return Err(ConnectionError::Http(e).into()),
+                Some(Err(e)) => return Err(StreamBroken::Connection(ConnectionError::Http(e))),
                 None => {
                     let why = "the runtime's stream ended without its last line";
-                    return Err(ConnectionError::Connect(std::io::Error::other(why)).into());
+                    return Err(StreamBroken::Connection(ConnectionError::Connect(std::io::Error::other(why))));
                 }
             };
             if let Ok(mut data) = frame.into_data() {
