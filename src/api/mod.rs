@@ -22,7 +22,7 @@ pub use state::AppState;
 use bytes::Bytes;
 use error::ApiError;
 use fn_routes::Entities;
-use http_body_util::{BodyExt, Limited};
+use http_body_util::BodyExt;
 use hyper::Method;
 use std::time::Duration;
 
@@ -278,7 +278,7 @@ impl AppState {
                 Route::FnInvoke { fn_id, invoke_key: Some(key) } => fn_routes::invoke_key_holder(self, fn_id, key)?,
                 _ => self.authenticate(&head.headers)?,
             };
-            (self.read_body(&head, body).await?, Some(principal))
+            (self.read_body(&head, body, self.body_limit(&route, &head.method)).await?, Some(principal))
         } else {
             (Bytes::new(), None)
         };
@@ -345,25 +345,49 @@ impl AppState {
         }
     }
 
-    /// The whole body, refused past the largest any route takes (code, or parameters with the
-    /// shim's envelope) and cut off after `BODY_TIMEOUT`.
-    async fn read_body<B>(&self, head: &hyper::http::request::Parts, body: B) -> Result<Bytes, ApiError>
+    /// The largest body `route` takes with `method`: a call's parameters (an invoke, an Fn
+    /// call) the payload limit, the shim's message that with its envelope, an entity its code.
+    fn body_limit(&self, route: &Route, method: &Method) -> usize {
+        let limits = &self.config.limits;
+        match (route, method) {
+            (Route::Action { .. }, &Method::POST) | (Route::FnInvoke { .. } | Route::FnHttpTrigger { .. }, _) => {
+                limits.payload_max_bytes
+            }
+            (Route::ActivationMessage, _) => shim::message_limit(limits.payload_max_bytes),
+            _ => limits.code_max_bytes,
+        }
+    }
+
+    /// The whole body, refused past `limit` (at once when its `Content-Length` says so, before
+    /// any of it is read; otherwise as soon as it passes it) and cut off after `BODY_TIMEOUT`.
+    /// Read into one buffer of its declared size, each part let go as it is copied in: a large
+    /// call is held once, not as its parts and then their join.
+    async fn read_body<B>(&self, head: &hyper::http::request::Parts, body: B, limit: usize) -> Result<Bytes, ApiError>
     where
         B: hyper::body::Body<Data = Bytes>,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
-        let limits = &self.config.limits;
-        let limit = limits.code_max_bytes.max(shim::message_limit(limits.payload_max_bytes));
         let declared = head.headers.get(hyper::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse().ok());
         if declared.is_some_and(|n: usize| n > limit) {
             return Err(ApiError::TooLarge(limit));
         }
-        let collected = tokio::time::timeout(BODY_TIMEOUT, Limited::new(body, limit).collect()).await;
-        match collected {
+        let read = async {
+            tokio::pin!(body);
+            let mut whole = Vec::with_capacity(declared.unwrap_or(0));
+            while let Some(frame) = body.as_mut().frame().await {
+                let frame = frame.map_err(|e| ApiError::BadRequest(format!("request body: {}", e.into())))?;
+                if let Ok(data) = frame.into_data() {
+                    if whole.len() + data.len() > limit {
+                        return Err(ApiError::TooLarge(limit));
+                    }
+                    whole.extend_from_slice(&data);
+                }
+            }
+            Ok(Bytes::from(whole))
+        };
+        match tokio::time::timeout(BODY_TIMEOUT, read).await {
             Err(_) => Err(ApiError::BadRequest(format!("request body: not received within {BODY_TIMEOUT:?}"))),
-            Ok(Ok(body)) => Ok(body.to_bytes()),
-            Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(ApiError::TooLarge(limit)),
-            Ok(Err(e)) => Err(ApiError::BadRequest(format!("request body: {e}"))),
+            Ok(read) => read,
         }
     }
 }

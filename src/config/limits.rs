@@ -4,6 +4,11 @@ use super::error::{bad, ConfigError};
 use serde::Deserialize;
 use std::time::Duration;
 
+/// The largest payload limit the invoker may be set to: what our runtime reads of a call and of
+/// a result at most (`invoker-runtime`'s `MAX_BODY` and `MAX_RESULT_BYTES` leave room for the
+/// envelope of each).
+pub const PAYLOAD_MAX_BYTES_LIMIT: usize = 256 * 1024 * 1024;
+
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LimitsConfig {
@@ -21,7 +26,8 @@ pub struct LimitsConfig {
     pub disk_min_mb: u32,
     pub disk_max_mb: u32,
     pub disk_default_mb: u32,
-    /// Largest request body (parameters, action code) accepted.
+    /// Largest call (its parameters, an Fn call's body) and largest result, in bytes: up to
+    /// [`PAYLOAD_MAX_BYTES_LIMIT`].
     pub payload_max_bytes: usize,
     pub code_max_bytes: usize,
     /// The most a zip action's entries may hold unpacked (checked at `PUT`).
@@ -74,6 +80,9 @@ pub const DISK_INODES_RESERVED: u64 = 64;
 impl LimitsConfig {
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
         let l = self;
+        if l.payload_max_bytes == 0 || l.payload_max_bytes > PAYLOAD_MAX_BYTES_LIMIT {
+            return Err(bad("limits.payload_max_bytes", "must be from 1 to 268435456 (256 MiB)"));
+        }
         if !(l.memory_min_mb <= l.memory_default_mb && l.memory_default_mb <= l.memory_max_mb) || l.memory_min_mb == 0 {
             return Err(bad("limits.memory_*", "need 0 < memory_min_mb <= memory_default_mb <= memory_max_mb"));
         }

@@ -275,6 +275,14 @@ mod tests {
     }
 
     #[test]
+    fn the_payload_limit_goes_up_to_256_mib() {
+        let with = |n: u64| Config::from_toml(&format!("[limits]\npayload_max_bytes = {n}\n")).unwrap().validate();
+        assert!(with(256 * 1024 * 1024).is_ok());
+        assert_eq!(with(256 * 1024 * 1024 + 1).unwrap_err().key, "limits.payload_max_bytes");
+        assert_eq!(with(0).unwrap_err().key, "limits.payload_max_bytes");
+    }
+
+    #[test]
     fn a_kind_names_its_runtime_protocol_and_an_unknown_one_is_refused() {
         let config = Config::from_toml("[kinds.x]\ncommand = [\"{listen}\"]\nprotocol = \"openwhisk\"\n").unwrap();
         assert_eq!(config.kinds["x"].protocol, RuntimeProtocol::OpenWhisk);

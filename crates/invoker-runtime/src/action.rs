@@ -16,8 +16,10 @@ use tokio::net::UnixListener;
 use tokio::process::{Child, ChildStdin, Command};
 use tokio_util::either::Either;
 
-/// Longest result line read from fd 3; a longer one is refused rather than buffered.
-pub(crate) const MAX_RESULT_BYTES: u64 = 64 * 1024 * 1024;
+/// Longest result line read from fd 3 (the largest payload limit an invoker may be set to, and
+/// room for the line's envelope); a longer one is refused rather than buffered. The invoker
+/// holds each result to its own limit.
+pub(crate) const MAX_RESULT_BYTES: u64 = 257 * 1024 * 1024;
 
 /// How long a launcher may take to load the action and acknowledge it.
 const ACK_TIMEOUT: Duration = Duration::from_secs(120);

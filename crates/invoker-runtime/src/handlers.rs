@@ -143,25 +143,14 @@ fn init_spec(value: InitValue) -> Result<InitSpec, String> {
 
 /// `streams`: the invoker takes a stream (`Accept: STREAM_TYPE`); otherwise a generator's
 /// values are answered as one JSON array.
-pub(super) async fn run_action(runtime: &Rc<Runtime>, body: &[u8], streams: bool) -> Response {
-    let mut body: Value = match serde_json::from_slice(body) {
-        Ok(v @ Value::Object(_)) => v,
-        Ok(_) => return error(StatusCode::BAD_REQUEST, "the /run body must be a JSON object"),
-        Err(e) => return error(StatusCode::BAD_REQUEST, format!("the /run body is not JSON: {e}")),
-    };
+pub(super) async fn run_action(runtime: &Rc<Runtime>, body: Vec<u8>, streams: bool) -> Response {
     let Some(action) = runtime.action.get() else {
         return error(StatusCode::INTERNAL_SERVER_ERROR, "no action defined yet");
     };
-    let tag = match runtime.tag_logs.get() {
-        true => body.get("activation_id").and_then(Value::as_str).map(str::to_owned),
-        false => None,
+    let (line, tag) = match run_line(body, runtime.tag_logs.get()) {
+        Ok(line) => line,
+        Err(reason) => return error(StatusCode::BAD_REQUEST, reason),
     };
-    if tag.is_some() {
-        body["tag_logs"] = Value::Bool(true);
-    }
-    // Compact serialisation escapes every newline inside strings: the body is one line. A JSON
-    // value read from bytes serialises again without fail.
-    let line = serde_json::to_vec(&body).expect("a parsed JSON value serialises");
     let idle = runtime.idle.lock().pop();
     let process = match idle {
         Some(process) => Ok(process),
@@ -212,6 +201,38 @@ pub(super) async fn run_action(runtime: &Rc<Runtime>, body: &[u8], streams: bool
     sentinels_then(tag, response)
 }
 
+/// The `/run` body as the line the launcher reads: checked to be one JSON object by a scan (no
+/// tree, no second copy: a call's parameters may be hundreds of megabytes, and the runtime's
+/// memory counts against the action's), its line breaks (white space between tokens, since a
+/// JSON string holds none raw) made spaces, and, when runs are tagged, `"tag_logs":true` put
+/// first with the activation id it tags with.
+fn run_line(mut body: Vec<u8>, tag_logs: bool) -> Result<(Vec<u8>, Option<String>), String> {
+    #[derive(Deserialize)]
+    struct Context<'a> {
+        #[serde(borrow, default)]
+        activation_id: Option<std::borrow::Cow<'a, str>>,
+    }
+    let first = body.iter().find(|b| !b.is_ascii_whitespace());
+    if first != Some(&b'{') {
+        return Err("the /run body must be a JSON object".into());
+    }
+    let tag = match serde_json::from_slice::<Context>(&body) {
+        Err(e) => return Err(format!("the /run body is not JSON: {e}")),
+        Ok(context) => context.activation_id.filter(|_| tag_logs).map(|id| id.into_owned()),
+    };
+    for byte in &mut body {
+        if matches!(*byte, b'\n' | b'\r') {
+            *byte = b' ';
+        }
+    }
+    if tag.is_some() {
+        // An activation id was read: the object has a member, so a comma follows the new one.
+        let at = body.iter().position(|b| *b == b'{').map_or(0, |at| at + 1);
+        body.splice(at..at, *br#""tag_logs":true,"#);
+    }
+    Ok((body, tag))
+}
+
 /// The sentinels go before the response: the invoker, answered, reads the container's pipes
 /// to their end and finds them there, so the run's record is whole with its answer and
 /// nothing waits for them.
@@ -259,6 +280,22 @@ mod tests {
         assert_eq!(spec.env["B"], "3");
         assert_eq!(spec.env["C"], r#"{"x":true}"#);
         assert!(init_spec(value(json!({"code": "not base64!", "binary": true}))).unwrap_err().contains("base64"));
+    }
+
+    #[test]
+    fn a_run_body_becomes_one_line_without_a_tree() {
+        let body = b"{\"value\": {\"a\":\n [1,\r\n2], \"s\": \"x\\ny\"},\n \"activation_id\": \"abc\"}".to_vec();
+        let (line, tag) = run_line(body.clone(), false).unwrap();
+        assert_eq!((line.contains(&b'\n'), tag), (false, None));
+        let parsed: Value = serde_json::from_slice(&line).unwrap();
+        assert_eq!(parsed, json!({"value": {"a": [1, 2], "s": "x\ny"}, "activation_id": "abc"}));
+        let (line, tag) = run_line(body, true).unwrap();
+        assert_eq!(tag.as_deref(), Some("abc"));
+        let parsed: Value = serde_json::from_slice(&line).unwrap();
+        assert_eq!(parsed["tag_logs"], true);
+        assert_eq!(run_line(b"{}".to_vec(), true).unwrap(), (b"{}".to_vec(), None));
+        assert!(run_line(b"[1]".to_vec(), false).unwrap_err().contains("JSON object"));
+        assert!(run_line(b"{\"a\":".to_vec(), false).unwrap_err().contains("not JSON"));
     }
 
     #[test]

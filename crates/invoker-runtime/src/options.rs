@@ -4,8 +4,10 @@ use super::sched::SchedPolicy;
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// The largest `/init` or `/run` body accepted (code up to OpenWhisk's 48 MB, base64-encoded).
-pub(super) const MAX_BODY: usize = 72 * 1024 * 1024;
+/// The largest `/init` or `/run` body accepted: parameters up to the largest payload limit an
+/// invoker may be set to (256 MiB, `[limits] payload_max_bytes`) with the run's context, and
+/// code up to OpenWhisk's 48 MB, base64-encoded. The invoker holds each call to its own limit.
+pub(super) const MAX_BODY: usize = 257 * 1024 * 1024;
 
 /// How often the runtime checks that the invoker that started it is still alive.
 pub(super) const PARENT_CHECK: Duration = Duration::from_millis(200);

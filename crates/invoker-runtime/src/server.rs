@@ -8,8 +8,8 @@
 
 use super::handlers::{error, init, run_action, Runtime};
 use super::options::MAX_BODY;
+use http_body_util::BodyExt;
 use http_body_util::Either;
-use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use hyper::header::{HeaderValue, ACCEPT, ALLOW};
 use hyper::server::conn::http1;
@@ -98,14 +98,32 @@ async fn route(runtime: &Rc<Runtime>, request: Request<Incoming>) -> Response {
     if hyper::body::Body::size_hint(request.body()).lower() > MAX_BODY as u64 {
         return too_large();
     }
-    let body = match Limited::new(request.into_body(), MAX_BODY).collect().await {
-        Ok(body) => body.to_bytes(),
-        Err(e) if e.is::<LengthLimitError>() => return too_large(),
+    let body = match read_body(request.into_body()).await {
+        Ok(Some(body)) => body,
+        Ok(None) => return too_large(),
         Err(e) => return error(StatusCode::BAD_REQUEST, format!("the body could not be read: {e}")),
     };
     if is_init {
         init(runtime, &body).await
     } else {
-        run_action(runtime, &body, streams).await
+        run_action(runtime, body, streams).await
     }
+}
+
+/// The body in one buffer of its declared size, each part copied in as it comes and let go
+/// (no list of parts joined after: the runtime's memory counts against the action's, and a
+/// large call would need it twice); `None` past [`MAX_BODY`].
+async fn read_body(mut body: Incoming) -> Result<Option<Vec<u8>>, hyper::Error> {
+    let declared = hyper::body::Body::size_hint(&body).lower() as usize;
+    // One byte more: a `/run` body becomes a line, and its newline must not move it.
+    let mut whole = Vec::with_capacity(declared.min(MAX_BODY) + 1);
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame?.into_data() {
+            if whole.len() + data.len() > MAX_BODY {
+                return Ok(None);
+            }
+            whole.extend_from_slice(&data);
+        }
+    }
+    Ok(Some(whole))
 }

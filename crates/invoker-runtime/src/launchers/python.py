@@ -57,7 +57,11 @@ def set_context(name, value):
 def reply(obj, mark=""):
     sys.stdout.flush()
     sys.stderr.flush()
-    out.write(mark + json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n")
+    # Written in parts, not joined: a large result is not copied once more.
+    if mark:
+        out.write(mark)
+    out.write(json.dumps(obj, ensure_ascii=False, separators=(",", ":")))
+    out.write("\n")
     out.flush()
 
 
@@ -146,6 +150,9 @@ def serve(entry):
     for line in sys.stdin:
         try:
             message = json.loads(line)
+            # The line is let go before the action runs: a large call's parameters are not
+            # held twice while it does.
+            line = None
             for key, value in message.items():
                 if key != "value" and isinstance(value, str):
                     set_context("__OW_" + key.upper(), value)
