@@ -18,6 +18,7 @@ mod fn_image;
 mod fn_side;
 mod load;
 mod queue;
+mod stream;
 mod targets;
 mod tracing_ab;
 
@@ -88,6 +89,11 @@ struct Args {
     /// callers for one slice, then the backlog's drain.
     #[arg(long)]
     queue_only: Option<usize>,
+    /// Measure only streamed answers (`stream.rs`): each value's delay from its yield to the
+    /// caller over this many calls, and 1 GiB streamed in 1 MiB values; on Docker too with
+    /// `--docker-socket`.
+    #[arg(long)]
+    stream_only: Option<usize>,
     /// Serve a floor (`floor.rs`) in front of these targets (unix sockets, or one
     /// `host:port`), and nothing else: how the benchmark starts each floor side.
     #[arg(long, num_args = 1..)]
@@ -226,6 +232,15 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     }
     if let Some(callers) = args.queue_only {
         println!("{}", queue::queue_intake(&exe, &http, callers, k, slice).await?);
+        return Ok(());
+    }
+    if let Some(calls) = args.stream_only {
+        let mut report = json!({ "processes": stream::stream_side(&exe, &http, "processes", "", calls).await? });
+        if let Some(socket) = &args.docker_socket {
+            let config = format!("[factory]\nkind = \"docker\"\n[factory.docker]\nsocket = \"{}\"\n", socket.display());
+            report["docker"] = stream::stream_side(&exe, &http, "docker", &config, calls).await?;
+        }
+        println!("{report}");
         return Ok(());
     }
     if args.tracing_only {

@@ -64,6 +64,10 @@ impl Invoker {
         rss_kb(self.child.id())
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// The blocking invoke URL of an action.
     pub fn url(&self, action: &str, query: &str) -> String {
         format!("{}/api/v1/namespaces/_/actions/{action}?{query}", self.base)

@@ -46,17 +46,13 @@ impl StreamFormat {
         }
     }
 
-    /// One value (its JSON, with no line break in it) as the caller reads it.
-    pub fn frame(self, value: &[u8]) -> Bytes {
-        let (before, after): (&[u8], &[u8]) = match self {
-            StreamFormat::Ndjson => (b"", b"\n"),
-            StreamFormat::EventStream => (b"data: ", b"\n\n"),
-        };
-        let mut framed = Vec::with_capacity(before.len() + value.len() + after.len());
-        framed.extend_from_slice(before);
-        framed.extend_from_slice(value);
-        framed.extend_from_slice(after);
-        Bytes::from(framed)
+    /// One value as the caller reads it, from `line`: the value's JSON (no line break in it)
+    /// and a newline. An NDJSON line is that line as it is (not copied).
+    pub fn frame(self, line: Bytes) -> Bytes {
+        match self {
+            StreamFormat::Ndjson => line,
+            StreamFormat::EventStream => Bytes::from([b"data: ".as_slice(), &line, b"\n"].concat()),
+        }
     }
 }
 
@@ -77,7 +73,7 @@ mod tests {
         assert_eq!(StreamFormat::from_accept("text/html, Text/Event-Stream;q=0.9"), Some(StreamFormat::EventStream));
         assert_eq!(StreamFormat::from_accept("application/json"), None);
         assert_eq!(StreamFormat::from_accept("*/*"), None);
-        assert_eq!(&StreamFormat::Ndjson.frame(br#"{"a":1}"#)[..], b"{\"a\":1}\n");
-        assert_eq!(&StreamFormat::EventStream.frame(b"\"tok\"")[..], b"data: \"tok\"\n\n");
+        assert_eq!(&StreamFormat::Ndjson.frame(Bytes::from_static(b"{\"a\":1}\n"))[..], b"{\"a\":1}\n");
+        assert_eq!(&StreamFormat::EventStream.frame(Bytes::from_static(b"\"tok\"\n"))[..], b"data: \"tok\"\n\n");
     }
 }

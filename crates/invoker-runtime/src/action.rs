@@ -21,6 +21,10 @@ use tokio_util::either::Either;
 /// holds each result to its own limit.
 pub(crate) const MAX_RESULT_BYTES: u64 = 257 * 1024 * 1024;
 
+/// What one read of the launcher's results takes at most: a pipe's whole capacity, so that a
+/// large result or a stream's values come in a few reads, not one per 8 KiB.
+const RESULT_BUFFER: usize = 64 * 1024;
+
 /// How long a launcher may take to load the action and acknowledge it.
 const ACK_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -156,7 +160,7 @@ impl ActionProcess {
         let process = ActionProcess {
             owner: Owner::Child(child),
             stdin: Either::Left(stdin),
-            results: BufReader::new(Either::Left(results)),
+            results: BufReader::with_capacity(RESULT_BUFFER, Either::Left(results)),
         };
         if launcher == Launcher::Native {
             return Ok(process);
@@ -179,7 +183,7 @@ impl ActionProcess {
         let mut process = ActionProcess {
             owner: Owner::Adopted(nix::unistd::Pid::from_raw(pid)),
             stdin: Either::Right(write),
-            results: BufReader::new(Either::Right(read)),
+            results: BufReader::with_capacity(RESULT_BUFFER, Either::Right(read)),
         };
         let mut env = action.env.clone();
         env.extend(execution_env(action.launcher));

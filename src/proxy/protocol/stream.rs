@@ -74,14 +74,20 @@ impl StreamRelay {
     /// result the record keeps, and whether the body was read to its end (the connection may
     /// serve again).
     pub async fn pump(&mut self, mut body: hyper::body::Incoming) -> Result<(Bytes, bool), StreamBroken> {
+        // How much of `pending` is known to hold no newline: a long line comes in many frames,
+        // and each is searched once.
+        let mut searched = 0;
         loop {
-            while let Some(end) = self.pending.iter().position(|b| *b == b'\n') {
+            while let Some(at) = memchr::memchr(b'\n', &self.pending[searched..]) {
+                let end = searched + at;
+                searched = 0;
                 let line = self.pending.split_to(end + 1).freeze();
-                if let Some(end) = self.line(line.slice(..end)).await {
+                if let Some(end) = self.line(line).await {
                     let read_to_end = matches!(end, End::Complete | End::Failed(_)) && self.pending.is_empty();
                     return Ok((self.result(end), read_to_end));
                 }
             }
+            searched = self.pending.len();
             if self.pending.len() > self.max_line {
                 return Err(StreamBroken::TooLarge(self.max_line));
             }
@@ -117,18 +123,18 @@ impl StreamRelay {
         }
     }
 
-    /// One line of the stream; `Some` when it was the last.
+    /// One line of the stream, its newline last; `Some` when it was the last.
     async fn line(&mut self, line: Bytes) -> Option<End> {
         match line.first() {
             Some(&STREAM_VALUE) => {
-                let value = line.slice(1..);
+                let value = line.slice(1..line.len() - 1);
                 // What goes to the caller is JSON with no line break in it (a raw CR would end
                 // an event-stream's line): a runtime that sends other is not passed on.
                 if value.contains(&b'\r') || serde_json::from_slice::<IgnoredAny>(&value).is_err() {
                     return Some(self.failed(json!("the runtime streamed a value that is not one line of JSON")).await);
                 }
                 let (len, kept) = (value.len() as u64, (value.len() <= LAST_KEPT).then(|| value.clone()));
-                if self.deliver(Some(value)).await {
+                if self.deliver(Some(line.slice(1..))).await {
                     return Some(End::CallerLeft);
                 }
                 // Counted once gone to the caller (or read for a caller answered otherwise).
@@ -138,7 +144,7 @@ impl StreamRelay {
                 None
             }
             Some(&STREAM_END) => {
-                let end: Value = serde_json::from_slice(&line[1..])
+                let end: Value = serde_json::from_slice(&line[1..line.len() - 1])
                     .unwrap_or_else(|_| json!({ "error": "the runtime's last line is not JSON" }));
                 match end.get("error") {
                     Some(error) => Some(self.failed(error.clone()).await),
@@ -170,7 +176,8 @@ impl StreamRelay {
         End::Failed(error)
     }
 
-    /// `value` to the caller (`None`: only the stream's start); whether the caller left.
+    /// A value's line (its JSON and a newline) to the caller (`None`: only the stream's
+    /// start); whether the caller left.
     async fn deliver(&mut self, value: Option<Bytes>) -> bool {
         self.caller = match std::mem::replace(&mut self.caller, Caller::Answered) {
             Caller::Waiting { format, started } => {
@@ -184,7 +191,7 @@ impl StreamRelay {
         };
         match (&self.caller, value) {
             (Caller::Reading { format, parts }, Some(value)) => {
-                parts.send(StreamPart::Data(format.frame(&value))).await.is_err()
+                parts.send(StreamPart::Data(format.frame(value))).await.is_err()
             }
             _ => false,
         }
