@@ -240,7 +240,8 @@ fn openwhisk_answer(bytes: &[u8]) {
     let body = bytes.get(2..).unwrap_or_default().to_vec();
     let runtime = runtime(invoker_factory::kinds::RuntimeProtocol::OpenWhisk);
     for oom in [false, true] {
-        let answer = Ok(RuntimeResponse { status, headers: Default::default(), body: body.clone().into() });
+        let answer =
+            Ok(RuntimeResponse { status, headers: Default::default(), body: body.clone().into(), streamed: None });
         let _ = runtime.within_protocol(&answer);
         let read = runtime.interpret(answer, 1000, oom, 1 << 20);
         assert!(
@@ -276,7 +277,7 @@ fn fn_answer(bytes: &[u8]) {
     }
     let body = rest.get(split + 2..).unwrap_or_default().to_vec();
     let runtime = runtime(invoker_factory::kinds::RuntimeProtocol::Fn);
-    let answer = Ok(RuntimeResponse { status, headers, body: body.into() });
+    let answer = Ok(RuntimeResponse { status, headers, body: body.into(), streamed: None });
     let _ = runtime.within_protocol(&answer);
     let _ = runtime.interpret(answer, 1000, false, 1 << 20);
 }

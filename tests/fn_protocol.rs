@@ -485,3 +485,60 @@ async fn a_functions_idle_timeout_ends_its_idle_container() {
     assert_ne!(call(brief.0.clone()).await, brief.1, "idle past its 1 s: a new container");
     assert_eq!(call(kept.0.clone()).await, kept.1, "idle within its hour: the same container");
 }
+
+/// A node function that writes server-sent events with the FDK's `streamResult`: each event
+/// reaches the caller of `/invoke` as the function writes it, with the function's headers
+/// (the first one read while the function still waits 30 s: a bound, not a measure); a caller
+/// that leaves ends the call, and the container takes the next one. A whole stream's record
+/// keeps its count of parts, its size and its last part.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_functions_response_in_chunks_reaches_the_caller_as_it_is_written() {
+    use futures_util::StreamExt as _;
+    const SSE: &str = r#"const fdk = require('@fnproject/fdk');
+const { Readable } = require('stream');
+fdk.handle(function (input, ctx) {
+  ctx.responseContentType = 'text/event-stream';
+  async function* events() {
+    yield 'data: first\n\n';
+    if (input.wait) await new Promise((r) => setTimeout(r, 30000));
+    yield 'data: second\n\n';
+  }
+  return fdk.streamResult(Readable.from(events()));
+}, {inputMode: 'json'});
+"#;
+    let dir = tempdir();
+    let inv = Invoker::start(dir.path(), &id("fn-sse"), "");
+    let (status, app) = inv.send_json("POST", "/v2/apps", json!({"name": "streams"})).await;
+    assert_eq!(status, 200, "{app}");
+    let new_fn = json!({"name": "sse", "app_id": app["id"], "image": "fn:node", "code": SSE});
+    let (status, function) = inv.send_json("POST", "/v2/fns", new_fn).await;
+    assert_eq!(status, 200, "{function}");
+    let path = format!("/invoke/{}", function["id"].as_str().unwrap());
+
+    let (user, pass) = GUEST.split_once(':').unwrap();
+    let call = |body: Value| {
+        reqwest::Client::new().post(format!("{}{path}", inv.base)).basic_auth(user, Some(pass)).json(&body).send()
+    };
+    let response = call(json!({ "wait": true })).await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["content-type"], "text/event-stream");
+    let call_id = response.headers()["fn-call-id"].to_str().unwrap().to_string();
+    let mut body = response.bytes_stream();
+    let first = tokio::time::timeout(std::time::Duration::from_secs(20), body.next()).await;
+    let first = first.expect("the first event came while the function waited").unwrap().unwrap();
+    assert_eq!(&first[..], b"data: first\n\n");
+    drop(body);
+    let record = inv.record(&call_id).await;
+    let stream = &record["response"]["result"]["stream"];
+    assert_eq!((stream["end"].as_str(), stream["parts"].as_u64()), (Some("the caller left"), Some(1)), "{record}");
+
+    let response = call(json!({})).await.unwrap();
+    let call_id = response.headers()["fn-call-id"].to_str().unwrap().to_string();
+    assert_eq!(response.text().await.unwrap(), "data: first\n\ndata: second\n\n");
+    let record = inv.record(&call_id).await;
+    let result = &record["response"]["result"];
+    assert_eq!(result["stream"], json!({ "parts": 2, "bytes": 27, "end": "complete" }), "{record}");
+    assert_eq!(result["body"], "data: second\n\n", "the last part is kept");
+    let startkind = record["annotations"].as_array().unwrap().iter().find(|a| a["key"] == "startKind").cloned();
+    assert_eq!(startkind.unwrap()["value"], "warm", "the caller that left did not cost the container");
+}

@@ -7,11 +7,10 @@ mod provisioning;
 pub mod reservations;
 
 use base64::Engine as _;
-use invoker_http::streamed::StreamPart;
 use invoker_job::queue::{QueueCounts, QueueFull, QueueSettings};
 use invoker_job::runner::Runner;
 use invoker_job::slot::{NamespaceSlot, NamespaceSlots};
-use invoker_job::stream::{StreamFormat, StreamRequest};
+use invoker_job::stream::{StreamFormat, StreamRequest, StreamStart};
 use invoker_job::{Completion, RunJob};
 use invoker_metrics::Metrics;
 use invoker_store::{Accepted, QueuedCall, QueuedRequest, Store, StoreError};
@@ -21,7 +20,7 @@ use invoker_wire::model::{epoch_ms, Action, ActivationMeta, EncodedRecord};
 use serde_json::{Map, Value};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 #[derive(Debug, thiserror::Error)]
 pub enum IntakeError {
@@ -59,7 +58,7 @@ pub enum Invoked {
     Accepted(String),
     /// The action streams its answer: its values as the caller reads them, as they come (the
     /// record is stored once the stream ends).
-    Streaming { activation_id: String, format: StreamFormat, body: mpsc::Receiver<StreamPart> },
+    Streaming { activation_id: String, format: StreamFormat, start: StreamStart },
 }
 
 pub struct InvokeRequest {
@@ -376,7 +375,7 @@ impl ActivationService {
             tokio::select! {
                 biased;
                 record = rx => record.map(Invoked::Done),
-                Ok(body) = started => Ok(Invoked::Streaming { activation_id: activation_id.clone(), format, body }),
+                Ok(start) = started => Ok(Invoked::Streaming { activation_id: activation_id.clone(), format, start }),
             }
         };
         match tokio::time::timeout(wait, answered).await {

@@ -414,10 +414,10 @@ fn stream_format(call: &Call) -> Result<Option<StreamFormat>, ApiError> {
 fn invoke_response(invoked: Invoked, result_only: bool) -> Response {
     let encoded = match invoked {
         Invoked::Accepted(id) => return accepted(&id),
-        Invoked::Streaming { activation_id, format, body } => {
+        Invoked::Streaming { activation_id, format, start } => {
             let mut response = with_body(StatusCode::OK, format.content_type(), Bytes::new());
             response.headers_mut().insert(hyper::header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-            response.extensions_mut().insert(Streamed::new(body));
+            response.extensions_mut().insert(Streamed::new(start.parts));
             return with_activation_id(response, &activation_id);
         }
         Invoked::Done(encoded) => encoded,

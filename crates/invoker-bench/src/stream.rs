@@ -8,7 +8,8 @@
 //!   caller waited, not one queued behind another).
 //! - **Throughput**: a generator yields the same 1 MiB string 1,024 times (1 GiB); the caller
 //!   reads the NDJSON body and counts its bytes. The invoker's resident memory is sampled every
-//!   10 ms meanwhile; its growth is the peak over what it held before the call.
+//!   10 ms meanwhile; its growth is the peak over what it held before the call. Its floor is
+//!   python alone: the launcher's loop writing the same values into a pipe read here.
 
 use super::targets::{Invoker, GUEST};
 use futures_util::StreamExt as _;
@@ -101,6 +102,37 @@ async fn throughput(
     Ok((bytes as f64 / elapsed.as_secs_f64() / 1e6, before, peak.load(std::sync::atomic::Ordering::Relaxed)))
 }
 
+/// The floor of the throughput: the launcher's own loop (the same writes of the same 1 MiB
+/// string, 1,024 times) into a pipe this process reads and counts, with no runtime, invoker or
+/// HTTP between. MB a second.
+fn python_floor() -> anyhow::Result<f64> {
+    use std::io::Read as _;
+    const LOOP: &str = r#"import os
+out = os.fdopen(1, 'w')
+chunk = 'x' * (1024 * 1024)
+for i in range(1024):
+    out.write('>')
+    if type(chunk) is str and chunk.isprintable() and '"' not in chunk and '\\' not in chunk:
+        out.write('"'); out.write(chunk); out.write('"')
+    out.write('\n')
+    out.flush()
+"#;
+    let began = Instant::now();
+    let mut child =
+        std::process::Command::new("python3").args(["-c", LOOP]).stdout(std::process::Stdio::piped()).spawn()?;
+    let mut out = child.stdout.take().ok_or_else(|| anyhow::anyhow!("no stdout"))?;
+    let (mut bytes, mut buf) = (0u64, vec![0u8; 64 * 1024]);
+    loop {
+        match out.read(&mut buf)? {
+            0 => break,
+            n => bytes += n as u64,
+        }
+    }
+    child.wait()?;
+    anyhow::ensure!(bytes == 1024 * (1024 * 1024 + 4), "the floor wrote {bytes} bytes");
+    Ok(bytes as f64 / began.elapsed().as_secs_f64() / 1e6)
+}
+
 /// Both measures on an invoker of `config` (`name`: the side's name in the report).
 pub async fn stream_side(
     exe: &std::path::Path,
@@ -121,7 +153,9 @@ pub async fn stream_side(
         runs.push(json!({ "mb_per_s": mb_s.round(), "rss_before_kb": before, "rss_peak_kb": peak,
             "rss_growth_mib": ((peak.saturating_sub(before)) as f64 / 1024.0).round() }));
     }
+    let floors: Vec<f64> = (0..2).map(|_| python_floor().map(f64::round)).collect::<anyhow::Result<_>>()?;
     let report = json!({
+        "python_alone_mb_per_s": floors,
         "first_value_delay_us_p50": percentile(first.clone(), 0.5).round(),
         "first_value_delay_us_p90": percentile(first, 0.9).round(),
         "later_value_delay_us_p50": percentile(later.clone(), 0.5).round(),

@@ -15,6 +15,9 @@ pub enum StreamFormat {
     Ndjson,
     /// `text/event-stream`: each value an event, `data: <JSON>`, then a blank line.
     EventStream,
+    /// The bytes as the function wrote them, under its own status and headers (an Fn
+    /// function's response in chunks: `StreamStart::head`).
+    AsWritten,
 }
 
 impl StreamFormat {
@@ -27,10 +30,12 @@ impl StreamFormat {
         })
     }
 
+    /// The content type of a stream of values (the function's own for [`StreamFormat::AsWritten`]).
     pub fn content_type(self) -> &'static str {
         match self {
             StreamFormat::Ndjson => "application/x-ndjson",
             StreamFormat::EventStream => "text/event-stream",
+            StreamFormat::AsWritten => "application/octet-stream",
         }
     }
 
@@ -39,7 +44,7 @@ impl StreamFormat {
     /// for NDJSON, whose body is cut short instead (its readers see the transfer fail).
     pub fn failure(self, error: &[u8]) -> Option<Bytes> {
         match self {
-            StreamFormat::Ndjson => None,
+            StreamFormat::Ndjson | StreamFormat::AsWritten => None,
             StreamFormat::EventStream => {
                 Some(Bytes::from([b"event: error\ndata: ".as_slice(), error, b"\n\n"].concat()))
             }
@@ -50,7 +55,7 @@ impl StreamFormat {
     /// and a newline. An NDJSON line is that line as it is (not copied).
     pub fn frame(self, line: Bytes) -> Bytes {
         match self {
-            StreamFormat::Ndjson => line,
+            StreamFormat::Ndjson | StreamFormat::AsWritten => line,
             StreamFormat::EventStream => Bytes::from([b"data: ".as_slice(), &line, b"\n"].concat()),
         }
     }
@@ -59,8 +64,17 @@ impl StreamFormat {
 /// The caller's side of a streamed answer: what the run needs to start it.
 pub struct StreamRequest {
     pub format: StreamFormat,
-    /// Given the body's parts once the first value is in.
-    pub started: oneshot::Sender<mpsc::Receiver<StreamPart>>,
+    /// Told of the stream once its first part is in.
+    pub started: oneshot::Sender<StreamStart>,
+}
+
+/// A stream as it starts: the head the function answered with, for a stream
+/// [`StreamFormat::AsWritten`] (its status and headers, those of one connection left out;
+/// empty for a stream of values), and the body's parts as they come.
+#[derive(Debug)]
+pub struct StreamStart {
+    pub head: Option<(u16, Vec<(String, String)>)>,
+    pub parts: mpsc::Receiver<StreamPart>,
 }
 
 #[cfg(test)]

@@ -14,7 +14,9 @@ use bytes::Bytes;
 use hyper::header::{HeaderName, HeaderValue, CONTENT_TYPE};
 use hyper::StatusCode;
 use invoker_http::is_hop_by_hop;
+use invoker_http::streamed::Streamed;
 use invoker_http::Response;
+use invoker_job::stream::{StreamFormat, StreamStart};
 use invoker_job::CallRequest;
 use invoker_store::DocKind;
 use invoker_telemetry::TraceParent;
@@ -47,8 +49,10 @@ pub(in crate::api) async fn invoke(state: &AppState, call: &Call, fn_id: &str) -
     let record = match run(state, &ns, key, action, request, detached).await? {
         Invoked::Done(record) => record,
         Invoked::Accepted(id) if detached => return Ok(detached_accepted(&id)),
-        // Not asked for (Fn's calls take no stream of values): dropped, it stops.
-        Invoked::Accepted(id) | Invoked::Streaming { activation_id: id, .. } => return Ok(still_running(&id)),
+        Invoked::Accepted(id) => return Ok(still_running(&id)),
+        Invoked::Streaming { activation_id, start, .. } => {
+            return Ok(streaming(&activation_id, start, Mapping::Invoke))
+        }
     };
     Ok(answer(&record.record, image.as_deref(), Mapping::Invoke))
 }
@@ -111,7 +115,10 @@ pub(in crate::api) async fn trigger(
     let image = action.exec.image.clone();
     let record = match run(state, &ns, key, action, request, false).await? {
         Invoked::Done(record) => record,
-        Invoked::Accepted(id) | Invoked::Streaming { activation_id: id, .. } => return Ok(still_running(&id)),
+        Invoked::Accepted(id) => return Ok(still_running(&id)),
+        Invoked::Streaming { activation_id, start, .. } => {
+            return Ok(streaming(&activation_id, start, Mapping::Gateway))
+        }
     };
     Ok(answer(&record.record, image.as_deref(), Mapping::Gateway))
 }
@@ -147,7 +154,8 @@ async fn run(
             wait: (!detached).then_some(wait),
             whole: None,
             start_notice: None,
-            stream: None,
+            // A response in chunks goes to a waiting caller as the function writes it.
+            stream: (!detached).then_some(StreamFormat::AsWritten),
         })
         .await?;
     Ok(invoked)
@@ -180,26 +188,56 @@ fn answer(record: &ActivationRecord, image: Option<&str>, mapping: Mapping) -> R
             let result = &record.response.result.to_value();
             let empty = Map::new();
             let headers = result["headers"].as_object().unwrap_or(&empty);
-            let (status, headers) = match mapping {
-                Mapping::Invoke => (StatusCode::OK, headers.iter().map(|(k, v)| (k.clone(), v)).collect()),
-                Mapping::Gateway => gateway_response(headers),
-            };
-            let mut response = invoker_http::with_body(status, "application/json", body_of(result));
-            response.headers_mut().remove(CONTENT_TYPE);
-            for (name, value) in headers {
-                let (Ok(name), Some(Ok(value))) =
-                    (HeaderName::try_from(name.as_str()), value.as_str().map(HeaderValue::try_from))
-                else {
-                    continue;
-                };
-                if !is_hop_by_hop(name.as_str()) {
-                    response.headers_mut().append(name, value);
-                }
-            }
-            response
+            function_response(headers, mapping, body_of(result))
         }
     };
     if let Ok(id) = HeaderValue::from_str(&record.activation_id) {
+        response.headers_mut().insert("fn-call-id", id);
+    }
+    response
+}
+
+/// The function's answer with `headers` (as its record keeps them) and `body`, mapped for
+/// the route.
+fn function_response(headers: &Map<String, Value>, mapping: Mapping, body: Bytes) -> Response {
+    let (status, headers) = match mapping {
+        Mapping::Invoke => (StatusCode::OK, headers.iter().map(|(k, v)| (k.clone(), v)).collect()),
+        Mapping::Gateway => gateway_response(headers),
+    };
+    let mut response = invoker_http::with_body(status, "application/json", body);
+    response.headers_mut().remove(CONTENT_TYPE);
+    for (name, value) in headers {
+        let (Ok(name), Some(Ok(value))) =
+            (HeaderName::try_from(name.as_str()), value.as_str().map(HeaderValue::try_from))
+        else {
+            continue;
+        };
+        if !is_hop_by_hop(name.as_str()) {
+            response.headers_mut().append(name, value);
+        }
+    }
+    response
+}
+
+/// A function's 200 in chunks, passed on as it comes: its headers (mapped for the route, as a
+/// whole answer's are), then its parts; `Fn-Call-Id` names the call whose record says how it
+/// ended.
+fn streaming(id: &str, start: StreamStart, mapping: Mapping) -> Response {
+    let mut headers = Map::new();
+    for (name, value) in start.head.map(|(_, headers)| headers).unwrap_or_default() {
+        match headers.get_mut(&name) {
+            Some(Value::String(first)) => {
+                first.push_str(", ");
+                first.push_str(&value);
+            }
+            _ => {
+                headers.insert(name, Value::String(value));
+            }
+        }
+    }
+    let mut response = function_response(&headers, mapping, Bytes::new());
+    response.extensions_mut().insert(Streamed::new(start.parts));
+    if let Ok(id) = HeaderValue::from_str(id) {
         response.headers_mut().insert("fn-call-id", id);
     }
     response

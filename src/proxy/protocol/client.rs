@@ -12,6 +12,7 @@
 //! byte of an answer came back provably never reached the runtime's handler: it is sent once
 //! more, on a fresh connection. A request on a fresh connection is never sent twice.
 
+use super::fn_relay::{FnRelay, StreamSummary};
 use super::stream::{StreamBroken, StreamRelay};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
@@ -45,12 +46,31 @@ pub enum RuntimeError {
     Stranger(#[from] StrangerError),
 }
 
-/// A runtime's answer as it came: its HTTP status, headers and body.
+/// A runtime's answer as it came: its HTTP status, headers and body (for a response passed on
+/// to its caller as it came, its last part, and what it was).
 #[derive(Debug, Default)]
 pub struct RuntimeResponse {
     pub status: u16,
     pub headers: HeaderMap,
     pub body: Bytes,
+    pub streamed: Option<StreamSummary>,
+}
+
+/// Where an answer that streams goes as it comes.
+pub enum Relay<'a> {
+    /// A generator's values (our runtime's `STREAM_TYPE`, asked for with `Accept`).
+    Values(&'a mut StreamRelay),
+    /// An Fn function's response in chunks.
+    AsWritten(&'a mut FnRelay),
+}
+
+impl Relay<'_> {
+    fn reborrow(&mut self) -> Relay<'_> {
+        match self {
+            Relay::Values(relay) => Relay::Values(relay),
+            Relay::AsWritten(relay) => Relay::AsWritten(relay),
+        }
+    }
 }
 
 impl RuntimeResponse {
@@ -164,7 +184,7 @@ impl RuntimeClient {
         path: &str,
         headers: Option<&HeaderMap>,
         body: Bytes,
-        relay: Option<&mut StreamRelay>,
+        relay: Option<Relay<'_>>,
     ) -> Result<RuntimeResponse, Failed> {
         let (mut c, reused) = self.connection().await.map_err(Failed::Other)?;
         let before = c.received.load(Ordering::Relaxed);
@@ -185,7 +205,7 @@ impl RuntimeClient {
             }
         }
         request.headers_mut().insert(HOST, HeaderValue::from_static("localhost"));
-        if relay.is_some() {
+        if let Some(Relay::Values(_)) = relay {
             request.headers_mut().insert(ACCEPT, HeaderValue::from_static(STREAM_TYPE));
         }
         let response = match c.sender.send_request(request).await {
@@ -193,19 +213,32 @@ impl RuntimeClient {
             Err(e) => return Err(unanswered(e)),
         };
         let (parts, body) = response.into_parts();
-        let streamed = parts.headers.get(CONTENT_TYPE).is_some_and(|t| t.as_bytes() == STREAM_TYPE.as_bytes());
-        if let (Some(relay), true) = (relay, streamed) {
-            let (result, read_to_end) = relay.pump(body).await.map_err(|broken| {
-                Failed::Other(match broken {
-                    StreamBroken::TooLarge(limit) => RuntimeError::TooLarge(limit),
-                    StreamBroken::Connection(e) => RuntimeError::Connection(e),
-                })
-            })?;
-            // A stream left unread (its caller gone) ends with its connection.
-            if read_to_end {
-                self.keep(c);
+        let broken = |broken| {
+            Failed::Other(match broken {
+                StreamBroken::TooLarge(limit) => RuntimeError::TooLarge(limit),
+                StreamBroken::Connection(e) => RuntimeError::Connection(e),
+            })
+        };
+        let values = parts.headers.get(CONTENT_TYPE).is_some_and(|t| t.as_bytes() == STREAM_TYPE.as_bytes());
+        // A stream left unread (its caller gone) ends with its connection.
+        match relay {
+            Some(Relay::Values(relay)) if values => {
+                let (result, read_to_end) = relay.pump(body).await.map_err(broken)?;
+                if read_to_end {
+                    self.keep(c);
+                }
+                let (status, headers) = (parts.status.as_u16(), parts.headers);
+                return Ok(RuntimeResponse { status, headers, body: result, streamed: None });
             }
-            return Ok(RuntimeResponse { status: parts.status.as_u16(), headers: parts.headers, body: result });
+            Some(Relay::AsWritten(relay)) if FnRelay::takes(&parts) => {
+                let (last, read_to_end, summary) = relay.pump(&parts, body).await.map_err(broken)?;
+                if read_to_end {
+                    self.keep(c);
+                }
+                let (status, headers) = (parts.status.as_u16(), parts.headers);
+                return Ok(RuntimeResponse { status, headers, body: last, streamed: Some(summary) });
+            }
+            _ => {}
         }
         let bytes = match Limited::new(body, self.max_body).collect().await {
             Ok(collected) => collected.to_bytes(),
@@ -223,7 +256,7 @@ impl RuntimeClient {
             }
         };
         self.keep(c);
-        Ok(RuntimeResponse { status: parts.status.as_u16(), headers: parts.headers, body: bytes })
+        Ok(RuntimeResponse { status: parts.status.as_u16(), headers: parts.headers, body: bytes, streamed: None })
     }
 
     /// Keeps `c` for the next request, if there is room.
@@ -249,7 +282,19 @@ impl RuntimeClient {
         timeout: Duration,
         relay: &mut StreamRelay,
     ) -> Result<RuntimeResponse, RuntimeError> {
-        self.exchange_within(path, None, body, timeout, Some(relay)).await
+        self.exchange_within(path, None, body, timeout, Some(Relay::Values(relay))).await
+    }
+
+    /// As [`Self::send`], a response in chunks passed on to `relay` as it comes.
+    pub async fn send_streaming(
+        &self,
+        path: &str,
+        headers: &HeaderMap,
+        body: Bytes,
+        timeout: Duration,
+        relay: &mut FnRelay,
+    ) -> Result<RuntimeResponse, RuntimeError> {
+        self.exchange_within(path, Some(headers), body, timeout, Some(Relay::AsWritten(relay))).await
     }
 
     /// `body` with `headers` to `path` (a `POST`); the answer, within `timeout`.
@@ -269,10 +314,10 @@ impl RuntimeClient {
         headers: Option<&HeaderMap>,
         body: Bytes,
         timeout: Duration,
-        mut relay: Option<&mut StreamRelay>,
+        mut relay: Option<Relay<'_>>,
     ) -> Result<RuntimeResponse, RuntimeError> {
         let exchange = async {
-            match self.exchange(path, headers, body.clone(), relay.as_deref_mut()).await {
+            match self.exchange(path, headers, body.clone(), relay.as_mut().map(Relay::reborrow)).await {
                 Err(Failed::Retry(e)) => {
                     tracing::debug!("a kept-alive runtime connection was closed under a request ({e}); sent again");
                     self.exchange(path, headers, body, relay).await.map_err(Failed::into_error)

@@ -6,10 +6,12 @@
 
 use super::answer::{Answer, Interpreted};
 use super::client::{RuntimeClient, RuntimeError, RuntimeResponse};
+use super::fn_relay::FnRelay;
 use base64::Engine;
 use bytes::Bytes;
 use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
 use invoker_http::is_hop_by_hop;
+use invoker_job::stream::{StreamFormat, StreamRequest};
 use invoker_job::RunJob;
 use invoker_wire::model::{Action, Outcome};
 use invoker_wire::runtime::{FN_LOGFRAME_HDR, FN_LOGFRAME_NAME};
@@ -46,7 +48,13 @@ pub fn environment(action: &Action, memory_mb: u32) -> Vec<(String, String)> {
 /// `Fn-Deadline` and the run's `traceparent`; the caller's body, or the activation's parameters as JSON when it came
 /// through OpenWhisk's API. Past `timeout` the connection is dropped (the FDKs do not enforce
 /// the deadline themselves).
-pub(super) async fn call(client: &RuntimeClient, run: &RunJob, timeout: Duration) -> Answer {
+/// `stream`: a caller that takes a response in chunks as the function writes it.
+pub(super) async fn call(
+    client: &RuntimeClient,
+    run: &RunJob,
+    stream: Option<StreamRequest>,
+    timeout: Duration,
+) -> Answer {
     let mut headers = HeaderMap::new();
     let body = match &run.request {
         Some(request) => {
@@ -76,7 +84,12 @@ pub(super) async fn call(client: &RuntimeClient, run: &RunJob, timeout: Duration
             headers.insert(HeaderName::from_static(name), value);
         }
     }
-    client.send("/call", &headers, body, timeout).await
+    // Only a caller that takes the function's bytes as it writes them (Fn's routes) gets them
+    // so; one that asked for a stream of values (OpenWhisk's route) gets the whole answer.
+    match stream.filter(|s| s.format == StreamFormat::AsWritten) {
+        None => client.send("/call", &headers, body, timeout).await,
+        Some(stream) => client.send_streaming("/call", &headers, body, timeout, &mut FnRelay::new(stream)).await,
+    }
 }
 
 /// The answer as a result: its status, headers (hop-by-hop ones dropped) and body, the body as
@@ -101,6 +114,11 @@ fn result_of(response: &RuntimeResponse) -> Map<String, Value> {
     let mut result = Map::new();
     result.insert("statusCode".into(), json!(response.status));
     result.insert("headers".into(), Value::Object(headers));
+    // Passed on as it came: the body here is its last part, and the stream is said.
+    if let Some(streamed) = response.streamed {
+        let stream = json!({ "parts": streamed.parts, "bytes": streamed.bytes, "end": streamed.end });
+        result.insert("stream".into(), stream);
+    }
     match std::str::from_utf8(&response.body) {
         Ok(text) => {
             result.insert("body".into(), Value::String(text.to_string()));
@@ -185,7 +203,7 @@ mod tests {
         for (k, v) in headers {
             map.append(HeaderName::try_from(*k).unwrap(), HeaderValue::try_from(*v).unwrap());
         }
-        Ok(RuntimeResponse { status, headers: map, body: Bytes::copy_from_slice(body) })
+        Ok(RuntimeResponse { status, headers: map, body: Bytes::copy_from_slice(body), streamed: None })
     }
 
     #[test]

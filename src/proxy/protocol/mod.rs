@@ -5,6 +5,7 @@
 
 mod answer;
 mod client;
+mod fn_relay;
 pub mod fn_stream;
 mod openwhisk;
 mod stream;
@@ -59,12 +60,12 @@ impl Runtime {
         }
     }
 
-    /// `stream`: the caller takes the answer as a stream, should the action stream one (our
-    /// runtime's; Fn's functions answer as they always do).
+    /// `stream`: the caller takes the answer as a stream, should the action stream one (a
+    /// generator on our runtime; an Fn function's response in chunks).
     pub async fn run(&self, run: &RunJob, stream: Option<StreamRequest>, timeout: Duration) -> Answer {
         match self.protocol {
             RuntimeProtocol::OpenWhisk => openwhisk::run(&self.client, run, stream, timeout).await,
-            RuntimeProtocol::Fn => fn_stream::call(&self.client, run, timeout).await,
+            RuntimeProtocol::Fn => fn_stream::call(&self.client, run, stream, timeout).await,
         }
     }
 

@@ -8,7 +8,7 @@ use bytes::{Buf, Bytes, BytesMut};
 use http_body_util::BodyExt;
 use invoker_http::streamed::{StreamPart, STREAM_PARTS};
 use invoker_http::ConnectionError;
-use invoker_job::stream::{StreamFormat, StreamRequest};
+use invoker_job::stream::{StreamFormat, StreamRequest, StreamStart};
 use invoker_wire::runtime::{STREAM_END, STREAM_VALUE};
 use serde::de::IgnoredAny;
 use serde_json::{json, Value};
@@ -22,7 +22,7 @@ enum Caller {
     /// Waiting for the first value: the stream's body goes to it then.
     Waiting {
         format: StreamFormat,
-        started: oneshot::Sender<mpsc::Receiver<StreamPart>>,
+        started: oneshot::Sender<StreamStart>,
     },
     Reading {
         format: StreamFormat,
@@ -182,7 +182,7 @@ impl StreamRelay {
         self.caller = match std::mem::replace(&mut self.caller, Caller::Answered) {
             Caller::Waiting { format, started } => {
                 let (parts, body) = mpsc::channel(STREAM_PARTS);
-                match started.send(body) {
+                match started.send(StreamStart { head: None, parts: body }) {
                     Ok(()) => Caller::Reading { format, parts },
                     Err(_) => Caller::Answered,
                 }
