@@ -11,6 +11,8 @@ use serde_json::{json, Value};
 use std::time::Duration;
 use support::{python, Invoker, GUEST};
 
+const CONTROLLER: &str = "c0ffee00-0000-4000-8000-00000000c0de:the-streaming-tests-controller-secret";
+
 fn tempdir() -> tempfile::TempDir {
     tempfile::Builder::new().prefix("invoker-stream-").tempdir().unwrap()
 }
@@ -206,4 +208,43 @@ async fn the_actions_timeout_covers_the_whole_stream() {
     let record = inv.record(&id).await;
     assert_eq!(annotation(&record, "timeout"), &json!(true), "{record}");
     assert_eq!(record["response"]["status"], "action developer error");
+}
+
+/// Through a scheduler: the invoker's stream passes through it part by part (the first value
+/// read while the generator still sleeps), a caller that leaves stops the action on the
+/// invoker, and the scheduler's record is the invoker's, with where it ran; a caller that asks
+/// for no stream gets the array.
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
+async fn a_stream_passes_through_a_scheduler_and_its_record_is_the_invokers() {
+    let Some(etcd) = support::etcd::EtcdServer::start() else { return };
+    let dir = tempdir();
+    let (_invoker, scheduler) = Invoker::invoker_and_scheduler(dir.path(), &etcd.url(), CONTROLLER, "stream-inv").await;
+    let code = "import time\ndef main(a):\n    yield {'first': True}\n    if a.get('wait'):\n        time.sleep(30)\n    yield {'second': True}\n";
+    scheduler.put_action("gen", python(code)).await;
+
+    let response = call(&scheduler, "gen", "application/x-ndjson", json!({ "wait": true })).await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["content-type"], "application/x-ndjson");
+    let id = activation_id(&response);
+    let mut body = response.bytes_stream();
+    let first = tokio::time::timeout(Duration::from_secs(20), body.next()).await;
+    assert_eq!(&first.expect("the first value came early").unwrap().unwrap()[..], b"{\"first\":true}\n");
+    drop(body);
+    let record = scheduler.record(&id).await;
+    assert_eq!(record["response"]["result"]["end"], "the caller left", "{record}");
+    assert_eq!(annotation(&record, "invoker"), &json!("stream-inv"));
+
+    let response = call(&scheduler, "gen", "text/event-stream", json!({})).await;
+    let id = activation_id(&response);
+    assert_eq!(response.text().await.unwrap(), "data: {\"first\":true}\n\ndata: {\"second\":true}\n\n");
+    let record = scheduler.record(&id).await;
+    assert_eq!(
+        record["response"]["result"],
+        json!({ "values": 2, "bytes": 29, "last": { "second": true }, "end": "complete" }),
+        "{record}"
+    );
+
+    let (status, body) = scheduler.invoke("gen", "blocking=true&result=true", json!({})).await;
+    assert_eq!((status, body), (200, json!([{ "first": true }, { "second": true }])));
 }

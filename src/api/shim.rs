@@ -13,11 +13,13 @@ use crate::activation::{IntakeError, InvokeRequest, Invoked};
 use bytes::Bytes;
 use hyper::header::{HeaderValue, ACCEPT, CONTENT_TYPE};
 use hyper::StatusCode;
+use invoker_http::streamed::Streamed;
 use invoker_http::Follows;
 use invoker_http::Response;
+use invoker_job::stream::StreamFormat;
 use invoker_job::CallRequest;
 use invoker_telemetry::TraceParent;
-use invoker_wire::cluster::{REPORT_START, STARTED_LINE, TWO_PARTS};
+use invoker_wire::cluster::{REPORT_START, STARTED_LINE, STREAMED_ANSWER, STREAM_TO, TWO_PARTS};
 use invoker_wire::model::{
     is_activation_id, validate_entity_name, ActivationMessage, ActivationRecord, EncodedRecord, Outcome,
 };
@@ -130,9 +132,12 @@ pub(super) async fn activation_message(state: &AppState, call: &Call) -> Result<
         transaction_id,
         wait: msg.blocking.then_some(wait),
         traceparent,
+        stream: match (&start_notice, msg.blocking) {
+            (None, true) => stream_to(call)?,
+            _ => None,
+        },
         whole,
         start_notice,
-        stream: None,
     };
     let (heard, rest) = match (heard, rest) {
         (Some(heard), Some(rest)) => (heard, rest),
@@ -157,6 +162,16 @@ pub(super) async fn activation_message(state: &AppState, call: &Call) -> Result<
             // Ended without starting: answered as any call.
             Err(_) => Ok(answer(state, end.await.map_err(|_| stopping())??, Some(rest), msg.transid)),
         },
+    }
+}
+
+/// The stream a scheduler's blocking call takes, should the action stream ([`STREAM_TO`]).
+fn stream_to(call: &Call) -> Result<Option<StreamFormat>, ApiError> {
+    let Some(value) = call.head.headers.get(STREAM_TO) else { return Ok(None) };
+    let value = value.to_str().map_err(|_| ApiError::BadRequest(format!("{STREAM_TO}: not ASCII text")))?;
+    match StreamFormat::from_accept(value) {
+        Some(format) => Ok(Some(format)),
+        None => Err(ApiError::BadRequest(format!("{STREAM_TO}: '{value}' is not a stream's content type"))),
     }
 }
 
@@ -203,7 +218,17 @@ fn answer(
     transid: Value,
 ) -> Response {
     match invoked {
-        Invoked::Accepted(id) | Invoked::Streaming { activation_id: id, .. } => accepted(&id),
+        Invoked::Accepted(id) => accepted(&id),
+        // The values as the scheduler's caller reads them, as they come; the scheduler asks
+        // for the record once the body ended.
+        Invoked::Streaming { activation_id, start, .. } => {
+            let mut response = invoker_http::with_body(StatusCode::OK, STREAMED_ANSWER, Bytes::new());
+            response.extensions_mut().insert(Streamed::new(start.parts));
+            if let Ok(id) = hyper::header::HeaderValue::from_str(&activation_id) {
+                response.headers_mut().insert("x-openwhisk-activation-id", id);
+            }
+            response
+        }
         Invoked::Done(encoded) => {
             let user_memory_mb = state.pool().map_or(0, |p| p.user_memory_mb());
             let invoker_id = state.config.invoker_id.clone();

@@ -20,6 +20,7 @@ pub mod metrics;
 pub mod presence;
 pub mod provisioned;
 mod publish;
+mod relay;
 pub mod send;
 pub mod sends;
 pub mod stalls;
@@ -127,7 +128,7 @@ pub struct Dispatcher {
     /// and the registrations as then decoded.
     taken: Mutex<(u64, RecordCache)>,
     stalls: stalls::Stalls,
-    client: InvokerClient,
+    client: Arc<InvokerClient>,
     in_flight: Mutex<InFlight>,
     /// A send ended: the room it held may be free ([`sends`]), and the calls waiting for room
     /// look again at once rather than at their next refresh.
@@ -137,7 +138,7 @@ pub struct Dispatcher {
     /// The state of the random draws of placement (xorshift).
     draws: AtomicU64,
     /// Records written as guesses, waiting for the invoker's record to replace them.
-    guesses: guesses::Guesses,
+    guesses: Arc<guesses::Guesses>,
     /// Queued calls waiting for an invoker with room, in lines by action.
     backlog: backlog::Backlog,
     /// What each capped action has running through this scheduler.
@@ -178,12 +179,12 @@ impl Dispatcher {
             snapshots: Mutex::default(),
             taken: Mutex::default(),
             stalls: stalls::Stalls::default(),
-            client: InvokerClient::new(controller_key),
+            client: Arc::new(InvokerClient::new(controller_key)),
             in_flight: Mutex::default(),
             ended: tokio::sync::Notify::new(),
             active: AtomicU32::new(0),
             draws: AtomicU64::new(u64::from(std::process::id()) << 32 | u64::from(epoch_ms() as u32) | 1),
-            guesses: guesses::Guesses::default(),
+            guesses: Arc::default(),
             backlog: backlog::Backlog::default(),
             caps: caps::Caps::default(),
             provisioned: provisioned::Provisioned::default(),
@@ -360,8 +361,12 @@ impl Dispatcher {
                 run.completion.started();
             };
             let on_started = expires_at.is_some().then_some(&mut on_started as &mut (dyn FnMut() + Send));
+            // A blocking call whose caller takes a stream asks the invoker for one.
+            let stream_to = run.stream.as_ref().filter(|_| expires_at.is_none()).map(|s| s.format.content_type());
+            let handing_over =
+                self.client.send_with(authority, message, self.handover_timeout, timeout, on_started, stream_to);
             let sent = tokio::select! {
-                sent = self.client.send(authority, message, self.handover_timeout, timeout, on_started) => sent,
+                sent = handing_over => sent,
                 _ = departure.cancelled() => Sent::Lost("it left the cluster (its lease expired)".into()),
             };
             if let Some(reason) = sent.failure() {
@@ -397,6 +402,18 @@ impl Dispatcher {
                         record.annotations.push(ran_on);
                         run.completion.finish(record);
                     });
+                    return;
+                }
+                // The values as they come, through a task of its own; the record after them.
+                Sent::Streaming(body) => {
+                    let Some(stream) = run.stream.take() else {
+                        let message = format!("invoker {invoker} streamed an answer nobody asked for");
+                        let record = ActivationRecord::guess(&run.meta, &message, epoch_ms());
+                        return run.completion.finish(record);
+                    };
+                    let ends = relay::Ends { client: self.client.clone(), guesses: self.guesses.clone() };
+                    let authority = authority.to_string();
+                    tokio::spawn(relay::relay(ends, run, stream, body, invoker.to_string(), authority, timeout));
                     return;
                 }
                 Sent::Refused(reason) => {

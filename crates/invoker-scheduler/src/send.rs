@@ -22,7 +22,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
 use hyper::body::{Body, Frame, SizeHint};
 use hyper::client::conn::http1::SendRequest;
-use invoker_wire::cluster::{REPORT_START, STARTED_LINE, TWO_PARTS};
+use invoker_wire::cluster::{REPORT_START, STARTED_LINE, STREAMED_ANSWER, STREAM_TO, TWO_PARTS};
 use invoker_wire::model::ActivationRecord;
 use parking_lot::Mutex;
 use serde_json::Value;
@@ -58,13 +58,16 @@ pub enum Sent {
     Unheard(String),
     /// It may have started, and no record came back: it ends here, never run again.
     Lost(String),
+    /// The action streams its answer (asked for with [`STREAM_TO`]): the body, framed as the
+    /// caller reads it, as it comes. The record is asked for once it ended.
+    Streaming(hyper::body::Incoming),
 }
 
 impl Sent {
     /// Why nothing came back, for the hand-over's span; `None` when a record did.
     pub fn failure(&self) -> Option<&str> {
         match self {
-            Sent::Finished(_) | Sent::Answered { .. } => None,
+            Sent::Finished(_) | Sent::Answered { .. } | Sent::Streaming(_) => None,
             Sent::Refused(why) | Sent::Unheard(why) | Sent::Lost(why) => Some(why),
         }
     }
@@ -174,17 +177,37 @@ impl InvokerClient {
         timeout: Duration,
         on_started: Option<&mut (dyn FnMut() + Send)>,
     ) -> Sent {
+        self.send_with(authority, message, handover, timeout, on_started, None).await
+    }
+
+    /// As [`Self::send`]; `stream_to`: the content type a blocking call's caller takes a
+    /// streamed answer in ([`STREAM_TO`]), should the action stream ([`Sent::Streaming`]).
+    pub async fn send_with(
+        &self,
+        authority: &str,
+        message: Bytes,
+        handover: Duration,
+        timeout: Duration,
+        on_started: Option<&mut (dyn FnMut() + Send)>,
+        stream_to: Option<&'static str>,
+    ) -> Sent {
         let (asked_tx, asked) = oneshot::channel();
         let (body_tx, body) = oneshot::channel();
         let len = message.len() as u64;
         let release: Release = Arc::new(Mutex::new(Some(Pending { message, body: body_tx, asked: asked_tx })));
         let reports_start = on_started.is_some();
         let asks = self.heard.lock().get(authority).is_none_or(|at| at.elapsed() >= HEARD_WITHIN);
-        let request =
-            match self.request(authority, HeldMessage { body: Some(body), len }, &release, reports_start, asks) {
-                Ok(request) => request,
-                Err(sent) => return sent,
-            };
+        let request = match self.request(
+            authority,
+            HeldMessage { body: Some(body), len },
+            &release,
+            reports_start,
+            asks,
+            stream_to,
+        ) {
+            Ok(request) => request,
+            Err(sent) => return sent,
+        };
         if !asks {
             let_go(&release);
         }
@@ -280,6 +303,16 @@ impl InvokerClient {
                 },
             };
             let status = response.status().as_u16();
+            let streamed = response
+                .headers()
+                .get(hyper::header::CONTENT_TYPE)
+                .is_some_and(|v| v.as_bytes() == STREAMED_ANSWER.as_bytes());
+            // A stream holds its connection to its end: not kept for another hand-over. Given
+            // back as the `Sent` it is (not an exchange's record), through the early return.
+            if streamed {
+                withdraw(release);
+                return Err(Sent::Streaming(response.into_body()));
+            }
             let two_parts = response
                 .headers()
                 .get(hyper::header::CONTENT_TYPE)
@@ -364,6 +397,7 @@ impl InvokerClient {
         release: &Release,
         reports_start: bool,
         asks: bool,
+        stream_to: Option<&'static str>,
     ) -> Result<hyper::Request<HeldMessage>, Sent> {
         let mut request = hyper::Request::post("/v1/activations")
             .header(hyper::header::HOST, authority)
@@ -375,6 +409,9 @@ impl InvokerClient {
         }
         if reports_start {
             request = request.header(REPORT_START, "1");
+        }
+        if let Some(content_type) = stream_to {
+            request = request.header(STREAM_TO, content_type);
         }
         let mut request =
             request.body(body).map_err(|e| Sent::Refused(format!("the request could not be made: {e}")))?;

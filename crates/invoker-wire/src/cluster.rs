@@ -19,6 +19,15 @@ pub fn controller_wait(timeout: Duration, wait_deadline: Duration, init_timeout:
 /// it with `Accept`; an answer whose record was whole at once is the one message, as JSON.
 pub const TWO_PARTS: &str = "application/x-ndjson";
 
+/// The header a scheduler sends with a blocking call whose caller takes a streamed answer: the
+/// stream's content type (`application/x-ndjson`, `text/event-stream`). An invoker whose action
+/// streams answers with [`STREAMED_ANSWER`], the values framed as the caller reads them, as
+/// they come; the scheduler passes the body on and asks for the record once it ended.
+pub const STREAM_TO: &str = "x-invoker-stream";
+
+/// The content type of an invoker's streamed answer to a scheduler ([`STREAM_TO`]).
+pub const STREAMED_ANSWER: &str = "application/x-invoker-streamed";
+
 /// The header a scheduler sends with a queued (asynchronous) call it keeps until the invoker
 /// starts it: the invoker answers as soon as the call is handed to a container, with
 /// [`STARTED_LINE`] as the first line of a [`TWO_PARTS`] answer, before `/run` goes out; the
