@@ -240,6 +240,10 @@ async fn bench(args: Args) -> anyhow::Result<()> {
             let config = format!("[factory]\nkind = \"docker\"\n[factory.docker]\nsocket = \"{}\"\n", socket.display());
             report["docker"] = stream::stream_side(&exe, &http, "docker", &config, calls).await?;
         }
+        if let Some(etcd) = &args.etcd {
+            let (_invoker, scheduler) = invoker_and_scheduler(&exe, etcd, &http, "stream").await?;
+            report["scheduler"] = stream::measure(&http, "through a scheduler", &scheduler, calls).await?;
+        }
         println!("{report}");
         return Ok(());
     }
@@ -408,6 +412,36 @@ async fn bench(args: Args) -> anyhow::Result<()> {
 /// The scheduler hop: blocking invokes through a scheduler to one invoker against the same
 /// invoker called directly, alternating slices at c=1 and c=k; one `run_json` per level (the
 /// "direct" side is the invoker, the "invoker" side the scheduler).
+/// An invoker and a scheduler in front of it, on the etcd at `etcd` (a prefix of this run's
+/// own), once the scheduler sees the invoker healthy.
+pub async fn invoker_and_scheduler(
+    exe: &Path,
+    etcd: &str,
+    http: &reqwest::Client,
+    name: &str,
+) -> anyhow::Result<(Invoker, Invoker)> {
+    let pid = std::process::id();
+    let key = "0b0b0b0b-0000-4000-8000-000000000b0b:the-benchmarks-controller-secret";
+    let cluster = format!(
+        "[cluster]\netcd = [\"{etcd}\"]\nprefix = \"/bench{pid}{name}\"\npublish_interval = \"200ms\"\n\
+         controller_key = \"{key}\"\n[admin]\ncontroller_keys = [\"{key}\"]\n[proxy]\npause_grace = \"0s\"\n"
+    );
+    let invoker = Invoker::start(exe, name, &cluster)?;
+    let scheduler_config = format!("{cluster}[scheduler]\nid = \"bench{pid}{name}\"\n");
+    let scheduler = Invoker::start_command(exe, &["scheduler"], &format!("sched-{name}"), &scheduler_config)?;
+    let (user, pass) = scheduler.admin.split_once(':').unwrap_or_default();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = http.get(format!("{}/v1/invokers", scheduler.base)).basic_auth(user, Some(pass)).send().await?;
+        let list: Value = r.json().await?;
+        if list.as_array().is_some_and(|l| l.len() == 1 && l[0]["health"] == "healthy") {
+            return Ok((invoker, scheduler));
+        }
+        anyhow::ensure!(Instant::now() < deadline, "the scheduler never saw its invoker: {list}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 async fn scheduler_hop(
     exe: &Path,
     etcd: &str,
@@ -416,26 +450,7 @@ async fn scheduler_hop(
     slice: Duration,
     rounds: usize,
 ) -> anyhow::Result<Vec<Value>> {
-    let pid = std::process::id();
-    let key = "0b0b0b0b-0000-4000-8000-000000000b0b:the-benchmarks-controller-secret";
-    let cluster = format!(
-        "[cluster]\netcd = [\"{etcd}\"]\nprefix = \"/bench{pid}\"\npublish_interval = \"200ms\"\n\
-         controller_key = \"{key}\"\n[admin]\ncontroller_keys = [\"{key}\"]\n[proxy]\npause_grace = \"0s\"\n"
-    );
-    let invoker = Invoker::start(exe, "hop", &cluster)?;
-    let scheduler_config = format!("{cluster}[scheduler]\nid = \"bench{pid}\"\n");
-    let scheduler = Invoker::start_command(exe, &["scheduler"], "sched", &scheduler_config)?;
-    let (user, pass) = scheduler.admin.split_once(':').unwrap_or_default();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let r = http.get(format!("{}/v1/invokers", scheduler.base)).basic_auth(user, Some(pass)).send().await?;
-        let list: Value = r.json().await?;
-        if list.as_array().is_some_and(|l| l.len() == 1 && l[0]["health"] == "healthy") {
-            break;
-        }
-        anyhow::ensure!(Instant::now() < deadline, "the scheduler never saw its invoker: {list}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let (invoker, scheduler) = invoker_and_scheduler(exe, etcd, http, "hop").await?;
     let mut urls = Vec::new();
     for base in [&invoker.base, &scheduler.base] {
         put_action(http, base, "noop").await?;

@@ -142,6 +142,13 @@ pub async fn stream_side(
     calls: usize,
 ) -> anyhow::Result<Value> {
     let invoker = Invoker::start(exe, &format!("stream-{name}"), config)?;
+    measure(http, name, &invoker, calls).await
+}
+
+/// Both measures through `front` (an invoker, or a scheduler in front of one: its memory is
+/// the one sampled).
+pub async fn measure(http: &reqwest::Client, name: &str, front: &Invoker, calls: usize) -> anyhow::Result<Value> {
+    let invoker = front;
     super::targets::put_action_of(http, &invoker.base, "gen", "python:3", GEN).await?;
     let url = invoker.url("gen", "blocking=true");
     // Warm: the container and its process, and the caller's connection.
@@ -149,7 +156,7 @@ pub async fn stream_side(
     let (first, later) = delays(http, &url, calls).await?;
     let mut runs = Vec::new();
     for _ in 0..2 {
-        let (mb_s, before, peak) = throughput(http, &invoker, &url, 1024, 1024 * 1024).await?;
+        let (mb_s, before, peak) = throughput(http, invoker, &url, 1024, 1024 * 1024).await?;
         runs.push(json!({ "mb_per_s": mb_s.round(), "rss_before_kb": before, "rss_peak_kb": peak,
             "rss_growth_mib": ((peak.saturating_sub(before)) as f64 / 1024.0).round() }));
     }
