@@ -219,7 +219,8 @@ async fn the_actions_timeout_covers_the_whole_stream() {
 async fn a_stream_passes_through_a_scheduler_and_its_record_is_the_invokers() {
     let Some(etcd) = support::etcd::EtcdServer::start() else { return };
     let dir = tempdir();
-    let (_invoker, scheduler) = Invoker::invoker_and_scheduler(dir.path(), &etcd.url(), CONTROLLER, "stream-inv").await;
+    let (on_invoker, scheduler) =
+        Invoker::invoker_and_scheduler(dir.path(), &etcd.url(), CONTROLLER, "stream-inv").await;
     let code = "import time\ndef main(a):\n    yield {'first': True}\n    if a.get('wait'):\n        time.sleep(30)\n    yield {'second': True}\n";
     scheduler.put_action("gen", python(code)).await;
 
@@ -247,4 +248,17 @@ async fn a_stream_passes_through_a_scheduler_and_its_record_is_the_invokers() {
 
     let (status, body) = scheduler.invoke("gen", "blocking=true&result=true", json!({})).await;
     assert_eq!((status, body), (200, json!([{ "first": true }, { "second": true }])));
+
+    // The invoker lost mid-stream: the caller's body is cut short, and the record says so.
+    let response = call(&scheduler, "gen", "application/x-ndjson", json!({ "wait": true })).await;
+    let id = activation_id(&response);
+    let mut body = response.bytes_stream();
+    let first = tokio::time::timeout(Duration::from_secs(20), body.next()).await;
+    assert_eq!(&first.expect("the first value came early").unwrap().unwrap()[..], b"{\"first\":true}\n");
+    on_invoker.signal(nix::sys::signal::Signal::SIGKILL);
+    let rest = tokio::time::timeout(Duration::from_secs(20), body.next()).await.expect("the body ended");
+    assert!(matches!(rest, Some(Err(_))), "cut short, not ended: {rest:?}");
+    let record = scheduler.record(&id).await;
+    let error = record["response"]["result"]["error"].as_str().unwrap_or_default().to_string();
+    assert!(error.contains("was lost while it streamed") && error.contains("15 bytes"), "{record}");
 }
