@@ -235,14 +235,19 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         return Ok(());
     }
     if let Some(calls) = args.stream_only {
-        let mut report = json!({ "processes": stream::stream_side(&exe, &http, "processes", "", calls).await? });
+        let mut report =
+            json!({ "processes": stream::stream_side(&exe, &http, "processes", stream::LARGE_CALLS, calls).await? });
         if let Some(socket) = &args.docker_socket {
-            let config = format!("[factory]\nkind = \"docker\"\n[factory.docker]\nsocket = \"{}\"\n", socket.display());
+            let config = format!(
+                "{}[factory]\nkind = \"docker\"\n[factory.docker]\nsocket = \"{}\"\n",
+                stream::LARGE_CALLS,
+                socket.display()
+            );
             report["docker"] = stream::stream_side(&exe, &http, "docker", &config, calls).await?;
         }
         if let Some(etcd) = &args.etcd {
             let (_invoker, scheduler) = invoker_and_scheduler(&exe, etcd, &http, "stream").await?;
-            report["scheduler"] = stream::measure(&http, "through a scheduler", &scheduler, calls).await?;
+            report["scheduler"] = stream::measure(&http, "through a scheduler", &scheduler, calls, false).await?;
         }
         println!("{report}");
         return Ok(());

@@ -6,6 +6,8 @@
 //!   clock). Reported for the first value of each call (c=1, one call after another) and for
 //!   the values after it (spaced 20 ms, so that each is a value the action made while the
 //!   caller waited, not one queued behind another).
+//! - **A large call**: a 64 MiB string parameter in and out of a python action of 512 MB, the
+//!   invoker's resident memory sampled meanwhile.
 //! - **Throughput**: a generator yields the same 1 MiB string 1,024 times (1 GiB); the caller
 //!   reads the NDJSON body and counts its bytes. The invoker's resident memory is sampled every
 //!   10 ms meanwhile; its growth is the peak over what it held before the call. Its floor is
@@ -17,6 +19,9 @@ use serde_json::{json, Value};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 const GEN: &str = "import time\ndef main(a):\n    size = a.get('size', 0)\n    if size:\n        chunk = 'x' * size\n        for i in range(a['n']):\n            yield chunk\n        return\n    for i in range(a['n']):\n        if i:\n            time.sleep(a.get('gap', 0))\n        yield time.time_ns()\n";
+
+/// The configuration that lets a 64 MiB call in and out.
+pub const LARGE_CALLS: &str = "[limits]\npayload_max_bytes = 134217728\n";
 
 fn now_ns() -> u128 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_nanos()
@@ -102,6 +107,41 @@ async fn throughput(
     Ok((bytes as f64 / elapsed.as_secs_f64() / 1e6, before, peak.load(std::sync::atomic::Ordering::Relaxed)))
 }
 
+/// A 64 MiB string parameter into a python action of 512 MB that answers it back: the status,
+/// and the invoker's resident memory before and at its peak meanwhile (kB).
+async fn large_call(http: &reqwest::Client, invoker: &Invoker) -> anyhow::Result<(u16, u64, u64)> {
+    let code = "def main(a):\n    return {'s': a['s']}\n";
+    let (user, pass) = GUEST.split_once(':').unwrap_or_default();
+    let action = json!({ "exec": { "kind": "python:3", "code": code }, "limits": { "memory": 512 } });
+    let put = http.put(format!("{}/api/v1/namespaces/_/actions/echo?overwrite=true", invoker.base));
+    put.basic_auth(user, Some(pass)).json(&action).send().await?.error_for_status()?;
+    let body = serde_json::to_vec(&json!({ "s": "x".repeat(64 * 1024 * 1024) }))?;
+    let before = invoker.rss_kb();
+    let peak = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(before));
+    let sampling = {
+        let (peak, pid) = (peak.clone(), invoker.pid());
+        tokio::spawn(async move {
+            loop {
+                peak.fetch_max(super::targets::rss_kb(pid), std::sync::atomic::Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+    };
+    let response = http
+        .post(invoker.url("echo", "blocking=true&result=true"))
+        .basic_auth(user, Some(pass))
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await?;
+    let status = response.status().as_u16();
+    let answer = response.bytes().await?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    sampling.abort();
+    anyhow::ensure!(status != 200 || answer.len() > 64 * 1024 * 1024, "the result came back short");
+    Ok((status, before, peak.load(std::sync::atomic::Ordering::Relaxed)))
+}
+
 /// The floor of the throughput: the launcher's own loop (the same writes of the same 1 MiB
 /// string, 1,024 times) into a pipe this process reads and counts, with no runtime, invoker or
 /// HTTP between. MB a second.
@@ -142,12 +182,18 @@ pub async fn stream_side(
     calls: usize,
 ) -> anyhow::Result<Value> {
     let invoker = Invoker::start(exe, &format!("stream-{name}"), config)?;
-    measure(http, name, &invoker, calls).await
+    measure(http, name, &invoker, calls, true).await
 }
 
 /// Both measures through `front` (an invoker, or a scheduler in front of one: its memory is
-/// the one sampled).
-pub async fn measure(http: &reqwest::Client, name: &str, front: &Invoker, calls: usize) -> anyhow::Result<Value> {
+/// the one sampled), and with `large` a 64 MiB call (`front` configured with [`LARGE_CALLS`]).
+pub async fn measure(
+    http: &reqwest::Client,
+    name: &str,
+    front: &Invoker,
+    calls: usize,
+    large: bool,
+) -> anyhow::Result<Value> {
     let invoker = front;
     super::targets::put_action_of(http, &invoker.base, "gen", "python:3", GEN).await?;
     let url = invoker.url("gen", "blocking=true");
@@ -161,7 +207,16 @@ pub async fn measure(http: &reqwest::Client, name: &str, front: &Invoker, calls:
             "rss_growth_mib": ((peak.saturating_sub(before)) as f64 / 1024.0).round() }));
     }
     let floors: Vec<f64> = (0..2).map(|_| python_floor().map(f64::round)).collect::<anyhow::Result<_>>()?;
+    let large = match large {
+        false => Value::Null,
+        true => {
+            let (status, before, peak) = large_call(http, invoker).await?;
+            json!({ "status": status, "rss_before_kb": before, "rss_peak_kb": peak,
+                "rss_growth_mib": ((peak.saturating_sub(before)) as f64 / 1024.0).round() })
+        }
+    };
     let report = json!({
+        "a_64_mib_call_in_and_out": large,
         "python_alone_mb_per_s": floors,
         "first_value_delay_us_p50": percentile(first.clone(), 0.5).round(),
         "first_value_delay_us_p90": percentile(first, 0.9).round(),

@@ -15,7 +15,7 @@
 use super::fn_relay::{FnRelay, StreamSummary};
 use super::stream::{StreamBroken, StreamRelay};
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
 use hyper::header::{HeaderMap, HeaderValue, ACCEPT, CONTENT_TYPE, HOST};
 use hyper_util::rt::TokioIo;
@@ -240,20 +240,11 @@ impl RuntimeClient {
             }
             _ => {}
         }
-        let bytes = match Limited::new(body, self.max_body).collect().await {
-            Ok(collected) => collected.to_bytes(),
-            // The connection is dropped with the rest of the answer unread.
-            Err(e) if e.is::<LengthLimitError>() => {
-                return Err(Failed::Other(RuntimeError::TooLarge(self.max_body - ENVELOPE_BYTES)))
-            }
-            Err(e) => {
-                let failed = match e.downcast::<hyper::Error>() {
-                    Ok(e) => ConnectionError::Http(*e),
-                    // `Limited` adds only its own error (above): said as it is, should that change.
-                    Err(e) => ConnectionError::Connect(std::io::Error::other(e.to_string())),
-                };
-                return Err(Failed::Other(failed.into()));
-            }
+        // The connection is dropped with the rest of a too long answer unread.
+        let bytes = match read_whole(body, self.max_body).await {
+            Ok(Some(bytes)) => bytes,
+            Ok(None) => return Err(Failed::Other(RuntimeError::TooLarge(self.max_body - ENVELOPE_BYTES))),
+            Err(e) => return Err(Failed::Other(ConnectionError::Http(e).into())),
         };
         self.keep(c);
         Ok(RuntimeResponse { status: parts.status.as_u16(), headers: parts.headers, body: bytes, streamed: None })
@@ -330,6 +321,25 @@ impl RuntimeClient {
             Ok(answer) => Ok(answer?),
         }
     }
+}
+
+/// An answer's body in one buffer of its declared size, each part copied in as it comes and let
+/// go (a large result is held once, not as its parts and then their join); `None` past `max`.
+async fn read_whole(mut body: hyper::body::Incoming, max: usize) -> Result<Option<Bytes>, hyper::Error> {
+    let declared = hyper::body::Body::size_hint(&body).lower() as usize;
+    if declared > max {
+        return Ok(None);
+    }
+    let mut whole = Vec::with_capacity(declared);
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame?.into_data() {
+            if whole.len() + data.len() > max {
+                return Ok(None);
+            }
+            whole.extend_from_slice(&data);
+        }
+    }
+    Ok(Some(Bytes::from(whole)))
 }
 
 /// How one exchange failed: on a reused connection before any answer (safe to send again), or

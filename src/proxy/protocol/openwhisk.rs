@@ -68,7 +68,10 @@ pub(super) async fn run(
         traceparent: run.completion.trace().to_action().map_or("", |t| t.as_str()),
     };
     // Strings and a JSON map: serialising cannot fail.
-    let body = Bytes::from(serde_json::to_vec(&body).expect("a run body serialises"));
+    // Sized first: a large call's parameters are copied once, not through a growing buffer.
+    let mut out = Vec::with_capacity(run.params.get().len() + 512);
+    serde_json::to_writer(&mut out, &body).expect("a run body serialises");
+    let body = Bytes::from(out);
     match stream {
         None => client.post("/run", body, timeout).await,
         Some(stream) => {
