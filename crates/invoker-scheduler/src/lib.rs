@@ -33,6 +33,7 @@ use invoker_etcd::client::Etcd;
 use invoker_etcd::kv::ClusterKv;
 use invoker_etcd::mirror::Snapshot;
 use invoker_job::runner::{Refused, Runner};
+use invoker_job::stream::StreamFormat;
 use invoker_job::RunJob;
 use invoker_telemetry::TraceParent;
 use invoker_wire::cluster::{cluster_revision, controller_wait, drain_key, DrainMark, InvokerRecord};
@@ -361,8 +362,13 @@ impl Dispatcher {
                 run.completion.started();
             };
             let on_started = expires_at.is_some().then_some(&mut on_started as &mut (dyn FnMut() + Send));
-            // A blocking call whose caller takes a stream asks the invoker for one.
-            let stream_to = run.stream.as_ref().filter(|_| expires_at.is_none()).map(|s| s.format.content_type());
+            // A blocking call whose caller takes a stream of values asks the invoker for one (an
+            // Fn function's answer in chunks does not pass a scheduler yet: it comes whole).
+            let stream_to = run
+                .stream
+                .as_ref()
+                .filter(|s| expires_at.is_none() && s.format != StreamFormat::AsWritten)
+                .map(|s| s.format.content_type());
             let handing_over =
                 self.client.send_with(authority, message, self.handover_timeout, timeout, on_started, stream_to);
             let sent = tokio::select! {
