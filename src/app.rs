@@ -304,6 +304,9 @@ impl SchedulerApp {
             .named(&config.scheduler.id)
             .with_queue(queue_settings(&config))
             .with_namespace_provisioned(config.limits.namespace_provisioned);
+        if let Some(keeper) = service.queue_keeper() {
+            dispatcher.keep_queued_in(Arc::new(keeper));
+        }
         service.run_retries();
         let config = Arc::new(config);
         let state = Arc::new(AppState::new(service.clone(), config.clone()).with_dispatcher(dispatcher.clone()));

@@ -908,6 +908,45 @@ async fn an_activation_without_room_waits_for_it_and_the_demand_report_says_so()
     .await;
 }
 
+/// Issue 79: a blocking call that no invoker has room for within `wait_for_room` is not
+/// refused: it is answered 202 with its activation id, kept in the scheduler's durable queue
+/// (across a SIGKILL of the scheduler too), and runs once there is room; its record says it
+/// ran. A call no invoker of the cluster could ever hold is still refused, naming why.
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
+async fn a_blocking_call_past_its_wait_for_room_is_answered_202_and_runs_later() {
+    let Some(etcd) = EtcdServer::start() else { return };
+    let mut p = platform(etcd, &[("small", &[], 256)], "wait_for_room = \"1s\"\n").await;
+    p.scheduler.put_action("slow", action(256, json!([]))).await;
+    p.scheduler.put_action("huge", action(512, json!([]))).await;
+    // An asynchronous call holds the one invoker's room for six seconds.
+    let (status, holder) = p.scheduler.invoke("slow", "", json!({ "sleep_ms": 6000 })).await;
+    assert_eq!(status, 202, "{holder}");
+    p.wait_for(|list| list.len() == 1 && list[0]["nodes"][0]["launchable_mb"] == 0).await;
+
+    let (status, kept) = p.scheduler.try_invoke("slow", json!({ "sleep_ms": 10, "n": 2 })).await;
+    assert_eq!(status, 202, "past its wait, kept rather than refused: {kept}");
+    let id = kept["activationId"].as_str().expect("its activation id").to_string();
+    assert_eq!(counter(&p.scheduler, "scheduler_kept_queued_total").await, 1);
+    let (status, record) = p.scheduler.get(&format!("activations/{id}")).await;
+    assert_eq!(status, 404, "no record while it waits: {record}");
+
+    let (status, refused) = p.scheduler.try_invoke("huge", json!({})).await;
+    assert_eq!(status, 503, "no invoker can ever hold 512 MB: {refused}");
+    let error = refused["response"]["result"]["error"].as_str().unwrap_or_default();
+    assert!(error.contains("no invoker fits 512 MB"), "{refused}");
+
+    // The scheduler killed while the call waits in its queue: the next start runs it.
+    p.scheduler.signal(nix::sys::signal::Signal::SIGKILL);
+    p.scheduler.wait_exit(Duration::from_secs(10));
+    p.scheduler =
+        Invoker::start_scheduler(p.scheduler_dir.path(), &scheduler_config(&p.etcd, "wait_for_room = \"1s\"\n"));
+    let record = p.scheduler.record(&id).await;
+    assert_eq!(record["response"]["success"], true, "{record}");
+    assert_eq!(record["response"]["result"]["echo"]["n"], 2, "with its parameters: {record}");
+    assert_eq!(ran_on(&record), "small");
+}
+
 /// Issue 61: a call waiting for room on a full invoker goes there as soon as a call this
 /// scheduler sent there ends, not when the invoker next publishes a record showing the room
 /// (the replay's calls refused at `wait_for_room` while the simulator's were placed). Here the

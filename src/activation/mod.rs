@@ -3,6 +3,7 @@
 //! the pool, and the blocking wait. [`job`] is the record's path from there on: the one owner
 //! of how an accepted activation ends.
 
+pub mod keep_queued;
 mod provisioning;
 pub mod reservations;
 
@@ -11,7 +12,7 @@ use invoker_job::queue::{QueueCounts, QueueFull, QueueSettings};
 use invoker_job::runner::Runner;
 use invoker_job::slot::{NamespaceSlot, NamespaceSlots};
 use invoker_job::stream::{StreamFormat, StreamRequest, StreamStart};
-use invoker_job::{Completion, RunJob};
+use invoker_job::{Completion, Reply, RunJob};
 use invoker_metrics::Metrics;
 use invoker_store::{Accepted, QueuedCall, QueuedRequest, Store, StoreError};
 use invoker_telemetry::{ActivationTrace, TraceParent};
@@ -194,6 +195,17 @@ impl ActivationService {
         });
     }
 
+    /// Where a runner keeps a blocking call that found no room within its wait: this intake's
+    /// durable queue; `None` without one.
+    pub fn queue_keeper(&self) -> Option<keep_queued::QueueKeeper> {
+        let queue = self.queue.as_ref()?;
+        Some(keep_queued::QueueKeeper {
+            store: self.store.clone(),
+            counts: queue.counts.clone(),
+            max_event_age: queue.settings.max_event_age,
+        })
+    }
+
     /// What waits in the durable queue; `None` without one.
     pub fn queue_counts(&self) -> Option<&QueueCounts> {
         self.queue.as_ref().map(|q| &q.counts)
@@ -360,10 +372,14 @@ impl ActivationService {
             start_notice: req.start_notice,
             stream,
         };
+        let replied = |reply: Reply| match reply {
+            Reply::Record(record) => Invoked::Done(record),
+            Reply::Queued => Invoked::Accepted(activation_id.clone()),
+        };
         if self.runner.submit(run).is_err() {
             // Answered at once, blocking or not: the record is written already.
             return Ok(match rx.await {
-                Ok(record) => Invoked::Done(record),
+                Ok(reply) => replied(reply),
                 Err(_) => Invoked::Accepted(activation_id),
             });
         }
@@ -371,10 +387,10 @@ impl ActivationService {
         let answered = async {
             // A stream that starts answers the caller; a run that ends without one drops its
             // sender, and the record is the answer.
-            let Some((format, started)) = streamed.take() else { return rx.await.map(Invoked::Done) };
+            let Some((format, started)) = streamed.take() else { return rx.await.map(replied) };
             tokio::select! {
                 biased;
-                record = rx => record.map(Invoked::Done),
+                reply = rx => reply.map(replied),
                 Ok(start) = started => Ok(Invoked::Streaming { activation_id: activation_id.clone(), format, start }),
             }
         };

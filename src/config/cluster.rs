@@ -118,7 +118,9 @@ pub struct SchedulerConfig {
     #[serde(with = "humantime_serde")]
     pub handover_timeout: Duration,
     /// How long an activation no invoker has room for waits for one (a capacity manager adding
-    /// invokers, others finishing) before it is refused with 503. 0: refused at once.
+    /// invokers, others finishing). Past it, a blocking call is kept in the durable queue and
+    /// answered 202 (unless no invoker could ever hold it: 503). 0: refused at once (a fleet
+    /// that does not grow).
     #[serde(with = "humantime_serde")]
     pub wait_for_room: Duration,
 }

@@ -167,6 +167,16 @@ fn dead_letter(mut call: QueuedCall, record: &ActivationRecord, store: &Arc<dyn 
     }
 }
 
+/// What the caller waiting on an activation hears first.
+#[derive(Debug)]
+pub enum Reply {
+    /// Its record (or, when it was answered before its logs came, the record as answered).
+    Record(EncodedRecord),
+    /// No invoker had room for it within its wait: it was kept in the durable queue, to run
+    /// when one has (the caller reads its record later, as after a 202).
+    Queued,
+}
+
 /// A call waiting in the durable queue: its place in the queue's counts, and its age limit.
 pub struct Queued {
     pub ticket: QueueTicket,
@@ -191,7 +201,7 @@ pub struct Completion {
 struct CompletionInner {
     store: Arc<dyn Store>,
     metrics: Arc<Metrics>,
-    reply: Option<oneshot::Sender<EncodedRecord>>,
+    reply: Option<oneshot::Sender<Reply>>,
     /// For a caller answered early that takes the whole record too (a scheduler, through the
     /// shim): the record once stored.
     whole: Option<oneshot::Sender<EncodedRecord>>,
@@ -210,7 +220,7 @@ impl Completion {
         store: Arc<dyn Store>,
         metrics: Arc<Metrics>,
         meta: Arc<ActivationMeta>,
-        reply: Option<oneshot::Sender<EncodedRecord>>,
+        reply: Option<oneshot::Sender<Reply>>,
         slot: Option<NamespaceSlot>,
         trace: ActivationTrace,
     ) -> Self {
@@ -233,6 +243,23 @@ impl Completion {
     pub fn interrupted(mut self, retry: Retry) -> Self {
         if let Some(inner) = &mut self.inner {
             inner.retry = Some(retry);
+        }
+        self
+    }
+
+    /// A blocking call that found no room within its wait, journaled into the durable queue
+    /// by the caller of this: its waiting caller hears so now (and reads the record later), its
+    /// namespace's slot is free, and from here it ends as a queued call does (dropped
+    /// unstarted, it stays queued for the next start). It is not retried: a caller who asked
+    /// for a blocking call asked for one run.
+    pub fn keep_queued(mut self) -> Self {
+        if let Some(inner) = &mut self.inner {
+            inner.queued = true;
+            inner.slot = None;
+            inner.whole = None;
+            if let Some(reply) = inner.reply.take() {
+                let _ = reply.send(Reply::Queued);
+            }
         }
         self
     }
@@ -269,7 +296,7 @@ impl Completion {
             tracing::warn!(activation = %record.activation_id, "the answer was not journaled: {e}");
         }
         if let Some(reply) = inner.reply.take() {
-            let _ = reply.send(encoded);
+            let _ = reply.send(Reply::Record(encoded));
         }
     }
 
@@ -325,7 +352,7 @@ impl CompletionInner {
             // answer goes, so whoever holds its receiver sees at once that nothing follows.
             (Some(reply), whole) => {
                 drop(whole);
-                let _ = reply.send(record);
+                let _ = reply.send(Reply::Record(record));
             }
             (None, Some(whole)) => {
                 let _ = whole.send(record);

@@ -27,6 +27,24 @@ pub trait Runner: Send + Sync + 'static {
     fn records_elsewhere(&self) -> bool;
 }
 
+/// Where a runner puts a blocking call that found no room within its wait, on a fleet that
+/// can grow: the durable queue, as an asynchronous call waits (the intake's, which holds its
+/// bounds and policy). The caller is answered that it was accepted, as OpenWhisk answers a
+/// blocking call that outlasts its wait, rather than refused.
+pub trait KeepQueued: Send + Sync + 'static {
+    /// Journals `run` (accepted, blocking, not started) as a queued call and tells its caller;
+    /// gives it back, with why, when the queue cannot take it (one of its bounds).
+    fn keep(&self, run: RunJob) -> Kept;
+}
+
+/// What [`KeepQueued::keep`] did with a call.
+pub enum Kept {
+    /// Journaled as a queued call, its caller answered: to be handed on as one.
+    Queued(RunJob),
+    /// Not taken, and why: its caller still waits for its end.
+    NotTaken(RunJob, String),
+}
+
 /// Why a runner did not take a job; its record is written already (`queue_full`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Refused {

@@ -28,11 +28,11 @@ pub mod view;
 
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
-use invoker_core::placement::{place, ActionNeeds, PlacementConfig};
+use invoker_core::placement::{place, ActionNeeds, NoPlacement, PlacementConfig};
 use invoker_etcd::client::Etcd;
 use invoker_etcd::kv::ClusterKv;
 use invoker_etcd::mirror::Snapshot;
-use invoker_job::runner::{Refused, Runner};
+use invoker_job::runner::{KeepQueued, Kept, Refused, Runner};
 use invoker_job::stream::StreamFormat;
 use invoker_job::RunJob;
 use invoker_telemetry::TraceParent;
@@ -147,6 +147,9 @@ pub struct Dispatcher {
     /// The actions of its store that keep provisioned containers on the invokers.
     pub provisioned: provisioned::Provisioned,
     pub metrics: SchedulerMetrics,
+    /// Where a blocking call that found no room within `wait_for_room` is kept (the intake's
+    /// durable queue), rather than refused; set once, when the intake is made.
+    keeper: std::sync::OnceLock<Arc<dyn KeepQueued>>,
 }
 
 /// What this scheduler has sent and not seen end, per invoker and per action revision there.
@@ -190,7 +193,15 @@ impl Dispatcher {
             caps: caps::Caps::default(),
             provisioned: provisioned::Provisioned::default(),
             metrics: SchedulerMetrics::default(),
+            keeper: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Keeps the blocking calls no invoker had room for within `wait_for_room` in `keeper`
+    /// (the intake's durable queue): each is answered 202 and runs when there is room, rather
+    /// than being refused with a 503. Without one they are refused.
+    pub fn keep_queued_in(&self, keeper: Arc<dyn KeepQueued>) {
+        let _ = self.keeper.set(keeper);
     }
 
     /// Activations accepted and not yet ended.
@@ -312,10 +323,26 @@ impl Dispatcher {
                     return run.reject_because(Rejection::Deadline, &with_refusals(message, &refusals));
                 }
                 Err(why) => {
+                    // Past its wait on a fleet that may have room later: kept in the queue,
+                    // its caller answered 202.
+                    let (run, not_kept) = match self.keeper_for(&why, &needs) {
+                        Some(keeper) => match keeper.keep(run) {
+                            Kept::Queued(queued) => {
+                                self.metrics.kept_queued.inc();
+                                drop(placing);
+                                return self.submit_queued(queued);
+                            }
+                            Kept::NotTaken(run, because) => (run, Some(because)),
+                        },
+                        None => (run, None),
+                    };
                     invoker_telemetry::failed(&placing, &why.to_string());
                     self.metrics.unavailable(Some(&why));
                     self.demand.refused(&tags, needs.memory_mb);
-                    let message = with_refusals(why.to_string(), &refusals);
+                    let mut message = with_refusals(why.to_string(), &refusals);
+                    if let Some(because) = not_kept {
+                        message = format!("{message}; not kept in the queue: {because}");
+                    }
                     return run.reject_because(Rejection::NoInvoker, &message);
                 }
             };
@@ -465,6 +492,27 @@ impl Dispatcher {
         run.reject_because(Rejection::NoInvoker, &message);
     }
 
+    /// Where a blocking call that found no room within its wait goes instead of a refusal:
+    /// the intake's queue, unless this scheduler waits for no room at all (`wait_for_room` 0,
+    /// a cluster that does not grow) or the call can never fit: invokers are registered and
+    /// none has a node of its memory. Whether more invokers may come is the capacity
+    /// manager's to know, not this scheduler's: one at its group's `max` leaves the call to
+    /// wait for room that calls ending free, within its maximum event age.
+    fn keeper_for(&self, why: &NoPlacement, needs: &ActionNeeds) -> Option<&Arc<dyn KeepQueued>> {
+        if self.wait_for_room.is_zero() {
+            return None;
+        }
+        let never_fits = matches!(why, NoPlacement::NoneFits(_)) && {
+            let view = self.directory.current();
+            !view.invokers.is_empty()
+                && view.invokers.values().all(|r| r.nodes.iter().all(|n| n.capacity_mb < needs.memory_mb))
+        };
+        if never_fits {
+            return None;
+        }
+        self.keeper.get()
+    }
+
     /// Why a queued call ends unstarted: its age passed (`while`: what it was waiting for).
     fn expired(&self, run: &RunJob, while_: &str) -> String {
         let expires_at = run.queued.as_ref().map_or(0, |q| q.expires_at);
@@ -574,7 +622,7 @@ impl Dispatcher {
         tried: &BTreeSet<String>,
         until: Instant,
         count_waiting: bool,
-    ) -> Result<(Arc<ClusterView>, invoker_core::placement::Placement), invoker_core::placement::NoPlacement> {
+    ) -> Result<(Arc<ClusterView>, invoker_core::placement::Placement), NoPlacement> {
         let mut waiting_since: Option<Instant> = None;
         let mut readings = self.directory.readings();
         let placed = loop {

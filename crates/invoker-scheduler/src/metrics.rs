@@ -44,6 +44,9 @@ pub struct SchedulerMetrics {
     pub schedulers: Gauge,
     /// Activations that waited for their action's `max-concurrency` (this scheduler's share).
     pub capped_waits: Counter,
+    /// Blocking calls that found no invoker with room within `wait_for_room`, kept in the
+    /// durable queue (answered 202) rather than refused.
+    pub kept_queued: Counter,
 }
 
 impl Default for SchedulerMetrics {
@@ -60,6 +63,12 @@ impl Default for SchedulerMetrics {
         let etcd_ranges = Counter::default();
         let schedulers = Gauge::default();
         let capped_waits = Counter::default();
+        let kept_queued = Counter::default();
+        registry.register(
+            "kept_queued",
+            "Blocking calls that found no invoker with room within wait_for_room, kept in the durable queue and answered 202",
+            kept_queued.clone(),
+        );
         registry.register("schedulers", "The schedulers this one reads in etcd", schedulers.clone());
         registry.register(
             "capped_waits",
@@ -108,6 +117,7 @@ impl Default for SchedulerMetrics {
             etcd_ranges,
             schedulers,
             capped_waits,
+            kept_queued,
         }
     }
 }

@@ -373,3 +373,36 @@ fn a_full_disk_refuses_new_work_keeps_every_record_and_recovers_by_itself() {
         assert_eq!(stored, *big(id).record, "{id}");
     }
 }
+
+/// A blocking call that found no room within its wait is kept in the queue under the id it was
+/// accepted with (`accept`, then `enqueue` of the same id): across a SIGKILL, whether a flush
+/// came between the two or not, it is queued to run, not guessed; once started, interrupted.
+#[test]
+fn a_blocking_call_kept_in_the_queue_after_its_acceptance_stays_queued_across_a_kill() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let keep = |id: &str| {
+        let (call, json) = queued(id);
+        assert_eq!(store.enqueue(&call, &json, false).unwrap(), Accepted::New);
+    };
+    store.accept(&meta("flushed-between")).unwrap();
+    store.flush().unwrap();
+    keep("flushed-between");
+    store.accept(&meta("journaled-only")).unwrap();
+    keep("journaled-only");
+    store.accept(&meta("started")).unwrap();
+    keep("started");
+    store.started("started").unwrap();
+    std::mem::forget(store);
+    let copy = tempfile::tempdir().unwrap();
+    copy_store(dir.path(), copy.path());
+    let store = open(copy.path());
+    let recovered = store.recover_unfinished(9).unwrap();
+    let mut queued_ids: Vec<_> = recovered.queued.iter().map(|c| c.meta.activation_id.as_str()).collect();
+    queued_ids.sort_unstable();
+    assert_eq!(queued_ids, ["flushed-between", "journaled-only"]);
+    let interrupted: Vec<_> = recovered.interrupted.iter().map(|c| c.meta.activation_id.as_str()).collect();
+    assert_eq!(interrupted, ["started"]);
+    assert!(recovered.guessed.is_empty(), "none guessed: {:?}", recovered.guessed);
+    assert!(store.get_activation("journaled-only").unwrap().is_none(), "no record while it waits");
+}
