@@ -129,6 +129,9 @@ enum Command {
     Simulate {
         #[arg(long)]
         scenario: PathBuf,
+        /// Only one half of a trace's functions (`a` or `b`, split by a hash of their names).
+        #[arg(long)]
+        half: Option<invoker_core::sim::scenario::Half>,
     },
 }
 
@@ -158,8 +161,11 @@ fn main() -> anyhow::Result<()> {
             }
             return Ok(());
         }
-        Some(Command::Simulate { scenario }) => {
-            let scenario = invoker::sim::load(&scenario)?;
+        Some(Command::Simulate { scenario, half }) => {
+            let mut scenario = invoker::sim::load(&scenario)?;
+            if let Some(half) = half {
+                scenario.only_half(half);
+            }
             println!("{}", invoker::sim::run(&scenario)?);
             return Ok(());
         }

@@ -25,7 +25,13 @@ pub struct Outcome {
     pub wait: Option<Duration>,
     /// Why it was refused, as the answer says (429 and 503).
     pub refusal: Option<String>,
+    /// Answered 202 (kept in the scheduler's queue past its wait for room): what it met is its
+    /// record's, read after.
+    pub kept: bool,
 }
+
+/// How often the record of a call answered 202 is asked for.
+const RECORD_POLL: Duration = Duration::from_millis(20);
 
 /// How much of a refusal's reason the verdict keeps.
 const REFUSAL_CHARS: usize = 200;
@@ -106,12 +112,19 @@ pub async fn send(cluster: &Cluster, calls: &[Call], actions: &BTreeMap<u32, Str
         let bound = call.run + ANSWER_BOUND;
         let progress = progress.clone();
         progress.sent.fetch_add(1, Ordering::Relaxed);
+        let scheduler = cluster.scheduler.clone();
         running.push(tokio::spawn(async move {
-            let answer =
-                tokio::time::timeout(bound, crate::client::request("POST", &url, Some(GUEST_KEY), Some(body))).await;
+            let answer = tokio::time::timeout(bound, async {
+                let (status, body) = crate::client::request("POST", &url, Some(GUEST_KEY), Some(body)).await?;
+                match status {
+                    202 => followed(&scheduler, &body, due).await,
+                    _ => Ok(outcome(status, &body, due.elapsed())),
+                }
+            })
+            .await;
             progress.answered.fetch_add(1, Ordering::Relaxed);
             match answer {
-                Ok(Ok((status, body))) => outcome(status, &body, due.elapsed()),
+                Ok(Ok(outcome)) => outcome,
                 _ => Outcome { status: 0, latency: due.elapsed(), ..Outcome::default() },
             }
         }));
@@ -127,6 +140,25 @@ pub async fn send(cluster: &Cluster, calls: &[Call], actions: &BTreeMap<u32, Str
     }
     printing.abort();
     outcomes
+}
+
+/// A blocking call answered 202 (kept in the scheduler's queue past its wait for room, or
+/// longer than the blocking wait): its record, polled for until it is there, is its answer, as
+/// a caller holding the activation id reads it; 200 or 502 as its blocking answer would have
+/// been, its latency to the record's end.
+async fn followed(scheduler: &str, accepted: &[u8], due: Instant) -> Result<Outcome, String> {
+    let accepted: serde_json::Value = serde_json::from_slice(accepted).unwrap_or_default();
+    let id = accepted["activationId"].as_str().ok_or("a 202 without an activation id")?;
+    let url = format!("{scheduler}/api/v1/namespaces/{NAMESPACE}/activations/{id}");
+    loop {
+        tokio::time::sleep(RECORD_POLL).await;
+        let Ok((200, body)) = crate::client::get(&url, Some(GUEST_KEY)).await else { continue };
+        let record: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+        let status = if record["response"]["success"] == true { 200 } else { 502 };
+        let since_end = record["end"].as_u64().map_or(0, |end| invoker_wire::model::epoch_ms().saturating_sub(end));
+        let latency = due.elapsed().saturating_sub(Duration::from_millis(since_end));
+        return Ok(Outcome { kept: true, ..outcome(status, &body, latency) });
+    }
 }
 
 /// What an answer says: its status, and from its record whether the run started cold.
@@ -146,6 +178,7 @@ fn outcome(status: u16, body: &[u8], latency: Duration) -> Outcome {
         cold: annotation("initTime").is_some(),
         wait: annotation("waitTime").and_then(serde_json::Value::as_u64).map(Duration::from_millis),
         refusal,
+        kept: false,
     }
 }
 

@@ -21,6 +21,9 @@ pub struct Verdict {
     pub calls: u64,
     pub completed: u64,
     pub refused: u64,
+    /// Answered 202 past the scheduler's wait for room, kept in its queue (completed, or not,
+    /// as their records say).
+    pub kept_past_wait: u64,
     /// Neither completed nor refused: an error, or no answer in time.
     pub failed: u64,
     pub delayed_over_1s: u64,
@@ -171,6 +174,7 @@ impl Verdict {
             calls: calls.len() as u64,
             completed,
             refused,
+            kept_past_wait: outcomes.iter().filter(|o| o.kept).count() as u64,
             failed: calls.len() as u64 - completed - refused,
             delayed_over_1s: delayed,
             cold_starts: outcomes.iter().filter(|o| o.cold).count() as u64,
@@ -191,6 +195,7 @@ impl Verdict {
             calls: n("activations"),
             completed: n("completed"),
             refused: n("refused"),
+            kept_past_wait: n("kept_past_wait"),
             failed: n("failed") + n("lost") + n("killed_at_drain_deadline"),
             delayed_over_1s: n("delayed_over_1s"),
             cold_starts: n("cold_starts"),
@@ -208,6 +213,7 @@ impl Verdict {
             ("calls", self.calls as f64),
             ("completed", self.completed as f64),
             ("refused", self.refused as f64),
+            ("kept past wait", self.kept_past_wait as f64),
             ("failed", self.failed as f64),
             ("delayed over 1 s", self.delayed_over_1s as f64),
             ("cold starts", self.cold_starts as f64),
@@ -283,7 +289,7 @@ mod tests {
 
     fn answered(status: u16, latency_ms: u64, cold: bool) -> Outcome {
         let wait = Some(Duration::from_millis(if cold { 31 } else { 1 }));
-        Outcome { status, latency: Duration::from_millis(latency_ms), cold, wait, refusal: None }
+        Outcome { status, latency: Duration::from_millis(latency_ms), cold, wait, refusal: None, kept: false }
     }
 
     /// At 60×, a call that waited more than 1/60 s (its answer's latency less its run and the

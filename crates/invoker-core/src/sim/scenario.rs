@@ -54,7 +54,7 @@ pub struct Fleet {
     pub predictors: Vec<crate::predictor::PredictorKind>,
     pub planes: Vec<Plane>,
     /// The scheduler's `wait_for_room`: an activation no invoker has room for waits this long
-    /// before it is refused.
+    /// before it is kept in the durable queue (answered 202, still waiting: `kept_past_wait`).
     #[serde(with = "humantime_serde")]
     pub wait_for_room: Duration,
     /// The capacity manager's `[capacity] tick`.
@@ -248,7 +248,44 @@ pub enum Workload {
         /// only).
         #[serde(default)]
         arrivals: Arrivals,
+        /// Only one half of the sample's functions (all when not given).
+        #[serde(default)]
+        half: Option<Half>,
     },
+}
+
+/// One of two halves of a trace's functions, split by a hash of each function's name
+/// (FNV-1a of `HashFunction`): a setting tuned on one half is judged on the other, so that a
+/// figure is not one of the functions it was tuned on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Half {
+    A,
+    B,
+}
+
+impl Half {
+    /// Whether the function named `name` is of this half.
+    pub fn holds(self, name: &str) -> bool {
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        for byte in name.bytes() {
+            hash ^= u64::from(byte);
+            hash = hash.wrapping_mul(0x0100_0000_01b3);
+        }
+        (hash & 1 == 0) == (self == Half::A)
+    }
+}
+
+impl std::str::FromStr for Half {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "a" => Ok(Half::A),
+            "b" => Ok(Half::B),
+            _ => Err(format!("half: '{s}' must be a or b")),
+        }
+    }
 }
 
 /// How a trace's calls of one minute are placed within it. The Azure sample counts calls per
@@ -290,6 +327,13 @@ impl Scenario {
     pub fn replay_first_minutes(&mut self, minutes: u32) {
         if let Workload::Trace { minutes: m, .. } = &mut self.workload {
             *m = Some(minutes);
+        }
+    }
+
+    /// Keeps only `half` of a trace's functions; other workloads are left whole.
+    pub fn only_half(&mut self, half: Half) {
+        if let Workload::Trace { half: h, .. } = &mut self.workload {
+            *h = Some(half);
         }
     }
 

@@ -1,7 +1,7 @@
 //! The calls a scenario makes, in virtual time, from a seeded generator or a trace.
 
 use super::host::Host;
-use super::scenario::{Arrivals, ScenarioError, Workload};
+use super::scenario::{Arrivals, Half, ScenarioError, Workload};
 use std::collections::HashMap;
 use std::path::Path;
 use std::time::Duration;
@@ -74,8 +74,9 @@ pub fn calls(workload: &Workload, seed: u64, host: &dyn Host) -> Result<(Vec<Cal
             }
             1
         }
-        Workload::Trace { dir, functions, minutes, timeout_ms, arrivals } => {
-            let trace = TraceRead { dir, functions: *functions, minutes: *minutes, timeout_ms: *timeout_ms };
+        Workload::Trace { dir, functions, minutes, timeout_ms, arrivals, half } => {
+            let trace =
+                TraceRead { dir, functions: *functions, minutes: *minutes, timeout_ms: *timeout_ms, half: *half };
             trace_calls(host, &trace, *arrivals, &mut rng, &mut calls)?
         }
     };
@@ -105,6 +106,7 @@ struct TraceRead<'a> {
     functions: u32,
     minutes: Option<u32>,
     timeout_ms: u64,
+    half: Option<Half>,
 }
 
 /// The instants within a minute (µs from its start) of `n` calls of function `action`.
@@ -148,7 +150,7 @@ fn trace_calls(
     rng: &mut Rng,
     calls: &mut Vec<Call>,
 ) -> Result<u32, ScenarioError> {
-    let TraceRead { dir, functions, minutes, timeout_ms } = *trace;
+    let TraceRead { dir, functions, minutes, timeout_ms, half } = *trace;
     // Drawn only where used: the other models replay as they did before there was a choice.
     let seed = if arrivals == Arrivals::FixedSecond { rng.next_u64() } else { 0 };
     let bad = |path: &Path, reason: String| ScenarioError::Trace { path: path.display().to_string(), reason };
@@ -175,7 +177,8 @@ fn trace_calls(
     let (f, a) = (column(&h, "HashFunction", &inv_path)?, column(&h, "HashApp", &inv_path)?);
     let first_minute = column(&h, "minute_1", &inv_path)?;
     let last = minutes.map_or(h.len(), |m| (first_minute + m as usize).min(h.len()));
-    for (action, r) in inv_rows.iter().enumerate() {
+    let kept = inv_rows.iter().filter(|r| half.is_none_or(|h| h.holds(&r[f])));
+    for (action, r) in kept.enumerate() {
         let run_ms = *run.get(&r[f]).ok_or_else(|| bad(&run_path, format!("no durations for {}", r[f])))?;
         let memory_mb = *memory.get(&r[a]).ok_or_else(|| bad(&mem_path, format!("no memory for {}", r[a])))?;
         for (minute, cell) in r[first_minute..last].iter().enumerate() {
@@ -186,7 +189,7 @@ fn trace_calls(
             }
         }
     }
-    Ok(inv_rows.len() as u32)
+    Ok(inv_rows.iter().filter(|r| half.is_none_or(|h| h.holds(&r[f]))).count() as u32)
 }
 
 /// A synthetic day in the Azure 2019 sample's format: the files `N_inv.csv`, `N_run.csv` and
@@ -270,6 +273,7 @@ mod tests {
             minutes: None,
             timeout_ms: 600_000,
             arrivals: Arrivals::Uniform,
+            half: None,
         };
         let (replayed, actions) = calls(&workload, 1, &host).unwrap();
         assert_eq!((replayed.len() as u64, actions), (total, 20));
@@ -283,9 +287,36 @@ mod tests {
             minutes: None,
             timeout_ms: 1,
             arrivals: Arrivals::Uniform,
+            half: None,
         };
         let error = calls(&missing, 1, &host).unwrap_err().to_string();
         assert!(error.contains("/traces/7_run.csv"), "{error}");
+    }
+
+    /// The two halves split a sample's functions: each has some, none is in both, and together
+    /// they replay every call of the whole.
+    #[test]
+    fn the_two_halves_split_a_samples_functions_and_keep_every_call() {
+        let (files, total) = synthetic_trace(40, 3);
+        let host = InMemory(files, RefCell::default());
+        let read = |half| {
+            let workload = Workload::Trace {
+                dir: "/traces".into(),
+                functions: 40,
+                minutes: None,
+                timeout_ms: 600_000,
+                arrivals: Arrivals::Uniform,
+                half,
+            };
+            calls(&workload, 1, &host).unwrap()
+        };
+        let (a, a_functions) = read(Some(Half::A));
+        let (b, b_functions) = read(Some(Half::B));
+        assert!(a_functions > 0 && b_functions > 0, "{a_functions} / {b_functions}");
+        assert_eq!(a_functions + b_functions, 40);
+        assert_eq!(a.len() as u64 + b.len() as u64, total);
+        let names: Vec<String> = (0..40).map(|i| format!("f{i}")).collect();
+        assert!(names.iter().all(|n| Half::A.holds(n) != Half::B.holds(n)), "each name in one half");
     }
 
     /// Each model places a minute's calls where it says: uniform and Poisson anywhere in it
@@ -296,8 +327,14 @@ mod tests {
         let (files, total) = synthetic_trace(20, 3);
         let host = InMemory(files, RefCell::default());
         let read = |arrivals| {
-            let workload =
-                Workload::Trace { dir: "/traces".into(), functions: 20, minutes: None, timeout_ms: 600_000, arrivals };
+            let workload = Workload::Trace {
+                dir: "/traces".into(),
+                functions: 20,
+                minutes: None,
+                timeout_ms: 600_000,
+                arrivals,
+                half: None,
+            };
             calls(&workload, 1, &host).unwrap().0
         };
         let within = |c: &Call| c.at.as_micros() as u64 % 60_000_000;

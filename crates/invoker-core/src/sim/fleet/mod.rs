@@ -11,7 +11,9 @@
 //! - the scheduler places only where an invoker has room (idle containers count as room, as
 //!   the invoker record's `room_mb` does; where the call fits in free memory first,
 //!   as [`crate::placement::place`] prefers), keeps what fits nowhere waiting for
-//!   `wait_for_room` and then refuses it, and reports its demand (in flight, waiting, refused
+//!   `wait_for_room` and then keeps it in its durable queue (its caller answered 202: it waits
+//!   on, for the queue's six hours at most), refusing only a call larger than an invoker, and
+//!   reports its demand (in flight, waiting, refused
 //!   since the last report, in MB and by call size) at most every 200 ms, as the scheduler's
 //!   demand ledger does; the manager takes what those calls need packed whole on invokers
 //!   ([`crate::capacity::packing`]), not their megabytes;
@@ -51,6 +53,10 @@ use std::time::Duration;
 const REPORT_EVERY: Duration = crate::capacity::REPORT_EVERY;
 /// While the reported demand is past what the group has, how often the manager's round runs.
 const BURST_RECHECK: Duration = Duration::from_millis(200);
+/// How long a call kept in the durable queue past `wait_for_room` waits on for room: the
+/// queue's default maximum event age (`[queue] max_event_age`).
+const KEPT_FOR: Duration = Duration::from_secs(6 * 3600);
+
 /// A call that waited longer than this before it ran is counted as delayed.
 const DELAYED: Duration = Duration::from_secs(1);
 /// A drain this soon after the group grew (an invoker asked for or taken back), or a growth
@@ -542,6 +548,9 @@ struct FleetJob {
     seq: u64,
     on: Option<usize>,
     tried: BTreeSet<String>,
+    /// Past `wait_for_room` without room: kept in the durable queue (its caller answered 202),
+    /// waiting on until it is placed or its maximum event age passes.
+    kept: bool,
 }
 
 /// The scheduler's demand ledger, and what it last reported: as the scheduler's, the memory
@@ -561,6 +570,8 @@ struct Ledger {
 struct Counts {
     completed: u64,
     refused: u64,
+    /// Calls past `wait_for_room` kept in the durable queue rather than refused.
+    kept: u64,
     killed: u64,
     failed: u64,
     delayed: u64,
@@ -735,7 +746,14 @@ impl FleetSim<'_> {
     fn arrive(&mut self, index: usize) {
         self.arrived += 1;
         let id = JobId(index as u64);
-        let job = FleetJob { call: index, arrived: self.now, seq: index as u64, on: None, tried: BTreeSet::new() };
+        let job = FleetJob {
+            call: index,
+            arrived: self.now,
+            seq: index as u64,
+            on: None,
+            tried: BTreeSet::new(),
+            kept: false,
+        };
         self.jobs.insert(id, job);
         if !self.try_place(id) {
             self.start_waiting(id);
@@ -821,12 +839,24 @@ impl FleetSim<'_> {
         }
     }
 
+    /// A call waited `wait_for_room` without room. As the scheduler does, it is kept in the
+    /// durable queue (waiting on, its demand still reported) unless no invoker could ever hold
+    /// it (larger than one) or it is kept already and its maximum event age passed: refused.
     fn give_up(&mut self, id: JobId) {
-        let Some(job) = self.jobs.get(&id).filter(|j| j.on.is_none()) else { return };
-        if self.waiting.remove(&job.seq).is_none() {
+        let Some(job) = self.jobs.get_mut(&id).filter(|j| j.on.is_none()) else { return };
+        if !self.waiting.contains_key(&job.seq) {
             return;
         }
-        let (mb, arrived) = (u64::from(self.calls[job.call].memory_mb), job.arrived);
+        let mb = u64::from(self.calls[job.call].memory_mb);
+        if !job.kept && mb <= self.fleet.group.invoker_memory_mb {
+            job.kept = true;
+            self.counts.kept += 1;
+            let expires = job.arrived + KEPT_FOR;
+            self.at(expires, Ev::GiveUp(id));
+            return;
+        }
+        self.waiting.remove(&job.seq);
+        let arrived = job.arrived;
         self.jobs.remove(&id);
         self.ledger.waiting_mb -= mb;
         self.ledger.refused_mb += mb;
@@ -1242,6 +1272,7 @@ impl FleetSim<'_> {
             "invokers_max": c.invokers_max,
             "completed": c.completed,
             "refused": c.refused,
+            "kept_past_wait": c.kept,
             "killed_at_drain_deadline": c.killed,
             "failed": c.failed,
             "lost": lost,
@@ -1292,6 +1323,38 @@ mod tests {
         let scenario: Scenario = toml::from_str(&text).unwrap();
         let fleet = scenario.fleet.as_ref().unwrap();
         compare(&scenario, fleet, &crate::sim::host::NoFiles).unwrap()
+    }
+
+    /// `size` calls of `mb` MB of 5 s at once, twice, ten minutes apart, on a group of at most
+    /// `max` invokers of 1 GiB whose scheduler waits `wait` for room.
+    fn capped_burst(mb: u32, size: u32, max: u32, wait: &str) -> Value {
+        let text = format!(
+            "name = \"capped\"\n[cluster]\nnodes = 1\nnode_memory_mb = 1024\nstart_latency = \"500ms\"\n\
+             [workload]\nkind = \"bursts\"\nactions = {size}\nmemory_mb = [{mb}, {mb}]\nrun_ms = [5000, 5000]\n\
+             bursts = 2\nburst_size = {size}\nburst_every = \"10m\"\nburst_spread = \"1ms\"\n\
+             [fleet]\nwait_for_room = \"{wait}\"\npredictors = [\"conservative\"]\n\
+             [fleet.group]\nmin = 0\nmax = {max}\ninvoker_memory_mb = 1024\n\
+             [[fleet.planes]]\nname = \"local\"\nprovision_latency = \"1s\"\n"
+        );
+        let scenario: Scenario = toml::from_str(&text).unwrap();
+        compare(&scenario, scenario.fleet.as_ref().unwrap(), &crate::sim::host::NoFiles).unwrap()
+    }
+
+    /// Issue 79: a group at its `max` (one invoker: four 256 MB calls at once) and a scheduler
+    /// that waits 2 s for room. The eight calls of each burst without room are kept in the
+    /// queue past their wait, not refused, and run as the first ones end; a call larger than
+    /// an invoker can never run and is refused.
+    #[test]
+    fn calls_past_their_wait_for_room_are_kept_and_run_and_only_what_never_fits_is_refused() {
+        let s = capped_burst(256, 12, 1, "2s");
+        let run = &s["planes"]["local (1s)"]["conservative"];
+        assert_eq!((run["completed"].as_u64(), run["refused"].as_u64()), (Some(24), Some(0)), "{s}");
+        assert_eq!(run["kept_past_wait"], 16, "{s}");
+        assert_eq!(run["lost"], 0, "{s}");
+        let s = capped_burst(2048, 2, 4, "2s");
+        let run = &s["planes"]["local (1s)"]["conservative"];
+        assert_eq!((run["completed"].as_u64(), run["refused"].as_u64()), (Some(0), Some(4)), "{s}");
+        assert_eq!(run["kept_past_wait"], 0, "{s}");
     }
 
     #[test]
