@@ -132,6 +132,12 @@ enum Command {
         /// Only one half of a trace's functions (`a` or `b`, split by a hash of their names).
         #[arg(long)]
         half: Option<invoker_core::sim::scenario::Half>,
+        /// A trace's calls this many times over (a stress of its rates).
+        #[arg(long)]
+        rate: Option<u32>,
+        /// The scenario's seed instead of its own (the instants drawn within each minute).
+        #[arg(long)]
+        seed: Option<u64>,
     },
 }
 
@@ -161,10 +167,16 @@ fn main() -> anyhow::Result<()> {
             }
             return Ok(());
         }
-        Some(Command::Simulate { scenario, half }) => {
+        Some(Command::Simulate { scenario, half, rate, seed }) => {
             let mut scenario = invoker::sim::load(&scenario)?;
             if let Some(half) = half {
                 scenario.only_half(half);
+            }
+            if let Some(rate) = rate {
+                scenario.rate_times(rate);
+            }
+            if let Some(seed) = seed {
+                scenario.seed = seed;
             }
             println!("{}", invoker::sim::run(&scenario)?);
             return Ok(());

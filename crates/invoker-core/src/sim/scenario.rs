@@ -251,6 +251,10 @@ pub enum Workload {
         /// Only one half of the sample's functions (all when not given).
         #[serde(default)]
         half: Option<Half>,
+        /// Each minute's calls this many times over (a stress: the same functions, their
+        /// rates scaled); 1 when not given.
+        #[serde(default = "once")]
+        rate: u32,
     },
 }
 
@@ -307,6 +311,10 @@ pub enum Arrivals {
     FixedSecond,
 }
 
+fn once() -> u32 {
+    1
+}
+
 fn default_timeout() -> u64 {
     600_000
 }
@@ -327,6 +335,14 @@ impl Scenario {
     pub fn replay_first_minutes(&mut self, minutes: u32) {
         if let Workload::Trace { minutes: m, .. } = &mut self.workload {
             *m = Some(minutes);
+        }
+    }
+
+    /// Scales a trace's rates: each minute's calls `rate` times over (at least once); other
+    /// workloads are left whole.
+    pub fn rate_times(&mut self, rate: u32) {
+        if let Workload::Trace { rate: r, .. } = &mut self.workload {
+            *r = rate.max(1);
         }
     }
 

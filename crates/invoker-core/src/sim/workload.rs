@@ -74,9 +74,15 @@ pub fn calls(workload: &Workload, seed: u64, host: &dyn Host) -> Result<(Vec<Cal
             }
             1
         }
-        Workload::Trace { dir, functions, minutes, timeout_ms, arrivals, half } => {
-            let trace =
-                TraceRead { dir, functions: *functions, minutes: *minutes, timeout_ms: *timeout_ms, half: *half };
+        Workload::Trace { dir, functions, minutes, timeout_ms, arrivals, half, rate } => {
+            let trace = TraceRead {
+                dir,
+                functions: *functions,
+                minutes: *minutes,
+                timeout_ms: *timeout_ms,
+                half: *half,
+                rate: *rate,
+            };
             trace_calls(host, &trace, *arrivals, &mut rng, &mut calls)?
         }
     };
@@ -107,6 +113,7 @@ struct TraceRead<'a> {
     minutes: Option<u32>,
     timeout_ms: u64,
     half: Option<Half>,
+    rate: u32,
 }
 
 /// The instants within a minute (µs from its start) of `n` calls of function `action`.
@@ -150,7 +157,7 @@ fn trace_calls(
     rng: &mut Rng,
     calls: &mut Vec<Call>,
 ) -> Result<u32, ScenarioError> {
-    let TraceRead { dir, functions, minutes, timeout_ms, half } = *trace;
+    let TraceRead { dir, functions, minutes, timeout_ms, half, rate } = *trace;
     // Drawn only where used: the other models replay as they did before there was a choice.
     let seed = if arrivals == Arrivals::FixedSecond { rng.next_u64() } else { 0 };
     let bad = |path: &Path, reason: String| ScenarioError::Trace { path: path.display().to_string(), reason };
@@ -183,6 +190,7 @@ fn trace_calls(
         let memory_mb = *memory.get(&r[a]).ok_or_else(|| bad(&mem_path, format!("no memory for {}", r[a])))?;
         for (minute, cell) in r[first_minute..last].iter().enumerate() {
             let n: u64 = cell.parse().map_err(|_| bad(&inv_path, format!("bad count '{cell}'")))?;
+            let n = n * u64::from(rate.max(1));
             for offset in arrivals_in_minute(arrivals, n, action as u32, seed, rng) {
                 let at = Duration::from_secs(minute as u64 * 60) + Duration::from_micros(offset);
                 calls.push(Call { at, action: action as u32, memory_mb, run: Duration::from_millis(run_ms) });
@@ -274,6 +282,7 @@ mod tests {
             timeout_ms: 600_000,
             arrivals: Arrivals::Uniform,
             half: None,
+            rate: 1,
         };
         let (replayed, actions) = calls(&workload, 1, &host).unwrap();
         assert_eq!((replayed.len() as u64, actions), (total, 20));
@@ -288,18 +297,19 @@ mod tests {
             timeout_ms: 1,
             arrivals: Arrivals::Uniform,
             half: None,
+            rate: 1,
         };
         let error = calls(&missing, 1, &host).unwrap_err().to_string();
         assert!(error.contains("/traces/7_run.csv"), "{error}");
     }
 
     /// The two halves split a sample's functions: each has some, none is in both, and together
-    /// they replay every call of the whole.
+    /// they replay every call of the whole; a rate replays each count that many times over.
     #[test]
-    fn the_two_halves_split_a_samples_functions_and_keep_every_call() {
+    fn the_two_halves_split_a_samples_functions_and_keep_every_call_and_a_rate_multiplies_them() {
         let (files, total) = synthetic_trace(40, 3);
         let host = InMemory(files, RefCell::default());
-        let read = |half| {
+        let read = |half, rate| {
             let workload = Workload::Trace {
                 dir: "/traces".into(),
                 functions: 40,
@@ -307,11 +317,13 @@ mod tests {
                 timeout_ms: 600_000,
                 arrivals: Arrivals::Uniform,
                 half,
+                rate,
             };
             calls(&workload, 1, &host).unwrap()
         };
-        let (a, a_functions) = read(Some(Half::A));
-        let (b, b_functions) = read(Some(Half::B));
+        let (a, a_functions) = read(Some(Half::A), 1);
+        let (b, b_functions) = read(Some(Half::B), 1);
+        assert_eq!(read(None, 3).0.len() as u64, 3 * total, "a rate of 3: every count three times over");
         assert!(a_functions > 0 && b_functions > 0, "{a_functions} / {b_functions}");
         assert_eq!(a_functions + b_functions, 40);
         assert_eq!(a.len() as u64 + b.len() as u64, total);
@@ -334,6 +346,7 @@ mod tests {
                 timeout_ms: 600_000,
                 arrivals,
                 half: None,
+                rate: 1,
             };
             calls(&workload, 1, &host).unwrap().0
         };
