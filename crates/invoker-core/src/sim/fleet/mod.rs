@@ -570,8 +570,10 @@ struct Ledger {
 struct Counts {
     completed: u64,
     refused: u64,
-    /// Calls past `wait_for_room` kept in the durable queue rather than refused.
+    /// Calls past `wait_for_room` kept in the durable queue rather than refused, and why each
+    /// found no room ([`FleetSim::why_no_room`]).
     kept: u64,
+    kept_why: BTreeMap<&'static str, u64>,
     killed: u64,
     failed: u64,
     delayed: u64,
@@ -850,8 +852,10 @@ impl FleetSim<'_> {
         let mb = u64::from(self.calls[job.call].memory_mb);
         if !job.kept && mb <= self.fleet.group.invoker_memory_mb {
             job.kept = true;
-            self.counts.kept += 1;
             let expires = job.arrived + KEPT_FOR;
+            self.counts.kept += 1;
+            let why = self.why_no_room();
+            *self.counts.kept_why.entry(why).or_insert(0) += 1;
             self.at(expires, Ev::GiveUp(id));
             return;
         }
@@ -866,6 +870,24 @@ impl FleetSim<'_> {
         self.counts.refused_at.push(arrived);
         self.counts.room_waits.push(self.now - arrived);
         self.ledger_changed();
+    }
+
+    /// Why a call found no room for all of `wait_for_room`, as the fleet stands when it passed
+    /// (a refusal before calls past it were kept): the group at its `max`; an invoker asked for
+    /// and not yet up (the plane's lead); the demand reported past what the group has, and no
+    /// invoker asked for yet (the manager's pace); or the manager counting the memory enough
+    /// while no invoker has room for the call (packing, draining invokers, idle containers).
+    fn why_no_room(&self) -> &'static str {
+        let Some((core, _)) = &self.group else { return "fixed_fleet" };
+        if core.have() >= self.fleet.group.max {
+            "at_max"
+        } else if self.invokers.iter().any(|inv| inv.phase == Phase::Provisioning) {
+            "invoker_starting"
+        } else if self.bursting() {
+            "not_asked_yet"
+        } else {
+            "demand_counted_covered"
+        }
     }
 
     /// The ledger changed: a report goes out as soon as the last one allows.
@@ -1273,6 +1295,7 @@ impl FleetSim<'_> {
             "completed": c.completed,
             "refused": c.refused,
             "kept_past_wait": c.kept,
+            "kept_why": c.kept_why,
             "killed_at_drain_deadline": c.killed,
             "failed": c.failed,
             "lost": lost,
@@ -1350,6 +1373,7 @@ mod tests {
         let run = &s["planes"]["local (1s)"]["conservative"];
         assert_eq!((run["completed"].as_u64(), run["refused"].as_u64()), (Some(24), Some(0)), "{s}");
         assert_eq!(run["kept_past_wait"], 16, "{s}");
+        assert_eq!(run["kept_why"], json!({ "at_max": 16 }), "{s}");
         assert_eq!(run["lost"], 0, "{s}");
         let s = capped_burst(2048, 2, 4, "2s");
         let run = &s["planes"]["local (1s)"]["conservative"];
