@@ -52,6 +52,16 @@ impl Streamed {
     }
 }
 
+/// Resolves once the reader of a stream has left (its body dropped: the connection closed),
+/// never when there is no reader (`None`): what a producer selects on beside its own work, to
+/// stop making what nobody reads.
+pub async fn reader_left(parts: Option<&mpsc::Sender<StreamPart>>) {
+    match parts {
+        Some(parts) => parts.closed().await,
+        None => std::future::pending().await,
+    }
+}
+
 pub struct StreamedBody(Option<mpsc::Receiver<StreamPart>>);
 
 impl hyper::body::Body for StreamedBody {

@@ -88,7 +88,7 @@ async fn pass_on(mut body: hyper::body::Incoming, parts: Option<&mpsc::Sender<St
     loop {
         let next = tokio::select! {
             next = body.frame() => next,
-            () = left(parts) => return Err(PassFailed::CallerLeft),
+            () = invoker_http::streamed::reader_left(parts) => return Err(PassFailed::CallerLeft),
         };
         let data = match next {
             None => return Ok(bytes),
@@ -104,13 +104,6 @@ async fn pass_on(mut body: hyper::body::Incoming, parts: Option<&mpsc::Sender<St
                 return Err(PassFailed::CallerLeft);
             }
         }
-    }
-}
-
-async fn left(parts: Option<&mpsc::Sender<StreamPart>>) {
-    match parts {
-        Some(parts) => parts.closed().await,
-        None => std::future::pending().await,
     }
 }
 

@@ -65,7 +65,7 @@ impl FnRelay {
         loop {
             let next = tokio::select! {
                 next = body.frame() => next,
-                () = left(parts.as_ref()) => {
+                () = invoker_http::streamed::reader_left(parts.as_ref()) => {
                     summary.end = "the caller left";
                     return Ok((last, false, summary));
                 }
@@ -92,13 +92,5 @@ impl FnRelay {
             let _ = parts.send(StreamPart::End).await;
         }
         Ok((last, true, summary))
-    }
-}
-
-/// Resolves once the caller reading the stream has left (never without one).
-async fn left(parts: Option<&mpsc::Sender<StreamPart>>) {
-    match parts {
-        Some(parts) => parts.closed().await,
-        None => std::future::pending().await,
     }
 }

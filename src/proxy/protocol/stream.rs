@@ -117,10 +117,11 @@ impl StreamRelay {
 
     /// Resolves once a caller reading the stream has left (never for one that is not).
     async fn caller_left(&self) {
-        match &self.caller {
-            Caller::Reading { parts, .. } => parts.closed().await,
-            Caller::Waiting { .. } | Caller::Answered => std::future::pending().await,
-        }
+        let parts = match &self.caller {
+            Caller::Reading { parts, .. } => Some(parts),
+            Caller::Waiting { .. } | Caller::Answered => None,
+        };
+        invoker_http::streamed::reader_left(parts).await
     }
 
     /// One line of the stream, its newline last; `Some` when it was the last.
