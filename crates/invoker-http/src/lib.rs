@@ -139,3 +139,27 @@ const HOP_BY_HOP: [&str; 9] = [
 pub fn is_hop_by_hop(name: &str) -> bool {
     HOP_BY_HOP.iter().any(|h| name.eq_ignore_ascii_case(h))
 }
+
+/// An answer's headers as one JSON object, as an Fn function's record keeps them: those of one
+/// connection left out, a repeated name's values joined with ", " (as HTTP allows a list).
+pub fn headers_json<N: AsRef<str>>(
+    headers: impl IntoIterator<Item = (N, String)>,
+) -> serde_json::Map<String, serde_json::Value> {
+    let mut json = serde_json::Map::new();
+    for (name, value) in headers {
+        let name = name.as_ref();
+        if is_hop_by_hop(name) {
+            continue;
+        }
+        match json.get_mut(name) {
+            Some(serde_json::Value::String(first)) => {
+                first.push_str(", ");
+                first.push_str(&value);
+            }
+            _ => {
+                json.insert(name.to_string(), serde_json::Value::String(value));
+            }
+        }
+    }
+    json
+}

@@ -223,18 +223,7 @@ fn function_response(headers: &Map<String, Value>, mapping: Mapping, body: Bytes
 /// whole answer's are), then its parts; `Fn-Call-Id` names the call whose record says how it
 /// ended.
 fn streaming(id: &str, start: StreamStart, mapping: Mapping) -> Response {
-    let mut headers = Map::new();
-    for (name, value) in start.head.map(|(_, headers)| headers).unwrap_or_default() {
-        match headers.get_mut(&name) {
-            Some(Value::String(first)) => {
-                first.push_str(", ");
-                first.push_str(&value);
-            }
-            _ => {
-                headers.insert(name, Value::String(value));
-            }
-        }
-    }
+    let headers = invoker_http::headers_json(start.head.map(|(_, headers)| headers).unwrap_or_default());
     let mut response = function_response(&headers, mapping, Bytes::new());
     response.extensions_mut().insert(Streamed::new(start.parts));
     if let Ok(id) = HeaderValue::from_str(id) {

@@ -95,22 +95,8 @@ pub(super) async fn call(
 /// The answer as a result: its status, headers (hop-by-hop ones dropped) and body, the body as
 /// text when it is UTF-8 and in base64 (`"encoding": "base64"`) when it is not.
 fn result_of(response: &RuntimeResponse) -> Map<String, Value> {
-    let mut headers = Map::new();
-    for (name, value) in &response.headers {
-        if is_hop_by_hop(name.as_str()) {
-            continue;
-        }
-        let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
-        match headers.get_mut(name.as_str()) {
-            Some(Value::String(first)) => {
-                first.push_str(", ");
-                first.push_str(&value);
-            }
-            _ => {
-                headers.insert(name.as_str().to_string(), Value::String(value));
-            }
-        }
-    }
+    let text = |value: &HeaderValue| String::from_utf8_lossy(value.as_bytes()).into_owned();
+    let headers = invoker_http::headers_json(response.headers.iter().map(|(name, value)| (name, text(value))));
     let mut result = Map::new();
     result.insert("statusCode".into(), json!(response.status));
     result.insert("headers".into(), Value::Object(headers));
