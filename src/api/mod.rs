@@ -371,19 +371,33 @@ impl AppState {
         if declared.is_some_and(|n: usize| n > limit) {
             return Err(ApiError::TooLarge(limit));
         }
+        // A body that came in one frame (most: the whole request in one read) is kept as
+        // those bytes; only a second frame makes a buffer, sized as the request declared.
         let read = async {
             tokio::pin!(body);
-            let mut whole = Vec::with_capacity(declared.unwrap_or(0));
+            let (mut first, mut whole, mut read) = (None::<Bytes>, Vec::new(), 0);
             while let Some(frame) = body.as_mut().frame().await {
                 let frame = frame.map_err(|e| ApiError::BadRequest(format!("request body: {}", e.into())))?;
-                if let Ok(data) = frame.into_data() {
-                    if whole.len() + data.len() > limit {
-                        return Err(ApiError::TooLarge(limit));
+                let Ok(data) = frame.into_data() else { continue };
+                read += data.len();
+                if read > limit {
+                    return Err(ApiError::TooLarge(limit));
+                }
+                if data.is_empty() {
+                    continue;
+                }
+                match first.take() {
+                    None if whole.is_empty() => first = Some(data),
+                    held => {
+                        if whole.is_empty() {
+                            whole.reserve(declared.unwrap_or(0).max(read));
+                        }
+                        whole.extend_from_slice(held.as_deref().unwrap_or_default());
+                        whole.extend_from_slice(&data);
                     }
-                    whole.extend_from_slice(&data);
                 }
             }
-            Ok(Bytes::from(whole))
+            Ok(first.unwrap_or_else(|| Bytes::from(whole)))
         };
         match tokio::time::timeout(BODY_TIMEOUT, read).await {
             Err(_) => Err(ApiError::BadRequest(format!("request body: not received within {BODY_TIMEOUT:?}"))),
