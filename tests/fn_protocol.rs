@@ -490,7 +490,7 @@ async fn a_functions_idle_timeout_ends_its_idle_container() {
 /// reaches the caller of `/invoke` as the function writes it, with the function's headers
 /// (the first one read while the function still waits 30 s: a bound, not a measure); a caller
 /// that leaves ends the call, and the container takes the next one. A whole stream's record
-/// keeps its count of parts, its size and its last part.
+/// keeps its count of parts, its size and its last part. Through an HTTP trigger, the same.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_functions_response_in_chunks_reaches_the_caller_as_it_is_written() {
     use futures_util::StreamExt as _;
@@ -541,4 +541,20 @@ fdk.handle(function (input, ctx) {
     assert_eq!(result["body"], "data: second\n\n", "the last part is kept");
     let startkind = record["annotations"].as_array().unwrap().iter().find(|a| a["key"] == "startKind").cloned();
     assert_eq!(startkind.unwrap()["value"], "warm", "the caller that left did not cost the container");
+
+    // Through an HTTP trigger the same: the first event while the function still waits, under
+    // its content type (the gateway's mapping of the headers), then the rest.
+    let trigger =
+        json!({"name": "t", "app_id": app["id"], "fn_id": function["id"], "type": "http", "source": "/events"});
+    let (status, trigger) = inv.send_json("POST", "/v2/triggers", trigger).await;
+    assert_eq!(status, 200, "{trigger}");
+    let url = format!("{}/t/streams/events", inv.base);
+    let response = reqwest::Client::new().post(url).basic_auth(user, Some(pass)).json(&json!({ "wait": true }));
+    let response = response.send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["content-type"], "text/event-stream");
+    let mut body = response.bytes_stream();
+    let first = tokio::time::timeout(std::time::Duration::from_secs(20), body.next()).await;
+    let first = first.expect("the first event came through the trigger while the function waited").unwrap().unwrap();
+    assert_eq!(&first[..], b"data: first\n\n");
 }
