@@ -82,18 +82,7 @@ async fn throughput(
     n: usize,
     size: usize,
 ) -> anyhow::Result<(f64, u64, u64)> {
-    let before = invoker.rss_kb();
-    let peak = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(before));
-    let pid_rss = {
-        let peak = peak.clone();
-        let pid = invoker.pid();
-        tokio::spawn(async move {
-            loop {
-                peak.fetch_max(super::targets::rss_kb(pid), std::sync::atomic::Ordering::Relaxed);
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        })
-    };
+    let rss = PeakRss::sample(invoker);
     let began = Instant::now();
     let mut body = call(http, url, json!({ "n": n, "size": size })).await?.bytes_stream();
     let mut bytes = 0u64;
@@ -101,10 +90,10 @@ async fn throughput(
         bytes += part?.len() as u64;
     }
     let elapsed = began.elapsed();
-    pid_rss.abort();
+    let (before, peak) = rss.stop();
     let expected = (n * (size + 3)) as u64;
     anyhow::ensure!(bytes == expected, "the stream brought {bytes} bytes of {expected}");
-    Ok((bytes as f64 / elapsed.as_secs_f64() / 1e6, before, peak.load(std::sync::atomic::Ordering::Relaxed)))
+    Ok((bytes as f64 / elapsed.as_secs_f64() / 1e6, before, peak))
 }
 
 /// A 64 MiB string parameter into a python action of 512 MB that answers it back: the status,
@@ -116,17 +105,7 @@ async fn large_call(http: &reqwest::Client, invoker: &Invoker) -> anyhow::Result
     let put = http.put(format!("{}/api/v1/namespaces/_/actions/echo?overwrite=true", invoker.base));
     put.basic_auth(user, Some(pass)).json(&action).send().await?.error_for_status()?;
     let body = serde_json::to_vec(&json!({ "s": "x".repeat(64 * 1024 * 1024) }))?;
-    let before = invoker.rss_kb();
-    let peak = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(before));
-    let sampling = {
-        let (peak, pid) = (peak.clone(), invoker.pid());
-        tokio::spawn(async move {
-            loop {
-                peak.fetch_max(super::targets::rss_kb(pid), std::sync::atomic::Ordering::Relaxed);
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        })
-    };
+    let rss = PeakRss::sample(invoker);
     let response = http
         .post(invoker.url("echo", "blocking=true&result=true"))
         .basic_auth(user, Some(pass))
@@ -137,9 +116,38 @@ async fn large_call(http: &reqwest::Client, invoker: &Invoker) -> anyhow::Result
     let status = response.status().as_u16();
     let answer = response.bytes().await?;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    sampling.abort();
+    let (before, peak) = rss.stop();
     anyhow::ensure!(status != 200 || answer.len() > 64 * 1024 * 1024, "the result came back short");
-    Ok((status, before, peak.load(std::sync::atomic::Ordering::Relaxed)))
+    Ok((status, before, peak))
+}
+
+/// The invoker's resident memory as it was when sampling began, and its peak while it ran
+/// (sampled every 10 ms).
+struct PeakRss {
+    before: u64,
+    peak: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    sampling: tokio::task::JoinHandle<()>,
+}
+
+impl PeakRss {
+    fn sample(invoker: &Invoker) -> Self {
+        let before = invoker.rss_kb();
+        let peak = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(before));
+        let (seen, pid) = (peak.clone(), invoker.pid());
+        let sampling = tokio::spawn(async move {
+            loop {
+                seen.fetch_max(super::targets::rss_kb(pid), std::sync::atomic::Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        });
+        PeakRss { before, peak, sampling }
+    }
+
+    /// (before, peak), in kB.
+    fn stop(self) -> (u64, u64) {
+        self.sampling.abort();
+        (self.before, self.peak.load(std::sync::atomic::Ordering::Relaxed))
+    }
 }
 
 /// The floor of the throughput: the launcher's own loop (the same writes of the same 1 MiB
