@@ -935,6 +935,7 @@ async fn a_blocking_call_past_its_wait_for_room_is_answered_202_and_runs_later()
     assert_eq!(status, 503, "no invoker can ever hold 512 MB: {refused}");
     let error = refused["response"]["result"]["error"].as_str().unwrap_or_default();
     assert!(error.contains("no invoker fits 512 MB"), "{refused}");
+    assert!(error.contains("the largest holds 256 MB): it can never run here"), "{refused}");
 
     // The scheduler killed while the call waits in its queue: the next start runs it.
     p.scheduler.signal(nix::sys::signal::Signal::SIGKILL);

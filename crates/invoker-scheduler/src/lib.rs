@@ -326,22 +326,22 @@ impl Dispatcher {
                     // Past its wait on a fleet that may have room later: kept in the queue,
                     // its caller answered 202.
                     let (run, not_kept) = match self.keeper_for(&why, &needs) {
-                        Some(keeper) => match keeper.keep(run) {
+                        Ok(keeper) => match keeper.keep(run) {
                             Kept::Queued(queued) => {
                                 self.metrics.kept_queued.inc();
                                 drop(placing);
                                 return self.submit_queued(queued);
                             }
-                            Kept::NotTaken(run, because) => (run, Some(because)),
+                            Kept::NotTaken(run, because) => (run, Some(format!("not kept in the queue: {because}"))),
                         },
-                        None => (run, None),
+                        Err(never) => (run, never),
                     };
                     invoker_telemetry::failed(&placing, &why.to_string());
                     self.metrics.unavailable(Some(&why));
                     self.demand.refused(&tags, needs.memory_mb);
                     let mut message = with_refusals(why.to_string(), &refusals);
                     if let Some(because) = not_kept {
-                        message = format!("{message}; not kept in the queue: {because}");
+                        message = format!("{message}; {because}");
                     }
                     return run.reject_because(Rejection::NoInvoker, &message);
                 }
@@ -498,19 +498,23 @@ impl Dispatcher {
     /// none has a node of its memory. Whether more invokers may come is the capacity
     /// manager's to know, not this scheduler's: one at its group's `max` leaves the call to
     /// wait for room that calls ending free, within its maximum event age.
-    fn keeper_for(&self, why: &NoPlacement, needs: &ActionNeeds) -> Option<&Arc<dyn KeepQueued>> {
+    /// `Err` says why it is refused instead, where there is more to say than `why`.
+    fn keeper_for(&self, why: &NoPlacement, needs: &ActionNeeds) -> Result<&Arc<dyn KeepQueued>, Option<String>> {
         if self.wait_for_room.is_zero() {
-            return None;
+            return Err(None);
         }
-        let never_fits = matches!(why, NoPlacement::NoneFits(_)) && {
+        if matches!(why, NoPlacement::NoneFits(_)) {
             let view = self.directory.current();
-            !view.invokers.is_empty()
-                && view.invokers.values().all(|r| r.nodes.iter().all(|n| n.capacity_mb < needs.memory_mb))
-        };
-        if never_fits {
-            return None;
+            let largest = view.invokers.values().flat_map(|r| r.nodes.iter().map(|n| n.capacity_mb)).max();
+            if let Some(largest) = largest.filter(|&mb| mb < needs.memory_mb) {
+                return Err(Some(format!(
+                    "no invoker of the cluster has a node of {} MB (the largest holds {largest} MB): it can never \
+                     run here",
+                    needs.memory_mb
+                )));
+            }
         }
-        self.keeper.get()
+        self.keeper.get().ok_or(None)
     }
 
     /// Why a queued call ends unstarted: its age passed (`while`: what it was waiting for).
