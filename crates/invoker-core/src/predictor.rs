@@ -160,6 +160,13 @@ impl Predictor for Windowed {
 ///   delay that call (`scenarios/fleet-50.toml`'s local plane with a 10 s hold: a window as
 ///   long as the plane's 200 ms delayed 0.79 % of the calls, none 0.38 %).
 ///
+/// On a [`quick`] plane it is `conservative`: the demand now, without the profile. There a burst
+/// that recurs gets its invokers within its own second anyway, and what the profile held ahead
+/// of it was paid for and not needed: judged on both halves of both samples (functions split by
+/// a hash of their names, `invoker simulate --half`), the profile cost 2 to 10 % more
+/// invoker-seconds on the local plane and with standby pods for the same calls delayed (within
+/// 0.02 points; BENCHMARKS.md, issue 79's section).
+///
 /// `scenarios/fleet-200.toml` and `fleet-50.toml` compare them (`BENCHMARKS.md`).
 pub struct Seasonal {
     lead: Duration,
@@ -220,7 +227,10 @@ impl Predictor for Seasonal {
                 }
             }
         }
-        let coming = (1..=self.lead.as_secs() + 1).map(|k| self.expected(second + k)).max().unwrap_or(0);
+        let coming = match quick(self.lead) {
+            true => 0,
+            false => (1..=self.lead.as_secs() + 1).map(|k| self.expected(second + k)).max().unwrap_or(0),
+        };
         self.recent.push_back((now, demand_mb));
         // The demand is what the last look saw until the next one: the look before the
         // window's start still holds at its start and stays. Dropping it instead made the
@@ -324,6 +334,15 @@ mod tests {
         assert_eq!(p.target_mb(secs(0.0), 100, 1024), 100);
         assert_eq!(p.target_mb(secs(0.5), 900, 1024), 900, "followed at once");
         assert_eq!(p.target_mb(secs(0.7), 0, 1024), 0, "and a fall too");
+        // What recurred is not asked for ahead of it there: the invoker comes within its second.
+        let mut recurring = Seasonal::new(Duration::from_millis(200));
+        for minute in 0..3 {
+            let t = f64::from(minute) * 60.0;
+            recurring.target_mb(secs(t + 29.0), 0, 1024);
+            recurring.target_mb(secs(t + 30.0), 4000, 1024);
+            recurring.target_mb(secs(t + 31.0), 0, 1024);
+        }
+        assert_eq!(recurring.target_mb(secs(209.0), 0, 1024), 0, "no profile on a quick plane");
         // A plane of a second or more waits for the rise to last, as before.
         let mut slow = Seasonal::new(Duration::from_secs(1));
         assert_eq!(slow.target_mb(secs(0.0), 100, 1024), 100);
