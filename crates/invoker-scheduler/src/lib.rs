@@ -397,7 +397,7 @@ impl Dispatcher {
                 .filter(|s| expires_at.is_none() && s.format != StreamFormat::AsWritten)
                 .map(|s| s.format.content_type());
             let handing_over =
-                self.client.send_with(authority, message, self.handover_timeout, timeout, on_started, stream_to);
+                self.client.send(authority, message, self.handover_timeout, timeout, on_started, stream_to);
             let sent = tokio::select! {
                 sent = handing_over => sent,
                 _ = departure.cancelled() => Sent::Lost("it left the cluster (its lease expired)".into()),

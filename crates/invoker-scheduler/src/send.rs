@@ -168,21 +168,10 @@ impl InvokerClient {
     /// `message` to the invoker at `authority`: asked for within `handover`, answered within
     /// `timeout` (both counted from now). With `on_started` (a queued call this scheduler keeps
     /// until it starts), the invoker is asked to say when a container takes the call, and
-    /// `on_started` is called as soon as it does, before the record comes.
+    /// `on_started` is called as soon as it does, before the record comes. `stream_to`: the
+    /// content type a blocking call's caller takes a streamed answer in ([`STREAM_TO`]), should
+    /// the action stream ([`Sent::Streaming`]).
     pub async fn send(
-        &self,
-        authority: &str,
-        message: Bytes,
-        handover: Duration,
-        timeout: Duration,
-        on_started: Option<&mut (dyn FnMut() + Send)>,
-    ) -> Sent {
-        self.send_with(authority, message, handover, timeout, on_started, None).await
-    }
-
-    /// As [`Self::send`]; `stream_to`: the content type a blocking call's caller takes a
-    /// streamed answer in ([`STREAM_TO`]), should the action stream ([`Sent::Streaming`]).
-    pub async fn send_with(
         &self,
         authority: &str,
         message: Bytes,
@@ -624,7 +613,8 @@ mod tests {
     async fn an_invoker_that_never_asks_never_gets_the_message() {
         let (authority, seen) = peer(b"", Duration::from_secs(3600)).await;
         let client = InvokerClient::new("k:v");
-        let sent = client.send(&authority, message(), Duration::from_millis(100), Duration::from_secs(30), None).await;
+        let sent =
+            client.send(&authority, message(), Duration::from_millis(100), Duration::from_secs(30), None, None).await;
         assert!(matches!(sent, Sent::Unheard(_)), "{sent:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(received(&seen), (true, false), "the head went, the message did not");
@@ -635,7 +625,8 @@ mod tests {
     async fn a_late_ask_gets_nothing() {
         let (authority, seen) = peer(b"HTTP/1.1 100 Continue\r\n\r\n", Duration::from_millis(300)).await;
         let client = InvokerClient::new("k:v");
-        let sent = client.send(&authority, message(), Duration::from_millis(100), Duration::from_secs(30), None).await;
+        let sent =
+            client.send(&authority, message(), Duration::from_millis(100), Duration::from_secs(30), None, None).await;
         assert!(matches!(sent, Sent::Unheard(_)), "{sent:?}");
         tokio::time::sleep(Duration::from_millis(500)).await;
         assert_eq!(received(&seen), (true, false), "asked after the hand-over timeout: withdrawn");
@@ -645,8 +636,9 @@ mod tests {
     async fn once_asked_for_the_activation_is_the_invokers() {
         let (authority, seen) = peer(b"HTTP/1.1 100 Continue\r\n\r\n", Duration::ZERO).await;
         let client = InvokerClient::new("k:v");
-        let sent =
-            client.send(&authority, message(), Duration::from_millis(100), Duration::from_millis(400), None).await;
+        let sent = client
+            .send(&authority, message(), Duration::from_millis(100), Duration::from_millis(400), None, None)
+            .await;
         assert!(matches!(sent, Sent::Lost(_)), "it has the message and never answered: {sent:?}");
         assert_eq!(received(&seen), (true, true));
     }
@@ -701,11 +693,13 @@ mod tests {
         let (authority, asks) = server_noting_asks(false).await;
         let client = InvokerClient::new("k:v");
         for _ in 0..3 {
-            let sent = client.send(&authority, message(), Duration::from_secs(5), Duration::from_secs(30), None).await;
+            let sent =
+                client.send(&authority, message(), Duration::from_secs(5), Duration::from_secs(30), None, None).await;
             assert!(matches!(sent, Sent::Finished(_)), "{sent:?}");
         }
         tokio::time::sleep(HEARD_WITHIN * 2).await;
-        let sent = client.send(&authority, message(), Duration::from_secs(5), Duration::from_secs(30), None).await;
+        let sent =
+            client.send(&authority, message(), Duration::from_secs(5), Duration::from_secs(30), None, None).await;
         assert!(matches!(sent, Sent::Finished(_)), "{sent:?}");
         assert_eq!(*asks.lock(), [true, false, false, true], "asked first, then heard from, then silent too long");
         assert_eq!(client.idle.lock()[&authority].len(), 1, "one connection all along");
@@ -720,12 +714,14 @@ mod tests {
         let client = InvokerClient::new("k:v");
         // As if it had just answered.
         mark_heard(&client.heard, &authority);
-        let sent =
-            client.send(&authority, message(), Duration::from_millis(100), Duration::from_millis(300), None).await;
+        let sent = client
+            .send(&authority, message(), Duration::from_millis(100), Duration::from_millis(300), None, None)
+            .await;
         assert!(matches!(sent, Sent::Lost(_)), "it has the message: {sent:?}");
         assert_eq!(received(&seen), (false, true), "the message went with the head");
         seen.lock().clear();
-        let sent = client.send(&authority, message(), Duration::from_millis(100), Duration::from_secs(30), None).await;
+        let sent =
+            client.send(&authority, message(), Duration::from_millis(100), Duration::from_secs(30), None, None).await;
         assert!(matches!(sent, Sent::Unheard(_)), "{sent:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(received(&seen), (true, false), "asked again, and the message stayed");
@@ -736,7 +732,8 @@ mod tests {
         let authority = server(false).await;
         let client = InvokerClient::new("k:v");
         for _ in 0..3 {
-            let sent = client.send(&authority, message(), Duration::from_secs(5), Duration::from_secs(30), None).await;
+            let sent =
+                client.send(&authority, message(), Duration::from_secs(5), Duration::from_secs(30), None, None).await;
             assert!(matches!(sent, Sent::Finished(_)), "{sent:?}");
             assert_eq!(client.idle.lock()[&authority].len(), 1, "one connection, kept and used again");
         }
@@ -778,7 +775,8 @@ mod tests {
         });
         let client = InvokerClient::new("k:v");
         for _ in 0..2 {
-            let sent = client.send(&authority, message(), Duration::from_secs(5), Duration::from_secs(30), None).await;
+            let sent =
+                client.send(&authority, message(), Duration::from_secs(5), Duration::from_secs(30), None, None).await;
             let Sent::Answered { answer, whole } = sent else { panic!("{sent:?}") };
             assert!(answer.logs.is_empty(), "the result, before the logs: {answer:?}");
             let whole = whole.await.unwrap().expect("the whole record follows");
@@ -802,7 +800,8 @@ mod tests {
     async fn a_refusal_before_asking_goes_elsewhere() {
         let authority = server(true).await;
         let client = InvokerClient::new("k:v");
-        let sent = client.send(&authority, message(), Duration::from_secs(5), Duration::from_secs(30), None).await;
+        let sent =
+            client.send(&authority, message(), Duration::from_secs(5), Duration::from_secs(30), None, None).await;
         assert!(matches!(&sent, Sent::Refused(m) if m.contains("shutting down")), "{sent:?}");
         assert!(client.idle.lock().get(&authority).is_none_or(Vec::is_empty), "it waits for a body it never gets");
         let (frozen, _) = peer(b"", Duration::from_secs(3600)).await;
