@@ -5,11 +5,10 @@
 //! outlasts its wait the same way, and keeps the activation in Kafka; a fleet that grows
 //! within seconds or minutes should not fail the calls that came before it grew.
 
-use base64::Engine as _;
 use invoker_job::queue::QueueCounts;
 use invoker_job::runner::{KeepQueued, Kept};
-use invoker_job::{Queued, RunJob};
-use invoker_store::{QueuedCall, QueuedRequest, Store};
+use invoker_job::{CallRequest, Queued, RunJob};
+use invoker_store::{QueuedCall, Store};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,16 +23,11 @@ pub struct QueueKeeper {
 impl KeepQueued for QueueKeeper {
     fn keep(&self, mut run: RunJob) -> Kept {
         let meta = &run.meta;
-        let max_age = run.action.max_event_age_s().map_or(self.max_event_age, Duration::from_secs);
-        let expires_at = meta.accepted_at.saturating_add(max_age.as_millis() as u64);
-        let request = run.request.as_deref().map(|r| QueuedRequest {
-            headers: r.headers.clone(),
-            body: base64::engine::general_purpose::STANDARD.encode(&r.body),
-        });
+        let expires_at = invoker_job::queue::expires_at(&run.action, self.max_event_age, meta.accepted_at);
         let call = QueuedCall {
             meta: (**meta).clone(),
             params: run.params.clone(),
-            request,
+            request: run.request.as_deref().map(CallRequest::to_queued),
             api_key: run.api_key.clone(),
             transaction_id: run.transaction_id.clone(),
             expires_at,

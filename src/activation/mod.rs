@@ -7,14 +7,13 @@ pub mod keep_queued;
 mod provisioning;
 pub mod reservations;
 
-use base64::Engine as _;
 use invoker_job::queue::{QueueCounts, QueueFull, QueueSettings};
 use invoker_job::runner::Runner;
 use invoker_job::slot::{NamespaceSlot, NamespaceSlots};
 use invoker_job::stream::{StreamFormat, StreamRequest, StreamStart};
 use invoker_job::{Completion, Reply, RunJob};
 use invoker_metrics::Metrics;
-use invoker_store::{Accepted, QueuedCall, QueuedRequest, Store, StoreError};
+use invoker_store::{Accepted, QueuedCall, Store, StoreError};
 use invoker_telemetry::{ActivationTrace, TraceParent};
 use invoker_wire::cluster::Health;
 use invoker_wire::model::{epoch_ms, Action, ActivationMeta, EncodedRecord};
@@ -412,13 +411,9 @@ impl ActivationService {
         let activation_id = req.activation_id.unwrap_or_else(invoker_wire::model::new_activation_id);
         let meta = accepted_now(&action, activation_id.clone(), req.subject);
         let settings = &queue.settings;
-        let max_age = action.max_event_age_s().map_or(settings.max_event_age, Duration::from_secs);
-        let expires_at = meta.accepted_at.saturating_add(max_age.as_millis() as u64);
+        let expires_at = invoker_job::queue::expires_at(&action, settings.max_event_age, meta.accepted_at);
         let retries = action.max_retry_attempts().unwrap_or(settings.max_retry_attempts);
-        let request = req.request.as_deref().map(|r| QueuedRequest {
-            headers: r.headers.clone(),
-            body: base64::engine::general_purpose::STANDARD.encode(&r.body),
-        });
+        let request = req.request.as_deref().map(invoker_job::CallRequest::to_queued);
         let call = QueuedCall {
             meta,
             params: req.params,
@@ -471,10 +466,7 @@ impl ActivationService {
         // A retry waits from when its backoff ended, a call a restart found from its acceptance.
         let since = call.retry_of.as_ref().map_or(call.meta.accepted_at, |_| call.not_before);
         let Ok(ticket) = queue.counts.admit(&call.meta.namespace, json.len() as u64, since, true) else { return };
-        let request = call.request.as_ref().map(|r| {
-            let body = base64::engine::general_purpose::STANDARD.decode(&r.body).unwrap_or_default();
-            Arc::new(invoker_job::CallRequest { headers: r.headers.clone(), body: body.into() })
-        });
+        let request = call.request.as_ref().map(|r| Arc::new(invoker_job::CallRequest::from_queued(r)));
         let expires_at = call.expires_at;
         let queued = invoker_job::Queued { ticket, expires_at };
         let run = self.queued_run(call, json.into(), action, request, queued, Instant::now(), None, queue);
@@ -494,10 +486,7 @@ impl ActivationService {
         }
         let action =
             self.action_of(&letter.call.meta.namespace, &letter.call.meta.name).await.map_err(IntakeError::Gone)?;
-        let request = letter.call.request.as_ref().map(|r| {
-            let body = base64::engine::general_purpose::STANDARD.decode(&r.body).unwrap_or_default();
-            Arc::new(invoker_job::CallRequest { headers: r.headers.clone(), body: body.into() })
-        });
+        let request = letter.call.request.as_ref().map(|r| Arc::new(invoker_job::CallRequest::from_queued(r)));
         let req = InvokeRequest {
             api_key: api_key.filter(|_| action.provides_api_key()),
             action,

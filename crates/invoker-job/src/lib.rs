@@ -29,6 +29,22 @@ pub struct CallRequest {
     pub body: bytes::Bytes,
 }
 
+impl CallRequest {
+    /// As the durable queue keeps it: its body in base64 (it may not be text).
+    pub fn to_queued(&self) -> invoker_store::QueuedRequest {
+        use base64::Engine as _;
+        let body = base64::engine::general_purpose::STANDARD.encode(&self.body);
+        invoker_store::QueuedRequest { headers: self.headers.clone(), body }
+    }
+
+    /// As the durable queue kept it (a body that does not decode is empty).
+    pub fn from_queued(queued: &invoker_store::QueuedRequest) -> Self {
+        use base64::Engine as _;
+        let body = base64::engine::general_purpose::STANDARD.decode(&queued.body).unwrap_or_default();
+        CallRequest { headers: queued.headers.clone(), body: body.into() }
+    }
+}
+
 /// What a proxy needs to run one activation.
 pub struct RunJob {
     /// Shared with the job's completion, which needs it only if the job is dropped unfinished.

@@ -27,6 +27,13 @@ pub struct QueueSettings {
     pub retry_backoff: std::time::Duration,
 }
 
+/// When a queued call of `action` accepted at `accepted_at` (epoch ms) is past its age: its
+/// action's `max-event-age` annotation, or `default_age`.
+pub fn expires_at(action: &invoker_wire::model::Action, default_age: std::time::Duration, accepted_at: u64) -> u64 {
+    let age = action.max_event_age_s().map_or(default_age, std::time::Duration::from_secs);
+    accepted_at.saturating_add(age.as_millis() as u64)
+}
+
 /// The bounds, as `[queue]` sets them.
 #[derive(Clone, Copy, Debug)]
 pub struct QueueBounds {
