@@ -62,6 +62,51 @@ pub async fn reader_left(parts: Option<&mpsc::Sender<StreamPart>>) {
     }
 }
 
+/// How passing a body on ([`pass_on`]) ended.
+pub enum Passed<E> {
+    /// The body came to its end (the reader still has to be sent [`StreamPart::End`]).
+    Whole,
+    /// The reader left first.
+    ReaderLeft,
+    /// The body failed (its connection broke).
+    Broken(E),
+}
+
+/// Passes `body`'s data on to `parts` as it comes, each part shown to `seen` first, until the
+/// body ends, fails or the reader leaves; with no reader (`None`: one answered otherwise) the
+/// body is read to its end and dropped. The channel's bound is the flow control: a slow
+/// reader slows the body's reading.
+pub async fn pass_on<B>(
+    mut body: B,
+    parts: Option<&mpsc::Sender<StreamPart>>,
+    mut seen: impl FnMut(&Bytes),
+) -> Passed<B::Error>
+where
+    B: hyper::body::Body<Data = Bytes> + Unpin,
+{
+    use http_body_util::BodyExt as _;
+    loop {
+        let next = tokio::select! {
+            next = body.frame() => next,
+            () = reader_left(parts) => return Passed::ReaderLeft,
+        };
+        let data = match next {
+            None => return Passed::Whole,
+            Some(Err(e)) => return Passed::Broken(e),
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) => data,
+                Err(_) => continue,
+            },
+        };
+        seen(&data);
+        if let Some(parts) = parts {
+            if parts.send(StreamPart::Data(data)).await.is_err() {
+                return Passed::ReaderLeft;
+            }
+        }
+    }
+}
+
 pub struct StreamedBody(Option<mpsc::Receiver<StreamPart>>);
 
 impl hyper::body::Body for StreamedBody {

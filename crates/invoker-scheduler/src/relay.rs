@@ -8,8 +8,7 @@
 
 use super::guesses::Guesses;
 use super::send::InvokerClient;
-use http_body_util::BodyExt;
-use invoker_http::streamed::{StreamPart, STREAM_PARTS};
+use invoker_http::streamed::{Passed, StreamPart, STREAM_PARTS};
 use invoker_job::stream::{StreamRequest, StreamStart};
 use invoker_job::RunJob;
 use invoker_wire::model::{epoch_ms, ActivationRecord, KeyValue};
@@ -83,27 +82,13 @@ enum PassFailed {
 }
 
 /// The body's parts to `parts` (none when the caller was answered otherwise); the bytes passed.
-async fn pass_on(mut body: hyper::body::Incoming, parts: Option<&mpsc::Sender<StreamPart>>) -> Result<u64, PassFailed> {
+async fn pass_on(body: hyper::body::Incoming, parts: Option<&mpsc::Sender<StreamPart>>) -> Result<u64, PassFailed> {
     let mut bytes = 0u64;
-    loop {
-        let next = tokio::select! {
-            next = body.frame() => next,
-            () = invoker_http::streamed::reader_left(parts) => return Err(PassFailed::CallerLeft),
-        };
-        let data = match next {
-            None => return Ok(bytes),
-            Some(Err(e)) => return Err(PassFailed::InvokerLost(bytes, e.to_string())),
-            Some(Ok(frame)) => match frame.into_data() {
-                Ok(data) => data,
-                Err(_) => continue,
-            },
-        };
-        bytes += data.len() as u64;
-        if let Some(parts) = parts {
-            if parts.send(StreamPart::Data(data)).await.is_err() {
-                return Err(PassFailed::CallerLeft);
-            }
-        }
+    let passed = invoker_http::streamed::pass_on(body, parts, |data| bytes += data.len() as u64).await;
+    match passed {
+        Passed::Whole => Ok(bytes),
+        Passed::ReaderLeft => Err(PassFailed::CallerLeft),
+        Passed::Broken(e) => Err(PassFailed::InvokerLost(bytes, e.to_string())),
     }
 }
 

@@ -8,9 +8,8 @@
 
 use super::stream::StreamBroken;
 use bytes::Bytes;
-use http_body_util::BodyExt;
 use hyper::header::CONTENT_LENGTH;
-use invoker_http::streamed::{StreamPart, STREAM_PARTS};
+use invoker_http::streamed::{Passed, StreamPart, STREAM_PARTS};
 use invoker_http::{is_hop_by_hop, ConnectionError};
 use invoker_job::stream::{StreamRequest, StreamStart};
 use tokio::sync::{mpsc, oneshot};
@@ -48,7 +47,7 @@ impl FnRelay {
     pub async fn pump(
         &mut self,
         head: &hyper::http::response::Parts,
-        mut body: hyper::body::Incoming,
+        body: hyper::body::Incoming,
     ) -> Result<(Bytes, bool, StreamSummary), StreamBroken> {
         let headers = head.headers.iter().filter(|(name, _)| !is_hop_by_hop(name.as_str()));
         let headers =
@@ -62,31 +61,19 @@ impl FnRelay {
         };
         let mut summary = StreamSummary { parts: 0, bytes: 0, end: "complete" };
         let mut last = Bytes::new();
-        loop {
-            let next = tokio::select! {
-                next = body.frame() => next,
-                () = invoker_http::streamed::reader_left(parts.as_ref()) => {
-                    summary.end = "the caller left";
-                    return Ok((last, false, summary));
-                }
-            };
-            let data = match next {
-                None => break,
-                Some(Err(e)) => return Err(StreamBroken::Connection(ConnectionError::Http(e))),
-                Some(Ok(frame)) => match frame.into_data() {
-                    Ok(data) => data,
-                    Err(_) => continue,
-                },
-            };
+        let passed = invoker_http::streamed::pass_on(body, parts.as_ref(), |data| {
             summary.parts += 1;
             summary.bytes += data.len() as u64;
             last = data.slice(data.len().saturating_sub(LAST_KEPT)..);
-            if let Some(parts) = &parts {
-                if parts.send(StreamPart::Data(data)).await.is_err() {
-                    summary.end = "the caller left";
-                    return Ok((last, false, summary));
-                }
+        })
+        .await;
+        match passed {
+            Passed::Whole => {}
+            Passed::ReaderLeft => {
+                summary.end = "the caller left";
+                return Ok((last, false, summary));
             }
+            Passed::Broken(e) => return Err(StreamBroken::Connection(ConnectionError::Http(e))),
         }
         if let Some(parts) = &parts {
             let _ = parts.send(StreamPart::End).await;
