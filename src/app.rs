@@ -398,7 +398,8 @@ impl CapacityApp {
         // An invoker stopped has its shutdown grace to drain, and a little more to exit.
         let stop_grace = config.shutdown_grace + Duration::from_secs(15);
         let cluster = &config.cluster;
-        let (plane, lead, newest_only) = match config.capacity.groups.values().next().map(|g| g.control_plane) {
+        let (plane, lead, newest_only, standby) = match config.capacity.groups.values().next().map(|g| g.control_plane)
+        {
             #[cfg(feature = "kubernetes")]
             Some(invoker_core::capacity::ControlPlaneKind::Kubernetes) => {
                 let plane = invoker_kubernetes::plane::KubernetesPlane::new(
@@ -414,14 +415,14 @@ impl CapacityApp {
                 // A StatefulSet gives back only its highest pod; with standby pods, any one
                 // shrinks back in place.
                 let newest_only = plane.standby() == 0;
-                (AnyPlane::Kubernetes(Box::new(plane)), lead, newest_only)
+                (AnyPlane::Kubernetes(Box::new(plane)), lead, newest_only, !newest_only)
             }
             // Local (a build without a plane a group names was refused by the config's checks).
             _ => {
                 let plane =
                     LocalPlane::new(exe, config_file, cluster.etcd.clone(), config.data_dir.clone(), stop_grace)
                         .map_err(AppError::Plane)?;
-                (AnyPlane::Local(plane), invoker_capacity::plane::local::LEAD, false)
+                (AnyPlane::Local(plane), invoker_capacity::plane::local::LEAD, false, false)
             }
         };
         let api = cluster.advertise.clone().unwrap_or_else(|| format!("http://{addr}"));
@@ -434,6 +435,7 @@ impl CapacityApp {
             api,
             lead,
             newest_only,
+            standby,
         };
         let manager = invoker_capacity::manager::Manager::new(Etcd::new(&cluster.etcd)?, settings, plane);
         let admin = config.admin.key.clone().unwrap_or_default();

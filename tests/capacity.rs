@@ -177,7 +177,7 @@ async fn an_invokers_start_is_timed_as_it_registers_not_at_the_next_round() {
 /// A group at `min = 1` gets a burst one invoker cannot hold: the manager starts more (the
 /// scheduler holds the activations meanwhile), every activation completes, and when the load is
 /// gone the extra invokers are drained and removed after `scale_down_after`, back to `min`. The
-/// group sets no hold: the local plane's is 5 s (a minute before, past this test's wait).
+/// group sets no hold: the local plane's is 2 s (a minute before, past this test's wait).
 #[tokio::test(flavor = "multi_thread")]
 #[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
 async fn a_burst_grows_the_group_and_the_quiet_after_it_shrinks_it_back_to_min() {
@@ -193,7 +193,7 @@ async fn a_burst_grows_the_group_and_the_quiet_after_it_shrinks_it_back_to_min()
         async move { registered(&s).await == BTreeSet::from(["default-0".to_string()]) }
     })
     .await;
-    assert_eq!(capacity(&manager).await["groups"][0]["scale_down_after_ms"], 5000, "the local plane's hold");
+    assert_eq!(capacity(&manager).await["groups"][0]["scale_down_after_ms"], 2000, "the local plane's hold");
     // The live view: the group's last rounds at once, then each round as it is decided.
     let (user, pass) = manager.admin.split_once(':').unwrap();
     let mut live = reqwest::Client::new()
@@ -656,6 +656,7 @@ impl FakeManaged {
             api: "http://127.0.0.1:1".into(),
             lead: Duration::from_secs(1),
             newest_only: false,
+            standby: false,
         };
         let plane = FakePlane::default();
         let manager = Manager::new(kv.clone(), settings, AnyPlane::Fake(plane.clone()));
@@ -689,7 +690,7 @@ async fn register_healthy(kv: &invoker_etcd::client::Etcd, id: &str, node: invok
 }
 
 /// A plane counted slow (the fake's 1 s) whose invokers come at once: once five starts were
-/// timed under half a second, the group takes a quick plane's settings, its hold 5 s instead
+/// timed under half a second, the group takes a quick plane's settings, its hold 2 s instead
 /// of a minute, and says the lead it measured. (Before, a plane kept the lead it was counted
 /// at, whatever its invokers did.)
 #[cfg(feature = "test-util")]
@@ -718,7 +719,7 @@ async fn a_plane_measured_quicker_than_counted_takes_a_quick_planes_settings() {
     }
     wait_until(Duration::from_secs(10), "the quick plane's hold", || {
         let g = group();
-        async move { g["scale_down_after_ms"] == 5000 && g["lead_ms"].as_u64().is_some_and(|ms| ms < 500) }
+        async move { g["scale_down_after_ms"] == 2000 && g["lead_ms"].as_u64().is_some_and(|ms| ms < 500) }
     })
     .await;
     managed.stop().await;

@@ -146,7 +146,7 @@ mod tests {
         let gpu = &ok.capacity.groups["gpu"];
         assert_eq!((gpu.min, gpu.max, gpu.max_step), (0, 10, 20));
         assert_eq!(
-            gpu.spec("gpu", std::time::Duration::from_secs(1)).drain_deadline,
+            gpu.spec("gpu", std::time::Duration::from_secs(1), false).drain_deadline,
             std::time::Duration::from_secs(50)
         );
         assert_eq!(error("[capacity.groups.Big]\n"), "capacity.groups.Big");

@@ -117,6 +117,8 @@ struct GroupLoop {
     config: GroupConfig,
     /// Its plane gives back only the newest invoker's memory (see `ManagerSettings`).
     newest_only: bool,
+    /// Its plane's lead is a standby pod's (see `ManagerSettings`).
+    standby: bool,
     core: GroupCore,
     predictor: AnyPredictor,
     /// The invokers this manager drained (their drain keys are its to take back).
@@ -175,7 +177,7 @@ impl GroupLoop {
         self.core.set_drain_order(drain_order(measured, self.newest_only));
         self.status.lead_ms = measured.as_millis() as u64;
         if self.config.scale_down_after.is_none() {
-            let hold = default_hold(measured);
+            let hold = default_hold(measured, self.standby);
             self.core.set_scale_down_after(hold);
             self.status.scale_down_after_ms = hold.as_millis() as u64;
         }
@@ -200,6 +202,10 @@ pub struct ManagerSettings {
     /// The plane gives back only its newest invoker's memory (a StatefulSet without standby
     /// pods): groups drain the newest first, whatever their lead (`drain_order`).
     pub newest_only: bool,
+    /// The plane's `lead` is that of its standby pods (grown in place); past them invokers come
+    /// at a new pod's pace, so a group that sets no hold keeps its invokers longer
+    /// (`default_hold`).
+    pub standby: bool,
 }
 
 pub struct Manager<K: ClusterKv, P: ControlPlane> {
@@ -247,12 +253,13 @@ impl<K: ClusterKv + Clone, P: ControlPlane> Manager<K, P> {
                 let spec = GroupSpec {
                     settle: 2 * self.settings.publish_interval,
                     drain_order: drain_order(self.settings.lead, self.settings.newest_only),
-                    ..g.spec(name, self.settings.lead)
+                    ..g.spec(name, self.settings.lead, self.settings.standby)
                 };
                 GroupLoop {
                     name: name.clone(),
                     config: g.clone(),
                     newest_only: self.settings.newest_only,
+                    standby: self.settings.standby,
                     status: GroupStatus {
                         name: name.clone(),
                         tags: g.tags.clone(),

@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 /// How long a local invoker takes from the manager's ask to its registration: its process (on
 /// the process factory, the one that takes `--memory-mb`) registers 22 to 29 ms after its spawn
 /// on this machine at rest and 48 to 128 ms under `invoker replay`'s load, rounded up. Below [`invoker_core::predictor::QUICK_LEAD`]: groups on this plane follow a
-/// rise at once and give an idle invoker back after 5 s (`invoker_core::capacity::default_hold`).
+/// rise at once and give an idle invoker back after 2 s (`invoker_core::capacity::default_hold`).
 pub const LEAD: Duration = Duration::from_millis(200);
 
 /// The name a gone invoker's data directory takes while it is deleted (no invoker id starts

@@ -101,32 +101,39 @@ pub enum DrainOrder {
 }
 
 /// The hold (`scale_down_after`) of a group that sets none, on a control plane whose invokers
-/// take `lead` to come up: a minute (Fn's) where that takes a second or more, and every invoker
-/// given back too soon makes the calls of the next rise wait for one; 5 s on a
-/// [`crate::predictor::quick`] plane, where an invoker asked for comes while the call that
-/// asked still has its second, and holding one longer buys no call a shorter wait. On the fleet
-/// scenarios' local plane (200 ms) the default predictor costs 1.47× the continuous memory
-/// floor with 0.39 % of the calls delayed over a second (200 functions) and 1.34× with 0.41 %
-/// (50), against 1.50× and 1.40× (0.31 %, 0.38 %) with 10 s and 1.54× and 1.44× with 15 s:
-/// chosen on the shipped samples (BENCHMARKS.md).
-pub fn default_hold(lead: Duration) -> Duration {
-    match crate::predictor::quick(lead) {
-        true => Duration::from_secs(5),
-        false => Duration::from_secs(60),
+/// take `lead` to come up (a standby pod's resize where `standby`): a minute (Fn's) where that
+/// takes a second or more, and every invoker given back too soon makes the calls of the next
+/// rise wait for one; 2 s on a [`crate::predictor::quick`] plane, where an invoker asked for
+/// comes while the call that asked still has its second, and holding one longer buys no call a
+/// shorter wait; 5 s where the plane is quick only for its standby pods, and an invoker given
+/// back past them is asked for again at a slow plane's pace.
+///
+/// Judged on halves of the shipped samples (functions split by a hash of their names, `invoker
+/// simulate --half`; BENCHMARKS.md, issue 79's section): on the local plane (200 ms) 2 s is the
+/// longest hold whose cost is within 1.4× the continuous memory floor on half a of the 200
+/// functions (1 s 1.36×, 2 s 1.39×, 3 s 1.42×, 5 s 1.48×, each with 0.06 to 0.08 % of the calls
+/// delayed over a second); on half b it is 1.36× against 5 s's 1.42× (0.03 and 0.02 %), for 3 %
+/// more cold starts. With two standby pods 2 s delayed 2.83 % of the 50 functions' half a
+/// (5 s: 0.01 %): there the hold stays 5 s.
+pub fn default_hold(lead: Duration, standby: bool) -> Duration {
+    match (crate::predictor::quick(lead), standby) {
+        (true, false) => Duration::from_secs(2),
+        (true, true) => Duration::from_secs(5),
+        (false, _) => Duration::from_secs(60),
     }
 }
 
 impl GroupConfig {
     /// The group as the core decides for it, under `name`, on a control plane whose invokers
-    /// take `lead` to come up.
-    pub fn spec(&self, name: &str, lead: Duration) -> GroupSpec {
+    /// take `lead` to come up (a standby pod's resize where `standby`).
+    pub fn spec(&self, name: &str, lead: Duration, standby: bool) -> GroupSpec {
         GroupSpec {
             name: name.to_string(),
             min: self.min,
             max: self.max,
             invoker_memory_mb: self.invoker_memory_mb,
             max_step: self.max_step,
-            scale_down_after: self.scale_down_after.unwrap_or_else(|| default_hold(lead)),
+            scale_down_after: self.scale_down_after.unwrap_or_else(|| default_hold(lead, standby)),
             drain_deadline: self.drain_deadline,
             provision_timeout: self.provision_timeout,
             headroom_mb: self.headroom_mb,
@@ -586,17 +593,19 @@ mod tests {
         Duration::from_secs(secs)
     }
 
-    /// A group that sets no hold gets its plane's: 5 s where invokers come within half a
-    /// second, a minute where they take longer; one it sets is kept on any plane.
+    /// A group that sets no hold gets its plane's: 2 s where invokers come within half a
+    /// second, 5 s where only standby pods do, a minute where they take longer; one it sets is
+    /// kept on any plane.
     #[test]
     fn a_group_without_a_hold_gets_its_planes() {
         let unset = GroupConfig::default();
-        assert_eq!(unset.spec("g", Duration::from_millis(200)).scale_down_after, s(5));
-        assert_eq!(unset.spec("g", Duration::from_secs(1)).scale_down_after, s(60));
-        assert_eq!(unset.spec("g", s(10)).scale_down_after, s(60));
+        assert_eq!(unset.spec("g", Duration::from_millis(200), false).scale_down_after, s(2));
+        assert_eq!(unset.spec("g", Duration::from_millis(300), true).scale_down_after, s(5));
+        assert_eq!(unset.spec("g", Duration::from_secs(1), false).scale_down_after, s(60));
+        assert_eq!(unset.spec("g", s(10), true).scale_down_after, s(60));
         let set = GroupConfig { scale_down_after: Some(s(30)), ..GroupConfig::default() };
-        assert_eq!(set.spec("g", Duration::from_millis(200)).scale_down_after, s(30));
-        assert_eq!(set.spec("g", s(10)).scale_down_after, s(30));
+        assert_eq!(set.spec("g", Duration::from_millis(200), false).scale_down_after, s(30));
+        assert_eq!(set.spec("g", s(10), false).scale_down_after, s(30));
     }
 
     /// Every state against every sighting: what runs and is registered is never forgotten; one
@@ -803,7 +812,7 @@ mod tests {
         assert_eq!(drain_order(Duration::from_millis(200), false), DrainOrder::LeastBusy);
         assert_eq!(drain_order(Duration::from_millis(200), true), DrainOrder::Newest);
         assert_eq!(drain_order(Duration::from_secs(1), false), DrainOrder::Newest);
-        let quick = GroupConfig::default().spec("g", Duration::from_millis(200));
+        let quick = GroupConfig::default().spec("g", Duration::from_millis(200), false);
         assert_eq!(quick.drain_order, DrainOrder::LeastBusy);
     }
 

@@ -447,7 +447,8 @@ fn prepared<'a>(
         Sizing::Managed(kind, headroom_mb) => {
             let newest_only = plane.drain_order == DrainOrder::Newest;
             let drain_order = crate::capacity::drain_order(lead, newest_only);
-            let spec = GroupSpec { headroom_mb, drain_order, ..fleet.group.spec("default", lead) };
+            let spec =
+                GroupSpec { headroom_mb, drain_order, ..fleet.group.spec("default", lead, plane.standby.is_some()) };
             Some((GroupCore::new(spec), kind.build(lead)))
         }
     };
