@@ -279,6 +279,77 @@ fn the_runtime_speaks_init_and_run_and_refuses_the_rest() {
     assert_eq!((status, body.as_str()), (200, r#"{"twice":42}"#));
 }
 
+/// The children of `pid`, from /proc.
+fn children(pid: u32) -> Vec<u32> {
+    let list = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+    list.split_whitespace().filter_map(|p| p.parse().ok()).collect()
+}
+
+/// A python runtime without a zygote starts its launcher with itself, before `/init`: the
+/// process that then runs the action is the one that waited, with `/init`'s environment and
+/// the modules of a zip written after it started; one that died while it waited is replaced at
+/// `/init`, and an action that fails to load says why either way. (Before, the interpreter
+/// started at `/init`, on the first call's path: a stem on Docker saved its container's creation
+/// and still paid python's start.)
+#[test]
+fn the_python_launcher_starts_with_the_runtime_and_init_hands_it_the_action() {
+    use base64::Engine as _;
+    use std::io::Write as _;
+    let waiting_launcher = |runtime: &RuntimeProcess| -> u32 {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            if let [pid] = children(runtime.0.id())[..] {
+                return pid;
+            }
+            assert!(std::time::Instant::now() < deadline, "no launcher started with the runtime");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    let mut writer = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+    let files: [(&str, &[u8]); 2] = [
+        ("__main__.py", b"import os, helper
+def main(a):
+    return {'pid': os.getpid(), 'x': os.environ.get('X'), 'h': helper.VALUE}
+"),
+        ("helper.py", b"VALUE = 'from the zip'
+"),
+    ];
+    for (name, data) in files {
+        writer.start_file(name, zip::write::SimpleFileOptions::default()).unwrap();
+        writer.write_all(data).unwrap();
+    }
+    let code = base64::engine::general_purpose::STANDARD.encode(writer.finish().unwrap().into_inner());
+    let init = json!({"value": {"main": "main", "code": code, "binary": true, "env": {"X": "from init"}}}).to_string();
+    for killed in [false, true] {
+        let dir = tempdir();
+        let socket = dir.path().join("runtime.sock");
+        let runtime = spawn_runtime("python", &socket);
+        let launcher = waiting_launcher(&runtime);
+        if killed {
+            sigkill(launcher);
+        }
+        assert_eq!(exchange(&socket, &post("/init", &init)).0, 200, "killed: {killed}");
+        let (status, answer) = exchange(&socket, &post("/run", r#"{"value": {}}"#));
+        assert_eq!(status, 200, "{answer}");
+        let answer: Value = serde_json::from_str(&answer).unwrap();
+        assert_eq!((answer["x"].as_str(), answer["h"].as_str()), (Some("from init"), Some("from the zip")));
+        assert_eq!(answer["pid"] == launcher, !killed, "the waiting launcher runs it, unless it died: {answer}");
+    }
+    let dir = tempdir();
+    let socket = dir.path().join("runtime.sock");
+    let runtime = spawn_runtime("python", &socket);
+    waiting_launcher(&runtime);
+    let broken = json!({"value": {"main": "main", "code": "def main(a:\n"}}).to_string();
+    let (status, body) = exchange(&socket, &post("/init", &broken));
+    assert_eq!((status, body.contains("SyntaxError")), (502, true), "{body}");
+}
+
+/// SIGKILL to `pid`.
+fn sigkill(pid: u32) {
+    let killed = std::process::Command::new("kill").args(["-9", &pid.to_string()]).status();
+    assert!(killed.is_ok_and(|s| s.success()), "kill -9 {pid}");
+}
+
 /// Each run sets the activation's `__OW_*` variables, with a new id and deadline every time.
 /// glibc's `setenv` keeps every `NAME=value` string it was ever given, so a python launcher that
 /// set them through it grew by ~250 bytes per activation, for as long as the container stayed

@@ -134,12 +134,36 @@ const ADOPT_WAIT: Duration = Duration::from_secs(3);
 impl ActionProcess {
     /// Starts a process of the action and waits for it to load the action.
     pub async fn start(action: &PreparedAction) -> Result<Self, ActionError> {
-        let (launcher, work, program) = (action.launcher, &action.work, &action.program);
+        let (launcher, program) = (action.launcher, &action.program);
+        let process = Self::spawn(launcher, &action.work, program, &action.env).await?;
+        if launcher == Launcher::Native {
+            return Ok(process);
+        }
+        process.acknowledged().await
+    }
+
+    /// Starts the python launcher before any action exists, with the runtime: the interpreter's
+    /// start and the launcher's imports (most of a python cold start) are paid while the
+    /// container waits for its `/init` (a stem's, for as long as it waits to be adopted), which
+    /// then only writes the code and hands it the entry point ([`Self::hand`]), as to a
+    /// launcher the zygote forked.
+    pub async fn prestart(work: &Path) -> Result<Self, ActionError> {
+        let mut program = write_launcher(work)?;
+        program.push(WAIT_FOR_ACTION.into());
+        Self::spawn(Launcher::Python, work, &program, &BTreeMap::new()).await
+    }
+
+    async fn spawn(
+        launcher: Launcher,
+        work: &Path,
+        program: &[String],
+        env: &BTreeMap<String, String>,
+    ) -> Result<Self, ActionError> {
         let (writer, results) = tokio::net::unix::pipe::pipe()?;
         let mut cmd = Command::new(&program[0]);
         cmd.args(&program[1..])
             .current_dir(work)
-            .envs(&action.env)
+            .envs(env)
             .envs(execution_env(launcher))
             .stdin(Stdio::piped())
             .stdout(Stdio::inherit())
@@ -157,15 +181,19 @@ impl ActionProcess {
                 return Err(ActionError::Init(format!("the executable exited at once ({status})")));
             }
         }
-        let process = ActionProcess {
+        Ok(ActionProcess {
             owner: Owner::Child(child),
             stdin: Either::Left(stdin),
             results: BufReader::with_capacity(RESULT_BUFFER, Either::Left(results)),
-        };
-        if launcher == Launcher::Native {
-            return Ok(process);
+        })
+    }
+
+    /// Whether a launcher started ahead ([`Self::prestart`]) is still there to take an action.
+    pub fn waiting(&mut self) -> bool {
+        match &mut self.owner {
+            Owner::Child(child) => matches!(child.try_wait(), Ok(None)),
+            Owner::Adopted(_) => true,
         }
-        process.acknowledged().await
     }
 
     /// Takes the launcher the zygote forked into this container, which connects to `listener`
@@ -180,20 +208,26 @@ impl ActionProcess {
             _ => return Ok(None),
         };
         let (read, write) = stream.into_split();
-        let mut process = ActionProcess {
+        let process = ActionProcess {
             owner: Owner::Adopted(nix::unistd::Pid::from_raw(pid)),
             stdin: Either::Right(write),
             results: BufReader::with_capacity(RESULT_BUFFER, Either::Right(read)),
         };
+        process.hand(action).await.map(Some)
+    }
+
+    /// Hands a launcher that waits for its action (forked by the zygote, or started ahead) the
+    /// entry point and the action's environment, and waits for it to load the action.
+    pub async fn hand(mut self, action: &PreparedAction) -> Result<Self, ActionError> {
         let mut env = action.env.clone();
         env.extend(execution_env(action.launcher));
         let mut first = serde_json::to_vec(&serde_json::json!({ "main": action.main, "env": env }))
             .map_err(|e| ActionError::Init(e.to_string()))?;
         first.push(b'\n');
-        if let Err(e) = process.send(&first).await {
-            return Err(ActionError::Init(format!("the forked launcher: {e}")));
+        if let Err(e) = self.send(&first).await {
+            return Err(ActionError::Init(format!("the waiting launcher: {e}")));
         }
-        process.acknowledged().await.map(Some)
+        self.acknowledged().await
     }
 
     /// Waits for the launcher to load the action and say so.
@@ -331,8 +365,9 @@ fn write_action(launcher: Launcher, work: &Path, spec: &InitSpec) -> Result<Vec<
             } else {
                 std::fs::write(path("__main__.py"), text()?).map_err(|e| io("__main__.py", e))?;
             }
-            std::fs::write(path(".launcher.py"), crate::launchers::PYTHON).map_err(|e| io("launcher", e))?;
-            Ok(vec![interpreter("INVOKER_PYTHON", "python3"), "-u".into(), ".launcher.py".into(), spec.main.clone()])
+            let mut program = write_launcher(work)?;
+            program.push(spec.main.clone());
+            Ok(program)
         }
         Launcher::Nodejs => {
             if spec.binary {
@@ -357,6 +392,19 @@ fn write_action(launcher: Launcher, work: &Path, spec: &InitSpec) -> Result<Vec<
             Ok(vec![exec.to_string_lossy().into_owned()])
         }
     }
+}
+
+/// The python launcher's argument that makes it wait for its entry point and environment on
+/// its first line (`launchers/python.py`), as a forked one does.
+const WAIT_FOR_ACTION: &str = "--wait-for-action";
+
+/// Writes the python launcher into `work`; returns the command that runs it, its entry point
+/// (or [`WAIT_FOR_ACTION`]) still to add.
+fn write_launcher(work: &Path) -> Result<Vec<String>, ActionError> {
+    let io = |what: &str, e: std::io::Error| ActionError::Init(format!("{what}: {e}"));
+    std::fs::create_dir_all(work).map_err(|e| io("work directory", e))?;
+    std::fs::write(work.join(".launcher.py"), crate::launchers::PYTHON).map_err(|e| io("launcher", e))?;
+    Ok(vec![interpreter("INVOKER_PYTHON", "python3"), "-u".into(), ".launcher.py".into()])
 }
 
 /// The interpreter the invoker resolved at start (an absolute path a container's uid can run),

@@ -30,11 +30,15 @@ pub(super) struct Runtime {
     pub(super) idle: parking_lot::Mutex<Vec<ActionProcess>>,
     /// `/init` asked that every run's lines start with its activation id (runs may overlap).
     pub(super) tag_logs: std::cell::Cell<bool>,
+    /// The python launcher started with the runtime, waiting for the action (`ActionProcess::
+    /// prestart`); `/init` hands it the action.
+    pub(super) prestarted: parking_lot::Mutex<Option<ActionProcess>>,
 }
 
 impl Runtime {
     pub(super) fn kill_all(&self) {
-        for mut process in self.idle.lock().drain(..) {
+        let prestarted = self.prestarted.lock().take();
+        for mut process in self.idle.lock().drain(..).chain(prestarted) {
             process.kill();
         }
     }
@@ -97,11 +101,18 @@ pub(super) async fn init(runtime: &Runtime, body: &[u8]) -> Response {
     }
 }
 
-/// The action's first process: the zygote's launcher where one comes, otherwise started here.
+/// The action's first process: the zygote's launcher where one comes, or the one started with
+/// the runtime while it still waits; otherwise started here.
 async fn first_process(runtime: &Runtime, action: &PreparedAction) -> Result<ActionProcess, ActionError> {
     if let (Launcher::Python, Some(listener)) = (runtime.launcher, &runtime.adopt) {
         if let Some(process) = ActionProcess::adopt(listener, action).await? {
             return Ok(process);
+        }
+    }
+    let prestarted = runtime.prestarted.lock().take();
+    if let Some(mut process) = prestarted.filter(|_| runtime.launcher == Launcher::Python) {
+        if process.waiting() {
+            return process.hand(action).await;
         }
     }
     ActionProcess::start(action).await

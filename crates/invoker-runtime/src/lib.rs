@@ -80,8 +80,14 @@ pub fn run(options: RuntimeOptions) -> std::io::Result<()> {
         adopt,
         idle: parking_lot::Mutex::new(Vec::new()),
         tag_logs: std::cell::Cell::new(false),
+        prestarted: parking_lot::Mutex::new(None),
     });
     let result = local.block_on(&reactor, async {
+        // Python without a zygote to fork one: its launcher starts now, before `/init`. One
+        // that cannot start is not an error here: `/init` starts one and says why it failed.
+        if options.launcher == Launcher::Python && runtime.adopt.is_none() {
+            *runtime.prestarted.lock() = action::ActionProcess::prestart(&work).await.ok();
+        }
         let listener = match &options.listen {
             Listen::Tcp(addr) => server::Listener::Tcp(tokio::net::TcpListener::bind(addr).await?),
             Listen::Unix(path) => {

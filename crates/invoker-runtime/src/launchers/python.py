@@ -1,11 +1,14 @@
 # The python:3 launcher of the invoker's action runtime (actionloop protocol).
-# argv: [launcher.py, main]. The action is __main__.py (or the extracted zip) in the working
+# argv: [launcher.py, main], or [launcher.py, --wait-for-action] when started before the action
+# exists (its entry point and environment then come as the first line on stdin, as to a launcher
+# the zygote forked; see wait_for_action). The action is __main__.py (or the extracted zip) in the working
 # directory. Writes {"ok": true} on fd 3 once the action is loaded, then, for every line on
 # stdin (one /run body), one result line on fd 3. Output is flushed before each result so
 # the runtime's sentinels follow the action's own lines. A main that returns an iterator (a
 # generator) streams: one line per value, ">" then its JSON, written as it is yielded, then
 # a last line, "=" then {} or {"error": ...} (invoker_wire::runtime::STREAM_TYPE).
 # The zygote (zygote.py) imports this file and calls serve() in each container it forks.
+import importlib
 import json
 import os
 from collections.abc import Iterator
@@ -196,5 +199,20 @@ def serve(entry):
             reply(None)
 
 
+def wait_for_action():
+    """A launcher started before its action exists (forked by the zygote, or started with the
+    runtime): the runtime's first line, at /init once the code is written, names the entry
+    point and the action's environment. Returns the entry point."""
+    first = json.loads(sys.stdin.readline() or "{}")
+    for key, value in first.get("env", {}).items():
+        os.environ[key] = value
+    # The work directory was read before the action's files (a zip's modules) were there.
+    importlib.invalidate_caches()
+    return first.get("main") or "main"
+
+
 if __name__ == "__main__":
-    serve(sys.argv[1] if len(sys.argv) > 1 else "main")
+    if sys.argv[1:] == ["--wait-for-action"]:
+        serve(wait_for_action())
+    else:
+        serve(sys.argv[1] if len(sys.argv) > 1 else "main")

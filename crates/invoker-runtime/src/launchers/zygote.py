@@ -116,10 +116,7 @@ def become(request):
     os.environ.update(request["env"])
     random.seed()
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    first = json.loads(sys.stdin.readline() or "{}")
-    for key, value in first.get("env", {}).items():
-        os.environ[key] = value
-    return first.get("main") or "main"
+    return launcher.wait_for_action()
 
 
 def child(request):
