@@ -719,3 +719,53 @@ async fn a_generator_streams_from_a_container_and_a_caller_that_leaves_stops_it(
     assert_eq!(annotation(&next, "containerId"), annotation(&record, "containerId"));
     stop(inv, &engine().await, &invoker_id).await;
 }
+
+/// The pool's ready stem containers (`state: prewarm`), by container id.
+async fn ready_stems(inv: &Invoker) -> Result<Vec<u64>, String> {
+    let (_, pool) = inv.get_url("/v1/pool").await;
+    let containers = pool["containers"].as_array().cloned().unwrap_or_default();
+    let stems: Vec<u64> =
+        containers.iter().filter(|c| c["state"] == "prewarm").filter_map(|c| c["id"].as_u64()).collect();
+    match (stems.is_empty(), pool["starting"] == 0) {
+        (false, true) => Ok(stems),
+        _ => Err(pool.to_string()),
+    }
+}
+
+/// Stems on Docker (`[[pool.prewarm]]`): a container of the runtime image started ahead, its
+/// python launcher waiting; the first call of a new action of its kind and memory takes it
+/// (`startKind: prewarm`, no creation on its path), two such calls at once never share it (the
+/// other starts cold), a taken stem is replaced, and a drain removes the stems with the rest.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs a Docker Engine and the runtime images: run by .ci/run"]
+async fn a_stem_container_is_taken_by_one_first_call_refilled_and_removed_on_drain() {
+    let dir = tempdir();
+    let invoker_id = id("dk-stem");
+    let stem = "[[pool.prewarm]]\nkind = \"python:3\"\nmemory_mb = 128\ncount = 1\n";
+    let inv = start(dir.path(), &invoker_id, None, stem).await;
+    let docker = engine().await;
+    let first_stem = support::eventually(Duration::from_secs(60), "a stem ready", || ready_stems(&inv)).await;
+    let code = "import os\ndef main(a):\n    return {'pid': os.getpid()}\n";
+    let mut action = python(code);
+    action["limits"] = json!({"memory": 128});
+    for name in ["a", "b"] {
+        inv.put_action(name, action.clone()).await;
+    }
+    let (one, two) =
+        tokio::join!(inv.invoke("a", "blocking=true", json!({})), inv.invoke("b", "blocking=true", json!({})));
+    let records = [one, two].map(|(status, record)| {
+        assert_eq!(status, 200, "{record}");
+        record
+    });
+    let kinds: Vec<Value> = records.iter().map(|r| annotation(r, "startKind")).collect();
+    assert!(kinds.contains(&json!("prewarm")) && kinds.contains(&json!("cold")), "one took the stem: {kinds:?}");
+    let taken = records.iter().find(|r| annotation(r, "startKind") == "prewarm").unwrap();
+    assert_eq!(json!(first_stem), json!([container_id(taken)]), "the stem that was ready");
+    assert!(annotation(taken, "createTime").is_null(), "nothing was created on its path: {taken}");
+    let refilled = support::eventually(Duration::from_secs(60), "the stem refilled", || ready_stems(&inv)).await;
+    assert_eq!(refilled.len(), 1);
+    assert_ne!(refilled, first_stem, "a new container");
+    // Two action containers and the new stem: the engine holds each once.
+    assert_eq!(containers_of(&docker, &invoker_id).await.len(), 3);
+    stop(inv, &docker, &invoker_id).await;
+}

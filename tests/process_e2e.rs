@@ -307,12 +307,18 @@ fn the_python_launcher_starts_with_the_runtime_and_init_hands_it_the_action() {
     };
     let mut writer = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
     let files: [(&str, &[u8]); 2] = [
-        ("__main__.py", b"import os, helper
+        (
+            "__main__.py",
+            b"import os, helper
 def main(a):
     return {'pid': os.getpid(), 'x': os.environ.get('X'), 'h': helper.VALUE}
-"),
-        ("helper.py", b"VALUE = 'from the zip'
-"),
+",
+        ),
+        (
+            "helper.py",
+            b"VALUE = 'from the zip'
+",
+        ),
     ];
     for (name, data) in files {
         writer.start_file(name, zip::write::SimpleFileOptions::default()).unwrap();

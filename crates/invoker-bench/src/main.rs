@@ -263,10 +263,16 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         );
         return Ok(());
     }
-    let by_kind = match args.cold_kinds {
+    let mut by_kind = match args.cold_kinds {
         0 => Value::Null,
         n => cold::cold_by_kind(&exe, &http, n, args.burst).await?,
     };
+    if let (Some(socket), n @ 1..) = (&args.docker_socket, args.cold_kinds) {
+        let docker = cold::cold_docker(&exe, &http, n, socket).await?;
+        if let (Value::Object(all), Value::Object(docker)) = (&mut by_kind, docker) {
+            all.extend(docker);
+        }
+    }
     if args.cold_only {
         println!("{by_kind}");
         return Ok(());

@@ -209,8 +209,20 @@ pub async fn put_action_of(
     kind: &str,
     code: &str,
 ) -> anyhow::Result<()> {
+    put_action_sized(client, base, name, kind, code, 128).await
+}
+
+/// Creates (or replaces) action `name` of `kind` with `code`, `memory_mb`, one run at a time.
+pub async fn put_action_sized(
+    client: &reqwest::Client,
+    base: &str,
+    name: &str,
+    kind: &str,
+    code: &str,
+    memory_mb: u64,
+) -> anyhow::Result<()> {
     let (user, pass) = GUEST.split_once(':').unwrap_or_default();
-    let action = json!({"exec": {"kind": kind, "code": code}, "limits": {"memory": 128, "concurrency": 1}});
+    let action = json!({"exec": {"kind": kind, "code": code}, "limits": {"memory": memory_mb, "concurrency": 1}});
     let r = client
         .put(format!("{base}/api/v1/namespaces/_/actions/{name}?overwrite=true"))
         .basic_auth(user, Some(pass))
