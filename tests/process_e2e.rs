@@ -559,6 +559,22 @@ async fn a_prewarmed_python_process_is_initialised_for_the_first_action_that_nee
         ready.ok_or_else(|| pool.to_string())
     })
     .await;
+    // The stem's memory, where an operator looks: the pool's view and the metrics.
+    let (_, pool) = inv.get_url("/v1/pool").await;
+    assert_eq!((pool["prewarm"].as_u64(), pool["prewarm_mb"].as_u64()), (Some(1), Some(256)), "{pool}");
+    let metrics = support::eventually(Duration::from_secs(10), "the stem in the metrics", || async {
+        let (_, _, body) = inv.send("GET", "/metrics", &inv.admin, &[], Vec::new()).await;
+        let text = String::from_utf8_lossy(&body).to_string();
+        let holds =
+            text.contains("invoker_prewarm_memory_mb 256") && text.contains("invoker_containers{state=\"prewarm\"} 1");
+        if holds {
+            Ok(text)
+        } else {
+            Err(text)
+        }
+    })
+    .await;
+    assert!(metrics.contains("# HELP invoker_prewarm_memory_mb"), "{metrics}");
     inv.put_action("pid", python(PID_ACTION)).await;
     let (status, record) = inv.invoke("pid", "blocking=true", json!({})).await;
     assert_eq!(status, 200, "{record}");

@@ -42,7 +42,7 @@ pub(super) async fn health(state: &AppState, call: &Call) -> Result<Response, Ap
         "can_launch": launchable >= min_mb && !state.service.is_draining(),
         "launchable_mb": launchable,
         "nodes": nodes,
-        "containers": { "starting": status.starting, "idle": status.idle, "prewarm": status.prewarm, "busy": status.busy, "removing": status.removing },
+        "containers": { "starting": status.starting, "idle": status.idle, "prewarm": status.prewarm, "prewarm_mb": status.prewarm_mb, "busy": status.busy, "removing": status.removing },
         "waiting": status.waiting,
         "create_failures_in_a_row": status.create_failures_in_a_row,
         "create_refusals_in_a_row": status.create_refusals_in_a_row,

@@ -427,12 +427,14 @@ impl ContainerPool {
     }
 
     fn status(&self) -> PoolStatus {
-        let PoolCounts { starting, idle, busy, removing, waiting, prewarm, blocked_keys } = self.core.counts();
+        let PoolCounts { starting, idle, busy, removing, waiting, prewarm, prewarm_mb, blocked_keys } =
+            self.core.counts();
         PoolStatus {
             draining: self.core.is_draining(),
             starting,
             idle,
             prewarm,
+            prewarm_mb,
             busy,
             removing,
             waiting,
@@ -837,10 +839,14 @@ impl Handler<RefreshGauges> for ContainerPool {
     type Result = ();
 
     fn handle(&mut self, _: RefreshGauges, _: &mut Context<Self>) {
-        let PoolCounts { starting, idle, busy, removing, .. } = self.core.counts();
-        for (state, n) in [("starting", starting), ("idle", idle), ("busy", busy), ("removing", removing)] {
+        let PoolCounts { starting, idle, busy, removing, prewarm, prewarm_mb, .. } = self.core.counts();
+        // `prewarm`: stems not yet taken, ready or starting (a starting one is in `starting` too).
+        let states =
+            [("starting", starting), ("idle", idle), ("busy", busy), ("removing", removing), ("prewarm", prewarm)];
+        for (state, n) in states {
             self.metrics.containers.get_or_create(&invoker_metrics::StateLabel { state: state.into() }).set(n as i64);
         }
+        self.metrics.prewarm_memory_mb.set(prewarm_mb as i64);
         let (mut wanted, mut up, mut capped_waiting) = (0u64, 0u64, 0u64);
         for k in self.core.controlled_keys() {
             wanted += u64::from(k.provisioned);

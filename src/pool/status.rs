@@ -26,6 +26,8 @@ pub struct PoolStatus {
     pub idle: usize,
     /// Prewarm (stem) containers not yet adopted, starting or ready.
     pub prewarm: usize,
+    /// The memory they hold.
+    pub prewarm_mb: u64,
     pub busy: usize,
     pub removing: usize,
     pub waiting: usize,
@@ -139,6 +141,7 @@ mod tests {
             starting: 0,
             idle: 1,
             prewarm: 0,
+            prewarm_mb: 0,
             busy: 1,
             removing: 0,
             waiting,

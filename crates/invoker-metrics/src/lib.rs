@@ -38,6 +38,8 @@ pub struct Metrics {
     /// Seconds from acceptance to the end of the run.
     latency: Histogram,
     pub containers: Family<StateLabel, Gauge>,
+    /// The memory stem containers hold, not yet taken by an action.
+    pub prewarm_memory_mb: Gauge,
     pub waiting: Gauge,
     /// The counters an ending activation bumps, looked up once (no label allocation per call).
     by_outcome: [Counter; 4],
@@ -120,12 +122,19 @@ impl Default for Metrics {
             "From the pool asking a container to go to its being gone",
             remove_seconds.clone(),
         );
+        let prewarm_memory_mb = Gauge::default();
+        registry.register(
+            "prewarm_memory_mb",
+            "Memory held by stem containers ([[pool.prewarm]]) no action has taken yet, ready or starting",
+            prewarm_memory_mb.clone(),
+        );
         let live = invoker_live::LiveFeed::default();
         Metrics {
             registry,
             live,
             latency,
             containers,
+            prewarm_memory_mb,
             waiting,
             by_outcome,
             cold,

@@ -223,6 +223,8 @@ pub struct PoolCounts {
     pub blocked_keys: usize,
     /// Stem containers not yet adopted (also in `starting` while they start, never in `idle`).
     pub prewarm: usize,
+    /// The memory those stems hold on their nodes (their class's), what no action runs in.
+    pub prewarm_mb: u64,
 }
 
 /// A key with a cap or provisioned containers ([`PoolCore::controlled_keys`]).
@@ -432,6 +434,7 @@ impl PoolCore {
     /// O(1): from totals kept as containers change phase.
     pub fn counts(&self) -> PoolCounts {
         let (stems_ready, stems_starting) = self.stems.totals();
+        let prewarm_mb = self.stems.memory_mb();
         PoolCounts {
             starting: self.starting_total,
             idle: self.idle_total,
@@ -440,6 +443,7 @@ impl PoolCore {
             waiting: self.waiting.len(),
             blocked_keys: self.blocked.len(),
             prewarm: stems_ready + stems_starting,
+            prewarm_mb,
         }
     }
 
@@ -456,6 +460,7 @@ impl PoolCore {
         for c in self.containers.values() {
             if matches!(c.owner, Owner::Stem(_)) && c.phase != Phase::Removing {
                 counts.prewarm += 1;
+                counts.prewarm_mb += u64::from(c.memory_mb);
                 if c.phase == Phase::Ready {
                     continue;
                 }

@@ -64,6 +64,11 @@ impl Stems {
         self.classes.iter().fold((0, 0), |(r, s), c| (r + c.ready.len(), s + c.starting as usize))
     }
 
+    /// The memory of the unadopted stem containers, ready and starting, over every class.
+    pub(super) fn memory_mb(&self) -> u64 {
+        self.classes.iter().map(|c| u64::from(c.spec.memory_mb) * (c.ready.len() as u64 + u64::from(c.starting))).sum()
+    }
+
     pub(super) fn take_all_ready(&mut self) -> Vec<ContainerId> {
         self.classes.iter_mut().flat_map(|c| std::mem::take(&mut c.ready)).collect()
     }
