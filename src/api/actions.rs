@@ -377,7 +377,7 @@ pub(super) async fn invoke(state: &AppState, call: &Call, ns: &str, name: &str) 
         },
     };
     // Checked by a scan, passed on as the bytes they came as (`invoker_wire::params`).
-    let params = Params::from_body(body).map_err(|e| ApiError::BadRequest(format!("request body: {e}")))?;
+    let params = Params::from_body(body.clone()).map_err(|e| ApiError::BadRequest(format!("request body: {e}")))?;
     let action = load_action(state, &ns, name).await?;
     let api_key = action.provides_api_key().then_some(key);
     let invoked = state

@@ -781,7 +781,8 @@ mod tests {
     fn queued(id: &str) -> QueuedCall {
         QueuedCall {
             meta: meta(id),
-            params: invoker_wire::params::Params::from_body(br#"{"x": 1}"#).expect("an object"),
+            params: invoker_wire::params::Params::from_body(bytes::Bytes::from_static(br#"{"x": 1}"#))
+                .expect("an object"),
             request: None,
             api_key: None,
             transaction_id: "t".into(),

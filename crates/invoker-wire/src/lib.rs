@@ -8,6 +8,7 @@
 #![forbid(unsafe_code)]
 
 pub mod cluster;
+mod json_text;
 pub mod model;
 pub mod params;
 mod record_json;

@@ -413,7 +413,7 @@ impl ActivationResponse {
     /// A result the invoker makes itself (an error, a guess), with its size.
     pub fn new(outcome: Outcome, result: Value) -> Self {
         let result = ResultJson::from_value(&result);
-        let size = Some(result.get().len() as u64);
+        let size = Some(result.as_bytes().len() as u64);
         ActivationResponse { size, ..Self::without_size(outcome, result) }
     }
 

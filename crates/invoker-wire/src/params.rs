@@ -3,16 +3,17 @@
 //! and goes as it is into the runtime's `/run` body, the durable queue's journal line and a
 //! scheduler's message to its invoker. An action's default parameters are spliced in front of
 //! the caller's, which win (a runtime reads a repeated key's last value, as JSON parsers do);
-//! when it has none, nothing is copied again.
+//! when it has none, nothing is copied again: the parameters are a slice of the request's body.
 
+use crate::json_text::JsonText;
+use bytes::Bytes;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
-use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use std::collections::BTreeSet;
 
 /// One JSON object, as its text.
 #[derive(Clone, Debug)]
-pub struct Params(Box<RawValue>);
+pub struct Params(JsonText);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ParamsError {
@@ -25,22 +26,23 @@ pub enum ParamsError {
 impl Params {
     /// No parameters: `{}`.
     pub fn empty() -> Self {
-        Params(RawValue::from_string("{}".to_string()).expect("{} is JSON"))
+        Params(JsonText::from_written("{}".to_string()))
     }
 
     /// A request's body: nothing (or only white space) is no parameters, anything else must be
-    /// one JSON object, checked by a scan without building it.
-    pub fn from_body(body: &[u8]) -> Result<Self, ParamsError> {
+    /// one JSON object, checked by a scan without building it. The parameters are then a slice
+    /// of `body`, not a copy.
+    pub fn from_body(body: Bytes) -> Result<Self, ParamsError> {
         if body.iter().all(u8::is_ascii_whitespace) {
             return Ok(Self::empty());
         }
-        Self::object(serde_json::from_slice(body)?)
+        Self::object(JsonText::from_bytes(body)?)
     }
 
-    fn object(raw: Box<RawValue>) -> Result<Self, ParamsError> {
-        match raw.get().starts_with('{') {
-            true => Ok(Params(raw)),
-            false => Err(ParamsError::NotAnObject),
+    fn object(text: JsonText) -> Result<Self, ParamsError> {
+        match text.as_bytes().first() {
+            Some(b'{') => Ok(Params(text)),
+            _ => Err(ParamsError::NotAnObject),
         }
     }
 
@@ -48,12 +50,21 @@ impl Params {
     pub fn from_map(map: &Map<String, Value>) -> Self {
         // A map of JSON values encodes without failing, and serde_json's output is JSON.
         let text = serde_json::to_string(map).expect("a JSON map serialises");
-        Params(RawValue::from_string(text).expect("serde_json writes JSON"))
+        Params(JsonText::from_written(text))
     }
 
-    /// The object's text.
+    /// The object's text (checked UTF-8: a scan of its length; to pass it on, [`Self::bytes`]).
     pub fn get(&self) -> &str {
-        self.0.get()
+        self.0.as_str()
+    }
+
+    /// The object's bytes, shared (the request's, for a call's own parameters).
+    pub fn bytes(&self) -> Bytes {
+        self.0.bytes()
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        self.0.as_bytes()
     }
 
     /// Decoded, where something must look inside (tests, a destination's outcome).
@@ -91,7 +102,7 @@ impl Params {
         }
         out.push('}');
         // Members of two JSON objects joined by a comma inside braces: one JSON object.
-        Params(RawValue::from_string(out).expect("spliced JSON objects are JSON"))
+        Params(JsonText::from_written(out))
     }
 }
 
@@ -129,7 +140,7 @@ impl Default for Params {
 
 impl PartialEq for Params {
     fn eq(&self, other: &Self) -> bool {
-        self.get() == other.get()
+        self.0 == other.0
     }
 }
 
@@ -142,8 +153,7 @@ impl Serialize for Params {
 /// Read from a journal line, redb or a scheduler's message: checked to be an object.
 impl<'de> Deserialize<'de> for Params {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let raw = Box::<RawValue>::deserialize(d)?;
-        Params::object(raw).map_err(serde::de::Error::custom)
+        Params::object(JsonText::deserialize(d)?).map_err(serde::de::Error::custom)
     }
 }
 
@@ -158,31 +168,34 @@ mod tests {
 
     #[test]
     fn a_body_is_one_object_or_nothing() {
-        assert_eq!(Params::from_body(b"").unwrap().get(), "{}");
-        assert_eq!(Params::from_body(b" \n").unwrap().get(), "{}");
-        assert_eq!(Params::from_body(br#" {"a": [1, 2.50, 1e400]} "#).unwrap().get(), r#"{"a": [1, 2.50, 1e400]}"#);
-        assert!(matches!(Params::from_body(b"[1]"), Err(ParamsError::NotAnObject)));
-        assert!(matches!(Params::from_body(b"\"x\""), Err(ParamsError::NotAnObject)));
-        assert!(matches!(Params::from_body(b"{\"a\":"), Err(ParamsError::Json(_))));
-        assert!(matches!(Params::from_body(b"{} {}"), Err(ParamsError::Json(_))));
+        assert_eq!(Params::from_body(Bytes::from_static(b"")).unwrap().get(), "{}");
+        assert_eq!(Params::from_body(Bytes::from_static(b" \n")).unwrap().get(), "{}");
+        assert_eq!(
+            Params::from_body(Bytes::from_static(br#" {"a": [1, 2.50, 1e400]} "#)).unwrap().get(),
+            r#"{"a": [1, 2.50, 1e400]}"#
+        );
+        assert!(matches!(Params::from_body(Bytes::from_static(b"[1]")), Err(ParamsError::NotAnObject)));
+        assert!(matches!(Params::from_body(Bytes::from_static(b"\"x\"")), Err(ParamsError::NotAnObject)));
+        assert!(matches!(Params::from_body(Bytes::from_static(b"{\"a\":")), Err(ParamsError::Json(_))));
+        assert!(matches!(Params::from_body(Bytes::from_static(b"{} {}")), Err(ParamsError::Json(_))));
     }
 
     #[test]
     fn defaults_go_under_the_callers_members_which_keep_their_bytes() {
-        let given = Params::from_body(br#"{"name": "you", "n": 12345678901234567890123}"#).unwrap();
+        let given = Params::from_body(Bytes::from_static(br#"{"name": "you", "n": 12345678901234567890123}"#)).unwrap();
         let merged = merge(given, &[("name", json!("default")), ("greeting", json!("hi \"there\""))]);
         assert_eq!(merged.get(), r#"{"greeting":"hi \"there\"","name": "you", "n": 12345678901234567890123}"#);
         let map = merged.to_map();
         assert_eq!((map["name"].clone(), map["greeting"].clone()), (json!("you"), json!("hi \"there\"")));
         let none = merge(Params::empty(), &[("a", json!(1))]);
         assert_eq!(none.get(), r#"{"a":1}"#);
-        let untouched = merge(Params::from_body(br#"{ "x" : 1 }"#).unwrap(), &[]);
+        let untouched = merge(Params::from_body(Bytes::from_static(br#"{ "x" : 1 }"#)).unwrap(), &[]);
         assert_eq!(untouched.get(), r#"{ "x" : 1 }"#);
     }
 
     #[test]
     fn it_reads_and_writes_as_the_object_it_is() {
-        let params = Params::from_body(br#"{"a":{"b":[true,null]}}"#).unwrap();
+        let params = Params::from_body(Bytes::from_static(br#"{"a":{"b":[true,null]}}"#)).unwrap();
         let line = serde_json::to_string(&json!({"before": 1})).unwrap();
         assert_eq!(line, r#"{"before":1}"#);
         #[derive(Serialize, Deserialize)]

@@ -9,6 +9,8 @@
 //! that needs escaping still go through `serde_json`, which defines the bytes.
 
 use crate::model::{ActivationMeta, ActivationRecord, EncodedRecord, KeyValue};
+use crate::result_json::ResultJson;
+use bytes::Bytes;
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -16,10 +18,14 @@ impl EncodedRecord {
     /// Encodes `record`, its result once (which also gives its `size`).
     pub fn new(mut record: ActivationRecord) -> Self {
         // The result as its bytes came (a runtime's answer, or the invoker's own, encoded once).
-        let result_json = record.response.result.get().as_bytes();
+        let result_json = record.response.result.as_bytes();
         record.response.size = Some(result_json.len() as u64);
         let (json, result) = encode(&record, result_json);
-        EncodedRecord { record: Arc::new(record), json: json.into(), result }
+        let json = Bytes::from(json);
+        // From here the record's result is where its JSON holds it: a large one is held once,
+        // not once there and once as it came.
+        record.response.result = ResultJson::within_record(json.slice(result.clone()));
+        EncodedRecord { record: Arc::new(record), json, result }
     }
 }
 

@@ -5,46 +5,62 @@
 //! and encoded again. What a reader needs of it (an error's message, an Fn function's
 //! response) is read from it where it is needed.
 
+use crate::json_text::JsonText;
+use bytes::Bytes;
 use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Serialize, Serializer};
-use serde_json::value::RawValue;
 use serde_json::Value;
 
 /// One JSON value, as its text: a runtime's answer, or one the invoker wrote (an error).
 #[derive(Clone, Debug)]
-pub struct ResultJson(Box<RawValue>);
+pub struct ResultJson(JsonText);
 
 impl ResultJson {
-    /// An answer's body, checked to be one JSON value by a scan that builds nothing.
+    /// An answer's body, checked to be one JSON value by a scan that builds nothing; the
+    /// result is a slice of `body`, not a copy.
+    pub fn from_bytes(body: Bytes) -> Result<Self, serde_json::Error> {
+        JsonText::from_bytes(body).map(ResultJson)
+    }
+
+    /// As [`Self::from_bytes`], from bytes it copies.
     pub fn from_slice(bytes: &[u8]) -> Result<Self, serde_json::Error> {
-        serde_json::from_slice(bytes).map(ResultJson)
+        Self::from_bytes(Bytes::copy_from_slice(bytes))
+    }
+
+    /// The result where a record's JSON holds it (`record_json`): already checked, once.
+    pub(crate) fn within_record(bytes: Bytes) -> Self {
+        ResultJson(JsonText::checked(bytes))
     }
 
     /// A result the invoker makes itself (an error, a guess), encoded once.
     pub fn from_value(value: &Value) -> Self {
         // A JSON value encodes without failing, and serde_json's output is JSON.
         let text = serde_json::to_string(value).expect("a JSON value serialises");
-        ResultJson(RawValue::from_string(text).expect("serde_json writes JSON"))
+        ResultJson(JsonText::from_written(text))
     }
 
-    /// Its text.
+    /// Its text (checked UTF-8: a scan of its length; to pass it on, [`Self::as_bytes`]).
     pub fn get(&self) -> &str {
-        self.0.get()
+        self.0.as_str()
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        self.0.as_bytes()
     }
 
     /// A dictionary or an array: what OpenWhisk's runtimes may answer as a result.
     pub fn is_dict_or_array(&self) -> bool {
-        matches!(self.get().as_bytes().first(), Some(b'{' | b'['))
+        matches!(self.as_bytes().first(), Some(b'{' | b'['))
     }
 
     /// The member `key` of a dictionary, decoded alone (the others are skipped by the scan);
     /// `None` for another value or a dictionary without it.
     pub fn field(&self, key: &str) -> Option<Value> {
-        if !self.get().starts_with('{') {
+        if self.as_bytes().first() != Some(&b'{') {
             return None;
         }
         let mut found = None;
-        let mut de = serde_json::Deserializer::from_str(self.get());
+        let mut de = serde_json::Deserializer::from_slice(self.as_bytes());
         de.deserialize_map(Member { key, found: &mut found }).ok()?;
         found
     }
@@ -59,7 +75,7 @@ impl ResultJson {
 
     /// Decoded, where something must look inside (an Fn function's response, tests).
     pub fn to_value(&self) -> Value {
-        serde_json::from_str(self.get()).unwrap_or(Value::Null)
+        serde_json::from_slice(self.as_bytes()).unwrap_or(Value::Null)
     }
 }
 
@@ -96,7 +112,7 @@ impl From<Value> for ResultJson {
 
 impl PartialEq for ResultJson {
     fn eq(&self, other: &Self) -> bool {
-        self.get() == other.get()
+        self.0 == other.0
     }
 }
 
@@ -108,7 +124,7 @@ impl Serialize for ResultJson {
 
 impl<'de> Deserialize<'de> for ResultJson {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        Box::<RawValue>::deserialize(d).map(ResultJson)
+        JsonText::deserialize(d).map(ResultJson)
     }
 }
 

@@ -8,7 +8,6 @@ use super::answer::{Answer, Interpreted};
 use super::client::{RuntimeClient, RuntimeError, RuntimeResponse};
 use super::fn_relay::FnRelay;
 use base64::Engine;
-use bytes::Bytes;
 use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
 use invoker_http::is_hop_by_hop;
 use invoker_job::stream::{StreamFormat, StreamRequest};
@@ -70,8 +69,8 @@ pub(super) async fn call(
         }
         None => {
             headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-            // A JSON map: serialising cannot fail.
-            Bytes::copy_from_slice(run.params.get().as_bytes())
+            // The parameters' own bytes (the request's), shared.
+            run.params.bytes()
         }
     };
     let deadline = humantime::format_rfc3339_seconds(SystemTime::now() + timeout).to_string();
@@ -189,7 +188,7 @@ mod tests {
         for (k, v) in headers {
             map.append(HeaderName::try_from(*k).unwrap(), HeaderValue::try_from(*v).unwrap());
         }
-        Ok(RuntimeResponse { status, headers: map, body: Bytes::copy_from_slice(body), streamed: None })
+        Ok(RuntimeResponse { status, headers: map, body: bytes::Bytes::copy_from_slice(body), streamed: None })
     }
 
     #[test]

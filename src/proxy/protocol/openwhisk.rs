@@ -56,8 +56,7 @@ pub(super) async fn run(
     timeout: Duration,
 ) -> Answer {
     let meta = &run.meta;
-    let body = RunBody {
-        value: &run.params,
+    let context = RunContext {
         namespace: &meta.namespace,
         action_name: format!("/{}/{}", meta.namespace, meta.name),
         action_version: &meta.version,
@@ -67,10 +66,17 @@ pub(super) async fn run(
         api_key: run.api_key.as_deref(),
         traceparent: run.completion.trace().to_action().map_or("", |t| t.as_str()),
     };
-    // Strings and a JSON map: serialising cannot fail.
-    // Sized first: a large call's parameters are copied once, not through a growing buffer.
-    let mut out = Vec::with_capacity(run.params.get().len() + 512);
-    serde_json::to_writer(&mut out, &body).expect("a run body serialises");
+    // `{"value":<the parameters>,<the context's members>}`: the parameters go in as their bytes
+    // (checked when they came in, not scanned again), the context through serde. Sized first:
+    // a large call's parameters are copied once, not through a growing buffer.
+    // Strings only: serialising cannot fail.
+    let context = serde_json::to_vec(&context).expect("a run context serialises");
+    let params = run.params.as_bytes();
+    let mut out = Vec::with_capacity(params.len() + context.len() + 10);
+    out.extend_from_slice(b"{\"value\":");
+    out.extend_from_slice(params);
+    out.push(b',');
+    out.extend_from_slice(&context[1..]);
     let body = Bytes::from(out);
     match stream {
         None => client.post("/run", body, timeout).await,
@@ -81,11 +87,10 @@ pub(super) async fn run(
     }
 }
 
-/// The `/run` body, written straight from the job (no copy of the parameters, no JSON tree in
-/// between).
+/// The `/run` body's members after `value` (the parameters, spliced in front of them), written
+/// straight from the job (no JSON tree in between).
 #[derive(serde::Serialize)]
-struct RunBody<'a> {
-    value: &'a invoker_wire::params::Params,
+struct RunContext<'a> {
     namespace: &'a str,
     action_name: String,
     action_version: &'a str,
@@ -137,7 +142,7 @@ pub(super) fn interpret(answer: Answer, timeout_ms: u64, oom: bool, max_result_b
         Ok(r) => r,
     };
     // Checked by a scan; the bytes are the result as they came.
-    let body = match ResultJson::from_slice(&response.body) {
+    let body = match ResultJson::from_bytes(response.body.clone()) {
         Ok(body) => body,
         Err(_) if oom => {
             developer(format!("The action exhausted its memory and was aborted. {}", response.text())).result
