@@ -21,6 +21,12 @@ use std::path::Path;
 /// for the next step.
 pub const ROOM_STEP: u64 = 1024 * 1024;
 
+/// A line this long or longer (a large call's record) is written with `pwrite(2)` rather than
+/// copied through the mapping: the same page cache, but its pages are not made the process's
+/// own (resident in it) by the copy, so a 64 MiB record costs the invoker's memory once (its
+/// JSON), not twice. Below it the copy's saving (no syscall) is what the mapping is for.
+const LARGE_LINE: usize = 256 * 1024;
+
 pub struct Segment {
     file: File,
     /// `None` until room was made.
@@ -47,6 +53,12 @@ impl Segment {
     /// now: done ahead of the lines (the journal's flush does it for the next segment), a line
     /// costs a copy and no page fault. `Err` (the room as it was) when the disk has none.
     pub fn make_room(&mut self, bytes: usize) -> io::Result<&mut MmapMut> {
+        self.make_room_after(bytes, self.len)
+    }
+
+    /// As [`Self::make_room`], the pages made writable ahead from `populated_from` on (after a
+    /// large line, which does not go through them).
+    fn make_room_after(&mut self, bytes: usize, populated_from: usize) -> io::Result<&mut MmapMut> {
         match self.map.take() {
             Some(map) if bytes <= map.len() => Ok(self.map.insert(map)),
             kept => {
@@ -54,7 +66,7 @@ impl Segment {
                 match allocate_and_map(&self.file, size) {
                     Ok(map) => {
                         // The pages not written yet, writable in one call, not by a fault each.
-                        let from = self.len / 4096 * 4096;
+                        let from = (populated_from / 4096 * 4096).min(map.len());
                         let _ = map.advise_range(memmap2::Advice::PopulateWrite, from, map.len() - from);
                         Ok(self.map.insert(map))
                     }
@@ -71,7 +83,15 @@ impl Segment {
     /// needed more room and the disk has none.
     pub fn append(&mut self, line: &[u8]) -> io::Result<()> {
         let (start, end) = (self.len, self.len + line.len());
-        self.make_room(end)?[start..end].copy_from_slice(line);
+        if line.len() < LARGE_LINE {
+            self.make_room(end)?[start..end].copy_from_slice(line);
+        } else {
+            use std::os::unix::fs::FileExt as _;
+            // Allocated and mapped as any line's room (a full disk is an error here, not at
+            // write-back); the line goes into the file past the mapping's pages.
+            self.make_room_after(end, end)?;
+            self.file.write_all_at(line, start as u64)?;
+        }
         self.len = end;
         Ok(())
     }
@@ -121,5 +141,11 @@ mod tests {
         assert_eq!(bytes.len() as u64, 2 * ROOM_STEP);
         assert_eq!(written(&bytes).len(), 4 + long.len() + 1);
         assert!(written(&bytes).ends_with(b"x\n"));
+        // The long line went in by pwrite(2), the short ones through the mapping: the mapping
+        // sees all of them where they were written (one page cache).
+        let map = segment.map.as_ref().unwrap();
+        assert_eq!(&map[..4], b"one\n");
+        assert!(map[4..4 + long.len()] == long[..], "the pwritten line, seen through the mapping");
+        assert_eq!(map[4 + long.len()], b'\n');
     }
 }
