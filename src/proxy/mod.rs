@@ -435,7 +435,7 @@ impl ContainerProxy {
             return self.apply(Event::RunAnswered { job, reusable }, ctx);
         }
         let mut record = build_record(&run, fields, outcome, result, Vec::new(), timed_out);
-        run.completion.answer(&record);
+        run.completion.answer(&mut record);
         // A failed container may never write its sentinels: do not wait long for them.
         let log_wait = self.ctx.config.log_sentinel_wait;
         let wait = if reusable { log_wait } else { log_wait.min(Duration::from_millis(200)) };

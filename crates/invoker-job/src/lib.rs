@@ -301,12 +301,15 @@ impl Completion {
 
     /// Answers whoever waits with `record` before it is whole (its result known, its logs still
     /// to come), and journals it as answered. The record is stored, and shown, only by `finish`.
-    pub fn answer(&mut self, record: &ActivationRecord) {
+    /// From here `record`'s result is the one the answer's JSON holds: a large result is not
+    /// held a third time, as it came, while its logs come.
+    pub fn answer(&mut self, record: &mut ActivationRecord) {
         let Some(inner) = self.inner.as_mut() else { return };
         // The activation no longer runs: it no longer counts against its namespace's limit
         // while its logs come.
         inner.slot = None;
         let encoded = EncodedRecord::new(record.clone());
+        record.response.result = encoded.record.response.result.clone();
         // A restart before the record is whole ends the activation with what was answered.
         if let Err(e) = inner.store.answered(&encoded) {
             tracing::warn!(activation = %record.activation_id, "the answer was not journaled: {e}");

@@ -427,7 +427,7 @@ impl Dispatcher {
                     let ran_on = KeyValue { key: "invoker".into(), value: json!(invoker) };
                     let mut answer = *answer;
                     answer.annotations.push(ran_on.clone());
-                    run.completion.answer(&answer);
+                    run.completion.answer(&mut answer);
                     // Off the dispatch: the activation no longer counts as in flight here.
                     tokio::spawn(async move {
                         let mut record = whole.await.ok().flatten().unwrap_or(answer);

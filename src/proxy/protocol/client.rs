@@ -12,10 +12,11 @@
 //! byte of an answer came back provably never reached the runtime's handler: it is sent once
 //! more, on a fresh connection. A request on a fresh connection is never sent twice.
 
+use super::body_parts::BodyParts;
 use super::fn_relay::{FnRelay, StreamSummary};
 use super::stream::{StreamBroken, StreamRelay};
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body_util::BodyExt;
 use hyper::client::conn::http1::SendRequest;
 use hyper::header::{HeaderMap, HeaderValue, ACCEPT, CONTENT_TYPE, HOST};
 use hyper_util::rt::TokioIo;
@@ -93,7 +94,7 @@ const ENVELOPE_BYTES: usize = 16 * 1024;
 /// One open connection: its sender, when it was last given back, and the bytes the runtime
 /// has sent on it so far.
 struct Connection {
-    sender: SendRequest<Full<Bytes>>,
+    sender: SendRequest<BodyParts>,
     idle_since: Instant,
     received: Arc<AtomicU64>,
 }
@@ -183,7 +184,7 @@ impl RuntimeClient {
         &self,
         path: &str,
         headers: Option<&HeaderMap>,
-        body: Bytes,
+        body: BodyParts,
         relay: Option<Relay<'_>>,
     ) -> Result<RuntimeResponse, Failed> {
         let (mut c, reused) = self.connection().await.map_err(Failed::Other)?;
@@ -195,7 +196,7 @@ impl RuntimeClient {
                 Failed::Other(ConnectionError::Http(e).into())
             }
         };
-        let mut request = hyper::Request::new(Full::new(body));
+        let mut request = hyper::Request::new(body);
         *request.method_mut() = hyper::Method::POST;
         *request.uri_mut() = hyper::Uri::try_from(path).unwrap_or_default();
         match headers {
@@ -260,7 +261,7 @@ impl RuntimeClient {
     }
 
     /// `body` (JSON) to `path`; the answer, within `timeout`.
-    pub async fn post(&self, path: &str, body: Bytes, timeout: Duration) -> Result<RuntimeResponse, RuntimeError> {
+    pub async fn post(&self, path: &str, body: BodyParts, timeout: Duration) -> Result<RuntimeResponse, RuntimeError> {
         self.exchange_within(path, None, body, timeout, None).await
     }
 
@@ -269,7 +270,7 @@ impl RuntimeClient {
     pub async fn post_streaming(
         &self,
         path: &str,
-        body: Bytes,
+        body: BodyParts,
         timeout: Duration,
         relay: &mut StreamRelay,
     ) -> Result<RuntimeResponse, RuntimeError> {
@@ -281,7 +282,7 @@ impl RuntimeClient {
         &self,
         path: &str,
         headers: &HeaderMap,
-        body: Bytes,
+        body: BodyParts,
         timeout: Duration,
         relay: &mut FnRelay,
     ) -> Result<RuntimeResponse, RuntimeError> {
@@ -293,7 +294,7 @@ impl RuntimeClient {
         &self,
         path: &str,
         headers: &HeaderMap,
-        body: Bytes,
+        body: BodyParts,
         timeout: Duration,
     ) -> Result<RuntimeResponse, RuntimeError> {
         self.exchange_within(path, Some(headers), body, timeout, None).await
@@ -303,7 +304,7 @@ impl RuntimeClient {
         &self,
         path: &str,
         headers: Option<&HeaderMap>,
-        body: Bytes,
+        body: BodyParts,
         timeout: Duration,
         mut relay: Option<Relay<'_>>,
     ) -> Result<RuntimeResponse, RuntimeError> {

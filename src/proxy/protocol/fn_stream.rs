@@ -86,8 +86,8 @@ pub(super) async fn call(
     // Only a caller that takes the function's bytes as it writes them (Fn's routes) gets them
     // so; one that asked for a stream of values (OpenWhisk's route) gets the whole answer.
     match stream.filter(|s| s.format == StreamFormat::AsWritten) {
-        None => client.send("/call", &headers, body, timeout).await,
-        Some(stream) => client.send_streaming("/call", &headers, body, timeout, &mut FnRelay::new(stream)).await,
+        None => client.send("/call", &headers, body.into(), timeout).await,
+        Some(stream) => client.send_streaming("/call", &headers, body.into(), timeout, &mut FnRelay::new(stream)).await,
     }
 }
 

@@ -3,6 +3,7 @@
 //! `ActivationResponse`), and whether the container may be kept.
 
 use super::answer::{Answer, Interpreted};
+use super::body_parts::BodyParts;
 use super::client::{RuntimeClient, RuntimeError, RuntimeResponse};
 use super::stream::StreamRelay;
 use bytes::Bytes;
@@ -40,7 +41,7 @@ pub(super) async fn init(
     }
     // Serialising a JSON tree of strings and booleans cannot fail.
     let body = Bytes::from(serde_json::to_vec(&body).expect("a JSON value serialises"));
-    match client.post("/init", body, timeout).await {
+    match client.post("/init", body.into(), timeout).await {
         Ok(RuntimeResponse { status: 200, .. }) => Ok(()),
         failed => Err(failed),
     }
@@ -66,18 +67,12 @@ pub(super) async fn run(
         api_key: run.api_key.as_deref(),
         traceparent: run.completion.trace().to_action().map_or("", |t| t.as_str()),
     };
-    // `{"value":<the parameters>,<the context's members>}`: the parameters go in as their bytes
-    // (checked when they came in, not scanned again), the context through serde. Sized first:
-    // a large call's parameters are copied once, not through a growing buffer.
-    // Strings only: serialising cannot fail.
-    let context = serde_json::to_vec(&context).expect("a run context serialises");
-    let params = run.params.as_bytes();
-    let mut out = Vec::with_capacity(params.len() + context.len() + 10);
-    out.extend_from_slice(b"{\"value\":");
-    out.extend_from_slice(params);
-    out.push(b',');
-    out.extend_from_slice(&context[1..]);
-    let body = Bytes::from(out);
+    // `{"value":<the parameters>,<the context's members>}`, sent as its three parts: the
+    // parameters as the bytes they came in (a slice of the caller's request, checked then, not
+    // scanned or copied again), the context through serde. Strings only: it cannot fail.
+    let mut context = serde_json::to_vec(&context).expect("a run context serialises");
+    context[0] = b',';
+    let body = BodyParts::new([Bytes::from_static(b"{\"value\":"), run.params.bytes(), Bytes::from(context)]);
     match stream {
         None => client.post("/run", body, timeout).await,
         Some(stream) => {

@@ -48,6 +48,12 @@ use std::time::Duration;
 
 const FLUSH_EVERY: Duration = Duration::from_millis(200);
 
+/// The most room a segment is made with ahead of its lines (its pages made writable, so
+/// resident): a flush's worth of warm calls' lines. One large record (a 64 MiB result) made the
+/// next segment's room its size, 80 MiB of zeros held in memory and on disk for lines that
+/// never came; a large line goes past the mapping anyway (`segment.rs`).
+const PREPARED_MAX: usize = 8 * 1024 * 1024;
+
 /// The action cache's budget unless configured (`[store] action_cache_mb`).
 pub const DEFAULT_ACTION_CACHE_BYTES: usize = 256 * 1024 * 1024;
 
@@ -490,12 +496,13 @@ impl Inner {
     }
 
     /// Makes segment `n` with room for about `expected` bytes (what the last flush's segment
-    /// held, and a quarter more), so that the lines it takes need no allocation or page fault.
-    /// A full disk leaves it without room: its first line then finds the disk full.
+    /// held, and a quarter more, within [`PREPARED_MAX`]), so that the lines it takes need no
+    /// allocation or page fault. A full disk leaves it without room: its first line then finds
+    /// the disk full.
     fn prepare(&self, n: u64, expected: usize) {
         let Ok(mut segment) = open_segment(&self.dir, n) else { return };
         if expected > 0 {
-            let _ = segment.make_room(expected + expected / 4);
+            let _ = segment.make_room((expected + expected / 4).min(PREPARED_MAX));
         }
         *self.prepared.lock() = Some((n, segment));
     }
