@@ -9,8 +9,9 @@ use crate::config::{Config, KindLanguage};
 use bytes::Bytes;
 use hyper::header::HeaderValue;
 use hyper::StatusCode;
+use invoker_http::body_parts::BodyParts;
 use invoker_http::streamed::Streamed;
-use invoker_http::{with_body, Response};
+use invoker_http::{with_body, with_parts, Response};
 use invoker_job::stream::StreamFormat;
 use invoker_wire::model::{
     epoch_ms, new_activation_id, validate_entity_name, Action, ActivationRecord, Exec, KeyValue, Limits,
@@ -357,9 +358,11 @@ pub(super) struct InvokeQuery {
     timeout: Option<String>,
 }
 
-pub(super) async fn invoke(state: &AppState, call: &Call, ns: &str, name: &str) -> Result<Response, ApiError> {
+/// Takes the call's body: from here the parameters, a slice of it, are its one holder, and
+/// they let it go once the runtime has them (a large body is not held until the answer).
+pub(super) async fn invoke(state: &AppState, call: &mut Call, ns: &str, name: &str) -> Result<Response, ApiError> {
     let (ns, key) = state.namespace(call, ns)?;
-    let (q, body) = (call.query::<InvokeQuery>()?, &call.body);
+    let (q, body) = (call.query::<InvokeQuery>()?, std::mem::take(&mut call.body));
     let limits = &state.config.limits;
     if body.len() > limits.payload_max_bytes {
         return Err(ApiError::TooLarge(limits.payload_max_bytes));
@@ -377,7 +380,7 @@ pub(super) async fn invoke(state: &AppState, call: &Call, ns: &str, name: &str) 
         },
     };
     // Checked by a scan, passed on as the bytes they came as (`invoker_wire::params`).
-    let params = Params::from_body(body.clone()).map_err(|e| ApiError::BadRequest(format!("request body: {e}")))?;
+    let params = Params::from_body(body).map_err(|e| ApiError::BadRequest(format!("request body: {e}")))?;
     let action = load_action(state, &ns, name).await?;
     let api_key = action.provides_api_key().then_some(key);
     let invoked = state
@@ -424,7 +427,10 @@ fn invoke_response(invoked: Invoked, result_only: bool) -> Response {
     };
     let status = super::error::record_status(&encoded.record, StatusCode::BAD_GATEWAY);
     // The bytes the store wrote: the record is not encoded again for its answer.
-    let body = if result_only { encoded.result_json() } else { encoded.json.clone() };
+    let body = match result_only {
+        true => BodyParts::from(encoded.result_json()),
+        false => BodyParts::new(encoded.json.parts().clone()),
+    };
     record_response(&encoded.record, status, body)
 }
 
@@ -441,8 +447,8 @@ fn with_activation_id(mut response: Response, id: &str) -> Response {
 }
 
 /// `body` (JSON) with `status`, the activation's id, and Retry-After when nothing ran.
-pub(super) fn record_response(record: &ActivationRecord, status: StatusCode, body: Bytes) -> Response {
-    let mut response = with_activation_id(with_body(status, "application/json", body), &record.activation_id);
+pub(super) fn record_response(record: &ActivationRecord, status: StatusCode, body: BodyParts) -> Response {
+    let mut response = with_activation_id(with_parts(status, "application/json", body), &record.activation_id);
     if matches!(status, StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS) {
         response.headers_mut().insert(hyper::header::RETRY_AFTER, HeaderValue::from_static("1"));
     }

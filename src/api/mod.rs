@@ -282,11 +282,11 @@ impl AppState {
         } else {
             (Bytes::new(), None)
         };
-        let call = Call { head, body, principal };
+        let mut call = Call { head, body, principal };
         // HEAD is GET without the body (hyper leaves the body out of the answer).
         let method = if call.head.method == Method::HEAD { &Method::GET } else { &call.head.method };
         match (route, method) {
-            (Route::Action { ns, name }, &Method::POST) => actions::invoke(self, &call, &ns, &name).await,
+            (Route::Action { ns, name }, &Method::POST) => actions::invoke(self, &mut call, &ns, &name).await,
             (Route::Action { ns, name }, &Method::GET) => actions::get(self, &call, &ns, &name).await,
             (Route::Action { ns, name }, &Method::PUT) => actions::put(self, &call, &ns, &name).await,
             (Route::Action { ns, name }, &Method::DELETE) => actions::delete(self, &call, &ns, &name).await,

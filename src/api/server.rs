@@ -10,8 +10,7 @@
 
 use super::state::AppState;
 use super::wire::{ApiStream, HeldAnswer};
-use bytes::Bytes;
-use http_body_util::{Either, Full};
+use http_body_util::Either;
 use hyper::body::Body as _;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -62,11 +61,11 @@ impl UnreadAnswers {
 
     /// A read's refusal before it is answered, while less than 1 MB of the budget is left: an
     /// answer built only to be refused would cost the invoker's one thread as much as a sent one.
-    fn refuse_early(&self, read: bool) -> Option<hyper::Response<Full<Bytes>>> {
+    fn refuse_early(&self, read: bool) -> Option<invoker_http::Response> {
         (read && self.budget.available_permits() < 1024).then(|| self.refusal())
     }
 
-    fn refusal(&self) -> hyper::Response<Full<Bytes>> {
+    fn refusal(&self) -> invoker_http::Response {
         super::error::ApiError::Unavailable(format!(
             "the server holds {} MB of answers its clients have not read yet ([api] unread_answers_mb); \
              read your answers, or try again",
@@ -80,12 +79,7 @@ impl UnreadAnswers {
     /// with its id (it ran; its record is stored, as for a blocking call that outlasted its
     /// wait), a read's a 503 that says why (nothing changed, safe to retry); a write's answer
     /// goes out uncounted (it says what was done, and refusing it would hide that).
-    fn count(
-        &self,
-        read: bool,
-        response: hyper::Response<Full<Bytes>>,
-        held: &HeldAnswer,
-    ) -> hyper::Response<Full<Bytes>> {
+    fn count(&self, read: bool, response: invoker_http::Response, held: &HeldAnswer) -> invoker_http::Response {
         let bytes = response.body().size_hint().exact().unwrap_or(0);
         let kib = u32::try_from(bytes.div_ceil(1024).max(1)).unwrap_or(u32::MAX);
         if let Ok(permit) = self.budget.clone().try_acquire_many_owned(kib) {

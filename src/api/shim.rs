@@ -13,6 +13,7 @@ use crate::activation::{IntakeError, InvokeRequest, Invoked};
 use bytes::Bytes;
 use hyper::header::{HeaderValue, ACCEPT, CONTENT_TYPE};
 use hyper::StatusCode;
+use invoker_http::body_parts::BodyParts;
 use invoker_http::streamed::Streamed;
 use invoker_http::Follows;
 use invoker_http::Response;
@@ -239,11 +240,11 @@ fn answer(
                 // The answer was the whole record (or it is here already): one message.
                 Some((Ok(whole), _)) => {
                     let ack = completion_message(&invoker_id, user_memory_mb, transid, &whole);
-                    return record_response(&whole.record, status, ack);
+                    return record_response(&whole.record, status, ack.into());
                 }
                 Some((Err(TryRecvError::Closed), _)) | None => {
                     let ack = completion_message(&invoker_id, user_memory_mb, transid, &encoded);
-                    return record_response(&encoded.record, status, ack);
+                    return record_response(&encoded.record, status, ack.into());
                 }
             };
             // OpenWhisk's split: a `ResultMessage` as soon as the result is known, then the
@@ -256,7 +257,7 @@ fn answer(
                 ack.push(b'\n');
                 Some(Bytes::from(ack))
             };
-            let mut response = record_response(&encoded.record, status, Bytes::new());
+            let mut response = record_response(&encoded.record, status, BodyParts::default());
             response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(TWO_PARTS));
             response.extensions_mut().insert(Follows::new(first.into(), second));
             response
@@ -276,7 +277,7 @@ fn result_message(transid: &Value, encoded: &EncodedRecord) -> Vec<u8> {
     body.extend_from_slice(b"{\"transid\":");
     body.extend_from_slice(&transid);
     body.extend_from_slice(b",\"response\":");
-    body.extend_from_slice(&encoded.json);
+    encoded.json.parts().iter().for_each(|part| body.extend_from_slice(part));
     body.push(b'}');
     body
 }
@@ -356,7 +357,7 @@ fn completion_message(id: &str, user_memory_mb: u64, transid: Value, encoded: &E
     // `{"response":<record>,` then the rest's fields, without its own `{`.
     let mut body = Vec::with_capacity(encoded.json.len() + rest.len() + 13);
     body.extend_from_slice(b"{\"response\":");
-    body.extend_from_slice(&encoded.json);
+    encoded.json.parts().iter().for_each(|part| body.extend_from_slice(part));
     body.push(b',');
     body.extend_from_slice(&rest[1..]);
     body.into()

@@ -26,6 +26,7 @@ use invoker_factory::contract::ContainerSpec;
 use invoker_factory::logs::{Ends, LogBuffer, LogWindow};
 use invoker_ids::{ContainerId, CreateFailure, JobId, NodeId};
 use invoker_wire::model::{epoch_ms, Action, Outcome, Rejection, StartKind};
+use invoker_wire::params::Params;
 use protocol::{discard_reason, Answer, Interpreted, Runtime};
 use record::{build_record, RecordFields};
 use serde_json::json;
@@ -393,6 +394,10 @@ impl ContainerProxy {
         let stream = run.stream.take();
         let fut = async move {
             let answer = runtime.run(&run, stream, Duration::from_millis(timeout_ms)).await;
+            // The runtime has the call: its body (the parameters, a slice of the caller's
+            // request) is not held while the answer is read into a record and its logs come.
+            run.params = Params::empty();
+            run.request = None;
             window.close_at_answer();
             let oom = !runtime.within_protocol(&answer) && factory.was_oom_killed(&handle);
             let why = discard_reason(&answer, oom);

@@ -5,8 +5,9 @@
 use super::manager::CapacityStatus;
 use super::metrics::CapacityMetrics;
 use bytes::Bytes;
-use http_body_util::{Either, Full};
+use http_body_util::Either;
 use hyper::{Method, StatusCode};
+use invoker_http::body_parts::BodyParts;
 use invoker_http::{json_value, with_body, Response};
 use invoker_live::LiveBody;
 use parking_lot::Mutex;
@@ -75,7 +76,7 @@ impl CapacityApi {
         &self,
         authorization: Option<&str>,
         stop: CancellationToken,
-    ) -> hyper::Response<Either<Full<Bytes>, LiveBody>> {
+    ) -> hyper::Response<Either<BodyParts, LiveBody>> {
         match authorization {
             None => return error(StatusCode::UNAUTHORIZED, "the admin key is required").map(Either::Left),
             Some(given) if given != &*self.admin => {

@@ -1,5 +1,5 @@
 //! The HTTP pieces the invoker's servers and clients share: a response with a body
-//! (`Response`, `with_body`, `json_value`), one client connection (`connect`, `handshake`), an
+//! (`Response`, `with_body`, `json_value`) of parts ([`body_parts`]), one client connection (`connect`, `handshake`), an
 //! answer that goes out in two parts (`Follows`), one that goes out as it is made
 //! ([`streamed`]), the hop-by-hop headers, and a unix stream
 //! the reactor watches for reading only ([`read_watched`]). Used by the API, the action runtime,
@@ -7,18 +7,24 @@
 
 #![forbid(unsafe_code)]
 
+pub mod body_parts;
 pub mod read_watched;
 pub mod streamed;
 
+use body_parts::BodyParts;
 use bytes::Bytes;
-use http_body_util::Full;
 use hyper::header::{HeaderValue, CONTENT_TYPE};
 use hyper::StatusCode;
 
-pub type Response = hyper::Response<Full<Bytes>>;
+pub type Response = hyper::Response<BodyParts>;
 
 pub fn with_body(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Response {
-    let mut response = hyper::Response::new(Full::new(body.into()));
+    with_parts(status, content_type, BodyParts::from(body.into()))
+}
+
+/// A body of parts sent one after another (a record whose result is large: `BodyParts`).
+pub fn with_parts(status: StatusCode, content_type: &'static str, body: BodyParts) -> Response {
+    let mut response = hyper::Response::new(body);
     *response.status_mut() = status;
     response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
     response

@@ -10,6 +10,7 @@
 pub mod action_cache;
 mod contract;
 pub mod journal;
+mod large_records;
 mod redb_store;
 mod segment;
 

@@ -2,6 +2,8 @@
 //! one redb file, with the indexes the API lists by (namespace, then newest first).
 
 use super::contract::{next_version, Accepted, DocKind, QueuedCall, Recovered, Store, StoreError};
+use super::large_records::{LargeRecords, OUT_OF_LINE};
+use invoker_wire::json_parts::JsonParts;
 use invoker_wire::model::{Action, ActivationMeta, ActivationRecord, EncodedRecord};
 use parking_lot::RwLock;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
@@ -17,7 +19,8 @@ const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const LAST_REVISION: &str = "last_action_revision";
 /// `namespace \0 name` → action JSON.
 const ACTIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("actions");
-/// activation id → record JSON.
+/// activation id → record JSON, or [`OUT_OF_LINE`] for a record in its own file
+/// (`large_records.rs`).
 const ACTIVATIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("activations");
 /// activation id → accepted-activation JSON, until its record is written.
 const PENDING: TableDefinition<&str, &[u8]> = TableDefinition::new("pending");
@@ -41,6 +44,8 @@ const DOCS: TableDefinition<&str, &str> = TableDefinition::new("documents");
 
 pub struct RedbStore {
     path: PathBuf,
+    /// Records whose result is large, each in its own file beside the database.
+    large: LargeRecords,
     /// `None` only while a reopen has failed (`broken` stays set).
     db: RwLock<Option<Database>>,
     /// Set by an I/O error: redb answers every later call with `PreviousIo` until the file is
@@ -61,6 +66,15 @@ fn decode<T: DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<T, StoreError>
     serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt { key: key.to_string(), reason: e.to_string() })
 }
 
+/// A record from its value in the records table: its JSON, or read from its own file.
+fn record_of(large: &LargeRecords, id: &str, value: &[u8]) -> Result<ActivationRecord, StoreError> {
+    if value != OUT_OF_LINE {
+        return decode(id, value);
+    }
+    let json = large.read(id).map_err(|source| StoreError::Io { what: format!("record {id}"), source })?;
+    decode(id, &json)
+}
+
 fn encode<T: serde::Serialize>(value: &T) -> Vec<u8> {
     serde_json::to_vec(value).expect("model types always serialize")
 }
@@ -79,12 +93,19 @@ impl RedbStore {
     /// Opens (or creates) the store file and checks its schema version.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
         let db = Self::open_db(path)?;
+        let large =
+            LargeRecords::open(path).map_err(|source| StoreError::Io { what: path.display().to_string(), source })?;
         Ok(RedbStore {
             path: path.to_path_buf(),
+            large,
             db: RwLock::new(Some(db)),
             broken: AtomicBool::new(false),
             docs_generation: std::sync::atomic::AtomicU64::new(0),
         })
+    }
+
+    fn record(&self, id: &str, value: &[u8]) -> Result<ActivationRecord, StoreError> {
+        record_of(&self.large, id, value)
     }
 
     /// Runs `f` on the database, opened again first if an I/O error broke it; an I/O error
@@ -188,7 +209,7 @@ impl RedbStore {
         self.run(|db| {
             let txn = db.begin_read().map_err(db_err)?;
             if let Some(v) = txn.open_table(ACTIVATIONS).map_err(db_err)?.get(id).map_err(db_err)? {
-                return Ok(Accepted::Finished(Box::new(decode(id, v.value())?)));
+                return Ok(Accepted::Finished(Box::new(self.record(id, v.value())?)));
             }
             if let Some(v) = txn.open_table(PENDING).map_err(db_err)?.get(id).map_err(db_err)? {
                 return pending(id, v.value());
@@ -208,7 +229,7 @@ impl RedbStore {
         self.run(|db| {
             let txn = db.begin_write().map_err(db_err)?;
             {
-                let mut tables = RecordTables::open(&txn)?;
+                let mut tables = RecordTables::open(&txn, &self.large)?;
                 for meta in batch.accepted {
                     let id = meta.activation_id.as_str();
                     if tables.records.get(id).map_err(db_err)?.is_none() {
@@ -255,7 +276,7 @@ pub struct Batch<'a> {
     /// Queued calls that ended (a record): out of the queued table.
     pub unqueued: &'a [String],
     /// Records, each with its JSON and whether its pending entry may be in redb.
-    pub finished: &'a [(&'a ActivationRecord, &'a [u8], bool)],
+    pub finished: &'a [(&'a ActivationRecord, &'a JsonParts, bool)],
 }
 
 impl Batch<'_> {
@@ -270,14 +291,16 @@ impl Batch<'_> {
 
 /// The tables a record touches, opened once for a whole batch.
 struct RecordTables<'txn> {
+    large: &'txn LargeRecords,
     records: redb::Table<'txn, &'static str, &'static [u8]>,
     pending: redb::Table<'txn, &'static str, &'static [u8]>,
     by_namespace: redb::Table<'txn, &'static str, &'static str>,
 }
 
 impl<'txn> RecordTables<'txn> {
-    fn open(txn: &'txn redb::WriteTransaction) -> Result<Self, StoreError> {
+    fn open(txn: &'txn redb::WriteTransaction, large: &'txn LargeRecords) -> Result<Self, StoreError> {
         Ok(RecordTables {
+            large,
             records: txn.open_table(ACTIVATIONS).map_err(db_err)?,
             pending: txn.open_table(PENDING).map_err(db_err)?,
             by_namespace: txn.open_table(BY_NAMESPACE).map_err(db_err)?,
@@ -285,17 +308,39 @@ impl<'txn> RecordTables<'txn> {
     }
 
     fn write(&mut self, record: &ActivationRecord) -> Result<(), StoreError> {
-        self.write_encoded(record, &encode(record), true)
+        self.write_encoded(record, &JsonParts::whole(encode(record).into()), true)
     }
 
     /// The record, its index entry, and no pending entry any more (`pending_in_db`: there may
     /// be one to remove). A record that replaces one (a guess replaced by what ran) takes the
     /// old one's index entry with it.
-    fn write_encoded(&mut self, record: &ActivationRecord, json: &[u8], pending_in_db: bool) -> Result<(), StoreError> {
+    fn write_encoded(
+        &mut self,
+        record: &ActivationRecord,
+        json: &JsonParts,
+        pending_in_db: bool,
+    ) -> Result<(), StoreError> {
         let id = record.activation_id.as_str();
         let ns_key = format!("{}\0{:020}\0{id}", record.namespace, record.start);
-        let replaced =
-            self.records.insert(id, json).map_err(db_err)?.map(|old| decode::<ActivationRecord>(id, old.value()));
+        let large = self.large;
+        let replaced = if LargeRecords::takes(id, json) {
+            // Read before its file is written over.
+            let old = self.records.get(id).map_err(db_err)?.map(|old| record_of(large, id, old.value()));
+            large.write(id, json).map_err(|source| StoreError::Io { what: format!("record {id}"), source })?;
+            self.records.insert(id, OUT_OF_LINE).map_err(db_err)?;
+            old
+        } else {
+            // One part as it is; a record in parts whose id is no file name is joined (rare).
+            let bytes = json.to_bytes();
+            let old = self.records.insert(id, &bytes[..]).map_err(db_err)?;
+            old.map(|old| {
+                let was = record_of(large, id, old.value());
+                if old.value() == OUT_OF_LINE {
+                    large.remove(id);
+                }
+                was
+            })
+        };
         if let Some(Ok(old)) = replaced {
             let old_key = format!("{}\0{:020}\0{id}", old.namespace, old.start);
             if old_key != ns_key {
@@ -414,7 +459,7 @@ impl Store for RedbStore {
             let txn = db.begin_write().map_err(db_err)?;
             let seen = {
                 if let Some(v) = txn.open_table(ACTIVATIONS).map_err(db_err)?.get(id).map_err(db_err)? {
-                    Some(Accepted::Finished(Box::new(decode(id, v.value())?)))
+                    Some(Accepted::Finished(Box::new(self.record(id, v.value())?)))
                 } else if let Some(v) = txn.open_table(PENDING).map_err(db_err)?.get(id).map_err(db_err)? {
                     Some(pending(id, v.value())?)
                 } else {
@@ -449,7 +494,7 @@ impl Store for RedbStore {
     fn finish(&self, record: &EncodedRecord) -> Result<(), StoreError> {
         self.run(|db| {
             let txn = db.begin_write().map_err(db_err)?;
-            RecordTables::open(&txn)?.write_encoded(&record.record, &record.json, true)?;
+            RecordTables::open(&txn, &self.large)?.write_encoded(&record.record, &record.json, true)?;
             let id = record.record.activation_id.as_str();
             txn.open_table(QUEUED).map_err(db_err)?.remove(id).map_err(db_err)?;
             txn.open_table(STARTED).map_err(db_err)?.remove(id).map_err(db_err)?;
@@ -463,7 +508,7 @@ impl Store for RedbStore {
             let txn = db.begin_read().map_err(db_err)?;
             let table = txn.open_table(ACTIVATIONS).map_err(db_err)?;
             let value = table.get(id).map_err(db_err)?;
-            value.map(|v| decode(id, v.value())).transpose()
+            value.map(|v| self.record(id, v.value())).transpose()
         })
     }
 
@@ -492,7 +537,7 @@ impl Store for RedbStore {
                 }
                 let id = k.value().rsplit('\0').next().unwrap_or_default().to_string();
                 if let Some(r) = records.get(id.as_str()).map_err(db_err)? {
-                    out.push(decode(&id, r.value())?);
+                    out.push(self.record(&id, r.value())?);
                 }
                 if out.len() >= limit {
                     break;
@@ -523,7 +568,7 @@ impl Store for RedbStore {
             self.run(|db| {
                 let txn = db.begin_write().map_err(db_err)?;
                 {
-                    let mut tables = RecordTables::open(&txn)?;
+                    let mut tables = RecordTables::open(&txn, &self.large)?;
                     for meta in &pending {
                         tables.write(&ActivationRecord::guess(meta, super::contract::STOPPED_UNFINISHED, now_ms))?;
                     }
@@ -625,6 +670,8 @@ impl RedbStore {
             let mut cursor = String::new();
             loop {
                 let txn = db.begin_write().map_err(db_err)?;
+                // Records kept in their own files: removed once the transaction committed.
+                let mut files = Vec::new();
                 let (removed_now, next) = {
                     let mut by_ns = txn.open_table(BY_NAMESPACE).map_err(db_err)?;
                     let mut records = txn.open_table(ACTIVATIONS).map_err(db_err)?;
@@ -643,7 +690,10 @@ impl RedbStore {
                         .collect::<Result<_, _>>()
                         .map_err(db_err)?;
                     for ns_key in &old {
-                        records.remove(ns_key.rsplit('\0').next().unwrap_or_default()).map_err(db_err)?;
+                        let id = ns_key.rsplit('\0').next().unwrap_or_default();
+                        if records.remove(id).map_err(db_err)?.is_some_and(|v| v.value() == OUT_OF_LINE) {
+                            files.push(id.to_string());
+                        }
                         by_ns.remove(ns_key.as_str()).map_err(db_err)?;
                     }
                     // A full batch may leave more of this namespace; otherwise on to the next one.
@@ -652,6 +702,7 @@ impl RedbStore {
                 };
                 if removed_now > 0 {
                     txn.commit().map_err(db_err)?;
+                    files.iter().for_each(|id| self.large.remove(id));
                     removed += removed_now;
                 } else {
                     txn.abort().map_err(db_err)?;
@@ -885,5 +936,39 @@ mod tests {
             assert!(s.get_activation(&format!("{ns}-0")).unwrap().is_none(), "the record goes with its index entry");
         }
         assert_eq!(s.expire_in_batches(350, 2).unwrap(), 0);
+    }
+
+    /// A record whose result is large is kept in its own file: listed, read, replaced by a
+    /// small one (its file gone) and expired (its file gone) as any other.
+    #[test]
+    fn a_large_record_lives_in_its_own_file_and_goes_with_its_entry() {
+        let (d, s) = store();
+        let large = |id: &str, at: u64| {
+            let mut m = meta(id);
+            m.accepted_at = at;
+            let mut r = ActivationRecord::whisk_error(&m, "x", at + 1);
+            let big = "z".repeat(invoker_wire::model::SHARED_RESULT);
+            r.response = invoker_wire::model::ActivationResponse::new(
+                invoker_wire::model::Outcome::Success,
+                serde_json::json!({ "big": big }),
+            );
+            r
+        };
+        let file = |id: &str| d.path().join(format!("invoker.records/{id}.json"));
+        for (id, at) in [("big1", 100), ("big2", 200)] {
+            s.finish(&EncodedRecord::new(large(id, at))).unwrap();
+            assert!(file(id).exists(), "{id} is in a file of its own");
+        }
+        assert_eq!(s.get_activation("big1").unwrap().unwrap(), large("big1", 100));
+        assert_eq!(s.list_activations("guest", None, 0, 10).unwrap()[0], large("big2", 200));
+        // Replaced by a small record (a guess, say): in redb, its file gone.
+        let mut small = meta("big2");
+        small.accepted_at = 200;
+        s.finish(&ActivationRecord::whisk_error(&small, "x", 201).into()).unwrap();
+        assert!(!file("big2").exists());
+        assert_eq!(s.get_activation("big2").unwrap().unwrap().response.status_code, 3);
+        assert_eq!(s.expire(150).unwrap(), 1);
+        assert!(!file("big1").exists(), "expired with its entry");
+        assert!(s.get_activation("big1").unwrap().is_none());
     }
 }

@@ -82,15 +82,29 @@ impl Segment {
     /// Copies `line` after the lines before it. `Err` (and nothing written) when the segment
     /// needed more room and the disk has none.
     pub fn append(&mut self, line: &[u8]) -> io::Result<()> {
-        let (start, end) = (self.len, self.len + line.len());
-        if line.len() < LARGE_LINE {
-            self.make_room(end)?[start..end].copy_from_slice(line);
+        self.append_parts(&[line])
+    }
+
+    /// As [`Self::append`], the line given as its parts, written one after another (a large
+    /// record's line is never joined into one buffer first).
+    pub fn append_parts(&mut self, parts: &[&[u8]]) -> io::Result<()> {
+        let length: usize = parts.iter().map(|part| part.len()).sum();
+        let (mut at, end) = (self.len, self.len + length);
+        if length < LARGE_LINE {
+            let map = self.make_room(end)?;
+            for part in parts {
+                map[at..at + part.len()].copy_from_slice(part);
+                at += part.len();
+            }
         } else {
             use std::os::unix::fs::FileExt as _;
             // Allocated and mapped as any line's room (a full disk is an error here, not at
             // write-back); the line goes into the file past the mapping's pages.
             self.make_room_after(end, end)?;
-            self.file.write_all_at(line, start as u64)?;
+            for part in parts {
+                self.file.write_all_at(part, at as u64)?;
+                at += part.len();
+            }
         }
         self.len = end;
         Ok(())

@@ -8,6 +8,7 @@
 #![forbid(unsafe_code)]
 
 pub mod cluster;
+pub mod json_parts;
 mod json_text;
 pub mod model;
 pub mod params;

@@ -1,12 +1,12 @@
 //! Actions and activation records, in the JSON shapes OpenWhisk clients read and write.
 
+use crate::json_parts::JsonParts;
 use crate::params::Params;
 use crate::result_json::ResultJson;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::borrow::Cow;
-use std::ops::Range;
 use std::sync::Arc;
 
 /// `{"key": ..., "value": ...}`: OpenWhisk's parameter and annotation entry.
@@ -440,16 +440,22 @@ impl ActivationResponse {
 #[derive(Clone, Debug)]
 pub struct EncodedRecord {
     pub record: Arc<ActivationRecord>,
-    pub json: Bytes,
-    /// Where the result lies in `json`.
-    pub(crate) result: Range<usize>,
+    /// One buffer; a large result between the parts before and after it, as it came.
+    pub json: JsonParts,
+    /// The result's JSON: a slice of `json`'s one buffer, or its middle part.
+    pub(crate) result: Bytes,
 }
+
+/// A result this long or longer is not copied into its record's JSON: the record holds it as
+/// the bytes it came as, between the parts before and after it ([`JsonParts`]). Below it one
+/// buffer is cheaper to pass around than three, and the copy costs little.
+pub const SHARED_RESULT: usize = 64 * 1024;
 
 /// `EncodedRecord::new`, which writes the JSON, is in `record_json.rs`.
 impl EncodedRecord {
     /// The result's JSON, as the record holds it.
     pub fn result_json(&self) -> Bytes {
-        self.json.slice(self.result.clone())
+        self.result.clone()
     }
 }
 
@@ -735,7 +741,11 @@ mod tests {
             record.logs = vec!["\"response\":{\"result\":null".into()];
             let encoded = EncodedRecord::new(record.clone());
             record.response.size = Some(result.to_string().len() as u64);
-            assert_eq!(encoded.json, Bytes::from(serde_json::to_vec(&record).unwrap()), "the same bytes as serde's");
+            assert_eq!(
+                encoded.json.to_bytes(),
+                Bytes::from(serde_json::to_vec(&record).unwrap()),
+                "the same bytes as serde's"
+            );
             assert_eq!(encoded.result_json(), Bytes::from(result.to_string()));
             assert_eq!(*encoded.record, record);
         }

@@ -8,69 +8,82 @@
 //! one copy between quotes; JSON values (the result, the annotations' values) and any string
 //! that needs escaping still go through `serde_json`, which defines the bytes.
 
-use crate::model::{ActivationMeta, ActivationRecord, EncodedRecord, KeyValue};
+use crate::json_parts::JsonParts;
+use crate::model::{ActivationMeta, ActivationRecord, EncodedRecord, KeyValue, SHARED_RESULT};
 use crate::result_json::ResultJson;
 use bytes::Bytes;
-use std::ops::Range;
 use std::sync::Arc;
 
 impl EncodedRecord {
     /// Encodes `record`, its result once (which also gives its `size`).
     pub fn new(mut record: ActivationRecord) -> Self {
         // The result as its bytes came (a runtime's answer, or the invoker's own, encoded once).
-        let result_json = record.response.result.as_bytes();
-        record.response.size = Some(result_json.len() as u64);
-        let (json, result) = encode(&record, result_json);
+        let result = record.response.result.bytes();
+        record.response.size = Some(result.len() as u64);
+        let logs: usize = record.logs.iter().map(|l| l.len() + 3).sum();
+        if result.len() >= SHARED_RESULT {
+            let mut head = Vec::with_capacity(320);
+            encode_head(&record, &mut head);
+            let mut tail = Vec::with_capacity(192 + logs);
+            encode_tail(&record, &mut tail);
+            let json = JsonParts::split(head.into(), result.clone(), tail.into());
+            return EncodedRecord { record: Arc::new(record), json, result };
+        }
+        let mut json = Vec::with_capacity(512 + result.len() + logs);
+        encode_head(&record, &mut json);
+        let at = json.len()..json.len() + result.len();
+        json.extend_from_slice(&result);
+        encode_tail(&record, &mut json);
         let json = Bytes::from(json);
-        // From here the record's result is where its JSON holds it: a large one is held once,
-        // not once there and once as it came.
-        record.response.result = ResultJson::within_record(json.slice(result.clone()));
-        EncodedRecord { record: Arc::new(record), json, result }
+        // From here the record's result is where its JSON holds it: held once, not once there
+        // and once as it came.
+        let result = json.slice(at);
+        record.response.result = ResultJson::within_record(result.clone());
+        EncodedRecord { record: Arc::new(record), json: JsonParts::whole(json), result }
     }
 }
 
-/// The record's JSON with `result_json` (the result, encoded once by the caller) in its place,
-/// and where in it the result is.
-fn encode(record: &ActivationRecord, result_json: &[u8]) -> (Vec<u8>, Range<usize>) {
-    let logs: usize = record.logs.iter().map(|l| l.len() + 3).sum();
-    let mut out = Vec::with_capacity(512 + result_json.len() + logs);
+/// The record's JSON up to its result (`..."result":`).
+fn encode_head(record: &ActivationRecord, out: &mut Vec<u8>) {
     out.extend_from_slice(b"{\"namespace\":");
-    string(&mut out, &record.namespace);
+    string(out, &record.namespace);
     out.extend_from_slice(b",\"name\":");
-    string(&mut out, &record.name);
+    string(out, &record.name);
     out.extend_from_slice(b",\"version\":");
-    string(&mut out, &record.version);
+    string(out, &record.version);
     out.extend_from_slice(b",\"subject\":");
-    string(&mut out, &record.subject);
+    string(out, &record.subject);
     out.extend_from_slice(b",\"activationId\":");
-    string(&mut out, &record.activation_id);
+    string(out, &record.activation_id);
     out.extend_from_slice(b",\"start\":");
-    number(&mut out, record.start);
+    number(out, record.start);
     out.extend_from_slice(b",\"end\":");
-    number(&mut out, record.end);
+    number(out, record.end);
     out.extend_from_slice(b",\"duration\":");
-    number(&mut out, record.duration);
+    number(out, record.duration);
     out.extend_from_slice(b",\"statusCode\":");
-    number(&mut out, u64::from(record.status_code));
+    number(out, u64::from(record.status_code));
     let response = &record.response;
     out.extend_from_slice(b",\"response\":{\"status\":");
-    string(&mut out, &response.status);
+    string(out, &response.status);
     out.extend_from_slice(b",\"statusCode\":");
-    number(&mut out, u64::from(response.status_code));
+    number(out, u64::from(response.status_code));
     out.extend_from_slice(if response.success { b",\"success\":true" } else { b",\"success\":false" });
     out.extend_from_slice(b",\"result\":");
-    let result = out.len()..out.len() + result_json.len();
-    out.extend_from_slice(result_json);
-    if let Some(size) = response.size {
+}
+
+/// The record's JSON after its result.
+fn encode_tail(record: &ActivationRecord, out: &mut Vec<u8>) {
+    if let Some(size) = record.response.size {
         out.extend_from_slice(b",\"size\":");
-        number(&mut out, size);
+        number(out, size);
     }
     out.extend_from_slice(b"},\"logs\":[");
     for (n, line) in record.logs.iter().enumerate() {
         if n > 0 {
             out.push(b',');
         }
-        string(&mut out, line);
+        string(out, line);
     }
     out.extend_from_slice(b"],\"annotations\":[");
     for (n, KeyValue { key, value }) in record.annotations.iter().enumerate() {
@@ -78,18 +91,17 @@ fn encode(record: &ActivationRecord, result_json: &[u8]) -> (Vec<u8>, Range<usiz
             out.push(b',');
         }
         out.extend_from_slice(b"{\"key\":");
-        string(&mut out, key);
+        string(out, key);
         out.extend_from_slice(b",\"value\":");
         match value {
-            serde_json::Value::String(s) => string(&mut out, s),
+            serde_json::Value::String(s) => string(out, s),
             // Numbers, booleans and the limits' object: strings, numbers and JSON values, which
             // encode without failing.
-            other => serde_json::to_writer(&mut out, other).expect("a JSON value serialises"),
+            other => serde_json::to_writer(&mut *out, other).expect("a JSON value serialises"),
         }
         out.push(b'}');
     }
     out.extend_from_slice(if record.publish { b"],\"publish\":true}" } else { b"],\"publish\":false}" });
-    (out, result)
 }
 
 impl ActivationMeta {
@@ -231,12 +243,22 @@ mod tests {
         }
 
         #[test]
-        fn the_bytes_are_serde_jsons(record in record()) {
+        fn the_bytes_are_serde_jsons(mut record in record(), large in any::<bool>()) {
+            if large {
+                record.response.result = json!({"s": "x".repeat(SHARED_RESULT)}).into();
+            }
+            let encoded = EncodedRecord::new(record.clone());
             let result = serde_json::to_vec(&record.response.result).unwrap();
-            let (json, at) = encode(&record, &result);
+            record.response.size = Some(result.len() as u64);
             let serde = serde_json::to_vec(&record).unwrap();
+            let json = encoded.json.to_bytes();
             prop_assert_eq!(String::from_utf8_lossy(&json), String::from_utf8_lossy(&serde));
-            prop_assert_eq!(&json[at], result.as_slice());
+            prop_assert_eq!(&encoded.result_json()[..], result.as_slice());
+            // A large result is a part of its own, the bytes it came as.
+            prop_assert_eq!(encoded.json.parts()[1].is_empty(), !large);
+            if large {
+                prop_assert_eq!(encoded.json.parts()[1].as_ptr(), encoded.record.response.result.as_bytes().as_ptr());
+            }
         }
     }
 }

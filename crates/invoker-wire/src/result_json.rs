@@ -48,6 +48,11 @@ impl ResultJson {
         self.0.as_bytes()
     }
 
+    /// The bytes, shared (a record's JSON holds a large result so, not as a copy).
+    pub fn bytes(&self) -> Bytes {
+        self.0.bytes()
+    }
+
     /// A dictionary or an array: what OpenWhisk's runtimes may answer as a result.
     pub fn is_dict_or_array(&self) -> bool {
         matches!(self.as_bytes().first(), Some(b'{' | b'['))

@@ -12,7 +12,6 @@
 //! byte of an answer came back provably never reached the runtime's handler: it is sent once
 //! more, on a fresh connection. A request on a fresh connection is never sent twice.
 
-use super::body_parts::BodyParts;
 use super::fn_relay::{FnRelay, StreamSummary};
 use super::stream::{StreamBroken, StreamRelay};
 use bytes::Bytes;
@@ -22,6 +21,7 @@ use hyper::header::{HeaderMap, HeaderValue, ACCEPT, CONTENT_TYPE, HOST};
 use hyper_util::rt::TokioIo;
 use invoker_factory::contract::Transport;
 use invoker_factory::peer::{Peer, StrangerError};
+use invoker_http::body_parts::BodyParts;
 use invoker_http::read_watched::ReadWatchedStream;
 use invoker_http::{handshake, ConnectionError};
 use invoker_wire::runtime::STREAM_TYPE;

@@ -4,7 +4,6 @@
 //! Every protocol speaks HTTP/1.1 over the container's transport through [`RuntimeClient`].
 
 mod answer;
-mod body_parts;
 mod client;
 mod fn_relay;
 pub mod fn_stream;

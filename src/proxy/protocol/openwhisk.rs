@@ -3,10 +3,10 @@
 //! `ActivationResponse`), and whether the container may be kept.
 
 use super::answer::{Answer, Interpreted};
-use super::body_parts::BodyParts;
 use super::client::{RuntimeClient, RuntimeError, RuntimeResponse};
 use super::stream::StreamRelay;
 use bytes::Bytes;
+use invoker_http::body_parts::BodyParts;
 use invoker_job::stream::StreamRequest;
 use invoker_job::RunJob;
 use invoker_wire::model::{epoch_ms, Action, Outcome};

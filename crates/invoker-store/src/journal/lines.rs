@@ -3,6 +3,7 @@
 //! bytes already encoded for it and read back by [`Line`].
 
 use crate::contract::QueuedCall;
+use invoker_wire::json_parts::JsonParts;
 #[cfg(any(test, feature = "test-util"))]
 use invoker_wire::model::EncodedRecord;
 use invoker_wire::model::{ActivationMeta, ActivationRecord};
@@ -30,12 +31,12 @@ pub fn reread_line(bytes: &[u8]) -> Option<Vec<u8>> {
             Some(line)
         }
         Line::F(record) => {
-            let mut line = finished_line(&EncodedRecord::new(*record).json);
+            let mut line = record_line(FINISHED, &EncodedRecord::new(*record).json).concat();
             line.pop();
             Some(line)
         }
         Line::R(record) => {
-            let mut line = answered_line(&EncodedRecord::new(*record).json);
+            let mut line = record_line(ANSWERED, &EncodedRecord::new(*record).json).concat();
             line.pop();
             Some(line)
         }
@@ -49,7 +50,7 @@ pub fn reread_line(bytes: &[u8]) -> Option<Vec<u8>> {
 }
 
 /// What `Line` reads of a start, written without a copy (an acceptance's line is
-/// [`accepted_line`], a finished record's [`finished_line`]).
+/// [`accepted_line`], a record's [`record_line`]).
 #[derive(serde::Serialize)]
 pub(super) enum LineRef<'a> {
     S(&'a str, u64),
@@ -78,13 +79,15 @@ pub(super) fn wrapped_line(head: &[u8], json: &[u8]) -> Vec<u8> {
     line
 }
 
-/// An answered record's line, newline included: `{"R":<record>}`.
-pub(super) fn answered_line(json: &[u8]) -> Vec<u8> {
-    wrapped_line(b"{\"R\":", json)
-}
+/// A finished record's line begins so: `{"F":<record>}`.
+pub(super) const FINISHED: &[u8] = b"{\"F\":";
+/// An answered record's line begins so: `{"R":<record>}`.
+pub(super) const ANSWERED: &[u8] = b"{\"R\":";
 
-/// A finished record's line, newline included: `{"F":<record>}` around the record's JSON as it
-/// was encoded, once.
-pub(super) fn finished_line(json: &[u8]) -> Vec<u8> {
-    wrapped_line(b"{\"F\":", json)
+/// A record's line (`key`: [`FINISHED`] or [`ANSWERED`]), newline included, as the parts to
+/// write one after another: the record's JSON as it was encoded, once, and as it is held (a
+/// large result as the bytes it came as), never joined into one buffer for its line.
+pub(super) fn record_line<'a>(key: &'static [u8], json: &'a JsonParts) -> [&'a [u8]; 5] {
+    let [head, middle, tail] = json.parts();
+    [key, head, middle, tail, b"}\n"]
 }

@@ -36,8 +36,9 @@ use super::contract::{Accepted, Store, StoreError};
 use super::redb_store::{Batch, RedbStore};
 use super::segment::Segment;
 use files::{io_err, open_segment, segments, survey, Reserve, DAMAGED};
+use invoker_wire::json_parts::JsonParts;
 use invoker_wire::model::{ActivationMeta, ActivationRecord};
-use lines::{answered_line, finished_line, Line};
+use lines::{record_line, Line, ANSWERED, FINISHED};
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 use std::fs::File;
@@ -106,7 +107,7 @@ struct State {
     /// Answered and not finished (their logs still coming): the record as answered, and its
     /// JSON. Journaled again in each new segment until finished, so that a restart finishes
     /// such an activation with what its caller was told, not with a guess.
-    answered: FxHashMap<String, (Arc<ActivationRecord>, bytes::Bytes)>,
+    answered: FxHashMap<String, (Arc<ActivationRecord>, JsonParts)>,
     /// Asynchronous calls accepted and not finished (each pending too).
     queued: FxHashMap<String, QueueEntry>,
     /// Queued calls that ended while redb held them: out of its queued table with the next
@@ -130,7 +131,7 @@ struct QueueEntry {
 #[derive(Clone)]
 struct Finished {
     record: Arc<ActivationRecord>,
-    json: bytes::Bytes,
+    json: JsonParts,
     /// In the journal (or in a segment an earlier run left): a restart finds it. False only
     /// for a record the disk had no room for at all, held in memory alone.
     journaled: bool,
@@ -174,7 +175,7 @@ impl JournaledStore {
         // the new segment before the old ones go.
         for segment in &read {
             for (record, json) in &segment.answered {
-                let entry = (Arc::new(record.clone()), bytes::Bytes::from(json.clone()));
+                let entry = (Arc::new(record.clone()), json.clone());
                 state.answered.insert(record.activation_id.clone(), entry);
             }
             for (record, _) in &segment.finished {
@@ -266,8 +267,8 @@ struct SegmentRead {
     started: Vec<(String, u64)>,
     /// Ended (a record): out of the queue.
     unqueued: Vec<String>,
-    finished: Vec<(ActivationRecord, Vec<u8>)>,
-    answered: Vec<(ActivationRecord, Vec<u8>)>,
+    finished: Vec<(ActivationRecord, JsonParts)>,
+    answered: Vec<(ActivationRecord, JsonParts)>,
     unread: usize,
 }
 
@@ -296,7 +297,7 @@ fn read_segment(path: &Path) -> Result<SegmentRead, StoreError> {
             Ok(Line::A(meta)) => read.accepted.push(meta),
             Ok(Line::F(record)) => {
                 // A record is strings, numbers and JSON values: encoding it cannot fail.
-                let json = serde_json::to_vec(&record).expect("a record serialises");
+                let json = JsonParts::whole(serde_json::to_vec(&record).expect("a record serialises").into());
                 read.unqueued.push(record.activation_id.clone());
                 read.finished.push((*record, json));
             }
@@ -307,7 +308,7 @@ fn read_segment(path: &Path) -> Result<SegmentRead, StoreError> {
             }
             Ok(Line::S(id, at)) => read.started.push((id, at)),
             Ok(Line::R(record)) => {
-                let json = serde_json::to_vec(&record).expect("a record serialises");
+                let json = JsonParts::whole(serde_json::to_vec(&record).expect("a record serialises").into());
                 read.answered.push((*record, json));
             }
             Err(_) => read.unread += 1,
@@ -318,8 +319,8 @@ fn read_segment(path: &Path) -> Result<SegmentRead, StoreError> {
 
 impl SegmentRead {
     fn apply_to(&self, db: &RedbStore) -> Result<(), StoreError> {
-        let finished: Vec<(&ActivationRecord, &[u8], bool)> =
-            self.finished.iter().map(|(r, j)| (r, j.as_slice(), true)).collect();
+        let finished: Vec<(&ActivationRecord, &JsonParts, bool)> =
+            self.finished.iter().map(|(r, j)| (r, j, true)).collect();
         let queued: Vec<(&str, &[u8])> = self.queued.iter().map(|(id, j)| (id.as_str(), j.as_slice())).collect();
         let started: Vec<(&str, u64)> = self.started.iter().map(|(id, at)| (id.as_str(), *at)).collect();
         let unqueued = &self.unqueued;
@@ -344,12 +345,8 @@ impl SegmentRead {
         }
         for (record, json) in &self.finished {
             state.pending.remove(&record.activation_id);
-            let finished = Finished {
-                record: Arc::new(record.clone()),
-                json: json.clone().into(),
-                journaled: true,
-                pending_in_db: true,
-            };
+            let finished =
+                Finished { record: Arc::new(record.clone()), json: json.clone(), journaled: true, pending_in_db: true };
             state.finished.insert(record.activation_id.clone(), finished);
         }
     }
@@ -360,9 +357,9 @@ impl SegmentRead {
 /// of its index, leaf after leaf; in the order of a hash map it lands on the last few leaves
 /// at random, splitting each again and again (a fifth more of the flush's work a record, and a
 /// larger file, measured).
-fn in_id_order(finished: &FxHashMap<String, Finished>) -> Vec<(&ActivationRecord, &[u8], bool)> {
-    let mut records: Vec<(&ActivationRecord, &[u8], bool)> =
-        finished.values().map(|f| (&*f.record, &*f.json, f.pending_in_db)).collect();
+fn in_id_order(finished: &FxHashMap<String, Finished>) -> Vec<(&ActivationRecord, &JsonParts, bool)> {
+    let mut records: Vec<(&ActivationRecord, &JsonParts, bool)> =
+        finished.values().map(|f| (&*f.record, &f.json, f.pending_in_db)).collect();
     records.sort_unstable_by(|a, b| a.0.activation_id.cmp(&b.0.activation_id));
     records
 }
@@ -410,13 +407,22 @@ impl Inner {
 
     /// Journals again, in the current segment, every activation answered and not finished.
     fn journal_answered(state: &mut State) -> Result<(), StoreError> {
-        let lines: Vec<Vec<u8>> = state.answered.values().map(|(_, json)| answered_line(json)).collect();
-        lines.iter().try_for_each(|line| Self::append_line(state, line))
+        let State { file, answered, .. } = state;
+        answered
+            .values()
+            .try_for_each(|(_, json)| file.append_parts(&record_line(ANSWERED, json)))
+            .map_err(|e| io_err("journal append", e))
     }
 
     /// Writes one line, its newline included, whole or not at all.
     fn append_line(state: &mut State, bytes: &[u8]) -> Result<(), StoreError> {
         state.file.append(bytes).map_err(|e| io_err("journal append", e))
+    }
+
+    /// Writes a record's line (`key`: [`FINISHED`] or [`ANSWERED`]) as its parts, whole or not
+    /// at all.
+    fn append_record(state: &mut State, key: &'static [u8], json: &JsonParts) -> Result<(), StoreError> {
+        state.file.append_parts(&record_line(key, json)).map_err(|e| io_err("journal append", e))
     }
 
     /// Notes a failed write: the store takes no new work until `try_recover` finds both the
@@ -478,10 +484,9 @@ impl Inner {
     }
 
     /// A record's line, written with room from the reserve when the disk has none left.
-    fn append_ending(&self, state: &mut State, json: &[u8]) -> Result<(), StoreError> {
-        let line = finished_line(json);
+    fn append_ending(&self, state: &mut State, json: &JsonParts) -> Result<(), StoreError> {
         loop {
-            match Inner::append_line(state, &line) {
+            match Inner::append_record(state, FINISHED, json) {
                 Err(e) if e.is_disk_full() => {
                     // The store refuses new work from the first line that found the disk full.
                     self.troubled(io_err("journal append", std::io::Error::from_raw_os_error(libc::ENOSPC)));
@@ -512,7 +517,7 @@ impl Inner {
     fn write_out_once(&self) -> Vec<String> {
         {
             let mut state = self.state.lock();
-            let alone: Vec<(String, bytes::Bytes)> = state
+            let alone: Vec<(String, JsonParts)> = state
                 .finished
                 .iter()
                 .filter(|(_, f)| !f.journaled)

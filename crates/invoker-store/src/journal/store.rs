@@ -1,7 +1,7 @@
 //! The journaled store as the [`Store`] the invoker uses: each call on the memory it keeps,
 //! the journal's lines and redb.
 
-use super::lines::{accepted_line, answered_line, queued_line, LineRef};
+use super::lines::{accepted_line, queued_line, LineRef, ANSWERED};
 use super::{Finished, Inner, JournaledStore, QueueEntry, FLUSH_EVERY};
 use crate::contract::{Accepted, DocKind, QueuedCall, Recovered, Store, StoreError};
 use invoker_wire::model::{Action, ActivationMeta, ActivationRecord, EncodedRecord};
@@ -131,7 +131,7 @@ impl Store for JournaledStore {
     /// the activation then ends as a guess if the process stops before its record is whole.
     fn answered(&self, encoded: &EncodedRecord) -> Result<(), StoreError> {
         let mut state = self.inner.state.lock();
-        Inner::append_line(&mut state, &answered_line(&encoded.json))?;
+        Inner::append_record(&mut state, ANSWERED, &encoded.json)?;
         let entry = (Arc::clone(&encoded.record), encoded.json.clone());
         state.answered.insert(encoded.record.activation_id.clone(), entry);
         Ok(())

@@ -90,7 +90,7 @@ fn a_flush_hands_its_records_to_redb_in_id_order() {
         .map(|n| invoker_wire::model::new_activation_id() + &format!("{n}"))
         .map(|id| {
             let record = Arc::new(record(&id));
-            (id, Finished { record, json: bytes::Bytes::new(), journaled: true, pending_in_db: false })
+            (id, Finished { record, json: JsonParts::default(), journaled: true, pending_in_db: false })
         })
         .collect();
     let ids: Vec<&str> = in_id_order(&finished).iter().map(|r| r.0.activation_id.as_str()).collect();
@@ -405,4 +405,48 @@ fn a_blocking_call_kept_in_the_queue_after_its_acceptance_stays_queued_across_a_
     assert_eq!(interrupted, ["started"]);
     assert!(recovered.guessed.is_empty(), "none guessed: {:?}", recovered.guessed);
     assert!(store.get_activation("journaled-only").unwrap().is_none(), "no record while it waits");
+}
+
+/// A record whose result is large is held as its parts (`JsonParts`): its answered and
+/// finished lines, and its value in redb, are written part after part, and read back whole,
+/// across a kill and through a flush.
+#[test]
+fn a_large_results_record_is_written_as_its_parts_and_reads_back_whole() {
+    let large = |id: &str| {
+        let mut r = record(id);
+        let big = "y".repeat(invoker_wire::model::SHARED_RESULT + 7);
+        r.response = invoker_wire::model::ActivationResponse::new(Outcome::Success, serde_json::json!({ "big": big }));
+        r
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    for id in ["told", "whole"] {
+        store.accept(&meta(id)).unwrap();
+        let answered = EncodedRecord::new(large(id));
+        assert!(!answered.json.parts()[1].is_empty(), "the result is a part of its own");
+        store.answered(&answered).unwrap();
+    }
+    let mut whole = large("whole");
+    whole.logs.push("a line".into());
+    let whole = EncodedRecord::new(whole);
+    store.finish(&whole).unwrap();
+    // A SIGKILL before any flush: the journal alone has them.
+    std::mem::forget(store);
+    let copy = tempfile::tempdir().unwrap();
+    copy_store(dir.path(), copy.path());
+    let store = open(copy.path());
+    let recovered: Vec<String> =
+        store.recover_unfinished(9).unwrap().guessed.into_iter().map(|m| m.activation_id).collect();
+    assert_eq!(recovered, ["told"]);
+    store.flush().unwrap();
+    assert_eq!(store.get_activation("told").unwrap().unwrap().response, large("told").response);
+    assert_eq!(store.get_activation("whole").unwrap().unwrap(), *whole.record, "read back from redb");
+    // Written into redb from its parts by this run too.
+    store.accept(&meta("again")).unwrap();
+    let again = EncodedRecord::new(large("again"));
+    store.finish(&again).unwrap();
+    store.flush().unwrap();
+    drop(store);
+    let store = open(copy.path());
+    assert_eq!(store.get_activation("again").unwrap().unwrap(), *again.record);
 }
