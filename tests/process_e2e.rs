@@ -295,16 +295,6 @@ fn children(pid: u32) -> Vec<u32> {
 fn the_python_launcher_starts_with_the_runtime_and_init_hands_it_the_action() {
     use base64::Engine as _;
     use std::io::Write as _;
-    let waiting_launcher = |runtime: &RuntimeProcess| -> u32 {
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        loop {
-            if let [pid] = children(runtime.0.id())[..] {
-                return pid;
-            }
-            assert!(std::time::Instant::now() < deadline, "no launcher started with the runtime");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    };
     let mut writer = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
     let files: [(&str, &[u8]); 2] = [
         (
@@ -350,10 +340,64 @@ def main(a):
     assert_eq!((status, body.contains("SyntaxError")), (502, true), "{body}");
 }
 
-/// SIGKILL to `pid`.
+/// Node the same: the launcher starts with the runtime, and `/init` hands the one that waited
+/// the entry point and the environment, which the action's module sees as it loads; one that
+/// died while it waited is replaced; a module that fails to load says why.
+#[test]
+fn the_node_launcher_starts_with_the_runtime_and_init_hands_it_the_action() {
+    let code = "const X = process.env.X;\nfunction main(a) { return { pid: process.pid, x: X, y: process.env.Y }; }\n";
+    let init = json!({"value": {"main": "main", "code": code, "env": {"X": "from init"}}}).to_string();
+    for killed in [false, true] {
+        let dir = tempdir();
+        let socket = dir.path().join("runtime.sock");
+        let runtime = spawn_runtime("nodejs", &socket);
+        let launcher = waiting_launcher(&runtime);
+        if killed {
+            sigkill(launcher);
+        }
+        assert_eq!(exchange(&socket, &post("/init", &init)).0, 200, "killed: {killed}");
+        let (status, answer) = exchange(&socket, &post("/run", r#"{"value": {}}"#));
+        assert_eq!(status, 200, "{answer}");
+        let answer: Value = serde_json::from_str(&answer).unwrap();
+        assert_eq!(answer["x"], "from init", "the module saw /init's environment as it loaded: {answer}");
+        assert_eq!(answer["pid"] == launcher, !killed, "the waiting launcher runs it, unless it died: {answer}");
+    }
+    let dir = tempdir();
+    let socket = dir.path().join("runtime.sock");
+    let runtime = spawn_runtime("nodejs", &socket);
+    waiting_launcher(&runtime);
+    let broken = json!({"value": {"main": "main", "code": "function main(a {\n"}}).to_string();
+    let (status, body) = exchange(&socket, &post("/init", &broken));
+    assert_eq!((status, body.contains("SyntaxError")), (502, true), "{body}");
+}
+
+/// The one launcher a runtime started with itself, once it is there.
+fn waiting_launcher(runtime: &RuntimeProcess) -> u32 {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        if let [pid] = children(runtime.0.id())[..] {
+            return pid;
+        }
+        assert!(std::time::Instant::now() < deadline, "no launcher started with the runtime");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// SIGKILL to `pid`, returning once it is dead (a zombie its parent has not reaped yet, or gone).
 fn sigkill(pid: u32) {
     let killed = std::process::Command::new("kill").args(["-9", &pid.to_string()]).status();
     assert!(killed.is_ok_and(|s| s.success()), "kill -9 {pid}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        // `pid (comm) state ...`: the state follows the last parenthesis.
+        let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next());
+        if matches!(state, None | Some("Z" | "X")) {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "{pid} outlived its SIGKILL");
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 /// Each run sets the activation's `__OW_*` variables, with a new id and deadline every time.

@@ -30,8 +30,8 @@ pub(super) struct Runtime {
     pub(super) idle: parking_lot::Mutex<Vec<ActionProcess>>,
     /// `/init` asked that every run's lines start with its activation id (runs may overlap).
     pub(super) tag_logs: std::cell::Cell<bool>,
-    /// The python launcher started with the runtime, waiting for the action (`ActionProcess::
-    /// prestart`); `/init` hands it the action.
+    /// The python or node launcher started with the runtime, waiting for the action
+    /// (`ActionProcess::prestart`); `/init` hands it the action.
     pub(super) prestarted: parking_lot::Mutex<Option<ActionProcess>>,
 }
 
@@ -110,7 +110,7 @@ async fn first_process(runtime: &Runtime, action: &PreparedAction) -> Result<Act
         }
     }
     let prestarted = runtime.prestarted.lock().take();
-    if let Some(mut process) = prestarted.filter(|_| runtime.launcher == Launcher::Python) {
+    if let Some(mut process) = prestarted {
         if process.waiting() {
             return process.hand(action).await;
         }

@@ -83,10 +83,11 @@ pub fn run(options: RuntimeOptions) -> std::io::Result<()> {
         prestarted: parking_lot::Mutex::new(None),
     });
     let result = local.block_on(&reactor, async {
-        // Python without a zygote to fork one: its launcher starts now, before `/init`. One
-        // that cannot start is not an error here: `/init` starts one and says why it failed.
-        if options.launcher == Launcher::Python && runtime.adopt.is_none() {
-            *runtime.prestarted.lock() = action::ActionProcess::prestart(&work).await.ok();
+        // Python without a zygote to fork one, and node: the launcher starts now, before
+        // `/init`. One that cannot start is not an error here: `/init` starts one and says why
+        // it failed.
+        if matches!(options.launcher, Launcher::Python | Launcher::Nodejs) && runtime.adopt.is_none() {
+            *runtime.prestarted.lock() = action::ActionProcess::prestart(options.launcher, &work).await.ok();
         }
         let listener = match &options.listen {
             Listen::Tcp(addr) => server::Listener::Tcp(tokio::net::TcpListener::bind(addr).await?),

@@ -1,7 +1,10 @@
 // The nodejs launcher of the invoker's action runtime (actionloop protocol).
 // argv: [node, launcher.js, main], or [node, --snapshot-blob, blob, main] when the kind starts
 // from a V8 startup snapshot of this file (`[kinds] snapshot`; built by the process factory
-// with `node --build-snapshot`, which runs everything but `start`). The action is index.js in
+// with `node --build-snapshot`, which runs everything but `start`). With `@wait-for-action` in
+// place of main, the launcher was started before its action existed (with the runtime, in a
+// stem): the entry point and the action's environment come as the first line on stdin, at
+// /init once index.js is written (see start). The action is index.js in
 // the working directory: a plain `function main(params)` or `exports.main`/`module.exports`.
 // Writes {"ok":true} on fd 3 once loaded, then one result line per stdin line; a returned
 // Promise is awaited, a returned generator streamed (see stream). Answers follow OpenWhisk's nodejs runtime (see runOnce). Writes to pipes are synchronous on Linux, so the action's output precedes
@@ -32,8 +35,29 @@ function load(entry) {
 let main;
 
 function start() {
+  // Required here, not above: node does not vouch for readline's state inside a snapshot.
+  const readline = require('readline');
+  const input = readline.createInterface({ input: process.stdin, terminal: false });
+  const entry = process.argv[process.argv.length - 1] || 'main';
+  if (entry !== '@wait-for-action') {
+    serve(entry, input);
+    return;
+  }
+  // Node's start and this file's (most of a node cold start) are paid while the container
+  // waits for its /init, which hands over only what is the action's.
+  input.once('line', (line) => {
+    let first = {};
+    try {
+      first = JSON.parse(line);
+    } catch (_) {}
+    Object.assign(process.env, first.env || {});
+    serve(first.main || 'main', input);
+  });
+}
+
+function serve(entry, input) {
   try {
-    main = load(process.argv[process.argv.length - 1] || 'main');
+    main = load(entry);
   } catch (err) {
     console.error(err && err.stack ? err.stack : String(err));
     reply({ error: 'Initialization failed: ' + String(err) });
@@ -48,9 +72,6 @@ function start() {
   // process.env to the children it starts, so they see the run's values too.
   process.env = Object.assign({}, process.env);
 
-  // Required here, not above: node does not vouch for readline's state inside a snapshot.
-  const readline = require('readline');
-  const input = readline.createInterface({ input: process.stdin, terminal: false });
   let queue = Promise.resolve();
   input.on('line', (line) => {
     queue = queue.then(async () => {

@@ -1,5 +1,5 @@
 # The python:3 launcher of the invoker's action runtime (actionloop protocol).
-# argv: [launcher.py, main], or [launcher.py, --wait-for-action] when started before the action
+# argv: [launcher.py, main], or [launcher.py, @wait-for-action] when started before the action
 # exists (its entry point and environment then come as the first line on stdin, as to a launcher
 # the zygote forked; see wait_for_action). The action is __main__.py (or the extracted zip) in the working
 # directory. Writes {"ok": true} on fd 3 once the action is loaded, then, for every line on
@@ -212,7 +212,7 @@ def wait_for_action():
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--wait-for-action"]:
+    if sys.argv[1:] == ["@wait-for-action"]:
         serve(wait_for_action())
     else:
         serve(sys.argv[1] if len(sys.argv) > 1 else "main")
