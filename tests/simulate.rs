@@ -182,6 +182,38 @@ fn provisioning_the_coldest_functions_saves_their_cold_starts_and_counts_their_i
     }
 }
 
+/// Stems beside the keep-alive policy: they take calls that found no warm container (each a
+/// cold start hidden, counted as a prewarm start, not a warm or fast cold one), fewer calls
+/// start cold than without them, nothing is lost, and the memory the stems held waiting is
+/// counted within the idle memory.
+#[test]
+fn stems_take_calls_that_would_start_cold_and_their_idle_memory_is_counted() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/stems-200.toml");
+    let mut scenario = invoker::sim::load(&path).unwrap();
+    scenario.replay_first_minutes(WINDOW_MINUTES);
+    scenario.node_sizes_mb = Some(vec![8192]);
+    if let Some(choices) = &mut scenario.compare_keep_alive {
+        choices.retain(|c| c.name.starts_with("hybrid"));
+    }
+    let s = invoker::sim::run(&scenario).unwrap();
+    let section = &s["node_mb"]["8192"];
+    for (policy, r) in section.as_object().unwrap() {
+        assert_eq!(count(r, "activations"), AZURE_200_WINDOW_CALLS, "{policy}");
+        assert_eq!(count(r, "lost"), 0, "{policy}");
+        assert_eq!(r["max_committed_within_capacity_minus_buffer"], true, "{policy}");
+    }
+    let (alone, stems) = (&section["hybrid"], &section["hybrid+stems"]);
+    assert_eq!((count(alone, "prewarm_starts"), alone["idle_memory_stems_gb_s"].as_f64()), (0, Some(0.0)), "{alone}");
+    assert!(count(stems, "prewarm_starts") > 0, "{stems}");
+    assert!(count(stems, "cold_starts") < count(alone, "cold_starts"), "{s}");
+    let share = stems["stem_share_of_first_starts_pct"].as_f64().unwrap();
+    let expected =
+        count(stems, "prewarm_starts") as f64 / (count(stems, "prewarm_starts") + count(stems, "cold_starts")) as f64;
+    assert!((share - expected * 100.0).abs() <= 0.1, "{stems}");
+    let (held, idle) = (stems["idle_memory_stems_gb_s"].as_f64().unwrap(), stems["idle_memory_gb_s"].as_f64().unwrap());
+    assert!(held > 0.0 && held <= idle, "{stems}");
+}
+
 #[test]
 fn the_200_function_comparison_loses_nothing_and_the_hybrid_policy_lies_under_the_fixed_curve() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/keepalive-200.toml");

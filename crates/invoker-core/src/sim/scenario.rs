@@ -36,6 +36,12 @@ pub struct Scenario {
     pub compare_provisioned: Option<ProvisionedComparison>,
     pub cluster: Cluster,
     pub workload: Workload,
+    /// Each call's memory rounded up to the first of these it fits (MB, ascending; a call
+    /// larger than the last keeps its own): the sizes a platform offers (OpenWhisk's are
+    /// chosen from a few), which a stem of `[[pool.prewarm]]` must match exactly. Unset, each
+    /// function asks for its trace's own average.
+    #[serde(default)]
+    pub memory_classes: Option<Vec<u32>>,
     /// A fleet of invokers under the capacity manager instead of one invoker: `[cluster]`
     /// then describes one invoker's node.
     #[serde(default)]
@@ -156,12 +162,21 @@ pub struct KeepAliveChoice {
     pub idle_timeout: Option<Duration>,
     #[serde(default)]
     pub keep_alive_params: Option<crate::pool::KeepAliveParams>,
+    /// Stems (`[[pool.prewarm]]`) for this choice alone, in place of the pool's: the same
+    /// policy with and without them, side by side.
+    #[serde(default)]
+    pub prewarm: Option<Vec<crate::pool::PrewarmSpec>>,
 }
 
 impl KeepAliveChoice {
     /// `pool` with the keys this choice changes.
     pub fn applied_to(&self, pool: &PoolConfig) -> PoolConfig {
         let mut pool = pool.clone();
+        if let Some(prewarm) = &self.prewarm {
+            pool.prewarm = prewarm.clone();
+            // Simulated calls ask for the default disk, as a stem does unless it says.
+            pool.fill_prewarm_disk(invoker_ids::DEFAULT_DISK_MB);
+        }
         pool.keep_alive = self.keep_alive;
         if let Some(timeout) = self.idle_timeout {
             pool.idle_timeout = timeout;
