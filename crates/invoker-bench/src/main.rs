@@ -17,6 +17,7 @@ mod floor;
 mod fn_image;
 mod fn_side;
 mod load;
+mod many_streams;
 mod queue;
 mod stream;
 mod targets;
@@ -94,6 +95,13 @@ struct Args {
     /// `--docker-socket`.
     #[arg(long)]
     stream_only: Option<usize>,
+    /// Measure only this many streams open at once on one invoker (`many_streams.rs`), each
+    /// one value a second for `--stream-values` seconds.
+    #[arg(long)]
+    many_streams: Option<usize>,
+    /// The values (seconds) of each stream of `--many-streams`.
+    #[arg(long, default_value_t = 30)]
+    stream_values: usize,
     /// Serve a floor (`floor.rs`) in front of these targets (unix sockets, or one
     /// `host:port`), and nothing else: how the benchmark starts each floor side.
     #[arg(long, num_args = 1..)]
@@ -232,6 +240,11 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     }
     if let Some(callers) = args.queue_only {
         println!("{}", queue::queue_intake(&exe, &http, callers, k, slice).await?);
+        return Ok(());
+    }
+    if let Some(streams) = args.many_streams {
+        let report = many_streams::many_streams(&exe, streams, args.stream_values).await?;
+        println!("{report}");
         return Ok(());
     }
     if let Some(calls) = args.stream_only {

@@ -32,7 +32,7 @@ fn percentile(mut v: Vec<f64>, p: f64) -> f64 {
     v.get(((v.len() as f64 - 1.0) * p).round() as usize).copied().unwrap_or(f64::NAN)
 }
 
-async fn call(http: &reqwest::Client, url: &str, params: Value) -> anyhow::Result<reqwest::Response> {
+pub async fn call(http: &reqwest::Client, url: &str, params: Value) -> anyhow::Result<reqwest::Response> {
     let (user, pass) = GUEST.split_once(':').unwrap_or_default();
     let response = http
         .post(url)
@@ -123,14 +123,14 @@ async fn large_call(http: &reqwest::Client, invoker: &Invoker) -> anyhow::Result
 
 /// The invoker's resident memory as it was when sampling began, and its peak while it ran
 /// (sampled every 10 ms).
-struct PeakRss {
+pub struct PeakRss {
     before: u64,
     peak: std::sync::Arc<std::sync::atomic::AtomicU64>,
     sampling: tokio::task::JoinHandle<()>,
 }
 
 impl PeakRss {
-    fn sample(invoker: &Invoker) -> Self {
+    pub fn sample(invoker: &Invoker) -> Self {
         let before = invoker.rss_kb();
         let peak = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(before));
         let (seen, pid) = (peak.clone(), invoker.pid());
@@ -144,7 +144,7 @@ impl PeakRss {
     }
 
     /// (before, peak), in kB.
-    fn stop(self) -> (u64, u64) {
+    pub fn stop(self) -> (u64, u64) {
         self.sampling.abort();
         (self.before, self.peak.load(std::sync::atomic::Ordering::Relaxed))
     }
