@@ -316,28 +316,10 @@ def main(a):
     }
     let code = base64::engine::general_purpose::STANDARD.encode(writer.finish().unwrap().into_inner());
     let init = json!({"value": {"main": "main", "code": code, "binary": true, "env": {"X": "from init"}}}).to_string();
-    for killed in [false, true] {
-        let dir = tempdir();
-        let socket = dir.path().join("runtime.sock");
-        let runtime = spawn_runtime("python", &socket);
-        let launcher = waiting_launcher(&runtime);
-        if killed {
-            sigkill(launcher);
-        }
-        assert_eq!(exchange(&socket, &post("/init", &init)).0, 200, "killed: {killed}");
-        let (status, answer) = exchange(&socket, &post("/run", r#"{"value": {}}"#));
-        assert_eq!(status, 200, "{answer}");
-        let answer: Value = serde_json::from_str(&answer).unwrap();
-        assert_eq!((answer["x"].as_str(), answer["h"].as_str()), (Some("from init"), Some("from the zip")));
-        assert_eq!(answer["pid"] == launcher, !killed, "the waiting launcher runs it, unless it died: {answer}");
-    }
-    let dir = tempdir();
-    let socket = dir.path().join("runtime.sock");
-    let runtime = spawn_runtime("python", &socket);
-    waiting_launcher(&runtime);
-    let broken = json!({"value": {"main": "main", "code": "def main(a:\n"}}).to_string();
-    let (status, body) = exchange(&socket, &post("/init", &broken));
-    assert_eq!((status, body.contains("SyntaxError")), (502, true), "{body}");
+    let check = |answer: &Value| {
+        assert_eq!((answer["x"].as_str(), answer["h"].as_str()), (Some("from init"), Some("from the zip")), "{answer}");
+    };
+    the_waiting_launcher_takes_the_action("python", &init, check, "def main(a:\n");
 }
 
 /// Node the same: the launcher starts with the runtime, and `/init` hands the one that waited
@@ -347,26 +329,36 @@ def main(a):
 fn the_node_launcher_starts_with_the_runtime_and_init_hands_it_the_action() {
     let code = "const X = process.env.X;\nfunction main(a) { return { pid: process.pid, x: X, y: process.env.Y }; }\n";
     let init = json!({"value": {"main": "main", "code": code, "env": {"X": "from init"}}}).to_string();
+    let check = |answer: &Value| {
+        assert_eq!(answer["x"], "from init", "the module saw /init's environment as it loaded: {answer}");
+    };
+    the_waiting_launcher_takes_the_action("nodejs", &init, check, "function main(a {\n");
+}
+
+/// The launcher `launcher` started with its runtime takes `init`'s action (one SIGKILLed while
+/// it waited is replaced by a new one), `check` reads the first run's answer, and an action of
+/// `broken` code fails `/init` with its `SyntaxError`.
+fn the_waiting_launcher_takes_the_action(launcher: &str, init: &str, check: impl Fn(&Value), broken: &str) {
     for killed in [false, true] {
         let dir = tempdir();
         let socket = dir.path().join("runtime.sock");
-        let runtime = spawn_runtime("nodejs", &socket);
-        let launcher = waiting_launcher(&runtime);
+        let runtime = spawn_runtime(launcher, &socket);
+        let waiting = waiting_launcher(&runtime);
         if killed {
-            sigkill(launcher);
+            sigkill(waiting);
         }
-        assert_eq!(exchange(&socket, &post("/init", &init)).0, 200, "killed: {killed}");
+        assert_eq!(exchange(&socket, &post("/init", init)).0, 200, "killed: {killed}");
         let (status, answer) = exchange(&socket, &post("/run", r#"{"value": {}}"#));
         assert_eq!(status, 200, "{answer}");
         let answer: Value = serde_json::from_str(&answer).unwrap();
-        assert_eq!(answer["x"], "from init", "the module saw /init's environment as it loaded: {answer}");
-        assert_eq!(answer["pid"] == launcher, !killed, "the waiting launcher runs it, unless it died: {answer}");
+        check(&answer);
+        assert_eq!(answer["pid"] == waiting, !killed, "the waiting launcher runs it, unless it died: {answer}");
     }
     let dir = tempdir();
     let socket = dir.path().join("runtime.sock");
-    let runtime = spawn_runtime("nodejs", &socket);
+    let runtime = spawn_runtime(launcher, &socket);
     waiting_launcher(&runtime);
-    let broken = json!({"value": {"main": "main", "code": "function main(a {\n"}}).to_string();
+    let broken = json!({"value": {"main": "main", "code": broken}}).to_string();
     let (status, body) = exchange(&socket, &post("/init", &broken));
     assert_eq!((status, body.contains("SyntaxError")), (502, true), "{body}");
 }
