@@ -71,7 +71,13 @@ fn record_of(large: &LargeRecords, id: &str, value: &[u8]) -> Result<ActivationR
     if value != OUT_OF_LINE {
         return decode(id, value);
     }
-    let json = large.read(id).map_err(|source| StoreError::Io { what: format!("record {id}"), source })?;
+    let json = large.read(id).map_err(|source| match source.kind() {
+        // One record's file gone (removed by hand): that record is damaged, the store is not.
+        std::io::ErrorKind::NotFound => {
+            StoreError::Corrupt { key: id.to_string(), reason: "its file is missing".into() }
+        }
+        _ => StoreError::Io { what: format!("record {id}"), source },
+    })?;
     decode(id, &json)
 }
 
@@ -960,6 +966,13 @@ mod tests {
             assert!(file(id).exists(), "{id} is in a file of its own");
         }
         assert_eq!(s.get_activation("big1").unwrap().unwrap(), large("big1", 100));
+        // A file removed by hand damages its record alone: no storage error, which would stop
+        // the store taking work.
+        let kept = std::fs::read(file("big1")).unwrap();
+        std::fs::remove_file(file("big1")).unwrap();
+        let missing = s.get_activation("big1").unwrap_err();
+        assert!(matches!(missing, StoreError::Corrupt { .. }) && !missing.is_storage(), "{missing}");
+        std::fs::write(file("big1"), kept).unwrap();
         assert_eq!(s.list_activations("guest", None, 0, 10).unwrap()[0], large("big2", 200));
         // Replaced by a small record (a guess, say): in redb, its file gone.
         let mut small = meta("big2");
