@@ -85,8 +85,9 @@ struct Inner {
     actions: Mutex<ActionCache>,
     dir: PathBuf,
     state: Mutex<State>,
-    /// Serialises flushes (the thread's and an explicit one).
-    flushing: Mutex<()>,
+    /// Serialises flushes (the thread's and an explicit one); `true` once no flush may run
+    /// again (a test's kill, [`JournaledStore::killed`]).
+    flushing: Mutex<bool>,
     /// The segment the next flush moves the journal to (its number), made with room for a
     /// flush's lines by the flush before, off the activations' path.
     prepared: Mutex<Option<(u64, Segment)>>,
@@ -237,7 +238,7 @@ impl JournaledStore {
             actions: Mutex::new(ActionCache::new(options.action_cache_bytes)),
             dir: dir.to_path_buf(),
             state: Mutex::new(state),
-            flushing: Mutex::new(()),
+            flushing: Mutex::new(false),
             prepared: Mutex::new(None),
             trouble: Mutex::new(trouble),
             reserve: Mutex::new(reserve),
@@ -253,6 +254,15 @@ impl JournaledStore {
     /// Moves everything journaled so far into redb (also done every `FLUSH_EVERY`).
     pub fn flush(&self) -> Result<(), StoreError> {
         self.inner.flush()
+    }
+
+    /// As a SIGKILL leaves the store: no flush runs after this (its thread's included, which a
+    /// store merely leaked goes on running) and nothing is dropped; its journal and redb stay as
+    /// they are, for a test of what the next start reads.
+    #[cfg(any(test, feature = "test-util"))]
+    pub fn killed(self) {
+        *self.inner.flushing.lock() = true;
+        std::mem::forget(self);
     }
 }
 
@@ -539,7 +549,10 @@ impl Inner {
     }
 
     fn flush(&self) -> Result<(), StoreError> {
-        let _one_at_a_time = self.flushing.lock();
+        let one_at_a_time = self.flushing.lock();
+        if *one_at_a_time {
+            return Ok(());
+        }
         let (old_segment, old_len, accepted, queued, started, unqueued, finished) = {
             let mut state = self.state.lock();
             let mut unsaved: Vec<ActivationMeta> = state

@@ -104,7 +104,7 @@ fn killed_run(dir: &Path) -> tempfile::TempDir {
     store.accept(&meta("done")).unwrap();
     store.finish(&record("done").into()).unwrap();
     store.accept(&meta("open")).unwrap();
-    std::mem::forget(store);
+    store.killed();
     let copy = tempfile::tempdir().unwrap();
     for (_, path) in segments(&dir.join("journal")).unwrap() {
         std::fs::copy(&path, copy.path().join(path.file_name().unwrap())).unwrap();
@@ -186,7 +186,7 @@ fn queued_calls_never_started_survive_kills_with_their_parameters() {
     store.finish(&record("ended").into()).unwrap();
     store.flush().unwrap();
     enqueue("only-journaled");
-    std::mem::forget(store);
+    store.killed();
     let copy = tempfile::tempdir().unwrap();
     copy_store(dir.path(), copy.path());
     let store = open(copy.path());
@@ -205,7 +205,7 @@ fn queued_calls_never_started_survive_kills_with_their_parameters() {
     assert!(recovered.interrupted.iter().all(|c| c.params.to_map()["n"] == c.meta.activation_id.as_str()));
     assert!(recovered.guessed.is_empty());
     assert!(store.get_activation("flushed").unwrap().is_none(), "no record while it waits");
-    std::mem::forget(store);
+    store.killed();
     let again = tempfile::tempdir().unwrap();
     copy_store(copy.path(), again.path());
     let store = open(again.path());
@@ -236,11 +236,11 @@ fn an_activation_answered_before_its_logs_ends_as_answered_after_a_kill() {
     store.finish(&whole.into()).unwrap();
     store.flush().unwrap();
     // A SIGKILL: no drop; what the journal and redb hold remains, as copied.
-    std::mem::forget(store);
+    store.killed();
     let copy = tempfile::tempdir().unwrap();
     copy_store(dir.path(), copy.path());
     // Killed again before anything recovered it: the answer is journaled in the new segment.
-    std::mem::forget(open(copy.path()));
+    open(copy.path()).killed();
     let again = tempfile::tempdir().unwrap();
     copy_store(copy.path(), again.path());
     let store = open(again.path());
@@ -264,7 +264,7 @@ fn a_damaged_journal_is_read_as_far_as_it_is_sound_and_kept_aside() {
         let store = open(dir.path());
         store.accept(&meta("first")).unwrap();
         store.finish(&record("first").into()).unwrap();
-        std::mem::forget(store);
+        store.killed();
     }
     let (_, segment) = segments(&journal).unwrap().pop().unwrap();
     let sound = std::fs::read(&segment).unwrap();
@@ -393,7 +393,7 @@ fn a_blocking_call_kept_in_the_queue_after_its_acceptance_stays_queued_across_a_
     store.accept(&meta("started")).unwrap();
     keep("started");
     store.started("started").unwrap();
-    std::mem::forget(store);
+    store.killed();
     let copy = tempfile::tempdir().unwrap();
     copy_store(dir.path(), copy.path());
     let store = open(copy.path());
@@ -431,7 +431,7 @@ fn a_large_results_record_is_written_as_its_parts_and_reads_back_whole() {
     let whole = EncodedRecord::new(whole);
     store.finish(&whole).unwrap();
     // A SIGKILL before any flush: the journal alone has them.
-    std::mem::forget(store);
+    store.killed();
     let copy = tempfile::tempdir().unwrap();
     copy_store(dir.path(), copy.path());
     let store = open(copy.path());
@@ -446,7 +446,15 @@ fn a_large_results_record_is_written_as_its_parts_and_reads_back_whole() {
     let again = EncodedRecord::new(large("again"));
     store.finish(&again).unwrap();
     store.flush().unwrap();
-    drop(store);
-    let store = open(copy.path());
+    // Killed after the flush: redb (and the record's file) alone hold it.
+    store.killed();
+    let after = tempfile::tempdir().unwrap();
+    copy_store(copy.path(), after.path());
+    std::fs::create_dir_all(after.path().join("s.records")).unwrap();
+    for file in std::fs::read_dir(copy.path().join("s.records")).unwrap() {
+        let file = file.unwrap().path();
+        std::fs::copy(&file, after.path().join("s.records").join(file.file_name().unwrap())).unwrap();
+    }
+    let store = open(after.path());
     assert_eq!(store.get_activation("again").unwrap().unwrap(), *again.record);
 }
