@@ -407,7 +407,7 @@ const WAIT_FOR_ACTION: &str = "@wait-for-action";
 fn write_launcher(work: &Path) -> Result<Vec<String>, ActionError> {
     let io = |what: &str, e: std::io::Error| ActionError::Init(format!("{what}: {e}"));
     std::fs::create_dir_all(work).map_err(|e| io("work directory", e))?;
-    std::fs::write(work.join(".launcher.py"), crate::launchers::PYTHON).map_err(|e| io("launcher", e))?;
+    write_whole(&work.join(".launcher.py"), crate::launchers::PYTHON).map_err(|e| io("launcher", e))?;
     Ok(vec![interpreter("INVOKER_PYTHON", "python3"), "-u".into(), ".launcher.py".into()])
 }
 
@@ -421,8 +421,20 @@ fn write_node_launcher(work: &Path) -> Result<Vec<String>, ActionError> {
         return Ok(vec![node, "--snapshot-blob".into(), blob]);
     }
     std::fs::create_dir_all(work).map_err(|e| io("work directory", e))?;
-    std::fs::write(work.join(".launcher.js"), crate::launchers::NODEJS).map_err(|e| io("launcher", e))?;
+    write_whole(&work.join(".launcher.js"), crate::launchers::NODEJS).map_err(|e| io("launcher", e))?;
     Ok(vec![node, ".launcher.js".into()])
+}
+
+/// Writes `path` whole under another name, then renames it into place: a launcher started
+/// with the runtime may still be reading the file when `/init` writes it again, and a file
+/// truncated and rewritten under it read as cut short (python: a `SyntaxError` in the
+/// launcher, the action "exited while loading"; seen on Kubernetes, where `/init` follows
+/// the runtime's start at once). Renamed, the reader keeps the whole file it opened.
+fn write_whole(path: &Path, contents: &str) -> std::io::Result<()> {
+    let mut partial = path.as_os_str().to_owned();
+    partial.push(".partial");
+    std::fs::write(&partial, contents)?;
+    std::fs::rename(&partial, path)
 }
 
 /// The interpreter the invoker resolved at start (an absolute path a container's uid can run),
@@ -446,4 +458,33 @@ fn extract_zip(bytes: &[u8], work: &Path) -> Result<(), ActionError> {
         return Err(ActionError::Init("the code is not a valid zip file".into()));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read as _;
+
+    /// A launcher that opened its file before `/init` writes it again reads it whole: the
+    /// file it opened is never written again (written in place, truncated and then written, a
+    /// reader between the two found it cut short), and a new one takes its name.
+    #[test]
+    fn a_launcher_file_written_again_stays_whole_for_whoever_opened_it() {
+        use std::os::unix::fs::MetadataExt as _;
+        let work = tempfile::tempdir().unwrap();
+        let path = work.path().join(".launcher.py");
+        write_launcher(work.path()).unwrap();
+        let mut reading = std::fs::File::open(&path).unwrap();
+        write_launcher(work.path()).unwrap();
+        let (opened, now) = (reading.metadata().unwrap(), std::fs::metadata(&path).unwrap());
+        assert_ne!(opened.ino(), now.ino(), "the opened file was written again in place");
+        let mut read = String::new();
+        reading.read_to_string(&mut read).unwrap();
+        assert_eq!(read, crate::launchers::PYTHON, "the opened file, whole");
+        let names: Vec<String> = std::fs::read_dir(work.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, [".launcher.py"], "nothing partial left");
+    }
 }
