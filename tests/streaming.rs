@@ -123,6 +123,50 @@ async fn values_are_an_array_unasked_events_for_an_event_stream_and_lines_for_nd
     assert_eq!(response.json::<Value>().await.unwrap()["response"]["result"], json!({ "one": 1 }));
 }
 
+/// A python generator's strings go from the launcher to the runtime as their bytes, unescaped
+/// (`string_frame.rs`): each reaches the caller as the JSON string it is, whatever it holds
+/// (quotes, backslashes, newlines, control characters, non-ASCII, nothing, a large one); one
+/// that cannot be UTF-8 (a lone surrogate) ends the stream with an error, no frame half
+/// written: the values before it arrive whole.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_python_generators_strings_arrive_as_the_json_strings_they_are() {
+    let dir = tempdir();
+    let inv = Invoker::start(dir.path(), "stream-strings", "");
+    let code = "def main(a):\n    yield 'say \"hi\"'\n    yield 'back\\\\slash'\n    yield 'two\\nlines\\t\\x00'\n    yield '\\u00e9\\u2603\\U0001F600'\n    yield ''\n    yield 'x' * 300000 + '\"'\n    yield {'after': 'strings'}\n    if a.get('bad'):\n        yield 'ok'\n        yield '\\ud800'\n";
+    inv.put_action("strings", python(code)).await;
+    let expected = json!([
+        "say \"hi\"",
+        "back\\slash",
+        "two\nlines\t\u{0}",
+        "\u{e9}\u{2603}\u{1F600}",
+        "",
+        "x".repeat(300_000) + "\"",
+        { "after": "strings" }
+    ]);
+    let response = call(&inv, "strings", "application/x-ndjson", json!({})).await;
+    assert_eq!(response.status(), 200);
+    let text = response.text().await.unwrap();
+    let lines: Vec<Value> = text.lines().map(|line| serde_json::from_str(line).unwrap()).collect();
+    assert_eq!(Value::Array(lines), expected);
+    let (status, body) = inv.invoke("strings", "blocking=true&result=true", json!({})).await;
+    assert_eq!((status, body), (200, expected));
+
+    let response = call(&inv, "strings", "application/x-ndjson", json!({ "bad": true })).await;
+    let id = activation_id(&response);
+    let mut body = response.bytes_stream();
+    let mut read = Vec::new();
+    while let Some(Ok(part)) = body.next().await {
+        read.extend_from_slice(&part);
+    }
+    let text = String::from_utf8(read).unwrap();
+    assert_eq!(text.lines().last(), Some("\"ok\""), "every value before the bad one arrives whole");
+    let record = inv.record(&id).await;
+    assert_eq!(record["response"]["result"]["end"], "failed", "{record}");
+    assert_eq!(record["response"]["result"]["values"], 8, "{record}");
+    let error = record["response"]["result"]["error"].as_str().unwrap();
+    assert!(error.contains("surrogate"), "{error}");
+}
+
 /// A generator that fails after some values: the event stream's caller gets an `error` event,
 /// the NDJSON caller a body cut short; one that fails before any value is answered as any
 /// failed call (502 with its error). The record says how far it went.

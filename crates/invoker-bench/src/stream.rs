@@ -159,11 +159,11 @@ fn python_floor() -> anyhow::Result<f64> {
 out = os.fdopen(1, 'w')
 chunk = 'x' * (1024 * 1024)
 for i in range(1024):
-    out.write('>')
-    if type(chunk) is str and chunk.isprintable() and '"' not in chunk and '\\' not in chunk:
-        out.write('"'); out.write(chunk); out.write('"')
-    out.write('\n')
+    data = chunk.encode('utf-8')
+    out.write('$%d\n' % len(data))
     out.flush()
+    out.buffer.write(data)
+    out.buffer.flush()
 "#;
     let began = Instant::now();
     let mut child =
@@ -177,7 +177,7 @@ for i in range(1024):
         }
     }
     child.wait()?;
-    anyhow::ensure!(bytes == 1024 * (1024 * 1024 + 4), "the floor wrote {bytes} bytes");
+    anyhow::ensure!(bytes == 1024 * (1024 * 1024 + 9), "the floor wrote {bytes} bytes");
     Ok(bytes as f64 / began.elapsed().as_secs_f64() / 1e6)
 }
 

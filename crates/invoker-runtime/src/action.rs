@@ -3,6 +3,7 @@
 //! `/run` starts no process.
 
 use super::options::Launcher;
+use super::string_frame::{self, STRING_VALUE};
 use command_fds::{CommandFdExt, FdMapping};
 use invoker_wire::runtime::{STREAM_END, STREAM_VALUE};
 use serde::de::IgnoredAny;
@@ -273,6 +274,7 @@ impl ActionProcess {
                 return Err(ActionError::Developer(result));
             }
             Some(&STREAM_VALUE | &STREAM_END) => return stream_line(result).map(Answered::Stream),
+            Some(&STRING_VALUE) => return self.string_value(&result).await.map(Answered::Stream),
             _ => {}
         }
         let first = result.iter().find(|b| !b.is_ascii_whitespace());
@@ -285,7 +287,33 @@ impl ActionProcess {
     /// The next line of a stream [`Self::run`] began.
     pub async fn next_in_stream(&mut self) -> Result<StreamLine, ActionError> {
         let line = self.read_line().await?;
+        if line.first() == Some(&STRING_VALUE) {
+            return self.string_value(&line).await;
+        }
         stream_line(line)
+    }
+
+    /// A streamed string whose frame began with `head` (`string_frame`): its bytes read
+    /// straight into the value's line, which is made around them.
+    async fn string_value(&mut self, head: &[u8]) -> Result<StreamLine, ActionError> {
+        let invalid =
+            |e: string_frame::FrameError| ActionError::Io(std::io::Error::new(std::io::ErrorKind::InvalidData, e));
+        let length = string_frame::length(head).map_err(invalid)?;
+        if length > MAX_RESULT_BYTES {
+            return Err(ActionError::TooLarge);
+        }
+        let start = string_frame::LINE_HEAD.len();
+        // Room for the closing quote and the newline the line is sent with: no copy to add them.
+        let mut line = Vec::with_capacity(start + length as usize + 2);
+        line.extend_from_slice(string_frame::LINE_HEAD);
+        line.resize(start + length as usize, 0);
+        if let Err(e) = self.results.read_exact(&mut line[start..]).await {
+            return Err(match e.kind() {
+                std::io::ErrorKind::UnexpectedEof => self.exited().await.unwrap_or(ActionError::Exited(String::new())),
+                _ => ActionError::Io(e),
+            });
+        }
+        string_frame::value_line(line).map(StreamLine::Value).map_err(invalid)
     }
 
     async fn send(&mut self, line: &[u8]) -> std::io::Result<()> {

@@ -17,6 +17,7 @@ mod handlers;
 mod options;
 mod sentinels;
 mod stream;
+mod string_frame;
 
 pub use action::NODE_SNAPSHOT;
 pub use options::{Launcher, Listen, RuntimeOptions};

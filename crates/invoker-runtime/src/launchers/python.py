@@ -6,7 +6,8 @@
 # stdin (one /run body), one result line on fd 3. Output is flushed before each result so
 # the runtime's sentinels follow the action's own lines. A main that returns an iterator (a
 # generator) streams: one line per value, ">" then its JSON, written as it is yielded, then
-# a last line, "=" then {} or {"error": ...} (invoker_wire::runtime::STREAM_TYPE).
+# a last line, "=" then {} or {"error": ...} (invoker_wire::runtime::STREAM_TYPE); a string
+# value goes as "$", its length in bytes and a newline, then its bytes (string_frame.rs).
 # The zygote (zygote.py) imports this file and calls serve() in each container it forks.
 import importlib
 import json
@@ -73,16 +74,20 @@ def stream_values(values):
     write, and so the generator: the reader sets the pace."""
     try:
         for value in values:
+            if type(value) is str:
+                # "$", its length, then its bytes as they are: the runtime escapes what needs it
+                # (a scan there; json.dumps, or even str.isprintable, would cost a large string
+                # a hundred times its encoding here). Encoded before anything is written, so a
+                # string that is not UTF-8 leaves no frame half written.
+                data = value.encode("utf-8")
+                out.write("$%d\n" % len(data))
+                out.flush()
+                out.buffer.write(data)
+                out.buffer.flush()
+                continue
             # In parts, not joined: a large value is not copied twice more.
             out.write(">")
-            if type(value) is str and value.isprintable() and '"' not in value and "\\" not in value:
-                # What json.dumps would write (nothing in it to escape: no control character, no
-                # quote, no backslash), at twice its pace on a large string.
-                out.write('"')
-                out.write(value)
-                out.write('"')
-            else:
-                out.write(json.dumps(value, ensure_ascii=False, separators=(",", ":")))
+            out.write(json.dumps(value, ensure_ascii=False, separators=(",", ":")))
             out.write("\n")
             out.flush()
         return {}
