@@ -486,15 +486,8 @@ async fn a_functions_idle_timeout_ends_its_idle_container() {
     assert_eq!(call(kept.0.clone()).await, kept.1, "idle within its hour: the same container");
 }
 
-/// A node function that writes server-sent events with the FDK's `streamResult`: each event
-/// reaches the caller of `/invoke` as the function writes it, with the function's headers
-/// (the first one read while the function still waits 30 s: a bound, not a measure); a caller
-/// that leaves ends the call, and the container takes the next one. A whole stream's record
-/// keeps its count of parts, its size and its last part. Through an HTTP trigger, the same.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_functions_response_in_chunks_reaches_the_caller_as_it_is_written() {
-    use futures_util::StreamExt as _;
-    const SSE: &str = r#"const fdk = require('@fnproject/fdk');
+/// A node function that writes two server-sent events, waiting 30 s between them when asked.
+const SSE: &str = r#"const fdk = require('@fnproject/fdk');
 const { Readable } = require('stream');
 fdk.handle(function (input, ctx) {
   ctx.responseContentType = 'text/event-stream';
@@ -506,6 +499,15 @@ fdk.handle(function (input, ctx) {
   return fdk.streamResult(Readable.from(events()));
 }, {inputMode: 'json'});
 "#;
+
+/// A node function that writes server-sent events with the FDK's `streamResult`: each event
+/// reaches the caller of `/invoke` as the function writes it, with the function's headers
+/// (the first one read while the function still waits 30 s: a bound, not a measure); a caller
+/// that leaves ends the call, and the container takes the next one. A whole stream's record
+/// keeps its count of parts, its size and its last part. Through an HTTP trigger, the same.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_functions_response_in_chunks_reaches_the_caller_as_it_is_written() {
+    use futures_util::StreamExt as _;
     let dir = tempdir();
     let inv = Invoker::start(dir.path(), &id("fn-sse"), "");
     let (status, app) = inv.send_json("POST", "/v2/apps", json!({"name": "streams"})).await;
@@ -557,4 +559,49 @@ fdk.handle(function (input, ctx) {
     let first = tokio::time::timeout(std::time::Duration::from_secs(20), body.next()).await;
     let first = first.expect("the first event came through the trigger while the function waited").unwrap().unwrap();
     assert_eq!(&first[..], b"data: first\n\n");
+}
+
+/// Through a scheduler the same: the first event reaches the caller while the function still
+/// waits, under the function's content type (the invoker sends its headers beside the bytes,
+/// `STREAM_HEADERS`); a whole stream's record, the invoker's, is the scheduler's.
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_fdk, ignore = "needs Fn's FDKs (scripts/fdk.sh installs them; run by .ci/run)")]
+#[cfg_attr(invoker_without_etcd, ignore = "needs an etcd binary (scripts/etcd.sh installs one)")]
+async fn a_functions_response_in_chunks_passes_through_the_scheduler_as_it_is_written() {
+    use futures_util::StreamExt as _;
+    let Some(etcd) = support::etcd::EtcdServer::start() else { return };
+    let dir = tempdir();
+    let invoker_id = id("fn-cluster-sse");
+    let (_invoker, scheduler) = Invoker::invoker_and_scheduler(dir.path(), &etcd.url(), CONTROLLER, &invoker_id).await;
+    let (status, app) = scheduler.send_json("POST", "/v2/apps", json!({"name": "clustered-streams"})).await;
+    assert_eq!(status, 200, "{app}");
+    let new_fn = json!({"name": "sse", "app_id": app["id"], "image": "fn:node", "code": SSE});
+    let (status, function) = scheduler.send_json("POST", "/v2/fns", new_fn).await;
+    assert_eq!(status, 200, "{function}");
+    let url = format!("{}/invoke/{}", scheduler.base, function["id"].as_str().unwrap());
+    let (user, pass) = GUEST.split_once(':').unwrap();
+    let call = |body: Value| reqwest::Client::new().post(&url).basic_auth(user, Some(pass)).json(&body).send();
+
+    let response = call(json!({ "wait": true })).await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["content-type"], "text/event-stream");
+    let mut body = response.bytes_stream();
+    let first = tokio::time::timeout(std::time::Duration::from_secs(20), body.next()).await;
+    let first = first.expect("the first event came while the function waited").unwrap().unwrap();
+    assert_eq!(&first[..], b"data: first\n\n");
+    drop(body);
+
+    let response = call(json!({})).await.unwrap();
+    assert_eq!(response.headers()["content-type"], "text/event-stream");
+    let call_id = response.headers()["fn-call-id"].to_str().unwrap().to_string();
+    assert_eq!(response.text().await.unwrap(), "data: first\n\ndata: second\n\n");
+    let record = scheduler.record(&call_id).await;
+    assert_eq!(
+        record["response"]["result"]["stream"],
+        json!({ "parts": 2, "bytes": 27, "end": "complete" }),
+        "{record}"
+    );
+    let ran_on =
+        record["annotations"].as_array().unwrap().iter().find(|a| a["key"] == "invoker").map(|a| a["value"].clone());
+    assert_eq!(ran_on, Some(json!(invoker_id)), "{record}");
 }

@@ -20,7 +20,9 @@ use invoker_http::Response;
 use invoker_job::stream::StreamFormat;
 use invoker_job::CallRequest;
 use invoker_telemetry::TraceParent;
-use invoker_wire::cluster::{REPORT_START, STARTED_LINE, STREAMED_ANSWER, STREAM_TO, TWO_PARTS};
+use invoker_wire::cluster::{
+    REPORT_START, STARTED_LINE, STREAMED_ANSWER, STREAM_AS_WRITTEN, STREAM_HEADERS, STREAM_TO, TWO_PARTS,
+};
 use invoker_wire::model::{
     is_activation_id, validate_entity_name, ActivationMessage, ActivationRecord, EncodedRecord, Outcome,
 };
@@ -170,6 +172,9 @@ pub(super) async fn activation_message(state: &AppState, call: &Call) -> Result<
 fn stream_to(call: &Call) -> Result<Option<StreamFormat>, ApiError> {
     let Some(value) = call.head.headers.get(STREAM_TO) else { return Ok(None) };
     let value = value.to_str().map_err(|_| ApiError::BadRequest(format!("{STREAM_TO}: not ASCII text")))?;
+    if value == STREAM_AS_WRITTEN {
+        return Ok(Some(StreamFormat::AsWritten));
+    }
     match StreamFormat::from_accept(value) {
         Some(format) => Ok(Some(format)),
         None => Err(ApiError::BadRequest(format!("{STREAM_TO}: '{value}' is not a stream's content type"))),
@@ -227,6 +232,12 @@ fn answer(
             response.extensions_mut().insert(Streamed::new(start.parts));
             if let Ok(id) = hyper::header::HeaderValue::from_str(&activation_id) {
                 response.headers_mut().insert("x-openwhisk-activation-id", id);
+            }
+            // A function's own headers (its bytes go as they came): JSON escapes what a header
+            // may not hold.
+            let headers = start.head.map(|(_, headers)| serde_json::to_string(&headers).unwrap_or_default());
+            if let Some(Ok(headers)) = headers.map(|h| hyper::header::HeaderValue::from_str(&h)) {
+                response.headers_mut().insert(STREAM_HEADERS, headers);
             }
             response
         }

@@ -36,7 +36,9 @@ use invoker_job::runner::{KeepQueued, Kept, Refused, Runner};
 use invoker_job::stream::StreamFormat;
 use invoker_job::RunJob;
 use invoker_telemetry::TraceParent;
-use invoker_wire::cluster::{cluster_revision, controller_wait, drain_key, DrainMark, InvokerRecord};
+use invoker_wire::cluster::{
+    cluster_revision, controller_wait, drain_key, DrainMark, InvokerRecord, STREAM_AS_WRITTEN,
+};
 use invoker_wire::model::{
     epoch_ms, Action, ActivationMessage, ActivationRecord, ControllerIndex, KeyValue, MessageAction, MessageKey,
     MessageNamespace, MessageRequest, MessageUser, Rejection, RejectionKind,
@@ -389,13 +391,12 @@ impl Dispatcher {
                 run.completion.started();
             };
             let on_started = expires_at.is_some().then_some(&mut on_started as &mut (dyn FnMut() + Send));
-            // A blocking call whose caller takes a stream of values asks the invoker for one (an
-            // Fn function's answer in chunks does not pass a scheduler yet: it comes whole).
-            let stream_to = run
-                .stream
-                .as_ref()
-                .filter(|s| expires_at.is_none() && s.format != StreamFormat::AsWritten)
-                .map(|s| s.format.content_type());
+            // A blocking call whose caller takes a stream (of values, or of a function's bytes as
+            // it writes them) asks the invoker for one.
+            let stream_to = run.stream.as_ref().filter(|_| expires_at.is_none()).map(|s| match s.format {
+                StreamFormat::AsWritten => STREAM_AS_WRITTEN,
+                format => format.content_type(),
+            });
             let handing_over =
                 self.client.send(authority, message, self.handover_timeout, timeout, on_started, stream_to);
             let sent = tokio::select! {
@@ -438,7 +439,7 @@ impl Dispatcher {
                     return;
                 }
                 // The values as they come, through a task of its own; the record after them.
-                Sent::Streaming(body) => {
+                Sent::Streaming { headers, body } => {
                     let Some(stream) = run.stream.take() else {
                         let message = format!("invoker {invoker} streamed an answer nobody asked for");
                         let record = ActivationRecord::guess(&run.meta, &message, epoch_ms());
@@ -446,7 +447,8 @@ impl Dispatcher {
                     };
                     let ends = relay::Ends { client: self.client.clone(), guesses: self.guesses.clone() };
                     let authority = authority.to_string();
-                    tokio::spawn(relay::relay(ends, run, stream, body, invoker.to_string(), authority, timeout));
+                    let answer = relay::Answer { headers, body };
+                    tokio::spawn(relay::relay(ends, run, stream, answer, invoker.to_string(), authority, timeout));
                     return;
                 }
                 Sent::Refused(reason) => {

@@ -27,19 +27,29 @@ pub struct Ends {
     pub guesses: Arc<Guesses>,
 }
 
-/// Passes `body` on to the caller of `run` (`stream`), within `deadline`, then ends `run` with
-/// the invoker's record.
+/// The invoker's streamed answer: a function's own headers (when its bytes go as it wrote
+/// them), and the body.
+pub struct Answer {
+    pub headers: Option<Vec<(String, String)>>,
+    pub body: hyper::body::Incoming,
+}
+
+/// Passes the answer's body on to the caller of `run` (`stream`), within `deadline`, then ends
+/// `run` with the invoker's record.
 pub async fn relay(
     ends: Ends,
     run: RunJob,
     stream: StreamRequest,
-    body: hyper::body::Incoming,
+    answer: Answer,
     invoker: String,
     authority: String,
     deadline: Duration,
 ) {
+    let Answer { headers, body } = answer;
     let (parts, receiver) = mpsc::channel(STREAM_PARTS);
-    let reading = stream.started.send(StreamStart { head: None, parts: receiver }).is_ok();
+    // A function answers a stream only with a 200 (its other answers come whole).
+    let head = headers.map(|headers| (200, headers));
+    let reading = stream.started.send(StreamStart { head, parts: receiver }).is_ok();
     let passed = tokio::time::timeout(deadline, pass_on(body, reading.then_some(&parts))).await;
     let lost = match passed {
         Ok(Ok(_)) => {

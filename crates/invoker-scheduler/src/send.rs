@@ -22,7 +22,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
 use hyper::body::{Body, Frame, SizeHint};
 use hyper::client::conn::http1::SendRequest;
-use invoker_wire::cluster::{REPORT_START, STARTED_LINE, STREAMED_ANSWER, STREAM_TO, TWO_PARTS};
+use invoker_wire::cluster::{REPORT_START, STARTED_LINE, STREAMED_ANSWER, STREAM_HEADERS, STREAM_TO, TWO_PARTS};
 use invoker_wire::model::ActivationRecord;
 use parking_lot::Mutex;
 use serde_json::Value;
@@ -59,15 +59,16 @@ pub enum Sent {
     /// It may have started, and no record came back: it ends here, never run again.
     Lost(String),
     /// The action streams its answer (asked for with [`STREAM_TO`]): the body, framed as the
-    /// caller reads it, as it comes. The record is asked for once it ended.
-    Streaming(hyper::body::Incoming),
+    /// caller reads it, as it comes, and a function's own headers when its bytes go as it
+    /// wrote them. The record is asked for once it ended.
+    Streaming { headers: Option<Vec<(String, String)>>, body: hyper::body::Incoming },
 }
 
 impl Sent {
     /// Why nothing came back, for the hand-over's span; `None` when a record did.
     pub fn failure(&self) -> Option<&str> {
         match self {
-            Sent::Finished(_) | Sent::Answered { .. } | Sent::Streaming(_) => None,
+            Sent::Finished(_) | Sent::Answered { .. } | Sent::Streaming { .. } => None,
             Sent::Refused(why) | Sent::Unheard(why) | Sent::Lost(why) => Some(why),
         }
     }
@@ -300,7 +301,12 @@ impl InvokerClient {
             // back as the `Sent` it is (not an exchange's record), through the early return.
             if streamed {
                 withdraw(release);
-                return Err(Sent::Streaming(response.into_body()));
+                let headers = response.headers().get(STREAM_HEADERS).map(|h| serde_json::from_slice(h.as_bytes()));
+                return Err(match headers.transpose() {
+                    Ok(headers) => Sent::Streaming { headers, body: response.into_body() },
+                    // Dropped, the connection stops the action there.
+                    Err(e) => Sent::Lost(format!("its streamed answer's {STREAM_HEADERS} are not JSON pairs: {e}")),
+                });
             }
             let two_parts = response
                 .headers()

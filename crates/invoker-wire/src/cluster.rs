@@ -28,6 +28,15 @@ pub const STREAM_TO: &str = "x-invoker-stream";
 /// The content type of an invoker's streamed answer to a scheduler ([`STREAM_TO`]).
 pub const STREAMED_ANSWER: &str = "application/x-invoker-streamed";
 
+/// [`STREAM_TO`]'s value for a caller that takes a function's answer in chunks as the function
+/// writes it (an Fn call): the invoker's [`STREAMED_ANSWER`] then carries the bytes as they
+/// came and the function's headers in [`STREAM_HEADERS`].
+pub const STREAM_AS_WRITTEN: &str = "application/x-invoker-as-written";
+
+/// The header of a [`STREAMED_ANSWER`] that holds the function's own headers, a JSON array of
+/// `[name, value]` pairs ([`STREAM_AS_WRITTEN`]).
+pub const STREAM_HEADERS: &str = "x-invoker-stream-headers";
+
 /// The header a scheduler sends with a queued (asynchronous) call it keeps until the invoker
 /// starts it: the invoker answers as soon as the call is handed to a container, with
 /// [`STARTED_LINE`] as the first line of a [`TWO_PARTS`] answer, before `/run` goes out; the
