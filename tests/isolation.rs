@@ -201,6 +201,54 @@ async fn no_process_of_an_action_outlives_its_container_nor_an_invoker_crash() {
     assert!(left.is_empty(), "the crashed run's container disks are detached: {left:?}");
 }
 
+/// The groups named `name` anywhere in the cgroup hierarchies (v1's memory one may sit a few
+/// levels down, under the machine's own groups).
+fn cgroups_named(name: &str) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    let mut level = vec![std::path::PathBuf::from("/sys/fs/cgroup")];
+    for _ in 0..5 {
+        let mut next = Vec::new();
+        for dir in level {
+            for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+                let path = entry.path();
+                // (A link is not a directory here: `file_type` does not follow it.)
+                if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                    if entry.file_name() == name {
+                        found.push(path);
+                    } else {
+                        next.push(path);
+                    }
+                }
+            }
+        }
+        level = next;
+    }
+    found
+}
+
+/// An invoker that ran containers and stopped leaves no cgroup behind: not its containers',
+/// nor its own parent groups (each run of a new invoker id left three, in the memory, pids and
+/// freezer hierarchies), whether it stopped on SIGTERM or was killed.
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_root, ignore = "needs root: the sandbox, cgroups, a tmpfs (run by .ci/run)")]
+async fn an_invoker_that_stops_leaves_no_cgroup_behind() {
+    if !root_or_skip() {
+        return;
+    }
+    for (name, signal) in [("iso-cg-term", Signal::SIGTERM), ("iso-cg-kill", Signal::SIGKILL)] {
+        let (_dir, mut inv) = start(name, "");
+        let who = result(&inv, "who", WHO, json!({})).await;
+        assert!(who["uid"].as_u64().unwrap() > 0, "{who}");
+        let group = format!("invoker-{}", inv.invoker_id);
+        assert!(!cgroups_named(&group).is_empty(), "the running invoker has its groups");
+        inv.signal(signal);
+        inv.wait_exit(Duration::from_secs(20));
+        let gone = |left: Vec<std::path::PathBuf>| if left.is_empty() { Ok(()) } else { Err(format!("{left:?}")) };
+        let what = format!("the groups of an invoker stopped by {signal} are gone");
+        support::eventually(Duration::from_secs(20), &what, || async { gone(cgroups_named(&group)) }).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 #[cfg_attr(invoker_without_root, ignore = "needs root: the sandbox, cgroups, a tmpfs (run by .ci/run)")]
 async fn a_fork_bomb_stops_at_pids_max_and_the_invoker_still_serves() {

@@ -40,9 +40,8 @@ impl ContainerCgroups {
         let mut tried = Vec::new();
         for (version, parent) in candidates(root, "memory") {
             let base = parent.join(&group);
-            match std::fs::create_dir_all(&base) {
+            match make_base(version, &base) {
                 Ok(()) if version == Version::V2 => {
-                    let _ = std::fs::write(base.join("cgroup.subtree_control"), "+memory +pids");
                     let enabled = std::fs::read_to_string(base.join("cgroup.subtree_control")).unwrap_or_default();
                     if enabled.contains("memory") {
                         return Ok(ContainerCgroups { version, memory: base, pids: None, freezer: None });
@@ -106,6 +105,10 @@ impl ContainerCgroups {
     /// here, most of a cold start). A process that is still single-threaded (the sandbox, a
     /// freshly forked child) is its thread. v2 has only `cgroup.procs`.
     pub fn create(&self, id: ContainerId, memory_mb: u32, pids_max: u32) -> std::io::Result<Vec<PathBuf>> {
+        // Gone if an earlier run's watchdog removed it as this run started (`remove_own`).
+        if !self.memory.exists() {
+            make_base(self.version, &self.memory)?;
+        }
         let name = Self::name(id);
         let dirs = self.dirs(&name);
         for dir in &dirs {
@@ -167,6 +170,18 @@ impl ContainerCgroups {
         }
     }
 
+    /// Removes this invoker's own groups, the parents of its containers', when they are empty:
+    /// a run that ended leaves nothing behind in the hierarchies (each run of a new invoker id
+    /// left three). Returns the groups that could not go (a container's group still in one).
+    pub fn remove_own(&self) -> Vec<String> {
+        let own = [Some(&self.memory), self.pids.as_ref(), self.freezer.as_ref()];
+        let failed = own.into_iter().flatten().map(|dir| (dir, std::fs::remove_dir(dir)));
+        let failed = failed.filter(|(_, r)| r.as_ref().is_err_and(|e| e.kind() != std::io::ErrorKind::NotFound));
+        failed
+            .map(|(dir, r)| format!("{}: {}", dir.display(), r.err().map(|e| e.to_string()).unwrap_or_default()))
+            .collect()
+    }
+
     /// Kills what an earlier run left in its containers' groups, and removes them.
     pub fn remove_all(&self) -> usize {
         let Ok(entries) = std::fs::read_dir(&self.memory) else { return 0 };
@@ -181,6 +196,16 @@ impl ContainerCgroups {
         }
         names.len()
     }
+}
+
+/// This invoker's group under one hierarchy: made, and on v2 with the memory and pids
+/// controllers delegated to its children (the containers' groups).
+fn make_base(version: Version, base: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(base)?;
+    if version == Version::V2 {
+        let _ = std::fs::write(base.join("cgroup.subtree_control"), "+memory +pids");
+    }
+    Ok(())
 }
 
 fn procs(dir: &Path) -> Vec<i32> {

@@ -36,7 +36,8 @@ pub struct WatchdogArgs {
     pub cgroup_root: Option<PathBuf>,
 }
 
-/// Waits for the invoker to be gone (its end of stdin closed), then removes what it left.
+/// Waits for the invoker to be gone (its end of stdin closed), then removes what it left, its
+/// own cgroups last.
 pub fn watch(args: WatchdogArgs) -> std::io::Result<()> {
     let mut stdin = std::io::stdin().lock();
     let mut buf = [0u8; 64];
@@ -45,6 +46,9 @@ pub fn watch(args: WatchdogArgs) -> std::io::Result<()> {
     let killed = remove_left(&args.invoker_id, &args.pid_dir, cgroups.as_ref());
     if killed > 0 {
         eprintln!("invoker watchdog: the invoker {} is gone; removed {killed} of its containers", args.invoker_id);
+    }
+    for left in cgroups.map(|cg| cg.remove_own()).unwrap_or_default() {
+        eprintln!("invoker watchdog: the invoker {}'s cgroup stays: {left}", args.invoker_id);
     }
     Ok(())
 }
