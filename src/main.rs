@@ -112,6 +112,10 @@ enum Command {
     /// process factory starts one beside itself.
     #[command(hide = true)]
     Watchdog(invoker_process::watchdog::WatchdogArgs),
+    /// Fork each process-factory container's sandbox on the invoker's request (its stdin the
+    /// invoker's socket); the process factory starts one beside itself.
+    #[command(hide = true)]
+    SandboxServer(invoker_process::sandbox_fork::ServerArgs),
     /// Run the scheduler: the front door of the invokers registered in etcd (the same REST
     /// API, actions in its own store, each activation placed on an invoker).
     Scheduler(SchedulerArgs),
@@ -153,6 +157,12 @@ fn main() -> anyhow::Result<()> {
             let error = invoker_process::sandbox::enter(args);
             eprintln!("{error}");
             std::process::exit(126);
+        }
+        Some(Command::SandboxServer(_)) => {
+            use std::os::fd::AsFd as _;
+            let control = std::io::stdin().as_fd().try_clone_to_owned()?;
+            invoker_process::sandbox_fork::serve(control)?;
+            return Ok(());
         }
         Some(Command::Watchdog(args)) => {
             invoker_process::watchdog::watch(args)?;

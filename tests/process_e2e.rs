@@ -157,10 +157,28 @@ async fn warm_calls_reuse_one_process_over_either_transport() {
         }
         assert!(pids.iter().all(|&p| p == pids[0]), "{transport}: {pids:?}");
         let runtime = body_runtime(&inv).await;
-        let cmdline = std::fs::read(format!("/proc/{runtime}/cmdline")).unwrap_or_default();
-        let listens_on_tcp = String::from_utf8_lossy(&cmdline).contains("127.0.0.1:");
-        assert_eq!(listens_on_tcp, transport == "tcp", "{transport}: {}", String::from_utf8_lossy(&cmdline));
+        assert_eq!(listens_on_loopback_tcp(runtime), transport == "tcp", "{transport}");
     }
+}
+
+/// Whether process `pid` holds a TCP socket listening on 127.0.0.1 (its descriptors' socket
+/// inodes against its network namespace's `/proc/<pid>/net/tcp`).
+fn listens_on_loopback_tcp(pid: u64) -> bool {
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap();
+    let sockets: Vec<String> = fds
+        .flatten()
+        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+        .filter_map(|link| link.to_str()?.strip_prefix("socket:[")?.strip_suffix(']').map(str::to_owned))
+        .collect();
+    let table = std::fs::read_to_string(format!("/proc/{pid}/net/tcp")).unwrap();
+    table.lines().skip(1).any(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        // local_address, st (0A: LISTEN), inode.
+        fields.len() > 9
+            && fields[1].starts_with("0100007F:")
+            && fields[3] == "0A"
+            && sockets.contains(&fields[9].to_string())
+    })
 }
 
 /// The runtime process of the `pid` action's warm container.
@@ -883,4 +901,63 @@ async fn a_call_that_fits_beside_a_starting_container_does_not_wait_for_its_star
     assert_eq!(pool["starting"], 1, "answered while the other container still starts: {pool}");
     let (status, _) = inv.get(&format!("activations/{sleepy_id}")).await;
     assert_eq!(status, 404, "the sleepy call has no record yet");
+}
+
+/// The parent of process `pid`.
+fn parent_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit(')').next()?.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// The pids whose command line holds every one of `words`.
+fn processes_with(words: &[&str]) -> Vec<i32> {
+    let pids = std::fs::read_dir("/proc").unwrap().flatten().filter_map(|e| e.file_name().to_str()?.parse().ok());
+    pids.filter(|pid: &i32| {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let text = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        words.iter().all(|w| text.contains(w))
+    })
+    .collect()
+}
+
+/// Each runtime is forked by the invoker's sandbox server (its parent, not the invoker; its
+/// command line the server's, which names the invoker's directory); a server killed takes its
+/// runtimes with it, is started again at the next cold start, and every call still succeeds.
+#[tokio::test(flavor = "multi_thread")]
+async fn runtimes_are_forked_by_the_sandbox_server_which_comes_back_if_killed() {
+    let dir = tempdir();
+    let inv = Invoker::start(dir.path(), &id("forks"), "");
+    let pid_dir = dir.path().join("data").join("processes").join(&inv.invoker_id);
+    let invoker = inv.child.id() as i32;
+    // The server is the invoker's child; the runtimes it forked carry its command line.
+    let named = || processes_with(&["sandbox-server", "--pid-dir", pid_dir.to_str().unwrap()]);
+    let servers = || named().into_iter().filter(|&p| parent_of(p) == Some(invoker)).collect::<Vec<_>>();
+    inv.put_action("first", python(PID_ACTION)).await;
+    let (status, first) = inv.invoke("first", "blocking=true&result=true", json!({})).await;
+    assert_eq!(status, 200, "{first}");
+    let runtime = first["runtime"].as_i64().unwrap() as i32;
+    let server = servers();
+    assert_eq!(server.len(), 1, "one server: {:?}", named());
+    assert_eq!(parent_of(runtime), Some(server[0]), "the runtime's parent is the server");
+    assert!(named().contains(&runtime), "the runtime's command line names the invoker's directory");
+
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(server[0]), Signal::SIGKILL).unwrap();
+    support::eventually(Duration::from_secs(10), "the server is gone", || async {
+        let left = servers();
+        if left.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{left:?}"))
+        }
+    })
+    .await;
+    inv.put_action("second", python(PID_ACTION)).await;
+    let (status, second) = inv.invoke("second", "blocking=true&result=true", json!({})).await;
+    assert_eq!(status, 200, "a cold start after the server was killed: {second}");
+    assert_eq!(servers().len(), 1, "started again");
+    // The runtimes it forked went with it (their parent gone, as with the invoker's): the
+    // action's next call starts another.
+    let (status, again) = inv.invoke("first", "blocking=true&result=true", json!({})).await;
+    assert_eq!(status, 200, "{again}");
+    assert_ne!(again["runtime"], first["runtime"], "{again}");
 }

@@ -105,12 +105,20 @@ impl ContainerSocket {
 pub struct RuntimeLife {
     pid: i32,
     exited: AtomicBool,
+    /// A process this one did not fork (a fork server's child): its pidfd, readable once it
+    /// exited, which no later process with the same pid can answer for.
+    pidfd: Option<std::os::fd::OwnedFd>,
 }
 
 impl RuntimeLife {
     /// `pid` must be a child of this process.
     pub fn new(pid: i32) -> Self {
-        RuntimeLife { pid, exited: AtomicBool::new(false) }
+        RuntimeLife { pid, exited: AtomicBool::new(false), pidfd: None }
+    }
+
+    /// A process another one forked, known by its pidfd (`pidfd_open(2)`).
+    pub fn of_pidfd(pid: i32, pidfd: std::os::fd::OwnedFd) -> Self {
+        RuntimeLife { pid, exited: AtomicBool::new(false), pidfd: Some(pidfd) }
     }
 
     /// Said by whoever waited for the child.
@@ -123,6 +131,12 @@ impl RuntimeLife {
     pub fn exited(&self) -> bool {
         if self.exited.load(Ordering::Acquire) {
             return true;
+        }
+        if let Some(pidfd) = &self.pidfd {
+            use std::os::fd::AsFd as _;
+            let mut fds = [nix::poll::PollFd::new(pidfd.as_fd(), nix::poll::PollFlags::POLLIN)];
+            return nix::poll::poll(&mut fds, nix::poll::PollTimeout::ZERO)
+                .is_ok_and(|_| fds[0].revents().is_some_and(|r| !r.is_empty()));
         }
         let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
         match nix::sys::wait::waitid(Id::Pid(nix::unistd::Pid::from_raw(self.pid)), flags) {

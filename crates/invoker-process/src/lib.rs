@@ -20,12 +20,14 @@
 mod cgroup;
 pub mod memory_limit;
 pub mod sandbox;
+pub mod sandbox_fork;
 mod snapshot;
 pub mod watchdog;
 mod zygote;
 
 use crate::cgroup::ContainerCgroups;
 use crate::sandbox::{resolve_interpreter, SandboxArgs, ACTION_PATH};
+use crate::sandbox_fork::ForkServer;
 use crate::watchdog::{remove_left, Watchdog, WatchdogArgs};
 use crate::zygote::{ForkRequest, Zygote};
 use invoker_factory::contract::{
@@ -51,12 +53,13 @@ use nix::unistd::Pid;
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::process::{Child, ChildStderr, ChildStdout, Command};
+use tokio::process::{ChildStderr, ChildStdout, Command};
 use tokio::sync::{mpsc, watch};
 
 #[derive(Clone)]
@@ -86,6 +89,9 @@ struct Inner {
     /// Forks the action processes of the python kinds (isolated containers only: the child
     /// must enter the container's namespaces and take its uid).
     zygote: Option<Zygote>,
+    /// Forks each container's sandbox (`sandbox_fork.rs`); without it (it could not start),
+    /// each is `invoker sandbox` executed.
+    fork_server: Option<ForkServer>,
     /// The node launcher's startup snapshot, when a kind starts from one.
     node_snapshot: Option<PathBuf>,
     /// Whether each container gets a disk of its own (`own_disk.rs`; needs root).
@@ -274,6 +280,11 @@ impl ProcessFactory {
                 .unwrap_or(settings.user_memory_mb),
             None => settings.user_memory_mb,
         };
+        let fork_server = ForkServer::start(&executable, invoker_id, &pid_dir)
+            .map_err(|e| {
+                tracing::warn!("the sandbox fork server did not start ({e}); each container's sandbox is executed")
+            })
+            .ok();
         let host = OneHost::new(NodeId::new("local"), offered, epoch);
         let (gone, gone_rx) = mpsc::channel(GONE_BACKLOG);
         let factory = ProcessFactory {
@@ -292,6 +303,7 @@ impl ProcessFactory {
                 watchdog: Mutex::new(Some(watchdog)),
                 watchdog_args,
                 zygote,
+                fork_server,
                 node_snapshot,
                 own_disks,
                 gone,
@@ -386,21 +398,7 @@ impl ContainerFactory for ProcessFactory {
             },
             reach => (reach, None),
         };
-        let mut cmd = Command::new(&inner.executable);
-        cmd.arg("sandbox")
-            .args(sandbox.to_args())
-            .env_clear()
-            .envs(&env)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0)
-            .kill_on_drop(true);
-        let spawned = cmd.spawn().map_err(|source| CreateError::Path { path: inner.executable.clone(), source }.into());
-        let (mut child, pid) = match spawned.and_then(|child| match child.id() {
-            Some(pid) => Ok((child, pid)),
-            None => Err(CreateError::Exited { what: "runtime", status: "at once".into() }.into()),
-        }) {
+        let (pid, output, exited, life) = match self.start_sandbox(&sandbox, &env).await {
             Ok(started) => started,
             Err(e) => {
                 self.kill(spec.id).await;
@@ -410,10 +408,10 @@ impl ContainerFactory for ProcessFactory {
         let pgid = Pid::from_raw(pid as i32);
         let _ = std::fs::write(self.pid_file(spec.id), format!("{pid}\n"));
         let logs = Arc::new(LogBuffer::default());
-        follow_output(&mut child, &logs);
+        follow_output(output, &logs);
         let uid_number = uid.as_ref().map(|held| held.uid);
-        let life = Arc::new(RuntimeLife::new(pid as i32));
-        let mut exit = self.wait_for_exit(spec.id, child, life.clone());
+        let life = Arc::new(life);
+        let mut exit = self.wait_for_exit(spec.id, exited, life.clone());
         inner.live.lock().insert(spec.id, Live { pgid, exit: exit.clone(), ready: false, uid });
 
         // The zygote forks the launcher while the sandbox sets up; the child joins the
@@ -511,6 +509,47 @@ impl ContainerFactory for ProcessFactory {
 }
 
 impl ProcessFactory {
+    /// Starts the container's sandbox with its runtime: forked by the fork server, or, without
+    /// one that answers, `invoker sandbox` executed. Its pid (its process group's), its stdout
+    /// and stderr to read, and its exit to await.
+    async fn start_sandbox(
+        &self,
+        sandbox: &SandboxArgs,
+        env: &BTreeMap<String, String>,
+    ) -> Result<(u32, [std::io::Result<OwnedFd>; 2], Exited, RuntimeLife), FactoryError> {
+        let inner = &self.inner;
+        if let Some(server) = &inner.fork_server {
+            let env: Vec<(String, String)> = env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+            match server.fork(&sandbox.to_args(), &env).await {
+                Ok(forked) => {
+                    let exited: Exited = Box::pin(forked.exit.status());
+                    let life = RuntimeLife::of_pidfd(forked.pid as i32, forked.pidfd);
+                    return Ok((forked.pid, [Ok(forked.stdout), Ok(forked.stderr)], exited, life));
+                }
+                Err(e) => tracing::warn!("the sandbox fork server did not fork ({e}); the sandbox is executed"),
+            }
+        }
+        let mut cmd = Command::new(&inner.executable);
+        cmd.arg("sandbox")
+            .args(sandbox.to_args())
+            .env_clear()
+            .envs(env)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true);
+        let mut child = cmd.spawn().map_err(|source| CreateError::Path { path: inner.executable.clone(), source })?;
+        let pid = child.id().ok_or_else(|| CreateError::Exited { what: "runtime", status: "at once".into() })?;
+        let output = [
+            child.stdout.take().ok_or_else(|| std::io::Error::other("no stdout")).and_then(ChildStdout::into_owned_fd),
+            child.stderr.take().ok_or_else(|| std::io::Error::other("no stderr")).and_then(ChildStderr::into_owned_fd),
+        ];
+        let exited: Exited =
+            Box::pin(async move { child.wait().await.map_or_else(|e| e.to_string(), |s| s.to_string()) });
+        Ok((pid, output, exited, RuntimeLife::new(pid as i32)))
+    }
+
     /// Makes the container's directory on a disk of its own (`own_disk.rs`) with its work dir,
     /// `/tmp` and `/dev/shm` in it (its uid's), its root's mount point, its cgroups, and the
     /// address its runtime will serve on; returns how to reach it and the sandbox's arguments.
@@ -663,13 +702,13 @@ impl ProcessFactory {
     fn wait_for_exit(
         &self,
         id: ContainerId,
-        mut child: Child,
+        exited: impl std::future::Future<Output = String> + Send + 'static,
         life: Arc<RuntimeLife>,
     ) -> watch::Receiver<Option<String>> {
         let (said, exit) = watch::channel(None);
         let factory = Arc::downgrade(&self.inner);
         tokio::spawn(async move {
-            let status = child.wait().await.map_or_else(|e| e.to_string(), |s| s.to_string());
+            let status = exited.await;
             life.mark_exited();
             let _ = said.send(Some(status.clone()));
             let Some(inner) = factory.upgrade() else { return };
@@ -955,14 +994,13 @@ async fn wait_ready(
 
 /// Reads the container's stdout and stderr into `logs` (`PipeLines`: so that a run's last
 /// lines can be read at once when its answer comes).
-fn follow_output(child: &mut Child, logs: &Arc<LogBuffer>) {
-    let pipes = [
-        (child.stdout.take().map(ChildStdout::into_owned_fd), Stream::Stdout),
-        (child.stderr.take().map(ChildStderr::into_owned_fd), Stream::Stderr),
-    ];
-    for (fd, stream) in pipes {
-        if let Some(Err(e)) = fd.map(|fd| fd.and_then(|pipe| PipeLines::follow(pipe, stream, logs))) {
+fn follow_output(output: [std::io::Result<OwnedFd>; 2], logs: &Arc<LogBuffer>) {
+    for (fd, stream) in output.into_iter().zip([Stream::Stdout, Stream::Stderr]) {
+        if let Err(e) = fd.and_then(|pipe| PipeLines::follow(pipe, stream, logs)) {
             tracing::warn!("a container's {} is not read: {e}", stream.name());
         }
     }
 }
+
+/// How a started sandbox's exit is awaited: its status, as `ExitStatus` says it.
+type Exited = std::pin::Pin<Box<dyn std::future::Future<Output = String> + Send>>;
