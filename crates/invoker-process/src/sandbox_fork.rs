@@ -116,9 +116,12 @@ pub fn serve(control: OwnedFd) -> std::io::Result<()> {
             reap(&mut answers);
         }
         if control_ready {
-            match receive(&control, &mut buffer)? {
-                Some((request, fds)) => fork_one(&request, fds, &mut answers),
-                None => return Ok(()),
+            match receive(&control, &mut buffer) {
+                Ok(Some((request, fds))) => fork_one(&request, fds, &mut answers),
+                Ok(None) => return Ok(()),
+                // Nothing taken: the request is read at the next turn.
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
             }
         }
     }
