@@ -383,9 +383,17 @@ impl ForkServer {
         let bound = std::time::Duration::from_secs(10);
         let read = tokio::time::timeout(bound, answer.read_line(&mut line)).await;
         read.map_err(|_| std::io::Error::other("the sandbox fork server did not answer within 10 s"))??;
-        match line.trim_end().strip_prefix("pid ").map(str::parse::<u32>) {
-            Some(Ok(pid)) => Ok(Forked { pid, pidfd: pidfd_open(pid)?, stdout, stderr, exit: ForkedExit(answer) }),
-            _ => Err(std::io::Error::other(format!("the sandbox fork server answered '{}'", line.trim_end()))),
+        let pid = match line.trim_end().strip_prefix("pid ").map(str::parse::<u32>) {
+            Some(Ok(pid)) => pid,
+            _ => return Err(std::io::Error::other(format!("the sandbox fork server answered '{}'", line.trim_end()))),
+        };
+        match pidfd_open(pid) {
+            Ok(pidfd) => Ok(Forked { pid, pidfd, stdout, stderr, exit: ForkedExit(answer) }),
+            Err(e) => {
+                // Not known, not kept: its group goes before the caller starts another sandbox.
+                let _ = nix::sys::signal::killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
+                Err(e)
+            }
         }
     }
 }
