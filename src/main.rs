@@ -154,14 +154,14 @@ fn main() -> anyhow::Result<()> {
             return Ok(());
         }
         Some(Command::Sandbox(args)) => {
-            let error = invoker_process::sandbox::enter(args);
+            let error = invoker_process::sandbox::enter(args, None);
             eprintln!("{error}");
             std::process::exit(126);
         }
-        Some(Command::SandboxServer(_)) => {
+        Some(Command::SandboxServer(args)) => {
             use std::os::fd::AsFd as _;
             let control = std::io::stdin().as_fd().try_clone_to_owned()?;
-            invoker_process::sandbox_fork::serve(control)?;
+            invoker_process::sandbox_fork::serve(control, &args.pid_dir)?;
             return Ok(());
         }
         Some(Command::Watchdog(args)) => {

@@ -551,3 +551,62 @@ async fn a_write_past_the_disk_limit_fails_inside_the_action_and_nothing_outside
     let (status, body) = inv.invoke("filler", "blocking=true", json!({ "dir": "." })).await;
     assert_eq!((status, &body["response"]["result"]["stopped"]), (200, &json!("ENOSPC")), "and again: {body}");
 }
+
+/// The process factory's fork server copies each container's root from a template of its kind
+/// (`sandbox_template.rs`) once the kind's first container was made: what the copies share is
+/// read-only, each container's directory lies in a tmpfs of its own on the parent, and the
+/// host's mount table keeps nothing of the template. The invoker's directory is outside
+/// `/tmp` here, where the parent's tmpfs is used (under `/tmp` the container's own `/tmp`
+/// holds it).
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_root, ignore = "needs root: the sandbox, cgroups, a tmpfs (run by .ci/run)")]
+async fn a_kinds_roots_are_copied_from_a_read_only_template_and_keep_their_own_parts() {
+    if !root_or_skip() {
+        return;
+    }
+    let dir = tempfile::Builder::new().prefix("iso-tpl-").tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let invoker_id = format!("iso-tpl-{}", std::process::id());
+    let inv = Invoker::start(dir.path(), &invoker_id, &format!("[namespaces]\nguest = \"{GUEST}\"\n"));
+    let processes = std::fs::canonicalize(dir.path().join("data/processes").join(&invoker_id)).unwrap();
+    let probe = r#"import os
+def main(a):
+    out = {'cwd': os.getcwd(), 'others': {}, 'refused': {}}
+    for other in a['others']:
+        try:
+            os.stat(other)
+            out['others'][other] = 'found'
+        except OSError as e:
+            out['others'][other] = e.strerror
+    for line in open('/proc/self/mountinfo'):
+        fields, rest = line.split(' - ')
+        if fields.split(' ')[4] == '/':
+            out['root'] = rest.split(' ')[2]
+    for path in ['/new', '/dev/new', '/etc/new', a['parent'] + '/new']:
+        try:
+            open(path, 'w').close()
+            out['refused'][path] = 'written'
+        except OSError as e:
+            out['refused'][path] = e.strerror
+    return out
+"#;
+    let (mut roots, mut others) = (Vec::new(), Vec::new());
+    for name in ["tpl1", "tpl2", "tpl3"] {
+        let out = result(&inv, name, probe, json!({ "parent": processes, "others": others })).await;
+        assert!(out["cwd"].as_str().unwrap().starts_with(processes.to_str().unwrap()), "{out}");
+        for (other, what) in out["others"].as_object().unwrap() {
+            assert_eq!(what, "No such file or directory", "{name} reached {other}: {out}");
+        }
+        others.push(out["cwd"].clone());
+        for (path, what) in out["refused"].as_object().unwrap() {
+            assert_ne!(what, "written", "{name} wrote {path}: {out}");
+        }
+        roots.push(out["root"].as_str().unwrap().to_string());
+    }
+    // The first of a kind may be built whole (its tmpfs `rw` under a read-only mount); the
+    // template is there by the third.
+    assert!(roots[2].starts_with("ro,"), "the third container's root is the template's: {roots:?}; {}", inv.stderr());
+    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let template = processes.join("template").display().to_string();
+    assert!(!table.contains(&template), "the host's mount table holds the template: {table}");
+}

@@ -57,6 +57,14 @@ pub fn unmount_under(parent: &Path) -> usize {
     points.iter().filter(|p| umount2(p.as_path(), MntFlags::MNT_DETACH).is_ok()).count()
 }
 
+/// The mount points of file system type `fstype` at `dir` or under it, in the order they were
+/// mounted.
+pub fn mounts_of_type_under(dir: &Path, fstype: &str) -> Vec<PathBuf> {
+    let Ok(table) = std::fs::read_to_string("/proc/self/mountinfo") else { return Vec::new() };
+    let of_type = |line: &&str| line.split_once(" - ").is_some_and(|(_, rest)| rest.split(' ').next() == Some(fstype));
+    table.lines().filter(of_type).filter_map(mount_point).filter(|p| p.starts_with(dir)).collect()
+}
+
 /// The mount point of one line of `/proc/self/mountinfo` (its fifth field, with the kernel's
 /// octal escapes of space, tab, newline and backslash undone).
 fn mount_point(line: &str) -> Option<PathBuf> {

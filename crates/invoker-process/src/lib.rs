@@ -21,6 +21,7 @@ mod cgroup;
 pub mod memory_limit;
 pub mod sandbox;
 pub mod sandbox_fork;
+pub mod sandbox_template;
 mod snapshot;
 pub mod watchdog;
 mod zygote;

@@ -25,6 +25,7 @@ use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::sched::CloneFlags;
 use nix::unistd::{Gid, Uid};
 use std::ffi::OsString;
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::PermissionsExt as _;
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
@@ -164,10 +165,12 @@ impl SandboxArgs {
     }
 }
 
-/// Sets the container up and executes its command; returns only on failure.
-pub fn enter(args: SandboxArgs) -> std::io::Error {
+/// Sets the container up and executes its command; returns only on failure. With `tree` (a
+/// copy of the fork server's template, `sandbox_template.rs`), the container's root is that
+/// tree with the container's own parts added, rather than built whole.
+pub fn enter(args: SandboxArgs, tree: Option<OwnedFd>) -> std::io::Error {
     let own = own_runtime(&args.command);
-    match setup(&args) {
+    match setup(&args, tree) {
         Ok(()) if own.is_some() => {
             // A uid change made the process undumpable (its /proc files root's); an exec would
             // have reset that, and nothing of root's is left to protect.
@@ -206,7 +209,7 @@ fn step<T, E: std::fmt::Display>(what: &str, result: Result<T, E>) -> std::io::R
     result.map_err(|e| std::io::Error::other(format!("sandbox: {what}: {e}")))
 }
 
-fn setup(args: &SandboxArgs) -> std::io::Result<()> {
+fn setup(args: &SandboxArgs, tree: Option<OwnedFd>) -> std::io::Result<()> {
     // `0`: this process, single-threaded here (see `ContainerCgroups::create`).
     for procs in &args.cgroup_procs {
         step(&procs.display().to_string(), std::fs::write(procs, "0"))?;
@@ -224,7 +227,10 @@ fn setup(args: &SandboxArgs) -> std::io::Result<()> {
         step("loopback up", loopback_up())?;
     }
     let root = args.root.as_deref().ok_or_else(|| std::io::Error::other("sandbox: --root is required"))?;
-    step("filesystem", build_root(root, args))?;
+    match tree {
+        Some(tree) => step("filesystem", crate::sandbox_template::enter(tree, root, args))?,
+        None => step("filesystem", build_root(root, args))?,
+    }
     step("chdir /", std::env::set_current_dir("/"))?;
     drop_privileges(args.uid)?;
     enter_work_dir(args)
@@ -363,11 +369,51 @@ fn shadow(root: &Path, dir: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// A container's root built whole, in its own mount namespace: what a template holds, then the
+/// container's own parts, then the pivot.
 fn build_root(root: &Path, args: &SandboxArgs) -> std::io::Result<()> {
-    let none: Option<&str> = None;
-    // Nothing mounted from here on propagates back to the host.
-    mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none).map_err(|e| io("make / private", e))?;
+    make_mounts_private()?;
     tmpfs(root, "size=1m,mode=0755").map_err(|e| io(format!("tmpfs {}", root.display()), e))?;
+    fill_shared(root, args)?;
+    fill_own(root, args)?;
+    pivot(root)
+}
+
+/// Nothing mounted from here on propagates back to the host.
+pub(crate) fn make_mounts_private() -> std::io::Result<()> {
+    let none: Option<&str> = None;
+    mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none).map_err(|e| io("make / private", e))
+}
+
+/// Where a container's own directory goes: a small tmpfs of its own is mounted on its parent,
+/// in which its mount point is made. `None` where the directory lies under `/tmp` (made in the
+/// container's own `/tmp`) or at the top (`/x`: no template serves it).
+pub(crate) fn own_parent(args: &SandboxArgs) -> Option<&Path> {
+    let parent = args.dir.as_deref()?.parent()?;
+    (parent != Path::new("/") && !under_own_mounts(parent)).then_some(parent)
+}
+
+/// Whether a template can serve `args`: its own directory's mount point can be made without
+/// writing to the template.
+pub(crate) fn template_serves(args: &SandboxArgs) -> bool {
+    args.isolate && args.dir.as_deref().is_none_or(|dir| under_own_mounts(dir) || own_parent(args).is_some())
+}
+
+/// Whether `path` (as the container sees it) lies in what each container mounts for itself:
+/// its `/tmp`, `/dev/shm`, `/proc`.
+fn under_own_mounts(path: &Path) -> bool {
+    ["/tmp", "/dev/shm", "/proc"].iter().any(|own| path.starts_with(own))
+}
+
+/// Whether a bound path goes in each container's own part rather than the shared one.
+fn bound_per_container(args: &SandboxArgs, at: &Path) -> bool {
+    under_own_mounts(at) || own_parent(args).is_some_and(|parent| at.starts_with(parent))
+}
+
+/// What every container of the same kind sees alike, built in an empty tmpfs at `root`: the
+/// system's directories, the chosen parts of `/etc`, the masks, `/dev`, the kind's files, and
+/// the empty mount points of each container's own parts. A template is this, built once.
+pub(crate) fn fill_shared(root: &Path, args: &SandboxArgs) -> std::io::Result<()> {
     for dir in SYSTEM_DIRS {
         expose(root, Path::new(dir), true)?;
     }
@@ -403,32 +449,59 @@ fn build_root(root: &Path, args: &SandboxArgs) -> std::io::Result<()> {
     {
         std::os::unix::fs::symlink(to, dev.join(name)).map_err(|e| io(name, e))?;
     }
-    // The container's own, on its disk: what it writes there counts against its disk limit.
-    for (own, at) in [(&args.shm, dev.join("shm")), (&args.tmp, root.join("tmp"))] {
+    for own in [dev.join("shm"), root.join("tmp"), root.join("proc")] {
+        std::fs::create_dir_all(&own).map_err(|e| io(own.display(), e))?;
+    }
+    for file in args.bind_files.iter().filter(|f| !bound_per_container(args, f)) {
+        expose(root, file, true)?;
+    }
+    for pair in args.bind_at.chunks_exact(2).filter(|pair| !bound_per_container(args, &pair[1])) {
+        expose_at(root, &pair[0], &pair[1])?;
+    }
+    if let Some(parent) = own_parent(args) {
+        create_dirs(&inside(root, parent))?;
+    }
+    Ok(())
+}
+
+/// What is the container's own, on the mount points [`fill_shared`] made: its `/tmp` and
+/// `/dev/shm` (on its disk: what it writes there counts against its disk limit), its `/proc`,
+/// its directory, and whatever of the kind's files lies in them. Nothing here writes to what
+/// [`fill_shared`] built: a template's tree stays as every container found it.
+pub(crate) fn fill_own(root: &Path, args: &SandboxArgs) -> std::io::Result<()> {
+    for (own, at) in [(&args.shm, root.join("dev/shm")), (&args.tmp, root.join("tmp"))] {
         let own = own.as_deref().ok_or_else(|| io(at.display(), "--tmp and --shm are required"))?;
-        std::fs::create_dir_all(&at).map_err(|e| io(at.display(), e))?;
         bind(own, &at, false).map_err(|e| io(format!("bind {} at {}", own.display(), at.display()), e))?;
     }
     let proc = root.join("proc");
-    std::fs::create_dir_all(&proc).map_err(|e| io("proc", e))?;
     // hidepid=2: a process sees only its own user's entries in /proc.
     let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
     mount(Some("proc"), &proc, Some("proc"), flags, Some("hidepid=2")).map_err(|e| io("mount /proc", e))?;
-    // After /tmp: the container's directory or the binary may lie under it.
-    for file in &args.bind_files {
+    if let Some(parent) = own_parent(args) {
+        let target = inside(root, parent);
+        tmpfs(&target, "size=16k,mode=0711").map_err(|e| io(format!("tmpfs {}", parent.display()), e))?;
+    }
+    // After /tmp and the directory's parent: the binary or a kind's file may lie in them.
+    for file in args.bind_files.iter().filter(|f| bound_per_container(args, f)) {
         expose(root, file, true)?;
     }
-    for pair in args.bind_at.chunks_exact(2) {
+    for pair in args.bind_at.chunks_exact(2).filter(|pair| bound_per_container(args, &pair[1])) {
         expose_at(root, &pair[0], &pair[1])?;
     }
     if let Some(dir) = &args.dir {
         expose(root, dir, false)?;
     }
-    // The old root goes: pivot onto the new one with the old stacked under it, then detach.
+    Ok(())
+}
+
+/// The old root goes: pivot onto `root` with the old stacked under it, then detach it; the
+/// new root is read-only (this mount of it: a template's tree is shared).
+pub(crate) fn pivot(root: &Path) -> std::io::Result<()> {
     std::env::set_current_dir(root).map_err(|e| io(root.display(), e))?;
     nix::unistd::pivot_root(".", ".").map_err(|e| io("pivot_root", e))?;
     umount2(".", MntFlags::MNT_DETACH).map_err(|e| io("detach the old root", e))?;
-    let flags = MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    let none: Option<&str> = None;
+    let flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
     mount(none, "/", none, flags, none).map_err(|e| io("root read-only", e))
 }
 

@@ -15,6 +15,8 @@
 //! The server ends when the invoker does (its end of the pair closes); the containers it forked
 //! go with the invoker, as any: the watchdog removes them.
 
+use crate::sandbox::SandboxArgs;
+use crate::sandbox_template::{RootTemplate, Templates};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
@@ -88,8 +90,10 @@ pub fn send(control: &OwnedFd, request: &[u8], fds: [&OwnedFd; 3]) -> std::io::R
     Ok(())
 }
 
-/// The server's loop on `control` (its fd 0); returns when the invoker closed its end.
-pub fn serve(control: OwnedFd) -> std::io::Result<()> {
+/// The server's loop on `control` (its fd 0); returns when the invoker closed its end. Its
+/// root templates are built in `pid_dir` (see `sandbox_template.rs`).
+pub fn serve(control: OwnedFd, pid_dir: &std::path::Path) -> std::io::Result<()> {
+    let mut templates = Templates::new(pid_dir.join("template"));
     let mut mask = SigSet::empty();
     mask.add(Signal::SIGCHLD);
     mask.thread_block()?;
@@ -117,7 +121,7 @@ pub fn serve(control: OwnedFd) -> std::io::Result<()> {
         }
         if control_ready {
             match receive(&control, &mut buffer) {
-                Ok(Some((request, fds))) => fork_one(&request, fds, &mut answers),
+                Ok(Some((request, fds))) => fork_one(&request, fds, &mut answers, &mut templates),
                 Ok(None) => return Ok(()),
                 // Nothing taken: the request is read at the next turn.
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
@@ -151,22 +155,28 @@ fn receive(control: &OwnedFd, buffer: &mut [u8]) -> std::io::Result<Option<(Vec<
     Ok(Some((buffer[..len].to_vec(), fds)))
 }
 
-/// Forks the request's child, and answers its pid (or why none) on its answer socket.
-fn fork_one(request: &[u8], fds: Vec<OwnedFd>, answers: &mut HashMap<i32, OwnedFd>) {
+/// Forks the request's child, and answers its pid (or why none) on its answer socket; then
+/// builds the template its kind's next containers are made from, if none fresh is.
+fn fork_one(request: &[u8], fds: Vec<OwnedFd>, answers: &mut HashMap<i32, OwnedFd>, templates: &mut Templates) {
     let Ok::<[OwnedFd; 3], _>([stdout, stderr, answer]) = fds.try_into() else { return };
-    let decoded = decode(request);
-    let (args, env) = match decoded {
+    let (args, env) = match decode(request) {
         Ok(decoded) => decoded,
         Err(why) => return say(&answer, &format!("refused {why}")),
+    };
+    let parsed = <Sandbox as clap::Parser>::try_parse_from(std::iter::once(OsString::from("sandbox")).chain(args));
+    let args = match parsed {
+        Ok(sandbox) => sandbox.args,
+        Err(e) => return say(&answer, &format!("refused sandbox arguments: {}", e.to_string().replace('\n', " "))),
     };
     // SAFETY: this process is single-threaded (its one thread runs this loop), so the child may
     // run any code; it never returns into the loop (`child` exits).
     #[allow(unsafe_code)]
     match unsafe { nix::unistd::fork() } {
-        Ok(nix::unistd::ForkResult::Child) => child(args, env, stdout, stderr),
+        Ok(nix::unistd::ForkResult::Child) => child(&args, env, stdout, stderr, templates.get(&args)),
         Ok(nix::unistd::ForkResult::Parent { child }) => {
             say(&answer, &format!("pid {child}"));
             answers.insert(child.as_raw(), answer);
+            templates.prepare(&args);
         }
         Err(e) => say(&answer, &format!("refused fork: {e}")),
     }
@@ -197,12 +207,18 @@ fn say(answer: &OwnedFd, line: &str) {
 /// The forked child: the invoker's pipes as its output, nothing else of the server's open, its
 /// own process group, the requested environment, and then the sandbox as `invoker sandbox`
 /// runs it. Never returns.
-fn child(args: Vec<OsString>, env: Vec<(OsString, OsString)>, stdout: OwnedFd, stderr: OwnedFd) -> ! {
-    let entered = become_container(env, stdout, stderr).and_then(|()| {
-        let parsed = <Sandbox as clap::Parser>::try_parse_from(std::iter::once(OsString::from("sandbox")).chain(args));
-        let sandbox = parsed.map_err(|e| format!("sandbox arguments: {e}"))?;
-        Ok(crate::sandbox::enter(sandbox.args).to_string())
-    });
+fn child(
+    args: &SandboxArgs,
+    env: Vec<(OsString, OsString)>,
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+    template: Option<&RootTemplate>,
+) -> ! {
+    // A template's tree can be copied only in the namespace it was made in, the server's: now.
+    // Should the copy fail, the root is built whole.
+    let tree = template.and_then(|template| template.copy().ok());
+    let entered = become_container(env, stdout, stderr, tree.as_ref())
+        .map(|()| crate::sandbox::enter(args.clone(), tree).to_string());
     let (Ok(why) | Err(why)) = entered;
     // Its stderr: the invoker's pipe, where `invoker sandbox` says why too.
     eprintln!("{why}");
@@ -212,13 +228,18 @@ fn child(args: Vec<OsString>, env: Vec<(OsString, OsString)>, stdout: OwnedFd, s
 /// What `Command` gives an executed child, here without the exec: its stdin `/dev/null`, its
 /// stdout and stderr the invoker's pipes, nothing else of the server open, no signal blocked,
 /// its own process group and only the requested environment.
-fn become_container(env: Vec<(OsString, OsString)>, stdout: OwnedFd, stderr: OwnedFd) -> Result<(), String> {
+fn become_container(
+    env: Vec<(OsString, OsString)>,
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+    keep: Option<&OwnedFd>,
+) -> Result<(), String> {
     let null = std::fs::File::open("/dev/null").map_err(|e| format!("/dev/null: {e}"))?;
     nix::unistd::dup2_stdin(&null).map_err(|e| format!("stdin: {e}"))?;
     nix::unistd::dup2_stdout(&stdout).map_err(|e| format!("stdout: {e}"))?;
     nix::unistd::dup2_stderr(&stderr).map_err(|e| format!("stderr: {e}"))?;
     drop((null, stdout, stderr));
-    close_from(3);
+    close_from(3, keep.map(|fd| fd.as_raw_fd()));
     SigSet::all().thread_unblock().map_err(|e| format!("the signal mask: {e}"))?;
     nix::unistd::setpgid(Pid::from_raw(0), Pid::from_raw(0)).map_err(|e| format!("setpgid: {e}"))?;
     let inherited: Vec<OsString> = std::env::vars_os().map(|(name, _)| name).collect();
@@ -249,17 +270,24 @@ fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {
 #[derive(clap::Parser)]
 struct Sandbox {
     #[command(flatten)]
-    args: crate::sandbox::SandboxArgs,
+    args: SandboxArgs,
 }
 
-/// Closes every descriptor from `first` up: the child runs in place of the server, without
-/// an exec to close what is close-on-exec (other children's answer sockets, the signalfd).
+/// Closes every descriptor from `first` up but `keep` (the copy of a root template): the child
+/// runs in place of the server, without an exec to close what is close-on-exec (other
+/// children's answer sockets, the signalfd, the templates).
 #[allow(unsafe_code)]
-fn close_from(first: u32) {
-    // SAFETY: close_range(2) only closes descriptors; none from `first` up is used again by
-    // this process (the child keeps 0, 1 and 2).
-    unsafe {
-        libc::syscall(libc::SYS_close_range, first, u32::MAX, 0);
+fn close_from(first: RawFd, keep: Option<RawFd>) {
+    let ranges = match keep {
+        Some(keep) if keep >= first => [(first, keep - 1), (keep + 1, RawFd::MAX)],
+        _ => [(first, RawFd::MAX), (RawFd::MAX, RawFd::MAX - 1)],
+    };
+    for (low, high) in ranges.into_iter().filter(|(low, high)| low <= high) {
+        // SAFETY: close_range(2) only closes descriptors; none in the range is used again by
+        // this process (the child keeps 0, 1, 2 and `keep`).
+        unsafe {
+            libc::syscall(libc::SYS_close_range, low as u32, high as u32, 0);
+        }
     }
 }
 
@@ -306,9 +334,10 @@ impl ForkedExit {
 /// `invoker sandbox-server --pid-dir DIR`, its stdin the invoker's end of the pair.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ServerArgs {
-    /// The invoker's record of its containers (`data_dir/processes/<invoker_id>`). Not read:
-    /// a forked sandbox keeps the server's command line, so that each container's processes
-    /// name the invoker they belong to (`ps`), as an executed `invoker sandbox` did.
+    /// The invoker's record of its containers (`data_dir/processes/<invoker_id>`), where root
+    /// templates are built. On the command line also because a forked sandbox keeps the
+    /// server's, so that each container's processes name the invoker they belong to (`ps`), as
+    /// an executed `invoker sandbox` did.
     #[arg(long)]
     pub pid_dir: std::path::PathBuf,
 }
