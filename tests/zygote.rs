@@ -28,6 +28,13 @@ fn zygote_pid(inv: &Invoker) -> u32 {
     std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display())).trim().parse().unwrap()
 }
 
+/// The zygote's children that are no container's launcher: the spare it forked ahead for the
+/// next request (`zygote.py`'s `fork_spare`), waiting on its pipe.
+fn spares(zygote: u32, launchers: &[u32]) -> Vec<u32> {
+    let children = std::fs::read_to_string(format!("/proc/{zygote}/task/{zygote}/children")).unwrap_or_default();
+    children.split_whitespace().filter_map(|p| p.parse().ok()).filter(|p| !launchers.contains(p)).collect()
+}
+
 async fn run(inv: &Invoker, name: &str, params: Value) -> Value {
     let (status, record) = inv.invoke(name, "blocking=true", params).await;
     assert_eq!(status, 200, "{record}");
@@ -92,8 +99,19 @@ async fn a_killed_zygote_is_started_again_and_what_it_forked_keeps_running() {
     inv.put_action("warm", python(SELF)).await;
     let before = run(&inv, "warm", json!({})).await;
     assert_eq!(pid_of(&before, "ppid"), first);
+    let launcher = pid_of(&before, "pid");
+    let spare = support::eventually(Duration::from_secs(5), "one spare waits for the next request", || async {
+        let spare = spares(first, &[launcher]);
+        if spare.len() == 1 {
+            Ok(spare)
+        } else {
+            Err(format!("{spare:?}"))
+        }
+    })
+    .await;
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(first as i32), Signal::SIGKILL).unwrap();
     assert_eq!(wait_gone(&[first], Duration::from_secs(5)), Vec::<u32>::new());
+    assert_eq!(wait_gone(&spare, Duration::from_secs(5)), Vec::<u32>::new(), "the spare goes with its zygote");
 
     let after = run(&inv, "warm", json!({})).await;
     assert_eq!(after["pid"], before["pid"], "the container forked before still runs, warm");
@@ -113,10 +131,11 @@ async fn an_invoker_killed_leaves_no_zygote_and_no_fork() {
     let a = run(&inv, "a", json!({})).await;
     let forked = [pid_of(&a, "pid"), pid_of(&a, "pgrp")];
     assert!(alive(zygote) && forked.iter().all(|&p| alive(p)));
+    let spare = spares(zygote, &forked);
     inv.signal(Signal::SIGKILL);
     inv.wait_exit(Duration::from_secs(10));
-    let left = wait_gone(&[zygote, forked[0], forked[1]], Duration::from_secs(10));
-    assert_eq!(left, Vec::<u32>::new(), "the zygote, the forked launcher and its runtime are gone");
+    let left = wait_gone(&[&[zygote, forked[0], forked[1]], &spare[..]].concat(), Duration::from_secs(10));
+    assert_eq!(left, Vec::<u32>::new(), "the zygote, its spare, the forked launcher and its runtime are gone");
 }
 
 #[tokio::test(flavor = "multi_thread")]

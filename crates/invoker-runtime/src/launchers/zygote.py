@@ -9,6 +9,8 @@
 #    "env": {...}}
 # and answers {"pid": <the child>} or {"error": "..."} on stdout. When stdin ends (the invoker
 # is gone) it exits. Its children are reaped by the kernel (SIGCHLD ignored) and outlive it.
+# The child that takes a request was forked before it came (a spare: see fork_spare), and the
+# next one is forked once the answer is written.
 #
 # The child, before anything of an action exists, in this order: joins the container's
 # cgroups; waits for the runtime (the sandbox has then built the container); enters the container's network, IPC and mount namespaces (the runtime's: its own
@@ -138,22 +140,81 @@ def child(request):
     os._exit(code)
 
 
+def fork_spare():
+    """A child forked ahead of the next request, so that the request does not wait for the
+    fork (~1 ms: the zygote's page tables copied): it waits for its request on a pipe.
+    Returns (its pid, the pipe's write end). A spare whose zygote is gone reads the end of the
+    pipe and exits: it never outlives the zygote unused. (Touching the heap ahead too, so the
+    request's child would not copy the pages it writes, cost more than it saved: the copies
+    then compete with the cold start they were meant to speed; BENCHMARKS.md, issue 78.)"""
+    readable, writable = os.pipe()
+    pid = os.fork()
+    if pid != 0:
+        os.close(readable)
+        return pid, writable
+    try:
+        os.close(writable)
+        # Neither the invoker's requests nor its answers: the zygote's alone.
+        null = os.open(os.devnull, os.O_RDWR)
+        os.dup2(null, 0)
+        os.dup2(null, 1)
+        os.close(null)
+        chunks = []
+        while True:
+            chunk = os.read(readable, 65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        os.close(readable)
+        if not chunks:
+            os._exit(0)
+        request = json.loads(b"".join(chunks))
+    except BaseException:
+        os._exit(0)
+    child(request)
+
+
 def main():
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     requests = sys.stdin.buffer
     answers = sys.stdout.buffer
+    try:
+        spare = fork_spare()
+    except OSError:
+        spare = None
     for line in requests:
         try:
             request = json.loads(line)
-            pid = os.fork()
+            if not isinstance(request, dict):
+                raise ValueError("a request is a JSON object")
+            pid = None
+            # A spare that died meanwhile (its pipe is broken) is replaced once.
+            for _ in range(2):
+                if spare is None:
+                    spare = fork_spare()
+                (candidate, handoff), spare = spare, None
+                try:
+                    os.write(handoff, line)
+                    pid = candidate
+                    break
+                except BrokenPipeError:
+                    pass
+                finally:
+                    os.close(handoff)
+            if pid is None:
+                raise OSError("no child took the request")
         except (ValueError, OSError) as ex:
             answer = {"error": "%s: %s" % (type(ex).__name__, ex)}
         else:
-            if pid == 0:
-                child(request)
             answer = {"pid": pid}
         answers.write(json.dumps(answer).encode() + b"\n")
         answers.flush()
+        # The next request's child, forked after this answer: off this one's path.
+        if spare is None:
+            try:
+                spare = fork_spare()
+            except OSError:
+                spare = None
 
 
 if __name__ == "__main__":
