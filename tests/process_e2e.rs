@@ -961,3 +961,55 @@ async fn runtimes_are_forked_by_the_sandbox_server_which_comes_back_if_killed() 
     assert_eq!(status, 200, "{again}");
     assert_ne!(again["runtime"], first["runtime"], "{again}");
 }
+
+/// The network namespaces a process holds open (`net:[inode]`), read from its descriptors.
+fn namespaces_held(pid: i32) -> Vec<String> {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { return Vec::new() };
+    fds.flatten()
+        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+        .map(|link| link.display().to_string())
+        .filter(|link| link.starts_with("net:["))
+        .collect()
+}
+
+/// The fork server keeps network namespaces made ahead (`netns_pool.rs`); a sandbox enters one
+/// instead of making its own, and no other container ever gets it. Not the host's, loopback
+/// up, as one the sandbox made.
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(invoker_without_root, ignore = "needs root: the sandbox, cgroups, a tmpfs (run by .ci/run)")]
+async fn a_sandbox_enters_a_network_namespace_made_ahead_that_no_other_container_gets() {
+    if !support::root_or_skip() {
+        return;
+    }
+    let dir = tempdir();
+    let inv = Invoker::start(dir.path(), &id("netns"), "");
+    let pid_dir = dir.path().join("data").join("processes").join(&inv.invoker_id);
+    let invoker = inv.child.id() as i32;
+    let servers = || {
+        let named = processes_with(&["sandbox-server", "--pid-dir", pid_dir.to_str().unwrap()]);
+        named.into_iter().filter(|&p| parent_of(p) == Some(invoker)).collect::<Vec<_>>()
+    };
+    let (server, ready) = support::eventually(Duration::from_secs(10), "namespaces made ahead", || async {
+        match servers().as_slice() {
+            [server] if !namespaces_held(*server).is_empty() => Ok((*server, namespaces_held(*server))),
+            other => Err(format!("servers {other:?}")),
+        }
+    })
+    .await;
+    let probe = "import os, socket\ndef main(a):\n    s = socket.socket()\n    s.bind(('127.0.0.1', 0))\n    s.listen()\n    socket.create_connection(s.getsockname(), timeout=2).close()\n    return {'netns': os.readlink('/proc/self/ns/net')}\n";
+    let mut seen = Vec::new();
+    for name in ["ns1", "ns2", "ns3"] {
+        inv.put_action(name, python(probe)).await;
+        let (status, out) = inv.invoke(name, "blocking=true&result=true", json!({})).await;
+        assert_eq!(status, 200, "{name}: {out}");
+        seen.push(out["netns"].as_str().unwrap().to_string());
+    }
+    assert!(ready.contains(&seen[0]), "the first container's namespace was made ahead: {seen:?} of {ready:?}");
+    assert!(!namespaces_held(server).contains(&seen[0]), "and is no longer the server's to give");
+    let host = std::fs::read_link("/proc/self/ns/net").unwrap().display().to_string();
+    let mut distinct = seen.clone();
+    distinct.push(host);
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 4, "each container's own, none the host's: {seen:?}");
+}

@@ -19,6 +19,7 @@
 
 mod cgroup;
 pub mod memory_limit;
+mod netns_pool;
 pub mod sandbox;
 pub mod sandbox_fork;
 pub mod sandbox_template;
