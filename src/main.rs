@@ -154,7 +154,7 @@ fn main() -> anyhow::Result<()> {
             return Ok(());
         }
         Some(Command::Sandbox(args)) => {
-            let error = invoker_process::sandbox::enter(args, Default::default());
+            let error = invoker_process::sandbox::enter(args, None);
             eprintln!("{error}");
             std::process::exit(126);
         }

@@ -19,7 +19,6 @@
 
 mod cgroup;
 pub mod memory_limit;
-mod netns_pool;
 pub mod sandbox;
 pub mod sandbox_fork;
 pub mod sandbox_template;

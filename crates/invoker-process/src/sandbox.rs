@@ -165,21 +165,12 @@ impl SandboxArgs {
     }
 }
 
-/// What the fork server made ahead for one sandbox; an executed `invoker sandbox` has neither.
-#[derive(Default)]
-pub struct MadeAhead {
-    /// A copy of the root's template (`sandbox_template.rs`): the root is that tree with the
-    /// container's own parts added, rather than built whole.
-    pub tree: Option<OwnedFd>,
-    /// A new network namespace with its loopback up (`netns_pool.rs`), entered rather than
-    /// made.
-    pub netns: Option<OwnedFd>,
-}
-
-/// Sets the container up and executes its command; returns only on failure.
-pub fn enter(args: SandboxArgs, ahead: MadeAhead) -> std::io::Error {
+/// Sets the container up and executes its command; returns only on failure. With `tree` (a
+/// copy of the fork server's template, `sandbox_template.rs`), the container's root is that
+/// tree with the container's own parts added, rather than built whole.
+pub fn enter(args: SandboxArgs, tree: Option<OwnedFd>) -> std::io::Error {
     let own = own_runtime(&args.command);
-    match setup(&args, ahead) {
+    match setup(&args, tree) {
         Ok(()) if own.is_some() => {
             // A uid change made the process undumpable (its /proc files root's); an exec would
             // have reset that, and nothing of root's is left to protect.
@@ -218,7 +209,7 @@ fn step<T, E: std::fmt::Display>(what: &str, result: Result<T, E>) -> std::io::R
     result.map_err(|e| std::io::Error::other(format!("sandbox: {what}: {e}")))
 }
 
-fn setup(args: &SandboxArgs, ahead: MadeAhead) -> std::io::Result<()> {
+fn setup(args: &SandboxArgs, tree: Option<OwnedFd>) -> std::io::Result<()> {
     // `0`: this process, single-threaded here (see `ContainerCgroups::create`).
     for procs in &args.cgroup_procs {
         step(&procs.display().to_string(), std::fs::write(procs, "0"))?;
@@ -228,18 +219,15 @@ fn setup(args: &SandboxArgs, ahead: MadeAhead) -> std::io::Result<()> {
         return enter_work_dir(args);
     }
     let mut flags = CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWIPC;
-    let netns = ahead.netns.filter(|_| !args.host_network);
-    if let Some(netns) = &netns {
-        step("enter the network namespace", nix::sched::setns(netns, CloneFlags::CLONE_NEWNET))?;
-    } else if !args.host_network {
+    if !args.host_network {
         flags |= CloneFlags::CLONE_NEWNET;
     }
     step("unshare", nix::sched::unshare(flags))?;
-    if !args.host_network && netns.is_none() {
+    if !args.host_network {
         step("loopback up", loopback_up())?;
     }
     let root = args.root.as_deref().ok_or_else(|| std::io::Error::other("sandbox: --root is required"))?;
-    match ahead.tree {
+    match tree {
         Some(tree) => step("filesystem", crate::sandbox_template::enter(tree, root, args))?,
         None => step("filesystem", build_root(root, args))?,
     }
@@ -520,7 +508,7 @@ pub(crate) fn pivot(root: &Path) -> std::io::Result<()> {
 /// `ip link set lo up` in the new network namespace: SIOCSIFFLAGS on a socket. No crate in
 /// the tree wraps the interface ioctls.
 #[allow(unsafe_code)]
-pub(crate) fn loopback_up() -> std::io::Result<()> {
+fn loopback_up() -> std::io::Result<()> {
     use std::os::fd::AsRawFd as _;
     // Any socket serves the interface ioctls (the kernel hands them to the device layer).
     let socket = std::os::unix::net::UnixDatagram::unbound()?;

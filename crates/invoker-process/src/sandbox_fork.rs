@@ -15,8 +15,7 @@
 //! The server ends when the invoker does (its end of the pair closes); the containers it forked
 //! go with the invoker, as any: the watchdog removes them.
 
-use crate::netns_pool::NetnsPool;
-use crate::sandbox::{MadeAhead, SandboxArgs};
+use crate::sandbox::SandboxArgs;
 use crate::sandbox_template::{RootTemplate, Templates};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::{SigSet, Signal};
@@ -95,8 +94,6 @@ pub fn send(control: &OwnedFd, request: &[u8], fds: [&OwnedFd; 3]) -> std::io::R
 /// root templates are built in `pid_dir` (see `sandbox_template.rs`).
 pub fn serve(control: OwnedFd, pid_dir: &std::path::Path) -> std::io::Result<()> {
     let mut templates = Templates::new(pid_dir.join("template"));
-    // Without it each sandbox makes its own network namespace, as an executed one does.
-    let mut namespaces = NetnsPool::start().ok();
     let mut mask = SigSet::empty();
     mask.add(Signal::SIGCHLD);
     mask.thread_block()?;
@@ -105,33 +102,26 @@ pub fn serve(control: OwnedFd, pid_dir: &std::path::Path) -> std::io::Result<()>
     let mut answers: HashMap<i32, OwnedFd> = HashMap::new();
     let mut buffer = vec![0u8; MAX_REQUEST];
     loop {
-        let (control_ready, exited, made) = {
-            let maker = namespaces.as_ref().and_then(NetnsPool::maker);
-            let mut fds: Vec<PollFd> = [control.as_fd(), children_exit.as_fd()]
-                .into_iter()
-                .chain(maker)
-                .map(|fd| PollFd::new(fd, PollFlags::POLLIN))
-                .collect();
+        let (control_ready, exited) = {
+            let mut fds = [
+                PollFd::new(control.as_fd(), PollFlags::POLLIN),
+                PollFd::new(children_exit.as_fd(), PollFlags::POLLIN),
+            ];
             match poll(&mut fds, PollTimeout::NONE) {
                 Err(nix::errno::Errno::EINTR) => continue,
                 Err(e) => return Err(e.into()),
                 Ok(_) => {}
             }
-            let ready = |fd: Option<&PollFd>| fd.and_then(PollFd::revents).is_some_and(|r| !r.is_empty());
-            (ready(fds.first()), ready(fds.get(1)), ready(fds.get(2)))
+            let ready = |fd: &PollFd| fd.revents().is_some_and(|r| !r.is_empty());
+            (ready(&fds[0]), ready(&fds[1]))
         };
-        if made {
-            if let Some(pool) = namespaces.as_mut() {
-                pool.receive();
-            }
-        }
         if exited {
             while children_exit.read_signal().ok().flatten().is_some() {}
             reap(&mut answers);
         }
         if control_ready {
             match receive(&control, &mut buffer) {
-                Ok(Some((request, fds))) => fork_one(&request, fds, &mut answers, &mut templates, namespaces.as_mut()),
+                Ok(Some((request, fds))) => fork_one(&request, fds, &mut answers, &mut templates),
                 Ok(None) => return Ok(()),
                 // Nothing taken: the request is read at the next turn.
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
@@ -167,13 +157,7 @@ fn receive(control: &OwnedFd, buffer: &mut [u8]) -> std::io::Result<Option<(Vec<
 
 /// Forks the request's child, and answers its pid (or why none) on its answer socket; then
 /// builds the template its kind's next containers are made from, if none fresh is.
-fn fork_one(
-    request: &[u8],
-    fds: Vec<OwnedFd>,
-    answers: &mut HashMap<i32, OwnedFd>,
-    templates: &mut Templates,
-    namespaces: Option<&mut NetnsPool>,
-) {
+fn fork_one(request: &[u8], fds: Vec<OwnedFd>, answers: &mut HashMap<i32, OwnedFd>, templates: &mut Templates) {
     let Ok::<[OwnedFd; 3], _>([stdout, stderr, answer]) = fds.try_into() else { return };
     let (args, env) = match decode(request) {
         Ok(decoded) => decoded,
@@ -184,12 +168,11 @@ fn fork_one(
         Ok(sandbox) => sandbox.args,
         Err(e) => return say(&answer, &format!("refused sandbox arguments: {}", e.to_string().replace('\n', " "))),
     };
-    let netns = namespaces.filter(|_| args.isolate && !args.host_network).and_then(NetnsPool::take);
     // SAFETY: this process is single-threaded (its one thread runs this loop), so the child may
     // run any code; it never returns into the loop (`child` exits).
     #[allow(unsafe_code)]
     match unsafe { nix::unistd::fork() } {
-        Ok(nix::unistd::ForkResult::Child) => child(&args, env, stdout, stderr, templates.get(&args), netns),
+        Ok(nix::unistd::ForkResult::Child) => child(&args, env, stdout, stderr, templates.get(&args)),
         Ok(nix::unistd::ForkResult::Parent { child }) => {
             say(&answer, &format!("pid {child}"));
             answers.insert(child.as_raw(), answer);
@@ -230,14 +213,12 @@ fn child(
     stdout: OwnedFd,
     stderr: OwnedFd,
     template: Option<&RootTemplate>,
-    netns: Option<OwnedFd>,
 ) -> ! {
     // A template's tree can be copied only in the namespace it was made in, the server's: now.
     // Should the copy fail, the root is built whole.
-    let ahead = MadeAhead { tree: template.and_then(|template| template.copy().ok()), netns };
-    let kept: Vec<RawFd> = [&ahead.tree, &ahead.netns].into_iter().flatten().map(|fd| fd.as_raw_fd()).collect();
-    let entered =
-        become_container(env, stdout, stderr, &kept).map(|()| crate::sandbox::enter(args.clone(), ahead).to_string());
+    let tree = template.and_then(|template| template.copy().ok());
+    let entered = become_container(env, stdout, stderr, tree.as_ref())
+        .map(|()| crate::sandbox::enter(args.clone(), tree).to_string());
     let (Ok(why) | Err(why)) = entered;
     // Its stderr: the invoker's pipe, where `invoker sandbox` says why too.
     eprintln!("{why}");
@@ -251,14 +232,14 @@ fn become_container(
     env: Vec<(OsString, OsString)>,
     stdout: OwnedFd,
     stderr: OwnedFd,
-    keep: &[RawFd],
+    keep: Option<&OwnedFd>,
 ) -> Result<(), String> {
     let null = std::fs::File::open("/dev/null").map_err(|e| format!("/dev/null: {e}"))?;
     nix::unistd::dup2_stdin(&null).map_err(|e| format!("stdin: {e}"))?;
     nix::unistd::dup2_stdout(&stdout).map_err(|e| format!("stdout: {e}"))?;
     nix::unistd::dup2_stderr(&stderr).map_err(|e| format!("stderr: {e}"))?;
     drop((null, stdout, stderr));
-    close_from(3, keep);
+    close_from(3, keep.map(|fd| fd.as_raw_fd()));
     SigSet::all().thread_unblock().map_err(|e| format!("the signal mask: {e}"))?;
     nix::unistd::setpgid(Pid::from_raw(0), Pid::from_raw(0)).map_err(|e| format!("setpgid: {e}"))?;
     let inherited: Vec<OsString> = std::env::vars_os().map(|(name, _)| name).collect();
@@ -292,20 +273,15 @@ struct Sandbox {
     args: SandboxArgs,
 }
 
-/// Closes every descriptor from `first` up but those in `keep` (what was made ahead for a
-/// sandbox): a child runs in place of the server, without an exec to close what is
-/// close-on-exec (other children's answer sockets, the signalfd, the templates, the pool).
+/// Closes every descriptor from `first` up but `keep` (the copy of a root template): the child
+/// runs in place of the server, without an exec to close what is close-on-exec (other
+/// children's answer sockets, the signalfd, the templates).
 #[allow(unsafe_code)]
-pub(crate) fn close_from(first: RawFd, keep: &[RawFd]) {
-    let mut keep: Vec<RawFd> = keep.iter().copied().filter(|&fd| fd >= first).collect();
-    keep.sort_unstable();
-    let mut low = first;
-    let mut ranges = Vec::with_capacity(keep.len() + 1);
-    for fd in keep {
-        ranges.push((low, fd - 1));
-        low = fd + 1;
-    }
-    ranges.push((low, RawFd::MAX));
+fn close_from(first: RawFd, keep: Option<RawFd>) {
+    let ranges = match keep {
+        Some(keep) if keep >= first => [(first, keep - 1), (keep + 1, RawFd::MAX)],
+        _ => [(first, RawFd::MAX), (RawFd::MAX, RawFd::MAX - 1)],
+    };
     for (low, high) in ranges.into_iter().filter(|(low, high)| low <= high) {
         // SAFETY: close_range(2) only closes descriptors; none in the range is used again by
         // this process (the child keeps 0, 1, 2 and `keep`).
