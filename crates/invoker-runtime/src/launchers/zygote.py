@@ -9,8 +9,8 @@
 #    "env": {...}}
 # and answers {"pid": <the child>} or {"error": "..."} on stdout. When stdin ends (the invoker
 # is gone) it exits. Its children are reaped by the kernel (SIGCHLD ignored) and outlive it.
-# The child that takes a request was forked before it came (a spare: see fork_spare), and the
-# next one is forked once the answer is written.
+# The child that takes a request was most often forked and warmed up before it came (a spare:
+# see fork_child), and the next one is forked once the answer is written.
 #
 # The child, before anything of an action exists, in this order: joins the container's
 # cgroups; waits for the runtime (the sandbox has then built the container); enters the container's network, IPC and mount namespaces (the runtime's: its own
@@ -21,10 +21,12 @@
 # runtime's first line (the /init: the entry point and its env) and serves as the launcher.
 import ctypes
 import fcntl
+import gc
 import json
 import os
 import random
 import resource
+import select
 import signal
 import socket
 import sys
@@ -40,6 +42,9 @@ PR_SET_NO_NEW_PRIVS = 38
 SYS_PIDFD_GETFD = 438
 
 libc = ctypes.CDLL(None, use_errno=True)
+# Resolved here once rather than in each child (ctypes looks a function up at its first use).
+for name in ("syscall", "setns", "prctl"):
+    getattr(libc, name)
 
 
 def check(rc, what):
@@ -57,8 +62,11 @@ def become(request):
     """Turns this fresh child into the container's launcher; returns the entry point."""
     # "0": this process, single-threaded here (v1's tasks file moves it without a grace period).
     for procs in request["cgroups"]:
-        with open(procs, "w") as f:
-            f.write("0")
+        fd = os.open(procs, os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.write(fd, b"0")
+        finally:
+            os.close(fd)
     runtime = int(request["pid"])
     # The container's process itself, not whatever its pid may later name: every step below
     # goes through this descriptor, and fails if that process is gone.
@@ -140,25 +148,53 @@ def child(request):
     os._exit(code)
 
 
-def fork_spare():
-    """A child forked ahead of the next request, so that the request does not wait for the
-    fork (~1 ms: the zygote's page tables copied): it waits for its request on a pipe.
-    Returns (its pid, the pipe's write end). A spare whose zygote is gone reads the end of the
-    pipe and exits: it never outlives the zygote unused. (Touching the heap ahead too, so the
-    request's child would not copy the pages it writes, cost more than it saved: the copies
-    then compete with the cold start they were meant to speed; BENCHMARKS.md, issue 78.)"""
+def warm():
+    """Touches, while nothing waits, what a request's child would otherwise copy page by page
+    as it goes: CPython writes every object it touches (its reference count), and in a fresh
+    child each first write copies a page (~0.3 ms for each step below, measured in a child
+    forked from this zygote). A collection walks every tracked object; then the steps a
+    child takes once: JSON, text files, a socket, the environment."""
+    gc.collect()
+    json.loads(json.dumps({"pid": 1, "cgroups": ["/"], "env": {"A": "b"}}))
+    for f in (open(os.devnull, "r", encoding="utf-8"), open(os.devnull, "w", encoding="utf-8", buffering=1)):
+        f.close()
+    socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).close()
+    list(os.environ.items())
+
+
+def fork_child(spare):
+    """A child that waits for its request on a pipe; returns (its pid, the pipe's write end,
+    the read end of the pipe on which it says it is ready).
+
+    A spare is forked ahead of the next request, so that request waits neither for the fork
+    (~1 ms: the zygote's page tables copied) nor for the copies of the pages the child writes:
+    it warms up (`warm`) as SCHED_IDLE, on CPU nothing else wants (a cold start in progress
+    is never slowed by it), then says it is ready. A request that finds the spare not yet
+    ready (a burst: no CPU is idle) goes to a child forked for it, as before spares.
+    A child whose zygote is gone reads the end of its pipe and exits: it never outlives the
+    zygote unused."""
     readable, writable = os.pipe()
+    ready_r, ready_w = os.pipe()
     pid = os.fork()
     if pid != 0:
         os.close(readable)
-        return pid, writable
+        os.close(ready_w)
+        return pid, writable, ready_r
     try:
         os.close(writable)
+        os.close(ready_r)
         # Neither the invoker's requests nor its answers: the zygote's alone.
         null = os.open(os.devnull, os.O_RDWR)
         os.dup2(null, 0)
         os.dup2(null, 1)
         os.close(null)
+        if spare:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+            warm()
+            os.write(ready_w, b"r")
+        # A child forked for a request is handed it at once: the zygote does not wait for it
+        # to say it is ready (and may have closed its end already).
+        os.close(ready_w)
         chunks = []
         while True:
             chunk = os.read(readable, 65536)
@@ -168,10 +204,29 @@ def fork_spare():
         os.close(readable)
         if not chunks:
             os._exit(0)
+        if spare:
+            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
         request = json.loads(b"".join(chunks))
     except BaseException:
         os._exit(0)
     child(request)
+
+
+def is_ready(ready_r):
+    return bool(select.select([ready_r], [], [], 0)[0])
+
+
+def hand_over(child, line):
+    """Writes the request to `child`; its pid, or None if it died meanwhile (a broken pipe)."""
+    pid, handoff, ready_r = child
+    try:
+        os.write(handoff, line)
+        return pid
+    except BrokenPipeError:
+        return None
+    finally:
+        os.close(handoff)
+        os.close(ready_r)
 
 
 def main():
@@ -179,7 +234,7 @@ def main():
     requests = sys.stdin.buffer
     answers = sys.stdout.buffer
     try:
-        spare = fork_spare()
+        spare = fork_child(spare=True)
     except OSError:
         spare = None
     for line in requests:
@@ -188,19 +243,10 @@ def main():
             if not isinstance(request, dict):
                 raise ValueError("a request is a JSON object")
             pid = None
-            # A spare that died meanwhile (its pipe is broken) is replaced once.
-            for _ in range(2):
-                if spare is None:
-                    spare = fork_spare()
-                (candidate, handoff), spare = spare, None
-                try:
-                    os.write(handoff, line)
-                    pid = candidate
-                    break
-                except BrokenPipeError:
-                    pass
-                finally:
-                    os.close(handoff)
+            if spare is not None and is_ready(spare[2]):
+                pid, spare = hand_over(spare, line), None
+            if pid is None:
+                pid = hand_over(fork_child(spare=False), line)
             if pid is None:
                 raise OSError("no child took the request")
         except (ValueError, OSError) as ex:
@@ -209,10 +255,10 @@ def main():
             answer = {"pid": pid}
         answers.write(json.dumps(answer).encode() + b"\n")
         answers.flush()
-        # The next request's child, forked after this answer: off this one's path.
+        # The next request's spare, forked after this answer: off this one's path.
         if spare is None:
             try:
-                spare = fork_spare()
+                spare = fork_child(spare=True)
             except OSError:
                 spare = None
 
