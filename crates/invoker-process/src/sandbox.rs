@@ -25,7 +25,7 @@ use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::sched::CloneFlags;
 use nix::unistd::{Gid, Uid};
 use std::ffi::OsString;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd as _, OwnedFd};
 use std::os::unix::fs::PermissionsExt as _;
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
@@ -228,7 +228,7 @@ fn setup(args: &SandboxArgs, tree: Option<OwnedFd>) -> std::io::Result<()> {
     }
     let root = args.root.as_deref().ok_or_else(|| std::io::Error::other("sandbox: --root is required"))?;
     match tree {
-        Some(tree) => step("filesystem", crate::sandbox_template::enter(tree, root, args))?,
+        Some(tree) => step("filesystem", enter_tree(tree, root, args))?,
         None => step("filesystem", build_root(root, args))?,
     }
     step("chdir /", std::env::set_current_dir("/"))?;
@@ -380,7 +380,7 @@ fn build_root(root: &Path, args: &SandboxArgs) -> std::io::Result<()> {
 }
 
 /// Nothing mounted from here on propagates back to the host.
-pub(crate) fn make_mounts_private() -> std::io::Result<()> {
+fn make_mounts_private() -> std::io::Result<()> {
     let none: Option<&str> = None;
     mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none).map_err(|e| io("make / private", e))
 }
@@ -468,7 +468,7 @@ pub(crate) fn fill_shared(root: &Path, args: &SandboxArgs) -> std::io::Result<()
 /// `/dev/shm` (on its disk: what it writes there counts against its disk limit), its `/proc`,
 /// its directory, and whatever of the kind's files lies in them. Nothing here writes to what
 /// [`fill_shared`] built: a template's tree stays as every container found it.
-pub(crate) fn fill_own(root: &Path, args: &SandboxArgs) -> std::io::Result<()> {
+fn fill_own(root: &Path, args: &SandboxArgs) -> std::io::Result<()> {
     for (own, at) in [(&args.shm, root.join("dev/shm")), (&args.tmp, root.join("tmp"))] {
         let own = own.as_deref().ok_or_else(|| io(at.display(), "--tmp and --shm are required"))?;
         bind(own, &at, false).map_err(|e| io(format!("bind {} at {}", own.display(), at.display()), e))?;
@@ -496,13 +496,45 @@ pub(crate) fn fill_own(root: &Path, args: &SandboxArgs) -> std::io::Result<()> {
 
 /// The old root goes: pivot onto `root` with the old stacked under it, then detach it; the
 /// new root is read-only (this mount of it: a template's tree is shared).
-pub(crate) fn pivot(root: &Path) -> std::io::Result<()> {
+fn pivot(root: &Path) -> std::io::Result<()> {
     std::env::set_current_dir(root).map_err(|e| io(root.display(), e))?;
     nix::unistd::pivot_root(".", ".").map_err(|e| io("pivot_root", e))?;
     umount2(".", MntFlags::MNT_DETACH).map_err(|e| io("detach the old root", e))?;
     let none: Option<&str> = None;
     let flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
     mount(none, "/", none, flags, none).map_err(|e| io("root read-only", e))
+}
+
+/// A container's root from `tree` (a copy of its template), in the container's new mount
+/// namespace: the copy attached at `root`, the container's own parts added, the pivot.
+fn enter_tree(tree: OwnedFd, root: &Path, args: &SandboxArgs) -> std::io::Result<()> {
+    make_mounts_private()?;
+    move_mount(&tree, root)
+        .map_err(|e| std::io::Error::other(format!("attach the root at {}: {e}", root.display())))?;
+    fill_own(root, args)?;
+    pivot(root)
+}
+
+/// `move_mount(2)`: attaches the detached tree `tree` at `target`.
+#[allow(unsafe_code)]
+fn move_mount(tree: &OwnedFd, target: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt as _;
+    let target = std::ffi::CString::new(target.as_os_str().as_bytes())?;
+    // SAFETY: both paths are NUL-terminated and alive for the call; the descriptor is open.
+    let moved = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_FDCWD,
+            target.as_ptr(),
+            4, // MOVE_MOUNT_F_EMPTY_PATH
+        )
+    };
+    if moved < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// `ip link set lo up` in the new network namespace: SIOCSIFFLAGS on a socket. No crate in

@@ -7,8 +7,8 @@
 //! detached copy of the whole tree (`open_tree(OPEN_TREE_CLONE | AT_RECURSIVE)`) and detaches
 //! what it built: the host's mount table keeps nothing of it. Each forked sandbox copies the
 //! detached tree (one call), enters its new mount namespace, attaches the copy at its root
-//! (`move_mount`) and adds only its own parts ([`fill_own`]: its `/tmp`, `/dev/shm`, `/proc`
-//! and directory), about 6 mounts.
+//! (`move_mount`) and adds only its own parts (`sandbox::fill_own`: its `/tmp`, `/dev/shm`,
+//! `/proc` and directory), about 6 mounts.
 //!
 //! What the copies share, the template's tmpfs file systems (the root's top, `/dev`, the
 //! masks), is read-only (`seal`): no container can write what another sees. Every mount point
@@ -20,7 +20,7 @@
 //! [`TEMPLATE_LIFE`] later at most. A kernel that cannot copy a detached tree (before Linux 6.15
 //! a copy must be made from an attached mount) builds each root whole, as before.
 
-use crate::sandbox::{fill_own, fill_shared, make_mounts_private, own_parent, pivot, template_serves, SandboxArgs};
+use crate::sandbox::{fill_shared, own_parent, template_serves, SandboxArgs};
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd, RawFd};
@@ -34,7 +34,6 @@ pub const TEMPLATE_LIFE: Duration = Duration::from_secs(60);
 const MAX_TEMPLATES: usize = 64;
 
 const OPEN_TREE_CLONE: u32 = 1;
-const MOVE_MOUNT_F_EMPTY_PATH: u32 = 4;
 
 /// The shared part of a root, detached from every mount namespace.
 pub struct RootTemplate {
@@ -70,16 +69,6 @@ impl RootTemplate {
     fn fresh(&self) -> bool {
         self.made.elapsed() < TEMPLATE_LIFE
     }
-}
-
-/// A container's root from `tree` (a copy of its template), in the container's new mount
-/// namespace: the copy attached at `root`, the container's own parts added, the pivot.
-pub fn enter(tree: OwnedFd, root: &Path, args: &SandboxArgs) -> std::io::Result<()> {
-    make_mounts_private()?;
-    move_mount(&tree, root)
-        .map_err(|e| std::io::Error::other(format!("attach the root at {}: {e}", root.display())))?;
-    fill_own(root, args)?;
-    pivot(root)
 }
 
 /// Every tmpfs of the tree at `at` made read-only: the copies share them.
@@ -174,26 +163,4 @@ fn open_tree(path: Option<&Path>, fd: Option<&OwnedFd>, flags: u32) -> std::io::
     }
     // SAFETY: a fresh descriptor of this process, owned by nothing else.
     Ok(unsafe { OwnedFd::from_raw_fd(opened as RawFd) })
-}
-
-/// `move_mount(2)`: attaches the detached tree `tree` at `target`.
-#[allow(unsafe_code)]
-fn move_mount(tree: &OwnedFd, target: &Path) -> std::io::Result<()> {
-    use std::os::unix::ffi::OsStrExt as _;
-    let target = std::ffi::CString::new(target.as_os_str().as_bytes())?;
-    // SAFETY: both paths are NUL-terminated and alive for the call; the descriptor is open.
-    let moved = unsafe {
-        libc::syscall(
-            libc::SYS_move_mount,
-            tree.as_raw_fd(),
-            c"".as_ptr(),
-            libc::AT_FDCWD,
-            target.as_ptr(),
-            MOVE_MOUNT_F_EMPTY_PATH,
-        )
-    };
-    if moved < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
 }
