@@ -27,7 +27,16 @@ pub struct UidRange {
     /// the last to be reused.
     next: parking_lot::Mutex<u32>,
     dir: PathBuf,
+    /// The uids processes ran as, and when that was read (see [`RUNNING_FRESH`]).
+    running: parking_lot::Mutex<Option<(std::time::Instant, std::collections::HashSet<u32>)>>,
 }
+
+/// How long one read of the uids processes run as serves. Reading them means a `stat` of
+/// every process on the machine: in a burst of cold starts, hundreds per container, on the
+/// thread that serves the API. An older read is as safe: a uid with a process seen running is
+/// skipped, and a process cannot start as a uid nobody holds except as a child of one already
+/// seen (a crashed invoker's leftovers), so a read can only be stale the safe way.
+const RUNNING_FRESH: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl UidRange {
     pub fn new(base: u32, count: u32) -> std::io::Result<Self> {
@@ -35,12 +44,16 @@ impl UidRange {
         std::fs::create_dir_all(&dir)?;
         use std::os::unix::fs::PermissionsExt as _;
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
-        Ok(UidRange { base, count, next: parking_lot::Mutex::new(0), dir })
+        Ok(UidRange { base, count, next: parking_lot::Mutex::new(0), dir, running: parking_lot::Mutex::new(None) })
     }
 
     /// A uid no other container and no process holds.
     pub fn take(&self) -> Result<HeldUid, UidsError> {
-        let running = uids_running();
+        let mut read = self.running.lock();
+        let running = match &*read {
+            Some((at, uids)) if at.elapsed() < RUNNING_FRESH => uids,
+            _ => &read.insert((std::time::Instant::now(), uids_running())).1,
+        };
         let mut next = self.next.lock();
         for step in 0..self.count {
             let offset = (*next + step) % self.count;
@@ -85,4 +98,31 @@ fn uids_running() -> std::collections::HashSet<u32> {
         .filter(|e| e.file_name().to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit())))
         .filter_map(|e| e.metadata().ok().map(|m| m.uid()))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::CommandExt as _;
+
+    /// A uid some process runs as (a crashed invoker's leftover) is skipped, by the read of the
+    /// running uids and by the same read served again; two takes never give one uid twice.
+    #[test]
+    #[cfg_attr(invoker_without_root, ignore = "needs root: a process run as another uid (run by .ci/run)")]
+    fn a_uid_a_process_runs_as_is_never_given_out() {
+        if !nix::unistd::geteuid().is_root() {
+            return;
+        }
+        // A range of its own, far from the defaults (the lock files are the machine's).
+        let base = 3_900_000 + std::process::id() % 10_000 * 4;
+        let mut leftover = std::process::Command::new("sleep").arg("30").uid(base).gid(base).spawn().unwrap();
+        let range = UidRange::new(base, 3).unwrap();
+        let first = range.take().unwrap();
+        let second = range.take().unwrap();
+        let _ = leftover.kill();
+        let _ = leftover.wait();
+        assert_ne!(first.uid, base, "the leftover's uid");
+        assert_ne!(second.uid, base, "the leftover's uid, from the read served again");
+        assert_ne!(first.uid, second.uid);
+    }
 }
