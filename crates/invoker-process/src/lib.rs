@@ -407,7 +407,8 @@ impl ContainerFactory for ProcessFactory {
             }
         };
         let pgid = Pid::from_raw(pid as i32);
-        let _ = std::fs::write(self.pid_file(spec.id), format!("{pid}\n"));
+        // A file made on the data disk: off the thread that serves the API.
+        let _ = tokio::fs::write(self.pid_file(spec.id), format!("{pid}\n")).await;
         let logs = Arc::new(LogBuffer::default());
         follow_output(output, &logs);
         let uid_number = uid.as_ref().map(|held| held.uid);
