@@ -10,7 +10,9 @@
 //!    `/dev/shm` of the container's own disk, the few devices a program needs, a `/proc` that hides other users' processes,
 //!    the runtime binary, and the container's own directory. Nothing else of the host exists
 //!    there: not the config, not the store, not another container's directory, whatever
-//!    their permission bits say;
+//!    their permission bits say. Forked by the fork server, it copies its kind's template of
+//!    all but the container's own parts (`sandbox_template.rs`) and adds those, rather than
+//!    building the root whole;
 //! 4. it drops to the container's own uid and gid (no supplementary groups, no capabilities)
 //!    with `PR_SET_NO_NEW_PRIVS`, so nothing it executes can gain a privilege back;
 //! 5. it executes the runtime command; when that is this binary's own `action-runtime`, it
