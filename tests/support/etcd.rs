@@ -5,8 +5,22 @@ use invoker_etcd::client::Etcd;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// A port free now, below the kernel's ephemeral range (32768 up here): a member stopped and
+/// started again (`resume`) finds it still free, where a port the kernel chose could be handed
+/// meanwhile to any other test's listener or connection (etcd then fails to bind while the
+/// squatter answers the readiness check). Tried from a point of its own for each call.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static CALLS: AtomicU32 = AtomicU32::new(0);
+    let seed =
+        std::process::id().wrapping_mul(2_654_435_761) ^ CALLS.fetch_add(1, Ordering::Relaxed).wrapping_mul(40_503);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+    let (low, span) = (20_000u32, 12_000u32);
+    let start = (seed ^ nanos) % span;
+    (0..span)
+        .map(|i| (low + (start + i * 7_919) % span) as u16)
+        .find(|&port| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok())
+        .unwrap_or_else(|| std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port())
 }
 
 /// One etcd member on loopback, with a data dir that survives a stop and a start.
@@ -54,7 +68,17 @@ impl EtcdServer {
                 member.spawn();
             }
             if members.iter_mut().all(|m| m.listening()) {
-                return Some(members);
+                // Serving, not only listening: a member stopped before its first election was
+                // written down restarts with no voters and never serves (`resume`).
+                let deadline = Instant::now() + Duration::from_secs(20);
+                while !members.iter().all(EtcdServer::healthy) && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                if members.iter().all(EtcdServer::healthy) {
+                    return Some(members);
+                }
+                eprintln!("etcd listened but did not serve within 20 s: {}", members[0].log_tail());
+                continue;
             }
             eprintln!("etcd exited before it listened (a port taken meanwhile?): {}", members[0].log_tail());
         }
@@ -96,6 +120,19 @@ impl EtcdServer {
             std::thread::sleep(Duration::from_millis(50));
         }
         true
+    }
+
+    /// Whether it answers `GET /health` with a leader (its bootstrap written down).
+    fn healthy(&self) -> bool {
+        use std::io::{Read as _, Write as _};
+        let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", self.client)) else { return false };
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+        if stream.write_all(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").is_err() {
+            return false;
+        }
+        let mut answer = String::new();
+        let _ = stream.read_to_string(&mut answer);
+        answer.contains("\"health\":\"true\"")
     }
 
     fn wait_listening(&mut self) {
