@@ -14,6 +14,10 @@
 #                                            # their size, not {})
 #   INVOKER_BIN=path scripts/instructions.sh   # that binary, not built here (an older build, to
 #                                              # compare alternately with this one)
+#   FLOOR=1 scripts/instructions.sh   # the floor instead: the bench's forwarder (`invoker-bench
+#                                     # --floor`, no store, pool or record) in front of the same
+#                                     # runtime, counted the same way: the least a warm call costs
+#   BENCH_BIN=path                    # the floor's binary, not built here
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n="${1:-300}"
@@ -27,9 +31,32 @@ else
     bin="${CARGO_TARGET_DIR:-target}/release/invoker"
 fi
 work="$(mktemp -d /tmp/invoker-callgrind-XXXXXX)"
-trap 'kill "$pid" 2>/dev/null || true; [ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
-valgrind --tool=callgrind --callgrind-out-file="$work/cg.out" "$bin" --data-dir "$work/data" \
-    --listen 127.0.0.1:0 > "$work/stdout" 2> "$work/stderr" &
+runtime=""
+trap 'kill "$pid" $runtime 2>/dev/null || true; [ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
+returns='{}'
+if [ -n "${ECHO:-}" ]; then returns=a; fi
+if [ -n "${FLOOR:-}" ]; then
+    # The runtime the process factory runs, started and initialised by hand; the floor (not the
+    # runtime) under callgrind in front of it.
+    if [ -n "${BENCH_BIN:-}" ]; then
+        bench="$BENCH_BIN"
+    else
+        cargo build --release -p invoker-bench >&2
+        bench="${CARGO_TARGET_DIR:-target}/release/invoker-bench"
+    fi
+    INVOKER_PYTHON="$(readlink -f "$(command -v python3)")" "$bin" action-runtime --launcher python \
+        --listen "unix:$work/runtime.sock" > "$work/runtime.out" 2>&1 &
+    runtime=$!
+    for _ in $(seq 100); do [ -S "$work/runtime.sock" ] && break; sleep 0.1; done
+    python3 -c 'import json,sys; print(json.dumps({"value": {"name": "noop", "main": "main", "binary": False,
+        "env": {}, "code": "def main(a):\n    return " + sys.argv[1]}}))' "$returns" |
+        curl -sf --unix-socket "$work/runtime.sock" http://localhost/init -d @- > /dev/null
+    valgrind --tool=callgrind --callgrind-out-file="$work/cg.out" "$bench" --floor-kind openwhisk --floor \
+        "$work/runtime.sock" > "$work/stdout" 2> "$work/stderr" &
+else
+    valgrind --tool=callgrind --callgrind-out-file="$work/cg.out" "$bin" --data-dir "$work/data" \
+        --listen 127.0.0.1:0 > "$work/stdout" 2> "$work/stderr" &
+fi
 pid=$!
 for _ in $(seq 600); do
     grep -q "^listening on " "$work/stdout" 2>/dev/null && break
@@ -37,15 +64,16 @@ for _ in $(seq 600); do
 done
 addr="$(sed -n 's/^listening on //p' "$work/stdout")"
 [ -n "$addr" ] || { cat "$work/stderr" >&2; exit 1; }
-auth="$(sed -n 's/^guest auth: //p' "$work/stdout")"
 api="http://$addr/api/v1/namespaces/_/actions/noop"
-returns='{}'
-if [ -n "${ECHO:-}" ]; then returns=a; fi
-curl -sf -u "$auth" -X PUT "$api" -d '{"exec":{"kind":"python:3","code":"def main(a):\n    return '"$returns"'"}}' > /dev/null
-curl -sf -u "$auth" -X POST "$api?blocking=true" > /dev/null
+auth=()  # the floor asks for none
+if [ -z "${FLOOR:-}" ]; then
+    auth=(-u "$(sed -n 's/^guest auth: //p' "$work/stdout")")
+    curl -sf "${auth[@]}" -X PUT "$api" -d '{"exec":{"kind":"python:3","code":"def main(a):\n    return '"$returns"'"}}' > /dev/null
+fi
+curl -sf "${auth[@]}" -X POST "$api?blocking=true" > /dev/null
 callgrind_control -z "$pid" > /dev/null
 for _ in $(seq "$n"); do
-    curl -sf -u "$auth" -X POST "$api?${QUERY:-blocking=true&result=true}" ${BODY:+-d "$BODY"} > /dev/null
+    curl -sf "${auth[@]}" -X POST "$api?${QUERY:-blocking=true&result=true}" ${BODY:+-d "$BODY"} > /dev/null
 done
 sleep 0.5  # one more store flush, so its share is counted
 callgrind_control -d "$pid" > /dev/null
