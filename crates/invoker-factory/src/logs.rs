@@ -1,9 +1,9 @@
 //! A container's log lines as they arrive, bounded, and how they are attributed to the runs
 //! that wrote them.
 //!
-//! Each run opens a [`LogWindow`] when it is handed to the runtime, marks it
-//! [`LogWindow::answered`] when its answer is in, and takes its lines then if they are all in
-//! ([`LogWindow::is_complete`]), or later with [`LogWindow::collect`]. Nothing on the answer's
+//! Each run opens a [`LogWindow`] when it is handed to the runtime, closes it
+//! ([`LogWindow::close_at_answer`]) when its answer is in, and takes its lines then if they are
+//! all in ([`LogWindow::is_complete`]), or later with [`LogWindow::collect`]. Nothing on the answer's
 //! path waits for lines: the caller is answered, and the container takes its next run, while a
 //! run's last lines are still on their way (through Docker's daemon, a kubelet's log).
 //!

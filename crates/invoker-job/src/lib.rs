@@ -325,6 +325,19 @@ impl Completion {
         }
     }
 
+    /// As [`Completion::finish`], with the record already encoded (a scheduler passes on its
+    /// invoker's): stored and answered as its bytes came. A call its retry policy decides on
+    /// gets the decision in its record, so that one is encoded again.
+    pub fn finish_encoded(mut self, record: EncodedRecord) {
+        if let Some(inner) = self.inner.take() {
+            if inner.retry.is_some() {
+                inner.finish(Arc::unwrap_or_clone(record.record), &self.trace);
+            } else {
+                inner.end(record, &self.trace);
+            }
+        }
+    }
+
     /// The activation's trace in this process, which its stages' spans hang from.
     pub fn trace(&self) -> &ActivationTrace {
         &self.trace
@@ -362,7 +375,18 @@ impl CompletionInner {
         trace.ended(&record);
         let _write = invoker_telemetry::stage_span!(trace, "record").entered();
         self.metrics.activation_finished(&record);
-        let record = EncodedRecord::new(record);
+        self.store_and_answer(EncodedRecord::new(record));
+    }
+
+    /// As `finish`, with a record encoded already, which no retry policy decides on.
+    fn end(self, record: EncodedRecord, trace: &ActivationTrace) {
+        trace.ended(&record.record);
+        let _write = invoker_telemetry::stage_span!(trace, "record").entered();
+        self.metrics.activation_finished(&record.record);
+        self.store_and_answer(record);
+    }
+
+    fn store_and_answer(self, record: EncodedRecord) {
         if let Err(e) = self.store.finish(&record) {
             tracing::error!(activation = %record.record.activation_id, "record not stored: {e}");
         }

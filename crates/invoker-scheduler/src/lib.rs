@@ -412,16 +412,13 @@ impl Dispatcher {
             match sent {
                 // A queued call an invoker held back for the action's cap ran nothing: it
                 // stays queued, first of its line.
-                Sent::Finished(record)
-                    if expires_at.is_some() && record.rejection_kind() == Some(RejectionKind::Capped) =>
+                Sent::Finished(finished)
+                    if expires_at.is_some() && finished.record.rejection_kind() == Some(RejectionKind::Capped) =>
                 {
                     refusals.push(format!("{invoker}: the action was at its max-concurrency there"));
                     tried.insert(invoker);
                 }
-                Sent::Finished(mut record) => {
-                    record.annotations.push(KeyValue { key: "invoker".into(), value: json!(invoker) });
-                    return run.completion.finish(*record);
-                }
+                Sent::Finished(finished) => return run.completion.finish_encoded(finished.ran_on(&invoker)),
                 // The result before the logs: the caller is answered now, the record stored
                 // whole when the invoker sends it (as it answered, if it never does).
                 Sent::Answered { answer, whole } => {

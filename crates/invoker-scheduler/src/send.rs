@@ -23,7 +23,7 @@ use http_body_util::{BodyExt, Limited};
 use hyper::body::{Body, Frame, SizeHint};
 use hyper::client::conn::http1::SendRequest;
 use invoker_wire::cluster::{REPORT_START, STARTED_LINE, STREAMED_ANSWER, STREAM_HEADERS, STREAM_TO, TWO_PARTS};
-use invoker_wire::model::ActivationRecord;
+use invoker_wire::model::{ActivationRecord, EncodedRecord, KeyValue};
 use parking_lot::Mutex;
 use serde_json::Value;
 use std::collections::HashMap;
@@ -46,7 +46,7 @@ const WHOLE_WAIT: Duration = Duration::from_secs(60);
 #[derive(Debug)]
 pub enum Sent {
     /// The invoker ran it (or started it and it ended there): its record.
-    Finished(Box<ActivationRecord>),
+    Finished(Box<Finished>),
     /// The invoker answered with the result before the record was whole (its logs still on
     /// their way): the record as answered, and the whole one when it comes (`None` if it never
     /// does: the connection broke, or `WHOLE_WAIT` passed).
@@ -62,6 +62,22 @@ pub enum Sent {
     /// caller reads it, as it comes, and a function's own headers when its bytes go as it
     /// wrote them. The record is asked for once it ended.
     Streaming { headers: Option<Vec<(String, String)>>, body: hyper::body::Incoming },
+}
+
+/// A record an invoker sent back: read, and its bytes as they came (the record's own JSON
+/// within the invoker's answer), so that it is passed on rather than encoded again.
+#[derive(Debug)]
+pub struct Finished {
+    pub record: ActivationRecord,
+    json: Bytes,
+}
+
+impl Finished {
+    /// The record with the invoker it ran on among its annotations, as the bytes it came as.
+    pub fn ran_on(self, invoker: &str) -> EncodedRecord {
+        let ran_on = KeyValue { key: "invoker".into(), value: Value::String(invoker.to_string()) };
+        EncodedRecord::passed_on(self.record, &self.json, ran_on)
+    }
 }
 
 impl Sent {
@@ -215,7 +231,7 @@ impl InvokerClient {
                         let record = rest.and_then(|rest| serde_json::from_slice::<CompletionMessage>(&rest).ok());
                         let _ = tx.send(record.map(|m| m.response));
                     });
-                    Sent::Answered { answer, whole }
+                    Sent::Answered { answer: Box::new(answer.record), whole }
                 }
                 sent => sent,
             },
@@ -513,9 +529,21 @@ struct CompletionMessage {
     response: ActivationRecord,
 }
 
+/// The record of a `CombinedCompletionAndResultMessage`, read, with its bytes within `body`.
+fn finished(body: &Bytes) -> Option<Finished> {
+    #[derive(serde::Deserialize)]
+    struct Message<'a> {
+        #[serde(borrow)]
+        response: &'a serde_json::value::RawValue,
+    }
+    let raw = serde_json::from_slice::<Message<'_>>(body).ok()?.response.get().as_bytes();
+    let record = serde_json::from_slice(raw).ok()?;
+    Some(Finished { record, json: body.slice_ref(raw) })
+}
+
 /// The invoker's answer: a `CombinedCompletionAndResultMessage` with the record, or an error.
-fn interpret(status: u16, body: &[u8]) -> Sent {
-    let record = serde_json::from_slice::<CompletionMessage>(body).ok().map(|m| m.response);
+fn interpret(status: u16, body: &Bytes) -> Sent {
+    let record = finished(body);
     let error = || {
         let parsed: Option<Value> = serde_json::from_slice(body).ok();
         parsed.as_ref().and_then(|v| v["error"].as_str()).map_or_else(
@@ -524,12 +552,12 @@ fn interpret(status: u16, body: &[u8]) -> Sent {
         )
     };
     match (status, record) {
-        (_, Some(record)) => {
-            let rejected = record.ran_nothing();
+        (_, Some(finished)) => {
+            let rejected = finished.record.ran_nothing();
             if rejected && matches!(status, 400 | 503) {
-                Sent::Refused(record.response.result.error().unwrap_or_else(|| "refused".to_string()))
+                Sent::Refused(finished.record.response.result.error().unwrap_or_else(|| "refused".to_string()))
             } else {
-                Sent::Finished(Box::new(record))
+                Sent::Finished(Box::new(finished))
             }
         }
         // Before anything ran: a draining invoker, a namespace at its limit there, a key it
@@ -556,7 +584,7 @@ mod tests {
 
     #[test]
     fn only_what_ran_nothing_goes_elsewhere() {
-        let body = |v: Value| v.to_string().into_bytes();
+        let body = |v: Value| Bytes::from(v.to_string());
         let refused = body(record(json!([{ "key": "rejected", "value": "create_failed" }])));
         assert!(matches!(interpret(503, &refused), Sent::Refused(m) if m == "why"));
         let lost_container = body(record(json!([{ "key": "rejected", "value": "container_lost" }])));
@@ -564,8 +592,8 @@ mod tests {
         assert!(matches!(interpret(200, &body(record(json!([])))), Sent::Finished(_)));
         let draining = body(json!({ "error": "the invoker is shutting down", "code": "x" }));
         assert!(matches!(interpret(503, &draining), Sent::Refused(m) if m.contains("shutting down")));
-        assert!(matches!(interpret(500, b"oops"), Sent::Lost(_)), "a 500 may have run");
-        assert!(matches!(interpret(202, b"{}"), Sent::Lost(_)));
+        assert!(matches!(interpret(500, &Bytes::from_static(b"oops")), Sent::Lost(_)), "a 500 may have run");
+        assert!(matches!(interpret(202, &Bytes::from_static(b"{}")), Sent::Lost(_)));
     }
 
     /// The message's marker: a peer that saw it received the message.
