@@ -18,6 +18,8 @@
 #                                     # --floor`, no store, pool or record) in front of the same
 #                                     # runtime, counted the same way: the least a warm call costs
 #   BENCH_BIN=path                    # the floor's binary, not built here
+#   SCHEDULER=1 scripts/instructions.sh   # a scheduler's instead, in front of one invoker (not
+#                                         # counted) on the etcd scripts/etcd.sh starts
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n="${1:-300}"
@@ -31,8 +33,15 @@ else
     bin="${CARGO_TARGET_DIR:-target}/release/invoker"
 fi
 work="$(mktemp -d /tmp/invoker-callgrind-XXXXXX)"
-runtime=""
+runtime=""  # what else this starts: a runtime (FLOOR) or an invoker (SCHEDULER)
 trap 'kill "$pid" $runtime 2>/dev/null || true; [ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
+listening() {  # the address a process writing its output to $1 listens on, once it does
+    for _ in $(seq 600); do
+        grep -q "^listening on " "$1" 2>/dev/null && break
+        sleep 0.1
+    done
+    sed -n 's/^listening on //p' "$1"
+}
 returns='{}'
 if [ -n "${ECHO:-}" ]; then returns=a; fi
 if [ -n "${FLOOR:-}" ]; then
@@ -53,17 +62,43 @@ if [ -n "${FLOOR:-}" ]; then
         curl -sf --unix-socket "$work/runtime.sock" http://localhost/init -d @- > /dev/null
     valgrind --tool=callgrind --callgrind-out-file="$work/cg.out" "$bench" --floor-kind openwhisk --floor \
         "$work/runtime.sock" > "$work/stdout" 2> "$work/stderr" &
+elif [ -n "${SCHEDULER:-}" ]; then
+    # One invoker and the scheduler in front of it, in a cluster of their own on the etcd.
+    etcd="$(bash scripts/etcd.sh | sed -n 's/^ETCD_ENDPOINTS=//p')"
+    key="0b0b0b0b-0000-4000-8000-000000000b0b:the-instruction-counts-controller-secret"
+    cluster="[cluster]
+etcd = [\"$etcd\"]
+prefix = \"/instructions$$\"
+publish_interval = \"200ms\"
+controller_key = \"$key\"
+[admin]
+controller_keys = [\"$key\"]
+[proxy]
+pause_grace = \"0s\""
+    printf 'invoker_id = "instructions%s"\n%s\n' "$$" "$cluster" > "$work/invoker.toml"
+    printf 'invoker_id = "sched%s"\n%s\n[scheduler]\nid = "instructions%s"\n' "$$" "$cluster" "$$" \
+        > "$work/scheduler.toml"
+    "$bin" --config "$work/invoker.toml" --data-dir "$work/invoker" --listen 127.0.0.1:0 \
+        > "$work/invoker.out" 2> "$work/invoker.err" &
+    runtime=$!
+    [ -n "$(listening "$work/invoker.out")" ] || { cat "$work/invoker.err" >&2; exit 1; }
+    valgrind --tool=callgrind --callgrind-out-file="$work/cg.out" "$bin" scheduler \
+        --config "$work/scheduler.toml" --data-dir "$work/data" --listen 127.0.0.1:0 \
+        > "$work/stdout" 2> "$work/stderr" &
 else
     valgrind --tool=callgrind --callgrind-out-file="$work/cg.out" "$bin" --data-dir "$work/data" \
         --listen 127.0.0.1:0 > "$work/stdout" 2> "$work/stderr" &
 fi
 pid=$!
-for _ in $(seq 600); do
-    grep -q "^listening on " "$work/stdout" 2>/dev/null && break
-    sleep 0.1
-done
-addr="$(sed -n 's/^listening on //p' "$work/stdout")"
+addr="$(listening "$work/stdout")"
 [ -n "$addr" ] || { cat "$work/stderr" >&2; exit 1; }
+if [ -n "${SCHEDULER:-}" ]; then
+    admin="$(sed -n 's/^admin auth: //p' "$work/stdout")"
+    for _ in $(seq 600); do
+        curl -sf -u "$admin" "http://$addr/v1/invokers" | grep -q '"healthy"' && break
+        sleep 0.1
+    done
+fi
 api="http://$addr/api/v1/namespaces/_/actions/noop"
 auth=()  # the floor asks for none
 if [ -z "${FLOOR:-}" ]; then

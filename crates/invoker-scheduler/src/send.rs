@@ -69,14 +69,21 @@ pub enum Sent {
 #[derive(Debug)]
 pub struct Finished {
     pub record: ActivationRecord,
-    json: Bytes,
+    /// `None` from a message that did not begin with the record.
+    json: Option<Bytes>,
 }
 
 impl Finished {
     /// The record with the invoker it ran on among its annotations, as the bytes it came as.
-    pub fn ran_on(self, invoker: &str) -> EncodedRecord {
+    pub fn ran_on(mut self, invoker: &str) -> EncodedRecord {
         let ran_on = KeyValue { key: "invoker".into(), value: Value::String(invoker.to_string()) };
-        EncodedRecord::passed_on(self.record, &self.json, ran_on)
+        match &self.json {
+            Some(json) => EncodedRecord::passed_on(self.record, json, ran_on),
+            None => {
+                self.record.annotations.push(ran_on);
+                EncodedRecord::new(self.record)
+            }
+        }
     }
 }
 
@@ -529,16 +536,19 @@ struct CompletionMessage {
     response: ActivationRecord,
 }
 
-/// The record of a `CombinedCompletionAndResultMessage`, read, with its bytes within `body`.
+/// The record of a `CombinedCompletionAndResultMessage`, read, with its bytes within `body`
+/// where the message begins with it, as an invoker writes it (`{"response":<record>,...`): read
+/// in one pass, which ends where the record does. A message laid out otherwise is read whole.
 fn finished(body: &Bytes) -> Option<Finished> {
-    #[derive(serde::Deserialize)]
-    struct Message<'a> {
-        #[serde(borrow)]
-        response: &'a serde_json::value::RawValue,
-    }
-    let raw = serde_json::from_slice::<Message<'_>>(body).ok()?.response.get().as_bytes();
-    let record = serde_json::from_slice(raw).ok()?;
-    Some(Finished { record, json: body.slice_ref(raw) })
+    const HEAD: &[u8] = b"{\"response\":";
+    let Some(rest) = body.strip_prefix(HEAD) else {
+        let record = serde_json::from_slice::<CompletionMessage>(body).ok()?.response;
+        return Some(Finished { record, json: None });
+    };
+    let mut records = serde_json::Deserializer::from_slice(rest).into_iter::<ActivationRecord>();
+    let record = records.next()?.ok()?;
+    let json = body.slice(HEAD.len()..HEAD.len() + records.byte_offset());
+    Some(Finished { record, json: Some(json) })
 }
 
 /// The invoker's answer: a `CombinedCompletionAndResultMessage` with the record, or an error.
@@ -594,6 +604,26 @@ mod tests {
         assert!(matches!(interpret(503, &draining), Sent::Refused(m) if m.contains("shutting down")));
         assert!(matches!(interpret(500, &Bytes::from_static(b"oops")), Sent::Lost(_)), "a 500 may have run");
         assert!(matches!(interpret(202, &Bytes::from_static(b"{}")), Sent::Lost(_)));
+    }
+
+    /// A message that begins with its record (as an invoker writes it) gives the record's own
+    /// bytes, which are passed on with the invoker spliced in; one laid out otherwise is read
+    /// whole, and the record encoded again: the same record either way.
+    #[test]
+    fn a_record_is_passed_on_as_its_bytes_came_and_with_the_invoker_it_ran_on() {
+        let record: ActivationRecord =
+            serde_json::from_value(record(json!([{ "key": "path", "value": "guest/a" }]))["response"].clone()).unwrap();
+        let record = String::from_utf8(EncodedRecord::new(record).json.to_bytes().to_vec()).unwrap();
+        let as_written = Bytes::from(format!(r#"{{"response":{record},"transid":["x",1],"isSystemError":false}}"#));
+        let reordered = Bytes::from(format!(r#"{{"transid":["x",1],"response":{record}}}"#));
+        let passed = finished(&as_written).unwrap();
+        assert_eq!(passed.json.as_deref(), Some(record.as_bytes()));
+        let read_whole = finished(&reordered).unwrap();
+        assert!(read_whole.json.is_none());
+        let (passed, read_whole) = (passed.ran_on("invoker7"), read_whole.ran_on("invoker7"));
+        assert_eq!(passed.json.to_bytes(), read_whole.json.to_bytes());
+        let json: Value = serde_json::from_slice(&passed.json.to_bytes()).unwrap();
+        assert_eq!(json["annotations"][1], json!({ "key": "invoker", "value": "invoker7" }));
     }
 
     /// The message's marker: a peer that saw it received the message.

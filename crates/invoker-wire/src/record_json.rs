@@ -89,7 +89,7 @@ fn layout(record: &ActivationRecord, json: &[u8]) -> Option<(std::ops::Range<usi
     let result = record.response.result.as_bytes();
     // The head's strings are JSON strings, in which a quote is escaped: the first `,"result":`
     // is the response's.
-    let at = json.windows(RESULT_KEY.len()).position(|w| w == RESULT_KEY)? + RESULT_KEY.len();
+    let at = memchr::memmem::find(json, RESULT_KEY)? + RESULT_KEY.len();
     let result_at = at..at + result.len();
     if json.get(result_at.clone())? != result || !json[result_at.end..].starts_with(b",\"size\":") {
         return None;
