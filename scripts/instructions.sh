@@ -110,7 +110,7 @@ callgrind_control -z "$pid" > /dev/null
 for _ in $(seq "$n"); do
     curl -sf "${auth[@]}" -X POST "$api?${QUERY:-blocking=true&result=true}" ${BODY:+-d "$BODY"} > /dev/null
 done
-sleep 0.5  # one more store flush, so its share is counted
+sleep 2.5  # one more store flush (records go into redb every 2 s at this pace), so its share is counted
 callgrind_control -d "$pid" > /dev/null
 sleep 1
 dump="$(ls "$work"/cg.out.* | head -1)"

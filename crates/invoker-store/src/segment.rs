@@ -3,7 +3,8 @@
 //! the rest of the store's work on the warm path (ext4's buffered write: the inode lock, the
 //! page's lookup, delayed allocation, for every line; two lines an activation). A copy into a
 //! shared mapping survives a SIGKILL as a write does (the kernel holds the pages and writes them
-//! back), and, as before, not a power loss (nothing here is fsynced; redb is, at each flush).
+//! back); against a power loss the journal's flush thread syncs it (`fdatasync`, which writes
+//! the mapping's dirty pages as well).
 //!
 //! The file's blocks are allocated before they are mapped (`posix_fallocate`, a step at a
 //! time, from the first line), so a full disk is an error of [`Segment::append`] when it needs
@@ -47,6 +48,11 @@ impl Segment {
     /// Bytes written so far.
     pub fn written(&self) -> usize {
         self.len
+    }
+
+    /// A handle of the segment's file of its own, to sync it without holding the segment.
+    pub fn handle(&self) -> io::Result<File> {
+        self.file.try_clone()
     }
 
     /// Room for `bytes` in all (whole steps), allocated and mapped with its pages made writable

@@ -458,3 +458,23 @@ fn a_large_results_record_is_written_as_its_parts_and_reads_back_whole() {
     let store = open(after.path());
     assert_eq!(store.get_activation("again").unwrap().unwrap(), *again.record);
 }
+
+/// Finished records wait in memory (and in the synced journal) for redb, and the flush thread
+/// moves them in by itself: with `INDEX_AT` of them waiting, at its next tick.
+#[test]
+fn the_flush_thread_moves_waiting_records_into_redb_by_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let ids: Vec<String> = (0..INDEX_AT).map(|n| format!("{n:032x}")).collect();
+    for id in &ids {
+        store.accept(&meta(id)).unwrap();
+        store.finish(&record(id).into()).unwrap();
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while store.inner.db.get_activation(&ids[INDEX_AT - 1]).unwrap().is_none() {
+        assert!(std::time::Instant::now() < deadline, "the records never reached redb");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(store.inner.state.lock().finished.len() < INDEX_AT, "memory let them go");
+    assert_eq!(store.get_activation(&ids[0]).unwrap().unwrap(), record(&ids[0]));
+}
