@@ -13,7 +13,6 @@
 #![forbid(unsafe_code)]
 
 pub mod contract;
-pub mod creation_watch;
 pub mod error;
 pub mod fn_socket;
 pub mod id_lock;

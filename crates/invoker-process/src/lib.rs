@@ -34,7 +34,6 @@ use crate::zygote::{ForkRequest, Zygote};
 use invoker_factory::contract::{
     ContainerFactory, ContainerHandle, ContainerSpec, Epoch, FunctionStart, StatsReceiver, Transport,
 };
-use invoker_factory::creation_watch::CreationWatch;
 use invoker_factory::error::{CreateError, FactoryError, SetupError};
 use invoker_factory::fn_socket::ListenerWatch;
 use invoker_factory::id_lock::IdLock;
@@ -400,12 +399,6 @@ impl ContainerFactory for ProcessFactory {
             },
             reach => (reach, None),
         };
-        // A runtime's socket: connected to once it appears. Without a watch (inotify's limit
-        // reached) it is looked for every millisecond instead.
-        let socket_watch = match &reach {
-            Reach::At(Transport::Unix(_)) => CreationWatch::on(&self.dir(spec.id), RUNTIME_SOCKET).ok(),
-            _ => None,
-        };
         let (pid, output, exited, life) = match self.start_sandbox(&sandbox, &env).await {
             Ok(started) => started,
             Err(e) => {
@@ -443,7 +436,7 @@ impl ContainerFactory for ProcessFactory {
         let ready = async {
             match listener {
                 Some(watch) => wait_listener(&mut exit, watch, bound).await,
-                None => wait_ready(&mut exit, pid, reach, socket_watch, bound).await,
+                None => wait_ready(&mut exit, pid, reach, bound).await,
             }
         };
         let (ready, forked) = tokio::join!(ready, forking);
@@ -627,10 +620,9 @@ impl ProcessFactory {
                 (Reach::At(Transport::Tcp(addr)), invoker_runtime::Listen::Tcp(addr).to_string())
             }
             _ => {
-                let path = dir.join(RUNTIME_SOCKET);
+                let path = dir.join("sock");
                 // Opened before the runtime starts: see `peer.rs`.
-                let socket =
-                    ContainerSocket::in_dir(&dir, RUNTIME_SOCKET).map_err(|e| create_err("container directory", e))?;
+                let socket = ContainerSocket::in_dir(&dir, "sock").map_err(|e| create_err("container directory", e))?;
                 (Reach::At(Transport::Unix(Arc::new(socket))), invoker_runtime::Listen::Unix(path).to_string())
             }
         };
@@ -967,16 +959,11 @@ async fn wait_listener(
     }
 }
 
-/// The runtime's socket's name in its container's directory.
-const RUNTIME_SOCKET: &str = "sock";
-
-/// Waits until the runtime accepts connections; returns where. With `socket_watch` (set up
-/// before the runtime started), a socket is tried once it appears, not every millisecond.
+/// Waits until the runtime accepts connections; returns where.
 async fn wait_ready(
     exit: &mut watch::Receiver<Option<String>>,
     pid: u32,
     reach: Reach,
-    mut socket_watch: Option<CreationWatch>,
     bound: Duration,
 ) -> Result<Transport, FactoryError> {
     let deadline = tokio::time::Instant::now() + bound;
@@ -1000,20 +987,6 @@ async fn wait_ready(
         }
         if tokio::time::Instant::now() >= deadline {
             return Err(FactoryError::NotReady(bound));
-        }
-        if let Some(watch) = &mut socket_watch {
-            // Made once: a socket that appeared and did not accept at once (between its bind
-            // and its listen) is looked for as without a watch.
-            let appeared = tokio::select! {
-                created = watch.created() => created.is_ok(),
-                _ = exit.changed() => false,
-                () = tokio::time::sleep_until(deadline) => false,
-            };
-            if appeared {
-                socket_watch = None;
-                continue;
-            }
-            socket_watch = None;
         }
         // A runtime is up in a few milliseconds: poll closely at first, then ease off.
         tokio::time::sleep(Duration::from_millis(if attempt < 100 { 1 } else { 5 })).await;
