@@ -400,6 +400,8 @@ fn flush_loop(inner: Weak<Inner>) {
         // In trouble, every tick tries redb again (and, once it takes the batch, the disk).
         if troubled || waiting >= INDEX_AT || indexed.elapsed() >= INDEX_EVERY {
             indexed = std::time::Instant::now();
+            // The segment it held goes with this flush: its handle would keep the file's blocks.
+            syncing = None;
             match inner.flush() {
                 Ok(()) if troubled => inner.try_recover(),
                 Ok(()) => {}
