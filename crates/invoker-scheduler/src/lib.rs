@@ -225,10 +225,12 @@ impl Dispatcher {
             return Err(SchedulerBusy);
         }
         let dispatcher = self.clone();
-        tokio::spawn(async move {
+        // Boxed: the dispatch's state is kilobytes, which the task would otherwise copy as it
+        // is spawned and polled.
+        tokio::spawn(Box::pin(async move {
             dispatcher.dispatch(run).await;
             dispatcher.active.fetch_sub(1, Ordering::AcqRel);
-        });
+        }));
         Ok(())
     }
 
@@ -237,7 +239,7 @@ impl Dispatcher {
     /// stays this scheduler's until an invoker says a container took it.
     pub fn submit_queued(self: &Arc<Self>, run: RunJob) {
         let dispatcher = self.clone();
-        tokio::spawn(async move { dispatcher.dispatch(run).await });
+        tokio::spawn(Box::pin(async move { dispatcher.dispatch(run).await }));
     }
 
     async fn dispatch(self: &Arc<Self>, mut run: RunJob) {
