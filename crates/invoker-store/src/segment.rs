@@ -3,8 +3,8 @@
 //! the rest of the store's work on the warm path (ext4's buffered write: the inode lock, the
 //! page's lookup, delayed allocation, for every line; two lines an activation). A copy into a
 //! shared mapping survives a SIGKILL as a write does (the kernel holds the pages and writes them
-//! back); against a power loss the journal's flush thread syncs it (`fdatasync`, which writes
-//! the mapping's dirty pages as well).
+//! back); against a power loss the journal's flush thread syncs its lines (`msync(2)` of them,
+//! which writes the pages a `pwrite(2)` of a large line dirtied as well).
 //!
 //! The file's blocks are allocated before they are mapped (`posix_fallocate`, a step at a
 //! time, from the first line), so a full disk is an error of [`Segment::append`] when it needs
