@@ -478,3 +478,26 @@ fn the_flush_thread_moves_waiting_records_into_redb_by_itself() {
     assert!(store.inner.state.lock().finished.len() < INDEX_AT, "memory let them go");
     assert_eq!(store.get_activation(&ids[0]).unwrap().unwrap(), record(&ids[0]));
 }
+
+/// The flush thread's sync between two flushes into redb: the current segment's lines, each
+/// byte once, and a new segment's from its start.
+#[test]
+fn a_sync_covers_the_lines_written_since_the_last() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let mut syncing = None;
+    store.inner.sync_journal(&mut syncing).unwrap();
+    assert_eq!(syncing.as_ref().map(|s| s.synced), Some(0), "nothing written, nothing synced");
+    store.accept(&meta("s1")).unwrap();
+    store.finish(&record("s1").into()).unwrap();
+    store.inner.sync_journal(&mut syncing).unwrap();
+    let written = store.inner.state.lock().file.written();
+    assert!(written > 0);
+    assert_eq!(syncing.as_ref().map(|s| s.synced), Some(written));
+    store.flush().unwrap();
+    store.accept(&meta("s2")).unwrap();
+    store.inner.sync_journal(&mut syncing).unwrap();
+    let state = store.inner.state.lock();
+    let s = syncing.as_ref().unwrap();
+    assert_eq!((s.segment, s.synced), (state.segment, state.file.written()), "the new segment's lines");
+}
