@@ -517,6 +517,9 @@ fn enter_tree(tree: OwnedFd, root: &Path, args: &SandboxArgs) -> std::io::Result
     pivot(root)
 }
 
+/// `move_mount(2)`'s flag: the source is the descriptor itself (no crate in the tree names it).
+const MOVE_MOUNT_F_EMPTY_PATH: u32 = 4;
+
 /// `move_mount(2)`: attaches the detached tree `tree` at `target`.
 #[allow(unsafe_code)]
 fn move_mount(tree: &OwnedFd, target: &Path) -> std::io::Result<()> {
@@ -530,7 +533,7 @@ fn move_mount(tree: &OwnedFd, target: &Path) -> std::io::Result<()> {
             c"".as_ptr(),
             libc::AT_FDCWD,
             target.as_ptr(),
-            4, // MOVE_MOUNT_F_EMPTY_PATH
+            MOVE_MOUNT_F_EMPTY_PATH,
         )
     };
     if moved < 0 {
