@@ -154,7 +154,7 @@ fn main() -> anyhow::Result<()> {
             return Ok(());
         }
         Some(Command::Sandbox(args)) => {
-            let error = invoker_process::sandbox::enter(args, None);
+            let error = invoker_process::sandbox::enter(args, None, None);
             eprintln!("{error}");
             std::process::exit(126);
         }

@@ -399,7 +399,7 @@ impl ContainerFactory for ProcessFactory {
             },
             reach => (reach, None),
         };
-        let (pid, output, exited, life) = match self.start_sandbox(&sandbox, &env).await {
+        let Started { pid, output, exited, life, ready: said_ready } = match self.start_sandbox(&sandbox, &env).await {
             Ok(started) => started,
             Err(e) => {
                 self.kill(spec.id).await;
@@ -436,7 +436,7 @@ impl ContainerFactory for ProcessFactory {
         let ready = async {
             match listener {
                 Some(watch) => wait_listener(&mut exit, watch, bound).await,
-                None => wait_ready(&mut exit, pid, reach, bound).await,
+                None => wait_ready(&mut exit, pid, reach, said_ready, bound).await,
             }
         };
         let (ready, forked) = tokio::join!(ready, forking);
@@ -518,7 +518,7 @@ impl ProcessFactory {
         &self,
         sandbox: &SandboxArgs,
         env: &BTreeMap<String, String>,
-    ) -> Result<(u32, [std::io::Result<OwnedFd>; 2], Exited, RuntimeLife), FactoryError> {
+    ) -> Result<Started, FactoryError> {
         let inner = &self.inner;
         if let Some(server) = &inner.fork_server {
             let env: Vec<(String, String)> = env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
@@ -526,7 +526,13 @@ impl ProcessFactory {
                 Ok(forked) => {
                     let exited: Exited = Box::pin(forked.exit.status());
                     let life = RuntimeLife::of_pidfd(forked.pid as i32, forked.pidfd);
-                    return Ok((forked.pid, [Ok(forked.stdout), Ok(forked.stderr)], exited, life));
+                    return Ok(Started {
+                        pid: forked.pid,
+                        output: [Ok(forked.stdout), Ok(forked.stderr)],
+                        exited,
+                        life,
+                        ready: Some(forked.ready),
+                    });
                 }
                 Err(e) => tracing::warn!("the sandbox fork server did not fork ({e}); the sandbox is executed"),
             }
@@ -549,7 +555,7 @@ impl ProcessFactory {
         ];
         let exited: Exited =
             Box::pin(async move { child.wait().await.map_or_else(|e| e.to_string(), |s| s.to_string()) });
-        Ok((pid, output, exited, RuntimeLife::new(pid as i32)))
+        Ok(Started { pid, output, exited, life: RuntimeLife::new(pid as i32), ready: None })
     }
 
     /// Makes the container's directory on a disk of its own (`own_disk.rs`) with its work dir,
@@ -964,10 +970,14 @@ async fn wait_ready(
     exit: &mut watch::Receiver<Option<String>>,
     pid: u32,
     reach: Reach,
+    said_ready: Option<OwnedFd>,
     bound: Duration,
 ) -> Result<Transport, FactoryError> {
     let deadline = tokio::time::Instant::now() + bound;
     let mut attempt = 0u32;
+    // While the runtime may still say it listens, it is looked at when it does, and polled
+    // only as a safety net; once it cannot (its byte read, or none will come), polled closely.
+    let mut said_ready = said_ready.and_then(|fd| tokio::net::unix::pipe::Receiver::from_owned_fd(fd).ok());
     loop {
         let transport = match &reach {
             Reach::At(transport) => Some(transport.clone()),
@@ -989,7 +999,18 @@ async fn wait_ready(
             return Err(FactoryError::NotReady(bound));
         }
         // A runtime is up in a few milliseconds: poll closely at first, then ease off.
-        tokio::time::sleep(Duration::from_millis(if attempt < 100 { 1 } else { 5 })).await;
+        let pause = Duration::from_millis(if attempt < 100 { 1 } else { 5 });
+        match said_ready.as_mut() {
+            Some(pipe) => {
+                let mut byte = [0u8; 1];
+                tokio::select! {
+                    // The byte, the end of the file, or an error: look now, and poll after.
+                    _ = tokio::io::AsyncReadExt::read(pipe, &mut byte) => said_ready = None,
+                    () = tokio::time::sleep(SAID_READY_SAFETY_NET) => {}
+                }
+            }
+            None => tokio::time::sleep(pause).await,
+        }
         attempt += 1;
     }
 }
@@ -1006,3 +1027,16 @@ fn follow_output(output: [std::io::Result<OwnedFd>; 2], logs: &Arc<LogBuffer>) {
 
 /// How a started sandbox's exit is awaited: its status, as `ExitStatus` says it.
 type Exited = std::pin::Pin<Box<dyn std::future::Future<Output = String> + Send>>;
+
+/// How often a runtime that may still say it listens is polled anyway.
+const SAID_READY_SAFETY_NET: Duration = Duration::from_millis(20);
+
+/// A started sandbox: its pid, its stdout and stderr, its exit, its life, and (forked by the
+/// fork server) the pipe its runtime says it listens on.
+struct Started {
+    pid: u32,
+    output: [std::io::Result<OwnedFd>; 2],
+    exited: Exited,
+    life: RuntimeLife,
+    ready: Option<OwnedFd>,
+}

@@ -169,15 +169,17 @@ impl SandboxArgs {
 
 /// Sets the container up and executes its command; returns only on failure. With `tree` (a
 /// copy of the fork server's template, `sandbox_template.rs`), the container's root is that
-/// tree with the container's own parts added, rather than built whole.
-pub fn enter(args: SandboxArgs, tree: Option<OwnedFd>) -> std::io::Error {
+/// tree with the container's own parts added, rather than built whole. `ready` is written once
+/// our runtime listens (`invoker_runtime::run_telling`); a command of another kind never gets
+/// it (close-on-exec).
+pub fn enter(args: SandboxArgs, tree: Option<OwnedFd>, ready: Option<OwnedFd>) -> std::io::Error {
     let own = own_runtime(&args.command);
     match setup(&args, tree) {
         Ok(()) if own.is_some() => {
             // A uid change made the process undumpable (its /proc files root's); an exec would
             // have reset that, and nothing of root's is left to protect.
             let _ = nix::sys::prctl::set_dumpable(true);
-            match invoker_runtime::run(own.expect("checked")) {
+            match invoker_runtime::run_telling(own.expect("checked"), ready) {
                 Ok(()) => std::process::exit(0),
                 Err(e) => e,
             }

@@ -9,9 +9,11 @@
 //! The invoker talks to the server over a `SOCK_SEQPACKET` socket pair made when it starts it
 //! (its fd 0): no path in the file system, so nothing a container runs can ask it for a fork.
 //! A request is one message: the sandbox's arguments and the environment (see [`encode`]),
-//! with three descriptors: the child's stdout and stderr (pipes the invoker reads) and one end
-//! of a socket pair of the request's own, on which the server answers `pid N` once forked and
-//! `exit STATUS` when that child exits (the invoker is not its parent and cannot wait for it).
+//! with four descriptors: the child's stdout and stderr (pipes the invoker reads), one end of a
+//! socket pair of the request's own, on which the server answers `pid N` once forked and `exit
+//! STATUS` when that child exits (the invoker is not its parent and cannot wait for it), and
+//! the writing end of a pipe our runtime writes a byte to once it listens (the invoker waits on
+//! it rather than polling for the socket; a child that executes another command closes it).
 //! The server ends when the invoker does (its end of the pair closes); the containers it forked
 //! go with the invoker, as any: the watchdog removes them.
 
@@ -79,8 +81,9 @@ pub fn decode(bytes: &[u8]) -> Result<Request, String> {
 }
 
 /// Sends one request on `control` (the invoker's end of the server's pair): `request` with the
-/// child's `stdout` and `stderr` and `answer`, the server's end of the request's own pair.
-pub fn send(control: &OwnedFd, request: &[u8], fds: [&OwnedFd; 3]) -> std::io::Result<()> {
+/// child's `stdout` and `stderr`, `answer` (the server's end of the request's own pair) and
+/// `ready`'s writing end.
+pub fn send(control: &OwnedFd, request: &[u8], fds: [&OwnedFd; 4]) -> std::io::Result<()> {
     let raw: Vec<RawFd> = fds.iter().map(|fd| fd.as_raw_fd()).collect();
     let rights = [ControlMessage::ScmRights(&raw)];
     let sent = sendmsg::<()>(control.as_raw_fd(), &[IoSlice::new(request)], &rights, MsgFlags::empty(), None)?;
@@ -133,7 +136,7 @@ pub fn serve(control: OwnedFd, pid_dir: &std::path::Path) -> std::io::Result<()>
 
 /// One request, or `None` once the invoker closed its end.
 fn receive(control: &OwnedFd, buffer: &mut [u8]) -> std::io::Result<Option<(Vec<u8>, Vec<OwnedFd>)>> {
-    let mut space = nix::cmsg_space!([RawFd; 3]);
+    let mut space = nix::cmsg_space!([RawFd; 4]);
     let mut iov = [IoSliceMut::new(buffer)];
     let message = recvmsg::<()>(control.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)?;
     let mut fds = Vec::new();
@@ -158,7 +161,7 @@ fn receive(control: &OwnedFd, buffer: &mut [u8]) -> std::io::Result<Option<(Vec<
 /// Forks the request's child, and answers its pid (or why none) on its answer socket; then
 /// builds the template its kind's next containers are made from, if none fresh is.
 fn fork_one(request: &[u8], fds: Vec<OwnedFd>, answers: &mut HashMap<i32, OwnedFd>, templates: &mut Templates) {
-    let Ok::<[OwnedFd; 3], _>([stdout, stderr, answer]) = fds.try_into() else { return };
+    let Ok::<[OwnedFd; 4], _>([stdout, stderr, answer, ready]) = fds.try_into() else { return };
     let (args, env) = match decode(request) {
         Ok(decoded) => decoded,
         Err(why) => return say(&answer, &format!("refused {why}")),
@@ -172,7 +175,7 @@ fn fork_one(request: &[u8], fds: Vec<OwnedFd>, answers: &mut HashMap<i32, OwnedF
     // run any code; it never returns into the loop (`child` exits).
     #[allow(unsafe_code)]
     match unsafe { nix::unistd::fork() } {
-        Ok(nix::unistd::ForkResult::Child) => child(&args, env, stdout, stderr, templates.get(&args)),
+        Ok(nix::unistd::ForkResult::Child) => child(&args, env, [stdout, stderr, ready], templates.get(&args)),
         Ok(nix::unistd::ForkResult::Parent { child }) => {
             say(&answer, &format!("pid {child}"));
             answers.insert(child.as_raw(), answer);
@@ -210,15 +213,15 @@ fn say(answer: &OwnedFd, line: &str) {
 fn child(
     args: &SandboxArgs,
     env: Vec<(OsString, OsString)>,
-    stdout: OwnedFd,
-    stderr: OwnedFd,
+    [stdout, stderr, ready]: [OwnedFd; 3],
     template: Option<&RootTemplate>,
 ) -> ! {
     // A template's tree can be copied only in the namespace it was made in, the server's: now.
     // Should the copy fail, the root is built whole.
     let tree = template.and_then(|template| template.copy().ok());
-    let entered = become_container(env, stdout, stderr, tree.as_ref())
-        .map(|()| crate::sandbox::enter(args.clone(), tree).to_string());
+    let keep = [Some(ready.as_raw_fd()), tree.as_ref().map(|t| t.as_raw_fd())];
+    let entered = become_container(env, stdout, stderr, &keep)
+        .map(|()| crate::sandbox::enter(args.clone(), tree, Some(ready)).to_string());
     let (Ok(why) | Err(why)) = entered;
     // Its stderr: the invoker's pipe, where `invoker sandbox` says why too.
     eprintln!("{why}");
@@ -226,20 +229,20 @@ fn child(
 }
 
 /// What `Command` gives an executed child, here without the exec: its stdin `/dev/null`, its
-/// stdout and stderr the invoker's pipes, nothing else of the server open, no signal blocked,
-/// its own process group and only the requested environment.
+/// stdout and stderr the invoker's pipes, nothing else of the server open but `keep`, no signal
+/// blocked, its own process group and only the requested environment.
 fn become_container(
     env: Vec<(OsString, OsString)>,
     stdout: OwnedFd,
     stderr: OwnedFd,
-    keep: Option<&OwnedFd>,
+    keep: &[Option<RawFd>],
 ) -> Result<(), String> {
     let null = std::fs::File::open("/dev/null").map_err(|e| format!("/dev/null: {e}"))?;
     nix::unistd::dup2_stdin(&null).map_err(|e| format!("stdin: {e}"))?;
     nix::unistd::dup2_stdout(&stdout).map_err(|e| format!("stdout: {e}"))?;
     nix::unistd::dup2_stderr(&stderr).map_err(|e| format!("stderr: {e}"))?;
     drop((null, stdout, stderr));
-    close_from(3, keep.map(|fd| fd.as_raw_fd()));
+    close_from(3, keep);
     SigSet::all().thread_unblock().map_err(|e| format!("the signal mask: {e}"))?;
     nix::unistd::setpgid(Pid::from_raw(0), Pid::from_raw(0)).map_err(|e| format!("setpgid: {e}"))?;
     let inherited: Vec<OsString> = std::env::vars_os().map(|(name, _)| name).collect();
@@ -273,22 +276,35 @@ struct Sandbox {
     args: SandboxArgs,
 }
 
-/// Closes every descriptor from `first` up but `keep` (the copy of a root template): the child
-/// runs in place of the server, without an exec to close what is close-on-exec (other
-/// children's answer sockets, the signalfd, the templates).
+/// Closes every descriptor from `first` up but those in `keep` (the request's ready pipe, the
+/// copy of a root template): the child runs in place of the server, without an exec to close
+/// what is close-on-exec (other children's answer sockets, the signalfd, the templates).
 #[allow(unsafe_code)]
-fn close_from(first: RawFd, keep: Option<RawFd>) {
-    let ranges = match keep {
-        Some(keep) if keep >= first => [(first, keep - 1), (keep + 1, RawFd::MAX)],
-        _ => [(first, RawFd::MAX), (RawFd::MAX, RawFd::MAX - 1)],
-    };
-    for (low, high) in ranges.into_iter().filter(|(low, high)| low <= high) {
+fn close_from(first: RawFd, keep: &[Option<RawFd>]) {
+    for (low, high) in ranges_to_close(first, keep) {
         // SAFETY: close_range(2) only closes descriptors; none in the range is used again by
         // this process (the child keeps 0, 1, 2 and `keep`).
         unsafe {
             libc::syscall(libc::SYS_close_range, low as u32, high as u32, 0);
         }
     }
+}
+
+/// The ranges `[low, high]` from `first` to the last descriptor that hold none of `keep`.
+fn ranges_to_close(first: RawFd, keep: &[Option<RawFd>]) -> Vec<(RawFd, RawFd)> {
+    let mut kept: Vec<RawFd> = keep.iter().flatten().copied().filter(|&fd| fd >= first).collect();
+    kept.sort_unstable();
+    let mut ranges = Vec::with_capacity(kept.len() + 1);
+    let mut low = first;
+    for fd in kept {
+        if fd > low {
+            ranges.push((low, fd - 1));
+        }
+        let Some(next) = fd.checked_add(1) else { return ranges };
+        low = low.max(next);
+    }
+    ranges.push((low, RawFd::MAX));
+    ranges
 }
 
 /// The invoker's side: the server's process and the invoker's end of its pair. A server that
@@ -306,12 +322,15 @@ struct Running {
 }
 
 /// A forked sandbox: its pid (its process group's too) and pidfd, the read ends of its stdout
-/// and stderr, and where its exit is said.
+/// and stderr, the read end of its ready pipe (a byte once our runtime listens; the end of the
+/// file, with none, from a child that executed another command or died), and where its exit
+/// is said.
 pub struct Forked {
     pub pid: u32,
     pub pidfd: OwnedFd,
     pub stdout: OwnedFd,
     pub stderr: OwnedFd,
+    pub ready: OwnedFd,
     pub exit: ForkedExit,
 }
 
@@ -398,12 +417,15 @@ impl ForkServer {
         use tokio::io::AsyncBufReadExt as _;
         let (stdout, stdout_writer) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
         let (stderr, stderr_writer) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+        let (ready, ready_writer) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
         let (answer, theirs) = socketpair(AddressFamily::Unix, SockType::Stream, None, SockFlag::SOCK_CLOEXEC)?;
         let control = self.control()?;
         let request = encode(args, env);
         // A full queue (ten messages by default) waits for the server, off the async thread.
-        let sent =
-            tokio::task::spawn_blocking(move || send(&control, &request, [&stdout_writer, &stderr_writer, &theirs]));
+        // The writing ends go with the task: only the child holds them then.
+        let sent = tokio::task::spawn_blocking(move || {
+            send(&control, &request, [&stdout_writer, &stderr_writer, &theirs, &ready_writer])
+        });
         sent.await.map_err(|_| std::io::Error::other("the request's task failed"))??;
         let answer = std::os::unix::net::UnixStream::from(answer);
         answer.set_nonblocking(true)?;
@@ -417,7 +439,7 @@ impl ForkServer {
             _ => return Err(std::io::Error::other(format!("the sandbox fork server answered '{}'", line.trim_end()))),
         };
         match pidfd_open(pid) {
-            Ok(pidfd) => Ok(Forked { pid, pidfd, stdout, stderr, exit: ForkedExit(answer) }),
+            Ok(pidfd) => Ok(Forked { pid, pidfd, stdout, stderr, ready, exit: ForkedExit(answer) }),
             Err(e) => {
                 // Not known, not kept: its group goes before the caller starts another sandbox.
                 let _ = nix::sys::signal::killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
@@ -439,6 +461,14 @@ mod tests {
         let (a, e) = decode(&encode(&args, &env)).unwrap();
         assert_eq!(a, args);
         assert_eq!(e, env.iter().map(|(n, v)| (OsString::from(n), OsString::from(v))).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_child_closes_all_but_what_it_keeps() {
+        assert_eq!(ranges_to_close(3, &[None, None]), [(3, RawFd::MAX)]);
+        assert_eq!(ranges_to_close(3, &[Some(7), Some(4)]), [(3, 3), (5, 6), (8, RawFd::MAX)]);
+        assert_eq!(ranges_to_close(3, &[Some(3), Some(3)]), [(4, RawFd::MAX)]);
+        assert_eq!(ranges_to_close(3, &[Some(1), Some(RawFd::MAX)]), [(3, RawFd::MAX - 1)]);
     }
 
     #[test]

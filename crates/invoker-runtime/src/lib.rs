@@ -49,6 +49,13 @@ fn output_to(dir: &std::path::Path) -> std::io::Result<()> {
 
 /// Runs the runtime until it is killed or its invoker dies.
 pub fn run(options: RuntimeOptions) -> std::io::Result<()> {
+    run_telling(options, None)
+}
+
+/// [`run`], writing one byte to `ready` and closing it once the runtime listens: the invoker
+/// that made the container waits on it rather than polling for the socket (the process
+/// factory passes it through its fork server). Close-on-exec: no action process holds it.
+pub fn run_telling(options: RuntimeOptions, ready: Option<std::os::fd::OwnedFd>) -> std::io::Result<()> {
     if let Some(dir) = &options.output {
         output_to(dir)?;
     }
@@ -97,6 +104,11 @@ pub fn run(options: RuntimeOptions) -> std::io::Result<()> {
                 server::Listener::Unix(tokio::net::UnixListener::bind(path)?)
             }
         };
+        if let Some(ready) = ready {
+            // An invoker that gave the container up reads nothing: its polls or its exit watch
+            // decide then, so a failed write changes nothing here.
+            let _ = nix::unistd::write(&ready, b"r");
+        }
         if let Some(pid) = options.parent_pid {
             tokio::task::spawn_local(exit_with_parent(pid, runtime.clone()));
         }
@@ -127,5 +139,40 @@ async fn exit_with_parent(pid: i32, runtime: Rc<Runtime>) {
             }
             std::process::exit(0);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read as _;
+
+    /// The process factory waits on the byte rather than polling: it must come only once the
+    /// socket takes connections, and the runtime must let the pipe go then (the end of the
+    /// file follows), so that nothing it starts later holds it.
+    #[test]
+    fn the_runtime_says_it_listens_once_it_does_and_lets_the_pipe_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("runtime.sock");
+        let options = RuntimeOptions {
+            listen: Listen::Unix(socket.clone()),
+            launcher: Launcher::Native,
+            work_dir: Some(dir.path().join("work")),
+            parent_pid: None,
+            sched: SchedPolicy::default(),
+            adopt: None,
+            output: None,
+        };
+        std::fs::create_dir(dir.path().join("work")).unwrap();
+        let (reader, writer) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+        std::thread::spawn(move || run_telling(options, Some(writer)));
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut said = Vec::new();
+            let _ = tx.send(std::fs::File::from(reader).read_to_end(&mut said).map(|_| said));
+        });
+        let said = rx.recv_timeout(std::time::Duration::from_secs(10)).expect("the pipe let go within 10 s");
+        assert_eq!(said.unwrap(), b"r", "one byte, then the end of the file");
+        std::os::unix::net::UnixStream::connect(&socket).expect("it listens once it said so");
     }
 }
