@@ -10,7 +10,8 @@
 # and answers {"pid": <the child>} or {"error": "..."} on stdout. When stdin ends (the invoker
 # is gone) it exits. Its children are reaped by the kernel (SIGCHLD ignored) and outlive it.
 # The child that takes a request was most often forked and warmed up before it came (a spare:
-# see fork_child), and the next one is forked once the answer is written.
+# see fork_child), and the next one is forked once the answer is written and the cold start it
+# went to has had its few milliseconds (see SPARE_AFTER).
 #
 # The child, before anything of an action exists, in this order: joins the container's
 # cgroups; waits for the runtime (the sandbox has then built the container); enters the container's network, IPC and mount namespaces (the runtime's: its own
@@ -212,6 +213,37 @@ def fork_child(spare):
     child(request)
 
 
+# How long after an answer the next spare waits to be forked: the cold start the answer went to
+# is on its way for a few milliseconds more (the sandbox built, the launcher adopted, `/init`
+# and the first `/run`), and the fork (the zygote's page tables copied) and the new child's
+# first steps, at normal priority until it sets SCHED_IDLE, took CPU from it on a small
+# machine: python's first call 6.2-6.3 ms with the fork at once, 4.9-5.1 ms with it here
+# (BENCHMARKS.md, issue 78). A request that comes meanwhile is forked for, as in a burst.
+SPARE_AFTER = 0.005
+
+
+class Requests:
+    """The invoker's request lines on fd 0, read without a buffer select() cannot see."""
+
+    def __init__(self, fd):
+        self.fd = fd
+        self.pending = b""
+
+    def next_line(self):
+        """The next line, or None once the invoker closed its end."""
+        while b"\n" not in self.pending:
+            chunk = os.read(self.fd, 65536)
+            if not chunk:
+                return None
+            self.pending += chunk
+        line, self.pending = self.pending.split(b"\n", 1)
+        return line + b"\n"
+
+    def come_within(self, seconds):
+        """Whether a request waits, or comes within `seconds`."""
+        return b"\n" in self.pending or bool(select.select([self.fd], [], [], seconds)[0])
+
+
 def is_ready(ready_r):
     return bool(select.select([ready_r], [], [], 0)[0])
 
@@ -231,13 +263,16 @@ def hand_over(child, line):
 
 def main():
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
-    requests = sys.stdin.buffer
+    requests = Requests(sys.stdin.fileno())
     answers = sys.stdout.buffer
     try:
         spare = fork_child(spare=True)
     except OSError:
         spare = None
-    for line in requests:
+    while True:
+        line = requests.next_line()
+        if line is None:
+            break
         try:
             request = json.loads(line)
             if not isinstance(request, dict):
@@ -255,8 +290,9 @@ def main():
             answer = {"pid": pid}
         answers.write(json.dumps(answer).encode() + b"\n")
         answers.flush()
-        # The next request's spare, forked after this answer: off this one's path.
-        if spare is None:
+        # The next request's spare, forked after this answer and after SPARE_AFTER: off this
+        # one's path, and off the path of the cold start it went to.
+        if spare is None and not requests.come_within(SPARE_AFTER):
             try:
                 spare = fork_child(spare=True)
             except OSError:
