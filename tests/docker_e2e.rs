@@ -721,17 +721,6 @@ async fn a_generator_streams_from_a_container_and_a_caller_that_leaves_stops_it(
 }
 
 /// The pool's ready stem containers (`state: prewarm`), by container id.
-async fn ready_stems(inv: &Invoker) -> Result<Vec<u64>, String> {
-    let (_, pool) = inv.get_url("/v1/pool").await;
-    let containers = pool["containers"].as_array().cloned().unwrap_or_default();
-    let stems: Vec<u64> =
-        containers.iter().filter(|c| c["state"] == "prewarm").filter_map(|c| c["id"].as_u64()).collect();
-    match (stems.is_empty(), pool["starting"] == 0) {
-        (false, true) => Ok(stems),
-        _ => Err(pool.to_string()),
-    }
-}
-
 /// Stems on Docker (`[[pool.prewarm]]`): a container of the runtime image started ahead, its
 /// python launcher waiting; the first call of a new action of its kind and memory takes it
 /// (`startKind: prewarm`, no creation on its path), two such calls at once never share it (the
@@ -744,7 +733,7 @@ async fn a_stem_container_is_taken_by_one_first_call_refilled_and_removed_on_dra
     let stem = "[[pool.prewarm]]\nkind = \"python:3\"\nmemory_mb = 128\ncount = 1\n";
     let inv = start(dir.path(), &invoker_id, None, stem).await;
     let docker = engine().await;
-    let first_stem = support::eventually(Duration::from_secs(60), "a stem ready", || ready_stems(&inv)).await;
+    let first_stem = support::eventually(Duration::from_secs(60), "a stem ready", || inv.ready_stems()).await;
     let code = "import os\ndef main(a):\n    return {'pid': os.getpid()}\n";
     let mut action = python(code);
     action["limits"] = json!({"memory": 128});
@@ -762,7 +751,7 @@ async fn a_stem_container_is_taken_by_one_first_call_refilled_and_removed_on_dra
     let taken = records.iter().find(|r| annotation(r, "startKind") == "prewarm").unwrap();
     assert_eq!(json!(first_stem), json!([container_id(taken)]), "the stem that was ready");
     assert!(annotation(taken, "createTime").is_null(), "nothing was created on its path: {taken}");
-    let refilled = support::eventually(Duration::from_secs(60), "the stem refilled", || ready_stems(&inv)).await;
+    let refilled = support::eventually(Duration::from_secs(60), "the stem refilled", || inv.ready_stems()).await;
     assert_eq!(refilled.len(), 1);
     assert_ne!(refilled, first_stem, "a new container");
     // Two action containers and the new stem: the engine holds each once.

@@ -522,18 +522,6 @@ async fn an_fn_function_made_from_its_own_image_runs_its_entry_point_in_a_pod() 
     assert!(body.contains("Failed to pull image 'none/such:1'"), "{body}");
 }
 
-/// The stems `/v1/pool` shows ready (`state: prewarm`), once nothing is starting.
-async fn ready_stems(inv: &Invoker) -> Result<Vec<u64>, String> {
-    let (_, pool) = inv.get_url("/v1/pool").await;
-    let containers = pool["containers"].as_array().cloned().unwrap_or_default();
-    let stems: Vec<u64> =
-        containers.iter().filter(|c| c["state"] == "prewarm").filter_map(|c| c["id"].as_u64()).collect();
-    match (stems.is_empty(), pool["starting"] == 0) {
-        (false, true) => Ok(stems),
-        _ => Err(pool.to_string()),
-    }
-}
-
 fn annotation(record: &Value, key: &str) -> Value {
     let annotations = record["annotations"].as_array().cloned().unwrap_or_default();
     annotations.into_iter().find(|a| a["key"] == key).map_or(Value::Null, |a| a["value"].clone())
@@ -551,7 +539,7 @@ async fn a_stem_pod_is_taken_by_one_first_call_refilled_and_deleted_on_drain() {
     let invoker_id = id("k8s-stem");
     let stem = "[[pool.prewarm]]\nkind = \"python:3\"\nmemory_mb = 128\ncount = 1\n";
     let mut inv = Invoker::start(dir.path(), &invoker_id, &(config(&api, "") + stem));
-    let first_stem = support::eventually(Duration::from_secs(30), "a stem ready", || ready_stems(&inv)).await;
+    let first_stem = support::eventually(Duration::from_secs(30), "a stem ready", || inv.ready_stems()).await;
     assert_eq!(pods_of(&api, &invoker_id).len(), 1, "the stem is a pod");
     for name in ["a", "b"] {
         inv.put_action(name, action(128)).await;
@@ -569,7 +557,7 @@ async fn a_stem_pod_is_taken_by_one_first_call_refilled_and_deleted_on_drain() {
     let taken = records.iter().find(|r| annotation(r, "startKind") == "prewarm").unwrap();
     assert_eq!(json!(first_stem), json!([annotation(taken, "containerId")]), "the stem that was ready");
     assert!(annotation(taken, "createTime").is_null(), "nothing was created on its path: {taken}");
-    let refilled = support::eventually(Duration::from_secs(30), "the stem refilled", || ready_stems(&inv)).await;
+    let refilled = support::eventually(Duration::from_secs(30), "the stem refilled", || inv.ready_stems()).await;
     assert_eq!(refilled.len(), 1);
     assert_ne!(refilled, first_stem, "a new stem");
     // Two action pods and the new stem, each created once; the node refused none.

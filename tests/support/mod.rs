@@ -309,6 +309,19 @@ impl Invoker {
         (status, r.json().await.unwrap_or(Value::Null))
     }
 
+    /// The stems `/v1/pool` shows ready (`state: prewarm`), once nothing is starting; else
+    /// the pool as it is (for `eventually`).
+    pub async fn ready_stems(&self) -> Result<Vec<u64>, String> {
+        let (_, pool) = self.get_url("/v1/pool").await;
+        let containers = pool["containers"].as_array().cloned().unwrap_or_default();
+        let stems: Vec<u64> =
+            containers.iter().filter(|c| c["state"] == "prewarm").filter_map(|c| c["id"].as_u64()).collect();
+        match (stems.is_empty(), pool["starting"] == 0) {
+            (false, true) => Ok(stems),
+            _ => Err(pool.to_string()),
+        }
+    }
+
     /// POST of an admin route, with the admin key.
     pub async fn post_url(&self, path: &str) -> (u16, Value) {
         let (user, pass) = self.admin.split_once(':').expect("the invoker printed its admin key");
