@@ -740,17 +740,7 @@ async fn a_stem_container_is_taken_by_one_first_call_refilled_and_removed_on_dra
     for name in ["a", "b"] {
         inv.put_action(name, action.clone()).await;
     }
-    let (one, two) =
-        tokio::join!(inv.invoke("a", "blocking=true", json!({})), inv.invoke("b", "blocking=true", json!({})));
-    let records = [one, two].map(|(status, record)| {
-        assert_eq!(status, 200, "{record}");
-        record
-    });
-    let kinds: Vec<Value> = records.iter().map(|r| annotation(r, "startKind")).collect();
-    assert!(kinds.contains(&json!("prewarm")) && kinds.contains(&json!("cold")), "one took the stem: {kinds:?}");
-    let taken = records.iter().find(|r| annotation(r, "startKind") == "prewarm").unwrap();
-    assert_eq!(json!(first_stem), json!([container_id(taken)]), "the stem that was ready");
-    assert!(annotation(taken, "createTime").is_null(), "nothing was created on its path: {taken}");
+    inv.first_calls_at_one_stem(&first_stem, ["a", "b"]).await;
     let refilled = support::eventually(Duration::from_secs(60), "the stem refilled", || inv.ready_stems()).await;
     assert_eq!(refilled.len(), 1);
     assert_ne!(refilled, first_stem, "a new container");

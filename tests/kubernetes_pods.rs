@@ -522,11 +522,6 @@ async fn an_fn_function_made_from_its_own_image_runs_its_entry_point_in_a_pod() 
     assert!(body.contains("Failed to pull image 'none/such:1'"), "{body}");
 }
 
-fn annotation(record: &Value, key: &str) -> Value {
-    let annotations = record["annotations"].as_array().cloned().unwrap_or_default();
-    annotations.into_iter().find(|a| a["key"] == key).map_or(Value::Null, |a| a["value"].clone())
-}
-
 /// Stems on Kubernetes (`[[pool.prewarm]]`), as on Docker: a pod of the runtime started ahead
 /// with its python launcher waiting; the first call of a new action of its kind and memory
 /// takes it (`startKind: prewarm`, no creation on its path), two such calls at once never share
@@ -544,19 +539,7 @@ async fn a_stem_pod_is_taken_by_one_first_call_refilled_and_deleted_on_drain() {
     for name in ["a", "b"] {
         inv.put_action(name, action(128)).await;
     }
-    let (one, two) = tokio::join!(
-        inv.invoke("a", "blocking=true", json!({"name": "a"})),
-        inv.invoke("b", "blocking=true", json!({"name": "b"}))
-    );
-    let records = [one, two].map(|(status, record)| {
-        assert_eq!(status, 200, "{record}");
-        record
-    });
-    let kinds: Vec<Value> = records.iter().map(|r| annotation(r, "startKind")).collect();
-    assert!(kinds.contains(&json!("prewarm")) && kinds.contains(&json!("cold")), "one took the stem: {kinds:?}");
-    let taken = records.iter().find(|r| annotation(r, "startKind") == "prewarm").unwrap();
-    assert_eq!(json!(first_stem), json!([annotation(taken, "containerId")]), "the stem that was ready");
-    assert!(annotation(taken, "createTime").is_null(), "nothing was created on its path: {taken}");
+    inv.first_calls_at_one_stem(&first_stem, ["a", "b"]).await;
     let refilled = support::eventually(Duration::from_secs(30), "the stem refilled", || inv.ready_stems()).await;
     assert_eq!(refilled.len(), 1);
     assert_ne!(refilled, first_stem, "a new stem");

@@ -322,6 +322,31 @@ impl Invoker {
         }
     }
 
+    /// The first calls of the new actions `names` at once, where `stem` is the one stem ready
+    /// for them: one takes it (`startKind: prewarm`, nothing created on its path) and the
+    /// other starts cold, never the two on one container. Answers the stem's call's record.
+    pub async fn first_calls_at_one_stem(&self, stem: &[u64], names: [&str; 2]) -> Value {
+        let (one, two) = tokio::join!(
+            self.invoke(names[0], "blocking=true", json!({})),
+            self.invoke(names[1], "blocking=true", json!({}))
+        );
+        let records = [one, two].map(|(status, record)| {
+            assert_eq!(status, 200, "{record}");
+            record
+        });
+        let annotation = |record: &Value, key: &str| {
+            let annotations = record["annotations"].as_array().cloned().unwrap_or_default();
+            annotations.into_iter().find(|a| a["key"] == key).map_or(Value::Null, |a| a["value"].clone())
+        };
+        let kinds: Vec<Value> = records.iter().map(|r| annotation(r, "startKind")).collect();
+        assert!(kinds.contains(&json!("prewarm")) && kinds.contains(&json!("cold")), "one took the stem: {kinds:?}");
+        let [one, two] = records;
+        let taken = if annotation(&one, "startKind") == "prewarm" { one } else { two };
+        assert_eq!(json!(stem), json!([annotation(&taken, "containerId")]), "the stem that was ready");
+        assert!(annotation(&taken, "createTime").is_null(), "nothing was created on its path: {taken}");
+        taken
+    }
+
     /// POST of an admin route, with the admin key.
     pub async fn post_url(&self, path: &str) -> (u16, Value) {
         let (user, pass) = self.admin.split_once(':').expect("the invoker printed its admin key");
