@@ -34,7 +34,17 @@ else
 fi
 work="$(mktemp -d /tmp/invoker-callgrind-XXXXXX)"
 runtime=""  # what else this starts: a runtime (FLOOR) or an invoker (SCHEDULER)
-trap 'kill "$pid" $runtime 2>/dev/null || true; [ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
+finish() {
+    kill "$pid" $runtime 2>/dev/null || true
+    # An invoker removes its containers as it stops (their disks are mounts under $work): the
+    # directory goes once it and what it started are gone, within 10 s.
+    for _ in $(seq 100); do
+        kill -0 "$pid" $runtime 2>/dev/null || break
+        sleep 0.1
+    done
+    [ -n "${KEEP:-}" ] || rm -rf "$work"
+}
+trap finish EXIT
 listening() {  # the address a process writing its output to $1 listens on, once it does
     for _ in $(seq 600); do
         grep -q "^listening on " "$1" 2>/dev/null && break
