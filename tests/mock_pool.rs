@@ -98,7 +98,7 @@ async fn invoke_with_id(h: &Harness, action: &Arc<Action>, params: Value, id: St
         stream: None,
     };
     match h.service().invoke(req).await.unwrap() {
-        Invoked::Done(encoded) => Arc::unwrap_or_clone(encoded.record),
+        Invoked::Done(encoded) => encoded.into_record(),
         Invoked::Accepted(id) => panic!("activation {id} did not finish within the blocking wait"),
         Invoked::Streaming { activation_id, .. } => panic!("activation {activation_id} streamed unasked"),
     }
@@ -422,9 +422,10 @@ async fn a_full_pool_mailbox_answers_a_blocking_call_at_once_and_every_activatio
             std::task::Poll::Ready(invoked) => invoked,
             std::task::Poll::Pending => call.await,
         };
-        let Invoked::Done(invoker_wire::model::EncodedRecord { record, .. }) = invoked.unwrap() else {
+        let Invoked::Done(encoded) = invoked.unwrap() else {
             panic!("a blocking call within its wait is answered with its record")
         };
+        let record = encoded.record();
         if record.response.status_code == 0 {
             ran += 1;
             continue;
@@ -447,7 +448,7 @@ async fn a_flood_of_asynchronous_calls_past_the_pool_mailbox_all_runs() {
     for _ in 0..1200 {
         match h.service().invoke(flood_request(&a, None)).await.unwrap() {
             Invoked::Accepted(id) => accepted.push(id),
-            Invoked::Done(done) => panic!("an asynchronous call answered at once: {:?}", done.record),
+            Invoked::Done(done) => panic!("an asynchronous call answered at once: {:?}", done.record()),
             Invoked::Streaming { activation_id, .. } => panic!("{activation_id} streamed unasked"),
         }
     }
@@ -529,7 +530,7 @@ async fn invoke_async(h: &Harness, action: &Arc<Action>, params: Value) -> Strin
     let req = InvokeRequest { params: Params::from_map(&params), ..flood_request(action, None) };
     match h.service().invoke(req).await.unwrap() {
         Invoked::Accepted(id) => id,
-        Invoked::Done(done) => panic!("an asynchronous call answered at once: {:?}", done.record),
+        Invoked::Done(done) => panic!("an asynchronous call answered at once: {:?}", done.record()),
         Invoked::Streaming { activation_id, .. } => panic!("{activation_id} streamed unasked"),
     }
 }

@@ -503,7 +503,7 @@ impl ActivationService {
         };
         match self.invoke(req).await? {
             Invoked::Accepted(id) | Invoked::Streaming { activation_id: id, .. } => Ok(id),
-            Invoked::Done(record) => Ok(record.record.activation_id.clone()),
+            Invoked::Done(record) => Ok(record.head().activation_id.clone()),
         }
     }
 

@@ -13,9 +13,7 @@ use invoker_http::body_parts::BodyParts;
 use invoker_http::streamed::Streamed;
 use invoker_http::{with_body, with_parts, Response};
 use invoker_job::stream::StreamFormat;
-use invoker_wire::model::{
-    epoch_ms, new_activation_id, validate_entity_name, Action, ActivationRecord, Exec, KeyValue, Limits,
-};
+use invoker_wire::model::{epoch_ms, new_activation_id, validate_entity_name, Action, Exec, KeyValue, Limits};
 use invoker_wire::params::Params;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -425,13 +423,13 @@ fn invoke_response(invoked: Invoked, result_only: bool) -> Response {
         }
         Invoked::Done(encoded) => encoded,
     };
-    let status = super::error::record_status(&encoded.record, StatusCode::BAD_GATEWAY);
+    let status = super::error::record_status(encoded.head(), StatusCode::BAD_GATEWAY);
     // The bytes the store wrote: the record is not encoded again for its answer.
     let body = match result_only {
         true => BodyParts::from(encoded.result_json()),
         false => BodyParts::new(encoded.json.parts().clone()),
     };
-    record_response(&encoded.record, status, body)
+    record_response(&encoded.head().activation_id, status, body)
 }
 
 pub(super) fn accepted(id: &str) -> Response {
@@ -447,8 +445,8 @@ fn with_activation_id(mut response: Response, id: &str) -> Response {
 }
 
 /// `body` (JSON) with `status`, the activation's id, and Retry-After when nothing ran.
-pub(super) fn record_response(record: &ActivationRecord, status: StatusCode, body: BodyParts) -> Response {
-    let mut response = with_activation_id(with_parts(status, "application/json", body), &record.activation_id);
+pub(super) fn record_response(activation_id: &str, status: StatusCode, body: BodyParts) -> Response {
+    let mut response = with_activation_id(with_parts(status, "application/json", body), activation_id);
     if matches!(status, StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS) {
         response.headers_mut().insert(hyper::header::RETRY_AFTER, HeaderValue::from_static("1"));
     }

@@ -7,7 +7,7 @@ use hyper::StatusCode;
 use invoker_http::Response;
 use invoker_ids::CreateFailure;
 use invoker_store::StoreError;
-use invoker_wire::model::{ActivationRecord, Outcome, Rejection, RejectionKind};
+use invoker_wire::model::{ActivationRecord, Outcome, RecordHead, Rejection, RejectionKind};
 use serde_json::json;
 
 #[derive(Debug, thiserror::Error)]
@@ -120,13 +120,13 @@ impl ApiError {
 /// that may have started (its container or invoker lost under it, an invoker stopped before it
 /// ended) is 502 with its whisk-error record, as OpenWhisk answers there, so that a client that
 /// retries a 503 never runs an action twice.
-pub(super) fn record_status(record: &ActivationRecord, failed: StatusCode) -> StatusCode {
-    match (record.outcome(), record.rejection) {
+pub(super) fn record_status(record: &RecordHead, failed: StatusCode) -> StatusCode {
+    match (record.outcome, record.rejection) {
         (Outcome::Success, _) => StatusCode::OK,
         (Outcome::ApplicationError | Outcome::DeveloperError, _) => failed,
         (Outcome::WhiskError, Some(Rejection::NeverFits { .. })) => StatusCode::BAD_REQUEST,
         // Held by the action's own `max-concurrency`: the caller's rate, not the platform's room.
-        (Outcome::WhiskError, _) if record.rejection_kind() == Some(RejectionKind::Capped) => {
+        (Outcome::WhiskError, _) if record.rejection_kind == Some(RejectionKind::Capped) => {
             StatusCode::TOO_MANY_REQUESTS
         }
         (Outcome::WhiskError, _) if record.ran_nothing() => StatusCode::SERVICE_UNAVAILABLE,
@@ -185,14 +185,21 @@ mod tests {
     #[test]
     fn a_whisk_error_is_503_only_when_nothing_ran() {
         let refused = ActivationRecord::rejected(&meta(), Rejection::Deadline, 5, 10);
-        assert_eq!(record_status(&refused, StatusCode::BAD_GATEWAY), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(record_status(&RecordHead::of(&refused), StatusCode::BAD_GATEWAY), StatusCode::SERVICE_UNAVAILABLE);
         // Read back from the store or sent by an invoker: the annotation says it.
         let read_back = ActivationRecord { rejection: None, ..refused };
-        assert_eq!(record_status(&read_back, StatusCode::BAD_GATEWAY), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            record_status(&RecordHead::of(&read_back), StatusCode::BAD_GATEWAY),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
         let lost = ActivationRecord::rejected(&meta(), Rejection::ContainerLost, 5, 10);
-        assert_eq!(record_status(&lost, StatusCode::BAD_GATEWAY), StatusCode::BAD_GATEWAY, "it may have run");
+        assert_eq!(
+            record_status(&RecordHead::of(&lost), StatusCode::BAD_GATEWAY),
+            StatusCode::BAD_GATEWAY,
+            "it may have run"
+        );
         let stopped = ActivationRecord::whisk_error(&meta(), "the invoker stopped before this activation finished", 10);
-        assert_eq!(record_status(&stopped, StatusCode::BAD_GATEWAY), StatusCode::BAD_GATEWAY);
+        assert_eq!(record_status(&RecordHead::of(&stopped), StatusCode::BAD_GATEWAY), StatusCode::BAD_GATEWAY);
         assert_eq!(fn_record_status(&stopped, None).unwrap_err().0, StatusCode::BAD_GATEWAY);
         assert_eq!(fn_record_status(&read_back, None).unwrap_err().0, StatusCode::SERVICE_UNAVAILABLE);
     }

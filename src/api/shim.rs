@@ -24,7 +24,7 @@ use invoker_wire::cluster::{
     REPORT_START, STARTED_LINE, STREAMED_ANSWER, STREAM_AS_WRITTEN, STREAM_HEADERS, STREAM_TO, TWO_PARTS,
 };
 use invoker_wire::model::{
-    is_activation_id, validate_entity_name, ActivationMessage, ActivationRecord, EncodedRecord, Outcome,
+    is_activation_id, validate_entity_name, ActivationMessage, EncodedRecord, Outcome, RecordHead,
 };
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -244,18 +244,18 @@ fn answer(
         Invoked::Done(encoded) => {
             let user_memory_mb = state.pool().map_or(0, |p| p.user_memory_mb());
             let invoker_id = state.config.invoker_id.clone();
-            let status = record_status(&encoded.record, StatusCode::OK);
+            let status = record_status(encoded.head(), StatusCode::OK);
             let rest = rest.map(|mut rest| (rest.try_recv(), rest));
             let rest = match rest {
                 Some((Err(TryRecvError::Empty), rest)) => rest,
                 // The answer was the whole record (or it is here already): one message.
                 Some((Ok(whole), _)) => {
                     let ack = completion_message(&invoker_id, user_memory_mb, transid, &whole);
-                    return record_response(&whole.record, status, ack.into());
+                    return record_response(&whole.head().activation_id, status, ack.into());
                 }
                 Some((Err(TryRecvError::Closed), _)) | None => {
                     let ack = completion_message(&invoker_id, user_memory_mb, transid, &encoded);
-                    return record_response(&encoded.record, status, ack.into());
+                    return record_response(&encoded.head().activation_id, status, ack.into());
                 }
             };
             // OpenWhisk's split: a `ResultMessage` as soon as the result is known, then the
@@ -268,7 +268,7 @@ fn answer(
                 ack.push(b'\n');
                 Some(Bytes::from(ack))
             };
-            let mut response = record_response(&encoded.record, status, BodyParts::default());
+            let mut response = record_response(&encoded.head().activation_id, status, BodyParts::default());
             response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(TWO_PARTS));
             response.extensions_mut().insert(Follows::new(first.into(), second));
             response
@@ -362,7 +362,7 @@ struct CompletionMessage {
 }
 
 fn completion_message(id: &str, user_memory_mb: u64, transid: Value, encoded: &EncodedRecord) -> Bytes {
-    let rest = completion_fields(id, user_memory_mb, transid, &encoded.record);
+    let rest = completion_fields(id, user_memory_mb, transid, encoded.head());
     // Fields of strings, numbers and JSON values: encoding cannot fail.
     let rest = serde_json::to_vec(&rest).expect("a completion message serialises");
     // `{"response":<record>,` then the rest's fields, without its own `{`.
@@ -374,12 +374,12 @@ fn completion_message(id: &str, user_memory_mb: u64, transid: Value, encoded: &E
     body.into()
 }
 
-fn completion_fields(id: &str, user_memory_mb: u64, transid: Value, record: &ActivationRecord) -> CompletionMessage {
+fn completion_fields(id: &str, user_memory_mb: u64, transid: Value, record: &RecordHead) -> CompletionMessage {
     let digits = id.trim_start_matches(|c: char| !c.is_ascii_digit());
     let instance: u64 = digits.parse().unwrap_or(0);
     CompletionMessage {
         transid,
-        is_system_error: record.outcome() == Outcome::WhiskError,
+        is_system_error: record.outcome == Outcome::WhiskError,
         instance: json!({
             "instance": instance,
             "uniqueName": id,

@@ -309,7 +309,7 @@ impl Completion {
         // while its logs come.
         inner.slot = None;
         let encoded = EncodedRecord::new(record.clone());
-        record.response.result = encoded.record.response.result.clone();
+        record.response.result = encoded.record().response.result.clone();
         // A restart before the record is whole ends the activation with what was answered.
         if let Err(e) = inner.store.answered(&encoded) {
             tracing::warn!(activation = %record.activation_id, "the answer was not journaled: {e}");
@@ -331,7 +331,7 @@ impl Completion {
     pub fn finish_encoded(mut self, record: EncodedRecord) {
         if let Some(inner) = self.inner.take() {
             if inner.retry.is_some() {
-                inner.finish(Arc::unwrap_or_clone(record.record), &self.trace);
+                inner.finish(record.into_record(), &self.trace);
             } else {
                 inner.end(record, &self.trace);
             }
@@ -372,23 +372,24 @@ impl CompletionInner {
         if let Some(retry) = self.retry.take() {
             retry.decide(&mut record, &self.store, &self.metrics);
         }
-        trace.ended(&record);
         let _write = invoker_telemetry::stage_span!(trace, "record").entered();
+        let record = EncodedRecord::new(record);
+        trace.ended(&record);
         self.metrics.activation_finished(&record);
-        self.store_and_answer(EncodedRecord::new(record));
+        self.store_and_answer(record);
     }
 
     /// As `finish`, with a record encoded already, which no retry policy decides on.
     fn end(self, record: EncodedRecord, trace: &ActivationTrace) {
-        trace.ended(&record.record);
+        trace.ended(&record);
         let _write = invoker_telemetry::stage_span!(trace, "record").entered();
-        self.metrics.activation_finished(&record.record);
+        self.metrics.activation_finished(&record);
         self.store_and_answer(record);
     }
 
     fn store_and_answer(self, record: EncodedRecord) {
         if let Err(e) = self.store.finish(&record) {
-            tracing::error!(activation = %record.record.activation_id, "record not stored: {e}");
+            tracing::error!(activation = %record.head().activation_id, "record not stored: {e}");
         }
         match (self.reply, self.whole) {
             // Not answered yet: the whole record is the answer. `whole` is dropped before the

@@ -3,7 +3,7 @@
 
 #![forbid(unsafe_code)]
 
-use invoker_wire::model::ActivationRecord;
+use invoker_wire::model::{EncodedRecord, StartKind};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -158,27 +158,28 @@ impl Metrics {
         self.remove_seconds.observe(took.as_secs_f64());
     }
 
-    pub fn activation_finished(&self, record: &ActivationRecord) {
+    pub fn activation_finished(&self, record: &EncodedRecord) {
         if self.live.watched() {
-            self.live.activation(&invoker_live::ActivationRow::of(record));
+            self.live.activation(&invoker_live::ActivationRow::of(record.record()));
         }
-        self.by_outcome[record.outcome().status_code() as usize % 4].inc();
-        match record.annotation("startKind").and_then(|v| v.as_str()) {
-            Some("cold") => {
+        let head = record.head();
+        self.by_outcome[head.outcome.status_code() as usize % 4].inc();
+        match head.start_kind {
+            Some(StartKind::Cold) => {
                 self.cold.inc();
             }
-            Some("warm") => {
+            Some(StartKind::Warm) => {
                 self.warm.inc();
             }
-            Some("prewarm") => {
+            Some(StartKind::Prewarm) => {
                 self.prewarm.inc();
             }
-            _ => {}
+            None => {}
         }
-        if record.rejection_kind() == Some(invoker_wire::model::RejectionKind::Capped) {
+        if head.rejection_kind == Some(invoker_wire::model::RejectionKind::Capped) {
             self.capped.inc();
         }
-        self.latency.observe(record.duration as f64 / 1000.0);
+        self.latency.observe(head.duration as f64 / 1000.0);
     }
 
     pub fn render(&self) -> String {

@@ -415,7 +415,7 @@ impl Dispatcher {
                 // A queued call an invoker held back for the action's cap ran nothing: it
                 // stays queued, first of its line.
                 Sent::Finished(finished)
-                    if expires_at.is_some() && finished.record.rejection_kind() == Some(RejectionKind::Capped) =>
+                    if expires_at.is_some() && finished.head().rejection_kind == Some(RejectionKind::Capped) =>
                 {
                     refusals.push(format!("{invoker}: the action was at its max-concurrency there"));
                     tried.insert(invoker);

@@ -23,8 +23,10 @@ use http_body_util::{BodyExt, Limited};
 use hyper::body::{Body, Frame, SizeHint};
 use hyper::client::conn::http1::SendRequest;
 use invoker_wire::cluster::{REPORT_START, STARTED_LINE, STREAMED_ANSWER, STREAM_HEADERS, STREAM_TO, TWO_PARTS};
-use invoker_wire::model::{ActivationRecord, EncodedRecord, KeyValue};
+use invoker_wire::model::{ActivationRecord, EncodedRecord, KeyValue, RecordHead};
+use invoker_wire::record_head::ReadRecord;
 use parking_lot::Mutex;
+use serde_json::value::RawValue;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::future::Future;
@@ -64,26 +66,20 @@ pub enum Sent {
     Streaming { headers: Option<Vec<(String, String)>>, body: hyper::body::Incoming },
 }
 
-/// A record an invoker sent back: read, and its bytes as they came (the record's own JSON
-/// within the invoker's answer), so that it is passed on rather than encoded again.
+/// A record an invoker sent back: read for its head, and its bytes as they came (the record's
+/// own JSON within the invoker's answer), so that it is passed on rather than encoded again.
 #[derive(Debug)]
-pub struct Finished {
-    pub record: ActivationRecord,
-    /// `None` from a message that did not begin with the record.
-    json: Option<Bytes>,
-}
+pub struct Finished(ReadRecord);
 
 impl Finished {
+    /// What is decided on: whether anything ran, and why not.
+    pub fn head(&self) -> &RecordHead {
+        self.0.head()
+    }
+
     /// The record with the invoker it ran on among its annotations, as the bytes it came as.
-    pub fn ran_on(mut self, invoker: &str) -> EncodedRecord {
-        let ran_on = KeyValue { key: "invoker".into(), value: Value::String(invoker.to_string()) };
-        match &self.json {
-            Some(json) => EncodedRecord::passed_on(self.record, json, ran_on),
-            None => {
-                self.record.annotations.push(ran_on);
-                EncodedRecord::new(self.record)
-            }
-        }
+    pub fn ran_on(self, invoker: &str) -> EncodedRecord {
+        self.0.passed_on(KeyValue { key: "invoker".into(), value: Value::String(invoker.to_string()) })
     }
 }
 
@@ -235,10 +231,13 @@ impl InvokerClient {
                     let (tx, whole) = oneshot::channel();
                     tokio::spawn(async move {
                         let rest = tokio::time::timeout(WHOLE_WAIT, rest).await.ok().and_then(Result::ok);
-                        let record = rest.and_then(|rest| serde_json::from_slice::<CompletionMessage>(&rest).ok());
+                        let record = rest.and_then(|rest| serde_json::from_slice::<WholeMessage>(&rest).ok());
                         let _ = tx.send(record.map(|m| m.response));
                     });
-                    Sent::Answered { answer: Box::new(answer.record), whole }
+                    match answer.0.decode() {
+                        Ok(answer) => Sent::Answered { answer: Box::new(answer), whole },
+                        Err(e) => Sent::Lost(format!("its answer's record did not decode: {e}")),
+                    }
                 }
                 sent => sent,
             },
@@ -529,26 +528,32 @@ async fn one_request(
     tokio::time::timeout(timeout, exchange).await.ok().flatten().unwrap_or(false)
 }
 
-/// The part of a `CombinedCompletionAndResultMessage` the scheduler keeps: the record, read in
-/// one pass (no intermediate JSON tree).
+/// The whole record of an activation answered before its logs came, which follows the answer.
 #[derive(serde::Deserialize)]
-struct CompletionMessage {
+struct WholeMessage {
     response: ActivationRecord,
 }
 
-/// The record of a `CombinedCompletionAndResultMessage`, read, with its bytes within `body`
-/// where the message begins with it, as an invoker writes it (`{"response":<record>,...`): read
-/// in one pass, which ends where the record does. A message laid out otherwise is read whole.
+/// The record of a `CombinedCompletionAndResultMessage`, as its bytes within `body`.
+#[derive(serde::Deserialize)]
+struct CompletionMessage<'a> {
+    #[serde(borrow)]
+    response: &'a RawValue,
+}
+
+/// The record of a `CombinedCompletionAndResultMessage`, read for its head, its bytes within
+/// `body`. A message that begins with it, as an invoker writes it (`{"response":<record>,...`),
+/// is read in one pass, which ends where the record does; one laid out otherwise is read whole.
 fn finished(body: &Bytes) -> Option<Finished> {
     const HEAD: &[u8] = b"{\"response\":";
-    let Some(rest) = body.strip_prefix(HEAD) else {
-        let record = serde_json::from_slice::<CompletionMessage>(body).ok()?.response;
-        return Some(Finished { record, json: None });
+    let read = match body.strip_prefix(HEAD) {
+        Some(_) => ReadRecord::at_start(&body.slice(HEAD.len()..)),
+        None => {
+            let message = serde_json::from_slice::<CompletionMessage>(body).ok()?;
+            ReadRecord::read(body.slice_ref(message.response.get().as_bytes()))
+        }
     };
-    let mut records = serde_json::Deserializer::from_slice(rest).into_iter::<ActivationRecord>();
-    let record = records.next()?.ok()?;
-    let json = body.slice(HEAD.len()..HEAD.len() + records.byte_offset());
-    Some(Finished { record, json: Some(json) })
+    read.ok().map(Finished)
 }
 
 /// The invoker's answer: a `CombinedCompletionAndResultMessage` with the record, or an error.
@@ -563,9 +568,8 @@ fn interpret(status: u16, body: &Bytes) -> Sent {
     };
     match (status, record) {
         (_, Some(finished)) => {
-            let rejected = finished.record.ran_nothing();
-            if rejected && matches!(status, 400 | 503) {
-                Sent::Refused(finished.record.response.result.error().unwrap_or_else(|| "refused".to_string()))
+            if finished.head().ran_nothing() && matches!(status, 400 | 503) {
+                Sent::Refused(finished.0.error().unwrap_or_else(|| "refused".to_string()))
             } else {
                 Sent::Finished(Box::new(finished))
             }
@@ -606,24 +610,23 @@ mod tests {
         assert!(matches!(interpret(202, &Bytes::from_static(b"{}")), Sent::Lost(_)));
     }
 
-    /// A message that begins with its record (as an invoker writes it) gives the record's own
-    /// bytes, which are passed on with the invoker spliced in; one laid out otherwise is read
-    /// whole, and the record encoded again: the same record either way.
+    /// A message that begins with its record (as an invoker writes it) is read to where the
+    /// record ends, one laid out otherwise whole; either way the record's own bytes are passed
+    /// on with the invoker spliced in: what encoding it again with that annotation writes.
     #[test]
     fn a_record_is_passed_on_as_its_bytes_came_and_with_the_invoker_it_ran_on() {
-        let record: ActivationRecord =
+        let mut record: ActivationRecord =
             serde_json::from_value(record(json!([{ "key": "path", "value": "guest/a" }]))["response"].clone()).unwrap();
-        let record = String::from_utf8(EncodedRecord::new(record).json.to_bytes().to_vec()).unwrap();
-        let as_written = Bytes::from(format!(r#"{{"response":{record},"transid":["x",1],"isSystemError":false}}"#));
-        let reordered = Bytes::from(format!(r#"{{"transid":["x",1],"response":{record}}}"#));
-        let passed = finished(&as_written).unwrap();
-        assert_eq!(passed.json.as_deref(), Some(record.as_bytes()));
-        let read_whole = finished(&reordered).unwrap();
-        assert!(read_whole.json.is_none());
-        let (passed, read_whole) = (passed.ran_on("invoker7"), read_whole.ran_on("invoker7"));
-        assert_eq!(passed.json.to_bytes(), read_whole.json.to_bytes());
-        let json: Value = serde_json::from_slice(&passed.json.to_bytes()).unwrap();
-        assert_eq!(json["annotations"][1], json!({ "key": "invoker", "value": "invoker7" }));
+        let json = String::from_utf8(EncodedRecord::new(record.clone()).json.to_bytes().to_vec()).unwrap();
+        let as_written = Bytes::from(format!(r#"{{"response":{json},"transid":["x",1],"isSystemError":false}}"#));
+        let reordered = Bytes::from(format!(r#"{{"transid":["x",1],"response":{json}}}"#));
+        record.annotations.push(KeyValue { key: "invoker".into(), value: json!("invoker7") });
+        let expected = EncodedRecord::new(record).json.to_bytes();
+        for message in [as_written, reordered] {
+            let passed = finished(&message).unwrap();
+            assert_eq!(passed.head().activation_id, "0123456789abcdef0123456789abcdef");
+            assert_eq!(passed.ran_on("invoker7").json.to_bytes(), expected);
+        }
     }
 
     /// The message's marker: a peer that saw it received the message.

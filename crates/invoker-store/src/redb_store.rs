@@ -4,7 +4,7 @@
 use super::contract::{next_version, Accepted, DocKind, QueuedCall, Recovered, Store, StoreError};
 use super::large_records::{LargeRecords, OUT_OF_LINE};
 use invoker_wire::json_parts::JsonParts;
-use invoker_wire::model::{Action, ActivationMeta, ActivationRecord, EncodedRecord};
+use invoker_wire::model::{Action, ActivationMeta, ActivationRecord, EncodedRecord, RecordHead};
 use parking_lot::RwLock;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::de::DeserializeOwned;
@@ -260,8 +260,8 @@ impl RedbStore {
                         started.remove(id.as_str()).map_err(db_err)?;
                     }
                 }
-                for &(record, json, pending_in_db) in batch.finished {
-                    tables.write_encoded(record, json, pending_in_db)?;
+                for &(record, pending_in_db) in batch.finished {
+                    tables.write_encoded(record.head(), &record.json, pending_in_db)?;
                 }
             }
             txn.commit().map_err(db_err)?;
@@ -282,7 +282,7 @@ pub struct Batch<'a> {
     /// Queued calls that ended (a record): out of the queued table.
     pub unqueued: &'a [String],
     /// Records, each with its JSON and whether its pending entry may be in redb.
-    pub finished: &'a [(&'a ActivationRecord, &'a JsonParts, bool)],
+    pub finished: &'a [(&'a EncodedRecord, bool)],
 }
 
 impl Batch<'_> {
@@ -314,18 +314,13 @@ impl<'txn> RecordTables<'txn> {
     }
 
     fn write(&mut self, record: &ActivationRecord) -> Result<(), StoreError> {
-        self.write_encoded(record, &JsonParts::whole(encode(record).into()), true)
+        self.write_encoded(&RecordHead::of(record), &JsonParts::whole(encode(record).into()), true)
     }
 
     /// The record, its index entry, and no pending entry any more (`pending_in_db`: there may
     /// be one to remove). A record that replaces one (a guess replaced by what ran) takes the
     /// old one's index entry with it.
-    fn write_encoded(
-        &mut self,
-        record: &ActivationRecord,
-        json: &JsonParts,
-        pending_in_db: bool,
-    ) -> Result<(), StoreError> {
+    fn write_encoded(&mut self, record: &RecordHead, json: &JsonParts, pending_in_db: bool) -> Result<(), StoreError> {
         let id = record.activation_id.as_str();
         let ns_key = format!("{}\0{:020}\0{id}", record.namespace, record.start);
         let large = self.large;
@@ -500,8 +495,8 @@ impl Store for RedbStore {
     fn finish(&self, record: &EncodedRecord) -> Result<(), StoreError> {
         self.run(|db| {
             let txn = db.begin_write().map_err(db_err)?;
-            RecordTables::open(&txn, &self.large)?.write_encoded(&record.record, &record.json, true)?;
-            let id = record.record.activation_id.as_str();
+            RecordTables::open(&txn, &self.large)?.write_encoded(record.head(), &record.json, true)?;
+            let id = record.head().activation_id.as_str();
             txn.open_table(QUEUED).map_err(db_err)?.remove(id).map_err(db_err)?;
             txn.open_table(STARTED).map_err(db_err)?.remove(id).map_err(db_err)?;
             txn.commit().map_err(db_err)?;

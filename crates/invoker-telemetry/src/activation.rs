@@ -178,15 +178,15 @@ impl ActivationTrace {
 
 impl ActivationTrace {
     /// Says on the activation's span how it ended; anything but a success marks it failed.
-    pub fn ended(&self, record: &invoker_wire::model::ActivationRecord) {
+    pub fn ended(&self, record: &invoker_wire::model::EncodedRecord) {
         let span = self.span();
         if span.is_disabled() {
             return;
         }
-        span.record("outcome", record.response.status.as_str());
-        if !record.response.success {
-            let why = record.response.result.error();
-            failed(span, why.as_deref().unwrap_or(record.response.status.as_str()));
+        let outcome = record.head().outcome;
+        span.record("outcome", outcome.status());
+        if outcome != invoker_wire::model::Outcome::Success {
+            failed(span, record.error().as_deref().unwrap_or(outcome.status()));
         }
     }
 }

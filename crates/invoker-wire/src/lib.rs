@@ -12,6 +12,7 @@ pub mod json_parts;
 mod json_text;
 pub mod model;
 pub mod params;
+pub mod record_head;
 mod record_json;
 pub mod result_json;
 pub mod runtime;

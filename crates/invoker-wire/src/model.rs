@@ -7,7 +7,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::borrow::Cow;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// `{"key": ..., "value": ...}`: OpenWhisk's parameter and annotation entry.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -234,6 +234,11 @@ impl StartKind {
             StartKind::Prewarm => "prewarm",
         }
     }
+
+    /// As written in a record's `startKind` annotation.
+    pub fn from_code(code: &str) -> Option<Self> {
+        [StartKind::Cold, StartKind::Warm, StartKind::Prewarm].into_iter().find(|kind| kind.as_str() == code)
+    }
 }
 
 /// The activation record. Serialized exactly as OpenWhisk's `WhiskActivation`.
@@ -434,16 +439,70 @@ impl ActivationResponse {
     }
 }
 
+/// What the invoker, a scheduler and their stores decide on in a finished record: its keys in
+/// the index, its outcome and why nothing ran, what the metrics count.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecordHead {
+    pub activation_id: String,
+    pub namespace: String,
+    pub name: String,
+    pub start: u64,
+    pub end: u64,
+    pub duration: u64,
+    pub outcome: Outcome,
+    /// This process's own reason for running nothing; `None` for a record read back or sent
+    /// by another process (its `rejected` annotation says the kind, [`Self::rejection_kind`]).
+    pub rejection: Option<Rejection>,
+    pub rejection_kind: Option<RejectionKind>,
+    /// The `startKind` annotation.
+    pub start_kind: Option<StartKind>,
+    /// The `timeout` annotation is `true`: the action's time ran out.
+    pub timed_out: bool,
+}
+
+impl RecordHead {
+    pub fn of(record: &ActivationRecord) -> Self {
+        let start_kind = record.annotation("startKind").and_then(|v| v.as_str()).and_then(StartKind::from_code);
+        RecordHead {
+            activation_id: record.activation_id.clone(),
+            namespace: record.namespace.clone(),
+            name: record.name.clone(),
+            start: record.start,
+            end: record.end,
+            duration: record.duration,
+            outcome: record.outcome(),
+            rejection: record.rejection,
+            rejection_kind: record.rejection_kind(),
+            start_kind,
+            timed_out: record.annotation("timeout") == Some(&serde_json::Value::Bool(true)),
+        }
+    }
+
+    /// As [`ActivationRecord::ran_nothing`].
+    pub fn ran_nothing(&self) -> bool {
+        self.rejection_kind.is_some_and(RejectionKind::ran_nothing)
+    }
+}
+
 /// A finished record and its JSON, encoded once: the store's journal line, its database entry
 /// and the caller's answer all take these bytes, and `?result=true` answers the slice where the
-/// result lies in them.
+/// result lies in them. A record another process encoded (a scheduler's from its invoker) is
+/// held as its head and its bytes, and decoded only when something reads it whole.
 #[derive(Clone, Debug)]
 pub struct EncodedRecord {
-    pub record: Arc<ActivationRecord>,
+    held: Arc<Held>,
     /// One buffer; a large result between the parts before and after it, as it came.
     pub json: JsonParts,
     /// The result's JSON: a slice of `json`'s one buffer, or its middle part.
     pub(crate) result: Bytes,
+}
+
+#[derive(Debug)]
+struct Held {
+    head: RecordHead,
+    /// Set from the start for a record this process encoded; decoded from the JSON on the
+    /// first read otherwise.
+    record: OnceLock<ActivationRecord>,
 }
 
 /// A result this long or longer is not copied into its record's JSON: the record holds it as
@@ -451,11 +510,84 @@ pub struct EncodedRecord {
 /// buffer is cheaper to pass around than three, and the copy costs little.
 pub const SHARED_RESULT: usize = 64 * 1024;
 
-/// `EncodedRecord::new`, which writes the JSON, is in `record_json.rs`.
+/// `EncodedRecord::new`, which writes the JSON, is in `record_json.rs`; a record read for its
+/// head ([`crate::record_head::ReadRecord`]) is passed on in `record_head.rs`.
 impl EncodedRecord {
+    /// `record`, and the JSON it was encoded as.
+    pub(crate) fn encoded(record: ActivationRecord, json: JsonParts, result: Bytes) -> Self {
+        let held = Held { head: RecordHead::of(&record), record: OnceLock::from(record) };
+        EncodedRecord { held: Arc::new(held), json, result }
+    }
+
+    /// A record known by its head and its JSON (checked to decode as a record).
+    pub(crate) fn read(head: RecordHead, json: JsonParts, result: Bytes) -> Self {
+        EncodedRecord { held: Arc::new(Held { head, record: OnceLock::new() }), json, result }
+    }
+
+    /// What is decided on: the index's keys, the outcome, why nothing ran.
+    pub fn head(&self) -> &RecordHead {
+        &self.held.head
+    }
+
+    /// The whole record: decoded from its JSON on the first call for one read for its head.
+    pub fn record(&self) -> &ActivationRecord {
+        self.held.record.get_or_init(|| self.decode())
+    }
+
+    /// The whole record, owned (a retry's decision is written into it).
+    pub fn into_record(self) -> ActivationRecord {
+        match Arc::try_unwrap(self.held) {
+            Ok(held) => match held.record.into_inner() {
+                Some(record) => record,
+                None => EncodedRecord::read(held.head, self.json, self.result).decode(),
+            },
+            Err(held) => EncodedRecord { held, ..self }.record().clone(),
+        }
+    }
+
+    fn decode(&self) -> ActivationRecord {
+        let head = self.head();
+        match serde_json::from_slice::<ActivationRecord>(&self.json.to_bytes()) {
+            Ok(mut record) => {
+                // The result where the JSON holds it, shared, not the decoder's copy.
+                record.response.result = ResultJson::within_record(self.result.clone());
+                record.rejection = head.rejection;
+                record
+            }
+            // Not met: the bytes were read by a mirror of the record's own shape
+            // (`record_head.rs`). Were they not to decode, the head and the result are kept.
+            Err(_) => {
+                let result = ResultJson::within_record(self.result.clone());
+                let mut response = ActivationResponse::without_size(head.outcome, result);
+                response.size = Some(self.result.len() as u64);
+                ActivationRecord {
+                    namespace: head.namespace.clone(),
+                    name: head.name.clone(),
+                    version: String::new(),
+                    subject: String::new(),
+                    activation_id: head.activation_id.clone(),
+                    start: head.start,
+                    end: head.end,
+                    duration: head.duration,
+                    status_code: head.outcome.status_code(),
+                    response,
+                    logs: Vec::new(),
+                    annotations: Vec::new(),
+                    publish: false,
+                    rejection: head.rejection,
+                }
+            }
+        }
+    }
+
     /// The result's JSON, as the record holds it.
     pub fn result_json(&self) -> Bytes {
         self.result.clone()
+    }
+
+    /// The result's `error`, when it is a dictionary with a string there.
+    pub fn error(&self) -> Option<String> {
+        ResultJson::within_record(self.result.clone()).error()
     }
 }
 
@@ -747,7 +879,7 @@ mod tests {
                 "the same bytes as serde's"
             );
             assert_eq!(encoded.result_json(), Bytes::from(result.to_string()));
-            assert_eq!(*encoded.record, record);
+            assert_eq!(*encoded.record(), record);
         }
     }
     use proptest::prelude::*;

@@ -12,7 +12,6 @@ use crate::json_parts::JsonParts;
 use crate::model::{ActivationMeta, ActivationRecord, EncodedRecord, KeyValue, SHARED_RESULT};
 use crate::result_json::ResultJson;
 use bytes::Bytes;
-use std::sync::Arc;
 
 impl EncodedRecord {
     /// Encodes `record`, its result once (which also gives its `size`).
@@ -27,7 +26,7 @@ impl EncodedRecord {
             let mut tail = Vec::with_capacity(192 + logs);
             encode_tail(&record, &mut tail);
             let json = JsonParts::split(head.into(), result.clone(), tail.into());
-            return EncodedRecord { record: Arc::new(record), json, result };
+            return EncodedRecord::encoded(record, json, result);
         }
         let mut json = Vec::with_capacity(512 + result.len() + logs);
         encode_head(&record, &mut json);
@@ -39,68 +38,8 @@ impl EncodedRecord {
         // and once as it came.
         let result = json.slice(at);
         record.response.result = ResultJson::within_record(result.clone());
-        EncodedRecord { record: Arc::new(record), json: JsonParts::whole(json), result }
+        EncodedRecord::encoded(record, JsonParts::whole(json), result)
     }
-}
-
-impl EncodedRecord {
-    /// A record as another invoker encoded it (`json`, which `record` was read from), passed on
-    /// with one annotation more spliced in before the annotations' end, rather than encoded
-    /// again: a scheduler adds the invoker it ran on. Bytes not laid out as
-    /// [`EncodedRecord::new`] writes them are not spliced into: the record is encoded then.
-    pub fn passed_on(mut record: ActivationRecord, json: &Bytes, extra: KeyValue) -> Self {
-        let Some((result_at, insert_at)) = layout(&record, json) else {
-            record.annotations.push(extra);
-            return EncodedRecord::new(record);
-        };
-        let mut added = Vec::with_capacity(64);
-        if !record.annotations.is_empty() {
-            added.push(b',');
-        }
-        annotation(&mut added, &extra);
-        record.annotations.push(extra);
-        record.response.size = Some(result_at.len() as u64);
-        if result_at.len() >= SHARED_RESULT {
-            let result = json.slice(result_at.clone());
-            let mut tail = Vec::with_capacity(json.len() - result_at.end + added.len());
-            tail.extend_from_slice(&json[result_at.end..insert_at]);
-            tail.extend_from_slice(&added);
-            tail.extend_from_slice(&json[insert_at..]);
-            record.response.result = ResultJson::within_record(result.clone());
-            let json = JsonParts::split(json.slice(..result_at.start), result.clone(), tail.into());
-            return EncodedRecord { record: Arc::new(record), json, result };
-        }
-        let mut whole = Vec::with_capacity(json.len() + added.len());
-        whole.extend_from_slice(&json[..insert_at]);
-        whole.extend_from_slice(&added);
-        whole.extend_from_slice(&json[insert_at..]);
-        let whole = Bytes::from(whole);
-        let result = whole.slice(result_at);
-        record.response.result = ResultJson::within_record(result.clone());
-        EncodedRecord { record: Arc::new(record), json: JsonParts::whole(whole), result }
-    }
-}
-
-/// Where `record`'s result lies in `json`, and where its annotations' array ends, if `json` is
-/// laid out as [`EncodedRecord::new`] writes it: the result where the head ends, its size after
-/// it, and the annotations last but for `publish`.
-fn layout(record: &ActivationRecord, json: &[u8]) -> Option<(std::ops::Range<usize>, usize)> {
-    const RESULT_KEY: &[u8] = b",\"result\":";
-    let result = record.response.result.as_bytes();
-    // The head's strings are JSON strings, in which a quote is escaped: the first `,"result":`
-    // is the response's.
-    let at = memchr::memmem::find(json, RESULT_KEY)? + RESULT_KEY.len();
-    let result_at = at..at + result.len();
-    if json.get(result_at.clone())? != result || !json[result_at.end..].starts_with(b",\"size\":") {
-        return None;
-    }
-    let ending: &[u8] = if record.publish { b"],\"publish\":true}" } else { b"],\"publish\":false}" };
-    let insert_at = json.len().checked_sub(ending.len()).filter(|_| json.ends_with(ending))?;
-    // The array is empty exactly when the byte before its end opens it.
-    if insert_at <= result_at.end || record.annotations.is_empty() != (json[insert_at - 1] == b'[') {
-        return None;
-    }
-    Some((result_at, insert_at))
 }
 
 /// The record's JSON up to its result (`..."result":`).
@@ -133,7 +72,7 @@ fn encode_head(record: &ActivationRecord, out: &mut Vec<u8>) {
 }
 
 /// One annotation's JSON object.
-fn annotation(out: &mut Vec<u8>, KeyValue { key, value }: &KeyValue) {
+pub(crate) fn annotation(out: &mut Vec<u8>, KeyValue { key, value }: &KeyValue) {
     out.extend_from_slice(b"{\"key\":");
     string(out, key);
     out.extend_from_slice(b",\"value\":");
@@ -218,13 +157,13 @@ fn string(out: &mut Vec<u8>, s: &str) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::model::ActivationResponse;
     use proptest::prelude::*;
     use serde_json::{json, Value};
 
-    fn text() -> impl Strategy<Value = String> {
+    pub(crate) fn text() -> impl Strategy<Value = String> {
         prop_oneof![
             "[a-z0-9/_.-]{0,12}",
             any::<String>(),
@@ -232,7 +171,7 @@ mod tests {
         ]
     }
 
-    fn value() -> impl Strategy<Value = Value> {
+    pub(crate) fn value() -> impl Strategy<Value = Value> {
         prop_oneof![
             text().prop_map(Value::String),
             any::<u32>().prop_map(|n| json!(n)),
@@ -243,7 +182,7 @@ mod tests {
         ]
     }
 
-    fn record() -> impl Strategy<Value = ActivationRecord> {
+    pub(crate) fn record() -> impl Strategy<Value = ActivationRecord> {
         let names = (text(), text(), text(), text(), text());
         let numbers = (any::<u64>(), any::<u64>(), any::<u64>(), 0u8..4, any::<bool>());
         let response = (text(), 0u8..4, any::<bool>(), value(), proptest::option::of(any::<u64>()));
@@ -322,62 +261,8 @@ mod tests {
             // A large result is a part of its own, the bytes it came as.
             prop_assert_eq!(encoded.json.parts()[1].is_empty(), !large);
             if large {
-                prop_assert_eq!(encoded.json.parts()[1].as_ptr(), encoded.record.response.result.as_bytes().as_ptr());
+                prop_assert_eq!(encoded.json.parts()[1].as_ptr(), encoded.record().response.result.as_bytes().as_ptr());
             }
-        }
-
-        /// A record passed on (a scheduler's, with the invoker it ran on) is byte for byte the
-        /// one encoded again with that annotation, and its result is where its JSON holds it.
-        #[test]
-        fn a_record_passed_on_is_the_one_encoded_with_its_annotation(
-            record in record(), large in any::<bool>(), (key, value) in (text(), value()),
-        ) {
-            let mut record = record;
-            if large {
-                record.response.result = json!({"s": "x".repeat(SHARED_RESULT)}).into();
-            }
-            let sent = EncodedRecord::new(record).json.to_bytes();
-            let read: ActivationRecord = serde_json::from_slice(&sent).unwrap();
-            let extra = KeyValue { key, value };
-            prop_assert!(layout(&read, &sent).is_some(), "laid out as written");
-            let passed = EncodedRecord::passed_on(read.clone(), &sent, extra.clone());
-            let mut again = read;
-            again.annotations.push(extra);
-            let again = EncodedRecord::new(again);
-            let (passed_json, again_json) = (passed.json.to_bytes(), again.json.to_bytes());
-            prop_assert_eq!(String::from_utf8_lossy(&passed_json), String::from_utf8_lossy(&again_json));
-            prop_assert_eq!(&passed.record.annotations, &again.record.annotations);
-            prop_assert_eq!(&passed.result_json()[..], &again.result_json()[..]);
-            prop_assert_eq!(passed.result_json().as_ptr(), passed.record.response.result.as_bytes().as_ptr());
-            prop_assert_eq!(passed.json.parts()[1].is_empty(), !large);
-        }
-    }
-
-    /// Bytes laid out otherwise (another writer's order, a result not where it is said to be)
-    /// are not spliced into: the record is encoded, with the annotation.
-    #[test]
-    fn a_record_laid_out_otherwise_is_encoded_again() {
-        let record: ActivationRecord = serde_json::from_value(json!({
-            "namespace": "guest", "name": "a", "version": "0.0.1", "subject": "guest",
-            "activationId": "0123456789abcdef0123456789abcdef", "start": 1, "end": 2, "duration": 1,
-            "statusCode": 0, "response": {"status": "success", "statusCode": 0, "success": true, "result": {"x": 1}},
-            "logs": [], "annotations": [{"key": "path", "value": "guest/a"}], "publish": false
-        }))
-        .unwrap();
-        let extra = KeyValue { key: "invoker".into(), value: json!("invoker0") };
-        let mut with_extra = record.clone();
-        with_extra.annotations.push(extra.clone());
-        let expected = EncodedRecord::new(with_extra).json.to_bytes();
-        let written = String::from_utf8(EncodedRecord::new(record.clone()).json.to_bytes().to_vec()).unwrap();
-        let publish_first = written
-            .replacen("{\"namespace\"", "{\"publish\":false,\"namespace\"", 1)
-            .replace(",\"publish\":false}", "}");
-        let spaced_result = written.replace("{\"x\":1}", "{\"x\": 1}");
-        for (json, laid_out) in [(written, true), (publish_first, false), (spaced_result, false)] {
-            let json = Bytes::from(json);
-            assert_eq!(layout(&record, &json).is_some(), laid_out, "{json:?}");
-            let passed = EncodedRecord::passed_on(record.clone(), &json, extra.clone());
-            assert_eq!(passed.json.to_bytes(), expected, "{json:?}");
         }
     }
 }

@@ -54,7 +54,7 @@ pub(in crate::api) async fn invoke(state: &AppState, call: &Call, fn_id: &str) -
             return Ok(streaming(&activation_id, start, Mapping::Invoke))
         }
     };
-    Ok(answer(&record.record, image.as_deref(), Mapping::Invoke))
+    Ok(answer(record.record(), image.as_deref(), Mapping::Invoke))
 }
 
 /// A detached call (`Fn-Invoke-Type: detached`), as Fn's agent answers it: 202 at once, its id
@@ -120,7 +120,7 @@ pub(in crate::api) async fn trigger(
             return Ok(streaming(&activation_id, start, Mapping::Gateway))
         }
     };
-    Ok(answer(&record.record, image.as_deref(), Mapping::Gateway))
+    Ok(answer(record.record(), image.as_deref(), Mapping::Gateway))
 }
 
 /// One call, blocking (as long as the function may run, and the wait for a container), or

@@ -42,7 +42,7 @@ use super::redb_store::{Batch, RedbStore};
 use super::segment::Segment;
 use files::{io_err, open_segment, segments, survey, Reserve, DAMAGED};
 use invoker_wire::json_parts::JsonParts;
-use invoker_wire::model::{ActivationMeta, ActivationRecord};
+use invoker_wire::model::{ActivationMeta, EncodedRecord};
 use lines::{record_line, Line, ANSWERED, FINISHED};
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
@@ -120,7 +120,7 @@ struct State {
     /// Answered and not finished (their logs still coming): the record as answered, and its
     /// JSON. Journaled again in each new segment until finished, so that a restart finishes
     /// such an activation with what its caller was told, not with a guess.
-    answered: FxHashMap<String, (Arc<ActivationRecord>, JsonParts)>,
+    answered: FxHashMap<String, EncodedRecord>,
     /// Asynchronous calls accepted and not finished (each pending too).
     queued: FxHashMap<String, QueueEntry>,
     /// Queued calls that ended while redb held them: out of its queued table with the next
@@ -143,8 +143,7 @@ struct QueueEntry {
 /// A finished record with its JSON as the journal wrote it (the store reuses the bytes).
 #[derive(Clone)]
 struct Finished {
-    record: Arc<ActivationRecord>,
-    json: JsonParts,
+    record: EncodedRecord,
     /// In the journal (or in a segment an earlier run left): a restart finds it. False only
     /// for a record the disk had no room for at all, held in memory alone.
     journaled: bool,
@@ -187,12 +186,11 @@ impl JournaledStore {
         // The activations answered and not finished, oldest segment first; journaled again in
         // the new segment before the old ones go.
         for segment in &read {
-            for (record, json) in &segment.answered {
-                let entry = (Arc::new(record.clone()), json.clone());
-                state.answered.insert(record.activation_id.clone(), entry);
+            for record in &segment.answered {
+                state.answered.insert(record.head().activation_id.clone(), record.clone());
             }
-            for (record, _) in &segment.finished {
-                state.answered.remove(&record.activation_id);
+            for record in &segment.finished {
+                state.answered.remove(&record.head().activation_id);
             }
         }
         Inner::journal_answered(&mut state)?;
@@ -290,8 +288,8 @@ struct SegmentRead {
     started: Vec<(String, u64)>,
     /// Ended (a record): out of the queue.
     unqueued: Vec<String>,
-    finished: Vec<(ActivationRecord, JsonParts)>,
-    answered: Vec<(ActivationRecord, JsonParts)>,
+    finished: Vec<EncodedRecord>,
+    answered: Vec<EncodedRecord>,
     unread: usize,
 }
 
@@ -319,10 +317,8 @@ fn read_segment(path: &Path) -> Result<SegmentRead, StoreError> {
         match serde_json::from_slice::<Line>(&line) {
             Ok(Line::A(meta)) => read.accepted.push(meta),
             Ok(Line::F(record)) => {
-                // A record is strings, numbers and JSON values: encoding it cannot fail.
-                let json = JsonParts::whole(serde_json::to_vec(&record).expect("a record serialises").into());
                 read.unqueued.push(record.activation_id.clone());
-                read.finished.push((*record, json));
+                read.finished.push(EncodedRecord::new(*record));
             }
             Ok(Line::Q(call)) => {
                 let json = serde_json::to_vec(&call).expect("a queued call serialises");
@@ -330,10 +326,7 @@ fn read_segment(path: &Path) -> Result<SegmentRead, StoreError> {
                 read.accepted.push(call.meta);
             }
             Ok(Line::S(id, at)) => read.started.push((id, at)),
-            Ok(Line::R(record)) => {
-                let json = JsonParts::whole(serde_json::to_vec(&record).expect("a record serialises").into());
-                read.answered.push((*record, json));
-            }
+            Ok(Line::R(record)) => read.answered.push(EncodedRecord::new(*record)),
             Err(_) => read.unread += 1,
         }
     }
@@ -342,8 +335,7 @@ fn read_segment(path: &Path) -> Result<SegmentRead, StoreError> {
 
 impl SegmentRead {
     fn apply_to(&self, db: &RedbStore) -> Result<(), StoreError> {
-        let finished: Vec<(&ActivationRecord, &JsonParts, bool)> =
-            self.finished.iter().map(|(r, j)| (r, j, true)).collect();
+        let finished: Vec<(&EncodedRecord, bool)> = self.finished.iter().map(|r| (r, true)).collect();
         let queued: Vec<(&str, &[u8])> = self.queued.iter().map(|(id, j)| (id.as_str(), j.as_slice())).collect();
         let started: Vec<(&str, u64)> = self.started.iter().map(|(id, at)| (id.as_str(), *at)).collect();
         let unqueued = &self.unqueued;
@@ -366,11 +358,11 @@ impl SegmentRead {
         for id in &self.unqueued {
             state.queued.remove(id);
         }
-        for (record, json) in &self.finished {
-            state.pending.remove(&record.activation_id);
-            let finished =
-                Finished { record: Arc::new(record.clone()), json: json.clone(), journaled: true, pending_in_db: true };
-            state.finished.insert(record.activation_id.clone(), finished);
+        for record in &self.finished {
+            let id = &record.head().activation_id;
+            state.pending.remove(id);
+            let finished = Finished { record: record.clone(), journaled: true, pending_in_db: true };
+            state.finished.insert(id.clone(), finished);
         }
     }
 }
@@ -380,10 +372,9 @@ impl SegmentRead {
 /// of its index, leaf after leaf; in the order of a hash map it lands on the last few leaves
 /// at random, splitting each again and again (a fifth more of the flush's work a record, and a
 /// larger file, measured).
-fn in_id_order(finished: &FxHashMap<String, Finished>) -> Vec<(&ActivationRecord, &JsonParts, bool)> {
-    let mut records: Vec<(&ActivationRecord, &JsonParts, bool)> =
-        finished.values().map(|f| (&*f.record, &f.json, f.pending_in_db)).collect();
-    records.sort_unstable_by(|a, b| a.0.activation_id.cmp(&b.0.activation_id));
+fn in_id_order(finished: &FxHashMap<String, Finished>) -> Vec<(&EncodedRecord, bool)> {
+    let mut records: Vec<(&EncodedRecord, bool)> = finished.values().map(|f| (&f.record, f.pending_in_db)).collect();
+    records.sort_unstable_by(|a, b| a.0.head().activation_id.cmp(&b.0.head().activation_id));
     records
 }
 
@@ -432,7 +423,7 @@ impl Inner {
             return Ok(Some(Accepted::Pending { namespace: earlier.namespace.clone() }));
         }
         if let Some(f) = state.finished.get(id).or_else(|| state.in_flight.get(id)) {
-            return Ok(Some(Accepted::Finished(Box::new((*f.record).clone()))));
+            return Ok(Some(Accepted::Finished(Box::new(f.record.record().clone()))));
         }
         match self.db.seen(id).map_err(|e| self.troubled(e))? {
             Accepted::New => Ok(None),
@@ -483,7 +474,7 @@ impl Inner {
         let State { file, answered, .. } = state;
         answered
             .values()
-            .try_for_each(|(_, json)| file.append_parts(&record_line(ANSWERED, json)))
+            .try_for_each(|record| file.append_parts(&record_line(ANSWERED, &record.json)))
             .map_err(|e| io_err("journal append", e))
     }
 
@@ -594,7 +585,7 @@ impl Inner {
                 .finished
                 .iter()
                 .filter(|(_, f)| !f.journaled)
-                .map(|(id, f)| (id.clone(), f.json.clone()))
+                .map(|(id, f)| (id.clone(), f.record.json.clone()))
                 .collect();
             for (id, json) in alone {
                 if self.append_ending(&mut state, &json).is_ok() {
@@ -608,7 +599,7 @@ impl Inner {
             return Vec::new();
         }
         let state = self.state.lock();
-        state.finished.values().filter(|f| !f.journaled).map(|f| f.record.activation_id.clone()).collect()
+        state.finished.values().filter(|f| !f.journaled).map(|f| f.record.head().activation_id.clone()).collect()
     }
 
     fn flush(&self) -> Result<(), StoreError> {

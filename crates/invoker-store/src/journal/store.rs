@@ -107,23 +107,23 @@ impl Store for JournaledStore {
     /// a flush moves it into redb (and `write_out` says so if none does before the end).
     fn finish(&self, encoded: &EncodedRecord) -> Result<(), StoreError> {
         let inner = &self.inner;
-        let record = &encoded.record;
+        let id = &encoded.head().activation_id;
         let mut state = inner.state.lock();
         let journaled = match inner.append_ending(&mut state, &encoded.json) {
             Ok(()) => true,
             Err(e) => {
                 drop(state);
                 let e = inner.troubled(e);
-                tracing::warn!(activation = %record.activation_id, "record kept in memory until the store writes: {e}");
+                tracing::warn!(activation = %id, "record kept in memory until the store writes: {e}");
                 state = inner.state.lock();
                 false
             }
         };
-        let pending_in_db = state.pending.remove(&record.activation_id).is_none_or(|(_, saved)| saved);
-        state.answered.remove(&record.activation_id);
-        Inner::unqueue(&mut state, &record.activation_id);
-        let finished = Finished { record: Arc::clone(record), json: encoded.json.clone(), journaled, pending_in_db };
-        state.finished.insert(record.activation_id.clone(), finished);
+        let pending_in_db = state.pending.remove(id).is_none_or(|(_, saved)| saved);
+        state.answered.remove(id);
+        Inner::unqueue(&mut state, id);
+        let finished = Finished { record: encoded.clone(), journaled, pending_in_db };
+        state.finished.insert(id.clone(), finished);
         Ok(())
     }
 
@@ -132,8 +132,7 @@ impl Store for JournaledStore {
     fn answered(&self, encoded: &EncodedRecord) -> Result<(), StoreError> {
         let mut state = self.inner.state.lock();
         Inner::append_record(&mut state, ANSWERED, &encoded.json)?;
-        let entry = (Arc::clone(&encoded.record), encoded.json.clone());
-        state.answered.insert(encoded.record.activation_id.clone(), entry);
+        state.answered.insert(encoded.head().activation_id.clone(), encoded.clone());
         Ok(())
     }
 
@@ -141,7 +140,7 @@ impl Store for JournaledStore {
         {
             let state = self.inner.state.lock();
             if let Some(f) = state.finished.get(id).or_else(|| state.in_flight.get(id)) {
-                return Ok(Some((*f.record).clone()));
+                return Ok(Some(f.record.record().clone()));
             }
         }
         self.inner.db.get_activation(id).map_err(|e| self.inner.troubled(e))
@@ -160,9 +159,11 @@ impl Store for JournaledStore {
                 .finished
                 .values()
                 .chain(state.in_flight.values())
-                .map(|f| &*f.record)
-                .filter(|r| r.namespace == namespace && name.is_none_or(|n| n == r.name))
-                .cloned()
+                .filter(|f| {
+                    let head = f.record.head();
+                    head.namespace == namespace && name.is_none_or(|n| n == head.name)
+                })
+                .map(|f| f.record.record().clone())
                 .collect()
         };
         let stored = self.inner.db.list_activations(namespace, name, 0, skip.saturating_add(limit));
@@ -225,8 +226,8 @@ impl Store for JournaledStore {
             // Its caller was answered: the record says what it was told, and that its logs
             // were not collected. Otherwise a guess.
             let record = match state.answered.remove(id) {
-                Some((answered, _)) => {
-                    let mut record = (*answered).clone();
+                Some(answered) => {
+                    let mut record = answered.into_record();
                     record.logs.push(format!(
                         "{} stderr: {}",
                         humantime::format_rfc3339_millis(std::time::SystemTime::now()),
@@ -236,8 +237,8 @@ impl Store for JournaledStore {
                 }
                 None => ActivationRecord::guess(meta, crate::contract::STOPPED_UNFINISHED, now_ms),
             };
-            let EncodedRecord { record, json, .. } = EncodedRecord::new(record);
-            state.finished.insert(id.clone(), Finished { record, json, journaled: false, pending_in_db: true });
+            let record = EncodedRecord::new(record);
+            state.finished.insert(id.clone(), Finished { record, journaled: false, pending_in_db: true });
         }
         drop(state);
         if let Err(e) = inner.flush() {

@@ -4,7 +4,7 @@ use super::lines::reread_line;
 use super::*;
 use crate::contract::QueuedCall;
 use invoker_wire::model::Outcome;
-use invoker_wire::model::{Action, EncodedRecord};
+use invoker_wire::model::{Action, ActivationRecord, EncodedRecord};
 use std::io::Write;
 
 fn meta(id: &str) -> ActivationMeta {
@@ -89,11 +89,11 @@ fn a_flush_hands_its_records_to_redb_in_id_order() {
     let finished: FxHashMap<String, Finished> = (0..64)
         .map(|n| invoker_wire::model::new_activation_id() + &format!("{n}"))
         .map(|id| {
-            let record = Arc::new(record(&id));
-            (id, Finished { record, json: JsonParts::default(), journaled: true, pending_in_db: false })
+            let record = EncodedRecord::new(record(&id));
+            (id, Finished { record, journaled: true, pending_in_db: false })
         })
         .collect();
-    let ids: Vec<&str> = in_id_order(&finished).iter().map(|r| r.0.activation_id.as_str()).collect();
+    let ids: Vec<&str> = in_id_order(&finished).iter().map(|r| r.0.head().activation_id.as_str()).collect();
     assert!(ids.windows(2).all(|w| w[0] < w[1]), "{ids:?}");
 }
 
@@ -370,7 +370,7 @@ fn a_full_disk_refuses_new_work_keeps_every_record_and_recovers_by_itself() {
     store.flush().unwrap();
     for id in ["a1", "a2"] {
         let stored = store.inner.db.get_activation(id).unwrap().expect("in redb");
-        assert_eq!(stored, *big(id).record, "{id}");
+        assert_eq!(stored, *big(id).record(), "{id}");
     }
 }
 
@@ -440,7 +440,7 @@ fn a_large_results_record_is_written_as_its_parts_and_reads_back_whole() {
     assert_eq!(recovered, ["told"]);
     store.flush().unwrap();
     assert_eq!(store.get_activation("told").unwrap().unwrap().response, large("told").response);
-    assert_eq!(store.get_activation("whole").unwrap().unwrap(), *whole.record, "read back from redb");
+    assert_eq!(store.get_activation("whole").unwrap().unwrap(), *whole.record(), "read back from redb");
     // Written into redb from its parts by this run too.
     store.accept(&meta("again")).unwrap();
     let again = EncodedRecord::new(large("again"));
@@ -456,7 +456,7 @@ fn a_large_results_record_is_written_as_its_parts_and_reads_back_whole() {
         std::fs::copy(&file, after.path().join("s.records").join(file.file_name().unwrap())).unwrap();
     }
     let store = open(after.path());
-    assert_eq!(store.get_activation("again").unwrap().unwrap(), *again.record);
+    assert_eq!(store.get_activation("again").unwrap().unwrap(), *again.record());
 }
 
 /// Finished records wait in memory (and in the synced journal) for redb, and the flush thread
