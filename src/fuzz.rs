@@ -33,6 +33,7 @@ pub fn targets() -> Vec<Target> {
         Target { name: "fn_answer", corpus: fn_answer_corpus, run: fn_answer },
         Target { name: "zip_archive", corpus: zip_corpus, run: zip_archive },
         Target { name: "journal_line", corpus: journal_corpus, run: journal_line },
+        Target { name: "invoker_record", corpus: invoker_record_corpus, run: invoker_record },
         #[cfg(feature = "mesos")]
         Target { name: "recordio", corpus: recordio_corpus, run: recordio },
         Target { name: "etcd_watch", corpus: watch_corpus, run: etcd_watch },
@@ -130,6 +131,11 @@ const TOKENS: &[&[u8]] = &[
     b"\"kv\"",
     b"\"value\"",
     b"\"response\"",
+    b"\"annotations\"",
+    b"\"rejected\"",
+    b"\"result\"",
+    b"\"size\"",
+    b"],\"publish\":false}",
     b"\"A\"",
     b"\"F\"",
     b"99999999999999999999\n",
@@ -317,6 +323,41 @@ fn journal_line(bytes: &[u8]) {
     if let Some(again) = invoker_store::journal::lines::reread_line(bytes) {
         let twice = invoker_store::journal::lines::reread_line(&again);
         assert_eq!(twice.as_deref(), Some(again.as_slice()), "a line written by the journal reads back as written");
+    }
+}
+
+fn invoker_record_corpus() -> Vec<Vec<u8>> {
+    let record = br#"{"namespace":"guest","name":"echo","version":"0.0.1","subject":"guest","activationId":"0123456789abcdef0123456789abcdef","start":1795680000000,"end":1795680000005,"duration":5,"statusCode":3,"response":{"status":"whisk internal error","statusCode":3,"success":false,"result":{"error":"no \u00e9","x":[1,null]},"size":31},"logs":["2026-11-26T00:00:00Z stdout: hi"],"annotations":[{"key":"path","value":"guest/echo"},{"key":"rejected","value":"capped"},{"key":"startKind","value":"warm"},{"key":"timeout","value":true},{"key":"limits","value":{"memory":256}}],"publish":false}"#;
+    let mut answer = br#"{"response":"#.to_vec();
+    answer.extend_from_slice(record);
+    answer.extend_from_slice(br#","isSystemError":false,"transid":["x",1]}"#);
+    vec![record.to_vec(), answer]
+}
+
+/// A record as a scheduler reads it from its invoker's answer (for its head alone, the rest
+/// checked where it lies) and passes it on with one annotation more: whatever the head read
+/// takes decodes as a record, with the same head; passed on, it is that record with the
+/// annotation last, and its head says so.
+fn invoker_record(bytes: &[u8]) {
+    use invoker_wire::model::{ActivationRecord, KeyValue, RecordHead};
+    let bytes = bytes::Bytes::copy_from_slice(bytes);
+    let after_head = bytes.slice(bytes.len().min(12)..);
+    let reads = [
+        invoker_wire::record_head::ReadRecord::read(bytes.clone()),
+        invoker_wire::record_head::ReadRecord::at_start(&after_head),
+    ];
+    for read in reads.into_iter().flatten() {
+        let mut record: ActivationRecord = read.decode().expect("what the head read takes decodes as a record");
+        assert_eq!(read.head(), &RecordHead::of(&record));
+        let extra = KeyValue { key: "invoker".into(), value: serde_json::json!("invoker0") };
+        let passed = read.passed_on(extra.clone());
+        let mut again: ActivationRecord =
+            serde_json::from_slice(&passed.json.to_bytes()).expect("a record passed on decodes");
+        assert_eq!(passed.head(), &RecordHead::of(&again));
+        record.annotations.push(extra);
+        // A record laid out otherwise is encoded again, with the size of its result.
+        (record.response.size, again.response.size) = (None, None);
+        assert_eq!(again, record, "passed on, the record is what came with the annotation");
     }
 }
 

@@ -1,8 +1,9 @@
 //! Every parser that reads untrusted bytes, fed mutated inputs (`invoker::fuzz`): the bodies and
 //! headers of every route through the whole API on the mock factory, `ActivationMessage`,
-//! OpenWhisk's and Fn's runtime answers, zip archives, journal lines, Mesos RecordIO and etcd's
-//! watch stream and keys. None may panic, and no route may answer 500. CI runs 20,000 inputs a
-//! target (2,000 for the routes); `FUZZ_INPUTS=1000000` runs a million each (BENCHMARKS.md).
+//! OpenWhisk's and Fn's runtime answers, zip archives, journal lines, an invoker's record as a
+//! scheduler reads it, Mesos RecordIO and etcd's watch stream and keys. None may panic, and no
+//! route may answer 500. CI runs 20,000 inputs a target (2,000 for the routes);
+//! `FUZZ_INPUTS=1000000` runs a million each (BENCHMARKS.md).
 
 use base64::Engine as _;
 use bytes::Bytes;
