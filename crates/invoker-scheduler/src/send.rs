@@ -77,6 +77,11 @@ impl Finished {
         self.0.head()
     }
 
+    /// The result's `error`, when it has one.
+    pub fn error(&self) -> Option<String> {
+        self.0.error()
+    }
+
     /// The record with the invoker it ran on among its annotations, as the bytes it came as.
     pub fn ran_on(self, invoker: &str) -> EncodedRecord {
         self.0.passed_on(KeyValue { key: "invoker".into(), value: Value::String(invoker.to_string()) })
@@ -569,7 +574,7 @@ fn interpret(status: u16, body: &Bytes) -> Sent {
     match (status, record) {
         (_, Some(finished)) => {
             if finished.head().ran_nothing() && matches!(status, 400 | 503) {
-                Sent::Refused(finished.0.error().unwrap_or_else(|| "refused".to_string()))
+                Sent::Refused(finished.error().unwrap_or_else(|| "refused".to_string()))
             } else {
                 Sent::Finished(Box::new(finished))
             }

@@ -529,7 +529,8 @@ impl EncodedRecord {
         &self.held.head
     }
 
-    /// The whole record: decoded from its JSON on the first call for one read for its head.
+    /// The whole record. One read for its head alone (a scheduler's from its invoker) is decoded
+    /// from its JSON on the first call, and kept.
     pub fn record(&self) -> &ActivationRecord {
         self.held.record.get_or_init(|| self.decode())
     }
