@@ -1,10 +1,9 @@
 //! A record another process encoded, read for what is decided on in it alone ([`RecordHead`]):
 //! [`ReadRecord`]. A scheduler passes its invoker's record on: it decides on whether anything
 //! ran and why not, its store indexes the record by id, namespace, name and start, and the
-//! caller is answered with the record's bytes. None of
-//! that needs the record's strings, logs and annotations' values as a tree: they are checked
-//! by a scan where they lie (so the whole record decodes later, when something reads it) and
-//! passed on as the bytes they came as.
+//! caller is answered with the record's bytes. None of that needs the record's strings, logs
+//! and annotations' values as a tree: they are checked by a scan where they lie (so the whole
+//! record decodes later, when something reads it) and passed on as the bytes they came as.
 
 use crate::json_parts::JsonParts;
 use crate::model::{ActivationRecord, EncodedRecord, KeyValue, Outcome, RecordHead, RejectionKind, StartKind};
@@ -174,14 +173,14 @@ impl Noted {
 /// writes it: its fields in that order and no other, the result where the head ends with its
 /// size after it, nothing between the annotations' end and `publish`'s.
 fn layout(mirror: &Mirror<'_>, json: &[u8], result: &Range<usize>) -> Option<usize> {
+    if !mirror.in_order {
+        return None;
+    }
     const RESULT_KEY: &[u8] = b",\"result\":";
     // The head's strings are JSON strings, in which a quote is escaped: the first `,"result":`
     // is the response's, and the result must follow it.
     let key_at = memchr::memmem::find(json, RESULT_KEY)?;
     if key_at + RESULT_KEY.len() != result.start || !json[result.end..].starts_with(b",\"size\":") {
-        return None;
-    }
-    if !mirror.in_order {
         return None;
     }
     let ending: &[u8] = if mirror.publish { b"],\"publish\":true}" } else { b"],\"publish\":false}" };
